@@ -1,0 +1,42 @@
+// threewalls: one binary, one subcommand per cmd_<name>.cpp.
+#include <iostream>
+
+#include "command.hpp"
+#include "threewalls/core/error.hpp"
+#include "threewalls/core/version.hpp"
+
+int main(int argc, char** argv) {
+  using namespace threewalls;
+  CLI::App app{
+      "threewalls: where a distributed MoE training or inference step spends its time (compute, memory, "
+      "communication, host overhead), simulated on SimGrid or measured on GPUs, from one scenario file."};
+  app.name("threewalls");
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string(tool_version()) + " (" + std::string(git_sha()) + ")");
+  cli::Commands cmds;
+  cli::register_validate(app, cmds);
+  cli::register_describe(app, cmds);
+  cli::register_graph(app, cmds);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? kExitOk : kExitInputError;
+  }
+  for (const auto& [sub, run] : cmds.all()) {
+    if (!sub->parsed()) continue;
+    try {
+      return run();
+    } catch (const InputError& e) {
+      std::cerr << "threewalls " << sub->get_name() << ": " << e.what() << "\n";
+      return kExitInputError;
+    } catch (const SystemError& e) {
+      std::cerr << "threewalls " << sub->get_name() << ": " << e.what() << "\n";
+      return kExitSystemError;
+    } catch (const std::exception& e) {
+      std::cerr << "threewalls " << sub->get_name() << ": internal error: " << e.what() << "\n";
+      return kExitSystemError;
+    }
+  }
+  return kExitInputError;
+}

@@ -1,0 +1,220 @@
+#pragma once
+// The in-memory form of a scenario file (docs/scenario_reference.md is generated from the registry
+// that fills these structs; see registry.hpp). Every field here is set by the loader from exactly one
+// registry entry, or derived in validate.cpp (marked "derived").
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "threewalls/core/units.hpp"
+
+namespace threewalls::scenarios {
+
+enum class AttentionKind : std::uint8_t { mha, gqa, mla };
+enum class Normalization : std::uint8_t { rmsnorm, layernorm };
+enum class Precision : std::uint8_t { bf16, fp8 };
+enum class RecomputeGranularity : std::uint8_t { none, selective, full };
+enum class RecomputeMethod : std::uint8_t { uniform, block };
+enum class Dispatcher : std::uint8_t { alltoall, allgather, flex };
+enum class ExpertExecutionKind : std::uint8_t { sequential, streams, grouped };
+enum class GpuKind : std::uint8_t { h100, h200 };
+enum class Topology : std::uint8_t { fat_tree, rail_optimized };
+enum class OffloadTier : std::uint8_t { hbm, host_pinned, nvme };
+enum class CachePolicy : std::uint8_t { lru, lfu };
+enum class Prefetch : std::uint8_t { none, next_layer, all_predicted };
+enum class ExpertSync : std::uint8_t { barrier, per_expert };
+enum class Granularity : std::uint8_t { layer, coarse };
+enum class SlowLink : std::uint8_t { none, nvlink, pcie, nic };
+
+struct ModelSpec {
+  std::string name;
+  int num_layers = 0;
+  int hidden_size = 0;
+  int ffn_hidden_size = 0;  // dense MLP; 0 when every layer is MoE
+  int num_attention_heads = 0;
+  int num_query_groups = 0;  // defaults to num_attention_heads (MHA)
+  int kv_channels = 0;       // head dim; defaults to hidden_size / num_attention_heads
+  AttentionKind attention = AttentionKind::mha;
+  // Multi-latent attention (DeepSeek-V2/V3); used only when attention = mla.
+  int q_lora_rank = 0;  // 0: queries are not compressed
+  int kv_lora_rank = 0;
+  int qk_head_dim = 0;
+  int qk_pos_emb_head_dim = 0;
+  int v_head_dim = 0;
+  int vocab_size = 0;
+  bool swiglu = true;
+  bool untie_embeddings_and_output_weights = true;
+  Normalization normalization = Normalization::rmsnorm;
+  // Mixture of experts. num_experts = 0 means a dense model.
+  int num_experts = 0;
+  int moe_ffn_hidden_size = 0;
+  int moe_router_topk = 0;
+  int moe_shared_expert_intermediate_size = 0;  // total size of the shared experts, 0 = none
+  int first_dense_layers = 0;                   // layers [0, first_dense_layers) use the dense MLP
+  int moe_layer_freq = 1;                       // after those, every n-th layer is MoE
+
+  [[nodiscard]] bool is_moe() const { return num_experts > 0; }
+  // Whether layer `l` (0-based, global) has an MoE MLP (Megatron's moe_layer_freq pattern).
+  [[nodiscard]] bool layer_is_moe(int l) const {
+    return is_moe() && l >= first_dense_layers && ((l - first_dense_layers) % moe_layer_freq == 0);
+  }
+  [[nodiscard]] int num_moe_layers() const;
+  // Vocabulary padded as Megatron does: to a multiple of 128 * tp.
+  [[nodiscard]] std::int64_t padded_vocab_size(int tp) const;
+};
+
+struct ParallelSpec {
+  int tp = 1;
+  int cp = 1;
+  int pp = 1;
+  int vpp = 1;
+  int dp = 0;   // 0 in the file means "derive from the world size"; always set after validation
+  int ep = 1;
+  int etp = 1;
+  int edp = 0;  // derived: world / (etp * ep * pp)
+  bool sequence_parallel = false;
+  // Explicit split of layers over the pp * vpp virtual stages, in virtual-stage order
+  // (stage-major within each model chunk as Megatron numbers them: chunk c of stage s is entry c*pp+s).
+  std::vector<int> layers_per_stage;
+  int first_stage_layers = 0;  // Megatron's decoder_first_pipeline_num_layers; 0 = even split
+  int last_stage_layers = 0;   // Megatron's decoder_last_pipeline_num_layers; 0 = even split
+};
+
+struct ExpertExecution {
+  ExpertExecutionKind kind = ExpertExecutionKind::grouped;
+  int streams = 1;  // N of "streams:N"
+};
+
+// Execution options shared by [train] and [infer].
+struct ExecOptions {
+  Precision precision = Precision::bf16;
+  std::vector<std::string> cuda_graph_scope;  // "attn", "mlp", "moe_router", "moe_preprocess", "full_iteration"
+  Dispatcher token_dispatcher = Dispatcher::alltoall;
+  ExpertExecution expert_execution;
+  bool sync_routing_stats = false;  // GPU->CPU read of routing statistics per MoE layer
+  bool sync_after_copy = false;     // a stream sync after every host<->device copy
+
+  [[nodiscard]] bool graph_scope(const std::string& s) const;
+};
+
+struct TrainSpec {
+  ExecOptions exec;
+  int micro_batch_size = 0;
+  int global_batch_size = 0;
+  int seq_length = 0;
+  RecomputeGranularity recompute_granularity = RecomputeGranularity::none;
+  RecomputeMethod recompute_method = RecomputeMethod::uniform;
+  int recompute_num_layers = 0;
+  std::vector<std::string> recompute_modules;  // for selective
+  bool use_distributed_optimizer = true;
+  bool overlap_grad_reduce = false;
+  bool overlap_param_gather = false;
+  bool tp_comm_overlap = false;
+  bool moe_shared_expert_overlap = false;
+  double routing_imbalance = 1.0;  // max / mean tokens received per EP rank (1 = balanced)
+  double grad_bucket_size_params = 40e6;
+
+  [[nodiscard]] bool recompute_module(const std::string& m) const;
+  // derived
+  int num_microbatches = 0;
+};
+
+struct ExpertOffloadSpec {
+  bool enabled = false;
+  OffloadTier tier = OffloadTier::hbm;
+  std::string nvme_path;
+  int cache_experts_per_layer = 0;
+  CachePolicy policy = CachePolicy::lru;
+  Prefetch prefetch = Prefetch::none;
+  ExpertSync sync = ExpertSync::barrier;
+  int copy_streams = 1;
+};
+
+struct InferSpec {
+  ExecOptions exec;
+  int batch_size = 0;
+  int prompt_length = 0;
+  int generate_tokens = 0;
+  Precision kv_cache_precision = Precision::bf16;
+  double routing_skew = 0.0;      // Zipf exponent of expert popularity (0 = uniform)
+  double routing_locality = 0.0;  // probability a token keeps its previous step's experts
+  ExpertOffloadSpec expert_offload;
+};
+
+struct Slowdown {
+  int rank = -1;
+  double factor = 1.0;  // durations on that GPU (or link) multiplied by this
+  SlowLink link = SlowLink::none;  // none: the GPU's compute is slow
+  int from_step = 0;
+  int to_step = -1;  // inclusive; -1 = until the end
+};
+
+struct ClusterSpec {
+  GpuKind gpu = GpuKind::h100;
+  int gpus_per_node = 0;
+  int nodes = 0;
+  Bytes gpu_memory;                 // default by GPU kind
+  BytesPerSecond nvlink_bandwidth;  // per GPU, per direction
+  Seconds nvlink_latency;
+  BytesPerSecond pcie_bandwidth;    // per GPU, per direction
+  Seconds pcie_latency;
+  BytesPerSecond nic_bandwidth;     // one NIC per GPU, per direction
+  Seconds nic_latency;
+  Topology topology = Topology::rail_optimized;
+  int leaf_switch_ports = 64;       // node-facing ports per leaf switch
+  double oversubscription = 1.0;    // leaf down/up bandwidth ratio
+  Seconds switch_latency;
+  std::vector<Slowdown> slowdowns;
+
+  [[nodiscard]] int world_size() const { return gpus_per_node * nodes; }
+};
+
+struct ProfilerSpec {
+  bool enabled = true;
+  int start_step = 0;
+  int end_step = -1;  // inclusive; -1 = last step
+  int record_every_n_steps = 10;
+  int flush_every_n_steps = 10;
+  std::vector<int> ranks;       // empty = all (unless representatives)
+  bool representatives = false;  // ranks = "representatives": one rank per rank class
+  Granularity granularity = Granularity::layer;
+};
+
+struct RunSpec {
+  int steps = 3;
+  int warmup_steps = 1;
+  std::uint64_t seed = 1234;
+  ProfilerSpec profiler;
+};
+
+struct Scenario {
+  int schema_version = 0;
+  std::string name;
+  std::string description;
+  ModelSpec model;
+  ParallelSpec parallel;
+  std::optional<TrainSpec> train;
+  std::optional<InferSpec> infer;
+  ClusterSpec cluster;
+  std::string calibration_profile = "auto";  // "auto" = the shipped profile of cluster.gpu
+  RunSpec run;
+
+  // Provenance, set by the loader.
+  std::string source_path;
+  std::string content_hash;  // hex FNV-1a 64 of the file bytes
+
+  [[nodiscard]] const ExecOptions& exec() const { return train ? train->exec : infer->exec; }
+  [[nodiscard]] bool is_training() const { return train.has_value(); }
+  [[nodiscard]] int world_size() const { return cluster.world_size(); }
+};
+
+const char* to_string(AttentionKind v);
+const char* to_string(Precision v);
+const char* to_string(GpuKind v);
+const char* to_string(Dispatcher v);
+const char* to_string(RecomputeGranularity v);
+const char* to_string(OffloadTier v);
+std::string to_string(const ExpertExecution& v);
+
+}  // namespace threewalls::scenarios

@@ -1,0 +1,165 @@
+#pragma once
+// The StepGraph: the ops one step performs on each rank class, with streams, dependencies, FLOPs,
+// bytes and, for communication, the collective, group and size. Both executors walk it; neither
+// invents ops of its own. Format of the records they write: docs/formats/run_dir.md.
+//
+// Contract for executors
+//  * `RankClass::ops` is in host issue order: a rank's host thread launches op i before op i+1.
+//  * Ops on the same stream of a rank run in list order (FIFO), as on a CUDA stream.
+//  * `deps` name earlier ops of the same rank class that must finish before the op starts
+//    (cross-stream edges; same-stream order is implied and not repeated).
+//  * A collective op synchronises all members of its group (Layout::group_members); every member
+//    issues its matching op (same phase, layer, microbatch) in the same relative order.
+//  * A send op is matched with the recv op of the peer rank that has the same `tag` and the opposite
+//    direction (`peer` = +1 means the next pipeline stage, -1 the previous one, both for send and recv).
+//  * Host ops (`OpKind::host`) occupy the rank's host thread; a `stream_sync` or `gpu_read` waits for
+//    its deps to finish on the device before the host goes on.
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "threewalls/scenarios/layout.hpp"
+#include "threewalls/scenarios/scenario.hpp"
+
+namespace threewalls::scenarios {
+
+enum class OpKind : std::uint8_t {
+  gemm,           // shape: {m, n, k, batch}; flops = 2 m n k batch; C[m,n] = A[m,k] B[k,n]
+  grouped_gemm,   // shape: {total rows m, n, k, groups, max rows in a group}; one GEMM per local expert
+  attention,      // shape: {batch, seq_q, seq_kv, heads, head_dim_qk, head_dim_v}; flag kCausal; bwd when kBackward
+  elementwise,    // shape: {elements}; bytes = bytes read + written (activation, SwiGLU, add, kv-cache write)
+  norm,           // shape: {rows, hidden}; bytes read + written
+  softmax_topk,   // router scores -> top-k: shape {tokens, experts, topk}
+  permute,        // gather token rows into expert order: shape {rows out, hidden}
+  unpermute,      // scatter-add rows back (weighted by the router probabilities): shape {rows in, hidden}
+  embedding,      // row gather: shape {tokens, hidden}
+  cross_entropy,  // vocab-parallel loss: shape {tokens, vocab shard}
+  optimizer,      // Adam step: shape {parameters}; bytes = parameter, gradient and state traffic
+  copy,           // shape {bytes}; `sub` = CopyKind
+  collective,     // `sub` = Collective; bytes = nccl-tests "size" (see below); group, group_size
+  send,           // pipeline / context-parallel point-to-point; bytes; peer; tag
+  recv,
+  host,           // host-only work; `sub` = HostKind; shape {duration_ns hint or 0}
+};
+
+enum class CopyKind : std::uint8_t { h2d_pinned, h2d_pageable, d2h_pinned, d2h_pageable, d2d, disk_read };
+// For collectives `bytes` follows nccl-tests: all_reduce, broadcast: the buffer size; all_gather: the
+// gathered output size; reduce_scatter: the input size; all_to_all: the bytes each rank sends in total
+// (including its own share). For all_to_all with routing imbalance the per-peer split comes from
+// RoutingModel (layout.hpp).
+enum class Collective : std::uint8_t { all_reduce, all_gather, reduce_scatter, all_to_all, broadcast };
+enum class HostKind : std::uint8_t { stream_sync, gpu_read, framework, barrier, graph_launch };
+enum class Wall : std::uint8_t { compute, memory, communication, host };
+enum class DType : std::uint8_t { bf16, fp8, fp32 };
+enum class StreamKind : std::uint8_t { compute, communication, copy, host };
+
+// Op flags.
+inline constexpr std::uint8_t kBackward = 1U << 0;    // part of the backward pass (dgrad, wgrad, bwd kernels)
+inline constexpr std::uint8_t kRecompute = 1U << 1;   // re-forward for activation recomputation (not model FLOPs)
+inline constexpr std::uint8_t kCausal = 1U << 2;      // attention: causal mask
+inline constexpr std::uint8_t kWgrad = 1U << 3;       // weight-gradient GEMM
+inline constexpr std::uint8_t kDataLoad = 1U << 4;    // part of the coarse "host_to_device" view
+inline constexpr std::uint8_t kMetrics = 1U << 5;     // part of the coarse "training_metrics" view
+
+struct Op {
+  std::array<std::int64_t, 6> shape{};  // meaning by kind, above
+  double flops = 0.0;                   // FLOPs executed on this rank
+  double bytes = 0.0;                   // memory traffic, or payload for copies and communication
+  std::uint32_t deps_begin = 0;         // [deps_begin, deps_end) in RankClass::deps
+  std::uint32_t deps_end = 0;
+  std::int32_t tag = -1;                // send/recv matching tag
+  std::int32_t tokens = -1;             // tokens handled (MoE ops), -1 = not applicable
+  std::uint16_t phase = 0;              // index into StepGraph::phases
+  std::int16_t layer = -1;              // global layer index, -1 = none (embedding, loss, optimizer)
+  std::int16_t microbatch = -1;         // -1 = not per micro-batch
+  std::int16_t expert = -1;             // local expert index for per-expert ops
+  std::int16_t chunk = -1;              // model chunk (virtual stage) for interleaved schedules
+  std::int16_t group_size = 1;          // members of `group` (collectives)
+  std::uint8_t stream = 0;              // index into StepGraph::streams
+  OpKind kind = OpKind::gemm;
+  Wall wall = Wall::compute;
+  std::uint8_t sub = 0;                 // Collective, CopyKind or HostKind by kind
+  Group group = Group::none;
+  std::int8_t peer = 0;                 // send/recv: +1 next, -1 previous (stage or CP ring neighbour)
+  DType dtype = DType::bf16;
+  std::uint8_t graph = 0;               // 0 = launched eagerly; g > 0: captured in StepGraph::graphs[g-1]
+  std::uint8_t flags = 0;
+
+  [[nodiscard]] Collective collective() const { return static_cast<Collective>(sub); }
+  [[nodiscard]] CopyKind copy_kind() const { return static_cast<CopyKind>(sub); }
+  [[nodiscard]] HostKind host_kind() const { return static_cast<HostKind>(sub); }
+  [[nodiscard]] bool is_comm() const { return kind == OpKind::collective || kind == OpKind::send || kind == OpKind::recv; }
+};
+
+struct StreamInfo {
+  std::string name;  // "compute", "dp_comm", "pp_fwd", "pp_bwd", "copy", "expert_1", ...
+  StreamKind kind = StreamKind::compute;
+};
+
+// One CUDA-graph capture: a contiguous run of ops (by index in issue order) of one rank class
+// replayed with one launch. Listed per class in RankClass::graph_runs.
+struct GraphRun {
+  std::uint32_t first_op = 0;
+  std::uint32_t end_op = 0;  // exclusive
+  std::uint8_t graph = 0;    // index + 1 into StepGraph::graphs
+};
+
+// Ranks that do identical work in a step.
+struct RankClass {
+  int id = 0;
+  int pp_stage = 0;
+  std::string label;          // "stage 0", "stage 3 / hot EP rank", "stage 1 / slow rank 9"
+  std::vector<int> ranks;     // members, ascending
+  double expert_load = 1.0;   // tokens received for the local experts / the balanced share
+  std::vector<Op> ops;
+  std::vector<std::uint32_t> deps;
+  std::vector<GraphRun> graph_runs;
+  // Parameters held by a rank of this class (for the memory model and optimizer): dense and expert.
+  double dense_params = 0.0;
+  double expert_params = 0.0;
+  std::vector<int> layers;    // global layer indices on this stage, in chunk order
+
+  [[nodiscard]] int representative() const { return ranks.empty() ? -1 : ranks.front(); }
+  [[nodiscard]] const std::uint32_t* deps_of(const Op& op) const { return deps.data() + op.deps_begin; }
+  [[nodiscard]] std::size_t num_deps(const Op& op) const { return op.deps_end - op.deps_begin; }
+};
+
+struct StepGraph {
+  int step = 0;                     // the step this graph is for (inference graphs vary by step)
+  bool varies_per_step = false;     // inference: prefill vs decode; executors re-expand per step
+  std::string step_kind;            // "train", "prefill", "decode"
+  Layout layout;
+  std::vector<std::string> phases;  // phase names, indexed by Op::phase
+  std::vector<StreamInfo> streams;
+  std::vector<std::string> graphs;  // captured CUDA-graph scopes ("attn", "moe_router", ...)
+  std::vector<RankClass> classes;
+  std::vector<int> class_of_rank;   // world-sized
+  // Megatron-LM's num_floating_point_operations for one step (all ranks, model FLOPs, no recompute).
+  double model_flops = 0.0;
+  // Tokens processed per step (global batch x sequence, or the decode batch).
+  double tokens = 0.0;
+
+  [[nodiscard]] const std::string& phase_name(const Op& op) const { return phases[op.phase]; }
+  [[nodiscard]] const std::string& stream_name(const Op& op) const { return streams[op.stream].name; }
+  [[nodiscard]] std::size_t total_ops() const;
+  [[nodiscard]] const RankClass& class_of(int rank) const { return classes[static_cast<std::size_t>(class_of_rank[static_cast<std::size_t>(rank)])]; }
+};
+
+// Expands one step of `s`. For training every step is the same (step = 0 will do); inference steps
+// alternate prefill and decode (see docs/stepgraph.md). Throws InputError for scenarios that the
+// expansion does not support.
+StepGraph expand(const Scenario& s, int step = 0);
+
+// Megatron-LM's FLOPs-per-iteration formula (training.py, num_floating_point_operations) for the
+// scenario's model and global batch. Model FLOPs only: no recomputation.
+double megatron_flops_per_iteration(const Scenario& s);
+
+const char* to_string(OpKind k);
+const char* to_string(Wall w);
+const char* to_string(Collective c);
+const char* to_string(CopyKind c);
+const char* to_string(HostKind h);
+const char* to_string(StreamKind s);
+
+}  // namespace threewalls::scenarios

@@ -1,0 +1,156 @@
+#include "threewalls/scenarios/layout.hpp"
+
+#include <algorithm>
+
+#include "threewalls/scenarios/scenario.hpp"
+
+namespace threewalls::scenarios {
+
+const char* to_string(Group g) {
+  switch (g) {
+    case Group::none: return "none";
+    case Group::tp: return "tp";
+    case Group::cp: return "cp";
+    case Group::dp: return "dp";
+    case Group::dp_cp: return "dp_cp";
+    case Group::ep: return "ep";
+    case Group::etp: return "etp";
+    case Group::edp: return "edp";
+    case Group::pp: return "pp";
+    case Group::world: return "world";
+    case Group::embedding: return "embedding";
+  }
+  return "?";
+}
+
+Layout::Layout(int tp, int cp, int dp, int pp, int etp, int ep, int edp, int gpus_per_node)
+    : tp_(tp), cp_(cp), dp_(dp), pp_(pp), etp_(etp), ep_(ep), edp_(edp), gpus_per_node_(gpus_per_node) {}
+
+Layout::Layout(const Scenario& s)
+    : Layout(s.parallel.tp, s.parallel.cp, s.parallel.dp, s.parallel.pp, s.parallel.etp, s.parallel.ep,
+             s.parallel.edp, s.cluster.gpus_per_node) {}
+
+Coords Layout::coords(int rank) const {
+  Coords c;
+  int r = rank;
+  c.tp = r % tp_;
+  r /= tp_;
+  c.cp = r % cp_;
+  r /= cp_;
+  c.dp = r % dp_;
+  r /= dp_;
+  c.pp = r;
+  r = rank;
+  c.etp = r % etp_;
+  r /= etp_;
+  c.ep = r % ep_;
+  r /= ep_;
+  c.edp = r % edp_;
+  return c;
+}
+
+namespace {
+int dense_rank(int tp, int cp, int dp, int pp, int TP, int CP, int DP) { return tp + TP * (cp + CP * (dp + DP * pp)); }
+int expert_rank(int etp, int ep, int edp, int pp, int ETP, int EP, int EDP) {
+  return etp + ETP * (ep + EP * (edp + EDP * pp));
+}
+}  // namespace
+
+int Layout::group_size(Group g) const {
+  switch (g) {
+    case Group::none: return 1;
+    case Group::tp: return tp_;
+    case Group::cp: return cp_;
+    case Group::dp: return dp_;
+    case Group::dp_cp: return dp_ * cp_;
+    case Group::ep: return ep_;
+    case Group::etp: return etp_;
+    case Group::edp: return edp_;
+    case Group::pp: return pp_;
+    case Group::world: return world();
+    case Group::embedding: return pp_ > 1 ? 2 : 1;
+  }
+  return 1;
+}
+
+std::vector<int> Layout::group_members(Group g, int rank) const {
+  const Coords c = coords(rank);
+  std::vector<int> out;
+  switch (g) {
+    case Group::none: out.push_back(rank); break;
+    case Group::tp:
+      for (int i = 0; i < tp_; ++i) out.push_back(dense_rank(i, c.cp, c.dp, c.pp, tp_, cp_, dp_));
+      break;
+    case Group::cp:
+      for (int i = 0; i < cp_; ++i) out.push_back(dense_rank(c.tp, i, c.dp, c.pp, tp_, cp_, dp_));
+      break;
+    case Group::dp:
+      for (int i = 0; i < dp_; ++i) out.push_back(dense_rank(c.tp, c.cp, i, c.pp, tp_, cp_, dp_));
+      break;
+    case Group::dp_cp:
+      for (int d = 0; d < dp_; ++d)
+        for (int i = 0; i < cp_; ++i) out.push_back(dense_rank(c.tp, i, d, c.pp, tp_, cp_, dp_));
+      break;
+    case Group::pp:
+      for (int i = 0; i < pp_; ++i) out.push_back(dense_rank(c.tp, c.cp, c.dp, i, tp_, cp_, dp_));
+      break;
+    case Group::etp:
+      for (int i = 0; i < etp_; ++i) out.push_back(expert_rank(i, c.ep, c.edp, c.pp, etp_, ep_, edp_));
+      break;
+    case Group::ep:
+      for (int i = 0; i < ep_; ++i) out.push_back(expert_rank(c.etp, i, c.edp, c.pp, etp_, ep_, edp_));
+      break;
+    case Group::edp:
+      for (int i = 0; i < edp_; ++i) out.push_back(expert_rank(c.etp, c.ep, i, c.pp, etp_, ep_, edp_));
+      break;
+    case Group::world:
+      out.resize(static_cast<std::size_t>(world()));
+      for (int i = 0; i < world(); ++i) out[static_cast<std::size_t>(i)] = i;
+      break;
+    case Group::embedding:
+      out.push_back(dense_rank(c.tp, c.cp, c.dp, 0, tp_, cp_, dp_));
+      if (pp_ > 1) out.push_back(dense_rank(c.tp, c.cp, c.dp, pp_ - 1, tp_, cp_, dp_));
+      break;
+  }
+  return out;
+}
+
+int Layout::group_index(Group g, int rank) const {
+  const Coords c = coords(rank);
+  switch (g) {
+    case Group::none: return 0;
+    case Group::tp: return c.tp;
+    case Group::cp: return c.cp;
+    case Group::dp: return c.dp;
+    case Group::dp_cp: return c.cp + cp_ * c.dp;
+    case Group::pp: return c.pp;
+    case Group::etp: return c.etp;
+    case Group::ep: return c.ep;
+    case Group::edp: return c.edp;
+    case Group::world: return rank;
+    case Group::embedding: return c.pp == 0 ? 0 : 1;
+  }
+  return 0;
+}
+
+int Layout::rank_at_stage(int rank, int stage) const {
+  const Coords c = coords(rank);
+  return dense_rank(c.tp, c.cp, c.dp, stage, tp_, cp_, dp_);
+}
+
+bool Layout::group_within_node(Group g, int rank) const {
+  const int node = node_of(rank);
+  if (g == Group::world) return world() <= gpus_per_node_;
+  for (int m : group_members(g, rank)) {
+    if (node_of(m) != node) return false;
+  }
+  return true;
+}
+
+double RoutingModel::share(int ep_rank) const {
+  if (balanced()) return 1.0 / ep_;
+  if (ep_rank == 0) return imbalance_ / ep_;
+  return (ep_ - imbalance_) / (static_cast<double>(ep_) * (ep_ - 1));
+}
+
+}  // namespace threewalls::scenarios

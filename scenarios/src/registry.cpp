@@ -1,0 +1,664 @@
+#include "threewalls/scenarios/registry.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "threewalls/core/strings.hpp"
+
+namespace threewalls::scenarios {
+namespace {
+
+// ---- value accessors (the loader guarantees the variant alternative for each ParamType) ----
+int as_int(const Value& v) { return static_cast<int>(std::get<std::int64_t>(v)); }
+double as_real(const Value& v) { return std::get<double>(v); }
+bool as_bool(const Value& v) { return std::get<bool>(v); }
+const std::string& as_str(const Value& v) { return std::get<std::string>(v); }
+
+template <class E>
+E choice_index(const Value& v, const std::vector<std::string>& choices) {
+  auto it = std::find(choices.begin(), choices.end(), as_str(v));
+  return static_cast<E>(it - choices.begin());
+}
+
+// ---- a small builder so each key reads as one declaration ----
+class Decl {
+ public:
+  Decl(Registry& r, std::string path, ParamType t) : r_(r) {
+    p_.path = std::move(path);
+    p_.type = t;
+  }
+  Decl(const Decl&) = delete;
+  Decl& operator=(const Decl&) = delete;
+  ~Decl() { r_.add_param(std::move(p_)); }
+  Decl& required() { p_.required = true; return *this; }
+  Decl& def(std::string toml) { p_.default_toml = std::move(toml); return *this; }
+  Decl& derived(std::string note) { p_.default_note = std::move(note); return *this; }
+  Decl& doc(std::string d) { p_.description = std::move(d); return *this; }
+  Decl& choices(std::vector<std::string> c) { p_.choices = std::move(c); return *this; }
+  Decl& min(double m) { p_.min = m; return *this; }
+  Decl& max(double m) { p_.max = m; return *this; }
+  Decl& set(Setter s) { p_.set = std::move(s); return *this; }
+  [[nodiscard]] const std::vector<std::string>& current_choices() const { return p_.choices; }
+
+ private:
+  Registry& r_;
+  ParamSpec p_;
+};
+
+using ExecRef = std::function<ExecOptions&(Scenario&)>;
+
+// [train] and [infer] share these execution options: declared once, mounted under both tables.
+void add_exec_options(Registry& r, const std::string& table, const ExecRef& exec) {
+  static const std::vector<std::string> kPrecision = {"bf16", "fp8"};
+  static const std::vector<std::string> kGraphScopes = {"attn", "mlp", "moe_router", "moe_preprocess",
+                                                        "full_iteration"};
+  static const std::vector<std::string> kDispatcher = {"alltoall", "allgather", "flex"};
+  Decl(r, table + ".precision", ParamType::choice)
+      .def("\"bf16\"")
+      .choices(kPrecision)
+      .doc("GEMM precision of the linear layers (fp8 needs a Hopper GPU).")
+      .set([exec](Scenario& s, const Value& v, std::size_t) {
+        exec(s).precision = choice_index<Precision>(v, kPrecision);
+      });
+  Decl(r, table + ".cuda_graph_scope", ParamType::choice_list)
+      .def("[]")
+      .choices(kGraphScopes)
+      .doc("Parts of each step captured into CUDA graphs and replayed (one graph launch plus per-node "
+           "costs instead of per-op launches). full_iteration needs static shapes.")
+      .set([exec](Scenario& s, const Value& v, std::size_t) {
+        exec(s).cuda_graph_scope = std::get<std::vector<std::string>>(v);
+      });
+  Decl(r, table + ".token_dispatcher", ParamType::choice)
+      .def("\"alltoall\"")
+      .choices(kDispatcher)
+      .doc("MoE token dispatcher: all-to-all over the EP group, all-gather of all tokens, or flex "
+           "(DeepEP-style fused dispatch).")
+      .set([exec](Scenario& s, const Value& v, std::size_t) {
+        exec(s).token_dispatcher = choice_index<Dispatcher>(v, kDispatcher);
+      });
+  Decl(r, table + ".expert_execution", ParamType::choice)
+      .def("\"grouped\"")
+      .choices({"sequential", "streams:N", "grouped"})
+      .doc("How a rank runs its local experts: one expert after another on one stream, round-robin over "
+           "N streams with events, or one grouped GEMM per projection.")
+      .set([exec](Scenario& s, const Value& v, std::size_t) {
+        const auto& t = as_str(v);
+        auto& e = exec(s).expert_execution;
+        if (t == "sequential") {
+          e = {ExpertExecutionKind::sequential, 1};
+        } else if (t == "grouped") {
+          e = {ExpertExecutionKind::grouped, 1};
+        } else {
+          e = {ExpertExecutionKind::streams, std::stoi(t.substr(t.find(':') + 1))};
+        }
+      });
+  Decl(r, table + ".sync_routing_stats", ParamType::boolean)
+      .def("false")
+      .doc("A GPU-to-CPU read of the routing statistics (tokens per expert) in every MoE layer, as "
+           "dropless dispatchers without CUDA graphs do; blocks the host.")
+      .set([exec](Scenario& s, const Value& v, std::size_t) { exec(s).sync_routing_stats = as_bool(v); });
+  Decl(r, table + ".sync_after_copy", ParamType::boolean)
+      .def("false")
+      .doc("A stream synchronisation after every host/device copy; blocks the host.")
+      .set([exec](Scenario& s, const Value& v, std::size_t) { exec(s).sync_after_copy = as_bool(v); });
+}
+
+}  // namespace
+
+const char* to_string(ParamType t) {
+  switch (t) {
+    case ParamType::integer: return "integer";
+    case ParamType::real: return "number";
+    case ParamType::boolean: return "boolean";
+    case ParamType::string: return "string";
+    case ParamType::choice: return "choice";
+    case ParamType::choice_list: return "list of choices";
+    case ParamType::int_list: return "list of integers";
+    case ParamType::rank_list: return "rank selection";
+    case ParamType::bytes: return "size";
+    case ParamType::bandwidth: return "bandwidth";
+    case ParamType::duration: return "duration";
+    case ParamType::flop_rate: return "FLOP rate";
+  }
+  return "?";
+}
+
+std::string ParamSpec::table() const {
+  auto pos = path.rfind('.');
+  return pos == std::string::npos ? std::string() : path.substr(0, pos);
+}
+
+std::string ParamSpec::key() const {
+  auto pos = path.rfind('.');
+  return pos == std::string::npos ? path : path.substr(pos + 1);
+}
+
+std::string ParamSpec::unit_hint() const {
+  switch (type) {
+    case ParamType::bytes: return "string with a size unit (B, kB, MB, GB, KiB, MiB, GiB, ...), e.g. \"80GiB\"";
+    case ParamType::bandwidth: return "string with a rate unit (GBps = bytes/s, Gbps = bits/s), e.g. \"450GBps\"";
+    case ParamType::duration: return "string with a time unit (s, ms, us, ns), e.g. \"1.5us\"";
+    case ParamType::flop_rate: return "string with a FLOP/s unit, e.g. \"989TFLOPS\"";
+    case ParamType::choice: return "one of " + join(choices, ", ", true);
+    case ParamType::choice_list: return "array of distinct values from " + join(choices, ", ", true);
+    case ParamType::int_list: return "array of integers";
+    case ParamType::rank_list: return "\"all\", \"representatives\" or an array of ranks";
+    case ParamType::integer: return "integer";
+    case ParamType::real: return "number";
+    case ParamType::boolean: return "true or false";
+    case ParamType::string: return "string";
+  }
+  return "";
+}
+
+const Registry& Registry::instance() {
+  static const Registry r;
+  return r;
+}
+
+const ParamSpec* Registry::find_param(const std::string& path) const {
+  for (const auto& p : params_) {
+    if (p.path == path) return &p;
+  }
+  return nullptr;
+}
+
+const TableSpec* Registry::find_table(const std::string& path) const {
+  for (const auto& t : tables_) {
+    if (t.path == path) return &t;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> Registry::children(const std::string& table) const {
+  std::vector<std::string> out;
+  for (const auto& p : params_) {
+    if (p.table() == table) out.push_back(p.key());
+  }
+  for (const auto& t : tables_) {
+    auto pos = t.path.rfind('.');
+    std::string parent = pos == std::string::npos ? std::string() : t.path.substr(0, pos);
+    std::string leaf = pos == std::string::npos ? t.path : t.path.substr(pos + 1);
+    if (parent == table) out.push_back(leaf);
+  }
+  return out;
+}
+
+std::vector<const ParamSpec*> Registry::params_in(const std::string& table) const {
+  std::vector<const ParamSpec*> out;
+  for (const auto& p : params_) {
+    if (p.table() == table) out.push_back(&p);
+  }
+  return out;
+}
+
+namespace {
+
+std::string default_column(const ParamSpec& p) {
+  if (p.required) return "required";
+  if (!p.default_toml.empty()) return "`" + p.default_toml + "`";
+  if (!p.default_note.empty()) return p.default_note;
+  return "none";
+}
+
+std::string range_text(const ParamSpec& p) {
+  std::ostringstream os;
+  auto num = [](double d) {
+    std::ostringstream s;
+    if (d == std::floor(d) && std::fabs(d) < 1e15) s << static_cast<long long>(d);
+    else s << d;
+    return s.str();
+  };
+  if (p.min && p.max) os << num(*p.min) << " to " << num(*p.max);
+  else if (p.min) os << ">= " << num(*p.min);
+  else if (p.max) os << "<= " << num(*p.max);
+  return os.str();
+}
+
+}  // namespace
+
+std::string Registry::markdown_reference() const {
+  std::ostringstream os;
+  os << "# Scenario reference (schema_version " << 1 << ")\n\n"
+     << "<!-- Generated by `threewalls describe --markdown` from scenarios/src/registry.cpp; "
+        "do not edit by hand (tests/scenarios/reference_test.cpp fails when this file is stale). -->\n\n"
+     << "A scenario is a TOML file. Unknown tables and keys are errors. Sizes, bandwidths and durations are "
+        "strings with units: sizes take SI (`kB`, `MB`, `GB` = 10^3n bytes) and IEC (`KiB`, `MiB`, `GiB` = "
+        "2^10n bytes) prefixes; bandwidths are bytes per second (`GBps`, `GB/s`) or bits per second "
+        "(`Gbps`, `Gb/s`); durations take `s`, `ms`, `us`, `ns`. Consistency rules are listed in "
+        "[docs/scenario_rules.md](scenario_rules.md).\n\n";
+  auto emit_table = [&](const std::string& path, const std::string& title, const std::string& desc) {
+    os << "## " << title << "\n\n" << desc << "\n\n";
+    auto ps = params_in(path);
+    if (ps.empty()) return;
+    os << "| key | type | default | description |\n|---|---|---|---|\n";
+    for (const auto* p : ps) {
+      std::string type = p->unit_hint();
+      auto range = range_text(*p);
+      if (!range.empty()) type += " (" + range + ")";
+      std::string d = p->description;
+      std::replace(d.begin(), d.end(), '|', '/');
+      os << "| `" << p->key() << "` | " << type << " | " << default_column(*p) << " | " << d << " |\n";
+    }
+    os << "\n";
+  };
+  emit_table("", "Top level", "Keys outside any table.");
+  for (const auto& t : tables_) {
+    std::string title = t.is_array ? "[[" + t.path + "]]" : "[" + t.path + "]";
+    std::string desc = t.description + (t.required ? " **Required.**" : " Optional.");
+    if (!t.exclusive_with.empty()) desc += " Not together with " + join(t.exclusive_with, ", ") + ".";
+    emit_table(t.path, "`" + title + "`", desc);
+  }
+  return os.str();
+}
+
+std::string Registry::text_reference(const std::string& only_table) const {
+  std::ostringstream os;
+  auto emit = [&](const std::string& path, const std::string& header) {
+    os << header << "\n";
+    for (const auto* p : params_in(path)) {
+      os << "  " << p->key() << "  (" << p->unit_hint();
+      auto range = range_text(*p);
+      if (!range.empty()) os << ", " << range;
+      os << "; " << default_column(*p) << ")\n      " << p->description << "\n";
+    }
+    os << "\n";
+  };
+  if (only_table.empty()) emit("", "top level");
+  for (const auto& t : tables_) {
+    if (!only_table.empty() && t.path != only_table) continue;
+    emit(t.path, (t.is_array ? "[[" + t.path + "]]" : "[" + t.path + "]") + "  " + t.description +
+                     (t.required ? " (required)" : ""));
+  }
+  return os.str();
+}
+
+// ----------------------------------------------------------------------------------------------
+// The declarations. Names follow Megatron-Core's arguments where one exists.
+// ----------------------------------------------------------------------------------------------
+Registry::Registry() {
+  Registry& r = *this;
+
+  // ---- top level ----
+  Decl(r, "schema_version", ParamType::integer)
+      .required()
+      .min(1)
+      .doc("Version of the scenario language this file is written in. This threewalls reads 1.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.schema_version = as_int(v); });
+  Decl(r, "name", ParamType::string)
+      .derived("the file name without .toml")
+      .doc("Scenario name, written into every output header.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.name = as_str(v); });
+  Decl(r, "description", ParamType::string)
+      .def("\"\"")
+      .doc("Free text: what the scenario is and where its numbers come from.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.description = as_str(v); });
+
+  // ---- [model] ----
+  r.add_table({"model", "Model dimensions (dense and MoE), as in Megatron-Core's arguments.", true, false, {}, {}});
+  Decl(r, "model.name", ParamType::string).def("\"\"").doc("Model name, e.g. \"DeepSeek-V3\".")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.model.name = as_str(v); });
+  Decl(r, "model.num_layers", ParamType::integer).required().min(1).doc("Number of transformer layers.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.model.num_layers = as_int(v); });
+  Decl(r, "model.hidden_size", ParamType::integer).required().min(1).doc("Model (embedding) dimension.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.model.hidden_size = as_int(v); });
+  Decl(r, "model.ffn_hidden_size", ParamType::integer).def("0").min(0)
+      .doc("Hidden size of the dense MLP; required when any layer is dense.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.model.ffn_hidden_size = as_int(v); });
+  Decl(r, "model.num_attention_heads", ParamType::integer).required().min(1).doc("Number of query heads.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.model.num_attention_heads = as_int(v); });
+  Decl(r, "model.num_query_groups", ParamType::integer).derived("num_attention_heads").min(1)
+      .doc("Key/value head groups for grouped-query attention (gqa).")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.model.num_query_groups = as_int(v); });
+  Decl(r, "model.kv_channels", ParamType::integer).derived("hidden_size / num_attention_heads").min(1)
+      .doc("Head dimension of mha/gqa attention.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.model.kv_channels = as_int(v); });
+  {
+    static const std::vector<std::string> kAttn = {"mha", "gqa", "mla"};
+    Decl(r, "model.attention", ParamType::choice).def("\"mha\"").choices(kAttn)
+        .doc("Attention kind: multi-head, grouped-query or multi-latent (DeepSeek).")
+        .set([](Scenario& s, const Value& v, std::size_t) {
+          s.model.attention = choice_index<AttentionKind>(v, kAttn);
+        });
+  }
+  Decl(r, "model.q_lora_rank", ParamType::integer).def("0").min(0)
+      .doc("mla: rank of the query down-projection; 0 = queries are not compressed.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.model.q_lora_rank = as_int(v); });
+  Decl(r, "model.kv_lora_rank", ParamType::integer).def("0").min(0)
+      .doc("mla: rank of the joint key/value down-projection.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.model.kv_lora_rank = as_int(v); });
+  Decl(r, "model.qk_head_dim", ParamType::integer).def("0").min(0)
+      .doc("mla: query/key head dimension without the rotary part.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.model.qk_head_dim = as_int(v); });
+  Decl(r, "model.qk_pos_emb_head_dim", ParamType::integer).def("0").min(0)
+      .doc("mla: rotary (decoupled) query/key head dimension.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.model.qk_pos_emb_head_dim = as_int(v); });
+  Decl(r, "model.v_head_dim", ParamType::integer).def("0").min(0).doc("mla: value head dimension.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.model.v_head_dim = as_int(v); });
+  Decl(r, "model.vocab_size", ParamType::integer).required().min(1)
+      .doc("Vocabulary size (padded to a multiple of 128 x tp as Megatron does).")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.model.vocab_size = as_int(v); });
+  Decl(r, "model.swiglu", ParamType::boolean).def("true").doc("Gated linear unit (SwiGLU) in MLPs and experts.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.model.swiglu = as_bool(v); });
+  Decl(r, "model.untie_embeddings_and_output_weights", ParamType::boolean).def("true")
+      .doc("Separate input embedding and output layer weights; false ties them (an extra gradient "
+           "all-reduce between the first and last pipeline stage).")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.model.untie_embeddings_and_output_weights = as_bool(v); });
+  {
+    static const std::vector<std::string> kNorm = {"rmsnorm", "layernorm"};
+    Decl(r, "model.normalization", ParamType::choice).def("\"rmsnorm\"").choices(kNorm).doc("Normalization layer.")
+        .set([](Scenario& s, const Value& v, std::size_t) {
+          s.model.normalization = choice_index<Normalization>(v, kNorm);
+        });
+  }
+  Decl(r, "model.num_experts", ParamType::integer).def("0").min(0)
+      .doc("Routed experts per MoE layer; 0 = dense model.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.model.num_experts = as_int(v); });
+  Decl(r, "model.moe_ffn_hidden_size", ParamType::integer).def("0").min(0)
+      .doc("Hidden size of each routed expert; required when num_experts > 0.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.model.moe_ffn_hidden_size = as_int(v); });
+  Decl(r, "model.moe_router_topk", ParamType::integer).def("0").min(0)
+      .doc("Experts each token is routed to; required when num_experts > 0.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.model.moe_router_topk = as_int(v); });
+  Decl(r, "model.moe_shared_expert_intermediate_size", ParamType::integer).def("0").min(0)
+      .doc("Total hidden size of the shared experts of an MoE layer; 0 = no shared expert.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.model.moe_shared_expert_intermediate_size = as_int(v); });
+  Decl(r, "model.first_dense_layers", ParamType::integer).def("0").min(0)
+      .doc("The first layers use the dense MLP instead of experts (DeepSeek: 3; V2-Lite: 1).")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.model.first_dense_layers = as_int(v); });
+  Decl(r, "model.moe_layer_freq", ParamType::integer).def("1").min(1)
+      .doc("After the first dense layers, every n-th layer is an MoE layer, the others dense.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.model.moe_layer_freq = as_int(v); });
+
+  // ---- [parallel] ----
+  r.add_table({"parallel", "Parallel layout. Ranks are ordered tp, cp, dp, pp (dense) and etp, ep, edp, pp "
+                           "(experts) from fastest to slowest, as Megatron-Core's default order.",
+               false, false, {}, {}});
+  Decl(r, "parallel.tp", ParamType::integer).def("1").min(1).doc("Tensor-parallel size.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.parallel.tp = as_int(v); });
+  Decl(r, "parallel.cp", ParamType::integer).def("1").min(1).doc("Context-parallel size.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.parallel.cp = as_int(v); });
+  Decl(r, "parallel.pp", ParamType::integer).def("1").min(1).doc("Pipeline-parallel size.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.parallel.pp = as_int(v); });
+  Decl(r, "parallel.vpp", ParamType::integer).def("1").min(1)
+      .doc("Virtual pipeline stages (model chunks) per pipeline rank; > 1 selects the interleaved schedule.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.parallel.vpp = as_int(v); });
+  Decl(r, "parallel.dp", ParamType::integer).derived("world / (tp x cp x pp)").min(1)
+      .doc("Data-parallel size; when given it must equal world / (tp x cp x pp).")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.parallel.dp = as_int(v); });
+  Decl(r, "parallel.ep", ParamType::integer).def("1").min(1).doc("Expert-parallel size.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.parallel.ep = as_int(v); });
+  Decl(r, "parallel.etp", ParamType::integer).def("1").min(1).doc("Expert tensor-parallel size.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.parallel.etp = as_int(v); });
+  Decl(r, "parallel.sequence_parallel", ParamType::boolean).def("false")
+      .doc("Sequence parallelism over the TP group (all-gather / reduce-scatter instead of all-reduce).")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.parallel.sequence_parallel = as_bool(v); });
+  Decl(r, "parallel.layers_per_stage", ParamType::int_list).def("[]")
+      .doc("Explicit layer count of each of the pp x vpp virtual stages (chunk-major: all stages' chunk 0 "
+           "first); empty = even split.")
+      .set([](Scenario& s, const Value& v, std::size_t) {
+        const auto& l = std::get<std::vector<std::int64_t>>(v);
+        s.parallel.layers_per_stage.assign(l.begin(), l.end());
+      });
+  Decl(r, "parallel.first_stage_layers", ParamType::integer).def("0").min(0)
+      .doc("Layers on the first pipeline stage (Megatron's decoder_first_pipeline_num_layers); 0 = even split.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.parallel.first_stage_layers = as_int(v); });
+  Decl(r, "parallel.last_stage_layers", ParamType::integer).def("0").min(0)
+      .doc("Layers on the last pipeline stage (Megatron's decoder_last_pipeline_num_layers); 0 = even split.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.parallel.last_stage_layers = as_int(v); });
+
+  // ---- [train] ----
+  r.add_table({"train", "Training step options.", false, false,
+               [](Scenario& s) { s.train.emplace(); }, {"infer"}});
+  add_exec_options(r, "train", [](Scenario& s) -> ExecOptions& { return s.train->exec; });
+  Decl(r, "train.micro_batch_size", ParamType::integer).required().min(1).doc("Sequences per micro-batch.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.train->micro_batch_size = as_int(v); });
+  Decl(r, "train.global_batch_size", ParamType::integer).required().min(1)
+      .doc("Sequences per optimizer step over all data-parallel ranks.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.train->global_batch_size = as_int(v); });
+  Decl(r, "train.seq_length", ParamType::integer).required().min(1).doc("Sequence length in tokens.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.train->seq_length = as_int(v); });
+  {
+    static const std::vector<std::string> kGran = {"none", "selective", "full"};
+    Decl(r, "train.recompute_granularity", ParamType::choice).def("\"none\"").choices(kGran)
+        .doc("Activation recomputation: none, selective (recompute_modules) or full layers.")
+        .set([](Scenario& s, const Value& v, std::size_t) {
+          s.train->recompute_granularity = choice_index<RecomputeGranularity>(v, kGran);
+        });
+    static const std::vector<std::string> kMethod = {"uniform", "block"};
+    Decl(r, "train.recompute_method", ParamType::choice).def("\"uniform\"").choices(kMethod)
+        .doc("full recompute: uniform (checkpoint groups of recompute_num_layers) or block (the first "
+             "recompute_num_layers layers of each stage).")
+        .set([](Scenario& s, const Value& v, std::size_t) {
+          s.train->recompute_method = choice_index<RecomputeMethod>(v, kMethod);
+        });
+  }
+  Decl(r, "train.recompute_num_layers", ParamType::integer).def("1").min(1)
+      .doc("full recompute: layers per checkpoint group (uniform) or layers recomputed per stage (block).")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.train->recompute_num_layers = as_int(v); });
+  Decl(r, "train.recompute_modules", ParamType::choice_list).def("[\"core_attn\"]")
+      .choices({"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"})
+      .doc("selective recompute: modules whose activations are recomputed in backward.")
+      .set([](Scenario& s, const Value& v, std::size_t) {
+        s.train->recompute_modules = std::get<std::vector<std::string>>(v);
+      });
+  Decl(r, "train.use_distributed_optimizer", ParamType::boolean).def("true")
+      .doc("Shard optimizer state over data-parallel ranks (reduce-scatter gradients, all-gather parameters).")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.train->use_distributed_optimizer = as_bool(v); });
+  Decl(r, "train.overlap_grad_reduce", ParamType::boolean).def("false")
+      .doc("Overlap the data-parallel gradient reduction with backward compute (bucketed).")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.train->overlap_grad_reduce = as_bool(v); });
+  Decl(r, "train.overlap_param_gather", ParamType::boolean).def("false")
+      .doc("Overlap the parameter all-gather of the distributed optimizer with the next forward.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.train->overlap_param_gather = as_bool(v); });
+  Decl(r, "train.tp_comm_overlap", ParamType::boolean).def("false")
+      .doc("Overlap tensor-parallel all-gather/reduce-scatter with the neighbouring GEMMs.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.train->tp_comm_overlap = as_bool(v); });
+  Decl(r, "train.moe_shared_expert_overlap", ParamType::boolean).def("false")
+      .doc("Run the shared experts on their own stream, overlapped with token dispatch and combine.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.train->moe_shared_expert_overlap = as_bool(v); });
+  Decl(r, "train.routing_imbalance", ParamType::real).def("1.0").min(1.0)
+      .doc("Load imbalance of the routing: tokens received by the busiest EP rank over the mean (1 = "
+           "balanced). > 1 splits the ranks into hot and cold rank classes.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.train->routing_imbalance = as_real(v); });
+  Decl(r, "train.grad_bucket_size", ParamType::real).def("40000000").min(1)
+      .doc("Parameters per data-parallel gradient bucket (Megatron's DDP bucket_size).")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.train->grad_bucket_size_params = as_real(v); });
+
+  // ---- [infer] ----
+  r.add_table({"infer", "Inference options: a prefill step followed by decode steps.", false, false,
+               [](Scenario& s) { s.infer.emplace(); }, {"train"}});
+  add_exec_options(r, "infer", [](Scenario& s) -> ExecOptions& { return s.infer->exec; });
+  Decl(r, "infer.batch_size", ParamType::integer).required().min(1).doc("Sequences decoded together.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.infer->batch_size = as_int(v); });
+  Decl(r, "infer.prompt_length", ParamType::integer).required().min(1).doc("Prompt tokens per sequence.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.infer->prompt_length = as_int(v); });
+  Decl(r, "infer.generate_tokens", ParamType::integer).required().min(1)
+      .doc("Tokens generated per sequence (decode steps).")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.infer->generate_tokens = as_int(v); });
+  {
+    static const std::vector<std::string> kPrec = {"bf16", "fp8"};
+    Decl(r, "infer.kv_cache_precision", ParamType::choice).def("\"bf16\"").choices(kPrec)
+        .doc("Element type of the KV cache.")
+        .set([](Scenario& s, const Value& v, std::size_t) {
+          s.infer->kv_cache_precision = choice_index<Precision>(v, kPrec);
+        });
+  }
+  Decl(r, "infer.routing_skew", ParamType::real).def("0.0").min(0.0)
+      .doc("Zipf exponent of expert popularity in the seeded routing model (0 = uniform).")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.infer->routing_skew = as_real(v); });
+  Decl(r, "infer.routing_locality", ParamType::real).def("0.0").min(0.0).max(1.0)
+      .doc("Probability that a sequence keeps the experts it used in the previous decode step.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.infer->routing_locality = as_real(v); });
+
+  r.add_table({"infer.expert_offload", "Where expert weights live and how they reach the GPU.", false, false,
+               [](Scenario& s) { s.infer->expert_offload.enabled = true; }, {}});
+  {
+    static const std::vector<std::string> kTier = {"hbm", "host_pinned", "nvme"};
+    Decl(r, "infer.expert_offload.tier", ParamType::choice).required().choices(kTier)
+        .doc("Home of the expert weights: GPU memory, pinned host memory, or a file read into pinned buffers.")
+        .set([](Scenario& s, const Value& v, std::size_t) {
+          s.infer->expert_offload.tier = choice_index<OffloadTier>(v, kTier);
+        });
+  }
+  Decl(r, "infer.expert_offload.nvme_path", ParamType::string).def("\"\"")
+      .doc("nvme tier: file holding the expert weights (created if missing).")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.infer->expert_offload.nvme_path = as_str(v); });
+  Decl(r, "infer.expert_offload.cache_experts_per_layer", ParamType::integer).required().min(0)
+      .doc("Experts of each layer kept in the GPU expert cache.")
+      .set([](Scenario& s, const Value& v, std::size_t) {
+        s.infer->expert_offload.cache_experts_per_layer = as_int(v);
+      });
+  {
+    static const std::vector<std::string> kPolicy = {"lru", "lfu"};
+    Decl(r, "infer.expert_offload.policy", ParamType::choice).def("\"lru\"").choices(kPolicy)
+        .doc("Expert cache eviction policy.")
+        .set([](Scenario& s, const Value& v, std::size_t) {
+          s.infer->expert_offload.policy = choice_index<CachePolicy>(v, kPolicy);
+        });
+    static const std::vector<std::string> kPrefetch = {"none", "next_layer", "all_predicted"};
+    Decl(r, "infer.expert_offload.prefetch", ParamType::choice).def("\"none\"").choices(kPrefetch)
+        .doc("Prefetch: none, the next layer's experts from router look-ahead, or all predicted experts.")
+        .set([](Scenario& s, const Value& v, std::size_t) {
+          s.infer->expert_offload.prefetch = choice_index<Prefetch>(v, kPrefetch);
+        });
+    static const std::vector<std::string> kSync = {"barrier", "per_expert"};
+    Decl(r, "infer.expert_offload.sync", ParamType::choice).def("\"barrier\"").choices(kSync)
+        .doc("Compute waits for all of a layer's experts (barrier) or for each expert's own copy event.")
+        .set([](Scenario& s, const Value& v, std::size_t) {
+          s.infer->expert_offload.sync = choice_index<ExpertSync>(v, kSync);
+        });
+  }
+  Decl(r, "infer.expert_offload.copy_streams", ParamType::integer).def("1").min(1).max(16)
+      .doc("Copy streams used for expert fetches.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.infer->expert_offload.copy_streams = as_int(v); });
+
+  // ---- [cluster] ----
+  r.add_table({"cluster", "The machines: GPUs, NVLink domain per node, PCIe, one NIC per GPU into a fabric.",
+               true, false, {}, {}});
+  {
+    static const std::vector<std::string> kGpu = {"h100", "h200"};
+    Decl(r, "cluster.gpu", ParamType::choice).required().choices(kGpu).doc("GPU kind (SXM).")
+        .set([](Scenario& s, const Value& v, std::size_t) { s.cluster.gpu = choice_index<GpuKind>(v, kGpu); });
+  }
+  Decl(r, "cluster.gpus_per_node", ParamType::integer).required().min(1).max(72)
+      .doc("GPUs per node (one NVLink domain).")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.cluster.gpus_per_node = as_int(v); });
+  Decl(r, "cluster.nodes", ParamType::integer).required().min(1).doc("Number of nodes.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.cluster.nodes = as_int(v); });
+  Decl(r, "cluster.gpu_memory", ParamType::bytes).derived("by GPU kind: h100 \"79.6GiB\", h200 \"140.4GiB\"")
+      .doc("Usable device memory per GPU, for the OOM verdict.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.cluster.gpu_memory = Bytes(as_real(v)); });
+  Decl(r, "cluster.nvlink_bandwidth", ParamType::bandwidth).def("\"450GBps\"")
+      .doc("NVLink bandwidth per GPU and direction into the node's NVSwitch.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.cluster.nvlink_bandwidth = BytesPerSecond(as_real(v)); });
+  Decl(r, "cluster.nvlink_latency", ParamType::duration).def("\"1us\"").doc("NVLink hop latency.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.cluster.nvlink_latency = Seconds(as_real(v)); });
+  Decl(r, "cluster.pcie_bandwidth", ParamType::bandwidth).def("\"64GBps\"")
+      .doc("PCIe bandwidth per GPU and direction to its host (Gen5 x16).")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.cluster.pcie_bandwidth = BytesPerSecond(as_real(v)); });
+  Decl(r, "cluster.pcie_latency", ParamType::duration).def("\"1us\"").doc("PCIe latency.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.cluster.pcie_latency = Seconds(as_real(v)); });
+  Decl(r, "cluster.nic_bandwidth", ParamType::bandwidth).def("\"400Gbps\"")
+      .doc("Bandwidth of each GPU's NIC per direction.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.cluster.nic_bandwidth = BytesPerSecond(as_real(v)); });
+  Decl(r, "cluster.nic_latency", ParamType::duration).def("\"2us\"").doc("NIC-to-leaf link latency.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.cluster.nic_latency = Seconds(as_real(v)); });
+  {
+    static const std::vector<std::string> kTopo = {"fat_tree", "rail_optimized"};
+    Decl(r, "cluster.topology", ParamType::choice).def("\"rail_optimized\"").choices(kTopo)
+        .doc("Fabric between nodes: a two-level fat tree, or a rail-optimised fat tree (NIC i of every node "
+             "on leaf switch i).")
+        .set([](Scenario& s, const Value& v, std::size_t) {
+          s.cluster.topology = choice_index<Topology>(v, kTopo);
+        });
+  }
+  Decl(r, "cluster.leaf_switch_ports", ParamType::integer).def("64").min(2)
+      .doc("NIC-facing ports per leaf switch.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.cluster.leaf_switch_ports = as_int(v); });
+  Decl(r, "cluster.oversubscription", ParamType::real).def("1.0").min(1.0)
+      .doc("Leaf downlink to uplink bandwidth ratio (1 = non-blocking).")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.cluster.oversubscription = as_real(v); });
+  Decl(r, "cluster.switch_latency", ParamType::duration).def("\"1us\"").doc("Latency through one switch.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.cluster.switch_latency = Seconds(as_real(v)); });
+
+  r.add_table({"cluster.slowdown", "A slow GPU or link, for what-if and straggler studies (simulator only).",
+               false, true, [](Scenario& s) { s.cluster.slowdowns.emplace_back(); }, {}});
+  Decl(r, "cluster.slowdown.rank", ParamType::integer).required().min(0).doc("The slow rank.")
+      .set([](Scenario& s, const Value& v, std::size_t i) { s.cluster.slowdowns.at(i).rank = as_int(v); });
+  Decl(r, "cluster.slowdown.factor", ParamType::real).required().min(1.0)
+      .doc("Durations on that GPU (or bandwidth-bound time on that link) are multiplied by this.")
+      .set([](Scenario& s, const Value& v, std::size_t i) { s.cluster.slowdowns.at(i).factor = as_real(v); });
+  {
+    static const std::vector<std::string> kLink = {"none", "nvlink", "pcie", "nic"};
+    Decl(r, "cluster.slowdown.link", ParamType::choice).def("\"none\"").choices(kLink)
+        .doc("none: the GPU's kernels are slow; otherwise that rank's link of this kind is slow.")
+        .set([](Scenario& s, const Value& v, std::size_t i) {
+          s.cluster.slowdowns.at(i).link = choice_index<SlowLink>(v, kLink);
+        });
+  }
+  Decl(r, "cluster.slowdown.from_step", ParamType::integer).def("0").min(0).doc("First affected step.")
+      .set([](Scenario& s, const Value& v, std::size_t i) { s.cluster.slowdowns.at(i).from_step = as_int(v); });
+  Decl(r, "cluster.slowdown.to_step", ParamType::integer).def("-1").min(-1)
+      .doc("Last affected step (inclusive); -1 = until the end.")
+      .set([](Scenario& s, const Value& v, std::size_t i) { s.cluster.slowdowns.at(i).to_step = as_int(v); });
+
+  // ---- [calibration] ----
+  r.add_table({"calibration", "Which calibration profile the simulator takes its costs from.", false, false, {}, {}});
+  Decl(r, "calibration.profile", ParamType::string).def("\"auto\"")
+      .doc("Path of a calibration profile (relative to the scenario file), or \"auto\" for the shipped "
+           "profile of cluster.gpu.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.calibration_profile = as_str(v); });
+
+  // ---- [run] ----
+  r.add_table({"run", "Steps to execute and what the profiler records.", false, false, {}, {}});
+  Decl(r, "run.steps", ParamType::integer).def("3").min(1).doc("Measured steps (after warm-up).")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.run.steps = as_int(v); });
+  Decl(r, "run.warmup_steps", ParamType::integer).def("1").min(0).doc("Unrecorded steps before the measured ones.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.run.warmup_steps = as_int(v); });
+  Decl(r, "run.seed", ParamType::integer).def("1234").min(0)
+      .doc("Seed of every random choice (data, routing); recorded in the output header.")
+      .set([](Scenario& s, const Value& v, std::size_t) {
+        s.run.seed = static_cast<std::uint64_t>(std::get<std::int64_t>(v));
+      });
+  r.add_table({"run.profiler", "Profiler sampling (real runs; the simulator honours the same knobs).", false, false,
+               {}, {}});
+  Decl(r, "run.profiler.enabled", ParamType::boolean).def("true")
+      .doc("false: no phase files are written and nothing is timed.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.run.profiler.enabled = as_bool(v); });
+  Decl(r, "run.profiler.start_step", ParamType::integer).def("0").min(0).doc("First step that may be recorded.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.run.profiler.start_step = as_int(v); });
+  Decl(r, "run.profiler.end_step", ParamType::integer).def("-1").min(-1)
+      .doc("Last step that may be recorded (inclusive); -1 = the last step.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.run.profiler.end_step = as_int(v); });
+  Decl(r, "run.profiler.record_every_n_steps", ParamType::integer).def("10").min(1)
+      .doc("Record one step in n, counted from start_step.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.run.profiler.record_every_n_steps = as_int(v); });
+  Decl(r, "run.profiler.flush_every_n_steps", ParamType::integer).def("10").min(1)
+      .doc("Write buffered records to disk every n steps.")
+      .set([](Scenario& s, const Value& v, std::size_t) { s.run.profiler.flush_every_n_steps = as_int(v); });
+  Decl(r, "run.profiler.ranks", ParamType::rank_list).def("\"all\"")
+      .doc("Ranks that record: all, one representative of each rank class, or a list.")
+      .set([](Scenario& s, const Value& v, std::size_t) {
+        auto& p = s.run.profiler;
+        p.ranks.clear();
+        p.representatives = false;
+        if (const auto* l = std::get_if<std::vector<std::int64_t>>(&v)) {
+          p.ranks.assign(l->begin(), l->end());
+        } else if (std::get<std::string>(v) == "representatives") {
+          p.representatives = true;
+        }
+      });
+  {
+    static const std::vector<std::string> kGran = {"layer", "coarse"};
+    Decl(r, "run.profiler.granularity", ParamType::choice).def("\"layer\"").choices(kGran)
+        .doc("layer: one record per op (phase, layer, micro-batch); coarse: host_to_device, training_step "
+             "and training_metrics only.")
+        .set([](Scenario& s, const Value& v, std::size_t) {
+          s.run.profiler.granularity = choice_index<Granularity>(v, kGran);
+        });
+  }
+}
+
+}  // namespace threewalls::scenarios

@@ -1,0 +1,493 @@
+#include "validate.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <numeric>
+#include <sstream>
+
+#include "threewalls/core/strings.hpp"
+#include "threewalls/scenarios/rules.hpp"
+
+namespace threewalls::scenarios {
+namespace {
+
+// The rules, in the order they are checked. Ids are stable: tests and users grep for them.
+const std::vector<RuleInfo> kRules = {
+    {"attention-kind", "mha needs num_query_groups = num_attention_heads; gqa needs num_query_groups; mla needs "
+                       "kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim and v_head_dim, which only mla may set."},
+    {"head-dim", "Without kv_channels, hidden_size must be divisible by num_attention_heads."},
+    {"query-groups", "num_attention_heads must be divisible by num_query_groups."},
+    {"dense-ffn", "A model with any dense layer needs ffn_hidden_size > 0."},
+    {"moe-keys", "num_experts > 0 needs moe_ffn_hidden_size and moe_router_topk; a dense model must not set MoE keys."},
+    {"moe-topk", "moe_router_topk must not exceed num_experts."},
+    {"moe-layers", "first_dense_layers must leave at least one MoE layer in an MoE model."},
+    {"world-size", "world = nodes x gpus_per_node must equal tp x cp x pp x dp."},
+    {"expert-world", "world must be divisible by etp x ep x pp (edp = world / (etp x ep x pp))."},
+    {"tp-heads", "num_attention_heads must be divisible by tp."},
+    {"tp-query-groups", "num_query_groups must be divisible by tp."},
+    {"tp-ffn", "ffn_hidden_size must be divisible by tp, moe_ffn_hidden_size by etp, and the shared expert size by tp."},
+    {"ep-experts", "num_experts must be divisible by ep."},
+    {"ep-dense", "ep > 1 or etp > 1 needs an MoE model."},
+    {"pp-layers", "Layers must split across pp x vpp virtual stages: num_layers divisible by pp x vpp, or the "
+                  "explicit layers_per_stage (pp x vpp entries summing to num_layers), or first/last_stage_layers "
+                  "leaving a remainder divisible by the other stages."},
+    {"vpp-pp", "vpp > 1 (interleaved schedule) needs pp > 1."},
+    {"batch-divisible", "global_batch_size must be divisible by micro_batch_size x dp."},
+    {"vpp-microbatches", "With vpp > 1 the number of micro-batches must be a multiple of pp (interleaved schedule)."},
+    {"cp-seq", "With cp > 1, seq_length must be divisible by 2 x cp (load-balanced causal split)."},
+    {"sp-tp", "sequence_parallel needs tp > 1."},
+    {"sp-seq", "With sequence_parallel, seq_length / cp must be divisible by tp."},
+    {"moe-tp-sp", "An MoE model with tp > 1 and ep > 1 needs sequence_parallel (Megatron-Core)."},
+    {"fp8-dims", "fp8 needs hidden_size and every FFN size divisible by 16."},
+    {"overlap-param-gather", "overlap_param_gather needs use_distributed_optimizer and overlap_grad_reduce."},
+    {"recompute", "selective recompute needs recompute_modules that exist in the model (moe*, shared_experts, "
+                  "mla_up_proj); full/block recompute_num_layers must not exceed the layers of a stage."},
+    {"graph-scope", "CUDA-graph scopes moe_router and moe_preprocess need an MoE model; full_iteration excludes the "
+                    "other scopes; captured MoE scopes cannot contain the host read of sync_routing_stats."},
+    {"expert-streams", "expert_execution = \"streams:N\" needs 1 <= N <= local experts (num_experts / ep)."},
+    {"routing-imbalance", "routing_imbalance > 1 needs ep > 1 and must not exceed ep."},
+    {"offload", "expert_offload needs an MoE model, cache_experts_per_layer <= num_experts / ep, nvme_path exactly "
+                "when tier = \"nvme\"."},
+    {"infer-layout", "Inference scenarios run without pipeline or context parallelism (pp = cp = 1)."},
+    {"profiler-steps", "Profiler steps must lie in 0 .. steps-1 and end_step >= start_step; ranks must exist."},
+    {"slowdown-rank", "A slowdown must name an existing rank."},
+    {"calibration-profile", "calibration.profile must be \"auto\" or an existing file."},
+};
+
+class Reporter {
+ public:
+  Reporter(const KeyLocations& where, const std::string& file, ErrorList& errors)
+      : where_(where), file_(file), errors_(errors) {}
+
+  // Reports `message` at the location of `key` (or its table, or the file).
+  void fail(const std::string& rule, const std::string& key, const std::string& message) {
+    SourceLocation loc{file_, 1, 1};
+    std::string probe = key;
+    while (true) {
+      auto it = where_.find(probe);
+      if (it != where_.end()) {
+        loc = it->second;
+        break;
+      }
+      auto dot = probe.rfind('.');
+      if (dot == std::string::npos) break;
+      probe = probe.substr(0, dot);
+    }
+    auto dot = key.rfind('.');
+    std::string table = dot == std::string::npos ? "top level" : key.substr(0, dot);
+    errors_.add(loc, "[" + table + "] " + message + " [rule " + rule + "]");
+    ++count_;
+  }
+  [[nodiscard]] bool given(const std::string& key) const { return where_.count(key) > 0; }
+  [[nodiscard]] int count() const { return count_; }
+
+ private:
+  const KeyLocations& where_;
+  const std::string& file_;
+  ErrorList& errors_;
+  int count_ = 0;
+};
+
+std::string num(long long v) { return std::to_string(v); }
+
+void check_model(Scenario& s, Reporter& r) {
+  auto& m = s.model;
+  // attention-kind
+  const bool mla_keys = r.given("model.kv_lora_rank") || r.given("model.qk_head_dim") ||
+                        r.given("model.qk_pos_emb_head_dim") || r.given("model.v_head_dim") ||
+                        r.given("model.q_lora_rank");
+  switch (m.attention) {
+    case AttentionKind::mha:
+      if (r.given("model.num_query_groups") && m.num_query_groups != m.num_attention_heads) {
+        r.fail("attention-kind", "model.num_query_groups",
+               "num_query_groups = " + num(m.num_query_groups) + " differs from num_attention_heads = " +
+                   num(m.num_attention_heads) + " but attention = \"mha\"; use attention = \"gqa\"");
+      }
+      break;
+    case AttentionKind::gqa:
+      if (!r.given("model.num_query_groups")) {
+        r.fail("attention-kind", "model.attention", "attention = \"gqa\" needs model.num_query_groups");
+      }
+      break;
+    case AttentionKind::mla:
+      for (const char* k : {"kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"}) {
+        if (!r.given(std::string("model.") + k)) {
+          r.fail("attention-kind", "model.attention", std::string("attention = \"mla\" needs model.") + k);
+        }
+      }
+      if (r.given("model.num_query_groups") || r.given("model.kv_channels")) {
+        r.fail("attention-kind", r.given("model.num_query_groups") ? "model.num_query_groups" : "model.kv_channels",
+               "num_query_groups and kv_channels do not apply to attention = \"mla\"");
+      }
+      break;
+  }
+  if (m.attention != AttentionKind::mla && mla_keys) {
+    r.fail("attention-kind", "model.attention",
+           "kv_lora_rank, q_lora_rank, qk_head_dim, qk_pos_emb_head_dim and v_head_dim only apply to attention = "
+           "\"mla\"");
+  }
+  // head-dim (derived kv_channels)
+  if (m.kv_channels == 0) {
+    if (m.attention == AttentionKind::mla) {
+      m.kv_channels = m.v_head_dim;
+    } else if (m.hidden_size % m.num_attention_heads != 0) {
+      r.fail("head-dim", "model.hidden_size",
+             "hidden_size = " + num(m.hidden_size) + " is not divisible by num_attention_heads = " +
+                 num(m.num_attention_heads) + "; set kv_channels (the head dimension) explicitly");
+      m.kv_channels = 1;
+    } else {
+      m.kv_channels = m.hidden_size / m.num_attention_heads;
+    }
+  }
+  if (m.num_query_groups == 0) m.num_query_groups = m.num_attention_heads;
+  if (m.attention == AttentionKind::mla) m.num_query_groups = m.num_attention_heads;
+  if (m.num_query_groups > m.num_attention_heads || m.num_attention_heads % m.num_query_groups != 0) {
+    r.fail("query-groups", "model.num_query_groups",
+           "num_attention_heads = " + num(m.num_attention_heads) + " is not divisible by num_query_groups = " +
+               num(m.num_query_groups));
+  }
+  // MoE keys
+  if (m.is_moe()) {
+    if (m.moe_ffn_hidden_size == 0) r.fail("moe-keys", "model.num_experts", "num_experts > 0 needs model.moe_ffn_hidden_size");
+    if (m.moe_router_topk == 0) r.fail("moe-keys", "model.num_experts", "num_experts > 0 needs model.moe_router_topk");
+    if (m.moe_router_topk > m.num_experts) {
+      r.fail("moe-topk", "model.moe_router_topk",
+             "moe_router_topk = " + num(m.moe_router_topk) + " exceeds num_experts = " + num(m.num_experts));
+    }
+    if (m.num_moe_layers() == 0) {
+      r.fail("moe-layers", "model.first_dense_layers",
+             "first_dense_layers = " + num(m.first_dense_layers) + " leaves no MoE layer of " + num(m.num_layers));
+    }
+  } else {
+    for (const char* k : {"moe_ffn_hidden_size", "moe_router_topk", "moe_shared_expert_intermediate_size",
+                          "first_dense_layers", "moe_layer_freq"}) {
+      if (r.given(std::string("model.") + k)) {
+        r.fail("moe-keys", std::string("model.") + k,
+               std::string(k) + " only applies to MoE models (num_experts > 0)");
+      }
+    }
+  }
+  bool any_dense = false;
+  for (int l = 0; l < m.num_layers; ++l) any_dense = any_dense || !m.layer_is_moe(l);
+  if (any_dense && m.ffn_hidden_size == 0) {
+    r.fail("dense-ffn", "model.ffn_hidden_size", "the model has dense layers but no ffn_hidden_size");
+  }
+}
+
+int stage_layers_min(const Scenario& s) {
+  const auto& p = s.parallel;
+  if (!p.layers_per_stage.empty() && static_cast<int>(p.layers_per_stage.size()) == p.pp * p.vpp) {
+    // layers of a pipeline rank = sum over its chunks
+    int best = 1 << 30;
+    for (int st = 0; st < p.pp; ++st) {
+      int sum = 0;
+      for (int c = 0; c < p.vpp; ++c) sum += p.layers_per_stage[static_cast<std::size_t>(c * p.pp + st)];
+      best = std::min(best, sum);
+    }
+    return best;
+  }
+  return s.model.num_layers / p.pp;
+}
+
+void check_parallel(Scenario& s, Reporter& r) {
+  auto& p = s.parallel;
+  const auto& m = s.model;
+  const int world = s.world_size();
+  const std::string world_text = "world size " + num(world) + " (nodes " + num(s.cluster.nodes) + " x gpus_per_node " +
+                                 num(s.cluster.gpus_per_node) + ")";
+  // world-size and derived dp
+  const long long mp = 1LL * p.tp * p.cp * p.pp;
+  if (p.dp == 0) {
+    if (world % mp != 0) {
+      r.fail("world-size", "parallel.tp",
+             "tp x cp x pp = " + num(p.tp) + " x " + num(p.cp) + " x " + num(p.pp) + " = " + num(mp) +
+                 " does not divide the " + world_text);
+      p.dp = 1;
+    } else {
+      p.dp = static_cast<int>(world / mp);
+    }
+  } else if (mp * p.dp != world) {
+    r.fail("world-size", "parallel.dp",
+           "tp x cp x pp x dp = " + num(p.tp) + " x " + num(p.cp) + " x " + num(p.pp) + " x " + num(p.dp) + " = " +
+               num(mp * p.dp) + " does not equal the " + world_text);
+  }
+  // expert-world and derived edp
+  const long long emp = 1LL * p.etp * p.ep * p.pp;
+  if (world % emp != 0) {
+    r.fail("expert-world", "parallel.ep",
+           "etp x ep x pp = " + num(p.etp) + " x " + num(p.ep) + " x " + num(p.pp) + " = " + num(emp) +
+               " does not divide the " + world_text + ", so edp is not an integer");
+    p.edp = 1;
+  } else {
+    p.edp = static_cast<int>(world / emp);
+  }
+  if (m.num_attention_heads % p.tp != 0) {
+    r.fail("tp-heads", "parallel.tp",
+           "num_attention_heads = " + num(m.num_attention_heads) + " is not divisible by tp = " + num(p.tp));
+  }
+  if (m.attention != AttentionKind::mla && m.num_query_groups % p.tp != 0) {
+    r.fail("tp-query-groups", "parallel.tp",
+           "num_query_groups = " + num(m.num_query_groups) + " is not divisible by tp = " + num(p.tp));
+  }
+  if (m.ffn_hidden_size % p.tp != 0) {
+    r.fail("tp-ffn", "parallel.tp", "ffn_hidden_size = " + num(m.ffn_hidden_size) + " is not divisible by tp = " + num(p.tp));
+  }
+  if (m.is_moe() && m.moe_ffn_hidden_size % p.etp != 0) {
+    r.fail("tp-ffn", "parallel.etp",
+           "moe_ffn_hidden_size = " + num(m.moe_ffn_hidden_size) + " is not divisible by etp = " + num(p.etp));
+  }
+  if (m.moe_shared_expert_intermediate_size % p.tp != 0) {
+    r.fail("tp-ffn", "parallel.tp",
+           "moe_shared_expert_intermediate_size = " + num(m.moe_shared_expert_intermediate_size) +
+               " is not divisible by tp = " + num(p.tp));
+  }
+  if (m.is_moe() && m.num_experts % p.ep != 0) {
+    r.fail("ep-experts", "parallel.ep", "num_experts = " + num(m.num_experts) + " is not divisible by ep = " + num(p.ep));
+  }
+  if (!m.is_moe() && (p.ep > 1 || p.etp > 1)) {
+    r.fail("ep-dense", p.ep > 1 ? "parallel.ep" : "parallel.etp",
+           "ep = " + num(p.ep) + ", etp = " + num(p.etp) + " but the model has no experts (num_experts = 0)");
+  }
+  // pp-layers
+  const int vstages = p.pp * p.vpp;
+  if (!p.layers_per_stage.empty()) {
+    if (p.first_stage_layers || p.last_stage_layers) {
+      r.fail("pp-layers", "parallel.layers_per_stage",
+             "layers_per_stage and first_stage_layers/last_stage_layers cannot be used together");
+    }
+    long long sum = std::accumulate(p.layers_per_stage.begin(), p.layers_per_stage.end(), 0LL);
+    if (static_cast<int>(p.layers_per_stage.size()) != vstages) {
+      r.fail("pp-layers", "parallel.layers_per_stage",
+             "layers_per_stage has " + num(static_cast<long long>(p.layers_per_stage.size())) +
+                 " entries but pp x vpp = " + num(vstages) + " virtual stages");
+    } else if (sum != m.num_layers) {
+      r.fail("pp-layers", "parallel.layers_per_stage",
+             "layers_per_stage sums to " + num(sum) + " but num_layers = " + num(m.num_layers));
+    }
+  } else if (p.first_stage_layers || p.last_stage_layers) {
+    if (p.vpp > 1) {
+      r.fail("pp-layers", "parallel.first_stage_layers",
+             "first_stage_layers/last_stage_layers need vpp = 1; use layers_per_stage with vpp > 1");
+    } else {
+      int rest_stages = p.pp - (p.first_stage_layers ? 1 : 0) - (p.last_stage_layers ? 1 : 0);
+      int rest_layers = m.num_layers - p.first_stage_layers - p.last_stage_layers;
+      if (rest_stages < 0 || (rest_stages == 0 && rest_layers != 0) || rest_layers < 0 ||
+          (rest_stages > 0 && (rest_layers % rest_stages != 0 || rest_layers == 0))) {
+        r.fail("pp-layers", p.first_stage_layers ? "parallel.first_stage_layers" : "parallel.last_stage_layers",
+               "num_layers = " + num(m.num_layers) + " minus first/last stage layers leaves " + num(rest_layers) +
+                   " layers, not divisible over the remaining " + num(std::max(rest_stages, 0)) + " stages");
+      }
+    }
+  } else if (m.num_layers % vstages != 0) {
+    r.fail("pp-layers", "parallel.pp",
+           "num_layers = " + num(m.num_layers) + " is not divisible by pp x vpp = " + num(p.pp) + " x " + num(p.vpp) +
+               "; use layers_per_stage or first/last_stage_layers for an uneven split");
+  }
+  if (p.vpp > 1 && p.pp == 1) r.fail("vpp-pp", "parallel.vpp", "vpp = " + num(p.vpp) + " needs pp > 1");
+  if (p.sequence_parallel && p.tp == 1) r.fail("sp-tp", "parallel.sequence_parallel", "sequence_parallel needs tp > 1");
+  if (m.is_moe() && p.tp > 1 && p.ep > 1 && !p.sequence_parallel) {
+    r.fail("moe-tp-sp", "parallel.sequence_parallel",
+           "an MoE model with tp = " + num(p.tp) + " and ep = " + num(p.ep) + " needs sequence_parallel = true");
+  }
+}
+
+void check_exec(const Scenario& s, const ExecOptions& e, const std::string& t, Reporter& r) {
+  const auto& m = s.model;
+  if (e.precision == Precision::fp8) {
+    bool ok = m.hidden_size % 16 == 0 && m.ffn_hidden_size % 16 == 0 && m.moe_ffn_hidden_size % 16 == 0 &&
+              m.moe_shared_expert_intermediate_size % 16 == 0;
+    if (!ok) r.fail("fp8-dims", t + ".precision", "fp8 GEMMs need hidden and FFN sizes divisible by 16");
+  }
+  const auto& scopes = e.cuda_graph_scope;
+  auto has = [&](const char* x) { return std::find(scopes.begin(), scopes.end(), x) != scopes.end(); };
+  if ((has("moe_router") || has("moe_preprocess")) && !m.is_moe()) {
+    r.fail("graph-scope", t + ".cuda_graph_scope", "cuda_graph_scope moe_router/moe_preprocess need an MoE model");
+  }
+  if (has("full_iteration") && scopes.size() > 1) {
+    r.fail("graph-scope", t + ".cuda_graph_scope", "full_iteration captures everything; list it alone");
+  }
+  if (m.is_moe() && e.sync_routing_stats && (has("full_iteration") || has("moe_preprocess"))) {
+    r.fail("graph-scope", t + ".sync_routing_stats",
+           "sync_routing_stats reads routing statistics on the host, which cannot happen inside a captured "
+           "CUDA graph (cuda_graph_scope " + join(scopes, ", ", true) + ")");
+  }
+  if (e.expert_execution.kind == ExpertExecutionKind::streams) {
+    int local = m.is_moe() ? m.num_experts / std::max(1, s.parallel.ep) : 0;
+    if (e.expert_execution.streams < 1 || e.expert_execution.streams > std::max(local, 1) || !m.is_moe()) {
+      r.fail("expert-streams", t + ".expert_execution",
+             "expert_execution = \"streams:" + num(e.expert_execution.streams) + "\" needs 1 <= N <= " + num(local) +
+                 " local experts");
+    }
+  }
+}
+
+void check_train(Scenario& s, Reporter& r) {
+  auto& t = *s.train;
+  const auto& p = s.parallel;
+  const auto& m = s.model;
+  check_exec(s, t.exec, "train", r);
+  const long long per_step = 1LL * t.micro_batch_size * p.dp;
+  if (t.global_batch_size % per_step != 0) {
+    r.fail("batch-divisible", "train.global_batch_size",
+           "global_batch_size = " + num(t.global_batch_size) + " is not divisible by micro_batch_size x dp = " +
+               num(t.micro_batch_size) + " x " + num(p.dp) + " = " + num(per_step));
+    t.num_microbatches = 1;
+  } else {
+    t.num_microbatches = static_cast<int>(t.global_batch_size / per_step);
+  }
+  if (p.vpp > 1 && t.num_microbatches % p.pp != 0) {
+    r.fail("vpp-microbatches", "train.global_batch_size",
+           num(t.num_microbatches) + " micro-batches per step is not a multiple of pp = " + num(p.pp) +
+               ", which the interleaved schedule (vpp = " + num(p.vpp) + ") needs");
+  }
+  if (p.cp > 1 && t.seq_length % (2 * p.cp) != 0) {
+    r.fail("cp-seq", "train.seq_length",
+           "seq_length = " + num(t.seq_length) + " is not divisible by 2 x cp = " + num(2 * p.cp));
+  }
+  if (p.sequence_parallel && (t.seq_length / p.cp) % p.tp != 0) {
+    r.fail("sp-seq", "train.seq_length",
+           "seq_length / cp = " + num(t.seq_length / p.cp) + " is not divisible by tp = " + num(p.tp) +
+               " (sequence_parallel splits the sequence over the TP group)");
+  }
+  if (t.overlap_param_gather && (!t.use_distributed_optimizer || !t.overlap_grad_reduce)) {
+    r.fail("overlap-param-gather", "train.overlap_param_gather",
+           "overlap_param_gather needs use_distributed_optimizer = true and overlap_grad_reduce = true");
+  }
+  if (t.recompute_granularity == RecomputeGranularity::selective) {
+    if (t.recompute_modules.empty()) {
+      r.fail("recompute", "train.recompute_modules", "selective recompute needs at least one recompute module");
+    }
+    for (const auto& mod : t.recompute_modules) {
+      if ((mod == "moe" || mod == "moe_act") && !m.is_moe()) {
+        r.fail("recompute", "train.recompute_modules", "recompute module \"" + mod + "\" needs an MoE model");
+      }
+      if (mod == "shared_experts" && m.moe_shared_expert_intermediate_size == 0) {
+        r.fail("recompute", "train.recompute_modules", "recompute module \"shared_experts\" needs shared experts");
+      }
+      if (mod == "mla_up_proj" && m.attention != AttentionKind::mla) {
+        r.fail("recompute", "train.recompute_modules", "recompute module \"mla_up_proj\" needs attention = \"mla\"");
+      }
+    }
+  } else if (r.given("train.recompute_modules")) {
+    r.fail("recompute", "train.recompute_modules", "recompute_modules only apply to recompute_granularity = \"selective\"");
+  }
+  if (t.recompute_granularity == RecomputeGranularity::full && t.recompute_method == RecomputeMethod::block &&
+      p.pp > 0 && s.model.num_layers > 0) {
+    int per_stage = stage_layers_min(s);
+    if (t.recompute_num_layers > per_stage) {
+      r.fail("recompute", "train.recompute_num_layers",
+             "recompute_num_layers = " + num(t.recompute_num_layers) + " exceeds the " + num(per_stage) +
+                 " layers of a pipeline stage");
+    }
+  }
+  if (t.routing_imbalance > 1.0) {
+    if (p.ep <= 1 || !m.is_moe()) {
+      r.fail("routing-imbalance", "train.routing_imbalance", "routing_imbalance > 1 needs an MoE model with ep > 1");
+    } else if (t.routing_imbalance > p.ep) {
+      r.fail("routing-imbalance", "train.routing_imbalance",
+             "routing_imbalance cannot exceed ep = " + num(p.ep) + " (one rank receiving every token)");
+    }
+  }
+}
+
+void check_infer(Scenario& s, Reporter& r) {
+  auto& inf = *s.infer;
+  const auto& m = s.model;
+  check_exec(s, inf.exec, "infer", r);
+  if (s.parallel.pp > 1 || s.parallel.cp > 1) {
+    r.fail("infer-layout", s.parallel.pp > 1 ? "parallel.pp" : "parallel.cp",
+           "inference scenarios run with pp = 1 and cp = 1 in this version");
+  }
+  if (s.infer->expert_offload.enabled) {
+    const auto& o = inf.expert_offload;
+    if (!m.is_moe()) {
+      r.fail("offload", "infer.expert_offload", "expert_offload needs an MoE model");
+    } else {
+      int local = m.num_experts / std::max(1, s.parallel.ep);
+      if (o.cache_experts_per_layer > local) {
+        r.fail("offload", "infer.expert_offload.cache_experts_per_layer",
+               "cache_experts_per_layer = " + num(o.cache_experts_per_layer) + " exceeds the " + num(local) +
+                   " experts of a layer on one rank");
+      }
+    }
+    if (o.tier == OffloadTier::nvme && o.nvme_path.empty()) {
+      r.fail("offload", "infer.expert_offload.tier", "tier = \"nvme\" needs nvme_path");
+    }
+    if (o.tier != OffloadTier::nvme && !o.nvme_path.empty()) {
+      r.fail("offload", "infer.expert_offload.nvme_path", "nvme_path only applies to tier = \"nvme\"");
+    }
+  }
+}
+
+void check_run(Scenario& s, Reporter& r, const std::string& file) {
+  const auto& pr = s.run.profiler;
+  const int world = s.world_size();
+  if (pr.start_step >= s.run.steps) {
+    r.fail("profiler-steps", "run.profiler.start_step",
+           "start_step = " + num(pr.start_step) + " is past the last step (steps = " + num(s.run.steps) + ")");
+  }
+  if (pr.end_step >= 0 && pr.end_step < pr.start_step) {
+    r.fail("profiler-steps", "run.profiler.end_step",
+           "end_step = " + num(pr.end_step) + " is before start_step = " + num(pr.start_step));
+  }
+  for (int rank : pr.ranks) {
+    if (rank >= world) {
+      r.fail("profiler-steps", "run.profiler.ranks",
+             "rank " + num(rank) + " does not exist (world size " + num(world) + ")");
+      break;
+    }
+  }
+  for (std::size_t i = 0; i < s.cluster.slowdowns.size(); ++i) {
+    const auto& sd = s.cluster.slowdowns[i];
+    if (sd.rank >= world) {
+      r.fail("slowdown-rank", "cluster.slowdown[" + std::to_string(i) + "].rank",
+             "slowdown rank " + num(sd.rank) + " does not exist (world size " + num(world) + ")");
+    }
+    if (sd.to_step >= 0 && sd.to_step < sd.from_step) {
+      r.fail("slowdown-rank", "cluster.slowdown[" + std::to_string(i) + "].to_step", "to_step is before from_step");
+    }
+  }
+  if (s.calibration_profile != "auto") {
+    std::filesystem::path p(s.calibration_profile);
+    if (p.is_relative()) p = std::filesystem::path(file).parent_path() / p;
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(p, ec)) {
+      r.fail("calibration-profile", "calibration.profile",
+             "calibration profile '" + s.calibration_profile + "' not found (looked at " + p.string() +
+                 "); use \"auto\" for the shipped profile of the GPU kind");
+    } else {
+      s.calibration_profile = p.string();
+    }
+  }
+}
+
+}  // namespace
+
+const std::vector<RuleInfo>& consistency_rules() { return kRules; }
+
+std::string rules_markdown() {
+  std::ostringstream os;
+  os << "# Scenario consistency rules\n\n"
+     << "<!-- Generated by `threewalls describe --rules-markdown` from scenarios/src/validate.cpp; do not edit. -->\n\n"
+     << "Checked after every key has been read; each failure names the file, line and column of the key, the "
+        "values involved and the rule id. Most follow Megatron-Core's argument checks.\n\n"
+     << "| rule | what must hold |\n|---|---|\n";
+  for (const auto& r : kRules) os << "| `" << r.id << "` | " << r.text << " |\n";
+  return os.str();
+}
+
+void validate_and_derive(Scenario& s, const KeyLocations& where, const std::string& file, ErrorList& errors) {
+  Reporter r(where, file, errors);
+  // gpu_memory default by kind: usable memory as CUDA reports it (81559 MiB on H100 80GB HBM3,
+  // 143771 MiB on H200), rounded down to 0.1 GiB.
+  if (!r.given("cluster.gpu_memory")) {
+    s.cluster.gpu_memory = s.cluster.gpu == GpuKind::h100 ? gibibytes(79.6) : gibibytes(140.4);
+  }
+  check_model(s, r);
+  check_parallel(s, r);
+  if (s.train) check_train(s, r);
+  if (s.infer) check_infer(s, r);
+  check_run(s, r, file);
+}
+
+}  // namespace threewalls::scenarios
