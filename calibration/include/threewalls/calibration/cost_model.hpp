@@ -1,0 +1,90 @@
+#pragma once
+// The simulator's view of a calibration profile: durations of primitive operations from the
+// profile's fitted models (never a lookup of the exact shapes of a scenario). calibration/ depends
+// only on core/, so this interface takes primitive shapes, not StepGraph ops; sim/ maps ops to calls.
+//
+// Every function documents its model equation where it is implemented (calibration/src/*.cpp) and
+// in docs/calibration.md. All durations are for one GPU of the profiled kind, alone (no contention:
+// the simulator adds sharing of links and streams on top).
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "threewalls/core/units.hpp"
+
+namespace threewalls::calibration {
+
+class Profile;
+
+enum class Dtype : std::uint8_t { bf16, fp8, fp32 };
+enum class CopyDirection : std::uint8_t { h2d_pinned, h2d_pageable, d2h_pinned, d2h_pageable, d2d, disk_read };
+enum class CollectiveKind : std::uint8_t { all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send_recv };
+// Where a collective's traffic flows: inside one NVLink domain, or across nodes through the NICs.
+enum class Scope : std::uint8_t { nvlink, network };
+
+// Effective parameters of a collective for the flow-level simulator: latency term and the bus
+// bandwidth (nccl-tests definition) it reaches alone at that size and group size.
+struct CollectiveParams {
+  Seconds latency;           // alpha: time of a zero-byte collective
+  BytesPerSecond bus_bandwidth;  // beta_eff(S): bus bandwidth at this size
+};
+
+class CostModel {
+ public:
+  explicit CostModel(const Profile& profile);
+  ~CostModel();
+  CostModel(const CostModel&) = delete;
+  CostModel& operator=(const CostModel&) = delete;
+  CostModel(CostModel&&) noexcept;
+  CostModel& operator=(CostModel&&) noexcept;
+
+  // ---- compute ----
+  // C[m,n] = A[m,k] B[k,n] (times `batch` independent products).
+  [[nodiscard]] Seconds gemm(std::int64_t m, std::int64_t n, std::int64_t k, Dtype dt, std::int64_t batch = 1) const;
+  // One GEMM per group (local expert) with `total_rows` rows in all and at most `max_rows` in one group.
+  [[nodiscard]] Seconds grouped_gemm(std::int64_t groups, std::int64_t total_rows, std::int64_t max_rows,
+                                     std::int64_t n, std::int64_t k, Dtype dt) const;
+  // Fused attention over (batch, heads) with the given sequence lengths and head dims.
+  [[nodiscard]] Seconds attention(std::int64_t batch, std::int64_t seq_q, std::int64_t seq_kv, std::int64_t heads,
+                                  std::int64_t head_dim_qk, std::int64_t head_dim_v, bool causal, bool backward) const;
+  // Memory-bound kernels by bytes read + written (element-wise, activation, residual, permute, loss).
+  [[nodiscard]] Seconds elementwise(Bytes bytes) const;
+  // Normalisation kernels (rows x hidden, bytes read + written).
+  [[nodiscard]] Seconds norm(Bytes bytes) const;
+
+  // ---- copies ----
+  [[nodiscard]] Seconds copy(CopyDirection dir, Bytes bytes) const;
+
+  // ---- communication ----
+  // nccl-tests conventions: `bytes` is the "size" column (all_reduce: buffer; all_gather: output;
+  // reduce_scatter: input; all_to_all: bytes each rank sends in total); bus bandwidth factors
+  // 2(n-1)/n, (n-1)/n, (n-1)/n, (n-1)/n, 1 for send_recv.
+  [[nodiscard]] Seconds collective(CollectiveKind kind, Bytes bytes, int group_size, Scope scope) const;
+  [[nodiscard]] CollectiveParams collective_params(CollectiveKind kind, Bytes bytes, int group_size, Scope scope) const;
+
+  // ---- host ----
+  [[nodiscard]] Seconds kernel_launch() const;     // host time of one eager kernel launch
+  [[nodiscard]] Seconds framework_op() const;      // extra host time per op of a framework (eager dispatch)
+  [[nodiscard]] Seconds event_record() const;
+  [[nodiscard]] Seconds stream_sync() const;       // host cost of a stream sync on an idle stream
+  [[nodiscard]] Seconds gpu_read() const;          // a small device->host read that blocks the host
+  [[nodiscard]] Seconds graph_launch() const;      // host time of one CUDA-graph launch
+  [[nodiscard]] Seconds graph_node() const;        // device-side cost per graph node
+  [[nodiscard]] Seconds collective_launch() const; // host time to enqueue one NCCL call
+
+  // ---- concurrency ----
+  // Throughput factor of `streams` concurrent small kernels relative to running them back to back
+  // (1 = no gain; > 1 = faster together), for kernels of `sm_fraction` of the GPU each.
+  [[nodiscard]] double stream_concurrency(int streams, double sm_fraction) const;
+
+  // ---- hardware ----
+  [[nodiscard]] FlopsPerSecond peak_flops(Dtype dt) const;  // datasheet dense peak
+  [[nodiscard]] BytesPerSecond hbm_bandwidth() const;       // measured copy bandwidth (read + write)
+  [[nodiscard]] int sm_count() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace threewalls::calibration
