@@ -226,6 +226,7 @@ class Loader {
     const auto* t = node.as_table();
     if (!t) {
       errors_.add(kloc, "'" + ts.path + "' must be a table ([" + ts.path + "]), not " + toml_type_name(node.type()));
+      out_.locations[ts.path] = kloc;  // written, though wrongly: no second "missing required table" error
       return;
     }
     if (ts.on_present) ts.on_present(out_.scenario);
@@ -241,15 +242,16 @@ class Loader {
     const Registry& reg = Registry::instance();
     auto allowed = reg.children(path);
     std::string msg = table_label(path) + " unknown " + (node.is_table() ? "table" : "key") + " '" + key + "'";
-    if (auto near = nearest(key, allowed)) {
+    // A key that exists verbatim in another table was most likely put in the wrong table; say so
+    // before guessing a typo (short keys such as 'tp' are otherwise "near" unrelated ones like 'gpu').
+    std::vector<std::string> elsewhere;
+    for (const auto& p : reg.params()) {
+      if (p.key() == key) elsewhere.push_back(p.table().empty() ? "the top level" : "[" + p.table() + "]");
+    }
+    if (!elsewhere.empty()) {
+      msg += " ('" + key + "' belongs in " + join(elsewhere, " or ") + ")";
+    } else if (auto near = nearest(key, allowed)) {
       msg += " (did you mean '" + *near + "'?)";
-    } else {
-      // Maybe the key belongs to another table.
-      std::vector<std::string> elsewhere;
-      for (const auto& p : reg.params()) {
-        if (p.key() == key) elsewhere.push_back(p.table().empty() ? "the top level" : "[" + p.table() + "]");
-      }
-      if (!elsewhere.empty()) msg += " ('" + key + "' belongs in " + join(elsewhere, " or ") + ")";
     }
     msg += "; allowed here: " + join(allowed);
     errors_.add(kloc, msg);
@@ -452,7 +454,7 @@ class Loader {
                                    " (a bare number is ambiguous)");
             return false;
           }
-          return type_error(p.unit_hint());
+          return type_error("a " + p.unit_hint());
         }
         try {
           double d = 0;
@@ -482,8 +484,9 @@ class Loader {
     if (node.is_value()) {
       os << " (";
       node.visit([&](const auto& n) {
+        // Strings quoted as everywhere else; other values as TOML writes them (true, 4.0, 2026-11-01).
         if constexpr (toml::is_string<decltype(n)>) os << threewalls::quoted(n.get());
-        else if constexpr (toml::is_value<decltype(n)>) os << n.get();
+        else if constexpr (toml::is_value<decltype(n)>) os << n;
       });
       os << ")";
       return os.str();
