@@ -26,7 +26,9 @@ namespace threewalls::scenarios {
 
 enum class OpKind : std::uint8_t {
   gemm,           // shape: {m, n, k, batch}; flops = 2 m n k batch; C[m,n] = A[m,k] B[k,n]
-  grouped_gemm,   // shape: {total rows m, n, k, groups, max rows in a group}; one GEMM per local expert
+  grouped_gemm,   // shape: {total rows m, n, k, groups, max rows in a group, varying}; one GEMM per local
+                  // expert: varying = 0: group g computes (r_g x k)(k x n); varying = 1 (wgrad): group g
+                  // computes (n x r_g)(r_g x k) = dW_g, i.e. the group's rows are the reduction dimension
   attention,      // shape: {batch, seq_q, seq_kv, heads, head_dim_qk, head_dim_v}; flag kCausal; bwd when kBackward
   elementwise,    // shape: {elements}; bytes = bytes read + written (activation, SwiGLU, add, kv-cache write)
   norm,           // shape: {rows, hidden}; bytes read + written
@@ -45,9 +47,11 @@ enum class OpKind : std::uint8_t {
 
 enum class CopyKind : std::uint8_t { h2d_pinned, h2d_pageable, d2h_pinned, d2h_pageable, d2d, disk_read };
 // For collectives `bytes` follows nccl-tests: all_reduce, broadcast: the buffer size; all_gather: the
-// gathered output size; reduce_scatter: the input size; all_to_all: the bytes each rank sends in total
-// (including its own share). For all_to_all with routing imbalance the per-peer split comes from
-// RoutingModel (layout.hpp).
+// gathered output size; reduce_scatter: the input size; all_to_all: the bytes this rank sends in total
+// (including its own share). MoE all-to-alls carry shape {balanced bytes B, routed}: routed = 0: every
+// peer pair exchanges B / n; routed = 1 (dispatch): rank i sends B * share(ep_rank(j)) to peer j;
+// routed = 2 (combine): rank i sends B * share(ep_rank(i)) to every peer j, with share() from
+// RoutingModel (layout.hpp). `bytes` is then this rank's total send.
 enum class Collective : std::uint8_t { all_reduce, all_gather, reduce_scatter, all_to_all, broadcast };
 enum class HostKind : std::uint8_t { stream_sync, gpu_read, framework, barrier, graph_launch };
 enum class Wall : std::uint8_t { compute, memory, communication, host };

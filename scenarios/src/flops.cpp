@@ -1,0 +1,124 @@
+// Megatron-LM's FLOPs per iteration (megatron/training/training.py, num_floating_point_operations,
+// as of Megatron-Core 0.12-0.14), transcribed term by term for the model shapes threewalls supports
+// (no MTP, no hybrid Mamba layers). Model FLOPs: forward, dgrad and wgrad of every GEMM (the 3x) and
+// causal attention counted as half the score matrix; no recomputation, no router, no norms.
+#include "threewalls/scenarios/step_graph.hpp"
+
+namespace threewalls::scenarios {
+
+double megatron_flops_per_iteration(const Scenario& s) {
+  if (!s.train) return 0.0;
+  const auto& m = s.model;
+  const double batch = s.train->global_batch_size;
+  const double seq = s.train->seq_length;
+  const double h = m.hidden_size;
+  const double layers = m.num_layers;
+  const double num_moe = m.num_moe_layers();
+  const double num_dense = layers - num_moe;
+  const double experts_routed_to = m.is_moe() ? m.moe_router_topk : 0.0;
+  const double moe_ffn = m.moe_ffn_hidden_size > 0 ? m.moe_ffn_hidden_size : m.ffn_hidden_size;
+  const double shared_ffn = m.moe_shared_expert_intermediate_size;
+  const double gated = m.swiglu ? 1.5 : 1.0;
+  const double expansion = 3.0 * 2.0 * 2.0;
+  const double heads = m.num_attention_heads;
+  double self_attn = 0.0;
+  if (m.attention == AttentionKind::mla) {
+    const double qk = m.qk_head_dim;
+    const double rope = m.qk_pos_emb_head_dim;
+    const double v = m.v_head_dim;
+    const double q_term = m.q_lora_rank == 0 ? h * heads * (qk + rope)
+                                             : m.q_lora_rank * (h + heads * (qk + rope) + 1);
+    self_attn = 3.0 * 2.0 * layers *
+                (q_term + m.kv_lora_rank * (h + heads * (qk + v) + 1) + h * rope + heads * v * h +
+                 seq * (heads * (qk + rope)) / 2.0 + seq * heads * v / 2.0);
+  } else {
+    const double query_projection = static_cast<double>(m.kv_channels) * heads;
+    const double ratio = query_projection / h;
+    self_attn = expansion * layers * h * h *
+                ((1.0 + static_cast<double>(m.num_query_groups) / heads + seq / h / 2.0) * ratio);
+  }
+  const double vocab = static_cast<double>(m.padded_vocab_size(s.parallel.tp));
+  const double mlp = expansion * layers * h *
+                     (m.ffn_hidden_size * gated * (num_dense / layers) +
+                      moe_ffn * experts_routed_to * gated * (num_moe / layers) + shared_ffn * gated * (num_moe / layers));
+  const double logits = 3.0 * 2.0 * h * vocab;
+  return batch * seq * (mlp + self_attn + logits);
+}
+
+const char* to_string(OpKind k) {
+  switch (k) {
+    case OpKind::gemm: return "gemm";
+    case OpKind::grouped_gemm: return "grouped_gemm";
+    case OpKind::attention: return "attention";
+    case OpKind::elementwise: return "elementwise";
+    case OpKind::norm: return "norm";
+    case OpKind::softmax_topk: return "softmax_topk";
+    case OpKind::permute: return "permute";
+    case OpKind::unpermute: return "unpermute";
+    case OpKind::embedding: return "embedding";
+    case OpKind::cross_entropy: return "cross_entropy";
+    case OpKind::optimizer: return "optimizer";
+    case OpKind::copy: return "copy";
+    case OpKind::collective: return "collective";
+    case OpKind::send: return "send";
+    case OpKind::recv: return "recv";
+    case OpKind::host: return "host";
+  }
+  return "?";
+}
+
+const char* to_string(Wall w) {
+  switch (w) {
+    case Wall::compute: return "compute";
+    case Wall::memory: return "memory";
+    case Wall::communication: return "communication";
+    case Wall::host: return "host";
+  }
+  return "?";
+}
+
+const char* to_string(Collective c) {
+  switch (c) {
+    case Collective::all_reduce: return "all_reduce";
+    case Collective::all_gather: return "all_gather";
+    case Collective::reduce_scatter: return "reduce_scatter";
+    case Collective::all_to_all: return "all_to_all";
+    case Collective::broadcast: return "broadcast";
+  }
+  return "?";
+}
+
+const char* to_string(CopyKind c) {
+  switch (c) {
+    case CopyKind::h2d_pinned: return "h2d_pinned";
+    case CopyKind::h2d_pageable: return "h2d_pageable";
+    case CopyKind::d2h_pinned: return "d2h_pinned";
+    case CopyKind::d2h_pageable: return "d2h_pageable";
+    case CopyKind::d2d: return "d2d";
+    case CopyKind::disk_read: return "disk_read";
+  }
+  return "?";
+}
+
+const char* to_string(HostKind h) {
+  switch (h) {
+    case HostKind::stream_sync: return "stream_sync";
+    case HostKind::gpu_read: return "gpu_read";
+    case HostKind::framework: return "framework";
+    case HostKind::barrier: return "barrier";
+    case HostKind::graph_launch: return "graph_launch";
+  }
+  return "?";
+}
+
+const char* to_string(StreamKind s) {
+  switch (s) {
+    case StreamKind::compute: return "compute";
+    case StreamKind::communication: return "communication";
+    case StreamKind::copy: return "copy";
+    case StreamKind::host: return "host";
+  }
+  return "?";
+}
+
+}  // namespace threewalls::scenarios
