@@ -1,0 +1,83 @@
+#pragma once
+// Attention, forward and backward, unfused: cuBLASLt strided-batched GEMMs for Q K^T, P V and the
+// backward products, and our masked-softmax kernels between them (docs/backend.md says why and what
+// it costs). Correct for any (batch, seq_q, seq_kv, heads, head_dim_qk, head_dim_v), causal or not,
+// including decode (seq_q = 1, long seq_kv).
+//
+// Layout: q [batch, heads, seq_q, dqk], k [batch, heads, seq_kv, dqk], v [batch, heads, seq_kv, dv],
+// o / do [batch, heads, seq_q, dv], all bf16; lse [batch, heads, seq_q] fp32 (log-sum-exp of each
+// scaled score row, saved by forward for backward).
+// Causal mask, bottom-right aligned (as with a KV cache): query i sees keys j <= i + seq_kv - seq_q.
+// Scores are scaled by 1/sqrt(dqk).
+//
+// Memory: the score matrix is materialised in bf16, one block of query rows for a chunk of
+// (batch x head) at a time, inside a workspace of fixed size (forward: one score buffer, backward:
+// two). For causal masks, each query block only multiplies the keys it can see, so about half of
+// the full S = Q K^T work is skipped (exactly: a block of rows up to q1 computes keys < q1 + seq_kv -
+// seq_q).
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "threewalls/backend/blas.hpp"
+#include "threewalls/backend/handles.hpp"
+
+namespace threewalls::backend {
+
+struct AttentionShape {
+  std::int64_t batch = 1, seq_q = 1, seq_kv = 1, heads = 1, head_dim_qk = 64, head_dim_v = 64;
+  bool causal = false;
+};
+
+// Model FLOPs of the attention products (the convention of FlashAttention's benchmarks):
+// forward 2 * b * h * sq * skv * (dqk + dv), halved (about) for causal masks by counting only the
+// visible (query, key) pairs; backward 2.5 times forward (five products instead of two).
+[[nodiscard]] double attention_flops(const AttentionShape& s, bool backward);
+
+class Attention {
+ public:
+  static constexpr std::size_t kDefaultWorkspace = std::size_t{512} << 20;
+  explicit Attention(CublasLt& lt, std::size_t workspace_bytes = kDefaultWorkspace);
+
+  // Throws InputError for non-positive dimensions, or causal with seq_kv < seq_q.
+  void forward(const AttentionShape& s, const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse,
+               cudaStream_t stream);
+  // dq, dk, dv written (dk, dv are zeroed on the stream first, then accumulated over query blocks).
+  void backward(const AttentionShape& s, const bf16* q, const bf16* k, const bf16* v, const bf16* o, const bf16* d_o,
+                const float* lse, bf16* dq, bf16* dk, bf16* dv, cudaStream_t stream);
+  // Allocates what forward/backward of `s` need beyond the fixed workspace (the per-row dot(dO, O)
+  // buffer) so that later calls allocate nothing (graph capture). Synchronous.
+  void reserve(const AttentionShape& s);
+
+ private:
+  struct Plan {
+    std::int64_t q_block = 0;   // query rows per chunk
+    std::int64_t bh_chunk = 0;  // (batch x head) matrices per chunk
+  };
+  [[nodiscard]] Plan plan(const AttentionShape& s, int buffers) const;
+
+  CublasLt* lt_;
+  DeviceBuffer workspace_;
+  DeviceBuffer row_dot_;  // backward: D[i] = dot(dO_i, O_i), fp32 [batch*heads*seq_q]
+};
+
+// Kernels behind Attention (attention_kernels.cu). Rows are `rows_per_head` query rows of
+// `bh` matrices, each row `kv_len` long with stride `kv_len`; query row r of a head is query index
+// q0 + r; key j is visible when !causal or j <= q0 + r + offset (offset = seq_kv - seq_q).
+struct ScoreBlock {
+  std::int64_t bh = 0, rows_per_head = 0, kv_len = 0, q0 = 0, offset = 0, seq_q = 0;
+  bool causal = false;
+};
+// In place: scores -> probabilities P (bf16), lse[h * seq_q + q0 + r] written (fp32).
+void attention_softmax_fwd(bf16* scores, float* lse, const ScoreBlock& b, cudaStream_t s);
+// In place: scores -> P = exp(score - lse) (masked entries 0).
+void attention_probs_from_lse(bf16* scores, const float* lse, const ScoreBlock& b, cudaStream_t s);
+// In place: dP -> dS = P * (dP - D[row]).
+void attention_dscores(const bf16* probs, bf16* dprobs, const float* row_dot, const ScoreBlock& b, cudaStream_t s);
+// D[i] = sum_d dO[i, d] * O[i, d] for `rows` rows of `dv`.
+void attention_row_dot(const bf16* d_o, const bf16* o, float* row_dot, std::int64_t rows, std::int64_t dv,
+                       cudaStream_t s);
+
+}  // namespace threewalls::backend

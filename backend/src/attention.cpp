@@ -1,0 +1,234 @@
+#include "threewalls/backend/attention.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "threewalls/backend/error.hpp"
+
+namespace threewalls::backend {
+namespace {
+
+void validate(const AttentionShape& s) {
+  if (s.batch <= 0 || s.seq_q <= 0 || s.seq_kv <= 0 || s.heads <= 0 || s.head_dim_qk <= 0 || s.head_dim_v <= 0) {
+    throw InputError(rank_prefix() + "attention: batch, seq_q, seq_kv, heads, head_dim_qk, head_dim_v must be positive");
+  }
+  if (s.causal && s.seq_kv < s.seq_q) {
+    throw InputError(rank_prefix() + "attention: causal with seq_kv (" + std::to_string(s.seq_kv) + ") < seq_q (" +
+                     std::to_string(s.seq_q) + ") leaves queries without keys");
+  }
+}
+
+// Keys visible to query rows [0, q1) of a head (bottom-right aligned causal mask).
+std::int64_t kv_len_for(const AttentionShape& s, std::int64_t q1) {
+  return s.causal ? std::min(s.seq_kv, q1 + s.seq_kv - s.seq_q) : s.seq_kv;
+}
+
+// Causal masks: query blocks of this many rows skip the keys they cannot see.
+constexpr std::int64_t kCausalBlock = 512;
+
+}  // namespace
+
+double attention_flops(const AttentionShape& s, bool backward) {
+  // Visible (query, key) pairs per head.
+  double pairs = static_cast<double>(s.seq_q) * static_cast<double>(s.seq_kv);
+  if (s.causal) {
+    const double off = static_cast<double>(s.seq_kv - s.seq_q);
+    const double sq = static_cast<double>(s.seq_q);
+    pairs = sq * off + sq * (sq + 1.0) / 2.0;  // query i sees off + i + 1 keys
+  }
+  const double fwd = 2.0 * static_cast<double>(s.batch * s.heads) * pairs *
+                     static_cast<double>(s.head_dim_qk + s.head_dim_v);
+  return backward ? 2.5 * fwd : fwd;
+}
+
+Attention::Attention(CublasLt& lt, std::size_t workspace_bytes) : lt_(&lt), workspace_(workspace_bytes) {}
+
+Attention::Plan Attention::plan(const AttentionShape& s, int buffers) const {
+  const std::size_t cap = workspace_.size() / static_cast<std::size_t>(buffers);
+  Plan p;
+  p.q_block = s.causal ? std::min(s.seq_q, kCausalBlock) : s.seq_q;
+  // The last query block sees the most keys: seq_kv (for causal masks too: seq_q + seq_kv - seq_q).
+  auto per_matrix = [&](std::int64_t qb) {
+    return static_cast<std::size_t>(qb) * static_cast<std::size_t>(s.seq_kv) * sizeof(bf16);
+  };
+  // Shrink the query block until one matrix fits.
+  while (p.q_block > 1 && per_matrix(p.q_block) > cap) p.q_block = (p.q_block + 1) / 2;
+  if (per_matrix(p.q_block) > cap) {
+    throw DeviceError(rank_prefix() + "attention: workspace of " + format_size(workspace_.size()) +
+                      " cannot hold one score row of " + std::to_string(s.seq_kv) + " keys");
+  }
+  const std::size_t fit = cap / per_matrix(p.q_block);
+  p.bh_chunk = std::clamp<std::int64_t>(static_cast<std::int64_t>(fit), 1, s.batch * s.heads);
+  return p;
+}
+
+void Attention::reserve(const AttentionShape& s) {
+  const std::size_t need = static_cast<std::size_t>(s.batch * s.heads * s.seq_q) * sizeof(float);
+  if (row_dot_.size() < need) row_dot_ = DeviceBuffer(need);
+}
+
+void Attention::forward(const AttentionShape& s, const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse,
+                        cudaStream_t stream) {
+  validate(s);
+  const Plan p = plan(s, 1);
+  const std::int64_t bh = s.batch * s.heads;
+  const std::int64_t dqk = s.head_dim_qk;
+  const std::int64_t dv = s.head_dim_v;
+  const float scale = 1.0F / std::sqrt(static_cast<float>(dqk));
+  auto* scores = workspace_.as<bf16>();
+  for (std::int64_t h0 = 0; h0 < bh; h0 += p.bh_chunk) {
+    const std::int64_t bc = std::min(p.bh_chunk, bh - h0);
+    for (std::int64_t q0 = 0; q0 < s.seq_q; q0 += p.q_block) {
+      const std::int64_t qb = std::min(p.q_block, s.seq_q - q0);
+      const std::int64_t kv = kv_len_for(s, q0 + qb);
+      // S[bc, qb, kv] = scale * Q K^T
+      GemmShape g;
+      g.ta = Trans::n;
+      g.tb = Trans::t;
+      g.m = qb;
+      g.n = kv;
+      g.k = dqk;
+      g.batch = bc;
+      g.lda = dqk;
+      g.stride_a = s.seq_q * dqk;
+      g.ldb = dqk;
+      g.stride_b = s.seq_kv * dqk;
+      g.ldc = kv;
+      g.stride_c = qb * kv;
+      g.alpha = scale;
+      lt_->gemm(g, q + (h0 * s.seq_q + q0) * dqk, k + h0 * s.seq_kv * dqk, scores, stream);
+      const ScoreBlock blk{bc, qb, kv, q0, s.seq_kv - s.seq_q, s.seq_q, s.causal};
+      attention_softmax_fwd(scores, lse + h0 * s.seq_q, blk, stream);
+      // O[h, q0:q0+qb, :] = P V
+      GemmShape g2;
+      g2.ta = Trans::n;
+      g2.tb = Trans::n;
+      g2.m = qb;
+      g2.n = dv;
+      g2.k = kv;
+      g2.batch = bc;
+      g2.lda = kv;
+      g2.stride_a = qb * kv;
+      g2.ldb = dv;
+      g2.stride_b = s.seq_kv * dv;
+      g2.ldc = dv;
+      g2.stride_c = s.seq_q * dv;
+      lt_->gemm(g2, scores, v + h0 * s.seq_kv * dv, o + (h0 * s.seq_q + q0) * dv, stream);
+    }
+  }
+}
+
+void Attention::backward(const AttentionShape& s, const bf16* q, const bf16* k, const bf16* v, const bf16* o,
+                         const bf16* d_o, const float* lse, bf16* dq, bf16* dk, bf16* dv_out, cudaStream_t stream) {
+  validate(s);
+  const Plan p = plan(s, 2);
+  const std::int64_t bh = s.batch * s.heads;
+  const std::int64_t dqk = s.head_dim_qk;
+  const std::int64_t dv = s.head_dim_v;
+  const float scale = 1.0F / std::sqrt(static_cast<float>(dqk));
+  reserve(s);  // no-op when reserved beforehand
+  attention_row_dot(d_o, o, row_dot_.as<float>(), bh * s.seq_q, dv, stream);
+  TW_CUDA_CHECK(cudaMemsetAsync(dk, 0, static_cast<std::size_t>(bh * s.seq_kv * dqk) * sizeof(bf16), stream));
+  TW_CUDA_CHECK(cudaMemsetAsync(dv_out, 0, static_cast<std::size_t>(bh * s.seq_kv * dv) * sizeof(bf16), stream));
+  const std::size_t half = workspace_.size() / 2 / sizeof(bf16);
+  auto* probs = workspace_.as<bf16>();
+  bf16* dprobs = probs + half;
+  for (std::int64_t h0 = 0; h0 < bh; h0 += p.bh_chunk) {
+    const std::int64_t bc = std::min(p.bh_chunk, bh - h0);
+    for (std::int64_t q0 = 0; q0 < s.seq_q; q0 += p.q_block) {
+      const std::int64_t qb = std::min(p.q_block, s.seq_q - q0);
+      const std::int64_t kv = kv_len_for(s, q0 + qb);
+      const bf16* qp = q + (h0 * s.seq_q + q0) * dqk;
+      const bf16* kp = k + h0 * s.seq_kv * dqk;
+      const bf16* vp = v + h0 * s.seq_kv * dv;
+      const bf16* dop = d_o + (h0 * s.seq_q + q0) * dv;
+      const ScoreBlock blk{bc, qb, kv, q0, s.seq_kv - s.seq_q, s.seq_q, s.causal};
+      // P = exp(scale Q K^T - lse)
+      GemmShape g;
+      g.ta = Trans::n;
+      g.tb = Trans::t;
+      g.m = qb;
+      g.n = kv;
+      g.k = dqk;
+      g.batch = bc;
+      g.lda = dqk;
+      g.stride_a = s.seq_q * dqk;
+      g.ldb = dqk;
+      g.stride_b = s.seq_kv * dqk;
+      g.ldc = kv;
+      g.stride_c = qb * kv;
+      g.alpha = scale;
+      lt_->gemm(g, qp, kp, probs, stream);
+      attention_probs_from_lse(probs, lse + h0 * s.seq_q, blk, stream);
+      // dV[h, :kv] += P^T dO
+      GemmShape gv;
+      gv.ta = Trans::t;
+      gv.tb = Trans::n;
+      gv.m = kv;
+      gv.n = dv;
+      gv.k = qb;
+      gv.batch = bc;
+      gv.lda = kv;
+      gv.stride_a = qb * kv;
+      gv.ldb = dv;
+      gv.stride_b = s.seq_q * dv;
+      gv.ldc = dv;
+      gv.stride_c = s.seq_kv * dv;
+      gv.beta = 1.0F;
+      lt_->gemm(gv, probs, dop, dv_out + h0 * s.seq_kv * dv, stream);
+      // dP = dO V^T
+      GemmShape gp;
+      gp.ta = Trans::n;
+      gp.tb = Trans::t;
+      gp.m = qb;
+      gp.n = kv;
+      gp.k = dv;
+      gp.batch = bc;
+      gp.lda = dv;
+      gp.stride_a = s.seq_q * dv;
+      gp.ldb = dv;
+      gp.stride_b = s.seq_kv * dv;
+      gp.ldc = kv;
+      gp.stride_c = qb * kv;
+      lt_->gemm(gp, dop, vp, dprobs, stream);
+      // dS = P (dP - D)
+      attention_dscores(probs, dprobs, row_dot_.as<float>() + h0 * s.seq_q, blk, stream);
+      // dQ[h, q0:q0+qb] = scale dS K
+      GemmShape gq;
+      gq.ta = Trans::n;
+      gq.tb = Trans::n;
+      gq.m = qb;
+      gq.n = dqk;
+      gq.k = kv;
+      gq.batch = bc;
+      gq.lda = kv;
+      gq.stride_a = qb * kv;
+      gq.ldb = dqk;
+      gq.stride_b = s.seq_kv * dqk;
+      gq.ldc = dqk;
+      gq.stride_c = s.seq_q * dqk;
+      gq.alpha = scale;
+      lt_->gemm(gq, dprobs, kp, dq + (h0 * s.seq_q + q0) * dqk, stream);
+      // dK[h, :kv] += scale dS^T Q
+      GemmShape gk;
+      gk.ta = Trans::t;
+      gk.tb = Trans::n;
+      gk.m = kv;
+      gk.n = dqk;
+      gk.k = qb;
+      gk.batch = bc;
+      gk.lda = kv;
+      gk.stride_a = qb * kv;
+      gk.ldb = dqk;
+      gk.stride_b = s.seq_q * dqk;
+      gk.ldc = dqk;
+      gk.stride_c = s.seq_kv * dqk;
+      gk.alpha = scale;
+      gk.beta = 1.0F;
+      lt_->gemm(gk, dprobs, qp, dk + h0 * s.seq_kv * dqk, stream);
+    }
+  }
+}
+
+}  // namespace threewalls::backend
