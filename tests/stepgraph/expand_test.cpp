@@ -1,0 +1,373 @@
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "test_util.hpp"
+#include "threewalls/scenarios/step_graph.hpp"
+
+using namespace threewalls;
+using namespace threewalls::scenarios;
+
+namespace {
+
+int count_phase(const StepGraph& g, const RankClass& rc, const std::string& phase) {
+  int n = 0;
+  for (const auto& op : rc.ops) n += g.phase_name(op) == phase ? 1 : 0;
+  return n;
+}
+
+const Op* find_op(const StepGraph& g, const RankClass& rc, const std::string& phase, int layer = -2, int mb = -2) {
+  for (const auto& op : rc.ops) {
+    if (g.phase_name(op) == phase && (layer == -2 || op.layer == layer) && (mb == -2 || op.microbatch == mb)) return &op;
+  }
+  return nullptr;
+}
+
+// Invariants every expanded step must satisfy, whatever the scenario.
+void check_invariants(const Scenario& s, const StepGraph& g) {
+  ASSERT_FALSE(g.classes.empty());
+  ASSERT_EQ(g.class_of_rank.size(), static_cast<std::size_t>(s.world_size()));
+  std::size_t members = 0;
+  for (const auto& rc : g.classes) {
+    members += rc.ranks.size();
+    ASSERT_FALSE(rc.ops.empty()) << rc.label;
+    std::set<std::tuple<std::uint16_t, int, int, int>> keys;
+    for (std::size_t i = 0; i < rc.ops.size(); ++i) {
+      const Op& op = rc.ops[i];
+      ASSERT_LT(op.stream, g.streams.size());
+      ASSERT_LT(op.phase, g.phases.size());
+      ASSERT_LE(op.deps_begin, op.deps_end);
+      ASSERT_LE(op.deps_end, rc.deps.size());
+      for (auto d = op.deps_begin; d < op.deps_end; ++d) {
+        ASSERT_LT(rc.deps[d], i) << "dependency on a later op: " << g.phase_name(op);
+        ASSERT_NE(rc.ops[rc.deps[d]].stream, op.stream) << "same-stream deps are implied, not listed";
+      }
+      // The record key (phase, layer, microbatch, expert) is unique within a step and rank.
+      ASSERT_TRUE(keys.insert({op.phase, op.layer, op.microbatch, op.expert}).second)
+          << "duplicate key " << g.phase_name(op) << " layer " << op.layer << " mb " << op.microbatch << " expert "
+          << op.expert << " in " << rc.label;
+      if (op.kind == OpKind::collective) {
+        ASSERT_GT(op.group_size, 1) << g.phase_name(op) << ": a collective over one rank should not exist";
+        ASSERT_EQ(op.group_size, std::min(g.layout.group_size(op.group), 32767));
+      }
+      ASSERT_GE(op.flops, 0.0);
+      ASSERT_GE(op.bytes, 0.0);
+    }
+    for (const auto& run : rc.graph_runs) {
+      for (auto i = run.first_op; i < run.end_op; ++i) {
+        ASSERT_NE(rc.ops[i].kind, OpKind::host) << "host op inside a CUDA graph";
+        ASSERT_EQ(rc.ops[i].graph, run.graph);
+      }
+    }
+  }
+  ASSERT_EQ(members, static_cast<std::size_t>(s.world_size()));
+  // Every send has a matching recv of the opposite direction on the peer stage, and vice versa.
+  if (s.train && s.parallel.pp > 1) {
+    const int pp = s.parallel.pp;
+    std::map<std::tuple<int, int, std::string>, int> sends;  // (dst stage, tag, stream) -> count
+    std::map<std::tuple<int, int, std::string>, int> recvs;  // (own stage, tag, stream) -> count
+    for (const auto& rc : g.classes) {
+      if (rc.ranks.front() != g.classes[static_cast<std::size_t>(g.class_of_rank[static_cast<std::size_t>(rc.ranks.front())])].ranks.front()) continue;
+      for (const auto& op : rc.ops) {
+        if (op.kind == OpKind::send) sends[{(rc.pp_stage + op.peer + pp) % pp, op.tag, g.stream_name(op)}]++;
+        if (op.kind == OpKind::recv) recvs[{rc.pp_stage, op.tag, g.stream_name(op)}]++;
+      }
+    }
+    // With several classes per stage (imbalance) counts scale equally; compare the key sets.
+    std::set<std::tuple<int, int, std::string>> sk;
+    std::set<std::tuple<int, int, std::string>> rk;
+    for (const auto& [k, v] : sends) sk.insert(k);
+    for (const auto& [k, v] : recvs) rk.insert(k);
+    ASSERT_EQ(sk, rk) << "pipeline sends and receives do not pair up";
+  }
+}
+
+}  // namespace
+
+TEST(StepGraph, EveryExampleExpandsWithInvariants) {
+  for (const auto& path : test::example_scenarios()) {
+    SCOPED_TRACE(path.string());
+    Scenario s = load_scenario(path);
+    StepGraph g = expand(s, 0);
+    check_invariants(s, g);
+    if (s.infer) {
+      StepGraph d = expand(s, 1);
+      check_invariants(s, d);
+      EXPECT_EQ(g.step_kind, "prefill");
+      EXPECT_EQ(d.step_kind, "decode");
+    }
+  }
+}
+
+TEST(StepGraph, OneF1BScheduleIssuesForwardBeforeItsBackwardWithPipelineTraffic) {
+  Scenario s = test::scenario_from(test::small_moe("pp = 4", "", 4));
+  StepGraph g = expand(s);
+  ASSERT_EQ(g.classes.size(), 4U);
+  const int M = s.train->num_microbatches;
+  ASSERT_EQ(M, 8);
+  for (const auto& rc : g.classes) {
+    // Each micro-batch goes forward once and backward once per layer of the stage.
+    EXPECT_EQ(count_phase(g, rc, "attn_qkv_fwd"), M * 1);
+    EXPECT_EQ(count_phase(g, rc, "attn_qkv_dgrad"), M * 1);
+    const int stage = rc.pp_stage;
+    EXPECT_EQ(count_phase(g, rc, "pp_recv_fwd"), stage == 0 ? 0 : M);
+    EXPECT_EQ(count_phase(g, rc, "pp_send_fwd"), stage == 3 ? 0 : M);
+    EXPECT_EQ(count_phase(g, rc, "pp_recv_bwd"), stage == 3 ? 0 : M);
+    EXPECT_EQ(count_phase(g, rc, "embedding_fwd"), stage == 0 ? M : 0);
+    EXPECT_EQ(count_phase(g, rc, "loss_fwd"), stage == 3 ? M : 0);
+    // Warm-up: stage s runs pp - s - 1 forwards before its first backward.
+    int forwards_before_first_backward = 0;
+    for (const auto& op : rc.ops) {
+      if (g.phase_name(op) == "attn_qkv_dgrad") break;
+      forwards_before_first_backward += g.phase_name(op) == "attn_qkv_fwd" ? 1 : 0;
+    }
+    EXPECT_EQ(forwards_before_first_backward, 4 - stage);  // warm-up + the first steady forward
+  }
+}
+
+TEST(StepGraph, InterleavedScheduleRunsEveryChunkOfEveryMicrobatch) {
+  Scenario s = test::scenario_from(test::small_moe("pp = 2\nvpp = 2", "", 2));
+  StepGraph g = expand(s);
+  const int M = s.train->num_microbatches;
+  for (const auto& rc : g.classes) {
+    EXPECT_EQ(count_phase(g, rc, "attn_core_fwd"), M * 2);  // 2 chunks of 1 layer each
+    EXPECT_EQ(count_phase(g, rc, "attn_core_bwd"), M * 2);
+  }
+  // Stage 1 sends its chunk 0 output to stage 0's chunk 1 (wrap-around).
+  const auto& last = g.classes[1];
+  EXPECT_EQ(count_phase(g, last, "pp_send_fwd"), M);
+  const auto& first = g.classes[0];
+  EXPECT_EQ(count_phase(g, first, "pp_recv_fwd"), M);
+}
+
+TEST(StepGraph, DistributedOptimizerReducesGradientsAndGathersParameters) {
+  Scenario s = test::scenario_from(test::small_moe("ep = 2", "overlap_grad_reduce = true", 4));
+  StepGraph g = expand(s);
+  const auto& rc = g.classes[0];
+  EXPECT_GT(count_phase(g, rc, "dp_grad_reduce_scatter"), 0);   // dense params over dp_cp = 4
+  EXPECT_GT(count_phase(g, rc, "edp_grad_reduce_scatter"), 0);  // expert params over edp = 2
+  EXPECT_GT(count_phase(g, rc, "dp_param_allgather"), 0);
+  const Op* rs = find_op(g, rc, "dp_grad_reduce_scatter");
+  ASSERT_NE(rs, nullptr);
+  EXPECT_EQ(rs->group, Group::dp_cp);
+  EXPECT_EQ(rs->group_size, 4);
+  EXPECT_EQ(g.stream_name(*rs), "dp_comm");
+  // Overlapped: the first reduce-scatter is issued before the optimizer step, between backward ops.
+  std::size_t rs_index = 0;
+  std::size_t last_bwd = 0;
+  for (std::size_t i = 0; i < rc.ops.size(); ++i) {
+    if (g.phase_name(rc.ops[i]) == "dp_grad_reduce_scatter" && rs_index == 0) rs_index = i;
+    if (rc.ops[i].flags & kBackward) last_bwd = i;
+  }
+  EXPECT_LT(rs_index, last_bwd);
+  // Without the distributed optimizer: all-reduce, no parameter all-gather.
+  Scenario s2 = test::scenario_from(test::small_moe("ep = 2", "use_distributed_optimizer = false", 4));
+  StepGraph g2 = expand(s2);
+  EXPECT_GT(count_phase(g2, g2.classes[0], "dp_grad_allreduce"), 0);
+  EXPECT_EQ(count_phase(g2, g2.classes[0], "dp_param_allgather"), 0);
+}
+
+TEST(StepGraph, FullRecomputeAddsAForwardPassOfFlops) {
+  Scenario base = test::scenario_from(test::small_moe("", "", 1));
+  Scenario full = test::scenario_from(test::small_moe("", "recompute_granularity = \"full\"", 1));
+  auto total = [](const StepGraph& g, bool recompute_only) {
+    double f = 0;
+    for (const auto& op : g.classes[0].ops) {
+      if (!recompute_only || (op.flags & kRecompute)) f += op.flops;
+    }
+    return f;
+  };
+  StepGraph gb = expand(base);
+  StepGraph gf = expand(full);
+  // Every layer's forward runs again (not the embedding or the output head): recompute FLOPs equal
+  // the forward FLOPs of the layers, and nothing else changes.
+  double layer_forward = 0;
+  for (const auto& op : gb.classes[0].ops) {
+    if (op.layer >= 0 && !(op.flags & kBackward)) layer_forward += op.flops;
+  }
+  EXPECT_DOUBLE_EQ(total(gf, true), layer_forward);
+  EXPECT_DOUBLE_EQ(total(gf, false) - total(gf, true), total(gb, false));
+}
+
+TEST(StepGraph, SelectiveRecomputeOfCoreAttentionRecomputesOnlyIt) {
+  Scenario s = test::scenario_from(
+      test::small_moe("", "recompute_granularity = \"selective\"\nrecompute_modules = [\"core_attn\"]", 1));
+  StepGraph g = expand(s);
+  std::set<std::string> recomputed;
+  for (const auto& op : g.classes[0].ops) {
+    if (op.flags & kRecompute) recomputed.insert(g.phase_name(op));
+  }
+  EXPECT_EQ(recomputed, std::set<std::string>{"attn_core_recompute"});
+}
+
+TEST(StepGraph, RoutingImbalanceSplitsHotAndColdClasses) {
+  Scenario s = test::scenario_from(test::small_moe("ep = 4", "routing_imbalance = 2.0", 4));
+  StepGraph g = expand(s);
+  ASSERT_EQ(g.classes.size(), 2U);
+  const RankClass* hot = nullptr;
+  const RankClass* cold = nullptr;
+  for (const auto& rc : g.classes) (rc.expert_load > 1.0 ? hot : cold) = &rc;
+  ASSERT_TRUE(hot && cold);
+  EXPECT_DOUBLE_EQ(hot->expert_load, 2.0);
+  EXPECT_NEAR(cold->expert_load, 2.0 / 3.0, 1e-12);
+  EXPECT_EQ(hot->ranks, std::vector<int>{0});
+  const Op* hot_fc1 = find_op(g, *hot, "expert_fc1_fwd");
+  const Op* cold_fc1 = find_op(g, *cold, "expert_fc1_fwd");
+  ASSERT_TRUE(hot_fc1 && cold_fc1);
+  EXPECT_NEAR(hot_fc1->flops / cold_fc1->flops, 3.0, 0.01);
+  // The dispatch sends the same, the combine returns what each rank processed.
+  EXPECT_DOUBLE_EQ(find_op(g, *hot, "moe_dispatch_fwd")->bytes, find_op(g, *cold, "moe_dispatch_fwd")->bytes);
+  EXPECT_NEAR(find_op(g, *hot, "moe_combine_fwd")->bytes / find_op(g, *cold, "moe_combine_fwd")->bytes, 3.0, 0.01);
+}
+
+TEST(StepGraph, SlowRankGetsItsOwnClass) {
+  std::string text = test::small_moe("ep = 2", "", 4) + "\n[[cluster.slowdown]]\nrank = 3\nfactor = 1.5\n";
+  Scenario s = test::scenario_from(text);
+  StepGraph g = expand(s);
+  ASSERT_EQ(g.classes.size(), 2U);
+  EXPECT_EQ(g.class_of(3).ranks, std::vector<int>{3});
+  EXPECT_NE(g.class_of(3).label.find("slow rank 3"), std::string::npos);
+}
+
+TEST(StepGraph, ExpertExecutionStrategies) {
+  // grouped: one grouped GEMM per projection.
+  Scenario grouped = test::scenario_from(test::small_moe("", "expert_execution = \"grouped\"", 1));
+  StepGraph gg = expand(grouped);
+  EXPECT_EQ(count_phase(gg, gg.classes[0], "expert_fc1_fwd"), 4 * 8);  // layers x micro-batches
+  // sequential: gather, gate, up, act, down, scatter per expert, all on the compute stream.
+  Scenario seq = test::scenario_from(test::small_moe("", "expert_execution = \"sequential\"", 1));
+  StepGraph gs = expand(seq);
+  const auto& rc = gs.classes[0];
+  EXPECT_EQ(count_phase(gs, rc, "expert_gate_fwd"), 8 * 4 * 8);  // experts x layers x micro-batches
+  EXPECT_EQ(count_phase(gs, rc, "moe_permute_fwd"), 0);          // a framework loop indexes tokens per expert
+  for (const auto& op : rc.ops) {
+    if (gs.phase_name(op) == "expert_gate_fwd") {
+      EXPECT_EQ(gs.stream_name(op), "compute");
+    }
+  }
+  // streams:4: experts round-robin over compute, expert_1, expert_2, expert_3; the output waits for all.
+  Scenario st = test::scenario_from(test::small_moe("", "expert_execution = \"streams:4\"", 1));
+  StepGraph gt = expand(st);
+  std::set<std::string> streams;
+  for (const auto& op : gt.classes[0].ops) {
+    if (gt.phase_name(op) == "expert_gate_fwd") streams.insert(gt.stream_name(op));
+  }
+  EXPECT_EQ(streams, (std::set<std::string>{"compute", "expert_1", "expert_2", "expert_3"}));
+  const Op* bda = find_op(gt, gt.classes[0], "mlp_bda_fwd", 0, 0);
+  ASSERT_NE(bda, nullptr);
+  EXPECT_EQ(gt.classes[0].num_deps(*bda), 6U);  // experts 1,2,3,5,6,7 run on other streams
+}
+
+TEST(StepGraph, CudaGraphScopesFormRunsWithoutHostOps) {
+  Scenario s = test::scenario_from(test::small_moe("", "cuda_graph_scope = [\"attn\", \"moe_router\"]", 1));
+  StepGraph g = expand(s);
+  EXPECT_EQ(g.graphs, (std::vector<std::string>{"attn", "moe_router"}));
+  const auto& rc = g.classes[0];
+  ASSERT_FALSE(rc.graph_runs.empty());
+  // One forward and one backward attention run per layer and micro-batch, same for the router.
+  EXPECT_EQ(rc.graph_runs.size(), 4U * 8U * 2U * 2U);
+  Scenario none = test::scenario_from(test::small_moe("", "", 1));
+  EXPECT_TRUE(expand(none).classes[0].graph_runs.empty());
+}
+
+TEST(StepGraph, SyncKnobsAddHostOps) {
+  Scenario s = test::scenario_from(test::small_moe("", "sync_routing_stats = true\nsync_after_copy = true", 1));
+  StepGraph g = expand(s);
+  const auto& rc = g.classes[0];
+  EXPECT_EQ(count_phase(g, rc, "moe_routing_stats_read_fwd"), 4 * 8);
+  EXPECT_EQ(count_phase(g, rc, "host_to_device_sync"), 8);
+  const Op* read = find_op(g, rc, "moe_routing_stats_read_fwd");
+  EXPECT_EQ(read->kind, OpKind::host);
+  EXPECT_EQ(read->host_kind(), HostKind::gpu_read);
+  EXPECT_EQ(rc.num_deps(*read), 1U);
+}
+
+TEST(StepGraph, TensorAndSequenceParallelCollectives) {
+  Scenario s = test::scenario_from(test::small_moe("tp = 2\nsequence_parallel = true", "", 2));
+  StepGraph g = expand(s);
+  const auto& rc = g.classes[0];
+  const Op* ag = find_op(g, rc, "attn_sp_allgather_fwd", 0, 0);
+  const Op* rs = find_op(g, rc, "attn_sp_reducescatter_fwd", 0, 0);
+  ASSERT_TRUE(ag && rs);
+  EXPECT_EQ(ag->collective(), Collective::all_gather);
+  EXPECT_EQ(rs->collective(), Collective::reduce_scatter);
+  EXPECT_DOUBLE_EQ(ag->bytes, 1024.0 * 1024 * 2);  // gathered [seq x hidden] bf16
+  EXPECT_EQ(find_op(g, rc, "attn_sp_allgather_bwd", 0, 0)->collective(), Collective::reduce_scatter);
+  const Op* qkv = find_op(g, rc, "attn_qkv_fwd", 0, 0);
+  EXPECT_EQ(qkv->shape[0], 1024);              // all tokens after the gather
+  EXPECT_EQ(qkv->shape[1], 3 * 1024 / 2);      // heads split over tp
+  Scenario noseq = test::scenario_from(test::small_moe("tp = 2", "", 2));
+  StepGraph g2 = expand(noseq);
+  EXPECT_EQ(find_op(g2, g2.classes[0], "attn_tp_allreduce_fwd", 0, 0)->collective(), Collective::all_reduce);
+}
+
+TEST(StepGraph, ContextParallelSplitsAttentionIntoLocalAndRing) {
+  Scenario s = test::scenario_from(test::small_moe("cp = 2", "", 2));
+  StepGraph g = expand(s);
+  const auto& rc = g.classes[0];
+  const Op* local = find_op(g, rc, "attn_core_fwd", 0, 0);
+  const Op* ring = find_op(g, rc, "attn_core_ring_fwd", 0, 0);
+  const Op* xchg = find_op(g, rc, "cp_kv_exchange_fwd", 0, 0);
+  ASSERT_TRUE(local && ring && xchg);
+  // Work per rank is half of the whole causal attention.
+  Scenario one = test::scenario_from(test::small_moe("", "", 1));
+  StepGraph g1 = expand(one);
+  const Op* whole = find_op(g1, g1.classes[0], "attn_core_fwd", 0, 0);
+  EXPECT_NEAR((local->flops + ring->flops) / whole->flops, 0.5, 1e-9);
+  EXPECT_EQ(g.stream_name(*xchg), "cp_comm");
+  EXPECT_EQ(rc.num_deps(*ring), 1U);  // waits for the exchange
+}
+
+TEST(StepGraph, InferenceDecodeReadsTheKvCacheAndFetchesMissingExperts) {
+  Scenario s = load_scenario(test::source_dir() / "scenarios" / "examples" / "deepseek_v2_lite_offload.toml");
+  StepGraph prefill = expand(s, 0);
+  StepGraph decode = expand(s, 5);
+  EXPECT_EQ(decode.step_kind, "decode");
+  const auto& rc = decode.classes[0];
+  const Op* attn = find_op(decode, rc, "attn_core_fwd", 0);
+  ASSERT_NE(attn, nullptr);
+  EXPECT_EQ(attn->shape[1], 1);  // one query per sequence
+  EXPECT_EQ(attn->shape[2], s.infer->prompt_length + 5);
+  // 16 of 64 experts cached, 8 sequences x top-6: some layers must miss.
+  EXPECT_GT(count_phase(decode, rc, "expert_fetch_h2d"), 0);
+  EXPECT_GT(count_phase(decode, rc, "expert_wait"), 0);
+  const Op* wait = find_op(decode, rc, "expert_wait");
+  EXPECT_EQ(wait->host_kind(), HostKind::barrier);
+  EXPECT_GE(rc.num_deps(*wait), 1U);
+  EXPECT_EQ(count_phase(decode, rc, "sampled_token_read"), 1);
+  // Deterministic: the same step expands to the same ops.
+  StepGraph again = expand(s, 5);
+  ASSERT_EQ(again.classes[0].ops.size(), rc.ops.size());
+  for (std::size_t i = 0; i < rc.ops.size(); ++i) {
+    EXPECT_EQ(again.classes[0].ops[i].shape, rc.ops[i].shape);
+    EXPECT_EQ(again.classes[0].ops[i].expert, rc.ops[i].expert);
+  }
+  EXPECT_GT(prefill.classes[0].ops.size(), 0U);
+}
+
+TEST(StepGraph, InferenceWithAllExpertsInHbmFetchesNothing) {
+  std::string text = R"(schema_version = 1
+[model]
+num_layers = 2
+hidden_size = 512
+num_attention_heads = 8
+vocab_size = 1000
+num_experts = 8
+moe_ffn_hidden_size = 256
+moe_router_topk = 2
+[infer]
+batch_size = 4
+prompt_length = 16
+generate_tokens = 4
+[cluster]
+gpu = "h100"
+gpus_per_node = 1
+nodes = 1
+)";
+  Scenario s = test::scenario_from(text);
+  StepGraph g = expand(s, 2);
+  EXPECT_EQ(count_phase(g, g.classes[0], "expert_fetch_h2d"), 0);
+  EXPECT_EQ(count_phase(g, g.classes[0], "expert_wait"), 0);
+}

@@ -1,0 +1,35 @@
+#include <gtest/gtest.h>
+
+#include "threewalls/scenarios/layout.hpp"
+
+using namespace threewalls::scenarios;
+
+// Megatron-Core's default order: tp fastest, then cp, dp, pp; experts etp, ep, edp, pp.
+TEST(Layout, DenseGroupsFollowTpCpDpPpOrder) {
+  Layout l(2, 1, 4, 2, 1, 4, 2, 8);  // tp2 dp4 pp2 = 16 ranks; ep4 edp2
+  EXPECT_EQ(l.world(), 16);
+  EXPECT_EQ(l.group_members(Group::tp, 5), (std::vector<int>{4, 5}));
+  EXPECT_EQ(l.group_members(Group::dp, 5), (std::vector<int>{1, 3, 5, 7}));
+  EXPECT_EQ(l.group_members(Group::pp, 5), (std::vector<int>{5, 13}));
+  EXPECT_EQ(l.stage_of(13), 1);
+  EXPECT_EQ(l.rank_at_stage(5, 1), 13);
+}
+
+TEST(Layout, ExpertGroupsFollowEtpEpEdpPpOrder) {
+  Layout l(2, 1, 4, 2, 1, 4, 2, 8);
+  EXPECT_EQ(l.group_members(Group::ep, 5), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(l.group_members(Group::edp, 5), (std::vector<int>{1, 5}));
+  EXPECT_EQ(l.group_index(Group::ep, 6), 2);
+  EXPECT_TRUE(l.group_within_node(Group::ep, 5));
+  EXPECT_FALSE(l.group_within_node(Group::pp, 5));
+}
+
+TEST(Layout, RoutingModelSharesSumToOne) {
+  RoutingModel balanced(4, 1.0);
+  RoutingModel hot(4, 2.5);
+  double sum = 0;
+  for (int i = 0; i < 4; ++i) sum += hot.share(i);
+  EXPECT_DOUBLE_EQ(sum, 1.0);
+  EXPECT_DOUBLE_EQ(hot.load(0), 2.5);
+  EXPECT_DOUBLE_EQ(balanced.load(3), 1.0);
+}
