@@ -402,9 +402,20 @@ void attention_block(const Ctx& c, Program& p) {
   }
   // Core attention. The q/k/v producers are the ops added since the norm; the core op depends on
   // all of them (they are on the compute stream except nothing else, so the last one is enough).
-  const int qkv_last = static_cast<int>(p.specs.size()) - 1;
+  int qkv_last = static_cast<int>(p.specs.size()) - 1;
   std::vector<int> qkv_producers = {qkv_last};
   if (m.attention == AttentionKind::mla) qkv_producers = {qkv_last - 1, qkv_last};
+  if (!c.training) {
+    // Append this step's keys and values to the KV cache (MLA caches the compressed latent).
+    const double per_token = m.attention == AttentionKind::mla
+                                 ? static_cast<double>(m.kv_lora_rank + m.qk_pos_emb_head_dim)
+                                 : static_cast<double>(kv_heads) * (dqk + dv);
+    Spec kv = memory_op(OpKind::elementwise, "kv_cache_write", {c.T, 0, 0, 0, 0, 0}, 2.0 * c.T * per_token * kBf16Bytes,
+                        0, Module::attn_core, qkv_producers);
+    p.add(kv);
+    qkv_last = static_cast<int>(p.specs.size()) - 1;
+    qkv_producers = {qkv_last};
+  }
   if (c.cp > 1) {
     // Load-balanced causal context parallelism (Megatron's p2p ring): each rank holds 2 chunks of
     // c = seq/(2 cp) tokens; the local 2c x 2c causal block, then (cp - 1) remote steps of half a block.
