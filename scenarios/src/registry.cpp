@@ -474,8 +474,8 @@ Registry::Registry() {
       .set([](Scenario& s, const Value& v, std::size_t) { s.infer->batch_size = as_int(v); });
   Decl(r, "infer.prompt_length", ParamType::integer).required().min(1).doc("Prompt tokens per sequence.")
       .set([](Scenario& s, const Value& v, std::size_t) { s.infer->prompt_length = as_int(v); });
-  Decl(r, "infer.generate_tokens", ParamType::integer).required().min(1)
-      .doc("Tokens generated per sequence (decode steps).")
+  Decl(r, "infer.generate_tokens", ParamType::integer).required().min(0)
+      .doc("Tokens generated per sequence (decode steps after each prefill); 0 = every step is a prefill.")
       .set([](Scenario& s, const Value& v, std::size_t) { s.infer->generate_tokens = as_int(v); });
   {
     static const std::vector<std::string> kPrec = {"bf16", "fp8"};
