@@ -29,6 +29,23 @@ struct CollectiveParams {
   BytesPerSecond bus_bandwidth;  // beta_eff(S): bus bandwidth at this size
 };
 
+// nccl-tests bus-bandwidth factor f(n) of a collective over n ranks: all_reduce 2(n-1)/n;
+// all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast and send_recv 1. A lone collective of
+// S bytes takes latency + (S * f(n)) / bus_bandwidth (CollectiveParams at that S and n).
+double bus_bandwidth_factor(CollectiveKind kind, int group_size);
+
+// Shape of a fused attention call; kv_heads < heads for GQA/MQA (K and V are smaller to read).
+struct AttentionShape {
+  std::int64_t batch = 1;
+  std::int64_t seq_q = 0;
+  std::int64_t seq_kv = 0;
+  std::int64_t heads = 1;
+  std::int64_t kv_heads = 1;
+  std::int64_t head_dim_qk = 0;
+  std::int64_t head_dim_v = 0;
+  bool causal = false;
+};
+
 class CostModel {
  public:
   explicit CostModel(const Profile& profile);
@@ -47,6 +64,8 @@ class CostModel {
   // Fused attention over (batch, heads) with the given sequence lengths and head dims.
   [[nodiscard]] Seconds attention(std::int64_t batch, std::int64_t seq_q, std::int64_t seq_kv, std::int64_t heads,
                                   std::int64_t head_dim_qk, std::int64_t head_dim_v, bool causal, bool backward) const;
+  // The same with K/V heads given (GQA/MQA); the call above is this one with kv_heads = heads.
+  [[nodiscard]] Seconds attention(const AttentionShape& shape, bool backward) const;
   // Memory-bound kernels by bytes read + written (element-wise, activation, residual, permute, loss).
   [[nodiscard]] Seconds elementwise(Bytes bytes) const;
   // Normalisation kernels (rows x hidden, bytes read + written).
@@ -81,6 +100,10 @@ class CostModel {
   [[nodiscard]] FlopsPerSecond peak_flops(Dtype dt) const;  // datasheet dense peak
   [[nodiscard]] BytesPerSecond hbm_bandwidth() const;       // measured copy bandwidth (read + write)
   [[nodiscard]] int sm_count() const;
+
+  // ---- identity ----
+  // Profile::id() of the profile this model was built from, for run headers.
+  [[nodiscard]] const std::string& profile_id() const;
 
  private:
   struct Impl;

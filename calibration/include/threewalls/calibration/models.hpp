@@ -1,0 +1,249 @@
+#pragma once
+// The fitted cost models of a calibration profile: one struct per model family, each with the
+// equation it evaluates (`time_s`) and the fit that produces it from raw points (`fit`). Pure
+// functions of their parameters: no I/O, no Profile, no Eigen in this header. The equations are
+// restated, with their justification, in docs/calibration.md.
+//
+// Units: every `_s` is seconds, `_bytes` bytes, `_bytes_per_s` bytes per second, `_flop_per_s`
+// FLOP per second; shapes are element counts. Parameters are SI doubles because they are read from
+// and written to the profile file; the CostModel wraps results in the unit types of core/units.hpp.
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "threewalls/calibration/cost_model.hpp"
+
+namespace threewalls::calibration {
+
+// A model cannot be fitted from the points given (too few, degenerate, nonsensical). The builder
+// turns it into an InputError naming the family; leave-one-out treats it as "no prediction".
+class FitImpossible : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// What the compute models need to know about the GPU (from the profile's [hardware] table).
+struct DeviceConstants {
+  int sm_count = 0;
+  double peak_flop_per_s = 0.0;  // datasheet dense peak of the dtype in question
+};
+
+// Bytes per element of A/B (inputs) and C (output) for a dtype: fp8 GEMMs write bf16.
+struct ElementBytes {
+  int input = 2;
+  int output = 2;
+};
+ElementBytes element_bytes(Dtype dt);
+
+
+// ---------------------------------------------------------------------------------------------
+// Dense GEMM ("gemm_wave_v1")
+//
+//   F     = 2 m n k b                                 (b = batch of independent products)
+//   B     = b (m k + k n) e_in + b m n e_out          (bytes read and written once)
+//   tiles = b ceil(m / T_m) ceil(n / T_n),  waves = ceil(tiles / SMs),  q = tiles / (waves SMs)
+//   eff   = e_max * k / (k + k_half)                  (K-loop prologue/epilogue amortisation)
+//   t     = max( F / (P eff q),  B / BW ) + t0
+//
+// q is wave quantisation: the last partial wave of tiles occupies the whole GPU for a tile's
+// time. Partial tiles at the matrix edge are not padded (cuBLAS picks a tile that fits small m).
+// Fitted: e_max, k_half, t0 (Levenberg-Marquardt on log-parameters, relative residuals) and the
+// tile T_m x T_n, chosen from a few CUTLASS/cuBLAS Hopper tile shapes by least relative error.
+// BW is the measured HBM copy bandwidth (read + write) from copy.d2d, P the datasheet peak.
+struct GemmModel {
+  int tile_m = 128;
+  int tile_n = 128;
+  double efficiency_max = 0.0;
+  double k_half = 0.0;
+  double overhead_s = 0.0;
+  double memory_bandwidth_bytes_per_s = 0.0;
+  DeviceConstants device;
+  ElementBytes elements;
+
+  [[nodiscard]] double time_s(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch = 1) const;
+
+  struct Sample {
+    std::int64_t m, n, k, batch;
+    double seconds;
+  };
+  // Throws FitImpossible with fewer than 3 samples.
+  static GemmModel fit(const std::vector<Sample>& samples, const DeviceConstants& device, ElementBytes elements,
+                       double memory_bandwidth_bytes_per_s);
+};
+
+// ---------------------------------------------------------------------------------------------
+// Grouped GEMM ("grouped_gemm_wave_v1"): one kernel over `groups` GEMMs of r_g x n x k.
+//
+// Only the total rows R and the largest group r_max are known. The critical (largest) group is
+// tiled with its own rows; the others with their mean r_o = (R - r_max) / (groups - 1):
+//   tiles = ceil(n / T_n) (ceil(r_max / T_m) + (groups - 1) ceil(r_o / T_m))
+//   waves = ceil(tiles / SMs)
+//   t     = max( waves * 2 T_m T_n (k + k_half) / (P_sm e_max),  B / BW ) + t0
+// with P_sm = P / SMs and B = (R k + groups k n) e_in + R n e_out. Unlike the dense model, every
+// tile costs a full tile: a grouped kernel runs one tile shape for all groups, so a group of 10
+// rows pays for T_m rows. T_m, T_n and k_half are taken from the dense GEMM fit of the same dtype;
+// fitted: e_max and t0 (with fewer than 3 points only e_max, t0 taken from the dense fit).
+struct GroupedGemmModel {
+  int tile_m = 128;
+  int tile_n = 128;
+  double efficiency_max = 0.0;
+  double k_half = 0.0;
+  double overhead_s = 0.0;
+  double memory_bandwidth_bytes_per_s = 0.0;
+  DeviceConstants device;
+  ElementBytes elements;
+
+  [[nodiscard]] double time_s(std::int64_t groups, std::int64_t total_rows, std::int64_t max_rows, std::int64_t n,
+                              std::int64_t k) const;
+
+  struct Sample {
+    std::int64_t groups, total_rows, max_rows, n, k;
+    double seconds;
+  };
+  static GroupedGemmModel fit(const std::vector<Sample>& samples, const GemmModel& dense);
+};
+
+// ---------------------------------------------------------------------------------------------
+// Fused attention ("attention_wave_v1"), one model for forward and one for backward.
+//
+//   pairs = s_q s_kv, or for causal (bottom-right aligned mask) sum_i clamp(i + s_kv - s_q + 1, 0, s_kv)
+//   F_fwd = 2 b h pairs (d_qk + d_v)               F_bwd = 2 b h pairs (3 d_qk + 2 d_v)
+//   L     = pairs / s_q                            (mean keys per query row: causal halves it)
+//   tiles = b h ceil(s_q / T_q),  waves = ceil(tiles / SMs),  q = tiles / (waves SMs)
+//   eff   = e_max * L / (L + s_half) * d_qk / (d_qk + d_half)
+//   t     = max( F / (P eff q),  B / BW ) + t0
+// B counts Q, K, V, O once (backward also dQ, dK, dV, dO); K and V have kv_heads heads.
+// T_q = 128 query rows per CTA (FlashAttention-2/3 on Hopper). Fitted: e_max, s_half, d_half, t0.
+// (AttentionShape is declared in cost_model.hpp.)
+// Number of (query, key) pairs the mask lets through.
+double attention_pairs(std::int64_t seq_q, std::int64_t seq_kv, bool causal);
+double attention_flops(const AttentionShape& s, bool backward);
+
+struct AttentionModel {
+  int tile_q = 128;
+  double efficiency_max = 0.0;
+  double s_half = 0.0;
+  double d_half = 0.0;
+  double overhead_s = 0.0;
+  double memory_bandwidth_bytes_per_s = 0.0;
+  bool backward = false;
+  DeviceConstants device;  // bf16 peak
+
+  [[nodiscard]] double time_s(const AttentionShape& s) const;
+
+  struct Sample {
+    AttentionShape shape;
+    double seconds;
+  };
+  // Throws FitImpossible with fewer than 4 samples.
+  static AttentionModel fit(const std::vector<Sample>& samples, bool backward, const DeviceConstants& device,
+                            double memory_bandwidth_bytes_per_s);
+};
+
+// ---------------------------------------------------------------------------------------------
+// Latency + bandwidth, piecewise by size ("linear_v1"): element-wise, norm and copy kernels.
+//
+//   t(S) = alpha + sum_j |[x_{j-1}, x_j) ∩ [0, S)| / beta_j        x_0 = 0, x_J = inf
+// i.e. continuous and piecewise linear in S with knots x_j. One segment (t = alpha + S / beta) unless
+// the data needs two: with at least 6 distinct sizes, a knot is tried at every interior size (3
+// sizes on each side at least) and kept when it cuts the weighted squared error by 4x and the
+// one-segment fit misses some point by more than 5%. Fit: non-negative weighted least squares
+// with weights 1/t^2 (relative error).
+struct LinearModel {
+  double alpha_s = 0.0;
+  std::vector<double> knots_bytes;           // size J-1, increasing
+  std::vector<double> bandwidths_bytes_per_s;  // size J >= 1
+
+  [[nodiscard]] double time_s(double bytes) const;
+  // Bandwidth of the last (largest-size) segment.
+  [[nodiscard]] double asymptotic_bandwidth_bytes_per_s() const { return bandwidths_bytes_per_s.back(); }
+
+  struct Sample {
+    double bytes;
+    double seconds;
+  };
+  static LinearModel fit(const std::vector<Sample>& samples);
+};
+
+// ---------------------------------------------------------------------------------------------
+// Collectives ("collective_hill_v1"), one model per kind and scope, parameters per group size n.
+//
+//   t(S, n)     = alpha_n + S f(n) / beta_eff(S, n)
+//   beta_eff    = beta_max,n S^g / (S^g + S_half,n^g)      (g = gamma_n in (0, 1])
+// equivalently t = alpha + f S / beta_max + c S^(1-g) with c = f S_half^g / beta_max: latency, a
+// bandwidth term and a sub-linear ramp (NCCL's protocol and chunk pipelining at medium sizes).
+// For fixed g the model is linear in (alpha, 1/beta_max, c): non-negative weighted least squares
+// (weights 1/t^2) on a grid of g, refined. With fewer than 5 distinct sizes for a group size the
+// ramp is dropped (c = 0, S_half = 0, g = 1: t = alpha + f S / beta_max).
+//
+// Group sizes not measured (documented in docs/calibration.md):
+//   n between two measured sizes: alpha, gamma linear in log2 n; beta_max, S_half geometric.
+//   n above the largest measured: beta_max, S_half, gamma of the largest (nccl-tests bus bandwidth is
+//     built to be independent of n); alpha extrapolated linearly in log2 n with the slope of the two
+//     largest measured sizes (never decreasing), held if only one size was measured.
+//   n below the smallest measured (including 1): the smallest measured size's parameters.
+struct CollectiveGroupParams {
+  int group_size = 0;
+  double alpha_s = 0.0;
+  double beta_max_bytes_per_s = 0.0;
+  double s_half_bytes = 0.0;
+  double gamma = 1.0;
+
+  // beta_eff(S); for S = 0, beta_eff at 1 byte (the time is alpha either way).
+  [[nodiscard]] double bus_bandwidth_bytes_per_s(double bytes) const;
+};
+
+struct CollectiveModel {
+  CollectiveKind kind = CollectiveKind::all_reduce;
+  std::vector<CollectiveGroupParams> groups;  // sorted by group_size, at least one
+
+  // Parameters for any n >= 1 by the interpolation rules above.
+  [[nodiscard]] CollectiveGroupParams params_for(int group_size) const;
+  // t = alpha + (S f(n)) / beta_eff(S): exactly the expression a flow simulator evaluates.
+  [[nodiscard]] double time_s(double bytes, int group_size) const;
+
+  struct Sample {
+    int group_size;
+    double bytes;
+    double seconds;
+  };
+  // Throws FitImpossible when a group size has fewer than 2 distinct sizes, a group size < 2 is
+  // given, or the times do not grow with size.
+  static CollectiveModel fit(CollectiveKind kind, const std::vector<Sample>& samples);
+};
+
+// ---------------------------------------------------------------------------------------------
+// Host costs ("median_v1"): t = median of the points' medians (robust to an outlier run).
+struct ConstantModel {
+  double value_s = 0.0;
+  [[nodiscard]] double time_s() const { return value_s; }
+  static ConstantModel fit(const std::vector<double>& seconds);
+};
+
+// ---------------------------------------------------------------------------------------------
+// Multi-stream concurrency ("concurrency_v1").
+//
+// A point runs `n` identical kernels, each using a fraction f of the SMs, on n streams at once
+// (measured time t) and back to back on one stream (serial time, an input). Speed-up s = serial / t.
+// The ideal speed-up is I = min(n, 1 / f) (no more kernels than streams, no more than fit on the GPU):
+//   s(n, f) = I^e(n)
+// e(n) = 1: ideal overlap; 0: none; < 0: concurrency hurts. Per measured stream count, e is the median
+// of ln s / ln I over its points with I > 1; other stream counts interpolate e linearly in n and
+// hold the nearest measured value outside; n = 1 gives s = 1.
+struct ConcurrencyModel {
+  std::vector<int> streams;        // increasing, each >= 2
+  std::vector<double> efficiency;  // e(n) per entry of `streams`
+
+  [[nodiscard]] double speedup(int streams_count, double sm_fraction) const;
+
+  struct Sample {
+    int streams;
+    double sm_fraction;
+    double serial_s;
+    double seconds;
+  };
+  static ConcurrencyModel fit(const std::vector<Sample>& samples);
+};
+
+}  // namespace threewalls::calibration

@@ -1,0 +1,197 @@
+#pragma once
+// A calibration profile: the machine it describes, and per model family the raw points measured,
+// the fitted parameters and the fit's errors. Format: docs/formats/calibration_profile.md
+// ([profile] format = "threewalls.calibration_profile", format_version = "1.0").
+//
+// A Profile is a value: load() reads and checks a file, save() writes it back byte for byte the way
+// to_toml() formats it (load -> save of a saved file reproduces it exactly), id() names it for
+// output headers. Profiles are built by ProfileBuilder (profile_builder.hpp), which runs the fits;
+// the CostModel (cost_model.hpp) evaluates them.
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "threewalls/calibration/cost_model.hpp"
+
+namespace threewalls::calibration {
+
+// ---- what a family is ------------------------------------------------------------------------
+
+enum class ModelKind : std::uint8_t { gemm, grouped_gemm, attention, linear, collective, constant, concurrency };
+
+// One input column of a family's points (all numbers; `integer` ones are written without a point).
+struct InputSpec {
+  std::string key;
+  bool integer = true;
+  std::string description;
+};
+
+// One fitted parameter: a number, or an array of numbers (per segment, per group size, ...).
+struct ParamSpec {
+  std::string key;
+  bool integer = false;
+  bool array = false;
+  std::string description;
+};
+
+// The registry entry of a model family: its name (the TOML table path, "gemm.bf16"), the model
+// equation it is fitted with (frozen id, "gemm_wave_v1"), the columns of its points and its
+// parameters. The registry drives the reader, the writer and the docs.
+struct FamilySpec {
+  std::string name;
+  std::string model;
+  ModelKind kind = ModelKind::constant;
+  std::vector<InputSpec> inputs;
+  std::vector<ParamSpec> params;
+  std::string description;
+  // Set where meaningful for the kind.
+  Dtype dtype = Dtype::bf16;
+  bool backward = false;
+  CollectiveKind collective = CollectiveKind::all_reduce;
+  Scope scope = Scope::nvlink;
+};
+
+// Every family this threewalls knows, in the canonical (file) order.
+const std::vector<FamilySpec>& family_specs();
+const FamilySpec* find_family_spec(std::string_view name);
+
+// Family names.
+std::string gemm_family(Dtype dt);          // "gemm.bf16"
+std::string grouped_gemm_family(Dtype dt);  // "grouped_gemm.bf16"
+std::string attention_family(bool backward);  // "attention.fwd" / "attention.bwd"
+std::string copy_family(CopyDirection dir);   // "copy.h2d_pinned"
+std::string collective_family(CollectiveKind kind, Scope scope);  // "collective.all_reduce.nvlink"
+inline constexpr std::string_view kElementwiseFamily = "elementwise";
+inline constexpr std::string_view kNormFamily = "norm";
+inline constexpr std::string_view kConcurrencyFamily = "concurrency";
+// Host families: "host.kernel_launch", "host.framework_op", "host.event_record", "host.stream_sync",
+// "host.gpu_read", "host.graph_launch", "host.graph_node", "host.collective_launch".
+std::string host_family(std::string_view what);
+
+const char* to_string(Dtype v);
+const char* to_string(CopyDirection v);
+const char* to_string(CollectiveKind v);
+const char* to_string(Scope v);
+
+// GPU kinds that have a shipped profile: "h100", "h200".
+const std::vector<std::string>& known_gpu_kinds();
+
+// ---- contents --------------------------------------------------------------------------------
+
+// The timing of one point: median and 10th/90th percentiles over `count` runs, and optionally the
+// raw samples themselves. A single reported number is median = p10 = p90, count = 1.
+struct Measurement {
+  double median_s = 0.0;
+  double p10_s = 0.0;
+  double p90_s = 0.0;
+  std::int64_t count = 0;
+  std::vector<double> samples_s;  // empty, or exactly `count` raw samples
+
+  static Measurement from_samples(std::vector<double> samples_s);
+  static Measurement single(double seconds);
+  friend bool operator==(const Measurement&, const Measurement&) = default;
+};
+
+struct Point {
+  std::vector<double> inputs;  // in the order of FamilySpec::inputs
+  Measurement time;
+  friend bool operator==(const Point&, const Point&) = default;
+};
+
+// Fit errors over the family's points: |predicted - median| / median. Leave-one-out refits without
+// each point in turn and predicts it; loo_points says for how many points that was possible (NaN
+// statistics when none, e.g. a family with a single point).
+struct FitQuality {
+  double rel_err_median = std::numeric_limits<double>::quiet_NaN();
+  double rel_err_max = std::numeric_limits<double>::quiet_NaN();
+  double loo_rel_err_median = std::numeric_limits<double>::quiet_NaN();
+  double loo_rel_err_max = std::numeric_limits<double>::quiet_NaN();
+  std::int64_t loo_points = 0;
+};
+
+struct Family {
+  std::string name;  // a FamilySpec name
+  std::string note;  // where the points come from, caveats (free text, may be empty)
+  std::vector<Point> points;
+  std::vector<std::vector<double>> params;  // in the order of FamilySpec::params; scalars have one value
+  FitQuality quality;
+
+  [[nodiscard]] const FamilySpec& spec() const;  // throws std::logic_error for an unknown name
+  [[nodiscard]] double param(std::string_view key) const;                       // a scalar parameter
+  [[nodiscard]] const std::vector<double>& param_array(std::string_view key) const;  // an array parameter
+};
+
+// [profile]: identity of the file. `source` is "measured" or "synthetic: <where the numbers come from>".
+struct ProfileInfo {
+  std::string name;       // e.g. "default_h200", "h200"
+  std::string source;
+  std::string generator;  // what wrote it (a tool and version, or the generator program)
+};
+
+// [hardware]: the machine the points describe.
+struct Hardware {
+  std::string gpu_name;
+  std::string gpu_kind;  // one of known_gpu_kinds()
+  int sm_count = 0;
+  double sm_clock_mhz = 0.0;
+  double memory_clock_mhz = 0.0;
+  std::int64_t memory_bytes = 0;
+  std::string driver_version;
+  std::string cuda_version;
+  std::string nccl_version;
+  int gpus_seen = 0;
+  std::vector<std::string> links_seen;  // e.g. "NVLink NV18"
+  std::string machine;                  // free text: host, CPU, NICs
+  std::string date;                     // when the points were measured (ISO 8601 date or month)
+  double peak_bf16_flop_per_s = 0.0;    // datasheet dense peaks
+  double peak_fp8_flop_per_s = 0.0;
+  double peak_fp32_flop_per_s = 0.0;
+  double hbm_bandwidth_datasheet_bytes_per_s = 0.0;
+
+  [[nodiscard]] double peak_flop_per_s(Dtype dt) const;
+};
+
+class Profile {
+ public:
+  Profile() = default;
+  // Families are kept in the canonical order of family_specs(); duplicate names are a logic error.
+  Profile(ProfileInfo info, Hardware hardware, std::vector<Family> families);
+
+  // Reads and checks a profile. Throws InputError naming file:line:col, the key and what is allowed:
+  // malformed TOML, a format name or major version it does not know, unknown keys (with the nearest
+  // known key), missing keys, wrong types, inconsistent points.
+  static Profile load(const std::filesystem::path& path);
+  static Profile parse(std::string_view toml_text, const std::string& file);
+
+  // Writes to_toml() atomically (temporary file, then rename). Throws SystemError on I/O failure.
+  void save(const std::filesystem::path& path) const;
+  // The canonical text of the profile: fixed layout, numbers in shortest round-trip form.
+  [[nodiscard]] std::string to_toml() const;
+
+  // "<name>@<16 hex digits>": the name and an FNV-1a 64 hash of to_toml(), for run headers.
+  [[nodiscard]] std::string id() const;
+
+  [[nodiscard]] const ProfileInfo& info() const { return info_; }
+  [[nodiscard]] const Hardware& hardware() const { return hardware_; }
+  [[nodiscard]] const std::vector<Family>& families() const { return families_; }
+  [[nodiscard]] const Family* find(std::string_view family) const;
+  // Throws InputError naming the profile, the missing family and the families it has.
+  [[nodiscard]] const Family& family(std::string_view family) const;
+  // The file it was loaded from; empty for a profile built in memory.
+  [[nodiscard]] const std::string& path() const { return path_; }
+  [[nodiscard]] bool measured() const { return info_.source == "measured"; }
+  // "profile <id> (<path>)" for error messages.
+  [[nodiscard]] std::string describe() const;
+
+ private:
+  ProfileInfo info_;
+  Hardware hardware_;
+  std::vector<Family> families_;
+  std::string path_;
+};
+
+}  // namespace threewalls::calibration

@@ -1,0 +1,321 @@
+#include "codec.hpp"
+
+#include <cmath>
+#include <set>
+
+#include "threewalls/calibration/fit.hpp"
+
+namespace threewalls::calibration::detail {
+
+namespace {
+
+std::int64_t as_int(double v) { return static_cast<std::int64_t>(std::llround(v)); }
+
+std::size_t index_of(const FamilySpec& spec, std::string_view key) {
+  for (std::size_t i = 0; i < spec.params.size(); ++i) {
+    if (spec.params[i].key == key) return i;
+  }
+  throw std::logic_error("family " + spec.name + " has no parameter " + std::string(key));
+}
+
+double scalar(const FamilySpec& spec, const Params& p, std::string_view key) { return p.at(index_of(spec, key)).at(0); }
+const std::vector<double>& array(const FamilySpec& spec, const Params& p, std::string_view key) {
+  return p.at(index_of(spec, key));
+}
+
+DeviceConstants device_of(const Hardware& hw, Dtype dt) { return {hw.sm_count, hw.peak_flop_per_s(dt)}; }
+
+GemmModel gemm_of(const FamilySpec& s, const Params& p, const Hardware& hw) {
+  GemmModel m;
+  m.tile_m = static_cast<int>(as_int(scalar(s, p, "tile_m")));
+  m.tile_n = static_cast<int>(as_int(scalar(s, p, "tile_n")));
+  m.efficiency_max = scalar(s, p, "efficiency_max");
+  m.k_half = scalar(s, p, "k_half");
+  m.overhead_s = scalar(s, p, "overhead_s");
+  m.memory_bandwidth_bytes_per_s = scalar(s, p, "memory_bandwidth_bytes_per_s");
+  m.device = device_of(hw, s.dtype);
+  m.elements = element_bytes(s.dtype);
+  return m;
+}
+
+GroupedGemmModel grouped_of(const FamilySpec& s, const Params& p, const Hardware& hw) {
+  GroupedGemmModel m;
+  m.tile_m = static_cast<int>(as_int(scalar(s, p, "tile_m")));
+  m.tile_n = static_cast<int>(as_int(scalar(s, p, "tile_n")));
+  m.efficiency_max = scalar(s, p, "efficiency_max");
+  m.k_half = scalar(s, p, "k_half");
+  m.overhead_s = scalar(s, p, "overhead_s");
+  m.memory_bandwidth_bytes_per_s = scalar(s, p, "memory_bandwidth_bytes_per_s");
+  m.device = device_of(hw, s.dtype);
+  m.elements = element_bytes(s.dtype);
+  return m;
+}
+
+AttentionModel attention_of(const FamilySpec& s, const Params& p, const Hardware& hw) {
+  AttentionModel m;
+  m.tile_q = static_cast<int>(as_int(scalar(s, p, "tile_q")));
+  m.efficiency_max = scalar(s, p, "efficiency_max");
+  m.s_half = scalar(s, p, "s_half");
+  m.d_half = scalar(s, p, "d_half");
+  m.overhead_s = scalar(s, p, "overhead_s");
+  m.memory_bandwidth_bytes_per_s = scalar(s, p, "memory_bandwidth_bytes_per_s");
+  m.backward = s.backward;
+  m.device = device_of(hw, Dtype::bf16);
+  return m;
+}
+
+LinearModel linear_of(const FamilySpec& s, const Params& p) {
+  LinearModel m;
+  m.alpha_s = scalar(s, p, "alpha_s");
+  m.knots_bytes = array(s, p, "knots_bytes");
+  m.bandwidths_bytes_per_s = array(s, p, "bandwidths_bytes_per_s");
+  return m;
+}
+
+CollectiveModel collective_of(const FamilySpec& s, const Params& p) {
+  CollectiveModel m;
+  m.kind = s.collective;
+  const auto& n = array(s, p, "group_size");
+  for (std::size_t i = 0; i < n.size(); ++i) {
+    CollectiveGroupParams g;
+    g.group_size = static_cast<int>(as_int(n[i]));
+    g.alpha_s = array(s, p, "alpha_s")[i];
+    g.beta_max_bytes_per_s = array(s, p, "beta_max_bytes_per_s")[i];
+    g.s_half_bytes = array(s, p, "s_half_bytes")[i];
+    g.gamma = array(s, p, "gamma")[i];
+    m.groups.push_back(g);
+  }
+  return m;
+}
+
+ConcurrencyModel concurrency_of(const FamilySpec& s, const Params& p) {
+  ConcurrencyModel m;
+  for (double v : array(s, p, "streams")) m.streams.push_back(static_cast<int>(as_int(v)));
+  m.efficiency = array(s, p, "efficiency");
+  return m;
+}
+
+double round_param(double v) { return fit::round_significant(v, kParamDigits); }
+
+Params round_all(Params p) {
+  for (auto& v : p) {
+    for (double& x : v) x = round_param(x);
+  }
+  return p;
+}
+
+std::vector<double> measured_medians(const std::vector<Point>& pts) {
+  std::vector<double> y;
+  y.reserve(pts.size());
+  for (const auto& p : pts) y.push_back(p.time.median_s);
+  return y;
+}
+
+AttentionShape attention_shape(const Point& p) {
+  AttentionShape s;
+  s.batch = as_int(p.inputs[0]);
+  s.seq_q = as_int(p.inputs[1]);
+  s.seq_kv = as_int(p.inputs[2]);
+  s.heads = as_int(p.inputs[3]);
+  s.kv_heads = as_int(p.inputs[4]);
+  s.head_dim_qk = as_int(p.inputs[5]);
+  s.head_dim_v = as_int(p.inputs[6]);
+  s.causal = as_int(p.inputs[7]) != 0;
+  return s;
+}
+
+}  // namespace
+
+double memory_bandwidth(const FitContext& ctx) {
+  if (ctx.find) {
+    if (const Family* d2d = ctx.find(copy_family(CopyDirection::d2d)); d2d && !d2d->params.empty()) {
+      return 2.0 * decode_linear(*d2d).asymptotic_bandwidth_bytes_per_s();
+    }
+  }
+  return ctx.hardware->hbm_bandwidth_datasheet_bytes_per_s;
+}
+
+Params fit_params(const FamilySpec& spec, const std::vector<Point>& points, const FitContext& ctx) {
+  const Hardware& hw = *ctx.hardware;
+  switch (spec.kind) {
+    case ModelKind::gemm: {
+      std::vector<GemmModel::Sample> s;
+      for (const auto& p : points) {
+        s.push_back({as_int(p.inputs[0]), as_int(p.inputs[1]), as_int(p.inputs[2]), as_int(p.inputs[3]), p.time.median_s});
+      }
+      const auto m = GemmModel::fit(s, device_of(hw, spec.dtype), element_bytes(spec.dtype), memory_bandwidth(ctx));
+      return round_all({{static_cast<double>(m.tile_m)},
+                        {static_cast<double>(m.tile_n)},
+                        {m.efficiency_max},
+                        {m.k_half},
+                        {m.overhead_s},
+                        {m.memory_bandwidth_bytes_per_s}});
+    }
+    case ModelKind::grouped_gemm: {
+      const std::string dense_name = gemm_family(spec.dtype);
+      const Family* dense = ctx.find ? ctx.find(dense_name) : nullptr;
+      if (!dense || dense->params.empty()) {
+        throw FitImpossible("needs the family " + dense_name +
+                            " in the same profile (the grouped model reuses its tile shape and k_half)");
+      }
+      std::vector<GroupedGemmModel::Sample> s;
+      for (const auto& p : points) {
+        s.push_back({as_int(p.inputs[0]), as_int(p.inputs[1]), as_int(p.inputs[2]), as_int(p.inputs[3]),
+                     as_int(p.inputs[4]), p.time.median_s});
+      }
+      const auto m = GroupedGemmModel::fit(s, decode_gemm(*dense, hw));
+      return round_all({{static_cast<double>(m.tile_m)},
+                        {static_cast<double>(m.tile_n)},
+                        {m.efficiency_max},
+                        {m.k_half},
+                        {m.overhead_s},
+                        {m.memory_bandwidth_bytes_per_s}});
+    }
+    case ModelKind::attention: {
+      std::vector<AttentionModel::Sample> s;
+      for (const auto& p : points) s.push_back({attention_shape(p), p.time.median_s});
+      const auto m = AttentionModel::fit(s, spec.backward, device_of(hw, Dtype::bf16), memory_bandwidth(ctx));
+      return round_all({{static_cast<double>(m.tile_q)},
+                        {m.efficiency_max},
+                        {m.s_half},
+                        {m.d_half},
+                        {m.overhead_s},
+                        {m.memory_bandwidth_bytes_per_s}});
+    }
+    case ModelKind::linear: {
+      std::vector<LinearModel::Sample> s;
+      for (const auto& p : points) s.push_back({p.inputs[0], p.time.median_s});
+      const auto m = LinearModel::fit(s);
+      return round_all({{m.alpha_s}, m.knots_bytes, m.bandwidths_bytes_per_s});
+    }
+    case ModelKind::collective: {
+      std::vector<CollectiveModel::Sample> s;
+      for (const auto& p : points) s.push_back({static_cast<int>(as_int(p.inputs[0])), p.inputs[1], p.time.median_s});
+      const auto m = CollectiveModel::fit(spec.collective, s);
+      Params out(5);
+      for (const auto& g : m.groups) {
+        out[0].push_back(g.group_size);
+        out[1].push_back(g.alpha_s);
+        out[2].push_back(g.beta_max_bytes_per_s);
+        out[3].push_back(g.s_half_bytes);
+        out[4].push_back(g.gamma);
+      }
+      return round_all(out);
+    }
+    case ModelKind::constant: {
+      return round_all({{ConstantModel::fit(measured_medians(points)).value_s}});
+    }
+    case ModelKind::concurrency: {
+      std::vector<ConcurrencyModel::Sample> s;
+      for (const auto& p : points) {
+        s.push_back({static_cast<int>(as_int(p.inputs[0])), p.inputs[1], p.inputs[2], p.time.median_s});
+      }
+      const auto m = ConcurrencyModel::fit(s);
+      std::vector<double> streams(m.streams.begin(), m.streams.end());
+      return round_all({streams, m.efficiency});
+    }
+  }
+  throw std::logic_error("unhandled model kind");
+}
+
+double predict(const FamilySpec& spec, const Params& params, const Point& p, const Hardware& hw) {
+  switch (spec.kind) {
+    case ModelKind::gemm:
+      return gemm_of(spec, params, hw).time_s(as_int(p.inputs[0]), as_int(p.inputs[1]), as_int(p.inputs[2]),
+                                              as_int(p.inputs[3]));
+    case ModelKind::grouped_gemm:
+      return grouped_of(spec, params, hw)
+          .time_s(as_int(p.inputs[0]), as_int(p.inputs[1]), as_int(p.inputs[2]), as_int(p.inputs[3]), as_int(p.inputs[4]));
+    case ModelKind::attention: return attention_of(spec, params, hw).time_s(attention_shape(p));
+    case ModelKind::linear: return linear_of(spec, params).time_s(p.inputs[0]);
+    case ModelKind::collective:
+      return collective_of(spec, params).time_s(p.inputs[1], static_cast<int>(as_int(p.inputs[0])));
+    case ModelKind::constant: return scalar(spec, params, "value_s");
+    case ModelKind::concurrency:
+      return p.inputs[2] / concurrency_of(spec, params).speedup(static_cast<int>(as_int(p.inputs[0])), p.inputs[1]);
+  }
+  throw std::logic_error("unhandled model kind");
+}
+
+std::optional<std::string> check_params(const FamilySpec& spec, const Params& params) {
+  if (params.size() != spec.params.size()) return "expected " + std::to_string(spec.params.size()) + " parameters";
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const auto& ps = spec.params[i];
+    if (!ps.array && params[i].size() != 1) return "'" + ps.key + "' must be a single number";
+    for (double v : params[i]) {
+      if (!std::isfinite(v)) return "'" + ps.key + "' must be finite";
+      if (ps.integer && v != std::floor(v)) return "'" + ps.key + "' must be an integer";
+    }
+  }
+  auto s = [&](std::string_view k) { return scalar(spec, params, k); };
+  auto a = [&](std::string_view k) -> const std::vector<double>& { return array(spec, params, k); };
+  switch (spec.kind) {
+    case ModelKind::gemm:
+    case ModelKind::grouped_gemm:
+      if (s("tile_m") < 1 || s("tile_n") < 1) return "'tile_m' and 'tile_n' must be at least 1";
+      if (!(s("efficiency_max") > 0)) return "'efficiency_max' must be > 0";
+      if (s("k_half") < 0) return "'k_half' must be >= 0";
+      if (s("overhead_s") < 0) return "'overhead_s' must be >= 0";
+      if (!(s("memory_bandwidth_bytes_per_s") > 0)) return "'memory_bandwidth_bytes_per_s' must be > 0";
+      return std::nullopt;
+    case ModelKind::attention:
+      if (s("tile_q") < 1) return "'tile_q' must be at least 1";
+      if (!(s("efficiency_max") > 0)) return "'efficiency_max' must be > 0";
+      if (s("s_half") < 0 || s("d_half") < 0) return "'s_half' and 'd_half' must be >= 0";
+      if (s("overhead_s") < 0) return "'overhead_s' must be >= 0";
+      if (!(s("memory_bandwidth_bytes_per_s") > 0)) return "'memory_bandwidth_bytes_per_s' must be > 0";
+      return std::nullopt;
+    case ModelKind::linear: {
+      if (s("alpha_s") < 0) return "'alpha_s' must be >= 0";
+      const auto& bw = a("bandwidths_bytes_per_s");
+      const auto& kn = a("knots_bytes");
+      if (bw.empty()) return "'bandwidths_bytes_per_s' needs at least one segment";
+      if (kn.size() + 1 != bw.size()) return "'knots_bytes' must have one entry fewer than 'bandwidths_bytes_per_s'";
+      for (double v : bw) {
+        if (!(v > 0)) return "'bandwidths_bytes_per_s' entries must be > 0";
+      }
+      for (std::size_t i = 0; i < kn.size(); ++i) {
+        if (!(kn[i] > 0) || (i > 0 && !(kn[i] > kn[i - 1]))) return "'knots_bytes' must be positive and increasing";
+      }
+      return std::nullopt;
+    }
+    case ModelKind::collective: {
+      const auto& n = a("group_size");
+      if (n.empty()) return "'group_size' needs at least one group size";
+      for (const char* k : {"alpha_s", "beta_max_bytes_per_s", "s_half_bytes", "gamma"}) {
+        if (a(k).size() != n.size()) return std::string("'") + k + "' must have one entry per group size";
+      }
+      for (std::size_t i = 0; i < n.size(); ++i) {
+        if (n[i] < 2 || (i > 0 && !(n[i] > n[i - 1]))) return "'group_size' entries must be >= 2 and increasing";
+        if (a("alpha_s")[i] < 0) return "'alpha_s' entries must be >= 0";
+        if (!(a("beta_max_bytes_per_s")[i] > 0)) return "'beta_max_bytes_per_s' entries must be > 0";
+        if (a("s_half_bytes")[i] < 0) return "'s_half_bytes' entries must be >= 0";
+        if (!(a("gamma")[i] > 0 && a("gamma")[i] <= 1)) return "'gamma' entries must be in (0, 1]";
+      }
+      return std::nullopt;
+    }
+    case ModelKind::constant:
+      if (!(s("value_s") > 0)) return "'value_s' must be > 0";
+      return std::nullopt;
+    case ModelKind::concurrency: {
+      const auto& n = a("streams");
+      if (n.empty()) return "'streams' needs at least one stream count";
+      if (a("efficiency").size() != n.size()) return "'efficiency' must have one entry per stream count";
+      for (std::size_t i = 0; i < n.size(); ++i) {
+        if (n[i] < 2 || (i > 0 && !(n[i] > n[i - 1]))) return "'streams' entries must be >= 2 and increasing";
+      }
+      return std::nullopt;
+    }
+  }
+  return std::nullopt;
+}
+
+GemmModel decode_gemm(const Family& f, const Hardware& hw) { return gemm_of(f.spec(), f.params, hw); }
+GroupedGemmModel decode_grouped_gemm(const Family& f, const Hardware& hw) { return grouped_of(f.spec(), f.params, hw); }
+AttentionModel decode_attention(const Family& f, const Hardware& hw) { return attention_of(f.spec(), f.params, hw); }
+LinearModel decode_linear(const Family& f) { return linear_of(f.spec(), f.params); }
+CollectiveModel decode_collective(const Family& f) { return collective_of(f.spec(), f.params); }
+ConstantModel decode_constant(const Family& f) { return ConstantModel{scalar(f.spec(), f.params, "value_s")}; }
+ConcurrencyModel decode_concurrency(const Family& f) { return concurrency_of(f.spec(), f.params); }
+
+}  // namespace threewalls::calibration::detail

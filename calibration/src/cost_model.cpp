@@ -1,0 +1,222 @@
+// The simulator's costs: the typed models of a profile, decoded once at construction, evaluated per
+// call. Each call states the equation of its family (full statements in models.hpp and
+// docs/calibration.md). A family the profile lacks is an InputError at the call that needs it,
+// naming the profile and what it has: never a silent default.
+#include "threewalls/calibration/cost_model.hpp"
+
+#include <array>
+#include <cmath>
+#include <optional>
+
+#include "codec.hpp"
+#include "threewalls/calibration/models.hpp"
+#include "threewalls/calibration/profile.hpp"
+#include "threewalls/core/error.hpp"
+#include "threewalls/core/strings.hpp"
+
+namespace threewalls::calibration {
+
+namespace {
+
+constexpr std::array<std::string_view, 8> kHostNames = {"kernel_launch", "framework_op", "event_record", "stream_sync",
+                                                        "gpu_read",      "graph_launch", "graph_node",   "collective_launch"};
+
+template <class E>
+std::size_t idx(E e) {
+  return static_cast<std::size_t>(e);
+}
+
+void require_non_negative(std::int64_t v, const char* call, const char* what) {
+  if (v < 0) throw InputError(std::string("CostModel::") + call + ": " + what + " = " + std::to_string(v) + " must be >= 0");
+}
+
+void require_bytes(Bytes b, const char* call) {
+  if (!(b.value >= 0) || !std::isfinite(b.value)) {
+    throw InputError(std::string("CostModel::") + call + ": bytes must be a finite number >= 0");
+  }
+}
+
+}  // namespace
+
+struct CostModel::Impl {
+  std::string id;
+  std::string description;
+  std::vector<std::string> have;
+  Hardware hardware;
+  std::array<std::optional<GemmModel>, 3> gemm;
+  std::array<std::optional<GroupedGemmModel>, 3> grouped;
+  std::array<std::optional<AttentionModel>, 2> attention;
+  std::optional<LinearModel> elementwise;
+  std::optional<LinearModel> norm;
+  std::array<std::optional<LinearModel>, 6> copy;
+  std::array<std::array<std::optional<CollectiveModel>, 2>, 6> collective;
+  std::array<std::optional<ConstantModel>, kHostNames.size()> host;
+  std::optional<ConcurrencyModel> concurrency;
+
+  [[noreturn]] void missing(const std::string& family) const {
+    throw InputError(description + " has no model '" + family + "' (it has: " + (have.empty() ? "nothing" : join(have)) +
+                     "); measure it with `threewalls calibrate` or use a profile that has it");
+  }
+
+  template <class T>
+  const T& need(const std::optional<T>& m, const std::string& family) const {
+    if (!m) missing(family);
+    return *m;
+  }
+};
+
+CostModel::CostModel(const Profile& profile) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.id = profile.id();
+  m.description = profile.describe();
+  m.hardware = profile.hardware();
+  const Hardware& hw = m.hardware;
+  for (const auto& f : profile.families()) {
+    m.have.push_back(f.name);
+    const FamilySpec& s = f.spec();
+    switch (s.kind) {
+      case ModelKind::gemm: m.gemm[idx(s.dtype)] = detail::decode_gemm(f, hw); break;
+      case ModelKind::grouped_gemm: m.grouped[idx(s.dtype)] = detail::decode_grouped_gemm(f, hw); break;
+      case ModelKind::attention: m.attention[s.backward ? 1 : 0] = detail::decode_attention(f, hw); break;
+      case ModelKind::linear: {
+        auto lin = detail::decode_linear(f);
+        if (f.name == kElementwiseFamily) m.elementwise = lin;
+        else if (f.name == kNormFamily) m.norm = lin;
+        else {
+          for (std::size_t d = 0; d < m.copy.size(); ++d) {
+            if (f.name == copy_family(static_cast<CopyDirection>(d))) m.copy[d] = lin;
+          }
+        }
+        break;
+      }
+      case ModelKind::collective: m.collective[idx(s.collective)][idx(s.scope)] = detail::decode_collective(f); break;
+      case ModelKind::constant:
+        for (std::size_t h = 0; h < kHostNames.size(); ++h) {
+          if (f.name == host_family(kHostNames[h])) m.host[h] = detail::decode_constant(f);
+        }
+        break;
+      case ModelKind::concurrency: m.concurrency = detail::decode_concurrency(f); break;
+    }
+  }
+}
+
+CostModel::~CostModel() = default;
+CostModel::CostModel(CostModel&&) noexcept = default;
+CostModel& CostModel::operator=(CostModel&&) noexcept = default;
+
+// t = max(F / (P e_max k/(k+k_half) q), B / BW) + t0   (GemmModel, "gemm_wave_v1")
+Seconds CostModel::gemm(std::int64_t m, std::int64_t n, std::int64_t k, Dtype dt, std::int64_t batch) const {
+  require_non_negative(m, "gemm", "m");
+  require_non_negative(n, "gemm", "n");
+  require_non_negative(k, "gemm", "k");
+  require_non_negative(batch, "gemm", "batch");
+  return Seconds(impl_->need(impl_->gemm[idx(dt)], gemm_family(dt)).time_s(m, n, k, batch));
+}
+
+// t = max(waves 2 Tm Tn (k+k_half) / (P_sm e_max), B / BW) + t0   (GroupedGemmModel)
+Seconds CostModel::grouped_gemm(std::int64_t groups, std::int64_t total_rows, std::int64_t max_rows, std::int64_t n,
+                                std::int64_t k, Dtype dt) const {
+  require_non_negative(groups, "grouped_gemm", "groups");
+  require_non_negative(total_rows, "grouped_gemm", "total_rows");
+  require_non_negative(max_rows, "grouped_gemm", "max_rows");
+  require_non_negative(n, "grouped_gemm", "n");
+  require_non_negative(k, "grouped_gemm", "k");
+  if (max_rows > total_rows || (groups > 0 && max_rows * groups < total_rows)) {
+    throw InputError("CostModel::grouped_gemm: max_rows = " + std::to_string(max_rows) + " must lie between total_rows / groups (" +
+                     std::to_string(groups > 0 ? (total_rows + groups - 1) / groups : 0) + ") and total_rows (" +
+                     std::to_string(total_rows) + ")");
+  }
+  return Seconds(impl_->need(impl_->grouped[idx(dt)], grouped_gemm_family(dt)).time_s(groups, total_rows, max_rows, n, k));
+}
+
+Seconds CostModel::attention(std::int64_t batch, std::int64_t seq_q, std::int64_t seq_kv, std::int64_t heads,
+                             std::int64_t head_dim_qk, std::int64_t head_dim_v, bool causal, bool backward) const {
+  AttentionShape s;
+  s.batch = batch;
+  s.seq_q = seq_q;
+  s.seq_kv = seq_kv;
+  s.heads = heads;
+  s.kv_heads = heads;
+  s.head_dim_qk = head_dim_qk;
+  s.head_dim_v = head_dim_v;
+  s.causal = causal;
+  return attention(s, backward);
+}
+
+// t = max(F / (P e_max L/(L+s_half) d/(d+d_half) q), B / BW) + t0   (AttentionModel)
+Seconds CostModel::attention(const AttentionShape& s, bool backward) const {
+  for (auto [v, name] : {std::pair{s.batch, "batch"}, std::pair{s.seq_q, "seq_q"}, std::pair{s.seq_kv, "seq_kv"},
+                         std::pair{s.heads, "heads"}, std::pair{s.kv_heads, "kv_heads"},
+                         std::pair{s.head_dim_qk, "head_dim_qk"}, std::pair{s.head_dim_v, "head_dim_v"}}) {
+    require_non_negative(v, "attention", name);
+  }
+  return Seconds(impl_->need(impl_->attention[backward ? 1 : 0], attention_family(backward)).time_s(s));
+}
+
+// t = alpha + bytes / beta (piecewise)   (LinearModel)
+Seconds CostModel::elementwise(Bytes bytes) const {
+  require_bytes(bytes, "elementwise");
+  return Seconds(impl_->need(impl_->elementwise, std::string(kElementwiseFamily)).time_s(bytes.value));
+}
+
+Seconds CostModel::norm(Bytes bytes) const {
+  require_bytes(bytes, "norm");
+  return Seconds(impl_->need(impl_->norm, std::string(kNormFamily)).time_s(bytes.value));
+}
+
+Seconds CostModel::copy(CopyDirection dir, Bytes bytes) const {
+  require_bytes(bytes, "copy");
+  return Seconds(impl_->need(impl_->copy[idx(dir)], copy_family(dir)).time_s(bytes.value));
+}
+
+// t = alpha + (S f(n)) / beta_eff(S)   (CollectiveModel)
+CollectiveParams CostModel::collective_params(CollectiveKind kind, Bytes bytes, int group_size, Scope scope) const {
+  require_bytes(bytes, "collective_params");
+  if (group_size < 1) {
+    throw InputError("CostModel::collective_params: group_size = " + std::to_string(group_size) + " must be >= 1");
+  }
+  const auto& model = impl_->need(impl_->collective[idx(kind)][idx(scope)], collective_family(kind, scope));
+  const auto p = model.params_for(group_size);
+  return CollectiveParams{Seconds(p.alpha_s), BytesPerSecond(p.bus_bandwidth_bytes_per_s(bytes.value))};
+}
+
+Seconds CostModel::collective(CollectiveKind kind, Bytes bytes, int group_size, Scope scope) const {
+  const CollectiveParams p = collective_params(kind, bytes, group_size, scope);
+  if (!(bytes.value > 0)) return p.latency;
+  // The exact expression documented for flow simulators: alpha + (S * f) / beta_eff.
+  return p.latency + Seconds((bytes.value * bus_bandwidth_factor(kind, group_size)) / p.bus_bandwidth.value);
+}
+
+// t = median of the measured points   (ConstantModel), one family per host cost.
+Seconds CostModel::kernel_launch() const { return Seconds(impl_->need(impl_->host[0], host_family(kHostNames[0])).time_s()); }
+Seconds CostModel::framework_op() const { return Seconds(impl_->need(impl_->host[1], host_family(kHostNames[1])).time_s()); }
+Seconds CostModel::event_record() const { return Seconds(impl_->need(impl_->host[2], host_family(kHostNames[2])).time_s()); }
+Seconds CostModel::stream_sync() const { return Seconds(impl_->need(impl_->host[3], host_family(kHostNames[3])).time_s()); }
+Seconds CostModel::gpu_read() const { return Seconds(impl_->need(impl_->host[4], host_family(kHostNames[4])).time_s()); }
+Seconds CostModel::graph_launch() const { return Seconds(impl_->need(impl_->host[5], host_family(kHostNames[5])).time_s()); }
+Seconds CostModel::graph_node() const { return Seconds(impl_->need(impl_->host[6], host_family(kHostNames[6])).time_s()); }
+Seconds CostModel::collective_launch() const { return Seconds(impl_->need(impl_->host[7], host_family(kHostNames[7])).time_s()); }
+
+// s = min(n, 1/f)^e(n)   (ConcurrencyModel)
+double CostModel::stream_concurrency(int streams, double sm_fraction) const {
+  if (streams < 1) throw InputError("CostModel::stream_concurrency: streams = " + std::to_string(streams) + " must be >= 1");
+  if (!(sm_fraction > 0 && sm_fraction <= 1)) {
+    throw InputError("CostModel::stream_concurrency: sm_fraction must be in (0, 1]");
+  }
+  if (streams == 1) return 1.0;
+  return impl_->need(impl_->concurrency, std::string(kConcurrencyFamily)).speedup(streams, sm_fraction);
+}
+
+FlopsPerSecond CostModel::peak_flops(Dtype dt) const { return FlopsPerSecond(impl_->hardware.peak_flop_per_s(dt)); }
+
+// The measured copy bandwidth counted as read + write: twice the large-size rate of copy.d2d.
+BytesPerSecond CostModel::hbm_bandwidth() const {
+  const auto& d2d = impl_->need(impl_->copy[idx(CopyDirection::d2d)], copy_family(CopyDirection::d2d));
+  return BytesPerSecond(2.0 * d2d.asymptotic_bandwidth_bytes_per_s());
+}
+
+int CostModel::sm_count() const { return impl_->hardware.sm_count; }
+
+const std::string& CostModel::profile_id() const { return impl_->id; }
+
+}  // namespace threewalls::calibration

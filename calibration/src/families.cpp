@@ -1,0 +1,285 @@
+// The registry of model families (names, frozen model ids, point columns, parameters) and small
+// value helpers. Names and model ids written to profile files are frozen: add, never rename.
+#include <algorithm>
+#include <stdexcept>
+
+#include "threewalls/calibration/fit.hpp"
+#include "threewalls/calibration/profile.hpp"
+
+namespace threewalls::calibration {
+
+const char* to_string(Dtype v) {
+  switch (v) {
+    case Dtype::bf16: return "bf16";
+    case Dtype::fp8: return "fp8";
+    case Dtype::fp32: return "fp32";
+  }
+  return "?";
+}
+
+const char* to_string(CopyDirection v) {
+  switch (v) {
+    case CopyDirection::h2d_pinned: return "h2d_pinned";
+    case CopyDirection::h2d_pageable: return "h2d_pageable";
+    case CopyDirection::d2h_pinned: return "d2h_pinned";
+    case CopyDirection::d2h_pageable: return "d2h_pageable";
+    case CopyDirection::d2d: return "d2d";
+    case CopyDirection::disk_read: return "disk_read";
+  }
+  return "?";
+}
+
+const char* to_string(CollectiveKind v) {
+  switch (v) {
+    case CollectiveKind::all_reduce: return "all_reduce";
+    case CollectiveKind::all_gather: return "all_gather";
+    case CollectiveKind::reduce_scatter: return "reduce_scatter";
+    case CollectiveKind::all_to_all: return "all_to_all";
+    case CollectiveKind::broadcast: return "broadcast";
+    case CollectiveKind::send_recv: return "send_recv";
+  }
+  return "?";
+}
+
+const char* to_string(Scope v) {
+  switch (v) {
+    case Scope::nvlink: return "nvlink";
+    case Scope::network: return "network";
+  }
+  return "?";
+}
+
+std::string gemm_family(Dtype dt) { return std::string("gemm.") + to_string(dt); }
+std::string grouped_gemm_family(Dtype dt) { return std::string("grouped_gemm.") + to_string(dt); }
+std::string attention_family(bool backward) { return backward ? "attention.bwd" : "attention.fwd"; }
+std::string copy_family(CopyDirection dir) { return std::string("copy.") + to_string(dir); }
+std::string collective_family(CollectiveKind kind, Scope scope) {
+  return std::string("collective.") + to_string(kind) + "." + to_string(scope);
+}
+std::string host_family(std::string_view what) { return "host." + std::string(what); }
+
+const std::vector<std::string>& known_gpu_kinds() {
+  static const std::vector<std::string> kinds = {"h100", "h200"};
+  return kinds;
+}
+
+namespace {
+
+std::vector<FamilySpec> build_specs() {
+  std::vector<FamilySpec> specs;
+  const std::vector<ParamSpec> gemm_params = {
+      {"tile_m", true, false, "rows of the output tile (chosen by the fit)"},
+      {"tile_n", true, false, "columns of the output tile (chosen by the fit)"},
+      {"efficiency_max", false, false, "e_max: fraction of the datasheet peak reached at large K"},
+      {"k_half", false, false, "K at which the K-loop efficiency is half of e_max"},
+      {"overhead_s", false, false, "t0: fixed time per kernel, seconds"},
+      {"memory_bandwidth_bytes_per_s", false, false, "HBM read+write bandwidth of the memory-bound limit"},
+  };
+  for (Dtype dt : {Dtype::bf16, Dtype::fp8, Dtype::fp32}) {
+    FamilySpec s;
+    s.name = gemm_family(dt);
+    s.model = "gemm_wave_v1";
+    s.kind = ModelKind::gemm;
+    s.dtype = dt;
+    s.description = std::string("dense ") + to_string(dt) +
+                    " GEMM C[m,n] = A[m,k] B[k,n] x batch: t = max(F / (P e_max k/(k+k_half) q), B / BW) + t0";
+    s.inputs = {{"m", true, "rows of A and C"},
+                {"n", true, "columns of B and C"},
+                {"k", true, "inner dimension"},
+                {"batch", true, "independent products in one call"}};
+    s.params = gemm_params;
+    specs.push_back(s);
+  }
+  for (Dtype dt : {Dtype::bf16, Dtype::fp8, Dtype::fp32}) {
+    FamilySpec s;
+    s.name = grouped_gemm_family(dt);
+    s.model = "grouped_gemm_wave_v1";
+    s.kind = ModelKind::grouped_gemm;
+    s.dtype = dt;
+    s.description = std::string("grouped ") + to_string(dt) +
+                    " GEMM (one kernel, one GEMM per local expert): t = max(waves 2 Tm Tn (k+k_half) / (P_sm e_max), B / BW) + t0";
+    s.inputs = {{"groups", true, "GEMMs in the group (local experts)"},
+                {"total_rows", true, "rows (tokens) over all groups"},
+                {"max_rows", true, "rows of the largest group"},
+                {"n", true, "columns of each B and C"},
+                {"k", true, "inner dimension"}};
+    s.params = gemm_params;
+    s.params[0].description = "rows of the tile (from the dense GEMM fit of the same dtype)";
+    s.params[1].description = "columns of the tile (from the dense GEMM fit of the same dtype)";
+    s.params[3].description = "K-loop half-efficiency point (from the dense GEMM fit of the same dtype)";
+    specs.push_back(s);
+  }
+  for (bool bwd : {false, true}) {
+    FamilySpec s;
+    s.name = attention_family(bwd);
+    s.model = "attention_wave_v1";
+    s.kind = ModelKind::attention;
+    s.backward = bwd;
+    s.description = std::string("fused attention ") + (bwd ? "backward" : "forward") +
+                    " (bf16): t = max(F / (P e_max L/(L+s_half) d/(d+d_half) q), B / BW) + t0";
+    s.inputs = {{"batch", true, "sequences"},
+                {"seq_q", true, "query length"},
+                {"seq_kv", true, "key/value length"},
+                {"heads", true, "query heads"},
+                {"kv_heads", true, "key/value heads (GQA: fewer than heads)"},
+                {"head_dim_qk", true, "head dimension of Q and K"},
+                {"head_dim_v", true, "head dimension of V"},
+                {"causal", true, "1 for a causal (bottom-right aligned) mask, 0 for none"}};
+    s.params = {{"tile_q", true, false, "query rows per CTA"},
+                {"efficiency_max", false, false, "e_max: fraction of the bf16 peak at long sequences and large head dims"},
+                {"s_half", false, false, "keys per query row at which the sequence efficiency is half"},
+                {"d_half", false, false, "head dimension at which the head-dim efficiency is half"},
+                {"overhead_s", false, false, "t0: fixed time per kernel, seconds"},
+                {"memory_bandwidth_bytes_per_s", false, false, "HBM read+write bandwidth of the memory-bound limit"}};
+    specs.push_back(s);
+  }
+  const std::vector<ParamSpec> linear_params = {
+      {"alpha_s", false, false, "latency: time of a zero-byte operation, seconds"},
+      {"knots_bytes", false, true, "sizes where the bandwidth changes (empty: one segment)"},
+      {"bandwidths_bytes_per_s", false, true, "bandwidth of each segment, smallest sizes first"},
+  };
+  auto linear = [&](std::string name, std::string what) {
+    FamilySpec s;
+    s.name = std::move(name);
+    s.model = "linear_v1";
+    s.kind = ModelKind::linear;
+    s.description = std::move(what) + ": t = alpha + bytes / beta (piecewise by size)";
+    s.inputs = {{"bytes", true, ""}};
+    s.params = linear_params;
+    return s;
+  };
+  specs.push_back(linear("elementwise", "memory-bound element-wise kernels (bytes read + written)"));
+  specs.back().inputs[0].description = "bytes read + written";
+  specs.push_back(linear("norm", "normalisation kernels (bytes read + written)"));
+  specs.back().inputs[0].description = "bytes read + written";
+  for (CopyDirection d : {CopyDirection::h2d_pinned, CopyDirection::h2d_pageable, CopyDirection::d2h_pinned,
+                          CopyDirection::d2h_pageable, CopyDirection::d2d, CopyDirection::disk_read}) {
+    specs.push_back(linear(copy_family(d), std::string("copy ") + to_string(d) + " (bytes copied)"));
+    specs.back().inputs[0].description = "bytes copied";
+  }
+  for (Scope sc : {Scope::nvlink, Scope::network}) {
+    for (CollectiveKind k : {CollectiveKind::all_reduce, CollectiveKind::all_gather, CollectiveKind::reduce_scatter,
+                             CollectiveKind::all_to_all, CollectiveKind::broadcast, CollectiveKind::send_recv}) {
+      FamilySpec s;
+      s.name = collective_family(k, sc);
+      s.model = "collective_hill_v1";
+      s.kind = ModelKind::collective;
+      s.collective = k;
+      s.scope = sc;
+      s.description = std::string("NCCL ") + to_string(k) + " over " + to_string(sc) +
+                      ": t = alpha + S f(n) / beta_eff(S), beta_eff = beta_max S^g / (S^g + S_half^g), per group size";
+      s.inputs = {{"group_size", true, "ranks in the group"},
+                  {"bytes", true, "nccl-tests size (all_reduce: buffer; all_gather: output; reduce_scatter: input; "
+                                  "all_to_all: bytes each rank sends; send_recv: message)"}};
+      s.params = {{"group_size", true, true, "measured group sizes, increasing"},
+                  {"alpha_s", false, true, "latency per group size, seconds"},
+                  {"beta_max_bytes_per_s", false, true, "asymptotic bus bandwidth per group size"},
+                  {"s_half_bytes", false, true, "size at which the bus bandwidth is half of beta_max (0: no ramp)"},
+                  {"gamma", false, true, "steepness of the bandwidth ramp, in (0, 1]"}};
+      specs.push_back(s);
+    }
+  }
+  const std::vector<std::pair<std::string, std::string>> host = {
+      {"kernel_launch", "host time of one eager kernel launch"},
+      {"framework_op", "extra host time per op of a framework (eager dispatch), on top of the kernel launch"},
+      {"event_record", "host time of one CUDA event record"},
+      {"stream_sync", "host cost of synchronising an idle stream"},
+      {"gpu_read", "a small device-to-host read that blocks the host"},
+      {"graph_launch", "host time of one CUDA-graph launch"},
+      {"graph_node", "device-side cost per node of a CUDA graph"},
+      {"collective_launch", "host time to enqueue one NCCL call"},
+  };
+  for (const auto& [what, desc] : host) {
+    FamilySpec s;
+    s.name = host_family(what);
+    s.model = "median_v1";
+    s.kind = ModelKind::constant;
+    s.description = desc + ": t = median of the points";
+    s.params = {{"value_s", false, false, "the median, seconds"}};
+    specs.push_back(s);
+  }
+  {
+    FamilySpec s;
+    s.name = std::string(kConcurrencyFamily);
+    s.model = "concurrency_v1";
+    s.kind = ModelKind::concurrency;
+    s.description = "multi-stream concurrency of identical kernels: speed-up s = min(n, 1/f)^e(n)";
+    s.inputs = {{"streams", true, "kernels run at once, one per stream"},
+                {"sm_fraction", false, "fraction of the SMs one kernel occupies"},
+                {"serial_s", false, "time of the same kernels back to back on one stream, seconds"}};
+    s.params = {{"streams", true, true, "measured stream counts, increasing"},
+                {"efficiency", false, true, "e(n) per measured stream count"}};
+    specs.push_back(s);
+  }
+  return specs;
+}
+
+}  // namespace
+
+const std::vector<FamilySpec>& family_specs() {
+  static const std::vector<FamilySpec> specs = build_specs();
+  return specs;
+}
+
+const FamilySpec* find_family_spec(std::string_view name) {
+  for (const auto& s : family_specs()) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+Measurement Measurement::from_samples(std::vector<double> samples_s) {
+  if (samples_s.empty()) throw std::invalid_argument("Measurement::from_samples: no samples");
+  Measurement m;
+  m.median_s = fit::median(samples_s);
+  m.p10_s = fit::quantile(samples_s, 0.10);
+  m.p90_s = fit::quantile(samples_s, 0.90);
+  m.count = static_cast<std::int64_t>(samples_s.size());
+  m.samples_s = std::move(samples_s);
+  return m;
+}
+
+Measurement Measurement::single(double seconds) {
+  Measurement m;
+  m.median_s = m.p10_s = m.p90_s = seconds;
+  m.count = 1;
+  return m;
+}
+
+const FamilySpec& Family::spec() const {
+  const auto* s = find_family_spec(name);
+  if (!s) throw std::logic_error("unknown calibration family '" + name + "'");
+  return *s;
+}
+
+namespace {
+std::size_t param_index(const Family& f, std::string_view key) {
+  const auto& spec = f.spec();
+  for (std::size_t i = 0; i < spec.params.size(); ++i) {
+    if (spec.params[i].key == key) {
+      if (i >= f.params.size()) break;
+      return i;
+    }
+  }
+  throw std::logic_error("calibration family '" + f.name + "' has no parameter '" + std::string(key) + "'");
+}
+}  // namespace
+
+double Family::param(std::string_view key) const {
+  const auto& v = params[param_index(*this, key)];
+  if (v.size() != 1) throw std::logic_error("parameter '" + std::string(key) + "' of '" + name + "' is not a scalar");
+  return v[0];
+}
+
+const std::vector<double>& Family::param_array(std::string_view key) const { return params[param_index(*this, key)]; }
+
+double Hardware::peak_flop_per_s(Dtype dt) const {
+  switch (dt) {
+    case Dtype::bf16: return peak_bf16_flop_per_s;
+    case Dtype::fp8: return peak_fp8_flop_per_s;
+    case Dtype::fp32: return peak_fp32_flop_per_s;
+  }
+  return 0.0;
+}
+
+}  // namespace threewalls::calibration

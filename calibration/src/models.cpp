@@ -1,0 +1,607 @@
+// Model equations and fits. Each equation is stated once in models.hpp next to its struct and again,
+// with its justification, in docs/calibration.md; this file implements exactly those statements.
+#include "threewalls/calibration/models.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "threewalls/calibration/fit.hpp"
+
+namespace threewalls::calibration {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+double ceil_div(double a, double b) { return std::ceil(a / b); }
+
+// Wave quantisation efficiency q = tiles / (waves * SMs).
+double wave_efficiency(double tiles, int sm_count) {
+  const double sms = static_cast<double>(sm_count);
+  const double waves = std::ceil(tiles / sms);
+  return tiles / (waves * sms);
+}
+
+// Efficiencies are fractions of the datasheet peak: fitted as logistic(theta) in (0, 1).
+double logistic(double theta) { return 1.0 / (1.0 + std::exp(-theta)); }
+double logit(double p) { return std::log(p / (1.0 - p)); }
+
+std::vector<double> exp_all(const std::vector<double>& theta) {
+  std::vector<double> out(theta.size());
+  for (std::size_t i = 0; i < theta.size(); ++i) out[i] = std::exp(theta[i]);
+  return out;
+}
+
+void require_positive_time(double seconds, const char* what) {
+  if (!(seconds > 0) || !std::isfinite(seconds)) {
+    throw FitImpossible(std::string(what) + ": every measured time must be a positive finite number of seconds");
+  }
+}
+
+void require_device(const DeviceConstants& d, double bw, const char* what) {
+  if (d.sm_count <= 0 || !(d.peak_flop_per_s > 0) || !(bw > 0)) {
+    throw FitImpossible(std::string(what) + ": needs the SM count, the dtype's peak FLOP/s and the HBM bandwidth");
+  }
+}
+
+}  // namespace
+
+ElementBytes element_bytes(Dtype dt) {
+  switch (dt) {
+    case Dtype::bf16: return {2, 2};
+    case Dtype::fp8: return {1, 2};
+    case Dtype::fp32: return {4, 4};
+  }
+  return {2, 2};
+}
+
+double bus_bandwidth_factor(CollectiveKind kind, int group_size) {
+  const double n = static_cast<double>(group_size);
+  switch (kind) {
+    case CollectiveKind::all_reduce: return 2.0 * (n - 1.0) / n;
+    case CollectiveKind::all_gather:
+    case CollectiveKind::reduce_scatter:
+    case CollectiveKind::all_to_all: return (n - 1.0) / n;
+    case CollectiveKind::broadcast:
+    case CollectiveKind::send_recv: return 1.0;
+  }
+  return 1.0;
+}
+
+// ------------------------------------------------------------------------------------------ GEMM
+
+double GemmModel::time_s(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch) const {
+  if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return overhead_s;
+  const double md = static_cast<double>(m);
+  const double nd = static_cast<double>(n);
+  const double kd = static_cast<double>(k);
+  const double bd = static_cast<double>(batch);
+  const double flops = 2.0 * md * nd * kd * bd;
+  const double bytes = bd * ((md * kd + kd * nd) * elements.input + md * nd * elements.output);
+  const double tiles = bd * ceil_div(md, tile_m) * ceil_div(nd, tile_n);
+  const double q = wave_efficiency(tiles, device.sm_count);
+  const double eff = efficiency_max * kd / (kd + k_half);
+  const double t_compute = flops / (device.peak_flop_per_s * eff * q);
+  const double t_memory = bytes / memory_bandwidth_bytes_per_s;
+  return std::max(t_compute, t_memory) + overhead_s;
+}
+
+GemmModel GemmModel::fit(const std::vector<Sample>& samples, const DeviceConstants& device, ElementBytes elements,
+                         double memory_bandwidth_bytes_per_s) {
+  require_device(device, memory_bandwidth_bytes_per_s, "gemm");
+  if (samples.size() < 3) {
+    throw FitImpossible("gemm: needs at least 3 points (e_max, k_half and t0 are fitted), has " +
+                        std::to_string(samples.size()));
+  }
+  for (const auto& s : samples) {
+    require_positive_time(s.seconds, "gemm");
+    if (s.m <= 0 || s.n <= 0 || s.k <= 0 || s.batch <= 0) throw FitImpossible("gemm: m, n, k and batch must be positive");
+  }
+  // Tile shapes of Hopper GEMM kernels (CUTLASS 3 / cuBLAS): the fit picks the one the data supports.
+  static constexpr int kTiles[][2] = {{128, 128}, {128, 256}, {256, 128}};
+  const std::vector<std::vector<double>> starts = [] {
+    std::vector<std::vector<double>> s;
+    for (double e : {0.5, 0.9}) {
+      for (double kh : {32.0, 512.0, 4096.0}) {
+        for (double t0 : {1e-6, 1e-5}) s.push_back({logit(e), std::log(kh), std::log(t0)});
+      }
+    }
+    return s;
+  }();
+  GemmModel best;
+  double best_cost = kInf;
+  for (const auto& tile : kTiles) {
+    GemmModel m;
+    m.tile_m = tile[0];
+    m.tile_n = tile[1];
+    m.memory_bandwidth_bytes_per_s = memory_bandwidth_bytes_per_s;
+    m.device = device;
+    m.elements = elements;
+    auto residuals = [&](const std::vector<double>& theta) {
+      const auto p = exp_all(theta);
+      GemmModel c = m;
+      c.efficiency_max = logistic(theta[0]);
+      c.k_half = p[1];
+      c.overhead_s = p[2];
+      std::vector<double> r(samples.size());
+      for (std::size_t i = 0; i < samples.size(); ++i) {
+        const auto& s = samples[i];
+        r[i] = (c.time_s(s.m, s.n, s.k, s.batch) - s.seconds) / s.seconds;
+      }
+      return r;
+    };
+    const auto res = fit::levenberg_marquardt_multistart(residuals, starts);
+    if (res.cost < best_cost) {
+      best_cost = res.cost;
+      const auto p = exp_all(res.theta);
+      best = m;
+      best.efficiency_max = logistic(res.theta[0]);
+      best.k_half = p[1];
+      best.overhead_s = p[2];
+    }
+  }
+  if (!std::isfinite(best_cost)) throw FitImpossible("gemm: no parameters reproduce the points (non-finite error)");
+  return best;
+}
+
+// ---------------------------------------------------------------------------------- grouped GEMM
+
+double GroupedGemmModel::time_s(std::int64_t groups, std::int64_t total_rows, std::int64_t max_rows, std::int64_t n,
+                                std::int64_t k) const {
+  if (groups <= 0 || total_rows <= 0 || max_rows <= 0 || n <= 0 || k <= 0) return overhead_s;
+  const double g = static_cast<double>(groups);
+  const double rt = static_cast<double>(total_rows);
+  const double rmax = std::min(static_cast<double>(max_rows), rt);
+  const double nd = static_cast<double>(n);
+  const double kd = static_cast<double>(k);
+  const double r_other = g > 1 ? (rt - rmax) / (g - 1) : 0.0;
+  const double row_tiles = ceil_div(rmax, tile_m) + (g - 1) * ceil_div(r_other, tile_m);
+  const double tiles = ceil_div(nd, tile_n) * row_tiles;
+  const double waves = std::ceil(tiles / device.sm_count);
+  const double per_sm_peak = device.peak_flop_per_s / device.sm_count;
+  const double t_compute = waves * 2.0 * tile_m * tile_n * (kd + k_half) / (per_sm_peak * efficiency_max);
+  const double bytes = (rt * kd + g * kd * nd) * elements.input + rt * nd * elements.output;
+  const double t_memory = bytes / memory_bandwidth_bytes_per_s;
+  return std::max(t_compute, t_memory) + overhead_s;
+}
+
+GroupedGemmModel GroupedGemmModel::fit(const std::vector<Sample>& samples, const GemmModel& dense) {
+  if (samples.empty()) throw FitImpossible("grouped_gemm: needs at least 1 point");
+  for (const auto& s : samples) {
+    require_positive_time(s.seconds, "grouped_gemm");
+    if (s.groups <= 0 || s.total_rows <= 0 || s.max_rows <= 0 || s.n <= 0 || s.k <= 0) {
+      throw FitImpossible("grouped_gemm: groups, total_rows, max_rows, n and k must be positive");
+    }
+    if (s.max_rows > s.total_rows || s.max_rows * s.groups < s.total_rows) {
+      throw FitImpossible("grouped_gemm: max_rows must be between total_rows / groups and total_rows");
+    }
+  }
+  GroupedGemmModel base;
+  base.tile_m = dense.tile_m;
+  base.tile_n = dense.tile_n;
+  base.k_half = dense.k_half;
+  base.overhead_s = dense.overhead_s;
+  base.memory_bandwidth_bytes_per_s = dense.memory_bandwidth_bytes_per_s;
+  base.device = dense.device;
+  base.elements = dense.elements;
+  const bool fit_overhead = samples.size() >= 3;
+  auto make = [&](const std::vector<double>& theta) {
+    GroupedGemmModel c = base;
+    c.efficiency_max = logistic(theta[0]);
+    if (fit_overhead) c.overhead_s = std::exp(theta[1]);
+    return c;
+  };
+  auto residuals = [&](const std::vector<double>& theta) {
+    const auto c = make(theta);
+    std::vector<double> r(samples.size());
+    for (std::size_t i = 0; i < samples.size(); ++i) {
+      const auto& s = samples[i];
+      r[i] = (c.time_s(s.groups, s.total_rows, s.max_rows, s.n, s.k) - s.seconds) / s.seconds;
+    }
+    return r;
+  };
+  std::vector<std::vector<double>> starts;
+  for (double e : {0.3, 0.7, 0.95}) {
+    if (fit_overhead) {
+      for (double t0 : {1e-6, std::max(dense.overhead_s, 1e-7)}) starts.push_back({logit(e), std::log(t0)});
+    } else {
+      starts.push_back({logit(e)});
+    }
+  }
+  const auto res = fit::levenberg_marquardt_multistart(residuals, starts);
+  if (!std::isfinite(res.cost)) throw FitImpossible("grouped_gemm: no parameters reproduce the points");
+  return make(res.theta);
+}
+
+// ------------------------------------------------------------------------------------- attention
+
+double attention_pairs(std::int64_t seq_q, std::int64_t seq_kv, bool causal) {
+  if (seq_q <= 0 || seq_kv <= 0) return 0.0;
+  const double sq = static_cast<double>(seq_q);
+  const double skv = static_cast<double>(seq_kv);
+  if (!causal) return sq * skv;
+  // Bottom-right aligned mask: query i sees keys j <= i + (s_kv - s_q). Row i sees
+  // clamp(i + d + 1, 0, s_kv) keys, d = s_kv - s_q; the rows that see any form the arithmetic series
+  // a, a+1, ..., s_kv with a = max(d + 1, 1).
+  const double d = skv - sq;
+  const double a = std::max(d + 1.0, 1.0);
+  return (a + skv) * (skv - a + 1.0) / 2.0;
+}
+
+double attention_flops(const AttentionShape& s, bool backward) {
+  const double pairs = attention_pairs(s.seq_q, s.seq_kv, s.causal);
+  const double bh = static_cast<double>(s.batch) * static_cast<double>(s.heads);
+  const double dqk = static_cast<double>(s.head_dim_qk);
+  const double dv = static_cast<double>(s.head_dim_v);
+  // Forward: S = Q K^T (d_qk) and O = P V (d_v). Backward (FlashAttention recomputes S): S, dV = P^T dO,
+  // dP = dO V^T, dQ = dS K, dK = dS^T Q.
+  return backward ? 2.0 * bh * pairs * (3.0 * dqk + 2.0 * dv) : 2.0 * bh * pairs * (dqk + dv);
+}
+
+double AttentionModel::time_s(const AttentionShape& s) const {
+  const double pairs = attention_pairs(s.seq_q, s.seq_kv, s.causal);
+  if (pairs <= 0 || s.batch <= 0 || s.heads <= 0 || s.head_dim_qk <= 0 || s.head_dim_v <= 0) return overhead_s;
+  const double flops = attention_flops(s, backward);
+  const double sq = static_cast<double>(s.seq_q);
+  const double skv = static_cast<double>(s.seq_kv);
+  const double b = static_cast<double>(s.batch);
+  const double h = static_cast<double>(s.heads);
+  const double hkv = static_cast<double>(s.kv_heads > 0 ? s.kv_heads : s.heads);
+  const double dqk = static_cast<double>(s.head_dim_qk);
+  const double dv = static_cast<double>(s.head_dim_v);
+  const double keys_per_row = pairs / sq;
+  const double tiles = b * h * ceil_div(sq, tile_q);
+  const double q = wave_efficiency(tiles, device.sm_count);
+  const double eff = efficiency_max * keys_per_row / (keys_per_row + s_half) * dqk / (dqk + d_half);
+  const double t_compute = flops / (device.peak_flop_per_s * eff * q);
+  const double bytes = 2.0 * b * (h * sq * (dqk + dv) + hkv * skv * (dqk + dv)) * (backward ? 2.0 : 1.0);
+  const double t_memory = bytes / memory_bandwidth_bytes_per_s;
+  return std::max(t_compute, t_memory) + overhead_s;
+}
+
+AttentionModel AttentionModel::fit(const std::vector<Sample>& samples, bool backward, const DeviceConstants& device,
+                                   double memory_bandwidth_bytes_per_s) {
+  const char* what = backward ? "attention.bwd" : "attention.fwd";
+  require_device(device, memory_bandwidth_bytes_per_s, what);
+  if (samples.size() < 4) {
+    throw FitImpossible(std::string(what) + ": needs at least 4 points (e_max, s_half, d_half, t0 are fitted), has " +
+                        std::to_string(samples.size()));
+  }
+  for (const auto& s : samples) {
+    require_positive_time(s.seconds, what);
+    if (attention_pairs(s.shape.seq_q, s.shape.seq_kv, s.shape.causal) <= 0 || s.shape.batch <= 0 ||
+        s.shape.heads <= 0 || s.shape.kv_heads <= 0 || s.shape.head_dim_qk <= 0 || s.shape.head_dim_v <= 0) {
+      throw FitImpossible(std::string(what) + ": every dimension of a point must be positive");
+    }
+  }
+  AttentionModel base;
+  base.backward = backward;
+  base.device = device;
+  base.memory_bandwidth_bytes_per_s = memory_bandwidth_bytes_per_s;
+  auto make = [&](const std::vector<double>& theta) {
+    const auto p = exp_all(theta);
+    AttentionModel c = base;
+    c.efficiency_max = logistic(theta[0]);
+    c.s_half = p[1];
+    c.d_half = p[2];
+    c.overhead_s = p[3];
+    return c;
+  };
+  auto residuals = [&](const std::vector<double>& theta) {
+    const auto c = make(theta);
+    std::vector<double> r(samples.size());
+    for (std::size_t i = 0; i < samples.size(); ++i) r[i] = (c.time_s(samples[i].shape) - samples[i].seconds) / samples[i].seconds;
+    return r;
+  };
+  std::vector<std::vector<double>> starts;
+  for (double e : {0.5, 0.8}) {
+    for (double sh : {64.0, 1024.0}) {
+      for (double dh : {8.0, 64.0}) starts.push_back({logit(e), std::log(sh), std::log(dh), std::log(3e-6)});
+    }
+  }
+  const auto res = fit::levenberg_marquardt_multistart(residuals, starts);
+  if (!std::isfinite(res.cost)) throw FitImpossible(std::string(what) + ": no parameters reproduce the points");
+  return make(res.theta);
+}
+
+// ---------------------------------------------------------------------------------------- linear
+
+double LinearModel::time_s(double bytes) const {
+  double t = alpha_s;
+  double lo = 0.0;
+  for (std::size_t j = 0; j < bandwidths_bytes_per_s.size(); ++j) {
+    const double hi = j < knots_bytes.size() ? knots_bytes[j] : kInf;
+    const double part = std::clamp(bytes - lo, 0.0, hi - lo);
+    t += part / bandwidths_bytes_per_s[j];
+    if (bytes <= hi) break;
+    lo = hi;
+  }
+  return t;
+}
+
+namespace {
+
+struct LinearCandidate {
+  LinearModel model;
+  double sse = kInf;
+  double max_rel = kInf;
+};
+
+// Fits t = alpha + min(S, K)/b1 (+ max(S - K, 0)/b2 when a knot K is given); nullopt when a slope is 0.
+std::optional<LinearCandidate> fit_linear_candidate(const std::vector<LinearModel::Sample>& samples,
+                                                    std::optional<double> knot) {
+  fit::Design a;
+  std::vector<double> y;
+  std::vector<double> w;
+  for (const auto& s : samples) {
+    if (knot) a.add_row({1.0, std::min(s.bytes, *knot), std::max(s.bytes - *knot, 0.0)});
+    else a.add_row({1.0, s.bytes});
+    y.push_back(s.seconds);
+    w.push_back(1.0 / (s.seconds * s.seconds));
+  }
+  std::vector<double> x;
+  try {
+    x = fit::nonnegative_least_squares(a, y, w);
+  } catch (const std::invalid_argument&) {
+    return std::nullopt;
+  }
+  for (std::size_t j = 1; j < x.size(); ++j) {
+    if (!(x[j] > 0)) return std::nullopt;
+  }
+  LinearCandidate c;
+  c.model.alpha_s = x[0];
+  if (knot) c.model.knots_bytes = {*knot};
+  for (std::size_t j = 1; j < x.size(); ++j) c.model.bandwidths_bytes_per_s.push_back(1.0 / x[j]);
+  c.sse = 0;
+  c.max_rel = 0;
+  for (const auto& s : samples) {
+    const double r = (c.model.time_s(s.bytes) - s.seconds) / s.seconds;
+    c.sse += r * r;
+    c.max_rel = std::max(c.max_rel, std::fabs(r));
+  }
+  return c;
+}
+
+}  // namespace
+
+LinearModel LinearModel::fit(const std::vector<Sample>& samples) {
+  std::set<double> sizes;
+  for (const auto& s : samples) {
+    require_positive_time(s.seconds, "linear");
+    if (!(s.bytes >= 0) || !std::isfinite(s.bytes)) throw FitImpossible("bytes must be a non-negative number");
+    sizes.insert(s.bytes);
+  }
+  if (sizes.size() < 2) {
+    throw FitImpossible("needs points at 2 or more distinct sizes (latency and bandwidth are fitted), has " +
+                        std::to_string(sizes.size()));
+  }
+  auto one = fit_linear_candidate(samples, std::nullopt);
+  if (!one) throw FitImpossible("the measured time does not grow with size: measure larger sizes");
+  if (sizes.size() >= 6 && one->max_rel > 0.05) {
+    const std::vector<double> sorted(sizes.begin(), sizes.end());
+    std::optional<LinearCandidate> best;
+    for (std::size_t j = 2; j + 3 <= sorted.size(); ++j) {
+      auto c = fit_linear_candidate(samples, sorted[j]);
+      if (c && (!best || c->sse < best->sse)) best = std::move(c);
+    }
+    if (best && best->sse < one->sse / 4) return best->model;
+  }
+  return one->model;
+}
+
+// ----------------------------------------------------------------------------------- collectives
+
+double CollectiveGroupParams::bus_bandwidth_bytes_per_s(double bytes) const {
+  const double s = std::max(bytes, 1.0);
+  if (!(s_half_bytes > 0)) return beta_max_bytes_per_s;
+  return beta_max_bytes_per_s / (1.0 + std::pow(s_half_bytes / s, gamma));
+}
+
+CollectiveGroupParams CollectiveModel::params_for(int group_size) const {
+  const auto& first = groups.front();
+  const auto& last = groups.back();
+  if (group_size <= first.group_size) {
+    auto p = first;
+    p.group_size = group_size;
+    return p;
+  }
+  const double x = std::log2(static_cast<double>(group_size));
+  if (group_size >= last.group_size) {
+    auto p = last;
+    p.group_size = group_size;
+    if (groups.size() >= 2) {
+      const auto& prev = groups[groups.size() - 2];
+      const double dx = std::log2(static_cast<double>(last.group_size)) - std::log2(static_cast<double>(prev.group_size));
+      const double slope = std::max(0.0, (last.alpha_s - prev.alpha_s) / dx);
+      p.alpha_s = last.alpha_s + slope * (x - std::log2(static_cast<double>(last.group_size)));
+    }
+    return p;
+  }
+  std::size_t j = 0;
+  while (groups[j + 1].group_size < group_size) ++j;
+  const auto& lo = groups[j];
+  const auto& hi = groups[j + 1];
+  const double x0 = std::log2(static_cast<double>(lo.group_size));
+  const double x1 = std::log2(static_cast<double>(hi.group_size));
+  const double u = (x - x0) / (x1 - x0);
+  auto lerp = [u](double a, double b) { return a + u * (b - a); };
+  auto geo = [u, &lerp](double a, double b) {
+    return (a > 0 && b > 0) ? std::exp(lerp(std::log(a), std::log(b))) : lerp(a, b);
+  };
+  CollectiveGroupParams p;
+  p.group_size = group_size;
+  p.alpha_s = lerp(lo.alpha_s, hi.alpha_s);
+  p.beta_max_bytes_per_s = geo(lo.beta_max_bytes_per_s, hi.beta_max_bytes_per_s);
+  p.s_half_bytes = geo(lo.s_half_bytes, hi.s_half_bytes);
+  p.gamma = lerp(lo.gamma, hi.gamma);
+  return p;
+}
+
+double CollectiveModel::time_s(double bytes, int group_size) const {
+  const auto p = params_for(group_size);
+  if (!(bytes > 0)) return p.alpha_s;
+  const double f = bus_bandwidth_factor(kind, group_size);
+  return p.alpha_s + (bytes * f) / p.bus_bandwidth_bytes_per_s(bytes);
+}
+
+namespace {
+
+struct CollectiveCandidate {
+  double alpha = 0;
+  double inv_beta = 0;
+  double c = 0;
+  double p = 0;
+  double sse = kInf;
+};
+
+// Fits t = alpha + f S / beta_max + c S^p for one p (c fixed to 0 when p is nullopt).
+std::optional<CollectiveCandidate> fit_collective_candidate(const std::vector<CollectiveModel::Sample>& s, double f,
+                                                            std::optional<double> p) {
+  fit::Design a;
+  std::vector<double> y;
+  std::vector<double> w;
+  for (const auto& x : s) {
+    if (p) a.add_row({1.0, f * x.bytes, std::pow(x.bytes, *p)});
+    else a.add_row({1.0, f * x.bytes});
+    y.push_back(x.seconds);
+    w.push_back(1.0 / (x.seconds * x.seconds));
+  }
+  std::vector<double> sol;
+  try {
+    sol = fit::nonnegative_least_squares(a, y, w);
+  } catch (const std::invalid_argument&) {
+    return std::nullopt;
+  }
+  if (!(sol[1] > 0)) return std::nullopt;
+  CollectiveCandidate c;
+  c.alpha = sol[0];
+  c.inv_beta = sol[1];
+  c.c = p ? sol[2] : 0.0;
+  c.p = p.value_or(0.0);
+  c.sse = 0;
+  for (const auto& x : s) {
+    const double t = c.alpha + f * x.bytes * c.inv_beta + (c.c > 0 ? c.c * std::pow(x.bytes, c.p) : 0.0);
+    const double r = (t - x.seconds) / x.seconds;
+    c.sse += r * r;
+  }
+  return c;
+}
+
+}  // namespace
+
+CollectiveModel CollectiveModel::fit(CollectiveKind kind, const std::vector<Sample>& samples) {
+  std::map<int, std::vector<Sample>> by_n;
+  for (const auto& s : samples) {
+    require_positive_time(s.seconds, "collective");
+    if (s.group_size < 2) throw FitImpossible("collective: group_size must be at least 2, got " + std::to_string(s.group_size));
+    if (!(s.bytes >= 0) || !std::isfinite(s.bytes)) throw FitImpossible("collective: bytes must be a non-negative number");
+    by_n[s.group_size].push_back(s);
+  }
+  if (by_n.empty()) throw FitImpossible("collective: needs at least 2 points");
+  CollectiveModel model;
+  model.kind = kind;
+  for (const auto& [n, pts] : by_n) {
+    std::set<double> sizes;
+    for (const auto& s : pts) sizes.insert(s.bytes);
+    if (sizes.size() < 2) {
+      throw FitImpossible("collective: group size " + std::to_string(n) + " needs points at 2 or more distinct sizes, has " +
+                          std::to_string(sizes.size()));
+    }
+    const double f = bus_bandwidth_factor(kind, n);
+    auto best = fit_collective_candidate(pts, f, std::nullopt);
+    if (sizes.size() >= 5) {
+      // Coarse grid over the ramp exponent p = 1 - gamma, then a fine grid around the best.
+      auto try_p = [&](double p) {
+        auto c = fit_collective_candidate(pts, f, p);
+        if (c && (!best || c->sse < best->sse)) best = c;
+      };
+      for (int i = 1; i <= 19; ++i) try_p(0.05 * i);
+      if (best && best->c > 0) {
+        const double centre = best->p;
+        for (int i = -10; i <= 10; ++i) {
+          const double p = centre + 0.005 * i;
+          if (p >= 0.05 - 1e-12 && p <= 0.95 + 1e-12) try_p(p);
+        }
+      }
+    }
+    if (!best) {
+      throw FitImpossible("collective: group size " + std::to_string(n) +
+                          ": the measured time does not grow with size (measure sizes up to hundreds of MiB)");
+    }
+    CollectiveGroupParams g;
+    g.group_size = n;
+    g.alpha_s = best->alpha;
+    g.beta_max_bytes_per_s = 1.0 / best->inv_beta;
+    if (best->c > 0) {
+      // c = f S_half^g / beta_max, g = 1 - p  =>  S_half = (c beta_max / f)^(1/g)
+      g.gamma = 1.0 - best->p;
+      g.s_half_bytes = std::pow(best->c * g.beta_max_bytes_per_s / f, 1.0 / g.gamma);
+    } else {
+      g.gamma = 1.0;
+      g.s_half_bytes = 0.0;
+    }
+    model.groups.push_back(g);
+  }
+  return model;
+}
+
+// -------------------------------------------------------------------------------------- constant
+
+ConstantModel ConstantModel::fit(const std::vector<double>& seconds) {
+  if (seconds.empty()) throw FitImpossible("needs at least 1 point");
+  for (double s : seconds) require_positive_time(s, "host");
+  return ConstantModel{fit::median(seconds)};
+}
+
+// ----------------------------------------------------------------------------------- concurrency
+
+namespace {
+double ideal_speedup(int streams, double sm_fraction) {
+  return std::min(static_cast<double>(streams), 1.0 / sm_fraction);
+}
+}  // namespace
+
+double ConcurrencyModel::speedup(int streams_count, double sm_fraction) const {
+  if (streams_count <= 1) return 1.0;
+  const double ideal = ideal_speedup(streams_count, sm_fraction);
+  if (ideal <= 1.0) return 1.0;
+  double e = efficiency.front();
+  if (streams_count >= streams.back()) {
+    e = efficiency.back();
+  } else if (streams_count > streams.front()) {
+    std::size_t j = 0;
+    while (streams[j + 1] < streams_count) ++j;
+    const double u = static_cast<double>(streams_count - streams[j]) / static_cast<double>(streams[j + 1] - streams[j]);
+    e = efficiency[j] + u * (efficiency[j + 1] - efficiency[j]);
+  }
+  return std::pow(ideal, e);
+}
+
+ConcurrencyModel ConcurrencyModel::fit(const std::vector<Sample>& samples) {
+  std::map<int, std::vector<double>> by_n;
+  for (const auto& s : samples) {
+    require_positive_time(s.seconds, "concurrency");
+    require_positive_time(s.serial_s, "concurrency");
+    if (s.streams < 1) throw FitImpossible("concurrency: streams must be at least 1");
+    if (!(s.sm_fraction > 0 && s.sm_fraction <= 1)) throw FitImpossible("concurrency: sm_fraction must be in (0, 1]");
+    const double ideal = ideal_speedup(s.streams, s.sm_fraction);
+    if (s.streams < 2 || ideal <= 1.0 + 1e-9) continue;
+    by_n[s.streams].push_back(std::log(s.serial_s / s.seconds) / std::log(ideal));
+  }
+  if (by_n.empty()) {
+    throw FitImpossible("concurrency: needs a point with 2 or more streams of kernels that leave room for another (sm_fraction < 1)");
+  }
+  ConcurrencyModel m;
+  for (auto& [n, es] : by_n) {
+    m.streams.push_back(n);
+    m.efficiency.push_back(fit::median(es));
+  }
+  return m;
+}
+
+}  // namespace threewalls::calibration

@@ -1,0 +1,400 @@
+// Synthetic default profiles from DESIGN.md §4 (facts measured on H100/H200 machines, 2026-11) and
+// datasheet ceilings. Where the facts table has no number, an explicit assumption is made here and
+// repeated in the family's note in the written profile. Nothing is measured on the build machine.
+#include "default_profiles.hpp"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "threewalls/calibration/models.hpp"
+#include "threewalls/calibration/profile_builder.hpp"
+#include "threewalls/core/error.hpp"
+
+namespace threewalls::calibration::defaults {
+
+namespace {
+
+constexpr double kKiB = 1024.0;
+constexpr double kMiB = 1024.0 * kKiB;
+constexpr double kGiB = 1024.0 * kMiB;
+
+// Per-GPU facts and datasheet values.
+struct Facts {
+  std::string kind;
+  std::string gpu_name;
+  double memory_clock_mhz;
+  std::int64_t memory_bytes;
+  double hbm_datasheet;  // bytes/s
+  double hbm_copy_rw;    // measured HBM copy bandwidth, read + write, bytes/s (DESIGN.md §4)
+  // Throughput of this GPU relative to the H200 on compute-bound kernels: 1 for the H200; for the
+  // H100 the ratio of the middles of the large-shape GEMM ranges, (670+740)/2 / ((770+890)/2).
+  double compute_ratio;
+};
+
+Facts facts_for(std::string_view kind) {
+  if (kind == "h200") return {"h200", "NVIDIA H200", 3201.0, 141'000'000'000, 4.8e12, 4.0e12, 1.0};
+  if (kind == "h100") return {"h100", "NVIDIA H100 80GB HBM3", 2619.0, 80'000'000'000, 3.35e12, 3.0e12, 705.0 / 830.0};
+  throw InputError("no default calibration profile for GPU kind '" + std::string(kind) + "'; known: h100, h200");
+}
+
+constexpr double kPeakBf16 = 989e12;  // datasheet, H100/H200 SXM dense
+constexpr double kPeakFp8 = 1979e12;
+constexpr double kPeakFp32 = 67e12;
+constexpr int kSmCount = 132;
+// fp8: no facts. Assumed: fp8 kernels reach 80% of the bf16 kernels' fraction of peak (on the
+// doubled fp8 peak), with the same tile, K-loop and fixed overheads.
+constexpr double kFp8EfficiencyFactor = 0.8;
+
+Measurement one(double seconds) { return Measurement::single(seconds); }
+
+double gemm_seconds(double m, double n, double k, double tflops) { return 2.0 * m * n * k / (tflops * 1e12); }
+
+Hardware hardware_for(const Facts& f) {
+  Hardware hw;
+  hw.gpu_name = f.gpu_name;
+  hw.gpu_kind = f.kind;
+  hw.sm_count = kSmCount;
+  hw.sm_clock_mhz = 1980.0;
+  hw.memory_clock_mhz = f.memory_clock_mhz;
+  hw.memory_bytes = f.memory_bytes;
+  hw.driver_version = "unknown";
+  hw.cuda_version = "unknown";
+  hw.nccl_version = "unknown";
+  hw.gpus_seen = 0;
+  hw.machine = "none: synthetic profile, no machine was measured";
+  hw.date = "2026-11";
+  hw.peak_bf16_flop_per_s = kPeakBf16;
+  hw.peak_fp8_flop_per_s = kPeakFp8;
+  hw.peak_fp32_flop_per_s = kPeakFp32;
+  hw.hbm_bandwidth_datasheet_bytes_per_s = f.hbm_datasheet;
+  return hw;
+}
+
+std::vector<double> sizes(double from, double to, double factor) {
+  std::vector<double> out;
+  for (double s = from; s <= to * 1.0000001; s *= factor) out.push_back(s);
+  return out;
+}
+
+// ---- memory-bound kernels and copies ------------------------------------------------------------
+
+void add_linear_family(ProfileBuilder& b, const std::string& family, double alpha_s, double bandwidth,
+                       const std::vector<double>& bytes, std::string note) {
+  for (double s : bytes) b.add_point(family, {s}, one(alpha_s + s / bandwidth));
+  b.set_note(family, std::move(note));
+}
+
+void add_copies(ProfileBuilder& b, const Facts& f) {
+  const auto hbm_sizes = sizes(64 * kKiB, 4 * kGiB, 4);
+  const auto pcie_sizes = sizes(4 * kKiB, 1 * kGiB, 4);
+  add_linear_family(b, std::string(kElementwiseFamily), 2.5e-6, f.hbm_copy_rw, hbm_sizes,
+                    "bandwidth: HBM copy read+write " + std::to_string(static_cast<int>(f.hbm_copy_rw / 1e9)) +
+                        " GB/s (fact, DESIGN.md §4); latency 2.5 us (assumption: shortest kernel duration)");
+  add_linear_family(b, std::string(kNormFamily), 3.0e-6, 0.8 * f.hbm_copy_rw, hbm_sizes,
+                    "bandwidth: 80% of the HBM copy fact (assumption: norms reduce across the row); latency 3 us (assumption)");
+  add_linear_family(b, copy_family(CopyDirection::d2d), 2.5e-6, f.hbm_copy_rw / 2.0, hbm_sizes,
+                    "bytes copied at half the HBM copy read+write fact (a copy reads and writes each byte); latency 2.5 us (assumption)");
+  const std::string pinned_note =
+      "bandwidth: PCIe pinned 55 GB/s for >= 16 MiB (fact, DESIGN.md §4); latency 3 us (assumption: DMA setup)";
+  add_linear_family(b, copy_family(CopyDirection::h2d_pinned), 3e-6, 55e9, pcie_sizes, pinned_note);
+  add_linear_family(b, copy_family(CopyDirection::d2h_pinned), 3e-6, 55e9, pcie_sizes, pinned_note);
+  add_linear_family(b, copy_family(CopyDirection::h2d_pageable), 10e-6, 16e9, pcie_sizes,
+                    "bandwidth: pageable H2D ~16 GB/s (fact on H200, DESIGN.md §4); latency 10 us (assumption: staging)");
+  add_linear_family(b, copy_family(CopyDirection::d2h_pageable), 10e-6, 16e9, pcie_sizes,
+                    "no fact for D2H pageable: assumed equal to the H2D pageable fact (16 GB/s); latency 10 us (assumption)");
+  add_linear_family(b, copy_family(CopyDirection::disk_read), 80e-6, 6.5e9, sizes(64 * kKiB, 1 * kGiB, 4),
+                    "no fact: assumed a PCIe Gen4 NVMe SSD (datasheet ~7 GB/s sequential read; 6.5 GB/s effective, 80 us latency)");
+}
+
+// ---- GEMM ----------------------------------------------------------------------------------------
+
+struct GemmFact {
+  double m, n, k, tflops;
+};
+
+void add_gemm_bf16(ProfileBuilder& b, const Facts& f) {
+  std::vector<GemmFact> pts;
+  std::string note;
+  const double loop_tflops = 2.0 * 768 * 1408 * 2048 / (1.85e-3 / 64) / 1e12;
+  if (f.kind == "h200") {
+    pts = {{1024, 1408, 2048, 208}, {16384, 1408, 2048, 667}, {768, 1408, 2048, loop_tflops},
+           {4096, 4096, 4096, 770}, {8192, 8192, 8192, 890}};
+    note = "facts (H200, DESIGN.md §4): 208 / 667 TFLOP/s at K=2048 N=1408 M=1024 / 16384; 768x1408x2048 from a loop of 64 "
+           "GEMMs taking 1.85 ms; the large-shape range 770-890 TFLOP/s placed at 4096^3 (770) and 8192^3 (890)";
+  } else {
+    pts = {{4096, 4096, 4096, 670}, {8192, 8192, 8192, 740}};
+    for (const auto& p : std::vector<GemmFact>{{1024, 1408, 2048, 208}, {16384, 1408, 2048, 667}, {768, 1408, 2048, loop_tflops}}) {
+      pts.push_back({p.m, p.n, p.k, p.tflops * f.compute_ratio});
+    }
+    note = "facts (H100, DESIGN.md §4): large-shape range 670-740 TFLOP/s placed at 4096^3 (670) and 8192^3 (740); the three "
+           "K=2048 N=1408 points are the H200 facts scaled by 705/830 (ratio of the large-shape range middles)";
+  }
+  for (const auto& p : pts) {
+    b.add_gemm(Dtype::bf16, static_cast<std::int64_t>(p.m), static_cast<std::int64_t>(p.n), static_cast<std::int64_t>(p.k), 1,
+               one(gemm_seconds(p.m, p.n, p.k, p.tflops)));
+  }
+  b.set_note(gemm_family(Dtype::bf16), note);
+}
+
+void add_grouped_bf16(ProfileBuilder& b, const Facts& f) {
+  const double t = 0.49e-3 / f.compute_ratio;
+  b.add_grouped_gemm(Dtype::bf16, 64, 64 * 768, 768, 1408, 2048, one(t));
+  b.set_note(grouped_gemm_family(Dtype::bf16),
+             f.kind == "h200"
+                 ? "fact (H200, DESIGN.md §4): 64 experts x 768 tokens (torch._grouped_mm) 0.49 ms; taken as N=1408 K=2048 "
+                   "(the shape of the GEMM facts); one point, so only e_max is fitted and leave-one-out is not available"
+                 : "the H200 fact (64 experts x 768 tokens, N=1408 K=2048, 0.49 ms) scaled by 705/830; one point, so only "
+                   "e_max is fitted and leave-one-out is not available");
+}
+
+GemmModel fp8_truth(const Family& bf16, const Hardware& hw) {
+  GemmModel m;
+  m.tile_m = static_cast<int>(bf16.param("tile_m"));
+  m.tile_n = static_cast<int>(bf16.param("tile_n"));
+  m.efficiency_max = bf16.param("efficiency_max") * kFp8EfficiencyFactor;
+  m.k_half = bf16.param("k_half");
+  m.overhead_s = bf16.param("overhead_s");
+  m.memory_bandwidth_bytes_per_s = bf16.param("memory_bandwidth_bytes_per_s");
+  m.device = {hw.sm_count, hw.peak_fp8_flop_per_s};
+  m.elements = element_bytes(Dtype::fp8);
+  return m;
+}
+
+void add_gemm_fp8(ProfileBuilder& b, const Profile& stage1) {
+  const GemmModel truth = fp8_truth(stage1.family(gemm_family(Dtype::bf16)), stage1.hardware());
+  for (std::int64_t m : {1024, 4096, 16384}) {
+    for (auto [n, k] : {std::pair<std::int64_t, std::int64_t>{1408, 2048}, {4096, 4096}, {8192, 8192}}) {
+      b.add_gemm(Dtype::fp8, m, n, k, 1, one(truth.time_s(m, n, k, 1)));
+    }
+  }
+  b.set_note(gemm_family(Dtype::fp8),
+             "no fp8 facts: points generated from this profile's bf16 fit on the datasheet fp8 peak (1979 TFLOP/s) with "
+             "e_max x 0.8 (assumption: fp8 kernels reach a lower fraction of their peak), fp8 inputs, same tile, k_half, t0");
+}
+
+void add_grouped_fp8(ProfileBuilder& b, const Profile& stage1) {
+  const Family& g = stage1.family(grouped_gemm_family(Dtype::bf16));
+  const Hardware& hw = stage1.hardware();
+  GroupedGemmModel truth;
+  truth.tile_m = static_cast<int>(g.param("tile_m"));
+  truth.tile_n = static_cast<int>(g.param("tile_n"));
+  truth.efficiency_max = g.param("efficiency_max") * kFp8EfficiencyFactor;
+  truth.k_half = g.param("k_half");
+  truth.overhead_s = g.param("overhead_s");
+  truth.memory_bandwidth_bytes_per_s = g.param("memory_bandwidth_bytes_per_s");
+  truth.device = {hw.sm_count, hw.peak_fp8_flop_per_s};
+  truth.elements = element_bytes(Dtype::fp8);
+  struct Shape {
+    std::int64_t groups, rows, max_rows;
+  };
+  for (const Shape& s : std::vector<Shape>{{8, 8 * 768, 768}, {8, 8 * 4096, 4096}, {64, 64 * 128, 128}, {64, 64 * 768, 768},
+                                           {64, 64 * 4096, 4096}, {64, 64 * 768, 3072}}) {
+    b.add_grouped_gemm(Dtype::fp8, s.groups, s.rows, s.max_rows, 1408, 2048,
+                       one(truth.time_s(s.groups, s.rows, s.max_rows, 1408, 2048)));
+  }
+  b.set_note(grouped_gemm_family(Dtype::fp8),
+             "no fp8 facts: points generated from this profile's grouped bf16 fit on the fp8 peak with e_max x 0.8 "
+             "(assumption, as for gemm.fp8)");
+}
+
+// ---- attention -----------------------------------------------------------------------------------
+
+void add_attention(ProfileBuilder& b, const Facts& f, const Profile& stage1, bool backward) {
+  // No facts. Assumed curve, loosely after published FlashAttention-3 bf16 H100 figures (forward
+  // ~450-650 TFLOP/s from 512 to 16k tokens at head dim 128; backward lower).
+  AttentionModel truth;
+  truth.backward = backward;
+  truth.efficiency_max = (backward ? 0.60 : 0.75) * f.compute_ratio;
+  truth.s_half = backward ? 512.0 : 256.0;
+  truth.d_half = 16.0;
+  truth.overhead_s = backward ? 8e-6 : 5e-6;
+  truth.memory_bandwidth_bytes_per_s = 2.0 * stage1.family(copy_family(CopyDirection::d2d)).param_array("bandwidths_bytes_per_s").back();
+  truth.device = {stage1.hardware().sm_count, stage1.hardware().peak_bf16_flop_per_s};
+  std::vector<AttentionShape> shapes;
+  for (std::int64_t seq : {512, 1024, 2048, 4096, 8192, 16384}) {
+    for (bool causal : {false, true}) {
+      AttentionShape s;
+      s.batch = std::max<std::int64_t>(1, 16384 / seq);
+      s.seq_q = s.seq_kv = seq;
+      s.heads = s.kv_heads = 16;
+      s.head_dim_qk = s.head_dim_v = 128;
+      s.causal = causal;
+      shapes.push_back(s);
+    }
+  }
+  for (std::int64_t seq : {2048, 8192}) {
+    AttentionShape s;
+    s.batch = 16384 / seq;
+    s.seq_q = s.seq_kv = seq;
+    s.heads = s.kv_heads = 32;
+    s.head_dim_qk = s.head_dim_v = 64;
+    s.causal = true;
+    shapes.push_back(s);
+  }
+  {
+    AttentionShape mla;  // MLA-style head dims
+    mla.batch = 4;
+    mla.seq_q = mla.seq_kv = 4096;
+    mla.heads = mla.kv_heads = 16;
+    mla.head_dim_qk = 192;
+    mla.head_dim_v = 128;
+    mla.causal = true;
+    shapes.push_back(mla);
+    AttentionShape gqa;
+    gqa.batch = 4;
+    gqa.seq_q = gqa.seq_kv = 4096;
+    gqa.heads = 32;
+    gqa.kv_heads = 8;
+    gqa.head_dim_qk = gqa.head_dim_v = 128;
+    gqa.causal = true;
+    shapes.push_back(gqa);
+  }
+  if (!backward) {
+    AttentionShape decode;  // one new token against a 4k cache: memory-bound
+    decode.batch = 64;
+    decode.seq_q = 1;
+    decode.seq_kv = 4096;
+    decode.heads = 32;
+    decode.kv_heads = 8;
+    decode.head_dim_qk = decode.head_dim_v = 128;
+    decode.causal = true;
+    shapes.push_back(decode);
+  }
+  for (const auto& s : shapes) b.add_attention(s, backward, one(truth.time_s(s)));
+  b.set_note(attention_family(backward),
+             std::string("no facts: points generated from an assumed curve (e_max ") + (backward ? "0.60" : "0.75") +
+                 (f.compute_ratio < 1 ? " x 705/830" : "") + ", s_half " + (backward ? "512" : "256") +
+                 ", d_half 16, t0 " + (backward ? "8" : "5") +
+                 " us), loosely after published FlashAttention-3 bf16 H100 throughput; replace with measurements");
+}
+
+// ---- collectives ---------------------------------------------------------------------------------
+
+// Points on t = alpha + f S / beta_eff(S), beta_eff = beta_max / (1 + sqrt(S_half / S)), with beta_max
+// chosen so that beta_eff(1 GiB) equals the given bus bandwidth.
+void add_collective_curve(ProfileBuilder& b, CollectiveKind kind, Scope scope, int n, double busbw_at_1gib, double alpha_s,
+                          double s_half) {
+  CollectiveGroupParams p;
+  p.group_size = n;
+  p.alpha_s = alpha_s;
+  p.gamma = 0.5;
+  p.s_half_bytes = s_half;
+  p.beta_max_bytes_per_s = busbw_at_1gib * (1.0 + std::sqrt(s_half / kGiB));
+  CollectiveModel m;
+  m.kind = kind;
+  m.groups = {p};
+  for (double s : sizes(1 * kKiB, 1 * kGiB, 4)) b.add_collective(kind, scope, n, Bytes(s), one(m.time_s(s, n)));
+}
+
+void add_collectives(ProfileBuilder& b) {
+  // NVLink: facts at 1 GiB for 2 and 4 GPUs (H200 x2/x4, NVLink NV18, DESIGN.md §4).
+  const double ar[2] = {321e9, 355e9};
+  const double a2a[2] = {320e9, 336e9};
+  const int nv_n[2] = {2, 4};
+  const std::string nv_shape =
+      " Curve shape assumed: latency 6 us + 2 us log2 n, bandwidth ramp beta_max / (1 + sqrt(8 MiB / S)). Group sizes above 4 "
+      "are extrapolated by the model (bus bandwidth held, latency growing with log2 n).";
+  for (CollectiveKind k : {CollectiveKind::all_reduce, CollectiveKind::all_gather, CollectiveKind::reduce_scatter,
+                           CollectiveKind::all_to_all, CollectiveKind::broadcast}) {
+    for (int i = 0; i < 2; ++i) {
+      const double busbw = k == CollectiveKind::all_to_all ? a2a[i] : ar[i];
+      add_collective_curve(b, k, Scope::nvlink, nv_n[i], busbw, 6e-6 + 2e-6 * std::log2(nv_n[i]), 8 * kMiB);
+    }
+  }
+  add_collective_curve(b, CollectiveKind::send_recv, Scope::nvlink, 2, a2a[0], 8e-6, 8 * kMiB);
+  b.set_note(collective_family(CollectiveKind::all_reduce, Scope::nvlink),
+             "bus bandwidth at 1 GiB: 321 GB/s (2 GPUs), 355 GB/s (4 GPUs) (facts, H200 NV18)." + nv_shape);
+  b.set_note(collective_family(CollectiveKind::all_to_all, Scope::nvlink),
+             "bus bandwidth at 1 GiB: 320 GB/s (2 GPUs), 336 GB/s (4 GPUs) (facts, H200 NV18)." + nv_shape);
+  for (CollectiveKind k : {CollectiveKind::all_gather, CollectiveKind::reduce_scatter, CollectiveKind::broadcast}) {
+    b.set_note(collective_family(k, Scope::nvlink),
+               "no fact: bus bandwidth assumed equal to the all_reduce facts (321 / 355 GB/s at 1 GiB, 2 / 4 GPUs; the same ring "
+               "algorithm)." + nv_shape);
+  }
+  b.set_note(collective_family(CollectiveKind::send_recv, Scope::nvlink),
+             "no fact: one pair at the all_to_all 2-GPU fact (320 GB/s at 1 GiB); latency 8 us and the ramp assumed");
+
+  // Network: one 400 Gb/s NIC per GPU (datasheet 50 GB/s, ~45 GB/s effective), latency a few us.
+  const std::string net = "no measurement: one 400 Gb/s NIC per GPU (50 GB/s datasheet), bus bandwidth 45 GB/s at 1 GiB "
+                          "(assumed effective); latency 4 us + 3 us log2 n and ramp beta_max / (1 + sqrt(2 MiB / S)) assumed";
+  for (CollectiveKind k : {CollectiveKind::all_reduce, CollectiveKind::all_gather, CollectiveKind::reduce_scatter,
+                           CollectiveKind::all_to_all, CollectiveKind::broadcast}) {
+    for (int n : {2, 4, 8, 16}) add_collective_curve(b, k, Scope::network, n, 45e9, 4e-6 + 3e-6 * std::log2(n), 2 * kMiB);
+    b.set_note(collective_family(k, Scope::network), net);
+  }
+  add_collective_curve(b, CollectiveKind::send_recv, Scope::network, 2, 45e9, 5e-6, 2 * kMiB);
+  b.set_note(collective_family(CollectiveKind::send_recv, Scope::network), net + "; one pair, latency 5 us");
+}
+
+// ---- host ----------------------------------------------------------------------------------------
+
+void add_host(ProfileBuilder& b) {
+  struct HostCost {
+    const char* what;
+    double seconds;
+    const char* note;
+  };
+  const HostCost costs[] = {
+      {"kernel_launch", 3.7e-6, "fact: C++ runtime kernel launch 3.7 us (H100, DESIGN.md §4)"},
+      {"framework_op", 11.8e-6, "derived: PyTorch eager op launch 15.5 us (H200 fact) minus the 3.7 us C++ kernel launch"},
+      {"event_record", 2.0e-6, "no fact: 2 us assumed"},
+      {"stream_sync", 8.5e-6, "fact: stream sync after launch 8.5 us (H100); consistent with PyTorch sync 9 us (H200)"},
+      {"gpu_read", 15.2e-6, "derived: launch of the copy 3.7 us + stream sync 8.5 us + 3 us PCIe copy latency (assumed)"},
+      {"graph_launch", 3.7e-6, "no fact: assumed equal to one kernel launch (3.7 us)"},
+      {"graph_node", 1.0e-6, "fact: ~1 us per graph node (H100, DESIGN.md §4)"},
+      {"collective_launch", 5.0e-6, "no fact: 5 us assumed (kernel launch plus NCCL enqueue bookkeeping)"},
+  };
+  for (const auto& c : costs) {
+    b.add_host(c.what, one(c.seconds));
+    b.set_note(host_family(c.what), c.note);
+  }
+}
+
+void add_concurrency(ProfileBuilder& b) {
+  // No facts: e(n) assumed 0.85, 0.75, 0.6 for 2, 4, 8 streams.
+  const std::pair<int, double> eff[] = {{2, 0.85}, {4, 0.75}, {8, 0.6}};
+  for (const auto& [n, e] : eff) {
+    for (double f : {0.05, 0.125, 0.25, 0.5}) {
+      const double serial = n * 20e-6;
+      const double ideal = std::min(static_cast<double>(n), 1.0 / f);
+      b.add_concurrency(n, f, Seconds(serial), one(serial / std::pow(ideal, e)));
+    }
+  }
+  b.set_note(std::string(kConcurrencyFamily),
+             "no facts: speed-up min(n, 1/f)^e(n) with e = 0.85, 0.75, 0.6 for 2, 4, 8 streams assumed (kernels of 20 us). "
+             "The 20-68% slow-down of experts on separate streams (DESIGN.md §5) is launch overhead and tiny GEMMs, which the "
+             "simulator adds itself, not this factor");
+}
+
+ProfileInfo info_for(const Facts& f) {
+  return ProfileInfo{"default_" + f.kind, std::string(kSyntheticSource), "calibration/tools/make_default_profiles.cpp"};
+}
+
+}  // namespace
+
+Profile make_default_profile(std::string_view gpu_kind) {
+  const Facts f = facts_for(gpu_kind);
+  const Hardware hw = hardware_for(f);
+  // Stage 1: the families with facts that the fp8 and attention points are derived from.
+  ProfileBuilder first(info_for(f), hw);
+  add_copies(first, f);
+  add_gemm_bf16(first, f);
+  add_grouped_bf16(first, f);
+  const Profile stage1 = first.build();
+  // Stage 2: everything, fitted from scratch.
+  ProfileBuilder b(info_for(f), hw);
+  add_copies(b, f);
+  add_gemm_bf16(b, f);
+  add_grouped_bf16(b, f);
+  add_gemm_fp8(b, stage1);
+  add_grouped_fp8(b, stage1);
+  add_attention(b, f, stage1, false);
+  add_attention(b, f, stage1, true);
+  add_collectives(b);
+  add_host(b);
+  add_concurrency(b);
+  return b.build();
+}
+
+}  // namespace threewalls::calibration::defaults

@@ -1,0 +1,187 @@
+// The CostModel over the shipped default profiles and over small built ones.
+#include "threewalls/calibration/cost_model.hpp"
+
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+#include "test_support.hpp"
+#include "threewalls/calibration/models.hpp"
+#include "threewalls/core/error.hpp"
+
+using namespace threewalls;
+using namespace threewalls::calibration;
+using namespace threewalls::calibration::testing;
+
+namespace {
+const CollectiveKind kKinds[] = {CollectiveKind::all_reduce, CollectiveKind::all_gather, CollectiveKind::reduce_scatter,
+                                 CollectiveKind::all_to_all, CollectiveKind::broadcast, CollectiveKind::send_recv};
+}  // namespace
+
+TEST(CostModel, LoneCollectiveTakesAlphaPlusSizeTimesFactorOverEffectiveBandwidth) {
+  const CostModel cm(default_profile("h200"));
+  for (CollectiveKind kind : kKinds) {
+    for (Scope scope : {Scope::nvlink, Scope::network}) {
+      for (int n : {2, 3, 4, 8, 64}) {  // measured, interpolated and extrapolated group sizes
+        for (double s : {1.0, 4096.0, 1.5e6, 3e8, 4.0 * (1 << 30)}) {
+          const auto p = cm.collective_params(kind, Bytes(s), n, scope);
+          const double f = bus_bandwidth_factor(kind, n);
+          // Exactly the expression a flow-level simulator evaluates.
+          EXPECT_EQ(cm.collective(kind, Bytes(s), n, scope).value, p.latency.value + (s * f) / p.bus_bandwidth.value)
+              << to_string(kind) << " " << to_string(scope) << " n=" << n << " S=" << s;
+          EXPECT_GT(p.bus_bandwidth.value, 0.0);
+        }
+        EXPECT_EQ(cm.collective(kind, Bytes(0), n, scope).value, cm.collective_params(kind, Bytes(0), n, scope).latency.value);
+      }
+    }
+  }
+}
+
+TEST(CostModel, CollectiveParamsFollowTheHillCurveOfTheProfile) {
+  const Profile& p = default_profile("h200");
+  const CostModel cm(p);
+  const Family& f = p.family(collective_family(CollectiveKind::all_reduce, Scope::nvlink));
+  const double alpha = f.param_array("alpha_s")[0];
+  const double beta = f.param_array("beta_max_bytes_per_s")[0];
+  const double s_half = f.param_array("s_half_bytes")[0];
+  const double g = f.param_array("gamma")[0];
+  ASSERT_EQ(f.param_array("group_size")[0], 2.0);
+  for (double s : {1e3, 1e6, 1e9}) {
+    const auto cp = cm.collective_params(CollectiveKind::all_reduce, Bytes(s), 2, Scope::nvlink);
+    EXPECT_EQ(cp.latency.value, alpha);
+    EXPECT_NEAR(cp.bus_bandwidth.value / (beta * std::pow(s, g) / (std::pow(s, g) + std::pow(s_half, g))), 1.0, 1e-12);
+  }
+}
+
+TEST(CostModel, DefaultH200ReproducesTheFactsItWasBuiltFrom) {
+  const CostModel cm(default_profile("h200"));
+  auto tflops = [&](std::int64_t m, std::int64_t n, std::int64_t k) {
+    return 2.0 * m * n * k / cm.gemm(m, n, k, Dtype::bf16).value / 1e12;
+  };
+  EXPECT_NEAR(tflops(1024, 1408, 2048), 208, 208 * 0.05);
+  EXPECT_NEAR(tflops(16384, 1408, 2048), 667, 667 * 0.05);
+  EXPECT_GE(tflops(8192, 8192, 8192), 770 * 0.95);
+  EXPECT_LE(tflops(8192, 8192, 8192), 890 * 1.05);
+  // Grouped GEMM 64 experts x 768 tokens: 0.49 ms; the loop of 64 GEMMs: 1.85 ms.
+  EXPECT_NEAR(cm.grouped_gemm(64, 64 * 768, 768, 1408, 2048, Dtype::bf16).value, 0.49e-3, 0.49e-3 * 0.01);
+  EXPECT_NEAR(64 * cm.gemm(768, 1408, 2048, Dtype::bf16).value, 1.85e-3, 1.85e-3 * 0.1);
+  // Bus bandwidth at 1 GiB: all-reduce 321 / 355, all-to-all 320 / 336 GB/s for 2 / 4 GPUs.
+  const Bytes gib = gibibytes(1);
+  auto busbw = [&](CollectiveKind k, int n) {
+    return gib.value * bus_bandwidth_factor(k, n) / cm.collective(k, gib, n, Scope::nvlink).value / 1e9;
+  };
+  EXPECT_NEAR(busbw(CollectiveKind::all_reduce, 2), 321, 321 * 0.01);
+  EXPECT_NEAR(busbw(CollectiveKind::all_reduce, 4), 355, 355 * 0.01);
+  EXPECT_NEAR(busbw(CollectiveKind::all_to_all, 2), 320, 320 * 0.01);
+  EXPECT_NEAR(busbw(CollectiveKind::all_to_all, 4), 336, 336 * 0.01);
+  // Copies and host costs.
+  EXPECT_NEAR(cm.hbm_bandwidth().value, 4.0e12, 1e6);
+  EXPECT_NEAR(mebibytes(64).value / cm.copy(CopyDirection::h2d_pinned, mebibytes(64)).value, 55e9, 55e9 * 0.01);
+  EXPECT_NEAR(to_us(cm.kernel_launch()), 3.7, 1e-9);
+  EXPECT_NEAR(to_us(cm.stream_sync()), 8.5, 1e-9);
+  EXPECT_NEAR(to_us(cm.graph_node()), 1.0, 1e-9);
+  EXPECT_NEAR(to_us(cm.kernel_launch() + cm.framework_op()), 15.5, 1e-9);
+  EXPECT_EQ(cm.sm_count(), 132);
+  EXPECT_EQ(cm.peak_flops(Dtype::bf16).value, 989e12);
+}
+
+TEST(CostModel, DefaultH100ReproducesItsFacts) {
+  const CostModel cm(default_profile("h100"));
+  const double t = cm.gemm(8192, 8192, 8192, Dtype::bf16).value;
+  EXPECT_NEAR(2.0 * 8192 * 8192 * 8192 / t / 1e12, 740, 740 * 0.05);
+  EXPECT_NEAR(cm.hbm_bandwidth().value, 3.0e12, 1e6);
+  EXPECT_NEAR(to_us(cm.kernel_launch()), 3.7, 1e-9);
+}
+
+TEST(CostModel, CostsGrowWithWorkOnEveryDefaultProfile) {
+  for (const char* kind : {"h100", "h200"}) {
+    const CostModel cm(default_profile(kind));
+    for (Dtype dt : {Dtype::bf16, Dtype::fp8}) {
+      double prev = 0;
+      for (std::int64_t m = 1; m <= 65536; m *= 2) {
+        const double t = cm.gemm(m, 4096, 4096, dt).value;
+        EXPECT_GE(t, prev) << kind << " m=" << m;
+        prev = t;
+      }
+      EXPECT_LT(cm.gemm(8192, 8192, 8192, dt).value, cm.gemm(8192, 8192, 8192, Dtype::bf16).value * (dt == Dtype::fp8 ? 0.8 : 1.01));
+    }
+    for (CollectiveKind k : kKinds) {
+      for (Scope sc : {Scope::nvlink, Scope::network}) {
+        double prev = 0;
+        for (double s = 1; s <= 8.0 * (1 << 30); s *= 4) {
+          const double t = cm.collective(k, Bytes(s), 8, sc).value;
+          EXPECT_GT(t, prev);
+          prev = t;
+        }
+      }
+    }
+    // NVLink beats the network at every size.
+    EXPECT_LT(cm.collective(CollectiveKind::all_reduce, mebibytes(64), 8, Scope::nvlink).value,
+              cm.collective(CollectiveKind::all_reduce, mebibytes(64), 8, Scope::network).value);
+    // Causal attention costs about half of full attention at long sequence lengths; backward more than forward.
+    const double full = cm.attention(1, 8192, 8192, 32, 128, 128, false, false).value;
+    const double causal = cm.attention(1, 8192, 8192, 32, 128, 128, true, false).value;
+    EXPECT_NEAR(causal / full, 0.5, 0.08);
+    EXPECT_GT(cm.attention(1, 8192, 8192, 32, 128, 128, true, true).value, causal * 2);
+    EXPECT_GT(cm.stream_concurrency(4, 0.1), 1.0);
+    EXPECT_LT(cm.stream_concurrency(4, 0.1), 4.0);
+  }
+}
+
+TEST(CostModel, AttentionWithKvHeadsEqualToHeadsMatchesTheShortForm) {
+  const CostModel cm(default_profile("h200"));
+  AttentionShape s;
+  s.batch = 2;
+  s.seq_q = s.seq_kv = 4096;
+  s.heads = s.kv_heads = 16;
+  s.head_dim_qk = 192;
+  s.head_dim_v = 128;
+  s.causal = true;
+  EXPECT_EQ(cm.attention(s, false).value, cm.attention(2, 4096, 4096, 16, 192, 128, true, false).value);
+  // Decode against a long cache is memory-bound: fewer KV heads read less.
+  AttentionShape d = s;
+  d.seq_q = 1;
+  d.batch = 64;
+  d.head_dim_qk = 128;
+  AttentionShape gqa = d;
+  gqa.kv_heads = 2;
+  EXPECT_LT(cm.attention(gqa, false).value, cm.attention(d, false).value);
+}
+
+TEST(CostModel, MissingFamilyIsAnInputErrorNamingTheProfile) {
+  const Profile p = small_profile();
+  const CostModel cm(p);
+  try {
+    (void)cm.attention(1, 1024, 1024, 8, 128, 128, true, false);
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("calibration profile small@"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("has no model 'attention.fwd'"), std::string::npos) << msg;
+  }
+  EXPECT_THROW((void)cm.gemm(16, 16, 16, Dtype::fp32), InputError);
+  EXPECT_THROW((void)cm.collective(CollectiveKind::all_reduce, mebibytes(1), 8, Scope::network), InputError);
+  EXPECT_THROW((void)cm.stream_sync(), InputError);
+  EXPECT_EQ(cm.profile_id(), p.id());
+}
+
+TEST(CostModel, BadArgumentsAreInputErrors) {
+  const CostModel cm(default_profile("h200"));
+  EXPECT_THROW((void)cm.gemm(-1, 16, 16, Dtype::bf16), InputError);
+  EXPECT_THROW((void)cm.copy(CopyDirection::d2d, Bytes(-1)), InputError);
+  EXPECT_THROW((void)cm.collective(CollectiveKind::all_reduce, Bytes(1), 0, Scope::nvlink), InputError);
+  EXPECT_THROW((void)cm.grouped_gemm(4, 100, 10, 128, 128, Dtype::bf16), InputError);  // max_rows < total/groups
+  EXPECT_THROW((void)cm.grouped_gemm(4, 100, 101, 128, 128, Dtype::bf16), InputError);  // max_rows > total
+  EXPECT_THROW((void)cm.stream_concurrency(0, 0.5), InputError);
+  EXPECT_THROW((void)cm.stream_concurrency(2, 0.0), InputError);
+  EXPECT_THROW((void)cm.stream_concurrency(2, 1.5), InputError);
+  // Zero work: the fixed cost of issuing it, not a crash.
+  EXPECT_EQ(cm.gemm(0, 4096, 4096, Dtype::bf16).value, default_profile("h200").family("gemm.bf16").param("overhead_s"));
+}
+
+TEST(CostModel, MovesWithoutLosingTheProfile) {
+  CostModel a(default_profile("h200"));
+  const double t = a.gemm(4096, 4096, 4096, Dtype::bf16).value;
+  CostModel b(std::move(a));
+  EXPECT_EQ(b.gemm(4096, 4096, 4096, Dtype::bf16).value, t);
+}

@@ -1,0 +1,61 @@
+// The shipped default profiles are exactly what the generator (calibration/tools) produces.
+#include "default_profiles.hpp"
+
+#include <gtest/gtest.h>
+
+#include "test_support.hpp"
+#include "threewalls/core/error.hpp"
+
+using namespace threewalls;
+using namespace threewalls::calibration;
+using namespace threewalls::calibration::testing;
+
+namespace {
+
+// The first line where two texts differ, for a readable failure.
+std::string first_difference(const std::string& a, const std::string& b) {
+  std::size_t line = 1;
+  std::size_t i = 0;
+  std::size_t start = 0;
+  for (; i < a.size() && i < b.size() && a[i] == b[i]; ++i) {
+    if (a[i] == '\n') {
+      ++line;
+      start = i + 1;
+    }
+  }
+  auto line_of = [&](const std::string& s) { return s.substr(start, s.find('\n', start) - start); };
+  return "line " + std::to_string(line) + ":\n  committed: " + line_of(a) + "\n  generator: " + line_of(b);
+}
+
+}  // namespace
+
+TEST(DefaultProfiles, CommittedFilesEqualTheGeneratorsOutput) {
+  for (const char* kind : {"h100", "h200"}) {
+    const std::string committed = read_text(shipped_profile_path(kind));
+    const std::string generated = default_profile(kind).to_toml();
+    EXPECT_TRUE(committed == generated)
+        << shipped_profile_path(kind) << " is stale; regenerate with threewalls_make_default_profiles --out-dir "
+        << "calibration/profiles. First difference at " << first_difference(committed, generated);
+  }
+}
+
+TEST(DefaultProfiles, AreLabelledSyntheticAndCoverEveryFamilyTheSimulatorNeeds) {
+  for (const char* kind : {"h100", "h200"}) {
+    const Profile& p = default_profile(kind);
+    EXPECT_EQ(p.info().source, defaults::kSyntheticSource);
+    EXPECT_FALSE(p.measured());
+    EXPECT_EQ(p.info().name, std::string("default_") + kind);
+    for (const auto& spec : family_specs()) {
+      if (spec.kind == ModelKind::gemm || spec.kind == ModelKind::grouped_gemm) {
+        if (spec.dtype == Dtype::fp32) continue;  // no facts for fp32 GEMMs: documented as absent
+      }
+      const Family* f = p.find(spec.name);
+      ASSERT_NE(f, nullptr) << kind << " lacks " << spec.name;
+      EXPECT_FALSE(f->note.empty()) << spec.name << ": every synthetic family says where its numbers come from";
+    }
+  }
+}
+
+TEST(DefaultProfiles, UnknownKindIsAnInputError) {
+  EXPECT_THROW((void)defaults::make_default_profile("a100"), InputError);
+}

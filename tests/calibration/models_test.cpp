@@ -1,0 +1,288 @@
+// Each model family: the fit recovers known parameters from synthetic points with noise (seeded),
+// and the equations behave as documented.
+#include "threewalls/calibration/models.hpp"
+
+#include <cmath>
+#include <random>
+
+#include <gtest/gtest.h>
+
+using namespace threewalls::calibration;
+
+namespace {
+
+// Multiplicative noise of relative standard deviation `sigma`, fixed seed per test.
+class Noise {
+ public:
+  Noise(std::uint64_t seed, double sigma) : rng_(seed), dist_(0.0, sigma) {}
+  double operator()(double v) { return v * (1.0 + dist_(rng_)); }
+
+ private:
+  std::mt19937_64 rng_;
+  std::normal_distribution<double> dist_;
+};
+
+const DeviceConstants kH200Bf16{132, 989e12};
+
+GemmModel truth_gemm() {
+  GemmModel m;
+  m.tile_m = 128;
+  m.tile_n = 256;
+  m.efficiency_max = 0.82;
+  m.k_half = 400.0;
+  m.overhead_s = 6e-6;
+  m.memory_bandwidth_bytes_per_s = 4e12;
+  m.device = kH200Bf16;
+  m.elements = element_bytes(Dtype::bf16);
+  return m;
+}
+
+}  // namespace
+
+TEST(GemmModel, FitRecoversParametersFromNoisyPoints) {
+  const GemmModel truth = truth_gemm();
+  Noise noise(1, 0.02);
+  std::vector<GemmModel::Sample> samples;
+  for (std::int64_t m : {256, 1024, 2048, 4096, 16384}) {
+    for (std::int64_t n : {1408, 4096, 8192}) {
+      for (std::int64_t k : {512, 2048, 8192}) samples.push_back({m, n, k, 1, noise(truth.time_s(m, n, k))});
+    }
+  }
+  const GemmModel fit = GemmModel::fit(samples, truth.device, truth.elements, truth.memory_bandwidth_bytes_per_s);
+  EXPECT_EQ(fit.tile_m, 128);
+  EXPECT_EQ(fit.tile_n, 256);
+  EXPECT_NEAR(fit.efficiency_max, 0.82, 0.82 * 0.03);
+  EXPECT_NEAR(fit.k_half, 400.0, 400.0 * 0.2);
+  EXPECT_NEAR(fit.overhead_s, 6e-6, 6e-6 * 0.2);
+  // Shapes that were never measured (the simulator's use) are predicted within a few percent.
+  for (auto [m, n, k] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{3000, 5120, 1536}, {700, 2816, 7168}, {12000, 6000, 3000}}) {
+    EXPECT_NEAR(fit.time_s(m, n, k) / truth.time_s(m, n, k), 1.0, 0.03) << m << "x" << n << "x" << k;
+  }
+}
+
+TEST(GemmModel, FitNeedsThreePoints) {
+  const GemmModel t = truth_gemm();
+  std::vector<GemmModel::Sample> two = {{1024, 1024, 1024, 1, 1e-5}, {2048, 2048, 2048, 1, 5e-5}};
+  EXPECT_THROW(GemmModel::fit(two, t.device, t.elements, 4e12), FitImpossible);
+}
+
+TEST(GemmModel, OneTileMoreThanTheSmsCostsAnotherWave) {
+  // 132 SMs: 132 tiles are one wave, 133 tiles two waves of (nearly) the same tile time.
+  GemmModel m = truth_gemm();
+  m.tile_m = 128;
+  m.tile_n = 128;
+  m.overhead_s = 0;
+  m.memory_bandwidth_bytes_per_s = 1e30;  // compute only
+  const double one_wave = m.time_s(128 * 132, 128, 8192);
+  const double two_waves = m.time_s(128 * 133, 128, 8192);
+  EXPECT_NEAR(two_waves / one_wave, 2.0, 0.02);
+}
+
+TEST(GemmModel, SmallMatricesAreMemoryBound) {
+  // m = 16 (decode): the weight read dominates; time ~ bytes / BW + t0.
+  const GemmModel m = truth_gemm();
+  const double bytes = (16.0 * 8192 + 8192.0 * 8192 + 16.0 * 8192) * 2;
+  EXPECT_NEAR(m.time_s(16, 8192, 8192), bytes / 4e12 + 6e-6, 1e-12);
+}
+
+TEST(GroupedGemmModel, FitRecoversEfficiencyAndOverheadFromNoisyPoints) {
+  const GemmModel dense = truth_gemm();
+  GroupedGemmModel truth;
+  truth.tile_m = dense.tile_m;
+  truth.tile_n = dense.tile_n;
+  truth.k_half = dense.k_half;
+  truth.efficiency_max = 0.7;
+  truth.overhead_s = 9e-6;
+  truth.memory_bandwidth_bytes_per_s = dense.memory_bandwidth_bytes_per_s;
+  truth.device = dense.device;
+  truth.elements = dense.elements;
+  Noise noise(2, 0.02);
+  std::vector<GroupedGemmModel::Sample> samples;
+  for (std::int64_t g : {8, 32, 64}) {
+    for (std::int64_t rows : {256, 768, 2048}) {
+      samples.push_back({g, g * rows, rows, 1408, 2048, noise(truth.time_s(g, g * rows, rows, 1408, 2048))});
+      samples.push_back({g, g * rows, 3 * rows, 1408, 2048, noise(truth.time_s(g, g * rows, 3 * rows, 1408, 2048))});
+    }
+  }
+  const auto fit = GroupedGemmModel::fit(samples, dense);
+  EXPECT_EQ(fit.tile_m, dense.tile_m);
+  EXPECT_EQ(fit.k_half, dense.k_half);
+  EXPECT_NEAR(fit.efficiency_max, 0.7, 0.7 * 0.03);
+  EXPECT_NEAR(fit.overhead_s, 9e-6, 9e-6 * 0.3);
+}
+
+TEST(GroupedGemmModel, SmallGroupsPayForWholeTiles) {
+  GroupedGemmModel m;
+  m.efficiency_max = 0.8;
+  m.memory_bandwidth_bytes_per_s = 1e30;  // compute only
+  m.device = kH200Bf16;
+  // 64 groups of 10 rows cost as many tiles as 64 groups of 128 rows.
+  EXPECT_DOUBLE_EQ(m.time_s(64, 640, 10, 4096, 4096), m.time_s(64, 64 * 128, 128, 4096, 4096));
+  // Imbalance: the critical group's rows add tiles.
+  EXPECT_GT(m.time_s(64, 64 * 128, 64 * 64, 4096, 4096), m.time_s(64, 64 * 128, 128, 4096, 4096));
+}
+
+TEST(Attention, CausalPairsMatchBruteForceCount) {
+  for (auto [sq, skv] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {7, 7}, {1, 4096}, {5, 12}, {12, 5}, {128, 300}}) {
+    double brute = 0;
+    for (std::int64_t i = 0; i < sq; ++i) {
+      for (std::int64_t j = 0; j < skv; ++j) brute += (j <= i + (skv - sq)) ? 1 : 0;
+    }
+    EXPECT_EQ(attention_pairs(sq, skv, true), brute) << sq << "x" << skv;
+  }
+  EXPECT_EQ(attention_pairs(4, 6, false), 24.0);
+}
+
+TEST(Attention, BackwardCountsFiveMatmulsAgainstTwo) {
+  AttentionShape s;
+  s.batch = 2;
+  s.seq_q = s.seq_kv = 1024;
+  s.heads = s.kv_heads = 8;
+  s.head_dim_qk = s.head_dim_v = 128;
+  EXPECT_DOUBLE_EQ(attention_flops(s, true) / attention_flops(s, false), 2.5);
+}
+
+TEST(AttentionModel, FitRecoversParametersFromNoisyPoints) {
+  AttentionModel truth;
+  truth.efficiency_max = 0.7;
+  truth.s_half = 300.0;
+  truth.d_half = 20.0;
+  truth.overhead_s = 5e-6;
+  truth.memory_bandwidth_bytes_per_s = 4e12;
+  truth.device = kH200Bf16;
+  Noise noise(3, 0.015);
+  std::vector<AttentionModel::Sample> samples;
+  for (std::int64_t seq : {256, 512, 1024, 2048, 4096, 8192, 16384}) {
+    for (std::int64_t d : {64, 128, 256}) {
+      for (bool causal : {false, true}) {
+        AttentionShape s;
+        s.batch = std::max<std::int64_t>(1, 8192 / seq);
+        s.seq_q = s.seq_kv = seq;
+        s.heads = s.kv_heads = 16;
+        s.head_dim_qk = s.head_dim_v = d;
+        s.causal = causal;
+        samples.push_back({s, noise(truth.time_s(s))});
+      }
+    }
+  }
+  const auto fit = AttentionModel::fit(samples, false, truth.device, truth.memory_bandwidth_bytes_per_s);
+  EXPECT_NEAR(fit.efficiency_max, 0.7, 0.7 * 0.05);
+  EXPECT_NEAR(fit.s_half, 300.0, 300.0 * 0.25);
+  EXPECT_NEAR(fit.d_half, 20.0, 20.0 * 0.3);
+  EXPECT_NEAR(fit.overhead_s, 5e-6, 5e-6 * 0.4);
+}
+
+TEST(LinearModel, FitRecoversLatencyAndBandwidthFromNoisyPoints) {
+  Noise noise(4, 0.02);
+  std::vector<LinearModel::Sample> samples;
+  for (double s = 4096; s <= 1 << 30; s *= 2) samples.push_back({s, noise(8e-6 + s / 55e9)});
+  const auto fit = LinearModel::fit(samples);
+  EXPECT_TRUE(fit.knots_bytes.empty());
+  EXPECT_NEAR(fit.alpha_s, 8e-6, 8e-7);
+  EXPECT_NEAR(fit.asymptotic_bandwidth_bytes_per_s(), 55e9, 55e9 * 0.02);
+}
+
+TEST(LinearModel, TwoSegmentsWhenTheDataHasAKnee) {
+  // Pageable copies: fast below 1 MiB (staging buffer), slower above.
+  Noise noise(5, 0.01);
+  const double knee = 1 << 20;
+  std::vector<LinearModel::Sample> samples;
+  for (double s = 4096; s <= 1 << 30; s *= 2) {
+    const double t = 5e-6 + std::min(s, knee) / 40e9 + std::max(s - knee, 0.0) / 12e9;
+    samples.push_back({s, noise(t)});
+  }
+  const auto fit = LinearModel::fit(samples);
+  ASSERT_EQ(fit.knots_bytes.size(), 1U);
+  EXPECT_NEAR(fit.bandwidths_bytes_per_s[1], 12e9, 12e9 * 0.03);
+  EXPECT_NEAR(fit.time_s(3e8) / (5e-6 + knee / 40e9 + (3e8 - knee) / 12e9), 1.0, 0.03);
+}
+
+TEST(LinearModel, FitRefusesASingleSizeAndFlatData) {
+  EXPECT_THROW(LinearModel::fit({{4096, 1e-5}, {4096, 1.1e-5}}), FitImpossible);
+  EXPECT_THROW(LinearModel::fit({{4096, 2e-5}, {8192, 1e-5}, {16384, 0.5e-5}}), FitImpossible);
+}
+
+TEST(CollectiveModel, FitRecoversRampParametersFromNoisyPoints) {
+  CollectiveGroupParams p;
+  p.group_size = 8;
+  p.alpha_s = 12e-6;
+  p.beta_max_bytes_per_s = 400e9;
+  p.s_half_bytes = 4 << 20;
+  p.gamma = 0.6;
+  CollectiveModel truth{CollectiveKind::all_reduce, {p}};
+  Noise noise(6, 0.01);
+  std::vector<CollectiveModel::Sample> samples;
+  for (double s = 1024; s <= 4.0 * (1 << 30); s *= 2) samples.push_back({8, s, noise(truth.time_s(s, 8))});
+  const auto fit = CollectiveModel::fit(CollectiveKind::all_reduce, samples);
+  ASSERT_EQ(fit.groups.size(), 1U);
+  const auto& g = fit.groups[0];
+  EXPECT_NEAR(g.alpha_s, 12e-6, 12e-6 * 0.1);
+  EXPECT_NEAR(g.beta_max_bytes_per_s, 400e9, 400e9 * 0.05);
+  EXPECT_NEAR(g.gamma, 0.6, 0.08);
+  EXPECT_NEAR(std::log2(g.s_half_bytes), std::log2(4.0 * (1 << 20)), 0.7);
+  for (double s : {3e3, 5e5, 7e7, 2e9}) EXPECT_NEAR(fit.time_s(s, 8) / truth.time_s(s, 8), 1.0, 0.03) << s;
+}
+
+TEST(CollectiveModel, FewSizesFitLatencyAndBandwidthOnly) {
+  std::vector<CollectiveModel::Sample> samples = {{2, 1 << 20, 10e-6 + (1 << 20) / 300e9},
+                                                  {2, 1 << 28, 10e-6 + (1 << 28) / 300e9},
+                                                  {2, 1 << 30, 10e-6 + double(1 << 30) / 300e9}};
+  const auto fit = CollectiveModel::fit(CollectiveKind::send_recv, samples);
+  EXPECT_EQ(fit.groups[0].s_half_bytes, 0.0);
+  EXPECT_EQ(fit.groups[0].gamma, 1.0);
+  EXPECT_NEAR(fit.groups[0].beta_max_bytes_per_s, 300e9, 1e6);
+  EXPECT_NEAR(fit.groups[0].alpha_s, 10e-6, 1e-10);
+}
+
+TEST(CollectiveModel, FitRefusesGroupOfOneAndSingleSize) {
+  EXPECT_THROW(CollectiveModel::fit(CollectiveKind::all_reduce, {{1, 1024, 1e-5}, {1, 4096, 2e-5}}), FitImpossible);
+  EXPECT_THROW(CollectiveModel::fit(CollectiveKind::all_reduce, {{2, 1024, 1e-5}, {2, 1024, 2e-5}}), FitImpossible);
+}
+
+TEST(CollectiveModel, UnmeasuredGroupSizesFollowTheDocumentedRules) {
+  CollectiveModel m;
+  m.kind = CollectiveKind::all_reduce;
+  m.groups = {{2, 8e-6, 300e9, 8e6, 0.5}, {8, 14e-6, 400e9, 2e6, 0.7}};
+  // Between: alpha and gamma linear in log2 n, beta_max and S_half geometric.
+  const auto p4 = m.params_for(4);
+  EXPECT_NEAR(p4.alpha_s, 11e-6, 1e-15);
+  EXPECT_NEAR(p4.gamma, 0.6, 1e-12);
+  EXPECT_NEAR(p4.beta_max_bytes_per_s, std::sqrt(300e9 * 400e9), 1.0);
+  EXPECT_NEAR(p4.s_half_bytes, std::sqrt(8e6 * 2e6), 1e-6);
+  // Above: bandwidth held, alpha extended with the slope of the last two sizes (3 us per doubling).
+  const auto p32 = m.params_for(32);
+  EXPECT_EQ(p32.beta_max_bytes_per_s, 400e9);
+  EXPECT_NEAR(p32.alpha_s, 14e-6 + 2 * 3e-6, 1e-15);
+  // Below (and n = 1): the smallest measured size.
+  EXPECT_EQ(m.params_for(1).alpha_s, 8e-6);
+  EXPECT_EQ(m.time_s(1 << 20, 1), 8e-6);  // f(1) = 0 for all_reduce: only the latency
+  // Zero bytes: the latency.
+  EXPECT_EQ(m.time_s(0, 4), p4.alpha_s);
+}
+
+TEST(ConstantModel, MedianIgnoresAnOutlierRun) {
+  EXPECT_EQ(ConstantModel::fit({3.7e-6, 3.8e-6, 3.6e-6, 50e-6, 3.7e-6}).value_s, 3.7e-6);
+  EXPECT_THROW(ConstantModel::fit({}), FitImpossible);
+}
+
+TEST(ConcurrencyModel, FitRecoversEfficiencyPerStreamCountAndInterpolates) {
+  Noise noise(8, 0.01);
+  std::vector<ConcurrencyModel::Sample> samples;
+  const std::pair<int, double> truth[] = {{2, 0.9}, {4, 0.7}, {8, 0.5}};
+  for (const auto& [n, e] : truth) {
+    for (double f : {0.05, 0.1, 0.2, 0.3}) {
+      const double serial = n * 10e-6;
+      samples.push_back({n, f, serial, noise(serial / std::pow(std::min<double>(n, 1 / f), e))});
+    }
+  }
+  const auto fit = ConcurrencyModel::fit(samples);
+  ASSERT_EQ(fit.streams, (std::vector<int>{2, 4, 8}));
+  EXPECT_NEAR(fit.efficiency[0], 0.9, 0.03);
+  EXPECT_NEAR(fit.efficiency[1], 0.7, 0.03);
+  EXPECT_NEAR(fit.efficiency[2], 0.5, 0.03);
+  EXPECT_EQ(fit.speedup(1, 0.1), 1.0);
+  EXPECT_EQ(fit.speedup(4, 1.0), 1.0);  // a kernel that fills the GPU leaves no room
+  const double e6 = fit.efficiency[1] + 0.5 * (fit.efficiency[2] - fit.efficiency[1]);
+  EXPECT_NEAR(fit.speedup(6, 0.1), std::pow(6.0, e6), 1e-12);
+  EXPECT_NEAR(fit.speedup(16, 0.25), std::pow(4.0, fit.efficiency[2]), 1e-12);
+}

@@ -1,0 +1,298 @@
+// The profile file: round trips, identity, and one test per distinct reader error.
+#include "threewalls/calibration/profile.hpp"
+
+#include <cmath>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "test_support.hpp"
+#include "threewalls/calibration/cost_model.hpp"
+#include "threewalls/core/error.hpp"
+
+using namespace threewalls;
+using namespace threewalls::calibration;
+using namespace threewalls::calibration::testing;
+
+namespace {
+
+std::string replaced(std::string text, const std::string& from, const std::string& to) {
+  const auto pos = text.find(from);
+  EXPECT_NE(pos, std::string::npos) << "test setup: '" << from << "' not in the profile text";
+  if (pos != std::string::npos) text.replace(pos, from.size(), to);
+  return text;
+}
+
+std::string replaced_all(std::string text, const std::string& from, const std::string& to) {
+  for (auto pos = text.find(from); pos != std::string::npos; pos = text.find(from, pos + to.size())) {
+    text.replace(pos, from.size(), to);
+  }
+  return text;
+}
+
+// The InputError message for `text`, or "" when it loads.
+std::string load_error(const std::string& text, int* line = nullptr) {
+  try {
+    (void)Profile::parse(text, "broken.toml");
+  } catch (const InputError& e) {
+    if (line) *line = e.where().line;
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(ProfileRoundTrip, SaveLoadSaveIsByteIdenticalAndPredictsIdentically) {
+  const Profile built = small_profile();
+  const auto dir = scratch_dir("roundtrip");
+  built.save(dir / "a.toml");
+  const Profile loaded = Profile::load(dir / "a.toml");
+  loaded.save(dir / "b.toml");
+  EXPECT_EQ(read_text(dir / "a.toml"), read_text(dir / "b.toml"));
+  EXPECT_EQ(built.id(), loaded.id());
+  EXPECT_EQ(loaded.path(), (dir / "a.toml").string());
+
+  const CostModel a(built);
+  const CostModel b(loaded);
+  for (std::int64_t m : {1, 100, 3000, 70000}) {
+    EXPECT_EQ(a.gemm(m, 5120, 1536, Dtype::bf16).value, b.gemm(m, 5120, 1536, Dtype::bf16).value);
+  }
+  for (double s : {0.0, 1e3, 3e6, 5e9}) {
+    EXPECT_EQ(a.copy(CopyDirection::d2d, Bytes(s)).value, b.copy(CopyDirection::d2d, Bytes(s)).value);
+    for (int n : {1, 2, 3, 8}) {
+      EXPECT_EQ(a.collective(CollectiveKind::all_reduce, Bytes(s), n, Scope::nvlink).value,
+                b.collective(CollectiveKind::all_reduce, Bytes(s), n, Scope::nvlink).value);
+    }
+  }
+  EXPECT_EQ(a.kernel_launch().value, b.kernel_launch().value);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ProfileRoundTrip, RawSamplesAndNotesSurvive) {
+  const Profile loaded = Profile::parse(small_profile().to_toml(), "small.toml");
+  const Family& d2d = loaded.family(copy_family(CopyDirection::d2d));
+  ASSERT_EQ(d2d.points[0].time.samples_s.size(), 3U);
+  EXPECT_EQ(d2d.points[0].time.count, 3);
+  EXPECT_EQ(loaded.family(gemm_family(Dtype::bf16)).note, "made up for a test, with a \"quote\" and a backslash \\");
+  EXPECT_EQ(loaded.hardware().machine, "unit test \"with quotes\"\tand a tab");
+  EXPECT_EQ(loaded.hardware().links_seen, std::vector<std::string>{"NVLink NV18"});
+}
+
+TEST(ProfileRoundTrip, ShippedProfilesReloadToTheirOwnText) {
+  for (const char* kind : {"h100", "h200"}) {
+    const auto path = shipped_profile_path(kind);
+    const Profile p = Profile::load(path);
+    EXPECT_EQ(p.to_toml(), read_text(path)) << path;
+    EXPECT_EQ(p.hardware().gpu_kind, kind);
+    // A family with one point has no leave-one-out error: written and read back as nan.
+    const Family& launch = p.family(host_family("kernel_launch"));
+    EXPECT_EQ(launch.quality.loo_points, 0);
+    EXPECT_TRUE(std::isnan(launch.quality.loo_rel_err_median));
+  }
+}
+
+TEST(ProfileId, HashesContentNotFormatting) {
+  const std::string text = small_profile().to_toml();
+  const Profile p = Profile::parse(text, "a.toml");
+  EXPECT_EQ(p.id().rfind("small@", 0), 0U);
+  EXPECT_EQ(p.id().size(), std::string("small@").size() + 16);
+  const std::string reformatted = replaced("# a comment of my own\n" + text, "sm_count = 132", "sm_count   =   132   # SMs");
+  EXPECT_EQ(Profile::parse(reformatted, "b.toml").id(), p.id());
+  EXPECT_NE(Profile::parse(replaced(text, "sm_clock_mhz = 1980.0", "sm_clock_mhz = 1755.0"), "c.toml").id(), p.id());
+}
+
+TEST(ProfileReader, UnknownMajorVersionIsRefusedByName) {
+  int line = 0;
+  const auto msg = load_error(replaced(small_profile().to_toml(), "format_version = \"1.0\"", "format_version = \"2.0\""), &line);
+  EXPECT_NE(msg.find("broken.toml:6:"), std::string::npos) << msg;
+  EXPECT_EQ(line, 6);
+  EXPECT_NE(msg.find("format_version \"2.0\""), std::string::npos) << msg;
+  EXPECT_NE(msg.find("threewalls.calibration_profile 1.x"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("newer threewalls"), std::string::npos) << msg;
+  EXPECT_NE(load_error(replaced(small_profile().to_toml(), "\"1.0\"", "\"0.3\"")).find("older"), std::string::npos);
+  EXPECT_NE(load_error(replaced(small_profile().to_toml(), "\"1.0\"", "\"one\"")).find("MAJOR.MINOR"), std::string::npos);
+}
+
+TEST(ProfileReader, NewerMinorVersionIsReadAndNamedInUnknownKeyErrors) {
+  const std::string newer = replaced(small_profile().to_toml(), "format_version = \"1.0\"", "format_version = \"1.4\"");
+  EXPECT_EQ(load_error(newer), "");
+  const auto msg = load_error(replaced(newer, "sm_count = 132", "sm_count = 132\ntensor_cores = 528"));
+  EXPECT_NE(msg.find("unknown key 'tensor_cores'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("format 1.4, newer"), std::string::npos) << msg;
+}
+
+TEST(ProfileReader, OtherFormatIsRefused) {
+  const auto msg = load_error(replaced(small_profile().to_toml(), "\"threewalls.calibration_profile\"", "\"threewalls.run_dir\""));
+  EXPECT_NE(msg.find("is not a calibration profile"), std::string::npos) << msg;
+  EXPECT_NE(load_error("schema_version = 1\n[model]\n").find("missing table [profile]"), std::string::npos);
+}
+
+TEST(ProfileReader, UnknownFitKeyIsRefusedWithNearestKey) {
+  const auto msg = load_error(replaced(small_profile().to_toml(), "k_half = ", "k_hlf = "));
+  EXPECT_NE(msg.find("[gemm.bf16.fit] unknown key 'k_hlf' (did you mean 'k_half'?)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[gemm.bf16.fit] missing key 'k_half'"), std::string::npos) << msg;
+}
+
+TEST(ProfileReader, UnknownFamilyTableIsRefusedWithNearestName) {
+  const auto msg = load_error(replaced_all(small_profile().to_toml(), "[copy.d2d", "[copy.d2b"));
+  EXPECT_NE(msg.find("[copy] unknown table 'd2b' (did you mean 'd2d'?)"), std::string::npos) << msg;
+  const auto top = load_error(replaced_all(small_profile().to_toml(), "[gemm.bf16", "[gemn.bf16"));
+  EXPECT_NE(top.find("[top level] unknown table 'gemn' (did you mean 'gemm'?)"), std::string::npos) << top;
+}
+
+TEST(ProfileReader, UnknownPointKeyIsRefusedWithNearestKey) {
+  int line = 0;
+  const auto msg = load_error(replaced(small_profile().to_toml(), ", count = 3", ", cont = 3"), &line);
+  EXPECT_NE(msg.find("points[0] unknown key 'cont' (did you mean 'count'?)"), std::string::npos) << msg;
+}
+
+TEST(ProfileReader, MissingKeyNamesTableKeyAndLine) {
+  const std::string text = small_profile().to_toml();
+  int line = 0;
+  const auto msg = load_error(replaced(text, "sm_count = 132\n", ""), &line);
+  EXPECT_NE(msg.find("[hardware] missing key 'sm_count'"), std::string::npos) << msg;
+  EXPECT_GT(line, 0);
+}
+
+TEST(ProfileReader, WrongModelIdIsRefused) {
+  const auto msg = load_error(replaced(small_profile().to_toml(), "\"gemm_wave_v1\"", "\"gemm_wave_v9\""));
+  EXPECT_NE(msg.find("model = \"gemm_wave_v9\" is not known"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("\"gemm_wave_v1\""), std::string::npos) << msg;
+}
+
+TEST(ProfileReader, InconsistentPercentilesAreRefused) {
+  const std::string text = small_profile().to_toml();
+  const auto pos = text.find("{ median_s = ");  // the first host point
+  ASSERT_NE(pos, std::string::npos);
+  const auto msg = load_error(text.substr(0, pos) + "{ median_s = 3e-06, p10_s = 4e-06, p90_s = 5e-06, count = 1 },\n" +
+                              text.substr(text.find('\n', pos) + 1));
+  EXPECT_NE(msg.find("needs p10_s <= median_s <= p90_s"), std::string::npos) << msg;
+}
+
+TEST(ProfileReader, SampleCountMustMatchCount) {
+  const auto msg = load_error(replaced(small_profile().to_toml(), ", count = 3,", ", count = 4,"));
+  EXPECT_NE(msg.find("samples_s but count = 4"), std::string::npos) << msg;
+}
+
+TEST(ProfileReader, ParametersOutsideTheModelsDomainAreRefused) {
+  const auto msg = load_error(replaced(small_profile().to_toml(), "gamma = [", "gamma = [1.5, "));
+  EXPECT_NE(msg.find("[collective.all_reduce.nvlink.fit]"), std::string::npos) << msg;
+  EXPECT_FALSE(msg.empty());
+  const auto neg = load_error(replaced(small_profile().to_toml(), "efficiency_max = ", "efficiency_max = -"));
+  EXPECT_NE(neg.find("'efficiency_max' must be > 0"), std::string::npos) << neg;
+}
+
+TEST(ProfileReader, UnknownGpuKindIsRefusedWithSuggestion) {
+  const auto msg = load_error(replaced(small_profile().to_toml(), "gpu_kind = \"h200\"", "gpu_kind = \"h20\""));
+  EXPECT_NE(msg.find("gpu_kind = \"h20\" is not allowed; allowed: \"h100\", \"h200\""), std::string::npos) << msg;
+}
+
+TEST(ProfileReader, SourceMustBeMeasuredOrSynthetic) {
+  const auto msg = load_error(replaced(small_profile().to_toml(), "\"synthetic: unit test\"", "\"guessed\""));
+  EXPECT_NE(msg.find("source = \"guessed\" is not allowed"), std::string::npos) << msg;
+}
+
+TEST(ProfileReader, WrongTypesAreNamed) {
+  const auto msg = load_error(replaced(small_profile().to_toml(), "sm_count = 132", "sm_count = \"132\""));
+  EXPECT_NE(msg.find("'sm_count' must be an integer, not a string"), std::string::npos) << msg;
+  const auto m2 = load_error(replaced(small_profile().to_toml(), "{ m = 512,", "{ m = 512.5,"));
+  EXPECT_NE(m2.find("'m' must be an integer, not a float"), std::string::npos) << m2;
+}
+
+TEST(ProfileReader, MalformedTomlNamesTheLine) {
+  int line = 0;
+  const auto msg = load_error("[profile]\nformat = \"threewalls.calibration_profile\"\nformat_version = \n", &line);
+  EXPECT_NE(msg.find("malformed TOML"), std::string::npos) << msg;
+  EXPECT_EQ(line, 3);
+}
+
+TEST(ProfileReader, MissingFileIsInputErrorNamingIt) {
+  try {
+    (void)Profile::load("/nonexistent/dir/h200.toml");
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/dir/h200.toml: cannot open calibration profile (no such file)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(ProfileLookup, MissingFamilyErrorListsWhatTheProfileHas) {
+  const Profile p = small_profile();
+  try {
+    (void)p.family(attention_family(false));
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("has no model 'attention.fwd'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("gemm.bf16"), std::string::npos) << msg;
+  }
+}
+
+TEST(ProfileBuilder, UnknownFamilyIsRefusedWithNearestName) {
+  ProfileBuilder b({"x", "measured", "test"}, test_hardware());
+  try {
+    b.add_point("gemm.bf61", {1, 2, 3, 1}, Measurement::single(1e-5));
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("did you mean 'gemm.bf16'?"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(b.add_point("gemm.bf16", {1, 2, 3}, Measurement::single(1e-5)), InputError);     // 3 inputs of 4
+  EXPECT_THROW(b.add_point("gemm.bf16", {1, 2, 3.5, 1}, Measurement::single(1e-5)), InputError);  // k not integer
+  EXPECT_THROW(b.add_point("gemm.bf16", {1, 2, 3, 1}, Measurement::single(-1e-5)), InputError);   // negative time
+  Measurement bad = Measurement::single(1e-5);
+  bad.samples_s = {1e-5, 1e-5};
+  EXPECT_THROW(b.add_point("gemm.bf16", {1, 2, 3, 1}, bad), InputError);  // 2 samples, count 1
+}
+
+TEST(ProfileBuilder, FamilyThatCannotBeFittedIsNamed) {
+  ProfileBuilder b({"x", "measured", "test"}, test_hardware());
+  b.add_gemm(Dtype::bf16, 1024, 1024, 1024, 1, Measurement::single(1e-5));
+  b.add_gemm(Dtype::bf16, 2048, 1024, 1024, 1, Measurement::single(2e-5));
+  try {
+    (void)b.build();
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("family gemm.bf16: cannot fit gemm_wave_v1: gemm: needs at least 3 points"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(ProfileBuilder, GroupedGemmNeedsTheDenseFamily) {
+  ProfileBuilder b({"x", "measured", "test"}, test_hardware());
+  b.add_grouped_gemm(Dtype::bf16, 64, 64 * 768, 768, 1408, 2048, Measurement::single(0.49e-3));
+  try {
+    (void)b.build();
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("needs the family gemm.bf16"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ProfileBuilder, LeaveOneOutErrorIsComputedAndSane) {
+  // Noisy GEMM points: the leave-one-out error is finite, at least the in-sample error, and small.
+  std::mt19937_64 rng(11);
+  std::normal_distribution<double> noise(0.0, 0.02);
+  ProfileBuilder b({"x", "measured", "test"}, test_hardware());
+  int n = 0;
+  for (std::int64_t m : {512, 2048, 8192, 32768}) {
+    for (std::int64_t k : {1024, 4096, 8192}) {
+      const double t = 5e-6 + 2.0 * m * 4096 * k / (700e12 * k / (k + 400.0));
+      b.add_gemm(Dtype::bf16, m, 4096, k, 1, Measurement::single(t * (1 + noise(rng))));
+      ++n;
+    }
+  }
+  const Profile p = b.build();
+  const FitQuality& q = p.family(gemm_family(Dtype::bf16)).quality;
+  EXPECT_EQ(q.loo_points, n);
+  EXPECT_TRUE(std::isfinite(q.loo_rel_err_median));
+  EXPECT_GT(q.rel_err_median, 0.0);
+  EXPECT_GE(q.loo_rel_err_median, q.rel_err_median);
+  EXPECT_GE(q.loo_rel_err_max, q.rel_err_max);
+  EXPECT_LT(q.loo_rel_err_median, 0.05);
+  EXPECT_LT(q.loo_rel_err_max, 0.15);
+  // The built profile says where its memory-bound limit came from: no copy.d2d, so the datasheet.
+  EXPECT_EQ(p.family(gemm_family(Dtype::bf16)).param("memory_bandwidth_bytes_per_s"), 4.8e12);
+}
