@@ -1,0 +1,61 @@
+#pragma once
+// The wall breakdown of one rank's step (docs/formats/run_dir.md, summary.json `walls_us`).
+//
+// A precedence sweep over the rank's timeline [0, step_dur_us): every instant goes to the first of
+//   1. compute        a compute-wall op is running
+//   2. memory         a memory-wall op is running
+//   3. communication  a communication op other than a pipeline send/recv is running
+//   4. host           a host op is running, or nothing runs and the next op to start is not a
+//                     pipeline send/recv (the GPU waits for the host to launch it)
+//   5. bubble         only pipeline send/recv run, or nothing runs and the next op to start is a
+//                     pipeline send/recv (the rank waits for a pipeline peer)
+// so compute + memory + communication + host + bubble = step_dur_us exactly. Ops are clipped to the
+// step. A pipeline send/recv is a communication-wall record whose group is "pp".
+//
+// Communication: `overlapped` = time non-pipeline communication runs while a compute or memory op
+// also runs; `exposed` = the rest of the non-pipeline communication time (= the communication wall).
+// Both executors compute the breakdown with this one function (summary.cpp).
+#include <span>
+#include <vector>
+
+#include "threewalls/profiler/record.hpp"
+
+namespace threewalls::profiler {
+
+// The five walls of one step, in microseconds.
+struct WallBreakdown {
+  double compute_us = 0.0;
+  double memory_us = 0.0;
+  double communication_us = 0.0;
+  double host_us = 0.0;
+  double bubble_us = 0.0;
+  double exposed_comm_us = 0.0;
+  double overlapped_comm_us = 0.0;
+
+  [[nodiscard]] double total_us() const { return compute_us + memory_us + communication_us + host_us + bubble_us; }
+  WallBreakdown& operator+=(const WallBreakdown& o);
+  WallBreakdown& operator*=(double k);
+};
+
+// The wall names in precedence order, as written in summary.json.
+inline constexpr const char* kWallNames[5] = {"compute", "memory", "communication", "host", "bubble"};
+double wall_value(const WallBreakdown& w, int index);  // index into kWallNames
+
+// One op on a rank's timeline, relative to its step start.
+struct TimelineOp {
+  double start_us = 0.0;
+  double end_us = 0.0;
+  Wall wall = Wall::compute;
+  bool pipeline = false;  // a pipeline send/recv (communication in group "pp")
+};
+
+// The sweep above. `ops` in any order; ops with end <= start or outside [0, step_dur_us) add nothing.
+WallBreakdown sweep_walls(std::span<const TimelineOp> ops, double step_dur_us);
+
+// The timeline form of a record; `pp_group` is Names::groups' id of "pp" (kNoName when absent).
+inline TimelineOp timeline_op(const PhaseRecord& r, std::uint32_t pp_group) {
+  return TimelineOp{r.start_us, r.start_us + r.dur_us, r.wall,
+                    r.wall == Wall::communication && pp_group != kNoName && r.group == pp_group};
+}
+
+}  // namespace threewalls::profiler

@@ -1,0 +1,239 @@
+#include "threewalls/profiler/record.hpp"
+
+#include <algorithm>
+#include <ctime>
+
+#include "threewalls/core/error.hpp"
+#include "threewalls/core/version.hpp"
+
+namespace threewalls::profiler {
+
+const char* to_string(Wall w) {
+  switch (w) {
+    case Wall::compute: return "compute";
+    case Wall::memory: return "memory";
+    case Wall::communication: return "communication";
+    case Wall::host: return "host";
+  }
+  return "?";
+}
+
+const char* to_string(CoarseView v) {
+  switch (v) {
+    case CoarseView::none: return "none";
+    case CoarseView::host_to_device: return "host_to_device";
+    case CoarseView::training_metrics: return "training_metrics";
+  }
+  return "?";
+}
+
+std::optional<Wall> parse_wall(std::string_view s) {
+  if (s == "compute") return Wall::compute;
+  if (s == "memory") return Wall::memory;
+  if (s == "communication") return Wall::communication;
+  if (s == "host") return Wall::host;
+  return std::nullopt;
+}
+
+std::optional<CoarseView> parse_coarse_view(std::string_view s) {
+  if (s == "host_to_device") return CoarseView::host_to_device;
+  if (s == "training_metrics") return CoarseView::training_metrics;
+  return std::nullopt;
+}
+
+std::uint32_t StringTable::intern(std::string_view s) {
+  if (auto it = index_.find(s); it != index_.end()) return it->second;
+  auto id = static_cast<std::uint32_t>(names_.size());
+  names_.emplace_back(s);
+  std::string j;
+  append_json_string(j, s);
+  json_.push_back(std::move(j));
+  index_.emplace(std::string(s), id);
+  return id;
+}
+
+std::optional<std::uint32_t> StringTable::find(std::string_view s) const {
+  if (auto it = index_.find(s); it != index_.end()) return it->second;
+  return std::nullopt;
+}
+
+int RunHeader::rank_class_of(int rank) const {
+  for (const auto& c : rank_classes) {
+    if (std::find(c.ranks.begin(), c.ranks.end(), rank) != c.ranks.end()) {
+      return c.id;
+    }
+  }
+  return kAbsent;
+}
+
+std::string iso8601_utc_now() {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+RunHeader make_header(std::string source, int world_size) {
+  RunHeader h;
+  h.schema_version = std::to_string(kRunDirSchemaMajor) + "." + std::to_string(kRunDirSchemaMinor);
+  h.source = std::move(source);
+  h.tool_version = std::string(tool_version());
+  h.git_sha = std::string(git_sha());
+  h.world_size = world_size;
+  h.start_time = iso8601_utc_now();
+  return h;
+}
+
+namespace {
+
+void common_fields(OrderedJson& j, const RunHeader& h) {
+  j["schema"] = std::string(kRunDirSchemaName);
+  j["schema_version"] = h.schema_version.empty()
+                            ? std::to_string(kRunDirSchemaMajor) + "." + std::to_string(kRunDirSchemaMinor)
+                            : h.schema_version;
+  j["source"] = h.source;
+  j["tool_version"] = h.tool_version;
+  j["git_sha"] = h.git_sha;
+  j["scenario"] = OrderedJson{{"name", h.scenario.name}, {"path", h.scenario.path}, {"hash", h.scenario.hash}};
+  if (h.calibration_profile) {
+    j["calibration_profile"] = OrderedJson{{"id", h.calibration_profile->id},
+                                           {"path", h.calibration_profile->path},
+                                           {"gpu", h.calibration_profile->gpu}};
+  } else {
+    j["calibration_profile"] = nullptr;
+  }
+  j["device"] = h.device;
+  j["world_size"] = h.world_size;
+}
+
+void tail_fields(OrderedJson& j, const RunHeader& h) {
+  j["argv"] = h.argv;
+  j["start_time"] = h.start_time;
+  j["seed"] = h.seed;
+  j["settings"] = h.settings;
+}
+
+// Typed field access with errors naming the file and the field.
+const Json& field(const Json& j, const char* key, const std::string& where) {
+  auto it = j.find(key);
+  if (it == j.end()) throw InputError(where + ": missing field '" + key + "'");
+  return *it;
+}
+
+std::string str_field(const Json& j, const char* key, const std::string& where) {
+  const Json& v = field(j, key, where);
+  if (!v.is_string()) throw InputError(where + ": field '" + key + "' must be a string, not " + v.dump());
+  return v.get<std::string>();
+}
+
+std::int64_t int_field(const Json& j, const char* key, const std::string& where) {
+  const Json& v = field(j, key, where);
+  if (!v.is_number_integer()) throw InputError(where + ": field '" + key + "' must be an integer, not " + v.dump());
+  return v.get<std::int64_t>();
+}
+
+std::vector<int> int_list(const Json& v, const std::string& what, const std::string& where) {
+  if (!v.is_array()) throw InputError(where + ": field '" + what + "' must be an array of integers");
+  std::vector<int> out;
+  for (const auto& e : v) {
+    if (!e.is_number_integer()) throw InputError(where + ": field '" + what + "' must hold integers, not " + e.dump());
+    out.push_back(e.get<int>());
+  }
+  return out;
+}
+
+}  // namespace
+
+OrderedJson run_json(const RunHeader& h) {
+  OrderedJson j = OrderedJson::object();
+  common_fields(j, h);
+  tail_fields(j, h);
+  j["ranks"] = h.ranks;
+  OrderedJson classes = OrderedJson::array();
+  for (const auto& c : h.rank_classes) {
+    classes.push_back(OrderedJson{{"id", c.id}, {"label", c.label}, {"ranks", c.ranks}, {"pp_stage", c.pp_stage}});
+  }
+  j["rank_classes"] = std::move(classes);
+  return j;
+}
+
+OrderedJson header_line_json(const RunHeader& h, int rank) {
+  OrderedJson j = OrderedJson::object();
+  j["record"] = "header";
+  common_fields(j, h);
+  j["rank"] = rank;
+  int cls = h.rank_class_of(rank);
+  if (cls == kAbsent) {
+    j["rank_class"] = nullptr;
+  } else {
+    j["rank_class"] = cls;
+  }
+  tail_fields(j, h);
+  return j;
+}
+
+RunHeader header_from_json(const Json& j, const std::string& where) {
+  if (!j.is_object()) throw InputError(where + ": the header must be a JSON object");
+  RunHeader h;
+  h.schema_version = str_field(j, "schema_version", where);
+  h.source = str_field(j, "source", where);
+  if (h.source != "sim" && h.source != "real") {
+    throw InputError(where + ": field 'source' is \"" + h.source + "\"; allowed: \"sim\", \"real\"");
+  }
+  h.tool_version = str_field(j, "tool_version", where);
+  h.git_sha = str_field(j, "git_sha", where);
+  const Json& sc = field(j, "scenario", where);
+  if (!sc.is_object()) throw InputError(where + ": field 'scenario' must be an object");
+  h.scenario.name = str_field(sc, "name", where + ": scenario");
+  h.scenario.path = str_field(sc, "path", where + ": scenario");
+  h.scenario.hash = str_field(sc, "hash", where + ": scenario");
+  const Json& cp = field(j, "calibration_profile", where);
+  if (cp.is_object()) {
+    h.calibration_profile = ProfileId{str_field(cp, "id", where + ": calibration_profile"),
+                                      str_field(cp, "path", where + ": calibration_profile"),
+                                      str_field(cp, "gpu", where + ": calibration_profile")};
+  } else if (!cp.is_null()) {
+    throw InputError(where + ": field 'calibration_profile' must be an object or null");
+  }
+  h.device = str_field(j, "device", where);
+  h.world_size = static_cast<int>(int_field(j, "world_size", where));
+  if (h.world_size <= 0) throw InputError(where + ": field 'world_size' must be positive, not " + std::to_string(h.world_size));
+  const Json& argv = field(j, "argv", where);
+  if (!argv.is_array()) throw InputError(where + ": field 'argv' must be an array of strings");
+  for (const auto& a : argv) {
+    if (!a.is_string()) throw InputError(where + ": field 'argv' must hold strings");
+    h.argv.push_back(a.get<std::string>());
+  }
+  h.start_time = str_field(j, "start_time", where);
+  const Json& seed = field(j, "seed", where);
+  if (!seed.is_number_integer()) throw InputError(where + ": field 'seed' must be an integer");
+  h.seed = seed.get<std::uint64_t>();
+  const Json& settings = field(j, "settings", where);
+  if (!settings.is_object()) throw InputError(where + ": field 'settings' must be an object");
+  h.settings = OrderedJson::parse(settings.dump());
+  if (auto it = j.find("ranks"); it != j.end()) {
+    h.ranks = int_list(*it, "ranks", where);
+    for (int r : h.ranks) {
+      if (r < 0 || r >= h.world_size) {
+        throw InputError(where + ": field 'ranks' holds rank " + std::to_string(r) + ", outside the world (0.." +
+                         std::to_string(h.world_size - 1) + ")");
+      }
+    }
+  }
+  if (auto it = j.find("rank_classes"); it != j.end()) {
+    if (!it->is_array()) throw InputError(where + ": field 'rank_classes' must be an array");
+    for (const auto& c : *it) {
+      RankClassInfo info;
+      info.id = static_cast<int>(int_field(c, "id", where + ": rank_classes"));
+      info.label = str_field(c, "label", where + ": rank_classes");
+      info.ranks = int_list(field(c, "ranks", where + ": rank_classes"), "rank_classes[].ranks", where);
+      info.pp_stage = static_cast<int>(int_field(c, "pp_stage", where + ": rank_classes"));
+      h.rank_classes.push_back(std::move(info));
+    }
+  }
+  return h;
+}
+
+}  // namespace threewalls::profiler

@@ -1,0 +1,567 @@
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <regex>
+#include <set>
+#include <thread>
+#include <unordered_set>
+
+#include "flat_json.hpp"
+#include "threewalls/core/error.hpp"
+#include "threewalls/core/version.hpp"
+#include "threewalls/profiler/run_dir.hpp"
+
+namespace threewalls::profiler {
+
+namespace fs = std::filesystem;
+
+std::pair<int, int> check_schema(const Json& j, const std::string& where) {
+  if (!j.is_object()) throw InputError(where + ": expected a JSON object");
+  auto it = j.find("schema");
+  if (it == j.end() || !it->is_string()) {
+    throw InputError(where + ": missing field 'schema' (expected \"" + std::string(kRunDirSchemaName) + "\")");
+  }
+  if (it->get<std::string>() != kRunDirSchemaName) {
+    throw InputError(where + ": schema \"" + it->get<std::string>() + "\" is not a run directory (expected \"" +
+                     std::string(kRunDirSchemaName) + "\")");
+  }
+  auto vit = j.find("schema_version");
+  if (vit == j.end() || !vit->is_string()) {
+    throw InputError(where + ": missing field 'schema_version' (a string \"MAJOR.MINOR\")");
+  }
+  const std::string v = vit->get<std::string>();
+  int major = 0;
+  int minor = 0;
+  auto dot = v.find('.');
+  bool ok = dot != std::string::npos && dot > 0 && dot + 1 < v.size();
+  if (ok) {
+    auto [p1, e1] = std::from_chars(v.data(), v.data() + dot, major);
+    auto [p2, e2] = std::from_chars(v.data() + dot + 1, v.data() + v.size(), minor);
+    ok = e1 == std::errc() && e2 == std::errc() && p1 == v.data() + dot && p2 == v.data() + v.size();
+  }
+  if (!ok) throw InputError(where + ": schema_version \"" + v + "\" is not \"MAJOR.MINOR\"");
+  const std::string reads = std::to_string(kRunDirSchemaMajor) + ".x";
+  if (major > kRunDirSchemaMajor) {
+    throw InputError(where + ": schema " + std::string(kRunDirSchemaName) + " version " + v +
+                     " is newer than this threewalls reads (" + reads + ")");
+  }
+  if (major < kRunDirSchemaMajor) {
+    throw InputError(where + ": schema " + std::string(kRunDirSchemaName) + " version " + v +
+                     " is older than this threewalls reads (" + reads + ")");
+  }
+  return {major, minor};
+}
+
+std::string RunData::label() const {
+  std::string s = header.source + ":" + header.scenario.name;
+  s += " (" + dir.string() + ")";
+  return s;
+}
+
+namespace {
+
+// Field bits of a flat record.
+enum Field : std::uint32_t {
+  kStep = 1U << 0, kRank = 1U << 1, kPhase = 1U << 2, kLayer = 1U << 3, kMicrobatch = 1U << 4,
+  kStream = 1U << 5, kStartUs = 1U << 6, kDurUs = 1U << 7, kWall = 1U << 8, kBytes = 1U << 9,
+  kFlops = 1U << 10, kExpert = 1U << 11, kPeer = 1U << 12, kGroup = 1U << 13, kTokens = 1U << 14,
+  kCoarse = 1U << 15, kRecord = 1U << 16, kEpochUs = 1U << 17,
+};
+constexpr std::uint32_t kPhaseRequired =
+    kStep | kRank | kPhase | kLayer | kMicrobatch | kStream | kStartUs | kDurUs | kWall | kBytes | kFlops;
+constexpr std::uint32_t kStepRequired = kRecord | kStep | kRank | kEpochUs | kDurUs;
+
+const char* field_name(std::uint32_t bit) {
+  switch (bit) {
+    case kStep: return "step";
+    case kRank: return "rank";
+    case kPhase: return "phase";
+    case kLayer: return "layer";
+    case kMicrobatch: return "microbatch";
+    case kStream: return "stream";
+    case kStartUs: return "start_us";
+    case kDurUs: return "dur_us";
+    case kWall: return "wall";
+    case kBytes: return "bytes";
+    case kFlops: return "flops";
+    case kExpert: return "expert";
+    case kPeer: return "peer";
+    case kGroup: return "group";
+    case kTokens: return "tokens";
+    case kCoarse: return "coarse";
+    case kRecord: return "record";
+    case kEpochUs: return "epoch_us";
+    default: return "?";
+  }
+}
+
+// Keys in the order the writer emits them: the reader tries the expected key first.
+constexpr std::uint32_t kWriterOrder[] = {kStep,  kRank,  kPhase,  kLayer, kMicrobatch, kStream,
+                                          kStartUs, kDurUs, kWall, kBytes, kFlops, kExpert,
+                                          kPeer, kGroup, kTokens, kCoarse};
+constexpr std::size_t kWriterOrderSize = sizeof kWriterOrder / sizeof kWriterOrder[0];
+
+const char* field_name(std::uint32_t bit);
+
+std::uint32_t field_bit(std::string_view k) {
+  // Ordered by how often the key appears.
+  if (k == "step") return kStep;
+  if (k == "rank") return kRank;
+  if (k == "phase") return kPhase;
+  if (k == "layer") return kLayer;
+  if (k == "microbatch") return kMicrobatch;
+  if (k == "stream") return kStream;
+  if (k == "start_us") return kStartUs;
+  if (k == "dur_us") return kDurUs;
+  if (k == "wall") return kWall;
+  if (k == "bytes") return kBytes;
+  if (k == "flops") return kFlops;
+  if (k == "expert") return kExpert;
+  if (k == "peer") return kPeer;
+  if (k == "group") return kGroup;
+  if (k == "tokens") return kTokens;
+  if (k == "coarse") return kCoarse;
+  if (k == "record") return kRecord;
+  if (k == "epoch_us") return kEpochUs;
+  return 0;
+}
+
+struct FileResult {
+  int rank = 0;
+  fs::path path;
+  Json header;
+  Names names;
+  std::vector<StepRecord> steps;
+  std::vector<PhaseRecord> phases;
+  std::vector<std::string> warnings;
+  std::exception_ptr error;
+};
+
+std::string read_whole(const fs::path& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) throw InputError(SourceLocation{path.string(), 0, 0}, std::string("cannot open for reading: ") + std::strerror(errno));
+  std::string data;
+  std::error_code ec;
+  auto size = fs::file_size(path, ec);
+  if (!ec) data.reserve(static_cast<std::size_t>(size));
+  char buf[1 << 16];
+  std::size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) data.append(buf, n);
+  bool bad = std::ferror(f) != 0;
+  std::fclose(f);
+  if (bad) throw SystemError(path.string() + ": read failed");
+  return data;
+}
+
+class FileParser {
+ public:
+  FileParser(FileResult& out, const RunHeader& run, const ReadOptions& options)
+      : out_(out), run_(run), options_(options) {}
+
+  void parse() {
+    const std::string data = read_whole(out_.path);
+    // Lines, with the index of the last non-empty one (a crash cuts the last write short).
+    std::vector<std::pair<std::size_t, std::size_t>> lines;  // (offset, length)
+    lines.reserve(data.size() / 160 + 4);
+    std::size_t pos = 0;
+    while (pos < data.size()) {
+      auto nl = data.find('\n', pos);
+      std::size_t end = nl == std::string::npos ? data.size() : nl;
+      lines.emplace_back(pos, end - pos);
+      pos = end + 1;
+    }
+    std::size_t last_nonempty = 0;
+    for (std::size_t i = 0; i < lines.size(); ++i) {
+      if (!blank(std::string_view(data).substr(lines[i].first, lines[i].second))) last_nonempty = i + 1;
+    }
+    if (last_nonempty == 0) throw InputError(SourceLocation{out_.path.string(), 0, 0}, "empty file: no header record");
+    out_.phases.reserve(lines.size());
+    for (std::size_t i = 0; i < lines.size(); ++i) {
+      line_ = static_cast<int>(i + 1);
+      std::string_view text = std::string_view(data).substr(lines[i].first, lines[i].second);
+      if (blank(text)) continue;
+      if (footer_seen_) fail(0, "record after the footer record");
+      try {
+        if (!header_seen_) {
+          parse_header(text);
+        } else {
+          parse_record(text);
+        }
+      } catch (const InputError&) {
+        bool is_last = i + 1 == last_nonempty;
+        if (options_.allow_incomplete && is_last && header_seen_ && corrupt_) {
+          out_.warnings.push_back(loc(0) + ": corrupt last line dropped (the write was cut short)");
+          break;
+        }
+        throw;
+      }
+    }
+    if (!footer_seen_) {
+      std::string msg = "no footer record: the file was cut short (the run crashed or is still running)";
+      if (!options_.allow_incomplete) {
+        throw InputError(SourceLocation{out_.path.string(), 0, 0},
+                         msg + "; read it anyway with --allow-incomplete");
+      }
+      out_.warnings.push_back(out_.path.string() + ": " + msg);
+    }
+    // Every step with phase records has a step record. In a file cut short, the step in progress
+    // has none yet: its records are dropped with a warning (allow_incomplete only).
+    for (int s : phase_steps_) {
+      if (step_records_.count(s)) continue;
+      if (!footer_seen_ && options_.allow_incomplete) {
+        auto unfinished = [s](const PhaseRecord& p) { return p.step == s; };
+        auto n = std::count_if(out_.phases.begin(), out_.phases.end(), unfinished);
+        out_.phases.erase(std::remove_if(out_.phases.begin(), out_.phases.end(), unfinished), out_.phases.end());
+        out_.warnings.push_back(out_.path.string() + ": step " + std::to_string(s) + " did not finish (no step record): " +
+                                std::to_string(n) + " phase records dropped");
+        continue;
+      }
+      throw InputError(SourceLocation{out_.path.string(), 0, 0},
+                       "step " + std::to_string(s) + " has phase records but no step record");
+    }
+  }
+
+ private:
+  static bool blank(std::string_view t) {
+    return std::all_of(t.begin(), t.end(), [](char c) { return c == ' ' || c == '\t' || c == '\r'; });
+  }
+  [[nodiscard]] std::string loc(int col) const { return SourceLocation{out_.path.string(), line_, col}.str(); }
+  [[noreturn]] void fail(int col, const std::string& what) const {
+    throw InputError(SourceLocation{out_.path.string(), line_, col}, what);
+  }
+
+  Json full_parse(std::string_view text) {
+    try {
+      return Json::parse(text);
+    } catch (const Json::parse_error& e) {
+      corrupt_ = true;
+      fail(static_cast<int>(e.byte), "corrupt or truncated JSON line: " + std::string(e.what()));
+    }
+  }
+
+  void parse_header(std::string_view text) {
+    Json j = full_parse(text);
+    auto rec = j.find("record");
+    if (!j.is_object() || rec == j.end() || *rec != "header") fail(0, "line 1 must be the header record (\"record\": \"header\")");
+    auto [major, minor] = check_schema(j, loc(0));
+    minor_ = minor;
+    auto rank = j.find("rank");
+    if (rank == j.end() || !rank->is_number_integer() || rank->get<int>() != out_.rank) {
+      fail(0, "header rank " + (rank == j.end() ? std::string("missing") : rank->dump()) + " does not match the file name (rank " +
+                  std::to_string(out_.rank) + ")");
+    }
+    RunHeader h = header_from_json(j, loc(0));
+    if (h.world_size != run_.world_size) {
+      fail(0, "world_size " + std::to_string(h.world_size) + " differs from run.json's " + std::to_string(run_.world_size));
+    }
+    out_.header = std::move(j);
+    header_seen_ = true;
+  }
+
+  void parse_footer(const Json& j) {
+    auto rec = j.find("record");
+    if (rec == j.end() || !rec->is_string()) fail(0, "a record with nested values must be the footer record");
+    if (*rec == "header") fail(0, "a second header record");
+    if (*rec != "footer") fail(0, "unknown record kind " + rec->dump() + "; allowed: \"step\", \"footer\" (phase lines have no 'record')");
+    auto n = j.find("records");
+    if (n == j.end() || !n->is_number_integer()) fail(0, "footer: missing integer field 'records'");
+    auto steps = j.find("steps");
+    if (steps == j.end() || !steps->is_array()) fail(0, "footer: missing array field 'steps'");
+    if (n->get<std::int64_t>() != static_cast<std::int64_t>(out_.phases.size())) {
+      fail(0, "footer says " + n->dump() + " phase records, the file holds " + std::to_string(out_.phases.size()));
+    }
+    std::set<int> covered(phase_steps_.begin(), phase_steps_.end());
+    for (const auto& [s, unused] : step_records_) covered.insert(s);
+    std::set<int> listed;
+    for (const auto& s : *steps) {
+      if (!s.is_number_integer()) fail(0, "footer: 'steps' must hold integers");
+      listed.insert(s.get<int>());
+    }
+    if (listed != covered) fail(0, "footer lists steps that differ from the steps the file holds");
+    footer_seen_ = true;
+  }
+
+  // A number that must be an integer in [lo, hi].
+  std::int64_t integer(const detail::FlatValue& v, std::uint32_t bit, std::int64_t lo, std::int64_t hi) {
+    if (v.kind != detail::FlatValue::Kind::number || v.number != std::floor(v.number)) {
+      fail(0, std::string("field '") + field_name(bit) + "' must be an integer");
+    }
+    if (v.number < static_cast<double>(lo) || v.number > static_cast<double>(hi)) {
+      fail(0, std::string("field '") + field_name(bit) + "' is " + std::to_string(v.number) + "; allowed: " +
+                  std::to_string(lo) + ".." + std::to_string(hi));
+    }
+    return static_cast<std::int64_t>(v.number);
+  }
+  std::int32_t opt_index(const detail::FlatValue& v, std::uint32_t bit) {
+    if (v.kind == detail::FlatValue::Kind::null) return kAbsent;
+    return static_cast<std::int32_t>(integer(v, bit, 0, 0x7fffffff));
+  }
+  double number(const detail::FlatValue& v, std::uint32_t bit, bool non_negative) {
+    if (v.kind != detail::FlatValue::Kind::number) fail(0, std::string("field '") + field_name(bit) + "' must be a number");
+    if (non_negative && v.number < 0) {
+      fail(0, std::string("field '") + field_name(bit) + "' is negative (" + std::to_string(v.number) + "); allowed: >= 0");
+    }
+    return v.number;
+  }
+  // Interning with a one-entry cache per table: consecutive records mostly repeat names.
+  struct Cached {
+    std::string last;
+    std::uint32_t id = kNoName;
+  };
+  static std::uint32_t intern(StringTable& t, Cached& c, std::string_view s) {
+    if (c.id != kNoName && s == c.last) return c.id;
+    c.id = t.intern(s);
+    c.last.assign(s);
+    return c.id;
+  }
+  std::string_view string(const detail::FlatValue& v, std::uint32_t bit) {
+    if (v.kind != detail::FlatValue::Kind::string) fail(0, std::string("field '") + field_name(bit) + "' must be a string");
+    return v.text;
+  }
+
+  void parse_record(std::string_view text) {
+    detail::FlatScanner sc(text);
+    PhaseRecord p;
+    double epoch_us = 0.0;
+    std::string_view record_kind;
+    std::uint32_t seen = 0;
+    std::string_view key;
+    detail::FlatValue v;
+    if (sc.begin()) {
+      std::size_t expect = 0;
+      while (sc.next(key, v)) {
+        std::uint32_t bit = 0;
+        while (expect < kWriterOrderSize && (seen & kWriterOrder[expect])) ++expect;
+        if (expect < kWriterOrderSize && key == field_name(kWriterOrder[expect])) {
+          bit = kWriterOrder[expect++];
+        } else {
+          bit = field_bit(key);
+        }
+        if (bit == 0) {
+          if (minor_ > kRunDirSchemaMinor) continue;  // a field of a newer minor version
+          fail(0, "unknown field '" + std::string(key) + "' in a version " + std::to_string(kRunDirSchemaMajor) + "." +
+                      std::to_string(minor_) + " file");
+        }
+        if (seen & bit) fail(0, std::string("field '") + field_name(bit) + "' appears twice");
+        seen |= bit;
+        switch (bit) {
+          case kStep: p.step = static_cast<std::int32_t>(integer(v, bit, 0, 0x7fffffff)); break;
+          case kRank: {
+            auto r = integer(v, bit, 0, 0x7fffffff);
+            if (r != out_.rank) fail(0, "record of rank " + std::to_string(r) + " in the file of rank " + std::to_string(out_.rank));
+            p.rank = static_cast<std::int32_t>(r);
+            break;
+          }
+          case kPhase: p.phase = intern(out_.names.phases, phase_cache_, string(v, bit)); break;
+          case kLayer: p.layer = opt_index(v, bit); break;
+          case kMicrobatch: p.microbatch = opt_index(v, bit); break;
+          case kStream: p.stream = intern(out_.names.streams, stream_cache_, string(v, bit)); break;
+          case kStartUs: p.start_us = number(v, bit, false); break;
+          case kDurUs: p.dur_us = number(v, bit, true); break;
+          case kWall: {
+            auto w = parse_wall(string(v, bit));
+            if (!w) fail(0, "field 'wall' is \"" + std::string(v.text) + "\"; allowed: compute, memory, communication, host");
+            p.wall = *w;
+            break;
+          }
+          case kBytes: p.bytes = number(v, bit, true); break;
+          case kFlops: p.flops = number(v, bit, true); break;
+          case kExpert: p.expert = opt_index(v, bit); break;
+          case kPeer: p.peer = opt_index(v, bit); break;
+          case kGroup:
+            if (v.kind != detail::FlatValue::Kind::null) p.group = intern(out_.names.groups, group_cache_, string(v, bit));
+            break;
+          case kTokens:
+            p.tokens = v.kind == detail::FlatValue::Kind::null ? kAbsent : integer(v, bit, 0, std::int64_t{1} << 53);
+            break;
+          case kCoarse: {
+            if (v.kind == detail::FlatValue::Kind::null) break;
+            auto c = parse_coarse_view(string(v, bit));
+            if (!c) fail(0, "field 'coarse' is \"" + std::string(v.text) + "\"; allowed: host_to_device, training_metrics");
+            p.coarse = *c;
+            break;
+          }
+          case kRecord:
+            record_kind = string(v, bit);
+            if (record_kind != "step") {
+              // Footer (nested values) or an unexpected kind: parse the whole line.
+              Json j = full_parse(text);
+              parse_footer(j);
+              return;
+            }
+            break;
+          case kEpochUs: epoch_us = number(v, bit, false); break;
+          default: break;
+        }
+      }
+    }
+    if (!sc.error().empty()) {
+      if (sc.nested_seen()) {
+        Json j = full_parse(text);
+        parse_footer(j);
+        return;
+      }
+      corrupt_ = true;
+      fail(sc.column(), "corrupt or truncated record: " + sc.error());
+    }
+    if (seen & kRecord) {
+      if (record_kind == "step") {
+        if ((seen & kStepRequired) != kStepRequired) missing(seen, kStepRequired, "step record");
+        StepRecord s{p.step, p.rank, epoch_us, p.dur_us};
+        if (!step_records_.emplace(s.step, true).second) fail(0, "a second step record for step " + std::to_string(s.step));
+        out_.steps.push_back(s);
+        return;
+      }
+      if (record_kind == "footer") {
+        Json j = full_parse(text);
+        parse_footer(j);
+        return;
+      }
+      if (record_kind == "header") fail(0, "a second header record");
+      fail(0, "unknown record kind \"" + std::string(record_kind) + "\"; allowed: \"step\", \"footer\" (phase lines have no 'record')");
+    }
+    if ((seen & kPhaseRequired) != kPhaseRequired) missing(seen, kPhaseRequired, "phase record");
+    if (seen & kEpochUs) fail(0, "field 'epoch_us' belongs to step records, not phase records");
+    if (phase_steps_.empty() || phase_steps_.back() != p.step) {
+      if (std::find(phase_steps_.begin(), phase_steps_.end(), p.step) == phase_steps_.end()) phase_steps_.push_back(p.step);
+    }
+    out_.phases.push_back(p);
+  }
+
+  [[noreturn]] void missing(std::uint32_t seen, std::uint32_t required, const char* what) {
+    std::uint32_t lack = required & ~seen;
+    std::string names;
+    for (std::uint32_t bit = 1; bit != 0 && bit <= kEpochUs; bit <<= 1U) {
+      if (lack & bit) names += std::string(names.empty() ? "" : ", ") + "'" + field_name(bit) + "'";
+    }
+    fail(0, std::string(what) + " lacks field(s) " + names);
+  }
+
+  FileResult& out_;
+  const RunHeader& run_;
+  const ReadOptions& options_;
+  int line_ = 0;
+  int minor_ = 0;
+  bool header_seen_ = false;
+  bool footer_seen_ = false;
+  bool corrupt_ = false;
+  std::vector<int> phase_steps_;
+  std::unordered_map<int, bool> step_records_;
+  Cached phase_cache_;
+  Cached stream_cache_;
+  Cached group_cache_;
+};
+
+}  // namespace
+
+RunData RunDirReader::read(const fs::path& dir, const ReadOptions& options) {
+  RunData data;
+  data.dir = dir;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw InputError(dir.string() + ": not a run directory (no such directory)");
+  const fs::path run_path = dir / "run.json";
+  if (!fs::exists(run_path, ec)) throw InputError(run_path.string() + ": missing; not a run directory");
+  data.run_json = read_json_file(run_path);
+  std::tie(data.schema_major, data.schema_minor) = check_schema(data.run_json, run_path.string());
+  data.header = header_from_json(data.run_json, run_path.string());
+  if (data.run_json.find("ranks") == data.run_json.end()) throw InputError(run_path.string() + ": missing field 'ranks'");
+
+  // phases_rank_<r>.jsonl files against run.json's recording ranks.
+  static const std::regex kPhases(R"(phases_rank_([0-9]+)\.jsonl)");
+  std::vector<FileResult> files;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    std::smatch m;
+    std::string name = e.path().filename().string();
+    if (!std::regex_match(name, m, kPhases)) continue;
+    FileResult f;
+    f.rank = std::stoi(m[1].str());
+    f.path = e.path();
+    files.push_back(std::move(f));
+  }
+  std::sort(files.begin(), files.end(), [](const FileResult& a, const FileResult& b) { return a.rank < b.rank; });
+  std::vector<int> present;
+  for (const auto& f : files) present.push_back(f.rank);
+  std::vector<int> listed = data.header.ranks;
+  std::sort(listed.begin(), listed.end());
+  for (int r : listed) {
+    if (!std::binary_search(present.begin(), present.end(), r)) {
+      throw InputError((dir / ("phases_rank_" + std::to_string(r) + ".jsonl")).string() +
+                       ": missing; run.json lists rank " + std::to_string(r) + " as recording");
+    }
+  }
+  for (const auto& f : files) {
+    if (!std::binary_search(listed.begin(), listed.end(), f.rank)) {
+      throw InputError(f.path.string() + ": rank " + std::to_string(f.rank) + " is not among run.json's recording ranks");
+    }
+  }
+
+  // Parse files in parallel; errors are rethrown in rank order so the report is deterministic.
+  unsigned threads = options.threads > 0 ? static_cast<unsigned>(options.threads) : std::thread::hardware_concurrency();
+  threads = std::max(1U, std::min<unsigned>(threads, static_cast<unsigned>(files.size())));
+  std::atomic<std::size_t> next{0};
+  auto work = [&]() {
+    for (std::size_t i = next++; i < files.size(); i = next++) {
+      try {
+        FileParser(files[i], data.header, options).parse();
+      } catch (...) {
+        files[i].error = std::current_exception();
+      }
+    }
+  };
+  if (threads <= 1) {
+    work();
+  } else {
+    std::vector<std::thread> pool;
+    for (unsigned t = 0; t < threads; ++t) pool.emplace_back(work);
+    for (auto& t : pool) t.join();
+  }
+  for (auto& f : files) {
+    if (f.error) std::rethrow_exception(f.error);
+  }
+
+  // Merge, remapping each file's name ids into the run's tables.
+  std::size_t total_phases = 0;
+  std::size_t total_steps = 0;
+  for (const auto& f : files) {
+    total_phases += f.phases.size();
+    total_steps += f.steps.size();
+  }
+  data.phases.reserve(total_phases);
+  data.steps.reserve(total_steps);
+  for (auto& f : files) {
+    auto remap = [](const StringTable& from, StringTable& to) {
+      std::vector<std::uint32_t> m(from.size());
+      for (std::uint32_t i = 0; i < from.size(); ++i) m[i] = to.intern(from.name(i));
+      return m;
+    };
+    auto ph = remap(f.names.phases, data.names.phases);
+    auto st = remap(f.names.streams, data.names.streams);
+    auto gr = remap(f.names.groups, data.names.groups);
+    for (auto p : f.phases) {
+      p.phase = ph[p.phase];
+      p.stream = st[p.stream];
+      if (p.group != kNoName) p.group = gr[p.group];
+      data.phases.push_back(p);
+    }
+    data.steps.insert(data.steps.end(), f.steps.begin(), f.steps.end());
+    data.rank_headers.emplace(f.rank, std::move(f.header));
+    for (auto& w : f.warnings) data.warnings.push_back(std::move(w));
+    std::vector<PhaseRecord>().swap(f.phases);
+  }
+
+  if (options.read_summary) {
+    const fs::path sp = dir / "summary.json";
+    if (fs::exists(sp, ec)) {
+      Json s = read_json_file(sp);
+      check_schema(s, sp.string());
+      data.summary = std::move(s);
+    }
+  }
+  return data;
+}
+
+}  // namespace threewalls::profiler

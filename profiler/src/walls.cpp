@@ -1,0 +1,129 @@
+#include "threewalls/profiler/walls.hpp"
+
+#include <algorithm>
+#include <array>
+
+namespace threewalls::profiler {
+
+WallBreakdown& WallBreakdown::operator+=(const WallBreakdown& o) {
+  compute_us += o.compute_us;
+  memory_us += o.memory_us;
+  communication_us += o.communication_us;
+  host_us += o.host_us;
+  bubble_us += o.bubble_us;
+  exposed_comm_us += o.exposed_comm_us;
+  overlapped_comm_us += o.overlapped_comm_us;
+  return *this;
+}
+
+WallBreakdown& WallBreakdown::operator*=(double k) {
+  compute_us *= k;
+  memory_us *= k;
+  communication_us *= k;
+  host_us *= k;
+  bubble_us *= k;
+  exposed_comm_us *= k;
+  overlapped_comm_us *= k;
+  return *this;
+}
+
+double wall_value(const WallBreakdown& w, int index) {
+  switch (index) {
+    case 0: return w.compute_us;
+    case 1: return w.memory_us;
+    case 2: return w.communication_us;
+    case 3: return w.host_us;
+    case 4: return w.bubble_us;
+    default: return 0.0;
+  }
+}
+
+namespace {
+
+// Sweep categories, in precedence order.
+enum Cat : int { kCompute = 0, kMemory = 1, kComm = 2, kHost = 3, kPipeline = 4, kNumCats = 5 };
+
+int category(const TimelineOp& op) {
+  switch (op.wall) {
+    case Wall::compute: return kCompute;
+    case Wall::memory: return kMemory;
+    case Wall::communication: return op.pipeline ? kPipeline : kComm;
+    case Wall::host: return kHost;
+  }
+  return kHost;
+}
+
+struct Event {
+  double t;
+  int delta;  // +1 start, -1 end
+  int cat;
+};
+
+}  // namespace
+
+WallBreakdown sweep_walls(std::span<const TimelineOp> ops, double step_dur_us) {
+  WallBreakdown w;
+  if (!(step_dur_us > 0.0)) return w;
+  std::vector<Event> ev;
+  ev.reserve(ops.size() * 2 + 2);
+  for (const auto& op : ops) {
+    double s = std::max(0.0, op.start_us);
+    double e = std::min(step_dur_us, op.end_us);
+    if (!(e > s)) continue;
+    int c = category(op);
+    ev.push_back({s, +1, c});
+    ev.push_back({e, -1, c});
+  }
+  std::sort(ev.begin(), ev.end(), [](const Event& a, const Event& b) { return a.t < b.t; });
+
+  std::array<int, kNumCats> active{};
+  double t = 0.0;
+  std::size_t i = 0;
+  // Classifies [t, t_next): `starts_pipeline` tells whether a pipeline op starts at t_next.
+  auto account = [&](double t_next, bool next_starts_pipeline) {
+    double d = t_next - t;
+    if (d <= 0.0) return;
+    bool compute = active[kCompute] > 0;
+    bool memory = active[kMemory] > 0;
+    bool comm = active[kComm] > 0;
+    if (comm) {
+      if (compute || memory) {
+        w.overlapped_comm_us += d;
+      } else {
+        w.exposed_comm_us += d;
+      }
+    }
+    if (compute) {
+      w.compute_us += d;
+    } else if (memory) {
+      w.memory_us += d;
+    } else if (comm) {
+      w.communication_us += d;
+    } else if (active[kHost] > 0) {
+      w.host_us += d;
+    } else if (active[kPipeline] > 0) {
+      w.bubble_us += d;
+    } else if (next_starts_pipeline) {
+      w.bubble_us += d;  // idle, and what ends the idleness is a pipeline send/recv
+    } else {
+      w.host_us += d;  // idle until the host launches the next op
+    }
+  };
+  while (i < ev.size()) {
+    double t_next = ev[i].t;
+    bool pipeline_starts = false;
+    for (std::size_t k = i; k < ev.size() && ev[k].t == t_next; ++k) {
+      if (ev[k].delta > 0 && ev[k].cat == kPipeline) pipeline_starts = true;
+    }
+    account(t_next, pipeline_starts);
+    t = t_next;
+    while (i < ev.size() && ev[i].t == t_next) {
+      active[static_cast<std::size_t>(ev[i].cat)] += ev[i].delta;
+      ++i;
+    }
+  }
+  account(step_dur_us, false);
+  return w;
+}
+
+}  // namespace threewalls::profiler

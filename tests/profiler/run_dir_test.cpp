@@ -1,0 +1,471 @@
+#include "threewalls/profiler/run_dir.hpp"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "test_util.hpp"
+#include "threewalls/core/error.hpp"
+
+using namespace threewalls;
+using namespace threewalls::profiler;
+using threewalls::profiler::testing::fresh_dir;
+using threewalls::profiler::testing::slurp;
+using threewalls::profiler::testing::spit;
+namespace fs = std::filesystem;
+
+namespace {
+
+RunHeader header(int world) {
+  RunHeader h = make_header("sim", world);
+  h.scenario = {"tiny \"quoted\"", "scenarios/examples/tiny.toml", "0123456789abcdef"};
+  h.calibration_profile = ProfileId{"h100-test", "profiles/h100.toml", "h100"};
+  h.device = "simulated h100";
+  h.argv = {"threewalls", "sim", "tiny.toml"};
+  h.seed = 42;
+  h.settings["fidelity"] = "des";
+  h.rank_classes = {{0, "stage 0", {0, 2}, 0}, {1, "stage 1", {1, 3}, 1}};
+  return h;
+}
+
+SamplingPolicy every_step(int world, std::vector<int> ranks = {}) {
+  SamplingConfig c;
+  c.record_every_n_steps = 1;
+  c.flush_every_n_steps = 1;
+  c.ranks = std::move(ranks);
+  return SamplingPolicy(c, world);
+}
+
+// Writes `steps` steps of a small synthetic timeline for every rank the writer records.
+void fill(RunDirWriter& w, int steps, int first = 0) {
+  auto attn = w.phase_id("attn_qkv_fwd");
+  auto a2a = w.phase_id("moe_dispatch_fwd");
+  auto recv = w.phase_id("pp_recv_fwd");
+  auto compute = w.stream_id("compute");
+  auto comm = w.stream_id("ep_comm");
+  auto ep = w.group_id("ep");
+  auto pp = w.group_id("pp");
+  for (int s = first; s < first + steps; ++s) {
+    for (int r = 0; r < w.policy().world_size(); ++r) {
+      if (!w.records(s, r)) continue;
+      PhaseRecord p;
+      p.step = s;
+      p.rank = r;
+      p.phase = attn;
+      p.stream = compute;
+      p.layer = 3;
+      p.microbatch = 1;
+      p.start_us = 1.5;
+      p.dur_us = 100.25 + r;
+      p.bytes = 1.5e9;
+      p.flops = 3.25e12;
+      w.add(p);
+      PhaseRecord q = p;
+      q.phase = a2a;
+      q.stream = comm;
+      q.wall = Wall::communication;
+      q.start_us = 101.75 + r;
+      q.dur_us = 50.0;
+      q.expert = 2;
+      q.group = ep;
+      q.tokens = 4096;
+      q.flops = 0;
+      w.add(q);
+      PhaseRecord x = p;
+      x.phase = recv;
+      x.stream = comm;
+      x.wall = Wall::communication;
+      x.layer = kAbsent;
+      x.microbatch = kAbsent;
+      x.peer = r ^ 1;
+      x.group = pp;
+      x.coarse = CoarseView::host_to_device;
+      x.start_us = 0;
+      x.dur_us = 1;
+      w.add(x);
+      w.add(StepRecord{s, r, 1e9 + s * 1000.0 + 0.125, 160.0 + r});
+    }
+    w.end_step(s);
+  }
+}
+
+std::string read_error(const fs::path& dir, ReadOptions o = {}) {
+  try {
+    (void)RunDirReader::read(dir, o);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Writes a complete 2-rank run and returns its directory.
+fs::path write_run(const fs::path& dir, int steps = 2) {
+  RunDirWriter w(dir, header(4), every_step(4, {0, 1}));
+  fill(w, steps);
+  w.close();
+  return dir;
+}
+
+void replace_in(const fs::path& p, const std::string& from, const std::string& to) {
+  std::string s = slurp(p);
+  auto i = s.find(from);
+  ASSERT_NE(i, std::string::npos) << from;
+  s.replace(i, from.size(), to);
+  spit(p, s);
+}
+
+}  // namespace
+
+TEST(RunDir, WriterReaderRoundTripKeepsEveryField) {
+  auto dir = fresh_dir();
+  RunDirWriter w(dir, header(4), every_step(4));
+  fill(w, 3);
+  w.close();
+  EXPECT_EQ(w.phase_records_written(), 3U * 4U * 3U);
+
+  RunData d = RunDirReader::read(dir);
+  EXPECT_TRUE(d.warnings.empty());
+  EXPECT_EQ(d.header.source, "sim");
+  EXPECT_EQ(d.header.scenario.name, "tiny \"quoted\"");
+  EXPECT_EQ(d.header.calibration_profile->id, "h100-test");
+  EXPECT_EQ(d.header.world_size, 4);
+  EXPECT_EQ(d.header.seed, 42U);
+  EXPECT_EQ(d.header.ranks, (std::vector<int>{0, 1, 2, 3}));
+  ASSERT_EQ(d.header.rank_classes.size(), 2U);
+  EXPECT_EQ(d.header.rank_classes[1].ranks, (std::vector<int>{1, 3}));
+  EXPECT_EQ(d.header.settings["profiler"]["record_every_n_steps"], 1);
+  EXPECT_EQ(d.rank_headers.at(3)["rank_class"], 1);
+  EXPECT_EQ(d.schema_major, 1);
+
+  ASSERT_EQ(d.phases.size(), w.kept_phases().size());
+  ASSERT_EQ(d.steps.size(), w.kept_steps().size());
+  // The reader orders by rank then file order; the writer kept arrival order (step, rank).
+  auto key = [](const PhaseRecord& p) { return std::make_tuple(p.rank, p.step, p.start_us, p.dur_us); };
+  auto kept = w.kept_phases();
+  std::stable_sort(kept.begin(), kept.end(), [&](const auto& a, const auto& b) { return key(a) < key(b); });
+  auto read = d.phases;
+  std::stable_sort(read.begin(), read.end(), [&](const auto& a, const auto& b) { return key(a) < key(b); });
+  for (std::size_t i = 0; i < kept.size(); ++i) {
+    const auto& a = kept[i];
+    const auto& b = read[i];
+    EXPECT_EQ(a.step, b.step);
+    EXPECT_EQ(a.rank, b.rank);
+    EXPECT_EQ(w.names().phases.name(a.phase), d.names.phases.name(b.phase));
+    EXPECT_EQ(w.names().streams.name(a.stream), d.names.streams.name(b.stream));
+    EXPECT_EQ(a.layer, b.layer);
+    EXPECT_EQ(a.microbatch, b.microbatch);
+    EXPECT_DOUBLE_EQ(a.start_us, b.start_us);
+    EXPECT_DOUBLE_EQ(a.dur_us, b.dur_us);
+    EXPECT_EQ(a.wall, b.wall);
+    EXPECT_DOUBLE_EQ(a.bytes, b.bytes);
+    EXPECT_DOUBLE_EQ(a.flops, b.flops);
+    EXPECT_EQ(a.expert, b.expert);
+    EXPECT_EQ(a.peer, b.peer);
+    EXPECT_EQ(a.group == kNoName, b.group == kNoName);
+    if (a.group != kNoName) {
+      EXPECT_EQ(w.names().groups.name(a.group), d.names.groups.name(b.group));
+    }
+    EXPECT_EQ(a.tokens, b.tokens);
+    EXPECT_EQ(a.coarse, b.coarse);
+  }
+  for (const auto& s : d.steps) {
+    EXPECT_DOUBLE_EQ(s.epoch_us, 1e9 + s.step * 1000.0 + 0.125);
+    EXPECT_DOUBLE_EQ(s.dur_us, 160.0 + s.rank);
+  }
+}
+
+TEST(RunDir, DisabledWritesNothing) {
+  auto dir = fresh_dir();
+  SamplingConfig c;
+  c.enabled = false;
+  RunDirWriter w(dir, header(4), SamplingPolicy(c, 4));
+  fill(w, 3);
+  w.write_summary(OrderedJson{{"x", 1}});
+  w.close();
+  EXPECT_FALSE(fs::exists(dir));
+  EXPECT_EQ(w.phase_records_written(), 0U);
+  EXPECT_TRUE(w.kept_phases().empty());
+}
+
+TEST(RunDir, RefusesToOverwriteANonEmptyRunDirectory) {
+  auto dir = write_run(fresh_dir());
+  try {
+    RunDirWriter w(dir, header(4), every_step(4));
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("never overwritten"), std::string::npos) << e.what();
+  }
+  // An existing empty directory is fine.
+  auto empty = fresh_dir("_empty");
+  fs::create_directories(empty);
+  RunDirWriter ok(empty, header(4), every_step(4));
+  ok.close();
+  EXPECT_TRUE(fs::exists(empty / "phases_rank_3.jsonl"));
+}
+
+TEST(RunDir, OverwriteReplacesEveryRunFileButKeepsOthers) {
+  auto dir = fresh_dir();
+  {
+    RunDirWriter w(dir, header(4), every_step(4));
+    fill(w, 1);
+    w.close();
+  }
+  spit(dir / "notes.txt", "mine");
+  WriterOptions o;
+  o.overwrite = true;
+  RunDirWriter w(dir, header(4), every_step(4, {0}), o);
+  fill(w, 1);
+  w.close();
+  EXPECT_FALSE(fs::exists(dir / "phases_rank_1.jsonl"));  // stale rank files of the old run are gone
+  EXPECT_TRUE(fs::exists(dir / "notes.txt"));
+  RunData d = RunDirReader::read(dir);
+  EXPECT_EQ(d.header.ranks, (std::vector<int>{0}));
+}
+
+TEST(RunDir, SamplingDropsUnselectedStepsRanksAndGranularity) {
+  auto dir = fresh_dir();
+  SamplingConfig c;
+  c.start_step = 1;
+  c.record_every_n_steps = 2;
+  c.ranks = {2};
+  c.granularity = Granularity::coarse;
+  RunDirWriter w(dir, header(4), SamplingPolicy(c, 4));
+  PhaseRecord p;
+  p.phase = w.phase_id("x");
+  p.stream = w.stream_id("compute");
+  p.rank = 2;
+  p.step = 0;
+  EXPECT_FALSE(w.add(p));  // step not sampled
+  p.step = 1;
+  EXPECT_FALSE(w.add(p));  // not in the coarse view
+  p.coarse = CoarseView::training_metrics;
+  EXPECT_TRUE(w.add(p));
+  p.rank = 1;
+  EXPECT_FALSE(w.add(p));  // rank does not record
+  EXPECT_TRUE(w.add(StepRecord{1, 2, 0.0, 5.0}));
+  EXPECT_FALSE(w.add(StepRecord{2, 2, 0.0, 5.0}));
+  w.close();
+  EXPECT_EQ(fs::exists(dir / "phases_rank_1.jsonl"), false);
+  RunData d = RunDirReader::read(dir);
+  EXPECT_EQ(d.phases.size(), 1U);
+  EXPECT_EQ(d.steps.size(), 1U);
+  EXPECT_EQ(d.header.settings["profiler"]["granularity"], "coarse");
+  EXPECT_NE(slurp(dir / "phases_rank_2.jsonl").find(R"({"record":"footer","records":1,"steps":[1]})"), std::string::npos);
+}
+
+TEST(RunDir, FlushWritesBufferedRecordsAfterTheFlushStep) {
+  auto dir = fresh_dir();
+  SamplingConfig c;
+  c.record_every_n_steps = 1;
+  c.flush_every_n_steps = 2;
+  c.ranks = {0};
+  RunDirWriter w(dir, header(4), SamplingPolicy(c, 4));
+  auto lines = [&] {
+    auto s = slurp(dir / "phases_rank_0.jsonl");
+    return std::count(s.begin(), s.end(), '\n');
+  };
+  EXPECT_EQ(lines(), 1);  // the header reaches the disk at once
+  fill(w, 1);             // step 0: not a flush step
+  EXPECT_EQ(lines(), 1);
+  fill(w, 1, 1);          // step 1: flushes steps 0 and 1
+  EXPECT_EQ(lines(), 1 + 2 * 4);
+  fill(w, 1, 2);
+  EXPECT_EQ(lines(), 1 + 2 * 4);
+  w.close();
+  EXPECT_EQ(lines(), 1 + 3 * 4 + 1);
+}
+
+TEST(RunDir, DestructorWithoutCloseKeepsRecordsButWritesNoFooter) {
+  auto dir = fresh_dir();
+  {
+    RunDirWriter w(dir, header(4), every_step(4, {0}));
+    auto p = PhaseRecord{};
+    p.phase = w.phase_id("x");
+    p.stream = w.stream_id("s");
+    w.add(p);
+    w.add(StepRecord{0, 0, 0.0, 1.0});
+  }  // e.g. an exception unwinds the training loop
+  auto err = read_error(dir);
+  EXPECT_NE(err.find("phases_rank_0.jsonl: no footer record"), std::string::npos) << err;
+  ReadOptions o;
+  o.allow_incomplete = true;
+  RunData d = RunDirReader::read(dir, o);
+  EXPECT_EQ(d.phases.size(), 1U);
+  ASSERT_EQ(d.warnings.size(), 1U);
+  EXPECT_NE(d.warnings[0].find("no footer"), std::string::npos);
+}
+
+TEST(RunDir, TruncatedLineIsReportedWithFileAndLine) {
+  auto dir = write_run(fresh_dir());
+  auto p = dir / "phases_rank_1.jsonl";
+  std::string s = slurp(p);
+  // Cut line 3 in the middle (and keep the rest of the file after it).
+  std::size_t line3 = s.find('\n', s.find('\n') + 1) + 1;
+  s.erase(line3 + 40, s.find('\n', line3) - (line3 + 40));
+  spit(p, s);
+  auto err = read_error(dir);
+  EXPECT_NE(err.find("phases_rank_1.jsonl:3:"), std::string::npos) << err;
+  EXPECT_NE(err.find("corrupt or truncated"), std::string::npos) << err;
+  // A corrupt line that is not the last one is an error even when incomplete files are allowed.
+  ReadOptions o;
+  o.allow_incomplete = true;
+  EXPECT_NE(read_error(dir, o).find("phases_rank_1.jsonl:3:"), std::string::npos);
+}
+
+TEST(RunDir, TruncatedLastLineOfACrashedRunIsDroppedOnlyWhenAllowed) {
+  auto dir = write_run(fresh_dir());
+  auto p = dir / "phases_rank_0.jsonl";
+  std::string s = slurp(p);
+  s.erase(s.rfind("{\"record\":\"footer\""));  // the crash: no footer ...
+  s.erase(s.rfind("{\"record\":\"step\""));   // ... and the last step record cut halfway
+  s += R"({"record":"step","step":1,"ra)";
+  spit(p, s);
+  auto err = read_error(dir);
+  EXPECT_NE(err.find("phases_rank_0.jsonl:"), std::string::npos) << err;
+  EXPECT_NE(err.find("corrupt or truncated"), std::string::npos) << err;
+  ReadOptions o;
+  o.allow_incomplete = true;
+  RunData d = RunDirReader::read(dir, o);
+  // Rank 0 keeps step 0 only (step 1 never finished); rank 1 is complete.
+  EXPECT_EQ(d.phases.size(), 3U + 6U);
+  ASSERT_EQ(d.warnings.size(), 3U);
+  EXPECT_NE(d.warnings[0].find("phases_rank_0.jsonl:"), std::string::npos) << d.warnings[0];
+  EXPECT_NE(d.warnings[0].find("corrupt last line dropped"), std::string::npos) << d.warnings[0];
+  EXPECT_NE(d.warnings[1].find("no footer"), std::string::npos) << d.warnings[1];
+  EXPECT_NE(d.warnings[2].find("step 1 did not finish (no step record): 3 phase records dropped"), std::string::npos)
+      << d.warnings[2];
+}
+
+TEST(RunDir, MissingFooterIsReported) {
+  auto dir = write_run(fresh_dir());
+  auto p = dir / "phases_rank_1.jsonl";
+  std::string s = slurp(p);
+  s.erase(s.rfind("{\"record\":\"footer\""));
+  spit(p, s);
+  auto err = read_error(dir);
+  EXPECT_NE(err.find("phases_rank_1.jsonl: no footer record: the file was cut short"), std::string::npos) << err;
+}
+
+TEST(RunDir, UnknownMajorVersionIsRefusedByName) {
+  auto dir = write_run(fresh_dir());
+  replace_in(dir / "run.json", "\"schema_version\": \"1.0\"", "\"schema_version\": \"2.0\"");
+  auto err = read_error(dir);
+  EXPECT_NE(err.find("run.json: schema threewalls.run_dir version 2.0 is newer than this threewalls reads (1.x)"),
+            std::string::npos)
+      << err;
+  // Same for a phases file header.
+  dir = write_run(fresh_dir("_rank"));
+  replace_in(dir / "phases_rank_0.jsonl", "\"schema_version\":\"1.0\"", "\"schema_version\":\"3.1\"");
+  err = read_error(dir);
+  EXPECT_NE(err.find("phases_rank_0.jsonl:1: schema threewalls.run_dir version 3.1 is newer"), std::string::npos) << err;
+  // And a file that is not a run directory at all.
+  dir = write_run(fresh_dir("_name"));
+  replace_in(dir / "run.json", "\"threewalls.run_dir\"", "\"threewalls.calibration_profile\"");
+  EXPECT_NE(read_error(dir).find("is not a run directory"), std::string::npos);
+}
+
+TEST(RunDir, NewerMinorVersionIsReadAndItsNewFieldsIgnored) {
+  auto dir = write_run(fresh_dir());
+  replace_in(dir / "run.json", "\"schema_version\": \"1.0\"", "\"schema_version\": \"1.7\"");
+  auto p = dir / "phases_rank_0.jsonl";
+  replace_in(p, "\"schema_version\":\"1.0\"", "\"schema_version\":\"1.7\"");
+  replace_in(p, "\"flops\":", "\"sm_occupancy_pct\":87.5,\"flops\":");
+  RunData d = RunDirReader::read(dir);
+  EXPECT_EQ(d.schema_minor, 7);
+  EXPECT_EQ(d.phases.size(), 12U);
+}
+
+TEST(RunDir, UnknownFieldInACurrentVersionFileIsAnError) {
+  auto dir = write_run(fresh_dir());
+  replace_in(dir / "phases_rank_0.jsonl", "\"flops\":", "\"flop\":1,\"flops\":");
+  auto err = read_error(dir);
+  EXPECT_NE(err.find("phases_rank_0.jsonl:2: unknown field 'flop' in a version 1.0 file"), std::string::npos) << err;
+}
+
+TEST(RunDir, BadWallValueNamesTheAllowedValues) {
+  auto dir = write_run(fresh_dir());
+  replace_in(dir / "phases_rank_1.jsonl", "\"wall\":\"compute\"", "\"wall\":\"gpu\"");
+  auto err = read_error(dir);
+  EXPECT_NE(err.find("phases_rank_1.jsonl:2: field 'wall' is \"gpu\"; allowed: compute, memory, communication, host"),
+            std::string::npos)
+      << err;
+}
+
+TEST(RunDir, MissingFieldIsNamed) {
+  auto dir = write_run(fresh_dir());
+  replace_in(dir / "phases_rank_0.jsonl", ",\"dur_us\":100.25", "");
+  auto err = read_error(dir);
+  EXPECT_NE(err.find("phases_rank_0.jsonl:2: phase record lacks field(s) 'dur_us'"), std::string::npos) << err;
+}
+
+TEST(RunDir, FooterCountThatDisagreesIsAnError) {
+  auto dir = write_run(fresh_dir());
+  replace_in(dir / "phases_rank_0.jsonl", "\"records\":6", "\"records\":7");
+  auto err = read_error(dir);
+  EXPECT_NE(err.find("footer says 7 phase records, the file holds 6"), std::string::npos) << err;
+}
+
+TEST(RunDir, RecordAfterTheFooterIsAnError) {
+  auto dir = write_run(fresh_dir());
+  std::string s = slurp(dir / "phases_rank_0.jsonl");
+  spit(dir / "phases_rank_0.jsonl", s + R"({"record":"step","step":5,"rank":0,"epoch_us":0,"dur_us":1})" + "\n");
+  EXPECT_NE(read_error(dir).find("record after the footer"), std::string::npos);
+}
+
+TEST(RunDir, MissingOrUnlistedRankFileIsAnError) {
+  auto dir = write_run(fresh_dir());
+  fs::rename(dir / "phases_rank_1.jsonl", dir / "phases_rank_2.jsonl");
+  auto err = read_error(dir);
+  EXPECT_NE(err.find("phases_rank_1.jsonl: missing; run.json lists rank 1 as recording"), std::string::npos) << err;
+  fs::copy_file(dir / "phases_rank_2.jsonl", dir / "phases_rank_1.jsonl");
+  err = read_error(dir);
+  EXPECT_NE(err.find("rank 2 is not among run.json's recording ranks"), std::string::npos) << err;
+}
+
+TEST(RunDir, RecordOfAnotherRankIsAnError) {
+  auto dir = write_run(fresh_dir());
+  replace_in(dir / "phases_rank_1.jsonl", "{\"step\":0,\"rank\":1,", "{\"step\":0,\"rank\":0,");
+  auto err = read_error(dir);
+  EXPECT_NE(err.find("phases_rank_1.jsonl:2: record of rank 0 in the file of rank 1"), std::string::npos) << err;
+}
+
+TEST(RunDir, MissingRunJsonIsNotARunDirectory) {
+  auto dir = write_run(fresh_dir());
+  fs::remove(dir / "run.json");
+  EXPECT_NE(read_error(dir).find("run.json: missing; not a run directory"), std::string::npos);
+  EXPECT_NE(read_error(dir / "nope").find("no such directory"), std::string::npos);
+}
+
+TEST(RunDir, SummaryJsonIsReadAndVersionChecked) {
+  auto dir = fresh_dir();
+  RunDirWriter w(dir, header(4), every_step(4, {0}));
+  fill(w, 1);
+  w.close();
+  w.write_summary(OrderedJson{{"schema", "threewalls.run_dir"}, {"schema_version", "1.0"}, {"x", 1}});
+  RunData d = RunDirReader::read(dir);
+  ASSERT_TRUE(d.summary.has_value());
+  EXPECT_EQ((*d.summary)["x"], 1);
+  replace_in(dir / "summary.json", "\"1.0\"", "\"9.0\"");
+  EXPECT_NE(read_error(dir).find("summary.json: schema threewalls.run_dir version 9.0 is newer"), std::string::npos);
+}
+
+TEST(RunDir, JoinModeAddsRankFilesToAnExistingRun) {
+  auto dir = fresh_dir();
+  WriterOptions o0;
+  o0.local_ranks = {0};
+  RunDirWriter w0(dir, header(2), every_step(2), o0);
+  WriterOptions o1;
+  o1.mode = WriterOptions::Mode::join;
+  o1.local_ranks = {1};
+  o1.write_run_json = false;
+  RunDirWriter w1(dir, header(2), every_step(2), o1);
+  fill(w0, 1);
+  fill(w1, 1);
+  w0.close();
+  w1.close();
+  RunData d = RunDirReader::read(dir);
+  EXPECT_EQ(d.phases.size(), 6U);
+  WriterOptions bad;
+  bad.mode = WriterOptions::Mode::join;
+  EXPECT_THROW(RunDirWriter(dir / "absent", header(2), every_step(2), bad), InputError);
+}

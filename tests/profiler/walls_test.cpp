@@ -1,0 +1,120 @@
+#include "threewalls/profiler/walls.hpp"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+using namespace threewalls::profiler;
+
+namespace {
+
+TimelineOp op(double s, double e, Wall w, bool pipeline = false) { return TimelineOp{s, e, w, pipeline}; }
+
+}  // namespace
+
+TEST(Walls, ComputeOverlappingCommunicationCountsAsCompute) {
+  std::vector<TimelineOp> ops = {op(0, 100, Wall::compute), op(20, 80, Wall::communication)};
+  auto w = sweep_walls(ops, 100);
+  EXPECT_DOUBLE_EQ(w.compute_us, 100);
+  EXPECT_DOUBLE_EQ(w.communication_us, 0);
+  EXPECT_DOUBLE_EQ(w.overlapped_comm_us, 60);
+  EXPECT_DOUBLE_EQ(w.exposed_comm_us, 0);
+}
+
+TEST(Walls, ExposedCommunicationIsTheCommunicationWall) {
+  std::vector<TimelineOp> ops = {op(0, 50, Wall::compute), op(40, 90, Wall::communication), op(90, 100, Wall::memory)};
+  auto w = sweep_walls(ops, 100);
+  EXPECT_DOUBLE_EQ(w.compute_us, 50);
+  EXPECT_DOUBLE_EQ(w.communication_us, 40);
+  EXPECT_DOUBLE_EQ(w.memory_us, 10);
+  EXPECT_DOUBLE_EQ(w.exposed_comm_us, 40);
+  EXPECT_DOUBLE_EQ(w.overlapped_comm_us, 10);
+  EXPECT_DOUBLE_EQ(w.exposed_comm_us, w.communication_us);
+}
+
+TEST(Walls, PrecedenceIsComputeMemoryCommunicationHost) {
+  // Four layers stacked: each instant goes to the highest-precedence op running.
+  std::vector<TimelineOp> ops = {op(0, 100, Wall::host), op(10, 100, Wall::communication), op(20, 100, Wall::memory),
+                                 op(30, 100, Wall::compute)};
+  auto w = sweep_walls(ops, 100);
+  EXPECT_DOUBLE_EQ(w.host_us, 10);
+  EXPECT_DOUBLE_EQ(w.communication_us, 10);
+  EXPECT_DOUBLE_EQ(w.memory_us, 10);
+  EXPECT_DOUBLE_EQ(w.compute_us, 70);
+  EXPECT_DOUBLE_EQ(w.bubble_us, 0);
+}
+
+TEST(Walls, WaitingOnAPipelineRecvIsBubble) {
+  // Forward of micro-batch 0, then the recv of the next activation waits 40 us, then compute again.
+  std::vector<TimelineOp> ops = {op(0, 30, Wall::compute), op(30, 70, Wall::communication, true),
+                                 op(70, 100, Wall::compute)};
+  auto w = sweep_walls(ops, 100);
+  EXPECT_DOUBLE_EQ(w.compute_us, 60);
+  EXPECT_DOUBLE_EQ(w.bubble_us, 40);
+  EXPECT_DOUBLE_EQ(w.communication_us, 0);
+  EXPECT_DOUBLE_EQ(w.exposed_comm_us, 0);  // pipeline p2p is not counted as communication
+}
+
+TEST(Walls, IdleGapEndedByAPipelineRecvIsBubbleOtherwiseHost) {
+  std::vector<TimelineOp> ops = {op(0, 20, Wall::compute), op(50, 60, Wall::communication, true),
+                                 op(80, 100, Wall::compute)};
+  auto w = sweep_walls(ops, 100);
+  // [20,50) idle then a pipeline recv starts: bubble. [50,60) recv: bubble. [60,80) idle then a kernel: host.
+  EXPECT_DOUBLE_EQ(w.bubble_us, 40);
+  EXPECT_DOUBLE_EQ(w.host_us, 20);
+  EXPECT_DOUBLE_EQ(w.compute_us, 40);
+}
+
+TEST(Walls, CommunicationOtherThanPipelineBeatsPipelineAndHost) {
+  std::vector<TimelineOp> ops = {op(0, 100, Wall::communication, true), op(0, 50, Wall::communication),
+                                 op(40, 60, Wall::host)};
+  auto w = sweep_walls(ops, 100);
+  EXPECT_DOUBLE_EQ(w.communication_us, 50);
+  EXPECT_DOUBLE_EQ(w.host_us, 10);
+  EXPECT_DOUBLE_EQ(w.bubble_us, 40);
+}
+
+TEST(Walls, OpsAreClippedToTheStepAndEmptyOpsIgnored) {
+  std::vector<TimelineOp> ops = {op(-10, 20, Wall::compute), op(90, 150, Wall::memory), op(50, 50, Wall::compute),
+                                 op(60, 55, Wall::compute)};
+  auto w = sweep_walls(ops, 100);
+  EXPECT_DOUBLE_EQ(w.compute_us, 20);
+  EXPECT_DOUBLE_EQ(w.memory_us, 10);
+  EXPECT_DOUBLE_EQ(w.host_us, 70);
+  EXPECT_DOUBLE_EQ(w.total_us(), 100);
+  EXPECT_DOUBLE_EQ(sweep_walls({}, 0).total_us(), 0);
+}
+
+TEST(Walls, FiveWallsSumToTheStepTimeOnRandomTimelines) {
+  std::mt19937_64 rng(20261101);  // fixed seed
+  std::uniform_real_distribution<double> u(0.0, 1000.0);
+  std::uniform_int_distribution<int> kind(0, 4);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<TimelineOp> ops;
+    double step = 500.0 + u(rng);
+    for (int i = 0; i < 50; ++i) {
+      double a = u(rng);
+      double b = a + u(rng) * 0.2;
+      int k = kind(rng);
+      ops.push_back(op(a, b, k == 4 ? Wall::communication : static_cast<Wall>(k), k == 4));
+    }
+    auto w = sweep_walls(ops, step);
+    EXPECT_NEAR(w.total_us(), step, 1e-9 * step);
+    EXPECT_NEAR(w.exposed_comm_us, w.communication_us, 1e-9 * step);
+    for (int i = 0; i < 5; ++i) EXPECT_GE(wall_value(w, i), 0.0);
+  }
+}
+
+TEST(Walls, TimelineOpMarksOnlyPipelineGroupCommunication) {
+  PhaseRecord r;
+  r.wall = Wall::communication;
+  r.group = 3;
+  r.start_us = 5;
+  r.dur_us = 2;
+  EXPECT_TRUE(timeline_op(r, 3).pipeline);
+  EXPECT_FALSE(timeline_op(r, 4).pipeline);
+  EXPECT_FALSE(timeline_op(r, kNoName).pipeline);
+  EXPECT_DOUBLE_EQ(timeline_op(r, 3).end_us, 7);
+  r.wall = Wall::compute;
+  EXPECT_FALSE(timeline_op(r, 3).pipeline);
+}
