@@ -469,3 +469,22 @@ TEST(RunDir, JoinModeAddsRankFilesToAnExistingRun) {
   bad.mode = WriterOptions::Mode::join;
   EXPECT_THROW(RunDirWriter(dir / "absent", header(2), every_step(2), bad), InputError);
 }
+
+TEST(RunDir, TimesAreWrittenInMicrosecondsRoundedToTheNanosecond) {
+  Names n;
+  PhaseRecord p;
+  p.phase = n.phases.intern("a\"b");
+  p.stream = n.streams.intern("compute");
+  p.start_us = -0.0015;
+  p.dur_us = 12.34567;
+  p.bytes = 4096;
+  p.flops = 1.5;
+  std::string line;
+  append_phase_line(line, p, n);
+  EXPECT_EQ(line,
+            R"({"step":0,"rank":0,"phase":"a\"b","layer":null,"microbatch":null,"stream":"compute","start_us":-0.002,)"
+            R"("dur_us":12.346,"wall":"compute","bytes":4096,"flops":1.5})");
+  line.clear();
+  append_step_line(line, StepRecord{3, 1, 1234567890.1234, 100.0});
+  EXPECT_EQ(line, R"({"record":"step","step":3,"rank":1,"epoch_us":1234567890.123,"dur_us":100})");
+}

@@ -31,16 +31,16 @@ struct Builder {
   }
 };
 
-void expect_near_json(const OrderedJson& a, const OrderedJson& b, double rel, const std::string& path) {
+void expect_near_json(const OrderedJson& a, const OrderedJson& b, double abs_tol, const std::string& path) {
   ASSERT_EQ(a.type(), b.type()) << path;
   if (a.is_object()) {
     ASSERT_EQ(a.size(), b.size()) << path;
-    for (auto it = a.begin(); it != a.end(); ++it) expect_near_json(it.value(), b.at(it.key()), rel, path + "." + it.key());
+    for (auto it = a.begin(); it != a.end(); ++it) expect_near_json(it.value(), b.at(it.key()), abs_tol, path + "." + it.key());
   } else if (a.is_array()) {
     ASSERT_EQ(a.size(), b.size()) << path;
-    for (std::size_t i = 0; i < a.size(); ++i) expect_near_json(a[i], b[i], rel, path + "[" + std::to_string(i) + "]");
+    for (std::size_t i = 0; i < a.size(); ++i) expect_near_json(a[i], b[i], abs_tol, path + "[" + std::to_string(i) + "]");
   } else if (a.is_number_float()) {
-    EXPECT_NEAR(a.get<double>(), b.get<double>(), rel * std::max(1.0, std::abs(a.get<double>()))) << path;
+    EXPECT_NEAR(a.get<double>(), b.get<double>(), abs_tol) << path;
   } else {
     EXPECT_EQ(a, b) << path;
   }
@@ -175,6 +175,6 @@ TEST(Summary, ReadBackRunGivesTheSameSummaryAsTheWritersKeptRecords) {
   auto a = sb.json(w.kept_steps(), w.kept_phases(), w.names());
   RunData d = RunDirReader::read(dir);
   auto b2 = sb.json(d.steps, d.phases, d.names);
-  // Times are written with 12 significant digits: equal up to that rounding.
-  expect_near_json(a, b2, 1e-10, "");
+  // Times are written rounded to the nanosecond: equal up to that rounding.
+  expect_near_json(a, b2, 1e-3, "");
 }
