@@ -1,0 +1,393 @@
+// kernel_bench: figures of the backend's kernels on the GPU it runs on.
+//
+//   kernel_bench [--quick] [--only gemm,grouped,attention,memory,copy,nccl]
+//
+// Prints one line per measurement: name, shape, median time and the rate (TFLOP/s for compute,
+// GB/s for memory and copies, bus GB/s for collectives), the spread of the samples, and for the
+// grouped GEMM the ratio to a dense GEMM of the same FLOPs. All inputs are seeded random data
+// (never zeros). Collective bus bandwidth follows nccl-tests: all-reduce busbw = algbw * 2(n-1)/n,
+// all-to-all busbw = algbw * (n-1)/n, algbw = size / time.
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "threewalls/backend/attention.hpp"
+#include "threewalls/backend/blas.hpp"
+#include "threewalls/backend/copies.hpp"
+#include "threewalls/backend/error.hpp"
+#include "threewalls/backend/handles.hpp"
+#include "threewalls/backend/kernels.hpp"
+#include "threewalls/backend/nccl.hpp"
+#include "threewalls/backend/timing.hpp"
+
+namespace tw = threewalls::backend;
+
+namespace {
+
+bool g_quick = false;
+
+tw::TimingOptions opts() {
+  tw::TimingOptions o;
+  o.warmup = g_quick ? 2 : 5;
+  o.min_reps = g_quick ? 3 : 10;
+  o.max_reps = g_quick ? 10 : 40;
+  o.max_seconds = g_quick ? 0.5 : 1.5;
+  return o;
+}
+
+void row(const std::string& name, const std::string& shape, const tw::TimingResult& t, double rate,
+         const char* unit, const std::string& extra = "") {
+  std::printf("%-28s %-44s %10.4f ms %9.1f %-7s spread %5.1f%% %s\n", name.c_str(), shape.c_str(), t.median_ms(), rate,
+              unit, 100.0 * t.spread(), extra.c_str());
+  std::fflush(stdout);
+}
+
+std::string dims(std::initializer_list<std::int64_t> d, const char* sep = "x") {
+  std::string s;
+  for (const auto v : d) s += (s.empty() ? "" : sep) + std::to_string(v);
+  return s;
+}
+
+double tflops(double flops, double ms) { return flops / (ms * 1e-3) / 1e12; }
+double gbps(double bytes, double ms) { return bytes / (ms * 1e-3) / 1e9; }
+
+tw::DeviceBuffer random_bf16(std::size_t n, std::uint64_t seed) {
+  tw::DeviceBuffer b(n * sizeof(tw::bf16));
+  tw::fill_random(b.as<tw::bf16>(), static_cast<std::int64_t>(n), seed, 1.0F, nullptr);
+  return b;
+}
+
+// ---- dense GEMM ----
+double dense_gemm(tw::CublasLt& lt, tw::Stream& s, tw::GemmLayout layout, std::int64_t m, std::int64_t n, std::int64_t k,
+                  tw::GemmType type, const char* label) {
+  const std::size_t in_bytes = type == tw::GemmType::e4m3 ? 1 : 2;
+  tw::DeviceBuffer a(static_cast<std::size_t>(m * k) * in_bytes), b(static_cast<std::size_t>(k * n) * in_bytes);
+  tw::DeviceBuffer c(static_cast<std::size_t>(m * n) * 2);
+  if (type == tw::GemmType::e4m3) {
+    tw::fill_random(a.as<tw::fp8>(), m * k, 1, 1.0F, s);
+    tw::fill_random(b.as<tw::fp8>(), k * n, 2, 1.0F, s);
+  } else {
+    tw::fill_random(a.as<tw::bf16>(), m * k, 1, 1.0F, s);
+    tw::fill_random(b.as<tw::bf16>(), k * n, 2, 1.0F, s);
+  }
+  const tw::GemmShape g = tw::linear_gemm(layout, m, n, k, type);
+  const auto t = tw::time_device([&](cudaStream_t st) { lt.gemm(g, a.data(), b.data(), c.data(), st); }, s, opts());
+  const double tf = tflops(2.0 * m * n * k, t.median_ms());
+  row(label, dims({m, n, k}), t, tf, "TFLOP/s");
+  return tf;
+}
+
+void bench_gemm(tw::CublasLt& lt, tw::Stream& s) {
+  std::printf("\n# dense GEMM (cuBLASLt, bf16 in/out, fp32 accumulate; fp8 e4m3 in, bf16 out)\n");
+  dense_gemm(lt, s, tw::GemmLayout::forward, 8192, 8192, 8192, tw::GemmType::bfloat16, "gemm bf16 fwd");
+  dense_gemm(lt, s, tw::GemmLayout::dgrad, 8192, 8192, 8192, tw::GemmType::bfloat16, "gemm bf16 dgrad");
+  dense_gemm(lt, s, tw::GemmLayout::wgrad, 8192, 8192, 8192, tw::GemmType::bfloat16, "gemm bf16 wgrad");
+  dense_gemm(lt, s, tw::GemmLayout::forward, 16384, 8192, 4096, tw::GemmType::bfloat16, "gemm bf16 fwd");
+  for (const std::int64_t m : {1024, 16384}) {
+    dense_gemm(lt, s, tw::GemmLayout::forward, m, 1408, 2048, tw::GemmType::bfloat16, "gemm bf16 fwd (expert)");
+  }
+  dense_gemm(lt, s, tw::GemmLayout::forward, 8192, 8192, 8192, tw::GemmType::e4m3, "gemm fp8 fwd");
+}
+
+// ---- grouped GEMM vs dense at equal FLOPs ----
+void bench_grouped(tw::CublasLt& lt, tw::Stream& s) {
+  std::printf("\n# grouped expert GEMM vs one dense GEMM of the same FLOPs (target: grouped >= 85%% of dense)\n");
+  struct Case {
+    std::int64_t experts, rows, n, k;
+    std::int64_t hot;  // rows of expert 0 (imbalance); 0 = balanced
+  };
+  std::vector<Case> cases{{64, 768, 1408, 2048, 0}, {64, 512, 1408, 2048, 0}, {64, 768, 1408, 2048, 3 * 768},
+                          {8, 4096, 14336, 4096, 0}};
+  if (g_quick) cases.resize(2);
+  for (const Case& c : cases) {
+    const std::int64_t total = c.experts * c.rows;
+    const std::vector<std::int64_t> rows =
+        tw::expert_rows(total, c.experts, c.hot > 0 ? c.hot : c.rows);
+    tw::DeviceBuffer a = random_bf16(static_cast<std::size_t>(total * c.k), 3);
+    tw::DeviceBuffer w = random_bf16(static_cast<std::size_t>(c.experts * c.n * c.k), 4);
+    tw::DeviceBuffer y(static_cast<std::size_t>(total * c.n) * 2);
+    const double flops = 2.0 * total * c.n * c.k;
+    // Dense reference: the same tokens through one weight of [n, k].
+    const tw::GemmShape g = tw::linear_gemm(tw::GemmLayout::forward, total, c.n, c.k);
+    const auto td = tw::time_device([&](cudaStream_t st) { lt.gemm(g, a.data(), w.data(), y.data(), st); }, s, opts());
+    const double dense_tf = tflops(flops, td.median_ms());
+    const std::string shape = std::to_string(c.experts) + " experts x " + std::to_string(c.rows) + " n" +
+                              std::to_string(c.n) + " k" + std::to_string(c.k) + (c.hot > 0 ? " hot " + std::to_string(c.hot) : "");
+    row("dense same flops", dims({total, c.n, c.k}), td, dense_tf, "TFLOP/s");
+    // Strided batched (only possible when balanced): what one batched kernel reaches.
+    if (c.hot == 0) {
+      tw::GemmShape gb = tw::linear_gemm(tw::GemmLayout::forward, c.rows, c.n, c.k);
+      gb.batch = c.experts;
+      gb.stride_a = c.rows * c.k;
+      gb.stride_b = c.n * c.k;
+      gb.stride_c = c.rows * c.n;
+      const auto tb = tw::time_device([&](cudaStream_t st) { lt.gemm(gb, a.data(), w.data(), y.data(), st); }, s, opts());
+      const double tf = tflops(flops, tb.median_ms());
+      char extra[64];
+      std::snprintf(extra, sizeof extra, "%.1f%% of dense", 100.0 * tf / dense_tf);
+      row("strided batched (balanced)", shape, tb, tf, "TFLOP/s", extra);
+    }
+    for (const tw::GroupedImpl impl : {tw::GroupedImpl::cublas_grouped, tw::GroupedImpl::lt_loop, tw::GroupedImpl::lt_streams}) {
+      try {
+        tw::GroupedGemm gg(lt, tw::GemmLayout::forward, rows, c.n, c.k, a.as<tw::bf16>(), w.as<tw::bf16>(),
+                           y.as<tw::bf16>(), impl, 4);
+        const auto t = tw::time_device([&](cudaStream_t st) { gg.run(st); }, s, opts());
+        const double tf = tflops(flops, t.median_ms());
+        char extra[64];
+        std::snprintf(extra, sizeof extra, "%.1f%% of dense", 100.0 * tf / dense_tf);
+        row(std::string("grouped ") + tw::to_string(impl), shape, t, tf, "TFLOP/s", extra);
+      } catch (const std::exception& e) {
+        std::printf("grouped %-20s %s: FAILED: %s\n", tw::to_string(impl), shape.c_str(), e.what());
+      }
+    }
+    // The same grouped GEMM in the backward layouts (cuBLAS grouped).
+    for (const tw::GemmLayout layout : {tw::GemmLayout::dgrad, tw::GemmLayout::wgrad}) {
+      try {
+        // dgrad: A = dY [T, n], B = W, C = dX [T, k]; wgrad: A = dY [T, n], B = X [T, k], C = dW.
+        tw::DeviceBuffer dy = random_bf16(static_cast<std::size_t>(total * c.n), 5);
+        tw::DeviceBuffer out(static_cast<std::size_t>(std::max(total * c.k, c.experts * c.n * c.k)) * 2);
+        const tw::bf16* b = layout == tw::GemmLayout::dgrad ? w.as<tw::bf16>() : a.as<tw::bf16>();
+        tw::GroupedGemm gg(lt, layout, rows, c.n, c.k, dy.as<tw::bf16>(), b, out.as<tw::bf16>(),
+                           tw::GroupedImpl::cublas_grouped);
+        const auto t = tw::time_device([&](cudaStream_t st) { gg.run(st); }, s, opts());
+        const double tf = tflops(flops, t.median_ms());
+        char extra[64];
+        std::snprintf(extra, sizeof extra, "%.1f%% of dense fwd", 100.0 * tf / dense_tf);
+        row(layout == tw::GemmLayout::dgrad ? "grouped cublas dgrad" : "grouped cublas wgrad", shape, t, tf, "TFLOP/s",
+            extra);
+      } catch (const std::exception& e) {
+        std::printf("grouped backward %s: FAILED: %s\n", shape.c_str(), e.what());
+      }
+    }
+  }
+}
+
+// ---- attention ----
+void bench_attention(tw::CublasLt& lt, tw::Stream& s) {
+  std::printf("\n# attention (unfused: cuBLASLt batched GEMMs + masked softmax kernels; model FLOPs)\n");
+  tw::Attention att(lt);
+  std::vector<tw::AttentionShape> shapes{{2, 4096, 4096, 16, 128, 128, true},
+                                         {1, 8192, 8192, 16, 128, 128, true},
+                                         {2, 4096, 4096, 16, 128, 128, false},
+                                         {32, 1, 4096, 32, 128, 128, true},
+                                         {8, 1, 32768, 32, 128, 128, true}};
+  if (g_quick) shapes.resize(2);
+  for (const auto& sh : shapes) {
+    const std::int64_t bh = sh.batch * sh.heads;
+    tw::DeviceBuffer q = random_bf16(static_cast<std::size_t>(bh * sh.seq_q * sh.head_dim_qk), 6);
+    tw::DeviceBuffer k = random_bf16(static_cast<std::size_t>(bh * sh.seq_kv * sh.head_dim_qk), 7);
+    tw::DeviceBuffer v = random_bf16(static_cast<std::size_t>(bh * sh.seq_kv * sh.head_dim_v), 8);
+    tw::DeviceBuffer o(static_cast<std::size_t>(bh * sh.seq_q * sh.head_dim_v) * 2);
+    tw::DeviceBuffer d_o = random_bf16(static_cast<std::size_t>(bh * sh.seq_q * sh.head_dim_v), 9);
+    tw::DeviceBuffer lse(static_cast<std::size_t>(bh * sh.seq_q) * 4);
+    tw::DeviceBuffer dq(q.size()), dk(k.size()), dv(v.size());
+    att.reserve(sh);
+    const std::string shape = "b" + std::to_string(sh.batch) + " sq" + std::to_string(sh.seq_q) + " skv" +
+                              std::to_string(sh.seq_kv) + " h" + std::to_string(sh.heads) + " d" +
+                              std::to_string(sh.head_dim_qk) + (sh.causal ? " causal" : "");
+    const auto tf = tw::time_device(
+        [&](cudaStream_t st) {
+          att.forward(sh, q.as<tw::bf16>(), k.as<tw::bf16>(), v.as<tw::bf16>(), o.as<tw::bf16>(), lse.as<float>(), st);
+        },
+        s, opts());
+    if (sh.seq_q == 1) {  // decode is memory bound: report the K/V read rate
+      const double bytes = 2.0 * bh * sh.seq_kv * (sh.head_dim_qk + sh.head_dim_v);
+      row("attention decode fwd", shape, tf, gbps(bytes, tf.median_ms()), "GB/s(KV)");
+    } else {
+      row("attention fwd", shape, tf, tflops(tw::attention_flops(sh, false), tf.median_ms()), "TFLOP/s");
+    }
+    const auto tb = tw::time_device(
+        [&](cudaStream_t st) {
+          att.backward(sh, q.as<tw::bf16>(), k.as<tw::bf16>(), v.as<tw::bf16>(), o.as<tw::bf16>(), d_o.as<tw::bf16>(),
+                       lse.as<float>(), dq.as<tw::bf16>(), dk.as<tw::bf16>(), dv.as<tw::bf16>(), st);
+        },
+        s, opts());
+    row("attention bwd", shape, tb, tflops(tw::attention_flops(sh, true), tb.median_ms()), "TFLOP/s");
+  }
+}
+
+// ---- memory-bound kernels ----
+void bench_memory(tw::Stream& s) {
+  std::printf("\n# memory-bound kernels (GB/s = bytes read + written / time)\n");
+  const std::int64_t n = std::int64_t{1} << 28;  // 256 Mi elements, 512 MiB bf16
+  tw::DeviceBuffer a = random_bf16(static_cast<std::size_t>(n), 10), b = random_bf16(static_cast<std::size_t>(n), 11);
+  tw::DeviceBuffer c(static_cast<std::size_t>(n) * 2);
+  auto t = tw::time_device([&](cudaStream_t st) { tw::copy_d2d(c.data(), a.data(), static_cast<std::size_t>(n) * 2, st); }, s, opts());
+  row("d2d copy (cudaMemcpyAsync)", "512 MiB", t, gbps(2.0 * 2 * n, t.median_ms()), "GB/s");
+  t = tw::time_device([&](cudaStream_t st) { tw::add(a.as<tw::bf16>(), b.as<tw::bf16>(), c.as<tw::bf16>(), n, st); }, s, opts());
+  row("residual add", dims({n}), t, gbps(3.0 * 2 * n, t.median_ms()), "GB/s");
+  const std::int64_t rows = 16384, hidden = 7168;
+  tw::DeviceBuffer gamma = random_bf16(static_cast<std::size_t>(hidden), 12), rstd(static_cast<std::size_t>(rows) * 4);
+  tw::DeviceBuffer dg(static_cast<std::size_t>(hidden) * 4);
+  t = tw::time_device([&](cudaStream_t st) {
+        tw::rmsnorm_fwd(a.as<tw::bf16>(), gamma.as<tw::bf16>(), c.as<tw::bf16>(), rstd.as<float>(), rows, hidden, 1e-5F, st);
+      }, s, opts());
+  row("rmsnorm fwd", dims({rows, hidden}), t, gbps(2.0 * 2 * rows * hidden, t.median_ms()), "GB/s");
+  t = tw::time_device([&](cudaStream_t st) {
+        tw::rmsnorm_bwd(b.as<tw::bf16>(), a.as<tw::bf16>(), gamma.as<tw::bf16>(), rstd.as<float>(), c.as<tw::bf16>(),
+                        dg.as<float>(), rows, hidden, st);
+      }, s, opts());
+  row("rmsnorm bwd", dims({rows, hidden}), t, gbps(3.0 * 2 * rows * hidden, t.median_ms()), "GB/s");
+  const std::int64_t h = 18432;
+  t = tw::time_device([&](cudaStream_t st) { tw::swiglu_fwd(a.as<tw::bf16>(), c.as<tw::bf16>(), rows / 2, h, st); }, s, opts());
+  row("swiglu fwd", dims({rows / 2, h}), t, gbps(3.0 * 2 * (rows / 2) * h, t.median_ms()), "GB/s");
+  // Routing + permute at a DeepSeek-like shape: 16384 tokens, 256 experts, top-8, hidden 7168.
+  const std::int64_t tokens = 4096;
+  const int experts = 256, topk = 8;
+  tw::DeviceBuffer logits = random_bf16(static_cast<std::size_t>(tokens * experts), 13);
+  tw::DeviceBuffer ids(static_cast<std::size_t>(tokens * topk) * 4), probs(ids.size()), counts(experts * 4);
+  tw::DeviceBuffer offsets((experts + 1) * 4), cursor(experts * 4), map(ids.size());
+  t = tw::time_device([&](cudaStream_t st) {
+        tw::softmax_topk(logits.as<tw::bf16>(), ids.as<std::int32_t>(), probs.as<float>(), counts.as<std::int32_t>(),
+                         tokens, experts, topk, true, st);
+      }, s, opts());
+  row("softmax_topk", dims({tokens, experts, topk}), t, gbps(2.0 * tokens * experts, t.median_ms()), "GB/s");
+  tw::build_row_map(ids.as<std::int32_t>(), counts.as<std::int32_t>(), offsets.as<std::int32_t>(),
+                    cursor.as<std::int32_t>(), map.as<std::int32_t>(), tokens, experts, topk, s);
+  const std::int64_t hid = 7168;
+  t = tw::time_device([&](cudaStream_t st) {
+        tw::permute_fwd(a.as<tw::bf16>(), map.as<std::int32_t>(), c.as<tw::bf16>(), tokens, topk, hid, st);
+      }, s, opts());
+  row("permute fwd", dims({tokens * topk, hid}), t, gbps(2.0 * 2 * tokens * topk * hid, t.median_ms()), "GB/s");
+  t = tw::time_device([&](cudaStream_t st) {
+        tw::unpermute_fwd(c.as<tw::bf16>(), map.as<std::int32_t>(), probs.as<float>(), b.as<tw::bf16>(), tokens, topk, hid, st);
+      }, s, opts());
+  row("unpermute fwd", dims({tokens * topk, hid}), t, gbps(2.0 * (tokens * topk + tokens) * hid, t.median_ms()), "GB/s");
+}
+
+// ---- copies ----
+void bench_copies(tw::Stream& s) {
+  std::printf("\n# host <-> device copies\n");
+  for (const std::size_t bytes : {std::size_t{1} << 20, std::size_t{16} << 20, std::size_t{256} << 20}) {
+    tw::DeviceBuffer d(bytes);
+    tw::PinnedBuffer p(bytes);
+    std::memset(p.data(), 0x5A, bytes);
+    std::vector<char> pageable(bytes, 0x5A);
+    const std::string size = tw::format_size(bytes);
+    auto t = tw::time_device([&](cudaStream_t st) { tw::copy_h2d(d.data(), p.data(), bytes, st); }, s, opts());
+    row("h2d pinned", size, t, gbps(static_cast<double>(bytes), t.median_ms()), "GB/s");
+    t = tw::time_device([&](cudaStream_t st) { tw::copy_d2h(p.data(), d.data(), bytes, st); }, s, opts());
+    row("d2h pinned", size, t, gbps(static_cast<double>(bytes), t.median_ms()), "GB/s");
+    t = tw::time_device([&](cudaStream_t st) { tw::copy_h2d(d.data(), pageable.data(), bytes, st); }, s, opts());
+    row("h2d pageable", size, t, gbps(static_cast<double>(bytes), t.median_ms()), "GB/s");
+    t = tw::time_device([&](cudaStream_t st) { tw::copy_d2h(pageable.data(), d.data(), bytes, st); }, s, opts());
+    row("d2h pageable", size, t, gbps(static_cast<double>(bytes), t.median_ms()), "GB/s");
+  }
+  // Disk tier: a file read into pinned memory (O_DIRECT where supported).
+  const std::size_t bytes = std::size_t{256} << 20;
+  const std::string path = "/tmp/threewalls_kernel_bench.bin";
+  tw::write_random_file(path, bytes, 1);
+  tw::PinnedBuffer p(tw::round_up_direct(bytes));
+  bool direct = false;
+  const auto t = tw::time_device([&](cudaStream_t) { direct = tw::read_file_into(path, 0, bytes, p).direct; }, s, opts());
+  row("disk read -> pinned", tw::format_size(bytes), t, gbps(static_cast<double>(bytes), t.median_ms()), "GB/s",
+      direct ? "(O_DIRECT; host time)" : "(buffered, page cache; host time)");
+  std::remove(path.c_str());
+}
+
+// ---- NCCL (one thread per GPU) ----
+void bench_nccl(int gpus) {
+  std::printf("\n# NCCL collectives over %d GPUs (bus bandwidth, nccl-tests definitions)\n", gpus);
+  if (gpus < 2) {
+    std::printf("skipped: needs >= 2 GPUs, found %d\n", gpus);
+    return;
+  }
+  using threewalls::scenarios::Group;
+  const threewalls::scenarios::Layout layout(1, 1, gpus, 1, 1, gpus, 1, gpus);
+  const tw::UniqueIdTable ids = tw::UniqueIdTable::create(layout, {Group::dp});
+  std::vector<std::string> lines(static_cast<std::size_t>(gpus));
+  auto rank_main = [&](int rank) {
+    try {
+      tw::set_device(rank);
+      tw::set_thread_rank(rank);
+      tw::CommTable table = tw::CommTable::create(layout, rank, ids, {Group::dp}, std::chrono::seconds(120));
+      tw::NcclComm& c = table.comm(Group::dp);
+      tw::Stream s;
+      const std::size_t max_bytes = std::size_t{1} << 30;
+      tw::DeviceBuffer in = random_bf16(max_bytes / 2, 20 + static_cast<std::uint64_t>(rank)), out(max_bytes);
+      const double n = gpus;
+      for (std::size_t bytes = std::size_t{64} << 20; bytes <= max_bytes; bytes *= 4) {
+        const std::size_t count = bytes / 2;
+        tw::TimingOptions o = opts();
+        o.max_reps = 20;
+        const auto ta = tw::time_device([&](cudaStream_t st) { tw::all_reduce(in.data(), out.data(), count, c, st); }, s, o);
+        const auto tt = tw::time_device(
+            [&](cudaStream_t st) { tw::all_to_all(in.data(), out.data(), count / static_cast<std::size_t>(gpus), c, st); }, s, o);
+        if (rank == 0) {
+          row("all_reduce", tw::format_size(bytes), ta, gbps(static_cast<double>(bytes), ta.median_ms()) * 2 * (n - 1) / n, "busGB/s");
+          row("all_to_all", tw::format_size(bytes), tt, gbps(static_cast<double>(bytes), tt.median_ms()) * (n - 1) / n, "busGB/s");
+        }
+      }
+    } catch (const std::exception& e) {
+      lines[static_cast<std::size_t>(rank)] = e.what();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < gpus; ++r) threads.emplace_back(rank_main, r);
+  for (auto& t : threads) t.join();
+  for (const auto& l : lines) {
+    if (!l.empty()) std::printf("nccl FAILED: %s\n", l.c_str());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::set<std::string> only;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") {
+      g_quick = true;
+    } else if (a == "--only" && i + 1 < argc) {
+      std::string list = argv[++i];
+      std::size_t pos = 0;
+      while (pos != std::string::npos) {
+        const std::size_t next = list.find(',', pos);
+        only.insert(list.substr(pos, next == std::string::npos ? std::string::npos : next - pos));
+        pos = next == std::string::npos ? next : next + 1;
+      }
+    } else {
+      std::fprintf(stderr, "kernel_bench: unknown argument '%s'\nusage: kernel_bench [--quick] [--only gemm,grouped,attention,memory,copy,nccl]\n", a.c_str());
+      return threewalls::kExitInputError;
+    }
+  }
+  const auto want = [&](const char* s) { return only.empty() || only.count(s) != 0; };
+  try {
+    std::string reason;
+    const int gpus = tw::device_count(&reason);
+    if (gpus == 0) {
+      std::fprintf(stderr, "kernel_bench: no CUDA device: %s\n", reason.c_str());
+      return threewalls::kExitSystemError;
+    }
+    tw::set_device(0);
+    cudaDeviceProp prop{};
+    TW_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    int driver = 0, runtime = 0;
+    TW_CUDA_CHECK(cudaDriverGetVersion(&driver));
+    TW_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+    std::printf("# kernel_bench: %s, %d SMs, %.0f GiB, driver %d, runtime %d, NCCL %s, %d GPU(s)%s\n", prop.name,
+                prop.multiProcessorCount, static_cast<double>(prop.totalGlobalMem) / (1 << 30), driver, runtime,
+                tw::nccl_version().c_str(), gpus, g_quick ? ", quick" : "");
+    std::printf("%-28s %-44s %13s %17s\n", "what", "shape", "median", "rate");
+    tw::CublasLt lt;
+    tw::Stream s;
+    if (want("gemm")) bench_gemm(lt, s);
+    if (want("grouped")) bench_grouped(lt, s);
+    if (want("attention")) bench_attention(lt, s);
+    if (want("memory")) bench_memory(s);
+    if (want("copy")) bench_copies(s);
+    if (want("nccl")) bench_nccl(gpus);
+  } catch (const threewalls::InputError& e) {
+    std::fprintf(stderr, "kernel_bench: %s\n", e.what());
+    return threewalls::kExitInputError;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kernel_bench: %s\n", e.what());
+    return threewalls::kExitSystemError;
+  }
+  return 0;
+}

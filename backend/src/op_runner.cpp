@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <utility>
 
 #include "threewalls/backend/copies.hpp"
 #include "threewalls/backend/error.hpp"
@@ -86,6 +87,14 @@ Elementwise elementwise_of(const Op& op) {
   return Elementwise::swiglu_bwd;
 }
 
+// GroupedGemm's (n, k) are the forward layer's (output width, input width). A dgrad op's shape is
+// the dgrad GEMM's own {rows, k_fwd, n_fwd} (C[rows, k_fwd] = dY[rows, n_fwd] W), forward and wgrad
+// ops carry {rows, n_fwd, k_fwd} (see StepGraph expansion).
+std::pair<std::int64_t, std::int64_t> grouped_nk(const Op& op) {
+  if (layout_of(op) == GemmLayout::dgrad) return {op.shape[2], op.shape[1]};
+  return {op.shape[1], op.shape[2]};
+}
+
 // permute/unpermute: rows = tokens * topk; topk from op.tokens when it divides the rows.
 int topk_of(const Op& op) {
   const std::int64_t rows = op.shape[0];
@@ -127,7 +136,7 @@ OpRunner::~OpRunner() {
   if (disk_bytes_ > 0) ::unlink(disk_path_.c_str());
 }
 
-OpRunner::Need OpRunner::need_of(const Op& op) const {
+OpRunner::Need OpRunner::need_of(const Op& op, const OpRunnerConfig& config) {
   Need n;
   const auto& s = op.shape;
   switch (op.kind) {
@@ -152,7 +161,8 @@ OpRunner::Need OpRunner::need_of(const Op& op) const {
         unsupported(op, "fp8 grouped GEMM is not supported by this backend (cuBLAS 13.0 has no fp8 grouped GEMM for "
                         "Hopper); run the scenario with precision bf16");
       }
-      const std::int64_t t = s[0], nn = s[1], k = s[2], e = s[3];
+      const std::int64_t t = s[0], e = s[3];
+      const auto [nn, k] = grouped_nk(op);
       static_cast<void>(expert_rows(t, e, s[4]));  // validates the split
       switch (layout_of(op)) {
         case GemmLayout::forward: n.bf16[0] = b16(t * k); n.bf16[1] = b16(e * nn * k); n.bf16[2] = b16(t * nn); break;
@@ -215,7 +225,7 @@ OpRunner::Need OpRunner::need_of(const Op& op) const {
       require_positive(op, 2);
       const std::int64_t rows = s[0], hidden = s[1];
       const int k = topk_of(op);
-      if (k > cfg_.route_experts) unsupported(op, "topk larger than OpRunnerConfig::route_experts");
+      if (k > config.route_experts) unsupported(op, "topk larger than OpRunnerConfig::route_experts");
       const std::int64_t tokens = rows / k;
       n.bf16[0] = b16(rows * hidden);
       n.bf16[1] = b16(rows * hidden);
@@ -231,9 +241,9 @@ OpRunner::Need OpRunner::need_of(const Op& op) const {
       n.i32[2] = b32(t);
       n.bf16[0] = b16(t * hidden);
       if (backward(op)) {
-        n.f32[0] = b32(cfg_.embedding_rows * hidden);
+        n.f32[0] = b32(config.embedding_rows * hidden);
       } else {
-        n.bf16[1] = b16(cfg_.embedding_rows * hidden);
+        n.bf16[1] = b16(config.embedding_rows * hidden);
       }
       break;
     }
@@ -392,7 +402,8 @@ GroupedGemm& OpRunner::grouped(const Op& op) {
   auto& slot = grouped_[key];
   if (!slot) {
     const GemmLayout layout = layout_of(op);
-    slot = std::make_unique<GroupedGemm>(*lt_, layout, expert_rows(s[0], s[3], s[4]), s[1], s[2],
+    const auto [n, k] = grouped_nk(op);
+    slot = std::make_unique<GroupedGemm>(*lt_, layout, expert_rows(s[0], s[3], s[4]), n, k,
                                          bf16_[0].as<bf16>(), bf16_[1].as<bf16>(), bf16_[2].as<bf16>(),
                                          cfg_.grouped_impl);
   }
