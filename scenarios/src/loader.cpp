@@ -57,6 +57,14 @@ const char* toml_type_name(toml::node_type t) {
   }
 }
 
+// A number as the user wrote it: integers in full (not "2.14748e+09"), other values to 6 digits.
+std::string format_number(double d) {
+  std::ostringstream os;
+  if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 1e18) os << static_cast<long long>(d);
+  else os << d;
+  return os.str();
+}
+
 std::string table_label(const std::string& table) { return table.empty() ? "[top level]" : "[" + table + "]"; }
 
 // Checks a choice value, including "name:N" patterns.
@@ -313,10 +321,10 @@ class Loader {
     auto range_check = [&](double d) {
       if ((p.min && d < *p.min) || (p.max && d > *p.max)) {
         std::ostringstream os;
-        os << label << " = " << d << " is out of range; allowed: ";
-        if (p.min && p.max) os << *p.min << " to " << *p.max;
-        else if (p.min) os << ">= " << *p.min;
-        else os << "<= " << *p.max;
+        os << label << " = " << format_number(d) << " is out of range; allowed: ";
+        if (p.min && p.max) os << format_number(*p.min) << " to " << format_number(*p.max);
+        else if (p.min) os << ">= " << format_number(*p.min);
+        else os << "<= " << format_number(*p.max);
         errors_.add(where, os.str());
         return false;
       }

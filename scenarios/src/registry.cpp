@@ -299,7 +299,9 @@ Registry::Registry() {
   r.add_table({"model", "Model dimensions (dense and MoE), as in Megatron-Core's arguments.", true, false, {}, {}});
   Decl(r, "model.name", ParamType::string).def("\"\"").doc("Model name, e.g. \"DeepSeek-V3\".")
       .set([](Scenario& s, const Value& v, std::size_t) { s.model.name = as_str(v); });
-  Decl(r, "model.num_layers", ParamType::integer).required().min(1).doc("Number of transformer layers.")
+  // Upper bounds below keep derived arithmetic in range (world = nodes x gpus_per_node fits an int; per-layer
+  // loops stay short); both are far beyond any real model or cluster.
+  Decl(r, "model.num_layers", ParamType::integer).required().min(1).max(100000).doc("Number of transformer layers.")
       .set([](Scenario& s, const Value& v, std::size_t) { s.model.num_layers = as_int(v); });
   Decl(r, "model.hidden_size", ParamType::integer).required().min(1).doc("Model (embedding) dimension.")
       .set([](Scenario& s, const Value& v, std::size_t) { s.model.hidden_size = as_int(v); });
@@ -545,7 +547,7 @@ Registry::Registry() {
   Decl(r, "cluster.gpus_per_node", ParamType::integer).required().min(1).max(72)
       .doc("GPUs per node (one NVLink domain).")
       .set([](Scenario& s, const Value& v, std::size_t) { s.cluster.gpus_per_node = as_int(v); });
-  Decl(r, "cluster.nodes", ParamType::integer).required().min(1).doc("Number of nodes.")
+  Decl(r, "cluster.nodes", ParamType::integer).required().min(1).max(100000).doc("Number of nodes.")
       .set([](Scenario& s, const Value& v, std::size_t) { s.cluster.nodes = as_int(v); });
   Decl(r, "cluster.gpu_memory", ParamType::bytes).derived("by GPU kind: h100 \"79.6GiB\", h200 \"140.4GiB\"")
       .doc("Usable device memory per GPU, for the OOM verdict.")

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 #include <numeric>
 #include <sstream>
 
@@ -90,6 +91,14 @@ class Reporter {
 
 std::string num(long long v) { return std::to_string(v); }
 
+// Products of parallel sizes. Each size is a 31-bit int, so three or four of them can overflow even
+// 64 bits (found by tests/fuzz/scenario_loader_fuzz). The product saturates at kProductCap instead: the
+// rules only compare these products with the world size (< 2^31), which a saturated product fails
+// exactly as the true one would.
+constexpr long long kProductCap = 1LL << 62;
+long long mul(long long a, long long b) { return (a != 0 && b > kProductCap / a) ? kProductCap : a * b; }
+std::string num_product(long long v) { return v >= kProductCap ? "more than 2^62" : num(v); }
+
 void check_model(Scenario& s, Reporter& r) {
   auto& m = s.model;
   // attention-kind
@@ -176,15 +185,15 @@ void check_model(Scenario& s, Reporter& r) {
 
 int stage_layers_min(const Scenario& s) {
   const auto& p = s.parallel;
-  if (!p.layers_per_stage.empty() && static_cast<int>(p.layers_per_stage.size()) == p.pp * p.vpp) {
-    // layers of a pipeline rank = sum over its chunks
-    int best = 1 << 30;
+  if (!p.layers_per_stage.empty() && static_cast<long long>(p.layers_per_stage.size()) == mul(p.pp, p.vpp)) {
+    // layers of a pipeline rank = sum over its chunks (in 64 bits: up to 10^6 per entry, any number of entries)
+    long long best = std::numeric_limits<int>::max();
     for (int st = 0; st < p.pp; ++st) {
-      int sum = 0;
+      long long sum = 0;
       for (int c = 0; c < p.vpp; ++c) sum += p.layers_per_stage[static_cast<std::size_t>(c * p.pp + st)];
       best = std::min(best, sum);
     }
-    return best;
+    return static_cast<int>(best);
   }
   return s.model.num_layers / p.pp;
 }
@@ -196,26 +205,26 @@ void check_parallel(Scenario& s, Reporter& r) {
   const std::string world_text = "world size " + num(world) + " (nodes " + num(s.cluster.nodes) + " x gpus_per_node " +
                                  num(s.cluster.gpus_per_node) + ")";
   // world-size and derived dp
-  const long long mp = 1LL * p.tp * p.cp * p.pp;
+  const long long mp = mul(mul(p.tp, p.cp), p.pp);
   if (p.dp == 0) {
     if (world % mp != 0) {
       r.fail("world-size", "parallel.tp",
-             "tp x cp x pp = " + num(p.tp) + " x " + num(p.cp) + " x " + num(p.pp) + " = " + num(mp) +
+             "tp x cp x pp = " + num(p.tp) + " x " + num(p.cp) + " x " + num(p.pp) + " = " + num_product(mp) +
                  " does not divide the " + world_text);
       p.dp = 1;
     } else {
       p.dp = static_cast<int>(world / mp);
     }
-  } else if (mp * p.dp != world) {
+  } else if (mul(mp, p.dp) != world) {
     r.fail("world-size", "parallel.dp",
            "tp x cp x pp x dp = " + num(p.tp) + " x " + num(p.cp) + " x " + num(p.pp) + " x " + num(p.dp) + " = " +
-               num(mp * p.dp) + " does not equal the " + world_text);
+               num_product(mul(mp, p.dp)) + " does not equal the " + world_text);
   }
   // expert-world and derived edp
-  const long long emp = 1LL * p.etp * p.ep * p.pp;
+  const long long emp = mul(mul(p.etp, p.ep), p.pp);
   if (world % emp != 0) {
     r.fail("expert-world", "parallel.ep",
-           "etp x ep x pp = " + num(p.etp) + " x " + num(p.ep) + " x " + num(p.pp) + " = " + num(emp) +
+           "etp x ep x pp = " + num(p.etp) + " x " + num(p.ep) + " x " + num(p.pp) + " = " + num_product(emp) +
                " does not divide the " + world_text + ", so edp is not an integer");
     p.edp = 1;
   } else {
@@ -249,17 +258,17 @@ void check_parallel(Scenario& s, Reporter& r) {
            "ep = " + num(p.ep) + ", etp = " + num(p.etp) + " but the model has no experts (num_experts = 0)");
   }
   // pp-layers
-  const int vstages = p.pp * p.vpp;
+  const long long vstages = mul(p.pp, p.vpp);
   if (!p.layers_per_stage.empty()) {
     if (p.first_stage_layers || p.last_stage_layers) {
       r.fail("pp-layers", "parallel.layers_per_stage",
              "layers_per_stage and first_stage_layers/last_stage_layers cannot be used together");
     }
     long long sum = std::accumulate(p.layers_per_stage.begin(), p.layers_per_stage.end(), 0LL);
-    if (static_cast<int>(p.layers_per_stage.size()) != vstages) {
+    if (static_cast<long long>(p.layers_per_stage.size()) != vstages) {
       r.fail("pp-layers", "parallel.layers_per_stage",
              "layers_per_stage has " + num(static_cast<long long>(p.layers_per_stage.size())) +
-                 " entries but pp x vpp = " + num(vstages) + " virtual stages");
+                 " entries but pp x vpp = " + num_product(vstages) + " virtual stages");
     } else if (sum != m.num_layers) {
       r.fail("pp-layers", "parallel.layers_per_stage",
              "layers_per_stage sums to " + num(sum) + " but num_layers = " + num(m.num_layers));
@@ -270,7 +279,7 @@ void check_parallel(Scenario& s, Reporter& r) {
              "first_stage_layers/last_stage_layers need vpp = 1; use layers_per_stage with vpp > 1");
     } else {
       int rest_stages = p.pp - (p.first_stage_layers ? 1 : 0) - (p.last_stage_layers ? 1 : 0);
-      int rest_layers = m.num_layers - p.first_stage_layers - p.last_stage_layers;
+      const long long rest_layers = 1LL * m.num_layers - p.first_stage_layers - p.last_stage_layers;
       if (rest_stages < 0 || (rest_stages == 0 && rest_layers != 0) || rest_layers < 0 ||
           (rest_stages > 0 && (rest_layers % rest_stages != 0 || rest_layers == 0))) {
         r.fail("pp-layers", p.first_stage_layers ? "parallel.first_stage_layers" : "parallel.last_stage_layers",
@@ -340,9 +349,9 @@ void check_train(Scenario& s, Reporter& r) {
            num(t.num_microbatches) + " micro-batches per step is not a multiple of pp = " + num(p.pp) +
                ", which the interleaved schedule (vpp = " + num(p.vpp) + ") needs");
   }
-  if (p.cp > 1 && t.seq_length % (2 * p.cp) != 0) {
+  if (p.cp > 1 && t.seq_length % (2LL * p.cp) != 0) {
     r.fail("cp-seq", "train.seq_length",
-           "seq_length = " + num(t.seq_length) + " is not divisible by 2 x cp = " + num(2 * p.cp));
+           "seq_length = " + num(t.seq_length) + " is not divisible by 2 x cp = " + num(2LL * p.cp));
   }
   if (p.sequence_parallel && (t.seq_length / p.cp) % p.tp != 0) {
     r.fail("sp-seq", "train.seq_length",
