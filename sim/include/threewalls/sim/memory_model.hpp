@@ -1,0 +1,97 @@
+#pragma once
+// Peak GPU memory per rank class: weights, gradients, optimizer state, activations of the
+// micro-batches in flight, communication and dispatcher buffers, CUDA-graph pools; and the OOM verdict.
+// Pure formulas of the scenario (and of the StepGraph's rank classes for stages and expert load).
+// Every formula is in docs/memory_model.md, with its source (Korthikanti et al. 2022 for activations,
+// Megatron-LM's distributed optimizer for the 18 and 6 + 12/d bytes per parameter).
+#include <string>
+#include <vector>
+
+#include "threewalls/core/jsonl.hpp"
+#include "threewalls/core/units.hpp"
+#include "threewalls/scenarios/scenario.hpp"
+#include "threewalls/scenarios/step_graph.hpp"
+
+namespace threewalls::sim {
+
+// Modelling choices that the scenario language does not express.
+struct MemoryOptions {
+  // Fused (flash) attention keeps the output and the log-sum-exp instead of the s x s scores,
+  // softmax and dropout tensors (Megatron-Core with Transformer Engine). false = the unfused
+  // attention of Korthikanti et al. (5 a s^2 b bytes per layer).
+  bool fused_attention = true;
+  // Dropout masks (1 byte per element) after attention and MLP. Modern MoE recipes train without
+  // dropout; the paper's GPT had it.
+  bool dropout = false;
+};
+
+// Parameters held by one rank.
+struct ParameterCount {
+  double dense = 0.0;   // reduced over dp x cp
+  double expert = 0.0;  // reduced over edp
+  [[nodiscard]] double total() const { return dense + expert; }
+};
+
+// Whole-model parameter count (no parallelism): embedding, layers, output layer.
+double model_parameters(const scenarios::ModelSpec& m);
+// Parameters of one rank of pipeline stage holding `layers` (global indices), with the embedding on
+// the first stage and the output layer (or the tied embedding copy) on the last.
+ParameterCount rank_parameters(const scenarios::Scenario& s, const std::vector<int>& layers, bool first_stage,
+                               bool last_stage);
+
+// Bytes per parameter of weights + gradients + optimizer (bf16 weights, fp32 gradients, fp32 master
+// weights and two Adam moments): 18 without the distributed optimizer, 6 + 12/d with it over d ranks.
+double training_bytes_per_parameter(bool distributed_optimizer, int d);
+
+// Stored activations of one layer for one micro-batch on one rank, bytes, under the scenario's
+// parallelism (tp, cp, sequence parallel) and recomputation setting. `expert_load` scales the
+// routed-token tensors of an MoE layer (1 = balanced). Full recomputation is not applied here
+// (see activation_bytes_stored).
+double layer_activation_bytes(const scenarios::Scenario& s, int layer, double expert_load, const MemoryOptions& opt,
+                              bool apply_selective_recompute = true);
+
+// Micro-batches in flight on `stage`, in units of one model chunk (a stage's layers / vpp):
+// 1F1B min(pp - stage, m); interleaved min(2 (pp - stage - 1) + (vpp - 1) pp + 1, m vpp).
+int inflight_chunk_microbatches(int pp, int vpp, int stage, int microbatches);
+
+struct MemoryBreakdown {
+  Bytes weights;
+  Bytes gradients;
+  Bytes optimizer;
+  Bytes activations;
+  Bytes buffers;
+  Bytes graph_pools;
+  [[nodiscard]] Bytes total() const {
+    return weights + gradients + optimizer + activations + buffers + graph_pools;
+  }
+};
+
+struct ClassMemory {
+  int id = 0;
+  std::string label;
+  int ranks = 0;
+  MemoryBreakdown breakdown;
+  ParameterCount params;
+  int inflight = 0;                  // chunk-micro-batches (training) or 1 (inference)
+  double activation_per_microbatch = 0.0;  // bytes of one micro-batch of the stage (all its layers)
+  [[nodiscard]] Bytes peak() const { return breakdown.total(); }
+};
+
+struct MemoryReport {
+  Bytes gpu_memory;
+  std::vector<ClassMemory> classes;
+  [[nodiscard]] bool oom() const;
+  // The first class over the limit, -1 when none.
+  [[nodiscard]] int first_oom_class() const;
+};
+
+// The memory model of every rank class of `graph`.
+MemoryReport memory_model(const scenarios::Scenario& s, const scenarios::StepGraph& graph, const MemoryOptions& opt = {});
+
+// Constants of the buffer model (docs/memory_model.md).
+inline constexpr double kCudaContextBytes = 512.0 * 1024 * 1024;      // context, cuBLAS workspaces
+inline constexpr double kNcclBytesPerCommunicator = 64.0 * 1024 * 1024;
+inline constexpr double kNcclBytesPerPeer = 2.0 * 1024 * 1024;         // all-to-all peer buffers
+inline constexpr double kDeepEpBufferBytes = 1024.0 * 1024 * 1024;     // flex dispatcher, per buffer
+
+}  // namespace threewalls::sim

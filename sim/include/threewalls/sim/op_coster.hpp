@@ -1,0 +1,86 @@
+#pragma once
+// What one StepGraph op costs alone, from the calibration profile. The executor asks only this
+// interface, so tests run it on fakes with closed-form costs; CostModelCoster is the real one, a
+// mapping of every OpKind onto calibration::CostModel (docs/simulator.md, "Costs"):
+//
+//   gemm                                  -> gemm(m, n, k, dtype, batch)
+//   grouped_gemm                          -> grouped_gemm(groups, total rows, max rows, n, k, dtype);
+//                                            wgrad (shape[5] = 1) swaps the roles: per group n x k
+//                                            outputs with the group's rows as the reduction, costed
+//                                            as grouped_gemm(groups, n * groups, n, k, max rows)
+//   attention                             -> attention(..., causal, backward)
+//   elementwise, softmax_topk, permute,
+//   unpermute, embedding, cross_entropy,
+//   optimizer                             -> elementwise(bytes)
+//   norm                                  -> norm(bytes)
+//   copy                                  -> copy(direction, bytes)
+//   collective, send/recv                 -> collective_params(kind, bytes, n, scope) (flows on top)
+//   host                                  -> the host costs below
+#include <memory>
+#include <string>
+
+#include "threewalls/core/units.hpp"
+#include "threewalls/scenarios/step_graph.hpp"
+#include "threewalls/sim/flows.hpp"
+
+namespace threewalls::calibration {
+class CostModel;
+}
+
+namespace threewalls::sim {
+
+enum class CommScope : std::uint8_t { nvlink, network };
+
+// Latency term and bus bandwidth (nccl-tests) of a collective alone at its size and group size.
+struct CommParams {
+  Seconds latency;
+  BytesPerSecond bus_bandwidth;
+};
+
+// Host-side costs (docs/simulator.md, "Host lane").
+struct HostCosts {
+  Seconds kernel_launch;      // one eager kernel or copy launch
+  Seconds collective_launch;  // one NCCL call
+  Seconds graph_launch;       // one CUDA-graph launch
+  Seconds graph_node;         // device time added to each op replayed in a CUDA graph
+  Seconds stream_sync;        // a stream synchronisation once the stream is idle
+  Seconds gpu_read;           // a small device-to-host read once its producer has finished
+  Seconds framework_op;       // one host-side framework op (HostKind::framework without a duration hint)
+};
+
+class OpCoster {
+ public:
+  virtual ~OpCoster() = default;
+  // Device time of a kernel op alone on its GPU: compute and memory kernels and d2d / disk copies.
+  [[nodiscard]] virtual Seconds kernel_time(const scenarios::Op& op) const = 0;
+  // Time of a host <-> device copy alone on its PCIe link (pinned or pageable).
+  [[nodiscard]] virtual Seconds copy_time(scenarios::CopyKind kind, Bytes bytes) const = 0;
+  [[nodiscard]] virtual CommParams comm_params(CommKind kind, Bytes bytes, int group_size, CommScope scope) const = 0;
+  [[nodiscard]] virtual HostCosts host_costs() const = 0;
+  // Throughput of `streams` concurrent kernels of `sm_fraction` of the GPU each, relative to running
+  // them back to back (1 = no gain).
+  [[nodiscard]] virtual double stream_concurrency(int streams, double sm_fraction) const = 0;
+  [[nodiscard]] virtual int sm_count() const = 0;
+};
+
+// The CostModel-backed coster. Keeps a reference: `model` must outlive it.
+class CostModelCoster final : public OpCoster {
+ public:
+  explicit CostModelCoster(const calibration::CostModel& model);
+  [[nodiscard]] Seconds kernel_time(const scenarios::Op& op) const override;
+  [[nodiscard]] Seconds copy_time(scenarios::CopyKind kind, Bytes bytes) const override;
+  [[nodiscard]] CommParams comm_params(CommKind kind, Bytes bytes, int group_size, CommScope scope) const override;
+  [[nodiscard]] HostCosts host_costs() const override { return host_; }
+  [[nodiscard]] double stream_concurrency(int streams, double sm_fraction) const override;
+  [[nodiscard]] int sm_count() const override;
+
+ private:
+  const calibration::CostModel& model_;
+  HostCosts host_;
+};
+
+// Fraction of the GPU's SMs an op's kernel occupies (for stream concurrency): tiles of 128 x 128
+// for GEMMs, one block per 64 KiB for memory-bound kernels, never more than 1.
+double sm_fraction(const scenarios::Op& op, int sm_count);
+
+}  // namespace threewalls::sim

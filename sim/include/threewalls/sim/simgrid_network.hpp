@@ -1,0 +1,58 @@
+#pragma once
+// The flow engine on SimGrid 3.32 (the only part of threewalls that includes SimGrid). It builds the
+// platform of platform.hpp with SimGrid's C++ API and runs the executor's flows on it with the
+// network model settings of kNetworkModelSettings (docs/simulator.md, "Network model").
+//
+// SimGrid keeps global state: one engine per process. Constructing a second SimGridEngine in a
+// process throws SystemError; tests fork a child per simulation.
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "threewalls/core/jsonl.hpp"
+#include "threewalls/sim/executor.hpp"
+#include "threewalls/sim/platform.hpp"
+
+namespace threewalls::sim {
+
+// Network model settings (SimGrid --cfg) that make flow times the closed forms of max-min sharing:
+// CM02 without TCP window (gamma 0) and without cross-traffic; link latencies are 0 in SimGrid and
+// latency terms are added by the executor.
+inline constexpr const char* kNetworkModelSettings[] = {"network/model:CM02", "network/crosstraffic:0",
+                                                        "network/TCP-gamma:0"};
+
+class SimGridEngine final : public FlowEngine {
+ public:
+  // Builds the SimGrid platform. Throws SystemError when a SimGrid engine already exists in this
+  // process.
+  explicit SimGridEngine(const Platform& platform);
+  ~SimGridEngine() override;
+  SimGridEngine(const SimGridEngine&) = delete;
+  SimGridEngine& operator=(const SimGridEngine&) = delete;
+
+  // Runs `body` inside a SimGrid actor (flows start and complete only there) until it returns and
+  // every flow it started has finished. An exception thrown by `body` is rethrown here once the
+  // flows in flight have completed (SimGrid must not lose a running communication).
+  void run(const std::function<void()>& body);
+
+  [[nodiscard]] double now() const override;
+  double advance(double until, std::vector<std::uint64_t>& completed) override;
+  void start_group(std::uint64_t id, std::span<const PlacedFlow> flows) override;
+  [[nodiscard]] bool busy() const override;
+  void set_link_bandwidth(std::uint32_t link, BytesPerSecond bw) override;
+
+  // SimGrid's route between two end points, as link names of platform.hpp ("nic_up.3"), for tests
+  // that check the SimGrid platform against the pure description.
+  [[nodiscard]] std::vector<std::string> route_names(Endpoint src, Endpoint dst) const;
+
+  // The network model settings, for the run header.
+  static OrderedJson settings();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace threewalls::sim

@@ -1,0 +1,63 @@
+#pragma once
+// `threewalls sim`: predicts the steps of a scenario and writes a run directory (source "sim") in
+// the schema a real run writes (docs/formats/run_dir.md, docs/simulator.md).
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "threewalls/core/jsonl.hpp"
+#include "threewalls/profiler/record.hpp"
+#include "threewalls/profiler/summary.hpp"
+#include "threewalls/scenarios/scenario.hpp"
+#include "threewalls/sim/executor.hpp"
+#include "threewalls/sim/memory_model.hpp"
+#include "threewalls/sim/op_coster.hpp"
+
+namespace threewalls::sim {
+
+struct SimOptions {
+  Fidelity fidelity = Fidelity::flow;
+  AllReduceChoice allreduce = AllReduceChoice::automatic;
+  int steps = -1;                  // steps to simulate; -1 = the scenario's run.steps
+  std::filesystem::path out_dir;   // run directory; empty = write none
+  bool overwrite = false;          // replace an existing run directory
+  std::vector<std::string> argv;   // the command line, for the run header
+  // The header's start_time. A simulation has no wall clock: a fixed value keeps the output
+  // byte-identical for the same inputs (docs/simulator.md, "Determinism").
+  std::string start_time = "1970-01-01T00:00:00Z";
+  MemoryOptions memory;
+};
+
+// Which calibration profile the costs come from (for the run header).
+struct ProfileInfoForHeader {
+  std::string id;
+  std::string path;
+  std::string gpu;
+  std::string reason;  // why this profile (resolve_profile's sentence)
+};
+
+struct SimResult {
+  profiler::Summary summary;      // per step: step time, walls, throughput
+  OrderedJson summary_json;       // summary.json's object
+  MemoryReport memory;
+  std::vector<profiler::RankClassInfo> classes;
+  double model_flops_per_step = 0.0;
+  double tokens_per_step = 0.0;
+  std::size_t ops_per_step = 0;   // ops of all rank classes (one representative each)
+  std::size_t collectives = 0;    // collective / p2p / copy instances, all steps
+  std::size_t flows = 0;          // flows handed to SimGrid, all steps
+  std::vector<std::string> warnings;
+  std::filesystem::path run_dir;  // empty when none was written
+};
+
+// Simulates with costs from `coster`. Throws InputError for scenarios or graphs that cannot be
+// simulated, SystemError for I/O failures.
+SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const ProfileInfoForHeader& profile,
+                   const SimOptions& options);
+
+// Resolves the calibration profile (`calibration` overrides the scenario's; "auto" picks the
+// shipped profile of the cluster's GPU), loads it, and simulates with its CostModel.
+SimResult simulate(const scenarios::Scenario& s, const std::string& calibration, const SimOptions& options);
+
+}  // namespace threewalls::sim

@@ -1,0 +1,894 @@
+#include "threewalls/sim/executor.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <queue>
+#include <sstream>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "threewalls/core/error.hpp"
+#include "threewalls/scenarios/layout.hpp"
+
+namespace threewalls::sim {
+
+const char* to_string(Fidelity f) { return f == Fidelity::flow ? "flow" : "analytic"; }
+
+namespace {
+
+using scenarios::Collective;
+using scenarios::CopyKind;
+using scenarios::Group;
+using scenarios::HostKind;
+using scenarios::Op;
+using scenarios::OpKind;
+using scenarios::RankClass;
+using scenarios::StepGraph;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr std::uint32_t kNone = std::numeric_limits<std::uint32_t>::max();
+
+CommKind comm_kind(Collective c) {
+  switch (c) {
+    case Collective::all_reduce: return CommKind::all_reduce;
+    case Collective::all_gather: return CommKind::all_gather;
+    case Collective::reduce_scatter: return CommKind::reduce_scatter;
+    case Collective::all_to_all: return CommKind::all_to_all;
+    case Collective::broadcast: return CommKind::broadcast;
+  }
+  return CommKind::all_reduce;
+}
+
+bool is_kernel(const Op& op) {
+  switch (op.kind) {
+    case OpKind::collective:
+    case OpKind::send:
+    case OpKind::recv:
+    case OpKind::host: return false;
+    case OpKind::copy: return op.copy_kind() == CopyKind::d2d;
+    default: return true;
+  }
+}
+
+bool is_pcie_copy(const Op& op) {
+  if (op.kind != OpKind::copy) return false;
+  const CopyKind k = op.copy_kind();
+  return k != CopyKind::d2d && k != CopyKind::disk_read;
+}
+
+bool blocks_host(const Op& op) {
+  if (op.kind != OpKind::host) return false;
+  const HostKind k = op.host_kind();
+  return k == HostKind::stream_sync || k == HostKind::gpu_read || k == HostKind::barrier;
+}
+
+std::string describe_op(const StepGraph& g, const RankClass& rc, std::uint32_t i) {
+  const Op& op = rc.ops[i];
+  std::ostringstream os;
+  os << "rank class " << rc.id << " (" << rc.label << ", representative rank " << rc.representative() << ") op "
+     << i << " '" << g.phase_name(op) << "' (" << scenarios::to_string(op.kind);
+  if (op.layer >= 0) os << ", layer " << op.layer;
+  if (op.microbatch >= 0) os << ", micro-batch " << op.microbatch;
+  if (op.kind == OpKind::collective) os << ", group " << scenarios::to_string(op.group);
+  if (op.kind == OpKind::send || op.kind == OpKind::recv) os << ", tag " << op.tag;
+  os << ")";
+  return os.str();
+}
+
+enum class EventType : std::uint8_t { host_resume, op_ready, op_done, gpu_done, instance_post, instance_done };
+
+struct Event {
+  double t;
+  std::uint64_t seq;
+  EventType type;
+  std::uint32_t cls;
+  std::uint64_t a;  // op index, GPU version or instance id
+};
+struct EventLater {
+  bool operator()(const Event& x, const Event& y) const { return x.t > y.t || (x.t == y.t && x.seq > y.seq); }
+};
+
+// A kernel running on a GPU under processor sharing.
+struct Active {
+  std::uint32_t op;
+  double remaining;  // seconds of solo work left
+  double sm_fraction;
+};
+
+struct ClassState {
+  const RankClass* rc = nullptr;
+  int rep = -1;
+  double compute_factor = 1.0;
+  std::vector<double> start, end, launch, host_cost, device_extra;
+  std::vector<std::uint32_t> pending;
+  std::vector<std::uint32_t> rdep_off, rdeps;
+  std::vector<std::vector<std::uint32_t>> stream_ops;
+  std::vector<std::uint32_t> stream_head;
+  std::vector<std::uint32_t> stream_pos;  // op -> position in its stream queue
+  std::vector<std::uint32_t> occurrence;  // collective ops: how many identical keys came before
+  std::vector<std::uint8_t> ready_scheduled;
+  std::uint32_t host_next = 0;
+  double host_time = 0.0;
+  std::uint32_t host_blocked = kNone;
+  std::size_t done = 0;
+  // GPU
+  std::vector<Active> active;
+  double gpu_last = 0.0;
+  std::uint64_t gpu_version = 0;
+};
+
+struct Member {
+  std::uint32_t cls;
+  std::uint32_t op;
+};
+
+struct Instance {
+  std::vector<Member> members;
+  std::size_t expected = 0;
+  double last_arrival = 0.0;
+  bool p2p = false;
+  bool started = false;
+  // plan
+  double latency = 0.0;
+  double lone = 0.0;  // duration alone (analytic)
+  std::vector<PlacedFlow> flows;
+};
+
+struct Plan {
+  double latency = 0.0;
+  double lone = 0.0;
+  std::vector<PlacedFlow> flows;
+};
+
+class StepRun {
+ public:
+  StepRun(const OpCoster& coster, const ExecutorOptions& opt, const StepGraph& g, const Platform& p,
+          std::span<const double> factor, double epoch, FlowEngine* engine)
+      : coster_(coster), opt_(opt), g_(g), platform_(p), epoch_(epoch), engine_(engine), host_(coster.host_costs()),
+        now_(epoch) {
+    if (opt_.fidelity == Fidelity::flow && engine_ == nullptr) {
+      throw std::logic_error("flow fidelity needs a flow engine");
+    }
+    if (g_.layout.world() != platform_.world()) {
+      throw InputError("the StepGraph's layout has " + std::to_string(g_.layout.world()) +
+                       " ranks but the cluster has " + std::to_string(platform_.world()) + " GPUs");
+    }
+    capacity_.reserve(platform_.links().size());
+    for (const Link& l : platform_.links()) capacity_.push_back(l.bandwidth.value);
+    sm_count_ = coster_.sm_count();
+    classes_.resize(g_.classes.size());
+    for (std::size_t c = 0; c < g_.classes.size(); ++c) {
+      init_class(static_cast<std::uint32_t>(c), factor.empty() ? 1.0 : factor[c]);
+    }
+  }
+
+  StepResult run() {
+    for (std::uint32_t c = 0; c < classes_.size(); ++c) run_host(c);
+    std::vector<std::uint64_t> completed;
+    while (true) {
+      const double t_ev = queue_.empty() ? kInf : queue_.top().t;
+      if (engine_ != nullptr && engine_->busy()) {
+        // The engine's next completion may come before our next event.
+        completed.clear();
+        const double t = engine_->advance(t_ev, completed);
+        now_ = std::max(now_, t);
+        if (!completed.empty()) {
+          for (std::uint64_t id : completed) finish_instance(static_cast<std::uint32_t>(id));
+          continue;
+        }
+        if (t_ev == kInf) throw std::logic_error("the flow engine is busy but reported no completion");
+      } else {
+        if (queue_.empty()) break;
+        now_ = std::max(now_, t_ev);
+      }
+      while (!queue_.empty() && queue_.top().t <= now_) {
+        const Event ev = queue_.top();
+        queue_.pop();
+        handle(ev);
+      }
+    }
+    check_finished();
+    return collect();
+  }
+
+ private:
+  // ---------------------------------------------------------------- setup
+  void init_class(std::uint32_t c, double factor) {
+    ClassState& s = classes_[c];
+    const RankClass& rc = g_.classes[c];
+    s.rc = &rc;
+    s.rep = rc.representative();
+    if (s.rep < 0) throw InputError("rank class " + std::to_string(rc.id) + " (" + rc.label + ") has no ranks");
+    s.compute_factor = factor;
+    const std::size_t n = rc.ops.size();
+    s.start.assign(n, -1.0);
+    s.end.assign(n, -1.0);
+    s.launch.assign(n, -1.0);
+    s.host_cost.assign(n, 0.0);
+    s.device_extra.assign(n, 0.0);
+    s.pending.assign(n, 0);
+    s.ready_scheduled.assign(n, 0);
+    s.occurrence.assign(n, 0);
+    s.host_time = epoch_;
+    s.gpu_last = epoch_;
+    // Dependencies and their reverse.
+    std::vector<std::uint32_t> count(n + 1, 0);
+    for (std::uint32_t i = 0; i < n; ++i) {
+      const Op& op = rc.ops[i];
+      if (op.deps_end < op.deps_begin || op.deps_end > rc.deps.size()) {
+        throw InputError(describe_op(g_, rc, i) + ": dependency range outside the class's dependency list");
+      }
+      for (std::uint32_t d = op.deps_begin; d < op.deps_end; ++d) {
+        const std::uint32_t dep = rc.deps[d];
+        if (dep >= i) {
+          throw InputError(describe_op(g_, rc, i) + ": depends on op " + std::to_string(dep) +
+                           ", which is not an earlier op of the class");
+        }
+        ++count[dep + 1];
+        ++s.pending[i];
+      }
+      if (op.stream >= g_.streams.size()) {
+        throw InputError(describe_op(g_, rc, i) + ": stream index " + std::to_string(op.stream) + " is not declared");
+      }
+    }
+    for (std::size_t i = 1; i <= n; ++i) count[i] += count[i - 1];
+    s.rdep_off = count;
+    s.rdeps.assign(count[n], 0);
+    std::vector<std::uint32_t> fill(count.begin(), count.end() - 1);
+    for (std::uint32_t i = 0; i < n; ++i) {
+      const Op& op = rc.ops[i];
+      for (std::uint32_t d = op.deps_begin; d < op.deps_end; ++d) s.rdeps[fill[rc.deps[d]]++] = i;
+    }
+    // Streams (host ops live on the host lane only).
+    s.stream_ops.assign(g_.streams.size(), {});
+    s.stream_head.assign(g_.streams.size(), 0);
+    s.stream_pos.assign(n, kNone);
+    for (std::uint32_t i = 0; i < n; ++i) {
+      const Op& op = rc.ops[i];
+      if (op.kind == OpKind::host) continue;
+      s.stream_pos[i] = static_cast<std::uint32_t>(s.stream_ops[op.stream].size());
+      s.stream_ops[op.stream].push_back(i);
+    }
+    // Host costs: eager launches, CUDA-graph runs.
+    for (std::uint32_t i = 0; i < n; ++i) {
+      const Op& op = rc.ops[i];
+      if (op.kind == OpKind::host) {
+        s.host_cost[i] = host_op_cost(op).value;
+      } else if (op.is_comm()) {
+        s.host_cost[i] = host_.collective_launch.value;
+      } else {
+        s.host_cost[i] = host_.kernel_launch.value;
+      }
+    }
+    for (const scenarios::GraphRun& run : rc.graph_runs) {
+      if (run.first_op >= run.end_op || run.end_op > n) {
+        throw InputError("rank class " + std::to_string(rc.id) + ": CUDA-graph run [" + std::to_string(run.first_op) +
+                         ", " + std::to_string(run.end_op) + ") is outside its ops");
+      }
+      const bool explicit_launch = run.first_op > 0 && rc.ops[run.first_op - 1].kind == OpKind::host &&
+                                   rc.ops[run.first_op - 1].host_kind() == HostKind::graph_launch;
+      bool first = true;
+      for (std::uint32_t i = run.first_op; i < run.end_op; ++i) {
+        if (rc.ops[i].kind == OpKind::host) continue;  // host work is never captured
+        s.host_cost[i] = (first && !explicit_launch) ? host_.graph_launch.value : 0.0;
+        s.device_extra[i] = host_.graph_node.value;
+        first = false;
+      }
+    }
+    // Occurrence numbers of collectives with identical keys.
+    std::unordered_map<std::string, std::uint32_t> seen;
+    for (std::uint32_t i = 0; i < n; ++i) {
+      const Op& op = rc.ops[i];
+      if (op.kind != OpKind::collective) continue;
+      s.occurrence[i] = seen[base_key(op)]++;
+    }
+  }
+
+  Seconds host_op_cost(const Op& op) const {
+    switch (op.host_kind()) {
+      case HostKind::stream_sync: return host_.stream_sync;
+      case HostKind::gpu_read: return host_.gpu_read;
+      case HostKind::graph_launch: return host_.graph_launch;
+      case HostKind::framework:
+      case HostKind::barrier:
+        // shape[0]: a duration hint in nanoseconds (0: the profile's framework-op cost).
+        if (op.shape[0] > 0) return Seconds(static_cast<double>(op.shape[0]) * 1e-9);
+        return op.host_kind() == HostKind::framework ? host_.framework_op : Seconds(0.0);
+    }
+    return Seconds(0.0);
+  }
+
+  static std::string base_key(const Op& op) {
+    std::string k;
+    auto put = [&](auto v) { k.append(reinterpret_cast<const char*>(&v), sizeof v); };
+    put(static_cast<std::uint8_t>(op.group));
+    put(op.phase);
+    put(op.layer);
+    put(op.microbatch);
+    put(op.chunk);
+    put(op.expert);
+    put(op.sub);
+    return k;
+  }
+
+  // ---------------------------------------------------------------- events
+  void push(double t, EventType type, std::uint32_t cls, std::uint64_t a) {
+    queue_.push(Event{t, seq_++, type, cls, a});
+  }
+
+  void handle(const Event& ev) {
+    switch (ev.type) {
+      case EventType::host_resume: run_host(ev.cls); break;
+      case EventType::op_ready: {
+        ClassState& s = classes_[ev.cls];
+        s.ready_scheduled[ev.a] = 0;
+        try_start(ev.cls, static_cast<std::uint32_t>(ev.a));
+        break;
+      }
+      case EventType::op_done: complete(ev.cls, static_cast<std::uint32_t>(ev.a)); break;
+      case EventType::gpu_done: gpu_event(ev.cls, ev.a); break;
+      case EventType::instance_post: post_instance(static_cast<std::uint32_t>(ev.a)); break;
+      case EventType::instance_done: finish_instance(static_cast<std::uint32_t>(ev.a)); break;
+    }
+  }
+
+  // ---------------------------------------------------------------- host lane
+  void run_host(std::uint32_t c) {
+    ClassState& s = classes_[c];
+    const RankClass& rc = *s.rc;
+    s.host_time = std::max(s.host_time, now_);
+    s.host_blocked = kNone;
+    while (s.host_next < rc.ops.size()) {
+      const std::uint32_t i = s.host_next;
+      const Op& op = rc.ops[i];
+      if (op.kind == OpKind::host) {
+        if (blocks_host(op) && s.pending[i] > 0) {
+          s.host_blocked = i;
+          return;
+        }
+        s.start[i] = s.host_time;
+        s.host_time += s.host_cost[i];
+        s.launch[i] = s.host_time;
+        push(s.host_time, EventType::op_done, c, i);
+      } else {
+        s.host_time += s.host_cost[i];
+        s.launch[i] = s.host_time;
+        try_start(c, i);
+      }
+      ++s.host_next;
+    }
+  }
+
+  // ---------------------------------------------------------------- device
+  void try_start(std::uint32_t c, std::uint32_t i) {
+    ClassState& s = classes_[c];
+    if (s.start[i] >= 0.0 || s.launch[i] < 0.0 || s.pending[i] > 0) return;
+    const Op& op = s.rc->ops[i];
+    if (op.kind == OpKind::host) return;
+    if (s.stream_head[op.stream] != s.stream_pos[i]) return;
+    if (s.launch[i] > now_) {
+      if (!s.ready_scheduled[i]) {
+        s.ready_scheduled[i] = 1;
+        push(s.launch[i], EventType::op_ready, c, i);
+      }
+      return;
+    }
+    start_op(c, i);
+  }
+
+  void start_op(std::uint32_t c, std::uint32_t i) {
+    ClassState& s = classes_[c];
+    const Op& op = s.rc->ops[i];
+    s.start[i] = now_;
+    if (is_kernel(op)) {
+      const double work = coster_.kernel_time(op).value * s.compute_factor + s.device_extra[i];
+      gpu_add(c, i, work);
+      return;
+    }
+    if (op.kind == OpKind::copy && op.copy_kind() == CopyKind::disk_read) {
+      push(now_ + coster_.copy_time(op.copy_kind(), Bytes(op.bytes)).value + s.device_extra[i], EventType::op_done, c, i);
+      return;
+    }
+    if (is_pcie_copy(op)) {
+      const std::uint32_t id = new_instance();
+      Instance& inst = instances_[id];
+      inst.members.push_back({c, i});
+      inst.expected = 1;
+      inst.last_arrival = now_;
+      start_instance(id);
+      return;
+    }
+    if (op.kind == OpKind::collective) {
+      arrive_collective(c, i);
+      return;
+    }
+    arrive_p2p(c, i);
+  }
+
+  void complete(std::uint32_t c, std::uint32_t i) {
+    ClassState& s = classes_[c];
+    const Op& op = s.rc->ops[i];
+    s.end[i] = now_;
+    ++s.done;
+    if (op.kind != OpKind::host) {
+      const std::uint32_t head = ++s.stream_head[op.stream];
+      const auto& q = s.stream_ops[op.stream];
+      if (head < q.size()) try_start(c, q[head]);
+    }
+    for (std::uint32_t k = s.rdep_off[i]; k < s.rdep_off[i + 1]; ++k) {
+      const std::uint32_t d = s.rdeps[k];
+      if (--s.pending[d] == 0) {
+        if (s.host_blocked == d) {
+          run_host(c);
+        } else {
+          try_start(c, d);
+        }
+      }
+    }
+  }
+
+  // GPU processor sharing: k kernels together progress at stream_concurrency(k, mean SM fraction)
+  // times the speed of one, shared equally.
+  double gpu_rate(const ClassState& s) const {
+    const std::size_t k = s.active.size();
+    if (k <= 1) return 1.0;
+    double frac = 0.0;
+    for (const Active& a : s.active) frac += a.sm_fraction;
+    frac /= static_cast<double>(k);
+    const double conc = std::clamp(coster_.stream_concurrency(static_cast<int>(k), frac), 1e-3, static_cast<double>(k));
+    return conc / static_cast<double>(k);
+  }
+
+  void gpu_update(ClassState& s) {
+    const double dt = now_ - s.gpu_last;
+    if (dt > 0.0 && !s.active.empty()) {
+      const double rate = gpu_rate(s);
+      for (Active& a : s.active) a.remaining -= dt * rate;
+    }
+    s.gpu_last = now_;
+  }
+
+  void gpu_schedule(std::uint32_t c) {
+    ClassState& s = classes_[c];
+    ++s.gpu_version;
+    if (s.active.empty()) return;
+    double least = kInf;
+    for (const Active& a : s.active) least = std::min(least, a.remaining);
+    push(now_ + std::max(0.0, least) / gpu_rate(s), EventType::gpu_done, c, s.gpu_version);
+  }
+
+  void gpu_add(std::uint32_t c, std::uint32_t i, double work) {
+    ClassState& s = classes_[c];
+    gpu_update(s);
+    s.active.push_back({i, work, sm_fraction(s.rc->ops[i], sm_count_)});
+    gpu_schedule(c);
+  }
+
+  void gpu_event(std::uint32_t c, std::uint64_t version) {
+    ClassState& s = classes_[c];
+    if (version != s.gpu_version) return;
+    gpu_update(s);
+    // Kernels whose work is done (to rounding) finish now, in the order they started.
+    std::vector<std::uint32_t> finished;
+    double least = kInf;
+    for (const Active& a : s.active) least = std::min(least, a.remaining);
+    const double tol = 1e-12 + 1e-9 * std::max(0.0, least);
+    std::vector<Active> keep;
+    keep.reserve(s.active.size());
+    for (const Active& a : s.active) {
+      if (a.remaining <= least + tol) {
+        finished.push_back(a.op);
+      } else {
+        keep.push_back(a);
+      }
+    }
+    s.active.swap(keep);
+    gpu_schedule(c);
+    for (std::uint32_t op : finished) complete(c, op);
+  }
+
+  // ---------------------------------------------------------------- communication
+  std::uint32_t new_instance() {
+    instances_.emplace_back();
+    return static_cast<std::uint32_t>(instances_.size() - 1);
+  }
+
+  // Classes of the members of `c`'s representative's group `g` (sorted, unique), interned.
+  std::uint32_t member_set(std::uint32_t c, Group g) {
+    const std::uint64_t key = (static_cast<std::uint64_t>(c) << 8) | static_cast<std::uint64_t>(g);
+    auto it = set_of_.find(key);
+    if (it != set_of_.end()) return it->second;
+    const auto& members = group_members(c, g);
+    std::vector<std::uint32_t> cls;
+    cls.reserve(members.size());
+    for (int r : members) cls.push_back(static_cast<std::uint32_t>(g_.class_of_rank.at(static_cast<std::size_t>(r))));
+    std::sort(cls.begin(), cls.end());
+    cls.erase(std::unique(cls.begin(), cls.end()), cls.end());
+    std::uint32_t id = 0;
+    auto found = std::find(sets_.begin(), sets_.end(), cls);
+    if (found == sets_.end()) {
+      sets_.push_back(cls);
+      id = static_cast<std::uint32_t>(sets_.size() - 1);
+    } else {
+      id = static_cast<std::uint32_t>(found - sets_.begin());
+    }
+    set_of_.emplace(key, id);
+    return id;
+  }
+
+  const std::vector<int>& group_members(std::uint32_t c, Group g) {
+    const std::uint64_t key = (static_cast<std::uint64_t>(c) << 8) | static_cast<std::uint64_t>(g);
+    auto it = members_of_.find(key);
+    if (it != members_of_.end()) return it->second;
+    return members_of_.emplace(key, g_.layout.group_members(g, classes_[c].rep)).first->second;
+  }
+
+  void arrive_collective(std::uint32_t c, std::uint32_t i) {
+    const ClassState& s = classes_[c];
+    const Op& op = s.rc->ops[i];
+    if (op.group == Group::none) {
+      throw InputError(describe_op(g_, *s.rc, i) + ": a collective without a process group");
+    }
+    const std::uint32_t set = member_set(c, op.group);
+    std::string key = base_key(op);
+    key.append(reinterpret_cast<const char*>(&s.occurrence[i]), sizeof(std::uint32_t));
+    key.append(reinterpret_cast<const char*>(&set), sizeof set);
+    auto it = pending_coll_.find(key);
+    std::uint32_t id = 0;
+    if (it == pending_coll_.end()) {
+      id = new_instance();
+      instances_[id].expected = sets_[set].size();
+      pending_coll_.emplace(key, id);
+    } else {
+      id = it->second;
+    }
+    Instance& inst = instances_[id];
+    for (const Member& m : inst.members) {
+      if (m.cls == c) {
+        throw InputError(describe_op(g_, *s.rc, i) + ": issued twice for the same collective instance");
+      }
+    }
+    inst.members.push_back({c, i});
+    inst.last_arrival = now_;
+    if (inst.members.size() == inst.expected) {
+      pending_coll_.erase(key);
+      start_instance(id);
+    }
+  }
+
+  int peer_rank(std::uint32_t c, const Op& op, std::uint32_t i) {
+    const ClassState& s = classes_[c];
+    const scenarios::Layout& L = g_.layout;
+    if (op.group == Group::pp) {
+      const int pp = L.group_size(Group::pp);
+      const int stage = L.stage_of(s.rep);
+      const int target = ((stage + op.peer) % pp + pp) % pp;
+      return L.rank_at_stage(s.rep, target);
+    }
+    if (op.group == Group::cp) {
+      const auto& m = group_members(c, Group::cp);
+      const int n = static_cast<int>(m.size());
+      const int idx = L.group_index(Group::cp, s.rep);
+      return m[static_cast<std::size_t>(((idx + op.peer) % n + n) % n)];
+    }
+    throw InputError(describe_op(g_, *s.rc, i) + ": point-to-point ops are supported in groups pp and cp, not " +
+                     scenarios::to_string(op.group));
+  }
+
+  void arrive_p2p(std::uint32_t c, std::uint32_t i) {
+    const ClassState& s = classes_[c];
+    const Op& op = s.rc->ops[i];
+    if (op.peer == 0) throw InputError(describe_op(g_, *s.rc, i) + ": point-to-point op without a peer direction");
+    const int peer = peer_rank(c, op, i);
+    const auto peer_class = static_cast<std::uint32_t>(g_.class_of_rank.at(static_cast<std::size_t>(peer)));
+    const bool send = op.kind == OpKind::send;
+    const std::uint32_t sender = send ? c : peer_class;
+    const std::uint32_t receiver = send ? peer_class : c;
+    std::string key;
+    auto put = [&](auto v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
+    put(sender);
+    put(receiver);
+    put(op.tag);
+    put(op.stream);
+    put(static_cast<std::uint8_t>(op.group));
+    auto it = pending_p2p_.find(key);
+    if (it == pending_p2p_.end()) {
+      const std::uint32_t id = new_instance();
+      Instance& inst = instances_[id];
+      inst.p2p = true;
+      inst.expected = 2;
+      inst.members.push_back({c, i});
+      inst.last_arrival = now_;
+      pending_p2p_.emplace(key, id);
+      return;
+    }
+    const std::uint32_t id = it->second;
+    Instance& inst = instances_[id];
+    const Op& other = classes_[inst.members[0].cls].rc->ops[inst.members[0].op];
+    if (other.kind == op.kind) {
+      throw InputError(describe_op(g_, *s.rc, i) + ": a second " + scenarios::to_string(op.kind) +
+                       " with the same tag before the matching " + (send ? "recv" : "send"));
+    }
+    inst.members.push_back({c, i});
+    inst.last_arrival = now_;
+    pending_p2p_.erase(it);
+    start_instance(id);
+  }
+
+  // The sending member of a p2p instance first.
+  void order_p2p(Instance& inst) {
+    if (inst.members.size() == 2 && classes_[inst.members[0].cls].rc->ops[inst.members[0].op].kind != OpKind::send) {
+      std::swap(inst.members[0], inst.members[1]);
+    }
+  }
+
+  void start_instance(std::uint32_t id) {
+    Instance& inst = instances_[id];
+    inst.started = true;
+    ++collectives_;
+    const Plan& plan = plan_for(inst);
+    inst.latency = plan.latency;
+    inst.lone = plan.lone;
+    if (opt_.fidelity == Fidelity::analytic || plan.flows.empty()) {
+      push(now_ + plan.lone, EventType::instance_done, 0, id);
+      return;
+    }
+    inst.flows = plan.flows;
+    if (plan.latency > 0.0) {
+      push(now_ + plan.latency, EventType::instance_post, 0, id);
+    } else {
+      post_instance(id);
+    }
+  }
+
+  void post_instance(std::uint32_t id) {
+    Instance& inst = instances_[id];
+    if (engine_->now() < now_) {
+      std::vector<std::uint64_t> none;
+      engine_->advance(now_, none);
+      if (!none.empty()) throw std::logic_error("flow engine completed a group while it was idle");
+    }
+    engine_->start_group(id, inst.flows);
+    flows_started_ += inst.flows.size();
+    inst.flows.clear();
+    inst.flows.shrink_to_fit();
+  }
+
+  void finish_instance(std::uint32_t id) {
+    // Copy: completing members may start new instances and grow instances_.
+    const std::vector<Member> members = instances_[id].members;
+    for (const Member& m : members) complete(m.cls, m.op);
+  }
+
+  // ---------------------------------------------------------------- plans
+  const Plan& plan_for(Instance& inst) {
+    std::string key;
+    auto put = [&](auto v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
+    if (inst.p2p) order_p2p(inst);
+    const Op& first = classes_[inst.members[0].cls].rc->ops[inst.members[0].op];
+    put(static_cast<std::uint8_t>(first.kind));
+    for (const Member& m : inst.members) {
+      const Op& op = classes_[m.cls].rc->ops[m.op];
+      put(m.cls);
+      put(op.bytes);
+      put(op.shape[0]);
+      put(op.shape[1]);
+      put(op.sub);
+      put(static_cast<std::uint8_t>(op.group));
+      put(op.peer);
+    }
+    auto it = plans_.find(key);
+    if (it != plans_.end()) return it->second;
+    Plan plan;
+    if (first.kind == OpKind::copy) {
+      plan = plan_copy(inst);
+    } else if (inst.p2p) {
+      plan = plan_p2p(inst);
+    } else {
+      plan = plan_collective(inst);
+    }
+    return plans_.emplace(std::move(key), std::move(plan)).first->second;
+  }
+
+  // Places `flows`, solves their sharing alone and scales their bytes so that, alone, each ends
+  // after max(t_bw, its bytes / its rate): the profile's time unless the platform is slower.
+  void finish_plan(Plan& plan, double t_bw) {
+    const std::vector<double> rate = max_min_rates(plan.flows, capacity_);
+    double longest = 0.0;
+    for (std::size_t f = 0; f < plan.flows.size(); ++f) {
+      PlacedFlow& fl = plan.flows[f];
+      const double r = rate[f];
+      if (!std::isfinite(r) || r <= 0.0) {
+        throw std::logic_error("flow without a finite positive rate");
+      }
+      fl.bytes = std::max(fl.bytes, r * t_bw);
+      longest = std::max(longest, fl.bytes / r);
+    }
+    plan.lone = plan.latency + std::max(t_bw, longest);
+  }
+
+  PlacedFlow place(int src, int dst, double bytes) const {
+    const auto [a, b] = platform_.gpu_endpoints(src, dst);
+    PlacedFlow f{a, b, bytes, {}};
+    platform_.route(a, b, f.links);
+    return f;
+  }
+
+  Plan plan_copy(const Instance& inst) {
+    const ClassState& s = classes_[inst.members[0].cls];
+    const Op& op = s.rc->ops[inst.members[0].op];
+    Plan plan;
+    const double t = coster_.copy_time(op.copy_kind(), Bytes(op.bytes)).value + s.device_extra[inst.members[0].op];
+    if (!(op.bytes > 0.0)) {
+      plan.latency = t;
+      plan.lone = t;
+      return plan;
+    }
+    const bool h2d = op.copy_kind() == CopyKind::h2d_pinned || op.copy_kind() == CopyKind::h2d_pageable;
+    const Endpoint host{PortKind::host, platform_.node_of(s.rep)};
+    const Endpoint gpu{PortKind::gpu_pcie, s.rep};
+    PlacedFlow f{h2d ? host : gpu, h2d ? gpu : host, op.bytes, {}};
+    platform_.route(f.src, f.dst, f.links);
+    plan.flows.push_back(std::move(f));
+    finish_plan(plan, t);
+    return plan;
+  }
+
+  Plan plan_p2p(const Instance& inst) {
+    const Member& sm = inst.members[0];
+    const ClassState& s = classes_[sm.cls];
+    const Op& op = s.rc->ops[sm.op];
+    const int dst = peer_rank(sm.cls, op, sm.op);
+    Plan plan;
+    const bool same_node = platform_.node_of(s.rep) == platform_.node_of(dst);
+    const CommParams p = coster_.comm_params(CommKind::send_recv, Bytes(op.bytes), 2,
+                                             same_node ? CommScope::nvlink : CommScope::network);
+    const auto [a, b] = platform_.gpu_endpoints(s.rep, dst);
+    plan.latency = std::max(p.latency.value, s.rep == dst ? 0.0 : platform_.route_latency(a, b).value);
+    const double t_bw = p.bus_bandwidth.value > 0.0 ? op.bytes / p.bus_bandwidth.value : 0.0;
+    if (op.bytes > 0.0 && s.rep != dst) plan.flows.push_back(place(s.rep, dst, op.bytes));
+    finish_plan(plan, t_bw);
+    return plan;
+  }
+
+  Split split_for(const Op& op, std::size_t n) const {
+    Split split;
+    if (op.collective() != Collective::all_to_all) return split;
+    const std::int64_t routed = op.shape[1];
+    if (routed == 0) return split;
+    split.kind = routed == 1 ? SplitKind::by_dest : SplitKind::by_src;
+    const scenarios::RoutingModel model(static_cast<int>(n), opt_.routing_imbalance);
+    split.share.resize(n);
+    for (std::size_t j = 0; j < n; ++j) split.share[j] = model.share(static_cast<int>(j));
+    return split;
+  }
+
+  Plan plan_collective(const Instance& inst) {
+    Plan plan;
+    double t_bw = 0.0;
+    std::vector<RankFlow> placed;
+    std::vector<int> flow_class_start;
+    for (const Member& m : inst.members) {
+      const ClassState& s = classes_[m.cls];
+      const Op& op = s.rc->ops[m.op];
+      const std::vector<int>& members = group_members(m.cls, op.group);
+      const int n = static_cast<int>(members.size());
+      if (op.group_size != n) {
+        throw InputError(describe_op(g_, *s.rc, m.op) + ": group_size " + std::to_string(op.group_size) +
+                         " but the layout's group has " + std::to_string(n) + " members");
+      }
+      if (n <= 1) continue;
+      const CommKind kind = comm_kind(op.collective());
+      const Split split = split_for(op, members.size());
+      // by_src splits are given the balanced size (shape[0]); other kinds use the op's bytes.
+      const double size = split.kind == SplitKind::uniform ? op.bytes : static_cast<double>(op.shape[0]);
+      const bool spans = !g_.layout.group_within_node(op.group, s.rep);
+      const Algorithm algo = choose_algorithm(kind, opt_.allreduce, spans, op.bytes, n);
+      const CommParams p = coster_.comm_params(kind, Bytes(op.bytes), n, spans ? CommScope::network : CommScope::nvlink);
+      const double traffic = bus_traffic_bytes(kind, members, size, split);
+      if (p.bus_bandwidth.value > 0.0) t_bw = std::max(t_bw, traffic / p.bus_bandwidth.value);
+      std::vector<RankFlow> raw = collective_flows(kind, algo, members, size, split, s.rep);
+      double path_latency = 0.0;
+      for (const RankFlow& f : raw) {
+        const auto [a, b] = platform_.gpu_endpoints(f.src, f.dst);
+        path_latency = std::max(path_latency, platform_.route_latency(a, b).value);
+      }
+      plan.latency = std::max({plan.latency, p.latency.value, latency_hops(kind, algo, n) * path_latency});
+      for (const RankFlow& f : aggregate_flows(raw, members, platform_)) placed.push_back(f);
+    }
+    for (const RankFlow& f : placed) plan.flows.push_back(place(f.src, f.dst, f.bytes));
+    finish_plan(plan, t_bw);
+    return plan;
+  }
+
+  // ---------------------------------------------------------------- end
+  void check_finished() const {
+    for (const ClassState& s : classes_) {
+      if (s.done == s.rc->ops.size()) continue;
+      // The first op that never finished, and why.
+      for (std::uint32_t i = 0; i < s.rc->ops.size(); ++i) {
+        if (s.end[i] >= 0.0) continue;
+        std::string why;
+        const Op& op = s.rc->ops[i];
+        if (s.start[i] >= 0.0 && (op.kind == OpKind::collective)) {
+          why = "it waits for the other rank classes of its " + std::string(scenarios::to_string(op.group)) +
+                " group to issue the same collective";
+        } else if (s.start[i] >= 0.0 && (op.kind == OpKind::send || op.kind == OpKind::recv)) {
+          why = std::string("it waits for the matching ") + (op.kind == OpKind::send ? "recv" : "send") +
+                " (same tag) of its peer";
+        } else if (s.pending[i] > 0) {
+          why = "it waits for " + std::to_string(s.pending[i]) + " dependencies that never finished";
+        } else if (op.kind != OpKind::host && s.stream_head[op.stream] != s.stream_pos[i]) {
+          why = "an earlier op of its stream '" + g_.streams[op.stream].name + "' never finished";
+        } else {
+          why = "it was never launched";
+        }
+        throw InputError("the step cannot finish (deadlock): " + describe_op(g_, *s.rc, i) + " never ran to the end: " + why);
+      }
+    }
+  }
+
+  StepResult collect() {
+    StepResult r;
+    r.epoch = epoch_;
+    r.collectives = collectives_;
+    r.flows_started = flows_started_;
+    r.classes.resize(classes_.size());
+    double last = epoch_;
+    for (std::size_t c = 0; c < classes_.size(); ++c) {
+      ClassState& s = classes_[c];
+      ClassTimeline& t = r.classes[c];
+      t.start.resize(s.start.size());
+      t.end.resize(s.end.size());
+      double class_end = epoch_;
+      for (std::size_t i = 0; i < s.start.size(); ++i) {
+        t.start[i] = s.start[i] - epoch_;
+        t.end[i] = s.end[i] - epoch_;
+        class_end = std::max(class_end, s.end[i]);
+      }
+      t.step_end = class_end - epoch_;
+      last = std::max(last, class_end);
+    }
+    r.duration = last - epoch_;
+    return r;
+  }
+
+  const OpCoster& coster_;
+  const ExecutorOptions& opt_;
+  const StepGraph& g_;
+  const Platform& platform_;
+  double epoch_;
+  FlowEngine* engine_;
+  HostCosts host_;
+  int sm_count_ = 0;
+  std::vector<double> capacity_;
+  std::vector<ClassState> classes_;
+  std::priority_queue<Event, std::vector<Event>, EventLater> queue_;
+  std::uint64_t seq_ = 0;
+  double now_ = 0.0;
+  std::vector<Instance> instances_;
+  std::unordered_map<std::string, std::uint32_t> pending_coll_;
+  std::unordered_map<std::string, std::uint32_t> pending_p2p_;
+  std::unordered_map<std::uint64_t, std::uint32_t> set_of_;
+  std::vector<std::vector<std::uint32_t>> sets_;
+  std::unordered_map<std::uint64_t, std::vector<int>> members_of_;
+  std::unordered_map<std::string, Plan> plans_;
+  std::size_t collectives_ = 0;
+  std::size_t flows_started_ = 0;
+};
+
+}  // namespace
+
+Executor::Executor(const OpCoster& coster, ExecutorOptions options) : coster_(coster), options_(options) {}
+
+StepResult Executor::run_step(const StepGraph& graph, const Platform& platform, std::span<const double> compute_factor,
+                              double epoch, FlowEngine* engine) const {
+  if (!compute_factor.empty() && compute_factor.size() != graph.classes.size()) {
+    throw std::logic_error("compute_factor must have one entry per rank class");
+  }
+  StepRun run(coster_, options_, graph, platform, compute_factor, epoch, engine);
+  return run.run();
+}
+
+}  // namespace threewalls::sim

@@ -1,0 +1,253 @@
+#include "threewalls/sim/flows.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <stdexcept>
+#include <unordered_map>
+
+namespace threewalls::sim {
+
+const char* to_string(CommKind k) {
+  switch (k) {
+    case CommKind::all_reduce: return "all_reduce";
+    case CommKind::all_gather: return "all_gather";
+    case CommKind::reduce_scatter: return "reduce_scatter";
+    case CommKind::all_to_all: return "all_to_all";
+    case CommKind::broadcast: return "broadcast";
+    case CommKind::send_recv: return "send_recv";
+  }
+  return "?";
+}
+
+const char* to_string(Algorithm a) {
+  switch (a) {
+    case Algorithm::ring: return "ring";
+    case Algorithm::tree: return "tree";
+    case Algorithm::chain: return "chain";
+    case Algorithm::pairwise: return "pairwise";
+    case Algorithm::p2p: return "p2p";
+  }
+  return "?";
+}
+
+const char* to_string(AllReduceChoice a) {
+  switch (a) {
+    case AllReduceChoice::automatic: return "auto";
+    case AllReduceChoice::ring: return "ring";
+    case AllReduceChoice::tree: return "tree";
+  }
+  return "?";
+}
+
+double bus_factor(CommKind kind, int n) {
+  if (n <= 1) return 0.0;
+  const double nn = n;
+  switch (kind) {
+    case CommKind::all_reduce: return 2.0 * (nn - 1.0) / nn;
+    case CommKind::all_gather:
+    case CommKind::reduce_scatter:
+    case CommKind::all_to_all: return (nn - 1.0) / nn;
+    case CommKind::broadcast:
+    case CommKind::send_recv: return 1.0;
+  }
+  return 1.0;
+}
+
+Algorithm choose_algorithm(CommKind kind, AllReduceChoice choice, bool spans_nodes, double bytes, int n) {
+  switch (kind) {
+    case CommKind::all_reduce:
+      if (choice == AllReduceChoice::ring || n <= 2) return Algorithm::ring;
+      if (choice == AllReduceChoice::tree) return Algorithm::tree;
+      return (spans_nodes && bytes / n <= kTreeMaxBytesPerMember) ? Algorithm::tree : Algorithm::ring;
+    case CommKind::all_gather:
+    case CommKind::reduce_scatter: return Algorithm::ring;
+    case CommKind::broadcast: return Algorithm::chain;
+    case CommKind::all_to_all: return Algorithm::pairwise;
+    case CommKind::send_recv: return Algorithm::p2p;
+  }
+  return Algorithm::ring;
+}
+
+int latency_hops(CommKind kind, Algorithm algo, int n) {
+  if (n <= 1) return 0;
+  switch (algo) {
+    case Algorithm::ring: return kind == CommKind::all_reduce ? 2 * (n - 1) : n - 1;
+    case Algorithm::chain: return n - 1;
+    case Algorithm::tree: return 2 * static_cast<int>(std::ceil(std::log2(static_cast<double>(n))));
+    case Algorithm::pairwise:
+    case Algorithm::p2p: return 1;
+  }
+  return 1;
+}
+
+namespace {
+
+// Bytes member position i sends to position j (i != j) in an all_to_all.
+double a2a_bytes(std::size_t i, std::size_t j, std::size_t n, double size, const Split& split) {
+  switch (split.kind) {
+    case SplitKind::uniform: return size / static_cast<double>(n);
+    case SplitKind::by_dest: return size * split.share.at(j);
+    case SplitKind::by_src: return size * split.share.at(i);
+  }
+  return 0.0;
+}
+
+void check_split(const Split& split, std::size_t n) {
+  if (split.kind != SplitKind::uniform && split.share.size() != n) {
+    throw std::logic_error("all_to_all split has " + std::to_string(split.share.size()) + " shares for " +
+                           std::to_string(n) + " members");
+  }
+}
+
+}  // namespace
+
+std::vector<RankFlow> collective_flows(CommKind kind, Algorithm algo, std::span<const int> members, double size,
+                                       const Split& split, int only_src) {
+  std::vector<RankFlow> out;
+  const std::size_t n = members.size();
+  if (n <= 1 || !(size > 0.0)) return out;
+  auto add = [&](std::size_t i, std::size_t j, double bytes) {
+    const int s = members[i];
+    const int d = members[j];
+    if (s == d || !(bytes > 0.0)) return;
+    if (only_src >= 0 && s != only_src) return;
+    out.push_back({s, d, bytes});
+  };
+  const double nn = static_cast<double>(n);
+  switch (algo) {
+    case Algorithm::ring: {
+      const double per = (kind == CommKind::all_reduce ? 2.0 : 1.0) * (nn - 1.0) / nn * size;
+      for (std::size_t i = 0; i < n; ++i) add(i, (i + 1) % n, per);
+      break;
+    }
+    case Algorithm::chain:
+      for (std::size_t i = 0; i + 1 < n; ++i) add(i, i + 1, size);
+      break;
+    case Algorithm::tree:
+      for (std::size_t shift = 0; shift < 2; ++shift) {
+        for (std::size_t p = 1; p < n; ++p) {
+          const std::size_t child = (p + shift) % n;
+          const std::size_t parent = ((p - 1) / 2 + shift) % n;
+          add(child, parent, size / 2.0);
+          add(parent, child, size / 2.0);
+        }
+      }
+      break;
+    case Algorithm::pairwise:
+      check_split(split, n);
+      for (std::size_t i = 0; i < n; ++i) {
+        for (std::size_t j = 0; j < n; ++j) {
+          if (i != j) add(i, j, a2a_bytes(i, j, n, size, split));
+        }
+      }
+      break;
+    case Algorithm::p2p:
+      add(0, 1, size);
+      break;
+  }
+  return out;
+}
+
+double bus_traffic_bytes(CommKind kind, std::span<const int> members, double size, const Split& split) {
+  const std::size_t n = members.size();
+  if (n <= 1) return 0.0;
+  if (kind != CommKind::all_to_all || split.kind == SplitKind::uniform) {
+    return bus_factor(kind, static_cast<int>(n)) * size;
+  }
+  check_split(split, n);
+  double worst = 0.0;
+  for (std::size_t i = 0; i < n; ++i) {
+    double out = 0.0;
+    double in = 0.0;
+    for (std::size_t j = 0; j < n; ++j) {
+      if (j == i) continue;
+      out += a2a_bytes(i, j, n, size, split);
+      in += a2a_bytes(j, i, n, size, split);
+    }
+    worst = std::max({worst, out, in});
+  }
+  return worst;
+}
+
+std::vector<RankFlow> aggregate_flows(std::span<const RankFlow> flows, std::span<const int> members,
+                                      const Platform& platform) {
+  // Position of each member in the group order, for "the first destination after the source".
+  std::unordered_map<int, std::size_t> pos;
+  for (std::size_t i = 0; i < members.size(); ++i) pos.emplace(members[i], i);
+  const std::size_t n = members.size();
+  struct Bucket {
+    double bytes = 0.0;
+    int dst = -1;
+    std::size_t dist = 0;  // distance after the source in group order of the chosen destination
+  };
+  // key: (source, class) with class 0 same node, 1 same leaf, 2 other leaf
+  std::map<std::pair<int, int>, Bucket> buckets;
+  for (const RankFlow& f : flows) {
+    int cls = 2;
+    if (platform.node_of(f.src) == platform.node_of(f.dst)) {
+      cls = 0;
+    } else if (platform.leaf_of(f.src) == platform.leaf_of(f.dst)) {
+      cls = 1;
+    }
+    Bucket& b = buckets[{f.src, cls}];
+    b.bytes += f.bytes;
+    const auto ps = pos.find(f.src);
+    const auto pd = pos.find(f.dst);
+    const std::size_t dist = (ps != pos.end() && pd != pos.end()) ? (pd->second + n - ps->second) % n : 0;
+    if (b.dst < 0 || dist < b.dist) {
+      b.dst = f.dst;
+      b.dist = dist;
+    }
+  }
+  std::vector<RankFlow> out;
+  out.reserve(buckets.size());
+  for (const auto& [key, b] : buckets) out.push_back({key.first, b.dst, b.bytes});
+  return out;
+}
+
+std::vector<double> max_min_rates(std::span<const PlacedFlow> flows, std::span<const double> capacity) {
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<double> rate(flows.size(), inf);
+  // Links used, their remaining capacity and unfrozen flow count.
+  std::map<std::uint32_t, std::pair<double, int>> links;
+  for (const PlacedFlow& f : flows) {
+    for (std::uint32_t l : f.links) {
+      auto [it, inserted] = links.try_emplace(l, capacity[l], 0);
+      ++it->second.second;
+    }
+  }
+  std::vector<bool> frozen(flows.size(), false);
+  for (std::size_t i = 0; i < flows.size(); ++i) {
+    if (flows[i].links.empty()) frozen[i] = true;
+  }
+  while (true) {
+    double best = inf;
+    std::uint32_t best_link = 0;
+    for (const auto& [l, st] : links) {
+      if (st.second <= 0) continue;
+      const double share = std::max(0.0, st.first) / st.second;
+      if (share < best) {
+        best = share;
+        best_link = l;
+      }
+    }
+    if (best == inf) break;
+    for (std::size_t i = 0; i < flows.size(); ++i) {
+      if (frozen[i]) continue;
+      const auto& fl = flows[i].links;
+      if (std::find(fl.begin(), fl.end(), best_link) == fl.end()) continue;
+      frozen[i] = true;
+      rate[i] = best;
+      for (std::uint32_t l : fl) {
+        auto& st = links[l];
+        st.first -= best;
+        --st.second;
+      }
+    }
+  }
+  return rate;
+}
+
+}  // namespace threewalls::sim

@@ -1,0 +1,394 @@
+// Memory model: equations in docs/memory_model.md (each block below names its section).
+#include "threewalls/sim/memory_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "threewalls/scenarios/layout.hpp"
+
+namespace threewalls::sim {
+
+namespace {
+
+using scenarios::AttentionKind;
+using scenarios::ModelSpec;
+using scenarios::Scenario;
+
+struct Dims {
+  double h, a, g, dh, f, fe, fs, E, k;
+  double q_lora, kv_lora, dqk, drope, dv;
+  double mult;      // weight matrices per MLP: 3 (SwiGLU) or 2
+  double act_in;    // activation-function input width factor: 2 (SwiGLU: gate and up) or 1
+  double norm;      // parameters per norm: h (RMSNorm) or 2h (LayerNorm)
+  bool mla;
+};
+
+Dims dims(const ModelSpec& m) {
+  Dims d{};
+  d.h = m.hidden_size;
+  d.a = m.num_attention_heads;
+  d.g = m.num_query_groups > 0 ? m.num_query_groups : m.num_attention_heads;
+  d.dh = m.kv_channels > 0 ? m.kv_channels : (m.num_attention_heads > 0 ? d.h / d.a : 0.0);
+  d.f = m.ffn_hidden_size;
+  d.fe = m.moe_ffn_hidden_size;
+  d.fs = m.moe_shared_expert_intermediate_size;
+  d.E = m.num_experts;
+  d.k = m.moe_router_topk;
+  d.q_lora = m.q_lora_rank;
+  d.kv_lora = m.kv_lora_rank;
+  d.dqk = m.qk_head_dim;
+  d.drope = m.qk_pos_emb_head_dim;
+  d.dv = m.v_head_dim;
+  d.mult = m.swiglu ? 3.0 : 2.0;
+  d.act_in = m.swiglu ? 2.0 : 1.0;
+  d.norm = m.normalization == scenarios::Normalization::layernorm ? 2.0 * d.h : d.h;
+  d.mla = m.attention == AttentionKind::mla;
+  return d;
+}
+
+// Attention parameters of one layer: {replicated over TP, sharded over TP} (docs: "Parameters").
+std::pair<double, double> attention_params(const Dims& d) {
+  if (d.mla) {
+    double repl = d.norm;                               // input norm
+    double shard = 0.0;
+    if (d.q_lora > 0) {
+      repl += d.h * d.q_lora + d.q_lora;                // W_DQ, q norm (RMSNorm)
+      shard += d.q_lora * d.a * (d.dqk + d.drope);      // W_UQ
+    } else {
+      shard += d.h * d.a * (d.dqk + d.drope);           // W_Q
+    }
+    repl += d.h * (d.kv_lora + d.drope) + d.kv_lora;    // W_DKV, kv norm
+    shard += d.kv_lora * d.a * (d.dqk + d.dv);          // W_UKV
+    shard += d.a * d.dv * d.h;                          // W_O
+    return {repl, shard};
+  }
+  const double shard = d.h * d.a * d.dh + 2.0 * d.h * d.g * d.dh + d.a * d.dh * d.h;  // Q, K, V, O
+  return {d.norm, shard};
+}
+
+}  // namespace
+
+double model_parameters(const ModelSpec& m) {
+  const Dims d = dims(m);
+  const auto [arepl, ashard] = attention_params(d);
+  double total = 0.0;
+  for (int l = 0; l < m.num_layers; ++l) {
+    total += arepl + ashard + d.norm;  // attention, MLP norm
+    if (m.layer_is_moe(l)) {
+      total += d.h * d.E + d.E * d.mult * d.h * d.fe + d.mult * d.h * d.fs;
+    } else {
+      total += d.mult * d.h * d.f;
+    }
+  }
+  const double emb = static_cast<double>(m.vocab_size) * d.h;
+  total += emb + d.norm;  // embedding, final norm
+  if (m.untie_embeddings_and_output_weights) total += emb;
+  return total;
+}
+
+ParameterCount rank_parameters(const Scenario& s, const std::vector<int>& layers, bool first_stage, bool last_stage) {
+  const ModelSpec& m = s.model;
+  const Dims d = dims(m);
+  const double t = s.parallel.tp;
+  const double ep = s.parallel.ep;
+  const double etp = s.parallel.etp;
+  const auto [arepl, ashard] = attention_params(d);
+  ParameterCount p;
+  for (int l : layers) {
+    p.dense += arepl + ashard / t + d.norm;
+    if (m.layer_is_moe(l)) {
+      p.dense += d.h * d.E + d.mult * d.h * d.fs / t;  // router (replicated), shared experts
+      p.expert += (d.E / ep) * d.mult * d.h * d.fe / etp;
+    } else {
+      p.dense += d.mult * d.h * d.f / t;
+    }
+  }
+  const double vocab = static_cast<double>(m.padded_vocab_size(s.parallel.tp));
+  const double emb = vocab * d.h / t;
+  if (first_stage) p.dense += emb;
+  if (last_stage) {
+    p.dense += d.norm;
+    if (m.untie_embeddings_and_output_weights) {
+      p.dense += emb;
+    } else if (!first_stage) {
+      p.dense += emb;  // the last stage's copy of the tied embedding
+    }
+  }
+  return p;
+}
+
+double training_bytes_per_parameter(bool distributed_optimizer, int dp) {
+  // bf16 weight 2 + fp32 gradient 4 + fp32 master weight, Adam m and v 4 + 4 + 4.
+  return distributed_optimizer ? 6.0 + 12.0 / std::max(1, dp) : 18.0;
+}
+
+double layer_activation_bytes(const Scenario& s, int layer, double expert_load, const MemoryOptions& opt,
+                              bool apply_selective) {
+  // docs/memory_model.md, "Activations of one layer". T tokens of one micro-batch on this rank
+  // (before sequence parallelism), 2-byte activations; `rep` divides tensors outside the TP region
+  // (sequence parallel), t those inside it.
+  const ModelSpec& m = s.model;
+  const Dims d = dims(m);
+  const double t = s.parallel.tp;
+  const double rep = s.parallel.sequence_parallel ? t : 1.0;
+  double T = 0.0;
+  double seq = 0.0;
+  if (s.train) {
+    T = static_cast<double>(s.train->micro_batch_size) * s.train->seq_length / s.parallel.cp;
+    seq = static_cast<double>(s.train->seq_length) / s.parallel.cp;
+  } else {
+    T = static_cast<double>(s.infer->batch_size) * s.infer->prompt_length;
+    seq = s.infer->prompt_length;
+  }
+  auto sel = [&](const char* module) { return apply_selective && s.train && s.train->recompute_module(module); };
+  const double drop = opt.dropout ? 1.0 : 0.0;
+  const bool ln_recompute = sel("layernorm");
+  double bytes = 0.0;
+
+  // Attention block.
+  bytes += 2.0 * T * d.h / rep;                          // input norm's input (the residual)
+  if (!ln_recompute) bytes += 2.0 * T * d.h / rep;       // norm output = QKV / down-projection input
+  const double heads = d.a / t;
+  double core_in = 0.0;                                  // Q, K, V kept for the attention backward
+  double core_out_width = 0.0;
+  if (d.mla) {
+    if (d.q_lora > 0) {
+      bytes += 2.0 * T * d.q_lora / rep;                 // compressed query (q norm input)
+      if (!ln_recompute) bytes += 2.0 * T * d.q_lora / rep;  // q norm output = W_UQ input
+    }
+    bytes += 2.0 * T * (d.kv_lora + d.drope) / rep;      // compressed kv + rope key (kv norm input)
+    if (!ln_recompute) bytes += 2.0 * T * d.kv_lora / rep;   // kv norm output = W_UKV input
+    core_in = 2.0 * T * heads * (2.0 * (d.dqk + d.drope) + d.dv);  // up-projected Q, K, V
+    if (sel("mla_up_proj")) core_in = 0.0;               // recomputed from the latents
+    core_out_width = heads * d.dv;
+  } else {
+    core_in = 2.0 * T * (heads * d.dh + 2.0 * (d.g / t) * d.dh);  // Q, K, V
+    core_out_width = heads * d.dh;
+  }
+  bytes += core_in;
+  if (!sel("core_attn")) {
+    if (opt.fused_attention) {
+      bytes += 4.0 * T * heads;                          // log-sum-exp (fp32) per head and query
+    } else {
+      bytes += 5.0 * heads * seq * T;                    // softmax output 2, dropout mask 1, dropout output 2
+    }
+  }
+  bytes += 2.0 * T * core_out_width;                     // attention output = output projection input
+  bytes += drop * T * d.h / rep;                         // attention dropout mask
+
+  // MLP block.
+  bytes += 2.0 * T * d.h / rep;                          // MLP norm's input
+  const bool moe = m.layer_is_moe(layer);
+  const bool whole_moe = moe && sel("moe");
+  const bool mlp_norm_recompute = ln_recompute || whole_moe;
+  if (!mlp_norm_recompute) bytes += 2.0 * T * d.h / rep; // norm output = fc1 / router input
+  if (!moe) {
+    if (!sel("mlp")) {
+      bytes += 2.0 * T * d.f * d.act_in / t;             // activation input
+      bytes += 2.0 * T * d.f / t;                        // activation output = fc2 input
+    }
+  } else if (!whole_moe) {
+    const double tokens = T / rep;                       // tokens entering the MoE layer on this rank
+    bytes += 4.0 * tokens * d.E;                         // router logits (fp32)
+    const double rows = tokens * d.k * expert_load * s.parallel.etp;  // routed rows for the local experts
+    const double width = d.fe / s.parallel.etp;
+    bytes += 2.0 * rows * d.h;                           // permuted tokens = expert fc1 input
+    bytes += 2.0 * rows * width * d.act_in;              // activation input
+    if (!sel("moe_act")) bytes += 2.0 * rows * width;    // activation output = expert fc2 input
+    bytes += 2.0 * rows * d.h;                           // expert output = unpermute input
+    if (d.fs > 0 && !sel("shared_experts")) {
+      bytes += 2.0 * T * d.fs * d.act_in / t;
+      bytes += 2.0 * T * d.fs / t;
+    }
+  }
+  bytes += drop * T * d.h / rep;                         // MLP dropout mask
+  return bytes;
+}
+
+int inflight_chunk_microbatches(int pp, int vpp, int stage, int microbatches) {
+  if (vpp <= 1) return std::max(1, std::min(pp - stage, microbatches));
+  const int warmup = 2 * (pp - stage - 1) + (vpp - 1) * pp;
+  return std::max(1, std::min(warmup + 1, microbatches * vpp));
+}
+
+bool MemoryReport::oom() const { return first_oom_class() >= 0; }
+
+int MemoryReport::first_oom_class() const {
+  for (const ClassMemory& c : classes) {
+    if (c.peak() > gpu_memory) return c.id;
+  }
+  return -1;
+}
+
+namespace {
+
+// Bytes of the stage's tokens entering one layer (the residual stream), per micro-batch and rank.
+double residual_bytes(const Scenario& s) {
+  const double t = s.parallel.tp;
+  const double rep = s.parallel.sequence_parallel ? t : 1.0;
+  double T = 0.0;
+  if (s.train) {
+    T = static_cast<double>(s.train->micro_batch_size) * s.train->seq_length / s.parallel.cp;
+  } else {
+    T = static_cast<double>(s.infer->batch_size) * s.infer->prompt_length;
+  }
+  return 2.0 * T * s.model.hidden_size / rep;
+}
+
+double tokens_per_microbatch(const Scenario& s) {
+  if (s.train) return static_cast<double>(s.train->micro_batch_size) * s.train->seq_length / s.parallel.cp;
+  return static_cast<double>(s.infer->batch_size) * s.infer->prompt_length;
+}
+
+// NCCL communicators this rank belongs to, and all-to-all peers (docs: "Buffers").
+double nccl_bytes(const Scenario& s, const scenarios::Layout& L) {
+  double bytes = 0.0;
+  for (scenarios::Group g : {scenarios::Group::tp, scenarios::Group::cp, scenarios::Group::dp_cp, scenarios::Group::ep,
+                             scenarios::Group::etp, scenarios::Group::edp, scenarios::Group::pp}) {
+    const int n = L.group_size(g);
+    if (n > 1) bytes += kNcclBytesPerCommunicator;
+  }
+  if (s.model.is_moe() && s.parallel.ep > 1) bytes += (s.parallel.ep - 1) * kNcclBytesPerPeer;
+  return bytes;
+}
+
+// Largest transient buffer of the token dispatcher for one MoE layer.
+double dispatcher_bytes(const Scenario& s, double expert_load, const scenarios::Layout& L, int rep_rank) {
+  if (!s.model.is_moe()) return 0.0;
+  const scenarios::ExecOptions& e = s.exec();
+  const double t = s.parallel.tp;
+  const double rep = s.parallel.sequence_parallel ? t : 1.0;
+  const double tokens = tokens_per_microbatch(s) / rep;
+  const double h = s.model.hidden_size;
+  const double k = s.model.moe_router_topk;
+  switch (e.token_dispatcher) {
+    case scenarios::Dispatcher::alltoall:
+      return 2.0 * (2.0 * tokens * k * expert_load * h);  // send and receive buffers
+    case scenarios::Dispatcher::allgather:
+      return 2.0 * tokens * s.parallel.ep * s.parallel.tp * h;  // gathered hidden states
+    case scenarios::Dispatcher::flex: {
+      const bool spans = !L.group_within_node(scenarios::Group::ep, rep_rank);
+      return kDeepEpBufferBytes * (spans ? 2.0 : 1.0);  // NVLink buffer (+ RDMA buffer)
+    }
+  }
+  return 0.0;
+}
+
+int captured_scopes(const scenarios::ExecOptions& e) {
+  int n = 0;
+  for (const char* scope : {"attn", "mlp", "moe_router", "moe_preprocess"}) n += e.graph_scope(scope) ? 1 : 0;
+  return n;
+}
+
+}  // namespace
+
+MemoryReport memory_model(const Scenario& s, const scenarios::StepGraph& graph, const MemoryOptions& opt) {
+  MemoryReport report;
+  report.gpu_memory = s.cluster.gpu_memory;
+  const scenarios::Layout& L = graph.layout;
+  const int pp = s.parallel.pp;
+  const int vpp = std::max(1, s.parallel.vpp);
+  for (const scenarios::RankClass& rc : graph.classes) {
+    ClassMemory cm;
+    cm.id = rc.id;
+    cm.label = rc.label;
+    cm.ranks = static_cast<int>(rc.ranks.size());
+    const bool first = rc.pp_stage == 0;
+    const bool last = rc.pp_stage == pp - 1;
+    cm.params = rank_parameters(s, rc.layers, first, last);
+    const int rep_rank = rc.representative();
+    MemoryBreakdown& b = cm.breakdown;
+    double act_per_mb = 0.0;  // all layers of the stage, one micro-batch
+    double largest_layer = 0.0;
+    for (int l : rc.layers) {
+      const double a = layer_activation_bytes(s, l, rc.expert_load, opt);
+      act_per_mb += a;
+      largest_layer = std::max(largest_layer, a);
+    }
+    const double resid = residual_bytes(s);
+    const double V = static_cast<double>(s.model.padded_vocab_size(s.parallel.tp));
+    const double Tmb = tokens_per_microbatch(s);
+    if (s.train) {
+      const scenarios::TrainSpec& tr = *s.train;
+      // Weights, gradients, optimizer (docs: "Weights, gradients, optimizer state").
+      const int dp_dense = L.group_size(scenarios::Group::dp_cp);
+      const int dp_expert = L.group_size(scenarios::Group::edp);
+      b.weights = Bytes(2.0 * cm.params.total());
+      b.gradients = Bytes(4.0 * cm.params.total());
+      b.optimizer = tr.use_distributed_optimizer
+                        ? Bytes(12.0 * (cm.params.dense / dp_dense + cm.params.expert / dp_expert))
+                        : Bytes(12.0 * cm.params.total());
+      // Activations (docs: "Micro-batches in flight", "Full recomputation").
+      const int n_layers = static_cast<int>(rc.layers.size());
+      double stored_per_mb = act_per_mb;
+      double transient = 0.0;
+      if (tr.recompute_granularity == scenarios::RecomputeGranularity::full && n_layers > 0) {
+        const int N = std::max(1, tr.recompute_num_layers);
+        if (tr.recompute_method == scenarios::RecomputeMethod::uniform) {
+          const int groups = (n_layers + N - 1) / N;
+          stored_per_mb = groups * resid;
+          transient = std::min(N, n_layers) * largest_layer;
+        } else {
+          const int per_chunk = std::max(1, n_layers / vpp);
+          const int recomputed = std::min(N, per_chunk) * vpp;
+          stored_per_mb = recomputed * resid + (act_per_mb * (n_layers - recomputed)) / n_layers;
+          transient = largest_layer;
+        }
+      }
+      // Embedding output on the first stage; final norm, output input and fp32 logits on the last.
+      double edge_per_mb = 0.0;
+      if (first) edge_per_mb += resid + (opt.dropout ? resid / 2.0 : 0.0);
+      if (last) edge_per_mb += 2.0 * resid + 4.0 * Tmb * V / s.parallel.tp;
+      const int m = tr.num_microbatches;
+      const int inflight = inflight_chunk_microbatches(pp, vpp, rc.pp_stage, m);
+      cm.inflight = inflight;
+      const double per_chunk_mb = stored_per_mb / vpp;
+      // The embedding and output tensors belong to the first and last model chunk only: about one in
+      // vpp of the chunk-micro-batches in flight.
+      const int edge_inflight = (inflight + vpp - 1) / vpp;
+      b.activations = Bytes(inflight * per_chunk_mb + edge_inflight * edge_per_mb + transient);
+      cm.activation_per_microbatch = stored_per_mb + edge_per_mb;
+      // CUDA-graph pools (docs: "CUDA-graph pools").
+      const scenarios::ExecOptions& e = s.exec();
+      if (e.graph_scope("full_iteration")) {
+        b.graph_pools = Bytes(2.0 * 2.0 * resid);
+      } else {
+        const int scopes = captured_scopes(e);
+        b.graph_pools = Bytes(static_cast<double>(scopes) * n_layers * std::max(1, m) * 2.0 * (2.0 * resid));
+      }
+    } else {
+      const scenarios::InferSpec& inf = *s.infer;
+      const double wbytes = inf.exec.precision == scenarios::Precision::fp8 ? 1.0 : 2.0;
+      double expert_params = cm.params.expert;
+      if (inf.expert_offload.enabled && inf.expert_offload.tier != scenarios::OffloadTier::hbm && s.model.is_moe()) {
+        // Only the expert cache lives in HBM.
+        const Dims d = dims(s.model);
+        int moe_layers = 0;
+        for (int l : rc.layers) moe_layers += s.model.layer_is_moe(l) ? 1 : 0;
+        const double per_expert = d.mult * d.h * d.fe / s.parallel.etp;
+        const double local = d.E / s.parallel.ep;
+        expert_params = moe_layers * std::min(local, static_cast<double>(inf.expert_offload.cache_experts_per_layer)) *
+                        per_expert;
+      }
+      b.weights = Bytes(wbytes * (cm.params.dense + expert_params));
+      // KV cache (docs: "Inference").
+      const double kv_bytes = inf.kv_cache_precision == scenarios::Precision::fp8 ? 1.0 : 2.0;
+      const Dims d = dims(s.model);
+      const double per_token_layer =
+          d.mla ? (d.kv_lora + d.drope) : 2.0 * (d.g / s.parallel.tp) * d.dh;
+      const double positions = static_cast<double>(inf.prompt_length) + inf.generate_tokens;
+      const double kv = static_cast<double>(rc.layers.size()) * inf.batch_size * positions * per_token_layer * kv_bytes;
+      cm.inflight = 1;
+      cm.activation_per_microbatch = largest_layer;
+      b.activations = Bytes(kv + largest_layer + (last ? 4.0 * inf.batch_size * V / s.parallel.tp : 0.0));
+      const int scopes = captured_scopes(inf.exec);
+      b.graph_pools = Bytes(static_cast<double>(scopes) * rc.layers.size() * 2.0 * (2.0 * resid));
+    }
+    b.buffers = Bytes(kCudaContextBytes + nccl_bytes(s, L) + dispatcher_bytes(s, rc.expert_load, L, rep_rank));
+    report.classes.push_back(std::move(cm));
+  }
+  return report;
+}
+
+}  // namespace threewalls::sim

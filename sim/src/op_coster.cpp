@@ -1,0 +1,143 @@
+#include "threewalls/sim/op_coster.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "threewalls/calibration/cost_model.hpp"
+
+namespace threewalls::sim {
+
+namespace {
+
+using scenarios::CopyKind;
+using scenarios::Op;
+using scenarios::OpKind;
+
+calibration::Dtype dtype_of(const Op& op) {
+  switch (op.dtype) {
+    case scenarios::DType::bf16: return calibration::Dtype::bf16;
+    case scenarios::DType::fp8: return calibration::Dtype::fp8;
+    case scenarios::DType::fp32: return calibration::Dtype::fp32;
+  }
+  return calibration::Dtype::bf16;
+}
+
+calibration::CopyDirection direction_of(CopyKind k) {
+  switch (k) {
+    case CopyKind::h2d_pinned: return calibration::CopyDirection::h2d_pinned;
+    case CopyKind::h2d_pageable: return calibration::CopyDirection::h2d_pageable;
+    case CopyKind::d2h_pinned: return calibration::CopyDirection::d2h_pinned;
+    case CopyKind::d2h_pageable: return calibration::CopyDirection::d2h_pageable;
+    case CopyKind::d2d: return calibration::CopyDirection::d2d;
+    case CopyKind::disk_read: return calibration::CopyDirection::disk_read;
+  }
+  return calibration::CopyDirection::d2d;
+}
+
+calibration::CollectiveKind kind_of(CommKind k) {
+  switch (k) {
+    case CommKind::all_reduce: return calibration::CollectiveKind::all_reduce;
+    case CommKind::all_gather: return calibration::CollectiveKind::all_gather;
+    case CommKind::reduce_scatter: return calibration::CollectiveKind::reduce_scatter;
+    case CommKind::all_to_all: return calibration::CollectiveKind::all_to_all;
+    case CommKind::broadcast: return calibration::CollectiveKind::broadcast;
+    case CommKind::send_recv: return calibration::CollectiveKind::send_recv;
+  }
+  return calibration::CollectiveKind::all_reduce;
+}
+
+std::int64_t at_least_1(std::int64_t v) { return v < 1 ? 1 : v; }
+
+}  // namespace
+
+CostModelCoster::CostModelCoster(const calibration::CostModel& model) : model_(model) {
+  host_.kernel_launch = model.kernel_launch();
+  host_.collective_launch = model.collective_launch();
+  host_.graph_launch = model.graph_launch();
+  host_.graph_node = model.graph_node();
+  host_.stream_sync = model.stream_sync();
+  host_.gpu_read = model.gpu_read();
+  host_.framework_op = model.framework_op();
+}
+
+Seconds CostModelCoster::kernel_time(const Op& op) const {
+  const auto& s = op.shape;
+  switch (op.kind) {
+    case OpKind::gemm:
+      return model_.gemm(at_least_1(s[0]), at_least_1(s[1]), at_least_1(s[2]), dtype_of(op), at_least_1(s[3]));
+    case OpKind::grouped_gemm: {
+      const std::int64_t total = s[0];
+      const std::int64_t n = at_least_1(s[1]);
+      const std::int64_t k = at_least_1(s[2]);
+      const std::int64_t groups = at_least_1(s[3]);
+      if (total <= 0) return Seconds(0.0);
+      if (s[5] == 1) {
+        // wgrad: group g computes dW_g (n x k) reducing over its r_g rows. Same FLOPs as groups GEMMs
+        // of n rows, k columns and a reduction of the mean rows per group.
+        const std::int64_t mean_rows = at_least_1(total / groups);
+        return model_.grouped_gemm(groups, n * groups, n, k, mean_rows, dtype_of(op));
+      }
+      return model_.grouped_gemm(groups, total, at_least_1(s[4]), n, k, dtype_of(op));
+    }
+    case OpKind::attention:
+      return model_.attention(at_least_1(s[0]), at_least_1(s[1]), at_least_1(s[2]), at_least_1(s[3]),
+                              at_least_1(s[4]), at_least_1(s[5]), (op.flags & scenarios::kCausal) != 0,
+                              (op.flags & scenarios::kBackward) != 0);
+    case OpKind::elementwise:
+    case OpKind::softmax_topk:
+    case OpKind::permute:
+    case OpKind::unpermute:
+    case OpKind::embedding:
+    case OpKind::cross_entropy:
+    case OpKind::optimizer: return model_.elementwise(Bytes(op.bytes));
+    case OpKind::norm: return model_.norm(Bytes(op.bytes));
+    case OpKind::copy: return model_.copy(direction_of(op.copy_kind()), Bytes(op.bytes));
+    case OpKind::collective:
+    case OpKind::send:
+    case OpKind::recv:
+    case OpKind::host: break;
+  }
+  throw std::logic_error(std::string("kernel_time asked for a ") + scenarios::to_string(op.kind) + " op");
+}
+
+Seconds CostModelCoster::copy_time(CopyKind kind, Bytes bytes) const { return model_.copy(direction_of(kind), bytes); }
+
+CommParams CostModelCoster::comm_params(CommKind kind, Bytes bytes, int group_size, CommScope scope) const {
+  const auto p = model_.collective_params(kind_of(kind), bytes, group_size,
+                                          scope == CommScope::nvlink ? calibration::Scope::nvlink
+                                                                     : calibration::Scope::network);
+  return CommParams{p.latency, p.bus_bandwidth};
+}
+
+double CostModelCoster::stream_concurrency(int streams, double fraction) const {
+  return model_.stream_concurrency(streams, fraction);
+}
+
+int CostModelCoster::sm_count() const { return model_.sm_count(); }
+
+double sm_fraction(const Op& op, int sm_count) {
+  if (sm_count <= 0) return 1.0;
+  const auto& s = op.shape;
+  auto ceil_div = [](double a, double b) { return std::ceil(a / b); };
+  double blocks = 1.0;
+  switch (op.kind) {
+    case OpKind::gemm:
+      blocks = ceil_div(static_cast<double>(std::max<std::int64_t>(s[0], 1)), 128.0) *
+               ceil_div(static_cast<double>(std::max<std::int64_t>(s[1], 1)), 128.0) *
+               static_cast<double>(std::max<std::int64_t>(s[3], 1));
+      break;
+    case OpKind::grouped_gemm:
+      blocks = ceil_div(static_cast<double>(std::max<std::int64_t>(s[0], 1)), 128.0) *
+               ceil_div(static_cast<double>(std::max<std::int64_t>(s[1], 1)), 128.0);
+      break;
+    case OpKind::attention:
+      blocks = static_cast<double>(std::max<std::int64_t>(s[0], 1) * std::max<std::int64_t>(s[3], 1)) *
+               ceil_div(static_cast<double>(std::max<std::int64_t>(s[1], 1)), 128.0);
+      break;
+    default: blocks = ceil_div(std::max(op.bytes, 1.0), 65536.0); break;
+  }
+  return std::clamp(blocks / sm_count, 1.0 / sm_count, 1.0);
+}
+
+}  // namespace threewalls::sim

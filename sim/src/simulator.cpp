@@ -1,0 +1,329 @@
+#include "threewalls/sim/simulator.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <optional>
+
+#include "threewalls/calibration/cost_model.hpp"
+#include "threewalls/calibration/profile.hpp"
+#include "threewalls/calibration/resolve.hpp"
+#include "threewalls/core/error.hpp"
+#include "threewalls/profiler/run_dir.hpp"
+#include "threewalls/profiler/sampling.hpp"
+#include "threewalls/scenarios/layout.hpp"
+#include "threewalls/sim/simgrid_network.hpp"
+
+namespace threewalls::sim {
+
+namespace {
+
+using scenarios::Group;
+using scenarios::Op;
+using scenarios::OpKind;
+using scenarios::StepGraph;
+
+profiler::Wall record_wall(scenarios::Wall w) {
+  switch (w) {
+    case scenarios::Wall::compute: return profiler::Wall::compute;
+    case scenarios::Wall::memory: return profiler::Wall::memory;
+    case scenarios::Wall::communication: return profiler::Wall::communication;
+    case scenarios::Wall::host: return profiler::Wall::host;
+  }
+  return profiler::Wall::compute;
+}
+
+profiler::CoarseView coarse_view(const Op& op) {
+  if (op.flags & scenarios::kDataLoad) return profiler::CoarseView::host_to_device;
+  if (op.flags & scenarios::kMetrics) return profiler::CoarseView::training_metrics;
+  return profiler::CoarseView::none;
+}
+
+// Step-ranged slowdowns active in `step`.
+bool active(const scenarios::Slowdown& d, int step) {
+  return step >= d.from_step && (d.to_step < 0 || step <= d.to_step);
+}
+
+// Interned names and per-op record templates of one StepGraph.
+struct RecordTables {
+  std::vector<std::uint32_t> phase, stream;
+  std::vector<std::uint32_t> group;  // by Group value
+};
+
+RecordTables intern_graph(const StepGraph& g, profiler::Names& names) {
+  RecordTables t;
+  for (const std::string& p : g.phases) t.phase.push_back(names.phases.intern(p));
+  for (const auto& s : g.streams) t.stream.push_back(names.streams.intern(s.name));
+  for (int v = 0; v <= static_cast<int>(Group::embedding); ++v) {
+    const auto grp = static_cast<Group>(v);
+    t.group.push_back(grp == Group::none ? profiler::kNoName : names.groups.intern(scenarios::to_string(grp)));
+  }
+  return t;
+}
+
+int peer_of(const StepGraph& g, int rank, const Op& op) {
+  const scenarios::Layout& L = g.layout;
+  if (op.group == Group::pp) {
+    const int pp = L.group_size(Group::pp);
+    return L.rank_at_stage(rank, ((L.stage_of(rank) + op.peer) % pp + pp) % pp);
+  }
+  if (op.group == Group::cp) {
+    const auto m = L.group_members(Group::cp, rank);
+    const int n = static_cast<int>(m.size());
+    return m[static_cast<std::size_t>(((L.group_index(Group::cp, rank) + op.peer) % n + n) % n)];
+  }
+  return profiler::kAbsent;
+}
+
+// Appends the records of `rank` (a member of class c) for one step.
+void add_records(const StepGraph& g, const RecordTables& t, const StepResult& r, std::size_t c, int step, int rank,
+                 const std::function<void(const profiler::StepRecord&)>& on_step,
+                 const std::function<void(const profiler::PhaseRecord&)>& on_phase) {
+  const scenarios::RankClass& rc = g.classes[c];
+  const ClassTimeline& tl = r.classes[c];
+  profiler::StepRecord sr;
+  sr.step = step;
+  sr.rank = rank;
+  sr.epoch_us = r.epoch * 1e6;
+  sr.dur_us = tl.step_end * 1e6;
+  on_step(sr);
+  for (std::size_t i = 0; i < rc.ops.size(); ++i) {
+    const Op& op = rc.ops[i];
+    profiler::PhaseRecord p;
+    p.step = step;
+    p.rank = rank;
+    p.phase = t.phase[op.phase];
+    p.stream = t.stream[op.stream];
+    p.layer = op.layer;
+    p.microbatch = op.microbatch;
+    p.start_us = tl.start[i] * 1e6;
+    p.dur_us = (tl.end[i] - tl.start[i]) * 1e6;
+    p.bytes = op.bytes;
+    p.flops = op.flops;
+    p.expert = op.expert;
+    if (op.kind == OpKind::send || op.kind == OpKind::recv) p.peer = peer_of(g, rank, op);
+    if (op.is_comm()) p.group = t.group[static_cast<std::size_t>(op.group)];
+    p.tokens = op.tokens;
+    p.wall = record_wall(op.wall);
+    p.coarse = coarse_view(op);
+    on_phase(p);
+  }
+}
+
+profiler::SamplingConfig sampling_config(const scenarios::Scenario& s, const StepGraph& g) {
+  const scenarios::ProfilerSpec& ps = s.run.profiler;
+  profiler::SamplingConfig c;
+  c.enabled = ps.enabled;
+  c.start_step = ps.start_step;
+  c.end_step = ps.end_step;
+  c.record_every_n_steps = ps.record_every_n_steps;
+  c.flush_every_n_steps = ps.flush_every_n_steps;
+  c.granularity = ps.granularity == scenarios::Granularity::coarse ? profiler::Granularity::coarse
+                                                                    : profiler::Granularity::layer;
+  if (ps.representatives) {
+    for (const auto& rc : g.classes) c.ranks.push_back(rc.representative());
+    std::sort(c.ranks.begin(), c.ranks.end());
+  } else {
+    c.ranks = ps.ranks;
+  }
+  return c;
+}
+
+double gpu_peak_bf16(scenarios::GpuKind) {
+  // Dense bf16 peak of H100 and H200 SXM (docs/formats/run_dir.md, mfu).
+  return 989e12;
+}
+
+}  // namespace
+
+SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const ProfileInfoForHeader& profile,
+                   const SimOptions& opt) {
+  SimResult result;
+  const int steps = opt.steps >= 0 ? opt.steps : s.run.steps;
+  if (steps < 1) throw InputError("sim: --steps must be at least 1 (got " + std::to_string(steps) + ")");
+
+  StepGraph first = scenarios::expand(s, 0);
+  const bool per_step = first.varies_per_step;
+  result.model_flops_per_step = first.model_flops;
+  result.tokens_per_step = first.tokens;
+  for (const auto& rc : first.classes) {
+    result.classes.push_back({rc.id, rc.label, rc.ranks, rc.pp_stage});
+    result.ops_per_step += rc.ops.size();
+  }
+  result.memory = memory_model(s, first, opt.memory);
+
+  // Platform: physical, then the representative placement (docs/simulator.md).
+  Platform base(s.cluster);
+  std::vector<int> reps;
+  for (const auto& rc : first.classes) reps.push_back(rc.representative());
+  base.scale_leaf_uplinks_for_placement(reps);
+  for (const auto& d : s.cluster.slowdowns) {
+    if (d.rank < 0 || d.rank >= base.world()) {
+      throw InputError("[cluster.slowdown] rank " + std::to_string(d.rank) + " is outside the world of " +
+                       std::to_string(base.world()) + " ranks");
+    }
+    if (d.link == scenarios::SlowLink::none) {
+      const auto& rc = first.class_of(d.rank);
+      if (rc.ranks.size() > 1) {
+        result.warnings.push_back("slowdown of rank " + std::to_string(d.rank) + " applies to its whole rank class " +
+                                  std::to_string(rc.id) + " (" + rc.label + ", " + std::to_string(rc.ranks.size()) +
+                                  " ranks): the expansion did not give it a class of its own");
+      }
+    }
+  }
+  if (!profile.gpu.empty() && profile.gpu != scenarios::to_string(s.cluster.gpu)) {
+    result.warnings.push_back("calibration profile " + profile.id + " is for " + profile.gpu + " but the cluster is " +
+                              scenarios::to_string(s.cluster.gpu));
+  }
+
+  ExecutorOptions eo;
+  eo.fidelity = opt.fidelity;
+  eo.allreduce = opt.allreduce;
+  eo.routing_imbalance = s.train ? s.train->routing_imbalance : 1.0;
+  const Executor exec(coster, eo);
+
+  // Run header and writer.
+  profiler::RunHeader header = profiler::make_header("sim", s.world_size());
+  header.scenario = {s.name, s.source_path, s.content_hash};
+  header.calibration_profile = profiler::ProfileId{profile.id, profile.path, profile.gpu};
+  header.device = std::string("simulated ") + scenarios::to_string(s.cluster.gpu);
+  header.argv = opt.argv;
+  header.start_time = opt.start_time;
+  header.seed = s.run.seed;
+  OrderedJson simj;
+  simj["fidelity"] = to_string(opt.fidelity);
+  simj["network"] = SimGridEngine::settings();
+  simj["network"]["used"] = opt.fidelity == Fidelity::flow;
+  simj["allreduce_algorithm"] = to_string(opt.allreduce);
+  simj["placement"] = "representatives";
+  simj["platform"] = base.describe();
+  simj["host_lane"] = "eager op: kernel_launch (collectives: collective_launch); CUDA-graph run: graph_launch + graph_node per op";
+  simj["memory"] = OrderedJson{{"fused_attention", opt.memory.fused_attention}, {"dropout", opt.memory.dropout}};
+  simj["profile_reason"] = profile.reason;
+  header.settings["steps"] = steps;
+  header.settings["warmup_steps_simulated"] = 0;
+  header.settings["simulator"] = simj;
+  for (const auto& rc : first.classes) header.rank_classes.push_back({rc.id, rc.label, rc.ranks, rc.pp_stage});
+
+  std::unique_ptr<profiler::RunDirWriter> writer;
+  profiler::Names local_names;
+  if (!opt.out_dir.empty() && s.run.profiler.enabled) {
+    profiler::WriterOptions wo;
+    wo.overwrite = opt.overwrite;
+    wo.keep_records = false;
+    writer = std::make_unique<profiler::RunDirWriter>(opt.out_dir, header,
+                                                      profiler::SamplingPolicy(sampling_config(s, first), s.world_size()), wo);
+    result.run_dir = opt.out_dir;
+  }
+  profiler::Names& names = writer ? writer->names() : local_names;
+
+  // Records of every class representative, all steps, for the summary (the simulator knows them all).
+  std::vector<profiler::StepRecord> sum_steps;
+  std::vector<profiler::PhaseRecord> sum_phases;
+
+  auto run_all = [&](FlowEngine* engine) {
+    double epoch = engine != nullptr ? engine->now() : 0.0;
+    std::vector<double> link_bw;
+    for (const Link& l : base.links()) link_bw.push_back(l.bandwidth.value);
+    for (int step = 0; step < steps; ++step) {
+      StepGraph expanded;
+      const StepGraph* g = &first;
+      if (per_step && step > 0) {
+        expanded = scenarios::expand(s, step);
+        g = &expanded;
+      }
+      // Slowdowns of this step.
+      Platform platform = base;
+      std::vector<double> factor(g->classes.size(), 1.0);
+      for (const auto& d : s.cluster.slowdowns) {
+        if (!active(d, step)) continue;
+        if (d.link == scenarios::SlowLink::none) {
+          factor[static_cast<std::size_t>(g->class_of_rank.at(static_cast<std::size_t>(d.rank)))] *= d.factor;
+        } else {
+          platform.slow_link(d.rank, d.link, d.factor);
+        }
+      }
+      if (engine != nullptr) {
+        for (std::uint32_t id = 0; id < platform.links().size(); ++id) {
+          const double bw = platform.links()[id].bandwidth.value;
+          if (bw != link_bw[id]) {
+            engine->set_link_bandwidth(id, BytesPerSecond(bw));
+            link_bw[id] = bw;
+          }
+        }
+      }
+      const StepResult r = exec.run_step(*g, platform, factor, epoch, engine);
+      result.collectives += r.collectives;
+      result.flows += r.flows_started;
+      epoch = r.epoch + r.duration;
+      const RecordTables tables = intern_graph(*g, names);
+      // Summary records: representatives.
+      for (std::size_t c = 0; c < g->classes.size(); ++c) {
+        add_records(*g, tables, r, c, step, g->classes[c].representative(),
+                    [&](const profiler::StepRecord& x) { sum_steps.push_back(x); },
+                    [&](const profiler::PhaseRecord& x) { sum_phases.push_back(x); });
+      }
+      // Files: every recording rank, from its class's timeline.
+      if (writer && writer->policy().records(step)) {
+        for (int rank : writer->policy().recording_ranks()) {
+          if (!writer->records(step, rank)) continue;
+          const auto c = static_cast<std::size_t>(g->class_of_rank.at(static_cast<std::size_t>(rank)));
+          add_records(*g, tables, r, c, step, rank, [&](const profiler::StepRecord& x) { writer->add(x); },
+                      [&](const profiler::PhaseRecord& x) { writer->add(x); });
+        }
+      }
+      if (writer) writer->end_step(step);
+    }
+  };
+
+  if (opt.fidelity == Fidelity::flow) {
+    SimGridEngine engine(base);
+    engine.run([&]() { run_all(&engine); });
+  } else {
+    run_all(nullptr);
+  }
+
+  // Summary.
+  profiler::SummaryInputs in;
+  in.model_flops_per_step = Flops(result.model_flops_per_step);
+  in.tokens_per_step = result.tokens_per_step;
+  in.gpu = scenarios::to_string(s.cluster.gpu);
+  in.gpu_peak = FlopsPerSecond(gpu_peak_bf16(s.cluster.gpu));
+  in.gpu_memory = s.cluster.gpu_memory;
+  for (const ClassMemory& cm : result.memory.classes) {
+    profiler::MemoryClass mc;
+    mc.id = cm.id;
+    mc.label = cm.label;
+    mc.ranks = cm.ranks;
+    mc.peak = cm.peak();
+    mc.breakdown = {{"weights", cm.breakdown.weights},         {"gradients", cm.breakdown.gradients},
+                    {"optimizer", cm.breakdown.optimizer},     {"activations", cm.breakdown.activations},
+                    {"buffers", cm.breakdown.buffers},         {"graph_pools", cm.breakdown.graph_pools}};
+    in.memory_classes.push_back(std::move(mc));
+  }
+  in.oom = result.memory.oom();
+  const profiler::SummaryBuilder builder(header, in);
+  result.summary = builder.build(sum_steps, sum_phases, names);
+  result.summary_json = builder.to_json(result.summary);
+  if (writer) {
+    writer->write_summary(result.summary_json);
+    writer->close();
+  }
+  return result;
+}
+
+SimResult simulate(const scenarios::Scenario& s, const std::string& calibration, const SimOptions& opt) {
+  const std::string spec = calibration.empty() ? s.calibration_profile : calibration;
+  const std::filesystem::path scenario_dir =
+      s.source_path.empty() ? std::filesystem::path() : std::filesystem::path(s.source_path).parent_path();
+  const calibration::ResolvedProfile resolved =
+      calibration::resolve_profile(spec, scenarios::to_string(s.cluster.gpu), scenario_dir);
+  const calibration::Profile profile = calibration::Profile::load(resolved.path);
+  const calibration::CostModel model(profile);
+  const CostModelCoster coster(model);
+  ProfileInfoForHeader info{profile.id(), resolved.path.string(), profile.hardware().gpu_kind, resolved.reason};
+  return simulate(s, coster, info, opt);
+}
+
+}  // namespace threewalls::sim
