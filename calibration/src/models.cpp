@@ -91,8 +91,13 @@ double GemmModel::time_s(std::int64_t m, std::int64_t n, std::int64_t k, std::in
   return std::max(t_compute, t_memory) + overhead_s;
 }
 
+const std::vector<GemmModel::Tile>& GemmModel::default_tiles() {
+  static const std::vector<Tile> tiles = {{128, 128}, {128, 256}, {256, 128}};
+  return tiles;
+}
+
 GemmModel GemmModel::fit(const std::vector<Sample>& samples, const DeviceConstants& device, ElementBytes elements,
-                         double memory_bandwidth_bytes_per_s) {
+                         double memory_bandwidth_bytes_per_s, const std::vector<Tile>& tiles) {
   require_device(device, memory_bandwidth_bytes_per_s, "gemm");
   if (samples.size() < 3) {
     throw FitImpossible("gemm: needs at least 3 points (e_max, k_half and t0 are fitted), has " +
@@ -102,8 +107,6 @@ GemmModel GemmModel::fit(const std::vector<Sample>& samples, const DeviceConstan
     require_positive_time(s.seconds, "gemm");
     if (s.m <= 0 || s.n <= 0 || s.k <= 0 || s.batch <= 0) throw FitImpossible("gemm: m, n, k and batch must be positive");
   }
-  // Tile shapes of Hopper GEMM kernels (CUTLASS 3 / cuBLAS): the fit picks the one the data supports.
-  static constexpr int kTiles[][2] = {{128, 128}, {128, 256}, {256, 128}};
   const std::vector<std::vector<double>> starts = [] {
     std::vector<std::vector<double>> s;
     for (double e : {0.5, 0.9}) {
@@ -113,21 +116,28 @@ GemmModel GemmModel::fit(const std::vector<Sample>& samples, const DeviceConstan
     }
     return s;
   }();
-  GemmModel best;
-  double best_cost = kInf;
-  for (const auto& tile : kTiles) {
+  if (tiles.empty()) throw FitImpossible("gemm: no tile shape to choose from");
+  struct Candidate {
+    GemmModel model;
+    double rms = kInf;  // root-mean-square relative error over the points
+  };
+  std::vector<Candidate> candidates;
+  for (const auto& tile : tiles) {
     GemmModel m;
-    m.tile_m = tile[0];
-    m.tile_n = tile[1];
+    m.tile_m = tile.m;
+    m.tile_n = tile.n;
     m.memory_bandwidth_bytes_per_s = memory_bandwidth_bytes_per_s;
     m.device = device;
     m.elements = elements;
-    auto residuals = [&](const std::vector<double>& theta) {
-      const auto p = exp_all(theta);
+    auto make = [&m](const std::vector<double>& theta) {
       GemmModel c = m;
       c.efficiency_max = logistic(theta[0]);
-      c.k_half = p[1];
-      c.overhead_s = p[2];
+      c.k_half = std::exp(theta[1]);
+      c.overhead_s = std::exp(theta[2]);
+      return c;
+    };
+    auto residuals = [&](const std::vector<double>& theta) {
+      const GemmModel c = make(theta);
       std::vector<double> r(samples.size());
       for (std::size_t i = 0; i < samples.size(); ++i) {
         const auto& s = samples[i];
@@ -136,17 +146,23 @@ GemmModel GemmModel::fit(const std::vector<Sample>& samples, const DeviceConstan
       return r;
     };
     const auto res = fit::levenberg_marquardt_multistart(residuals, starts);
-    if (res.cost < best_cost) {
-      best_cost = res.cost;
-      const auto p = exp_all(res.theta);
-      best = m;
-      best.efficiency_max = logistic(res.theta[0]);
-      best.k_half = p[1];
-      best.overhead_s = p[2];
+    if (std::isfinite(res.cost)) {
+      candidates.push_back({make(res.theta), std::sqrt(2.0 * res.cost / static_cast<double>(samples.size()))});
     }
   }
-  if (!std::isfinite(best_cost)) throw FitImpossible("gemm: no parameters reproduce the points (non-finite error)");
-  return best;
+  if (candidates.empty()) throw FitImpossible("gemm: no parameters reproduce the points (non-finite error)");
+  // Tiles whose fits are within kTileTieRms of the best cannot be told apart by the points. Among
+  // them keep the smallest fixed cost t0: a large t0 and wave quantisation with a larger tile explain
+  // slow mid-size GEMMs equally well, but only the former would charge every small (decode) GEMM a
+  // fixed cost that no point measured.
+  constexpr double kTileTieRms = 0.01;
+  double best_rms = kInf;
+  for (const auto& c : candidates) best_rms = std::min(best_rms, c.rms);
+  const Candidate* chosen = nullptr;
+  for (const auto& c : candidates) {
+    if (c.rms <= best_rms + kTileTieRms && (!chosen || c.model.overhead_s < chosen->model.overhead_s)) chosen = &c;
+  }
+  return chosen->model;
 }
 
 // ---------------------------------------------------------------------------------- grouped GEMM

@@ -48,8 +48,10 @@ ElementBytes element_bytes(Dtype dt);
 //
 // q is wave quantisation: the last partial wave of tiles occupies the whole GPU for a tile's
 // time. Partial tiles at the matrix edge are not padded (cuBLAS picks a tile that fits small m).
-// Fitted: e_max, k_half, t0 (Levenberg-Marquardt on log-parameters, relative residuals) and the
-// tile T_m x T_n, chosen from a few CUTLASS/cuBLAS Hopper tile shapes by least relative error.
+// Fitted per candidate tile T_m x T_n (a few Hopper CUTLASS/cuBLAS tile shapes): e_max in (0, 1)
+// (logistic), k_half and t0 (log-parameters), by Levenberg-Marquardt on relative residuals. The tile
+// with the least RMS relative error is kept, except that tiles within 1 percentage point of it are
+// indistinguishable and the one with the smallest t0 is kept among them (see docs/calibration.md).
 // BW is the measured HBM copy bandwidth (read + write) from copy.d2d, P the datasheet peak.
 struct GemmModel {
   int tile_m = 128;
@@ -67,9 +69,14 @@ struct GemmModel {
     std::int64_t m, n, k, batch;
     double seconds;
   };
+  struct Tile {
+    int m, n;
+  };
+  // Tile shapes the fit chooses from (Hopper CUTLASS/cuBLAS bf16/fp8 tiles).
+  static const std::vector<Tile>& default_tiles();
   // Throws FitImpossible with fewer than 3 samples.
   static GemmModel fit(const std::vector<Sample>& samples, const DeviceConstants& device, ElementBytes elements,
-                       double memory_bandwidth_bytes_per_s);
+                       double memory_bandwidth_bytes_per_s, const std::vector<Tile>& tiles = default_tiles());
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -83,7 +90,7 @@ struct GemmModel {
 // with P_sm = P / SMs and B = (R k + groups k n) e_in + R n e_out. Unlike the dense model, every
 // tile costs a full tile: a grouped kernel runs one tile shape for all groups, so a group of 10
 // rows pays for T_m rows. T_m, T_n and k_half are taken from the dense GEMM fit of the same dtype;
-// fitted: e_max and t0 (with fewer than 3 points only e_max, t0 taken from the dense fit).
+// fitted: e_max in (0, 1) and t0 (with fewer than 3 points only e_max, t0 taken from the dense fit).
 struct GroupedGemmModel {
   int tile_m = 128;
   int tile_n = 128;
@@ -114,7 +121,8 @@ struct GroupedGemmModel {
 //   eff   = e_max * L / (L + s_half) * d_qk / (d_qk + d_half)
 //   t     = max( F / (P eff q),  B / BW ) + t0
 // B counts Q, K, V, O once (backward also dQ, dK, dV, dO); K and V have kv_heads heads.
-// T_q = 128 query rows per CTA (FlashAttention-2/3 on Hopper). Fitted: e_max, s_half, d_half, t0.
+// T_q = 128 query rows per CTA (FlashAttention-2/3 on Hopper). Fitted: e_max in (0, 1), s_half,
+// d_half, t0 (Levenberg-Marquardt, relative residuals). Attention has no dtype argument: bf16 peak.
 // (AttentionShape is declared in cost_model.hpp.)
 // Number of (query, key) pairs the mask lets through.
 double attention_pairs(std::int64_t seq_q, std::int64_t seq_kv, bool causal);
