@@ -1,6 +1,6 @@
 // kernel_bench: figures of the backend's kernels on the GPU it runs on.
 //
-//   kernel_bench [--quick] [--only gemm,grouped,attention,memory,copy,nccl]
+//   kernel_bench [--quick] [--only gemm,grouped,attention,memory,copy,nccl,scenario] [--scenario FILE]
 //
 // Prints one line per measurement: name, shape, median time and the rate (TFLOP/s for compute,
 // GB/s for memory and copies, bus GB/s for collectives), the spread of the samples, and for the
@@ -11,6 +11,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <map>
 #include <set>
 #include <string>
 #include <thread>
@@ -23,7 +24,9 @@
 #include "threewalls/backend/handles.hpp"
 #include "threewalls/backend/kernels.hpp"
 #include "threewalls/backend/nccl.hpp"
+#include "threewalls/backend/op_runner.hpp"
 #include "threewalls/backend/timing.hpp"
+#include "threewalls/scenarios/loader.hpp"
 
 namespace tw = threewalls::backend;
 
@@ -132,7 +135,8 @@ void bench_grouped(tw::CublasLt& lt, tw::Stream& s) {
       std::snprintf(extra, sizeof extra, "%.1f%% of dense", 100.0 * tf / dense_tf);
       row("strided batched (balanced)", shape, tb, tf, "TFLOP/s", extra);
     }
-    for (const tw::GroupedImpl impl : {tw::GroupedImpl::cublas_grouped, tw::GroupedImpl::lt_loop, tw::GroupedImpl::lt_streams}) {
+    for (const tw::GroupedImpl impl : {tw::GroupedImpl::lt_batched, tw::GroupedImpl::lt_batched_streams,
+                                       tw::GroupedImpl::cublas_grouped, tw::GroupedImpl::lt_loop, tw::GroupedImpl::lt_streams}) {
       try {
         tw::GroupedGemm gg(lt, tw::GemmLayout::forward, rows, c.n, c.k, a.as<tw::bf16>(), w.as<tw::bf16>(),
                            y.as<tw::bf16>(), impl, 4);
@@ -145,21 +149,21 @@ void bench_grouped(tw::CublasLt& lt, tw::Stream& s) {
         std::printf("grouped %-20s %s: FAILED: %s\n", tw::to_string(impl), shape.c_str(), e.what());
       }
     }
-    // The same grouped GEMM in the backward layouts (cuBLAS grouped).
+    // The same grouped GEMM in the backward layouts.
+    for (const tw::GroupedImpl impl : {tw::GroupedImpl::lt_batched, tw::GroupedImpl::cublas_grouped})
     for (const tw::GemmLayout layout : {tw::GemmLayout::dgrad, tw::GemmLayout::wgrad}) {
       try {
         // dgrad: A = dY [T, n], B = W, C = dX [T, k]; wgrad: A = dY [T, n], B = X [T, k], C = dW.
         tw::DeviceBuffer dy = random_bf16(static_cast<std::size_t>(total * c.n), 5);
         tw::DeviceBuffer out(static_cast<std::size_t>(std::max(total * c.k, c.experts * c.n * c.k)) * 2);
         const tw::bf16* b = layout == tw::GemmLayout::dgrad ? w.as<tw::bf16>() : a.as<tw::bf16>();
-        tw::GroupedGemm gg(lt, layout, rows, c.n, c.k, dy.as<tw::bf16>(), b, out.as<tw::bf16>(),
-                           tw::GroupedImpl::cublas_grouped);
+        tw::GroupedGemm gg(lt, layout, rows, c.n, c.k, dy.as<tw::bf16>(), b, out.as<tw::bf16>(), impl);
         const auto t = tw::time_device([&](cudaStream_t st) { gg.run(st); }, s, opts());
         const double tf = tflops(flops, t.median_ms());
         char extra[64];
         std::snprintf(extra, sizeof extra, "%.1f%% of dense fwd", 100.0 * tf / dense_tf);
-        row(layout == tw::GemmLayout::dgrad ? "grouped cublas dgrad" : "grouped cublas wgrad", shape, t, tf, "TFLOP/s",
-            extra);
+        row(std::string("grouped ") + tw::to_string(impl) + (layout == tw::GemmLayout::dgrad ? " dgrad" : " wgrad"), shape,
+            t, tf, "TFLOP/s", extra);
       } catch (const std::exception& e) {
         std::printf("grouped backward %s: FAILED: %s\n", shape.c_str(), e.what());
       }
@@ -234,8 +238,9 @@ void bench_memory(tw::Stream& s) {
       }, s, opts());
   row("rmsnorm bwd", dims({rows, hidden}), t, gbps(3.0 * 2 * rows * hidden, t.median_ms()), "GB/s");
   const std::int64_t h = 18432;
-  t = tw::time_device([&](cudaStream_t st) { tw::swiglu_fwd(a.as<tw::bf16>(), c.as<tw::bf16>(), rows / 2, h, st); }, s, opts());
-  row("swiglu fwd", dims({rows / 2, h}), t, gbps(3.0 * 2 * (rows / 2) * h, t.median_ms()), "GB/s");
+  const std::int64_t srows = 4096;  // x [srows, 2h] fits in `a` (256 Mi elements)
+  t = tw::time_device([&](cudaStream_t st) { tw::swiglu_fwd(a.as<tw::bf16>(), c.as<tw::bf16>(), srows, h, st); }, s, opts());
+  row("swiglu fwd", dims({srows, h}), t, gbps(3.0 * 2 * srows * h, t.median_ms()), "GB/s");
   // Routing + permute at a DeepSeek-like shape: 16384 tokens, 256 experts, top-8, hidden 7168.
   const std::int64_t tokens = 4096;
   const int experts = 256, topk = 8;
@@ -290,6 +295,46 @@ void bench_copies(tw::Stream& s) {
   std::remove(path.c_str());
 }
 
+// ---- the compute/memory ops of one rank class of a scenario, through OpRunner ----
+void bench_scenario(const std::string& path, tw::Stream& s) {
+  std::printf("\n# OpRunner over the compute, memory and copy ops of rank class 0 of %s (comm and host ops left out)\n",
+              path.c_str());
+  const threewalls::scenarios::Scenario sc = threewalls::scenarios::load_scenario(path);
+  const threewalls::scenarios::StepGraph graph = threewalls::scenarios::expand(sc, 0);
+  std::vector<threewalls::scenarios::Op> ops;
+  for (const auto& op : graph.classes.front().ops) {
+    if (op.kind != threewalls::scenarios::OpKind::host && !op.is_comm()) ops.push_back(op);
+  }
+  tw::OpRunner runner(tw::OpRunnerConfig{});
+  runner.prepare(ops);
+  for (const auto& op : ops) runner.run(op, s);  // warm-up: plans, heuristics
+  s.synchronize();
+  tw::EventPool pool(true);
+  std::vector<tw::EventPool::Lease> marks;
+  marks.reserve(ops.size() + 1);
+  marks.push_back(pool.acquire());
+  marks.back().event().record(s);
+  for (const auto& op : ops) {
+    runner.run(op, s);
+    marks.push_back(pool.acquire());
+    marks.back().event().record(s);
+  }
+  s.synchronize();
+  std::map<std::string, std::pair<double, int>> by_kind;
+  double total = 0.0, flops = 0.0;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const double ms = tw::Event::elapsed_ms(marks[i].event(), marks[i + 1].event());
+    auto& e = by_kind[threewalls::scenarios::to_string(ops[i].kind)];
+    e.first += ms;
+    ++e.second;
+    total += ms;
+    flops += ops[i].flops;
+  }
+  for (const auto& [kind, v] : by_kind) std::printf("  %-16s %6d ops %10.3f ms\n", kind.c_str(), v.second, v.first);
+  std::printf("  %-16s %6zu ops %10.3f ms  %.1f TFLOP/s over the op FLOPs  (device memory %s)\n", "total", ops.size(), total,
+              flops / (total * 1e-3) / 1e12, tw::format_size(runner.device_bytes()).c_str());
+}
+
 // ---- NCCL (one thread per GPU) ----
 void bench_nccl(int gpus) {
   std::printf("\n# NCCL collectives over %d GPUs (bus bandwidth, nccl-tests definitions)\n", gpus);
@@ -339,9 +384,12 @@ void bench_nccl(int gpus) {
 
 int main(int argc, char** argv) {
   std::set<std::string> only;
+  std::string scenario;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--quick") {
+    if (a == "--scenario" && i + 1 < argc) {
+      scenario = argv[++i];
+    } else if (a == "--quick") {
       g_quick = true;
     } else if (a == "--only" && i + 1 < argc) {
       std::string list = argv[++i];
@@ -352,7 +400,7 @@ int main(int argc, char** argv) {
         pos = next == std::string::npos ? next : next + 1;
       }
     } else {
-      std::fprintf(stderr, "kernel_bench: unknown argument '%s'\nusage: kernel_bench [--quick] [--only gemm,grouped,attention,memory,copy,nccl]\n", a.c_str());
+      std::fprintf(stderr, "kernel_bench: unknown argument '%s'\nusage: kernel_bench [--quick] [--only gemm,grouped,attention,memory,copy,nccl,scenario] [--scenario FILE]\n", a.c_str());
       return threewalls::kExitInputError;
     }
   }
@@ -382,6 +430,7 @@ int main(int argc, char** argv) {
     if (want("memory")) bench_memory(s);
     if (want("copy")) bench_copies(s);
     if (want("nccl")) bench_nccl(gpus);
+    if (!scenario.empty() && want("scenario")) bench_scenario(scenario, s);
   } catch (const threewalls::InputError& e) {
     std::fprintf(stderr, "kernel_bench: %s\n", e.what());
     return threewalls::kExitInputError;

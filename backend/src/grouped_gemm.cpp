@@ -11,6 +11,8 @@ namespace threewalls::backend {
 
 const char* to_string(GroupedImpl impl) {
   switch (impl) {
+    case GroupedImpl::lt_batched: return "lt_batched";
+    case GroupedImpl::lt_batched_streams: return "lt_batched_streams";
     case GroupedImpl::cublas_grouped: return "cublas_grouped";
     case GroupedImpl::lt_loop: return "lt_loop";
     case GroupedImpl::lt_streams: return "lt_streams";
@@ -60,6 +62,7 @@ struct GroupedGemm::Impl {
   CublasLt* lt = nullptr;
   GroupedImpl impl = GroupedImpl::cublas_grouped;
   std::vector<Problem> problems;
+  std::vector<Problem> runs;  // lt_batched: strided-batched matmuls over runs of equal-row experts
   double flops = 0.0;
   // cublas_grouped: host arrays (per problem: one group of size 1) and device pointer arrays.
   std::vector<cublasOperation_t> trans_a, trans_b;
@@ -116,12 +119,68 @@ GroupedGemm::GroupedGemm(CublasLt& lt, GemmLayout layout, std::vector<std::int64
   }
   impl_->flops = 2.0 * static_cast<double>(total) * static_cast<double>(n) * static_cast<double>(k);
 
+  if (impl == GroupedImpl::lt_batched || impl == GroupedImpl::lt_batched_streams) {
+    std::int64_t off = 0;
+    for (std::size_t e0 = 0; e0 < rows.size();) {
+      const std::int64_t r = rows[e0];
+      std::size_t e1 = e0 + 1;
+      while (e1 < rows.size() && rows[e1] == r) ++e1;
+      const auto len = static_cast<std::int64_t>(e1 - e0);
+      const auto first = static_cast<std::ptrdiff_t>(e0);
+      if (r > 0) {
+        Problem p;
+        switch (layout) {
+          case GemmLayout::forward:
+            p.shape = linear_gemm(GemmLayout::forward, r, n, k);
+            p.shape.stride_a = r * k;
+            p.shape.stride_b = n * k;
+            p.shape.stride_c = r * n;
+            p.a = a + off * k;
+            p.b = b + first * n * k;
+            p.c = c + off * n;
+            break;
+          case GemmLayout::dgrad:
+            p.shape = linear_gemm(GemmLayout::dgrad, r, k, n);
+            p.shape.stride_a = r * n;
+            p.shape.stride_b = n * k;
+            p.shape.stride_c = r * k;
+            p.a = a + off * n;
+            p.b = b + first * n * k;
+            p.c = c + off * k;
+            break;
+          case GemmLayout::wgrad:
+            p.shape = linear_gemm(GemmLayout::wgrad, n, k, r);
+            p.shape.stride_a = r * n;
+            p.shape.stride_b = r * k;
+            p.shape.stride_c = n * k;
+            p.a = a + off * n;
+            p.b = b + off * k;
+            p.c = c + first * n * k;
+            break;
+        }
+        p.shape.batch = len;
+        impl_->runs.push_back(p);
+      }
+      off += r * len;
+      e0 = e1;
+    }
+  }
+
   if (impl == GroupedImpl::cublas_grouped && !impl_->problems.empty()) {
     const std::size_t g = impl_->problems.size();
     std::vector<const void*> ptrs(3 * g);
     for (std::size_t i = 0; i < g; ++i) {
       const Problem& p = impl_->problems[i];
       const GemmShape& s = p.shape;
+      ptrs[i] = p.b;
+      ptrs[g + i] = p.a;
+      ptrs[2 * g + i] = p.c;
+      // Problems of equal shape next to each other share one group (group_size > 1).
+      if (i > 0 && impl_->problems[i - 1].shape.m == s.m && impl_->problems[i - 1].shape.n == s.n &&
+          impl_->problems[i - 1].shape.k == s.k) {
+        ++impl_->group_size.back();
+        continue;
+      }
       // Column-major view (see CublasLt::gemm): cuBLAS A = our B, cuBLAS B = our A, C^T[n,m].
       impl_->trans_a.push_back(s.tb == Trans::n ? CUBLAS_OP_N : CUBLAS_OP_T);
       impl_->trans_b.push_back(s.ta == Trans::n ? CUBLAS_OP_N : CUBLAS_OP_T);
@@ -134,14 +193,11 @@ GroupedGemm::GroupedGemm(CublasLt& lt, GemmLayout layout, std::vector<std::int64
       impl_->group_size.push_back(1);
       impl_->alpha.push_back(1.0F);
       impl_->beta.push_back(0.0F);
-      ptrs[i] = p.b;
-      ptrs[g + i] = p.a;
-      ptrs[2 * g + i] = p.c;
     }
     impl_->pointers = DeviceBuffer(ptrs.size() * sizeof(void*));
     TW_CUDA_CHECK(cudaMemcpy(impl_->pointers.data(), ptrs.data(), ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice));
   }
-  if (impl == GroupedImpl::lt_streams) {
+  if (impl == GroupedImpl::lt_streams || impl == GroupedImpl::lt_batched_streams) {
     const int s = std::max(1, side_streams);
     for (int i = 0; i < s; ++i) {
       impl_->side.emplace_back();
@@ -168,19 +224,24 @@ void GroupedGemm::run(cudaStream_t stream) {
       TW_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
           d.lt->blas(), d.trans_a.data(), d.trans_b.data(), d.m.data(), d.n.data(), d.k.data(), d.alpha.data(),
           const_cast<const void* const*>(ptrs), CUDA_R_16BF, d.lda.data(), const_cast<const void* const*>(ptrs + g),
-          CUDA_R_16BF, d.ldb.data(), d.beta.data(), ptrs + 2 * g, CUDA_R_16BF, d.ldc.data(), static_cast<int>(g),
-          d.group_size.data(), CUBLAS_COMPUTE_32F));
+          CUDA_R_16BF, d.ldb.data(), d.beta.data(), ptrs + 2 * g, CUDA_R_16BF, d.ldc.data(),
+          static_cast<int>(d.group_size.size()), d.group_size.data(), CUBLAS_COMPUTE_32F));
       break;
     }
+    case GroupedImpl::lt_batched:
+      for (const Problem& p : d.runs) d.lt->gemm(p.shape, p.a, p.b, p.c, stream);
+      break;
     case GroupedImpl::lt_loop:
       for (const Problem& p : d.problems) d.lt->gemm(p.shape, p.a, p.b, p.c, stream);
       break;
-    case GroupedImpl::lt_streams: {
+    case GroupedImpl::lt_streams:
+    case GroupedImpl::lt_batched_streams: {
+      const std::vector<Problem>& work = d.impl == GroupedImpl::lt_streams ? d.problems : d.runs;
       d.fork.record(stream);
       for (const Stream& s : d.side) TW_CUDA_CHECK(cudaStreamWaitEvent(s.get(), d.fork.get(), 0));
-      for (std::size_t i = 0; i < d.problems.size(); ++i) {
+      for (std::size_t i = 0; i < work.size(); ++i) {
         const std::size_t j = i % d.side.size();
-        const Problem& p = d.problems[i];
+        const Problem& p = work[i];
         d.side_lt[j].gemm(p.shape, p.a, p.b, p.c, d.side[j].get());
       }
       for (std::size_t j = 0; j < d.side.size(); ++j) {

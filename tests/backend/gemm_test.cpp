@@ -162,11 +162,14 @@ std::vector<double> grouped_reference(GemmLayout layout, const std::vector<std::
 TEST(GroupedGemm, ImbalancedCountsMatchReferenceForEveryImplementationAndLayout) {
   TW_REQUIRE_GPU();
   CublasLt lt;
-  const std::vector<std::int64_t> rows{37, 0, 5, 64, 1, 19};  // an empty expert and tiny ones
+  // An empty expert, tiny ones, and runs of equal rows (batched together by lt_batched).
+  const std::vector<std::int64_t> rows{37, 0, 5, 64, 1, 19, 16, 16, 16, 40, 40, 0, 0, 7};
   const std::int64_t n = 40, k = 24, e = static_cast<std::int64_t>(rows.size());
   const std::int64_t total = std::accumulate(rows.begin(), rows.end(), std::int64_t{0});
   std::uint32_t seed = 100;
-  for (const GroupedImpl impl : {GroupedImpl::cublas_grouped, GroupedImpl::lt_loop, GroupedImpl::lt_streams}) {
+  for (const GroupedImpl impl :
+       {GroupedImpl::lt_batched, GroupedImpl::lt_batched_streams, GroupedImpl::cublas_grouped, GroupedImpl::lt_loop,
+        GroupedImpl::lt_streams}) {
     for (const GemmLayout layout : {GemmLayout::forward, GemmLayout::dgrad, GemmLayout::wgrad}) {
       std::size_t na = 0, nb = 0, nc = 0;
       switch (layout) {
@@ -193,11 +196,13 @@ TEST(GroupedGemm, ImbalancedCountsMatchReferenceForEveryImplementationAndLayout)
 TEST(GroupedGemm, CapturesIntoACudaGraph) {
   TW_REQUIRE_GPU();
   CublasLt lt;
-  const std::vector<std::int64_t> rows{16, 48, 8};
-  const std::int64_t n = 32, k = 64, total = 72;
+  const std::vector<std::int64_t> rows{16, 48, 48, 8};
+  const std::int64_t n = 32, k = 64, total = 120;
   const auto a = round_bf16(random_floats(total * k, 7));
-  const auto b = round_bf16(random_floats(3 * n * k, 8));
-  for (const GroupedImpl impl : {GroupedImpl::cublas_grouped, GroupedImpl::lt_loop, GroupedImpl::lt_streams}) {
+  const auto b = round_bf16(random_floats(4 * n * k, 8));
+  for (const GroupedImpl impl :
+       {GroupedImpl::lt_batched, GroupedImpl::lt_batched_streams, GroupedImpl::cublas_grouped, GroupedImpl::lt_loop,
+        GroupedImpl::lt_streams}) {
     DeviceBuffer da = upload_bf16(a), db = upload_bf16(b), dc(total * n * sizeof(bf16));
     poison(dc);
     GroupedGemm gg(lt, GemmLayout::forward, rows, n, k, da.as<bf16>(), db.as<bf16>(), dc.as<bf16>(), impl, 2);

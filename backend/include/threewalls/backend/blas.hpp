@@ -90,7 +90,11 @@ class CublasLt {
 //   wgrad:   dW_e[n, k] = dY_e^T[n, rows_e] X_e[rows_e, k]       A = dY [T,n], B = X [T,k], C = dW [E,n,k]
 // FLOPs = 2 * T * n * k for each layout (T = sum of rows).
 enum class GroupedImpl : std::uint8_t {
-  cublas_grouped,  // cublasGemmGroupedBatchedEx: one call, per-group m/n/k (cuBLAS >= 12.5)
+  lt_batched,      // consecutive experts with equal rows form one strided-batched cuBLASLt matmul
+                   // (balanced: a single call; OpRunner's hot-expert splits: three calls). Default:
+                   // measured 99.8% of dense on H100 for 64 x 768 (docs/backend.md)
+  lt_batched_streams,  // lt_batched with its matmuls spread over side streams (runs overlap)
+  cublas_grouped,  // cublasGemmGroupedBatchedEx, experts of equal shape merged into one group
   lt_loop,         // one cuBLASLt matmul per expert on the stream (the "sequential experts" way)
   lt_streams,      // one cuBLASLt matmul per expert spread over side streams, forked/joined by events
 };
@@ -102,7 +106,7 @@ class GroupedGemm {
   // synchronous upload: call it before timing). `run` then only launches, and can be captured in a
   // CUDA graph. bf16 only. Buffers must outlive the object.
   GroupedGemm(CublasLt& lt, GemmLayout layout, std::vector<std::int64_t> rows, std::int64_t n, std::int64_t k,
-              const bf16* a, const bf16* b, bf16* c, GroupedImpl impl = GroupedImpl::cublas_grouped,
+              const bf16* a, const bf16* b, bf16* c, GroupedImpl impl = GroupedImpl::lt_batched,
               int side_streams = 4);
   ~GroupedGemm();
   GroupedGemm(GroupedGemm&&) noexcept;

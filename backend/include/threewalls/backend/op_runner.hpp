@@ -37,7 +37,7 @@ namespace threewalls::backend {
 
 struct OpRunnerConfig {
   std::uint64_t seed = 1;                 // run.seed: every buffer's random content derives from it
-  GroupedImpl grouped_impl = GroupedImpl::cublas_grouped;
+  GroupedImpl grouped_impl = GroupedImpl::lt_batched;
   std::size_t attention_workspace = Attention::kDefaultWorkspace;
   int route_experts = 64;                 // experts of the routing that permute/unpermute ops follow
   std::int64_t embedding_rows = 32768;    // rows of the embedding table (vocabulary shard) to gather from

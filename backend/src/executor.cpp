@@ -1,0 +1,1162 @@
+#include "threewalls/backend/executor.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+
+#include "threewalls/core/error.hpp"
+#include "threewalls/core/version.hpp"
+#include "threewalls/profiler/record_sink.hpp"
+#include "threewalls/profiler/run_dir.hpp"
+#include "threewalls/profiler/step_recorder.hpp"
+
+namespace threewalls::backend {
+
+using scenarios::Group;
+using scenarios::HostKind;
+using scenarios::Op;
+using scenarios::OpKind;
+using scenarios::RankClass;
+using scenarios::StepGraph;
+
+// ---------------------------------------------------------------------------------------------
+// Building blocks
+// ---------------------------------------------------------------------------------------------
+
+std::string CommSpec::name() const { return std::string(scenarios::to_string(group)) + "@" + stream_name; }
+
+bool CommInstance::operator<(const CommInstance& o) const {
+  return std::tie(group, stream, members) < std::tie(o.group, o.stream, o.members);
+}
+
+std::vector<CommInstance> comm_instances(const std::vector<const StepGraph*>& graphs) {
+  // rank -> set of (group, stream) it uses, over every graph.
+  std::set<CommInstance> instances;
+  std::map<std::pair<int, std::pair<int, int>>, bool> uses;  // (rank, (group, stream))
+  for (const StepGraph* g : graphs) {
+    const int world = g->layout.world();
+    for (int r = 0; r < world; ++r) {
+      const RankClass& rc = g->class_of(r);
+      std::set<std::pair<int, int>> keys;
+      for (const Op& op : rc.ops) {
+        if (!op.is_comm() || op.group == Group::none) continue;
+        keys.emplace(static_cast<int>(op.group), static_cast<int>(op.stream));
+      }
+      for (const auto& [grp, stream] : keys) {
+        uses[{r, {grp, stream}}] = true;
+        CommInstance ci;
+        ci.group = static_cast<Group>(grp);
+        ci.stream = stream;
+        ci.members = g->layout.group_members(ci.group, r);
+        instances.insert(ci);
+      }
+    }
+  }
+  // Every member of an instance must use it (else a collective would wait forever for a rank that
+  // never joins: the graph is inconsistent).
+  for (const CommInstance& ci : instances) {
+    for (int m : ci.members) {
+      if (uses.count({m, {static_cast<int>(ci.group), ci.stream}}) == 0) {
+        const StepGraph& g = *graphs.front();
+        throw InputError("StepGraph: rank " + std::to_string(ci.members.front()) + " communicates over group " +
+                         scenarios::to_string(ci.group) + " on stream " +
+                         g.streams[static_cast<std::size_t>(ci.stream)].name + " but member rank " + std::to_string(m) +
+                         " of that group has no op there; the real backend cannot run a collective some members never "
+                         "join");
+      }
+    }
+  }
+  return {instances.begin(), instances.end()};
+}
+
+std::vector<CommSpec> comm_specs(const std::vector<CommInstance>& instances, const std::vector<CommId>& ids,
+                                 const StepGraph& graph, int rank) {
+  std::vector<CommSpec> out;
+  for (std::size_t i = 0; i < instances.size(); ++i) {
+    const CommInstance& ci = instances[i];
+    const auto it = std::find(ci.members.begin(), ci.members.end(), rank);
+    if (it == ci.members.end()) continue;
+    CommSpec s;
+    s.group = ci.group;
+    s.stream = ci.stream;
+    s.stream_name = graph.streams[static_cast<std::size_t>(ci.stream)].name;
+    s.members = ci.members;
+    s.index = static_cast<int>(it - ci.members.begin());
+    s.id = ids.at(i);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+void all_to_all_split(const Op& op, int group_size, int own_index, double imbalance, std::vector<std::size_t>& send_bytes,
+                      std::vector<std::size_t>& recv_bytes) {
+  const auto n = static_cast<std::size_t>(std::max(group_size, 1));
+  send_bytes.assign(n, 0);
+  recv_bytes.assign(n, 0);
+  const scenarios::RoutingModel routing(group_size, imbalance);
+  const double balanced = op.shape[1] != 0 && op.shape[0] > 0 ? static_cast<double>(op.shape[0]) : op.bytes;
+  // Whole bf16 elements; both sides evaluate the same expression, so they agree on every pair.
+  auto bytes = [](double b) { return static_cast<std::size_t>(std::max(0.0, std::floor(b / 2.0))) * 2; };
+  for (std::size_t j = 0; j < n; ++j) {
+    const int jj = static_cast<int>(j);
+    switch (op.shape[1]) {
+      case 1:  // dispatch: I send B share(j) to j; j sends B share(me) to me
+        send_bytes[j] = bytes(balanced * routing.share(jj));
+        recv_bytes[j] = bytes(balanced * routing.share(own_index));
+        break;
+      case 2:  // combine: I send B share(me) to everyone; j sends B share(j) to me
+        send_bytes[j] = bytes(balanced * routing.share(own_index));
+        recv_bytes[j] = bytes(balanced * routing.share(jj));
+        break;
+      default:
+        send_bytes[j] = bytes(balanced / static_cast<double>(n));
+        recv_bytes[j] = send_bytes[j];
+        break;
+    }
+  }
+}
+
+int p2p_peer_rank(const StepGraph& g, int rank, const Op& op) {
+  const scenarios::Layout& L = g.layout;
+  if (op.group == Group::pp) {
+    const int pp = L.group_size(Group::pp);
+    return L.rank_at_stage(rank, ((L.stage_of(rank) + op.peer) % pp + pp) % pp);
+  }
+  const auto m = L.group_members(op.group, rank);
+  const int n = static_cast<int>(m.size());
+  if (n == 0) return profiler::kAbsent;
+  const int idx = L.group_index(op.group, rank);
+  return m[static_cast<std::size_t>(((idx + op.peer) % n + n) % n)];
+}
+
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+constexpr std::uint32_t kNone = 0xffffffffU;
+constexpr std::chrono::microseconds kPollSlice{200};
+
+std::string seconds_text(std::chrono::milliseconds ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g s", static_cast<double>(ms.count()) / 1000.0);
+  return buf;
+}
+
+// Raised in a rank that stops because another rank failed.
+class StoppedByPeer : public SystemError {
+ public:
+  using SystemError::SystemError;
+};
+
+profiler::Wall record_wall(scenarios::Wall w) {
+  switch (w) {
+    case scenarios::Wall::compute: return profiler::Wall::compute;
+    case scenarios::Wall::memory: return profiler::Wall::memory;
+    case scenarios::Wall::communication: return profiler::Wall::communication;
+    case scenarios::Wall::host: return profiler::Wall::host;
+  }
+  return profiler::Wall::compute;
+}
+
+profiler::CoarseView coarse_view(const Op& op) {
+  if ((op.flags & scenarios::kDataLoad) != 0) return profiler::CoarseView::host_to_device;
+  if ((op.flags & scenarios::kMetrics) != 0) return profiler::CoarseView::training_metrics;
+  return profiler::CoarseView::none;
+}
+
+profiler::SamplingConfig scenario_sampling(const scenarios::Scenario& s, const StepGraph& g) {
+  const scenarios::ProfilerSpec& ps = s.run.profiler;
+  profiler::SamplingConfig c;
+  c.enabled = ps.enabled;
+  c.start_step = ps.start_step;
+  c.end_step = ps.end_step;
+  c.record_every_n_steps = ps.record_every_n_steps;
+  c.flush_every_n_steps = ps.flush_every_n_steps;
+  c.granularity = ps.granularity == scenarios::Granularity::coarse ? profiler::Granularity::coarse
+                                                                    : profiler::Granularity::layer;
+  if (ps.representatives) {
+    for (const auto& rc : g.classes) c.ranks.push_back(rc.representative());
+    std::sort(c.ranks.begin(), c.ranks.end());
+  } else {
+    c.ranks = ps.ranks;
+  }
+  return c;
+}
+
+// FNV-1a over the bytes of trivially copyable values.
+struct Fnv {
+  std::uint64_t h = 1469598103934665603ULL;
+  template <class T>
+  void add(const T& v) {
+    const auto* p = reinterpret_cast<const unsigned char*>(&v);
+    for (std::size_t i = 0; i < sizeof(T); ++i) {
+      h ^= p[i];
+      h *= 1099511628211ULL;
+    }
+  }
+};
+
+// StepRecorder's clock over a Device's markers.
+struct DeviceClock {
+  using Stream = int;
+  struct Marker {
+    std::uint32_t id = kNone;
+    friend bool operator==(Marker a, Marker b) { return a.id == b.id; }
+  };
+  Device* dev = nullptr;
+  Marker mark(int s) { return Marker{dev->record_marker(s)}; }
+  bool done(Marker m) { return m.id == kNone || dev->marker_done(m.id); }
+  double elapsed_us(Marker a, Marker b) { return a.id == kNone || b.id == kNone ? 0.0 : dev->elapsed_us(a.id, b.id); }
+  void release(Marker m) {
+    if (m.id != kNone) dev->release_marker(m.id);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Run-wide state shared by the rank threads and the main thread
+// ---------------------------------------------------------------------------------------------
+
+struct Failure {
+  int rank = -1;
+  std::string message;
+  bool input = false;     // an InputError (exit code 2) rather than a system failure
+  bool by_peer = false;   // stopped because another rank failed
+};
+
+struct RunState {
+  // Fixed before the threads start.
+  scenarios::Scenario scenario;  // a copy: a rank thread given up on may outlive execute()
+  std::vector<std::shared_ptr<const StepGraph>> graphs;  // by graph index
+  std::vector<int> graph_of_iteration;
+  int warmup = 0;
+  int steps = 0;
+  std::vector<CommInstance> comm_instances;
+  std::vector<CommId> comm_ids;
+  ExecutorOptions options;
+  profiler::SamplingPolicy policy;
+  std::function<double()> host_now_us;
+  DeviceFactory factory;
+  int local_count = 0;
+
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Failure> failures;
+  int opened = 0;          // local ranks whose device is open
+  bool go = false;         // the main thread created the writer: run the steps
+  int finished = 0;        // rank threads that returned
+  int barrier_count = 0;
+  int barrier_gen = 0;
+  std::string device_name;
+  OrderedJson device_settings;
+  std::shared_ptr<profiler::RecordSink> sink;  // set before go
+  std::vector<RankReport> reports;
+
+  void fail(int rank, const std::string& message, bool input, bool by_peer) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      failures.push_back(Failure{rank, message, input, by_peer});
+      stop.store(true);
+    }
+    cv.notify_all();
+  }
+  // Local ranks wait for each other; a stop releases everyone.
+  void barrier(int rank) {
+    std::unique_lock<std::mutex> lock(mu);
+    const int gen = barrier_gen;
+    if (++barrier_count == local_count) {
+      barrier_count = 0;
+      ++barrier_gen;
+      cv.notify_all();
+      return;
+    }
+    cv.wait(lock, [&] { return gen != barrier_gen || stop.load(); });
+    if (gen == barrier_gen) throw StoppedByPeer("rank " + std::to_string(rank) + ": stopped while waiting for the other ranks");
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Per-graph plan of one rank
+// ---------------------------------------------------------------------------------------------
+
+struct OpInfo {
+  profiler::PhaseRecord tmpl;
+  int starts_run = -1;      // index into Plan::runs when a graph run starts at this op
+  int in_run = -1;          // the graph run containing this op
+  bool host = false;        // done when the host moves on (host ops, copies that block the host)
+  bool needs_event = false; // some later op waits for it across streams, runs or on the host
+  bool capture_event = false;  // a later op of the same graph run waits for it on another stream
+};
+
+struct RunInfo {
+  scenarios::GraphRun run;
+  int origin = 0;
+  std::vector<int> streams;  // streams with ops in the run, origin first
+  std::uint64_t signature = 0;
+};
+
+struct Plan {
+  std::shared_ptr<const StepGraph> graph;
+  const RankClass* rc = nullptr;
+  std::vector<OpInfo> ops;
+  std::vector<RunInfo> runs;
+  std::vector<int> streams;  // device streams used
+  int anchor = 0;            // the stream steps are fenced on (compute when present)
+};
+
+std::string describe_op(const StepGraph& g, const Op& op) {
+  std::string s = g.phase_name(op);
+  if (op.layer >= 0) s += " layer " + std::to_string(op.layer);
+  if (op.microbatch >= 0) s += " microbatch " + std::to_string(op.microbatch);
+  if (op.expert >= 0) s += " expert " + std::to_string(op.expert);
+  s += " (" + std::string(scenarios::to_string(op.kind));
+  if (op.is_comm()) s += " over " + std::string(scenarios::to_string(op.group));
+  return s + " on stream " + g.stream_name(op) + ")";
+}
+
+Plan build_plan(const std::shared_ptr<const StepGraph>& graph, int rank, profiler::RecordSink* sink, Device& dev) {
+  Plan p;
+  p.graph = graph;
+  const StepGraph& g = *graph;
+  const RankClass& rc = g.class_of(rank);
+  p.rc = &rc;
+  const std::size_t n = rc.ops.size();
+  p.ops.resize(n);
+  std::vector<std::uint32_t> phase_ids(g.phases.size(), 0);
+  std::vector<std::uint32_t> stream_ids(g.streams.size(), 0);
+  if (sink != nullptr && sink->enabled()) {
+    for (std::size_t i = 0; i < g.phases.size(); ++i) phase_ids[i] = sink->phase_id(g.phases[i]);
+    for (std::size_t i = 0; i < g.streams.size(); ++i) stream_ids[i] = sink->stream_id(g.streams[i].name);
+  }
+  std::set<int> used;
+  for (std::size_t i = 0; i < n; ++i) {
+    const Op& op = rc.ops[i];
+    OpInfo& info = p.ops[i];
+    info.host = op.kind == OpKind::host || dev.blocks_host(op);
+    if (op.kind != OpKind::host && !dev.blocks_host(op)) used.insert(op.stream);
+    profiler::PhaseRecord& r = info.tmpl;
+    r.rank = rank;
+    r.phase = phase_ids[op.phase];
+    r.stream = stream_ids[op.stream];
+    r.layer = op.layer;
+    r.microbatch = op.microbatch;
+    r.bytes = op.bytes;
+    r.flops = op.flops;
+    r.expert = op.expert;
+    if (op.kind == OpKind::send || op.kind == OpKind::recv) r.peer = p2p_peer_rank(g, rank, op);
+    if (op.is_comm() && sink != nullptr && sink->enabled()) r.group = sink->group_id(scenarios::to_string(op.group));
+    r.tokens = op.tokens;
+    r.wall = record_wall(op.wall);
+    r.coarse = coarse_view(op);
+  }
+  for (std::size_t ri = 0; ri < rc.graph_runs.size(); ++ri) {
+    const scenarios::GraphRun& gr = rc.graph_runs[ri];
+    RunInfo run;
+    run.run = gr;
+    Fnv h;
+    h.add(gr.end_op - gr.first_op);
+    for (std::uint32_t k = gr.first_op; k < gr.end_op; ++k) {
+      const Op& op = rc.ops[k];
+      if (op.kind == OpKind::host || dev.blocks_host(op)) {
+        throw InputError("rank " + std::to_string(rank) + ": op " + describe_op(g, op) + " is inside CUDA-graph run " +
+                         g.graphs[static_cast<std::size_t>(gr.graph - 1)] +
+                         " but blocks the host; it cannot be captured (remove its scope from cuda_graph_scope)");
+      }
+      p.ops[k].in_run = static_cast<int>(ri);
+      if (std::find(run.streams.begin(), run.streams.end(), op.stream) == run.streams.end()) run.streams.push_back(op.stream);
+      h.add(op.kind);
+      h.add(op.sub);
+      h.add(op.shape);
+      h.add(op.stream);
+      h.add(op.dtype);
+      h.add(op.flags);
+      h.add(op.group);
+      h.add(op.bytes);
+      h.add(op.peer);
+      for (std::size_t d = 0; d < rc.num_deps(op); ++d) {
+        const std::uint32_t dep = rc.deps_of(op)[d];
+        h.add(dep >= gr.first_op ? dep - gr.first_op : kNone);
+      }
+    }
+    run.origin = rc.ops[gr.first_op].stream;
+    run.signature = h.h;
+    p.ops[gr.first_op].starts_run = static_cast<int>(p.runs.size());
+    p.runs.push_back(std::move(run));
+  }
+  // Which ops something waits for.
+  for (std::size_t j = 0; j < n; ++j) {
+    const Op& op = rc.ops[j];
+    const OpInfo& jj = p.ops[j];
+    for (std::size_t d = 0; d < rc.num_deps(op); ++d) {
+      const std::uint32_t dep = rc.deps_of(op)[d];
+      if (dep >= j) {
+        throw InputError("rank " + std::to_string(rank) + ": op " + describe_op(g, op) +
+                         " depends on a later op; the StepGraph contract allows only earlier ops");
+      }
+      OpInfo& dd = p.ops[dep];
+      if (dd.host) continue;  // finished before the host moved on
+      const bool same_run = jj.in_run >= 0 && jj.in_run == dd.in_run;
+      if (same_run) {
+        if (rc.ops[dep].stream != op.stream) dd.capture_event = true;
+        continue;
+      }
+      if (jj.host || rc.ops[dep].stream != op.stream || jj.in_run >= 0 || dd.in_run >= 0) dd.needs_event = true;
+    }
+  }
+  p.streams.assign(used.begin(), used.end());
+  p.anchor = p.streams.empty() ? 0 : p.streams.front();
+  for (int s : p.streams) {
+    if (g.streams[static_cast<std::size_t>(s)].name == "compute") p.anchor = s;
+  }
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+// One rank thread
+// ---------------------------------------------------------------------------------------------
+
+class RankWorker {
+ public:
+  RankWorker(std::shared_ptr<RunState> st, int rank, int local_index)
+      : st_(std::move(st)), rank_(rank), local_index_(local_index) {}
+
+  // The whole life of the rank: open the device, run the steps, report. Never throws.
+  void main() {
+    try {
+      run();
+    } catch (const StoppedByPeer& e) {
+      abort_device();
+      st_->fail(rank_, e.what(), false, true);
+    } catch (const InputError& e) {
+      abort_device();
+      st_->fail(rank_, with_rank(e.what()), true, false);
+    } catch (const std::exception& e) {
+      abort_device();
+      st_->fail(rank_, with_rank(e.what()), false, false);
+    }
+    try {
+      teardown();
+    } catch (const std::exception& e) {
+      st_->fail(rank_, who() + "teardown: " + e.what(), false, false);
+    }
+    {
+      std::lock_guard<std::mutex> lock(st_->mu);
+      ++st_->finished;
+    }
+    st_->cv.notify_all();
+  }
+
+ private:
+  using Recorder = profiler::StepRecorder<DeviceClock>;
+  using Marker = DeviceClock::Marker;
+
+  struct Captured {
+    std::uint32_t untimed = kNone;
+    bool has_timed = false;
+    std::uint32_t timed[2] = {kNone, kNone};
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> marks[2];
+    int next = 0;
+  };
+
+  [[nodiscard]] std::string who() const { return "rank " + std::to_string(rank_) + ": "; }
+  // Messages start with the rank (the device's errors already do).
+  [[nodiscard]] std::string with_rank(const std::string& m) const {
+    return m.rfind("rank ", 0) == 0 ? m : who() + m;
+  }
+
+  void abort_device() noexcept {
+    if (recorder_) recorder_->release_all();
+    if (dev_) dev_->abort();
+  }
+
+  void teardown() {
+    recorder_.reset();
+    captured_.clear();
+    dev_.reset();
+  }
+
+  void check_stop(const char* where) const {
+    if (!st_->stop.load()) return;
+    std::string first;
+    {
+      std::lock_guard<std::mutex> lock(st_->mu);
+      for (const Failure& f : st_->failures) {
+        if (!f.by_peer) {
+          first = "rank " + std::to_string(f.rank);
+          break;
+        }
+      }
+    }
+    throw StoppedByPeer(who() + "stopped " + where + " after " + (first.empty() ? "another rank" : first) +
+                        " failed; its communicators are aborted");
+  }
+
+  [[nodiscard]] std::string step_text() const {
+    return measured_ >= 0 ? "step " + std::to_string(measured_) : "warm-up step " + std::to_string(iteration_ + 1);
+  }
+
+  // Waits on the host for `event`, polling the stop flag, the device's asynchronous errors and the
+  // timeout. `what()` describes the wait for messages.
+  template <class What>
+  void wait_host(std::uint32_t event, What&& what) {
+    const auto start = SteadyClock::now();
+    while (!dev_->wait_event_host(event, kPollSlice)) {
+      if (st_->stop.load()) check_stop(("waiting for " + what() + " in " + step_text()).c_str());
+      dev_->poll();
+      if (SteadyClock::now() - start > st_->options.timeout) {
+        dev_->abort();
+        throw SystemError(who() + "no progress for " + seconds_text(st_->options.timeout) + " waiting for " + what() +
+                          " in " + step_text() +
+                          "; a peer rank may have died or hung in a collective; this rank's communicators are aborted");
+      }
+    }
+  }
+
+  void run() {
+    dev_ = st_->factory(rank_, local_index_);
+    if (!dev_) throw SystemError(who() + "the device factory returned no device");
+    clock_.dev = dev_.get();
+    const auto& g0 = st_->graphs.front();
+    DeviceSetup setup;
+    setup.rank = rank_;
+    setup.world_size = g0->layout.world();
+    setup.graph = g0.get();
+    std::set<int> streams;
+    for (const auto& g : st_->graphs) {
+      for (const Op& op : g->class_of(rank_).ops) {
+        if (op.kind != OpKind::host && !dev_->blocks_host(op)) streams.insert(op.stream);
+      }
+    }
+    setup.streams.assign(streams.begin(), streams.end());
+    setup.comms = comm_specs(st_->comm_instances, st_->comm_ids, *g0, rank_);
+    setup.seed = st_->scenario.run.seed;
+    setup.routing_imbalance = st_->scenario.train ? st_->scenario.train->routing_imbalance : 1.0;
+    setup.num_experts = st_->scenario.model.num_experts;
+    setup.timeout = st_->options.timeout;
+    std::weak_ptr<RunState> weak = st_;
+    setup.stop_requested = [weak] {
+      const auto s = weak.lock();
+      return !s || s->stop.load();
+    };
+    dev_->open(setup, g0->class_of(rank_));
+    sample_memory();
+    {
+      std::lock_guard<std::mutex> lock(st_->mu);
+      if (local_index_ == 0) {
+        st_->device_name = dev_->name();
+        st_->device_settings = dev_->settings();
+      }
+      ++st_->opened;
+    }
+    st_->cv.notify_all();
+    // Wait until the main thread has created the run directory.
+    {
+      std::unique_lock<std::mutex> lock(st_->mu);
+      st_->cv.wait(lock, [&] { return st_->go || st_->stop.load(); });
+    }
+    check_stop("before the first step");
+    recorder_ = std::make_unique<Recorder>(clock_, st_->policy, rank_, st_->sink.get());
+    annotate_ = st_->policy.enabled();
+
+    const int total = st_->warmup + st_->steps;
+    step_end_.assign(static_cast<std::size_t>(std::max(1, st_->options.max_steps_in_flight)), kNone);
+    int current_graph = -1;
+    double loop_start = st_->host_now_us();
+    for (iteration_ = 0; iteration_ < total; ++iteration_) {
+      measured_ = iteration_ >= st_->warmup ? iteration_ - st_->warmup : -1;
+      const int gi = st_->graph_of_iteration[static_cast<std::size_t>(iteration_)];
+      if (gi != current_graph) {
+        const auto& g = st_->graphs[static_cast<std::size_t>(gi)];
+        if (current_graph >= 0) {
+          wait_previous_steps();  // buffers change only while the device is idle
+          dev_->prepare(*g, g->class_of(rank_));
+        }
+        plan_ = build_plan(g, rank_, st_->sink.get(), *dev_);
+        events_.assign(plan_.ops.size(), kNone);
+        current_graph = gi;
+      }
+      if (measured_ == 0) {
+        st_->barrier(rank_);  // measured steps start together on every local rank
+        if (recorder_->enabled()) align();
+        loop_start = st_->host_now_us();
+      }
+      step();
+    }
+    // Everything finished on the device, then the last records.
+    wait_previous_steps();
+    const double loop_end = st_->host_now_us();
+    recorder_->drain([&] {
+      check_stop("while collecting the last records");
+      dev_->poll();
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    });
+    sample_memory();
+    for (std::uint32_t& e : step_end_) {
+      if (e != kNone) dev_->release_event(e);
+      e = kNone;
+    }
+    RankReport rep;
+    rep.rank = rank_;
+    rep.peak_bytes = peak_bytes_;
+    rep.loop_us = st_->steps > 0 ? loop_end - loop_start : 0.0;
+    std::lock_guard<std::mutex> lock(st_->mu);
+    st_->reports.push_back(rep);
+  }
+
+  void sample_memory() { peak_bytes_ = std::max(peak_bytes_, dev_->memory_in_use()); }
+
+  void wait_previous_steps() {
+    for (std::uint32_t& e : step_end_) {
+      if (e == kNone) continue;
+      wait_host(e, [] { return std::string("the previous steps to finish on the device"); });
+    }
+  }
+
+  // Anchors device time on the host clock with a marker on the idle anchor stream.
+  void align() {
+    wait_previous_steps();
+    recorder_->harvest();
+    if (recorder_->pending_steps() != 0) return;
+    const Marker m = clock_.mark(plan_.anchor);
+    const double host = st_->host_now_us();
+    recorder_->set_anchor(m, host);
+    last_align_us_ = host;
+  }
+
+  // Re-anchors every realign_every_s when the device happens to be idle (no wait is added).
+  void maybe_realign() {
+    if (st_->host_now_us() - last_align_us_ < st_->options.realign_every_s * 1e6) return;
+    if (recorder_->pending_steps() != 0) return;
+    for (std::uint32_t e : step_end_) {
+      if (e != kNone && !dev_->event_done(e)) return;
+    }
+    align();
+  }
+
+  void step() {
+    const RankClass& rc = *plan_.rc;
+    // Host run-ahead: at most max_steps_in_flight steps queued on the device.
+    std::uint32_t& slot = step_end_[static_cast<std::size_t>(iteration_) % step_end_.size()];
+    if (slot != kNone) {
+      wait_host(slot, [] { return std::string("an earlier step to finish on the device"); });
+      dev_->release_event(slot);
+      slot = kNone;
+    }
+    recorder_->harvest();
+    dev_->poll();
+    check_stop("between steps");
+    sample_memory();
+    for (const RunInfo& run : plan_.runs) static_cast<void>(capture(run));  // outside timing
+
+    bool rec = false;
+    if (measured_ >= 0) {
+      if (recorder_->enabled() && st_->policy.records(measured_)) maybe_realign();
+      rec = recorder_->begin_step(measured_, plan_.anchor);
+    }
+    // Fence: no stream starts before the epoch on the anchor.
+    const std::uint32_t start_ev = dev_->record_event(plan_.anchor);
+    step_events_.push_back(start_ev);
+    for (int s : plan_.streams) {
+      if (s != plan_.anchor) dev_->wait_event(s, start_ev);
+    }
+    const std::uint32_t n = static_cast<std::uint32_t>(rc.ops.size());
+    for (std::uint32_t i = 0; i < n;) {
+      const OpInfo& info = plan_.ops[i];
+      if (info.starts_run >= 0) {
+        const RunInfo& run = plan_.runs[static_cast<std::size_t>(info.starts_run)];
+        issue_run(run, rec);
+        i = run.run.end_op;
+        continue;
+      }
+      const Op& op = rc.ops[i];
+      if (op.kind == OpKind::host) {
+        host_op(i, rec);
+      } else if (info.host) {
+        blocking_op(i, rec);
+      } else {
+        issue_op(i, rec);
+      }
+      ++i;
+    }
+    // Join every stream into the anchor: the step ends when its last op does.
+    for (int s : plan_.streams) {
+      if (s == plan_.anchor) continue;
+      const std::uint32_t e = dev_->record_event(s);
+      dev_->wait_event(plan_.anchor, e);
+      step_events_.push_back(e);
+    }
+    if (measured_ >= 0) recorder_->end_step(rec ? clock_.mark(plan_.anchor) : Marker{});
+    slot = dev_->record_event(plan_.anchor);
+    for (std::uint32_t e : step_events_) dev_->release_event(e);
+    step_events_.clear();
+    std::fill(events_.begin(), events_.end(), kNone);
+  }
+
+  void record_event_after(std::uint32_t i, int stream) {
+    events_[i] = dev_->record_event(stream);
+    step_events_.push_back(events_[i]);
+  }
+
+  // Makes `stream` wait for the deps of op i that it does not already follow.
+  void wait_deps(std::uint32_t i, int stream) {
+    const RankClass& rc = *plan_.rc;
+    const Op& op = rc.ops[i];
+    for (std::size_t d = 0; d < rc.num_deps(op); ++d) {
+      const std::uint32_t dep = rc.deps_of(op)[d];
+      const OpInfo& dd = plan_.ops[dep];
+      if (dd.host) continue;
+      if (dd.in_run < 0 && rc.ops[dep].stream == stream) continue;  // FIFO
+      dev_->wait_event(stream, events_[dep]);
+    }
+  }
+
+  void issue_op(std::uint32_t i, bool rec) {
+    const Op& op = plan_.rc->ops[i];
+    const OpInfo& info = plan_.ops[i];
+    const int s = op.stream;
+    wait_deps(i, s);
+    const bool timed = rec && recorder_->records_phase(info.tmpl.coarse);
+    Marker m0;
+    if (timed) m0 = clock_.mark(s);
+    dev_->launch(*plan_.graph, op, s, annotate_);
+    if (timed) recorder_->device_phase(info.tmpl, m0, clock_.mark(s));
+    if (info.needs_event) record_event_after(i, s);
+  }
+
+  // Host ops: the host is busy (or blocked) from t0 to t1.
+  void host_op(std::uint32_t i, bool rec) {
+    const RankClass& rc = *plan_.rc;
+    const StepGraph& g = *plan_.graph;
+    const Op& op = rc.ops[i];
+    const double t0 = st_->host_now_us();
+    int read_stream = -1;
+    for (std::size_t d = 0; d < rc.num_deps(op); ++d) {
+      const std::uint32_t dep = rc.deps_of(op)[d];
+      if (plan_.ops[dep].host) continue;
+      if (read_stream < 0) read_stream = rc.ops[dep].stream;
+      wait_host(events_[dep], [&] { return "the deps of host op " + describe_op(g, op); });
+    }
+    switch (op.host_kind()) {
+      case HostKind::gpu_read: {
+        // A read on the stream of its data: everything queued there first (as a framework's .item()).
+        const int s = read_stream >= 0 ? read_stream : plan_.anchor;
+        const std::uint32_t e = dev_->record_event(s);
+        wait_host(e, [&] { return "stream " + g.streams[static_cast<std::size_t>(s)].name + " before " + describe_op(g, op); });
+        dev_->release_event(e);
+        dev_->host_read(s);
+        break;
+      }
+      case HostKind::framework: dev_->host_work(op); break;
+      case HostKind::stream_sync:
+      case HostKind::barrier:
+      case HostKind::graph_launch: break;  // the wait for the deps above is the op
+    }
+    const double t1 = st_->host_now_us();
+    if (rec && recorder_->records_phase(plan_.ops[i].tmpl.coarse)) recorder_->host_phase(plan_.ops[i].tmpl, t0, t1);
+  }
+
+  // Copies that block the host (disk reads): timed on the host clock.
+  void blocking_op(std::uint32_t i, bool rec) {
+    const RankClass& rc = *plan_.rc;
+    const StepGraph& g = *plan_.graph;
+    const Op& op = rc.ops[i];
+    for (std::size_t d = 0; d < rc.num_deps(op); ++d) {
+      const std::uint32_t dep = rc.deps_of(op)[d];
+      if (plan_.ops[dep].host) continue;
+      wait_host(events_[dep], [&] { return "the deps of " + describe_op(g, op); });
+    }
+    const double t0 = st_->host_now_us();
+    dev_->launch(g, op, op.stream, annotate_);
+    const double t1 = st_->host_now_us();
+    if (rec && recorder_->records_phase(plan_.ops[i].tmpl.coarse)) recorder_->host_phase(plan_.ops[i].tmpl, t0, t1);
+  }
+
+  Captured& capture(const RunInfo& run) {
+    const auto it = captured_.find(run.signature);
+    if (it != captured_.end()) return it->second;
+    Captured c;
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> none;
+    c.untimed = capture_once(run, false, none);
+    if (recorder_->enabled()) {
+      c.has_timed = true;
+      for (int t = 0; t < 2; ++t) c.timed[t] = capture_once(run, true, c.marks[t]);
+    }
+    return captured_.emplace(run.signature, std::move(c)).first->second;
+  }
+
+  // One capture of a graph run; `timed`: with a pinned marker pair around every op the profiler
+  // records at this granularity (marks[k - first_op]).
+  std::uint32_t capture_once(const RunInfo& run, bool timed, std::vector<std::pair<std::uint32_t, std::uint32_t>>& marks) {
+    const RankClass& rc = *plan_.rc;
+    const std::uint32_t first = run.run.first_op;
+    const std::uint32_t len = run.run.end_op - first;
+    std::vector<std::uint32_t> cap_ev(len, kNone);
+    std::vector<std::uint32_t> evs;
+    std::vector<int> joined{run.origin};
+    marks.assign(len, {kNone, kNone});
+    dev_->begin_capture(run.origin);
+    for (std::uint32_t k = first; k < run.run.end_op; ++k) {
+      const Op& op = rc.ops[k];
+      const int s = op.stream;
+      if (std::find(joined.begin(), joined.end(), s) == joined.end()) {
+        const std::uint32_t e = dev_->record_event(run.origin);
+        dev_->wait_event(s, e);
+        evs.push_back(e);
+        joined.push_back(s);
+      }
+      for (std::size_t d = 0; d < rc.num_deps(op); ++d) {
+        const std::uint32_t dep = rc.deps_of(op)[d];
+        if (dep >= first && rc.ops[dep].stream != s) dev_->wait_event(s, cap_ev[dep - first]);
+      }
+      const bool t = timed && st_->policy.records_phase(plan_.ops[k].tmpl.coarse);
+      if (t) marks[k - first].first = dev_->record_marker(s);
+      dev_->launch(*plan_.graph, op, s, false);
+      if (t) marks[k - first].second = dev_->record_marker(s);
+      if (plan_.ops[k].capture_event) {
+        cap_ev[k - first] = dev_->record_event(s);
+        evs.push_back(cap_ev[k - first]);
+      }
+    }
+    for (std::size_t j = 1; j < joined.size(); ++j) {
+      const std::uint32_t e = dev_->record_event(joined[j]);
+      dev_->wait_event(run.origin, e);
+      evs.push_back(e);
+    }
+    const std::uint32_t graph = dev_->end_capture(run.origin);
+    for (std::uint32_t e : evs) dev_->release_event(e);
+    return graph;
+  }
+
+  void issue_run(const RunInfo& run, bool rec) {
+    const RankClass& rc = *plan_.rc;
+    Captured& c = capture(run);
+    const int origin = run.origin;
+    const std::uint32_t first = run.run.first_op;
+    // Deps from before the run, on the launch stream.
+    for (std::uint32_t k = first; k < run.run.end_op; ++k) {
+      const Op& op = rc.ops[k];
+      for (std::size_t d = 0; d < rc.num_deps(op); ++d) {
+        const std::uint32_t dep = rc.deps_of(op)[d];
+        if (dep >= first || plan_.ops[dep].host) continue;
+        if (plan_.ops[dep].in_run < 0 && rc.ops[dep].stream == origin) continue;
+        dev_->wait_event(origin, events_[dep]);
+      }
+    }
+    // The run's other streams: their earlier work first (FIFO across the replay).
+    for (std::size_t j = 1; j < run.streams.size(); ++j) {
+      const std::uint32_t e = dev_->record_event(run.streams[j]);
+      dev_->wait_event(origin, e);
+      step_events_.push_back(e);
+    }
+    const bool timed = rec && c.has_timed;
+    std::uint32_t graph = c.untimed;
+    const std::vector<std::pair<std::uint32_t, std::uint32_t>>* marks = nullptr;
+    if (timed) {
+      graph = c.timed[c.next];
+      marks = &c.marks[c.next];
+      c.next ^= 1;
+    }
+    dev_->launch_graph(graph, origin);
+    if (timed) {
+      for (std::uint32_t k = first; k < run.run.end_op; ++k) {
+        const auto& m = (*marks)[k - first];
+        if (m.first != kNone) recorder_->device_phase(plan_.ops[k].tmpl, Marker{m.first}, Marker{m.second});
+      }
+    }
+    const std::uint32_t end = dev_->record_event(origin);
+    step_events_.push_back(end);
+    for (std::size_t j = 1; j < run.streams.size(); ++j) dev_->wait_event(run.streams[j], end);
+    for (std::uint32_t k = first; k < run.run.end_op; ++k) events_[k] = end;
+  }
+
+  std::shared_ptr<RunState> st_;
+  int rank_;
+  int local_index_;
+  std::unique_ptr<Device> dev_;
+  DeviceClock clock_;
+  std::unique_ptr<Recorder> recorder_;
+  bool annotate_ = false;
+  Plan plan_;
+  std::vector<std::uint32_t> events_;       // per op: the event after it in this step (kNone = none)
+  std::vector<std::uint32_t> step_events_;  // released at the end of the step
+  std::vector<std::uint32_t> step_end_;     // ring of the last steps' fence events
+  int iteration_ = 0;
+  int measured_ = -1;
+  std::size_t peak_bytes_ = 0;
+  double last_align_us_ = -1e300;
+  std::unordered_map<std::uint64_t, Captured> captured_;
+};
+
+std::string combined_message(const std::vector<Failure>& failures, std::size_t root) {
+  std::string msg = failures[root].message;
+  for (std::size_t i = 0; i < failures.size(); ++i) {
+    if (i == root) continue;
+    msg += "\n  and " + failures[i].message;
+  }
+  return msg;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// execute
+// ---------------------------------------------------------------------------------------------
+
+RunResult execute(const scenarios::Scenario& s, const ProcessContext& process, const DeviceFactory& make_device,
+                  const ExecutorOptions& options) {
+  RunResult result;
+  const int steps = options.steps >= 0 ? options.steps : s.run.steps;
+  const int warmup = options.warmup_steps >= 0 ? options.warmup_steps : s.run.warmup_steps;
+  if (steps < 1) throw InputError("run: --steps must be at least 1 (got " + std::to_string(steps) + ")");
+  if (warmup < 0) throw InputError("run: warm-up steps must not be negative (got " + std::to_string(warmup) + ")");
+  if (options.max_steps_in_flight < 1) {
+    throw InputError("run: max_steps_in_flight must be at least 1 (got " + std::to_string(options.max_steps_in_flight) + ")");
+  }
+  for (const auto& d : s.cluster.slowdowns) {
+    throw InputError(s.source_path + ": [[cluster.slowdown]] (rank " + std::to_string(d.rank) +
+                     ") is a simulation knob: a real run measures the GPUs it has and cannot slow one down; remove "
+                     "the slowdown or use `threewalls sim`");
+  }
+  const int world = s.world_size();
+  if (process.local_ranks.empty()) throw InputError("run: this process has no rank to run");
+  std::set<int> seen;
+  for (int r : process.local_ranks) {
+    if (r < 0 || r >= world) {
+      throw InputError("run: local rank " + std::to_string(r) + " is outside the scenario's world of " +
+                       std::to_string(world) + " ranks");
+    }
+    if (!seen.insert(r).second) throw InputError("run: local rank " + std::to_string(r) + " is listed twice");
+  }
+
+  auto st = std::make_shared<RunState>();
+  st->scenario = s;
+  st->warmup = warmup;
+  st->steps = steps;
+  st->options = options;
+  st->factory = make_device;
+  st->local_count = static_cast<int>(process.local_ranks.size());
+  if (process.host_now_us) {
+    st->host_now_us = process.host_now_us;
+  } else {
+    const auto t0 = SteadyClock::now();
+    st->host_now_us = [t0] { return std::chrono::duration<double, std::micro>(SteadyClock::now() - t0).count(); };
+  }
+
+  // Graphs: one for training; per step for inference (the same index as the simulator's steps).
+  auto g0 = std::make_shared<const StepGraph>(scenarios::expand(s, 0));
+  st->graphs.push_back(g0);
+  if (g0->varies_per_step) {
+    for (int k = 1; k < std::max(warmup, steps); ++k) st->graphs.push_back(std::make_shared<const StepGraph>(scenarios::expand(s, k)));
+  }
+  for (int it = 0; it < warmup + steps; ++it) {
+    const int k = it < warmup ? it : it - warmup;
+    st->graph_of_iteration.push_back(g0->varies_per_step ? k : 0);
+  }
+  result.model_flops_per_step = g0->model_flops;
+  result.tokens_per_step = g0->tokens;
+  result.steps = steps;
+  result.warmup_steps = warmup;
+
+  // Sampling.
+  profiler::SamplingConfig sampling = options.sampling ? *options.sampling : scenario_sampling(s, *g0);
+  if (options.out_dir.empty()) sampling.enabled = false;  // nowhere to write: nothing is recorded
+  st->policy = profiler::SamplingPolicy(sampling, world);
+
+  // Communicators.
+  std::vector<const StepGraph*> gptrs;
+  for (const auto& g : st->graphs) gptrs.push_back(g.get());
+  st->comm_instances = comm_instances(gptrs);
+  if (!st->comm_instances.empty()) {
+    if (!process.make_comm_ids) throw SystemError("run: the process context cannot make communicator ids");
+    st->comm_ids = process.make_comm_ids(st->comm_instances.size());
+    if (st->comm_ids.size() != st->comm_instances.size()) {
+      throw SystemError("run: got " + std::to_string(st->comm_ids.size()) + " communicator ids for " +
+                        std::to_string(st->comm_instances.size()) + " communicators");
+    }
+  }
+
+  // An existing run directory is refused before any device time is spent.
+  namespace fs = std::filesystem;
+  if (st->policy.enabled() && process.creator && !options.overwrite) {
+    std::error_code ec;
+    if (fs::exists(options.out_dir, ec) && fs::is_directory(options.out_dir, ec) && !fs::is_empty(options.out_dir, ec)) {
+      throw InputError(options.out_dir.string() +
+                       ": run directory exists and is not empty; results are never overwritten (choose another "
+                       "directory, or pass --overwrite)");
+    }
+  }
+
+  // Rank threads.
+  std::vector<std::thread> threads;
+  std::vector<std::shared_ptr<RankWorker>> workers;
+  for (std::size_t i = 0; i < process.local_ranks.size(); ++i) {
+    auto w = std::make_shared<RankWorker>(st, process.local_ranks[i], static_cast<int>(i));
+    workers.push_back(w);
+    threads.emplace_back([w] { w->main(); });
+  }
+
+  // Run directory once every local device is open (its name goes into the header).
+  std::unique_ptr<profiler::RunDirWriter> writer;
+  {
+    std::unique_lock<std::mutex> lock(st->mu);
+    st->cv.wait(lock, [&] { return st->opened == st->local_count || st->stop.load(); });
+  }
+  if (!st->stop.load()) {
+    try {
+      profiler::RunHeader header = profiler::make_header(options.source, world);
+      header.scenario = {s.name, s.source_path, s.content_hash};
+      header.device = st->device_name;
+      header.argv = options.argv;
+      if (!process.start_time.empty()) header.start_time = process.start_time;
+      header.seed = s.run.seed;
+      OrderedJson ex = OrderedJson::object();
+      ex["threads"] = "one per local rank (GPU)";
+      ex["local_ranks"] = process.local_ranks;
+      ex["max_steps_in_flight"] = options.max_steps_in_flight;
+      ex["timeout_s"] = static_cast<double>(options.timeout.count()) / 1000.0;
+      ex["realign_every_s"] = options.realign_every_s;
+      ex["communicators"] = st->comm_instances.size();
+      ex["step_fence"] = "every stream joins the anchor stream at the end of a step; the next epoch is recorded there";
+      ex["device"] = st->device_settings;
+      header.settings["steps"] = steps;
+      header.settings["warmup_steps"] = warmup;
+      header.settings["executor"] = ex;
+      for (const auto& rc : g0->classes) header.rank_classes.push_back({rc.id, rc.label, rc.ranks, rc.pp_stage});
+      if (st->policy.enabled()) {
+        profiler::WriterOptions wo;
+        wo.overwrite = options.overwrite;
+        wo.local_ranks = process.local_ranks;
+        wo.keep_records = !process.barrier;  // one process: the summary comes from memory
+        wo.mode = process.creator ? profiler::WriterOptions::Mode::create : profiler::WriterOptions::Mode::join;
+        wo.write_run_json = process.creator;
+        if (!process.creator && process.barrier) process.barrier();
+        writer = std::make_unique<profiler::RunDirWriter>(options.out_dir, header, st->policy, wo);
+        if (process.creator && process.barrier) process.barrier();
+      }
+      st->sink = std::make_shared<profiler::RecordSink>(writer.get(), process.local_ranks);
+    } catch (const InputError& e) {
+      st->fail(-1, e.what(), true, false);
+    } catch (const std::exception& e) {
+      st->fail(-1, e.what(), false, false);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(st->mu);
+    st->go = true;
+  }
+  st->cv.notify_all();
+
+  // Wait for the rank threads; after a failure give them stop_grace to stop.
+  bool gave_up = false;
+  {
+    std::unique_lock<std::mutex> lock(st->mu);
+    const int n = st->local_count;
+    st->cv.wait(lock, [&] { return st->finished == n || st->stop.load(); });
+    if (st->finished != n) {
+      if (!st->cv.wait_for(lock, options.stop_grace, [&] { return st->finished == n; })) gave_up = true;
+    }
+  }
+  std::vector<std::string> stuck;
+  for (std::size_t i = 0; i < threads.size(); ++i) {
+    if (gave_up) {
+      // A thread stuck in a device call cannot be interrupted: leave it (it owns its state) and report.
+      threads[i].detach();
+      continue;
+    }
+    threads[i].join();
+  }
+  std::vector<Failure> failures;
+  {
+    std::lock_guard<std::mutex> lock(st->mu);
+    failures = st->failures;
+    if (gave_up) {
+      std::set<int> done;
+      for (const Failure& f : failures) done.insert(f.rank);
+      for (int r : process.local_ranks) {
+        if (done.count(r) == 0) stuck.push_back(std::to_string(r));
+      }
+    }
+  }
+  if (!failures.empty()) {
+    std::size_t root = 0;
+    for (std::size_t i = 0; i < failures.size(); ++i) {
+      if (!failures[i].by_peer) {
+        root = i;
+        break;
+      }
+    }
+    std::string msg = combined_message(failures, root);
+    if (!stuck.empty()) {
+      std::string list;
+      for (const auto& r : stuck) list += (list.empty() ? "" : ", ") + r;
+      msg += "\n  and rank(s) " + list + " did not stop within " + seconds_text(options.stop_grace) +
+             " (stuck in a device call); gave up on them";
+    }
+    if (st->sink) {
+      try {
+        st->sink->close();
+      } catch (...) {  // NOLINT(bugprone-empty-catch): the run already failed; that error is reported
+      }
+    }
+    if (failures[root].input) throw InputError(msg);
+    throw SystemError(msg);
+  }
+
+  // Records, summary, measured peaks.
+  st->sink->close();
+  std::map<int, Bytes> peaks;
+  double loop_us = 0.0;
+  for (const RankReport& r : st->reports) {
+    peaks[r.rank] = Bytes(static_cast<double>(r.peak_bytes));
+    loop_us = std::max(loop_us, r.loop_us);
+  }
+  result.ranks = st->reports;
+  std::sort(result.ranks.begin(), result.ranks.end(), [](const RankReport& a, const RankReport& b) { return a.rank < b.rank; });
+  result.mean_step_us = loop_us / steps;
+  result.device = st->device_name;
+  if (process.gather) {
+    std::vector<double> local;
+    for (const RankReport& r : result.ranks) local.push_back(static_cast<double>(r.peak_bytes));
+    const std::vector<double> all = process.gather(local);
+    if (process.creator) {
+      peaks.clear();
+      for (std::size_t r = 0; r < all.size(); ++r) peaks[static_cast<int>(r)] = Bytes(all[r]);
+    }
+  }
+  if (writer) {
+    result.phase_records = writer->phase_records_written();
+    writer->close();
+    if (process.barrier) process.barrier();
+    if (process.creator) {
+      profiler::SummaryInputs in;
+      in.model_flops_per_step = Flops(g0->model_flops);
+      in.tokens_per_step = g0->tokens;
+      in.gpu = st->device_name;
+      in.measured_peak_by_rank = peaks;
+      const profiler::SummaryBuilder builder(writer->header(), in);
+      if (process.barrier) {
+        const profiler::RunData data = profiler::RunDirReader::read(options.out_dir);
+        result.summary = builder.build(data.steps, data.phases, data.names);
+      } else {
+        result.summary = builder.build(writer->kept_steps(), writer->kept_phases(), writer->names());
+      }
+      result.summary_json = builder.to_json(result.summary);
+      writer->write_summary(result.summary_json);
+      result.recorded = !result.summary.steps.empty();
+    }
+    result.run_dir = options.out_dir;
+  }
+  return result;
+}
+
+}  // namespace threewalls::backend
