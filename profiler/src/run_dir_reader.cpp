@@ -69,7 +69,7 @@ enum Field : std::uint32_t {
   kStep = 1U << 0, kRank = 1U << 1, kPhase = 1U << 2, kLayer = 1U << 3, kMicrobatch = 1U << 4,
   kStream = 1U << 5, kStartUs = 1U << 6, kDurUs = 1U << 7, kWall = 1U << 8, kBytes = 1U << 9,
   kFlops = 1U << 10, kExpert = 1U << 11, kPeer = 1U << 12, kGroup = 1U << 13, kTokens = 1U << 14,
-  kCoarse = 1U << 15, kRecord = 1U << 16, kEpochUs = 1U << 17,
+  kCoarse = 1U << 15, kRecord = 1U << 16, kEpochUs = 1U << 17, kGroupId = 1U << 18,
 };
 constexpr std::uint32_t kPhaseRequired =
     kStep | kRank | kPhase | kLayer | kMicrobatch | kStream | kStartUs | kDurUs | kWall | kBytes | kFlops;
@@ -95,6 +95,7 @@ const char* field_name(std::uint32_t bit) {
     case kCoarse: return "coarse";
     case kRecord: return "record";
     case kEpochUs: return "epoch_us";
+    case kGroupId: return "group_id";
     default: return "?";
   }
 }
@@ -102,7 +103,7 @@ const char* field_name(std::uint32_t bit) {
 // Keys in the order the writer emits them: the reader tries the expected key first.
 constexpr std::uint32_t kWriterOrder[] = {kStep,  kRank,  kPhase,  kLayer, kMicrobatch, kStream,
                                           kStartUs, kDurUs, kWall, kBytes, kFlops, kExpert,
-                                          kPeer, kGroup, kTokens, kCoarse};
+                                          kPeer, kGroup, kGroupId, kTokens, kCoarse};
 constexpr std::size_t kWriterOrderSize = sizeof kWriterOrder / sizeof kWriterOrder[0];
 
 const char* field_name(std::uint32_t bit);
@@ -127,6 +128,7 @@ std::uint32_t field_bit(std::string_view k) {
   if (k == "coarse") return kCoarse;
   if (k == "record") return kRecord;
   if (k == "epoch_us") return kEpochUs;
+  if (k == "group_id") return kGroupId;
   return 0;
 }
 
@@ -375,6 +377,7 @@ class FileParser {
           case kGroup:
             if (v.kind != detail::FlatValue::Kind::null) p.group = intern(out_.names.groups, group_cache_, string(v, bit));
             break;
+          case kGroupId: p.group_id = opt_index(v, bit); break;
           case kTokens:
             p.tokens = v.kind == detail::FlatValue::Kind::null ? kAbsent : integer(v, bit, 0, std::int64_t{1} << 53);
             break;
@@ -435,7 +438,7 @@ class FileParser {
   [[noreturn]] void missing(std::uint32_t seen, std::uint32_t required, const char* what) {
     std::uint32_t lack = required & ~seen;
     std::string names;
-    for (std::uint32_t bit = 1; bit != 0 && bit <= kEpochUs; bit <<= 1U) {
+    for (std::uint32_t bit = 1; bit != 0 && bit <= kGroupId; bit <<= 1U) {
       if (lack & bit) names += std::string(names.empty() ? "" : ", ") + "'" + field_name(bit) + "'";
     }
     fail(0, std::string(what) + " lacks field(s) " + names);

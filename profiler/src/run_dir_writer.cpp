@@ -101,6 +101,10 @@ void append_phase_line(std::string& out, const PhaseRecord& r, const Names& name
     out += ",\"group\":";
     out += names.groups.json(r.group);
   }
+  if (r.group_id != kAbsent) {
+    out += ",\"group_id\":";
+    append_int(out, r.group_id);
+  }
   if (r.tokens != kAbsent) {
     out += ",\"tokens\":";
     append_int(out, r.tokens);

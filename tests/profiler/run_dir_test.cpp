@@ -68,6 +68,7 @@ void fill(RunDirWriter& w, int steps, int first = 0) {
       q.dur_us = 50.0;
       q.expert = 2;
       q.group = ep;
+      q.group_id = r & ~1;
       q.tokens = 4096;
       q.flops = 0;
       w.add(q);
@@ -165,6 +166,7 @@ TEST(RunDir, WriterReaderRoundTripKeepsEveryField) {
     if (a.group != kNoName) {
       EXPECT_EQ(w.names().groups.name(a.group), d.names.groups.name(b.group));
     }
+    EXPECT_EQ(a.group_id, b.group_id);
     EXPECT_EQ(a.tokens, b.tokens);
     EXPECT_EQ(a.coarse, b.coarse);
   }

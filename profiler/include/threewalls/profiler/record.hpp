@@ -79,6 +79,7 @@ struct PhaseRecord {
   std::int32_t expert = kAbsent;     // optional: local expert
   std::int32_t peer = kAbsent;       // optional: peer rank of point-to-point ops
   std::uint32_t group = kNoName;     // optional: Names::groups ("tp", "ep", "pp", ...)
+  std::int32_t group_id = kAbsent;   // optional: which instance of `group`: its lowest global rank
   std::int64_t tokens = kAbsent;     // optional: tokens handled
   Wall wall = Wall::compute;
   CoarseView coarse = CoarseView::none;
