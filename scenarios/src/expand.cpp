@@ -306,6 +306,10 @@ Spec collective(std::string name, Collective kind, Group g, double bytes, Role r
   return sp;
 }
 
+std::uint8_t activation_kind(const Ctx& c) {
+  return static_cast<std::uint8_t>(c.swiglu ? ElementwiseKind::swiglu : ElementwiseKind::gelu);
+}
+
 // A program: the forward ops of one layer (or of the embedding / output head), as a DAG.
 struct Program {
   std::vector<Spec> specs;
@@ -412,6 +416,7 @@ void attention_block(const Ctx& c, Program& p) {
                                  : static_cast<double>(kv_heads) * (dqk + dv);
     Spec kv = memory_op(OpKind::elementwise, "kv_cache_write", {c.T, 0, 0, 0, 0, 0}, 2.0 * c.T * per_token * kBf16Bytes,
                         0, Module::attn_core, qkv_producers);
+    kv.sub = static_cast<std::uint8_t>(ElementwiseKind::copy);
     p.add(kv);
     qkv_last = static_cast<int>(p.specs.size()) - 1;
     qkv_producers = {qkv_last};
@@ -455,6 +460,7 @@ void dense_mlp_block(const Ctx& c, Program& p, const std::string& prefix, std::i
   double act = (static_cast<double>(fc1_out) + f) * c.T * kBf16Bytes;
   Spec a = memory_op(OpKind::elementwise, prefix + "_act", {c.T * f, 0, 0, 0, 0, 0}, act,
                      (static_cast<double>(fc1_out) * 2 + f) * c.T * kBf16Bytes, mod == Module::mlp ? Module::mlp : mod);
+  a.sub = activation_kind(c);
   p.add(a);
   p.add(gemm(c, prefix + "_fc2", c.T, c.h, f, mod));
   add_tp_reduce(c, p, prefix, mod);
@@ -579,6 +585,7 @@ void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input) {
                          (static_cast<double>(fc1_out) + c.ffn_e) * recv_rows * kBf16Bytes,
                          (2.0 * fc1_out + c.ffn_e) * recv_rows * kBf16Bytes, Module::moe_act);
     act.tokens = static_cast<std::int32_t>(recv_rows);
+    act.sub = activation_kind(c);
     p.add(act);
     expert_outputs.push_back(p.add(grouped("expert_fc2", c.h, c.ffn_e, {})));
   } else {
@@ -605,6 +612,7 @@ void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input) {
       Spec act = memory_op(OpKind::elementwise, "expert_act", {rows * c.ffn_e, 0, 0, 0, 0, 0},
                            (static_cast<double>(fc1_out) + c.ffn_e) * rows * kBf16Bytes,
                            (2.0 * fc1_out + c.ffn_e) * rows * kBf16Bytes, Module::moe_act, {up - (c.swiglu ? 1 : 0), up});
+      act.sub = activation_kind(c);
       p.add(tag(act));
       p.add(tag(gemm(c, c.swiglu ? "expert_down" : "expert_fc2", rows, c.h, c.ffn_e, Module::moe_expert)));
       int sc = p.add(tag(memory_op(OpKind::unpermute, "expert_scatter", {rows, c.h, 0, 0, 0, 0}, 3.0 * rows * row_bytes,
@@ -792,6 +800,10 @@ class Emitter {
     op.tokens = sp.tokens;
     op.flags = static_cast<std::uint8_t>(sp.flags | flags);
     op.graph = graph_of(sp, dense_layer);
+    if (sp.kind == OpKind::norm) {
+      op.sub = static_cast<std::uint8_t>(c_.s.model.normalization == Normalization::layernorm ? NormKind::layernorm
+                                                                                                : NormKind::rmsnorm);
+    }
     if (sp.kind == OpKind::host) op.stream = t_.stream("host", StreamKind::host);
     return op;
   }
@@ -876,7 +888,11 @@ class Emitter {
           e.bytes = sp.bwd_bytes;
           e.flops = 0;
           if (sp.bwd == Bwd::swap_permute) e.kind = sp.kind == OpKind::permute ? OpKind::unpermute : OpKind::permute;
-          if (sp.kind == OpKind::softmax_topk) e.kind = OpKind::elementwise;
+          if (sp.kind == OpKind::elementwise) {
+            auto k = static_cast<ElementwiseKind>(sp.sub);
+            if (k == ElementwiseKind::swiglu) e.sub = static_cast<std::uint8_t>(ElementwiseKind::swiglu_bwd);
+            if (k == ElementwiseKind::gelu) e.sub = static_cast<std::uint8_t>(ElementwiseKind::gelu_bwd);
+          }
           id = b_.emit(e, deps_.data(), deps_.data() + deps_.size());
           break;
         }
@@ -1359,6 +1375,7 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
     // Gradient norm (clipping): read the local gradient shard, then one float reduced over all ranks.
     Op norm;
     norm.kind = OpKind::elementwise;
+    norm.sub = static_cast<std::uint8_t>(ElementwiseKind::reduce);
     norm.wall = Wall::memory;
     norm.bytes = shard * kFp32Bytes;
     norm.shape = {static_cast<std::int64_t>(shard), 0, 0, 0, 0, 0};
@@ -1778,8 +1795,12 @@ void build_inference_class(const Ctx& c, int ep_rank, const RoutingSampler::Step
       g1.tokens = static_cast<std::int32_t>(rows);
       Program ex;
       ex.add([&] { Spec x = g1; x.after = {-1}; return x; }());
-      ex.add(memory_op(OpKind::elementwise, "expert_act", {rows * c.ffn_e, 0, 0, 0, 0, 0},
-                       (static_cast<double>(fc1_out) + c.ffn_e) * rows * kBf16Bytes, 0, Module::moe_act));
+      ex.add([&] {
+        Spec a = memory_op(OpKind::elementwise, "expert_act", {rows * c.ffn_e, 0, 0, 0, 0, 0},
+                           (static_cast<double>(fc1_out) + c.ffn_e) * rows * kBf16Bytes, 0, Module::moe_act);
+        a.sub = activation_kind(c);
+        return a;
+      }());
       Spec g2 = g1;
       g2.name = "expert_fc2";
       g2.shape = {rows, c.h, c.ffn_e, static_cast<std::int64_t>(act.size()), max_rows, 0};
@@ -1813,9 +1834,13 @@ void build_inference_class(const Ctx& c, int ep_rank, const RoutingSampler::Step
         } else {
           up = ex.add(tag(gemm(c, "expert_fc1", r, c.ffn_e, c.h, Module::moe_expert, {0})));
         }
-        ex.add(tag(memory_op(OpKind::elementwise, "expert_act", {r * c.ffn_e, 0, 0, 0, 0, 0},
+        ex.add(tag([&] {
+          Spec a = memory_op(OpKind::elementwise, "expert_act", {r * c.ffn_e, 0, 0, 0, 0, 0},
                              (static_cast<double>(fc1_out) + c.ffn_e) * r * kBf16Bytes, 0, Module::moe_act,
-                             {up - (c.swiglu ? 1 : 0), up})));
+                             {up - (c.swiglu ? 1 : 0), up});
+          a.sub = activation_kind(c);
+          return a;
+        }()));
         ex.add(tag(gemm(c, c.swiglu ? "expert_down" : "expert_fc2", r, c.h, c.ffn_e, Module::moe_expert)));
         ex.add(tag(memory_op(OpKind::unpermute, "expert_scatter", {r, c.h, 0, 0, 0, 0}, 3.0 * r * row_bytes, 0,
                              Module::moe_expert)));

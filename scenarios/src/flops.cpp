@@ -111,6 +111,19 @@ const char* to_string(HostKind h) {
   return "?";
 }
 
+const char* to_string(ElementwiseKind e) {
+  switch (e) {
+    case ElementwiseKind::add: return "add";
+    case ElementwiseKind::copy: return "copy";
+    case ElementwiseKind::swiglu: return "swiglu";
+    case ElementwiseKind::swiglu_bwd: return "swiglu_bwd";
+    case ElementwiseKind::gelu: return "gelu";
+    case ElementwiseKind::gelu_bwd: return "gelu_bwd";
+    case ElementwiseKind::reduce: return "reduce";
+  }
+  return "?";
+}
+
 const char* to_string(StreamKind s) {
   switch (s) {
     case StreamKind::compute: return "compute";

@@ -30,8 +30,8 @@ enum class OpKind : std::uint8_t {
                   // expert: varying = 0: group g computes (r_g x k)(k x n); varying = 1 (wgrad): group g
                   // computes (n x r_g)(r_g x k) = dW_g, i.e. the group's rows are the reduction dimension
   attention,      // shape: {batch, seq_q, seq_kv, heads, head_dim_qk, head_dim_v}; flag kCausal; bwd when kBackward
-  elementwise,    // shape: {elements}; bytes = bytes read + written (activation, SwiGLU, add, kv-cache write)
-  norm,           // shape: {rows, hidden}; bytes read + written
+  elementwise,    // shape: {output elements}; bytes = bytes read + written; `sub` = ElementwiseKind
+  norm,           // shape: {rows, hidden}; bytes read + written; `sub` = NormKind
   softmax_topk,   // router scores -> top-k: shape {tokens, experts, topk}
   permute,        // gather token rows into expert order: shape {rows out, hidden}
   unpermute,      // scatter-add rows back (weighted by the router probabilities): shape {rows in, hidden}
@@ -54,6 +54,11 @@ enum class CopyKind : std::uint8_t { h2d_pinned, h2d_pageable, d2h_pinned, d2h_p
 // RoutingModel (layout.hpp). `bytes` is then this rank's total send.
 enum class Collective : std::uint8_t { all_reduce, all_gather, reduce_scatter, all_to_all, broadcast };
 enum class HostKind : std::uint8_t { stream_sync, gpu_read, framework, barrier, graph_launch };
+// What an element-wise op computes. swiglu: y[r, j] = silu(x[r, j]) x[r, f + j] (reads 2 f, writes f
+// per row); add: residual/bias-dropout-add (reads 2, writes 1); copy: kv-cache append; reduce: a
+// read-mostly reduction (gradient norm); the _bwd kinds are the matching backward kernels.
+enum class ElementwiseKind : std::uint8_t { add, copy, swiglu, swiglu_bwd, gelu, gelu_bwd, reduce };
+enum class NormKind : std::uint8_t { rmsnorm, layernorm };
 enum class Wall : std::uint8_t { compute, memory, communication, host };
 enum class DType : std::uint8_t { bf16, fp8, fp32 };
 enum class StreamKind : std::uint8_t { compute, communication, copy, host };
@@ -93,6 +98,8 @@ struct Op {
   [[nodiscard]] Collective collective() const { return static_cast<Collective>(sub); }
   [[nodiscard]] CopyKind copy_kind() const { return static_cast<CopyKind>(sub); }
   [[nodiscard]] HostKind host_kind() const { return static_cast<HostKind>(sub); }
+  [[nodiscard]] ElementwiseKind elementwise_kind() const { return static_cast<ElementwiseKind>(sub); }
+  [[nodiscard]] NormKind norm_kind() const { return static_cast<NormKind>(sub); }
   [[nodiscard]] bool is_comm() const { return kind == OpKind::collective || kind == OpKind::send || kind == OpKind::recv; }
 };
 
@@ -164,6 +171,7 @@ const char* to_string(Wall w);
 const char* to_string(Collective c);
 const char* to_string(CopyKind c);
 const char* to_string(HostKind h);
+const char* to_string(ElementwiseKind e);
 const char* to_string(StreamKind s);
 
 }  // namespace threewalls::scenarios
