@@ -259,6 +259,19 @@ void CudaDevice::launch(const scenarios::StepGraph& graph, const Op& op, int str
   ps.runner->run(op, ps.stream);
 }
 
+void CudaDevice::launch_p2p_group(const scenarios::StepGraph& graph, const std::vector<const Op*>& ops, int stream,
+                                  bool annotate) {
+  PerStream& ps = at(stream);
+  if (ops.empty()) return;
+  const profiler::cuda::NvtxScope range = annotate ? profiler::cuda::NvtxScope(nvtx_name(graph, *ops.front()),
+                                                                              ops.front()->layer, true)
+                                                   : profiler::cuda::NvtxScope();
+  NcclComm& comm = ps.comms->comm(ops.front()->group);
+  comm.check(ncclGroupStart(), "ncclGroupStart()", __FILE__, __LINE__);
+  for (const Op* op : ops) p2p(*op, ps);
+  comm.check(ncclGroupEnd(), "ncclGroupEnd()", __FILE__, __LINE__);
+}
+
 void CudaDevice::p2p(const Op& op, PerStream& ps) {
   NcclComm& comm = ps.comms->comm(op.group);
   const int n = comm.size();

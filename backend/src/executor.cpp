@@ -296,6 +296,8 @@ struct OpInfo {
   bool host = false;        // done when the host moves on (host ops, copies that block the host)
   bool needs_event = false; // some later op waits for it across streams, runs or on the host
   bool capture_event = false;  // a later op of the same graph run waits for it on another stream
+  std::uint32_t group_end = 0;  // send/recv leading a group of adjacent ones on its stream: one past the last
+  bool grouped = false;         // a send/recv issued by its group's leader
 };
 
 struct RunInfo {
@@ -363,7 +365,10 @@ Plan build_plan(const std::shared_ptr<const StepGraph>& graph, int rank, profile
     const scenarios::GraphRun& gr = rc.graph_runs[ri];
     RunInfo run;
     run.run = gr;
+    // One capture per run (its position is part of the key): a timed copy's pinned markers must be
+    // replayed once per step, or a second replay would overwrite them before they are read.
     Fnv h;
+    h.add(gr.first_op);
     h.add(gr.end_op - gr.first_op);
     for (std::uint32_t k = gr.first_op; k < gr.end_op; ++k) {
       const Op& op = rc.ops[k];
@@ -392,6 +397,20 @@ Plan build_plan(const std::shared_ptr<const StepGraph>& graph, int rank, profile
     run.signature = h.h;
     p.ops[gr.first_op].starts_run = static_cast<int>(p.runs.size());
     p.runs.push_back(std::move(run));
+  }
+  // Send/recv ops adjacent in issue order on one stream form one NCCL group (as the simulator does).
+  auto is_p2p = [](const Op& op) { return op.kind == OpKind::send || op.kind == OpKind::recv; };
+  for (std::size_t i = 0; i < n;) {
+    std::size_t j = i + 1;
+    if (is_p2p(rc.ops[i])) {
+      while (j < n && is_p2p(rc.ops[j]) && rc.ops[j].stream == rc.ops[i].stream && p.ops[j].in_run == p.ops[i].in_run &&
+             p.ops[j].starts_run < 0) {
+        p.ops[j].grouped = true;
+        ++j;
+      }
+      if (j > i + 1) p.ops[i].group_end = static_cast<std::uint32_t>(j);
+    }
+    i = j;
   }
   // Which ops something waits for.
   for (std::size_t j = 0; j < n; ++j) {
@@ -679,6 +698,11 @@ class RankWorker {
         continue;
       }
       const Op& op = rc.ops[i];
+      if (info.group_end > 0) {
+        issue_group(i, info.group_end, rec);
+        i = info.group_end;
+        continue;
+      }
       if (op.kind == OpKind::host) {
         host_op(i, rec);
       } else if (info.host) {
@@ -731,6 +755,28 @@ class RankWorker {
     dev_->launch(*plan_.graph, op, s, annotate_);
     if (timed) recorder_->device_phase(info.tmpl, m0, clock_.mark(s));
     if (info.needs_event) record_event_after(i, s);
+  }
+
+  // A group of adjacent send/recv ops [first, end) on one stream: one NCCL group; each member timed
+  // from before the group to after it (the members of a group cannot be told apart on the stream).
+  void issue_group(std::uint32_t first, std::uint32_t end, bool rec) {
+    const RankClass& rc = *plan_.rc;
+    const int s = rc.ops[first].stream;
+    std::vector<const Op*> ops;
+    for (std::uint32_t k = first; k < end; ++k) {
+      wait_deps(k, s);
+      ops.push_back(&rc.ops[k]);
+    }
+    const bool timed = rec && recorder_->records_phase(plan_.ops[first].tmpl.coarse);
+    std::vector<Marker> starts;
+    if (timed) {
+      for (std::uint32_t k = first; k < end; ++k) starts.push_back(clock_.mark(s));
+    }
+    dev_->launch_p2p_group(*plan_.graph, ops, s, annotate_);
+    for (std::uint32_t k = first; k < end; ++k) {
+      if (timed) recorder_->device_phase(plan_.ops[k].tmpl, starts[k - first], clock_.mark(s));
+      if (plan_.ops[k].needs_event) record_event_after(k, s);
+    }
   }
 
   // Host ops: the host is busy (or blocked) from t0 to t1.
@@ -808,6 +854,7 @@ class RankWorker {
     for (std::uint32_t k = first; k < run.run.end_op; ++k) {
       const Op& op = rc.ops[k];
       const int s = op.stream;
+      if (plan_.ops[k].grouped) continue;  // issued by its group's leader
       if (std::find(joined.begin(), joined.end(), s) == joined.end()) {
         const std::uint32_t e = dev_->record_event(run.origin);
         dev_->wait_event(s, e);
@@ -818,13 +865,30 @@ class RankWorker {
         const std::uint32_t dep = rc.deps_of(op)[d];
         if (dep >= first && rc.ops[dep].stream != s) dev_->wait_event(s, cap_ev[dep - first]);
       }
+      const std::uint32_t last = plan_.ops[k].group_end > 0 ? plan_.ops[k].group_end : k + 1;
+      for (std::uint32_t m = k + 1; m < last; ++m) {  // the other members' deps
+        for (std::size_t d = 0; d < rc.num_deps(rc.ops[m]); ++d) {
+          const std::uint32_t dep = rc.deps_of(rc.ops[m])[d];
+          if (dep >= first && rc.ops[dep].stream != s) dev_->wait_event(s, cap_ev[dep - first]);
+        }
+      }
       const bool t = timed && st_->policy.records_phase(plan_.ops[k].tmpl.coarse);
-      if (t) marks[k - first].first = dev_->record_marker(s);
-      dev_->launch(*plan_.graph, op, s, false);
-      if (t) marks[k - first].second = dev_->record_marker(s);
-      if (plan_.ops[k].capture_event) {
-        cap_ev[k - first] = dev_->record_event(s);
-        evs.push_back(cap_ev[k - first]);
+      if (t) {
+        for (std::uint32_t m = k; m < last; ++m) marks[m - first].first = dev_->record_marker(s);
+      }
+      if (last > k + 1) {
+        std::vector<const Op*> ops;
+        for (std::uint32_t m = k; m < last; ++m) ops.push_back(&rc.ops[m]);
+        dev_->launch_p2p_group(*plan_.graph, ops, s, false);
+      } else {
+        dev_->launch(*plan_.graph, op, s, false);
+      }
+      for (std::uint32_t m = k; m < last; ++m) {
+        if (t) marks[m - first].second = dev_->record_marker(s);
+        if (plan_.ops[m].capture_event) {
+          cap_ev[m - first] = dev_->record_event(s);
+          evs.push_back(cap_ev[m - first]);
+        }
       }
     }
     for (std::size_t j = 1; j < joined.size(); ++j) {

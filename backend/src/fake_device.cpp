@@ -75,8 +75,8 @@ void FakeFabric::wake_all() {
   cv_.notify_all();
 }
 
-bool FakeFabric::rendezvous(const std::string& key, int size, const Arrival& me, const std::function<bool()>& stop) {
-  std::unique_lock<std::mutex> lock(mu_);
+void FakeFabric::arrive(const std::string& key, int size, const Arrival& me) {
+  std::lock_guard<std::mutex> lock(mu_);
   Meeting& m = meetings_[key];
   if (!m.arrivals.empty() && m.arrivals.front().what != me.what && m.error.empty()) {
     m.error = "fake NCCL: communicator " + key + ": rank " + std::to_string(m.arrivals.front().rank) + " issued " +
@@ -86,25 +86,39 @@ bool FakeFabric::rendezvous(const std::string& key, int size, const Arrival& me,
   m.arrivals.push_back(me);
   if (static_cast<int>(m.arrivals.size()) == size) {
     double dur = 0.0;
-    for (const Arrival& a : m.arrivals) dur = std::max(dur, a.duration_us);
-    m.end_us = now_us() + dur;
-    m.left = size;
-    ++rendezvous_;
-    cv_.notify_all();
-  } else {
-    while (m.end_us < 0.0) {
-      if (stop()) return false;
-      cv_.wait_for(lock, std::chrono::milliseconds(5));
+    for (const Arrival& a : m.arrivals) {
+      dur = std::max(dur, a.duration_us);
+      if (a.awaits) ++m.left;
     }
+    m.end_us = now_us() + dur;
+    ++rendezvous_;
+    if (m.left == 0) meetings_.erase(key);
+    cv_.notify_all();
   }
-  const double end = m.end_us;
-  const std::string error = m.error;
-  if (--m.left == 0) meetings_.erase(key);
+}
+
+bool FakeFabric::await(const std::string& key, const std::function<bool()>& stop) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = meetings_.find(key);
+  if (it == meetings_.end()) throw SystemError("fake NCCL: await of unknown meeting " + key);
+  while (it->second.end_us < 0.0) {
+    if (stop()) return false;
+    cv_.wait_for(lock, std::chrono::milliseconds(5));
+    it = meetings_.find(key);
+  }
+  const double end = it->second.end_us;
+  const std::string error = it->second.error;
+  if (--it->second.left == 0) meetings_.erase(it);
   lock.unlock();
   if (!error.empty()) throw SystemError(error);
   const double wait = end - now_us();
   if (wait > 0.0) std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(wait));
   return true;
+}
+
+bool FakeFabric::rendezvous(const std::string& key, int size, const Arrival& me, const std::function<bool()>& stop) {
+  arrive(key, size, me);
+  return await(key, stop);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -295,14 +309,27 @@ void FakeDevice::enqueue(int stream, Cmd c) {
   w.cv.notify_one();
 }
 
-void FakeDevice::launch(const scenarios::StepGraph& graph, const Op& op, int stream, bool /*annotate*/) {
-  if (setup_.rank == fabric_.options().fail_rank && fabric_.options().fail_at_launch > 0) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (++launches_ == fabric_.options().fail_at_launch) {
-      throw SystemError("rank " + std::to_string(rank_) + ": fake device: injected failure at launch " +
-                        std::to_string(launches_) + " (" + op_text(graph, op) + ")");
-    }
+void FakeDevice::count_launch(const scenarios::StepGraph& graph, const Op& op) {
+  if (setup_.rank != fabric_.options().fail_rank || fabric_.options().fail_at_launch <= 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (++launches_ == fabric_.options().fail_at_launch) {
+    throw SystemError("rank " + std::to_string(rank_) + ": fake device: injected failure at launch " +
+                      std::to_string(launches_) + " (" + op_text(graph, op) + ")");
   }
+}
+
+void FakeDevice::launch_p2p_group(const scenarios::StepGraph& graph, const std::vector<const Op*>& ops, int stream,
+                                  bool /*annotate*/) {
+  for (const Op* op : ops) count_launch(graph, *op);
+  Cmd c;
+  c.kind = CmdKind::p2p_group;
+  c.graph = &graph;
+  c.group = ops;
+  enqueue(stream, c);
+}
+
+void FakeDevice::launch(const scenarios::StepGraph& graph, const Op& op, int stream, bool /*annotate*/) {
+  count_launch(graph, op);
   Cmd c;
   c.kind = CmdKind::op;
   c.graph = &graph;
@@ -414,7 +441,7 @@ std::uint32_t FakeDevice::end_capture(int origin) {
   for (auto& [s, c] : capture_.cmds) {
     const auto it = remap.find(c.slot);
     if ((c.kind == CmdKind::record || c.kind == CmdKind::wait) && it != remap.end()) c.slot = it->second;
-    if (c.kind == CmdKind::op) c.in_graph = true;
+    if (c.kind == CmdKind::op || c.kind == CmdKind::p2p_group) c.in_graph = true;
   }
   graphs_.push_back(std::move(capture_));
   capture_ = Graph();
@@ -474,8 +501,7 @@ void FakeDevice::abort() noexcept {
 
 void FakeDevice::execute(int stream, const Cmd& c) {
   switch (c.kind) {
-    case CmdKind::record:
-    case CmdKind::graph_start: {
+    case CmdKind::record: {
       {
         std::lock_guard<std::mutex> lock(mu_);
         Slot& s = slots_[c.slot];
@@ -491,49 +517,82 @@ void FakeDevice::execute(int stream, const Cmd& c) {
       return;
     }
     case CmdKind::op: run_op(stream, c); return;
+    case CmdKind::p2p_group: run_p2p_group(stream, c); return;
   }
+}
+
+std::pair<std::string, int> FakeDevice::comm_key(int stream, const Cmd& c, const Op& op, FakeFabric::Arrival& me) {
+  const auto it = comms_.find({static_cast<int>(op.group), stream});
+  if (it == comms_.end()) {
+    throw SystemError("rank " + std::to_string(rank_) + ": fake device: no communicator for group " +
+                      scenarios::to_string(op.group) + " on stream " + std::to_string(stream) + " (" +
+                      op_text(*c.graph, op) + ")");
+  }
+  Comm& comm = it->second;
+  me.rank = rank_;
+  me.duration_us = duration_us(op);
+  if (op.kind == OpKind::collective) {
+    me.what = op_text(*c.graph, op);
+    return {comm.key + " collective #" + std::to_string(comm.seq++), comm.size};
+  }
+  const int peer = ((comm.index + op.peer) % comm.size + comm.size) % comm.size;
+  const bool send = op.kind == OpKind::send;
+  const int src = send ? comm.index : peer;
+  const int dst = send ? peer : comm.index;
+  const std::uint64_t n = comm.p2p[{peer, send ? 1 : 0}]++;
+  me.what = "a transfer of tag " + std::to_string(op.tag) + " (" + std::to_string(static_cast<long long>(op.bytes)) +
+            " bytes)";
+  me.awaits = !(send && op.bytes <= fabric_.options().p2p_eager_bytes);
+  return {comm.key + " p2p " + std::to_string(src) + ">" + std::to_string(dst) + " #" + std::to_string(n), 2};
+}
+
+// A hung peer (test fault): its n-th communication never arrives and raises nothing. Returns true
+// when this op is the one (the caller then drops it once the device is aborted).
+#define TW_FAKE_HANG_CHECK()                                                                   \
+  do {                                                                                         \
+    std::unique_lock<std::mutex> lock(mu_);                                                    \
+    ++comm_ops_;                                                                               \
+    if (rank_ == fabric_.options().hang_rank && comm_ops_ == fabric_.options().hang_at_comm) { \
+      cv_.wait(lock, [&] { return aborted_; });                                                \
+      return;                                                                                  \
+    }                                                                                          \
+  } while (0)
+
+void FakeDevice::run_p2p_group(int stream, const Cmd& c) {
+  const double t0 = fabric_.now_us();
+  std::vector<std::pair<std::string, bool>> keys;
+  for (const Op* op : c.group) {
+    TW_FAKE_HANG_CHECK();
+    FakeFabric::Arrival me;
+    const auto [key, size] = comm_key(stream, c, *op, me);
+    fabric_.arrive(key, size, me);
+    keys.emplace_back(key, me.awaits);
+  }
+  // Members progress independently; the group ends when all have.
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (keys[i].second) {
+      if (!fabric_.await(keys[i].first, [this] { return stopping(); })) return;
+    } else {
+      std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(duration_us(*c.group[i])));
+    }
+  }
+  const double t1 = fabric_.now_us();
+  for (const Op* op : c.group) fabric_.add_trace(FakeTraceEntry{rank_, index_of(*c.graph, *op), stream, t0, t1, c.in_graph});
 }
 
 void FakeDevice::run_op(int stream, const Cmd& c) {
   const Op& op = *c.op;
   const double t0 = fabric_.now_us();
   if (op.is_comm()) {
-    const auto it = comms_.find({static_cast<int>(op.group), stream});
-    if (it == comms_.end()) {
-      throw SystemError("rank " + std::to_string(rank_) + ": fake device: no communicator for group " +
-                        scenarios::to_string(op.group) + " on stream " + std::to_string(stream) + " (" +
-                        op_text(*c.graph, op) + ")");
-    }
-    Comm& comm = it->second;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      ++comm_ops_;
-      if (rank_ == fabric_.options().hang_rank && comm_ops_ == fabric_.options().hang_at_comm) {
-        // A hung peer: never arrives, raises nothing.
-        cv_.wait(lock, [&] { return aborted_; });
-        return;
-      }
-    }
+    TW_FAKE_HANG_CHECK();
     FakeFabric::Arrival me;
-    me.rank = rank_;
-    me.duration_us = duration_us(op);
-    std::string key;
-    int size = comm.size;
-    if (op.kind == OpKind::collective) {
-      key = comm.key + " collective #" + std::to_string(comm.seq++);
-      me.what = op_text(*c.graph, op);
+    const auto [key, size] = comm_key(stream, c, op, me);
+    fabric_.arrive(key, size, me);
+    if (me.awaits) {
+      if (!fabric_.await(key, [this] { return stopping(); })) return;
     } else {
-      const int peer = ((comm.index + op.peer) % comm.size + comm.size) % comm.size;
-      const bool send = op.kind == OpKind::send;
-      const int src = send ? comm.index : peer;
-      const int dst = send ? peer : comm.index;
-      const std::uint64_t n = comm.p2p[{peer, send ? 1 : 0}]++;
-      key = comm.key + " p2p " + std::to_string(src) + ">" + std::to_string(dst) + " #" + std::to_string(n);
-      me.what = "a transfer of tag " + std::to_string(op.tag) + " (" + std::to_string(static_cast<long long>(op.bytes)) +
-                " bytes)";
-      size = 2;
+      std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(me.duration_us));
     }
-    if (!fabric_.rendezvous(key, size, me, [this] { return stopping(); })) return;
   } else {
     std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(duration_us(op)));
   }

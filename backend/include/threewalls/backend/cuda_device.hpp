@@ -38,6 +38,8 @@ class CudaDevice : public Device {
   void open(const DeviceSetup& setup, const scenarios::RankClass& cls) override;
   void prepare(const scenarios::StepGraph& graph, const scenarios::RankClass& cls) override;
   void launch(const scenarios::StepGraph& graph, const scenarios::Op& op, int stream, bool annotate) override;
+  void launch_p2p_group(const scenarios::StepGraph& graph, const std::vector<const scenarios::Op*>& ops, int stream,
+                        bool annotate) override;
   std::uint32_t record_event(int stream) override;
   void wait_event(int stream, std::uint32_t event) override;
   [[nodiscard]] bool event_done(std::uint32_t event) override;

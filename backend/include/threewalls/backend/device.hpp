@@ -84,6 +84,11 @@ class Device {
 
   // Enqueues the op's work on `stream` (not for host ops). `annotate`: an NVTX range around the launch.
   virtual void launch(const scenarios::StepGraph& graph, const scenarios::Op& op, int stream, bool annotate) = 0;
+  // Send/recv ops adjacent in issue order on one stream, issued as one NCCL group (ncclGroupStart /
+  // ncclGroupEnd, Megatron's batch_isend_irecv): they start together and progress independently; the
+  // stream moves on when all are done. The simulator groups them the same way.
+  virtual void launch_p2p_group(const scenarios::StepGraph& graph, const std::vector<const scenarios::Op*>& ops,
+                                int stream, bool annotate) = 0;
 
   virtual std::uint32_t record_event(int stream) = 0;
   virtual void wait_event(int stream, std::uint32_t event) = 0;

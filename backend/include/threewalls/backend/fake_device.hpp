@@ -17,6 +17,8 @@
 //   memory-wall ops, copies bytes / bytes_per_us
 //   collectives, send/recv  bytes / link_bytes_per_us, from the arrival of the last member
 //   framework host ops      shape[0] ns
+// Sends of at most p2p_eager_bytes do not wait for their receiver (NCCL's sender writes into the
+// peer's buffer, NCCL_BUFFSIZE = 4 MiB by default); larger ones meet their receiver first.
 // Faults for tests: a rank that throws at its n-th launch, or whose n-th communication never
 // arrives (a hung or killed peer: no error, its peers wait until they time out or are stopped).
 #include <chrono>
@@ -41,6 +43,7 @@ struct FakeDeviceOptions {
   double min_op_us = 1.0;
   double max_op_us = 5000.0;
   double host_work_scale = 1.0;    // multiplies framework ops' hints
+  double p2p_eager_bytes = 4.0 * 1024 * 1024;  // sends up to this size do not wait for the receiver
   // Faults (tests): rank `fail_rank` throws at its `fail_at_launch`-th launch (1-based, counting
   // every launch), or its `hang_at_comm`-th communication op never arrives at the rendezvous.
   int fail_rank = -1;
@@ -80,9 +83,14 @@ class FakeFabric {
     int rank = 0;
     std::string what;  // "moe_dispatch_fwd layer 1 microbatch 0 (collective)"
     double duration_us = 0.0;
+    bool awaits = true;  // false: an eager send, which does not wait for the meeting to complete
   };
-  // Blocks until the `size` parties of `key` arrived (or `stop` turns true: returns false), then until
-  // the common end time. Throws SystemError naming both ops when the parties disagree.
+  // Registers `me` as one of the `size` parties of meeting `key` (does not block).
+  void arrive(const std::string& key, int size, const Arrival& me);
+  // Blocks until every party of `key` arrived (false when `stop` turns true first), then until the
+  // common end time. Throws SystemError naming both ops when the parties disagree.
+  bool await(const std::string& key, const std::function<bool()>& stop);
+  // arrive + await.
   bool rendezvous(const std::string& key, int size, const Arrival& me, const std::function<bool()>& stop);
   void add_trace(const FakeTraceEntry& e);
   void wake_all();  // a stop flag changed somewhere
@@ -92,7 +100,7 @@ class FakeFabric {
     std::vector<Arrival> arrivals;
     double end_us = -1.0;
     std::string error;
-    int left = 0;
+    int left = 0;  // parties still to leave await() once complete
   };
   FakeDeviceOptions options_;
   std::chrono::steady_clock::time_point t0_;
@@ -114,6 +122,8 @@ class FakeDevice : public Device {
   void open(const DeviceSetup& setup, const scenarios::RankClass& cls) override;
   void prepare(const scenarios::StepGraph& graph, const scenarios::RankClass& cls) override;
   void launch(const scenarios::StepGraph& graph, const scenarios::Op& op, int stream, bool annotate) override;
+  void launch_p2p_group(const scenarios::StepGraph& graph, const std::vector<const scenarios::Op*>& ops, int stream,
+                        bool annotate) override;
   std::uint32_t record_event(int stream) override;
   void wait_event(int stream, std::uint32_t event) override;
   [[nodiscard]] bool event_done(std::uint32_t event) override;
@@ -138,11 +148,12 @@ class FakeDevice : public Device {
   [[nodiscard]] std::size_t slots_created() const;
 
  private:
-  enum class CmdKind : std::uint8_t { op, record, wait, graph_start };
+  enum class CmdKind : std::uint8_t { op, record, wait, p2p_group };
   struct Cmd {
     CmdKind kind = CmdKind::op;
     const scenarios::StepGraph* graph = nullptr;
     const scenarios::Op* op = nullptr;
+    std::vector<const scenarios::Op*> group;  // p2p_group members
     std::uint32_t op_index = 0;
     std::uint32_t slot = 0;       // record / wait: the event or marker slot
     std::uint64_t generation = 0; // wait: the record it waits for
@@ -173,6 +184,10 @@ class FakeDevice : public Device {
   std::uint32_t new_slot(bool marker, bool pinned);
   void execute(int stream, const Cmd& c);  // on the stream's thread
   void run_op(int stream, const Cmd& c);
+  void run_p2p_group(int stream, const Cmd& c);
+  // The meeting key and arrival of a communication op (advances the communicator's counters).
+  std::pair<std::string, int> comm_key(int stream, const Cmd& c, const scenarios::Op& op, FakeFabric::Arrival& me);
+  void count_launch(const scenarios::StepGraph& graph, const scenarios::Op& op);
   [[nodiscard]] double duration_us(const scenarios::Op& op) const;
   [[nodiscard]] bool stopping() const;
   StreamWorker& worker(int stream);

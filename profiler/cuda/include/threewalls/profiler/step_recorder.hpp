@@ -20,8 +20,10 @@
 // after which epoch_k becomes the anchor (so elapsed times stay short: float milliseconds from CUDA
 // lose precision over hours). Host phases: start_us = host_start - epoch_us(k). set_anchor() may
 // re-align at any time (the executor does so every few seconds when the device is idle), which bounds
-// the drift between the host and the device clocks. dur_us of the step = max(elapsed(epoch, z), the
-// end of its last phase).
+// the drift between the host and the device clocks. A host phase that began before the device
+// reached the step's epoch (the host runs ahead of the device) is clipped to start at the epoch: the
+// time before belongs to the previous step on the device. dur_us of the step = max(elapsed(epoch, z),
+// the end of its last phase).
 //
 // Clock requirements:
 //   typename Clock::Stream, typename Clock::Marker (a copyable handle; Marker{} = none)
@@ -215,6 +217,10 @@ class StepRecorder {
       r.step = p.step;
       r.rank = rank_;
       r.start_us = h.start_us - epoch_us;
+      if (r.start_us < 0.0) {  // began while the device was still in an earlier step: clip to the epoch
+        r.dur_us = std::max(0.0, r.dur_us + r.start_us);
+        r.start_us = 0.0;
+      }
       end_us = std::max(end_us, r.start_us + r.dur_us);
       out.push_back(r);
     }

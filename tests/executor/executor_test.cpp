@@ -1,0 +1,519 @@
+// The executor's scheduling, the profiler's sampling and the fault handling, on the fake device
+// (backend/include/threewalls/backend/fake_device.hpp): no GPU needed.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <tuple>
+
+#include <unistd.h>
+
+#include "threewalls/backend/executor.hpp"
+#include "threewalls/backend/fake_device.hpp"
+#include "threewalls/core/error.hpp"
+#include "threewalls/profiler/run_dir.hpp"
+#include "threewalls/scenarios/loader.hpp"
+#include "threewalls/scenarios/step_graph.hpp"
+
+namespace threewalls::backend {
+namespace {
+
+namespace fs = std::filesystem;
+using scenarios::Op;
+using scenarios::OpKind;
+using scenarios::Scenario;
+using scenarios::StepGraph;
+
+// A small MoE: 2 layers, 4 experts, short sequences (a step is a few milliseconds on the fake device).
+std::string small_moe(const std::string& parallel, const std::string& train_extra, int gpus,
+                      const std::string& run_extra = "", const std::string& model_extra = "", int layers = 2) {
+  return "schema_version = 1\nname = \"exec_test\"\n[model]\nnum_layers = " + std::to_string(layers) +
+         "\nhidden_size = 256\n"
+         "num_attention_heads = 4\nvocab_size = 1024\nnum_experts = 4\nmoe_ffn_hidden_size = 256\n"
+         "moe_router_topk = 2\n" +
+         model_extra + "\n[parallel]\n" + parallel + "\n[train]\nmicro_batch_size = 1\nglobal_batch_size = " +
+         std::to_string(2 * gpus) + "\nseq_length = 256\n" + train_extra + "\n[cluster]\ngpu = \"h100\"\ngpus_per_node = " +
+         std::to_string(gpus) + "\nnodes = 1\n[run]\nsteps = 3\nwarmup_steps = 1\n" + run_extra;
+}
+
+Scenario scenario_from(const std::string& text) { return scenarios::load_scenario_text(text, "exec_test.toml").scenario; }
+
+fs::path temp_dir(const std::string& name) {
+  const fs::path p = fs::temp_directory_path() / ("tw_exec_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  return p;
+}
+
+struct FakeRun {
+  RunResult result;
+  std::vector<FakeTraceEntry> trace;
+  double seconds = 0.0;
+};
+
+FakeDeviceOptions quick() {
+  FakeDeviceOptions o;
+  o.flops_per_us = 2e7;
+  o.bytes_per_us = 2e5;
+  o.link_bytes_per_us = 1e5;
+  o.min_op_us = 2.0;
+  o.max_op_us = 400.0;
+  return o;
+}
+
+FakeRun run_fake(const Scenario& s, const ExecutorOptions& eo, const FakeDeviceOptions& fo = quick()) {
+  FakeFabric fabric(fo);
+  ProcessContext pc;
+  for (int r = 0; r < s.world_size(); ++r) pc.local_ranks.push_back(r);
+  pc.make_comm_ids = [&fabric](std::size_t n) { return fabric.make_ids(n); };
+  pc.host_now_us = [&fabric] { return fabric.now_us(); };
+  const DeviceFactory factory = [&fabric](int rank, int) { return std::make_unique<FakeDevice>(fabric, rank); };
+  const auto t0 = std::chrono::steady_clock::now();
+  FakeRun out;
+  out.result = execute(s, pc, factory, eo);
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  out.trace = fabric.trace();
+  return out;
+}
+
+ExecutorOptions options_for(const fs::path& dir, int steps = 3, int warmup = 1) {
+  ExecutorOptions o;
+  o.out_dir = dir;
+  o.steps = steps;
+  o.warmup_steps = warmup;
+  o.timeout = std::chrono::seconds(20);
+  return o;
+}
+
+using Key = std::tuple<int, int, std::string, int, int, int>;  // step, rank, phase, layer, microbatch, expert
+
+// The keys a run must record: every op of the rank's class, for every recorded step.
+std::set<Key> expected_keys(const StepGraph& g, const std::vector<int>& ranks, const std::vector<int>& steps,
+                            bool coarse = false) {
+  std::set<Key> keys;
+  for (int step : steps) {
+    for (int r : ranks) {
+      for (const Op& op : g.class_of(r).ops) {
+        if (coarse && (op.flags & (scenarios::kDataLoad | scenarios::kMetrics)) == 0) continue;
+        keys.emplace(step, r, g.phase_name(op), op.layer, op.microbatch, op.expert);
+      }
+    }
+  }
+  return keys;
+}
+
+std::set<Key> recorded_keys(const profiler::RunData& d) {
+  std::set<Key> keys;
+  for (const auto& p : d.phases) {
+    keys.emplace(p.step, p.rank, d.names.phases.name(p.phase), p.layer, p.microbatch, p.expert);
+  }
+  return keys;
+}
+
+std::string diff(const std::set<Key>& a, const std::set<Key>& b) {
+  std::string out;
+  int n = 0;
+  for (const Key& k : a) {
+    if (b.count(k) == 0 && n++ < 10) {
+      out += "  missing " + std::get<2>(k) + " step " + std::to_string(std::get<0>(k)) + " rank " +
+             std::to_string(std::get<1>(k)) + " layer " + std::to_string(std::get<3>(k)) + " mb " +
+             std::to_string(std::get<4>(k)) + " expert " + std::to_string(std::get<5>(k)) + "\n";
+    }
+  }
+  for (const Key& k : b) {
+    if (a.count(k) == 0 && n++ < 20) out += "  extra " + std::get<2>(k) + " step " + std::to_string(std::get<0>(k)) + "\n";
+  }
+  return out;
+}
+
+// Occurrence k of (rank, op) in the trace is iteration k (warm-up steps included).
+std::map<std::tuple<int, std::uint32_t, int>, FakeTraceEntry> by_iteration(const std::vector<FakeTraceEntry>& trace) {
+  std::map<std::pair<int, std::uint32_t>, int> count;
+  std::map<std::tuple<int, std::uint32_t, int>, FakeTraceEntry> out;
+  for (const auto& e : trace) {
+    const int k = count[{e.rank, e.op}]++;
+    out[{e.rank, e.op, k}] = e;
+  }
+  return out;
+}
+
+// Every executed op started after its deps (device ops) ended, and after the previous op of its
+// stream, in the same iteration.
+void expect_dependencies_respected(const StepGraph& g, const std::vector<FakeTraceEntry>& trace, int iterations) {
+  const auto it = by_iteration(trace);
+  std::size_t checked = 0;
+  for (int r = 0; r < g.layout.world(); ++r) {
+    const auto& rc = g.class_of(r);
+    for (int k = 0; k < iterations; ++k) {
+      std::map<int, double> stream_end;
+      for (std::uint32_t i = 0; i < rc.ops.size(); ++i) {
+        const Op& op = rc.ops[i];
+        const auto e = it.find({r, i, k});
+        if (op.kind == OpKind::host) continue;
+        ASSERT_NE(e, it.end()) << "rank " << r << " op " << i << " (" << g.phase_name(op) << ") did not run in iteration " << k;
+        for (std::size_t d = 0; d < rc.num_deps(op); ++d) {
+          const auto de = it.find({r, rc.deps_of(op)[d], k});
+          if (de == it.end()) continue;  // a host op
+          EXPECT_GE(e->second.start_us + 1.0, de->second.end_us)
+              << "rank " << r << " " << g.phase_name(op) << " layer " << op.layer << " started before its dep "
+              << g.phase_name(rc.ops[rc.deps_of(op)[d]]);
+          ++checked;
+        }
+        auto& se = stream_end[op.stream];
+        auto p2p = [](const Op& o) { return o.kind == OpKind::send || o.kind == OpKind::recv; };
+        // Adjacent send/recv ops of a stream are one NCCL group: they start together.
+        const bool grouped = i > 0 && p2p(op) && p2p(rc.ops[i - 1]) && rc.ops[i - 1].stream == op.stream;
+        if (!grouped) {
+          EXPECT_GE(e->second.start_us + 1.0, se) << "rank " << r << " " << g.phase_name(op) << " (op " << i << ", iteration " << k << ") overtook its stream";
+        }
+        se = std::max(se, e->second.end_us);
+      }
+    }
+  }
+  EXPECT_GT(checked, 0U);
+}
+
+TEST(Executor, RecordKeysMatchTheStepGraphOnEveryRank) {
+  const fs::path dir = temp_dir("keys");
+  const Scenario s = scenario_from(small_moe("ep = 2", "", 2, "[run.profiler]\nrecord_every_n_steps = 1\n"));
+  const FakeRun run = run_fake(s, options_for(dir));
+  const profiler::RunData d = profiler::RunDirReader::read(dir);
+  const StepGraph g = scenarios::expand(s, 0);
+  EXPECT_EQ(d.header.source, "real");
+  EXPECT_EQ(d.header.device, "fake device");
+  const auto want = expected_keys(g, {0, 1}, {0, 1, 2});
+  const auto got = recorded_keys(d);
+  EXPECT_EQ(want, got) << diff(want, got);
+  // Optional fields exactly where the simulator writes them.
+  for (const auto& p : d.phases) {
+    const std::string phase = d.names.phases.name(p.phase);
+    if (p.wall == profiler::Wall::communication) {
+      EXPECT_NE(p.group, profiler::kNoName) << phase;
+    }
+    EXPECT_GE(p.dur_us, 0.0) << phase;
+    EXPECT_GE(p.start_us, -50.0) << phase;  // host ops are aligned on the host clock
+  }
+  ASSERT_EQ(d.steps.size(), 6U);  // 3 steps x 2 ranks
+  for (const auto& st : d.steps) EXPECT_GT(st.dur_us, 0.0);
+  ASSERT_TRUE(d.summary.has_value());
+  EXPECT_TRUE((*d.summary)["memory"].contains("measured_peak_bytes_by_rank"));
+  EXPECT_EQ((*d.summary)["memory"]["measured_peak_bytes_by_rank"].size(), 2U);
+  EXPECT_GT(run.result.mean_step_us, 0.0);
+  fs::remove_all(dir);
+}
+
+TEST(Executor, OpsRunAfterTheirDependenciesAcrossStreams) {
+  const fs::path dir = temp_dir("deps");
+  // Shared experts on their own stream, gradient reduction overlapped on dp_comm, experts on 2 streams.
+  const Scenario s = scenario_from(small_moe(
+      "ep = 2", "overlap_grad_reduce = true\nmoe_shared_expert_overlap = true\nexpert_execution = \"streams:2\"\n", 2,
+      "[run.profiler]\nrecord_every_n_steps = 1\n", "moe_shared_expert_intermediate_size = 256\n"));
+  const StepGraph g = scenarios::expand(s, 0);
+  std::set<std::string> streams;
+  for (const auto& st : g.streams) streams.insert(st.name);
+  ASSERT_TRUE(streams.count("shared_expert") && streams.count("dp_comm") && streams.count("expert_1"));
+  const FakeRun run = run_fake(s, options_for(dir, 2, 1));
+  expect_dependencies_respected(g, run.trace, 3);
+  fs::remove_all(dir);
+}
+
+TEST(Executor, PipelineSendAndRecvMatchAcrossStagesWithInterleaving) {
+  const fs::path dir = temp_dir("pp");
+  const Scenario s =
+      scenario_from(small_moe("pp = 2\nvpp = 2", "", 2, "[run.profiler]\nrecord_every_n_steps = 1\n", "", 4));
+  const StepGraph g = scenarios::expand(s, 0);
+  const auto instances = comm_instances({&g});
+  std::set<std::string> names;
+  for (const auto& ci : instances) names.insert(std::string(scenarios::to_string(ci.group)) + "@" + g.streams[static_cast<std::size_t>(ci.stream)].name);
+  EXPECT_TRUE(names.count("pp@pp_fwd")) << "activations and gradients travel on separate communicators";
+  EXPECT_TRUE(names.count("pp@pp_bwd"));
+  const FakeRun run = run_fake(s, options_for(dir, 2, 1));
+  expect_dependencies_respected(g, run.trace, 3);
+  const profiler::RunData d = profiler::RunDirReader::read(dir);
+  std::size_t p2p = 0;
+  for (const auto& p : d.phases) {
+    if (p.peer == profiler::kAbsent) continue;
+    ++p2p;
+    EXPECT_EQ(p.peer, 1 - p.rank) << "with pp = 2 the peer stage is the other rank";
+  }
+  EXPECT_GT(p2p, 0U);
+  fs::remove_all(dir);
+}
+
+TEST(Executor, CudaGraphRunsAreCapturedOnceAndTimedPerOp) {
+  const fs::path dir = temp_dir("graphs");
+  const Scenario s = scenario_from(small_moe("ep = 2", "cuda_graph_scope = [\"attn\", \"moe_router\"]\n", 2,
+                                             "[run.profiler]\nrecord_every_n_steps = 1\n"));
+  const StepGraph g = scenarios::expand(s, 0);
+  ASSERT_FALSE(g.class_of(0).graph_runs.empty());
+  const FakeRun run = run_fake(s, options_for(dir, 3, 1));
+  std::size_t in_graph = 0;
+  for (const auto& e : run.trace) in_graph += e.in_graph ? 1 : 0;
+  EXPECT_GT(in_graph, 0U) << "graph runs replay captured work";
+  expect_dependencies_respected(g, run.trace, 4);
+  const profiler::RunData d = profiler::RunDirReader::read(dir);
+  const auto want = expected_keys(g, {0, 1}, {0, 1, 2});
+  EXPECT_EQ(want, recorded_keys(d)) << diff(want, recorded_keys(d));
+  fs::remove_all(dir);
+}
+
+TEST(Executor, SamplingRecordsEveryNthStepOnTheSelectedRanks) {
+  const fs::path dir = temp_dir("sampling");
+  const Scenario s = scenario_from(small_moe("ep = 2", "", 2,
+                                             "[run.profiler]\nrecord_every_n_steps = 2\nstart_step = 1\nranks = [1]\n"));
+  ExecutorOptions eo = options_for(dir, 5, 1);
+  run_fake(s, eo);
+  const profiler::RunData d = profiler::RunDirReader::read(dir);
+  EXPECT_TRUE(fs::exists(dir / "phases_rank_1.jsonl"));
+  EXPECT_FALSE(fs::exists(dir / "phases_rank_0.jsonl"));
+  std::set<int> steps;
+  for (const auto& p : d.phases) {
+    EXPECT_EQ(p.rank, 1);
+    steps.insert(p.step);
+  }
+  EXPECT_EQ(steps, (std::set<int>{1, 3}));
+  fs::remove_all(dir);
+}
+
+TEST(Executor, CoarseGranularityRecordsOnlyTheCoarseView) {
+  const fs::path dir = temp_dir("coarse");
+  const Scenario s = scenario_from(small_moe("ep = 2", "", 2, "[run.profiler]\nrecord_every_n_steps = 1\ngranularity = \"coarse\"\n"));
+  run_fake(s, options_for(dir, 2, 0));
+  const profiler::RunData d = profiler::RunDirReader::read(dir);
+  const StepGraph g = scenarios::expand(s, 0);
+  const auto want = expected_keys(g, {0, 1}, {0, 1}, true);
+  ASSERT_FALSE(want.empty());
+  EXPECT_EQ(want, recorded_keys(d)) << diff(want, recorded_keys(d));
+  ASSERT_EQ(d.steps.size(), 4U);
+  for (const auto& st : d.steps) EXPECT_GT(st.dur_us, 0.0) << "the step time comes from the step's end marker";
+  fs::remove_all(dir);
+}
+
+TEST(Executor, DisabledProfilerWritesNothing) {
+  const fs::path dir = temp_dir("disabled");
+  const Scenario s = scenario_from(small_moe("ep = 2", "", 2, "[run.profiler]\nenabled = false\n"));
+  const FakeRun run = run_fake(s, options_for(dir, 2, 0));
+  EXPECT_FALSE(fs::exists(dir));
+  EXPECT_FALSE(run.result.recorded);
+  EXPECT_GT(run.result.mean_step_us, 0.0) << "the host still times the loop";
+}
+
+TEST(Executor, RecordedTimesFollowTheDeviceTimeline) {
+  const fs::path dir = temp_dir("times");
+  const Scenario s = scenario_from(small_moe("tp = 1", "", 1, "[run.profiler]\nrecord_every_n_steps = 1\n"));
+  FakeDeviceOptions fo = quick();
+  fo.min_op_us = 200.0;  // long ops: sleep jitter is small against them
+  const FakeRun run = run_fake(s, options_for(dir, 1, 0), fo);
+  const profiler::RunData d = profiler::RunDirReader::read(dir);
+  ASSERT_EQ(d.steps.size(), 1U);
+  const double epoch = d.steps.front().epoch_us;
+  const StepGraph g = scenarios::expand(s, 0);
+  const auto& ops = g.class_of(0).ops;
+  std::map<Key, std::pair<double, double>> rec;
+  for (const auto& p : d.phases) {
+    rec[{p.step, p.rank, d.names.phases.name(p.phase), p.layer, p.microbatch, p.expert}] = {epoch + p.start_us, p.dur_us};
+  }
+  std::size_t n = 0;
+  for (const auto& e : run.trace) {
+    const Op& op = ops[e.op];
+    const auto it = rec.find({0, 0, g.phase_name(op), op.layer, op.microbatch, op.expert});
+    ASSERT_NE(it, rec.end());
+    // Markers sit right around the op on its stream: within the fake device's scheduling noise.
+    EXPECT_NEAR(it->second.first, e.start_us, 300.0) << g.phase_name(op);
+    EXPECT_NEAR(it->second.second, e.end_us - e.start_us, 300.0) << g.phase_name(op);
+    ++n;
+  }
+  EXPECT_GT(n, 10U);
+  fs::remove_all(dir);
+}
+
+TEST(Executor, AFailingRankStopsEveryRankWithAClearError) {
+  const fs::path dir = temp_dir("fail");
+  const Scenario s = scenario_from(small_moe("ep = 2", "", 2, "[run.profiler]\nrecord_every_n_steps = 1\n"));
+  FakeDeviceOptions fo = quick();
+  fo.fail_rank = 1;
+  fo.fail_at_launch = 150;
+  ExecutorOptions eo = options_for(dir, 3, 1);
+  eo.timeout = std::chrono::seconds(60);  // the others must stop because rank 1 failed, not time out
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    run_fake(s, eo, fo);
+    FAIL() << "expected a failure";
+  } catch (const SystemError& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.rfind("rank 1: fake device: injected failure at launch 150", 0), 0U) << m;
+    EXPECT_NE(m.find("rank 0: stopped"), std::string::npos) << m;
+    EXPECT_NE(m.find("after rank 1 failed"), std::string::npos) << m;
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
+  fs::remove_all(dir);
+}
+
+TEST(Executor, AHungPeerMakesTheOthersTimeOutInsteadOfHanging) {
+  const fs::path dir = temp_dir("hang");
+  const Scenario s = scenario_from(small_moe("ep = 2", "", 2, "[run.profiler]\nrecord_every_n_steps = 1\n"));
+  FakeDeviceOptions fo = quick();
+  fo.hang_rank = 1;
+  fo.hang_at_comm = 5;
+  ExecutorOptions eo = options_for(dir, 2, 1);
+  eo.timeout = std::chrono::milliseconds(400);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    run_fake(s, eo, fo);
+    FAIL() << "expected a timeout";
+  } catch (const SystemError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("no progress for 0.4 s waiting for"), std::string::npos) << m;
+    EXPECT_NE(m.find("communicators are aborted"), std::string::npos) << m;
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 15.0);
+  fs::remove_all(dir);
+}
+
+TEST(Executor, MismatchedCollectivesAreReportedNotHung) {
+  // Two ranks that do not issue the same collective at the same position: the fake fabric checks
+  // what NCCL would silently hang on.
+  FakeFabric fabric(quick());
+  FakeFabric::Arrival a{0, "moe_dispatch_fwd layer 0", 1.0};
+  FakeFabric::Arrival b{1, "moe_combine_fwd layer 0", 1.0};
+  std::thread t([&] { EXPECT_THROW(fabric.rendezvous("k", 2, a, [] { return false; }), SystemError); });
+  try {
+    fabric.rendezvous("k", 2, b, [] { return false; });
+    FAIL();
+  } catch (const SystemError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("issued moe_dispatch_fwd layer 0"), std::string::npos) << m;
+    EXPECT_NE(m.find("issued moe_combine_fwd layer 0"), std::string::npos) << m;
+    EXPECT_NE(m.find("in the same order"), std::string::npos) << m;
+  }
+  t.join();
+}
+
+TEST(Executor, RefusesAnExistingRunDirectoryBeforeUsingDevices) {
+  const fs::path dir = temp_dir("exists");
+  fs::create_directories(dir);
+  { std::FILE* f = std::fopen((dir / "run.json").c_str(), "w"); std::fputs("{}", f); std::fclose(f); }
+  const Scenario s = scenario_from(small_moe("tp = 1", "", 1));
+  try {
+    run_fake(s, options_for(dir, 1, 0));
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("results are never overwritten"), std::string::npos) << e.what();
+  }
+  ExecutorOptions eo = options_for(dir, 1, 0);
+  eo.overwrite = true;
+  EXPECT_NO_THROW(run_fake(s, eo));
+  fs::remove_all(dir);
+}
+
+TEST(Executor, RefusesSlowdownsItCannotEmulate) {
+  const Scenario s = scenario_from(small_moe("ep = 2", "", 2) + "[[cluster.slowdown]]\nrank = 1\nfactor = 2.0\n");
+  try {
+    run_fake(s, options_for(temp_dir("slow"), 1, 0));
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("cluster.slowdown"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Executor, InferenceStepsRunHostOpsAndVaryPerStep) {
+  const fs::path dir = temp_dir("infer");
+  const std::string text =
+      "schema_version = 1\nname = \"exec_infer\"\n[model]\nnum_layers = 2\nhidden_size = 256\nnum_attention_heads = 4\n"
+      "vocab_size = 1024\nnum_experts = 8\nmoe_ffn_hidden_size = 256\nmoe_router_topk = 2\n"
+      "[infer]\nbatch_size = 2\nprompt_length = 64\ngenerate_tokens = 2\nsync_routing_stats = true\nsync_after_copy = true\n"
+      "[infer.expert_offload]\ntier = \"host_pinned\"\ncache_experts_per_layer = 2\nsync = \"barrier\"\n"
+      "[cluster]\ngpu = \"h100\"\ngpus_per_node = 1\nnodes = 1\n[run]\nsteps = 3\nwarmup_steps = 0\n"
+      "[run.profiler]\nrecord_every_n_steps = 1\n";
+  const Scenario s = scenario_from(text);
+  run_fake(s, options_for(dir, 3, 0));
+  const profiler::RunData d = profiler::RunDirReader::read(dir);
+  std::set<Key> want;
+  for (int k = 0; k < 3; ++k) {
+    const StepGraph g = scenarios::expand(s, k);
+    const auto keys = expected_keys(g, {0}, {k});
+    want.insert(keys.begin(), keys.end());
+  }
+  EXPECT_EQ(want, recorded_keys(d)) << diff(want, recorded_keys(d));
+  std::size_t host = 0;
+  for (const auto& p : d.phases) host += p.wall == profiler::Wall::host ? 1 : 0;
+  EXPECT_GT(host, 0U) << "gpu_read, stream_sync and barrier ops are timed on the host";
+  fs::remove_all(dir);
+}
+
+TEST(Executor, ExampleScenariosUpToFourGpusRunOnTheFakeDevice) {
+  for (const char* name : {"small_moe_1gpu", "small_moe_ep2", "small_moe_ep4", "small_moe_tp2_ep2"}) {
+    const fs::path path = fs::path(THREEWALLS_SOURCE_DIR) / "scenarios" / "examples" / (std::string(name) + ".toml");
+    const Scenario s = scenarios::load_scenario(path);
+    const fs::path dir = temp_dir(name);
+    FakeDeviceOptions fo = quick();
+    fo.max_op_us = 20.0;  // real shapes: keep the fake step short
+    const FakeRun run = run_fake(s, options_for(dir, 1, 0), fo);
+    const profiler::RunData d = profiler::RunDirReader::read(dir);
+    const StepGraph g = scenarios::expand(s, 0);
+    std::vector<int> ranks;
+    for (int r = 0; r < s.world_size(); ++r) ranks.push_back(r);
+    const auto want = expected_keys(g, ranks, {0});
+    EXPECT_EQ(want, recorded_keys(d)) << name << "\n" << diff(want, recorded_keys(d));
+    fs::remove_all(dir);
+  }
+}
+
+TEST(Executor, AllToAllSplitFollowsTheRoutingModel) {
+  Op dispatch;
+  dispatch.kind = OpKind::collective;
+  dispatch.sub = static_cast<std::uint8_t>(scenarios::Collective::all_to_all);
+  dispatch.shape = {4000, 1, 0, 0, 0, 0};
+  dispatch.bytes = 4000;
+  Op combine = dispatch;
+  combine.shape[1] = 2;
+  const int n = 4;
+  const double f = 2.0;  // EP rank 0 receives twice the mean
+  const scenarios::RoutingModel routing(n, f);
+  for (int me = 0; me < n; ++me) {
+    std::vector<std::size_t> sb, rb;
+    all_to_all_split(dispatch, n, me, f, sb, rb);
+    for (int j = 0; j < n; ++j) {
+      // What I send to j is what j expects from me.
+      std::vector<std::size_t> sb_j, rb_j;
+      all_to_all_split(dispatch, n, j, f, sb_j, rb_j);
+      EXPECT_EQ(sb[static_cast<std::size_t>(j)], rb_j[static_cast<std::size_t>(me)]);
+      EXPECT_NEAR(static_cast<double>(sb[static_cast<std::size_t>(j)]), 4000.0 * routing.share(j), 2.0);
+      EXPECT_EQ(sb[static_cast<std::size_t>(j)] % 2, 0U) << "whole bf16 elements";
+      std::vector<std::size_t> csb, crb, csb_j, crb_j;
+      all_to_all_split(combine, n, me, f, csb, crb);
+      all_to_all_split(combine, n, j, f, csb_j, crb_j);
+      EXPECT_EQ(csb[static_cast<std::size_t>(j)], crb_j[static_cast<std::size_t>(me)]);
+    }
+  }
+  std::vector<std::size_t> sb, rb;
+  Op plain = dispatch;
+  plain.shape[1] = 0;
+  all_to_all_split(plain, n, 1, f, sb, rb);
+  for (std::size_t v : sb) EXPECT_EQ(v, 1000U);
+}
+
+TEST(Executor, CommunicatorsArePerGroupAndStream) {
+  const Scenario s = scenario_from(small_moe("tp = 2\nep = 2\nsequence_parallel = true", "overlap_grad_reduce = true\n", 4));
+  const StepGraph g = scenarios::expand(s, 0);
+  const auto inst = comm_instances({&g});
+  ASSERT_FALSE(inst.empty());
+  const auto ids = FakeFabric().make_ids(inst.size());
+  for (int r = 0; r < 4; ++r) {
+    const auto specs = comm_specs(inst, ids, g, r);
+    std::set<std::string> names;
+    for (const auto& sp : specs) {
+      EXPECT_TRUE(names.insert(sp.name()).second) << "one communicator per (group, stream): " << sp.name();
+      EXPECT_EQ(sp.members[static_cast<std::size_t>(sp.index)], r);
+      EXPECT_EQ(sp.members, g.layout.group_members(sp.group, r));
+    }
+    EXPECT_TRUE(names.count("tp@compute")) << r;
+    EXPECT_TRUE(names.count("ep@compute")) << r;
+  }
+}
+
+}  // namespace
+}  // namespace threewalls::backend
