@@ -25,5 +25,6 @@ class Commands {
 void register_validate(CLI::App& app, Commands& cmds);
 void register_describe(CLI::App& app, Commands& cmds);
 void register_graph(CLI::App& app, Commands& cmds);
+void register_sim(CLI::App& app, Commands& cmds);
 
 }  // namespace threewalls::cli

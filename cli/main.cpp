@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   cli::register_validate(app, cmds);
   cli::register_describe(app, cmds);
   cli::register_graph(app, cmds);
+  cli::register_sim(app, cmds);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

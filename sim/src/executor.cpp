@@ -106,6 +106,12 @@ struct ClassState {
   std::vector<std::vector<std::uint32_t>> stream_ops;
   std::vector<std::uint32_t> stream_head;
   std::vector<std::uint32_t> stream_pos;  // op -> position in its stream queue
+  // NCCL groups: a run of send/recv ops of one stream, adjacent in issue order, is issued as one
+  // group (Megatron's batch_isend_irecv): its members start together, progress independently, and
+  // the stream moves on when all are done. Ops outside groups are groups of one.
+  std::vector<std::uint32_t> leader;      // op -> first op of its group
+  std::vector<std::uint32_t> group_end;   // leader -> one past its last member
+  std::vector<std::uint32_t> group_left;  // leader -> members not finished
   std::vector<std::uint32_t> occurrence;  // collective ops: how many identical keys came before
   std::vector<std::uint8_t> ready_scheduled;
   std::uint32_t host_next = 0;
@@ -173,11 +179,9 @@ class StepRun {
         completed.clear();
         const double t = engine_->advance(t_ev, completed);
         now_ = std::max(now_, t);
-        if (!completed.empty()) {
-          for (std::uint64_t id : completed) finish_instance(static_cast<std::uint32_t>(id));
-          continue;
-        }
-        if (t_ev == kInf) throw std::logic_error("the flow engine is busy but reported no completion");
+        for (std::uint64_t id : completed) finish_instance(static_cast<std::uint32_t>(id));
+        // A flow may have finished without completing its group: go on until our next event.
+        if (!completed.empty() || t < t_ev) continue;
       } else {
         if (queue_.empty()) break;
         now_ = std::max(now_, t_ev);
@@ -244,9 +248,26 @@ class StepRun {
     s.stream_ops.assign(g_.streams.size(), {});
     s.stream_head.assign(g_.streams.size(), 0);
     s.stream_pos.assign(n, kNone);
+    s.leader.resize(n);
+    s.group_end.resize(n);
+    s.group_left.assign(n, 1);
     for (std::uint32_t i = 0; i < n; ++i) {
       const Op& op = rc.ops[i];
+      s.leader[i] = i;
+      s.group_end[i] = i + 1;
       if (op.kind == OpKind::host) continue;
+      const bool p2p = op.kind == OpKind::send || op.kind == OpKind::recv;
+      if (p2p && i > 0) {
+        const Op& prev = rc.ops[i - 1];
+        if ((prev.kind == OpKind::send || prev.kind == OpKind::recv) && prev.stream == op.stream) {
+          const std::uint32_t lead = s.leader[i - 1];
+          s.leader[i] = lead;
+          s.group_end[lead] = i + 1;
+          ++s.group_left[lead];
+          s.stream_pos[i] = s.stream_pos[lead];
+          continue;
+        }
+      }
       s.stream_pos[i] = static_cast<std::uint32_t>(s.stream_ops[op.stream].size());
       s.stream_ops[op.stream].push_back(i);
     }
@@ -363,18 +384,24 @@ class StepRun {
   // ---------------------------------------------------------------- device
   void try_start(std::uint32_t c, std::uint32_t i) {
     ClassState& s = classes_[c];
-    if (s.start[i] >= 0.0 || s.launch[i] < 0.0 || s.pending[i] > 0) return;
     const Op& op = s.rc->ops[i];
     if (op.kind == OpKind::host) return;
-    if (s.stream_head[op.stream] != s.stream_pos[i]) return;
-    if (s.launch[i] > now_) {
-      if (!s.ready_scheduled[i]) {
-        s.ready_scheduled[i] = 1;
-        push(s.launch[i], EventType::op_ready, c, i);
+    const std::uint32_t lead = s.leader[i];
+    if (s.start[lead] >= 0.0) return;
+    if (s.stream_head[op.stream] != s.stream_pos[lead]) return;
+    double launched = 0.0;
+    for (std::uint32_t m = lead; m < s.group_end[lead]; ++m) {
+      if (s.launch[m] < 0.0 || s.pending[m] > 0) return;
+      launched = std::max(launched, s.launch[m]);
+    }
+    if (launched > now_) {
+      if (!s.ready_scheduled[lead]) {
+        s.ready_scheduled[lead] = 1;
+        push(launched, EventType::op_ready, c, lead);
       }
       return;
     }
-    start_op(c, i);
+    for (std::uint32_t m = lead; m < s.group_end[lead]; ++m) start_op(c, m);
   }
 
   void start_op(std::uint32_t c, std::uint32_t i) {
@@ -411,7 +438,7 @@ class StepRun {
     const Op& op = s.rc->ops[i];
     s.end[i] = now_;
     ++s.done;
-    if (op.kind != OpKind::host) {
+    if (op.kind != OpKind::host && --s.group_left[s.leader[i]] == 0) {
       const std::uint32_t head = ++s.stream_head[op.stream];
       const auto& q = s.stream_ops[op.stream];
       if (head < q.size()) try_start(c, q[head]);
@@ -819,7 +846,7 @@ class StepRun {
                 " (same tag) of its peer";
         } else if (s.pending[i] > 0) {
           why = "it waits for " + std::to_string(s.pending[i]) + " dependencies that never finished";
-        } else if (op.kind != OpKind::host && s.stream_head[op.stream] != s.stream_pos[i]) {
+        } else if (op.kind != OpKind::host && s.stream_head[op.stream] != s.stream_pos[s.leader[i]]) {
           why = "an earlier op of its stream '" + g_.streams[op.stream].name + "' never finished";
         } else {
           why = "it was never launched";

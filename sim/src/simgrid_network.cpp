@@ -1,9 +1,9 @@
 // SimGrid adapter: builds the platform of platform.hpp in SimGrid and runs groups of flows on it.
 //
 // Zones (docs/simulator.md, "SimGrid platform"): a root zone without routes holds
-//   node.<n>   a star zone per node: hosts gpu.<r> whose split-duplex link nvlink.<r> is the NVLink
+//   nvlink_domain.<n>  a star zone per node: hosts gpu.<r> whose split-duplex link nvlink.<r> is the NVLink
 //              port (UP = nvlink_up, DOWN = nvlink_down); the star's centre is the NVSwitch;
-//   pcie.<n>   a star zone per node: host.<n> (host memory, no link) and pcie.<r> per GPU with the
+//   pcie_domain.<n>    a star zone per node: host_memory.<n> (no link) and pcie_port.<r> per GPU with the
 //              split-duplex link pcie.<r> (UP = device to host, DOWN = host to device);
 //   fabric     a star zone of leaf zones: leaf.<l> holds nic.<r> hosts with split-duplex NIC links,
 //              and the fabric routes leaf.<l> through its uplink (UP = leaf_up, DOWN = leaf_down).
@@ -73,11 +73,11 @@ struct SimGridEngine::Impl {
     };
     auto* root = sg::create_full_zone("threewalls");
     for (int n = 0; n < platform.nodes(); ++n) {
-      auto* node = sg::create_star_zone("node." + std::to_string(n));
+      auto* node = sg::create_star_zone("nvlink_domain." + std::to_string(n));
       node->set_parent(root);
-      auto* pcie = sg::create_star_zone("pcie." + std::to_string(n));
+      auto* pcie = sg::create_star_zone("pcie_domain." + std::to_string(n));
       pcie->set_parent(root);
-      sg::Host* mem = pcie->create_host("host." + std::to_string(n), 1e9);
+      sg::Host* mem = pcie->create_host("host_memory." + std::to_string(n), 1e9);
       pcie->add_route(mem->get_netpoint(), nullptr, nullptr, nullptr, {}, true);
       node_hosts[static_cast<std::size_t>(n)] = mem;
       for (int g = 0; g < gpn; ++g) {
@@ -87,7 +87,7 @@ struct SimGridEngine::Impl {
         auto* nv = duplex(node, "nvlink." + rs, LinkKind::nvlink_up, LinkKind::nvlink_down, r);
         node->add_route(h->get_netpoint(), nullptr, nullptr, nullptr, {{nv, sg::LinkInRoute::Direction::UP}}, true);
         gpu_hosts[static_cast<std::size_t>(r)] = h;
-        sg::Host* ph = pcie->create_host("pcie." + rs, 1e9);
+        sg::Host* ph = pcie->create_host("pcie_port." + rs, 1e9);
         auto* pl = duplex(pcie, "pcie." + rs, LinkKind::pcie_up, LinkKind::pcie_down, r);
         pcie->add_route(ph->get_netpoint(), nullptr, nullptr, nullptr, {{pl, sg::LinkInRoute::Direction::UP}}, true);
         pcie_hosts[static_cast<std::size_t>(r)] = ph;

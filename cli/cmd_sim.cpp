@@ -1,0 +1,118 @@
+// threewalls sim SCENARIO [--calibration PROFILE] [--out DIR] [--fidelity flow|analytic] [--steps N]
+// Predicts the scenario's steps on SimGrid and writes a run directory (docs/simulator.md).
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <string>
+
+#include "command.hpp"
+#include "threewalls/core/error.hpp"
+#include "threewalls/core/units.hpp"
+#include "threewalls/scenarios/loader.hpp"
+#include "threewalls/sim/simulator.hpp"
+
+namespace threewalls::cli {
+
+namespace {
+
+struct SimArgs {
+  std::string scenario;
+  std::string calibration;
+  std::string out;
+  std::string fidelity = "flow";
+  std::string allreduce = "auto";
+  int steps = -1;
+  bool overwrite = false;
+  bool no_run_dir = false;
+};
+
+std::string fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+void print_summary(const scenarios::Scenario& s, const sim::SimResult& r, double wall_s) {
+  std::cout << "scenario " << s.name << ": " << s.world_size() << " x simulated " << scenarios::to_string(s.cluster.gpu)
+            << ", " << r.classes.size() << " rank classes, " << r.ops_per_step << " ops per step\n";
+  for (const auto& w : r.warnings) std::cout << "warning: " << w << "\n";
+  const auto& steps = r.summary.steps;
+  if (!steps.empty()) {
+    const auto& agg = r.summary.step_time_us;
+    const auto& last = steps.back();
+    std::cout << "step time      " << format_duration(microseconds(agg.median)) << " (median of " << steps.size()
+              << " step" << (steps.size() > 1 ? "s" : "") << "; critical rank " << last.critical_rank << ")\n";
+    std::cout << "throughput     " << fixed(last.tokens_per_s, 0) << " tokens/s, " << fixed(last.tflops_per_gpu, 1)
+              << " TFLOP/s per GPU, MFU " << fixed(100.0 * last.mfu, 1) << "%\n";
+    if (r.summary.walls_mean) {
+      const auto& w = *r.summary.walls_mean;
+      const double total = w.total_us() > 0.0 ? w.total_us() : 1.0;
+      std::cout << "walls (critical path, mean over steps)\n";
+      for (int i = 0; i < 5; ++i) {
+        const double v = profiler::wall_value(w, i);
+        std::cout << "  " << profiler::kWallNames[i] << std::string(15 - std::string(profiler::kWallNames[i]).size(), ' ')
+                  << format_duration(microseconds(v)) << "  " << fixed(100.0 * v / total, 1) << "%\n";
+      }
+      std::cout << "communication  exposed " << format_duration(microseconds(w.exposed_comm_us)) << ", overlapped "
+                << format_duration(microseconds(w.overlapped_comm_us)) << "\n";
+    }
+  }
+  std::cout << "memory (peak per rank class, GPU " << format_bytes(r.memory.gpu_memory) << ")\n";
+  for (const auto& c : r.memory.classes) {
+    const auto& b = c.breakdown;
+    std::cout << "  class " << c.id << " (" << c.label << ", " << c.ranks << " ranks): " << format_bytes(c.peak())
+              << (c.peak() > r.memory.gpu_memory ? "  OOM" : "") << "  [weights " << format_bytes(b.weights)
+              << ", gradients " << format_bytes(b.gradients) << ", optimizer " << format_bytes(b.optimizer)
+              << ", activations " << format_bytes(b.activations) << ", buffers " << format_bytes(b.buffers)
+              << ", graph pools " << format_bytes(b.graph_pools) << "]\n";
+  }
+  std::cout << "verdict        " << (r.memory.oom() ? "OUT OF MEMORY" : "fits in memory") << "\n";
+  if (!r.run_dir.empty()) std::cout << "run directory  " << r.run_dir.string() << "\n";
+  std::cout << "simulated in   " << fixed(wall_s, 2) << " s (" << r.collectives << " communication instances, "
+            << r.flows << " flows)\n";
+}
+
+}  // namespace
+
+void register_sim(CLI::App& app, Commands& cmds) {
+  auto* sub = app.add_subcommand("sim", "Predict a scenario's steps (SimGrid discrete-event simulation) and write a run "
+                                        "directory in the schema of a real run.");
+  static SimArgs a;
+  sub->add_option("scenario", a.scenario, "Scenario file (TOML)")->required();
+  sub->add_option("--calibration", a.calibration,
+                  "Calibration profile: a path, or \"auto\" for the shipped profile of the cluster's GPU "
+                  "(default: the scenario's [calibration] profile)");
+  sub->add_option("--out", a.out, "Run directory to write (default: out/sim/<scenario name>)");
+  sub->add_flag("--overwrite", a.overwrite, "Replace an existing run directory");
+  sub->add_flag("--no-run-dir", a.no_run_dir, "Print the summary only; write no files");
+  sub->add_option("--fidelity", a.fidelity, "flow: SimGrid flows with link sharing; analytic: closed forms (sweeps)")
+      ->check(CLI::IsMember({"flow", "analytic"}));
+  sub->add_option("--allreduce", a.allreduce, "All-reduce algorithm: auto (NCCL's rule of thumb), ring or tree")
+      ->check(CLI::IsMember({"auto", "ring", "tree"}));
+  sub->add_option("--steps", a.steps, "Steps to simulate (default: the scenario's run.steps)")->check(CLI::Range(1, 1000000));
+  cmds.add(sub, [] {
+    const scenarios::Scenario s = scenarios::load_scenario(a.scenario);
+    sim::SimOptions opt;
+    opt.fidelity = a.fidelity == "analytic" ? sim::Fidelity::analytic : sim::Fidelity::flow;
+    opt.allreduce = a.allreduce == "ring"   ? sim::AllReduceChoice::ring
+                    : a.allreduce == "tree" ? sim::AllReduceChoice::tree
+                                            : sim::AllReduceChoice::automatic;
+    opt.steps = a.steps;
+    opt.overwrite = a.overwrite;
+    if (!a.no_run_dir) opt.out_dir = a.out.empty() ? std::filesystem::path("out") / "sim" / s.name : std::filesystem::path(a.out);
+    if (a.no_run_dir && !a.out.empty()) throw InputError("sim: --out and --no-run-dir contradict each other");
+    opt.argv = {"threewalls", "sim", a.scenario, "--fidelity", a.fidelity, "--allreduce", a.allreduce};
+    if (!a.calibration.empty()) opt.argv.insert(opt.argv.end(), {"--calibration", a.calibration});
+    if (a.steps > 0) opt.argv.insert(opt.argv.end(), {"--steps", std::to_string(a.steps)});
+    if (!opt.out_dir.empty()) opt.argv.insert(opt.argv.end(), {"--out", opt.out_dir.string()});
+    if (a.overwrite) opt.argv.push_back("--overwrite");
+    const auto t0 = std::chrono::steady_clock::now();
+    const sim::SimResult r = sim::simulate(s, a.calibration, opt);
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    print_summary(s, r, wall);
+    return kExitOk;
+  });
+}
+
+}  // namespace threewalls::cli
