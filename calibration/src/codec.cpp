@@ -1,7 +1,6 @@
 #include "codec.hpp"
 
 #include <cmath>
-#include <set>
 
 #include "threewalls/calibration/fit.hpp"
 
@@ -93,6 +92,14 @@ ConcurrencyModel concurrency_of(const FamilySpec& s, const Params& p) {
   for (double v : array(s, p, "streams")) m.streams.push_back(static_cast<int>(as_int(v)));
   m.efficiency = array(s, p, "efficiency");
   return m;
+}
+
+// Group sizes and stream counts become ints; anything this large is not a machine.
+constexpr double kMaxRanks = 1 << 20;
+
+int small_int(double v, const char* what) {
+  if (!(v >= 0 && v <= kMaxRanks)) throw FitImpossible(std::string(what) + " must be between 0 and 1048576");
+  return static_cast<int>(as_int(v));
 }
 
 double round_param(double v) { return fit::round_significant(v, kParamDigits); }
@@ -190,7 +197,7 @@ Params fit_params(const FamilySpec& spec, const std::vector<Point>& points, cons
     }
     case ModelKind::collective: {
       std::vector<CollectiveModel::Sample> s;
-      for (const auto& p : points) s.push_back({static_cast<int>(as_int(p.inputs[0])), p.inputs[1], p.time.median_s});
+      for (const auto& p : points) s.push_back({small_int(p.inputs[0], "group_size"), p.inputs[1], p.time.median_s});
       const auto m = CollectiveModel::fit(spec.collective, s);
       Params out(5);
       for (const auto& g : m.groups) {
@@ -208,7 +215,7 @@ Params fit_params(const FamilySpec& spec, const std::vector<Point>& points, cons
     case ModelKind::concurrency: {
       std::vector<ConcurrencyModel::Sample> s;
       for (const auto& p : points) {
-        s.push_back({static_cast<int>(as_int(p.inputs[0])), p.inputs[1], p.inputs[2], p.time.median_s});
+        s.push_back({small_int(p.inputs[0], "streams"), p.inputs[1], p.inputs[2], p.time.median_s});
       }
       const auto m = ConcurrencyModel::fit(s);
       std::vector<double> streams(m.streams.begin(), m.streams.end());
@@ -286,7 +293,9 @@ std::optional<std::string> check_params(const FamilySpec& spec, const Params& pa
         if (a(k).size() != n.size()) return std::string("'") + k + "' must have one entry per group size";
       }
       for (std::size_t i = 0; i < n.size(); ++i) {
-        if (n[i] < 2 || (i > 0 && !(n[i] > n[i - 1]))) return "'group_size' entries must be >= 2 and increasing";
+        if (n[i] < 2 || n[i] > kMaxRanks || (i > 0 && !(n[i] > n[i - 1]))) {
+          return "'group_size' entries must be between 2 and 1048576 and increasing";
+        }
         if (a("alpha_s")[i] < 0) return "'alpha_s' entries must be >= 0";
         if (!(a("beta_max_bytes_per_s")[i] > 0)) return "'beta_max_bytes_per_s' entries must be > 0";
         if (a("s_half_bytes")[i] < 0) return "'s_half_bytes' entries must be >= 0";
@@ -302,7 +311,9 @@ std::optional<std::string> check_params(const FamilySpec& spec, const Params& pa
       if (n.empty()) return "'streams' needs at least one stream count";
       if (a("efficiency").size() != n.size()) return "'efficiency' must have one entry per stream count";
       for (std::size_t i = 0; i < n.size(); ++i) {
-        if (n[i] < 2 || (i > 0 && !(n[i] > n[i - 1]))) return "'streams' entries must be >= 2 and increasing";
+        if (n[i] < 2 || n[i] > kMaxRanks || (i > 0 && !(n[i] > n[i - 1]))) {
+          return "'streams' entries must be between 2 and 1048576 and increasing";
+        }
       }
       return std::nullopt;
     }

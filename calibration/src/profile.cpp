@@ -10,7 +10,6 @@
 #include <charconv>
 #include <cmath>
 #include <fstream>
-#include <set>
 #include <sstream>
 
 #include <toml++/toml.h>
@@ -213,16 +212,19 @@ class Reader {
   }
 
   std::optional<std::int64_t> get_int(const toml::node* n, std::string_view key, const std::string& label,
-                                      const SourceLocation& tloc, std::int64_t min_value) {
+                                      const SourceLocation& tloc, std::int64_t min_value,
+                                      std::int64_t max_value = std::numeric_limits<std::int64_t>::max()) {
     if (!n) return std::nullopt;
     const auto* i = n->as_integer();
     if (!i) {
       error(node_loc(*n, tloc), label + " '" + std::string(key) + "' must be an integer, not " + type_name(*n));
       return std::nullopt;
     }
-    if (i->get() < min_value) {
+    if (i->get() < min_value || i->get() > max_value) {
       error(node_loc(*n, tloc), label + " '" + std::string(key) + "' = " + std::to_string(i->get()) +
-                                    " is out of range; allowed: >= " + std::to_string(min_value));
+                                    " is out of range; allowed: " + std::to_string(min_value) +
+                                    (max_value == std::numeric_limits<std::int64_t>::max() ? " or more"
+                                                                                          : " to " + std::to_string(max_value)));
       return std::nullopt;
     }
     return i->get();
@@ -336,9 +338,10 @@ class Reader {
     check_keys(t, kHardwareKeys, label);
     Hardware hw;
     auto str = [&](std::string_view key, std::string_view what) { return get_string(t, key, label, tloc, what).value_or(""); };
-    auto integer = [&](std::string_view key, std::string_view what, std::int64_t min_value) {
-      return get_int(require(t, key, label, tloc, what), key, label, tloc, min_value).value_or(0);
+    auto integer = [&](std::string_view key, std::string_view what, std::int64_t min_value, std::int64_t max_value) {
+      return get_int(require(t, key, label, tloc, what), key, label, tloc, min_value, max_value).value_or(0);
     };
+    constexpr std::int64_t kMaxCount = 1 << 20;
     auto real = [&](std::string_view key, std::string_view what) {
       return get_positive(require(t, key, label, tloc, what), key, label, tloc).value_or(0.0);
     };
@@ -352,14 +355,14 @@ class Reader {
         error(node_loc(*n, tloc), msg);
       }
     }
-    hw.sm_count = static_cast<int>(std::min<std::int64_t>(integer("sm_count", "streaming multiprocessors", 1), 1 << 20));
+    hw.sm_count = static_cast<int>(integer("sm_count", "streaming multiprocessors", 1, kMaxCount));
     hw.sm_clock_mhz = real("sm_clock_mhz", "maximum SM clock, MHz");
     hw.memory_clock_mhz = real("memory_clock_mhz", "maximum memory clock, MHz");
-    hw.memory_bytes = integer("memory_bytes", "GPU memory, bytes", 1);
+    hw.memory_bytes = integer("memory_bytes", "GPU memory, bytes", 1, std::numeric_limits<std::int64_t>::max());
     hw.driver_version = str("driver_version", "driver version, or \"unknown\"");
     hw.cuda_version = str("cuda_version", "CUDA runtime version, or \"unknown\"");
     hw.nccl_version = str("nccl_version", "NCCL version, or \"unknown\"");
-    hw.gpus_seen = static_cast<int>(std::min<std::int64_t>(integer("gpus_seen", "GPUs visible on the machine", 0), 1 << 20));
+    hw.gpus_seen = static_cast<int>(integer("gpus_seen", "GPUs visible on the machine", 0, kMaxCount));
     if (const toml::node* n = require(t, "links_seen", label, tloc, "array of strings, e.g. [\"NVLink NV18\"]")) {
       const auto* a = n->as_array();
       if (!a) {
@@ -409,8 +412,7 @@ class Reader {
     const std::string parent = dot == std::string::npos ? "" : path.substr(0, dot);
     const std::string key(k.str());
     const auto below = children_of(path);
-    const bool is_group = !below.empty() && !(path == "profile" || path == "hardware");
-    if (!is_group || path.empty()) {
+    if (below.empty()) {  // neither a family nor a group of families (such as "collective.all_reduce")
       const auto allowed = children_of(parent);
       std::string msg = (parent.empty() ? std::string("[top level]") : "[" + parent + "]") + " unknown " +
                         (node.is_table() ? "table" : "key") + " '" + key + "'";
@@ -482,7 +484,8 @@ class Reader {
     for (const auto& in : spec.inputs) {
       const toml::node* n = require(t, in.key, label, ploc, in.description);
       if (in.integer) {
-        p.inputs.push_back(static_cast<double>(get_int(n, in.key, label, ploc, 0).value_or(0)));
+        // Integers up to 2^53 are exact as doubles.
+        p.inputs.push_back(static_cast<double>(get_int(n, in.key, label, ploc, 0, std::int64_t{1} << 53).value_or(0)));
       } else {
         auto v = get_real(n, in.key, label, ploc);
         if (v && *v < 0) error(node_loc(*n, ploc), label + " '" + in.key + "' must be >= 0");

@@ -296,3 +296,50 @@ TEST(ProfileBuilder, LeaveOneOutErrorIsComputedAndSane) {
   // The built profile says where its memory-bound limit came from: no copy.d2d, so the datasheet.
   EXPECT_EQ(p.family(gemm_family(Dtype::bf16)).param("memory_bandwidth_bytes_per_s"), 4.8e12);
 }
+
+TEST(ProfileReader, IntegersOutOfRangeAreRefused) {
+  const auto msg = load_error(replaced(small_profile().to_toml(), "sm_count = 132", "sm_count = 99999999"));
+  EXPECT_NE(msg.find("'sm_count' = 99999999 is out of range; allowed: 1 to 1048576"), std::string::npos) << msg;
+  const auto big = load_error(replaced(small_profile().to_toml(), "group_size = [2, 4]", "group_size = [2, 4000000000]"));
+  EXPECT_NE(big.find("'group_size' entries must be between 2 and 1048576"), std::string::npos) << big;
+}
+
+TEST(ProfileReader, DamagedFilesAreInputErrorsNeverCrashes) {
+  // Deterministic damage: drop a line, or overwrite one character. Whatever loads must also give a
+  // working CostModel; whatever does not must fail with an InputError.
+  const std::string text = small_profile().to_toml();
+  std::mt19937_64 rng(2026);
+  const std::string junk = "=[]{}\",.0123456789e-x \n#";
+  int loaded = 0;
+  int refused = 0;
+  for (int i = 0; i < 300; ++i) {
+    std::string t = text;
+    if (i % 2 == 0) {
+      const auto start = t.find('\n', rng() % t.size());
+      if (start == std::string::npos) continue;
+      const auto end = t.find('\n', start + 1);
+      t.erase(start, end == std::string::npos ? std::string::npos : end - start);
+    } else {
+      t[rng() % t.size()] = junk[rng() % junk.size()];
+    }
+    try {
+      const Profile p = Profile::parse(t, "damaged.toml");
+      const CostModel cm(p);
+      for (auto call : {+[](const CostModel& c) { (void)c.gemm(1000, 1000, 1000, Dtype::bf16); },
+                        +[](const CostModel& c) { (void)c.collective(CollectiveKind::all_reduce, mebibytes(8), 8, Scope::nvlink); },
+                        +[](const CostModel& c) { (void)c.copy(CopyDirection::d2d, mebibytes(8)); },
+                        +[](const CostModel& c) { (void)c.kernel_launch(); }}) {
+        try {
+          call(cm);
+        } catch (const InputError&) {
+          // a family the damage removed: reported, fine
+        }
+      }
+      ++loaded;
+    } catch (const InputError&) {
+      ++refused;
+    }
+  }
+  EXPECT_GT(loaded, 0);
+  EXPECT_GT(refused, 0);
+}
