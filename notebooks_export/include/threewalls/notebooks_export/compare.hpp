@@ -1,0 +1,103 @@
+#pragma once
+// `threewalls compare A B`: how far run B is from run A (the reference), record for record.
+//
+// Records are matched by their key (step, rank, phase, layer, microbatch, expert), which is identical
+// between a simulated and a real run of the same scenario (run_dir.md). Statistics use matched
+// records only (apples to apples); records on one side only are listed by key, never dropped.
+//
+// Error of B against A, for any statistic x (median, p95, step time, a wall, peak memory):
+//   signed_pct = 100 (x_B - x_A) / x_A,  abs_pct = |signed_pct|   (null when x_A = 0)
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "threewalls/core/jsonl.hpp"
+#include "threewalls/profiler/run_dir.hpp"
+#include "threewalls/profiler/summary.hpp"
+
+namespace threewalls::notebooks_export {
+
+struct SideStats {
+  std::size_t count = 0;
+  double median_us = 0.0;
+  double p95_us = 0.0;
+  double total_us = 0.0;
+};
+
+// Error of b against the reference a, in percent; nullopt when a is 0 (or not finite).
+std::optional<double> signed_error_pct(double a, double b);
+
+struct CompareRow {
+  std::string phase;
+  std::optional<int> layer;       // set in the per-layer table
+  std::optional<int> microbatch;  // set in the per-micro-batch table
+  profiler::Wall wall = profiler::Wall::compute;
+  SideStats a;
+  SideStats b;
+  std::optional<double> median_error_pct;
+  std::optional<double> p95_error_pct;
+  double share_of_a = 0.0;  // this row's matched time in A / all matched time in A
+};
+
+// A record key present on one side only.
+struct UnmatchedKey {
+  int step = 0;
+  int rank = 0;
+  std::string phase;
+  int layer = profiler::kAbsent;
+  int microbatch = profiler::kAbsent;
+  int expert = profiler::kAbsent;
+  [[nodiscard]] std::string str() const;  // "step 10 rank 3 attn_qkv_fwd layer 2 mb 1"
+};
+
+struct CompareOptions {
+  // --fail-above PCT: the verdict fails when any checked error exceeds this (see CompareResult::checks).
+  std::optional<double> fail_above_pct;
+  // Phases whose share of A's matched time is at least this are "major": their median error is checked.
+  double major_phase_share = 0.05;
+};
+
+// One quantity that --fail-above checks.
+struct Check {
+  std::string what;  // "step time (median)", "phase moe_experts_fwd (median)", "peak memory"
+  double a = 0.0;
+  double b = 0.0;
+  std::optional<double> error_pct;
+  bool failed = false;
+};
+
+struct CompareResult {
+  std::string label_a;
+  std::string label_b;
+  profiler::Aggregate step_time_a;  // critical-rank step time over the matched steps
+  profiler::Aggregate step_time_b;
+  std::optional<double> step_time_error_pct;  // of the medians
+  std::optional<profiler::WallBreakdown> walls_a;  // mean over matched steps
+  std::optional<profiler::WallBreakdown> walls_b;
+  std::optional<double> peak_memory_a;  // bytes: measured peak (real) or model peak (sim), from summary.json
+  std::optional<double> peak_memory_b;
+  std::string peak_memory_kind_a;       // "measured" or "model"
+  std::string peak_memory_kind_b;
+  std::size_t matched = 0;
+  std::vector<int> matched_steps;
+  std::vector<CompareRow> by_phase;             // one row per phase
+  std::vector<CompareRow> by_phase_layer;       // (phase, layer) where both sides have a layer
+  std::vector<CompareRow> by_phase_microbatch;  // (phase, microbatch) where both sides have one
+  std::vector<UnmatchedKey> only_in_a;
+  std::vector<UnmatchedKey> only_in_b;
+  std::vector<Check> checks;  // what --fail-above looks at, with verdicts
+  std::optional<double> fail_above_pct;
+  [[nodiscard]] bool failed() const;
+};
+
+// Compares two runs. Throws InputError when a run holds a duplicate record key (naming the run and
+// key) or when the two runs share no record at all.
+CompareResult compare_runs(const profiler::RunData& a, const profiler::RunData& b, const CompareOptions& options = {});
+
+// Text report: summary lines, walls side by side, the per-phase table, the largest per-layer and
+// per-micro-batch errors (`top` rows each), and the one-sided keys (first `top` of each side).
+std::string format_compare_text(const CompareResult& r, std::size_t top = 15);
+// Everything, every row and every one-sided key.
+OrderedJson compare_json(const CompareResult& r);
+
+}  // namespace threewalls::notebooks_export

@@ -1,0 +1,495 @@
+#include "threewalls/notebooks_export/compare.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <unordered_map>
+
+#include "text.hpp"
+#include "threewalls/core/error.hpp"
+
+namespace threewalls::notebooks_export {
+
+using profiler::kAbsent;
+using profiler::PhaseRecord;
+using profiler::RunData;
+
+std::optional<double> signed_error_pct(double a, double b) {
+  if (!(a != 0.0) || !std::isfinite(a) || !std::isfinite(b)) return std::nullopt;
+  return 100.0 * (b - a) / a;
+}
+
+std::string UnmatchedKey::str() const {
+  std::string s = "step " + std::to_string(step) + " rank " + std::to_string(rank) + " " + phase;
+  if (layer != kAbsent) s += " layer " + std::to_string(layer);
+  if (microbatch != kAbsent) s += " mb " + std::to_string(microbatch);
+  if (expert != kAbsent) s += " expert " + std::to_string(expert);
+  return s;
+}
+
+bool CompareResult::failed() const {
+  return std::any_of(checks.begin(), checks.end(), [](const Check& c) { return c.failed; });
+}
+
+namespace {
+
+// A record's key with the phase as an id shared by both runs.
+struct Key {
+  std::int32_t step;
+  std::int32_t rank;
+  std::uint32_t phase;
+  std::int32_t layer;
+  std::int32_t microbatch;
+  std::int32_t expert;
+  std::uint32_t index;  // into the run's phases
+};
+
+bool key_less(const Key& x, const Key& y) {
+  if (x.step != y.step) return x.step < y.step;
+  if (x.rank != y.rank) return x.rank < y.rank;
+  if (x.phase != y.phase) return x.phase < y.phase;
+  if (x.layer != y.layer) return x.layer < y.layer;
+  if (x.microbatch != y.microbatch) return x.microbatch < y.microbatch;
+  return x.expert < y.expert;
+}
+bool key_equal(const Key& x, const Key& y) { return !key_less(x, y) && !key_less(y, x); }
+
+std::vector<Key> sorted_keys(const RunData& run, const std::vector<std::uint32_t>& phase_map) {
+  std::vector<Key> keys;
+  keys.reserve(run.phases.size());
+  for (std::uint32_t i = 0; i < run.phases.size(); ++i) {
+    const PhaseRecord& p = run.phases[i];
+    keys.push_back({p.step, p.rank, phase_map[p.phase], p.layer, p.microbatch, p.expert, i});
+  }
+  std::sort(keys.begin(), keys.end(), key_less);
+  for (std::size_t i = 1; i < keys.size(); ++i) {
+    if (key_equal(keys[i - 1], keys[i])) {
+      const PhaseRecord& p = run.phases[keys[i].index];
+      UnmatchedKey k{p.step, p.rank, run.names.phases.name(p.phase), p.layer, p.microbatch, p.expert};
+      throw InputError(run.dir.string() + ": duplicate record key (" + k.str() +
+                       "): a key (step, rank, phase, layer, microbatch, expert) must be unique in a run");
+    }
+  }
+  return keys;
+}
+
+struct Group {
+  std::string phase;
+  std::optional<int> layer;
+  std::optional<int> microbatch;
+  profiler::Wall wall = profiler::Wall::compute;
+  std::vector<double> a;
+  std::vector<double> b;
+};
+
+SideStats stats(std::vector<double>& v) {
+  auto agg = profiler::aggregate(v);
+  return SideStats{agg.count, agg.median, agg.p95, agg.total};
+}
+
+std::vector<CompareRow> finish(std::vector<Group>& groups, double total_a) {
+  std::vector<CompareRow> rows;
+  rows.reserve(groups.size());
+  for (auto& g : groups) {
+    CompareRow r;
+    r.phase = g.phase;
+    r.layer = g.layer;
+    r.microbatch = g.microbatch;
+    r.wall = g.wall;
+    r.a = stats(g.a);
+    r.b = stats(g.b);
+    r.median_error_pct = signed_error_pct(r.a.median_us, r.b.median_us);
+    r.p95_error_pct = signed_error_pct(r.a.p95_us, r.b.p95_us);
+    r.share_of_a = total_a > 0 ? r.a.total_us / total_a : 0.0;
+    rows.push_back(std::move(r));
+  }
+  std::stable_sort(rows.begin(), rows.end(), [](const CompareRow& x, const CompareRow& y) {
+    if (x.a.total_us != y.a.total_us) return x.a.total_us > y.a.total_us;
+    return x.phase < y.phase;
+  });
+  return rows;
+}
+
+UnmatchedKey unmatched(const RunData& run, std::uint32_t index) {
+  const PhaseRecord& p = run.phases[index];
+  return UnmatchedKey{p.step, p.rank, run.names.phases.name(p.phase), p.layer, p.microbatch, p.expert};
+}
+
+// Peak memory from summary.json: the measured peak (real runs) or else the model's (simulator).
+void peak_memory(const RunData& run, std::optional<double>& out, std::string& kind) {
+  if (!run.summary) return;
+  auto mem = run.summary->find("memory");
+  if (mem == run.summary->end() || !mem->is_object()) return;
+  double peak = -1;
+  if (auto m = mem->find("measured_peak_bytes_by_rank"); m != mem->end() && m->is_object()) {
+    for (const auto& [r, v] : m->items()) {
+      if (v.is_number()) peak = std::max(peak, v.get<double>());
+    }
+    if (peak >= 0) kind = "measured";
+  }
+  if (peak < 0) {
+    if (auto c = mem->find("classes"); c != mem->end() && c->is_array()) {
+      for (const auto& cls : *c) {
+        if (cls.contains("peak_bytes") && cls["peak_bytes"].is_number()) peak = std::max(peak, cls["peak_bytes"].get<double>());
+      }
+      if (peak >= 0) kind = "model";
+    }
+  }
+  if (peak >= 0) out = peak;
+}
+
+}  // namespace
+
+CompareResult compare_runs(const RunData& a, const RunData& b, const CompareOptions& options) {
+  CompareResult r;
+  r.label_a = a.label();
+  r.label_b = b.label();
+  r.fail_above_pct = options.fail_above_pct;
+
+  // Shared phase ids: A's ids, then names only B has.
+  std::vector<std::uint32_t> map_a(a.names.phases.size());
+  for (std::uint32_t i = 0; i < map_a.size(); ++i) map_a[i] = i;
+  std::vector<std::uint32_t> map_b(b.names.phases.size());
+  std::vector<std::string> shared_names = a.names.phases.names();
+  for (std::uint32_t i = 0; i < map_b.size(); ++i) {
+    auto id = a.names.phases.find(b.names.phases.name(i));
+    if (id) {
+      map_b[i] = *id;
+    } else {
+      map_b[i] = static_cast<std::uint32_t>(shared_names.size());
+      shared_names.push_back(b.names.phases.name(i));
+    }
+  }
+  std::vector<Key> ka = sorted_keys(a, map_a);
+  std::vector<Key> kb = sorted_keys(b, map_b);
+
+  // Merge.
+  std::vector<Group> by_phase(shared_names.size());
+  std::vector<bool> phase_seen(shared_names.size(), false);
+  std::unordered_map<std::uint64_t, std::size_t> layer_index;
+  std::unordered_map<std::uint64_t, std::size_t> mb_index;
+  std::vector<Group> by_layer;
+  std::vector<Group> by_mb;
+  std::vector<int> matched_steps;
+  double total_a = 0.0;
+  std::size_t i = 0;
+  std::size_t j = 0;
+  while (i < ka.size() || j < kb.size()) {
+    if (j >= kb.size() || (i < ka.size() && key_less(ka[i], kb[j]))) {
+      r.only_in_a.push_back(unmatched(a, ka[i].index));
+      ++i;
+      continue;
+    }
+    if (i >= ka.size() || key_less(kb[j], ka[i])) {
+      r.only_in_b.push_back(unmatched(b, kb[j].index));
+      ++j;
+      continue;
+    }
+    const PhaseRecord& pa = a.phases[ka[i].index];
+    const PhaseRecord& pb = b.phases[kb[j].index];
+    const std::uint32_t ph = ka[i].phase;
+    ++r.matched;
+    total_a += pa.dur_us;
+    if (matched_steps.empty() || matched_steps.back() != pa.step) matched_steps.push_back(pa.step);
+    Group& g = by_phase[ph];
+    if (!phase_seen[ph]) {
+      phase_seen[ph] = true;
+      g.phase = shared_names[ph];
+      g.wall = pa.wall;
+    }
+    g.a.push_back(pa.dur_us);
+    g.b.push_back(pb.dur_us);
+    auto add_to = [&](std::unordered_map<std::uint64_t, std::size_t>& index, std::vector<Group>& groups, int sub,
+                      bool is_layer) {
+      std::uint64_t k = (static_cast<std::uint64_t>(ph) << 32U) | static_cast<std::uint32_t>(sub);
+      auto [it, inserted] = index.emplace(k, groups.size());
+      if (inserted) {
+        Group ng;
+        ng.phase = shared_names[ph];
+        ng.wall = pa.wall;
+        (is_layer ? ng.layer : ng.microbatch) = sub;
+        groups.push_back(std::move(ng));
+      }
+      groups[it->second].a.push_back(pa.dur_us);
+      groups[it->second].b.push_back(pb.dur_us);
+    };
+    if (pa.layer != kAbsent) add_to(layer_index, by_layer, pa.layer, true);
+    if (pa.microbatch != kAbsent) add_to(mb_index, by_mb, pa.microbatch, false);
+    ++i;
+    ++j;
+  }
+  if (r.matched == 0 && !(a.phases.empty() && b.phases.empty())) {
+    throw InputError("compare: " + r.label_a + " and " + r.label_b +
+                     " share no record key (step, rank, phase, layer, microbatch, expert): not runs of the same "
+                     "scenario, or recorded at different steps or ranks");
+  }
+  std::sort(matched_steps.begin(), matched_steps.end());
+  matched_steps.erase(std::unique(matched_steps.begin(), matched_steps.end()), matched_steps.end());
+  r.matched_steps = matched_steps;
+
+  std::vector<Group> phases;
+  for (std::size_t k = 0; k < by_phase.size(); ++k) {
+    if (phase_seen[k]) phases.push_back(std::move(by_phase[k]));
+  }
+  r.by_phase = finish(phases, total_a);
+  r.by_phase_layer = finish(by_layer, total_a);
+  r.by_phase_microbatch = finish(by_mb, total_a);
+
+  // Step time and walls over the steps both runs recorded (steps without phases count too).
+  profiler::Summary sa = profiler::summarize(a.steps, a.phases, a.names);
+  profiler::Summary sb = profiler::summarize(b.steps, b.phases, b.names);
+  std::map<int, const profiler::StepSummary*> steps_b;
+  for (const auto& s : sb.steps) steps_b[s.step] = &s;
+  std::vector<double> ta;
+  std::vector<double> tb;
+  profiler::WallBreakdown wa;
+  profiler::WallBreakdown wb;
+  bool walls = true;
+  for (const auto& s : sa.steps) {
+    auto it = steps_b.find(s.step);
+    if (it == steps_b.end()) continue;
+    ta.push_back(s.step_time_us);
+    tb.push_back(it->second->step_time_us);
+    if (s.walls && it->second->walls) {
+      wa += *s.walls;
+      wb += *it->second->walls;
+    } else {
+      walls = false;
+    }
+  }
+  r.step_time_a = profiler::aggregate(ta);
+  r.step_time_b = profiler::aggregate(tb);
+  r.step_time_error_pct = signed_error_pct(r.step_time_a.median, r.step_time_b.median);
+  if (walls && !ta.empty()) {
+    wa *= 1.0 / static_cast<double>(ta.size());
+    wb *= 1.0 / static_cast<double>(tb.size());
+    r.walls_a = wa;
+    r.walls_b = wb;
+  }
+  peak_memory(a, r.peak_memory_a, r.peak_memory_kind_a);
+  peak_memory(b, r.peak_memory_b, r.peak_memory_kind_b);
+
+  // What --fail-above checks: the step-time median, the median of every major phase, peak memory.
+  auto check = [&](std::string what, double x, double y) {
+    Check c{std::move(what), x, y, signed_error_pct(x, y), false};
+    if (options.fail_above_pct) {
+      c.failed = c.error_pct ? std::fabs(*c.error_pct) > *options.fail_above_pct : x != y;
+    }
+    r.checks.push_back(std::move(c));
+  };
+  if (!ta.empty()) check("step time (median)", r.step_time_a.median, r.step_time_b.median);
+  for (const auto& row : r.by_phase) {
+    if (row.share_of_a >= options.major_phase_share) check("phase " + row.phase + " (median)", row.a.median_us, row.b.median_us);
+  }
+  if (r.peak_memory_a && r.peak_memory_b) check("peak memory", *r.peak_memory_a, *r.peak_memory_b);
+  return r;
+}
+
+namespace {
+
+std::vector<std::string> row_cells(const CompareRow& row) {
+  std::string name = row.phase;
+  if (row.layer) name += " L" + std::to_string(*row.layer);
+  if (row.microbatch) name += " mb" + std::to_string(*row.microbatch);
+  return {name,
+          profiler::to_string(row.wall),
+          std::to_string(row.a.count),
+          detail::fixed(row.a.median_us, 1),
+          detail::fixed(row.b.median_us, 1),
+          detail::pct(row.median_error_pct),
+          detail::fixed(row.a.p95_us, 1),
+          detail::fixed(row.b.p95_us, 1),
+          detail::pct(row.p95_error_pct),
+          detail::fixed(100.0 * row.share_of_a, 1)};
+}
+
+const std::vector<std::string> kRowHeader = {"phase", "wall", "n", "A med us", "B med us", "err",
+                                             "A p95 us", "B p95 us", "err", "A share %"};
+
+std::vector<const CompareRow*> largest_errors(const std::vector<CompareRow>& rows, std::size_t top) {
+  std::vector<const CompareRow*> v;
+  for (const auto& r : rows) {
+    if (r.median_error_pct) v.push_back(&r);
+  }
+  std::stable_sort(v.begin(), v.end(), [](const CompareRow* x, const CompareRow* y) {
+    // Weight by time so a tiny kernel with a big relative error does not hide the ones that matter.
+    return std::fabs(*x->median_error_pct) * x->share_of_a > std::fabs(*y->median_error_pct) * y->share_of_a;
+  });
+  if (v.size() > top) v.resize(top);
+  return v;
+}
+
+}  // namespace
+
+std::string format_compare_text(const CompareResult& r, std::size_t top) {
+  using detail::duration_us;
+  std::string out;
+  out += "A (reference): " + r.label_a + "\n";
+  out += "B:             " + r.label_b + "\n";
+  out += "matched records: " + std::to_string(r.matched) + " over " + std::to_string(r.matched_steps.size()) +
+         " step(s); only in A: " + std::to_string(r.only_in_a.size()) + "; only in B: " + std::to_string(r.only_in_b.size()) +
+         "\n";
+  out += "error = (B - A) / A\n\n";
+  out += "step time (critical rank)  A median " + duration_us(r.step_time_a.median) + " p95 " +
+         duration_us(r.step_time_a.p95) + "   B median " + duration_us(r.step_time_b.median) + " p95 " +
+         duration_us(r.step_time_b.p95) + "   error " + detail::pct(r.step_time_error_pct) + "\n";
+  if (r.peak_memory_a || r.peak_memory_b) {
+    out += "peak memory                A " + (r.peak_memory_a ? detail::gib(*r.peak_memory_a) + " (" + r.peak_memory_kind_a + ")" : "n/a") +
+           "   B " + (r.peak_memory_b ? detail::gib(*r.peak_memory_b) + " (" + r.peak_memory_kind_b + ")" : "n/a");
+    if (r.peak_memory_a && r.peak_memory_b) out += "   error " + detail::pct(signed_error_pct(*r.peak_memory_a, *r.peak_memory_b));
+    out += "\n";
+  }
+  if (r.walls_a && r.walls_b) {
+    out += "\nwalls (mean per step, critical rank)\n";
+    detail::TextTable t({"wall", "A us", "A %", "B us", "B %", "error"});
+    double sa = r.walls_a->total_us();
+    double sb = r.walls_b->total_us();
+    for (int w = 0; w < 5; ++w) {
+      double x = profiler::wall_value(*r.walls_a, w);
+      double y = profiler::wall_value(*r.walls_b, w);
+      t.add({profiler::kWallNames[w], detail::fixed(x, 1), detail::fixed(sa > 0 ? 100 * x / sa : 0, 1), detail::fixed(y, 1),
+             detail::fixed(sb > 0 ? 100 * y / sb : 0, 1), detail::pct(signed_error_pct(x, y))});
+    }
+    t.add({"exposed comm", detail::fixed(r.walls_a->exposed_comm_us, 1), "", detail::fixed(r.walls_b->exposed_comm_us, 1), "",
+           detail::pct(signed_error_pct(r.walls_a->exposed_comm_us, r.walls_b->exposed_comm_us))});
+    t.add({"overlapped comm", detail::fixed(r.walls_a->overlapped_comm_us, 1), "",
+           detail::fixed(r.walls_b->overlapped_comm_us, 1), "",
+           detail::pct(signed_error_pct(r.walls_a->overlapped_comm_us, r.walls_b->overlapped_comm_us))});
+    out += t.str();
+  } else {
+    out += "\nwalls: not available (a run holds only the coarse view)\n";
+  }
+  out += "\nper phase (matched records; sorted by A's time)\n";
+  detail::TextTable t(kRowHeader);
+  for (const auto& row : r.by_phase) t.add(row_cells(row));
+  out += t.str();
+  auto largest = [&](const std::vector<CompareRow>& rows, const char* title) {
+    if (rows.empty()) return;
+    out += "\n" + std::string(title) + " (largest time-weighted errors, " + std::to_string(std::min(top, rows.size())) +
+           " of " + std::to_string(rows.size()) + "; all in --json)\n";
+    detail::TextTable tt(kRowHeader);
+    for (const auto* row : largest_errors(rows, top)) tt.add(row_cells(*row));
+    out += tt.str();
+  };
+  largest(r.by_phase_layer, "per phase and layer");
+  largest(r.by_phase_microbatch, "per phase and micro-batch");
+  auto one_sided = [&](const std::vector<UnmatchedKey>& keys, const char* side) {
+    if (keys.empty()) return;
+    out += "\nonly in " + std::string(side) + ": " + std::to_string(keys.size()) + " record(s)";
+    out += keys.size() > top ? " (first " + std::to_string(top) + "; all in --json)\n" : "\n";
+    for (std::size_t k = 0; k < keys.size() && k < top; ++k) out += "  " + keys[k].str() + "\n";
+  };
+  one_sided(r.only_in_a, "A");
+  one_sided(r.only_in_b, "B");
+  if (r.fail_above_pct) {
+    out += "\n--fail-above " + detail::fixed(*r.fail_above_pct, 1) + "%: ";
+    std::vector<std::string> failed;
+    for (const auto& c : r.checks) {
+      if (c.failed) failed.push_back(c.what + " " + detail::pct(c.error_pct));
+    }
+    if (failed.empty()) {
+      out += "pass (" + std::to_string(r.checks.size()) + " checks)\n";
+    } else {
+      out += "FAIL: ";
+      for (std::size_t k = 0; k < failed.size(); ++k) out += (k ? "; " : "") + failed[k];
+      out += "\n";
+    }
+  }
+  return out;
+}
+
+namespace {
+
+OrderedJson opt_num(std::optional<double> v) { return v ? OrderedJson(*v) : OrderedJson(nullptr); }
+
+OrderedJson row_json(const CompareRow& r) {
+  OrderedJson j = OrderedJson::object();
+  j["phase"] = r.phase;
+  if (r.layer) j["layer"] = *r.layer;
+  if (r.microbatch) j["microbatch"] = *r.microbatch;
+  j["wall"] = profiler::to_string(r.wall);
+  j["count"] = r.a.count;
+  j["a"] = OrderedJson{{"median_us", r.a.median_us}, {"p95_us", r.a.p95_us}, {"total_us", r.a.total_us}};
+  j["b"] = OrderedJson{{"median_us", r.b.median_us}, {"p95_us", r.b.p95_us}, {"total_us", r.b.total_us}};
+  j["median_error_pct"] = opt_num(r.median_error_pct);
+  j["median_abs_error_pct"] = r.median_error_pct ? OrderedJson(std::fabs(*r.median_error_pct)) : OrderedJson(nullptr);
+  j["p95_error_pct"] = opt_num(r.p95_error_pct);
+  j["p95_abs_error_pct"] = r.p95_error_pct ? OrderedJson(std::fabs(*r.p95_error_pct)) : OrderedJson(nullptr);
+  j["share_of_a"] = r.share_of_a;
+  return j;
+}
+
+OrderedJson key_json(const UnmatchedKey& k) {
+  auto opt = [](int v) { return v == kAbsent ? OrderedJson(nullptr) : OrderedJson(v); };
+  return OrderedJson{{"step", k.step},       {"rank", k.rank},
+                     {"phase", k.phase},     {"layer", opt(k.layer)},
+                     {"microbatch", opt(k.microbatch)}, {"expert", opt(k.expert)}};
+}
+
+OrderedJson agg_json(const profiler::Aggregate& a) {
+  return OrderedJson{{"count", a.count}, {"median", a.median}, {"p95", a.p95}, {"mean", a.mean}, {"min", a.min}, {"max", a.max}};
+}
+
+}  // namespace
+
+OrderedJson compare_json(const CompareResult& r) {
+  OrderedJson j = OrderedJson::object();
+  j["a"] = r.label_a;
+  j["b"] = r.label_b;
+  j["error_definition"] = "100 * (B - A) / A";
+  j["matched_records"] = r.matched;
+  j["matched_steps"] = r.matched_steps;
+  j["step_time_us"] = OrderedJson{{"a", agg_json(r.step_time_a)},
+                                  {"b", agg_json(r.step_time_b)},
+                                  {"median_error_pct", opt_num(r.step_time_error_pct)},
+                                  {"median_abs_error_pct", r.step_time_error_pct ? OrderedJson(std::fabs(*r.step_time_error_pct))
+                                                                                 : OrderedJson(nullptr)}};
+  if (r.walls_a && r.walls_b) {
+    OrderedJson w = OrderedJson::object();
+    w["a"] = profiler::walls_json(*r.walls_a);
+    w["b"] = profiler::walls_json(*r.walls_b);
+    OrderedJson e = OrderedJson::object();
+    for (int k = 0; k < 5; ++k) {
+      e[profiler::kWallNames[k]] = opt_num(signed_error_pct(profiler::wall_value(*r.walls_a, k), profiler::wall_value(*r.walls_b, k)));
+    }
+    w["error_pct"] = std::move(e);
+    w["communication_us"] = OrderedJson{
+        {"a", {{"exposed", r.walls_a->exposed_comm_us}, {"overlapped", r.walls_a->overlapped_comm_us}}},
+        {"b", {{"exposed", r.walls_b->exposed_comm_us}, {"overlapped", r.walls_b->overlapped_comm_us}}}};
+    j["walls_us"] = std::move(w);
+  } else {
+    j["walls_us"] = nullptr;
+  }
+  j["peak_memory_bytes"] = OrderedJson{{"a", opt_num(r.peak_memory_a)},
+                                       {"a_kind", r.peak_memory_kind_a},
+                                       {"b", opt_num(r.peak_memory_b)},
+                                       {"b_kind", r.peak_memory_kind_b},
+                                       {"error_pct", r.peak_memory_a && r.peak_memory_b
+                                                         ? opt_num(signed_error_pct(*r.peak_memory_a, *r.peak_memory_b))
+                                                         : OrderedJson(nullptr)}};
+  auto rows = [](const std::vector<CompareRow>& v) {
+    OrderedJson a = OrderedJson::array();
+    for (const auto& row : v) a.push_back(row_json(row));
+    return a;
+  };
+  j["phases"] = rows(r.by_phase);
+  j["phase_layers"] = rows(r.by_phase_layer);
+  j["phase_microbatches"] = rows(r.by_phase_microbatch);
+  auto keys = [](const std::vector<UnmatchedKey>& v) {
+    OrderedJson a = OrderedJson::array();
+    for (const auto& k : v) a.push_back(key_json(k));
+    return a;
+  };
+  j["only_in_a"] = keys(r.only_in_a);
+  j["only_in_b"] = keys(r.only_in_b);
+  OrderedJson checks = OrderedJson::array();
+  for (const auto& c : r.checks) {
+    checks.push_back(OrderedJson{{"what", c.what}, {"a", c.a}, {"b", c.b}, {"error_pct", opt_num(c.error_pct)}, {"failed", c.failed}});
+  }
+  j["fail_above_pct"] = opt_num(r.fail_above_pct);
+  j["checks"] = std::move(checks);
+  j["failed"] = r.failed();
+  return j;
+}
+
+}  // namespace threewalls::notebooks_export
