@@ -148,7 +148,8 @@ Params fit_params(const FamilySpec& spec, const std::vector<Point>& points, cons
     case ModelKind::gemm: {
       std::vector<GemmModel::Sample> s;
       for (const auto& p : points) {
-        s.push_back({as_int(p.inputs[0]), as_int(p.inputs[1]), as_int(p.inputs[2]), as_int(p.inputs[3]), p.time.median_s});
+        s.push_back(
+            {as_int(p.inputs[0]), as_int(p.inputs[1]), as_int(p.inputs[2]), as_int(p.inputs[3]), p.time.median_s});
       }
       const auto m = GemmModel::fit(s, device_of(hw, spec.dtype), element_bytes(spec.dtype), memory_bandwidth(ctx));
       return round_all({{static_cast<double>(m.tile_m)},
@@ -228,16 +229,20 @@ Params fit_params(const FamilySpec& spec, const std::vector<Point>& points, cons
 double predict(const FamilySpec& spec, const Params& params, const Point& p, const Hardware& hw) {
   switch (spec.kind) {
     case ModelKind::gemm:
-      return gemm_of(spec, params, hw).time_s(as_int(p.inputs[0]), as_int(p.inputs[1]), as_int(p.inputs[2]),
-                                              as_int(p.inputs[3]));
+      return gemm_of(spec, params, hw)
+          .time_s(as_int(p.inputs[0]), as_int(p.inputs[1]), as_int(p.inputs[2]), as_int(p.inputs[3]));
     case ModelKind::grouped_gemm:
       return grouped_of(spec, params, hw)
-          .time_s(as_int(p.inputs[0]), as_int(p.inputs[1]), as_int(p.inputs[2]), as_int(p.inputs[3]), as_int(p.inputs[4]));
-    case ModelKind::attention: return attention_of(spec, params, hw).time_s(attention_shape(p));
-    case ModelKind::linear: return linear_of(spec, params).time_s(p.inputs[0]);
+          .time_s(as_int(p.inputs[0]), as_int(p.inputs[1]), as_int(p.inputs[2]), as_int(p.inputs[3]),
+                  as_int(p.inputs[4]));
+    case ModelKind::attention:
+      return attention_of(spec, params, hw).time_s(attention_shape(p));
+    case ModelKind::linear:
+      return linear_of(spec, params).time_s(p.inputs[0]);
     case ModelKind::collective:
       return collective_of(spec, params).time_s(p.inputs[1], static_cast<int>(as_int(p.inputs[0])));
-    case ModelKind::constant: return scalar(spec, params, "value_s");
+    case ModelKind::constant:
+      return scalar(spec, params, "value_s");
     case ModelKind::concurrency:
       return p.inputs[2] / concurrency_of(spec, params).speedup(static_cast<int>(as_int(p.inputs[0])), p.inputs[1]);
   }

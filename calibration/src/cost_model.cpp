@@ -18,8 +18,9 @@ namespace threewalls::calibration {
 
 namespace {
 
-constexpr std::array<std::string_view, 8> kHostNames = {"kernel_launch", "framework_op", "event_record", "stream_sync",
-                                                        "gpu_read",      "graph_launch", "graph_node",   "collective_launch"};
+constexpr std::array<std::string_view, 8> kHostNames = {"kernel_launch", "framework_op",     "event_record",
+                                                        "stream_sync",   "gpu_read",         "graph_launch",
+                                                        "graph_node",    "collective_launch"};
 
 template <class E>
 std::size_t idx(E e) {
@@ -27,7 +28,8 @@ std::size_t idx(E e) {
 }
 
 void require_non_negative(std::int64_t v, const char* call, const char* what) {
-  if (v < 0) throw InputError(std::string("CostModel::") + call + ": " + what + " = " + std::to_string(v) + " must be >= 0");
+  if (v < 0)
+    throw InputError(std::string("CostModel::") + call + ": " + what + " = " + std::to_string(v) + " must be >= 0");
 }
 
 void require_bytes(Bytes b, const char* call) {
@@ -54,13 +56,19 @@ struct CostModel::Impl {
   std::optional<ConcurrencyModel> concurrency;
 
   [[noreturn]] void missing(const std::string& family) const {
-    throw InputError(description + " has no model '" + family + "' (it has: " + (have.empty() ? "nothing" : join(have)) +
+    throw InputError(description + " has no model '" + family +
+                     "' (it has: " + (have.empty() ? "nothing" : join(have)) +
                      "); measure it with `threewalls calibrate` or use a profile that has it");
   }
 
-  template <class T>
-  const T& need(const std::optional<T>& m, const std::string& family) const {
-    if (!m) missing(family);
+  Seconds host_cost(std::size_t i) const {
+    return Seconds(need(host[i], [&] { return host_family(kHostNames[i]); }).time_s());
+  }
+
+  // `family` is a callable giving the family's name, built only when it is missing (hot path).
+  template <class T, class NameFn>
+  const T& need(const std::optional<T>& m, NameFn family) const {
+    if (!m) missing(family());
     return *m;
   }
 };
@@ -75,13 +83,21 @@ CostModel::CostModel(const Profile& profile) : impl_(std::make_unique<Impl>()) {
     m.have.push_back(f.name);
     const FamilySpec& s = f.spec();
     switch (s.kind) {
-      case ModelKind::gemm: m.gemm[idx(s.dtype)] = detail::decode_gemm(f, hw); break;
-      case ModelKind::grouped_gemm: m.grouped[idx(s.dtype)] = detail::decode_grouped_gemm(f, hw); break;
-      case ModelKind::attention: m.attention[s.backward ? 1 : 0] = detail::decode_attention(f, hw); break;
+      case ModelKind::gemm:
+        m.gemm[idx(s.dtype)] = detail::decode_gemm(f, hw);
+        break;
+      case ModelKind::grouped_gemm:
+        m.grouped[idx(s.dtype)] = detail::decode_grouped_gemm(f, hw);
+        break;
+      case ModelKind::attention:
+        m.attention[s.backward ? 1 : 0] = detail::decode_attention(f, hw);
+        break;
       case ModelKind::linear: {
         auto lin = detail::decode_linear(f);
-        if (f.name == kElementwiseFamily) m.elementwise = lin;
-        else if (f.name == kNormFamily) m.norm = lin;
+        if (f.name == kElementwiseFamily)
+          m.elementwise = lin;
+        else if (f.name == kNormFamily)
+          m.norm = lin;
         else {
           for (std::size_t d = 0; d < m.copy.size(); ++d) {
             if (f.name == copy_family(static_cast<CopyDirection>(d))) m.copy[d] = lin;
@@ -89,13 +105,17 @@ CostModel::CostModel(const Profile& profile) : impl_(std::make_unique<Impl>()) {
         }
         break;
       }
-      case ModelKind::collective: m.collective[idx(s.collective)][idx(s.scope)] = detail::decode_collective(f); break;
+      case ModelKind::collective:
+        m.collective[idx(s.collective)][idx(s.scope)] = detail::decode_collective(f);
+        break;
       case ModelKind::constant:
         for (std::size_t h = 0; h < kHostNames.size(); ++h) {
           if (f.name == host_family(kHostNames[h])) m.host[h] = detail::decode_constant(f);
         }
         break;
-      case ModelKind::concurrency: m.concurrency = detail::decode_concurrency(f); break;
+      case ModelKind::concurrency:
+        m.concurrency = detail::decode_concurrency(f);
+        break;
     }
   }
 }
@@ -110,7 +130,7 @@ Seconds CostModel::gemm(std::int64_t m, std::int64_t n, std::int64_t k, Dtype dt
   require_non_negative(n, "gemm", "n");
   require_non_negative(k, "gemm", "k");
   require_non_negative(batch, "gemm", "batch");
-  return Seconds(impl_->need(impl_->gemm[idx(dt)], gemm_family(dt)).time_s(m, n, k, batch));
+  return Seconds(impl_->need(impl_->gemm[idx(dt)], [&] { return gemm_family(dt); }).time_s(m, n, k, batch));
 }
 
 // t = max(waves 2 Tm Tn (k+k_half) / (P_sm e_max), B / BW) + t0   (GroupedGemmModel)
@@ -122,11 +142,13 @@ Seconds CostModel::grouped_gemm(std::int64_t groups, std::int64_t total_rows, st
   require_non_negative(n, "grouped_gemm", "n");
   require_non_negative(k, "grouped_gemm", "k");
   if (max_rows > total_rows || (groups > 0 && max_rows * groups < total_rows)) {
-    throw InputError("CostModel::grouped_gemm: max_rows = " + std::to_string(max_rows) + " must lie between total_rows / groups (" +
+    throw InputError("CostModel::grouped_gemm: max_rows = " + std::to_string(max_rows) +
+                     " must lie between total_rows / groups (" +
                      std::to_string(groups > 0 ? (total_rows + groups - 1) / groups : 0) + ") and total_rows (" +
                      std::to_string(total_rows) + ")");
   }
-  return Seconds(impl_->need(impl_->grouped[idx(dt)], grouped_gemm_family(dt)).time_s(groups, total_rows, max_rows, n, k));
+  return Seconds(impl_->need(impl_->grouped[idx(dt)], [&] { return grouped_gemm_family(dt); })
+                     .time_s(groups, total_rows, max_rows, n, k));
 }
 
 Seconds CostModel::attention(std::int64_t batch, std::int64_t seq_q, std::int64_t seq_kv, std::int64_t heads,
@@ -150,23 +172,23 @@ Seconds CostModel::attention(const AttentionShape& s, bool backward) const {
                          std::pair{s.head_dim_qk, "head_dim_qk"}, std::pair{s.head_dim_v, "head_dim_v"}}) {
     require_non_negative(v, "attention", name);
   }
-  return Seconds(impl_->need(impl_->attention[backward ? 1 : 0], attention_family(backward)).time_s(s));
+  return Seconds(impl_->need(impl_->attention[backward ? 1 : 0], [&] { return attention_family(backward); }).time_s(s));
 }
 
 // t = alpha + bytes / beta (piecewise)   (LinearModel)
 Seconds CostModel::elementwise(Bytes bytes) const {
   require_bytes(bytes, "elementwise");
-  return Seconds(impl_->need(impl_->elementwise, std::string(kElementwiseFamily)).time_s(bytes.value));
+  return Seconds(impl_->need(impl_->elementwise, [&] { return std::string(kElementwiseFamily); }).time_s(bytes.value));
 }
 
 Seconds CostModel::norm(Bytes bytes) const {
   require_bytes(bytes, "norm");
-  return Seconds(impl_->need(impl_->norm, std::string(kNormFamily)).time_s(bytes.value));
+  return Seconds(impl_->need(impl_->norm, [&] { return std::string(kNormFamily); }).time_s(bytes.value));
 }
 
 Seconds CostModel::copy(CopyDirection dir, Bytes bytes) const {
   require_bytes(bytes, "copy");
-  return Seconds(impl_->need(impl_->copy[idx(dir)], copy_family(dir)).time_s(bytes.value));
+  return Seconds(impl_->need(impl_->copy[idx(dir)], [&] { return copy_family(dir); }).time_s(bytes.value));
 }
 
 // t = alpha + (S f(n)) / beta_eff(S)   (CollectiveModel)
@@ -175,7 +197,8 @@ CollectiveParams CostModel::collective_params(CollectiveKind kind, Bytes bytes, 
   if (group_size < 1) {
     throw InputError("CostModel::collective_params: group_size = " + std::to_string(group_size) + " must be >= 1");
   }
-  const auto& model = impl_->need(impl_->collective[idx(kind)][idx(scope)], collective_family(kind, scope));
+  const auto& model =
+      impl_->need(impl_->collective[idx(kind)][idx(scope)], [&] { return collective_family(kind, scope); });
   const auto p = model.params_for(group_size);
   return CollectiveParams{Seconds(p.alpha_s), BytesPerSecond(p.bus_bandwidth_bytes_per_s(bytes.value))};
 }
@@ -188,30 +211,31 @@ Seconds CostModel::collective(CollectiveKind kind, Bytes bytes, int group_size, 
 }
 
 // t = median of the measured points   (ConstantModel), one family per host cost.
-Seconds CostModel::kernel_launch() const { return Seconds(impl_->need(impl_->host[0], host_family(kHostNames[0])).time_s()); }
-Seconds CostModel::framework_op() const { return Seconds(impl_->need(impl_->host[1], host_family(kHostNames[1])).time_s()); }
-Seconds CostModel::event_record() const { return Seconds(impl_->need(impl_->host[2], host_family(kHostNames[2])).time_s()); }
-Seconds CostModel::stream_sync() const { return Seconds(impl_->need(impl_->host[3], host_family(kHostNames[3])).time_s()); }
-Seconds CostModel::gpu_read() const { return Seconds(impl_->need(impl_->host[4], host_family(kHostNames[4])).time_s()); }
-Seconds CostModel::graph_launch() const { return Seconds(impl_->need(impl_->host[5], host_family(kHostNames[5])).time_s()); }
-Seconds CostModel::graph_node() const { return Seconds(impl_->need(impl_->host[6], host_family(kHostNames[6])).time_s()); }
-Seconds CostModel::collective_launch() const { return Seconds(impl_->need(impl_->host[7], host_family(kHostNames[7])).time_s()); }
+Seconds CostModel::kernel_launch() const { return impl_->host_cost(0); }
+Seconds CostModel::framework_op() const { return impl_->host_cost(1); }
+Seconds CostModel::event_record() const { return impl_->host_cost(2); }
+Seconds CostModel::stream_sync() const { return impl_->host_cost(3); }
+Seconds CostModel::gpu_read() const { return impl_->host_cost(4); }
+Seconds CostModel::graph_launch() const { return impl_->host_cost(5); }
+Seconds CostModel::graph_node() const { return impl_->host_cost(6); }
+Seconds CostModel::collective_launch() const { return impl_->host_cost(7); }
 
 // s = min(n, 1/f)^e(n)   (ConcurrencyModel)
 double CostModel::stream_concurrency(int streams, double sm_fraction) const {
-  if (streams < 1) throw InputError("CostModel::stream_concurrency: streams = " + std::to_string(streams) + " must be >= 1");
+  if (streams < 1)
+    throw InputError("CostModel::stream_concurrency: streams = " + std::to_string(streams) + " must be >= 1");
   if (!(sm_fraction > 0 && sm_fraction <= 1)) {
     throw InputError("CostModel::stream_concurrency: sm_fraction must be in (0, 1]");
   }
   if (streams == 1) return 1.0;
-  return impl_->need(impl_->concurrency, std::string(kConcurrencyFamily)).speedup(streams, sm_fraction);
+  return impl_->need(impl_->concurrency, [&] { return std::string(kConcurrencyFamily); }).speedup(streams, sm_fraction);
 }
 
 FlopsPerSecond CostModel::peak_flops(Dtype dt) const { return FlopsPerSecond(impl_->hardware.peak_flop_per_s(dt)); }
 
 // The measured copy bandwidth counted as read + write: twice the large-size rate of copy.d2d.
 BytesPerSecond CostModel::hbm_bandwidth() const {
-  const auto& d2d = impl_->need(impl_->copy[idx(CopyDirection::d2d)], copy_family(CopyDirection::d2d));
+  const auto& d2d = impl_->need(impl_->copy[idx(CopyDirection::d2d)], [&] { return copy_family(CopyDirection::d2d); });
   return BytesPerSecond(2.0 * d2d.asymptotic_bandwidth_bytes_per_s());
 }
 

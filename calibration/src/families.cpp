@@ -10,41 +10,58 @@ namespace threewalls::calibration {
 
 const char* to_string(Dtype v) {
   switch (v) {
-    case Dtype::bf16: return "bf16";
-    case Dtype::fp8: return "fp8";
-    case Dtype::fp32: return "fp32";
+    case Dtype::bf16:
+      return "bf16";
+    case Dtype::fp8:
+      return "fp8";
+    case Dtype::fp32:
+      return "fp32";
   }
   return "?";
 }
 
 const char* to_string(CopyDirection v) {
   switch (v) {
-    case CopyDirection::h2d_pinned: return "h2d_pinned";
-    case CopyDirection::h2d_pageable: return "h2d_pageable";
-    case CopyDirection::d2h_pinned: return "d2h_pinned";
-    case CopyDirection::d2h_pageable: return "d2h_pageable";
-    case CopyDirection::d2d: return "d2d";
-    case CopyDirection::disk_read: return "disk_read";
+    case CopyDirection::h2d_pinned:
+      return "h2d_pinned";
+    case CopyDirection::h2d_pageable:
+      return "h2d_pageable";
+    case CopyDirection::d2h_pinned:
+      return "d2h_pinned";
+    case CopyDirection::d2h_pageable:
+      return "d2h_pageable";
+    case CopyDirection::d2d:
+      return "d2d";
+    case CopyDirection::disk_read:
+      return "disk_read";
   }
   return "?";
 }
 
 const char* to_string(CollectiveKind v) {
   switch (v) {
-    case CollectiveKind::all_reduce: return "all_reduce";
-    case CollectiveKind::all_gather: return "all_gather";
-    case CollectiveKind::reduce_scatter: return "reduce_scatter";
-    case CollectiveKind::all_to_all: return "all_to_all";
-    case CollectiveKind::broadcast: return "broadcast";
-    case CollectiveKind::send_recv: return "send_recv";
+    case CollectiveKind::all_reduce:
+      return "all_reduce";
+    case CollectiveKind::all_gather:
+      return "all_gather";
+    case CollectiveKind::reduce_scatter:
+      return "reduce_scatter";
+    case CollectiveKind::all_to_all:
+      return "all_to_all";
+    case CollectiveKind::broadcast:
+      return "broadcast";
+    case CollectiveKind::send_recv:
+      return "send_recv";
   }
   return "?";
 }
 
 const char* to_string(Scope v) {
   switch (v) {
-    case Scope::nvlink: return "nvlink";
-    case Scope::network: return "network";
+    case Scope::nvlink:
+      return "nvlink";
+    case Scope::network:
+      return "network";
   }
   return "?";
 }
@@ -96,8 +113,9 @@ std::vector<FamilySpec> build_specs() {
     s.model = "grouped_gemm_wave_v1";
     s.kind = ModelKind::grouped_gemm;
     s.dtype = dt;
-    s.description = std::string("grouped ") + to_string(dt) +
-                    " GEMM (one kernel, one GEMM per local expert): t = max(waves 2 Tm Tn (k+k_half) / (P_sm e_max), B / BW) + t0";
+    s.description =
+        std::string("grouped ") + to_string(dt) +
+        " GEMM (one kernel, one GEMM per local expert): t = max(waves 2 Tm Tn (k+k_half) / (P_sm e_max), B / BW) + t0";
     s.inputs = {{"groups", true, "GEMMs in the group (local experts)"},
                 {"total_rows", true, "rows (tokens) over all groups"},
                 {"max_rows", true, "rows of the largest group"},
@@ -125,12 +143,13 @@ std::vector<FamilySpec> build_specs() {
                 {"head_dim_qk", true, "head dimension of Q and K"},
                 {"head_dim_v", true, "head dimension of V"},
                 {"causal", true, "1 for a causal (bottom-right aligned) mask, 0 for none"}};
-    s.params = {{"tile_q", true, false, "query rows per CTA"},
-                {"efficiency_max", false, false, "e_max: fraction of the bf16 peak at long sequences and large head dims"},
-                {"s_half", false, false, "keys per query row at which the sequence efficiency is half"},
-                {"d_half", false, false, "head dimension at which the head-dim efficiency is half"},
-                {"overhead_s", false, false, "t0: fixed time per kernel, seconds"},
-                {"memory_bandwidth_bytes_per_s", false, false, "HBM read+write bandwidth of the memory-bound limit"}};
+    s.params = {
+        {"tile_q", true, false, "query rows per CTA"},
+        {"efficiency_max", false, false, "e_max: fraction of the bf16 peak at long sequences and large head dims"},
+        {"s_half", false, false, "keys per query row at which the sequence efficiency is half"},
+        {"d_half", false, false, "head dimension at which the head-dim efficiency is half"},
+        {"overhead_s", false, false, "t0: fixed time per kernel, seconds"},
+        {"memory_bandwidth_bytes_per_s", false, false, "HBM read+write bandwidth of the memory-bound limit"}};
     specs.push_back(s);
   }
   const std::vector<ParamSpec> linear_params = {
@@ -169,8 +188,9 @@ std::vector<FamilySpec> build_specs() {
       s.description = std::string("NCCL ") + to_string(k) + " over " + to_string(sc) +
                       ": t = alpha + S f(n) / beta_eff(S), beta_eff = beta_max S^g / (S^g + S_half^g), per group size";
       s.inputs = {{"group_size", true, "ranks in the group"},
-                  {"bytes", true, "nccl-tests size (all_reduce: buffer; all_gather: output; reduce_scatter: input; "
-                                  "all_to_all: bytes each rank sends; send_recv: message)"}};
+                  {"bytes", true,
+                   "nccl-tests size (all_reduce: buffer; all_gather: output; reduce_scatter: input; "
+                   "all_to_all: bytes each rank sends; send_recv: message)"}};
       s.params = {{"group_size", true, true, "measured group sizes, increasing"},
                   {"alpha_s", false, true, "latency per group size, seconds"},
                   {"beta_max_bytes_per_s", false, true, "asymptotic bus bandwidth per group size"},
@@ -275,9 +295,12 @@ const std::vector<double>& Family::param_array(std::string_view key) const { ret
 
 double Hardware::peak_flop_per_s(Dtype dt) const {
   switch (dt) {
-    case Dtype::bf16: return peak_bf16_flop_per_s;
-    case Dtype::fp8: return peak_fp8_flop_per_s;
-    case Dtype::fp32: return peak_fp32_flop_per_s;
+    case Dtype::bf16:
+      return peak_bf16_flop_per_s;
+    case Dtype::fp8:
+      return peak_fp8_flop_per_s;
+    case Dtype::fp32:
+      return peak_fp32_flop_per_s;
   }
   return 0.0;
 }

@@ -1,5 +1,6 @@
 #include "threewalls/calibration/fit.hpp"
 
+#include <Eigen/Dense>
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -7,14 +8,13 @@
 #include <stdexcept>
 #include <string>
 
-#include <Eigen/Dense>
-
 namespace threewalls::calibration::fit {
 
 void Design::add_row(std::vector<double> row) {
   if (rows.empty() && cols == 0) cols = row.size();
-  if (row.size() != cols) throw std::invalid_argument("design row has " + std::to_string(row.size()) +
-                                                      " columns, expected " + std::to_string(cols));
+  if (row.size() != cols)
+    throw std::invalid_argument("design row has " + std::to_string(row.size()) + " columns, expected " +
+                                std::to_string(cols));
   rows.push_back(std::move(row));
 }
 
@@ -28,10 +28,12 @@ void check_problem(const Design& a, const std::vector<double>& y, const std::vec
   if (a.cols == 0) throw std::invalid_argument("least squares: no columns");
   for (std::size_t i = 0; i < y.size(); ++i) {
     if (!std::isfinite(y[i]) || !std::isfinite(w[i]) || w[i] < 0) {
-      throw std::invalid_argument("least squares: observation " + std::to_string(i) + " is not finite or has a negative weight");
+      throw std::invalid_argument("least squares: observation " + std::to_string(i) +
+                                  " is not finite or has a negative weight");
     }
     for (double v : a.rows[i]) {
-      if (!std::isfinite(v)) throw std::invalid_argument("least squares: regressor of row " + std::to_string(i) + " is not finite");
+      if (!std::isfinite(v))
+        throw std::invalid_argument("least squares: regressor of row " + std::to_string(i) + " is not finite");
     }
   }
 }
@@ -66,7 +68,8 @@ std::optional<Eigen::VectorXd> solve_subset(const Design& a, const std::vector<d
   return x;
 }
 
-double weighted_cost(const Design& a, const std::vector<double>& y, const std::vector<double>& w, const std::vector<double>& x) {
+double weighted_cost(const Design& a, const std::vector<double>& y, const std::vector<double>& w,
+                     const std::vector<double>& x) {
   double c = 0;
   for (std::size_t i = 0; i < y.size(); ++i) {
     double r = -y[i];
@@ -78,7 +81,8 @@ double weighted_cost(const Design& a, const std::vector<double>& y, const std::v
 
 }  // namespace
 
-std::vector<double> weighted_least_squares(const Design& a, const std::vector<double>& y, const std::vector<double>& w) {
+std::vector<double> weighted_least_squares(const Design& a, const std::vector<double>& y,
+                                           const std::vector<double>& w) {
   check_problem(a, y, w);
   std::vector<std::size_t> all(a.cols);
   for (std::size_t j = 0; j < a.cols; ++j) all[j] = j;
@@ -90,7 +94,8 @@ std::vector<double> weighted_least_squares(const Design& a, const std::vector<do
   return {x->data(), x->data() + x->size()};
 }
 
-std::vector<double> nonnegative_least_squares(const Design& a, const std::vector<double>& y, const std::vector<double>& w) {
+std::vector<double> nonnegative_least_squares(const Design& a, const std::vector<double>& y,
+                                              const std::vector<double>& w) {
   check_problem(a, y, w);
   if (a.cols > 8) throw std::invalid_argument("nonnegative least squares: at most 8 columns");
   std::optional<std::vector<double>> best;
@@ -121,7 +126,8 @@ std::vector<double> nonnegative_least_squares(const Design& a, const std::vector
       best = std::move(full);
     }
   }
-  if (!best) throw std::invalid_argument("nonnegative least squares: no solvable set of parameters (too few distinct points)");
+  if (!best)
+    throw std::invalid_argument("nonnegative least squares: no solvable set of parameters (too few distinct points)");
   return *best;
 }
 

@@ -53,9 +53,12 @@ void require_device(const DeviceConstants& d, double bw, const char* what) {
 
 ElementBytes element_bytes(Dtype dt) {
   switch (dt) {
-    case Dtype::bf16: return {2, 2};
-    case Dtype::fp8: return {1, 2};
-    case Dtype::fp32: return {4, 4};
+    case Dtype::bf16:
+      return {2, 2};
+    case Dtype::fp8:
+      return {1, 2};
+    case Dtype::fp32:
+      return {4, 4};
   }
   return {2, 2};
 }
@@ -63,12 +66,15 @@ ElementBytes element_bytes(Dtype dt) {
 double bus_bandwidth_factor(CollectiveKind kind, int group_size) {
   const double n = static_cast<double>(group_size);
   switch (kind) {
-    case CollectiveKind::all_reduce: return 2.0 * (n - 1.0) / n;
+    case CollectiveKind::all_reduce:
+      return 2.0 * (n - 1.0) / n;
     case CollectiveKind::all_gather:
     case CollectiveKind::reduce_scatter:
-    case CollectiveKind::all_to_all: return (n - 1.0) / n;
+    case CollectiveKind::all_to_all:
+      return (n - 1.0) / n;
     case CollectiveKind::broadcast:
-    case CollectiveKind::send_recv: return 1.0;
+    case CollectiveKind::send_recv:
+      return 1.0;
   }
   return 1.0;
 }
@@ -105,7 +111,8 @@ GemmModel GemmModel::fit(const std::vector<Sample>& samples, const DeviceConstan
   }
   for (const auto& s : samples) {
     require_positive_time(s.seconds, "gemm");
-    if (s.m <= 0 || s.n <= 0 || s.k <= 0 || s.batch <= 0) throw FitImpossible("gemm: m, n, k and batch must be positive");
+    if (s.m <= 0 || s.n <= 0 || s.k <= 0 || s.batch <= 0)
+      throw FitImpossible("gemm: m, n, k and batch must be positive");
   }
   const std::vector<std::vector<double>> starts = [] {
     std::vector<std::vector<double>> s;
@@ -311,7 +318,8 @@ AttentionModel AttentionModel::fit(const std::vector<Sample>& samples, bool back
   auto residuals = [&](const std::vector<double>& theta) {
     const auto c = make(theta);
     std::vector<double> r(samples.size());
-    for (std::size_t i = 0; i < samples.size(); ++i) r[i] = (c.time_s(samples[i].shape) - samples[i].seconds) / samples[i].seconds;
+    for (std::size_t i = 0; i < samples.size(); ++i)
+      r[i] = (c.time_s(samples[i].shape) - samples[i].seconds) / samples[i].seconds;
     return r;
   };
   std::vector<std::vector<double>> starts;
@@ -355,8 +363,10 @@ std::optional<LinearCandidate> fit_linear_candidate(const std::vector<LinearMode
   std::vector<double> y;
   std::vector<double> w;
   for (const auto& s : samples) {
-    if (knot) a.add_row({1.0, std::min(s.bytes, *knot), std::max(s.bytes - *knot, 0.0)});
-    else a.add_row({1.0, s.bytes});
+    if (knot)
+      a.add_row({1.0, std::min(s.bytes, *knot), std::max(s.bytes - *knot, 0.0)});
+    else
+      a.add_row({1.0, s.bytes});
     y.push_back(s.seconds);
     w.push_back(1.0 / (s.seconds * s.seconds));
   }
@@ -432,7 +442,8 @@ CollectiveGroupParams CollectiveModel::params_for(int group_size) const {
     p.group_size = group_size;
     if (groups.size() >= 2) {
       const auto& prev = groups[groups.size() - 2];
-      const double dx = std::log2(static_cast<double>(last.group_size)) - std::log2(static_cast<double>(prev.group_size));
+      const double dx =
+          std::log2(static_cast<double>(last.group_size)) - std::log2(static_cast<double>(prev.group_size));
       const double slope = std::max(0.0, (last.alpha_s - prev.alpha_s) / dx);
       p.alpha_s = last.alpha_s + slope * (x - std::log2(static_cast<double>(last.group_size)));
     }
@@ -482,8 +493,10 @@ std::optional<CollectiveCandidate> fit_collective_candidate(const std::vector<Co
   std::vector<double> y;
   std::vector<double> w;
   for (const auto& x : s) {
-    if (p) a.add_row({1.0, f * x.bytes, std::pow(x.bytes, *p)});
-    else a.add_row({1.0, f * x.bytes});
+    if (p)
+      a.add_row({1.0, f * x.bytes, std::pow(x.bytes, *p)});
+    else
+      a.add_row({1.0, f * x.bytes});
     y.push_back(x.seconds);
     w.push_back(1.0 / (x.seconds * x.seconds));
   }
@@ -514,8 +527,10 @@ CollectiveModel CollectiveModel::fit(CollectiveKind kind, const std::vector<Samp
   std::map<int, std::vector<Sample>> by_n;
   for (const auto& s : samples) {
     require_positive_time(s.seconds, "collective");
-    if (s.group_size < 2) throw FitImpossible("collective: group_size must be at least 2, got " + std::to_string(s.group_size));
-    if (!(s.bytes >= 0) || !std::isfinite(s.bytes)) throw FitImpossible("collective: bytes must be a non-negative number");
+    if (s.group_size < 2)
+      throw FitImpossible("collective: group_size must be at least 2, got " + std::to_string(s.group_size));
+    if (!(s.bytes >= 0) || !std::isfinite(s.bytes))
+      throw FitImpossible("collective: bytes must be a non-negative number");
     by_n[s.group_size].push_back(s);
   }
   if (by_n.empty()) throw FitImpossible("collective: needs at least 2 points");
@@ -525,8 +540,8 @@ CollectiveModel CollectiveModel::fit(CollectiveKind kind, const std::vector<Samp
     std::set<double> sizes;
     for (const auto& s : pts) sizes.insert(s.bytes);
     if (sizes.size() < 2) {
-      throw FitImpossible("collective: group size " + std::to_string(n) + " needs points at 2 or more distinct sizes, has " +
-                          std::to_string(sizes.size()));
+      throw FitImpossible("collective: group size " + std::to_string(n) +
+                          " needs points at 2 or more distinct sizes, has " + std::to_string(sizes.size()));
     }
     const double f = bus_bandwidth_factor(kind, n);
     auto best = fit_collective_candidate(pts, f, std::nullopt);
@@ -610,7 +625,8 @@ ConcurrencyModel ConcurrencyModel::fit(const std::vector<Sample>& samples) {
     by_n[s.streams].push_back(std::log(s.serial_s / s.seconds) / std::log(ideal));
   }
   if (by_n.empty()) {
-    throw FitImpossible("concurrency: needs a point with 2 or more streams of kernels that leave room for another (sm_fraction < 1)");
+    throw FitImpossible(
+        "concurrency: needs a point with 2 or more streams of kernels that leave room for another (sm_fraction < 1)");
   }
   ConcurrencyModel m;
   for (auto& [n, es] : by_n) {

@@ -6,13 +6,13 @@
 // and every problem is reported with file:line:col and the allowed keys or values.
 #include "threewalls/calibration/profile.hpp"
 
+#include <toml++/toml.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <fstream>
 #include <sstream>
-
-#include <toml++/toml.h>
 
 #include "codec.hpp"
 #include "threewalls/core/error.hpp"
@@ -26,15 +26,27 @@ namespace {
 
 // Keys of a point besides the family's inputs, and of a fit table besides the parameters.
 const std::vector<std::string> kPointTimeKeys = {"median_s", "p10_s", "p90_s", "count", "samples_s"};
-const std::vector<std::string> kQualityKeys = {"rel_err_median", "rel_err_max", "loo_rel_err_median",
-                                               "loo_rel_err_max", "loo_points"};
+const std::vector<std::string> kQualityKeys = {"rel_err_median", "rel_err_max", "loo_rel_err_median", "loo_rel_err_max",
+                                               "loo_points"};
 const std::vector<std::string> kFamilyKeys = {"model", "note", "points", "fit"};
 const std::vector<std::string> kProfileKeys = {"format", "format_version", "name", "source", "generator"};
-const std::vector<std::string> kHardwareKeys = {
-    "gpu_name",       "gpu_kind",       "sm_count",     "sm_clock_mhz", "memory_clock_mhz", "memory_bytes",
-    "driver_version", "cuda_version",   "nccl_version", "gpus_seen",    "links_seen",       "machine",
-    "date",           "peak_bf16_flop_per_s", "peak_fp8_flop_per_s", "peak_fp32_flop_per_s",
-    "hbm_bandwidth_datasheet_bytes_per_s"};
+const std::vector<std::string> kHardwareKeys = {"gpu_name",
+                                                "gpu_kind",
+                                                "sm_count",
+                                                "sm_clock_mhz",
+                                                "memory_clock_mhz",
+                                                "memory_bytes",
+                                                "driver_version",
+                                                "cuda_version",
+                                                "nccl_version",
+                                                "gpus_seen",
+                                                "links_seen",
+                                                "machine",
+                                                "date",
+                                                "peak_bf16_flop_per_s",
+                                                "peak_fp8_flop_per_s",
+                                                "peak_fp32_flop_per_s",
+                                                "hbm_bandwidth_datasheet_bytes_per_s"};
 constexpr std::string_view kSyntheticPrefix = "synthetic: ";
 
 // ---------------------------------------------------------------------------------------- writer
@@ -59,11 +71,21 @@ std::string fmt_str(std::string_view s) {
   std::string out = "\"";
   for (char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
           char buf[8];
@@ -95,16 +117,26 @@ SourceLocation loc_of(const std::string& file, const toml::source_region& r) {
 
 const char* type_name(const toml::node& n) {
   switch (n.type()) {
-    case toml::node_type::table: return "a table";
-    case toml::node_type::array: return "an array";
-    case toml::node_type::string: return "a string";
-    case toml::node_type::integer: return "an integer";
-    case toml::node_type::floating_point: return "a float";
-    case toml::node_type::boolean: return "a boolean";
-    case toml::node_type::date: return "a date";
-    case toml::node_type::time: return "a time";
-    case toml::node_type::date_time: return "a date-time";
-    default: return "nothing";
+    case toml::node_type::table:
+      return "a table";
+    case toml::node_type::array:
+      return "an array";
+    case toml::node_type::string:
+      return "a string";
+    case toml::node_type::integer:
+      return "an integer";
+    case toml::node_type::floating_point:
+      return "a float";
+    case toml::node_type::boolean:
+      return "a boolean";
+    case toml::node_type::date:
+      return "a date";
+    case toml::node_type::time:
+      return "a time";
+    case toml::node_type::date_time:
+      return "a date-time";
+    default:
+      return "nothing";
   }
 }
 
@@ -114,7 +146,8 @@ class Reader {
 
   Profile read(std::string_view text) {
     if (text.find('\0') != std::string_view::npos) {
-      throw InputError(SourceLocation{file_, 1, 1}, "not a calibration profile: the file contains a NUL byte (binary data)");
+      throw InputError(SourceLocation{file_, 1, 1},
+                       "not a calibration profile: the file contains a NUL byte (binary data)");
     }
     toml::table root;
     try {
@@ -190,7 +223,8 @@ class Reader {
       std::string msg = label + " unknown key '" + key + "'";
       if (auto near = nearest(key, allowed)) msg += " (did you mean '" + *near + "'?)";
       msg += "; allowed here: " + join(allowed);
-      if (newer_minor_) msg += " (this file is format " + version_text_ + ", newer than this threewalls reads; update threewalls)";
+      if (newer_minor_)
+        msg += " (this file is format " + version_text_ + ", newer than this threewalls reads; update threewalls)";
       error(key_loc(k, node), msg);
     }
   }
@@ -221,10 +255,11 @@ class Reader {
       return std::nullopt;
     }
     if (i->get() < min_value || i->get() > max_value) {
-      error(node_loc(*n, tloc), label + " '" + std::string(key) + "' = " + std::to_string(i->get()) +
-                                    " is out of range; allowed: " + std::to_string(min_value) +
-                                    (max_value == std::numeric_limits<std::int64_t>::max() ? " or more"
-                                                                                          : " to " + std::to_string(max_value)));
+      error(node_loc(*n, tloc),
+            label + " '" + std::string(key) + "' = " + std::to_string(i->get()) +
+                " is out of range; allowed: " + std::to_string(min_value) +
+                (max_value == std::numeric_limits<std::int64_t>::max() ? " or more"
+                                                                       : " to " + std::to_string(max_value)));
       return std::nullopt;
     }
     return i->get();
@@ -235,8 +270,10 @@ class Reader {
                                  const SourceLocation& tloc, bool allow_nan = false) {
     if (!n) return std::nullopt;
     double d = 0;
-    if (const auto* f = n->as_floating_point()) d = f->get();
-    else if (const auto* i = n->as_integer()) d = static_cast<double>(i->get());
+    if (const auto* f = n->as_floating_point())
+      d = f->get();
+    else if (const auto* i = n->as_integer())
+      d = static_cast<double>(i->get());
     else {
       error(node_loc(*n, tloc), label + " '" + std::string(key) + "' must be a number, not " + type_name(*n));
       return std::nullopt;
@@ -262,10 +299,11 @@ class Reader {
   ProfileInfo read_profile_table(const toml::table& root) {
     const toml::node* pn = root.get("profile");
     if (!pn) {
-      throw InputError(SourceLocation{file_, 1, 1},
-                       "missing table [profile]: not a threewalls calibration profile (it starts with [profile] format = " +
-                           threewalls::quoted(kProfileFormatName) + ", format_version = \"" + std::to_string(kProfileFormatMajor) +
-                           "." + std::to_string(kProfileFormatMinor) + "\")");
+      throw InputError(
+          SourceLocation{file_, 1, 1},
+          "missing table [profile]: not a threewalls calibration profile (it starts with [profile] format = " +
+              threewalls::quoted(kProfileFormatName) + ", format_version = \"" + std::to_string(kProfileFormatMajor) +
+              "." + std::to_string(kProfileFormatMinor) + "\")");
     }
     const auto* t = pn->as_table();
     const SourceLocation tloc = node_loc(*pn, {file_, 1, 1});
@@ -320,12 +358,14 @@ class Reader {
     if (t->get("name") && t->get("name")->as_string() && info.name.empty()) {
       error(node_loc(*t->get("name"), tloc), "[profile] 'name' must not be empty");
     }
-    if (auto s = get_string(*t, "source", "[profile]", tloc, "\"measured\" or \"synthetic: <where the numbers come from>\"")) {
+    if (auto s = get_string(*t, "source", "[profile]", tloc,
+                            "\"measured\" or \"synthetic: <where the numbers come from>\"")) {
       info.source = *s;
       const bool synthetic = s->rfind(kSyntheticPrefix, 0) == 0 && s->size() > kSyntheticPrefix.size();
       if (*s != "measured" && !synthetic) {
         error(node_loc(*t->get("source"), tloc),
-              "[profile] source = " + threewalls::quoted(*s) + " is not allowed; allowed: \"measured\" or \"synthetic: <where the numbers come from>\"");
+              "[profile] source = " + threewalls::quoted(*s) +
+                  " is not allowed; allowed: \"measured\" or \"synthetic: <where the numbers come from>\"");
       }
     }
     info.generator = get_string(*t, "generator", "[profile]", tloc, "what wrote the file").value_or("");
@@ -337,7 +377,9 @@ class Reader {
     const SourceLocation tloc = node_loc(t, {file_, 1, 1});
     check_keys(t, kHardwareKeys, label);
     Hardware hw;
-    auto str = [&](std::string_view key, std::string_view what) { return get_string(t, key, label, tloc, what).value_or(""); };
+    auto str = [&](std::string_view key, std::string_view what) {
+      return get_string(t, key, label, tloc, what).value_or("");
+    };
     auto integer = [&](std::string_view key, std::string_view what, std::int64_t min_value, std::int64_t max_value) {
       return get_int(require(t, key, label, tloc, what), key, label, tloc, min_value, max_value).value_or(0);
     };
@@ -350,7 +392,8 @@ class Reader {
     if (const toml::node* n = t.get("gpu_kind"); n && n->as_string()) {
       const auto& kinds = known_gpu_kinds();
       if (std::find(kinds.begin(), kinds.end(), hw.gpu_kind) == kinds.end()) {
-        std::string msg = label + " gpu_kind = " + threewalls::quoted(hw.gpu_kind) + " is not allowed; allowed: " + join(kinds, ", ", true);
+        std::string msg = label + " gpu_kind = " + threewalls::quoted(hw.gpu_kind) +
+                          " is not allowed; allowed: " + join(kinds, ", ", true);
         if (auto near = nearest(hw.gpu_kind, kinds)) msg += " (did you mean " + threewalls::quoted(*near) + "?)";
         error(node_loc(*n, tloc), msg);
       }
@@ -369,8 +412,10 @@ class Reader {
         error(node_loc(*n, tloc), label + " 'links_seen' must be an array of strings, not " + type_name(*n));
       } else {
         for (const auto& e : *a) {
-          if (const auto* s = e.as_string()) hw.links_seen.push_back(s->get());
-          else error(node_loc(e, tloc), label + " 'links_seen' elements must be strings, not " + type_name(e));
+          if (const auto* s = e.as_string())
+            hw.links_seen.push_back(s->get());
+          else
+            error(node_loc(e, tloc), label + " 'links_seen' elements must be strings, not " + type_name(e));
         }
       }
     }
@@ -379,7 +424,8 @@ class Reader {
     hw.peak_bf16_flop_per_s = real("peak_bf16_flop_per_s", "datasheet dense bf16 peak, FLOP/s");
     hw.peak_fp8_flop_per_s = real("peak_fp8_flop_per_s", "datasheet dense fp8 peak, FLOP/s");
     hw.peak_fp32_flop_per_s = real("peak_fp32_flop_per_s", "datasheet fp32 peak, FLOP/s");
-    hw.hbm_bandwidth_datasheet_bytes_per_s = real("hbm_bandwidth_datasheet_bytes_per_s", "datasheet HBM bandwidth, bytes/s");
+    hw.hbm_bandwidth_datasheet_bytes_per_s =
+        real("hbm_bandwidth_datasheet_bytes_per_s", "datasheet HBM bandwidth, bytes/s");
     return hw;
   }
 
@@ -418,7 +464,8 @@ class Reader {
                         (node.is_table() ? "table" : "key") + " '" + key + "'";
       if (auto near = nearest(key, allowed)) msg += " (did you mean '" + *near + "'?)";
       msg += "; allowed here: " + join(allowed);
-      if (newer_minor_) msg += " (this file is format " + version_text_ + ", newer than this threewalls reads; update threewalls)";
+      if (newer_minor_)
+        msg += " (this file is format " + version_text_ + ", newer than this threewalls reads; update threewalls)";
       error(where, msg);
       return;
     }
@@ -439,8 +486,9 @@ class Reader {
     f.name = spec.name;
     if (auto m = get_string(t, "model", label, tloc, "the model id, " + threewalls::quoted(spec.model))) {
       if (*m != spec.model) {
-        error(node_loc(*t.get("model"), tloc), label + " model = " + threewalls::quoted(*m) + " is not known for this family; this threewalls fits " +
-                                                   spec.name + " with " + threewalls::quoted(spec.model));
+        error(node_loc(*t.get("model"), tloc), label + " model = " + threewalls::quoted(*m) +
+                                                   " is not known for this family; this threewalls fits " + spec.name +
+                                                   " with " + threewalls::quoted(spec.model));
       }
     }
     f.note = get_string(t, "note", label, tloc, "free text", false).value_or("");
@@ -513,8 +561,8 @@ class Reader {
           if (auto v = get_positive(&e, "samples_s", label, ploc)) p.time.samples_s.push_back(*v);
         }
         if (cnt && static_cast<std::int64_t>(a->size()) != *cnt) {
-          error(node_loc(*sn, ploc), label + " has " + std::to_string(a->size()) + " samples_s but count = " +
-                                         std::to_string(*cnt) + " (they must agree)");
+          error(node_loc(*sn, ploc), label + " has " + std::to_string(a->size()) +
+                                         " samples_s but count = " + std::to_string(*cnt) + " (they must agree)");
         }
       }
     }
@@ -554,8 +602,8 @@ class Reader {
       f.params.push_back(std::move(values));
     }
     auto quality = [&](std::string_view key) {
-      auto v = get_real(require(t, key, label, floc, "fit error statistic, a fraction (nan: not available)"), key, label,
-                        floc, true);
+      auto v = get_real(require(t, key, label, floc, "fit error statistic, a fraction (nan: not available)"), key,
+                        label, floc, true);
       if (v && *v < 0) error(node_loc(*t.get(key), floc), label + " '" + std::string(key) + "' must be >= 0 or nan");
       return v.value_or(std::numeric_limits<double>::quiet_NaN());
     };
@@ -563,9 +611,9 @@ class Reader {
     f.quality.rel_err_max = quality("rel_err_max");
     f.quality.loo_rel_err_median = quality("loo_rel_err_median");
     f.quality.loo_rel_err_max = quality("loo_rel_err_max");
-    f.quality.loo_points =
-        get_int(require(t, "loo_points", label, floc, "points leave-one-out could predict"), "loo_points", label, floc, 0)
-            .value_or(0);
+    f.quality.loo_points = get_int(require(t, "loo_points", label, floc, "points leave-one-out could predict"),
+                                   "loo_points", label, floc, 0)
+                               .value_or(0);
     if (errors_.size() != errors_before) return;
     if (auto problem = detail::check_params(spec, f.params)) error(floc, label + " " + *problem);
     if (!f.points.empty() && f.quality.loo_points > static_cast<std::int64_t>(f.points.size())) {
@@ -594,7 +642,8 @@ Profile::Profile(ProfileInfo info, Hardware hardware, std::vector<Family> famili
   std::stable_sort(families.begin(), families.end(),
                    [&](const Family& a, const Family& b) { return rank(a.name) < rank(b.name); });
   for (std::size_t i = 1; i < families.size(); ++i) {
-    if (families[i].name == families[i - 1].name) throw std::logic_error("duplicate calibration family '" + families[i].name + "'");
+    if (families[i].name == families[i - 1].name)
+      throw std::logic_error("duplicate calibration family '" + families[i].name + "'");
   }
   families_ = std::move(families);
 }
@@ -670,7 +719,8 @@ std::string Profile::to_toml() const {
     o += "[" + spec.name + ".fit]\n";
     for (std::size_t i = 0; i < spec.params.size(); ++i) {
       const auto& ps = spec.params[i];
-      o += ps.key + " = " + (ps.array ? fmt_array(f.params.at(i), ps.integer) : fmt_number(f.params.at(i).at(0), ps.integer)) + "\n";
+      o += ps.key + " = " +
+           (ps.array ? fmt_array(f.params.at(i), ps.integer) : fmt_number(f.params.at(i).at(0), ps.integer)) + "\n";
     }
     o += "rel_err_median = " + fmt_real(f.quality.rel_err_median) + "\n";
     o += "rel_err_max = " + fmt_real(f.quality.rel_err_max) + "\n";
@@ -687,7 +737,8 @@ void Profile::save(const std::filesystem::path& path) const {
   tmp += ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw SystemError(path.string() + ": cannot write calibration profile (cannot create " + tmp.string() + ")");
+    if (!out)
+      throw SystemError(path.string() + ": cannot write calibration profile (cannot create " + tmp.string() + ")");
     out << text;
     out.flush();
     if (!out) throw SystemError(path.string() + ": cannot write calibration profile (write failed)");
@@ -718,10 +769,12 @@ const Family& Profile::family(std::string_view family) const {
   std::vector<std::string> have;
   for (const auto& f : families_) have.push_back(f.name);
   std::string msg = describe() + " has no model '" + std::string(family) + "'";
-  if (const FamilySpec* spec = find_family_spec(family); spec == nullptr) msg += " (not a family this threewalls knows)";
+  if (const FamilySpec* spec = find_family_spec(family); spec == nullptr)
+    msg += " (not a family this threewalls knows)";
   msg += "; it has: " + (have.empty() ? std::string("nothing") : join(have));
   msg += ". Measure it with `threewalls calibrate` or use a profile that has it";
-  throw InputError(path_.empty() ? SourceLocation{"<profile " + info_.name + ">", 0, 0} : SourceLocation{path_, 0, 0}, msg);
+  throw InputError(path_.empty() ? SourceLocation{"<profile " + info_.name + ">", 0, 0} : SourceLocation{path_, 0, 0},
+                   msg);
 }
 
 }  // namespace threewalls::calibration

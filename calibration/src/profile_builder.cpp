@@ -25,10 +25,14 @@ const FamilySpec& spec_or_throw(std::string_view family) {
 // Fit order: what other fits read comes first.
 int fit_stage(const FamilySpec& s) {
   switch (s.kind) {
-    case ModelKind::linear: return 0;
-    case ModelKind::gemm: return 1;
-    case ModelKind::grouped_gemm: return 2;
-    default: return 3;
+    case ModelKind::linear:
+      return 0;
+    case ModelKind::gemm:
+      return 1;
+    case ModelKind::grouped_gemm:
+      return 2;
+    default:
+      return 3;
   }
 }
 
@@ -55,7 +59,8 @@ void ProfileBuilder::add_point(std::string_view family, std::vector<double> inpu
   }
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const auto& in = spec.inputs[i];
-    if (!std::isfinite(inputs[i]) || inputs[i] < 0) throw InputError(where + ": '" + in.key + "' must be a finite number >= 0");
+    if (!std::isfinite(inputs[i]) || inputs[i] < 0)
+      throw InputError(where + ": '" + in.key + "' must be a finite number >= 0");
     if (in.integer && (inputs[i] != std::floor(inputs[i]) || inputs[i] > 9.007199254740992e15)) {
       throw InputError(where + ": '" + in.key + "' must be an integer");
     }
@@ -66,8 +71,8 @@ void ProfileBuilder::add_point(std::string_view family, std::vector<double> inpu
     throw InputError(where + ": the measurement needs 0 < p10_s <= median_s <= p90_s and count >= 1");
   }
   if (!t.samples_s.empty() && static_cast<std::int64_t>(t.samples_s.size()) != t.count) {
-    throw InputError(where + ": samples_s has " + std::to_string(t.samples_s.size()) + " entries but count = " +
-                     std::to_string(t.count));
+    throw InputError(where + ": samples_s has " + std::to_string(t.samples_s.size()) +
+                     " entries but count = " + std::to_string(t.count));
   }
   for (double s : t.samples_s) {
     if (!(s > 0) || !std::isfinite(s)) throw InputError(where + ": samples_s entries must be positive seconds");
@@ -111,7 +116,8 @@ void ProfileBuilder::add_copy(CopyDirection dir, Bytes bytes, Measurement time) 
 }
 
 void ProfileBuilder::add_collective(CollectiveKind kind, Scope scope, int group_size, Bytes bytes, Measurement time) {
-  add_point(collective_family(kind, scope), {static_cast<double>(group_size), std::round(bytes.value)}, std::move(time));
+  add_point(collective_family(kind, scope), {static_cast<double>(group_size), std::round(bytes.value)},
+            std::move(time));
 }
 
 void ProfileBuilder::add_host(std::string_view what, Measurement time) {

@@ -16,8 +16,8 @@ std::filesystem::path default_profile_dir() {
   return std::filesystem::path(THREEWALLS_SOURCE_DIR) / "calibration" / "profiles";
 }
 
-ResolvedProfile resolve_profile(std::string_view spec, std::string_view gpu_kind, const std::filesystem::path& scenario_dir,
-                                const std::filesystem::path& profile_dir) {
+ResolvedProfile resolve_profile(std::string_view spec, std::string_view gpu_kind,
+                                const std::filesystem::path& scenario_dir, const std::filesystem::path& profile_dir) {
   if (spec.empty()) throw InputError("calibration profile: empty; give \"auto\" or a path to a profile file");
   if (spec != "auto") {
     std::filesystem::path p(spec);
@@ -26,7 +26,9 @@ ResolvedProfile resolve_profile(std::string_view spec, std::string_view gpu_kind
       throw InputError(SourceLocation{p.string(), 0, 0},
                        std::string("calibration profile not found (") +
                            (std::filesystem::exists(p) ? "not a regular file" : "no such file") + "; asked for " +
-                           threewalls::quoted(spec) + (std::filesystem::path(spec).is_relative() ? ", relative to the scenario's folder" : "") + ")");
+                           threewalls::quoted(spec) +
+                           (std::filesystem::path(spec).is_relative() ? ", relative to the scenario's folder" : "") +
+                           ")");
     }
     return {p, "calibration.profile = " + threewalls::quoted(spec) + " names this file", false};
   }
@@ -43,7 +45,9 @@ ResolvedProfile resolve_profile(std::string_view spec, std::string_view gpu_kind
   const auto synthetic = dir / ("default_" + kind + ".toml");
   const std::string dir_reason = profile_dir.empty() ? "the source tree's profiles folder" : "--profile-dir";
   if (std::filesystem::is_regular_file(measured)) {
-    return {measured, "calibration.profile = \"auto\" for " + kind + ": the measured profile " + kind + ".toml in " + dir_reason, true};
+    return {measured,
+            "calibration.profile = \"auto\" for " + kind + ": the measured profile " + kind + ".toml in " + dir_reason,
+            true};
   }
   if (std::filesystem::is_regular_file(synthetic)) {
     return {synthetic,

@@ -91,20 +91,25 @@ void add_copies(ProfileBuilder& b, const Facts& f) {
   add_linear_family(b, std::string(kElementwiseFamily), 2.5e-6, f.hbm_copy_rw, hbm_sizes,
                     "bandwidth: HBM copy read+write " + std::to_string(static_cast<int>(f.hbm_copy_rw / 1e9)) +
                         " GB/s (fact, DESIGN.md §4); latency 2.5 us (assumption: shortest kernel duration)");
-  add_linear_family(b, std::string(kNormFamily), 3.0e-6, 0.8 * f.hbm_copy_rw, hbm_sizes,
-                    "bandwidth: 80% of the HBM copy fact (assumption: norms reduce across the row); latency 3 us (assumption)");
+  add_linear_family(
+      b, std::string(kNormFamily), 3.0e-6, 0.8 * f.hbm_copy_rw, hbm_sizes,
+      "bandwidth: 80% of the HBM copy fact (assumption: norms reduce across the row); latency 3 us (assumption)");
   add_linear_family(b, copy_family(CopyDirection::d2d), 2.5e-6, f.hbm_copy_rw / 2.0, hbm_sizes,
-                    "bytes copied at half the HBM copy read+write fact (a copy reads and writes each byte); latency 2.5 us (assumption)");
+                    "bytes copied at half the HBM copy read+write fact (a copy reads and writes each byte); latency "
+                    "2.5 us (assumption)");
   const std::string pinned_note =
       "bandwidth: PCIe pinned 55 GB/s for >= 16 MiB (fact, DESIGN.md §4); latency 3 us (assumption: DMA setup)";
   add_linear_family(b, copy_family(CopyDirection::h2d_pinned), 3e-6, 55e9, pcie_sizes, pinned_note);
   add_linear_family(b, copy_family(CopyDirection::d2h_pinned), 3e-6, 55e9, pcie_sizes, pinned_note);
-  add_linear_family(b, copy_family(CopyDirection::h2d_pageable), 10e-6, 16e9, pcie_sizes,
-                    "bandwidth: pageable H2D ~16 GB/s (fact on H200, DESIGN.md §4); latency 10 us (assumption: staging)");
-  add_linear_family(b, copy_family(CopyDirection::d2h_pageable), 10e-6, 16e9, pcie_sizes,
-                    "no fact for D2H pageable: assumed equal to the H2D pageable fact (16 GB/s); latency 10 us (assumption)");
-  add_linear_family(b, copy_family(CopyDirection::disk_read), 80e-6, 6.5e9, sizes(64 * kKiB, 1 * kGiB, 4),
-                    "no fact: assumed a PCIe Gen4 NVMe SSD (datasheet ~7 GB/s sequential read; 6.5 GB/s effective, 80 us latency)");
+  add_linear_family(
+      b, copy_family(CopyDirection::h2d_pageable), 10e-6, 16e9, pcie_sizes,
+      "bandwidth: pageable H2D ~16 GB/s (fact on H200, DESIGN.md §4); latency 10 us (assumption: staging)");
+  add_linear_family(
+      b, copy_family(CopyDirection::d2h_pageable), 10e-6, 16e9, pcie_sizes,
+      "no fact for D2H pageable: assumed equal to the H2D pageable fact (16 GB/s); latency 10 us (assumption)");
+  add_linear_family(
+      b, copy_family(CopyDirection::disk_read), 80e-6, 6.5e9, sizes(64 * kKiB, 1 * kGiB, 4),
+      "no fact: assumed a PCIe Gen4 NVMe SSD (datasheet ~7 GB/s sequential read; 6.5 GB/s effective, 80 us latency)");
 }
 
 // ---- GEMM ----------------------------------------------------------------------------------------
@@ -118,21 +123,29 @@ void add_gemm_bf16(ProfileBuilder& b, const Facts& f) {
   std::string note;
   const double loop_tflops = 2.0 * 768 * 1408 * 2048 / (1.85e-3 / 64) / 1e12;
   if (f.kind == "h200") {
-    pts = {{1024, 1408, 2048, 208}, {16384, 1408, 2048, 667}, {768, 1408, 2048, loop_tflops},
-           {4096, 4096, 4096, 770}, {8192, 8192, 8192, 890}};
-    note = "facts (H200, DESIGN.md §4): 208 / 667 TFLOP/s at K=2048 N=1408 M=1024 / 16384; 768x1408x2048 from a loop of 64 "
-           "GEMMs taking 1.85 ms; the large-shape range 770-890 TFLOP/s placed at 4096^3 (770) and 8192^3 (890)";
+    pts = {{1024, 1408, 2048, 208},
+           {16384, 1408, 2048, 667},
+           {768, 1408, 2048, loop_tflops},
+           {4096, 4096, 4096, 770},
+           {8192, 8192, 8192, 890}};
+    note =
+        "facts (H200, DESIGN.md §4): 208 / 667 TFLOP/s at K=2048 N=1408 M=1024 / 16384; 768x1408x2048 from a loop of "
+        "64 "
+        "GEMMs taking 1.85 ms; the large-shape range 770-890 TFLOP/s placed at 4096^3 (770) and 8192^3 (890)";
   } else {
     pts = {{4096, 4096, 4096, 670}, {8192, 8192, 8192, 740}};
-    for (const auto& p : std::vector<GemmFact>{{1024, 1408, 2048, 208}, {16384, 1408, 2048, 667}, {768, 1408, 2048, loop_tflops}}) {
+    for (const auto& p :
+         std::vector<GemmFact>{{1024, 1408, 2048, 208}, {16384, 1408, 2048, 667}, {768, 1408, 2048, loop_tflops}}) {
       pts.push_back({p.m, p.n, p.k, p.tflops * f.compute_ratio});
     }
-    note = "facts (H100, DESIGN.md §4): large-shape range 670-740 TFLOP/s placed at 4096^3 (670) and 8192^3 (740); the three "
-           "K=2048 N=1408 points are the H200 facts scaled by 705/830 (ratio of the large-shape range middles)";
+    note =
+        "facts (H100, DESIGN.md §4): large-shape range 670-740 TFLOP/s placed at 4096^3 (670) and 8192^3 (740); the "
+        "three "
+        "K=2048 N=1408 points are the H200 facts scaled by 705/830 (ratio of the large-shape range middles)";
   }
   for (const auto& p : pts) {
-    b.add_gemm(Dtype::bf16, static_cast<std::int64_t>(p.m), static_cast<std::int64_t>(p.n), static_cast<std::int64_t>(p.k), 1,
-               one(gemm_seconds(p.m, p.n, p.k, p.tflops)));
+    b.add_gemm(Dtype::bf16, static_cast<std::int64_t>(p.m), static_cast<std::int64_t>(p.n),
+               static_cast<std::int64_t>(p.k), 1, one(gemm_seconds(p.m, p.n, p.k, p.tflops)));
   }
   b.set_note(gemm_family(Dtype::bf16), note);
 }
@@ -140,12 +153,13 @@ void add_gemm_bf16(ProfileBuilder& b, const Facts& f) {
 void add_grouped_bf16(ProfileBuilder& b, const Facts& f) {
   const double t = 0.49e-3 / f.compute_ratio;
   b.add_grouped_gemm(Dtype::bf16, 64, 64 * 768, 768, 1408, 2048, one(t));
-  b.set_note(grouped_gemm_family(Dtype::bf16),
-             f.kind == "h200"
-                 ? "fact (H200, DESIGN.md §4): 64 experts x 768 tokens (torch._grouped_mm) 0.49 ms; taken as N=1408 K=2048 "
-                   "(the shape of the GEMM facts); one point, so only e_max is fitted and leave-one-out is not available"
-                 : "the H200 fact (64 experts x 768 tokens, N=1408 K=2048, 0.49 ms) scaled by 705/830; one point, so only "
-                   "e_max is fitted and leave-one-out is not available");
+  b.set_note(
+      grouped_gemm_family(Dtype::bf16),
+      f.kind == "h200"
+          ? "fact (H200, DESIGN.md §4): 64 experts x 768 tokens (torch._grouped_mm) 0.49 ms; taken as N=1408 K=2048 "
+            "(the shape of the GEMM facts); one point, so only e_max is fitted and leave-one-out is not available"
+          : "the H200 fact (64 experts x 768 tokens, N=1408 K=2048, 0.49 ms) scaled by 705/830; one point, so only "
+            "e_max is fitted and leave-one-out is not available");
 }
 
 GemmModel fp8_truth(const Family& bf16, const Hardware& hw) {
@@ -168,9 +182,10 @@ void add_gemm_fp8(ProfileBuilder& b, const Profile& stage1) {
       b.add_gemm(Dtype::fp8, m, n, k, 1, one(truth.time_s(m, n, k, 1)));
     }
   }
-  b.set_note(gemm_family(Dtype::fp8),
-             "no fp8 facts: points generated from this profile's bf16 fit on the datasheet fp8 peak (1979 TFLOP/s) with "
-             "e_max x 0.8 (assumption: fp8 kernels reach a lower fraction of their peak), fp8 inputs, same tile, k_half, t0");
+  b.set_note(
+      gemm_family(Dtype::fp8),
+      "no fp8 facts: points generated from this profile's bf16 fit on the datasheet fp8 peak (1979 TFLOP/s) with "
+      "e_max x 0.8 (assumption: fp8 kernels reach a lower fraction of their peak), fp8 inputs, same tile, k_half, t0");
 }
 
 void add_grouped_fp8(ProfileBuilder& b, const Profile& stage1) {
@@ -188,8 +203,12 @@ void add_grouped_fp8(ProfileBuilder& b, const Profile& stage1) {
   struct Shape {
     std::int64_t groups, rows, max_rows;
   };
-  for (const Shape& s : std::vector<Shape>{{8, 8 * 768, 768}, {8, 8 * 4096, 4096}, {64, 64 * 128, 128}, {64, 64 * 768, 768},
-                                           {64, 64 * 4096, 4096}, {64, 64 * 768, 3072}}) {
+  for (const Shape& s : std::vector<Shape>{{8, 8 * 768, 768},
+                                           {8, 8 * 4096, 4096},
+                                           {64, 64 * 128, 128},
+                                           {64, 64 * 768, 768},
+                                           {64, 64 * 4096, 4096},
+                                           {64, 64 * 768, 3072}}) {
     b.add_grouped_gemm(Dtype::fp8, s.groups, s.rows, s.max_rows, 1408, 2048,
                        one(truth.time_s(s.groups, s.rows, s.max_rows, 1408, 2048)));
   }
@@ -209,7 +228,8 @@ void add_attention(ProfileBuilder& b, const Facts& f, const Profile& stage1, boo
   truth.s_half = backward ? 512.0 : 256.0;
   truth.d_half = 16.0;
   truth.overhead_s = backward ? 8e-6 : 5e-6;
-  truth.memory_bandwidth_bytes_per_s = 2.0 * stage1.family(copy_family(CopyDirection::d2d)).param_array("bandwidths_bytes_per_s").back();
+  truth.memory_bandwidth_bytes_per_s =
+      2.0 * stage1.family(copy_family(CopyDirection::d2d)).param_array("bandwidths_bytes_per_s").back();
   truth.device = {stage1.hardware().sm_count, stage1.hardware().peak_bf16_flop_per_s};
   std::vector<AttentionShape> shapes;
   for (std::int64_t seq : {512, 1024, 2048, 4096, 8192, 16384}) {
@@ -273,8 +293,8 @@ void add_attention(ProfileBuilder& b, const Facts& f, const Profile& stage1, boo
 
 // Points on t = alpha + f S / beta_eff(S), beta_eff = beta_max / (1 + sqrt(S_half / S)), with beta_max
 // chosen so that beta_eff(1 GiB) equals the given bus bandwidth.
-void add_collective_curve(ProfileBuilder& b, CollectiveKind kind, Scope scope, int n, double busbw_at_1gib, double alpha_s,
-                          double s_half) {
+void add_collective_curve(ProfileBuilder& b, CollectiveKind kind, Scope scope, int n, double busbw_at_1gib,
+                          double alpha_s, double s_half) {
   CollectiveGroupParams p;
   p.group_size = n;
   p.alpha_s = alpha_s;
@@ -293,7 +313,8 @@ void add_collectives(ProfileBuilder& b) {
   const double a2a[2] = {320e9, 336e9};
   const int nv_n[2] = {2, 4};
   const std::string nv_shape =
-      " Curve shape assumed: latency 6 us + 2 us log2 n, bandwidth ramp beta_max / (1 + sqrt(8 MiB / S)). Group sizes above 4 "
+      " Curve shape assumed: latency 6 us + 2 us log2 n, bandwidth ramp beta_max / (1 + sqrt(8 MiB / S)). Group sizes "
+      "above 4 "
       "are extrapolated by the model (bus bandwidth held, latency growing with log2 n).";
   for (CollectiveKind k : {CollectiveKind::all_reduce, CollectiveKind::all_gather, CollectiveKind::reduce_scatter,
                            CollectiveKind::all_to_all, CollectiveKind::broadcast}) {
@@ -309,18 +330,22 @@ void add_collectives(ProfileBuilder& b) {
              "bus bandwidth at 1 GiB: 320 GB/s (2 GPUs), 336 GB/s (4 GPUs) (facts, H200 NV18)." + nv_shape);
   for (CollectiveKind k : {CollectiveKind::all_gather, CollectiveKind::reduce_scatter, CollectiveKind::broadcast}) {
     b.set_note(collective_family(k, Scope::nvlink),
-               "no fact: bus bandwidth assumed equal to the all_reduce facts (321 / 355 GB/s at 1 GiB, 2 / 4 GPUs; the same ring "
-               "algorithm)." + nv_shape);
+               "no fact: bus bandwidth assumed equal to the all_reduce facts (321 / 355 GB/s at 1 GiB, 2 / 4 GPUs; the "
+               "same ring "
+               "algorithm)." +
+                   nv_shape);
   }
   b.set_note(collective_family(CollectiveKind::send_recv, Scope::nvlink),
              "no fact: one pair at the all_to_all 2-GPU fact (320 GB/s at 1 GiB); latency 8 us and the ramp assumed");
 
   // Network: one 400 Gb/s NIC per GPU (datasheet 50 GB/s, ~45 GB/s effective), latency a few us.
-  const std::string net = "no measurement: one 400 Gb/s NIC per GPU (50 GB/s datasheet), bus bandwidth 45 GB/s at 1 GiB "
-                          "(assumed effective); latency 4 us + 3 us log2 n and ramp beta_max / (1 + sqrt(2 MiB / S)) assumed";
+  const std::string net =
+      "no measurement: one 400 Gb/s NIC per GPU (50 GB/s datasheet), bus bandwidth 45 GB/s at 1 GiB "
+      "(assumed effective); latency 4 us + 3 us log2 n and ramp beta_max / (1 + sqrt(2 MiB / S)) assumed";
   for (CollectiveKind k : {CollectiveKind::all_reduce, CollectiveKind::all_gather, CollectiveKind::reduce_scatter,
                            CollectiveKind::all_to_all, CollectiveKind::broadcast}) {
-    for (int n : {2, 4, 8, 16}) add_collective_curve(b, k, Scope::network, n, 45e9, 4e-6 + 3e-6 * std::log2(n), 2 * kMiB);
+    for (int n : {2, 4, 8, 16})
+      add_collective_curve(b, k, Scope::network, n, 45e9, 4e-6 + 3e-6 * std::log2(n), 2 * kMiB);
     b.set_note(collective_family(k, Scope::network), net);
   }
   add_collective_curve(b, CollectiveKind::send_recv, Scope::network, 2, 45e9, 5e-6, 2 * kMiB);
@@ -337,10 +362,12 @@ void add_host(ProfileBuilder& b) {
   };
   const HostCost costs[] = {
       {"kernel_launch", 3.7e-6, "fact: C++ runtime kernel launch 3.7 us (H100, DESIGN.md §4)"},
-      {"framework_op", 11.8e-6, "derived: PyTorch eager op launch 15.5 us (H200 fact) minus the 3.7 us C++ kernel launch"},
+      {"framework_op", 11.8e-6,
+       "derived: PyTorch eager op launch 15.5 us (H200 fact) minus the 3.7 us C++ kernel launch"},
       {"event_record", 2.0e-6, "no fact: 2 us assumed"},
       {"stream_sync", 8.5e-6, "fact: stream sync after launch 8.5 us (H100); consistent with PyTorch sync 9 us (H200)"},
-      {"gpu_read", 15.2e-6, "derived: launch of the copy 3.7 us + stream sync 8.5 us + 3 us PCIe copy latency (assumed)"},
+      {"gpu_read", 15.2e-6,
+       "derived: launch of the copy 3.7 us + stream sync 8.5 us + 3 us PCIe copy latency (assumed)"},
       {"graph_launch", 3.7e-6, "no fact: assumed equal to one kernel launch (3.7 us)"},
       {"graph_node", 1.0e-6, "fact: ~1 us per graph node (H100, DESIGN.md §4)"},
       {"collective_launch", 5.0e-6, "no fact: 5 us assumed (kernel launch plus NCCL enqueue bookkeeping)"},
@@ -361,10 +388,11 @@ void add_concurrency(ProfileBuilder& b) {
       b.add_concurrency(n, f, Seconds(serial), one(serial / std::pow(ideal, e)));
     }
   }
-  b.set_note(std::string(kConcurrencyFamily),
-             "no facts: speed-up min(n, 1/f)^e(n) with e = 0.85, 0.75, 0.6 for 2, 4, 8 streams assumed (kernels of 20 us). "
-             "The 20-68% slow-down of experts on separate streams (DESIGN.md §5) is launch overhead and tiny GEMMs, which the "
-             "simulator adds itself, not this factor");
+  b.set_note(
+      std::string(kConcurrencyFamily),
+      "no facts: speed-up min(n, 1/f)^e(n) with e = 0.85, 0.75, 0.6 for 2, 4, 8 streams assumed (kernels of 20 us). "
+      "The 20-68% slow-down of experts on separate streams (DESIGN.md §5) is launch overhead and tiny GEMMs, which the "
+      "simulator adds itself, not this factor");
 }
 
 ProfileInfo info_for(const Facts& f) {

@@ -2,11 +2,10 @@
 //   threewalls_make_default_profiles --out-dir calibration/profiles          write both
 //   threewalls_make_default_profiles --out-dir calibration/profiles --check  exit 1 if they differ
 // Not run by CI; tests/calibration checks that the committed files equal this program's output.
+#include <CLI/CLI.hpp>
 #include <fstream>
 #include <iostream>
 #include <sstream>
-
-#include <CLI/CLI.hpp>
 
 #include "default_profiles.hpp"
 #include "threewalls/core/error.hpp"

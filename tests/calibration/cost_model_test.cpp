@@ -1,9 +1,9 @@
 // The CostModel over the shipped default profiles and over small built ones.
 #include "threewalls/calibration/cost_model.hpp"
 
-#include <cmath>
-
 #include <gtest/gtest.h>
+
+#include <cmath>
 
 #include "test_support.hpp"
 #include "threewalls/calibration/models.hpp"
@@ -15,7 +15,7 @@ using namespace threewalls::calibration::testing;
 
 namespace {
 const CollectiveKind kKinds[] = {CollectiveKind::all_reduce, CollectiveKind::all_gather, CollectiveKind::reduce_scatter,
-                                 CollectiveKind::all_to_all, CollectiveKind::broadcast, CollectiveKind::send_recv};
+                                 CollectiveKind::all_to_all, CollectiveKind::broadcast,  CollectiveKind::send_recv};
 }  // namespace
 
 TEST(CostModel, LoneCollectiveTakesAlphaPlusSizeTimesFactorOverEffectiveBandwidth) {
@@ -31,7 +31,8 @@ TEST(CostModel, LoneCollectiveTakesAlphaPlusSizeTimesFactorOverEffectiveBandwidt
               << to_string(kind) << " " << to_string(scope) << " n=" << n << " S=" << s;
           EXPECT_GT(p.bus_bandwidth.value, 0.0);
         }
-        EXPECT_EQ(cm.collective(kind, Bytes(0), n, scope).value, cm.collective_params(kind, Bytes(0), n, scope).latency.value);
+        EXPECT_EQ(cm.collective(kind, Bytes(0), n, scope).value,
+                  cm.collective_params(kind, Bytes(0), n, scope).latency.value);
       }
     }
   }
@@ -103,7 +104,8 @@ TEST(CostModel, CostsGrowWithWorkOnEveryDefaultProfile) {
         EXPECT_GE(t, prev) << kind << " m=" << m;
         prev = t;
       }
-      EXPECT_LT(cm.gemm(8192, 8192, 8192, dt).value, cm.gemm(8192, 8192, 8192, Dtype::bf16).value * (dt == Dtype::fp8 ? 0.8 : 1.01));
+      EXPECT_LT(cm.gemm(8192, 8192, 8192, dt).value,
+                cm.gemm(8192, 8192, 8192, Dtype::bf16).value * (dt == Dtype::fp8 ? 0.8 : 1.01));
     }
     for (CollectiveKind k : kKinds) {
       for (Scope sc : {Scope::nvlink, Scope::network}) {
@@ -170,7 +172,7 @@ TEST(CostModel, BadArgumentsAreInputErrors) {
   EXPECT_THROW((void)cm.gemm(-1, 16, 16, Dtype::bf16), InputError);
   EXPECT_THROW((void)cm.copy(CopyDirection::d2d, Bytes(-1)), InputError);
   EXPECT_THROW((void)cm.collective(CollectiveKind::all_reduce, Bytes(1), 0, Scope::nvlink), InputError);
-  EXPECT_THROW((void)cm.grouped_gemm(4, 100, 10, 128, 128, Dtype::bf16), InputError);  // max_rows < total/groups
+  EXPECT_THROW((void)cm.grouped_gemm(4, 100, 10, 128, 128, Dtype::bf16), InputError);   // max_rows < total/groups
   EXPECT_THROW((void)cm.grouped_gemm(4, 100, 101, 128, 128, Dtype::bf16), InputError);  // max_rows > total
   EXPECT_THROW((void)cm.stream_concurrency(0, 0.5), InputError);
   EXPECT_THROW((void)cm.stream_concurrency(2, 0.0), InputError);

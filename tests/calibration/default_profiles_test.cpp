@@ -33,9 +33,10 @@ TEST(DefaultProfiles, CommittedFilesEqualTheGeneratorsOutput) {
   for (const char* kind : {"h100", "h200"}) {
     const std::string committed = read_text(shipped_profile_path(kind));
     const std::string generated = default_profile(kind).to_toml();
-    EXPECT_TRUE(committed == generated)
-        << shipped_profile_path(kind) << " is stale; regenerate with threewalls_make_default_profiles --out-dir "
-        << "calibration/profiles. First difference at " << first_difference(committed, generated);
+    EXPECT_TRUE(committed == generated) << shipped_profile_path(kind)
+                                        << " is stale; regenerate with threewalls_make_default_profiles --out-dir "
+                                        << "calibration/profiles. First difference at "
+                                        << first_difference(committed, generated);
   }
 }
 

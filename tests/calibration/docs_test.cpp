@@ -8,7 +8,9 @@ using namespace threewalls::calibration::testing;
 
 namespace {
 std::string doc(const char* relative) { return read_text(std::filesystem::path(THREEWALLS_SOURCE_DIR) / relative); }
-bool mentions(const std::string& text, const std::string& word) { return text.find("`" + word + "`") != std::string::npos; }
+bool mentions(const std::string& text, const std::string& word) {
+  return text.find("`" + word + "`") != std::string::npos;
+}
 }  // namespace
 
 TEST(CalibrationDocs, FormatDocumentListsEveryFamilyModelAndKey) {

@@ -1,10 +1,10 @@
 #include "threewalls/calibration/fit.hpp"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <random>
 #include <stdexcept>
-
-#include <gtest/gtest.h>
 
 using namespace threewalls::calibration;
 
@@ -89,10 +89,12 @@ TEST(Fit, LevenbergMarquardtSurvivesNonFiniteResiduals) {
 TEST(Fit, LeaveOneOutSkipsPointsWithoutPredictionAndIsNanWithNone) {
   const std::vector<double> meas = {1.0, 2.0, 4.0};
   auto some = fit::leave_one_out(
-      3, [](std::size_t i) -> std::optional<double> { return i == 1 ? std::nullopt : std::optional<double>(1.1); }, meas);
+      3, [](std::size_t i) -> std::optional<double> { return i == 1 ? std::nullopt : std::optional<double>(1.1); },
+      meas);
   EXPECT_EQ(some.count, 2U);
   EXPECT_NEAR(some.max, (4.0 - 1.1) / 4.0, 1e-12);
-  auto none = fit::leave_one_out(3, [](std::size_t) -> std::optional<double> { return std::nullopt; }, meas);
+  auto none = fit::leave_one_out(
+      3, [](std::size_t) -> std::optional<double> { return std::nullopt; }, meas);
   EXPECT_EQ(none.count, 0U);
   EXPECT_TRUE(std::isnan(none.median));
   EXPECT_TRUE(std::isnan(none.max));

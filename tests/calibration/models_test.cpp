@@ -2,10 +2,10 @@
 // and the equations behave as documented.
 #include "threewalls/calibration/models.hpp"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <random>
-
-#include <gtest/gtest.h>
 
 using namespace threewalls::calibration;
 
@@ -55,7 +55,9 @@ TEST(GemmModel, FitRecoversParametersFromNoisyPoints) {
   EXPECT_NEAR(fit.k_half, 400.0, 400.0 * 0.2);
   EXPECT_NEAR(fit.overhead_s, 6e-6, 6e-6 * 0.2);
   // Shapes that were never measured (the simulator's use) are predicted within a few percent.
-  for (auto [m, n, k] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{3000, 5120, 1536}, {700, 2816, 7168}, {12000, 6000, 3000}}) {
+  for (auto [m, n, k] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{3000, 5120, 1536},
+                         {700, 2816, 7168},
+                         {12000, 6000, 3000}}) {
     EXPECT_NEAR(fit.time_s(m, n, k) / truth.time_s(m, n, k), 1.0, 0.03) << m << "x" << n << "x" << k;
   }
 }
@@ -123,7 +125,8 @@ TEST(GroupedGemmModel, SmallGroupsPayForWholeTiles) {
 }
 
 TEST(Attention, CausalPairsMatchBruteForceCount) {
-  for (auto [sq, skv] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {7, 7}, {1, 4096}, {5, 12}, {12, 5}, {128, 300}}) {
+  for (auto [sq, skv] :
+       {std::pair<std::int64_t, std::int64_t>{1, 1}, {7, 7}, {1, 4096}, {5, 12}, {12, 5}, {128, 300}}) {
     double brute = 0;
     for (std::int64_t i = 0; i < sq; ++i) {
       for (std::int64_t j = 0; j < skv; ++j) brute += (j <= i + (skv - sq)) ? 1 : 0;

@@ -1,10 +1,10 @@
 // The profile file: round trips, identity, and one test per distinct reader error.
 #include "threewalls/calibration/profile.hpp"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <random>
-
-#include <gtest/gtest.h>
 
 #include "test_support.hpp"
 #include "threewalls/calibration/cost_model.hpp"
@@ -97,21 +97,24 @@ TEST(ProfileId, HashesContentNotFormatting) {
   const Profile p = Profile::parse(text, "a.toml");
   EXPECT_EQ(p.id().rfind("small@", 0), 0U);
   EXPECT_EQ(p.id().size(), std::string("small@").size() + 16);
-  const std::string reformatted = replaced("# a comment of my own\n" + text, "sm_count = 132", "sm_count   =   132   # SMs");
+  const std::string reformatted =
+      replaced("# a comment of my own\n" + text, "sm_count = 132", "sm_count   =   132   # SMs");
   EXPECT_EQ(Profile::parse(reformatted, "b.toml").id(), p.id());
   EXPECT_NE(Profile::parse(replaced(text, "sm_clock_mhz = 1980.0", "sm_clock_mhz = 1755.0"), "c.toml").id(), p.id());
 }
 
 TEST(ProfileReader, UnknownMajorVersionIsRefusedByName) {
   int line = 0;
-  const auto msg = load_error(replaced(small_profile().to_toml(), "format_version = \"1.0\"", "format_version = \"2.0\""), &line);
+  const auto msg =
+      load_error(replaced(small_profile().to_toml(), "format_version = \"1.0\"", "format_version = \"2.0\""), &line);
   EXPECT_NE(msg.find("broken.toml:6:"), std::string::npos) << msg;
   EXPECT_EQ(line, 6);
   EXPECT_NE(msg.find("format_version \"2.0\""), std::string::npos) << msg;
   EXPECT_NE(msg.find("threewalls.calibration_profile 1.x"), std::string::npos) << msg;
   EXPECT_NE(msg.find("newer threewalls"), std::string::npos) << msg;
   EXPECT_NE(load_error(replaced(small_profile().to_toml(), "\"1.0\"", "\"0.3\"")).find("older"), std::string::npos);
-  EXPECT_NE(load_error(replaced(small_profile().to_toml(), "\"1.0\"", "\"one\"")).find("MAJOR.MINOR"), std::string::npos);
+  EXPECT_NE(load_error(replaced(small_profile().to_toml(), "\"1.0\"", "\"one\"")).find("MAJOR.MINOR"),
+            std::string::npos);
 }
 
 TEST(ProfileReader, NewerMinorVersionIsReadAndNamedInUnknownKeyErrors) {
@@ -123,7 +126,8 @@ TEST(ProfileReader, NewerMinorVersionIsReadAndNamedInUnknownKeyErrors) {
 }
 
 TEST(ProfileReader, OtherFormatIsRefused) {
-  const auto msg = load_error(replaced(small_profile().to_toml(), "\"threewalls.calibration_profile\"", "\"threewalls.run_dir\""));
+  const auto msg =
+      load_error(replaced(small_profile().to_toml(), "\"threewalls.calibration_profile\"", "\"threewalls.run_dir\""));
   EXPECT_NE(msg.find("is not a calibration profile"), std::string::npos) << msg;
   EXPECT_NE(load_error("schema_version = 1\n[model]\n").find("missing table [profile]"), std::string::npos);
 }
@@ -238,7 +242,7 @@ TEST(ProfileBuilder, UnknownFamilyIsRefusedWithNearestName) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("did you mean 'gemm.bf16'?"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(b.add_point("gemm.bf16", {1, 2, 3}, Measurement::single(1e-5)), InputError);     // 3 inputs of 4
+  EXPECT_THROW(b.add_point("gemm.bf16", {1, 2, 3}, Measurement::single(1e-5)), InputError);       // 3 inputs of 4
   EXPECT_THROW(b.add_point("gemm.bf16", {1, 2, 3.5, 1}, Measurement::single(1e-5)), InputError);  // k not integer
   EXPECT_THROW(b.add_point("gemm.bf16", {1, 2, 3, 1}, Measurement::single(-1e-5)), InputError);   // negative time
   Measurement bad = Measurement::single(1e-5);
@@ -300,7 +304,8 @@ TEST(ProfileBuilder, LeaveOneOutErrorIsComputedAndSane) {
 TEST(ProfileReader, IntegersOutOfRangeAreRefused) {
   const auto msg = load_error(replaced(small_profile().to_toml(), "sm_count = 132", "sm_count = 99999999"));
   EXPECT_NE(msg.find("'sm_count' = 99999999 is out of range; allowed: 1 to 1048576"), std::string::npos) << msg;
-  const auto big = load_error(replaced(small_profile().to_toml(), "group_size = [2, 4]", "group_size = [2, 4000000000]"));
+  const auto big =
+      load_error(replaced(small_profile().to_toml(), "group_size = [2, 4]", "group_size = [2, 4000000000]"));
   EXPECT_NE(big.find("'group_size' entries must be between 2 and 1048576"), std::string::npos) << big;
 }
 
@@ -325,10 +330,11 @@ TEST(ProfileReader, DamagedFilesAreInputErrorsNeverCrashes) {
     try {
       const Profile p = Profile::parse(t, "damaged.toml");
       const CostModel cm(p);
-      for (auto call : {+[](const CostModel& c) { (void)c.gemm(1000, 1000, 1000, Dtype::bf16); },
-                        +[](const CostModel& c) { (void)c.collective(CollectiveKind::all_reduce, mebibytes(8), 8, Scope::nvlink); },
-                        +[](const CostModel& c) { (void)c.copy(CopyDirection::d2d, mebibytes(8)); },
-                        +[](const CostModel& c) { (void)c.kernel_launch(); }}) {
+      for (auto call :
+           {+[](const CostModel& c) { (void)c.gemm(1000, 1000, 1000, Dtype::bf16); },
+            +[](const CostModel& c) { (void)c.collective(CollectiveKind::all_reduce, mebibytes(8), 8, Scope::nvlink); },
+            +[](const CostModel& c) { (void)c.copy(CopyDirection::d2d, mebibytes(8)); },
+            +[](const CostModel& c) { (void)c.kernel_launch(); }}) {
         try {
           call(cm);
         } catch (const InputError&) {

@@ -76,8 +76,9 @@ TEST(ResolveProfile, MissingExplicitPathIsAnInputError) {
     (void)resolve_profile("nope.toml", "h200", "/tmp/no_such_scenario_dir");
     FAIL() << "expected an InputError";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("/tmp/no_such_scenario_dir/nope.toml: calibration profile not found (no such file"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("/tmp/no_such_scenario_dir/nope.toml: calibration profile not found (no such file"),
+        std::string::npos)
         << e.what();
   }
 }

@@ -1,13 +1,13 @@
 #pragma once
 // Helpers shared by the calibration tests: a small profile built through ProfileBuilder, a scratch
 // folder, and the shipped default profiles (built once per process: the generator takes ~1 s).
+#include <unistd.h>
+
 #include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
-
-#include <unistd.h>
 
 #include "default_profiles.hpp"
 #include "threewalls/calibration/profile_builder.hpp"
@@ -40,17 +40,20 @@ inline Hardware test_hardware() {
 inline Profile small_profile() {
   ProfileBuilder b({"small", "synthetic: unit test", "tests/calibration"}, test_hardware());
   for (double s = 65536; s <= 1 << 30; s *= 4) {
-    b.add_copy(CopyDirection::d2d, Bytes(s), Measurement::from_samples({2.5e-6 + s / 2e12, 2.6e-6 + s / 1.9e12, 2.4e-6 + s / 2.1e12}));
+    b.add_copy(CopyDirection::d2d, Bytes(s),
+               Measurement::from_samples({2.5e-6 + s / 2e12, 2.6e-6 + s / 1.9e12, 2.4e-6 + s / 2.1e12}));
   }
   for (std::int64_t m : {512, 2048, 8192}) {
     for (std::int64_t k : {1024, 4096}) {
-      b.add_gemm(Dtype::bf16, m, 4096, k, 1, Measurement::single(6e-6 + 2.0 * m * 4096 * k / (650e12 * k / (k + 300.0))));
+      b.add_gemm(Dtype::bf16, m, 4096, k, 1,
+                 Measurement::single(6e-6 + 2.0 * m * 4096 * k / (650e12 * k / (k + 300.0))));
     }
   }
   for (int n : {2, 4}) {
     for (double s = 1024; s <= 1 << 30; s *= 8) {
-      b.add_collective(CollectiveKind::all_reduce, Scope::nvlink, n, Bytes(s),
-                       Measurement::single(8e-6 + n * 1e-6 + s * 2.0 * (n - 1) / n / (300e9 / (1 + std::sqrt(4e6 / s)))));
+      b.add_collective(
+          CollectiveKind::all_reduce, Scope::nvlink, n, Bytes(s),
+          Measurement::single(8e-6 + n * 1e-6 + s * 2.0 * (n - 1) / n / (300e9 / (1 + std::sqrt(4e6 / s)))));
     }
   }
   b.add_host("kernel_launch", Measurement::from_samples({3.6e-6, 3.7e-6, 3.9e-6, 3.7e-6}));

@@ -29,7 +29,8 @@ std::vector<double> weighted_least_squares(const Design& a, const std::vector<do
 // the optimum of a convex quadratic under x >= 0 is the unconstrained optimum on its free set, so
 // every free set is tried and the best feasible one kept. Columns that cannot be determined on a free
 // set make that free set infeasible. Throws std::invalid_argument when no free set is solvable.
-std::vector<double> nonnegative_least_squares(const Design& a, const std::vector<double>& y, const std::vector<double>& w);
+std::vector<double> nonnegative_least_squares(const Design& a, const std::vector<double>& y,
+                                              const std::vector<double>& w);
 
 // Residual vector r(theta); the fit minimises 0.5 * |r|^2.
 using ResidualFn = std::function<std::vector<double>(const std::vector<double>& theta)>;

@@ -36,7 +36,6 @@ struct ElementBytes {
 };
 ElementBytes element_bytes(Dtype dt);
 
-
 // ---------------------------------------------------------------------------------------------
 // Dense GEMM ("gemm_wave_v1")
 //
@@ -160,7 +159,7 @@ struct AttentionModel {
 // with weights 1/t^2 (relative error).
 struct LinearModel {
   double alpha_s = 0.0;
-  std::vector<double> knots_bytes;           // size J-1, increasing
+  std::vector<double> knots_bytes;             // size J-1, increasing
   std::vector<double> bandwidths_bytes_per_s;  // size J >= 1
 
   [[nodiscard]] double time_s(double bytes) const;

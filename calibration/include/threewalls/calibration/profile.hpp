@@ -60,10 +60,10 @@ const std::vector<FamilySpec>& family_specs();
 const FamilySpec* find_family_spec(std::string_view name);
 
 // Family names.
-std::string gemm_family(Dtype dt);          // "gemm.bf16"
-std::string grouped_gemm_family(Dtype dt);  // "grouped_gemm.bf16"
-std::string attention_family(bool backward);  // "attention.fwd" / "attention.bwd"
-std::string copy_family(CopyDirection dir);   // "copy.h2d_pinned"
+std::string gemm_family(Dtype dt);                                // "gemm.bf16"
+std::string grouped_gemm_family(Dtype dt);                        // "grouped_gemm.bf16"
+std::string attention_family(bool backward);                      // "attention.fwd" / "attention.bwd"
+std::string copy_family(CopyDirection dir);                       // "copy.h2d_pinned"
 std::string collective_family(CollectiveKind kind, Scope scope);  // "collective.all_reduce.nvlink"
 inline constexpr std::string_view kElementwiseFamily = "elementwise";
 inline constexpr std::string_view kNormFamily = "norm";
@@ -120,14 +120,14 @@ struct Family {
   std::vector<std::vector<double>> params;  // in the order of FamilySpec::params; scalars have one value
   FitQuality quality;
 
-  [[nodiscard]] const FamilySpec& spec() const;  // throws std::logic_error for an unknown name
-  [[nodiscard]] double param(std::string_view key) const;                       // a scalar parameter
+  [[nodiscard]] const FamilySpec& spec() const;            // throws std::logic_error for an unknown name
+  [[nodiscard]] double param(std::string_view key) const;  // a scalar parameter
   [[nodiscard]] const std::vector<double>& param_array(std::string_view key) const;  // an array parameter
 };
 
 // [profile]: identity of the file. `source` is "measured" or "synthetic: <where the numbers come from>".
 struct ProfileInfo {
-  std::string name;       // e.g. "default_h200", "h200"
+  std::string name;  // e.g. "default_h200", "h200"
   std::string source;
   std::string generator;  // what wrote it (a tool and version, or the generator program)
 };

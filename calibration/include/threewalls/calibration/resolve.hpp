@@ -10,8 +10,8 @@ namespace threewalls::calibration {
 
 struct ResolvedProfile {
   std::filesystem::path path;
-  std::string reason;     // one sentence: what was asked and why this file was chosen
-  bool shipped = false;   // true when taken from the profiles folder ("auto")
+  std::string reason;    // one sentence: what was asked and why this file was chosen
+  bool shipped = false;  // true when taken from the profiles folder ("auto")
 };
 
 // The folder of shipped profiles in this build's source tree: <THREEWALLS_SOURCE_DIR>/calibration/profiles.
@@ -23,7 +23,8 @@ std::filesystem::path default_profile_dir();
 // Any other spec is a path; a relative one is taken relative to `scenario_dir`.
 // Throws InputError for an unknown gpu_kind (listing the known ones) or when no file exists
 // (naming every path tried).
-ResolvedProfile resolve_profile(std::string_view spec, std::string_view gpu_kind, const std::filesystem::path& scenario_dir,
+ResolvedProfile resolve_profile(std::string_view spec, std::string_view gpu_kind,
+                                const std::filesystem::path& scenario_dir,
                                 const std::filesystem::path& profile_dir = {});
 
 }  // namespace threewalls::calibration

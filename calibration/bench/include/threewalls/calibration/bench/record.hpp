@@ -1,0 +1,68 @@
+#pragma once
+// The result of one calibration point, and the raw output file that keeps every one of them
+// (`<raw-out>/points.jsonl`, format: docs/formats/calibration_raw.md). A failed or skipped point is
+// a record too (status "error" / "skipped" with the reason): a sweep never ends at a failed point,
+// and nothing measured is lost.
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "threewalls/calibration/bench/plan.hpp"
+#include "threewalls/calibration/profile.hpp"
+#include "threewalls/core/jsonl.hpp"
+
+namespace threewalls::calibration::bench {
+
+inline constexpr const char* kRawFormat = "threewalls.calibration_raw";
+inline constexpr const char* kRawFormatVersion = "1.0";
+
+enum class Status { ok, error, skipped };
+const char* to_string(Status s);
+
+struct Record {
+  PointSpec point;
+  Status status = Status::ok;
+  std::string error;               // why, when status != ok
+  std::vector<double> samples_s;   // seconds per run; each sample is the mean over `reps` runs
+  int reps = 1;                    // back-to-back runs per sample
+  std::string stop;                // StopReason of the stop rule
+  double rel_ci = 0.0;             // CI half-width of the median, relative (stop_rule.hpp)
+  double wall_s = 0.0;             // wall time spent on the point (warm-up, samples, check)
+  std::string check;               // what the correctness check found ("passed: ...")
+  std::vector<Param> metrics;      // derived rates: tflop_per_s, gb_per_s, algbw_gb_per_s, busbw_gb_per_s, ...
+
+  // Median / p10 / p90 of the samples with the raw samples (Measurement::from_samples).
+  [[nodiscard]] Measurement measurement() const;
+  [[nodiscard]] double median_s() const;
+  [[nodiscard]] bool usable() const { return status == Status::ok && !samples_s.empty(); }
+};
+
+// Rates of a measured point (TFLOP/s for compute, GB/s for bytes, nccl-tests algbw/busbw for
+// collectives), from its definitions in plan.hpp.
+std::vector<Param> derived_metrics(const PointSpec& p, double median_s);
+
+// The raw file's header: what was run, where, when.
+struct RawHeader {
+  std::string tool_version;
+  std::string git_sha;
+  std::string mode;        // "quick" / "full"
+  std::string started;     // ISO 8601 UTC
+  std::vector<std::string> argv;
+  Hardware hardware;
+  std::string topology;    // raw `nvidia-smi topo -m` text (or why it is missing)
+  int gpus_used = 1;
+};
+
+OrderedJson to_json(const Record& r);
+OrderedJson to_json(const RawHeader& h);
+OrderedJson to_json(const Hardware& h);
+
+// Reads a points.jsonl. Throws InputError naming file:line and the key for a malformed line, an
+// unknown format or a major version this reader does not know.
+struct RawFile {
+  RawHeader header;
+  std::vector<Record> records;
+};
+RawFile read_raw(const std::filesystem::path& path);
+
+}  // namespace threewalls::calibration::bench

@@ -1,0 +1,793 @@
+// The GPU PointRunner: one setup per section (op group), one measure per point, a correctness check
+// per point. Every op runs the backend function that OpRunner runs for the matching StepGraph op
+// (docs/backend.md, "OpRunner: op kind by op kind"), so the profile describes the kernels
+// `threewalls run` launches.
+#include "threewalls/calibration/bench/gpu_runner.hpp"
+
+#include <nccl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <map>
+#include <stdexcept>
+
+#include "bench_kernels.cuh"
+#include "default_profiles.hpp"
+#include "gpu_internal.hpp"
+#include "threewalls/backend/attention.hpp"
+#include "threewalls/backend/blas.hpp"
+#include "threewalls/backend/copies.hpp"
+#include "threewalls/backend/error.hpp"
+#include "threewalls/backend/handles.hpp"
+#include "threewalls/backend/kernels.hpp"
+#include "threewalls/backend/nccl.hpp"
+#include "threewalls/backend/op_runner.hpp"
+#include "threewalls/calibration/bench/hardware_info.hpp"
+#include "threewalls/core/error.hpp"
+
+namespace threewalls::calibration::bench {
+
+namespace be = threewalls::backend;
+using detail::CheckLog;
+using detail::download_bf16;
+using detail::Timer;
+
+// ---- machine identity ------------------------------------------------------------------------------
+
+MachineIdentity detect_machine(int gpus_wanted, const std::string& gpu_kind) {
+  std::string reason;
+  const int visible = be::device_count(&reason);
+  if (visible == 0) throw SystemError("calibrate: no CUDA device: " + reason);
+  if (gpus_wanted < 0 || gpus_wanted > visible) {
+    throw InputError("calibrate: --gpus " + std::to_string(gpus_wanted) + ": " + std::to_string(visible) +
+                     " GPU(s) visible; allowed: 1 to " + std::to_string(visible) + " (0 = all)");
+  }
+  MachineIdentity id;
+  id.gpus_available = visible;
+  const int gpus = gpus_wanted == 0 ? visible : gpus_wanted;
+  be::set_device(0);
+  cudaDeviceProp prop{};
+  TW_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  Hardware& hw = id.hardware;
+  hw.gpu_name = prop.name;
+  hw.gpu_kind = gpu_kind.empty() ? gpu_kind_of(hw.gpu_name) : gpu_kind;
+  const auto& kinds = known_gpu_kinds();
+  if (std::find(kinds.begin(), kinds.end(), hw.gpu_kind) == kinds.end()) {
+    throw InputError("calibrate: GPU '" + hw.gpu_name + "' is not a known kind" +
+                     (gpu_kind.empty() ? "" : " ('" + gpu_kind + "' given)") +
+                     "; pass --gpu-kind with one of: h100, h200 (the kinds profiles are shipped for)");
+  }
+  hw.sm_count = prop.multiProcessorCount;
+  hw.memory_bytes = static_cast<std::int64_t>(prop.totalGlobalMem);
+  int khz = 0;
+  if (cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0) == cudaSuccess) hw.sm_clock_mhz = khz / 1000.0;
+  if (cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, 0) == cudaSuccess) hw.memory_clock_mhz = khz / 1000.0;
+  static_cast<void>(cudaGetLastError());
+  bool ok = false;
+  const SmiQuery q = parse_smi_query(
+      run_command("nvidia-smi --id=0 --query-gpu=driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader,nounits", ok));
+  hw.driver_version = ok && !q.driver_version.empty() ? q.driver_version : "unknown (nvidia-smi not available)";
+  if (q.max_sm_clock_mhz > 0) hw.sm_clock_mhz = q.max_sm_clock_mhz;
+  if (q.max_memory_clock_mhz > 0) hw.memory_clock_mhz = q.max_memory_clock_mhz;
+  if (!(hw.sm_clock_mhz > 0)) hw.sm_clock_mhz = 1.0;  // the format needs > 0; "unknown" is said in machine
+  if (!(hw.memory_clock_mhz > 0)) hw.memory_clock_mhz = 1.0;
+  int runtime = 0, driver_api = 0;
+  TW_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+  TW_CUDA_CHECK(cudaDriverGetVersion(&driver_api));
+  hw.cuda_version = "runtime " + std::to_string(runtime / 1000) + "." + std::to_string(runtime % 1000 / 10) +
+                    ", driver API " + std::to_string(driver_api / 1000) + "." + std::to_string(driver_api % 1000 / 10);
+  hw.nccl_version = be::nccl_version();
+  hw.gpus_seen = visible;
+  id.topology_text = run_command("nvidia-smi topo -m", ok);
+  if (!ok) id.topology_text = "nvidia-smi topo -m could not be run";
+  hw.links_seen = links_from_topology(id.topology_text, gpus);
+  if (hw.links_seen.empty()) {
+    hw.links_seen.push_back(gpus < 2 ? "none: one GPU used" : "unknown: no GPU matrix in `nvidia-smi topo -m`");
+  }
+  hw.machine = describe_machine() + "; " + std::to_string(gpus) + " of " + std::to_string(visible) + " GPUs used";
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  hw.date = date;
+  // Datasheet peaks of the kind (the same numbers the default profile uses).
+  const Hardware sheet = defaults::make_default_profile(hw.gpu_kind).hardware();
+  hw.peak_bf16_flop_per_s = sheet.peak_bf16_flop_per_s;
+  hw.peak_fp8_flop_per_s = sheet.peak_fp8_flop_per_s;
+  hw.peak_fp32_flop_per_s = sheet.peak_fp32_flop_per_s;
+  hw.hbm_bandwidth_datasheet_bytes_per_s = sheet.hbm_bandwidth_datasheet_bytes_per_s;
+  return id;
+}
+
+namespace {
+
+std::size_t sz(double v) { return static_cast<std::size_t>(std::max(0.0, v)); }
+std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(std::max<std::int64_t>(0, v)); }
+
+be::DeviceBuffer random_bf16(std::size_t elements, std::uint64_t seed, cudaStream_t s) {
+  be::DeviceBuffer b(std::max<std::size_t>(elements, 1) * 2);
+  be::fill_random(b.as<be::bf16>(), static_cast<std::int64_t>(elements), seed, 1.0F, s);
+  return b;
+}
+
+be::GemmLayout layout_of(int code) {
+  return code == kLayoutDgrad ? be::GemmLayout::dgrad : code == kLayoutWgrad ? be::GemmLayout::wgrad : be::GemmLayout::forward;
+}
+
+// Checks C = op(A) op(B) at a few elements against a double-precision dot product of the stored
+// (bf16 or e4m3) inputs. Bound per element: 2% of the L2 norm of the products plus 1% of the value
+// (bf16 output rounding); a wrong layout or garbage misses by about the norm itself.
+std::string check_gemm(const be::GemmShape& g, const void* a, const void* b, const void* c, bool fp8) {
+  CheckLog log(std::string("C = op(A) op(B) against a CPU dot product (") + (fp8 ? "e4m3" : "bf16") + " inputs)");
+  const std::int64_t m = g.m, n = g.n, k = g.k;
+  const std::vector<std::pair<std::int64_t, std::int64_t>> at{{0, 0}, {m - 1, n - 1}, {m / 2, n / 3}, {m / 3, n - 1}, {m - 1, 0}};
+  for (const auto& [i, j] : at) {
+    const bool ta = g.ta == be::Trans::t, tb = g.tb == be::Trans::t;
+    // op(A)[i, l]: A stored [m, k] (n) or [k, m] (t); op(B)[l, j]: B stored [k, n] (n) or [n, k] (t).
+    const std::int64_t a_first = ta ? i : i * k, a_stride = ta ? m : 1;
+    const std::int64_t b_first = tb ? j * k : j, b_stride = tb ? 1 : n;
+    const auto av = fp8 ? detail::download_fp8(a, a_first, k, a_stride) : download_bf16(a, a_first, k, a_stride);
+    const auto bv = fp8 ? detail::download_fp8(b, b_first, k, b_stride) : download_bf16(b, b_first, k, b_stride);
+    double ref = 0.0, norm = 0.0;
+    for (std::int64_t l = 0; l < k; ++l) {
+      const double p = av[sz(l)] * bv[sz(l)];
+      ref += p;
+      norm += p * p;
+    }
+    const double got = download_bf16(c, i * n + j, 1)[0];
+    log.expect_near(got, ref, 0.02 * std::sqrt(norm) + 0.01 * std::fabs(ref) + 1e-6,
+                    "C[" + std::to_string(i) + "," + std::to_string(j) + "]");
+  }
+  return log.passed();
+}
+
+// Attention reference for query row `row` of (batch 0, head 0): o = softmax(q K^T / sqrt(d)) V over
+// the visible keys, in double from the stored bf16 inputs.
+struct AttnRef {
+  std::vector<double> p;  // probabilities over keys (0 where masked)
+  std::vector<double> o;
+};
+AttnRef attention_row(const be::AttentionShape& s, const void* q, const void* k, const void* v, std::int64_t row) {
+  const auto qv = download_bf16(q, row * s.head_dim_qk, s.head_dim_qk);
+  const auto kv = download_bf16(k, 0, s.seq_kv * s.head_dim_qk);
+  const auto vv = download_bf16(v, 0, s.seq_kv * s.head_dim_v);
+  const std::int64_t last = s.causal ? std::min(s.seq_kv - 1, row + s.seq_kv - s.seq_q) : s.seq_kv - 1;
+  AttnRef r;
+  r.p.assign(sz(s.seq_kv), 0.0);
+  r.o.assign(sz(s.head_dim_v), 0.0);
+  double mx = -1e300;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim_qk));
+  for (std::int64_t j = 0; j <= last; ++j) {
+    double dot = 0.0;
+    for (std::int64_t d = 0; d < s.head_dim_qk; ++d) dot += qv[sz(d)] * kv[sz(j * s.head_dim_qk + d)];
+    r.p[sz(j)] = dot * scale;
+    mx = std::max(mx, r.p[sz(j)]);
+  }
+  double sum = 0.0;
+  for (std::int64_t j = 0; j <= last; ++j) sum += (r.p[sz(j)] = std::exp(r.p[sz(j)] - mx));
+  for (std::int64_t j = 0; j <= last; ++j) {
+    r.p[sz(j)] /= sum;
+    for (std::int64_t d = 0; d < s.head_dim_v; ++d) r.o[sz(d)] += r.p[sz(j)] * vv[sz(j * s.head_dim_v + d)];
+  }
+  return r;
+}
+
+class GpuRunner final : public PointRunner {
+ public:
+  explicit GpuRunner(const GpuRunnerOptions& o) : opt_(o), clock_(steady_clock()) {
+    be::set_device(0);
+    be::set_thread_rank(0);
+    stream_ = std::make_unique<be::Stream>();
+    timer_ = std::make_unique<Timer>(stream_->get());
+    lt_ = std::make_unique<be::CublasLt>();
+  }
+  ~GpuRunner() override {
+    if (!disk_path_.empty()) std::filesystem::remove(disk_path_);
+  }
+
+  void begin_section(const std::string& section, const std::vector<PointSpec>& points) override {
+    be::set_device(0);
+    section_ = section;
+    if (section == "copy") begin_copy(points);
+    if (section == "memory") begin_memory(points);
+    if (section == "gemm") begin_gemm(points);
+    if (section == "grouped") begin_grouped(points);
+    if (section == "attention") begin_attention(points);
+    if (section == "host") begin_host();
+    if (section == "concurrency") begin_concurrency(points);
+    if (section == "collective") {
+      max_coll_bytes_ = 0.0;
+      for (const auto& p : points) max_coll_bytes_ = std::max(max_coll_bytes_, p.bytes);
+      collectives_ = std::make_unique<detail::CollectiveBench>(opt_.seed, clock_);
+    }
+    TW_CUDA_CHECK(cudaStreamSynchronize(*stream_));
+  }
+
+  void end_section(const std::string& section) override {
+    be::set_device(0);
+    TW_CUDA_CHECK(cudaDeviceSynchronize());
+    for (auto& b : buf_) b = be::DeviceBuffer();
+    pinned_ = be::PinnedBuffer();
+    pageable_.clear();
+    pageable_.shrink_to_fit();
+    attention_.reset();
+    side_lts_.clear();
+    side_streams_.clear();
+    comm_.reset();
+    collectives_.reset();
+    if (!disk_path_.empty()) {
+      std::filesystem::remove(disk_path_);
+      disk_path_.clear();
+    }
+    static_cast<void>(section);
+  }
+
+  void measure(const StopRule& rule, Record& r) override {
+    be::set_device(0);
+    const std::string& op = r.point.op;
+    if (op.rfind("copy_", 0) == 0) return measure_copy(rule, r);
+    if (op.rfind("elementwise_", 0) == 0 || op.rfind("norm_", 0) == 0) return measure_memory(rule, r);
+    if (op == "gemm_bf16" || op == "gemm_fp8") return measure_gemm(rule, r);
+    if (op == "grouped_gemm_bf16") return measure_grouped(rule, r);
+    if (op == "attention_fwd" || op == "attention_bwd") return measure_attention(rule, r);
+    if (op.rfind("host_", 0) == 0) return measure_host_op(rule, r);
+    if (op == "concurrency_gemm") return measure_concurrency(rule, r);
+    if (collectives_) return collectives_->measure(rule, max_coll_bytes_, r);
+    throw std::logic_error("GPU runner: no handler for op " + op);
+  }
+
+ private:
+  cudaStream_t s() const { return stream_->get(); }
+  void device(const Work& w, bool batch, const StopRule& rule, Record& r) {
+    detail::measure_device(rule, clock_, *timer_, s(), w, batch, r);
+  }
+  using Work = detail::Work;
+
+  // ---- copies ----
+  void begin_copy(const std::vector<PointSpec>& points) {
+    double dev = 0, pinned = 0, pageable = 0, disk = 0;
+    for (const auto& p : points) {
+      if (p.op == "copy_d2d" || p.op.find("pinned") != std::string::npos || p.op.find("pageable") != std::string::npos) {
+        dev = std::max(dev, p.bytes);
+      }
+      if (p.op.find("pinned") != std::string::npos) pinned = std::max(pinned, p.bytes);
+      if (p.op.find("pageable") != std::string::npos) pageable = std::max(pageable, p.bytes);
+      if (p.op == "copy_disk_read") disk = std::max(disk, p.bytes);
+    }
+    buf_[0] = random_bf16(sz(dev / 2), opt_.seed + 11, s());
+    buf_[1] = be::DeviceBuffer(std::max<std::size_t>(sz(dev), 2));
+    if (pinned > 0 || disk > 0) {
+      pinned_ = be::PinnedBuffer(std::max(sz(pinned), be::round_up_direct(sz(disk))));
+      for (std::size_t i = 0; i < pinned_.size(); ++i) pinned_.as<unsigned char>()[i] = static_cast<unsigned char>(i * 7 + 3);
+    }
+    pageable_.assign(sz(pageable), 0);
+    for (std::size_t i = 0; i < pageable_.size(); ++i) pageable_[i] = static_cast<char>(i * 13 + 5);
+    if (disk > 0) {
+      disk_path_ = opt_.scratch_dir + "/threewalls_calibrate_" + std::to_string(::getpid()) + ".bin";
+      be::write_random_file(disk_path_, sz(disk), opt_.seed);
+    }
+  }
+
+  // Compares three 64-byte windows (start, middle, end) of two buffers (device or host).
+  static std::string compare_bytes(const void* got, bool got_dev, const void* want, bool want_dev, std::size_t bytes) {
+    CheckLog log("copied bytes equal their source (start, middle, end)");
+    for (const std::size_t at : {std::size_t{0}, bytes / 2, bytes > 64 ? bytes - 64 : 0}) {
+      const std::size_t n = std::min<std::size_t>(64, bytes - at);
+      std::vector<unsigned char> g(n), w(n);
+      TW_CUDA_CHECK(cudaMemcpy(g.data(), static_cast<const char*>(got) + at, n, got_dev ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost));
+      TW_CUDA_CHECK(cudaMemcpy(w.data(), static_cast<const char*>(want) + at, n, want_dev ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost));
+      for (std::size_t i = 0; i < n; ++i) log.expect_near(g[i], w[i], 0.5, "byte " + std::to_string(at + i));
+    }
+    return log.passed();
+  }
+
+  void measure_copy(const StopRule& rule, Record& r) {
+    const std::size_t bytes = sz(r.point.bytes);
+    const std::string& op = r.point.op;
+    void* dev_src = buf_[0].data();
+    void* dev_dst = buf_[1].data();
+    if (op == "copy_disk_read") {
+      bool direct = false;
+      detail::measure_host(rule, clock_, 1, [&] { direct = be::read_file_into(disk_path_, 0, bytes, pinned_).direct; }, r);
+      const auto res = be::read_file_into(disk_path_, 0, bytes, pinned_);
+      if (res.bytes != bytes) throw std::runtime_error("correctness check failed: read " + std::to_string(res.bytes) + " bytes");
+      r.check = std::string("passed: ") + std::to_string(bytes) + " bytes read" + (direct ? " (O_DIRECT)" : " (buffered: page cache)");
+      return;
+    }
+    Work w;
+    const void* got = nullptr;
+    const void* want = nullptr;
+    bool got_dev = true, want_dev = true, batch = true;
+    if (op == "copy_h2d_pinned") {
+      w = [&](cudaStream_t st) { be::copy_h2d(dev_dst, pinned_.data(), bytes, st); };
+      got = dev_dst, want = pinned_.data(), want_dev = false;
+    } else if (op == "copy_d2h_pinned") {
+      w = [&](cudaStream_t st) { be::copy_d2h(pinned_.data(), dev_src, bytes, st); };
+      got = pinned_.data(), got_dev = false, want = dev_src;
+    } else if (op == "copy_h2d_pageable") {
+      w = [&](cudaStream_t st) { be::copy_h2d(dev_dst, pageable_.data(), bytes, st); };
+      got = dev_dst, want = pageable_.data(), want_dev = false, batch = false;  // host-synchronous staging
+    } else if (op == "copy_d2h_pageable") {
+      w = [&](cudaStream_t st) { be::copy_d2h(pageable_.data(), dev_src, bytes, st); };
+      got = pageable_.data(), got_dev = false, want = dev_src, batch = false;
+    } else {
+      w = [&](cudaStream_t st) { be::copy_d2d(dev_dst, dev_src, bytes, st); };
+      got = dev_dst, want = dev_src;
+    }
+    device(w, batch, rule, r);
+    TW_CUDA_CHECK(cudaStreamSynchronize(s()));
+    r.check = compare_bytes(got, got_dev, want, want_dev, bytes);
+  }
+
+  // ---- element-wise and norms ----
+  void begin_memory(const std::vector<PointSpec>& points) {
+    std::size_t need[3] = {1, 1, 1};
+    std::int64_t max_rows = 1, max_hidden = 1;
+    for (const auto& p : points) {
+      if (p.op.rfind("norm_", 0) == 0) {
+        const auto e = sz(p.iparam("rows") * p.iparam("hidden"));
+        for (auto& n : need) n = std::max(n, e);
+        max_rows = std::max(max_rows, p.iparam("rows"));
+        max_hidden = std::max(max_hidden, p.iparam("hidden"));
+      } else {
+        const auto e = sz(p.iparam("elements"));
+        // swiglu: x [2e] in slot 0 or 1; dx [2e] in slot 2 (slot sizes: OpRunner's elementwise need).
+        need[0] = std::max(need[0], 2 * e);
+        need[1] = std::max(need[1], 2 * e);
+        need[2] = std::max(need[2], 2 * e);
+      }
+    }
+    buf_[0] = random_bf16(need[0], opt_.seed + 21, s());
+    buf_[1] = random_bf16(need[1], opt_.seed + 22, s());
+    buf_[2] = be::DeviceBuffer(need[2] * 2);
+    buf_[3] = random_bf16(sz(max_hidden), opt_.seed + 23, s());  // gamma
+    buf_[4] = be::DeviceBuffer(sz(max_rows) * 4);                 // rstd
+    buf_[5] = be::DeviceBuffer(sz(max_hidden) * 4);               // dgamma
+    TW_CUDA_CHECK(cudaMemsetAsync(buf_[5].data(), 0, buf_[5].size(), s()));
+  }
+
+  void measure_memory(const StopRule& rule, Record& r) {
+    const std::string& op = r.point.op;
+    auto* a = buf_[0].as<be::bf16>();
+    auto* b = buf_[1].as<be::bf16>();
+    auto* c = buf_[2].as<be::bf16>();
+    const std::vector<std::int64_t> picks = [&] {
+      const std::int64_t e = op.rfind("norm_", 0) == 0 ? r.point.iparam("rows") : r.point.iparam("elements");
+      return std::vector<std::int64_t>{0, e / 3, e / 2, e - 1};
+    }();
+    if (op == "elementwise_add") {
+      const std::int64_t e = r.point.iparam("elements");
+      device([&](cudaStream_t st) { be::add(a, b, c, e, st); }, true, rule, r);
+      CheckLog log("out = a + b");
+      for (const auto i : picks) {
+        const double want = detail::bf16_round(download_bf16(a, i, 1)[0] + download_bf16(b, i, 1)[0]);
+        log.expect_near(download_bf16(c, i, 1)[0], want, 0.01 * std::fabs(want) + 1e-6, "element " + std::to_string(i));
+      }
+      r.check = log.passed();
+    } else if (op == "elementwise_copy") {
+      const std::int64_t e = r.point.iparam("elements");
+      device([&](cudaStream_t st) { be::copy_d2d(c, a, sz(e) * 2, st); }, true, rule, r);
+      CheckLog log("copy equals its source");
+      for (const auto i : picks) log.expect_near(download_bf16(c, i, 1)[0], download_bf16(a, i, 1)[0], 1e-30, "element " + std::to_string(i));
+      r.check = log.passed();
+    } else if (op == "elementwise_swiglu") {
+      const std::int64_t e = r.point.iparam("elements");
+      device([&](cudaStream_t st) { be::swiglu_fwd(a, c, 1, e, st); }, true, rule, r);
+      CheckLog log("y = silu(gate) up");
+      for (const auto j : picks) {
+        const double g = download_bf16(a, j, 1)[0], u = download_bf16(a, e + j, 1)[0];
+        const double want = g / (1.0 + std::exp(-g)) * u;
+        log.expect_near(download_bf16(c, j, 1)[0], want, 0.01 * std::fabs(want) + 1e-3, "element " + std::to_string(j));
+      }
+      r.check = log.passed();
+    } else if (op == "elementwise_swiglu_bwd") {
+      const std::int64_t e = r.point.iparam("elements");
+      device([&](cudaStream_t st) { be::swiglu_bwd(b, a, c, 1, e, st); }, true, rule, r);
+      CheckLog log("SwiGLU backward (d gate, d up)");
+      for (const auto j : picks) {
+        const double g = download_bf16(a, j, 1)[0], u = download_bf16(a, e + j, 1)[0], d = download_bf16(b, j, 1)[0];
+        const double sig = 1.0 / (1.0 + std::exp(-g));
+        const double dgate = d * u * sig * (1.0 + g * (1.0 - sig)), dup = d * g * sig;
+        log.expect_near(download_bf16(c, j, 1)[0], dgate, 0.01 * std::fabs(dgate) + 1e-3, "d gate " + std::to_string(j));
+        log.expect_near(download_bf16(c, e + j, 1)[0], dup, 0.01 * std::fabs(dup) + 1e-3, "d up " + std::to_string(j));
+      }
+      r.check = log.passed();
+    } else {
+      const std::int64_t rows = r.point.iparam("rows"), h = r.point.iparam("hidden");
+      auto* gamma = buf_[3].as<be::bf16>();
+      auto* rstd = buf_[4].as<float>();
+      be::rmsnorm_fwd(a, gamma, c, rstd, rows, h, 1e-5F, s());  // rstd for the backward
+      const bool bwd = op == "norm_rmsnorm_bwd";
+      if (bwd) {
+        device([&](cudaStream_t st) { be::rmsnorm_bwd(b, a, gamma, rstd, c, buf_[5].as<float>(), rows, h, st); }, true, rule, r);
+      } else {
+        device([&](cudaStream_t st) { be::rmsnorm_fwd(a, gamma, c, rstd, rows, h, 1e-5F, st); }, true, rule, r);
+      }
+      TW_CUDA_CHECK(cudaStreamSynchronize(s()));
+      CheckLog log(bwd ? "RMSNorm backward dx of a row (relative L2)" : "RMSNorm forward of a row (relative L2)");
+      const auto g = download_bf16(gamma, 0, h);
+      for (const std::int64_t row : {std::int64_t{0}, rows - 1}) {
+        const auto x = download_bf16(a, row * h, h);
+        const auto dy = download_bf16(b, row * h, h);
+        double ss = 0.0;
+        for (const double v : x) ss += v * v;
+        const double rs = 1.0 / std::sqrt(ss / static_cast<double>(h) + 1e-5);
+        std::vector<double> want(sz(h));
+        if (bwd) {
+          double dot = 0.0;
+          for (std::int64_t j = 0; j < h; ++j) dot += dy[sz(j)] * g[sz(j)] * x[sz(j)];
+          const double cc = dot * rs * rs * rs / static_cast<double>(h);
+          for (std::int64_t j = 0; j < h; ++j) want[sz(j)] = rs * g[sz(j)] * dy[sz(j)] - x[sz(j)] * cc;
+        } else {
+          for (std::int64_t j = 0; j < h; ++j) want[sz(j)] = x[sz(j)] * rs * g[sz(j)];
+        }
+        log.expect_near(detail::rel_l2(download_bf16(c, row * h, h), want), 0.0, 0.02, "row " + std::to_string(row));
+      }
+      r.check = log.passed();
+    }
+  }
+
+  // ---- dense GEMM ----
+  void begin_gemm(const std::vector<PointSpec>& points) {
+    double a = 1, b = 1, c = 1, a8 = 0, b8 = 0;
+    for (const auto& p : points) {
+      const double m = p.param("m"), n = p.param("n"), k = p.param("k");
+      if (p.op == "gemm_fp8") {
+        a8 = std::max(a8, m * k);
+        b8 = std::max(b8, k * n);
+      } else {
+        a = std::max(a, m * k);
+        b = std::max(b, k * n);
+      }
+      c = std::max(c, m * n);
+    }
+    buf_[0] = random_bf16(sz(a), opt_.seed + 31, s());
+    buf_[1] = random_bf16(sz(b), opt_.seed + 32, s());
+    buf_[2] = be::DeviceBuffer(sz(c) * 2);
+    if (a8 > 0) {
+      buf_[3] = be::DeviceBuffer(sz(a8));
+      buf_[4] = be::DeviceBuffer(sz(b8));
+      be::fill_random(buf_[3].as<be::fp8>(), static_cast<std::int64_t>(a8), opt_.seed + 33, 1.0F, s());
+      be::fill_random(buf_[4].as<be::fp8>(), static_cast<std::int64_t>(b8), opt_.seed + 34, 1.0F, s());
+    }
+  }
+
+  void measure_gemm(const StopRule& rule, Record& r) {
+    const bool fp8 = r.point.op == "gemm_fp8";
+    const be::GemmShape g = be::linear_gemm(layout_of(static_cast<int>(r.point.iparam("layout"))), r.point.iparam("m"),
+                                            r.point.iparam("n"), r.point.iparam("k"),
+                                            fp8 ? be::GemmType::e4m3 : be::GemmType::bfloat16);
+    const void* a = fp8 ? buf_[3].data() : buf_[0].data();
+    const void* b = fp8 ? buf_[4].data() : buf_[1].data();
+    void* c = buf_[2].data();
+    TW_CUDA_CHECK(cudaMemsetAsync(c, 0xFF, sz(g.m * g.n) * 2, s()));  // NaN: an unwritten C fails the check
+    device([&](cudaStream_t st) { lt_->gemm(g, a, b, c, st); }, true, rule, r);
+    TW_CUDA_CHECK(cudaStreamSynchronize(s()));
+    r.check = check_gemm(g, a, b, c, fp8);
+  }
+
+  // ---- grouped GEMM ----
+  void begin_grouped(const std::vector<PointSpec>& points) {
+    double x = 1, w = 1, y = 1;
+    for (const auto& p : points) {
+      x = std::max(x, p.param("total_rows") * p.param("k"));
+      w = std::max(w, p.param("groups") * p.param("n") * p.param("k"));
+      y = std::max(y, p.param("total_rows") * p.param("n"));
+    }
+    buf_[0] = random_bf16(sz(x), opt_.seed + 41, s());
+    buf_[1] = random_bf16(sz(w), opt_.seed + 42, s());
+    buf_[2] = be::DeviceBuffer(sz(y) * 2);
+  }
+
+  void measure_grouped(const StopRule& rule, Record& r) {
+    const std::int64_t groups = r.point.iparam("groups"), total = r.point.iparam("total_rows");
+    const std::int64_t max_rows = r.point.iparam("max_rows"), n = r.point.iparam("n"), k = r.point.iparam("k");
+    const std::vector<std::int64_t> rows = be::expert_rows(total, groups, max_rows);
+    const be::bf16* x = buf_[0].as<be::bf16>();
+    const be::bf16* w = buf_[1].as<be::bf16>();
+    be::bf16* y = buf_[2].as<be::bf16>();
+    TW_CUDA_CHECK(cudaMemsetAsync(y, 0xFF, sz(total * n) * 2, s()));
+    be::GroupedGemm gg(*lt_, be::GemmLayout::forward, rows, n, k, x, w, y, be::OpRunnerConfig{}.grouped_impl);
+    device([&](cudaStream_t st) { gg.run(st); }, true, rule, r);
+    TW_CUDA_CHECK(cudaStreamSynchronize(s()));
+    // Y_e = X_e W_e^T at the first and last row of the hot expert and of the last non-empty expert.
+    CheckLog log(std::string("grouped Y_e = X_e W_e^T against a CPU dot product (") + be::to_string(be::OpRunnerConfig{}.grouped_impl) + ")");
+    std::int64_t off = 0, last_e = 0, last_off = 0;
+    for (std::size_t e = 0; e < rows.size(); ++e) {
+      if (rows[e] > 0) {
+        last_e = static_cast<std::int64_t>(e);
+        last_off = off;
+      }
+      off += rows[e];
+    }
+    for (const auto& [e, row_off, nrows] :
+         std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{{0, 0, rows[0]}, {last_e, last_off, rows[sz(last_e)]}}) {
+      if (nrows <= 0) continue;
+      for (const auto& [i, j] : std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 0}, {nrows - 1, n - 1}}) {
+        const auto xv = download_bf16(x, (row_off + i) * k, k);
+        const auto wv = download_bf16(w, e * n * k + j * k, k);
+        double ref = 0.0, norm = 0.0;
+        for (std::int64_t l = 0; l < k; ++l) {
+          ref += xv[sz(l)] * wv[sz(l)];
+          norm += (xv[sz(l)] * wv[sz(l)]) * (xv[sz(l)] * wv[sz(l)]);
+        }
+        log.expect_near(download_bf16(y, (row_off + i) * n + j, 1)[0], ref, 0.02 * std::sqrt(norm) + 0.01 * std::fabs(ref),
+                        "expert " + std::to_string(e) + " row " + std::to_string(i) + " col " + std::to_string(j));
+      }
+    }
+    r.check = log.passed();
+  }
+
+  // ---- attention ----
+  void begin_attention(const std::vector<PointSpec>& points) {
+    double q = 1, kv_qk = 1, kv_v = 1, o = 1, rows = 1;
+    for (const auto& p : points) {
+      const double bh = p.param("batch") * p.param("heads");
+      q = std::max(q, bh * p.param("seq_q") * p.param("head_dim_qk"));
+      kv_qk = std::max(kv_qk, bh * p.param("seq_kv") * p.param("head_dim_qk"));
+      kv_v = std::max(kv_v, bh * p.param("seq_kv") * p.param("head_dim_v"));
+      o = std::max(o, bh * p.param("seq_q") * p.param("head_dim_v"));
+      rows = std::max(rows, bh * p.param("seq_q"));
+    }
+    buf_[0] = random_bf16(sz(q), opt_.seed + 51, s());
+    buf_[1] = random_bf16(sz(kv_qk), opt_.seed + 52, s());
+    buf_[2] = random_bf16(sz(kv_v), opt_.seed + 53, s());
+    buf_[3] = be::DeviceBuffer(sz(o) * 2);
+    buf_[4] = random_bf16(sz(o), opt_.seed + 54, s());  // dO
+    buf_[5] = be::DeviceBuffer(sz(rows) * 4);            // lse
+    buf_[6] = be::DeviceBuffer(sz(q) * 2);               // dQ
+    buf_[7] = be::DeviceBuffer(sz(kv_qk) * 2);           // dK
+    buf_[8] = be::DeviceBuffer(sz(kv_v) * 2);            // dV
+    attention_ = std::make_unique<be::Attention>(*lt_, be::OpRunnerConfig{}.attention_workspace);
+  }
+
+  void measure_attention(const StopRule& rule, Record& r) {
+    const auto& p = r.point;
+    const be::AttentionShape sh{p.iparam("batch"),   p.iparam("seq_q"),      p.iparam("seq_kv"), p.iparam("heads"),
+                                p.iparam("head_dim_qk"), p.iparam("head_dim_v"), p.iparam("causal") != 0};
+    auto* q = buf_[0].as<be::bf16>();
+    auto* k = buf_[1].as<be::bf16>();
+    auto* v = buf_[2].as<be::bf16>();
+    auto* o = buf_[3].as<be::bf16>();
+    auto* d_o = buf_[4].as<be::bf16>();
+    auto* lse = buf_[5].as<float>();
+    attention_->reserve(sh);
+    attention_->forward(sh, q, k, v, o, lse, s());  // backward consumes a real O and log-sum-exp
+    const bool bwd = p.op == "attention_bwd";
+    if (bwd) {
+      device([&](cudaStream_t st) {
+        attention_->backward(sh, q, k, v, o, d_o, lse, buf_[6].as<be::bf16>(), buf_[7].as<be::bf16>(), buf_[8].as<be::bf16>(), st);
+      }, true, rule, r);
+    } else {
+      device([&](cudaStream_t st) { attention_->forward(sh, q, k, v, o, lse, st); }, true, rule, r);
+    }
+    TW_CUDA_CHECK(cudaStreamSynchronize(s()));
+    CheckLog log(bwd ? "attention backward dQ rows of (batch 0, head 0) against a CPU reference (relative L2)"
+                     : "attention forward rows of (batch 0, head 0) against a CPU reference (relative L2)");
+    const auto kv = download_bf16(k, 0, sh.seq_kv * sh.head_dim_qk);
+    const auto vv = download_bf16(v, 0, sh.seq_kv * sh.head_dim_v);
+    for (const std::int64_t row : {sh.seq_q - 1, sh.seq_q / 2}) {
+      const AttnRef ref = attention_row(sh, q, k, v, row);
+      if (!bwd) {
+        log.expect_near(detail::rel_l2(download_bf16(o, row * sh.head_dim_v, sh.head_dim_v), ref.o), 0.0, 0.03,
+                        "row " + std::to_string(row));
+        continue;
+      }
+      // dQ_i = scale sum_j P_ij (dP_ij - D_i) K_j, dP_ij = dO_i . V_j, D_i = dO_i . O_i (the GPU's O).
+      const auto dov = download_bf16(d_o, row * sh.head_dim_v, sh.head_dim_v);
+      const auto ov = download_bf16(o, row * sh.head_dim_v, sh.head_dim_v);
+      double dd = 0.0;
+      for (std::int64_t t = 0; t < sh.head_dim_v; ++t) dd += dov[sz(t)] * ov[sz(t)];
+      std::vector<double> dq(sz(sh.head_dim_qk), 0.0);
+      const double scale = 1.0 / std::sqrt(static_cast<double>(sh.head_dim_qk));
+      for (std::int64_t j = 0; j < sh.seq_kv; ++j) {
+        if (ref.p[sz(j)] == 0.0) continue;
+        double dp = 0.0;
+        for (std::int64_t t = 0; t < sh.head_dim_v; ++t) dp += dov[sz(t)] * vv[sz(j * sh.head_dim_v + t)];
+        const double ds = ref.p[sz(j)] * (dp - dd);
+        for (std::int64_t t = 0; t < sh.head_dim_qk; ++t) dq[sz(t)] += scale * ds * kv[sz(j * sh.head_dim_qk + t)];
+      }
+      log.expect_near(detail::rel_l2(download_bf16(buf_[6].data(), row * sh.head_dim_qk, sh.head_dim_qk), dq), 0.0, 0.1,
+                      "dQ row " + std::to_string(row));
+    }
+    r.check = log.passed();
+  }
+
+  // ---- host overheads ----
+  void begin_host() {
+    buf_[0] = be::DeviceBuffer(sizeof(int));
+    TW_CUDA_CHECK(cudaMemsetAsync(buf_[0].data(), 0, sizeof(int), s()));
+    buf_[1] = random_bf16(512, opt_.seed + 61, s());  // 1 KiB for the 1-rank all-reduce
+    buf_[2] = be::DeviceBuffer(1024);
+  }
+
+  int counter() {
+    TW_CUDA_CHECK(cudaStreamSynchronize(s()));
+    int v = 0;
+    TW_CUDA_CHECK(cudaMemcpy(&v, buf_[0].data(), sizeof v, cudaMemcpyDeviceToHost));
+    return v;
+  }
+
+  std::string expect_count(int before, long long launched, const char* what) {
+    const int got = counter() - before;
+    if (got != launched) {
+      throw std::runtime_error(std::string("correctness check failed: ") + what + ": " + std::to_string(got) + " of " +
+                               std::to_string(launched) + " counting kernels ran");
+    }
+    return std::string("passed: all ") + std::to_string(launched) + " counting kernels ran (" + what + ")";
+  }
+
+  void measure_host_op(const StopRule& rule, Record& r) {
+    const std::string what = r.point.op.substr(5);
+    int* cnt = buf_[0].as<int>();
+    const int before = counter();
+    long long launched = 0;
+    if (what == "kernel_launch") {
+      detail::measure_host(rule, clock_, 100, [&] { kernels::launch_count(cnt, s()); ++launched; }, r);
+      r.check = expect_count(before, launched, "host time of one kernel launch");
+    } else if (what == "event_record") {
+      be::Event e(true);
+      detail::measure_host(rule, clock_, 100, [&] { e.record(s()); }, r);
+      TW_CUDA_CHECK(cudaStreamSynchronize(s()));
+      if (!e.done()) throw std::runtime_error("correctness check failed: the recorded event never completed");
+      r.check = "passed: the recorded event completed after the stream synchronised";
+    } else if (what == "stream_sync") {
+      // Host time of cudaStreamSynchronize right after launching a (counting, empty) kernel: the wait
+      // for a trivial kernel plus the wake-up (DESIGN.md §4's "stream sync after launch").
+      const Sampling smp = sample_until(rule, clock_, [&] {
+        double t = 0.0;
+        for (int i = 0; i < 20; ++i) {
+          kernels::launch_count(cnt, s());
+          ++launched;
+          const auto t0 = std::chrono::steady_clock::now();
+          TW_CUDA_CHECK(cudaStreamSynchronize(s()));
+          t += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        }
+        return t / 20.0;
+      });
+      r.samples_s = smp.samples, r.reps = 20, r.stop = to_string(smp.reason), r.rel_ci = smp.rel_ci;
+      r.check = expect_count(before, launched, "sync after each launch");
+    } else if (what == "gpu_read") {
+      // OpRunner::gpu_read (a 4-byte device-to-host read that blocks until the stream reaches it),
+      // right after a kernel launch, as a routing-statistics read after the router kernel.
+      be::OpRunner runner(be::OpRunnerConfig{});
+      const Sampling smp = sample_until(rule, clock_, [&] {
+        double t = 0.0;
+        for (int i = 0; i < 20; ++i) {
+          kernels::launch_count(cnt, s());
+          ++launched;
+          const auto t0 = std::chrono::steady_clock::now();
+          runner.gpu_read(s());
+          t += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          if (cudaStreamQuery(s()) != cudaSuccess) {
+            throw std::runtime_error("correctness check failed: gpu_read returned before the stream drained");
+          }
+        }
+        return t / 20.0;
+      });
+      r.samples_s = smp.samples, r.reps = 20, r.stop = to_string(smp.reason), r.rel_ci = smp.rel_ci;
+      r.check = expect_count(before, launched, "each read returned after the kernel before it");
+    } else if (what == "graph_launch" || what == "graph_node") {
+      auto capture = [&](int nodes) {
+        be::CudaGraph::begin_capture(s());
+        for (int i = 0; i < nodes; ++i) kernels::launch_count(cnt, s());
+        be::CudaGraph g = be::CudaGraph::end_capture(s());
+        return be::GraphExec(g);
+      };
+      if (what == "graph_launch") {
+        const be::GraphExec ge = capture(16);
+        detail::measure_host(rule, clock_, 20, [&] { ge.launch(s()); launched += 16; }, r);
+        r.check = expect_count(before, launched, "host time of one launch of a 16-node graph");
+      } else {
+        // Device time per node: (t(257 nodes) - t(1 node)) / 256, both timed with events.
+        const be::GraphExec big = capture(257), small = capture(1);
+        const Sampling smp = sample_until(rule, clock_, [&] {
+          const double tb = timer_->batch([&](cudaStream_t st) { big.launch(st); }, 1, false);
+          const double ts = timer_->batch([&](cudaStream_t st) { small.launch(st); }, 1, false);
+          launched += 258;
+          return std::max(1e-9, (tb - ts) / 256.0);
+        });
+        r.samples_s = smp.samples, r.reps = 1, r.stop = to_string(smp.reason), r.rel_ci = smp.rel_ci;
+        r.check = expect_count(before, launched, "graphs of 257 and 1 counting nodes");
+      }
+    } else if (what == "collective_launch") {
+      // Host time to enqueue one NCCL all-reduce (1 KiB, bf16) on a one-rank communicator.
+      if (!comm_) {
+        const scenarios::Layout layout(1, 1, 1, 1, 1, 1, 1, 1);
+        const auto ids = be::UniqueIdTable::create(layout, {scenarios::Group::dp});
+        comm_ = std::make_unique<be::CommTable>(
+            be::CommTable::create(layout, 0, ids, {scenarios::Group::dp}, std::chrono::seconds(60)));
+      }
+      be::NcclComm& c = comm_->comm(scenarios::Group::dp);
+      TW_CUDA_CHECK(cudaMemsetAsync(buf_[2].data(), 0xFF, 1024, s()));
+      detail::measure_host(rule, clock_, 50, [&] { be::all_reduce(buf_[1].data(), buf_[2].data(), 512, c, s()); }, r);
+      c.wait_stream(s(), "calibration collective_launch");
+      CheckLog log("one-rank all-reduce output equals its input");
+      for (const std::int64_t i : {0, 255, 511}) {
+        log.expect_near(download_bf16(buf_[2].data(), i, 1)[0], download_bf16(buf_[1].data(), i, 1)[0], 1e-30,
+                        "element " + std::to_string(i));
+      }
+      r.check = log.passed();
+    } else {
+      throw std::logic_error("unknown host op " + r.point.op);
+    }
+  }
+
+  // ---- concurrency ----
+  void begin_concurrency(const std::vector<PointSpec>& points) {
+    double a = 1, b = 1, c = 1;
+    int streams = 1;
+    for (const auto& p : points) {
+      a = std::max(a, p.param("m") * p.param("k"));
+      b = std::max(b, p.param("k") * p.param("n"));
+      c = std::max(c, p.param("m") * p.param("n"));
+      streams = std::max(streams, static_cast<int>(p.iparam("streams")));
+    }
+    buf_[0] = random_bf16(sz(a), opt_.seed + 71, s());
+    buf_[1] = random_bf16(sz(b), opt_.seed + 72, s());
+    buf_[2] = be::DeviceBuffer(sz(c) * 2 * sz(static_cast<std::int64_t>(streams)));
+    for (int i = 0; i < streams; ++i) {
+      side_lts_.push_back(std::make_unique<be::CublasLt>());
+      side_streams_.push_back(std::make_unique<be::Stream>());
+    }
+  }
+
+  void measure_concurrency(const StopRule& rule, Record& r) {
+    const int n_streams = static_cast<int>(r.point.iparam("streams"));
+    const be::GemmShape g = be::linear_gemm(be::GemmLayout::forward, r.point.iparam("m"), r.point.iparam("n"), r.point.iparam("k"));
+    const void* a = buf_[0].data();
+    const void* b = buf_[1].data();
+    auto c_of = [&](int i) { return static_cast<char*>(buf_[2].data()) + sz(g.m * g.n) * 2 * sz(static_cast<std::int64_t>(i)); };
+    // Serial: the n GEMMs back to back on one stream (the 1-stream case).
+    Record serial;
+    serial.point = r.point;
+    device([&](cudaStream_t st) {
+      for (int i = 0; i < n_streams; ++i) lt_->gemm(g, a, b, c_of(i), st);
+    }, true, rule, serial);
+    // Concurrent: forked from the main stream to n streams by events, joined back.
+    std::vector<be::Event> fork, join;
+    fork.emplace_back(false);
+    for (int i = 0; i < n_streams; ++i) join.emplace_back(false);
+    TW_CUDA_CHECK(cudaMemsetAsync(buf_[2].data(), 0xFF, buf_[2].size(), s()));
+    device([&](cudaStream_t st) {
+      fork[0].record(st);
+      for (int i = 0; i < n_streams; ++i) {
+        cudaStream_t side = side_streams_[sz(static_cast<std::int64_t>(i))]->get();
+        TW_CUDA_CHECK(cudaStreamWaitEvent(side, fork[0].get(), 0));
+        side_lts_[sz(static_cast<std::int64_t>(i))]->gemm(g, a, b, c_of(i), side);
+        join[sz(static_cast<std::int64_t>(i))].record(side);
+      }
+      for (int i = 0; i < n_streams; ++i) TW_CUDA_CHECK(cudaStreamWaitEvent(st, join[sz(static_cast<std::int64_t>(i))].get(), 0));
+    }, true, rule, r);
+    r.point.inputs = {static_cast<double>(n_streams), gemm_sm_fraction(g.m, g.n, opt_.sm_count), serial.median_s()};
+    TW_CUDA_CHECK(cudaStreamSynchronize(s()));
+    r.check = check_gemm(g, a, b, c_of(n_streams - 1), false) + " (last stream's output)";
+  }
+
+  GpuRunnerOptions opt_;
+  Clock clock_;
+  std::string section_;
+  std::unique_ptr<be::Stream> stream_;
+  std::unique_ptr<Timer> timer_;
+  std::unique_ptr<be::CublasLt> lt_;
+  be::DeviceBuffer buf_[9];
+  be::PinnedBuffer pinned_;
+  std::vector<char> pageable_;
+  std::string disk_path_;
+  std::unique_ptr<be::Attention> attention_;
+  std::vector<std::unique_ptr<be::CublasLt>> side_lts_;
+  std::vector<std::unique_ptr<be::Stream>> side_streams_;
+  std::unique_ptr<be::CommTable> comm_;
+  std::unique_ptr<detail::CollectiveBench> collectives_;
+  double max_coll_bytes_ = 0.0;
+};
+
+}  // namespace
+
+std::unique_ptr<PointRunner> make_gpu_runner(const GpuRunnerOptions& options) { return std::make_unique<GpuRunner>(options); }
+
+}  // namespace threewalls::calibration::bench

@@ -1,0 +1,548 @@
+#include "threewalls/calibration/bench/plan.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "threewalls/core/error.hpp"
+#include "threewalls/core/strings.hpp"
+
+namespace threewalls::calibration::bench {
+
+namespace {
+
+constexpr double kKiB = 1024.0;
+constexpr double kMiB = 1024.0 * kKiB;
+constexpr double kGiB = 1024.0 * kMiB;
+
+// Caps that keep one point affordable in the time budget (a run of at most a few milliseconds at
+// the H100/H200 rates) and its buffers well inside 80 GB.
+constexpr double kMaxOperandBytes = kGiB;        // any one GEMM operand
+constexpr double kMaxGemmFlopsFull = 4.5e12;     // ~6 ms of bf16 at 750 TFLOP/s
+constexpr double kMaxGemmFlopsQuick = 1.2e12;
+constexpr double kMaxGroupedWeightBytes = 2.0 * kGiB;
+constexpr double kMaxAttentionFlops = 4.0e11;    // forward FLOPs (backward is 2.5x)
+constexpr double kMaxKvBytes = 4.0 * kGiB;
+
+// Deterministic uniform numbers in [0, 1): splitmix64. (std:: distributions are not specified
+// bit-exactly, and the held-out grid must be the same on every machine.)
+class Rng {
+ public:
+  explicit Rng(std::uint64_t seed) : s_(seed) {}
+  double uniform() {
+    std::uint64_t z = (s_ += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    z ^= z >> 31;
+    return static_cast<double>(z >> 11) * 0x1.0p-53;
+  }
+  // Log-uniform in [lo, hi], rounded to a multiple of `step` (at least step).
+  std::int64_t log_uniform(double lo, double hi, std::int64_t step) {
+    const double v = std::exp(std::log(lo) + uniform() * (std::log(hi) - std::log(lo)));
+    const auto r = static_cast<std::int64_t>(std::llround(v / static_cast<double>(step))) * step;
+    return std::max(r, step);
+  }
+
+ private:
+  std::uint64_t s_;
+};
+
+double d(std::int64_t v) { return static_cast<double>(v); }
+
+struct Plan {
+  PlanOptions opt;
+  std::vector<PointSpec> points;
+  [[nodiscard]] bool full() const { return opt.mode == Mode::full; }
+  [[nodiscard]] bool wants(const std::string& group) const { return opt.only.empty() || opt.only.count(group) != 0; }
+};
+
+// ---- dense GEMM ----------------------------------------------------------------------------------
+
+struct NK {
+  std::int64_t n, k;
+};
+
+bool gemm_affordable(const Plan& p, std::int64_t m, std::int64_t n, std::int64_t k, bool fp8) {
+  const double flops = 2.0 * d(m) * d(n) * d(k);
+  const double cap = p.full() ? kMaxGemmFlopsFull : kMaxGemmFlopsQuick;
+  const double in = fp8 ? 1.0 : 2.0;
+  return flops <= (fp8 ? 2.0 * cap : cap) && d(m) * d(k) * in <= kMaxOperandBytes && d(k) * d(n) * in <= kMaxOperandBytes &&
+         d(m) * d(n) * 2.0 <= kMaxOperandBytes;
+}
+
+void add_gemm(Plan& p, bool fp8, std::int64_t m, std::int64_t n, std::int64_t k, int layout, bool held_out) {
+  PointSpec s;
+  s.op = fp8 ? "gemm_fp8" : "gemm_bf16";
+  s.family = fp8 ? "gemm.fp8" : "gemm.bf16";
+  s.params = {{"m", d(m)}, {"n", d(n)}, {"k", d(k)}, {"batch", 1.0}, {"layout", static_cast<double>(layout)}};
+  s.inputs = {d(m), d(n), d(k), 1.0};
+  s.held_out = held_out;
+  s.flops = 2.0 * d(m) * d(n) * d(k);
+  const double in = fp8 ? 1.0 : 2.0;
+  s.bytes = (d(m) * d(k) + d(k) * d(n)) * in + d(m) * d(n) * 2.0;
+  p.points.push_back(std::move(s));
+}
+
+void plan_gemm(Plan& p, bool fp8) {
+  // m covers decode-sized batches up to 32k tokens; (n, k) pairs cover attention projections,
+  // dense FFNs and expert FFNs of the example scenarios and beyond (256 .. 16384).
+  const std::vector<std::int64_t> ms_full = fp8 ? std::vector<std::int64_t>{64, 320, 1024, 3072, 8192, 16384, 32768}
+                                                : std::vector<std::int64_t>{64, 128, 320, 512, 1024, 1792, 3072, 4096,
+                                                                            8192, 12288, 16384, 32768};
+  const std::vector<std::int64_t> ms_quick =
+      fp8 ? std::vector<std::int64_t>{320, 4096, 16384} : std::vector<std::int64_t>{64, 320, 1024, 4096, 16384};
+  const std::vector<NK> nk_full = fp8 ? std::vector<NK>{{512, 4096}, {1536, 7168}, {4096, 4096}, {8192, 2048},
+                                                        {12288, 6144}, {16384, 16384}}
+                                      : std::vector<NK>{{256, 1024},   {512, 4096},   {1024, 2048}, {1536, 7168},
+                                                        {2816, 1024},  {4096, 4096},  {5120, 12288}, {8192, 2048},
+                                                        {12288, 6144}, {16384, 16384}};
+  const std::vector<NK> nk_quick =
+      fp8 ? std::vector<NK>{{1536, 7168}, {4096, 4096}, {12288, 6144}}
+          : std::vector<NK>{{512, 4096}, {1536, 7168}, {4096, 4096}, {8192, 2048}, {12288, 6144}};
+  const auto& ms = p.full() ? ms_full : ms_quick;
+  const auto& nks = p.full() ? nk_full : nk_quick;
+  int i = 0;
+  for (const auto m : ms) {
+    for (const auto& nk : nks) {
+      if (!gemm_affordable(p, m, nk.n, nk.k, fp8)) continue;
+      // bf16 rotates through the forward, dgrad and wgrad layouts (a training step runs all three
+      // and the model has one curve for them); fp8 runs the forward ("TN") layout only, as the
+      // backend does for every fp8 GEMM.
+      add_gemm(p, fp8, m, nk.n, nk.k, fp8 ? kLayoutForward : i % 3, false);
+      ++i;
+    }
+  }
+  // Held-out: log-uniform random shapes off the grid (seeded: the same on every machine).
+  Rng rng(fp8 ? 0xF8F8F8ULL : 0xB16B16ULL);
+  const int want = fp8 ? (p.full() ? 12 : 5) : (p.full() ? 24 : 10);
+  for (int got = 0, tries = 0; got < want && tries < 1000; ++tries) {
+    std::int64_t m = rng.log_uniform(64, 32768, 16);
+    if (m >= 256) m = std::max<std::int64_t>(64, m / 64 * 64);
+    const std::int64_t n = rng.log_uniform(256, 16384, 64);
+    const std::int64_t k = rng.log_uniform(256, 16384, 64);
+    if (!gemm_affordable(p, m, n, k, fp8)) continue;
+    add_gemm(p, fp8, m, n, k, fp8 ? kLayoutForward : got % 3, true);
+    ++got;
+  }
+}
+
+// ---- grouped GEMM ------------------------------------------------------------------------------
+
+void add_grouped(Plan& p, std::int64_t groups, std::int64_t per_expert, std::int64_t n, std::int64_t k, double skew,
+                 bool held_out) {
+  const std::int64_t total = groups * per_expert;
+  const std::int64_t max_rows = skew > 1.0 ? static_cast<std::int64_t>(std::llround(skew * d(per_expert))) : per_expert;
+  const double flops = 2.0 * d(total) * d(n) * d(k);
+  if (flops > kMaxGemmFlopsFull || d(groups) * d(n) * d(k) * 2.0 > kMaxGroupedWeightBytes ||
+      d(total) * d(std::max(n, k)) * 2.0 > kMaxOperandBytes || max_rows > total) {
+    return;
+  }
+  PointSpec s;
+  s.op = "grouped_gemm_bf16";
+  s.family = "grouped_gemm.bf16";
+  s.params = {{"groups", d(groups)}, {"total_rows", d(total)}, {"max_rows", d(max_rows)}, {"n", d(n)}, {"k", d(k)}};
+  s.inputs = {d(groups), d(total), d(max_rows), d(n), d(k)};
+  s.held_out = held_out;
+  s.flops = flops;
+  s.bytes = (d(total) * d(k) + d(groups) * d(k) * d(n)) * 2.0 + d(total) * d(n) * 2.0;
+  p.points.push_back(std::move(s));
+}
+
+void plan_grouped(Plan& p) {
+  const std::vector<std::int64_t> groups = p.full() ? std::vector<std::int64_t>{8, 32, 64, 128}
+                                                    : std::vector<std::int64_t>{8, 64};
+  const std::vector<std::int64_t> per_expert = p.full() ? std::vector<std::int64_t>{64, 256, 1024, 4096}
+                                                        : std::vector<std::int64_t>{128, 1024};
+  const std::vector<NK> nks{{1408, 2048}, {4096, 1024}, {2048, 7168}};
+  int i = 0;
+  for (const auto g : groups) {
+    for (const auto r : per_expert) {
+      const NK nk = nks[static_cast<std::size_t>(i % 3)];
+      add_grouped(p, g, r, nk.n, nk.k, 1.0, false);                       // balanced routing
+      add_grouped(p, g, r, nk.n, nk.k, (i / 3) % 2 == 0 ? 2.0 : 4.0, false);  // one hot expert
+      ++i;
+    }
+  }
+  Rng rng(0x6A0u);
+  const int want = p.full() ? 8 : 4;
+  for (int got = 0, tries = 0; got < want && tries < 1000; ++tries) {
+    const std::int64_t g = std::vector<std::int64_t>{16, 24, 48, 96}[static_cast<std::size_t>(rng.uniform() * 4.0)];
+    const std::int64_t r = rng.log_uniform(32, 2048, 16);
+    const std::int64_t n = rng.log_uniform(512, 8192, 128);
+    const std::int64_t k = rng.log_uniform(512, 8192, 128);
+    const double skew = rng.uniform() < 0.5 ? 1.0 : 3.0;
+    const std::size_t before = p.points.size();
+    add_grouped(p, g, r, n, k, skew, true);
+    if (p.points.size() > before) ++got;
+  }
+}
+
+// ---- attention -----------------------------------------------------------------------------------
+
+double attention_pairs(std::int64_t sq, std::int64_t skv, bool causal) {
+  if (!causal) return d(sq) * d(skv);
+  double pairs = 0.0;  // query i sees keys j <= i + skv - sq (bottom-right aligned)
+  for (std::int64_t i = 0; i < sq; ++i) pairs += d(std::clamp<std::int64_t>(i + skv - sq + 1, 0, skv));
+  return pairs;
+}
+
+void add_attention(Plan& p, bool backward, std::int64_t b, std::int64_t sq, std::int64_t skv, std::int64_t h,
+                   std::int64_t dqk, std::int64_t dv, bool causal) {
+  const double pairs = attention_pairs(sq, skv, causal);
+  const double fwd_flops = 2.0 * d(b) * d(h) * pairs * d(dqk + dv);
+  if (fwd_flops > kMaxAttentionFlops || d(b) * d(h) * d(skv) * d(dqk + dv) * 2.0 > kMaxKvBytes) return;
+  PointSpec s;
+  s.op = backward ? "attention_bwd" : "attention_fwd";
+  s.family = backward ? "attention.bwd" : "attention.fwd";
+  s.params = {{"batch", d(b)}, {"seq_q", d(sq)},          {"seq_kv", d(skv)},          {"heads", d(h)},
+              {"head_dim_qk", d(dqk)}, {"head_dim_v", d(dv)}, {"causal", causal ? 1.0 : 0.0}};
+  s.inputs = {d(b), d(sq), d(skv), d(h), d(h), d(dqk), d(dv), causal ? 1.0 : 0.0};
+  // Model FLOPs (visible pairs only): forward 2 b h pairs (dqk + dv); backward 2 b h pairs (3 dqk + 2 dv).
+  s.flops = backward ? 2.0 * d(b) * d(h) * pairs * d(3 * dqk + 2 * dv) : fwd_flops;
+  // Q, K, V, O read/written once (backward: also dO, dQ, dK, dV).
+  s.bytes = (backward ? 2.0 : 1.0) * 2.0 * d(b) * d(h) * (d(sq) + d(skv)) * d(dqk + dv);
+  p.points.push_back(std::move(s));
+}
+
+void plan_attention(Plan& p, bool backward) {
+  struct Hd {
+    std::int64_t h, dqk, dv;
+  };
+  const std::vector<Hd> hds{{16, 128, 128}, {32, 64, 64}, {8, 192, 128}, {24, 128, 128}};
+  const std::vector<std::int64_t> seqs = p.full() ? std::vector<std::int64_t>{512, 1024, 2048, 4096, 8192, 16384}
+                                                  : std::vector<std::int64_t>{1024, 4096};
+  int i = 0;
+  for (const auto s : seqs) {
+    for (const bool causal : {true, false}) {
+      const Hd hd = hds[static_cast<std::size_t>(i % 4)];
+      const std::int64_t b = std::max<std::int64_t>(1, 8192 / s);  // 8k tokens (1 sequence from 8k up)
+      add_attention(p, backward, b, s, s, hd.h, hd.dqk, hd.dv, causal);
+      ++i;
+    }
+  }
+  if (p.full()) {  // a second token count, so the fit sees batch and sequence apart
+    add_attention(p, backward, 1, 3072, 3072, 16, 128, 128, true);
+    add_attention(p, backward, 2, 6144, 6144, 8, 128, 128, true);
+    add_attention(p, backward, 16, 768, 768, 32, 96, 96, false);
+  }
+  if (!backward) {  // decode: one query against a KV cache (memory bound); no backward exists
+    const std::vector<std::int64_t> kv = p.full() ? std::vector<std::int64_t>{1024, 4096, 16384, 32768}
+                                                  : std::vector<std::int64_t>{4096, 32768};
+    for (const auto skv : kv) {
+      for (const std::int64_t b : {8, 32}) add_attention(p, false, b, 1, skv, 32, 128, 128, true);
+    }
+  }
+}
+
+// ---- memory-bound kernels and copies ------------------------------------------------------------
+
+std::vector<double> sizes(double lo, double hi, double factor) {
+  std::vector<double> v;
+  for (double s = lo; s <= hi * 1.0000001; s *= factor) v.push_back(s);
+  return v;
+}
+
+void plan_elementwise(Plan& p) {
+  struct K {
+    const char* op;
+    double bytes_per_element;  // bytes read + written per output element (StepGraph's definition)
+  };
+  // add: read a, b, write out (3 x 2 B); swiglu: read gate and up, write y (3 x 2 B); swiglu_bwd:
+  // read dy and x [2 per element], write dx [2 per element] (5 x 2 B); copy: read + write (2 x 2 B).
+  const std::vector<K> kernels = p.full() ? std::vector<K>{{"elementwise_add", 6}, {"elementwise_swiglu", 6},
+                                                           {"elementwise_swiglu_bwd", 10}, {"elementwise_copy", 4}}
+                                          : std::vector<K>{{"elementwise_add", 6}, {"elementwise_swiglu_bwd", 10}};
+  for (const auto& kern : kernels) {
+    for (const double target : sizes(64 * kKiB, kGiB, p.full() ? 4.0 : 16.0)) {
+      const auto e = std::max<std::int64_t>(256, static_cast<std::int64_t>(target / kern.bytes_per_element) / 256 * 256);
+      PointSpec s;
+      s.op = kern.op;
+      s.family = "elementwise";
+      s.params = {{"elements", d(e)}};
+      s.bytes = d(e) * kern.bytes_per_element;
+      s.inputs = {s.bytes};
+      p.points.push_back(std::move(s));
+    }
+  }
+}
+
+void plan_norm(Plan& p) {
+  const std::vector<std::int64_t> hidden{2048, 4096, 7168, 12288};
+  int i = 0;
+  for (const bool backward : {false, true}) {
+    for (const double target : sizes(64 * kKiB, kGiB, p.full() ? 4.0 : 16.0)) {
+      const std::int64_t h = hidden[static_cast<std::size_t>(i++ % 4)];
+      // RMSNorm forward reads x and writes y (2 x 2 B per element); backward reads x and dy and
+      // writes dx (3 x 2 B): the StepGraph's norm bytes.
+      const double per_element = backward ? 6.0 : 4.0;
+      const std::int64_t rows = std::max<std::int64_t>(1, static_cast<std::int64_t>(target / (per_element * d(h))));
+      PointSpec s;
+      s.op = backward ? "norm_rmsnorm_bwd" : "norm_rmsnorm_fwd";
+      s.family = "norm";
+      s.params = {{"rows", d(rows)}, {"hidden", d(h)}};
+      s.bytes = per_element * d(rows) * d(h);
+      s.inputs = {s.bytes};
+      p.points.push_back(std::move(s));
+    }
+  }
+}
+
+void plan_copies(Plan& p) {
+  struct C {
+    const char* op;
+    const char* family;
+    double max_bytes;
+  };
+  const double pageable_max = p.full() ? 256 * kMiB : 128 * kMiB;
+  const std::vector<C> copies{{"copy_h2d_pinned", "copy.h2d_pinned", kGiB},
+                              {"copy_d2h_pinned", "copy.d2h_pinned", kGiB},
+                              {"copy_h2d_pageable", "copy.h2d_pageable", pageable_max},
+                              {"copy_d2h_pageable", "copy.d2h_pageable", pageable_max},
+                              {"copy_d2d", "copy.d2d", kGiB}};
+  for (const auto& c : copies) {
+    for (const double bytes : sizes(4 * kKiB, c.max_bytes, p.full() ? 4.0 : 8.0)) {
+      PointSpec s;
+      s.op = c.op;
+      s.family = c.family;
+      s.params = {{"bytes", bytes}};
+      s.bytes = bytes;
+      s.inputs = {bytes};
+      p.points.push_back(std::move(s));
+    }
+  }
+  if (p.full()) {  // disk tier: O_DIRECT file reads into pinned memory (slow: full mode only)
+    for (const double bytes : sizes(kMiB, 64 * kMiB, 4.0)) {
+      PointSpec s;
+      s.op = "copy_disk_read";
+      s.family = "copy.disk_read";
+      s.params = {{"bytes", bytes}};
+      s.bytes = bytes;
+      s.inputs = {bytes};
+      p.points.push_back(std::move(s));
+    }
+  }
+}
+
+// ---- collectives ---------------------------------------------------------------------------------
+
+// The nccl-tests size actually moved for a requested size: bf16 elements, and for the kinds that
+// split the buffer over members a whole number of elements per member (OpRunner floors the same way).
+double collective_size(const std::string& op, int n, double requested) {
+  const bool split = op == "all_gather" || op == "reduce_scatter" || op == "all_to_all";
+  const double unit = split ? 2.0 * n : 2.0;
+  return std::max(unit, std::floor(requested / unit) * unit);
+}
+
+void add_collective(Plan& p, const std::string& op, int n, double requested, bool held_out) {
+  const double bytes = collective_size(op, n, requested);
+  PointSpec s;
+  s.op = op;
+  s.family = "collective." + op + ".nvlink";
+  s.params = {{"group_size", static_cast<double>(n)}, {"bytes", bytes}};
+  s.inputs = {static_cast<double>(n), bytes};
+  s.held_out = held_out;
+  s.group_size = n;
+  s.bytes = bytes;
+  p.points.push_back(std::move(s));
+}
+
+void plan_collectives(Plan& p) {
+  const std::vector<double> grid = sizes(kKiB, kGiB, p.full() ? 2.0 : 4.0);
+  // Held-out sizes sit between grid sizes (3 x 2^i), per kind and group size.
+  const std::vector<double> held = p.full() ? std::vector<double>{3 * kKiB, 48 * kKiB, 768 * kKiB, 12 * kMiB, 192 * kMiB}
+                                            : std::vector<double>{48 * kKiB, 12 * kMiB};
+  for (int n = 2; n <= p.opt.gpus; ++n) {
+    for (const auto& op : collective_ops()) {
+      if (op == "send_recv" && n != 2) continue;  // point-to-point: one pair, group size 2
+      for (const double s : grid) add_collective(p, op, n, s, false);
+      for (const double s : held) add_collective(p, op, n, s, true);
+    }
+  }
+}
+
+// ---- host overheads and concurrency --------------------------------------------------------------
+
+void plan_host(Plan& p) {
+  for (const char* what : {"kernel_launch", "event_record", "stream_sync", "gpu_read", "graph_launch", "graph_node",
+                           "collective_launch"}) {
+    PointSpec s;
+    s.op = std::string("host_") + what;
+    s.family = std::string("host.") + what;
+    p.points.push_back(std::move(s));
+  }
+}
+
+void plan_concurrency(Plan& p) {
+  struct G {
+    std::int64_t m, n, k;
+  };
+  const std::vector<G> gemms = p.full() ? std::vector<G>{{128, 1024, 1024}, {256, 2048, 1024}, {512, 1024, 2048},
+                                                         {1024, 2048, 2048}}
+                                        : std::vector<G>{{256, 2048, 1024}, {1024, 2048, 2048}};
+  for (const auto& g : gemms) {
+    for (const int streams : {2, 4, 8}) {
+      PointSpec s;
+      s.op = "concurrency_gemm";
+      s.family = "concurrency";
+      s.params = {{"streams", streams}, {"m", d(g.m)}, {"n", d(g.n)}, {"k", d(g.k)}};
+      s.inputs = {static_cast<double>(streams), 0.0, 0.0};  // sm_fraction and serial_s: filled by the runner
+      s.flops = 2.0 * d(g.m) * d(g.n) * d(g.k) * streams;
+      p.points.push_back(std::move(s));
+    }
+  }
+}
+
+}  // namespace
+
+const char* to_string(Mode m) { return m == Mode::quick ? "quick" : "full"; }
+
+double PointSpec::param(std::string_view key) const {
+  for (const auto& p : params) {
+    if (p.key == key) return p.value;
+  }
+  throw std::logic_error("calibration point " + op + " has no parameter '" + std::string(key) + "'");
+}
+
+std::int64_t PointSpec::iparam(std::string_view key) const { return static_cast<std::int64_t>(std::llround(param(key))); }
+
+std::string PointSpec::label() const {
+  std::string s = op;
+  for (const auto& p : params) {
+    s += " " + p.key + "=";
+    if (p.value == std::floor(p.value) && std::fabs(p.value) < 1e15) {
+      s += std::to_string(static_cast<std::int64_t>(p.value));
+    } else {
+      s += std::to_string(p.value);
+    }
+  }
+  if (held_out) s += " [held-out]";
+  return s;
+}
+
+const std::vector<OpInfo>& op_table() {
+  static const std::vector<OpInfo> table = [] {
+    std::vector<OpInfo> t{
+        {"gemm_bf16", "gemm", "gemm.bf16",
+         "CublasLt::gemm on linear_gemm(layout, m, n, k) (forward, dgrad, wgrad in turn), bf16 in/out, fp32 accumulate",
+         "FLOPs 2 m n k; bytes (m k + k n) 2 + m n 2"},
+        {"gemm_fp8", "gemm", "gemm.fp8", "CublasLt::gemm, e4m3 inputs, bf16 output, forward (TN) layout",
+         "FLOPs 2 m n k; bytes (m k + k n) 1 + m n 2"},
+        {"grouped_gemm_bf16", "grouped", "grouped_gemm.bf16",
+         "GroupedGemm (OpRunnerConfig's default implementation) over expert_rows(total, groups, max_rows), forward layout",
+         "FLOPs 2 R n k (R = total rows); bytes (R k + groups k n) 2 + R n 2"},
+        {"attention_fwd", "attention", "attention.fwd", "Attention::forward (unfused: cuBLASLt batched GEMMs + masked softmax)",
+         "FLOPs 2 b h pairs (dqk + dv), pairs = visible (query, key) pairs; decode rows report KV bytes / time"},
+        {"attention_bwd", "attention", "attention.bwd", "Attention::backward after one forward",
+         "FLOPs 2 b h pairs (3 dqk + 2 dv)"},
+        {"elementwise_add", "memory", "elementwise", "backend::add (residual add)", "bytes 3 x 2 per element"},
+        {"elementwise_swiglu", "memory", "elementwise", "backend::swiglu_fwd (1 row of e)", "bytes 3 x 2 per output element"},
+        {"elementwise_swiglu_bwd", "memory", "elementwise", "backend::swiglu_bwd (1 row of e)", "bytes 5 x 2 per output element"},
+        {"elementwise_copy", "memory", "elementwise", "backend::copy_d2d of e bf16 elements (KV-cache append)",
+         "bytes 2 x 2 per element"},
+        {"norm_rmsnorm_fwd", "memory", "norm", "backend::rmsnorm_fwd", "bytes 2 x 2 x rows x hidden"},
+        {"norm_rmsnorm_bwd", "memory", "norm", "backend::rmsnorm_bwd", "bytes 3 x 2 x rows x hidden"},
+        {"copy_h2d_pinned", "copy", "copy.h2d_pinned", "backend::copy_h2d from pinned memory", "bytes copied"},
+        {"copy_d2h_pinned", "copy", "copy.d2h_pinned", "backend::copy_d2h to pinned memory", "bytes copied"},
+        {"copy_h2d_pageable", "copy", "copy.h2d_pageable", "backend::copy_h2d from pageable memory", "bytes copied"},
+        {"copy_d2h_pageable", "copy", "copy.d2h_pageable", "backend::copy_d2h to pageable memory", "bytes copied"},
+        {"copy_d2d", "copy", "copy.d2d", "backend::copy_d2d", "bytes copied (HBM traffic is twice that)"},
+        {"copy_disk_read", "copy", "copy.disk_read", "backend::read_file_into a pinned buffer (O_DIRECT when possible)",
+         "bytes read (host time of the synchronous read)"},
+    };
+    for (const auto& c : collective_ops()) {
+      t.push_back({c, "collective", "collective." + c + ".nvlink",
+                   c == "send_recv" ? "backend::send on member 0, backend::recv on member 1 (one message)"
+                                    : "backend::" + c + " (NCCL, bf16) with OpRunner's size -> count mapping, one thread per GPU",
+                   "algbw = size / time; busbw = algbw x " +
+                       std::string(c == "all_reduce"                                    ? "2(n-1)/n"
+                                   : c == "broadcast" || c == "send_recv"               ? "1"
+                                                                                        : "(n-1)/n") +
+                       " (nccl-tests)"});
+    }
+    for (const char* h : {"kernel_launch", "event_record", "stream_sync", "gpu_read", "graph_launch", "graph_node",
+                          "collective_launch"}) {
+      t.push_back({std::string("host_") + h, "host", std::string("host.") + h, "see docs/calibration.md", "seconds per call"});
+    }
+    t.push_back({"concurrency_gemm", "concurrency", "concurrency",
+                 "the same small GEMM on n streams at once (one CublasLt per stream) vs n times on one stream",
+                 "speed-up = serial time / concurrent time"});
+    return t;
+  }();
+  return table;
+}
+
+const OpInfo* find_op(std::string_view name) {
+  for (const auto& o : op_table()) {
+    if (o.name == name) return &o;
+  }
+  return nullptr;
+}
+
+const std::vector<std::string>& op_groups() {
+  static const std::vector<std::string> groups{"gemm", "grouped", "attention", "memory", "copy", "collective", "host",
+                                               "concurrency"};
+  return groups;
+}
+
+const std::vector<std::string>& collective_ops() {
+  static const std::vector<std::string> ops{"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
+                                            "send_recv"};
+  return ops;
+}
+
+double bus_bandwidth_factor(std::string_view op, int n) {
+  if (n < 1) throw std::invalid_argument("bus_bandwidth_factor: group size must be >= 1");
+  const double dn = n;
+  if (op == "all_reduce") return 2.0 * (dn - 1.0) / dn;
+  if (op == "all_gather" || op == "reduce_scatter" || op == "all_to_all") return (dn - 1.0) / dn;
+  if (op == "broadcast" || op == "send_recv") return 1.0;
+  throw std::invalid_argument("bus_bandwidth_factor: unknown collective '" + std::string(op) + "'");
+}
+
+double algorithm_bandwidth(double size_bytes, double seconds) {
+  if (!(seconds > 0.0)) throw std::invalid_argument("algorithm_bandwidth: time must be > 0");
+  return size_bytes / seconds;
+}
+
+double bus_bandwidth(std::string_view op, int n, double size_bytes, double seconds) {
+  return algorithm_bandwidth(size_bytes, seconds) * bus_bandwidth_factor(op, n);
+}
+
+double gemm_sm_fraction(std::int64_t m, std::int64_t n, int sm_count) {
+  if (sm_count <= 0) return 1.0;
+  const double tiles = std::ceil(d(std::max<std::int64_t>(m, 1)) / 128.0) * std::ceil(d(std::max<std::int64_t>(n, 1)) / 128.0);
+  return std::min(1.0, tiles / sm_count);
+}
+
+std::vector<PointSpec> make_plan(const PlanOptions& options) {
+  if (options.gpus < 1) throw InputError("calibration plan: gpus = " + std::to_string(options.gpus) + " must be >= 1");
+  for (const auto& g : options.only) {
+    if (std::find(op_groups().begin(), op_groups().end(), g) == op_groups().end()) {
+      std::string msg = "unknown benchmark group '" + g + "'";
+      if (auto near = nearest(g, op_groups())) msg += " (did you mean '" + *near + "'?)";
+      throw InputError(msg + "; allowed: " + join(op_groups()));
+    }
+  }
+  Plan p{options, {}};
+  // Copies first: the compute fits take their memory bandwidth from copy.d2d.
+  if (p.wants("copy")) plan_copies(p);
+  if (p.wants("memory")) {
+    plan_elementwise(p);
+    plan_norm(p);
+  }
+  if (p.wants("gemm")) {
+    plan_gemm(p, false);
+    plan_gemm(p, true);
+  }
+  if (p.wants("grouped")) plan_grouped(p);
+  if (p.wants("attention")) {
+    plan_attention(p, false);
+    plan_attention(p, true);
+  }
+  if (p.wants("host")) plan_host(p);
+  if (p.wants("concurrency")) plan_concurrency(p);
+  if (p.wants("collective")) plan_collectives(p);
+  return p.points;
+}
+
+}  // namespace threewalls::calibration::bench

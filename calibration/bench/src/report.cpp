@@ -1,0 +1,399 @@
+#include "threewalls/calibration/bench/report.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include "threewalls/calibration/cost_model.hpp"
+#include "threewalls/calibration/fit.hpp"
+#include "threewalls/calibration/profile_builder.hpp"
+#include "threewalls/core/error.hpp"
+#include "threewalls/core/strings.hpp"
+
+namespace threewalls::calibration::bench {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string pct(double v) {
+  if (!std::isfinite(v)) return "-";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f%%", 100.0 * v);
+  return b;
+}
+
+std::string fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
+bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
+
+Dtype dtype_of_family(const std::string& family) {
+  if (family.size() >= 3 && family.compare(family.size() - 3, 3, "fp8") == 0) return Dtype::fp8;
+  if (family.size() >= 4 && family.compare(family.size() - 4, 4, "fp32") == 0) return Dtype::fp32;
+  return Dtype::bf16;
+}
+
+// Families a family's fit reads (ProfileBuilder's order): compute models read copy.d2d's bandwidth,
+// grouped GEMM the dense GEMM of its dtype.
+std::vector<std::string> dependencies(const std::string& family) {
+  std::vector<std::string> deps;
+  if (starts_with(family, "gemm.") || starts_with(family, "grouped_gemm.") || starts_with(family, "attention.")) {
+    deps.push_back("copy.d2d");
+  }
+  if (starts_with(family, "grouped_gemm.")) deps.push_back("gemm." + family.substr(std::string("grouped_gemm.").size()));
+  return deps;
+}
+
+// The prediction the simulator would make for a point (through CostModel).
+double predict(const CostModel& cm, const Record& r) {
+  const auto& p = r.point;
+  const std::string& f = p.family;
+  const auto& in = p.inputs;
+  auto i64 = [](double v) { return static_cast<std::int64_t>(std::llround(v)); };
+  if (starts_with(f, "gemm.")) return cm.gemm(i64(in[0]), i64(in[1]), i64(in[2]), dtype_of_family(f), i64(in[3])).value;
+  if (starts_with(f, "grouped_gemm.")) {
+    return cm.grouped_gemm(i64(in[0]), i64(in[1]), i64(in[2]), i64(in[3]), i64(in[4]), dtype_of_family(f)).value;
+  }
+  if (starts_with(f, "attention.")) {
+    AttentionShape s{i64(in[0]), i64(in[1]), i64(in[2]), i64(in[3]), i64(in[4]), i64(in[5]), i64(in[6]), in[7] > 0.5};
+    return cm.attention(s, f == "attention.bwd").value;
+  }
+  if (starts_with(f, "collective.")) {
+    for (const auto kind : {CollectiveKind::all_reduce, CollectiveKind::all_gather, CollectiveKind::reduce_scatter,
+                            CollectiveKind::all_to_all, CollectiveKind::broadcast, CollectiveKind::send_recv}) {
+      for (const auto scope : {Scope::nvlink, Scope::network}) {
+        if (collective_family(kind, scope) == f) {
+          return cm.collective(kind, Bytes(in[1]), static_cast<int>(i64(in[0])), scope).value;
+        }
+      }
+    }
+  }
+  if (f == "elementwise") return cm.elementwise(Bytes(in[0])).value;
+  if (f == "norm") return cm.norm(Bytes(in[0])).value;
+  throw std::logic_error("no held-out prediction for family " + f);
+}
+
+void add_points(ProfileBuilder& b, const std::map<std::string, std::vector<const Record*>>& fit,
+                const std::string& family) {
+  const auto it = fit.find(family);
+  if (it == fit.end()) return;
+  for (const Record* r : it->second) {
+    Measurement m = r->measurement();
+    m.samples_s.clear();  // the raw samples live in the raw output; the profile keeps the statistics
+    b.add_point(family, r->point.inputs, std::move(m));
+  }
+}
+
+std::string ops_of(const std::vector<const Record*>& recs) {
+  std::set<std::string> ops;
+  for (const Record* r : recs) ops.insert(r->point.op);
+  return join(std::vector<std::string>(ops.begin(), ops.end()));
+}
+
+struct Ref {
+  double gemm_bf16_tflops = 0;  // best large-shape bf16 GEMM
+  std::string gemm_text;
+  double hbm_tb_per_s = 0;      // HBM copy read+write
+  double pinned_gb_per_s = 55;  // PCIe pinned H2D/D2H >= 16 MiB
+  double pageable_h2d_gb_per_s = 0;
+  std::map<std::pair<std::string, int>, double> busbw;  // (collective, n) -> GB/s at 1 GiB
+};
+
+Ref reference_for(const std::string& kind) {
+  Ref r;
+  if (kind == "h200") {
+    r.gemm_bf16_tflops = 890;
+    r.gemm_text = "770-890";
+    r.hbm_tb_per_s = 4.0;
+    r.pageable_h2d_gb_per_s = 16;
+    r.busbw = {{{"all_reduce", 2}, 321}, {{"all_reduce", 4}, 355}, {{"all_to_all", 2}, 320}, {{"all_to_all", 4}, 336}};
+  } else if (kind == "h100") {
+    r.gemm_bf16_tflops = 740;
+    r.gemm_text = "670-740";
+    r.hbm_tb_per_s = 3.0;
+  }
+  return r;
+}
+
+}  // namespace
+
+std::string why_not_measured(const std::string& family) {
+  if (family == "host.framework_op") return "an eager framework's per-op dispatch (PyTorch) is not run by threewalls";
+  if (starts_with(family, "collective.") && family.size() > 8 && family.compare(family.size() - 8, 8, ".network") == 0) {
+    return "network-scope collectives need more than one node";
+  }
+  if (family == "grouped_gemm.fp8") return "the backend has no fp8 grouped GEMM (an fp8 grouped op is an error in threewalls run)";
+  if (starts_with(family, "gemm.fp32") || starts_with(family, "grouped_gemm.fp32")) return "the backend runs no fp32 GEMMs";
+  return "not measured in this calibration run (see the raw output for errors or skipped points)";
+}
+
+std::vector<PeakFigure> peak_figures(const std::vector<Record>& records, const std::string& gpu_kind) {
+  const Ref ref = reference_for(gpu_kind);
+  const std::string kind_up = gpu_kind == "h200" ? "H200" : gpu_kind == "h100" ? "H100" : gpu_kind;
+  std::vector<PeakFigure> out;
+  auto best = [&](const std::string& op, auto rate) {
+    const Record* b = nullptr;
+    double v = 0.0;
+    for (const auto& r : records) {
+      if (r.point.op != op || !r.usable()) continue;
+      const double x = rate(r);
+      if (x > v) {
+        v = x;
+        b = &r;
+      }
+    }
+    return std::pair{b, v};
+  };
+  auto largest = [&](const std::string& op) {
+    const Record* b = nullptr;
+    for (const auto& r : records) {
+      if (r.point.op == op && r.usable() && (!b || r.point.bytes > b->point.bytes)) b = &r;
+    }
+    return b;
+  };
+  auto refs = [&](double v, const std::string& text) {
+    return v > 0.0 ? text + " (DESIGN.md §4, " + kind_up + ")" : std::string("none in DESIGN.md §4 for ") + kind_up;
+  };
+  if (auto [r, v] = best("gemm_bf16", [](const Record& x) { return x.point.flops / x.median_s() / 1e12; }); r) {
+    out.push_back({"bf16 GEMM, best grid point", "TFLOP/s", v, r->point.label(), ref.gemm_bf16_tflops,
+                   refs(ref.gemm_bf16_tflops, ref.gemm_text)});
+  }
+  if (auto [r, v] = best("gemm_fp8", [](const Record& x) { return x.point.flops / x.median_s() / 1e12; }); r) {
+    out.push_back({"fp8 GEMM, best grid point", "TFLOP/s", v, r->point.label(), 0.0, refs(0.0, "")});
+  }
+  if (const Record* r = largest("copy_d2d")) {
+    out.push_back({"HBM copy (read + write)", "TB/s", 2.0 * r->point.bytes / r->median_s() / 1e12, r->point.label(),
+                   ref.hbm_tb_per_s, refs(ref.hbm_tb_per_s, fmt("%.1f", ref.hbm_tb_per_s))});
+  }
+  for (const char* op : {"copy_h2d_pinned", "copy_d2h_pinned", "copy_h2d_pageable", "copy_d2h_pageable"}) {
+    if (const Record* r = largest(op)) {
+      const bool pinned = std::string(op).find("pinned") != std::string::npos;
+      const bool h2d = std::string(op).find("h2d") != std::string::npos;
+      const double rv = pinned ? ref.pinned_gb_per_s : (h2d ? ref.pageable_h2d_gb_per_s : 0.0);
+      out.push_back({std::string(h2d ? "H2D " : "D2H ") + (pinned ? "pinned" : "pageable") + ", largest size", "GB/s",
+                     r->point.bytes / r->median_s() / 1e9, r->point.label(), rv, refs(rv, fmt("%.0f", rv))});
+    }
+  }
+  // NCCL bus bandwidth at 1 GiB (the grid point nearest to it) per collective and group size.
+  std::map<std::pair<std::string, int>, const Record*> at_1g;
+  for (const auto& r : records) {
+    const OpInfo* op = find_op(r.point.op);
+    if (!op || op->group != "collective" || !r.usable() || r.point.held_out) continue;
+    auto& cur = at_1g[{r.point.op, r.point.group_size}];
+    if (!cur || std::fabs(std::log(r.point.bytes / kGiB)) < std::fabs(std::log(cur->point.bytes / kGiB))) cur = &r;
+  }
+  for (const auto& [key, r] : at_1g) {
+    if (std::fabs(std::log(r->point.bytes / kGiB)) > 0.1) continue;  // the grid did not reach 1 GiB
+    const auto it = ref.busbw.find(key);
+    const double rv = it == ref.busbw.end() ? 0.0 : it->second;
+    out.push_back({"NCCL " + key.first + " busbw at 1 GiB, " + std::to_string(key.second) + " GPUs", "GB/s",
+                   bus_bandwidth(key.first, key.second, r->point.bytes, r->median_s()) / 1e9, r->point.label(), rv,
+                   refs(rv, fmt("%.0f", rv))});
+  }
+  return out;
+}
+
+CalibrationReport build_report(const std::vector<Record>& records, const BuildOptions& options) {
+  CalibrationReport rep;
+  std::map<std::string, std::vector<const Record*>> fit, held, failed;
+  for (const auto& r : records) {
+    ++rep.records;
+    if (r.status == Status::ok) ++rep.ok;
+    if (r.status == Status::error) ++rep.errors;
+    if (r.status == Status::skipped) ++rep.skipped;
+    if (!r.usable()) {
+      failed[r.point.family].push_back(&r);
+    } else if (r.point.held_out) {
+      held[r.point.family].push_back(&r);
+    } else {
+      fit[r.point.family].push_back(&r);
+    }
+  }
+
+  // Families in fit order; a family whose points cannot be fitted is dropped (with its reason).
+  std::vector<std::string> families;
+  for (const auto& s : family_specs()) {
+    if (fit.count(s.name)) families.push_back(s.name);
+  }
+  std::map<std::string, std::string> dropped;
+  auto make_builder = [&](const std::vector<std::string>& names) {
+    ProfileBuilder b(options.info, options.hardware);
+    for (const auto& n : names) add_points(b, fit, n);
+    return b;
+  };
+  std::optional<Profile> built;
+  try {
+    built = make_builder(families).build();
+  } catch (const InputError&) {
+    // Find the culprits one family at a time, each with the families it reads.
+    std::vector<std::string> kept;
+    std::vector<std::string> order = families;
+    std::stable_sort(order.begin(), order.end(), [](const std::string& a, const std::string& b) {
+      auto stage = [](const std::string& f) {
+        return starts_with(f, "copy.") || f == "elementwise" || f == "norm" ? 0 : starts_with(f, "gemm.") ? 1
+                                                                               : starts_with(f, "grouped_gemm.") ? 2 : 3;
+      };
+      return stage(a) < stage(b);
+    });
+    for (const auto& f : order) {
+      std::vector<std::string> trial{f};
+      for (const auto& d : dependencies(f)) {
+        if (std::find(kept.begin(), kept.end(), d) != kept.end()) trial.push_back(d);
+      }
+      try {
+        (void)make_builder(trial).build();
+        kept.push_back(f);
+      } catch (const InputError& e) {
+        dropped[f] = e.what();
+      }
+    }
+    if (kept.empty()) throw InputError("calibration: no family could be fitted from the measured points");
+    built = make_builder(kept).build();
+  }
+
+  // Held-out errors through the CostModel (what the simulator evaluates).
+  const CostModel cm(*built);
+  std::vector<Family> fams = built->families();
+  for (auto& f : fams) {
+    FamilyReport fr;
+    fr.name = f.name;
+    fr.fit_points = f.points.size();
+    fr.quality = f.quality;
+    if (auto it = failed.find(f.name); it != failed.end()) fr.failed_points = it->second.size();
+    std::vector<double> pred, meas;
+    if (auto it = held.find(f.name); it != held.end()) {
+      for (const Record* r : it->second) {
+        pred.push_back(predict(cm, *r));
+        meas.push_back(r->median_s());
+      }
+    }
+    if (!meas.empty()) {
+      const auto e = fit::relative_error_stats(pred, meas);
+      fr.held_out_points = e.count;
+      fr.held_out_median = e.median;
+      fr.held_out_max = e.max;
+    }
+    const auto& recs = fit.at(f.name);
+    std::string note = "measured by threewalls calibrate (" + options.mode + ") on " + options.hardware.gpu_name + ", " +
+                       options.hardware.date + ": " + std::to_string(recs.size()) + " points (" + ops_of(recs) + ")";
+    if (fr.held_out_points > 0) {
+      note += "; " + std::to_string(fr.held_out_points) + " held-out points, not fitted, predicted with median error " +
+              pct(fr.held_out_median) + ", max " + pct(fr.held_out_max);
+    }
+    if (fr.failed_points > 0) note += "; " + std::to_string(fr.failed_points) + " points failed or skipped (raw output)";
+    f.note = note;
+    rep.families.push_back(fr);
+  }
+  // Families not measured: copied from the fill profile, saying so.
+  if (options.fill_from) {
+    for (const auto& f : options.fill_from->families()) {
+      if (built->find(f.name)) continue;
+      Family c = f;
+      const std::string why = dropped.count(f.name) ? "its points could not be fitted: " + dropped.at(f.name)
+                                                    : why_not_measured(f.name);
+      c.note = "NOT MEASURED on this machine (" + why + "): copied from " + options.fill_from->id() +
+               (c.note.empty() ? "" : ". Its note: " + c.note);
+      FamilyReport fr;
+      fr.name = f.name;
+      fr.measured = false;
+      fr.why = "copied from " + options.fill_from->info().name + ": " + why;
+      fr.fit_points = f.points.size();
+      fr.quality = f.quality;
+      rep.families.push_back(fr);
+      fams.push_back(std::move(c));
+    }
+  }
+  for (const auto& [name, why] : dropped) {
+    bool copied = false;
+    for (const auto& fr : rep.families) copied = copied || (fr.name == name && !fr.measured);
+    if (copied) continue;
+    FamilyReport fr;
+    fr.name = name;
+    fr.measured = false;
+    fr.why = "dropped: " + why;
+    rep.families.push_back(fr);
+  }
+  rep.profile = Profile(options.info, options.hardware, std::move(fams));
+  (void)Profile::parse(rep.profile.to_toml(), "<calibrated profile " + options.info.name + ">");
+  rep.peaks = peak_figures(records, options.hardware.gpu_kind);
+  return rep;
+}
+
+std::string summary_text(const CalibrationReport& rep) {
+  std::string s;
+  char line[512];
+  std::snprintf(line, sizeof line, "calibration: %zu points: %zu ok, %zu failed, %zu skipped; profile %s\n\n", rep.records,
+                rep.ok, rep.errors, rep.skipped, rep.profile.id().c_str());
+  s += line;
+  std::snprintf(line, sizeof line, "%-32s %6s %5s  %-15s  %-15s  %-15s\n", "family", "fit", "held", "fit err med/max",
+                "LOO med/max", "held-out med/max");
+  s += line;
+  for (const auto& f : rep.families) {
+    if (!f.measured) continue;
+    std::snprintf(line, sizeof line, "%-32s %6zu %5zu  %-15s  %-15s  %-15s%s\n", f.name.c_str(), f.fit_points,
+                  f.held_out_points, (pct(f.quality.rel_err_median) + " / " + pct(f.quality.rel_err_max)).c_str(),
+                  (pct(f.quality.loo_rel_err_median) + " / " + pct(f.quality.loo_rel_err_max)).c_str(),
+                  f.held_out_points ? (pct(f.held_out_median) + " / " + pct(f.held_out_max)).c_str() : "-",
+                  f.failed_points ? ("  (" + std::to_string(f.failed_points) + " failed/skipped)").c_str() : "");
+    s += line;
+  }
+  bool header = false;
+  for (const auto& f : rep.families) {
+    if (f.measured) continue;
+    if (!header) s += "\nnot measured here:\n";
+    header = true;
+    s += "  " + f.name + ": " + f.why + "\n";
+  }
+  s += "\n";
+  std::snprintf(line, sizeof line, "%-44s %12s  %-34s %s\n", "peak figure", "measured", "reference", "ratio");
+  s += line;
+  for (const auto& p : rep.peaks) {
+    std::snprintf(line, sizeof line, "%-44s %8.1f %-4s %-34s %s\n", p.what.c_str(), p.measured, p.unit.c_str(),
+                  p.reference_text.c_str(),
+                  p.reference > 0.0 ? (fmt("%.3f", p.ratio()) + (p.ratio() >= 0.95 ? " (within 5%)" : " (below 95%)")).c_str()
+                                    : "-");
+    s += line;
+  }
+  return s;
+}
+
+OrderedJson summary_json(const CalibrationReport& rep) {
+  OrderedJson j;
+  j["profile_id"] = rep.profile.id();
+  j["points"] = {{"total", rep.records}, {"ok", rep.ok}, {"error", rep.errors}, {"skipped", rep.skipped}};
+  auto num = [](double v) { return std::isfinite(v) ? OrderedJson(v) : OrderedJson(nullptr); };
+  OrderedJson fams = OrderedJson::array();
+  for (const auto& f : rep.families) {
+    OrderedJson x;
+    x["family"] = f.name;
+    x["measured"] = f.measured;
+    if (!f.why.empty()) x["why"] = f.why;
+    x["fit_points"] = f.fit_points;
+    x["held_out_points"] = f.held_out_points;
+    x["failed_points"] = f.failed_points;
+    x["rel_err_median"] = num(f.quality.rel_err_median);
+    x["rel_err_max"] = num(f.quality.rel_err_max);
+    x["loo_rel_err_median"] = num(f.quality.loo_rel_err_median);
+    x["loo_rel_err_max"] = num(f.quality.loo_rel_err_max);
+    x["held_out_rel_err_median"] = num(f.held_out_median);
+    x["held_out_rel_err_max"] = num(f.held_out_max);
+    fams.push_back(x);
+  }
+  j["families"] = fams;
+  OrderedJson peaks = OrderedJson::array();
+  for (const auto& p : rep.peaks) {
+    peaks.push_back({{"what", p.what}, {"unit", p.unit}, {"measured", p.measured}, {"at", p.at},
+                     {"reference", num(p.reference > 0 ? p.reference : std::nan(""))}, {"reference_text", p.reference_text},
+                     {"ratio", num(p.reference > 0 ? p.ratio() : std::nan(""))}});
+  }
+  j["peaks"] = peaks;
+  return j;
+}
+
+}  // namespace threewalls::calibration::bench
