@@ -307,15 +307,15 @@ void add_collective_curve(ProfileBuilder& b, CollectiveKind kind, Scope scope, i
   for (double s : sizes(1 * kKiB, 1 * kGiB, 4)) b.add_collective(kind, scope, n, Bytes(s), one(m.time_s(s, n)));
 }
 
-void add_collectives(ProfileBuilder& b) {
+void add_collectives(ProfileBuilder& b, const Facts& f) {
   // NVLink: facts at 1 GiB for 2 and 4 GPUs (H200 x2/x4, NVLink NV18, DESIGN.md §4).
   const double ar[2] = {321e9, 355e9};
   const double a2a[2] = {320e9, 336e9};
   const int nv_n[2] = {2, 4};
   const std::string nv_shape =
+      std::string(f.kind == "h100" ? " Used for the H100 too (the same NVLink4/NVSwitch fabric)." : "") +
       " Curve shape assumed: latency 6 us + 2 us log2 n, bandwidth ramp beta_max / (1 + sqrt(8 MiB / S)). Group sizes "
-      "above 4 "
-      "are extrapolated by the model (bus bandwidth held, latency growing with log2 n).";
+      "above 4 are extrapolated by the model (bus bandwidth held, latency growing with log2 n).";
   for (CollectiveKind k : {CollectiveKind::all_reduce, CollectiveKind::all_gather, CollectiveKind::reduce_scatter,
                            CollectiveKind::all_to_all, CollectiveKind::broadcast}) {
     for (int i = 0; i < 2; ++i) {
@@ -419,7 +419,7 @@ Profile make_default_profile(std::string_view gpu_kind) {
   add_grouped_fp8(b, stage1);
   add_attention(b, f, stage1, false);
   add_attention(b, f, stage1, true);
-  add_collectives(b);
+  add_collectives(b, f);
   add_host(b);
   add_concurrency(b);
   return b.build();

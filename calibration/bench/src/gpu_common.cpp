@@ -90,12 +90,16 @@ void measure_device(const StopRule& rule, const Clock& clock, Timer& timer, cuda
   r.rel_ci = s.rel_ci;
 }
 
-void measure_host(const StopRule& rule, const Clock& clock, int calls, const std::function<void()>& fn, Record& r) {
+void measure_host(const StopRule& rule, const Clock& clock, int calls, const std::function<void()>& fn, Record& r,
+                  const std::function<void()>& after) {
   for (int i = 0; i < std::max(2, calls / 4); ++i) fn();  // warm-up
+  if (after) after();
   const Sampling s = sample_until(rule, clock, [&] {
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < calls; ++i) fn();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / calls;
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / calls;
+    if (after) after();
+    return t;
   });
   r.samples_s = s.samples;
   r.reps = calls;

@@ -52,8 +52,10 @@ class Timer {
 // r.samples_s, reps, stop, rel_ci. `allow_batch` false: one run per sample (host-synchronous work).
 void measure_device(const StopRule& rule, const Clock& clock, Timer& timer, cudaStream_t stream, const Work& work,
                     bool allow_batch, Record& r);
-// Samples of host time per call: each sample times `calls` calls of `fn` (steady clock).
-void measure_host(const StopRule& rule, const Clock& clock, int calls, const std::function<void()>& fn, Record& r);
+// Samples of host time per call: each sample times `calls` calls of `fn` (steady clock); `after`
+// (if set) runs after each sample, outside the timing (e.g. to let the device drain its queue).
+void measure_host(const StopRule& rule, const Clock& clock, int calls, const std::function<void()>& fn, Record& r,
+                  const std::function<void()>& after);
 
 // ---- downloads for checks ----
 // `count` elements starting at element `first`, `stride` elements apart.
