@@ -105,13 +105,11 @@ struct ClassState {
   std::vector<std::uint32_t> rdep_off, rdeps;
   std::vector<std::vector<std::uint32_t>> stream_ops;
   std::vector<std::uint32_t> stream_head;
-  std::vector<std::uint32_t> stream_pos;  // op -> position in its stream queue
-  // NCCL groups: a run of send/recv ops of one stream, adjacent in issue order, is issued as one
-  // group (Megatron's batch_isend_irecv): its members start together, progress independently, and
-  // the stream moves on when all are done. Ops outside groups are groups of one.
-  std::vector<std::uint32_t> leader;      // op -> first op of its group
-  std::vector<std::uint32_t> group_end;   // leader -> one past its last member
-  std::vector<std::uint32_t> group_left;  // leader -> members not finished
+  std::vector<std::uint32_t> stream_pos;  // op -> position in its queue
+  // Ops queue in FIFO order per stream, except point-to-point ops: those queue per stream and peer
+  // direction, as PyTorch gives each pair of ranks its own NCCL communicator and stream (a pending
+  // send to the previous stage does not hold back a receive from the next one).
+  std::vector<std::uint16_t> queue;  // op -> queue index
   std::vector<std::uint32_t> occurrence;  // collective ops: how many identical keys came before
   std::vector<std::uint8_t> ready_scheduled;
   std::uint32_t host_next = 0;
@@ -245,31 +243,19 @@ class StepRun {
       for (std::uint32_t d = op.deps_begin; d < op.deps_end; ++d) s.rdeps[fill[rc.deps[d]]++] = i;
     }
     // Streams (host ops live on the host lane only).
-    s.stream_ops.assign(g_.streams.size(), {});
-    s.stream_head.assign(g_.streams.size(), 0);
+    const std::size_t streams = g_.streams.size();
+    s.stream_ops.assign(3 * streams, {});
+    s.stream_head.assign(3 * streams, 0);
     s.stream_pos.assign(n, kNone);
-    s.leader.resize(n);
-    s.group_end.resize(n);
-    s.group_left.assign(n, 1);
+    s.queue.assign(n, 0);
     for (std::uint32_t i = 0; i < n; ++i) {
       const Op& op = rc.ops[i];
-      s.leader[i] = i;
-      s.group_end[i] = i + 1;
       if (op.kind == OpKind::host) continue;
-      const bool p2p = op.kind == OpKind::send || op.kind == OpKind::recv;
-      if (p2p && i > 0) {
-        const Op& prev = rc.ops[i - 1];
-        if ((prev.kind == OpKind::send || prev.kind == OpKind::recv) && prev.stream == op.stream) {
-          const std::uint32_t lead = s.leader[i - 1];
-          s.leader[i] = lead;
-          s.group_end[lead] = i + 1;
-          ++s.group_left[lead];
-          s.stream_pos[i] = s.stream_pos[lead];
-          continue;
-        }
-      }
-      s.stream_pos[i] = static_cast<std::uint32_t>(s.stream_ops[op.stream].size());
-      s.stream_ops[op.stream].push_back(i);
+      std::size_t q = op.stream;
+      if (op.kind == OpKind::send || op.kind == OpKind::recv) q = streams + 2 * op.stream + (op.peer > 0 ? 1 : 0);
+      s.queue[i] = static_cast<std::uint16_t>(q);
+      s.stream_pos[i] = static_cast<std::uint32_t>(s.stream_ops[q].size());
+      s.stream_ops[q].push_back(i);
     }
     // Host costs: eager launches, CUDA-graph runs.
     for (std::uint32_t i = 0; i < n; ++i) {
@@ -384,24 +370,18 @@ class StepRun {
   // ---------------------------------------------------------------- device
   void try_start(std::uint32_t c, std::uint32_t i) {
     ClassState& s = classes_[c];
+    if (s.start[i] >= 0.0 || s.launch[i] < 0.0 || s.pending[i] > 0) return;
     const Op& op = s.rc->ops[i];
     if (op.kind == OpKind::host) return;
-    const std::uint32_t lead = s.leader[i];
-    if (s.start[lead] >= 0.0) return;
-    if (s.stream_head[op.stream] != s.stream_pos[lead]) return;
-    double launched = 0.0;
-    for (std::uint32_t m = lead; m < s.group_end[lead]; ++m) {
-      if (s.launch[m] < 0.0 || s.pending[m] > 0) return;
-      launched = std::max(launched, s.launch[m]);
-    }
-    if (launched > now_) {
-      if (!s.ready_scheduled[lead]) {
-        s.ready_scheduled[lead] = 1;
-        push(launched, EventType::op_ready, c, lead);
+    if (s.stream_head[s.queue[i]] != s.stream_pos[i]) return;
+    if (s.launch[i] > now_) {
+      if (!s.ready_scheduled[i]) {
+        s.ready_scheduled[i] = 1;
+        push(s.launch[i], EventType::op_ready, c, i);
       }
       return;
     }
-    for (std::uint32_t m = lead; m < s.group_end[lead]; ++m) start_op(c, m);
+    start_op(c, i);
   }
 
   void start_op(std::uint32_t c, std::uint32_t i) {
@@ -438,9 +418,9 @@ class StepRun {
     const Op& op = s.rc->ops[i];
     s.end[i] = now_;
     ++s.done;
-    if (op.kind != OpKind::host && --s.group_left[s.leader[i]] == 0) {
-      const std::uint32_t head = ++s.stream_head[op.stream];
-      const auto& q = s.stream_ops[op.stream];
+    if (op.kind != OpKind::host) {
+      const std::uint32_t head = ++s.stream_head[s.queue[i]];
+      const auto& q = s.stream_ops[s.queue[i]];
       if (head < q.size()) try_start(c, q[head]);
     }
     for (std::uint32_t k = s.rdep_off[i]; k < s.rdep_off[i + 1]; ++k) {
@@ -718,21 +698,22 @@ class StepRun {
     return plans_.emplace(std::move(key), std::move(plan)).first->second;
   }
 
-  // Places `flows`, solves their sharing alone and scales their bytes so that, alone, each ends
-  // after max(t_bw, its bytes / its rate): the profile's time unless the platform is slower.
+  // Scales the bytes of the plan's flows by one common factor so that, alone, they end after
+  // max(t_bw, their own makespan): the profile's time unless the platform is slower
+  // (docs/simulator.md, "Collectives as flows").
   void finish_plan(Plan& plan, double t_bw) {
-    const std::vector<double> rate = max_min_rates(plan.flows, capacity_);
-    double longest = 0.0;
-    for (std::size_t f = 0; f < plan.flows.size(); ++f) {
-      PlacedFlow& fl = plan.flows[f];
-      const double r = rate[f];
-      if (!std::isfinite(r) || r <= 0.0) {
-        throw std::logic_error("flow without a finite positive rate");
+    double makespan = 0.0;
+    if (!plan.flows.empty()) {
+      for (const PlacedFlow& f : plan.flows) {
+        if (f.links.empty() || !(f.bytes > 0.0)) throw std::logic_error("a planned flow without route or bytes");
       }
-      fl.bytes = std::max(fl.bytes, r * t_bw);
-      longest = std::max(longest, fl.bytes / r);
+      makespan = lone_makespan(plan.flows, capacity_);
+      if (makespan > 0.0 && makespan < t_bw) {
+        const double k = t_bw / makespan;
+        for (PlacedFlow& f : plan.flows) f.bytes *= k;
+      }
     }
-    plan.lone = plan.latency + std::max(t_bw, longest);
+    plan.lone = plan.latency + std::max(t_bw, makespan);
   }
 
   PlacedFlow place(int src, int dst, double bytes) const {
@@ -846,7 +827,7 @@ class StepRun {
                 " (same tag) of its peer";
         } else if (s.pending[i] > 0) {
           why = "it waits for " + std::to_string(s.pending[i]) + " dependencies that never finished";
-        } else if (op.kind != OpKind::host && s.stream_head[op.stream] != s.stream_pos[s.leader[i]]) {
+        } else if (op.kind != OpKind::host && s.stream_head[s.queue[i]] != s.stream_pos[i]) {
           why = "an earlier op of its stream '" + g_.streams[op.stream].name + "' never finished";
         } else {
           why = "it was never launched";

@@ -250,4 +250,26 @@ std::vector<double> max_min_rates(std::span<const PlacedFlow> flows, std::span<c
   return rate;
 }
 
+double lone_makespan(std::span<const PlacedFlow> flows, std::span<const double> capacity) {
+  std::vector<PlacedFlow> active(flows.begin(), flows.end());
+  double t = 0.0;
+  while (!active.empty()) {
+    const std::vector<double> rate = max_min_rates(active, capacity);
+    double dt = std::numeric_limits<double>::infinity();
+    for (std::size_t i = 0; i < active.size(); ++i) dt = std::min(dt, active[i].bytes / rate[i]);
+    if (!std::isfinite(dt)) break;  // flows without links take no time
+    t += dt;
+    std::vector<PlacedFlow> left;
+    for (std::size_t i = 0; i < active.size(); ++i) {
+      const double rest = active[i].bytes - rate[i] * dt;
+      if (rest > 1e-9 * active[i].bytes + 1e-12) {
+        left.push_back(active[i]);
+        left.back().bytes = rest;
+      }
+    }
+    active.swap(left);
+  }
+  return t;
+}
+
 }  // namespace threewalls::sim

@@ -9,10 +9,6 @@
 
 namespace threewalls::sim {
 
-namespace {
-constexpr int kPerGpuKinds = 6;  // nvlink_up .. nic_down
-}
-
 const char* to_string(LinkKind k) {
   switch (k) {
     case LinkKind::nvlink_up: return "nvlink_up";
@@ -21,8 +17,8 @@ const char* to_string(LinkKind k) {
     case LinkKind::pcie_down: return "pcie_down";
     case LinkKind::nic_up: return "nic_up";
     case LinkKind::nic_down: return "nic_down";
-    case LinkKind::leaf_up: return "leaf_up";
-    case LinkKind::leaf_down: return "leaf_down";
+    case LinkKind::spine_up: return "spine_up";
+    case LinkKind::spine_down: return "spine_down";
   }
   return "?";
 }
@@ -58,8 +54,8 @@ Platform::Platform(const scenarios::ClusterSpec& c) {
     leaves_ = (world_ + leaf_ports_ - 1) / leaf_ports_;
   }
 
-  links_.resize(static_cast<std::size_t>(kPerGpuKinds) * static_cast<std::size_t>(world_) +
-                2 * static_cast<std::size_t>(leaves_));
+  links_.resize(static_cast<std::size_t>(kLinkKinds) * static_cast<std::size_t>(world_));
+  const BytesPerSecond spine(c.nic_bandwidth.value / c.oversubscription);
   for (int r = 0; r < world_; ++r) {
     auto set = [&](LinkKind k, BytesPerSecond bw, Seconds lat) {
       links_[link_id(k, r)] = Link{k, r, bw, lat};
@@ -71,13 +67,8 @@ Platform::Platform(const scenarios::ClusterSpec& c) {
     set(LinkKind::pcie_down, c.pcie_bandwidth, c.pcie_latency);
     set(LinkKind::nic_up, c.nic_bandwidth, c.nic_latency);
     set(LinkKind::nic_down, c.nic_bandwidth, c.nic_latency);
-  }
-  std::vector<int> nics_on_leaf(static_cast<std::size_t>(leaves_), 0);
-  for (int r = 0; r < world_; ++r) ++nics_on_leaf[static_cast<std::size_t>(leaf_of(r))];
-  for (int l = 0; l < leaves_; ++l) {
-    const BytesPerSecond up(nics_on_leaf[static_cast<std::size_t>(l)] * c.nic_bandwidth.value / c.oversubscription);
-    links_[link_id(LinkKind::leaf_up, l)] = Link{LinkKind::leaf_up, l, up, Seconds(0.0)};
-    links_[link_id(LinkKind::leaf_down, l)] = Link{LinkKind::leaf_down, l, up, Seconds(0.0)};
+    set(LinkKind::spine_up, spine, Seconds(0.0));
+    set(LinkKind::spine_down, spine, Seconds(0.0));
   }
 }
 
@@ -91,10 +82,7 @@ int Platform::leaf_of(int rank) const {
 }
 
 std::uint32_t Platform::link_id(LinkKind kind, int index) const {
-  const auto k = static_cast<std::uint32_t>(kind);
-  if (k < kPerGpuKinds) return k * static_cast<std::uint32_t>(world_) + static_cast<std::uint32_t>(index);
-  const std::uint32_t base = kPerGpuKinds * static_cast<std::uint32_t>(world_);
-  return base + 2 * static_cast<std::uint32_t>(index) + (kind == LinkKind::leaf_down ? 1U : 0U);
+  return static_cast<std::uint32_t>(kind) * static_cast<std::uint32_t>(world_) + static_cast<std::uint32_t>(index);
 }
 
 std::string Platform::link_name(std::uint32_t id) const {
@@ -104,7 +92,8 @@ std::string Platform::link_name(std::uint32_t id) const {
 
 std::pair<Endpoint, Endpoint> Platform::gpu_endpoints(int src_rank, int dst_rank) const {
   if (node_of(src_rank) == node_of(dst_rank)) return {{PortKind::gpu, src_rank}, {PortKind::gpu, dst_rank}};
-  return {{PortKind::nic, src_rank}, {PortKind::nic, dst_rank}};
+  if (leaf_of(src_rank) == leaf_of(dst_rank)) return {{PortKind::nic, src_rank}, {PortKind::nic, dst_rank}};
+  return {{PortKind::nic_spine, src_rank}, {PortKind::nic_spine, dst_rank}};
 }
 
 void Platform::route(Endpoint src, Endpoint dst, std::vector<std::uint32_t>& out) const {
@@ -125,13 +114,17 @@ void Platform::route(Endpoint src, Endpoint dst, std::vector<std::uint32_t>& out
   if (src.kind == PortKind::nic && dst.kind == PortKind::nic) {
     check_rank(src.index);
     check_rank(dst.index);
+    if (leaf_of(src.index) != leaf_of(dst.index)) throw std::logic_error("platform route: NIC ports of different leaves");
     out.push_back(link_id(LinkKind::nic_up, src.index));
-    const int ls = leaf_of(src.index);
-    const int ld = leaf_of(dst.index);
-    if (ls != ld) {
-      out.push_back(link_id(LinkKind::leaf_up, ls));
-      out.push_back(link_id(LinkKind::leaf_down, ld));
-    }
+    out.push_back(link_id(LinkKind::nic_down, dst.index));
+    return;
+  }
+  if (src.kind == PortKind::nic_spine && dst.kind == PortKind::nic_spine) {
+    check_rank(src.index);
+    check_rank(dst.index);
+    out.push_back(link_id(LinkKind::nic_up, src.index));
+    out.push_back(link_id(LinkKind::spine_up, src.index));
+    out.push_back(link_id(LinkKind::spine_down, dst.index));
     out.push_back(link_id(LinkKind::nic_down, dst.index));
     return;
   }
@@ -154,12 +147,10 @@ Seconds Platform::route_latency(Endpoint src, Endpoint dst) const {
   std::vector<std::uint32_t> links;
   route(src, dst, links);
   double lat = 0.0;
+  for (std::uint32_t id : links) lat += links_[id].latency.value;
   int switches = 0;
-  for (std::uint32_t id : links) {
-    lat += links_[id].latency.value;
-    if (links_[id].kind == LinkKind::leaf_up) switches += 2;  // spine and the far leaf
-  }
-  if (src.kind == PortKind::nic && !links.empty()) switches += 1;  // the first leaf
+  if (src.kind == PortKind::nic && !links.empty()) switches = 1;        // the leaf
+  if (src.kind == PortKind::nic_spine && !links.empty()) switches = 3;  // leaf, spine, leaf
   return Seconds(lat + switches * switch_latency_.value);
 }
 
@@ -181,24 +172,13 @@ void Platform::slow_link(int rank, scenarios::SlowLink which, double factor) {
   switch (which) {
     case scenarios::SlowLink::nvlink: slow(LinkKind::nvlink_up); slow(LinkKind::nvlink_down); break;
     case scenarios::SlowLink::pcie: slow(LinkKind::pcie_up); slow(LinkKind::pcie_down); break;
-    case scenarios::SlowLink::nic: slow(LinkKind::nic_up); slow(LinkKind::nic_down); break;
+    case scenarios::SlowLink::nic:
+      slow(LinkKind::nic_up);
+      slow(LinkKind::nic_down);
+      slow(LinkKind::spine_up);
+      slow(LinkKind::spine_down);
+      break;
     case scenarios::SlowLink::none: break;
-  }
-}
-
-void Platform::scale_leaf_uplinks_for_placement(const std::vector<int>& placed_ranks) {
-  std::vector<int> placed(static_cast<std::size_t>(leaves_), 0);
-  for (int r : placed_ranks) {
-    if (r >= 0 && r < world_) ++placed[static_cast<std::size_t>(leaf_of(r))];
-  }
-  for (int l = 0; l < leaves_; ++l) {
-    const double share = placed[static_cast<std::size_t>(l)] * nic_bandwidth_.value / oversubscription_;
-    for (LinkKind k : {LinkKind::leaf_up, LinkKind::leaf_down}) {
-      Link& link = links_[link_id(k, l)];
-      // A leaf with no placed source still carries placed flows into it: keep one NIC's share.
-      const double floor_share = nic_bandwidth_.value / oversubscription_;
-      link.bandwidth = BytesPerSecond(std::min(link.bandwidth.value, std::max(share, floor_share)));
-    }
   }
 }
 
@@ -221,6 +201,7 @@ OrderedJson Platform::describe() const {
   j["nic_bandwidth_bytes_per_s"] = ni.bandwidth.value;
   j["nic_latency_s"] = ni.latency.value;
   j["switch_latency_s"] = switch_latency_.value;
+  j["spine_port_bandwidth_bytes_per_s"] = links_[link_id(LinkKind::spine_up, 0)].bandwidth.value;
   return j;
 }
 

@@ -5,10 +5,13 @@
 //              port (UP = nvlink_up, DOWN = nvlink_down); the star's centre is the NVSwitch;
 //   pcie_domain.<n>    a star zone per node: host_memory.<n> (no link) and pcie_port.<r> per GPU with the
 //              split-duplex link pcie.<r> (UP = device to host, DOWN = host to device);
-//   fabric     a star zone of leaf zones: leaf.<l> holds nic.<r> hosts with split-duplex NIC links,
-//              and the fabric routes leaf.<l> through its uplink (UP = leaf_up, DOWN = leaf_down).
-// A GPU therefore appears as three SimGrid hosts (gpu, pcie, nic); which one a flow uses is decided
-// by Platform::gpu_endpoints, and flows never cross zones, so the root zone needs no routes.
+//   leaf.<l>           a star zone per leaf switch: nic.<r> hosts with split-duplex NIC links nic.<r>
+//                      (UP = nic_up, DOWN = nic_down); traffic between NICs of one leaf;
+//   spine              a star zone of nic_spine.<r> hosts, each routed through its NIC link and its
+//                      spine port spine.<r> (UP = spine_up, DOWN = spine_down); traffic across leaves.
+// A GPU therefore appears as four SimGrid hosts (gpu, pcie_port, nic, nic_spine); which one a flow
+// uses is decided by Platform::gpu_endpoints, and flows never cross zones, so the root zone needs no
+// routes.
 #include "threewalls/sim/simgrid_network.hpp"
 
 #include <simgrid/s4u.hpp>
@@ -34,7 +37,7 @@ struct SimGridEngine::Impl {
   const Platform& platform;
   std::unique_ptr<sg::Engine> engine;
   std::vector<sg::Link*> links;  // by platform link id
-  std::vector<sg::Host*> gpu_hosts, nic_hosts, pcie_hosts, node_hosts;
+  std::vector<sg::Host*> gpu_hosts, nic_hosts, spine_hosts, pcie_hosts, node_hosts;
   sg::Host* controller = nullptr;
   std::vector<sg::CommPtr> live;
   std::vector<std::uint64_t> live_group;
@@ -47,6 +50,7 @@ struct SimGridEngine::Impl {
     switch (e.kind) {
       case PortKind::gpu: return gpu_hosts.at(i);
       case PortKind::nic: return nic_hosts.at(i);
+      case PortKind::nic_spine: return spine_hosts.at(i);
       case PortKind::gpu_pcie: return pcie_hosts.at(i);
       case PortKind::host: return node_hosts.at(i);
     }
@@ -59,6 +63,7 @@ struct SimGridEngine::Impl {
     links.assign(platform.links().size(), nullptr);
     gpu_hosts.resize(static_cast<std::size_t>(world));
     nic_hosts.resize(static_cast<std::size_t>(world));
+    spine_hosts.resize(static_cast<std::size_t>(world));
     pcie_hosts.resize(static_cast<std::size_t>(world));
     node_hosts.resize(static_cast<std::size_t>(platform.nodes()));
     auto bw = [&](LinkKind k, int index) { return platform.links()[platform.link_id(k, index)].bandwidth.value; };
@@ -95,26 +100,35 @@ struct SimGridEngine::Impl {
       node->seal();
       pcie->seal();
     }
-    auto* fabric = sg::create_star_zone("fabric");
-    fabric->set_parent(root);
     std::vector<std::vector<int>> on_leaf(static_cast<std::size_t>(platform.leaves()));
     for (int r = 0; r < world; ++r) on_leaf[static_cast<std::size_t>(platform.leaf_of(r))].push_back(r);
+    std::vector<sg::SplitDuplexLink*> nic_links(static_cast<std::size_t>(world), nullptr);
     for (int l = 0; l < platform.leaves(); ++l) {
       auto* leaf = sg::create_star_zone("leaf." + std::to_string(l));
-      leaf->set_parent(fabric);
-      simgrid::kernel::routing::NetPoint* gw = leaf->create_router("leaf_switch." + std::to_string(l));
+      leaf->set_parent(root);
       for (int r : on_leaf[static_cast<std::size_t>(l)]) {
         const std::string rs = std::to_string(r);
         sg::Host* h = leaf->create_host("nic." + rs, 1e9);
         auto* nl = duplex(leaf, "nic." + rs, LinkKind::nic_up, LinkKind::nic_down, r);
         leaf->add_route(h->get_netpoint(), nullptr, nullptr, nullptr, {{nl, sg::LinkInRoute::Direction::UP}}, true);
         nic_hosts[static_cast<std::size_t>(r)] = h;
+        nic_links[static_cast<std::size_t>(r)] = nl;
       }
       leaf->seal();
-      auto* up = duplex(fabric, "uplink." + std::to_string(l), LinkKind::leaf_up, LinkKind::leaf_down, l);
-      fabric->add_route(leaf->get_netpoint(), nullptr, gw, nullptr, {{up, sg::LinkInRoute::Direction::UP}}, true);
     }
-    fabric->seal();
+    auto* spine = sg::create_star_zone("spine");
+    spine->set_parent(root);
+    for (int r = 0; r < world; ++r) {
+      const std::string rs = std::to_string(r);
+      sg::Host* h = spine->create_host("nic_spine." + rs, 1e9);
+      auto* sl = duplex(spine, "spine." + rs, LinkKind::spine_up, LinkKind::spine_down, r);
+      spine->add_route(h->get_netpoint(), nullptr, nullptr, nullptr,
+                       {{nic_links[static_cast<std::size_t>(r)], sg::LinkInRoute::Direction::UP},
+                        {sl, sg::LinkInRoute::Direction::UP}},
+                       true);
+      spine_hosts[static_cast<std::size_t>(r)] = h;
+    }
+    spine->seal();
     controller = root->create_host("controller", 1e9);
     root->seal();
   }

@@ -153,11 +153,7 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   }
   result.memory = memory_model(s, first, opt.memory);
 
-  // Platform: physical, then the representative placement (docs/simulator.md).
   Platform base(s.cluster);
-  std::vector<int> reps;
-  for (const auto& rc : first.classes) reps.push_back(rc.representative());
-  base.scale_leaf_uplinks_for_placement(reps);
   for (const auto& d : s.cluster.slowdowns) {
     if (d.rank < 0 || d.rank >= base.world()) {
       throw InputError("[cluster.slowdown] rank " + std::to_string(d.rank) + " is outside the world of " +

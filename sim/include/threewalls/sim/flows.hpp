@@ -92,4 +92,8 @@ struct PlacedFlow {
 // indexed by link id. A flow with no links gets +infinity.
 std::vector<double> max_min_rates(std::span<const PlacedFlow> flows, std::span<const double> capacity);
 
+// Time until the last of `flows` finishes when they run alone from time 0 (fluid max-min sharing,
+// rates re-solved whenever a flow finishes). Scaling every flow's bytes by k scales it by k.
+double lone_makespan(std::span<const PlacedFlow> flows, std::span<const double> capacity);
+
 }  // namespace threewalls::sim

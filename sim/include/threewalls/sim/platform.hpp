@@ -12,10 +12,13 @@
 //   * One NIC per GPU (per direction `nic_bandwidth`) into a two-level fat tree (leaf switches and a
 //     non-blocking spine). `rail_optimized`: the leaf of GPU (node n, local index i) is rail i, group
 //     n / leaf_switch_ports (a leaf joins the i-th NICs of leaf_switch_ports nodes); `fat_tree`: the
-//     leaf of rank r is r / leaf_switch_ports (consecutive NICs). Each leaf's uplink to the spine has
-//     (NICs on the leaf) x nic_bandwidth / oversubscription per direction.
-//     GPU a -> GPU b on another node: [nic_up a, (leaf_up L(a), leaf_down L(b) when L(a) != L(b)),
-//     nic_down b]. GPUDirect RDMA: inter-node traffic does not cross the host's PCIe link.
+//     leaf of rank r is r / leaf_switch_ports (consecutive NICs). A leaf's uplinks carry
+//     (NICs on the leaf) x nic_bandwidth / oversubscription; each NIC gets its share of them, a
+//     spine port of nic_bandwidth / oversubscription per direction (per-port share: exact when the
+//     NICs of a leaf carry the same traffic, which the representative placement assumes).
+//     GPU a -> GPU b on another node under the same leaf: [nic_up a, nic_down b]; under another
+//     leaf: [nic_up a, spine_up a, spine_down b, nic_down b]. GPUDirect RDMA: inter-node traffic
+//     does not cross the host's PCIe link.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -26,8 +29,9 @@
 
 namespace threewalls::sim {
 
-// One direction of a link. Per-GPU kinds are indexed by rank, leaf kinds by leaf.
-enum class LinkKind : std::uint8_t { nvlink_up, nvlink_down, pcie_up, pcie_down, nic_up, nic_down, leaf_up, leaf_down };
+// One direction of a link, indexed by rank.
+enum class LinkKind : std::uint8_t { nvlink_up, nvlink_down, pcie_up, pcie_down, nic_up, nic_down, spine_up, spine_down };
+inline constexpr int kLinkKinds = 8;
 const char* to_string(LinkKind k);
 
 struct Link {
@@ -38,8 +42,9 @@ struct Link {
 };
 
 // A transfer's end point. A GPU reaches other GPUs of its node through its NVLink port (`gpu`),
-// GPUs of other nodes through its NIC (`nic`) and host memory through PCIe (`gpu_pcie` <-> `host`).
-enum class PortKind : std::uint8_t { gpu, nic, gpu_pcie, host };
+// GPUs of other nodes under its leaf through its NIC (`nic`), under other leaves through its NIC and
+// spine port (`nic_spine`), and host memory through PCIe (`gpu_pcie` <-> `host`).
+enum class PortKind : std::uint8_t { gpu, nic, nic_spine, gpu_pcie, host };
 struct Endpoint {
   PortKind kind = PortKind::gpu;
   int index = 0;  // rank; node for `host`
@@ -62,7 +67,7 @@ class Platform {
 
   [[nodiscard]] const std::vector<Link>& links() const { return links_; }
   [[nodiscard]] std::uint32_t link_id(LinkKind kind, int index) const;
-  [[nodiscard]] std::string link_name(std::uint32_t id) const;  // "nvlink_up.3", "leaf_down.0"
+  [[nodiscard]] std::string link_name(std::uint32_t id) const;  // "nvlink_up.3", "spine_down.0"
 
   // The end points of a GPU-to-GPU transfer: NVLink ports on one node, NICs across nodes.
   [[nodiscard]] std::pair<Endpoint, Endpoint> gpu_endpoints(int src_rank, int dst_rank) const;
@@ -71,18 +76,13 @@ class Platform {
   // PCIe port): callers never hand such a pair to SimGrid.
   void route(Endpoint src, Endpoint dst, std::vector<std::uint32_t>& out) const;
   // Sum of the link latencies on the route plus switch latency per switch crossed (NVSwitch is
-  // part of nvlink_latency; a leaf switch 1, leaf-spine-leaf 3).
+  // part of nvlink_latency; one leaf: 1 switch, leaf-spine-leaf: 3).
   [[nodiscard]] Seconds route_latency(Endpoint src, Endpoint dst) const;
   // Bottleneck bandwidth of the route (infinite for an empty route).
   [[nodiscard]] BytesPerSecond route_bandwidth(Endpoint src, Endpoint dst) const;
 
   // Divides the bandwidth of `rank`'s link(s) of `which` (both directions) by `factor`.
   void slow_link(int rank, scenarios::SlowLink which, double factor);
-  // Scales every leaf uplink to the traffic the simulator places on it (docs/simulator.md,
-  // "Representative placement"): only representatives' flows are placed, each standing for the
-  // symmetric traffic of its class, so a leaf's uplink gets placed-sources-on-the-leaf x
-  // nic_bandwidth / oversubscription (never more than its physical capacity).
-  void scale_leaf_uplinks_for_placement(const std::vector<int>& placed_ranks);
   void set_link_bandwidth(std::uint32_t id, BytesPerSecond bw) { links_[id].bandwidth = bw; }
 
   // The platform as written into the run header's settings.
