@@ -1,0 +1,112 @@
+// The compare / analyze / export subcommands of the threewalls binary: exit codes, outputs, errors.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "test_util.hpp"
+#include "threewalls/core/jsonl.hpp"
+
+using namespace threewalls;
+using namespace threewalls::notebooks_export;
+using threewalls::notebooks_export::testing::fresh_dir;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kBinary = std::string(THREEWALLS_BINARY_DIR) + "/cli/threewalls";
+
+int threewalls_cli(const std::string& args, std::string& output) {
+  output.clear();
+  std::FILE* p = popen((kBinary + " " + args + " 2>&1").c_str(), "r");
+  if (!p) return -1;
+  char buf[4096];
+  std::size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) output.append(buf, n);
+  int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+fs::path make_run(const std::string& suffix, double scale, int slow_rank = -1) {
+  SyntheticSpec s;
+  s.ranks = 4;
+  s.steps = 4;
+  s.layers = 2;
+  s.microbatches = 2;
+  s.time_scale = scale;
+  s.slow_rank = slow_rank;
+  s.slow_factor = 2;
+  s.slow_phase = "attn_core_fwd";
+  s.slow_from = 1;
+  s.slow_to = 2;
+  auto dir = fresh_dir(suffix);
+  write_synthetic_run(dir, s);
+  return dir;
+}
+
+}  // namespace
+
+TEST(Cli, CompareExitsOneAboveTheThresholdAndWritesJson) {
+  ASSERT_TRUE(fs::exists(kBinary)) << kBinary;
+  auto a = make_run("_a", 1.0);
+  auto b = make_run("_b", 1.2);
+  auto json = fresh_dir("_json") / "cmp.json";
+  fs::create_directories(json.parent_path());
+  std::string out;
+  EXPECT_EQ(threewalls_cli("compare " + a.string() + " " + b.string() + " --fail-above 10 --json " + json.string(), out), 1)
+      << out;
+  EXPECT_NE(out.find("FAIL: step time (median) +"), std::string::npos) << out;
+  Json j = read_json_file(json);
+  EXPECT_EQ(j["failed"], true);
+  EXPECT_EQ(threewalls_cli("compare " + a.string() + " " + b.string() + " --fail-above 25", out), 0) << out;
+  EXPECT_NE(out.find("pass ("), std::string::npos) << out;
+  EXPECT_EQ(threewalls_cli("compare " + a.string() + " " + b.string() + " --fail-above -3", out), 2) << out;
+}
+
+TEST(Cli, AnalyzeNamesTheSlowRankPhaseAndSteps) {
+  auto run = make_run("", 1.0, 3);
+  std::string out;
+  ASSERT_EQ(threewalls_cli("analyze " + run.string(), out), 0) << out;
+  EXPECT_NE(out.find("rank 3 (stage 0)"), std::string::npos) << out;
+  EXPECT_NE(out.find("bounded to steps 1..2"), std::string::npos) << out;
+  EXPECT_NE(out.find("in attn_core_fwd (compute)"), std::string::npos) << out;
+}
+
+TEST(Cli, ExportWritesEachFormatAndRefusesUnknownOnes) {
+  auto run = make_run("", 1.0);
+  auto out_dir = fresh_dir("_out");
+  std::string out;
+  EXPECT_EQ(threewalls_cli("export " + run.string() + " --format perfetto --out " + (out_dir / "t.json").string(), out), 0)
+      << out;
+  EXPECT_TRUE(fs::exists(out_dir / "t.json"));
+  EXPECT_EQ(threewalls_cli("export " + run.string() + " --format csv --out " + (out_dir / "csv").string(), out), 0) << out;
+  EXPECT_TRUE(fs::exists(out_dir / "csv" / "phases.csv"));
+  EXPECT_EQ(threewalls_cli("export " + run.string() + " --format pdf --out x", out), 2);
+  EXPECT_NE(out.find("unknown format \"pdf\"; allowed: perfetto, csv, notebook, html"), std::string::npos) << out;
+  EXPECT_EQ(threewalls_cli("export " + run.string() + " --format perfetto --out " + (out_dir / "t.json").string(), out), 2);
+  EXPECT_NE(out.find("exists; outputs are never overwritten"), std::string::npos) << out;
+}
+
+TEST(Cli, ACorruptRunIsReportedByFileAndLine) {
+  auto run = make_run("", 1.0);
+  {
+    std::ofstream f(run / "phases_rank_2.jsonl", std::ios::app);
+    f << "{\"step\":9,\"rank\":2,\"pha";
+  }
+  std::string out;
+  EXPECT_EQ(threewalls_cli("analyze " + run.string(), out), 2);
+  EXPECT_NE(out.find("phases_rank_2.jsonl:"), std::string::npos) << out;
+  EXPECT_NE(out.find("record after the footer"), std::string::npos) << out;
+  // A run of a future major version is refused by name.
+  auto future = make_run("_future", 1.0);
+  std::string text;
+  {
+    std::ifstream in(future / "run.json");
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  text.replace(text.find("\"1.0\""), 5, "\"2.0\"");
+  std::ofstream(future / "run.json") << text;
+  EXPECT_EQ(threewalls_cli("compare " + future.string() + " " + run.string(), out), 2);
+  EXPECT_NE(out.find("version 2.0 is newer than this threewalls reads (1.x)"), std::string::npos) << out;
+}
