@@ -594,10 +594,13 @@ class StepRun {
     const std::uint32_t receiver = send ? peer_class : c;
     std::string key;
     auto put = [&](auto v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
+    // Data flows towards the next stage (+1) or the previous one (-1): a send's peer, a recv's
+    // opposite. Forward and backward transfers of one pair can share a tag (interleaved schedules).
+    const std::int8_t direction = static_cast<std::int8_t>(send ? op.peer : -op.peer);
     put(sender);
     put(receiver);
     put(op.tag);
-    put(op.stream);
+    put(direction);
     put(static_cast<std::uint8_t>(op.group));
     auto it = pending_p2p_.find(key);
     if (it == pending_p2p_.end()) {

@@ -1,0 +1,278 @@
+// The discrete-event executor on hand-made StepGraphs with closed-form costs, analytic fidelity (no
+// SimGrid engine): streams, dependencies, the host lane, CUDA graphs, collectives, pipelines.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "sim_test_support.hpp"
+#include "threewalls/core/error.hpp"
+#include "threewalls/profiler/walls.hpp"
+#include "threewalls/sim/executor.hpp"
+
+namespace threewalls::sim {
+namespace {
+
+using testing::FakeCoster;
+using testing::GraphBuilder;
+using scenarios::Collective;
+using scenarios::Group;
+using scenarios::HostKind;
+using scenarios::Op;
+using scenarios::OpKind;
+using scenarios::StreamKind;
+
+constexpr double kUs = 1e-6;
+
+StepResult run(const GraphBuilder& b, const FakeCoster& coster, const scenarios::ClusterSpec& cl,
+               std::vector<double> factor = {}) {
+  const Platform p(cl);
+  ExecutorOptions o;
+  o.fidelity = Fidelity::analytic;
+  return Executor(coster, o).run_step(b.g, p, factor, 0.0, nullptr);
+}
+
+TEST(Executor, OpsOfOneStreamRunInFifoOrder) {
+  GraphBuilder b(1, 1, 1, 1, 1, 1);
+  const int c = b.add_class({0});
+  b.add(c, b.kernel(10, "a"));
+  b.add(c, b.kernel(20, "b"));
+  b.add(c, b.kernel(5, "c"));
+  const auto r = run(b, FakeCoster{}, testing::cluster(1, 1));
+  const auto& t = r.classes[0];
+  EXPECT_NEAR(t.start[1], 10 * kUs, 1e-12);
+  EXPECT_NEAR(t.start[2], 30 * kUs, 1e-12);
+  EXPECT_NEAR(r.duration, 35 * kUs, 1e-12);
+}
+
+TEST(Executor, CrossStreamDependencyDelaysTheStart) {
+  GraphBuilder b(1, 1, 1, 1, 1, 1);
+  const int c = b.add_class({0});
+  const auto a = b.add(c, b.kernel(10, "a"));
+  b.add(c, b.kernel(3, "side", "side"), {a});
+  const auto r = run(b, FakeCoster{}, testing::cluster(1, 1));
+  EXPECT_NEAR(r.classes[0].start[1], 10 * kUs, 1e-12);
+  EXPECT_NEAR(r.duration, 13 * kUs, 1e-12);
+}
+
+TEST(Executor, ConcurrentKernelsShareTheGpu) {
+  // Two 10 us kernels on two streams. Without concurrency gain they take 20 us together; with a
+  // throughput factor of 1.6 they take 12.5 us.
+  for (double conc : {1.0, 1.6}) {
+    GraphBuilder b(1, 1, 1, 1, 1, 1);
+    const int c = b.add_class({0});
+    b.add(c, b.kernel(10, "a", "s1"));
+    b.add(c, b.kernel(10, "b", "s2"));
+    FakeCoster f;
+    f.concurrency = conc;
+    const auto r = run(b, f, testing::cluster(1, 1));
+    EXPECT_NEAR(r.duration, 20 * kUs / conc, 1e-12) << conc;
+    EXPECT_NEAR(r.classes[0].end[0], r.classes[0].end[1], 1e-12);
+  }
+}
+
+TEST(Executor, LaunchBoundStepShowsGpuGaps) {
+  // 10 kernels of 2 us, each launch costs 10 us on the host: the GPU waits for the host.
+  GraphBuilder b(1, 1, 1, 1, 1, 1);
+  const int c = b.add_class({0});
+  for (int i = 0; i < 10; ++i) b.add(c, b.kernel(2, "k"));
+  FakeCoster f;
+  f.host.kernel_launch = microseconds(10);
+  const auto r = run(b, f, testing::cluster(1, 1));
+  EXPECT_NEAR(r.duration, (10 * 10 + 2) * kUs, 1e-12);
+  std::vector<profiler::TimelineOp> tl;
+  for (std::size_t i = 0; i < 10; ++i) {
+    tl.push_back({r.classes[0].start[i] * 1e6, r.classes[0].end[i] * 1e6, profiler::Wall::compute, false});
+  }
+  const auto w = profiler::sweep_walls(tl, r.duration * 1e6);
+  EXPECT_NEAR(w.compute_us, 20.0, 1e-6);
+  EXPECT_NEAR(w.host_us, 82.0, 1e-6);
+}
+
+TEST(Executor, CudaGraphRunCostsOneLaunchPlusPerNodeDeviceTime) {
+  GraphBuilder b(1, 1, 1, 1, 1, 1);
+  const int c = b.add_class({0});
+  for (int i = 0; i < 10; ++i) {
+    Op op = b.kernel(2, "k");
+    op.graph = 1;
+    b.add(c, op);
+  }
+  b.g.graphs.push_back("attn");
+  b.g.classes[0].graph_runs.push_back({0, 10, 1});
+  FakeCoster f;
+  f.host.kernel_launch = microseconds(10);
+  f.host.graph_launch = microseconds(7);
+  f.host.graph_node = microseconds(1);
+  const auto r = run(b, f, testing::cluster(1, 1));
+  EXPECT_NEAR(r.duration, (7 + 10 * (2 + 1)) * kUs, 1e-12);
+}
+
+TEST(Executor, StreamSyncBlocksTheHostUntilItsDependencyFinishes) {
+  GraphBuilder b(1, 1, 1, 1, 1, 1);
+  const int c = b.add_class({0});
+  const auto k = b.add(c, b.kernel(50, "long"));
+  b.add(c, b.host(HostKind::stream_sync, "sync"), {k});
+  b.add(c, b.kernel(1, "after"));
+  FakeCoster f;
+  f.host.kernel_launch = microseconds(2);
+  f.host.stream_sync = microseconds(3);
+  const auto r = run(b, f, testing::cluster(1, 1));
+  const auto& t = r.classes[0];
+  EXPECT_NEAR(t.start[0], 2 * kUs, 1e-12);
+  EXPECT_NEAR(t.end[0], 52 * kUs, 1e-12);
+  EXPECT_NEAR(t.start[1], 52 * kUs, 1e-12);  // the host waited
+  EXPECT_NEAR(t.end[1], 55 * kUs, 1e-12);
+  EXPECT_NEAR(t.start[2], 57 * kUs, 1e-12);  // launched after the sync
+}
+
+TEST(Executor, RingAllReduceTakesItsClosedForm) {
+  // n GPUs of one node: alpha + 2(n-1)/n S / B.
+  const int n = 8;
+  const double S = 256e6;
+  GraphBuilder b(n, 1, 1, 1, 1, n);
+  const int c = b.add_class({0, 1, 2, 3, 4, 5, 6, 7});
+  b.add(c, b.collective(Collective::all_reduce, Group::tp, S, "ar"));
+  FakeCoster f;
+  f.alpha = microseconds(2 * (n - 1) * 1.0);
+  f.busbw = BytesPerSecond(400e9);
+  const auto r = run(b, f, testing::cluster(n, 1));
+  EXPECT_NEAR(r.duration, f.alpha.value + 2.0 * (n - 1) / n * S / 400e9, 1e-12);
+}
+
+TEST(Executor, ACollectiveWaitsForItsLastMemberAndEndsForAllTogether) {
+  GraphBuilder b(2, 1, 1, 1, 1, 2);
+  b.class_per_rank();
+  b.add(0, b.kernel(10, "pre"));
+  b.add(0, b.collective(Collective::all_reduce, Group::tp, 1e6, "ar", "compute"));
+  b.add(1, b.kernel(30, "pre"));
+  b.add(1, b.collective(Collective::all_reduce, Group::tp, 1e6, "ar", "compute"));
+  FakeCoster f;
+  f.busbw = BytesPerSecond(100e9);
+  const auto r = run(b, f, testing::cluster(2, 1));
+  const double dur = 2.0 * 1 / 2 * 1e6 / 100e9;
+  EXPECT_NEAR(r.classes[0].start[1], 10 * kUs, 1e-12);  // its own arrival
+  EXPECT_NEAR(r.classes[1].start[1], 30 * kUs, 1e-12);
+  EXPECT_NEAR(r.classes[0].end[1], 30 * kUs + dur, 1e-12);
+  EXPECT_NEAR(r.classes[1].end[1], 30 * kUs + dur, 1e-12);
+}
+
+// A 1F1B pipeline of p stages and m micro-batches, forward F, backward 2F, free communication.
+GraphBuilder one_f_one_b(int p, int m, double F) {
+  GraphBuilder b(1, 1, 1, p, 1, p);
+  b.class_per_rank();
+  for (int s = 0; s < p; ++s) {
+    std::vector<std::uint32_t> fwd_done(static_cast<std::size_t>(m));
+    auto fwd = [&](int mb) {
+      std::uint32_t dep = 0;
+      bool has = false;
+      if (s > 0) {
+        dep = b.add(s, b.p2p(false, -1, mb, 0, "recv_fwd", "fwd_recv", mb));
+        has = true;
+      }
+      const auto k = has ? b.add(s, b.kernel(F, "fwd", "compute", mb), {dep}) : b.add(s, b.kernel(F, "fwd", "compute", mb));
+      if (s < p - 1) b.add(s, b.p2p(true, +1, mb, 0, "send_fwd", "fwd_send", mb), {k});
+    };
+    auto bwd = [&](int mb) {
+      std::uint32_t dep = 0;
+      bool has = false;
+      if (s < p - 1) {
+        dep = b.add(s, b.p2p(false, +1, mb, 0, "recv_bwd", "bwd_recv", mb));
+        has = true;
+      }
+      const auto k =
+          has ? b.add(s, b.kernel(2 * F, "bwd", "compute", mb), {dep}) : b.add(s, b.kernel(2 * F, "bwd", "compute", mb));
+      if (s > 0) b.add(s, b.p2p(true, -1, mb, 0, "send_bwd", "bwd_send", mb), {k});
+    };
+    const int warmup = std::min(p - s - 1, m);
+    int f = 0;
+    int bk = 0;
+    for (; f < warmup; ++f) fwd(f);
+    while (f < m) {
+      fwd(f++);
+      bwd(bk++);
+    }
+    while (bk < m) bwd(bk++);
+  }
+  return b;
+}
+
+TEST(Executor, OneFOneBBubbleIsPMinusOneOverMPlusPMinusOne) {
+  const int p = 4;
+  const int m = 8;
+  const double F = 100;
+  GraphBuilder b = one_f_one_b(p, m, F);
+  FakeCoster f;
+  auto cl = testing::cluster(p, 1);
+  const auto r = run(b, f, cl);
+  EXPECT_NEAR(r.duration, (m + p - 1) * 3 * F * kUs, 1e-9);
+  // The walls of stage 0: compute m (F + 2F), the rest waiting for pipeline peers.
+  const auto& rc = b.g.classes[0];
+  std::vector<profiler::TimelineOp> tl;
+  for (std::size_t i = 0; i < rc.ops.size(); ++i) {
+    const bool pipe = rc.ops[i].kind != OpKind::gemm;
+    tl.push_back({r.classes[0].start[i] * 1e6, r.classes[0].end[i] * 1e6,
+                  pipe ? profiler::Wall::communication : profiler::Wall::compute, pipe});
+  }
+  const auto w = profiler::sweep_walls(tl, r.duration * 1e6);
+  EXPECT_NEAR(w.bubble_us / (r.duration * 1e6), static_cast<double>(p - 1) / (m + p - 1), 1e-9);
+  EXPECT_NEAR(w.compute_us, m * 3 * F, 1e-6);
+}
+
+TEST(Executor, ASendWithoutItsRecvIsReportedAsADeadlock) {
+  GraphBuilder b(1, 1, 1, 2, 1, 2);
+  b.class_per_rank();
+  b.add(0, b.p2p(true, +1, 7, 100, "send_fwd", "pp"));
+  b.add(1, b.kernel(1, "k"));
+  try {
+    run(b, FakeCoster{}, testing::cluster(2, 1));
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("deadlock"), std::string::npos) << what;
+    EXPECT_NE(what.find("send_fwd"), std::string::npos) << what;
+    EXPECT_NE(what.find("tag 7"), std::string::npos) << what;
+  }
+}
+
+TEST(Executor, ACollectiveAMemberNeverIssuesIsReportedAsADeadlock) {
+  GraphBuilder b(2, 1, 1, 1, 1, 2);
+  b.class_per_rank();
+  b.add(0, b.collective(Collective::all_gather, Group::tp, 1e6, "ag"));
+  b.add(1, b.kernel(1, "k"));
+  EXPECT_THROW(run(b, FakeCoster{}, testing::cluster(2, 1)), InputError);
+}
+
+TEST(Executor, ADependencyOnALaterOpIsInputError) {
+  GraphBuilder b(1, 1, 1, 1, 1, 1);
+  const int c = b.add_class({0});
+  b.add(c, b.kernel(1, "a"), {1});
+  b.add(c, b.kernel(1, "b"));
+  EXPECT_THROW(run(b, FakeCoster{}, testing::cluster(1, 1)), InputError);
+}
+
+TEST(Executor, GpuSlowdownScalesTheClassesKernels) {
+  GraphBuilder b(1, 1, 1, 1, 1, 1);
+  const int c = b.add_class({0});
+  b.add(c, b.kernel(10, "a"));
+  const auto r = run(b, FakeCoster{}, testing::cluster(1, 1), {2.5});
+  EXPECT_NEAR(r.duration, 25 * kUs, 1e-12);
+}
+
+TEST(Executor, HostToDeviceCopyTakesTheProfilesTime) {
+  GraphBuilder b(1, 1, 1, 1, 1, 1);
+  const int c = b.add_class({0});
+  Op cp;
+  cp.kind = OpKind::copy;
+  cp.sub = static_cast<std::uint8_t>(scenarios::CopyKind::h2d_pinned);
+  cp.wall = scenarios::Wall::memory;
+  cp.bytes = 32e6;
+  cp.phase = b.phase("h2d");
+  cp.stream = b.stream("copy", StreamKind::copy);
+  b.add(c, cp);
+  FakeCoster f;
+  f.copy_bw = BytesPerSecond(25e9);
+  const auto r = run(b, f, testing::cluster(1, 1));
+  EXPECT_NEAR(r.duration, 32e6 / 25e9, 1e-12);
+}
+
+}  // namespace
+}  // namespace threewalls::sim

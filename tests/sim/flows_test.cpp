@@ -1,0 +1,175 @@
+// Collectives as flows, aggregation, and max-min sharing (pure, no SimGrid).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <set>
+
+#include "sim_test_support.hpp"
+#include "threewalls/scenarios/layout.hpp"
+#include "threewalls/sim/flows.hpp"
+
+namespace threewalls::sim {
+namespace {
+
+std::vector<int> iota(int n, int from = 0) {
+  std::vector<int> v(static_cast<std::size_t>(n));
+  std::iota(v.begin(), v.end(), from);
+  return v;
+}
+
+TEST(Flows, RingAllReduceSendsTwoNMinusOneOverNOfTheSizeToTheNextMember) {
+  const auto m = iota(8);
+  const auto f = collective_flows(CommKind::all_reduce, Algorithm::ring, m, 800.0, Split{});
+  ASSERT_EQ(f.size(), 8U);
+  for (const auto& x : f) {
+    EXPECT_EQ(x.dst, (x.src + 1) % 8);
+    EXPECT_DOUBLE_EQ(x.bytes, 2.0 * 7.0 / 8.0 * 800.0);
+  }
+  EXPECT_DOUBLE_EQ(bus_traffic_bytes(CommKind::all_reduce, m, 800.0, Split{}), 2.0 * 7.0 / 8.0 * 800.0);
+}
+
+TEST(Flows, RingAllGatherAndReduceScatterSendNMinusOneOverN) {
+  const auto m = iota(4);
+  for (CommKind k : {CommKind::all_gather, CommKind::reduce_scatter}) {
+    const auto f = collective_flows(k, Algorithm::ring, m, 400.0, Split{});
+    ASSERT_EQ(f.size(), 4U);
+    for (const auto& x : f) EXPECT_DOUBLE_EQ(x.bytes, 300.0);
+  }
+}
+
+TEST(Flows, ChainBroadcastForwardsTheWholeBuffer) {
+  const auto f = collective_flows(CommKind::broadcast, Algorithm::chain, iota(4), 100.0, Split{});
+  ASSERT_EQ(f.size(), 3U);
+  for (const auto& x : f) EXPECT_DOUBLE_EQ(x.bytes, 100.0);
+}
+
+TEST(Flows, PairwiseAllToAllSendsSizeOverNToEveryOtherMember) {
+  const auto m = iota(4);
+  const auto f = collective_flows(CommKind::all_to_all, Algorithm::pairwise, m, 400.0, Split{});
+  ASSERT_EQ(f.size(), 12U);
+  for (const auto& x : f) {
+    EXPECT_NE(x.src, x.dst);
+    EXPECT_DOUBLE_EQ(x.bytes, 100.0);
+  }
+  EXPECT_DOUBLE_EQ(bus_traffic_bytes(CommKind::all_to_all, m, 400.0, Split{}), 300.0);
+}
+
+TEST(Flows, DispatchSplitFollowsRoutingSharesAndTheHotRankBoundsTheTime) {
+  // Imbalance 2 over 4 EP ranks: rank 0 receives 2/4 of every rank's tokens, the others 2/12 each.
+  const scenarios::RoutingModel rm(4, 2.0);
+  Split split{SplitKind::by_dest, {rm.share(0), rm.share(1), rm.share(2), rm.share(3)}};
+  const auto m = iota(4);
+  const auto f = collective_flows(CommKind::all_to_all, Algorithm::pairwise, m, 1200.0, split, 1);
+  ASSERT_EQ(f.size(), 3U);
+  std::map<int, double> to;
+  for (const auto& x : f) to[x.dst] = x.bytes;
+  EXPECT_DOUBLE_EQ(to[0], 600.0);
+  EXPECT_DOUBLE_EQ(to[2], 200.0);
+  // Rank 0 receives 3 x 600 bytes: the largest traffic of any member.
+  EXPECT_DOUBLE_EQ(bus_traffic_bytes(CommKind::all_to_all, m, 1200.0, split), 1800.0);
+  // Combine (by source): the hot rank sends its share to everyone.
+  Split back{SplitKind::by_src, split.share};
+  const auto g = collective_flows(CommKind::all_to_all, Algorithm::pairwise, m, 1200.0, back, 0);
+  for (const auto& x : g) EXPECT_DOUBLE_EQ(x.bytes, 600.0);
+}
+
+TEST(Flows, DoubleBinaryTreeEdgesCarryHalfTheBufferEachWay) {
+  const int n = 8;
+  const auto f = collective_flows(CommKind::all_reduce, Algorithm::tree, iota(n), 100.0, Split{});
+  EXPECT_EQ(f.size(), static_cast<std::size_t>(4 * (n - 1)));
+  std::map<std::pair<int, int>, double> edge;
+  for (const auto& x : f) {
+    EXPECT_DOUBLE_EQ(x.bytes, 50.0);
+    edge[{x.src, x.dst}] += x.bytes;
+  }
+  // Every edge is used in both directions.
+  for (const auto& [k, v] : edge) EXPECT_TRUE(edge.count({k.second, k.first})) << k.first << "->" << k.second;
+}
+
+TEST(Flows, OnlySourceFilterKeepsOneMembersFlows) {
+  const auto f = collective_flows(CommKind::all_to_all, Algorithm::pairwise, iota(8), 800.0, Split{}, 3);
+  ASSERT_EQ(f.size(), 7U);
+  for (const auto& x : f) EXPECT_EQ(x.src, 3);
+}
+
+TEST(Flows, BusFactorsAreNcclTests) {
+  EXPECT_DOUBLE_EQ(bus_factor(CommKind::all_reduce, 4), 1.5);
+  EXPECT_DOUBLE_EQ(bus_factor(CommKind::all_gather, 4), 0.75);
+  EXPECT_DOUBLE_EQ(bus_factor(CommKind::all_to_all, 8), 7.0 / 8.0);
+  EXPECT_DOUBLE_EQ(bus_factor(CommKind::send_recv, 2), 1.0);
+  EXPECT_DOUBLE_EQ(latency_hops(CommKind::all_reduce, Algorithm::ring, 8), 14);
+  EXPECT_DOUBLE_EQ(latency_hops(CommKind::all_reduce, Algorithm::tree, 8), 6);
+}
+
+TEST(Flows, AutomaticAllReducePicksTreeOnlyForSmallInterNodeBuffers) {
+  EXPECT_EQ(choose_algorithm(CommKind::all_reduce, AllReduceChoice::automatic, true, 1e6, 16), Algorithm::tree);
+  EXPECT_EQ(choose_algorithm(CommKind::all_reduce, AllReduceChoice::automatic, true, 1e9, 16), Algorithm::ring);
+  EXPECT_EQ(choose_algorithm(CommKind::all_reduce, AllReduceChoice::automatic, false, 1e6, 8), Algorithm::ring);
+  EXPECT_EQ(choose_algorithm(CommKind::all_reduce, AllReduceChoice::tree, false, 1e9, 8), Algorithm::tree);
+  EXPECT_EQ(choose_algorithm(CommKind::all_to_all, AllReduceChoice::tree, true, 1e3, 8), Algorithm::pairwise);
+}
+
+TEST(Flows, AggregationMergesBySameNodeSameLeafOtherLeafAndKeepsBytes) {
+  const Platform p(testing::cluster(8, 4));  // rail optimised, one leaf per rail
+  const auto m = iota(32);
+  const auto raw = collective_flows(CommKind::all_to_all, Algorithm::pairwise, m, 3200.0, Split{}, 0);
+  const auto agg = aggregate_flows(raw, m, p);
+  ASSERT_EQ(agg.size(), 3U);
+  double total = 0.0;
+  for (const auto& x : agg) total += x.bytes;
+  EXPECT_DOUBLE_EQ(total, 31 * 100.0);
+  std::map<int, double> to;
+  for (const auto& x : agg) to[x.dst] = x.bytes;
+  EXPECT_DOUBLE_EQ(to.at(1), 700.0);   // same node: 7 peers, to the next member
+  EXPECT_DOUBLE_EQ(to.at(8), 300.0);   // same rail (leaf), other nodes: 3 peers
+  EXPECT_DOUBLE_EQ(to.at(9), 2100.0);  // other rails: 21 peers
+}
+
+TEST(Flows, AggregatedDestinationsAreDistinctInASymmetricPattern) {
+  const Platform p(testing::cluster(8, 2));
+  const auto m = iota(16);
+  const auto raw = collective_flows(CommKind::all_to_all, Algorithm::pairwise, m, 1600.0, Split{});
+  const auto agg = aggregate_flows(raw, m, p);
+  std::map<int, int> received;
+  for (const auto& x : agg) {
+    if (p.node_of(x.src) == p.node_of(x.dst)) ++received[x.dst];
+  }
+  for (const auto& [dst, count] : received) EXPECT_EQ(count, 1) << "rank " << dst;
+}
+
+PlacedFlow flow(std::vector<std::uint32_t> links, double bytes) { return {{}, {}, bytes, std::move(links)}; }
+
+TEST(Flows, TwoFlowsOnOneLinkShareIt) {
+  const std::vector<double> cap{100.0, 1000.0, 1000.0};
+  const std::vector<PlacedFlow> f{flow({0, 1}, 1.0), flow({0, 2}, 1.0)};
+  const auto r = max_min_rates(f, cap);
+  EXPECT_DOUBLE_EQ(r[0], 50.0);
+  EXPECT_DOUBLE_EQ(r[1], 50.0);
+  // Alone, one flow takes the whole link.
+  EXPECT_DOUBLE_EQ(max_min_rates(std::vector<PlacedFlow>{flow({0, 1}, 1.0)}, cap)[0], 100.0);
+}
+
+TEST(Flows, MaxMinGivesTheBottleneckedFlowItsShareAndTheRestToOthers) {
+  // Link 0 (cap 10) carries flows A and B; link 1 (cap 4) carries B and C.
+  const std::vector<double> cap{10.0, 4.0};
+  const std::vector<PlacedFlow> f{flow({0}, 1.0), flow({0, 1}, 1.0), flow({1}, 1.0)};
+  const auto r = max_min_rates(f, cap);
+  EXPECT_DOUBLE_EQ(r[1], 2.0);
+  EXPECT_DOUBLE_EQ(r[2], 2.0);
+  EXPECT_DOUBLE_EQ(r[0], 8.0);
+}
+
+TEST(Flows, LoneMakespanReSolvesWhenAFlowFinishes) {
+  // 100 and 300 bytes on one link of 100 B/s: 400 bytes in all, 4 s.
+  const std::vector<double> cap{100.0};
+  const std::vector<PlacedFlow> f{flow({0}, 100.0), flow({0}, 300.0)};
+  EXPECT_NEAR(lone_makespan(f, cap), 4.0, 1e-12);
+  // Scaling every flow by k scales the makespan by k.
+  const std::vector<PlacedFlow> g{flow({0}, 250.0), flow({0}, 750.0)};
+  EXPECT_NEAR(lone_makespan(g, cap), 10.0, 1e-12);
+}
+
+}  // namespace
+}  // namespace threewalls::sim

@@ -1,0 +1,205 @@
+// The memory model against Megatron's published formulas (Korthikanti et al. 2022, "Reducing
+// Activation Recomputation in Large Transformer Models", and the distributed optimizer's bytes per
+// parameter), published parameter counts, and an OOM verdict with its breakdown.
+#include <gtest/gtest.h>
+
+#include "sim_test_support.hpp"
+#include "threewalls/scenarios/layout.hpp"
+#include "threewalls/scenarios/loader.hpp"
+#include "threewalls/sim/memory_model.hpp"
+
+namespace threewalls::sim {
+namespace {
+
+using scenarios::RecomputeGranularity;
+using scenarios::Scenario;
+
+// A GPT layer as in the paper: MHA, GeLU MLP of 4h, LayerNorm, micro-batch 1, sequence 2048.
+Scenario gpt(int layers, int h, int a, int tp, bool sp, int pp = 1, int dp = 1) {
+  Scenario s;
+  s.name = "gpt";
+  s.model.num_layers = layers;
+  s.model.hidden_size = h;
+  s.model.ffn_hidden_size = 4 * h;
+  s.model.num_attention_heads = a;
+  s.model.num_query_groups = a;
+  s.model.kv_channels = h / a;
+  s.model.vocab_size = 51200;
+  s.model.swiglu = false;
+  s.model.normalization = scenarios::Normalization::layernorm;
+  s.parallel.tp = tp;
+  s.parallel.pp = pp;
+  s.parallel.dp = dp;
+  s.parallel.edp = dp * tp;
+  s.parallel.sequence_parallel = sp;
+  s.train.emplace();
+  s.train->micro_batch_size = 1;
+  s.train->seq_length = 2048;
+  s.train->global_batch_size = 64 * dp;
+  s.train->num_microbatches = 64;
+  s.train->use_distributed_optimizer = false;
+  s.cluster = testing::cluster(8, tp * pp * dp / 8 > 0 ? tp * pp * dp / 8 : 1);
+  return s;
+}
+
+const MemoryOptions kPaper{/*fused_attention=*/false, /*dropout=*/true};
+
+struct Shape {
+  const char* name;
+  int h, a;
+  // Bytes of one layer, one micro-batch, s = 2048, b = 1, t = 8 (t = 1 for the first):
+  double none_t1;      // sbh (34 + 5as/h)
+  double tp8;          // sbh (10 + 24/t + 5as/(ht))
+  double tp8_sp;       // sbh (34/t + 5as/(ht))
+  double tp8_sp_sel;   // sbh 34/t
+};
+// GPT-3 175B (h 12288, a 96) and MT-NLG 530B (h 20480, a 128), the paper's Table 3 models.
+const Shape kShapes[] = {
+    {"GPT-3 175B", 12288, 96, 2868903936.0, 578813952.0, 358612992.0, 106954752.0},
+    {"MT-NLG 530B", 20480, 128, 4110417920.0, 880803840.0, 513802240.0, 178257920.0},
+};
+
+TEST(MemoryModel, ActivationsPerLayerMatchKorthikantiOnTwoModelShapes) {
+  for (const Shape& sh : kShapes) {
+    SCOPED_TRACE(sh.name);
+    EXPECT_DOUBLE_EQ(layer_activation_bytes(gpt(1, sh.h, sh.a, 1, false), 0, 1.0, kPaper), sh.none_t1);
+    EXPECT_DOUBLE_EQ(layer_activation_bytes(gpt(1, sh.h, sh.a, 8, false), 0, 1.0, kPaper), sh.tp8);
+    EXPECT_DOUBLE_EQ(layer_activation_bytes(gpt(1, sh.h, sh.a, 8, true), 0, 1.0, kPaper), sh.tp8_sp);
+    Scenario sel = gpt(1, sh.h, sh.a, 8, true);
+    sel.train->recompute_granularity = RecomputeGranularity::selective;
+    sel.train->recompute_modules = {"core_attn"};
+    EXPECT_DOUBLE_EQ(layer_activation_bytes(sel, 0, 1.0, kPaper), sh.tp8_sp_sel);
+  }
+}
+
+TEST(MemoryModel, FusedAttentionKeepsOnlyTheLogSumExpInsteadOfTheScores) {
+  const Shape& sh = kShapes[0];
+  const Scenario s = gpt(1, sh.h, sh.a, 8, true);
+  const double lse = 4.0 * 2048 * (sh.a / 8.0);
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(s, 0, 1.0, MemoryOptions{true, true}), sh.tp8_sp_sel + lse);
+}
+
+TEST(MemoryModel, FullRecomputationStoresOnlyEachLayersInput) {
+  // Paper: full recomputation keeps 2sbh per layer (no sequence parallelism).
+  Scenario s = gpt(8, 12288, 96, 8, false);
+  s.train->recompute_granularity = RecomputeGranularity::full;
+  s.train->recompute_method = scenarios::RecomputeMethod::uniform;
+  s.train->recompute_num_layers = 1;
+  scenarios::StepGraph g;
+  g.layout = scenarios::Layout(8, 1, 1, 1, 1, 1, 8, 8);
+  scenarios::RankClass rc;
+  rc.ranks = {0, 1, 2, 3, 4, 5, 6, 7};
+  rc.layers = {0, 1, 2, 3, 4, 5, 6, 7};
+  g.classes.push_back(rc);
+  const MemoryReport r = memory_model(s, g, kPaper);
+  const double sbh = 2048.0 * 12288;
+  const double per_layer = layer_activation_bytes(s, 0, 1.0, kPaper);
+  // 1F1B without pipeline: one micro-batch in flight; 8 inputs of 2sbh, one layer being recomputed,
+  // and the output layer's tensors (final norm input, output input: 2sbh each; logits 4 s V / t).
+  const double vocab = static_cast<double>(s.model.padded_vocab_size(8));
+  const double edges = sbh + 2.0 * sbh + 2.0 * 2.0 * sbh + 4.0 * 2048 * vocab / 8;
+  EXPECT_DOUBLE_EQ(r.classes[0].breakdown.activations.value, 8 * 2.0 * sbh + per_layer + edges);
+}
+
+TEST(MemoryModel, MicroBatchesInFlightFollowTheSchedule) {
+  // 1F1B: stage s of p holds p - s micro-batches (the first stage holds p).
+  EXPECT_EQ(inflight_chunk_microbatches(8, 1, 0, 64), 8);
+  EXPECT_EQ(inflight_chunk_microbatches(8, 1, 7, 64), 1);
+  EXPECT_EQ(inflight_chunk_microbatches(8, 1, 0, 4), 4);
+  // Interleaved: 2 (p - s - 1) + (v - 1) p + 1 chunks; for p 8, v 4 the first stage holds 39 chunks
+  // = 9.75 stages' worth, the paper's p (1 + (p - 1) / (p v)).
+  EXPECT_EQ(inflight_chunk_microbatches(8, 4, 0, 64), 39);
+  EXPECT_DOUBLE_EQ(39.0 / 4.0, 8.0 * (1.0 + 7.0 / 32.0));
+}
+
+TEST(MemoryModel, BytesPerParameterAreEighteenOrSixPlusTwelveOverD) {
+  EXPECT_DOUBLE_EQ(training_bytes_per_parameter(false, 64), 18.0);
+  EXPECT_DOUBLE_EQ(training_bytes_per_parameter(true, 8), 7.5);
+  EXPECT_DOUBLE_EQ(training_bytes_per_parameter(true, 64), 6.1875);
+  // The model's weights + gradients + optimizer state per parameter, on a dense stage with d = 8.
+  for (bool distributed : {false, true}) {
+    Scenario s = gpt(4, 4096, 32, 1, false, 1, 8);
+    s.train->use_distributed_optimizer = distributed;
+    scenarios::StepGraph g;
+    g.layout = scenarios::Layout(1, 1, 8, 1, 1, 1, 8, 8);
+    scenarios::RankClass rc;
+    rc.ranks = {0, 1, 2, 3, 4, 5, 6, 7};
+    rc.layers = {0, 1, 2, 3};
+    g.classes.push_back(rc);
+    const auto& c = memory_model(s, g).classes[0];
+    const double state = (c.breakdown.weights + c.breakdown.gradients + c.breakdown.optimizer).value;
+    EXPECT_DOUBLE_EQ(state / c.params.total(), training_bytes_per_parameter(distributed, 8));
+  }
+}
+
+TEST(MemoryModel, ParameterCountsOfPublishedModels) {
+  struct Case {
+    const char* file;
+    double billions;  // published total parameters
+  };
+  // Mixtral 8x7B 46.7B (arXiv:2401.04088), DeepSeek-V3 671B without its MTP module
+  // (arXiv:2412.19437), Qwen3-235B-A22B 235B.
+  for (const Case& c : {Case{"mixtral_8x7b_64gpu.toml", 46.7}, Case{"deepseek_v3_2048gpu.toml", 671.0},
+                        Case{"qwen3_235b_256gpu.toml", 235.0}}) {
+    const Scenario s = scenarios::load_scenario(testing::source_dir() / "scenarios/examples" / c.file);
+    EXPECT_NEAR(model_parameters(s.model) / 1e9, c.billions, 0.01 * c.billions) << c.file;
+  }
+}
+
+TEST(MemoryModel, RankParametersAgreeWithTheExpansion) {
+  for (const char* f : {"mixtral_8x7b_64gpu.toml", "deepseek_v3_2048gpu.toml", "qwen3_235b_256gpu.toml",
+                        "small_moe_tp2_ep2.toml"}) {
+    const Scenario s = scenarios::load_scenario(testing::source_dir() / "scenarios/examples" / f);
+    const auto g = scenarios::expand(s, 0);
+    for (const auto& rc : g.classes) {
+      const auto p = rank_parameters(s, rc.layers, rc.pp_stage == 0, rc.pp_stage == s.parallel.pp - 1);
+      EXPECT_NEAR(p.dense, rc.dense_params, 0.01 * rc.dense_params) << f << " class " << rc.id;
+      EXPECT_NEAR(p.expert, rc.expert_params, 0.01 * rc.expert_params + 1.0) << f << " class " << rc.id;
+    }
+  }
+}
+
+TEST(MemoryModel, OomScenarioIsReportedWithItsBreakdown) {
+  // GPT-3 175B on one node (TP 8, no pipeline) without the distributed optimizer: 18 bytes for each
+  // of ~21.9e9 parameters per GPU, far above 80 GB.
+  Scenario s = gpt(96, 12288, 96, 8, true);
+  s.cluster = testing::cluster(8, 1);
+  scenarios::StepGraph g;
+  g.layout = scenarios::Layout(8, 1, 1, 1, 1, 1, 8, 8);
+  scenarios::RankClass rc;
+  rc.ranks = {0, 1, 2, 3, 4, 5, 6, 7};
+  rc.label = "stage 0";
+  for (int l = 0; l < 96; ++l) rc.layers.push_back(l);
+  g.classes.push_back(rc);
+  const MemoryReport r = memory_model(s, g);
+  ASSERT_TRUE(r.oom());
+  EXPECT_EQ(r.first_oom_class(), 0);
+  const ClassMemory& c = r.classes[0];
+  const ParameterCount p = rank_parameters(s, rc.layers, true, true);
+  EXPECT_NEAR(p.total() / 1e9, 175.0 / 8, 0.03 * 175.0 / 8);
+  EXPECT_DOUBLE_EQ(c.breakdown.weights.value, 2.0 * p.total());
+  EXPECT_DOUBLE_EQ(c.breakdown.gradients.value, 4.0 * p.total());
+  EXPECT_DOUBLE_EQ(c.breakdown.optimizer.value, 12.0 * p.total());
+  EXPECT_DOUBLE_EQ(c.peak().value, (c.breakdown.weights + c.breakdown.gradients + c.breakdown.optimizer +
+                                    c.breakdown.activations + c.breakdown.buffers + c.breakdown.graph_pools)
+                                       .value);
+  EXPECT_GT(c.peak().value, 80e9);
+  // With TP 8 x PP 8 and the distributed optimizer over DP 8 the same model fits.
+  Scenario fit = gpt(96, 12288, 96, 8, true, 8, 8);
+  fit.train->use_distributed_optimizer = true;
+  fit.train->recompute_granularity = RecomputeGranularity::selective;
+  scenarios::StepGraph g2;
+  g2.layout = scenarios::Layout(8, 1, 8, 8, 1, 1, 64, 8);
+  for (int st = 0; st < 8; ++st) {
+    scenarios::RankClass c2;
+    c2.id = st;
+    c2.pp_stage = st;
+    c2.ranks = {st * 64};
+    for (int l = 12 * st; l < 12 * st + 12; ++l) c2.layers.push_back(l);
+    g2.classes.push_back(c2);
+  }
+  EXPECT_FALSE(memory_model(fit, g2).oom());
+}
+
+}  // namespace
+}  // namespace threewalls::sim
