@@ -1,0 +1,275 @@
+#!/usr/bin/env python3
+"""Validate the simulator against real runs, in one call on a GPU machine.
+
+For every scenario of a suite: run it for real (`threewalls run`), simulate it with the calibration
+profile of this machine (`threewalls sim`), compare the two (`threewalls compare`, real = reference),
+and write a table: step-time error, per-phase median error of the phases that take >= 5% of the step,
+peak-memory error, and the predicted vs measured speed-up of the suite's pairs.
+
+    scripts/validate_suite.py --bin build/cli/threewalls --kind h200 \
+        [--profile calibration/profiles/h200.toml | --calibrate [--quick]] \
+        --out OUT scenarios/validation/fidelity
+
+Scenarios that need more GPUs than the machine has are listed as skipped, never dropped silently.
+Single-GPU scenarios run concurrently, one per GPU (CUDA_VISIBLE_DEVICES). Python 3 standard library only.
+"""
+import argparse
+import concurrent.futures as futures
+import datetime
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def world_size(toml_path):
+    text = open(toml_path, encoding="utf-8").read()
+    cluster = text.split("[cluster]", 1)[-1]
+    g = re.search(r"^\s*gpus_per_node\s*=\s*(\d+)", cluster, re.M)
+    n = re.search(r"^\s*nodes\s*=\s*(\d+)", cluster, re.M)
+    return int(g.group(1)) * int(n.group(1))
+
+
+def gpu_count():
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=True).stdout
+        return len([l for l in out.splitlines() if l.startswith("GPU ")])
+    except (OSError, subprocess.CalledProcessError):
+        return 0
+
+
+def run(cmd, env=None, logfile=None, timeout=None):
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    dt = time.time() - t0
+    if logfile:
+        with open(logfile, "a", encoding="utf-8") as f:
+            f.write("$ " + " ".join(cmd) + f"\n# rc={p.returncode} {dt:.1f}s\n" + p.stdout + p.stderr + "\n")
+    return p.returncode, p.stdout, p.stderr, dt
+
+
+def fmt(x, digits=1):
+    return "n/a" if x is None else f"{x:+.{digits}f}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", required=True, help="threewalls binary (a CUDA build)")
+    ap.add_argument("--kind", required=True, choices=["h100", "h200"], help="GPU kind of this machine")
+    ap.add_argument("--profile", help="calibration profile for the simulator")
+    ap.add_argument("--calibrate", action="store_true", help="calibrate this machine first and use that profile")
+    ap.add_argument("--quick", action="store_true", help="with --calibrate: quick mode")
+    ap.add_argument("--out", required=True, help="output folder (must not exist)")
+    ap.add_argument("--pairs", help="JSON file of speed-up pairs [[base, variant, label], ...] (default: SUITE/pairs.json)")
+    ap.add_argument("--sim-only", action="store_true", help="skip real runs, reuse OUT/real (re-simulate and compare)")
+    ap.add_argument("--timeout", type=int, default=300, help="seconds per real run")
+    ap.add_argument("suites", nargs="+", help="scenario folders or files")
+    a = ap.parse_args()
+
+    if os.path.exists(a.out) and not a.sim_only:
+        sys.exit(f"validate_suite: {a.out} exists; results are never overwritten")
+    for d in ("real", "sim", "compare", "logs"):
+        os.makedirs(os.path.join(a.out, d), exist_ok=True)
+    logfile = os.path.join(a.out, "logs", "commands.log")
+
+    scenarios, pair_files = [], []
+    for s in a.suites:
+        if os.path.isdir(s):
+            scenarios += sorted(os.path.join(s, f) for f in os.listdir(s) if f.endswith(".toml"))
+            if os.path.exists(os.path.join(s, "pairs.json")):
+                pair_files.append(os.path.join(s, "pairs.json"))
+        else:
+            scenarios.append(s)
+    if a.pairs:
+        pair_files = [a.pairs]
+
+    gpus = gpu_count()
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    log(f"validate_suite: {len(scenarios)} scenarios, {gpus} GPUs ({a.kind}), started {started}")
+
+    profile = a.profile
+    calib_seconds = None
+    if a.calibrate:
+        profile = os.path.join(a.out, f"{a.kind}_profile.toml")
+        cmd = [a.bin, "calibrate", "--out", profile] + (["--quick"] if a.quick else [])
+        rc, out, err, calib_seconds = run(cmd, logfile=logfile)
+        open(os.path.join(a.out, "logs", "calibrate.txt"), "w").write(out + err)
+        log(out[-4000:])
+        if rc != 0:
+            sys.exit(f"validate_suite: calibration failed (rc {rc}): {err[-2000:]}")
+    if not profile:
+        sys.exit("validate_suite: give --profile or --calibrate")
+
+    names = {s: os.path.splitext(os.path.basename(s))[0] for s in scenarios}
+    need = {s: world_size(s) for s in scenarios}
+    results = {s: {"name": names[s], "gpus": need[s]} for s in scenarios}
+
+    # ---- real runs: single-GPU ones concurrently (one per GPU), the rest one after another ----
+    def real(s, devices):
+        env = dict(os.environ, NCCL_NVLS_ENABLE="0", CUDA_VISIBLE_DEVICES=",".join(map(str, devices)))
+        out = os.path.join(a.out, "real", names[s])
+        try:
+            rc, so, se, dt = run([a.bin, "run", s, "--out", out], env=env, logfile=logfile, timeout=a.timeout)
+        except subprocess.TimeoutExpired:
+            return s, -1, "", f"timed out after {a.timeout} s", a.timeout
+        return s, rc, so, se, dt
+
+    if not a.sim_only:
+        runnable = [s for s in scenarios if need[s] <= gpus]
+        for s in scenarios:
+            if need[s] > gpus:
+                results[s]["skipped"] = f"needs {need[s]} GPUs, machine has {gpus}"
+        singles = [s for s in runnable if need[s] == 1]
+        multis = [s for s in runnable if need[s] > 1]
+        with futures.ThreadPoolExecutor(max_workers=max(1, gpus)) as pool:
+            queue = list(singles)
+            running = {}
+            free = list(range(gpus))
+            while queue or running:
+                while queue and free:
+                    dev = free.pop(0)
+                    s = queue.pop(0)
+                    running[pool.submit(real, s, [dev])] = dev
+                done, _ = futures.wait(running, return_when=futures.FIRST_COMPLETED)
+                for f in done:
+                    free.append(running.pop(f))
+                    s, rc, so, se, dt = f.result()
+                    results[s].update(real_rc=rc, real_seconds=round(dt, 1))
+                    if rc != 0:
+                        results[s]["error"] = (se or so)[-1500:]
+                    log(f"  real {names[s]:40s} rc={rc} {dt:6.1f}s")
+        for s in multis:
+            s, rc, so, se, dt = real(s, list(range(need[s])))
+            results[s].update(real_rc=rc, real_seconds=round(dt, 1))
+            if rc != 0:
+                results[s]["error"] = (se or so)[-1500:]
+            log(f"  real {names[s]:40s} rc={rc} {dt:6.1f}s")
+
+    # ---- simulate and compare ----
+    for s in scenarios:
+        if "skipped" in results[s] or results[s].get("real_rc", 0) != 0:
+            continue
+        real_dir = os.path.join(a.out, "real", names[s])
+        if not os.path.exists(os.path.join(real_dir, "summary.json")):
+            results[s]["error"] = "no real run directory"
+            continue
+        sim_dir = os.path.join(a.out, "sim", names[s])
+        shutil.rmtree(sim_dir, ignore_errors=True)
+        rc, so, se, dt = run([a.bin, "sim", s, "--calibration", profile, "--out", sim_dir], logfile=logfile)
+        if rc != 0:
+            results[s]["error"] = "sim failed: " + (se or so)[-1500:]
+            continue
+        cjson = os.path.join(a.out, "compare", names[s] + ".json")
+        rc, so, se, dt = run([a.bin, "compare", real_dir, sim_dir, "--json", cjson], logfile=logfile)
+        open(os.path.join(a.out, "compare", names[s] + ".txt"), "w").write(so + se)
+        if not os.path.exists(cjson):
+            results[s]["error"] = "compare failed: " + (se or so)[-1500:]
+            continue
+        c = json.load(open(cjson))
+        results[s]["compare"] = c
+
+    # ---- table ----
+    def step_err(c):
+        return c.get("step_time_us", {}).get("median_error_pct")
+
+    def major_phase_errors(c):
+        out = []
+        for row in c.get("phases", []):
+            if row.get("share_of_a", 0) >= 0.05 and row.get("median_error_pct") is not None:
+                out.append((row["phase"], row["median_error_pct"], row["share_of_a"]))
+        return out
+
+    def mem_err(c):
+        return (c.get("peak_memory_bytes") or {}).get("error_pct")
+
+    def step_median(c, side):
+        return c.get("step_time_us", {}).get(side, {}).get("median")
+
+    lines = [f"# Fidelity on {a.kind} ({gpus} GPUs), {started}", "",
+             f"Profile: `{profile}`" + (f" (calibrated in this call, {calib_seconds:.0f} s)" if calib_seconds else ""), "",
+             "| scenario | GPUs | step real (ms) | step sim (ms) | step error | phases >= 5% (median abs error) | worst phase | peak memory error |",
+             "|---|---|---|---|---|---|---|---|"]
+    step_errors, phase_errors, mem_errors = [], [], []
+    for s in scenarios:
+        r = results[s]
+        if "skipped" in r:
+            lines.append(f"| {r['name']} | {r['gpus']} | skipped: {r['skipped']} | | | | | |")
+            continue
+        if "compare" not in r:
+            err = r.get("error", "failed").replace("\n", " ").replace("|", "/")[:200]
+            lines.append(f"| {r['name']} | {r['gpus']} | FAILED: {err} | | | | | |")
+            continue
+        c = r["compare"]
+        se = step_err(c)
+        majors = major_phase_errors(c)
+        me = mem_err(c)
+        if se is not None:
+            step_errors.append(abs(se))
+        pe = statistics.median([abs(e) for _, e, _ in majors]) if majors else None
+        if pe is not None:
+            phase_errors.append(pe)
+        if me is not None:
+            mem_errors.append(abs(me))
+        worst = max(majors, key=lambda t: abs(t[1])) if majors else None
+        real_ms = (step_median(c, "a") or 0) / 1000.0
+        sim_ms = (step_median(c, "b") or 0) / 1000.0
+        lines.append(f"| {r['name']} | {r['gpus']} | {real_ms:.2f} | {sim_ms:.2f} | {fmt(se)}% | "
+                     f"{'n/a' if pe is None else f'{pe:.1f}%'} ({len(majors)}) | "
+                     f"{'' if not worst else f'{worst[0]} {worst[1]:+.1f}%'} | {fmt(me)}% |")
+    lines += ["", "Errors are (simulated - measured) / measured. Summary over the compared scenarios:", ""]
+    if step_errors:
+        lines.append(f"* step time |error|: median {statistics.median(step_errors):.1f}%, worst {max(step_errors):.1f}% "
+                     f"({len(step_errors)} scenarios)")
+    if phase_errors:
+        lines.append(f"* per-phase median |error| (phases >= 5% of the step): median over scenarios "
+                     f"{statistics.median(phase_errors):.1f}%, worst {max(phase_errors):.1f}%")
+    if mem_errors:
+        lines.append(f"* peak memory |error|: median {statistics.median(mem_errors):.1f}%, worst {max(mem_errors):.1f}%")
+
+    # ---- speed-up pairs ----
+    pairs = []
+    for pf in pair_files:
+        pairs += json.load(open(pf))
+    if pairs:
+        lines += ["", "| change | base | variant | measured speed-up | predicted speed-up | difference (points) |",
+                  "|---|---|---|---|---|---|"]
+        by_name = {results[s]["name"]: results[s] for s in scenarios}
+        for base, var, label in pairs:
+            rb, rv = by_name.get(base), by_name.get(var)
+            if not rb or not rv or "compare" not in rb or "compare" not in rv:
+                lines.append(f"| {label} | {base} | {var} | n/a | n/a | not run |")
+                continue
+            mb, mv = step_median(rb["compare"], "a"), step_median(rv["compare"], "a")
+            pb, pv = step_median(rb["compare"], "b"), step_median(rv["compare"], "b")
+            meas = mb / mv if mv else None
+            pred = pb / pv if pv else None
+            diff = None if meas is None or pred is None else 100.0 * (pred - meas)
+            lines.append(f"| {label} | {base} | {var} | {meas:.3f}x | {pred:.3f}x | {fmt(diff)} |")
+
+    md = "\n".join(lines) + "\n"
+    open(os.path.join(a.out, "fidelity.md"), "w").write(md)
+    slim = {results[s]["name"]: {k: v for k, v in results[s].items() if k != "compare"} for s in scenarios}
+    for s in scenarios:
+        c = results[s].get("compare")
+        if c:
+            slim[results[s]["name"]]["step_time_error_pct"] = step_err(c)
+            slim[results[s]["name"]]["peak_memory_error_pct"] = mem_err(c)
+            slim[results[s]["name"]]["major_phases"] = major_phase_errors(c)
+    json.dump(slim, open(os.path.join(a.out, "results.json"), "w"), indent=1)
+    with tarfile.open(os.path.join(a.out, "runs.tar.xz"), "w:xz") as t:
+        for d in ("real", "sim", "compare", "logs"):
+            t.add(os.path.join(a.out, d), arcname=d)
+    log(md)
+
+
+if __name__ == "__main__":
+    main()
