@@ -1,0 +1,200 @@
+// threewalls sim end to end: every example simulates and its run directory passes the reader; same
+// inputs give byte-identical output; OOM and slowdowns show in the summary.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "sim_test_support.hpp"
+#include "threewalls/profiler/run_dir.hpp"
+#include "threewalls/scenarios/loader.hpp"
+#include "threewalls/sim/simulator.hpp"
+
+namespace threewalls::sim {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::in_child;
+
+fs::path scratch(const std::string& name) {
+  const fs::path p = fs::temp_directory_path() / ("threewalls_sim_test_" + std::to_string(getpid())) / name;
+  fs::remove_all(p);
+  fs::create_directories(p.parent_path());
+  return p;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Simulates in a child (flow fidelity needs its own process) and writes `dir`.
+std::string simulate_to(const scenarios::Scenario& s, const fs::path& dir, int steps, Fidelity f = Fidelity::flow) {
+  return in_child([&]() {
+    SimOptions o;
+    o.fidelity = f;
+    o.steps = steps;
+    o.out_dir = dir;
+    o.argv = {"threewalls", "sim", s.source_path};
+    const SimResult r = simulate(s, "", o);
+    return std::string("ok ") + std::to_string(r.summary.step_time_us.median);
+  });
+}
+
+class ExampleScenario : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ExampleScenario, SimulatesAndItsRunDirectoryPassesTheReader) {
+  const fs::path file = testing::source_dir() / "scenarios/examples" / (GetParam() + ".toml");
+  const scenarios::Scenario s = scenarios::load_scenario(file);
+  const fs::path dir = scratch(GetParam());
+  const int steps = std::min(s.run.steps, 2);
+  const std::string out = simulate_to(s, dir, steps);
+  ASSERT_EQ(out.rfind("ok", 0), 0U) << out;
+  const profiler::RunData run = profiler::RunDirReader::read(dir);
+  EXPECT_EQ(run.header.source, "sim");
+  EXPECT_EQ(run.header.world_size, s.world_size());
+  ASSERT_TRUE(run.summary.has_value());
+  const Json& sum = *run.summary;
+  EXPECT_EQ(sum.at("steps").size(), static_cast<std::size_t>(steps));
+  EXPECT_GT(sum.at("steps").at(0).at("step_time_us").get<double>(), 0.0);
+  // One phase record per op of the rank's class, per recorded step and recording rank.
+  const auto graph = scenarios::expand(s, 0);
+  std::size_t expected = 0;
+  for (int r : run.header.ranks) {
+    expected += graph.class_of(r).ops.size() * static_cast<std::size_t>(steps);
+  }
+  if (!graph.varies_per_step) {
+    EXPECT_EQ(run.phases.size(), expected);
+  }
+  EXPECT_EQ(sum.at("memory").at("classes").size(), graph.classes.size());
+  // The walls add up to the step time.
+  const Json& st = sum.at("steps").at(0);
+  double walls = 0.0;
+  for (const auto& [k, v] : st.at("walls_us").items()) walls += v.get<double>();
+  EXPECT_NEAR(walls, st.at("step_time_us").get<double>(), 1e-3 * st.at("step_time_us").get<double>());
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Examples, ExampleScenario,
+                         ::testing::Values("small_moe_1gpu", "small_moe_ep2", "small_moe_ep4", "small_moe_tp2_ep2",
+                                           "deepseek_v2_lite_offload", "mixtral_8x7b_64gpu", "qwen3_235b_256gpu",
+                                           "deepseek_v3_1024gpu", "deepseek_v3_2048gpu"),
+                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+
+TEST(Simulator, SameInputsGiveByteIdenticalRunDirectories) {
+  const scenarios::Scenario s = scenarios::load_scenario(testing::source_dir() / "scenarios/examples/small_moe_tp2_ep2.toml");
+  const fs::path a = scratch("same_a");
+  const fs::path b = scratch("same_b");
+  ASSERT_EQ(simulate_to(s, a, 2).rfind("ok", 0), 0U);
+  ASSERT_EQ(simulate_to(s, b, 2).rfind("ok", 0), 0U);
+  std::size_t files = 0;
+  for (const auto& e : fs::directory_iterator(a)) {
+    ++files;
+    EXPECT_EQ(slurp(e.path()), slurp(b / e.path().filename())) << e.path().filename();
+  }
+  EXPECT_GE(files, 3U);
+  fs::remove_all(a);
+  fs::remove_all(b);
+}
+
+scenarios::Scenario from_text(const std::string& text) {
+  return scenarios::load_scenario_text(text, (testing::source_dir() / "tests/sim/inline.toml").string()).scenario;
+}
+
+std::string small_moe(const std::string& extra_cluster, const std::string& extra = "") {
+  return R"(schema_version = 1
+name = "small_moe_test"
+[model]
+name = "small"
+num_layers = 2
+hidden_size = 2048
+num_attention_heads = 16
+kv_channels = 128
+vocab_size = 50304
+num_experts = 16
+moe_ffn_hidden_size = 1024
+moe_router_topk = 4
+[parallel]
+ep = 2
+[train]
+micro_batch_size = 1
+global_batch_size = 4
+seq_length = 2048
+[cluster]
+gpu = "h100"
+gpus_per_node = 2
+nodes = 1
+)" + extra_cluster + R"(
+[run]
+steps = 3
+warmup_steps = 0
+[run.profiler]
+record_every_n_steps = 1
+)" + extra;
+}
+
+TEST(Simulator, OutOfMemoryIsReportedInTheSummaryWithItsBreakdown) {
+  const scenarios::Scenario s = from_text(small_moe("gpu_memory = \"2GiB\""));
+  const fs::path dir = scratch("oom");
+  ASSERT_EQ(simulate_to(s, dir, 1, Fidelity::analytic).rfind("ok", 0), 0U);
+  const Json sum = read_json_file(dir / "summary.json");
+  const Json& mem = sum.at("memory");
+  EXPECT_TRUE(mem.at("oom").get<bool>());
+  const auto graph = scenarios::expand(s, 0);
+  const MemoryReport model = memory_model(s, graph);
+  ASSERT_EQ(mem.at("classes").size(), model.classes.size());
+  const Json& c = mem.at("classes").at(0);
+  const auto& b = model.classes[0].breakdown;
+  EXPECT_NEAR(c.at("breakdown_bytes").at("weights").get<double>(), b.weights.value, 1.0);
+  EXPECT_NEAR(c.at("breakdown_bytes").at("optimizer").get<double>(), b.optimizer.value, 1.0);
+  EXPECT_NEAR(c.at("breakdown_bytes").at("activations").get<double>(), b.activations.value, 1.0);
+  EXPECT_NEAR(c.at("peak_bytes").get<double>(), model.classes[0].peak().value, 1.0);
+  EXPECT_GT(c.at("peak_bytes").get<double>(), mem.at("gpu_memory_bytes").get<double>());
+  fs::remove_all(dir);
+}
+
+TEST(Simulator, ASlowGpuStretchesOnlyTheStepsItIsSlowIn) {
+  const scenarios::Scenario s = from_text(small_moe("", R"(
+[[cluster.slowdown]]
+rank = 1
+factor = 3.0
+from_step = 1
+to_step = 1
+)"));
+  const fs::path dir = scratch("slow");
+  ASSERT_EQ(simulate_to(s, dir, 3).rfind("ok", 0), 0U);
+  const Json sum = read_json_file(dir / "summary.json");
+  const auto& steps = sum.at("steps");
+  ASSERT_EQ(steps.size(), 3U);
+  const double t0 = steps.at(0).at("step_time_us").get<double>();
+  const double t1 = steps.at(1).at("step_time_us").get<double>();
+  const double t2 = steps.at(2).at("step_time_us").get<double>();
+  EXPECT_NEAR(t0, t2, 1e-6 * t0);
+  EXPECT_GT(t1, 1.5 * t0);
+  // Rank 1's kernels take 3x as long in step 1 (and only there); rank 0's do not change.
+  const profiler::RunData run = profiler::RunDirReader::read(dir);
+  std::map<std::pair<int, int>, double> gemm;  // (step, rank) -> first compute op's duration
+  for (const auto& p : run.phases) {
+    if (p.wall != profiler::Wall::compute) continue;
+    gemm.try_emplace({p.step, p.rank}, p.dur_us);
+  }
+  EXPECT_NEAR(gemm.at({1, 1}), 3.0 * gemm.at({0, 1}), 1e-3);
+  EXPECT_NEAR(gemm.at({2, 1}), gemm.at({0, 1}), 1e-3);
+  EXPECT_NEAR(gemm.at({1, 0}), gemm.at({0, 0}), 1e-3);
+  fs::remove_all(dir);
+}
+
+TEST(Simulator, AnExistingRunDirectoryIsNotOverwrittenUnlessAsked) {
+  const scenarios::Scenario s = from_text(small_moe(""));
+  const fs::path dir = scratch("exists");
+  ASSERT_EQ(simulate_to(s, dir, 1, Fidelity::analytic).rfind("ok", 0), 0U);
+  const std::string again = simulate_to(s, dir, 1, Fidelity::analytic);
+  EXPECT_EQ(again.rfind("CHILD FAILED", 0), 0U) << again;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace threewalls::sim
