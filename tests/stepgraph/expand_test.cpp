@@ -101,6 +101,17 @@ TEST(StepGraph, EveryExampleExpandsWithInvariants) {
   }
 }
 
+TEST(StepGraph, EveryValidationScenarioExpandsWithInvariants) {
+  const auto files = test::validation_scenarios();
+  ASSERT_GE(files.size(), 12U);
+  for (const auto& path : files) {
+    SCOPED_TRACE(path.string());
+    Scenario s = load_scenario(path);
+    check_invariants(s, expand(s, 0));
+    if (s.infer) check_invariants(s, expand(s, 1));
+  }
+}
+
 TEST(StepGraph, OneF1BScheduleIssuesForwardBeforeItsBackwardWithPipelineTraffic) {
   Scenario s = test::scenario_from(test::small_moe("pp = 4", "", 4));
   StepGraph g = expand(s);

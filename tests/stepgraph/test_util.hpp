@@ -18,6 +18,16 @@ inline std::vector<std::filesystem::path> example_scenarios() {
   return out;
 }
 
+// The held-out validation suites (scenarios/validation/<suite>/*.toml).
+inline std::vector<std::filesystem::path> validation_scenarios() {
+  std::vector<std::filesystem::path> out;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(source_dir() / "scenarios" / "validation")) {
+    if (e.path().extension() == ".toml") out.push_back(e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 // A scenario from TOML text; `extra` overrides are appended as extra tables/keys by the caller.
 inline scenarios::Scenario scenario_from(const std::string& text) {
   return scenarios::load_scenario_text(text, "test.toml").scenario;
