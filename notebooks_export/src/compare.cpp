@@ -33,35 +33,43 @@ bool CompareResult::failed() const {
 
 namespace {
 
-// A record's key with the phase as an id shared by both runs.
+// A record's key (step, rank, phase, layer, microbatch, expert), the phase as an id shared by both
+// runs, packed into two integers so that sorting a million keys compares two words:
+//   hi = step << 32 | rank,  lo = phase << 48 | (layer + 1) << 32 | (microbatch + 1) << 16 | (expert + 1)
+// (each field below 2^16 after the +1; compare_runs checks that and reports a run it cannot pack).
 struct Key {
-  std::int32_t step;
-  std::int32_t rank;
-  std::uint32_t phase;
-  std::int32_t layer;
-  std::int32_t microbatch;
-  std::int32_t expert;
+  std::uint64_t hi;
+  std::uint64_t lo;
   std::uint32_t index;  // into the run's phases
+  std::uint32_t phase;
 };
 
-bool key_less(const Key& x, const Key& y) {
-  if (x.step != y.step) return x.step < y.step;
-  if (x.rank != y.rank) return x.rank < y.rank;
-  if (x.phase != y.phase) return x.phase < y.phase;
-  if (x.layer != y.layer) return x.layer < y.layer;
-  if (x.microbatch != y.microbatch) return x.microbatch < y.microbatch;
-  return x.expert < y.expert;
-}
-bool key_equal(const Key& x, const Key& y) { return !key_less(x, y) && !key_less(y, x); }
+bool key_less(const Key& x, const Key& y) { return x.hi != y.hi ? x.hi < y.hi : x.lo < y.lo; }
+bool key_equal(const Key& x, const Key& y) { return x.hi == y.hi && x.lo == y.lo; }
+
+constexpr std::int64_t kPackLimit = 0xffff;
 
 std::vector<Key> sorted_keys(const RunData& run, const std::vector<std::uint32_t>& phase_map) {
   std::vector<Key> keys;
   keys.reserve(run.phases.size());
   for (std::uint32_t i = 0; i < run.phases.size(); ++i) {
     const PhaseRecord& p = run.phases[i];
-    keys.push_back({p.step, p.rank, phase_map[p.phase], p.layer, p.microbatch, p.expert, i});
+    const std::uint32_t ph = phase_map[p.phase];
+    if (ph >= kPackLimit || p.layer >= kPackLimit - 1 || p.microbatch >= kPackLimit - 1 || p.expert >= kPackLimit - 1 ||
+        p.step < 0 || p.rank < 0) {
+      throw InputError(run.dir.string() + ": record key out of the range compare handles (phases, layers, micro-batches "
+                                          "and experts below 65534)");
+    }
+    const std::uint64_t hi = (static_cast<std::uint64_t>(static_cast<std::uint32_t>(p.step)) << 32U) |
+                             static_cast<std::uint32_t>(p.rank);
+    const std::uint64_t lo = (static_cast<std::uint64_t>(ph) << 48U) |
+                             (static_cast<std::uint64_t>(p.layer + 1) << 32U) |
+                             (static_cast<std::uint64_t>(p.microbatch + 1) << 16U) |
+                             static_cast<std::uint64_t>(p.expert + 1);
+    keys.push_back({hi, lo, i, ph});
   }
-  std::sort(keys.begin(), keys.end(), key_less);
+  // Runs are mostly written in key order already per step and rank; sort what is not.
+  if (!std::is_sorted(keys.begin(), keys.end(), key_less)) std::sort(keys.begin(), keys.end(), key_less);
   for (std::size_t i = 1; i < keys.size(); ++i) {
     if (key_equal(keys[i - 1], keys[i])) {
       const PhaseRecord& p = run.phases[keys[i].index];
@@ -82,9 +90,25 @@ struct Group {
   std::vector<double> b;
 };
 
+// Quantile q with linear interpolation (as profiler::percentile_sorted) by selection, O(n).
+double quantile(std::vector<double>& v, double q) {
+  const double h = q * static_cast<double>(v.size() - 1);
+  const auto lo = static_cast<std::size_t>(std::floor(h));
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(lo), v.end());
+  const double x = v[lo];
+  if (lo + 1 >= v.size() || h == static_cast<double>(lo)) return x;
+  const double y = *std::min_element(v.begin() + static_cast<std::ptrdiff_t>(lo) + 1, v.end());
+  return x + (h - static_cast<double>(lo)) * (y - x);
+}
+
 SideStats stats(std::vector<double>& v) {
-  auto agg = profiler::aggregate(v);
-  return SideStats{agg.count, agg.median, agg.p95, agg.total};
+  SideStats s;
+  s.count = v.size();
+  if (v.empty()) return s;
+  for (double x : v) s.total_us += x;
+  s.median_us = quantile(v, 0.5);
+  s.p95_us = quantile(v, 0.95);
+  return s;
 }
 
 std::vector<CompareRow> finish(std::vector<Group>& groups, double total_a) {
@@ -166,8 +190,9 @@ CompareResult compare_runs(const RunData& a, const RunData& b, const CompareOpti
   // Merge.
   std::vector<Group> by_phase(shared_names.size());
   std::vector<bool> phase_seen(shared_names.size(), false);
-  std::unordered_map<std::uint64_t, std::size_t> layer_index;
-  std::unordered_map<std::uint64_t, std::size_t> mb_index;
+  // (phase, layer) and (phase, microbatch) -> group index, dense tables grown on demand.
+  std::vector<std::vector<std::int32_t>> layer_index(shared_names.size());
+  std::vector<std::vector<std::int32_t>> mb_index(shared_names.size());
   std::vector<Group> by_layer;
   std::vector<Group> by_mb;
   std::vector<int> matched_steps;
@@ -199,19 +224,21 @@ CompareResult compare_runs(const RunData& a, const RunData& b, const CompareOpti
     }
     g.a.push_back(pa.dur_us);
     g.b.push_back(pb.dur_us);
-    auto add_to = [&](std::unordered_map<std::uint64_t, std::size_t>& index, std::vector<Group>& groups, int sub,
+    auto add_to = [&](std::vector<std::vector<std::int32_t>>& index, std::vector<Group>& groups, int sub,
                       bool is_layer) {
-      std::uint64_t k = (static_cast<std::uint64_t>(ph) << 32U) | static_cast<std::uint32_t>(sub);
-      auto [it, inserted] = index.emplace(k, groups.size());
-      if (inserted) {
+      auto& row = index[ph];
+      if (row.size() <= static_cast<std::size_t>(sub)) row.resize(static_cast<std::size_t>(sub) + 1, -1);
+      auto& slot = row[static_cast<std::size_t>(sub)];
+      if (slot < 0) {
+        slot = static_cast<std::int32_t>(groups.size());
         Group ng;
         ng.phase = shared_names[ph];
         ng.wall = pa.wall;
         (is_layer ? ng.layer : ng.microbatch) = sub;
         groups.push_back(std::move(ng));
       }
-      groups[it->second].a.push_back(pa.dur_us);
-      groups[it->second].b.push_back(pb.dur_us);
+      groups[static_cast<std::size_t>(slot)].a.push_back(pa.dur_us);
+      groups[static_cast<std::size_t>(slot)].b.push_back(pb.dur_us);
     };
     if (pa.layer != kAbsent) add_to(layer_index, by_layer, pa.layer, true);
     if (pa.microbatch != kAbsent) add_to(mb_index, by_mb, pa.microbatch, false);
@@ -236,8 +263,8 @@ CompareResult compare_runs(const RunData& a, const RunData& b, const CompareOpti
   r.by_phase_microbatch = finish(by_mb, total_a);
 
   // Step time and walls over the steps both runs recorded (steps without phases count too).
-  profiler::Summary sa = profiler::summarize(a.steps, a.phases, a.names);
-  profiler::Summary sb = profiler::summarize(b.steps, b.phases, b.names);
+  profiler::Summary sa = profiler::summarize(a.steps, a.phases, a.names, false);
+  profiler::Summary sb = profiler::summarize(b.steps, b.phases, b.names, false);
   std::map<int, const profiler::StepSummary*> steps_b;
   for (const auto& s : sb.steps) steps_b[s.step] = &s;
   std::vector<double> ta;

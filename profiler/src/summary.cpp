@@ -31,7 +31,8 @@ Aggregate aggregate(std::vector<double>& values) {
   return a;
 }
 
-Summary summarize(std::span<const StepRecord> steps, std::span<const PhaseRecord> phases, const Names& names) {
+Summary summarize(std::span<const StepRecord> steps, std::span<const PhaseRecord> phases, const Names& names,
+                  bool phase_stats) {
   Summary out;
   // Critical rank of each step: the longest step, lowest rank on ties.
   std::map<int, StepRecord> critical;
@@ -58,6 +59,7 @@ Summary summarize(std::span<const StepRecord> steps, std::span<const PhaseRecord
     }
     auto it = critical.find(p.step);
     if (it != critical.end() && it->second.rank == p.rank) timelines[p.step].push_back(timeline_op(p, pp));
+    if (!phase_stats) continue;
     if (durations[p.phase].empty()) {
       order.push_back(p.phase);
       phase_wall[p.phase] = p.wall;

@@ -83,8 +83,9 @@ struct Summary {
 };
 
 // Per-step walls and step times from records (shared by SummaryBuilder, compare and analyze).
-// tflops/mfu/tokens are left 0; SummaryBuilder fills them.
-Summary summarize(std::span<const StepRecord> steps, std::span<const PhaseRecord> phases, const Names& names);
+// tflops/mfu/tokens are left 0; SummaryBuilder fills them. `phase_stats` false skips Summary::phases.
+Summary summarize(std::span<const StepRecord> steps, std::span<const PhaseRecord> phases, const Names& names,
+                  bool phase_stats = true);
 
 class SummaryBuilder {
  public:
