@@ -1,17 +1,18 @@
 // SimGrid adapter: builds the platform of platform.hpp in SimGrid and runs groups of flows on it.
 //
-// Zones (docs/simulator.md, "SimGrid platform"): a root zone without routes holds
-//   nvlink_domain.<n>  a star zone per node: hosts gpu.<r> whose split-duplex link nvlink.<r> is the NVLink
-//              port (UP = nvlink_up, DOWN = nvlink_down); the star's centre is the NVSwitch;
-//   pcie_domain.<n>    a star zone per node: host_memory.<n> (no link) and pcie_port.<r> per GPU with the
-//              split-duplex link pcie.<r> (UP = device to host, DOWN = host to device);
-//   leaf.<l>           a star zone per leaf switch: nic.<r> hosts with split-duplex NIC links nic.<r>
-//                      (UP = nic_up, DOWN = nic_down); traffic between NICs of one leaf;
-//   spine              a star zone of nic_spine.<r> hosts, each routed through its NIC link and its
-//                      spine port spine.<r> (UP = spine_up, DOWN = spine_down); traffic across leaves.
-// A GPU therefore appears as four SimGrid hosts (gpu, pcie_port, nic, nic_spine); which one a flow
-// uses is decided by Platform::gpu_endpoints, and flows never cross zones, so the root zone needs no
-// routes.
+// Zones (docs/simulator.md, "SimGrid platform"): a root zone without routes holds four star zones,
+// one per kind of port, each with one host per GPU whose split-duplex link(s) are that GPU's port:
+//   nvlink  gpu.<r>, link nvlink.<r> (UP = nvlink_up, DOWN = nvlink_down); the star's centre is the
+//           NVSwitch of a node (transfers between nodes never use these hosts);
+//   pcie    pcie_port.<r>, link pcie.<r> (UP = device to host, DOWN = host to device), and
+//           host_memory.<n> per node without a link;
+//   nic     nic.<r>, link nic.<r> (UP = nic_up, DOWN = nic_down): transfers under one leaf switch;
+//   spine   nic_spine.<r> routed through nic.<r> and its spine port spine.<r> (UP = spine_up, DOWN =
+//           spine_down): transfers across leaves.
+// Which pair of hosts a flow uses is decided by Platform::gpu_endpoints, which also rules out pairs
+// without a physical route, so the star zones reproduce Platform::route exactly (a test checks it).
+// Four large zones rather than one per node: SimGrid 3.32 looks names up zone by zone, so building
+// is quadratic in the number of zones.
 #include "threewalls/sim/simgrid_network.hpp"
 
 #include <simgrid/s4u.hpp>
@@ -59,7 +60,6 @@ struct SimGridEngine::Impl {
 
   void build() {
     const int world = platform.world();
-    const int gpn = platform.gpus_per_node();
     links.assign(platform.links().size(), nullptr);
     gpu_hosts.resize(static_cast<std::size_t>(world));
     nic_hosts.resize(static_cast<std::size_t>(world));
@@ -77,57 +77,43 @@ struct SimGridEngine::Impl {
       return l;
     };
     auto* root = sg::create_full_zone("threewalls");
+    auto* nvlink = sg::create_star_zone("nvlink");
+    nvlink->set_parent(root);
+    auto* pcie = sg::create_star_zone("pcie");
+    pcie->set_parent(root);
+    auto* nic = sg::create_star_zone("nic");
+    nic->set_parent(root);
+    auto* spine = sg::create_star_zone("spine");
+    spine->set_parent(root);
     for (int n = 0; n < platform.nodes(); ++n) {
-      auto* node = sg::create_star_zone("nvlink_domain." + std::to_string(n));
-      node->set_parent(root);
-      auto* pcie = sg::create_star_zone("pcie_domain." + std::to_string(n));
-      pcie->set_parent(root);
       sg::Host* mem = pcie->create_host("host_memory." + std::to_string(n), 1e9);
       pcie->add_route(mem->get_netpoint(), nullptr, nullptr, nullptr, {}, true);
       node_hosts[static_cast<std::size_t>(n)] = mem;
-      for (int g = 0; g < gpn; ++g) {
-        const int r = n * gpn + g;
-        const std::string rs = std::to_string(r);
-        sg::Host* h = node->create_host("gpu." + rs, 1e9);
-        auto* nv = duplex(node, "nvlink." + rs, LinkKind::nvlink_up, LinkKind::nvlink_down, r);
-        node->add_route(h->get_netpoint(), nullptr, nullptr, nullptr, {{nv, sg::LinkInRoute::Direction::UP}}, true);
-        gpu_hosts[static_cast<std::size_t>(r)] = h;
-        sg::Host* ph = pcie->create_host("pcie_port." + rs, 1e9);
-        auto* pl = duplex(pcie, "pcie." + rs, LinkKind::pcie_up, LinkKind::pcie_down, r);
-        pcie->add_route(ph->get_netpoint(), nullptr, nullptr, nullptr, {{pl, sg::LinkInRoute::Direction::UP}}, true);
-        pcie_hosts[static_cast<std::size_t>(r)] = ph;
-      }
-      node->seal();
-      pcie->seal();
     }
-    std::vector<std::vector<int>> on_leaf(static_cast<std::size_t>(platform.leaves()));
-    for (int r = 0; r < world; ++r) on_leaf[static_cast<std::size_t>(platform.leaf_of(r))].push_back(r);
-    std::vector<sg::SplitDuplexLink*> nic_links(static_cast<std::size_t>(world), nullptr);
-    for (int l = 0; l < platform.leaves(); ++l) {
-      auto* leaf = sg::create_star_zone("leaf." + std::to_string(l));
-      leaf->set_parent(root);
-      for (int r : on_leaf[static_cast<std::size_t>(l)]) {
-        const std::string rs = std::to_string(r);
-        sg::Host* h = leaf->create_host("nic." + rs, 1e9);
-        auto* nl = duplex(leaf, "nic." + rs, LinkKind::nic_up, LinkKind::nic_down, r);
-        leaf->add_route(h->get_netpoint(), nullptr, nullptr, nullptr, {{nl, sg::LinkInRoute::Direction::UP}}, true);
-        nic_hosts[static_cast<std::size_t>(r)] = h;
-        nic_links[static_cast<std::size_t>(r)] = nl;
-      }
-      leaf->seal();
-    }
-    auto* spine = sg::create_star_zone("spine");
-    spine->set_parent(root);
     for (int r = 0; r < world; ++r) {
       const std::string rs = std::to_string(r);
-      sg::Host* h = spine->create_host("nic_spine." + rs, 1e9);
+      const auto ri = static_cast<std::size_t>(r);
+      sg::Host* g = nvlink->create_host("gpu." + rs, 1e9);
+      auto* nv = duplex(nvlink, "nvlink." + rs, LinkKind::nvlink_up, LinkKind::nvlink_down, r);
+      nvlink->add_route(g->get_netpoint(), nullptr, nullptr, nullptr, {{nv, sg::LinkInRoute::Direction::UP}}, true);
+      gpu_hosts[ri] = g;
+      sg::Host* ph = pcie->create_host("pcie_port." + rs, 1e9);
+      auto* pl = duplex(pcie, "pcie." + rs, LinkKind::pcie_up, LinkKind::pcie_down, r);
+      pcie->add_route(ph->get_netpoint(), nullptr, nullptr, nullptr, {{pl, sg::LinkInRoute::Direction::UP}}, true);
+      pcie_hosts[ri] = ph;
+      sg::Host* nh = nic->create_host("nic." + rs, 1e9);
+      auto* nl = duplex(nic, "nic." + rs, LinkKind::nic_up, LinkKind::nic_down, r);
+      nic->add_route(nh->get_netpoint(), nullptr, nullptr, nullptr, {{nl, sg::LinkInRoute::Direction::UP}}, true);
+      nic_hosts[ri] = nh;
+      sg::Host* sh = spine->create_host("nic_spine." + rs, 1e9);
       auto* sl = duplex(spine, "spine." + rs, LinkKind::spine_up, LinkKind::spine_down, r);
-      spine->add_route(h->get_netpoint(), nullptr, nullptr, nullptr,
-                       {{nic_links[static_cast<std::size_t>(r)], sg::LinkInRoute::Direction::UP},
-                        {sl, sg::LinkInRoute::Direction::UP}},
-                       true);
-      spine_hosts[static_cast<std::size_t>(r)] = h;
+      spine->add_route(sh->get_netpoint(), nullptr, nullptr, nullptr,
+                       {{nl, sg::LinkInRoute::Direction::UP}, {sl, sg::LinkInRoute::Direction::UP}}, true);
+      spine_hosts[ri] = sh;
     }
+    nvlink->seal();
+    pcie->seal();
+    nic->seal();
     spine->seal();
     controller = root->create_host("controller", 1e9);
     root->seal();
