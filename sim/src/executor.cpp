@@ -715,6 +715,9 @@ class StepRun {
         const double k = t_bw / makespan;
         for (PlacedFlow& f : plan.flows) f.bytes *= k;
       }
+      // SimGrid moves whole bytes and never completes an empty transfer: a sliver of an uneven
+      // all-to-all carries at least one byte (picoseconds at these bandwidths).
+      for (PlacedFlow& f : plan.flows) f.bytes = std::max(f.bytes, 1.0);
     }
     plan.lone = plan.latency + std::max(t_bw, makespan);
   }

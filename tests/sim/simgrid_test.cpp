@@ -198,6 +198,31 @@ TEST(SimGridEngine, LoneCollectiveReproducesTheProfilesCurve) {
   }
 }
 
+TEST(SimGridEngine, ADeadlockInFlowFidelityIsAnInputErrorNotACrash) {
+  // A send whose receive never comes, while a flow of another op is in flight: the error leaves the
+  // SimGrid actor as an exception once the flow has completed.
+  const auto out = in_child([]() {
+    GraphBuilder b(1, 1, 1, 2, 1, 2);
+    b.class_per_rank();
+    b.add(0, b.p2p(true, +1, 1, 1e6, "send_fwd", "a"));
+    b.add(0, b.p2p(true, +1, 2, 1e9, "send_fwd", "b"));
+    b.add(1, b.p2p(false, -1, 2, 1e9, "recv_fwd", "b"));
+    const FakeCoster f;
+    const Platform p(testing::cluster(2, 1));
+    SimGridEngine engine(p);
+    const Executor ex(f, ExecutorOptions{});
+    try {
+      engine.run([&]() { ex.run_step(b.g, p, {}, engine.now(), &engine); });
+    } catch (const InputError& e) {
+      return std::string("input error: ") + e.what();
+    }
+    return std::string("no error");
+  });
+  EXPECT_EQ(out.rfind("input error", 0), 0U) << out;
+  EXPECT_NE(out.find("deadlock"), std::string::npos) << out;
+  EXPECT_NE(out.find("tag 1"), std::string::npos) << out;
+}
+
 TEST(SimGridEngine, ASecondEngineInOneProcessIsASystemError) {
   const auto out = in_child([]() {
     const Platform p(testing::cluster(2, 1));
