@@ -1,6 +1,7 @@
 // threewalls sim SCENARIO [--calibration PROFILE] [--out DIR] [--fidelity flow|analytic] [--steps N]
 // Predicts the scenario's steps on SimGrid and writes a run directory (docs/simulator.md).
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -107,6 +108,11 @@ void register_sim(CLI::App& app, Commands& cmds) {
     if (a.steps > 0) opt.argv.insert(opt.argv.end(), {"--steps", std::to_string(a.steps)});
     if (!opt.out_dir.empty()) opt.argv.insert(opt.argv.end(), {"--out", opt.out_dir.string()});
     if (a.overwrite) opt.argv.push_back("--overwrite");
+    if (!opt.out_dir.empty() && !a.overwrite && std::filesystem::exists(opt.out_dir) &&
+        !std::filesystem::is_empty(opt.out_dir)) {
+      throw InputError(opt.out_dir.string() + ": run directory exists and is not empty; pass --overwrite to replace it, "
+                       "or --out to choose another");
+    }
     const auto t0 = std::chrono::steady_clock::now();
     const sim::SimResult r = sim::simulate(s, a.calibration, opt);
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
