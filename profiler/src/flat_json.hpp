@@ -2,6 +2,7 @@
 // A scanner for flat JSON objects ({"key": scalar, ...}), the shape of every phase and step line.
 // Much faster than building a DOM for each of millions of lines; the reader falls back to
 // nlohmann::json for lines holding nested values (header, footer). Internal to profiler/.
+#include <array>
 #include <charconv>
 #include <cstdint>
 #include <string>
@@ -16,6 +17,15 @@ struct FlatValue {
   std::string_view text;  // string contents (unescaped; may point into the scanner's scratch)
   bool boolean = false;
 };
+
+// Characters that end the fast scan of a string: the closing quote, a backslash, control characters.
+inline constexpr auto kStringStop = [] {
+  std::array<bool, 256> t{};
+  for (int c = 0; c < 0x20; ++c) t[static_cast<std::size_t>(c)] = true;
+  t['"'] = true;
+  t['\\'] = true;
+  return t;
+}();
 
 class FlatScanner {
  public:
@@ -120,10 +130,8 @@ class FlatScanner {
   bool parse_string(std::string& scratch, std::string_view& out) {
     if (!eat('"')) return fail(i_ >= s_.size() ? "line ends inside the record (truncated?)" : "expected a string");
     std::size_t start = i_;
-    while (i_ < s_.size() && s_[i_] != '"' && s_[i_] != '\\') {
-      if (static_cast<unsigned char>(s_[i_]) < 0x20) return fail("control character in a string");
-      ++i_;
-    }
+    while (i_ < s_.size() && !kStringStop[static_cast<unsigned char>(s_[i_])]) ++i_;
+    if (i_ < s_.size() && static_cast<unsigned char>(s_[i_]) < 0x20) return fail("control character in a string");
     if (i_ >= s_.size()) return fail("line ends inside a string (truncated?)");
     if (s_[i_] == '"') {
       out = s_.substr(start, i_ - start);

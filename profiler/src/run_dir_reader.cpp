@@ -104,7 +104,36 @@ const char* field_name(std::uint32_t bit) {
 constexpr std::uint32_t kWriterOrder[] = {kStep,  kRank,  kPhase,  kLayer, kMicrobatch, kStream,
                                           kStartUs, kDurUs, kWall, kBytes, kFlops, kExpert,
                                           kPeer, kGroup, kGroupId, kTokens, kCoarse};
+constexpr std::string_view kWriterOrderNames[] = {"step",  "rank",  "phase",  "layer", "microbatch", "stream",
+                                                  "start_us", "dur_us", "wall", "bytes", "flops", "expert",
+                                                  "peer", "group", "group_id", "tokens", "coarse"};
 constexpr std::size_t kWriterOrderSize = sizeof kWriterOrder / sizeof kWriterOrder[0];
+static_assert(sizeof kWriterOrderNames / sizeof kWriterOrderNames[0] == kWriterOrderSize);
+
+// key == kWriterOrderNames[i], with each comparison against a literal so that the compiler inlines it.
+inline bool is_writer_key(std::string_view k, std::size_t i) {
+  using namespace std::string_view_literals;
+  switch (i) {
+    case 0: return k == "step"sv;
+    case 1: return k == "rank"sv;
+    case 2: return k == "phase"sv;
+    case 3: return k == "layer"sv;
+    case 4: return k == "microbatch"sv;
+    case 5: return k == "stream"sv;
+    case 6: return k == "start_us"sv;
+    case 7: return k == "dur_us"sv;
+    case 8: return k == "wall"sv;
+    case 9: return k == "bytes"sv;
+    case 10: return k == "flops"sv;
+    case 11: return k == "expert"sv;
+    case 12: return k == "peer"sv;
+    case 13: return k == "group"sv;
+    case 14: return k == "group_id"sv;
+    case 15: return k == "tokens"sv;
+    case 16: return k == "coarse"sv;
+    default: return false;
+  }
+}
 
 const char* field_name(std::uint32_t bit);
 
@@ -338,7 +367,7 @@ class FileParser {
       while (sc.next(key, v)) {
         std::uint32_t bit = 0;
         while (expect < kWriterOrderSize && (seen & kWriterOrder[expect])) ++expect;
-        if (expect < kWriterOrderSize && key == field_name(kWriterOrder[expect])) {
+        if (expect < kWriterOrderSize && is_writer_key(key, expect)) {
           bit = kWriterOrder[expect++];
         } else {
           bit = field_bit(key);

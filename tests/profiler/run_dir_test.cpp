@@ -472,7 +472,7 @@ TEST(RunDir, JoinModeAddsRankFilesToAnExistingRun) {
   EXPECT_THROW(RunDirWriter(dir / "absent", header(2), every_step(2), bad), InputError);
 }
 
-TEST(RunDir, TimesAreWrittenInMicrosecondsRoundedToTheNanosecond) {
+TEST(RunDir, TimesAreWrittenRoundedToTheNanosecondAndCountsToIntegers) {
   Names n;
   PhaseRecord p;
   p.phase = n.phases.intern("a\"b");
@@ -480,13 +480,50 @@ TEST(RunDir, TimesAreWrittenInMicrosecondsRoundedToTheNanosecond) {
   p.start_us = -0.0015;
   p.dur_us = 12.34567;
   p.bytes = 4096;
-  p.flops = 1.5;
+  p.flops = 1.5;  // counts are written as integers
   std::string line;
   append_phase_line(line, p, n);
   EXPECT_EQ(line,
             R"({"step":0,"rank":0,"phase":"a\"b","layer":null,"microbatch":null,"stream":"compute","start_us":-0.002,)"
-            R"("dur_us":12.346,"wall":"compute","bytes":4096,"flops":1.5})");
+            R"("dur_us":12.346,"wall":"compute","bytes":4096,"flops":2})");
+  line.clear();
+  p.bytes = 1e20;  // beyond 2^53: nine significant digits
+  append_phase_line(line, p, n);
+  EXPECT_NE(line.find(R"("bytes":1e+20,)"), std::string::npos) << line;
   line.clear();
   append_step_line(line, StepRecord{3, 1, 1234567890.1234, 100.0});
   EXPECT_EQ(line, R"({"record":"step","step":3,"rank":1,"epoch_us":1234567890.123,"dur_us":100})");
+}
+
+TEST(RunDir, LongNamesAndExtremeValuesRoundTrip) {
+  auto dir = fresh_dir();
+  SamplingConfig c;
+  c.record_every_n_steps = 1;
+  RunDirWriter w(dir, header(1), SamplingPolicy(c, 1));
+  PhaseRecord p;
+  const std::string long_name(5000, 'x');
+  p.phase = w.phase_id(long_name);
+  p.stream = w.stream_id(std::string(3000, 's') + "\"\\\n");
+  p.group = w.group_id(std::string(2000, 'g'));
+  p.group_id = 2147483647;
+  p.start_us = -1e13;  // beyond the nanosecond formatter's range
+  p.dur_us = 1e15;
+  p.bytes = 1e300;
+  p.flops = 9.1e15;
+  p.tokens = 1LL << 52;
+  w.add(p);
+  w.add(StepRecord{0, 0, 1e14, 2e15});
+  w.close();
+  RunData d = RunDirReader::read(dir);
+  ASSERT_EQ(d.phases.size(), 1U);
+  const auto& q = d.phases[0];
+  EXPECT_EQ(d.names.phases.name(q.phase), long_name);
+  EXPECT_EQ(d.names.streams.name(q.stream), std::string(3000, 's') + "\"\\\n");
+  EXPECT_EQ(q.group_id, 2147483647);
+  EXPECT_DOUBLE_EQ(q.start_us, -1e13);
+  EXPECT_DOUBLE_EQ(q.dur_us, 1e15);
+  EXPECT_NEAR(q.bytes, 1e300, 1e292);
+  EXPECT_NEAR(q.flops, 9.1e15, 1e7);
+  EXPECT_EQ(q.tokens, 1LL << 52);
+  EXPECT_DOUBLE_EQ(d.steps[0].epoch_us, 1e14);
 }
