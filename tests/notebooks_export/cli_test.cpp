@@ -47,7 +47,7 @@ fs::path make_run(const std::string& suffix, double scale, int slow_rank = -1) {
 
 }  // namespace
 
-TEST(Cli, CompareExitsOneAboveTheThresholdAndWritesJson) {
+TEST(RunCommandsCli, CompareExitsOneAboveTheThresholdAndWritesJson) {
   ASSERT_TRUE(fs::exists(kBinary)) << kBinary;
   auto a = make_run("_a", 1.0);
   auto b = make_run("_b", 1.2);
@@ -64,7 +64,7 @@ TEST(Cli, CompareExitsOneAboveTheThresholdAndWritesJson) {
   EXPECT_EQ(threewalls_cli("compare " + a.string() + " " + b.string() + " --fail-above -3", out), 2) << out;
 }
 
-TEST(Cli, AnalyzeNamesTheSlowRankPhaseAndSteps) {
+TEST(RunCommandsCli, AnalyzeNamesTheSlowRankPhaseAndSteps) {
   auto run = make_run("", 1.0, 3);
   std::string out;
   ASSERT_EQ(threewalls_cli("analyze " + run.string(), out), 0) << out;
@@ -73,7 +73,7 @@ TEST(Cli, AnalyzeNamesTheSlowRankPhaseAndSteps) {
   EXPECT_NE(out.find("in attn_core_fwd (compute)"), std::string::npos) << out;
 }
 
-TEST(Cli, ExportWritesEachFormatAndRefusesUnknownOnes) {
+TEST(RunCommandsCli, ExportWritesEachFormatAndRefusesUnknownOnes) {
   auto run = make_run("", 1.0);
   auto out_dir = fresh_dir("_out");
   std::string out;
@@ -88,7 +88,7 @@ TEST(Cli, ExportWritesEachFormatAndRefusesUnknownOnes) {
   EXPECT_NE(out.find("exists; outputs are never overwritten"), std::string::npos) << out;
 }
 
-TEST(Cli, ACorruptRunIsReportedByFileAndLine) {
+TEST(RunCommandsCli, ACorruptRunIsReportedByFileAndLine) {
   auto run = make_run("", 1.0);
   {
     std::ofstream f(run / "phases_rank_2.jsonl", std::ios::app);
