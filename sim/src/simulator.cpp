@@ -219,11 +219,44 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   std::vector<profiler::StepRecord> sum_steps;
   std::vector<profiler::PhaseRecord> sum_phases;
 
+  // Records of one simulated step: the summary's (representatives) and the files' (recording ranks).
+  auto emit = [&](const StepGraph& g, const StepResult& r, int step) {
+    const RecordTables tables = intern_graph(g, names);
+    for (std::size_t c = 0; c < g.classes.size(); ++c) {
+      add_records(g, tables, r, c, step, g.classes[c].representative(),
+                  [&](const profiler::StepRecord& x) { sum_steps.push_back(x); },
+                  [&](const profiler::PhaseRecord& x) { sum_phases.push_back(x); });
+    }
+    if (writer && writer->policy().records(step)) {
+      for (int rank : writer->policy().recording_ranks()) {
+        if (!writer->records(step, rank)) continue;
+        const auto c = static_cast<std::size_t>(g.class_of_rank.at(static_cast<std::size_t>(rank)));
+        add_records(g, tables, r, c, step, rank, [&](const profiler::StepRecord& x) { writer->add(x); },
+                    [&](const profiler::PhaseRecord& x) { writer->add(x); });
+      }
+    }
+    if (writer) writer->end_step(step);
+  };
+
   auto run_all = [&](FlowEngine* engine) {
     double epoch = engine != nullptr ? engine->now() : 0.0;
     std::vector<double> link_bw;
     for (const Link& l : base.links()) link_bw.push_back(l.bandwidth.value);
+    // A training step whose slowdowns are those of the previous step is that step again: it is
+    // simulated once and its timeline reused at the new epoch (every step starts on an idle
+    // machine), which keeps long runs cheap and their steps identical.
+    std::optional<StepResult> previous;
+    std::vector<bool> previous_active;
     for (int step = 0; step < steps; ++step) {
+      std::vector<bool> now_active;
+      for (const auto& d : s.cluster.slowdowns) now_active.push_back(active(d, step));
+      if (!per_step && previous && now_active == previous_active) {
+        StepResult r = *previous;
+        r.epoch = epoch;
+        epoch = r.epoch + r.duration;
+        emit(first, r, step);
+        continue;
+      }
       StepGraph expanded;
       const StepGraph* g = &first;
       if (per_step && step > 0) {
@@ -254,23 +287,9 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
       result.collectives += r.collectives;
       result.flows += r.flows_started;
       epoch = r.epoch + r.duration;
-      const RecordTables tables = intern_graph(*g, names);
-      // Summary records: representatives.
-      for (std::size_t c = 0; c < g->classes.size(); ++c) {
-        add_records(*g, tables, r, c, step, g->classes[c].representative(),
-                    [&](const profiler::StepRecord& x) { sum_steps.push_back(x); },
-                    [&](const profiler::PhaseRecord& x) { sum_phases.push_back(x); });
-      }
-      // Files: every recording rank, from its class's timeline.
-      if (writer && writer->policy().records(step)) {
-        for (int rank : writer->policy().recording_ranks()) {
-          if (!writer->records(step, rank)) continue;
-          const auto c = static_cast<std::size_t>(g->class_of_rank.at(static_cast<std::size_t>(rank)));
-          add_records(*g, tables, r, c, step, rank, [&](const profiler::StepRecord& x) { writer->add(x); },
-                      [&](const profiler::PhaseRecord& x) { writer->add(x); });
-        }
-      }
-      if (writer) writer->end_step(step);
+      emit(*g, r, step);
+      previous = r;
+      previous_active = now_active;
     }
   };
 
