@@ -138,6 +138,25 @@ TEST(Executor, RingAllReduceTakesItsClosedForm) {
   EXPECT_NEAR(r.duration, f.alpha.value + 2.0 * (n - 1) / n * S / 400e9, 1e-12);
 }
 
+TEST(Executor, TreeAndRingAllReduceTakeTheProfilesTimeWhenLinksAllowIt) {
+  // 4 nodes x 2 GPUs, DP 8 over all: either algorithm alone takes alpha + 2(n-1)/n S / busbw.
+  const double S = 64e6;
+  for (AllReduceChoice algo : {AllReduceChoice::ring, AllReduceChoice::tree}) {
+    GraphBuilder b(1, 1, 8, 1, 1, 2);
+    b.class_per_rank();
+    for (int c = 0; c < 8; ++c) b.add(c, b.collective(Collective::all_reduce, Group::dp, S, "ar"));
+    FakeCoster f;
+    f.alpha = microseconds(30);
+    f.busbw = BytesPerSecond(20e9);
+    const Platform p(testing::cluster(2, 4));
+    ExecutorOptions o;
+    o.fidelity = Fidelity::analytic;
+    o.allreduce = algo;
+    const auto r = Executor(f, o).run_step(b.g, p, {}, 0.0, nullptr);
+    EXPECT_NEAR(r.classes[0].end[0] - r.classes[0].start[0], 30e-6 + 2.0 * 7 / 8 * S / 20e9, 1e-12) << to_string(algo);
+  }
+}
+
 TEST(Executor, ACollectiveWaitsForItsLastMemberAndEndsForAllTogether) {
   GraphBuilder b(2, 1, 1, 1, 1, 2);
   b.class_per_rank();
