@@ -421,7 +421,7 @@ std::string format_analysis_text(const Analysis& a) {
     detail::TextTable g({"group", "instances", "total wait us", "most waiting rank", "most waited-for rank"});
     for (const auto& gw : a.groups) {
       g.add({gw.group, std::to_string(gw.instances), detail::fixed(gw.total_wait_us, 1),
-             gw.ranks.empty() ? "-" : std::to_string(gw.ranks.front().rank),
+             gw.ranks.empty() || !(gw.ranks.front().total_wait_us > 0) ? "-" : std::to_string(gw.ranks.front().rank),
              gw.most_waited_for ? std::to_string(*gw.most_waited_for) : "-"});
     }
     out += g.str();

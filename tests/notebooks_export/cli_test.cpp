@@ -7,6 +7,7 @@
 
 #include "test_util.hpp"
 #include "threewalls/core/jsonl.hpp"
+#include "threewalls/notebooks_export/analyze.hpp"
 
 using namespace threewalls;
 using namespace threewalls::notebooks_export;
@@ -109,4 +110,57 @@ TEST(RunCommandsCli, ACorruptRunIsReportedByFileAndLine) {
   std::ofstream(future / "run.json") << text;
   EXPECT_EQ(threewalls_cli("compare " + future.string() + " " + run.string(), out), 2);
   EXPECT_NE(out.find("version 2.0 is newer than this threewalls reads (1.x)"), std::string::npos) << out;
+}
+
+// End to end: the simulator with a [[cluster.slowdown]] on one rank for a step range, then analyze.
+TEST(RunCommandsCli, AnalyzeFindsASlowdownInjectedIntoTheSimulator) {
+  const fs::path dir = fresh_dir();
+  fs::create_directories(dir);
+  {
+    std::ofstream f(dir / "slow.toml");
+    f << R"TOML(schema_version = 1
+name = "small_moe_ep4_slow_rank2"
+[model]
+name = "OLMoE-1B-7B (4 layers)"
+num_layers = 4
+hidden_size = 2048
+num_attention_heads = 16
+kv_channels = 128
+vocab_size = 50304
+num_experts = 64
+moe_ffn_hidden_size = 1024
+moe_router_topk = 8
+[parallel]
+ep = 4
+[train]
+micro_batch_size = 1
+global_batch_size = 8
+seq_length = 4096
+[cluster]
+gpu = "h200"
+gpus_per_node = 2
+nodes = 2
+[[cluster.slowdown]]
+rank = 2
+factor = 1.5
+from_step = 3
+to_step = 6
+[run]
+steps = 10
+warmup_steps = 1
+[run.profiler]
+record_every_n_steps = 1
+)TOML";
+  }
+  std::string out;
+  ASSERT_EQ(threewalls_cli("sim " + (dir / "slow.toml").string() + " --out " + (dir / "run").string(), out), 0) << out;
+  profiler::RunData run = profiler::RunDirReader::read(dir / "run");
+  Analysis a = analyze_run(run);
+  const SlowRank* s = find_slow_rank(a, 2);
+  ASSERT_NE(s, nullptr) << format_analysis_text(a);
+  EXPECT_EQ(a.slow_ranks.size(), 1U) << format_analysis_text(a);
+  EXPECT_EQ(s->slow_steps, (std::vector<int>{3, 4, 5, 6})) << format_analysis_text(a);
+  EXPECT_FALSE(s->persistent);
+  ASSERT_FALSE(s->phases.empty());
+  EXPECT_NEAR(*s->phases.front().excess_pct, 50.0, 1.0);  // the factor 1.5 on that GPU's kernels
 }
