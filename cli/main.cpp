@@ -21,6 +21,12 @@ int main(int argc, char** argv) {
   cli::register_compare(app, cmds);
   cli::register_analyze(app, cmds);
   cli::register_export(app, cmds);
+#ifdef THREEWALLS_HAVE_RUN
+  cli::register_run(app, cmds);
+#endif
+#ifdef THREEWALLS_HAVE_CALIBRATE
+  cli::register_calibrate(app, cmds);
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

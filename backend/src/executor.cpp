@@ -357,6 +357,10 @@ Plan build_plan(const std::shared_ptr<const StepGraph>& graph, int rank, profile
     r.expert = op.expert;
     if (op.kind == OpKind::send || op.kind == OpKind::recv) r.peer = p2p_peer_rank(g, rank, op);
     if (op.is_comm() && sink != nullptr && sink->enabled()) r.group = sink->group_id(scenarios::to_string(op.group));
+    if (op.kind == OpKind::collective && op.group != Group::none) {
+      const std::vector<int> members = g.layout.group_members(op.group, rank);  // ordered: the first is the lowest
+      if (!members.empty()) r.group_id = *std::min_element(members.begin(), members.end());
+    }
     r.tokens = op.tokens;
     r.wall = record_wall(op.wall);
     r.coarse = coarse_view(op);
@@ -479,12 +483,14 @@ class RankWorker {
   using Recorder = profiler::StepRecorder<DeviceClock>;
   using Marker = DeviceClock::Marker;
 
+  // A graph run's captures: one untimed, and (recording ranks) one timed copy per step that may be
+  // in flight, used in turn: a copy is replayed again only after its previous replay's step has
+  // finished on the device and been harvested (the run-ahead wait guarantees it).
   struct Captured {
     std::uint32_t untimed = kNone;
-    bool has_timed = false;
-    std::uint32_t timed[2] = {kNone, kNone};
-    std::vector<std::pair<std::uint32_t, std::uint32_t>> marks[2];
-    int next = 0;
+    std::vector<std::uint32_t> timed;
+    std::vector<std::vector<std::pair<std::uint32_t, std::uint32_t>>> marks;
+    std::size_t next = 0;
   };
 
   [[nodiscard]] std::string who() const { return "rank " + std::to_string(rank_) + ": "; }
@@ -834,8 +840,9 @@ class RankWorker {
     std::vector<std::pair<std::uint32_t, std::uint32_t>> none;
     c.untimed = capture_once(run, false, none);
     if (recorder_->enabled()) {
-      c.has_timed = true;
-      for (int t = 0; t < 2; ++t) c.timed[t] = capture_once(run, true, c.marks[t]);
+      const std::size_t copies = std::max<std::size_t>(2, step_end_.size());
+      c.marks.resize(copies);
+      for (std::size_t t = 0; t < copies; ++t) c.timed.push_back(capture_once(run, true, c.marks[t]));
     }
     return captured_.emplace(run.signature, std::move(c)).first->second;
   }
@@ -922,13 +929,13 @@ class RankWorker {
       dev_->wait_event(origin, e);
       step_events_.push_back(e);
     }
-    const bool timed = rec && c.has_timed;
+    const bool timed = rec && !c.timed.empty();
     std::uint32_t graph = c.untimed;
     const std::vector<std::pair<std::uint32_t, std::uint32_t>>* marks = nullptr;
     if (timed) {
       graph = c.timed[c.next];
       marks = &c.marks[c.next];
-      c.next ^= 1;
+      c.next = (c.next + 1) % c.timed.size();
     }
     dev_->launch_graph(graph, origin);
     if (timed) {

@@ -36,12 +36,15 @@ int main(int argc, char** argv) {
   try {
     constexpr int kN = 1 << 22;
     constexpr int kIters = 256;
-    float* x = nullptr;
-    float* y = nullptr;
-    float* host = nullptr;
-    check(cudaMalloc(&x, kN * sizeof(float)), "cudaMalloc");
-    check(cudaMalloc(&y, kN * sizeof(float)), "cudaMalloc");
-    check(cudaMallocHost(&host, kN * sizeof(float)), "cudaMallocHost");
+    void* xp = nullptr;
+    void* yp = nullptr;
+    void* hp = nullptr;
+    check(cudaMalloc(&xp, kN * sizeof(float)), "cudaMalloc");
+    check(cudaMalloc(&yp, kN * sizeof(float)), "cudaMalloc");
+    check(cudaMallocHost(&hp, kN * sizeof(float)), "cudaMallocHost");
+    auto* x = static_cast<float*>(xp);
+    auto* y = static_cast<float*>(yp);
+    auto* host = static_cast<float*>(hp);
     check(cudaMemset(x, 0, kN * sizeof(float)), "cudaMemset");
     cudaStream_t main_stream = nullptr;
     cudaStream_t copy_stream = nullptr;

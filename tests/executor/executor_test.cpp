@@ -192,6 +192,10 @@ TEST(Executor, RecordKeysMatchTheStepGraphOnEveryRank) {
     const std::string phase = d.names.phases.name(p.phase);
     if (p.wall == profiler::Wall::communication) {
       EXPECT_NE(p.group, profiler::kNoName) << phase;
+      // Collectives name their group instance by its lowest rank (here: the EP group {0, 1}).
+      if (p.peer == profiler::kAbsent && d.names.groups.name(p.group) == "ep") {
+        EXPECT_EQ(p.group_id, 0) << phase;
+      }
     }
     EXPECT_GE(p.dur_us, 0.0) << phase;
     EXPECT_GE(p.start_us, -50.0) << phase;  // host ops are aligned on the host clock

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# GPU validation of the executor (results: docs/validation/executor_*.md). One GPU (H100/H200).
+#   bench/executor_gpu_validation.sh BIN_DIR OUT_DIR
+# BIN_DIR holds threewalls, profiler_overhead, threewalls_cuda_loop_example and lib/ (shared
+# libraries the GPU machine lacks). Writes OUT_DIR/executor_gpu.log and OUT_DIR/run_dirs.tgz.
+set -uo pipefail
+BIN=$(cd "$1" && pwd)
+OUT=$2
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0
+export LD_LIBRARY_PATH="$BIN/lib:${LD_LIBRARY_PATH:-}"
+log="$OUT/executor_gpu.log"
+step() { echo; echo "== $(date -u +%H:%M:%S) $*"; }
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  date -u +%Y-%m-%dT%H:%M:%SZ
+  git rev-parse --short=12 HEAD 2>/dev/null || true
+  step "threewalls run small_moe_1gpu (10 measured steps, every step recorded)"
+  timeout 80 "$BIN/threewalls" run scenarios/examples/small_moe_1gpu.toml --out "$OUT/real_small_moe_1gpu" --steps 10
+  echo "rc=$?"
+  step "threewalls run deepseek_v2_lite_offload (inference, 6 steps: prefill + 5 decode)"
+  timeout 80 "$BIN/threewalls" run scenarios/examples/deepseek_v2_lite_offload.toml --out "$OUT/real_deepseek_v2_lite_offload" --steps 6
+  echo "rc=$?"
+  step "world-size refusal: a 2-GPU scenario on 1 GPU"
+  timeout 30 "$BIN/threewalls" run scenarios/examples/small_moe_ep2.toml --out "$OUT/refused"
+  echo "rc=$? (2 expected)"
+  step "CUDA profiler example (30 steps, every 5th recorded)"
+  timeout 30 "$BIN/threewalls_cuda_loop_example" "$OUT/cuda_loop" 30 5
+  echo "rc=$?"
+  step "profiler overhead on small_moe_1gpu (20 measured steps, 3 runs per mode)"
+  timeout 170 "$BIN/profiler_overhead" scenarios/examples/small_moe_1gpu.toml 20 3 /tmp/tw_overhead
+  echo "rc=$?"
+  step done
+} > "$log" 2>&1
+tar czf "$OUT/run_dirs.tgz" -C "$OUT" $(cd "$OUT" && ls -d real_* cuda_loop 2>/dev/null)
+rm -rf "$OUT"/real_* "$OUT/cuda_loop" "$OUT/refused"
