@@ -263,6 +263,13 @@ Analysis analyze_run(const RunData& run, const AnalyzeOptions& options) {
     rs.median_step_us = median_of(st);
     rs.median_own_us = median_of(ow);
     rs.median_wait_us = median_of(wa);
+    auto mean = [](const std::vector<double>& v) {
+      double s = 0;
+      for (double x : v) s += x;
+      return v.empty() ? 0.0 : s / static_cast<double>(v.size());
+    };
+    rs.mean_own_us = mean(ow);
+    rs.mean_wait_us = mean(wa);
     median_own[r] = rs.median_own_us;
     out.ranks.push_back(rs);
   }
@@ -477,6 +484,8 @@ OrderedJson analysis_json(const Analysis& a) {
                                 {"median_step_us", r.median_step_us},
                                 {"median_own_us", r.median_own_us},
                                 {"median_wait_us", r.median_wait_us},
+                                {"mean_own_us", r.mean_own_us},
+                                {"mean_wait_us", r.mean_wait_us},
                                 {"own_vs_peers_pct", opt_num(r.own_vs_peers_pct)},
                                 {"robust_z", opt_num(r.robust_z)},
                                 {"slow_steps", r.slow_steps}});

@@ -139,11 +139,11 @@ std::string run_section(std::size_t index, const profiler::RunData& run) {
     std::vector<bool> mark;
     for (const auto& r : an.ranks) {
       ranks.push_back(std::to_string(r.rank));
-      own.values.push_back(r.median_own_us * 1e-3);
-      wait.values.push_back(r.median_wait_us * 1e-3);
+      own.values.push_back(r.mean_own_us * 1e-3);
+      wait.values.push_back(r.mean_wait_us * 1e-3);
       mark.push_back(find_slow_rank(an, r.rank) != nullptr);
     }
-    out += detail::stacked_columns("Per rank: median own time + wait (slow ranks marked)", ranks, {own, wait}, "ms",
+    out += detail::stacked_columns("Per rank: mean own time + wait (slow ranks marked)", ranks, {own, wait}, "ms",
                                    "rank", mark);
     std::vector<std::string> rows;
     for (const auto& r : an.ranks) rows.push_back("rank " + std::to_string(r.rank));

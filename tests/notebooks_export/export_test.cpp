@@ -247,7 +247,7 @@ TEST(Html, IsSelfContainedWithItsChartsAndFindings) {
   for (std::size_t p = 0; (p = html.find("<svg", p)) != std::string::npos; ++p) ++svgs;
   EXPECT_GE(svgs, 2U * 5U + 2U);
   for (const char* title : {"Step time (critical rank)", "Walls per step (critical rank)", "Phase breakdown (15 largest)",
-                            "Per rank: median own time + wait", "Per rank and step: own time vs peers",
+                            "Per rank: mean own time + wait", "Per rank and step: own time vs peers",
                             "run 1 against run 0"}) {
     EXPECT_NE(html.find(title), std::string::npos) << title;
   }

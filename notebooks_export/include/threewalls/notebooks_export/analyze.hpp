@@ -42,6 +42,8 @@ struct RankStat {
   double median_step_us = 0.0;
   double median_own_us = 0.0;
   double median_wait_us = 0.0;
+  double mean_own_us = 0.0;   // means show a slowness bounded to a few steps, which medians hide
+  double mean_wait_us = 0.0;
   std::optional<double> own_vs_peers_pct;  // median own vs the peers' median own (null without peers)
   std::optional<double> robust_z;          // of the median own among the peers (null when they do not spread)
   std::size_t slow_steps = 0;
