@@ -1,6 +1,7 @@
 #include "threewalls/sim/simulator.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -89,6 +90,17 @@ void add_records(const StepGraph& g, const RecordTables& t, const StepResult& r,
   sr.epoch_us = r.epoch * 1e6;
   sr.dur_us = tl.step_end * 1e6;
   on_step(sr);
+  // group_id (run_dir.md): which instance of a group a collective runs in, its lowest global rank.
+  std::array<std::int32_t, static_cast<std::size_t>(Group::embedding) + 1> group_id;
+  group_id.fill(profiler::kAbsent - 1);
+  auto instance_of = [&](Group grp) {
+    std::int32_t& id = group_id[static_cast<std::size_t>(grp)];
+    if (id == profiler::kAbsent - 1) {
+      const std::vector<int> members = g.layout.group_members(grp, rank);
+      id = members.empty() ? profiler::kAbsent : *std::min_element(members.begin(), members.end());
+    }
+    return id;
+  };
   for (std::size_t i = 0; i < rc.ops.size(); ++i) {
     const Op& op = rc.ops[i];
     profiler::PhaseRecord p;
@@ -105,6 +117,7 @@ void add_records(const StepGraph& g, const RecordTables& t, const StepResult& r,
     p.expert = op.expert;
     if (op.kind == OpKind::send || op.kind == OpKind::recv) p.peer = peer_of(g, rank, op);
     if (op.is_comm()) p.group = t.group[static_cast<std::size_t>(op.group)];
+    if (op.kind == OpKind::collective && op.group != Group::none) p.group_id = instance_of(op.group);
     p.tokens = op.tokens;
     p.wall = record_wall(op.wall);
     p.coarse = coarse_view(op);

@@ -70,6 +70,13 @@ TEST_P(ExampleScenario, SimulatesAndItsRunDirectoryPassesTheReader) {
     EXPECT_EQ(run.phases.size(), expected);
   }
   EXPECT_EQ(sum.at("memory").at("classes").size(), graph.classes.size());
+  // Collectives name their group instance: the lowest rank of the group, never above the rank.
+  const auto pp = run.names.groups.find("pp");
+  for (const auto& p : run.phases) {
+    if (p.group == profiler::kNoName || (pp && p.group == *pp)) continue;
+    ASSERT_GE(p.group_id, 0) << run.names.phases.name(p.phase);
+    ASSERT_LE(p.group_id, p.rank) << run.names.phases.name(p.phase);
+  }
   // The walls add up to the step time.
   const Json& st = sum.at("steps").at(0);
   double walls = 0.0;
