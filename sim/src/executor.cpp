@@ -127,15 +127,12 @@ struct Member {
   std::uint32_t op;
 };
 
+// One run of a collective, a send/recv pair or a PCIe copy: its members (class, op), and the flows
+// waiting for their latency term to elapse.
 struct Instance {
   std::vector<Member> members;
   std::size_t expected = 0;
-  double last_arrival = 0.0;
   bool p2p = false;
-  bool started = false;
-  // plan
-  double latency = 0.0;
-  double lone = 0.0;  // duration alone (analytic)
   std::vector<PlacedFlow> flows;
 };
 
@@ -402,7 +399,6 @@ class StepRun {
       Instance& inst = instances_[id];
       inst.members.push_back({c, i});
       inst.expected = 1;
-      inst.last_arrival = now_;
       start_instance(id);
       return;
     }
@@ -557,7 +553,6 @@ class StepRun {
       }
     }
     inst.members.push_back({c, i});
-    inst.last_arrival = now_;
     if (inst.members.size() == inst.expected) {
       pending_coll_.erase(key);
       start_instance(id);
@@ -609,7 +604,6 @@ class StepRun {
       inst.p2p = true;
       inst.expected = 2;
       inst.members.push_back({c, i});
-      inst.last_arrival = now_;
       pending_p2p_.emplace(key, id);
       return;
     }
@@ -621,7 +615,6 @@ class StepRun {
                        " with the same tag before the matching " + (send ? "recv" : "send"));
     }
     inst.members.push_back({c, i});
-    inst.last_arrival = now_;
     pending_p2p_.erase(it);
     start_instance(id);
   }
@@ -635,11 +628,8 @@ class StepRun {
 
   void start_instance(std::uint32_t id) {
     Instance& inst = instances_[id];
-    inst.started = true;
     ++collectives_;
     const Plan& plan = plan_for(inst);
-    inst.latency = plan.latency;
-    inst.lone = plan.lone;
     if (opt_.fidelity == Fidelity::analytic || plan.flows.empty()) {
       push(now_ + plan.lone, EventType::instance_done, 0, id);
       return;
