@@ -24,6 +24,9 @@ int main(int argc, char** argv) {
 #ifdef THREEWALLS_HAVE_RUN
   cli::register_run(app, cmds);
 #endif
+#ifdef THREEWALLS_HAVE_CALIBRATE
+  cli::register_calibrate(app, cmds);
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,5 +1,4 @@
 #include "bench_kernels.cuh"
-
 #include "threewalls/backend/error.hpp"
 
 namespace threewalls::calibration::bench::kernels {

@@ -6,13 +6,15 @@
 
 namespace threewalls::calibration::bench {
 
-Budget::Budget(double total_s, std::vector<Section> sections, double min_point_s, double max_point_s, double hard_factor)
+Budget::Budget(double total_s, std::vector<Section> sections, double min_point_s, double max_point_s,
+               double hard_factor)
     : total_(total_s), min_point_(min_point_s), max_point_(max_point_s), hard_factor_(hard_factor) {
   if (!(total_s > 0.0) || !(min_point_s > 0.0) || max_point_s < min_point_s || hard_factor < 1.0) {
     throw std::invalid_argument("Budget: need total > 0, 0 < min_point <= max_point and hard_factor >= 1");
   }
   for (auto& s : sections) {
-    if (!(s.share > 0.0) || s.points < 0) throw std::invalid_argument("Budget: section " + s.name + " needs share > 0, points >= 0");
+    if (!(s.share > 0.0) || s.points < 0)
+      throw std::invalid_argument("Budget: section " + s.name + " needs share > 0, points >= 0");
     sections_.push_back(State{std::move(s)});
   }
 }
@@ -71,7 +73,8 @@ std::string Budget::skip_reason() const {
   const State& st = sections_[static_cast<std::size_t>(current_)];
   char buf[200];
   if (spent_total_ >= hard_factor_ * total_) {
-    std::snprintf(buf, sizeof buf, "skipped: the calibration's time budget is spent (%.0f s of %.0f s)", spent_total_, total_);
+    std::snprintf(buf, sizeof buf, "skipped: the calibration's time budget is spent (%.0f s of %.0f s)", spent_total_,
+                  total_);
     return buf;
   }
   if (st.spent >= 1.5 * st.alloc) {

@@ -80,8 +80,13 @@ struct CollectiveBench::Team {
   std::string broken;  // why the team can no longer be used
 
   Team(int size, double bytes, std::uint64_t base_seed)
-      : n(size), max_bytes(bytes), seed(base_seed), meet(size), times(static_cast<std::size_t>(size)),
-        errors(static_cast<std::size_t>(size)), checks(static_cast<std::size_t>(size)) {}
+      : n(size),
+        max_bytes(bytes),
+        seed(base_seed),
+        meet(size),
+        times(static_cast<std::size_t>(size)),
+        errors(static_cast<std::size_t>(size)),
+        checks(static_cast<std::size_t>(size)) {}
 
   std::uint64_t rank_seed(int r) const { return seed + 1000 + static_cast<std::uint64_t>(r); }
   double value(int r, std::size_t i) const {
@@ -90,7 +95,8 @@ struct CollectiveBench::Team {
 
   // Posts `c` to every rank and waits until all finished it; throws with the ranks' errors.
   void step(const Cmd& c) {
-    if (!broken.empty()) throw std::runtime_error("collective team of " + std::to_string(n) + " GPUs unusable: " + broken);
+    if (!broken.empty())
+      throw std::runtime_error("collective team of " + std::to_string(n) + " GPUs unusable: " + broken);
     std::unique_lock<std::mutex> lock(mu);
     cmd = c;
     done = 0;
@@ -103,7 +109,8 @@ struct CollectiveBench::Team {
     }
     std::string err;
     for (int r = 0; r < n; ++r) {
-      if (!errors[static_cast<std::size_t>(r)].empty()) err += (err.empty() ? "" : "; ") + errors[static_cast<std::size_t>(r)];
+      if (!errors[static_cast<std::size_t>(r)].empty())
+        err += (err.empty() ? "" : "; ") + errors[static_cast<std::size_t>(r)];
     }
     if (!err.empty()) {
       if (c.kind != Kind::check) broken = err;
@@ -133,7 +140,8 @@ struct CollectiveBench::Team {
         be::set_device(rank);
         be::set_thread_rank(rank);
         if (c.kind == Kind::setup) {
-          table = std::make_unique<be::CommTable>(be::CommTable::create(layout, rank, ids, {scenarios::Group::dp}, kCommTimeout));
+          table = std::make_unique<be::CommTable>(
+              be::CommTable::create(layout, rank, ids, {scenarios::Group::dp}, kCommTimeout));
           stream = std::make_unique<be::Stream>();
           timer = std::make_unique<Timer>(stream->get());
           const std::size_t elems = elems_of(max_bytes) + 2 * static_cast<std::size_t>(n);  // OpRunner's slack
@@ -216,7 +224,8 @@ struct CollectiveBench::Team {
     } else if (c.op == "all_to_all") {
       for (const int p : {0, n - 1}) {
         for (const auto i : at_per) {
-          log.expect_near(got(static_cast<std::size_t>(p) * per + i), value(p, q * per + i), 1e-30, "block " + std::to_string(p));
+          log.expect_near(got(static_cast<std::size_t>(p) * per + i), value(p, q * per + i), 1e-30,
+                          "block " + std::to_string(p));
         }
       }
     } else if (c.op == "broadcast" || (c.op == "send_recv" && rank == 1)) {
@@ -255,7 +264,8 @@ void CollectiveBench::measure(const StopRule& rule, double max_bytes, Record& r)
       team_.reset();
     }
     int visible = be::device_count(nullptr);
-    if (visible < n) throw std::runtime_error("group size " + std::to_string(n) + " needs " + std::to_string(n) + " GPUs");
+    if (visible < n)
+      throw std::runtime_error("group size " + std::to_string(n) + " needs " + std::to_string(n) + " GPUs");
     team_ = std::make_unique<Team>(n, max_bytes, seed_);
     const scenarios::Layout layout(1, 1, n, 1, 1, n, 1, n);
     const auto ids = std::make_shared<be::UniqueIdTable>(be::UniqueIdTable::create(layout, {scenarios::Group::dp}));

@@ -29,9 +29,9 @@ class Timer {
   Timer& operator=(const Timer&) = delete;
 
   // Step by step (the collective team synchronises ranks between the steps):
-  void begin(bool blocker);   // [blocker], start event
-  void end();                 // stop event
-  void release();             // lets the blocker go (no-op without one)
+  void begin(bool blocker);  // [blocker], start event
+  void end();                // stop event
+  void release();            // lets the blocker go (no-op without one)
   // Seconds between start and stop after the stream reached stop (call after synchronising).
   // Throws DeviceError when the blocker timed out (the batch did not run back to back).
   [[nodiscard]] double elapsed_s() const;
@@ -43,7 +43,7 @@ class Timer {
   cudaStream_t stream_;
   backend::Event start_{true};
   backend::Event stop_{true};
-  int* host_flags_ = nullptr;   // [0] release, [1] timed out (host-mapped)
+  int* host_flags_ = nullptr;  // [0] release, [1] timed out (host-mapped)
   int* dev_flags_ = nullptr;
   bool blocked_ = false;
 };

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <map>
@@ -42,9 +43,9 @@ using detail::Timer;
 MachineIdentity detect_machine(int gpus_wanted, const std::string& gpu_kind) {
   std::string reason;
   const int visible = be::device_count(&reason);
-  if (visible == 0) throw SystemError("calibrate: no CUDA device: " + reason);
+  if (visible == 0) throw SystemError("no CUDA device: " + reason);
   if (gpus_wanted < 0 || gpus_wanted > visible) {
-    throw InputError("calibrate: --gpus " + std::to_string(gpus_wanted) + ": " + std::to_string(visible) +
+    throw InputError("--gpus " + std::to_string(gpus_wanted) + ": " + std::to_string(visible) +
                      " GPU(s) visible; allowed: 1 to " + std::to_string(visible) + " (0 = all)");
   }
   MachineIdentity id;
@@ -58,7 +59,7 @@ MachineIdentity detect_machine(int gpus_wanted, const std::string& gpu_kind) {
   hw.gpu_kind = gpu_kind.empty() ? gpu_kind_of(hw.gpu_name) : gpu_kind;
   const auto& kinds = known_gpu_kinds();
   if (std::find(kinds.begin(), kinds.end(), hw.gpu_kind) == kinds.end()) {
-    throw InputError("calibrate: GPU '" + hw.gpu_name + "' is not a known kind" +
+    throw InputError("GPU '" + hw.gpu_name + "' is not a known kind" +
                      (gpu_kind.empty() ? "" : " ('" + gpu_kind + "' given)") +
                      "; pass --gpu-kind with one of: h100, h200 (the kinds profiles are shipped for)");
   }
@@ -69,8 +70,8 @@ MachineIdentity detect_machine(int gpus_wanted, const std::string& gpu_kind) {
   if (cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, 0) == cudaSuccess) hw.memory_clock_mhz = khz / 1000.0;
   static_cast<void>(cudaGetLastError());
   bool ok = false;
-  const SmiQuery q = parse_smi_query(
-      run_command("nvidia-smi --id=0 --query-gpu=driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader,nounits", ok));
+  const SmiQuery q = parse_smi_query(run_command(
+      "nvidia-smi --id=0 --query-gpu=driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader,nounits", ok));
   hw.driver_version = ok && !q.driver_version.empty() ? q.driver_version : "unknown (nvidia-smi not available)";
   if (q.max_sm_clock_mhz > 0) hw.sm_clock_mhz = q.max_sm_clock_mhz;
   if (q.max_memory_clock_mhz > 0) hw.memory_clock_mhz = q.max_memory_clock_mhz;
@@ -115,7 +116,9 @@ be::DeviceBuffer random_bf16(std::size_t elements, std::uint64_t seed, cudaStrea
 }
 
 be::GemmLayout layout_of(int code) {
-  return code == kLayoutDgrad ? be::GemmLayout::dgrad : code == kLayoutWgrad ? be::GemmLayout::wgrad : be::GemmLayout::forward;
+  return code == kLayoutDgrad   ? be::GemmLayout::dgrad
+         : code == kLayoutWgrad ? be::GemmLayout::wgrad
+                                : be::GemmLayout::forward;
 }
 
 // Checks C = op(A) op(B) at a few elements against a double-precision dot product of the stored
@@ -124,7 +127,8 @@ be::GemmLayout layout_of(int code) {
 std::string check_gemm(const be::GemmShape& g, const void* a, const void* b, const void* c, bool fp8) {
   CheckLog log(std::string("C = op(A) op(B) against a CPU dot product (") + (fp8 ? "e4m3" : "bf16") + " inputs)");
   const std::int64_t m = g.m, n = g.n, k = g.k;
-  const std::vector<std::pair<std::int64_t, std::int64_t>> at{{0, 0}, {m - 1, n - 1}, {m / 2, n / 3}, {m / 3, n - 1}, {m - 1, 0}};
+  const std::vector<std::pair<std::int64_t, std::int64_t>> at{
+      {0, 0}, {m - 1, n - 1}, {m / 2, n / 3}, {m / 3, n - 1}, {m - 1, 0}};
   for (const auto& [i, j] : at) {
     const bool ta = g.ta == be::Trans::t, tb = g.tb == be::Trans::t;
     // op(A)[i, l]: A stored [m, k] (n) or [k, m] (t); op(B)[l, j]: B stored [k, n] (n) or [n, k] (t).
@@ -252,7 +256,8 @@ class GpuRunner final : public PointRunner {
   void begin_copy(const std::vector<PointSpec>& points) {
     double dev = 0, pinned = 0, pageable = 0, disk = 0;
     for (const auto& p : points) {
-      if (p.op == "copy_d2d" || p.op.find("pinned") != std::string::npos || p.op.find("pageable") != std::string::npos) {
+      if (p.op == "copy_d2d" || p.op.find("pinned") != std::string::npos ||
+          p.op.find("pageable") != std::string::npos) {
         dev = std::max(dev, p.bytes);
       }
       if (p.op.find("pinned") != std::string::npos) pinned = std::max(pinned, p.bytes);
@@ -263,10 +268,9 @@ class GpuRunner final : public PointRunner {
     buf_[1] = be::DeviceBuffer(std::max<std::size_t>(sz(dev), 2));
     if (pinned > 0 || disk > 0) {
       pinned_ = be::PinnedBuffer(std::max(sz(pinned), be::round_up_direct(sz(disk))));
-      for (std::size_t i = 0; i < pinned_.size(); ++i) pinned_.as<unsigned char>()[i] = static_cast<unsigned char>(i * 7 + 3);
+      std::memset(pinned_.data(), 0x5A, pinned_.size());  // differs from the random device data
     }
-    pageable_.assign(sz(pageable), 0);
-    for (std::size_t i = 0; i < pageable_.size(); ++i) pageable_[i] = static_cast<char>(i * 13 + 5);
+    pageable_.assign(sz(pageable), static_cast<char>(0x3C));
     if (disk > 0) {
       disk_path_ = opt_.scratch_dir + "/threewalls_calibrate_" + std::to_string(::getpid()) + ".bin";
       be::write_random_file(disk_path_, sz(disk), opt_.seed);
@@ -279,8 +283,10 @@ class GpuRunner final : public PointRunner {
     for (const std::size_t at : {std::size_t{0}, bytes / 2, bytes > 64 ? bytes - 64 : 0}) {
       const std::size_t n = std::min<std::size_t>(64, bytes - at);
       std::vector<unsigned char> g(n), w(n);
-      TW_CUDA_CHECK(cudaMemcpy(g.data(), static_cast<const char*>(got) + at, n, got_dev ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost));
-      TW_CUDA_CHECK(cudaMemcpy(w.data(), static_cast<const char*>(want) + at, n, want_dev ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost));
+      TW_CUDA_CHECK(cudaMemcpy(g.data(), static_cast<const char*>(got) + at, n,
+                               got_dev ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost));
+      TW_CUDA_CHECK(cudaMemcpy(w.data(), static_cast<const char*>(want) + at, n,
+                               want_dev ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost));
       for (std::size_t i = 0; i < n; ++i) log.expect_near(g[i], w[i], 0.5, "byte " + std::to_string(at + i));
     }
     return log.passed();
@@ -293,10 +299,13 @@ class GpuRunner final : public PointRunner {
     void* dev_dst = buf_[1].data();
     if (op == "copy_disk_read") {
       bool direct = false;
-      detail::measure_host(rule, clock_, 1, [&] { direct = be::read_file_into(disk_path_, 0, bytes, pinned_).direct; }, r, {});
+      detail::measure_host(rule, clock_, 1, [&] { direct = be::read_file_into(disk_path_, 0, bytes, pinned_).direct; },
+                           r, {});
       const auto res = be::read_file_into(disk_path_, 0, bytes, pinned_);
-      if (res.bytes != bytes) throw std::runtime_error("correctness check failed: read " + std::to_string(res.bytes) + " bytes");
-      r.check = std::string("passed: ") + std::to_string(bytes) + " bytes read" + (direct ? " (O_DIRECT)" : " (buffered: page cache)");
+      if (res.bytes != bytes)
+        throw std::runtime_error("correctness check failed: read " + std::to_string(res.bytes) + " bytes");
+      r.check = std::string("passed: ") + std::to_string(bytes) + " bytes read" +
+                (direct ? " (O_DIRECT)" : " (buffered: page cache)");
       return;
     }
     Work w;
@@ -346,8 +355,8 @@ class GpuRunner final : public PointRunner {
     buf_[1] = random_bf16(need[1], opt_.seed + 22, s());
     buf_[2] = be::DeviceBuffer(need[2] * 2);
     buf_[3] = random_bf16(sz(max_hidden), opt_.seed + 23, s());  // gamma
-    buf_[4] = be::DeviceBuffer(sz(max_rows) * 4);                 // rstd
-    buf_[5] = be::DeviceBuffer(sz(max_hidden) * 4);               // dgamma
+    buf_[4] = be::DeviceBuffer(sz(max_rows) * 4);                // rstd
+    buf_[5] = be::DeviceBuffer(sz(max_hidden) * 4);              // dgamma
     TW_CUDA_CHECK(cudaMemsetAsync(buf_[5].data(), 0, buf_[5].size(), s()));
   }
 
@@ -373,7 +382,8 @@ class GpuRunner final : public PointRunner {
       const std::int64_t e = r.point.iparam("elements");
       device([&](cudaStream_t st) { be::copy_d2d(c, a, sz(e) * 2, st); }, true, rule, r);
       CheckLog log("copy equals its source");
-      for (const auto i : picks) log.expect_near(download_bf16(c, i, 1)[0], download_bf16(a, i, 1)[0], 1e-30, "element " + std::to_string(i));
+      for (const auto i : picks)
+        log.expect_near(download_bf16(c, i, 1)[0], download_bf16(a, i, 1)[0], 1e-30, "element " + std::to_string(i));
       r.check = log.passed();
     } else if (op == "elementwise_swiglu") {
       const std::int64_t e = r.point.iparam("elements");
@@ -393,7 +403,8 @@ class GpuRunner final : public PointRunner {
         const double g = download_bf16(a, j, 1)[0], u = download_bf16(a, e + j, 1)[0], d = download_bf16(b, j, 1)[0];
         const double sig = 1.0 / (1.0 + std::exp(-g));
         const double dgate = d * u * sig * (1.0 + g * (1.0 - sig)), dup = d * g * sig;
-        log.expect_near(download_bf16(c, j, 1)[0], dgate, 0.01 * std::fabs(dgate) + 1e-3, "d gate " + std::to_string(j));
+        log.expect_near(download_bf16(c, j, 1)[0], dgate, 0.01 * std::fabs(dgate) + 1e-3,
+                        "d gate " + std::to_string(j));
         log.expect_near(download_bf16(c, e + j, 1)[0], dup, 0.01 * std::fabs(dup) + 1e-3, "d up " + std::to_string(j));
       }
       r.check = log.passed();
@@ -404,7 +415,8 @@ class GpuRunner final : public PointRunner {
       be::rmsnorm_fwd(a, gamma, c, rstd, rows, h, 1e-5F, s());  // rstd for the backward
       const bool bwd = op == "norm_rmsnorm_bwd";
       if (bwd) {
-        device([&](cudaStream_t st) { be::rmsnorm_bwd(b, a, gamma, rstd, c, buf_[5].as<float>(), rows, h, st); }, true, rule, r);
+        device([&](cudaStream_t st) { be::rmsnorm_bwd(b, a, gamma, rstd, c, buf_[5].as<float>(), rows, h, st); }, true,
+               rule, r);
       } else {
         device([&](cudaStream_t st) { be::rmsnorm_fwd(a, gamma, c, rstd, rows, h, 1e-5F, st); }, true, rule, r);
       }
@@ -459,9 +471,9 @@ class GpuRunner final : public PointRunner {
 
   void measure_gemm(const StopRule& rule, Record& r) {
     const bool fp8 = r.point.op == "gemm_fp8";
-    const be::GemmShape g = be::linear_gemm(layout_of(static_cast<int>(r.point.iparam("layout"))), r.point.iparam("m"),
-                                            r.point.iparam("n"), r.point.iparam("k"),
-                                            fp8 ? be::GemmType::e4m3 : be::GemmType::bfloat16);
+    const be::GemmShape g =
+        be::linear_gemm(layout_of(static_cast<int>(r.point.iparam("layout"))), r.point.iparam("m"), r.point.iparam("n"),
+                        r.point.iparam("k"), fp8 ? be::GemmType::e4m3 : be::GemmType::bfloat16);
     const void* a = fp8 ? buf_[3].data() : buf_[0].data();
     const void* b = fp8 ? buf_[4].data() : buf_[1].data();
     void* c = buf_[2].data();
@@ -496,7 +508,8 @@ class GpuRunner final : public PointRunner {
     device([&](cudaStream_t st) { gg.run(st); }, true, rule, r);
     TW_CUDA_CHECK(cudaStreamSynchronize(s()));
     // Y_e = X_e W_e^T at the first and last row of the hot expert and of the last non-empty expert.
-    CheckLog log(std::string("grouped Y_e = X_e W_e^T against a CPU dot product (") + be::to_string(be::OpRunnerConfig{}.grouped_impl) + ")");
+    CheckLog log(std::string("grouped Y_e = X_e W_e^T against a CPU dot product (") +
+                 be::to_string(be::OpRunnerConfig{}.grouped_impl) + ")");
     std::int64_t off = 0, last_e = 0, last_off = 0;
     for (std::size_t e = 0; e < rows.size(); ++e) {
       if (rows[e] > 0) {
@@ -505,8 +518,8 @@ class GpuRunner final : public PointRunner {
       }
       off += rows[e];
     }
-    for (const auto& [e, row_off, nrows] :
-         std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{{0, 0, rows[0]}, {last_e, last_off, rows[sz(last_e)]}}) {
+    for (const auto& [e, row_off, nrows] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{
+             {0, 0, rows[0]}, {last_e, last_off, rows[sz(last_e)]}}) {
       if (nrows <= 0) continue;
       for (const auto& [i, j] : std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 0}, {nrows - 1, n - 1}}) {
         const auto xv = download_bf16(x, (row_off + i) * k, k);
@@ -516,7 +529,8 @@ class GpuRunner final : public PointRunner {
           ref += xv[sz(l)] * wv[sz(l)];
           norm += (xv[sz(l)] * wv[sz(l)]) * (xv[sz(l)] * wv[sz(l)]);
         }
-        log.expect_near(download_bf16(y, (row_off + i) * n + j, 1)[0], ref, 0.02 * std::sqrt(norm) + 0.01 * std::fabs(ref),
+        log.expect_near(download_bf16(y, (row_off + i) * n + j, 1)[0], ref,
+                        0.02 * std::sqrt(norm) + 0.01 * std::fabs(ref),
                         "expert " + std::to_string(e) + " row " + std::to_string(i) + " col " + std::to_string(j));
       }
     }
@@ -539,17 +553,18 @@ class GpuRunner final : public PointRunner {
     buf_[2] = random_bf16(sz(kv_v), opt_.seed + 53, s());
     buf_[3] = be::DeviceBuffer(sz(o) * 2);
     buf_[4] = random_bf16(sz(o), opt_.seed + 54, s());  // dO
-    buf_[5] = be::DeviceBuffer(sz(rows) * 4);            // lse
-    buf_[6] = be::DeviceBuffer(sz(q) * 2);               // dQ
-    buf_[7] = be::DeviceBuffer(sz(kv_qk) * 2);           // dK
-    buf_[8] = be::DeviceBuffer(sz(kv_v) * 2);            // dV
+    buf_[5] = be::DeviceBuffer(sz(rows) * 4);           // lse
+    buf_[6] = be::DeviceBuffer(sz(q) * 2);              // dQ
+    buf_[7] = be::DeviceBuffer(sz(kv_qk) * 2);          // dK
+    buf_[8] = be::DeviceBuffer(sz(kv_v) * 2);           // dV
     attention_ = std::make_unique<be::Attention>(*lt_, be::OpRunnerConfig{}.attention_workspace);
   }
 
   void measure_attention(const StopRule& rule, Record& r) {
     const auto& p = r.point;
-    const be::AttentionShape sh{p.iparam("batch"),   p.iparam("seq_q"),      p.iparam("seq_kv"), p.iparam("heads"),
-                                p.iparam("head_dim_qk"), p.iparam("head_dim_v"), p.iparam("causal") != 0};
+    const be::AttentionShape sh{p.iparam("batch"),      p.iparam("seq_q"),       p.iparam("seq_kv"),
+                                p.iparam("heads"),      p.iparam("head_dim_qk"), p.iparam("head_dim_v"),
+                                p.iparam("causal") != 0};
     auto* q = buf_[0].as<be::bf16>();
     auto* k = buf_[1].as<be::bf16>();
     auto* v = buf_[2].as<be::bf16>();
@@ -560,9 +575,12 @@ class GpuRunner final : public PointRunner {
     attention_->forward(sh, q, k, v, o, lse, s());  // backward consumes a real O and log-sum-exp
     const bool bwd = p.op == "attention_bwd";
     if (bwd) {
-      device([&](cudaStream_t st) {
-        attention_->backward(sh, q, k, v, o, d_o, lse, buf_[6].as<be::bf16>(), buf_[7].as<be::bf16>(), buf_[8].as<be::bf16>(), st);
-      }, true, rule, r);
+      device(
+          [&](cudaStream_t st) {
+            attention_->backward(sh, q, k, v, o, d_o, lse, buf_[6].as<be::bf16>(), buf_[7].as<be::bf16>(),
+                                 buf_[8].as<be::bf16>(), st);
+          },
+          true, rule, r);
     } else {
       device([&](cudaStream_t st) { attention_->forward(sh, q, k, v, o, lse, st); }, true, rule, r);
     }
@@ -629,11 +647,18 @@ class GpuRunner final : public PointRunner {
     long long launched = 0;
     if (what == "kernel_launch") {
       // Host time per launch over 100 launches; the device drains the queue outside the timing.
-      detail::measure_host(rule, clock_, 100, [&] { kernels::launch_count(cnt, s()); ++launched; }, r, [&] { sync(); });
+      detail::measure_host(
+          rule, clock_, 100,
+          [&] {
+            kernels::launch_count(cnt, s());
+            ++launched;
+          },
+          r, [&] { sync(); });
       r.check = expect_count(before, launched, "host time of one kernel launch");
     } else if (what == "event_record") {
       be::Event e(true);
-      detail::measure_host(rule, clock_, 100, [&] { e.record(s()); }, r, [&] { sync(); });
+      detail::measure_host(
+          rule, clock_, 100, [&] { e.record(s()); }, r, [&] { sync(); });
       TW_CUDA_CHECK(cudaStreamSynchronize(s()));
       if (!e.done()) throw std::runtime_error("correctness check failed: the recorded event never completed");
       r.check = "passed: the recorded event completed after the stream synchronised";
@@ -682,7 +707,13 @@ class GpuRunner final : public PointRunner {
       };
       if (what == "graph_launch") {
         const be::GraphExec ge = capture(16);
-        detail::measure_host(rule, clock_, 10, [&] { ge.launch(s()); launched += 16; }, r, [&] { sync(); });
+        detail::measure_host(
+            rule, clock_, 10,
+            [&] {
+              ge.launch(s());
+              launched += 16;
+            },
+            r, [&] { sync(); });
         r.check = expect_count(before, launched, "host time of one launch of a 16-node graph");
       } else {
         // Device time per node: (t(257 nodes) - t(1 node)) / 256, both timed with events.
@@ -706,8 +737,9 @@ class GpuRunner final : public PointRunner {
       }
       be::NcclComm& c = comm_->comm(scenarios::Group::dp);
       TW_CUDA_CHECK(cudaMemsetAsync(buf_[2].data(), 0xFF, 1024, s()));
-      detail::measure_host(rule, clock_, 50, [&] { be::all_reduce(buf_[1].data(), buf_[2].data(), 512, c, s()); }, r,
-                           [&] { c.wait_stream(s(), "calibration collective_launch"); });
+      detail::measure_host(
+          rule, clock_, 50, [&] { be::all_reduce(buf_[1].data(), buf_[2].data(), 512, c, s()); }, r,
+          [&] { c.wait_stream(s(), "calibration collective_launch"); });
       c.wait_stream(s(), "calibration collective_launch");
       CheckLog log("one-rank all-reduce output equals its input");
       for (const std::int64_t i : {0, 255, 511}) {
@@ -741,31 +773,39 @@ class GpuRunner final : public PointRunner {
 
   void measure_concurrency(const StopRule& rule, Record& r) {
     const int n_streams = static_cast<int>(r.point.iparam("streams"));
-    const be::GemmShape g = be::linear_gemm(be::GemmLayout::forward, r.point.iparam("m"), r.point.iparam("n"), r.point.iparam("k"));
+    const be::GemmShape g =
+        be::linear_gemm(be::GemmLayout::forward, r.point.iparam("m"), r.point.iparam("n"), r.point.iparam("k"));
     const void* a = buf_[0].data();
     const void* b = buf_[1].data();
-    auto c_of = [&](int i) { return static_cast<char*>(buf_[2].data()) + sz(g.m * g.n) * 2 * sz(static_cast<std::int64_t>(i)); };
+    auto c_of = [&](int i) {
+      return static_cast<char*>(buf_[2].data()) + sz(g.m * g.n) * 2 * sz(static_cast<std::int64_t>(i));
+    };
     // Serial: the n GEMMs back to back on one stream (the 1-stream case).
     Record serial;
     serial.point = r.point;
-    device([&](cudaStream_t st) {
-      for (int i = 0; i < n_streams; ++i) lt_->gemm(g, a, b, c_of(i), st);
-    }, true, rule, serial);
+    device(
+        [&](cudaStream_t st) {
+          for (int i = 0; i < n_streams; ++i) lt_->gemm(g, a, b, c_of(i), st);
+        },
+        true, rule, serial);
     // Concurrent: forked from the main stream to n streams by events, joined back.
     std::vector<be::Event> fork, join;
     fork.emplace_back(false);
     for (int i = 0; i < n_streams; ++i) join.emplace_back(false);
     TW_CUDA_CHECK(cudaMemsetAsync(buf_[2].data(), 0xFF, buf_[2].size(), s()));
-    device([&](cudaStream_t st) {
-      fork[0].record(st);
-      for (int i = 0; i < n_streams; ++i) {
-        cudaStream_t side = side_streams_[sz(static_cast<std::int64_t>(i))]->get();
-        TW_CUDA_CHECK(cudaStreamWaitEvent(side, fork[0].get(), 0));
-        side_lts_[sz(static_cast<std::int64_t>(i))]->gemm(g, a, b, c_of(i), side);
-        join[sz(static_cast<std::int64_t>(i))].record(side);
-      }
-      for (int i = 0; i < n_streams; ++i) TW_CUDA_CHECK(cudaStreamWaitEvent(st, join[sz(static_cast<std::int64_t>(i))].get(), 0));
-    }, true, rule, r);
+    device(
+        [&](cudaStream_t st) {
+          fork[0].record(st);
+          for (int i = 0; i < n_streams; ++i) {
+            cudaStream_t side = side_streams_[sz(static_cast<std::int64_t>(i))]->get();
+            TW_CUDA_CHECK(cudaStreamWaitEvent(side, fork[0].get(), 0));
+            side_lts_[sz(static_cast<std::int64_t>(i))]->gemm(g, a, b, c_of(i), side);
+            join[sz(static_cast<std::int64_t>(i))].record(side);
+          }
+          for (int i = 0; i < n_streams; ++i)
+            TW_CUDA_CHECK(cudaStreamWaitEvent(st, join[sz(static_cast<std::int64_t>(i))].get(), 0));
+        },
+        true, rule, r);
     r.point.inputs = {static_cast<double>(n_streams), gemm_sm_fraction(g.m, g.n, opt_.sm_count), serial.median_s()};
     TW_CUDA_CHECK(cudaStreamSynchronize(s()));
     r.check = check_gemm(g, a, b, c_of(n_streams - 1), false) + " (last stream's output)";
@@ -791,6 +831,8 @@ class GpuRunner final : public PointRunner {
 
 }  // namespace
 
-std::unique_ptr<PointRunner> make_gpu_runner(const GpuRunnerOptions& options) { return std::make_unique<GpuRunner>(options); }
+std::unique_ptr<PointRunner> make_gpu_runner(const GpuRunnerOptions& options) {
+  return std::make_unique<GpuRunner>(options);
+}
 
 }  // namespace threewalls::calibration::bench

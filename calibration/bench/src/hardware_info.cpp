@@ -82,7 +82,8 @@ std::vector<std::string> links_from_topology(const std::string& text, int gpus) 
       }
       continue;
     }
-    if (tok[0].rfind("GPU", 0) != 0 || tok[0].size() < 4 || !std::isdigit(static_cast<unsigned char>(tok[0][3]))) continue;
+    if (tok[0].rfind("GPU", 0) != 0 || tok[0].size() < 4 || !std::isdigit(static_cast<unsigned char>(tok[0][3])))
+      continue;
     const int row = std::atoi(tok[0].c_str() + 3);
     if (row >= gpus) continue;
     for (std::size_t c = 0; c < columns.size() && c + 1 < tok.size(); ++c) {

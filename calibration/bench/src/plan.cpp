@@ -17,11 +17,11 @@ constexpr double kGiB = 1024.0 * kMiB;
 
 // Caps that keep one point affordable in the time budget (a run of at most a few milliseconds at
 // the H100/H200 rates) and its buffers well inside 80 GB.
-constexpr double kMaxOperandBytes = kGiB;        // any one GEMM operand
-constexpr double kMaxGemmFlopsFull = 4.5e12;     // ~6 ms of bf16 at 750 TFLOP/s
+constexpr double kMaxOperandBytes = kGiB;     // any one GEMM operand
+constexpr double kMaxGemmFlopsFull = 4.5e12;  // ~6 ms of bf16 at 750 TFLOP/s
 constexpr double kMaxGemmFlopsQuick = 1.2e12;
 constexpr double kMaxGroupedWeightBytes = 2.0 * kGiB;
-constexpr double kMaxAttentionFlops = 4.0e11;    // forward FLOPs (backward is 2.5x)
+constexpr double kMaxAttentionFlops = 4.0e11;  // forward FLOPs (backward is 2.5x)
 constexpr double kMaxKvBytes = 4.0 * kGiB;
 
 // Deterministic uniform numbers in [0, 1): splitmix64. (std:: distributions are not specified
@@ -66,8 +66,8 @@ bool gemm_affordable(const Plan& p, std::int64_t m, std::int64_t n, std::int64_t
   const double flops = 2.0 * d(m) * d(n) * d(k);
   const double cap = p.full() ? kMaxGemmFlopsFull : kMaxGemmFlopsQuick;
   const double in = fp8 ? 1.0 : 2.0;
-  return flops <= (fp8 ? 2.0 * cap : cap) && d(m) * d(k) * in <= kMaxOperandBytes && d(k) * d(n) * in <= kMaxOperandBytes &&
-         d(m) * d(n) * 2.0 <= kMaxOperandBytes;
+  return flops <= (fp8 ? 2.0 * cap : cap) && d(m) * d(k) * in <= kMaxOperandBytes &&
+         d(k) * d(n) * in <= kMaxOperandBytes && d(m) * d(n) * 2.0 <= kMaxOperandBytes;
 }
 
 void add_gemm(Plan& p, bool fp8, std::int64_t m, std::int64_t n, std::int64_t k, int layout, bool held_out) {
@@ -86,16 +86,15 @@ void add_gemm(Plan& p, bool fp8, std::int64_t m, std::int64_t n, std::int64_t k,
 void plan_gemm(Plan& p, bool fp8) {
   // m covers decode-sized batches up to 32k tokens; (n, k) pairs cover attention projections,
   // dense FFNs and expert FFNs of the example scenarios and beyond (256 .. 16384).
-  const std::vector<std::int64_t> ms_full = fp8 ? std::vector<std::int64_t>{64, 320, 1024, 3072, 8192, 16384, 32768}
-                                                : std::vector<std::int64_t>{64, 128, 320, 512, 1024, 1792, 3072, 4096,
-                                                                            8192, 12288, 16384, 32768};
+  const std::vector<std::int64_t> ms_full =
+      fp8 ? std::vector<std::int64_t>{64, 320, 1024, 3072, 8192, 16384, 32768}
+          : std::vector<std::int64_t>{64, 128, 320, 512, 1024, 1792, 3072, 4096, 8192, 12288, 16384, 32768};
   const std::vector<std::int64_t> ms_quick =
       fp8 ? std::vector<std::int64_t>{320, 4096, 16384} : std::vector<std::int64_t>{64, 320, 1024, 4096, 16384};
-  const std::vector<NK> nk_full = fp8 ? std::vector<NK>{{512, 4096}, {1536, 7168}, {4096, 4096}, {8192, 2048},
-                                                        {12288, 6144}, {16384, 16384}}
-                                      : std::vector<NK>{{256, 1024},   {512, 4096},   {1024, 2048}, {1536, 7168},
-                                                        {2816, 1024},  {4096, 4096},  {5120, 12288}, {8192, 2048},
-                                                        {12288, 6144}, {16384, 16384}};
+  const std::vector<NK> nk_full =
+      fp8 ? std::vector<NK>{{512, 4096}, {1536, 7168}, {4096, 4096}, {8192, 2048}, {12288, 6144}, {16384, 16384}}
+          : std::vector<NK>{{256, 1024},  {512, 4096},   {1024, 3072}, {1536, 7168},  {2816, 1024},
+                            {4096, 4096}, {5120, 12288}, {8192, 2048}, {12288, 6144}, {16384, 16384}};
   const std::vector<NK> nk_quick =
       fp8 ? std::vector<NK>{{1536, 7168}, {4096, 4096}, {12288, 6144}}
           : std::vector<NK>{{512, 4096}, {1536, 7168}, {4096, 4096}, {8192, 2048}, {12288, 6144}};
@@ -149,16 +148,16 @@ void add_grouped(Plan& p, std::int64_t groups, std::int64_t per_expert, std::int
 }
 
 void plan_grouped(Plan& p) {
-  const std::vector<std::int64_t> groups = p.full() ? std::vector<std::int64_t>{8, 32, 64, 128}
-                                                    : std::vector<std::int64_t>{8, 64};
-  const std::vector<std::int64_t> per_expert = p.full() ? std::vector<std::int64_t>{64, 256, 1024, 4096}
-                                                        : std::vector<std::int64_t>{128, 1024};
+  const std::vector<std::int64_t> groups =
+      p.full() ? std::vector<std::int64_t>{8, 32, 64, 128} : std::vector<std::int64_t>{8, 64};
+  const std::vector<std::int64_t> per_expert =
+      p.full() ? std::vector<std::int64_t>{64, 256, 1024, 4096} : std::vector<std::int64_t>{128, 1024};
   const std::vector<NK> nks{{1408, 2048}, {4096, 1024}, {2048, 7168}};
   int i = 0;
   for (const auto g : groups) {
     for (const auto r : per_expert) {
       const NK nk = nks[static_cast<std::size_t>(i % 3)];
-      add_grouped(p, g, r, nk.n, nk.k, 1.0, false);                       // balanced routing
+      add_grouped(p, g, r, nk.n, nk.k, 1.0, false);                           // balanced routing
       add_grouped(p, g, r, nk.n, nk.k, (i / 3) % 2 == 0 ? 2.0 : 4.0, false);  // one hot expert
       ++i;
     }
@@ -194,8 +193,13 @@ void add_attention(Plan& p, bool backward, std::int64_t b, std::int64_t sq, std:
   PointSpec s;
   s.op = backward ? "attention_bwd" : "attention_fwd";
   s.family = backward ? "attention.bwd" : "attention.fwd";
-  s.params = {{"batch", d(b)}, {"seq_q", d(sq)},          {"seq_kv", d(skv)},          {"heads", d(h)},
-              {"head_dim_qk", d(dqk)}, {"head_dim_v", d(dv)}, {"causal", causal ? 1.0 : 0.0}};
+  s.params = {{"batch", d(b)},
+              {"seq_q", d(sq)},
+              {"seq_kv", d(skv)},
+              {"heads", d(h)},
+              {"head_dim_qk", d(dqk)},
+              {"head_dim_v", d(dv)},
+              {"causal", causal ? 1.0 : 0.0}};
   s.inputs = {d(b), d(sq), d(skv), d(h), d(h), d(dqk), d(dv), causal ? 1.0 : 0.0};
   // Model FLOPs (visible pairs only): forward 2 b h pairs (dqk + dv); backward 2 b h pairs (3 dqk + 2 dv).
   s.flops = backward ? 2.0 * d(b) * d(h) * pairs * d(3 * dqk + 2 * dv) : fwd_flops;
@@ -209,8 +213,8 @@ void plan_attention(Plan& p, bool backward) {
     std::int64_t h, dqk, dv;
   };
   const std::vector<Hd> hds{{16, 128, 128}, {32, 64, 64}, {8, 192, 128}, {24, 128, 128}};
-  const std::vector<std::int64_t> seqs = p.full() ? std::vector<std::int64_t>{512, 1024, 2048, 4096, 8192, 16384}
-                                                  : std::vector<std::int64_t>{1024, 4096};
+  const std::vector<std::int64_t> seqs =
+      p.full() ? std::vector<std::int64_t>{512, 1024, 2048, 4096, 8192, 16384} : std::vector<std::int64_t>{1024, 4096};
   int i = 0;
   for (const auto s : seqs) {
     for (const bool causal : {true, false}) {
@@ -226,8 +230,8 @@ void plan_attention(Plan& p, bool backward) {
     add_attention(p, backward, 16, 768, 768, 32, 96, 96, false);
   }
   if (!backward) {  // decode: one query against a KV cache (memory bound); no backward exists
-    const std::vector<std::int64_t> kv = p.full() ? std::vector<std::int64_t>{1024, 4096, 16384, 32768}
-                                                  : std::vector<std::int64_t>{4096, 32768};
+    const std::vector<std::int64_t> kv =
+        p.full() ? std::vector<std::int64_t>{1024, 4096, 16384, 32768} : std::vector<std::int64_t>{4096, 32768};
     for (const auto skv : kv) {
       for (const std::int64_t b : {8, 32}) add_attention(p, false, b, 1, skv, 32, 128, 128, true);
     }
@@ -249,12 +253,16 @@ void plan_elementwise(Plan& p) {
   };
   // add: read a, b, write out (3 x 2 B); swiglu: read gate and up, write y (3 x 2 B); swiglu_bwd:
   // read dy and x [2 per element], write dx [2 per element] (5 x 2 B); copy: read + write (2 x 2 B).
-  const std::vector<K> kernels = p.full() ? std::vector<K>{{"elementwise_add", 6}, {"elementwise_swiglu", 6},
-                                                           {"elementwise_swiglu_bwd", 10}, {"elementwise_copy", 4}}
+  const std::vector<K> kernels = p.full() ? std::vector<K>{{"elementwise_add", 6},
+                                                           {"elementwise_swiglu", 6},
+                                                           {"elementwise_swiglu_bwd", 10},
+                                                           {"elementwise_copy", 4}}
                                           : std::vector<K>{{"elementwise_add", 6}, {"elementwise_swiglu_bwd", 10}};
   for (const auto& kern : kernels) {
     for (const double target : sizes(64 * kKiB, kGiB, p.full() ? 4.0 : 16.0)) {
-      const auto e = std::max<std::int64_t>(256, static_cast<std::int64_t>(target / kern.bytes_per_element) / 256 * 256);
+      // A multiple of 64 elements plus 40: off the round sizes model dimensions make (a test checks
+      // that no validation scenario's exact size is measured).
+      const auto e = static_cast<std::int64_t>(target / kern.bytes_per_element) / 64 * 64 + 40;
       PointSpec s;
       s.op = kern.op;
       s.family = "elementwise";
@@ -267,10 +275,10 @@ void plan_elementwise(Plan& p) {
 }
 
 void plan_norm(Plan& p) {
-  const std::vector<std::int64_t> hidden{2048, 4096, 7168, 12288};
+  const std::vector<std::int64_t> hidden{2560, 3584, 5120, 7168};
   int i = 0;
   for (const bool backward : {false, true}) {
-    for (const double target : sizes(64 * kKiB, kGiB, p.full() ? 4.0 : 16.0)) {
+    for (const double target : sizes(72 * kKiB, 1.1 * kGiB, p.full() ? 4.0 : 16.0)) {
       const std::int64_t h = hidden[static_cast<std::size_t>(i++ % 4)];
       // RMSNorm forward reads x and writes y (2 x 2 B per element); backward reads x and dy and
       // writes dx (3 x 2 B): the StepGraph's norm bytes.
@@ -300,7 +308,8 @@ void plan_copies(Plan& p) {
                               {"copy_d2h_pageable", "copy.d2h_pageable", pageable_max},
                               {"copy_d2d", "copy.d2d", kGiB}};
   for (const auto& c : copies) {
-    for (const double bytes : sizes(4 * kKiB, c.max_bytes, p.full() ? 4.0 : 8.0)) {
+    for (const double pow2 : sizes(4 * kKiB, c.max_bytes, p.full() ? 4.0 : 8.0)) {
+      const double bytes = pow2 + 512;  // off the powers of two (no validation scenario's exact size)
       PointSpec s;
       s.op = c.op;
       s.family = c.family;
@@ -311,7 +320,8 @@ void plan_copies(Plan& p) {
     }
   }
   if (p.full()) {  // disk tier: O_DIRECT file reads into pinned memory (slow: full mode only)
-    for (const double bytes : sizes(kMiB, 64 * kMiB, 4.0)) {
+    for (const double pow2 : sizes(kMiB, 64 * kMiB, 4.0)) {
+      const double bytes = pow2 + 4096;  // O_DIRECT needs 4 KiB multiples
       PointSpec s;
       s.op = "copy_disk_read";
       s.family = "copy.disk_read";
@@ -347,15 +357,19 @@ void add_collective(Plan& p, const std::string& op, int n, double requested, boo
 }
 
 void plan_collectives(Plan& p) {
+  // 1 KiB to 1 GiB by factors of 2 (quick: 4), each size a power of two plus 7 bf16 elements per
+  // member: model dimensions make power-of-two message sizes, and the calibration must not measure
+  // a validation scenario's exact size (a test checks). Held-out sizes sit between grid sizes (3 x 2^i).
   const std::vector<double> grid = sizes(kKiB, kGiB, p.full() ? 2.0 : 4.0);
-  // Held-out sizes sit between grid sizes (3 x 2^i), per kind and group size.
-  const std::vector<double> held = p.full() ? std::vector<double>{3 * kKiB, 48 * kKiB, 768 * kKiB, 12 * kMiB, 192 * kMiB}
-                                            : std::vector<double>{48 * kKiB, 12 * kMiB};
+  const std::vector<double> held = p.full()
+                                       ? std::vector<double>{3 * kKiB, 48 * kKiB, 768 * kKiB, 12 * kMiB, 192 * kMiB}
+                                       : std::vector<double>{48 * kKiB, 12 * kMiB};
   for (int n = 2; n <= p.opt.gpus; ++n) {
     for (const auto& op : collective_ops()) {
       if (op == "send_recv" && n != 2) continue;  // point-to-point: one pair, group size 2
-      for (const double s : grid) add_collective(p, op, n, s, false);
-      for (const double s : held) add_collective(p, op, n, s, true);
+      const double off = 14.0 * n;
+      for (const double s : grid) add_collective(p, op, n, s + off, false);
+      for (const double s : held) add_collective(p, op, n, s + off, true);
     }
   }
 }
@@ -376,15 +390,15 @@ void plan_concurrency(Plan& p) {
   struct G {
     std::int64_t m, n, k;
   };
-  const std::vector<G> gemms = p.full() ? std::vector<G>{{128, 1024, 1024}, {256, 2048, 1024}, {512, 1024, 2048},
-                                                         {1024, 2048, 2048}}
-                                        : std::vector<G>{{256, 2048, 1024}, {1024, 2048, 2048}};
+  const std::vector<G> gemms =
+      p.full() ? std::vector<G>{{128, 1024, 1024}, {256, 2048, 1024}, {512, 1024, 2048}, {1024, 2048, 2048}}
+               : std::vector<G>{{256, 2048, 1024}, {1024, 2048, 2048}};
   for (const auto& g : gemms) {
     for (const int streams : {2, 4, 8}) {
       PointSpec s;
       s.op = "concurrency_gemm";
       s.family = "concurrency";
-      s.params = {{"streams", streams}, {"m", d(g.m)}, {"n", d(g.n)}, {"k", d(g.k)}};
+      s.params = {{"streams", static_cast<double>(streams)}, {"m", d(g.m)}, {"n", d(g.n)}, {"k", d(g.k)}};
       s.inputs = {static_cast<double>(streams), 0.0, 0.0};  // sm_fraction and serial_s: filled by the runner
       s.flops = 2.0 * d(g.m) * d(g.n) * d(g.k) * streams;
       p.points.push_back(std::move(s));
@@ -403,7 +417,9 @@ double PointSpec::param(std::string_view key) const {
   throw std::logic_error("calibration point " + op + " has no parameter '" + std::string(key) + "'");
 }
 
-std::int64_t PointSpec::iparam(std::string_view key) const { return static_cast<std::int64_t>(std::llround(param(key))); }
+std::int64_t PointSpec::iparam(std::string_view key) const {
+  return static_cast<std::int64_t>(std::llround(param(key)));
+}
 
 std::string PointSpec::label() const {
   std::string s = op;
@@ -428,15 +444,19 @@ const std::vector<OpInfo>& op_table() {
         {"gemm_fp8", "gemm", "gemm.fp8", "CublasLt::gemm, e4m3 inputs, bf16 output, forward (TN) layout",
          "FLOPs 2 m n k; bytes (m k + k n) 1 + m n 2"},
         {"grouped_gemm_bf16", "grouped", "grouped_gemm.bf16",
-         "GroupedGemm (OpRunnerConfig's default implementation) over expert_rows(total, groups, max_rows), forward layout",
+         "GroupedGemm (OpRunnerConfig's default implementation) over expert_rows(total, groups, max_rows), forward "
+         "layout",
          "FLOPs 2 R n k (R = total rows); bytes (R k + groups k n) 2 + R n 2"},
-        {"attention_fwd", "attention", "attention.fwd", "Attention::forward (unfused: cuBLASLt batched GEMMs + masked softmax)",
+        {"attention_fwd", "attention", "attention.fwd",
+         "Attention::forward (unfused: cuBLASLt batched GEMMs + masked softmax)",
          "FLOPs 2 b h pairs (dqk + dv), pairs = visible (query, key) pairs; decode rows report KV bytes / time"},
         {"attention_bwd", "attention", "attention.bwd", "Attention::backward after one forward",
          "FLOPs 2 b h pairs (3 dqk + 2 dv)"},
         {"elementwise_add", "memory", "elementwise", "backend::add (residual add)", "bytes 3 x 2 per element"},
-        {"elementwise_swiglu", "memory", "elementwise", "backend::swiglu_fwd (1 row of e)", "bytes 3 x 2 per output element"},
-        {"elementwise_swiglu_bwd", "memory", "elementwise", "backend::swiglu_bwd (1 row of e)", "bytes 5 x 2 per output element"},
+        {"elementwise_swiglu", "memory", "elementwise", "backend::swiglu_fwd (1 row of e)",
+         "bytes 3 x 2 per output element"},
+        {"elementwise_swiglu_bwd", "memory", "elementwise", "backend::swiglu_bwd (1 row of e)",
+         "bytes 5 x 2 per output element"},
         {"elementwise_copy", "memory", "elementwise", "backend::copy_d2d of e bf16 elements (KV-cache append)",
          "bytes 2 x 2 per element"},
         {"norm_rmsnorm_fwd", "memory", "norm", "backend::rmsnorm_fwd", "bytes 2 x 2 x rows x hidden"},
@@ -451,17 +471,19 @@ const std::vector<OpInfo>& op_table() {
     };
     for (const auto& c : collective_ops()) {
       t.push_back({c, "collective", "collective." + c + ".nvlink",
-                   c == "send_recv" ? "backend::send on member 0, backend::recv on member 1 (one message)"
-                                    : "backend::" + c + " (NCCL, bf16) with OpRunner's size -> count mapping, one thread per GPU",
+                   c == "send_recv"
+                       ? "backend::send on member 0, backend::recv on member 1 (one message)"
+                       : "backend::" + c + " (NCCL, bf16) with OpRunner's size -> count mapping, one thread per GPU",
                    "algbw = size / time; busbw = algbw x " +
-                       std::string(c == "all_reduce"                                    ? "2(n-1)/n"
-                                   : c == "broadcast" || c == "send_recv"               ? "1"
-                                                                                        : "(n-1)/n") +
+                       std::string(c == "all_reduce"                      ? "2(n-1)/n"
+                                   : c == "broadcast" || c == "send_recv" ? "1"
+                                                                          : "(n-1)/n") +
                        " (nccl-tests)"});
     }
     for (const char* h : {"kernel_launch", "event_record", "stream_sync", "gpu_read", "graph_launch", "graph_node",
                           "collective_launch"}) {
-      t.push_back({std::string("host_") + h, "host", std::string("host.") + h, "see docs/calibration.md", "seconds per call"});
+      t.push_back(
+          {std::string("host_") + h, "host", std::string("host.") + h, "see docs/calibration.md", "seconds per call"});
     }
     t.push_back({"concurrency_gemm", "concurrency", "concurrency",
                  "the same small GEMM on n streams at once (one CublasLt per stream) vs n times on one stream",
@@ -479,14 +501,14 @@ const OpInfo* find_op(std::string_view name) {
 }
 
 const std::vector<std::string>& op_groups() {
-  static const std::vector<std::string> groups{"gemm", "grouped", "attention", "memory", "copy", "collective", "host",
-                                               "concurrency"};
+  static const std::vector<std::string> groups{"gemm", "grouped",    "attention", "memory",
+                                               "copy", "collective", "host",      "concurrency"};
   return groups;
 }
 
 const std::vector<std::string>& collective_ops() {
-  static const std::vector<std::string> ops{"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
-                                            "send_recv"};
+  static const std::vector<std::string> ops{"all_reduce", "all_gather", "reduce_scatter",
+                                            "all_to_all", "broadcast",  "send_recv"};
   return ops;
 }
 
@@ -510,7 +532,8 @@ double bus_bandwidth(std::string_view op, int n, double size_bytes, double secon
 
 double gemm_sm_fraction(std::int64_t m, std::int64_t n, int sm_count) {
   if (sm_count <= 0) return 1.0;
-  const double tiles = std::ceil(d(std::max<std::int64_t>(m, 1)) / 128.0) * std::ceil(d(std::max<std::int64_t>(n, 1)) / 128.0);
+  const double tiles =
+      std::ceil(d(std::max<std::int64_t>(m, 1)) / 128.0) * std::ceil(d(std::max<std::int64_t>(n, 1)) / 128.0);
   return std::min(1.0, tiles / sm_count);
 }
 

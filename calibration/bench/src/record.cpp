@@ -12,9 +12,12 @@ namespace threewalls::calibration::bench {
 
 const char* to_string(Status s) {
   switch (s) {
-    case Status::ok: return "ok";
-    case Status::error: return "error";
-    case Status::skipped: return "skipped";
+    case Status::ok:
+      return "ok";
+    case Status::error:
+      return "error";
+    case Status::skipped:
+      return "skipped";
   }
   return "?";
 }
@@ -139,9 +142,7 @@ class LineReader {
     if (!v.is_string()) fail(key, "must be a string");
     return v.get<std::string>();
   }
-  std::string str_or(const std::string& key, const std::string& def) const {
-    return j_.contains(key) ? str(key) : def;
-  }
+  std::string str_or(const std::string& key, const std::string& def) const { return j_.contains(key) ? str(key) : def; }
   double num(const std::string& key) const {
     const Json& v = need(key);
     if (!v.is_number()) fail(key, "must be a number");
@@ -223,7 +224,8 @@ Status status_from(const LineReader& r) {
 }  // namespace
 
 RawFile read_raw(const std::filesystem::path& path) {
-  if (!std::filesystem::exists(path)) throw InputError(path.string() + ": no such file (expected a calibrate --raw-out points.jsonl)");
+  if (!std::filesystem::exists(path))
+    throw InputError(path.string() + ": no such file (expected a calibrate --raw-out points.jsonl)");
   RawFile out;
   bool have_header = false;
   read_jsonl(path, [&](Json&& j, std::size_t line) {
@@ -287,7 +289,8 @@ RawFile read_raw(const std::filesystem::path& path) {
     }
     out.records.push_back(std::move(rec));
   });
-  if (!have_header) throw InputError(path.string() + ": empty file (expected a header line, then one record per point)");
+  if (!have_header)
+    throw InputError(path.string() + ": empty file (expected a header line, then one record per point)");
   return out;
 }
 

@@ -25,9 +25,9 @@ std::string pct(double v) {
   return b;
 }
 
-std::string fmt(const char* f, double v) {
+std::string fixed(double v, int digits) {
   char b[64];
-  std::snprintf(b, sizeof b, f, v);
+  std::snprintf(b, sizeof b, "%.*f", digits, v);
   return b;
 }
 
@@ -46,7 +46,8 @@ std::vector<std::string> dependencies(const std::string& family) {
   if (starts_with(family, "gemm.") || starts_with(family, "grouped_gemm.") || starts_with(family, "attention.")) {
     deps.push_back("copy.d2d");
   }
-  if (starts_with(family, "grouped_gemm.")) deps.push_back("gemm." + family.substr(std::string("grouped_gemm.").size()));
+  if (starts_with(family, "grouped_gemm."))
+    deps.push_back("gemm." + family.substr(std::string("grouped_gemm.").size()));
   return deps;
 }
 
@@ -125,11 +126,14 @@ Ref reference_for(const std::string& kind) {
 
 std::string why_not_measured(const std::string& family) {
   if (family == "host.framework_op") return "an eager framework's per-op dispatch (PyTorch) is not run by threewalls";
-  if (starts_with(family, "collective.") && family.size() > 8 && family.compare(family.size() - 8, 8, ".network") == 0) {
+  if (starts_with(family, "collective.") && family.size() > 8 &&
+      family.compare(family.size() - 8, 8, ".network") == 0) {
     return "network-scope collectives need more than one node";
   }
-  if (family == "grouped_gemm.fp8") return "the backend has no fp8 grouped GEMM (an fp8 grouped op is an error in threewalls run)";
-  if (starts_with(family, "gemm.fp32") || starts_with(family, "grouped_gemm.fp32")) return "the backend runs no fp32 GEMMs";
+  if (family == "grouped_gemm.fp8")
+    return "the backend has no fp8 grouped GEMM (an fp8 grouped op is an error in threewalls run)";
+  if (starts_with(family, "gemm.fp32") || starts_with(family, "grouped_gemm.fp32"))
+    return "the backend runs no fp32 GEMMs";
   return "not measured in this calibration run (see the raw output for errors or skipped points)";
 }
 
@@ -169,7 +173,7 @@ std::vector<PeakFigure> peak_figures(const std::vector<Record>& records, const s
   }
   if (const Record* r = largest("copy_d2d")) {
     out.push_back({"HBM copy (read + write)", "TB/s", 2.0 * r->point.bytes / r->median_s() / 1e12, r->point.label(),
-                   ref.hbm_tb_per_s, refs(ref.hbm_tb_per_s, fmt("%.1f", ref.hbm_tb_per_s))});
+                   ref.hbm_tb_per_s, refs(ref.hbm_tb_per_s, fixed(ref.hbm_tb_per_s, 1))});
   }
   for (const char* op : {"copy_h2d_pinned", "copy_d2h_pinned", "copy_h2d_pageable", "copy_d2h_pageable"}) {
     if (const Record* r = largest(op)) {
@@ -177,7 +181,7 @@ std::vector<PeakFigure> peak_figures(const std::vector<Record>& records, const s
       const bool h2d = std::string(op).find("h2d") != std::string::npos;
       const double rv = pinned ? ref.pinned_gb_per_s : (h2d ? ref.pageable_h2d_gb_per_s : 0.0);
       out.push_back({std::string(h2d ? "H2D " : "D2H ") + (pinned ? "pinned" : "pageable") + ", largest size", "GB/s",
-                     r->point.bytes / r->median_s() / 1e9, r->point.label(), rv, refs(rv, fmt("%.0f", rv))});
+                     r->point.bytes / r->median_s() / 1e9, r->point.label(), rv, refs(rv, fixed(rv, 0))});
     }
   }
   // NCCL bus bandwidth at 1 GiB (the grid point nearest to it) per collective and group size.
@@ -194,7 +198,7 @@ std::vector<PeakFigure> peak_figures(const std::vector<Record>& records, const s
     const double rv = it == ref.busbw.end() ? 0.0 : it->second;
     out.push_back({"NCCL " + key.first + " busbw at 1 GiB, " + std::to_string(key.second) + " GPUs", "GB/s",
                    bus_bandwidth(key.first, key.second, r->point.bytes, r->median_s()) / 1e9, r->point.label(), rv,
-                   refs(rv, fmt("%.0f", rv))});
+                   refs(rv, fixed(rv, 0))});
   }
   return out;
 }
@@ -236,8 +240,10 @@ CalibrationReport build_report(const std::vector<Record>& records, const BuildOp
     std::vector<std::string> order = families;
     std::stable_sort(order.begin(), order.end(), [](const std::string& a, const std::string& b) {
       auto stage = [](const std::string& f) {
-        return starts_with(f, "copy.") || f == "elementwise" || f == "norm" ? 0 : starts_with(f, "gemm.") ? 1
-                                                                               : starts_with(f, "grouped_gemm.") ? 2 : 3;
+        return starts_with(f, "copy.") || f == "elementwise" || f == "norm" ? 0
+               : starts_with(f, "gemm.")                                    ? 1
+               : starts_with(f, "grouped_gemm.")                            ? 2
+                                                                            : 3;
       };
       return stage(a) < stage(b);
     });
@@ -280,13 +286,15 @@ CalibrationReport build_report(const std::vector<Record>& records, const BuildOp
       fr.held_out_max = e.max;
     }
     const auto& recs = fit.at(f.name);
-    std::string note = "measured by threewalls calibrate (" + options.mode + ") on " + options.hardware.gpu_name + ", " +
-                       options.hardware.date + ": " + std::to_string(recs.size()) + " points (" + ops_of(recs) + ")";
+    std::string note = "measured by threewalls calibrate (" + options.mode + ") on " + options.hardware.gpu_name +
+                       ", " + options.hardware.date + ": " + std::to_string(recs.size()) + " points (" + ops_of(recs) +
+                       ")";
     if (fr.held_out_points > 0) {
       note += "; " + std::to_string(fr.held_out_points) + " held-out points, not fitted, predicted with median error " +
               pct(fr.held_out_median) + ", max " + pct(fr.held_out_max);
     }
-    if (fr.failed_points > 0) note += "; " + std::to_string(fr.failed_points) + " points failed or skipped (raw output)";
+    if (fr.failed_points > 0)
+      note += "; " + std::to_string(fr.failed_points) + " points failed or skipped (raw output)";
     f.note = note;
     rep.families.push_back(fr);
   }
@@ -295,8 +303,8 @@ CalibrationReport build_report(const std::vector<Record>& records, const BuildOp
     for (const auto& f : options.fill_from->families()) {
       if (built->find(f.name)) continue;
       Family c = f;
-      const std::string why = dropped.count(f.name) ? "its points could not be fitted: " + dropped.at(f.name)
-                                                    : why_not_measured(f.name);
+      const std::string why =
+          dropped.count(f.name) ? "its points could not be fitted: " + dropped.at(f.name) : why_not_measured(f.name);
       c.note = "NOT MEASURED on this machine (" + why + "): copied from " + options.fill_from->id() +
                (c.note.empty() ? "" : ". Its note: " + c.note);
       FamilyReport fr;
@@ -328,8 +336,8 @@ CalibrationReport build_report(const std::vector<Record>& records, const BuildOp
 std::string summary_text(const CalibrationReport& rep) {
   std::string s;
   char line[512];
-  std::snprintf(line, sizeof line, "calibration: %zu points: %zu ok, %zu failed, %zu skipped; profile %s\n\n", rep.records,
-                rep.ok, rep.errors, rep.skipped, rep.profile.id().c_str());
+  std::snprintf(line, sizeof line, "calibration: %zu points: %zu ok, %zu failed, %zu skipped; profile %s\n\n",
+                rep.records, rep.ok, rep.errors, rep.skipped, rep.profile.id().c_str());
   s += line;
   std::snprintf(line, sizeof line, "%-32s %6s %5s  %-15s  %-15s  %-15s\n", "family", "fit", "held", "fit err med/max",
                 "LOO med/max", "held-out med/max");
@@ -356,8 +364,9 @@ std::string summary_text(const CalibrationReport& rep) {
   for (const auto& p : rep.peaks) {
     std::snprintf(line, sizeof line, "%-44s %8.1f %-4s %-34s %s\n", p.what.c_str(), p.measured, p.unit.c_str(),
                   p.reference_text.c_str(),
-                  p.reference > 0.0 ? (fmt("%.3f", p.ratio()) + (p.ratio() >= 0.95 ? " (within 5%)" : " (below 95%)")).c_str()
-                                    : "-");
+                  p.reference > 0.0
+                      ? (fixed(p.ratio(), 3) + (p.ratio() >= 0.95 ? " (within 5%)" : " (below 95%)")).c_str()
+                      : "-");
     s += line;
   }
   return s;
@@ -388,8 +397,12 @@ OrderedJson summary_json(const CalibrationReport& rep) {
   j["families"] = fams;
   OrderedJson peaks = OrderedJson::array();
   for (const auto& p : rep.peaks) {
-    peaks.push_back({{"what", p.what}, {"unit", p.unit}, {"measured", p.measured}, {"at", p.at},
-                     {"reference", num(p.reference > 0 ? p.reference : std::nan(""))}, {"reference_text", p.reference_text},
+    peaks.push_back({{"what", p.what},
+                     {"unit", p.unit},
+                     {"measured", p.measured},
+                     {"at", p.at},
+                     {"reference", num(p.reference > 0 ? p.reference : std::nan(""))},
+                     {"reference_text", p.reference_text},
                      {"ratio", num(p.reference > 0 ? p.ratio() : std::nan(""))}});
   }
   j["peaks"] = peaks;

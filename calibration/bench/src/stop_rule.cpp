@@ -8,10 +8,14 @@ namespace threewalls::calibration::bench {
 
 const char* to_string(StopReason r) {
   switch (r) {
-    case StopReason::keep_going: return "keep_going";
-    case StopReason::converged: return "converged";
-    case StopReason::time_bound: return "time_bound";
-    case StopReason::max_samples: return "max_samples";
+    case StopReason::keep_going:
+      return "keep_going";
+    case StopReason::converged:
+      return "converged";
+    case StopReason::time_bound:
+      return "time_bound";
+    case StopReason::max_samples:
+      return "max_samples";
   }
   return "?";
 }

@@ -21,7 +21,8 @@ class Budget {
     double share = 1.0;
     int points = 0;
   };
-  Budget(double total_s, std::vector<Section> sections, double min_point_s, double max_point_s, double hard_factor = 1.15);
+  Budget(double total_s, std::vector<Section> sections, double min_point_s, double max_point_s,
+         double hard_factor = 1.15);
 
   // Starts a section (sections may be begun in any order, each once; an unknown name is a logic error).
   void begin(const std::string& section);

@@ -20,7 +20,7 @@ namespace threewalls::calibration::bench {
 
 struct MachineIdentity {
   Hardware hardware;
-  std::string topology_text;   // raw `nvidia-smi topo -m` output, or why there is none
+  std::string topology_text;  // raw `nvidia-smi topo -m` output, or why there is none
   int gpus_available = 0;
 };
 

@@ -33,15 +33,15 @@ struct Param {
 };
 
 struct PointSpec {
-  std::string op;               // name of an op of op_table()
-  std::string family;           // calibration profile family the point feeds ("gemm.bf16")
-  std::vector<Param> params;    // the op's parameters, in the op's order
-  std::vector<double> inputs;   // the family's point inputs (FamilySpec::inputs order); a runner
-                                // may complete them (concurrency: the measured serial time)
-  bool held_out = false;        // measured, never fitted (scores the fit on unseen shapes)
-  int group_size = 1;           // GPUs taking part (collectives); 1 for single-GPU ops
-  double flops = 0.0;           // FLOPs of one run (0 for ops that are not compute)
-  double bytes = 0.0;           // bytes of one run: see OpInfo::definition
+  std::string op;              // name of an op of op_table()
+  std::string family;          // calibration profile family the point feeds ("gemm.bf16")
+  std::vector<Param> params;   // the op's parameters, in the op's order
+  std::vector<double> inputs;  // the family's point inputs (FamilySpec::inputs order); a runner
+                               // may complete them (concurrency: the measured serial time)
+  bool held_out = false;       // measured, never fitted (scores the fit on unseen shapes)
+  int group_size = 1;          // GPUs taking part (collectives); 1 for single-GPU ops
+  double flops = 0.0;          // FLOPs of one run (0 for ops that are not compute)
+  double bytes = 0.0;          // bytes of one run: see OpInfo::definition
 
   // Value of parameter `key`; throws std::logic_error when the point has none (a plan bug).
   [[nodiscard]] double param(std::string_view key) const;
@@ -65,8 +65,8 @@ const std::vector<std::string>& op_groups();
 
 struct PlanOptions {
   Mode mode = Mode::full;
-  int gpus = 1;                    // GPUs used (collectives run on every group size 2..gpus)
-  std::set<std::string> only;      // op groups to run; empty: all
+  int gpus = 1;                // GPUs used (collectives run on every group size 2..gpus)
+  std::set<std::string> only;  // op groups to run; empty: all
 };
 
 // Every point to measure, in execution order (ops grouped so that one setup serves many points;
@@ -86,7 +86,7 @@ inline constexpr int kLayoutWgrad = 2;
 //   all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast, send_recv 1.
 const std::vector<std::string>& collective_ops();
 double bus_bandwidth_factor(std::string_view collective_op, int group_size);
-double algorithm_bandwidth(double size_bytes, double seconds);   // bytes / s
+double algorithm_bandwidth(double size_bytes, double seconds);  // bytes / s
 double bus_bandwidth(std::string_view collective_op, int group_size, double size_bytes, double seconds);
 
 // Fraction of the SMs a GEMM of m x n occupies with 128 x 128 tiles (what sim/ uses for stream

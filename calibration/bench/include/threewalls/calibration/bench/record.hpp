@@ -22,14 +22,14 @@ const char* to_string(Status s);
 struct Record {
   PointSpec point;
   Status status = Status::ok;
-  std::string error;               // why, when status != ok
-  std::vector<double> samples_s;   // seconds per run; each sample is the mean over `reps` runs
-  int reps = 1;                    // back-to-back runs per sample
-  std::string stop;                // StopReason of the stop rule
-  double rel_ci = 0.0;             // CI half-width of the median, relative (stop_rule.hpp)
-  double wall_s = 0.0;             // wall time spent on the point (warm-up, samples, check)
-  std::string check;               // what the correctness check found ("passed: ...")
-  std::vector<Param> metrics;      // derived rates: tflop_per_s, gb_per_s, algbw_gb_per_s, busbw_gb_per_s, ...
+  std::string error;              // why, when status != ok
+  std::vector<double> samples_s;  // seconds per run; each sample is the mean over `reps` runs
+  int reps = 1;                   // back-to-back runs per sample
+  std::string stop;               // StopReason of the stop rule
+  double rel_ci = 0.0;            // CI half-width of the median, relative (stop_rule.hpp)
+  double wall_s = 0.0;            // wall time spent on the point (warm-up, samples, check)
+  std::string check;              // what the correctness check found ("passed: ...")
+  std::vector<Param> metrics;     // derived rates: tflop_per_s, gb_per_s, algbw_gb_per_s, busbw_gb_per_s, ...
 
   // Median / p10 / p90 of the samples with the raw samples (Measurement::from_samples).
   [[nodiscard]] Measurement measurement() const;
@@ -45,11 +45,11 @@ std::vector<Param> derived_metrics(const PointSpec& p, double median_s);
 struct RawHeader {
   std::string tool_version;
   std::string git_sha;
-  std::string mode;        // "quick" / "full"
-  std::string started;     // ISO 8601 UTC
+  std::string mode;     // "quick" / "full"
+  std::string started;  // ISO 8601 UTC
   std::vector<std::string> argv;
   Hardware hardware;
-  std::string topology;    // raw `nvidia-smi topo -m` text (or why it is missing)
+  std::string topology;  // raw `nvidia-smi topo -m` text (or why it is missing)
   int gpus_used = 1;
 };
 

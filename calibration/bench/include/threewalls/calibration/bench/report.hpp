@@ -20,37 +20,37 @@
 namespace threewalls::calibration::bench {
 
 struct BuildOptions {
-  ProfileInfo info;                     // source should be "measured"
+  ProfileInfo info;  // source should be "measured"
   Hardware hardware;
-  std::string mode;                     // "quick" / "full", for the notes
-  std::optional<Profile> fill_from;     // families not measured here are copied from it
+  std::string mode;                  // "quick" / "full", for the notes
+  std::optional<Profile> fill_from;  // families not measured here are copied from it
 };
 
 struct FamilyReport {
   std::string name;
-  bool measured = true;                 // false: copied from BuildOptions::fill_from
-  std::string why;                      // dropped or copied: the reason
+  bool measured = true;  // false: copied from BuildOptions::fill_from
+  std::string why;       // dropped or copied: the reason
   std::size_t fit_points = 0;
-  std::size_t held_out_points = 0;      // usable held-out points predicted
-  std::size_t failed_points = 0;        // error or skipped records of the family
+  std::size_t held_out_points = 0;  // usable held-out points predicted
+  std::size_t failed_points = 0;    // error or skipped records of the family
   FitQuality quality;
   double held_out_median = std::numeric_limits<double>::quiet_NaN();
   double held_out_max = std::numeric_limits<double>::quiet_NaN();
 };
 
 struct PeakFigure {
-  std::string what;          // "bf16 GEMM, best grid point"
-  std::string unit;          // "TFLOP/s"
-  double measured = 0.0;     // in `unit`
-  std::string at;            // the point that reached it
-  double reference = 0.0;    // best DESIGN.md §4 value for the kind, in `unit`; 0 when none
+  std::string what;            // "bf16 GEMM, best grid point"
+  std::string unit;            // "TFLOP/s"
+  double measured = 0.0;       // in `unit`
+  std::string at;              // the point that reached it
+  double reference = 0.0;      // best DESIGN.md §4 value for the kind, in `unit`; 0 when none
   std::string reference_text;  // "670-740 (DESIGN.md §4, H100)" or "none in DESIGN.md §4"
   [[nodiscard]] double ratio() const { return reference > 0.0 ? measured / reference : 0.0; }
 };
 
 struct CalibrationReport {
   Profile profile;
-  std::vector<FamilyReport> families;   // measured, then copied, then dropped (measured = false, why set)
+  std::vector<FamilyReport> families;  // measured, then copied, then dropped (measured = false, why set)
   std::vector<PeakFigure> peaks;
   std::size_t records = 0, ok = 0, errors = 0, skipped = 0;
 };

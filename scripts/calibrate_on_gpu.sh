@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Calibration on a GPU machine from binaries built elsewhere (docs/calibration.md, "Running a calibration").
+#
+#   scripts/calibrate_on_gpu.sh pack BUILD_DIR CARRY_DIR
+#       Copies threewalls and calibration_bench_gpu_tests from BUILD_DIR into CARRY_DIR, with the shared
+#       libraries they need that a bare GPU machine may lack (everything `ldd` resolves outside the CUDA
+#       toolkit, the driver and glibc) in CARRY_DIR/lib. Run on the build machine.
+#   scripts/calibrate_on_gpu.sh run CARRY_DIR OUT_DIR [threewalls calibrate options...]
+#       On the GPU machine, from the repository root: records the environment (date, nvidia-smi, topology)
+#       in OUT_DIR/env.txt, runs the GPU tests of the driver (OUT_DIR/gpu_tests.txt), then
+#       `threewalls calibrate --out OUT_DIR/<kind>.toml --raw-out OUT_DIR/raw <options>` (OUT_DIR/calibrate.txt).
+#       The lead copies OUT_DIR/<kind>.toml to calibration/profiles/<kind>.toml and the outputs to
+#       docs/validation/calibration_<kind>_<date>.md.
+# Environment: CALIBRATE_TIMEOUT (seconds, default 420), TESTS_TIMEOUT (default 150).
+set -u
+mode=${1:?"usage: $0 pack BUILD_DIR CARRY_DIR | run CARRY_DIR OUT_DIR [options]"}
+shift
+
+if [ "$mode" = pack ]; then
+  build=${1:?BUILD_DIR}
+  carry=${2:?CARRY_DIR}
+  mkdir -p "$carry/lib"
+  for b in cli/threewalls tests/calibration/calibration_bench_gpu_tests; do
+    [ -x "$build/$b" ] || { echo "missing $build/$b (build targets threewalls and calibration_bench_gpu_tests)"; exit 2; }
+    cp "$build/$b" "$carry/"
+    strip --strip-debug "$carry/$(basename "$b")"
+    ldd "$build/$b" | awk '/=> \// {print $3}' | while read -r lib; do
+      case "$lib" in
+        /usr/local/cuda*|*/libcuda.so*|*/libnvidia*|*/libc.so*|*/libm.so*|*/libpthread*|*/libdl.so*|*/librt.so*|*/ld-linux*) ;;
+        *) cp -L "$lib" "$carry/lib/" ;;
+      esac
+    done
+  done
+  du -sh "$carry"
+  exit 0
+fi
+
+[ "$mode" = run ] || { echo "unknown mode '$mode': use pack or run"; exit 2; }
+carry=${1:?CARRY_DIR}
+out=${2:?OUT_DIR}
+shift 2
+export NCCL_NVLS_ENABLE=0   # NVLink multicast off (see the device notes); recorded in env.txt
+export LD_LIBRARY_PATH="$carry/lib:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+export THREEWALLS_SOURCE_DIR="$PWD"
+mkdir -p "$out"
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "host: $(hostname)"
+  echo "NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE"
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.max.mem --format=csv 2>&1
+  nvidia-smi topo -m 2>&1
+  ldd "$carry/threewalls" | grep -E "not found|cublas|nccl|cudart|toml|simgrid"
+} > "$out/env.txt" 2>&1
+cat "$out/env.txt"
+if [ -x "$carry/calibration_bench_gpu_tests" ]; then
+  timeout "${TESTS_TIMEOUT:-150}" "$carry/calibration_bench_gpu_tests" > "$out/gpu_tests.txt" 2>&1
+  echo "calibration_bench_gpu_tests rc=$?" | tee -a "$out/gpu_tests.txt"
+  grep -E "^\[  (FAILED|PASSED|SKIPPED|  OK) |Failure|Expected|Which is|: error" "$out/gpu_tests.txt" | head -40
+fi
+name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+case "$name" in
+  *H200*) kind=h200 ;;
+  *H100*) kind=h100 ;;
+  *) kind=unknown ;;
+esac
+timeout "${CALIBRATE_TIMEOUT:-420}" "$carry/threewalls" calibrate --out "$out/$kind.toml" --raw-out "$out/raw" "$@" \
+  > "$out/calibrate.txt" 2>&1
+echo "threewalls calibrate rc=$?" | tee -a "$out/calibrate.txt"
+grep -vE "^\[ *[0-9]+/[0-9]+\]" "$out/calibrate.txt" | tail -80

@@ -1,0 +1,367 @@
+// The calibration's op table and grids (calibration/bench/plan.hpp): what is measured, with which
+// definitions, and that the held-out validation scenarios' shapes are never among the points.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "threewalls/calibration/bench/plan.hpp"
+#include "threewalls/calibration/profile.hpp"
+#include "threewalls/core/error.hpp"
+#include "threewalls/scenarios/loader.hpp"
+#include "threewalls/scenarios/step_graph.hpp"
+
+using namespace threewalls;
+using namespace threewalls::calibration::bench;
+
+namespace {
+
+std::vector<PointSpec> plan(Mode mode, int gpus, std::set<std::string> only = {}) {
+  PlanOptions o;
+  o.mode = mode;
+  o.gpus = gpus;
+  o.only = std::move(only);
+  return make_plan(o);
+}
+
+std::vector<PointSpec> of_op(const std::vector<PointSpec>& points, const std::string& op) {
+  std::vector<PointSpec> out;
+  for (const auto& p : points) {
+    if (p.op == op) out.push_back(p);
+  }
+  return out;
+}
+
+double min_param(const std::vector<PointSpec>& ps, const char* key) {
+  double v = 1e300;
+  for (const auto& p : ps) v = std::min(v, p.param(key));
+  return v;
+}
+double max_param(const std::vector<PointSpec>& ps, const char* key) {
+  double v = 0;
+  for (const auto& p : ps) v = std::max(v, p.param(key));
+  return v;
+}
+
+}  // namespace
+
+TEST(CalibrationPlan, GemmGridCoversTheIssueRangesInBf16AndFp8) {
+  const auto points = plan(Mode::full, 1);
+  for (const char* op : {"gemm_bf16", "gemm_fp8"}) {
+    const auto g = of_op(points, op);
+    ASSERT_GE(g.size(), 30U) << op;
+    EXPECT_EQ(min_param(g, "m"), 64) << op;
+    EXPECT_EQ(max_param(g, "m"), 32768) << op;
+    EXPECT_LE(std::min(min_param(g, "n"), min_param(g, "k")), 512) << op;
+    EXPECT_EQ(std::max(max_param(g, "n"), max_param(g, "k")), 16384) << op;
+  }
+  // bf16 measures all three layouts of a linear layer; fp8 the forward ("TN") layout only.
+  std::set<double> layouts;
+  for (const auto& p : of_op(points, "gemm_bf16")) layouts.insert(p.param("layout"));
+  EXPECT_EQ(layouts, (std::set<double>{kLayoutForward, kLayoutDgrad, kLayoutWgrad}));
+  for (const auto& p : of_op(points, "gemm_fp8")) {
+    EXPECT_EQ(p.param("layout"), kLayoutForward);
+    EXPECT_EQ(p.iparam("m") % 16, 0) << p.label();  // Hopper fp8 needs multiples of 16
+    EXPECT_EQ(p.iparam("n") % 16, 0) << p.label();
+    EXPECT_EQ(p.iparam("k") % 16, 0) << p.label();
+  }
+}
+
+TEST(CalibrationPlan, EveryFamilyOfTheIssueIsMeasured) {
+  const auto points = plan(Mode::full, 4);
+  std::set<std::string> families;
+  for (const auto& p : points) families.insert(p.family);
+  for (const char* f : {"gemm.bf16",
+                        "gemm.fp8",
+                        "grouped_gemm.bf16",
+                        "attention.fwd",
+                        "attention.bwd",
+                        "elementwise",
+                        "norm",
+                        "copy.h2d_pinned",
+                        "copy.d2h_pinned",
+                        "copy.h2d_pageable",
+                        "copy.d2h_pageable",
+                        "copy.d2d",
+                        "copy.disk_read",
+                        "collective.all_reduce.nvlink",
+                        "collective.all_gather.nvlink",
+                        "collective.reduce_scatter.nvlink",
+                        "collective.all_to_all.nvlink",
+                        "collective.broadcast.nvlink",
+                        "collective.send_recv.nvlink",
+                        "host.kernel_launch",
+                        "host.event_record",
+                        "host.stream_sync",
+                        "host.gpu_read",
+                        "host.graph_launch",
+                        "host.graph_node",
+                        "host.collective_launch",
+                        "concurrency"}) {
+    EXPECT_TRUE(families.count(f)) << f;
+  }
+}
+
+TEST(CalibrationPlan, PointsMatchTheProfileRegistry) {
+  for (const Mode mode : {Mode::quick, Mode::full}) {
+    for (const auto& p : plan(mode, 3)) {
+      const auto* spec = calibration::find_family_spec(p.family);
+      ASSERT_NE(spec, nullptr) << p.label();
+      EXPECT_EQ(p.inputs.size(), spec->inputs.size()) << p.label();
+      const OpInfo* op = find_op(p.op);
+      ASSERT_NE(op, nullptr) << p.label();
+      if (op->group != "collective") {
+        EXPECT_EQ(op->family, p.family) << p.label();
+      }
+    }
+  }
+}
+
+TEST(CalibrationPlan, GroupedGemmIsMeasuredBalancedAndSkewed) {
+  const auto g = of_op(plan(Mode::full, 1), "grouped_gemm_bf16");
+  int balanced = 0, skewed = 0;
+  for (const auto& p : g) {
+    const double mean = p.param("total_rows") / p.param("groups");
+    (p.param("max_rows") > mean ? skewed : balanced)++;
+    EXPECT_LE(p.param("max_rows"), p.param("total_rows")) << p.label();
+  }
+  EXPECT_GE(balanced, 8);
+  EXPECT_GE(skewed, 8);
+}
+
+TEST(CalibrationPlan, AttentionCoversSequenceHeadsHeadDimCausalAndDecode) {
+  const auto points = plan(Mode::full, 1);
+  const auto fwd = of_op(points, "attention_fwd");
+  const auto bwd = of_op(points, "attention_bwd");
+  EXPECT_GE(fwd.size(), 12U);
+  EXPECT_GE(bwd.size(), 8U);
+  std::set<double> heads, dims, causal;
+  int decode = 0;
+  for (const auto& p : fwd) {
+    heads.insert(p.param("heads"));
+    dims.insert(p.param("head_dim_qk"));
+    causal.insert(p.param("causal"));
+    if (p.param("seq_q") == 1) ++decode;
+  }
+  EXPECT_GE(heads.size(), 3U);
+  EXPECT_GE(dims.size(), 3U);
+  EXPECT_EQ(causal.size(), 2U);
+  EXPECT_GE(decode, 4);
+  EXPECT_GE(max_param(fwd, "seq_q"), 8192);
+  for (const auto& p : bwd) EXPECT_GT(p.param("seq_q"), 1) << "no backward of decode: " << p.label();
+}
+
+TEST(CalibrationPlan, CollectivesCoverOneKiBToOneGiBForEveryGroupSize) {
+  const auto points = plan(Mode::full, 4);
+  for (const auto& op : collective_ops()) {
+    const int max_n = op == "send_recv" ? 2 : 4;
+    for (int n = 2; n <= 4; ++n) {
+      double lo = 1e300, hi = 0;
+      int count = 0;
+      for (const auto& p : of_op(points, op)) {
+        if (p.group_size != n || p.held_out) continue;
+        lo = std::min(lo, p.bytes);
+        hi = std::max(hi, p.bytes);
+        ++count;
+      }
+      if (n > max_n) {
+        EXPECT_EQ(count, 0) << op << " n=" << n;
+        continue;
+      }
+      EXPECT_GE(count, 20) << op << " n=" << n;
+      // 1 KiB to 1 GiB by factors of 2, each size 7 elements per member off the power of two (so no
+      // validation scenario's exact size is measured).
+      EXPECT_NEAR(lo, 1024 + 14 * n, 2 * n) << op << " n=" << n;
+      EXPECT_NEAR(hi, 1024.0 * 1024 * 1024 + 14 * n, 2 * n) << op << " n=" << n;
+    }
+  }
+  // One GPU: no collectives at all (and no error).
+  EXPECT_TRUE(of_op(plan(Mode::full, 1), "all_reduce").empty());
+}
+
+TEST(CalibrationPlan, CollectiveSizesAreWholeElementsPerMember) {
+  for (const auto& p : plan(Mode::full, 3, {"collective"})) {
+    const bool split = p.op == "all_gather" || p.op == "reduce_scatter" || p.op == "all_to_all";
+    const double unit = split ? 2.0 * p.group_size : 2.0;
+    EXPECT_EQ(std::fmod(p.bytes, unit), 0.0) << p.label();
+    EXPECT_EQ(p.inputs[0], p.group_size);
+    EXPECT_EQ(p.inputs[1], p.bytes);
+  }
+}
+
+TEST(CalibrationPlan, HostOverheadsAndConcurrencyOnOneTwoFourEightStreams) {
+  const auto points = plan(Mode::quick, 1);
+  std::set<double> streams;
+  for (const auto& p : of_op(points, "concurrency_gemm")) streams.insert(p.param("streams"));
+  EXPECT_EQ(streams, (std::set<double>{2, 4, 8}));  // the 1-stream time is each point's serial_s
+  for (const char* h : {"host_kernel_launch", "host_event_record", "host_stream_sync", "host_gpu_read",
+                        "host_graph_launch", "host_graph_node", "host_collective_launch"}) {
+    EXPECT_EQ(of_op(points, h).size(), 1U) << h;
+  }
+}
+
+TEST(CalibrationPlan, QuickIsSmallerThanFullAndBothAreDeterministic) {
+  const auto quick = plan(Mode::quick, 4);
+  const auto full = plan(Mode::full, 4);
+  EXPECT_LT(2 * quick.size(), full.size());
+  const auto again = plan(Mode::full, 4);
+  ASSERT_EQ(full.size(), again.size());
+  for (std::size_t i = 0; i < full.size(); ++i) {
+    EXPECT_EQ(full[i].label(), again[i].label());
+    EXPECT_EQ(full[i].inputs, again[i].inputs);
+  }
+}
+
+TEST(CalibrationPlan, HeldOutShapesAreNotFitPoints) {
+  const auto points = plan(Mode::full, 4);
+  std::set<std::pair<std::string, std::vector<double>>> fit;
+  std::map<std::string, int> held;
+  for (const auto& p : points) {
+    if (!p.held_out) fit.insert({p.family, p.inputs});
+  }
+  for (const auto& p : points) {
+    if (!p.held_out) continue;
+    ++held[p.family.substr(0, p.family.find('.'))];
+    EXPECT_FALSE(fit.count({p.family, p.inputs})) << p.label();
+  }
+  EXPECT_GE(held["gemm"], 30);
+  EXPECT_GE(held["grouped_gemm"], 6);
+  EXPECT_GE(held["collective"], 5 * 5 * 3);  // every kind and group size
+}
+
+TEST(CalibrationPlan, UnknownGroupIsAnInputErrorNamingTheAllowedOnes) {
+  try {
+    plan(Mode::quick, 1, {"gemms"});
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("unknown benchmark group 'gemms' (did you mean 'gemm'?)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("collective"), std::string::npos) << msg;
+  }
+  EXPECT_THROW(plan(Mode::quick, 0), InputError);
+}
+
+TEST(CalibrationPlan, OnlySelectsGroups) {
+  for (const auto& p : plan(Mode::quick, 2, {"copy", "host"})) {
+    const std::string g = find_op(p.op)->group;
+    EXPECT_TRUE(g == "copy" || g == "host") << p.label();
+  }
+}
+
+TEST(BusBandwidth, FollowsNcclTestsDefinitions) {
+  // nccl-tests: all-reduce 2(n-1)/n; all-gather, reduce-scatter, all-to-all (n-1)/n; send/recv 1.
+  EXPECT_DOUBLE_EQ(bus_bandwidth_factor("all_reduce", 4), 1.5);
+  EXPECT_DOUBLE_EQ(bus_bandwidth_factor("all_reduce", 2), 1.0);
+  EXPECT_DOUBLE_EQ(bus_bandwidth_factor("all_gather", 8), 7.0 / 8.0);
+  EXPECT_DOUBLE_EQ(bus_bandwidth_factor("reduce_scatter", 4), 0.75);
+  EXPECT_DOUBLE_EQ(bus_bandwidth_factor("all_to_all", 2), 0.5);
+  EXPECT_DOUBLE_EQ(bus_bandwidth_factor("broadcast", 8), 1.0);
+  EXPECT_DOUBLE_EQ(bus_bandwidth_factor("send_recv", 2), 1.0);
+  // 1 GiB all-reduce on 4 GPUs in 5 ms: algbw 214.7 GB/s, busbw 322.1 GB/s.
+  const double gib = 1024.0 * 1024 * 1024;
+  EXPECT_NEAR(algorithm_bandwidth(gib, 5e-3) / 1e9, 214.748, 1e-3);
+  EXPECT_NEAR(bus_bandwidth("all_reduce", 4, gib, 5e-3) / 1e9, 322.123, 1e-3);
+  EXPECT_THROW(bus_bandwidth_factor("allreduce", 4), std::invalid_argument);
+  // The same factors as the CostModel's (what the simulator divides by).
+  EXPECT_DOUBLE_EQ(bus_bandwidth_factor("all_to_all", 4),
+                   calibration::bus_bandwidth_factor(calibration::CollectiveKind::all_to_all, 4));
+  EXPECT_DOUBLE_EQ(bus_bandwidth_factor("all_reduce", 8),
+                   calibration::bus_bandwidth_factor(calibration::CollectiveKind::all_reduce, 8));
+}
+
+TEST(CalibrationPlan, OpTableDocumentsEveryOp) {
+  std::set<std::string> names;
+  for (const auto& o : op_table()) {
+    EXPECT_TRUE(names.insert(o.name).second) << "duplicate " << o.name;
+    EXPECT_FALSE(o.what.empty()) << o.name;
+    EXPECT_FALSE(o.definition.empty()) << o.name;
+    EXPECT_NE(std::find(op_groups().begin(), op_groups().end(), o.group), op_groups().end()) << o.name;
+  }
+  for (const auto& p : plan(Mode::full, 2)) EXPECT_TRUE(names.count(p.op)) << p.op;
+}
+
+// ---- the held-out validation scenarios are never measured ----
+
+namespace {
+
+using Key = std::tuple<std::string, std::vector<double>>;
+
+// The calibration inputs each StepGraph op would be predicted from (family, inputs).
+std::set<Key> validation_shapes() {
+  using namespace threewalls::scenarios;
+  std::set<Key> out;
+  const auto dir = std::filesystem::path(THREEWALLS_SOURCE_DIR) / "scenarios" / "validation";
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    if (e.path().extension() != ".toml") continue;
+    const Scenario sc = load_scenario(e.path().string());
+    for (int step = 0; step < 2; ++step) {
+      const StepGraph g = expand(sc, step);
+      for (const auto& rc : g.classes) {
+        for (const auto& op : rc.ops) {
+          const auto& s = op.shape;
+          const std::string dt = op.dtype == DType::fp8 ? "fp8" : op.dtype == DType::fp32 ? "fp32" : "bf16";
+          auto d = [](std::int64_t v) { return static_cast<double>(v); };
+          switch (op.kind) {
+            case OpKind::gemm:
+              out.insert({"gemm." + dt, {d(s[0]), d(s[1]), d(s[2]), d(std::max<std::int64_t>(1, s[3]))}});
+              break;
+            case OpKind::grouped_gemm:
+              out.insert({"grouped_gemm." + dt, {d(s[3]), d(s[0]), d(s[4]), d(s[1]), d(s[2])}});
+              break;
+            case OpKind::attention: {
+              const std::string f = (op.flags & kBackward) ? "attention.bwd" : "attention.fwd";
+              out.insert(
+                  {f,
+                   {d(s[0]), d(s[1]), d(s[2]), d(s[3]), d(s[3]), d(s[4]), d(s[5]), (op.flags & kCausal) ? 1.0 : 0.0}});
+              break;
+            }
+            case OpKind::collective: {
+              const char* kind = to_string(op.collective());
+              out.insert({std::string("collective.") + kind + ".nvlink", {d(op.group_size), op.bytes}});
+              break;
+            }
+            case OpKind::send:
+            case OpKind::recv:
+              out.insert({"collective.send_recv.nvlink", {d(op.group_size), op.bytes}});
+              break;
+            case OpKind::norm:
+              out.insert({"norm", {op.bytes}});
+              break;
+            case OpKind::copy:
+              out.insert({std::string("copy.") + to_string(op.copy_kind()), {op.bytes}});
+              break;
+            case OpKind::elementwise:
+            case OpKind::softmax_topk:
+            case OpKind::permute:
+            case OpKind::unpermute:
+            case OpKind::embedding:
+            case OpKind::cross_entropy:
+            case OpKind::optimizer:
+              out.insert({"elementwise", {op.bytes}});
+              break;  // what sim/ costs them with
+            default:
+              break;
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(CalibrationPlan, NeverMeasuresAShapeOfTheValidationScenarios) {
+  const auto shapes = validation_shapes();
+  ASSERT_GT(shapes.size(), 50U);  // the scenarios were read
+  for (const Mode mode : {Mode::quick, Mode::full}) {
+    for (int gpus = 1; gpus <= 8; ++gpus) {
+      for (const auto& p : plan(mode, gpus)) {
+        EXPECT_FALSE(shapes.count({p.family, p.inputs})) << p.label() << " is a shape of a validation scenario";
+      }
+    }
+  }
+}

@@ -1,0 +1,190 @@
+// From records to a profile (calibration/bench/report.hpp): fits recover known parameters from
+// noisy synthetic measurements, held-out points are scored through the CostModel, families that
+// cannot be measured or fitted are copied from the default profile and say so, peak figures are
+// compared with DESIGN.md §4.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "default_profiles.hpp"
+#include "threewalls/calibration/bench/plan.hpp"
+#include "threewalls/calibration/bench/report.hpp"
+#include "threewalls/calibration/cost_model.hpp"
+#include "threewalls/calibration/models.hpp"
+
+using namespace threewalls;
+using namespace threewalls::calibration;
+using namespace threewalls::calibration::bench;
+
+namespace {
+
+Hardware h100() {
+  Hardware hw = defaults::make_default_profile("h100").hardware();
+  hw.gpu_name = "NVIDIA H100 80GB HBM3";
+  hw.driver_version = "580.0";
+  hw.gpus_seen = 4;
+  hw.links_seen = {"NV18 (NVLink, 18 links): 6 GPU pairs"};
+  hw.machine = "synthetic test machine";
+  hw.date = "2026-11-22";
+  return hw;
+}
+
+GemmModel true_gemm() {
+  GemmModel m;
+  m.tile_m = 128;
+  m.tile_n = 256;
+  m.efficiency_max = 0.82;
+  m.k_half = 300.0;
+  m.overhead_s = 6e-6;
+  m.memory_bandwidth_bytes_per_s = 2.6e12;
+  m.device = {132, 989e12};
+  m.elements = element_bytes(Dtype::bf16);
+  return m;
+}
+
+CollectiveModel true_all_reduce() {
+  CollectiveModel m;
+  m.kind = CollectiveKind::all_reduce;
+  m.groups = {{2, 9e-6, 3.3e11, 6e6, 0.55}, {3, 11e-6, 3.4e11, 8e6, 0.55}, {4, 13e-6, 3.5e11, 1e7, 0.5}};
+  return m;
+}
+
+// Synthetic records for the plan's points of the families below, with 1% multiplicative noise.
+std::vector<Record> synthetic(std::uint32_t seed) {
+  PlanOptions o;
+  o.mode = Mode::quick;
+  o.gpus = 4;
+  std::mt19937 gen(seed);
+  std::normal_distribution<double> noise(0.0, 0.01);
+  const GemmModel gemm = true_gemm();
+  const CollectiveModel ar = true_all_reduce();
+  std::vector<Record> out;
+  for (const auto& p : make_plan(o)) {
+    double t = 0.0;
+    if (p.op == "gemm_bf16") {
+      t = gemm.time_s(p.iparam("m"), p.iparam("n"), p.iparam("k"));
+    } else if (p.op == "copy_d2d") {
+      t = 3e-6 + p.bytes / 1.3e12;
+    } else if (p.op == "all_reduce") {
+      t = ar.time_s(p.bytes, p.group_size);
+    } else if (p.op == "elementwise_add" || p.op == "elementwise_swiglu_bwd") {
+      t = 1e-3 / (1.0 + p.bytes / 1e6);  // nonsense: slower for fewer bytes
+    } else {
+      continue;
+    }
+    Record r;
+    r.point = p;
+    for (int i = 0; i < 5; ++i) r.samples_s.push_back(t * (1.0 + noise(gen)));
+    r.stop = "converged";
+    r.check = "passed";
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+BuildOptions options(bool fill) {
+  BuildOptions b;
+  b.info = {"h100", "measured", "test"};
+  b.hardware = h100();
+  b.mode = "quick";
+  if (fill) b.fill_from = defaults::make_default_profile("h100");
+  return b;
+}
+
+const FamilyReport& family(const CalibrationReport& rep, const std::string& name) {
+  for (const auto& f : rep.families) {
+    if (f.name == name) return f;
+  }
+  throw std::runtime_error("no family " + name);
+}
+
+}  // namespace
+
+TEST(CalibrationReport, FitsRecoverKnownModelsAndScoreHeldOutShapes) {
+  const CalibrationReport rep = build_report(synthetic(1), options(false));
+  const auto& g = family(rep, "gemm.bf16");
+  EXPECT_TRUE(g.measured);
+  EXPECT_GE(g.held_out_points, 5U);
+  EXPECT_LT(g.held_out_median, 0.03);  // 1% noise
+  EXPECT_LT(g.quality.loo_rel_err_median, 0.03);
+  const auto& ar = family(rep, "collective.all_reduce.nvlink");
+  EXPECT_GE(ar.held_out_points, 6U);  // 2 sizes x 3 group sizes
+  EXPECT_LT(ar.held_out_median, 0.03);
+  // The fitted parameters are near the truth.
+  const Family& f = rep.profile.family("gemm.bf16");
+  EXPECT_NEAR(f.param("efficiency_max"), 0.82, 0.05);
+  EXPECT_EQ(rep.profile.family("copy.d2d").param_array("bandwidths_bytes_per_s").size(), 1U);
+  EXPECT_NEAR(rep.profile.family("copy.d2d").param_array("bandwidths_bytes_per_s")[0], 1.3e12, 0.05e12);
+  // Held-out points are not among the fitted ones, and the family's note reports their error.
+  EXPECT_EQ(f.points.size(), g.fit_points);
+  EXPECT_NE(f.note.find("held-out points, not fitted, predicted with median error"), std::string::npos) << f.note;
+  EXPECT_TRUE(rep.profile.measured());
+  // Raw samples stay in the raw output; the profile keeps the statistics.
+  EXPECT_TRUE(f.points[0].time.samples_s.empty());
+  EXPECT_EQ(f.points[0].time.count, 5);
+}
+
+TEST(CalibrationReport, UnfittableFamilyIsDroppedAndTheRestKept) {
+  const CalibrationReport rep = build_report(synthetic(2), options(false));
+  const auto& e = family(rep, "elementwise");
+  EXPECT_FALSE(e.measured);
+  EXPECT_NE(e.why.find("dropped: family elementwise: cannot fit linear_v1"), std::string::npos) << e.why;
+  EXPECT_EQ(rep.profile.find("elementwise"), nullptr);
+  EXPECT_NE(rep.profile.find("gemm.bf16"), nullptr);
+}
+
+TEST(CalibrationReport, FamiliesNotMeasuredAreCopiedFromTheDefaultAndSaySo) {
+  const CalibrationReport rep = build_report(synthetic(3), options(true));
+  const Family& fw = rep.profile.family("host.framework_op");
+  EXPECT_EQ(fw.note.rfind("NOT MEASURED on this machine (an eager framework's per-op dispatch", 0), 0U) << fw.note;
+  const Family& net = rep.profile.family("collective.all_reduce.network");
+  EXPECT_NE(net.note.find("network-scope collectives need more than one node"), std::string::npos) << net.note;
+  // The unfittable measured family is replaced by the default's, with the reason.
+  const Family& ew = rep.profile.family("elementwise");
+  EXPECT_NE(ew.note.find("its points could not be fitted"), std::string::npos) << ew.note;
+  // Measured families are the measured ones, not the default's.
+  EXPECT_EQ(rep.profile.family("gemm.bf16").note.rfind("measured by threewalls calibrate (quick)", 0), 0U);
+  // Everything the simulator asks for is there: a CostModel answers for every host cost.
+  const CostModel cm(rep.profile);
+  EXPECT_GT(cm.framework_op().value, 0.0);
+  EXPECT_GT(cm.collective(CollectiveKind::all_to_all, Bytes(1e6), 16, Scope::network).value, 0.0);
+  // The profile survives a write/read round trip.
+  const Profile back = Profile::parse(rep.profile.to_toml(), "roundtrip");
+  EXPECT_EQ(back.to_toml(), rep.profile.to_toml());
+  const std::string text = summary_text(rep);
+  EXPECT_NE(text.find("not measured here:"), std::string::npos);
+  EXPECT_NE(text.find("gemm.bf16"), std::string::npos);
+}
+
+TEST(CalibrationReport, PeakFiguresStandNextToTheDesignReferences) {
+  const auto records = synthetic(4);
+  const auto peaks = peak_figures(records, "h100");
+  double best = 0.0;
+  for (const auto& r : records) {
+    if (r.point.op == "gemm_bf16") best = std::max(best, r.point.flops / r.median_s() / 1e12);
+  }
+  bool gemm = false, ar2 = false;
+  for (const auto& p : peaks) {
+    if (p.what == "bf16 GEMM, best grid point") {
+      gemm = true;
+      EXPECT_DOUBLE_EQ(p.measured, best);
+      EXPECT_EQ(p.reference, 740.0);
+      EXPECT_NE(p.reference_text.find("670-740 (DESIGN.md §4, H100)"), std::string::npos);
+      EXPECT_DOUBLE_EQ(p.ratio(), best / 740.0);
+    }
+    if (p.what == "NCCL all_reduce busbw at 1 GiB, 2 GPUs") {
+      ar2 = true;
+      EXPECT_EQ(p.reference, 0.0);  // DESIGN.md §4 has no H100 NCCL figure
+      EXPECT_GT(p.measured, 200.0);
+    }
+  }
+  EXPECT_TRUE(gemm);
+  EXPECT_TRUE(ar2);
+  // H200 has NCCL references.
+  for (const auto& p : peak_figures(records, "h200")) {
+    if (p.what == "NCCL all_reduce busbw at 1 GiB, 4 GPUs") {
+      EXPECT_EQ(p.reference, 355.0);
+    }
+  }
+}
