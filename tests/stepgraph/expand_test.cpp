@@ -70,9 +70,20 @@ void check_invariants(const Scenario& s, const StepGraph& g) {
     std::map<std::tuple<int, int, std::string>, int> recvs;  // (own stage, tag, stream) -> count
     for (const auto& rc : g.classes) {
       if (rc.ranks.front() != g.classes[static_cast<std::size_t>(g.class_of_rank[static_cast<std::size_t>(rc.ranks.front())])].ranks.front()) continue;
+      // The channel: "pp_fwd_send" pairs with "pp_fwd_recv" on the peer.
+      auto channel = [&](const Op& op) {
+        std::string n = g.stream_name(op);
+        return n.substr(0, n.rfind('_'));
+      };
       for (const auto& op : rc.ops) {
-        if (op.kind == OpKind::send) sends[{(rc.pp_stage + op.peer + pp) % pp, op.tag, g.stream_name(op)}]++;
-        if (op.kind == OpKind::recv) recvs[{rc.pp_stage, op.tag, g.stream_name(op)}]++;
+        if (op.kind == OpKind::send) {
+          EXPECT_EQ(g.stream_name(op), channel(op) + "_send");
+          sends[{(rc.pp_stage + op.peer + pp) % pp, op.tag, channel(op)}]++;
+        }
+        if (op.kind == OpKind::recv) {
+          EXPECT_EQ(g.stream_name(op), channel(op) + "_recv");
+          recvs[{rc.pp_stage, op.tag, channel(op)}]++;
+        }
       }
     }
     // With several classes per stage (imbalance) counts scale equally; compare the key sets.

@@ -12,8 +12,12 @@
 //    issues its matching op (same phase, layer, microbatch) in the same relative order.
 //  * A send op is matched with the recv op of the peer rank that has the same `tag` and the opposite
 //    direction (`peer` = +1 means the next pipeline stage, -1 the previous one, both for send and recv).
-//  * Host ops (`OpKind::host`) occupy the rank's host thread; a `stream_sync` or `gpu_read` waits for
-//    its deps to finish on the device before the host goes on.
+//    Pipeline sends and receives have a stream per direction of travel and role (`pp_fwd_send`,
+//    `pp_fwd_recv`, `pp_bwd_send`, `pp_bwd_recv`), each talking to one peer, so the strict FIFO order
+//    per stream holds for them too and cannot deadlock; a real executor gives each such stream pair
+//    (a rank's `pp_fwd_send` and its next stage's `pp_fwd_recv`) its own communicator.
+//  * Host ops (`OpKind::host`) occupy the rank's host thread; `stream_sync`, `gpu_read` and `barrier`
+//    wait for their deps to finish on the device before the host goes on.
 #include <array>
 #include <cstdint>
 #include <string>
