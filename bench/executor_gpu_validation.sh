@@ -8,13 +8,23 @@ BIN=$(cd "$1" && pwd)
 OUT=$2
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
-export LD_LIBRARY_PATH="$BIN/lib:${LD_LIBRARY_PATH:-}"
+# Only the carried libraries the machine lacks (system copies of zlib, udev, ... stay in charge).
+LIBS=$(mktemp -d)
+export LD_LIBRARY_PATH="$LIBS:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+for _ in 1 2 3 4 5 6; do
+  missing=$(ldd "$BIN/threewalls" "$BIN/profiler_overhead" "$BIN/threewalls_cuda_loop_example" 2>/dev/null |
+            awk '/not found/ {print $1}' | sort -u)
+  [ -z "$missing" ] && break
+  for l in $missing; do [ -e "$BIN/lib/$l" ] && ln -sf "$BIN/lib/$l" "$LIBS/$l"; done
+done
 log="$OUT/executor_gpu.log"
 step() { echo; echo "== $(date -u +%H:%M:%S) $*"; }
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   date -u +%Y-%m-%dT%H:%M:%SZ
   git rev-parse --short=12 HEAD 2>/dev/null || true
+  echo "carried libraries used: $(ls "$LIBS" | tr '\n' ' ')"
+  ldd "$BIN/threewalls" | grep -E "not found|cublas|nccl|cudart" || true
   step "threewalls run small_moe_1gpu (10 measured steps, every step recorded)"
   timeout 80 "$BIN/threewalls" run scenarios/examples/small_moe_1gpu.toml --out "$OUT/real_small_moe_1gpu" --steps 10
   echo "rc=$?"

@@ -29,6 +29,7 @@ struct RunArgs {
   int record_every = 0;
   bool no_profiler = false;
   bool overwrite = false;
+  std::string inject_fault;
 };
 
 std::string fixed(double v, int digits) {
@@ -123,6 +124,10 @@ void register_run(CLI::App& app, Commands& cmds) {
       ->check(CLI::Range(1, 1000000));
   sub->add_flag("--no-profiler", a.no_profiler, "Record nothing and write no run directory (the loop is still timed)");
   sub->add_flag("--overwrite", a.overwrite, "Replace an existing run directory");
+  sub->add_option("--inject-fault", a.inject_fault,
+                  "Testing aid: KIND:RANK:STEP with KIND fail (the rank raises an error) or hang (the rank stops "
+                  "issuing work, as a stuck process); halfway through measured step STEP. Shows that the other "
+                  "ranks stop with a clear error instead of hanging");
   cmds.add(sub, [] {
     const scenarios::Scenario s = scenarios::load_scenario(a.scenario);
     backend::LaunchOptions lo;
@@ -140,6 +145,26 @@ void register_run(CLI::App& app, Commands& cmds) {
     if (timeout.value <= 0.0) throw InputError("run: --timeout must be positive (got '" + a.timeout + "')");
     eo.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout.value * 1e3));
     if (!a.devices.empty()) lo.devices = parse_devices(a.devices);
+    if (!a.inject_fault.empty()) {
+      const auto bad = [] {
+        return InputError("run: --inject-fault '" + a.inject_fault +
+                          "': expected KIND:RANK:STEP with KIND fail or hang, RANK a rank of the scenario and STEP a "
+                          "measured step, e.g. fail:1:3");
+      };
+      const auto c1 = a.inject_fault.find(':');
+      const auto c2 = c1 == std::string::npos ? std::string::npos : a.inject_fault.find(':', c1 + 1);
+      if (c2 == std::string::npos) throw bad();
+      const std::string kind = a.inject_fault.substr(0, c1);
+      if (kind != "fail" && kind != "hang") throw bad();
+      try {
+        eo.fault_rank = std::stoi(a.inject_fault.substr(c1 + 1, c2 - c1 - 1));
+        eo.fault_step = std::stoi(a.inject_fault.substr(c2 + 1));
+      } catch (const std::exception&) {
+        throw bad();
+      }
+      if (eo.fault_rank < 0 || eo.fault_rank >= s.world_size() || eo.fault_step < 0) throw bad();
+      eo.fault = kind == "fail" ? backend::ExecutorOptions::Fault::fail : backend::ExecutorOptions::Fault::hang;
+    }
     if (a.no_profiler && a.record_every > 0) {
       throw InputError("run: --no-profiler and --record-every-n-steps contradict each other");
     }
@@ -171,6 +196,7 @@ void register_run(CLI::App& app, Commands& cmds) {
     if (a.record_every > 0) eo.argv.insert(eo.argv.end(), {"--record-every-n-steps", std::to_string(a.record_every)});
     if (a.no_profiler) eo.argv.push_back("--no-profiler");
     if (a.overwrite) eo.argv.push_back("--overwrite");
+    if (!a.inject_fault.empty()) eo.argv.insert(eo.argv.end(), {"--inject-fault", a.inject_fault});
     const bool mpi = backend::started_by_mpi();
     backend::RunResult r;
     try {

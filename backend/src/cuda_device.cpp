@@ -26,10 +26,12 @@ std::size_t p2p_elems(double bytes) { return static_cast<std::size_t>(std::max(1
 
 }  // namespace
 
-CudaDevice::CudaDevice(int rank, int ordinal) : rank_(rank), ordinal_(ordinal) {
+CudaDevice::Binder::Binder(int rank, int ordinal) {
   set_thread_rank(rank);
   set_device(ordinal);
 }
+
+CudaDevice::CudaDevice(int rank, int ordinal) : binder_(rank, ordinal), rank_(rank), ordinal_(ordinal) {}
 
 CudaDevice::~CudaDevice() {
   // Nothing may wait on a peer that is gone: after an abort the communicators are already freed.
@@ -163,6 +165,10 @@ void CudaDevice::create_comms() {
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   for (Pending& p : pending) {
+    if (p.spec->p2p) {
+      p2p_comms_.emplace(p.spec->key, std::move(p.comm));
+      continue;
+    }
     PerStream& ps = at(p.spec->stream);
     ps.comm_names[p.spec->group] = p.spec->name();
     ps.comms->add(p.spec->group, std::move(p.comm));
@@ -252,7 +258,7 @@ void CudaDevice::launch(const scenarios::StepGraph& graph, const Op& op, int str
   const profiler::cuda::NvtxScope range = annotate ? profiler::cuda::NvtxScope(nvtx_name(graph, op), op.layer, true)
                                                    : profiler::cuda::NvtxScope();
   if (op.kind == OpKind::send || op.kind == OpKind::recv) {
-    p2p(op, ps);
+    p2p(graph, op, ps);
     return;
   }
   if (!ps.runner) throw SystemError(rank_prefix() + "no OpRunner prepared for stream " + std::to_string(stream));
@@ -266,16 +272,25 @@ void CudaDevice::launch_p2p_group(const scenarios::StepGraph& graph, const std::
   const profiler::cuda::NvtxScope range = annotate ? profiler::cuda::NvtxScope(nvtx_name(graph, *ops.front()),
                                                                               ops.front()->layer, true)
                                                    : profiler::cuda::NvtxScope();
-  NcclComm& comm = ps.comms->comm(ops.front()->group);
+  NcclComm& comm = p2p_comm(graph, *ops.front());
   comm.check(ncclGroupStart(), "ncclGroupStart()", __FILE__, __LINE__);
-  for (const Op* op : ops) p2p(*op, ps);
+  for (const Op* op : ops) p2p(graph, *op, ps);
   comm.check(ncclGroupEnd(), "ncclGroupEnd()", __FILE__, __LINE__);
 }
 
-void CudaDevice::p2p(const Op& op, PerStream& ps) {
-  NcclComm& comm = ps.comms->comm(op.group);
-  const int n = comm.size();
-  const int peer = ((comm.index() + op.peer) % n + n) % n;
+NcclComm& CudaDevice::p2p_comm(const scenarios::StepGraph& graph, const Op& op) {
+  const std::string key = comm_key(graph, rank_, op);
+  const auto it = p2p_comms_.find(key);
+  if (it == p2p_comms_.end()) {
+    throw SystemError(rank_prefix() + "no NCCL communicator " + key + " for " + graph.phase_name(op) +
+                      " (open() was not given it)");
+  }
+  return it->second;
+}
+
+void CudaDevice::p2p(const scenarios::StepGraph& graph, const Op& op, PerStream& ps) {
+  NcclComm& comm = p2p_comm(graph, op);
+  const int peer = 1 - comm.index();  // a two-rank communicator: the other member
   const std::size_t elems = p2p_elems(op.bytes);
   if (op.kind == OpKind::send) {
     send(ps.p2p_send.data(), elems, peer, comm, ps.stream);
@@ -358,6 +373,18 @@ std::uint32_t CudaDevice::end_capture(int origin) {
 void CudaDevice::launch_graph(std::uint32_t graph, int origin) { execs_.at(graph).launch(at(origin).stream); }
 
 void CudaDevice::poll() {
+  for (auto& [key, comm] : p2p_comms_) {
+    if (comm.aborted()) continue;
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm.get(), &state);
+    if (r == ncclSuccess && (state == ncclSuccess || state == ncclInProgress)) continue;
+    const char* last = ncclGetLastError(comm.get());
+    const std::string why = ncclGetErrorString(r != ncclSuccess ? r : state);
+    abort();
+    throw DeviceError(rank_prefix() + "NCCL communicator " + key + ": asynchronous error: " + why +
+                      (last != nullptr && *last != '\0' ? std::string(" (") + last + ")" : std::string()) +
+                      "; communicators aborted");
+  }
   for (auto& [s, ps] : streams_) {
     for (const auto& [group, name] : ps.comm_names) {
       NcclComm& comm = ps.comms->comm(group);
@@ -378,6 +405,7 @@ void CudaDevice::poll() {
 void CudaDevice::abort() noexcept {
   if (aborted_) return;
   aborted_ = true;
+  for (auto& [key, comm] : p2p_comms_) comm.abort();
   for (auto& [s, ps] : streams_) {
     if (ps.comms) ps.comms->abort_all();
   }

@@ -34,46 +34,64 @@ using scenarios::StepGraph;
 // Building blocks
 // ---------------------------------------------------------------------------------------------
 
-std::string CommSpec::name() const { return std::string(scenarios::to_string(group)) + "@" + stream_name; }
-
-bool CommInstance::operator<(const CommInstance& o) const {
-  return std::tie(group, stream, members) < std::tie(o.group, o.stream, o.members);
+std::string base_stream_name(const std::string& name) {
+  for (const char* suffix : {"_send", "_recv"}) {
+    const std::string suf(suffix);
+    if (name.size() > suf.size() && name.compare(name.size() - suf.size(), suf.size(), suf) == 0) {
+      return name.substr(0, name.size() - suf.size());
+    }
+  }
+  return name;
 }
 
+std::string comm_key(const StepGraph& g, int rank, const Op& op) {
+  std::string key = std::string(scenarios::to_string(op.group)) + "@";
+  if (op.kind == OpKind::send || op.kind == OpKind::recv) {
+    const int peer = p2p_peer_rank(g, rank, op);
+    const bool send = op.kind == OpKind::send;
+    return key + base_stream_name(g.stream_name(op)) + ":" + std::to_string(send ? rank : peer) + ">" +
+           std::to_string(send ? peer : rank);
+  }
+  return key + g.stream_name(op);
+}
+
+bool CommInstance::operator<(const CommInstance& o) const { return std::tie(key, members) < std::tie(o.key, o.members); }
+
 std::vector<CommInstance> comm_instances(const std::vector<const StepGraph*>& graphs) {
-  // rank -> set of (group, stream) it uses, over every graph.
   std::set<CommInstance> instances;
-  std::map<std::pair<int, std::pair<int, int>>, bool> uses;  // (rank, (group, stream))
+  std::set<std::pair<int, std::string>> uses;  // (rank, key)
+  std::map<std::string, std::string> example;  // key -> an op that uses it (for messages)
   for (const StepGraph* g : graphs) {
     const int world = g->layout.world();
     for (int r = 0; r < world; ++r) {
-      const RankClass& rc = g->class_of(r);
-      std::set<std::pair<int, int>> keys;
-      for (const Op& op : rc.ops) {
+      for (const Op& op : g->class_of(r).ops) {
         if (!op.is_comm() || op.group == Group::none) continue;
-        keys.emplace(static_cast<int>(op.group), static_cast<int>(op.stream));
-      }
-      for (const auto& [grp, stream] : keys) {
-        uses[{r, {grp, stream}}] = true;
         CommInstance ci;
-        ci.group = static_cast<Group>(grp);
-        ci.stream = stream;
-        ci.members = g->layout.group_members(ci.group, r);
+        ci.key = comm_key(*g, r, op);
+        if (!uses.emplace(r, ci.key).second) continue;
+        ci.group = op.group;
+        ci.p2p = op.kind == OpKind::send || op.kind == OpKind::recv;
+        if (ci.p2p) {
+          const int peer = p2p_peer_rank(*g, r, op);
+          ci.members = {std::min(r, peer), std::max(r, peer)};
+        } else {
+          ci.stream = op.stream;
+          ci.members = g->layout.group_members(op.group, r);
+        }
+        example.emplace(ci.key, g->phase_name(op));
         instances.insert(ci);
       }
     }
   }
   // Every member of an instance must use it (else a collective would wait forever for a rank that
-  // never joins: the graph is inconsistent).
+  // never joins, or a send for a receive that never comes: the graph is inconsistent).
   for (const CommInstance& ci : instances) {
     for (int m : ci.members) {
-      if (uses.count({m, {static_cast<int>(ci.group), ci.stream}}) == 0) {
-        const StepGraph& g = *graphs.front();
-        throw InputError("StepGraph: rank " + std::to_string(ci.members.front()) + " communicates over group " +
-                         scenarios::to_string(ci.group) + " on stream " +
-                         g.streams[static_cast<std::size_t>(ci.stream)].name + " but member rank " + std::to_string(m) +
-                         " of that group has no op there; the real backend cannot run a collective some members never "
-                         "join");
+      if (uses.count({m, ci.key}) == 0) {
+        throw InputError("StepGraph: rank " + std::to_string(ci.members.front() == m ? ci.members.back() : ci.members.front()) +
+                         " uses communicator " + ci.key + " (" + example[ci.key] + ") but its member rank " +
+                         std::to_string(m) + " has no op on it; the real backend cannot run a " +
+                         (ci.p2p ? "send without its receive" : "collective some members never join"));
       }
     }
   }
@@ -81,16 +99,17 @@ std::vector<CommInstance> comm_instances(const std::vector<const StepGraph*>& gr
 }
 
 std::vector<CommSpec> comm_specs(const std::vector<CommInstance>& instances, const std::vector<CommId>& ids,
-                                 const StepGraph& graph, int rank) {
+                                 const StepGraph& /*graph*/, int rank) {
   std::vector<CommSpec> out;
   for (std::size_t i = 0; i < instances.size(); ++i) {
     const CommInstance& ci = instances[i];
     const auto it = std::find(ci.members.begin(), ci.members.end(), rank);
     if (it == ci.members.end()) continue;
     CommSpec s;
+    s.key = ci.key;
+    s.p2p = ci.p2p;
     s.group = ci.group;
     s.stream = ci.stream;
-    s.stream_name = graph.streams[static_cast<std::size_t>(ci.stream)].name;
     s.members = ci.members;
     s.index = static_cast<int>(it - ci.members.begin());
     s.id = ids.at(i);
@@ -695,7 +714,10 @@ class RankWorker {
       if (s != plan_.anchor) dev_->wait_event(s, start_ev);
     }
     const std::uint32_t n = static_cast<std::uint32_t>(rc.ops.size());
+    const bool inject = st_->options.fault != ExecutorOptions::Fault::none && st_->options.fault_rank == rank_ &&
+                        st_->options.fault_step == measured_;
     for (std::uint32_t i = 0; i < n;) {
+      if (inject && i >= n / 2) inject_fault(i);
       const OpInfo& info = plan_.ops[i];
       if (info.starts_run >= 0) {
         const RunInfo& run = plan_.runs[static_cast<std::size_t>(info.starts_run)];
@@ -730,6 +752,26 @@ class RankWorker {
     for (std::uint32_t e : step_events_) dev_->release_event(e);
     step_events_.clear();
     std::fill(events_.begin(), events_.end(), kNone);
+  }
+
+  // --inject-fault: fail now, or hang (issue nothing more, raise nothing) until the run is stopped.
+  void inject_fault(std::uint32_t i) {
+    const std::string where = step_text() + " before op " + std::to_string(i) + " (" +
+                              describe_op(*plan_.graph, plan_.rc->ops[i]) + ")";
+    if (st_->options.fault == ExecutorOptions::Fault::fail) {
+      throw SystemError(who() + "injected failure (--inject-fault) in " + where);
+    }
+    // Peers notice the hang by their timeout and stop the run; a run without peers (one rank) has
+    // nobody to notice, so the hung rank gives up after the same timeout.
+    const auto start = SteadyClock::now();
+    while (!st_->stop.load()) {
+      if (SteadyClock::now() - start > st_->options.timeout) {
+        throw SystemError(who() + "injected hang (--inject-fault) in " + where + ": nobody stopped the run within " +
+                          seconds_text(st_->options.timeout));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    throw StoppedByPeer(who() + "injected hang (--inject-fault) in " + where + " ended: the run was stopped");
   }
 
   void record_event_after(std::uint32_t i, int stream) {
@@ -785,17 +827,46 @@ class RankWorker {
     }
   }
 
-  // Host ops: the host is busy (or blocked) from t0 to t1.
+  // On recorded steps, a timing marker behind the device work a host op is about to wait for, on each
+  // stream of its deps: the op's record starts when that work is done (or when the host arrived, if
+  // later), as in the simulator; the wait itself is a gap on the host.
+  std::vector<Marker> markers_behind_deps(std::uint32_t i, bool timed, int extra_stream) {
+    std::vector<Marker> out;
+    if (!timed) return out;
+    const RankClass& rc = *plan_.rc;
+    const Op& op = rc.ops[i];
+    std::vector<int> streams;
+    if (extra_stream >= 0) streams.push_back(extra_stream);
+    for (std::size_t d = 0; d < rc.num_deps(op); ++d) {
+      const std::uint32_t dep = rc.deps_of(op)[d];
+      if (plan_.ops[dep].host) continue;
+      const int s = rc.ops[dep].stream;
+      if (std::find(streams.begin(), streams.end(), s) == streams.end()) streams.push_back(s);
+    }
+    for (int s : streams) out.push_back(clock_.mark(s));
+    return out;
+  }
+
+  // Host ops: the host arrives at t0, waits for the deps, does the op, goes on at t1.
   void host_op(std::uint32_t i, bool rec) {
     const RankClass& rc = *plan_.rc;
     const StepGraph& g = *plan_.graph;
     const Op& op = rc.ops[i];
     const double t0 = st_->host_now_us();
+    const bool timed = rec && recorder_->records_phase(plan_.ops[i].tmpl.coarse);
     int read_stream = -1;
     for (std::size_t d = 0; d < rc.num_deps(op); ++d) {
       const std::uint32_t dep = rc.deps_of(op)[d];
       if (plan_.ops[dep].host) continue;
-      if (read_stream < 0) read_stream = rc.ops[dep].stream;
+      read_stream = rc.ops[dep].stream;
+      break;
+    }
+    const bool read = op.host_kind() == HostKind::gpu_read;
+    std::vector<Marker> after =
+        markers_behind_deps(i, timed, read ? (read_stream >= 0 ? read_stream : plan_.anchor) : -1);
+    for (std::size_t d = 0; d < rc.num_deps(op); ++d) {
+      const std::uint32_t dep = rc.deps_of(op)[d];
+      if (plan_.ops[dep].host) continue;
       wait_host(events_[dep], [&] { return "the deps of host op " + describe_op(g, op); });
     }
     switch (op.host_kind()) {
@@ -814,10 +885,10 @@ class RankWorker {
       case HostKind::graph_launch: break;  // the wait for the deps above is the op
     }
     const double t1 = st_->host_now_us();
-    if (rec && recorder_->records_phase(plan_.ops[i].tmpl.coarse)) recorder_->host_phase(plan_.ops[i].tmpl, t0, t1);
+    if (timed) recorder_->host_phase_after(plan_.ops[i].tmpl, std::move(after), t0, t1);
   }
 
-  // Copies that block the host (disk reads): timed on the host clock.
+  // Copies that block the host (disk reads): timed on the host clock, from when their deps are done.
   void blocking_op(std::uint32_t i, bool rec) {
     const RankClass& rc = *plan_.rc;
     const StepGraph& g = *plan_.graph;
@@ -1099,6 +1170,11 @@ RunResult execute(const scenarios::Scenario& s, const ProcessContext& process, c
       ex["communicators"] = st->comm_instances.size();
       ex["step_fence"] = "every stream joins the anchor stream at the end of a step; the next epoch is recorded there";
       ex["device"] = st->device_settings;
+      if (options.fault != ExecutorOptions::Fault::none) {
+        ex["inject_fault"] = OrderedJson{{"kind", options.fault == ExecutorOptions::Fault::fail ? "fail" : "hang"},
+                                         {"rank", options.fault_rank},
+                                         {"step", options.fault_step}};
+      }
       header.settings["steps"] = steps;
       header.settings["warmup_steps"] = warmup;
       header.settings["executor"] = ex;

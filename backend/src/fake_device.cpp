@@ -217,7 +217,11 @@ void FakeDevice::open(const DeviceSetup& setup, const scenarios::RankClass& cls)
     comm.size = static_cast<int>(c.members.size());
     comm.index = c.index;
     comm.members = c.members;
-    comms_[{static_cast<int>(c.group), c.stream}] = comm;
+    if (c.p2p) {
+      p2p_comms_[c.key] = comm;
+    } else {
+      comms_[{static_cast<int>(c.group), c.stream}] = comm;
+    }
   }
   prepare(*setup.graph, cls);
 }
@@ -521,21 +525,28 @@ void FakeDevice::execute(int stream, const Cmd& c) {
   }
 }
 
-std::pair<std::string, int> FakeDevice::comm_key(int stream, const Cmd& c, const Op& op, FakeFabric::Arrival& me) {
-  const auto it = comms_.find({static_cast<int>(op.group), stream});
-  if (it == comms_.end()) {
-    throw SystemError("rank " + std::to_string(rank_) + ": fake device: no communicator for group " +
-                      scenarios::to_string(op.group) + " on stream " + std::to_string(stream) + " (" +
-                      op_text(*c.graph, op) + ")");
-  }
-  Comm& comm = it->second;
+std::pair<std::string, int> FakeDevice::meeting_of(int stream, const Cmd& c, const Op& op, FakeFabric::Arrival& me) {
   me.rank = rank_;
   me.duration_us = duration_us(op);
   if (op.kind == OpKind::collective) {
+    const auto it = comms_.find({static_cast<int>(op.group), stream});
+    if (it == comms_.end()) {
+      throw SystemError("rank " + std::to_string(rank_) + ": fake device: no communicator for group " +
+                        scenarios::to_string(op.group) + " on stream " + std::to_string(stream) + " (" +
+                        op_text(*c.graph, op) + ")");
+    }
+    Comm& comm = it->second;
     me.what = op_text(*c.graph, op);
     return {comm.key + " collective #" + std::to_string(comm.seq++), comm.size};
   }
-  const int peer = ((comm.index + op.peer) % comm.size + comm.size) % comm.size;
+  const std::string key = comm_key(*c.graph, rank_, op);
+  const auto it = p2p_comms_.find(key);
+  if (it == p2p_comms_.end()) {
+    throw SystemError("rank " + std::to_string(rank_) + ": fake device: no communicator " + key + " (" +
+                      op_text(*c.graph, op) + ")");
+  }
+  Comm& comm = it->second;
+  const int peer = 1 - comm.index;  // a two-rank communicator
   const bool send = op.kind == OpKind::send;
   const int src = send ? comm.index : peer;
   const int dst = send ? peer : comm.index;
@@ -564,7 +575,7 @@ void FakeDevice::run_p2p_group(int stream, const Cmd& c) {
   for (const Op* op : c.group) {
     TW_FAKE_HANG_CHECK();
     FakeFabric::Arrival me;
-    const auto [key, size] = comm_key(stream, c, *op, me);
+    const auto [key, size] = meeting_of(stream, c, *op, me);
     fabric_.arrive(key, size, me);
     keys.emplace_back(key, me.awaits);
   }
@@ -586,7 +597,7 @@ void FakeDevice::run_op(int stream, const Cmd& c) {
   if (op.is_comm()) {
     TW_FAKE_HANG_CHECK();
     FakeFabric::Arrival me;
-    const auto [key, size] = comm_key(stream, c, op, me);
+    const auto [key, size] = meeting_of(stream, c, op, me);
     fabric_.arrive(key, size, me);
     if (me.awaits) {
       if (!fabric_.await(key, [this] { return stopping(); })) return;

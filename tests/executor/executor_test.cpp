@@ -231,9 +231,11 @@ TEST(Executor, PipelineSendAndRecvMatchAcrossStagesWithInterleaving) {
   const StepGraph g = scenarios::expand(s, 0);
   const auto instances = comm_instances({&g});
   std::set<std::string> names;
-  for (const auto& ci : instances) names.insert(std::string(scenarios::to_string(ci.group)) + "@" + g.streams[static_cast<std::size_t>(ci.stream)].name);
-  EXPECT_TRUE(names.count("pp@pp_fwd")) << "activations and gradients travel on separate communicators";
-  EXPECT_TRUE(names.count("pp@pp_bwd"));
+  for (const auto& ci : instances) names.insert(ci.key);
+  // Activations and gradients, and each direction between two ranks, have their own communicator.
+  for (const char* key : {"pp@pp_fwd:0>1", "pp@pp_fwd:1>0", "pp@pp_bwd:0>1", "pp@pp_bwd:1>0"}) {
+    EXPECT_TRUE(names.count(key)) << key;
+  }
   const FakeRun run = run_fake(s, options_for(dir, 2, 1));
   expect_dependencies_respected(g, run.trace, 3);
   const profiler::RunData d = profiler::RunDirReader::read(dir);
@@ -377,6 +379,33 @@ TEST(Executor, AHungPeerMakesTheOthersTimeOutInsteadOfHanging) {
   fs::remove_all(dir);
 }
 
+TEST(Executor, InjectedFaultsStopTheRunWithAClearError) {
+  const Scenario s = scenario_from(small_moe("ep = 2", "", 2));
+  for (const auto fault : {ExecutorOptions::Fault::fail, ExecutorOptions::Fault::hang}) {
+    const fs::path dir = temp_dir("inject");
+    ExecutorOptions eo = options_for(dir, 3, 1);
+    eo.fault = fault;
+    eo.fault_rank = 1;
+    eo.fault_step = 1;
+    eo.timeout = std::chrono::milliseconds(500);
+    try {
+      run_fake(s, eo);
+      FAIL() << "expected a failure";
+    } catch (const SystemError& e) {
+      const std::string m = e.what();
+      if (fault == ExecutorOptions::Fault::fail) {
+        EXPECT_EQ(m.rfind("rank 1: injected failure (--inject-fault) in step 1 before op", 0), 0U) << m;
+        EXPECT_NE(m.find("rank 0: stopped"), std::string::npos) << m;
+      } else {
+        // The hung rank raises nothing: its peer times out in a collective and stops the run.
+        EXPECT_EQ(m.rfind("rank 0: no progress for 0.5 s", 0), 0U) << m;
+        EXPECT_NE(m.find("rank 1: injected hang (--inject-fault) in step 1"), std::string::npos) << m;
+      }
+    }
+    fs::remove_all(dir);
+  }
+}
+
 TEST(Executor, MismatchedCollectivesAreReportedNotHung) {
   // Two ranks that do not issue the same collective at the same position: the fake fabric checks
   // what NCCL would silently hang on.
@@ -516,6 +545,7 @@ TEST(Executor, CommunicatorsArePerGroupAndStream) {
     }
     EXPECT_TRUE(names.count("tp@compute")) << r;
     EXPECT_TRUE(names.count("ep@compute")) << r;
+    EXPECT_TRUE(names.count("dp_cp@dp_comm") || names.count("dp@dp_comm")) << r;
   }
 }
 

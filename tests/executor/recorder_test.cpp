@@ -97,6 +97,36 @@ TEST(StepRecorder, HarvestIsNonBlockingAndKeepsStepOrder) {
   EXPECT_EQ(clock.live.count(epoch1), 1U);
 }
 
+TEST(StepRecorder, AHostPhaseThatWaitedStartsWhenTheDeviceWorkWasDone) {
+  ManualClock clock;
+  StepRecorder<ManualClock> rec(clock, policy(1), 0, nullptr);
+  const auto anchor = clock.mark(0);
+  clock.time[anchor.id] = 0.0;
+  rec.set_anchor(anchor, 1000.0);
+  PhaseRecord tmpl;
+  const int epoch = clock.next;
+  rec.begin_step(0, 0);
+  const auto behind = clock.mark(0);  // the device work the host waits for ends at device 25
+  // The host arrived at 1015 (5 us after the epoch), woke up and went on at 1032.
+  rec.host_phase_after(tmpl, {behind}, 1015.0, 1032.0);
+  // A host phase whose device work was done before the host arrived starts on arrival.
+  const auto early = clock.mark(0);
+  rec.host_phase_after(tmpl, {early}, 1040.0, 1041.0);
+  const auto z = clock.mark(0);
+  rec.end_step(z);
+  clock.time[epoch] = 10.0;
+  clock.time[behind.id] = 25.0;
+  clock.time[early.id] = 26.0;
+  clock.time[z.id] = 50.0;
+  ASSERT_EQ(rec.harvest(), 1U);
+  ASSERT_EQ(rec.kept_phases().size(), 2U);
+  EXPECT_DOUBLE_EQ(rec.kept_phases()[0].start_us, 15.0);
+  EXPECT_DOUBLE_EQ(rec.kept_phases()[0].dur_us, 7.0);
+  EXPECT_DOUBLE_EQ(rec.kept_phases()[1].start_us, 30.0);
+  EXPECT_DOUBLE_EQ(rec.kept_phases()[1].dur_us, 1.0);
+  EXPECT_EQ(clock.live.size(), 1U) << "the markers behind the waits went back to the clock";
+}
+
 TEST(StepRecorder, ARankThatDoesNotRecordIsDisabled) {
   ManualClock clock;
   StepRecorder<ManualClock> rec(clock, policy(1, 2, {1}), 0, nullptr);

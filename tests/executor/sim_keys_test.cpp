@@ -23,8 +23,7 @@ namespace fs = std::filesystem;
 using Key = std::tuple<int, int, std::string, int, int, int>;
 
 // Key -> the optional fields a record carries (the mandatory ones are always there), their values,
-// wall and stream. Not compared: group_id, which the real run writes for collectives (run_dir.md)
-// and the simulator does not write yet.
+// wall and stream.
 std::map<Key, std::string> records(const fs::path& dir) {
   const profiler::RunData d = profiler::RunDirReader::read(dir);
   std::map<Key, std::string> out;
@@ -33,6 +32,7 @@ std::map<Key, std::string> records(const fs::path& dir) {
     if (p.expert != profiler::kAbsent) f += " expert";
     if (p.peer != profiler::kAbsent) f += " peer=" + std::to_string(p.peer);
     if (p.group != profiler::kNoName) f += " group=" + d.names.groups.name(p.group);
+    if (p.group_id != profiler::kAbsent) f += " group_id=" + std::to_string(p.group_id);
     if (p.tokens != profiler::kAbsent) f += " tokens=" + std::to_string(p.tokens);
     if (p.coarse != profiler::CoarseView::none) f += std::string(" coarse=") + profiler::to_string(p.coarse);
     f += std::string(" wall=") + profiler::to_string(p.wall) + " stream=" + d.names.streams.name(p.stream);

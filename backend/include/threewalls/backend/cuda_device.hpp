@@ -8,8 +8,8 @@
 // and an OpRunner's collectives use the communicators of one CommTable; with a runner per stream,
 // concurrent streams never share a workspace or a communicator. Buffers are per stream too (the data
 // is random: we measure time, not train).
-// Send/recv go through backend::send/recv on the stream's own communicator (peer = member index
-// +/- 1, wrapping, as the StepGraph's interleaved pipeline and CP ring need).
+// Send/recv go through backend::send/recv on two-rank communicators, one per directed pair of ranks
+// and pipeline direction (CommSpec), so a rank's sends never queue behind its receives.
 #include <cuda_runtime_api.h>
 
 #include <map>
@@ -67,19 +67,27 @@ class CudaDevice : public Device {
     std::unique_ptr<OpRunner> runner;
     DeviceBuffer p2p_send;
     DeviceBuffer p2p_recv;
-    std::map<scenarios::Group, std::string> comm_names;  // group -> "pp@pp_fwd"
+    std::map<scenarios::Group, std::string> comm_names;  // group -> "ep@compute"
   };
   PerStream& at(int stream);
   void create_comms();
   void prepare_stream(int s, const std::vector<scenarios::Op>& ops);
-  void p2p(const scenarios::Op& op, PerStream& ps);
+  void p2p(const scenarios::StepGraph& graph, const scenarios::Op& op, PerStream& ps);
+  NcclComm& p2p_comm(const scenarios::StepGraph& graph, const scenarios::Op& op);
   const nvtx3::registered_string_in<profiler::cuda::NvtxDomain>& nvtx_name(const scenarios::StepGraph& g,
                                                                            const scenarios::Op& op);
 
+  // First member: makes the device current (and tags the thread) before any other member creates
+  // CUDA objects (the event clock creates its pool in its constructor).
+  struct Binder {
+    Binder(int rank, int ordinal);
+  };
+  Binder binder_;
   int rank_;
   int ordinal_;
   DeviceSetup setup_;
   std::map<int, PerStream> streams_;
+  std::map<std::string, NcclComm> p2p_comms_;  // send/recv: two-rank communicators by comm_key
   std::vector<Event> events_;
   std::vector<std::uint32_t> free_events_;
   profiler::cuda::CudaEventClock clock_;

@@ -38,18 +38,27 @@ struct CommId {
   std::array<char, 128> bytes{};
 };
 
-// One communicator of a rank: group `group` used by ops on stream `stream` (separate communicators
-// per stream, so that sends and receives on pp_fwd and pp_bwd, or collectives on compute and dp_comm,
-// can never wait on each other inside one communicator).
+// One communicator of a rank. Collectives: one per (group, stream) the rank uses, so collectives
+// on compute and on dp_comm (say) never wait on each other inside one communicator. Send/recv: one
+// per directed pair of ranks and pipeline direction ("pp@pp_fwd:2>3": group, the stream name without
+// its _send/_recv suffix, sender > receiver), a two-rank communicator, so that a rank's sends and its
+// receives never share one: NCCL orders a communicator's operations as they were issued, which
+// would let a send wait behind an unrelated receive.
 struct CommSpec {
+  std::string key;  // comm_key(): "ep@compute", "pp@pp_fwd:2>3"
+  bool p2p = false;
   scenarios::Group group = scenarios::Group::none;
-  int stream = 0;
-  std::string stream_name;
-  std::vector<int> members;  // global ranks, in group order
+  int stream = -1;           // collectives: the stream whose ops use it; p2p: -1
+  std::vector<int> members;  // global ranks, in group order (p2p: the two ranks, ascending)
   int index = 0;             // this rank's position in `members`
   CommId id;
-  [[nodiscard]] std::string name() const;  // "ep@compute"
+  [[nodiscard]] const std::string& name() const { return key; }
 };
+
+// The stream name without a trailing "_send" or "_recv" ("pp_fwd_send" -> "pp_fwd").
+std::string base_stream_name(const std::string& name);
+// The key of the communicator op `op` of `rank` uses (see CommSpec).
+std::string comm_key(const scenarios::StepGraph& graph, int rank, const scenarios::Op& op);
 
 // What a device is opened with.
 struct DeviceSetup {

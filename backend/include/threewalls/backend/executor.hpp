@@ -25,6 +25,7 @@
 // rethrows the first failure (its type kept: InputError or SystemError) naming every rank.
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -56,6 +57,13 @@ struct ExecutorOptions {
   int max_steps_in_flight = 2;     // host run-ahead, in steps
   double realign_every_s = 10.0;   // re-anchor device time on the host clock this often (when idle)
   std::string source = "real";     // run header source
+  // Fault injection, to demonstrate fault handling on real GPUs (`threewalls run --inject-fault`):
+  // in measured step `fault_step`, rank `fault_rank` stops halfway through issuing the step's ops and
+  // either fails (throws) or hangs (issues nothing more and raises nothing, as a stuck process would).
+  enum class Fault : std::uint8_t { none, fail, hang };
+  Fault fault = Fault::none;
+  int fault_rank = -1;
+  int fault_step = 0;
 };
 
 // How this process takes part in the run.
@@ -106,16 +114,18 @@ RunResult execute(const scenarios::Scenario& s, const ProcessContext& process, c
 
 // ---- building blocks, exposed for tests ----
 
-// One communicator instance of the world: group `group` on stream `stream` of the members.
+// One communicator instance of the world (CommSpec without the rank's view).
 struct CommInstance {
+  std::string key;
+  bool p2p = false;
   scenarios::Group group = scenarios::Group::none;
-  int stream = 0;
+  int stream = -1;
   std::vector<int> members;
   [[nodiscard]] bool operator<(const CommInstance& o) const;
 };
 // Every communicator instance the graphs need, in a deterministic order (the order ids are made in).
-// Throws InputError when a member of a group lacks the communicator its peers use (an inconsistent
-// graph: a collective some members would never join).
+// Throws InputError when a member lacks the communicator its peers use (an inconsistent graph: a
+// collective some members would never join, a send without a receive).
 std::vector<CommInstance> comm_instances(const std::vector<const scenarios::StepGraph*>& graphs);
 // The communicators of `rank`, with ids from `ids` (index-aligned with `instances`).
 std::vector<CommSpec> comm_specs(const std::vector<CommInstance>& instances, const std::vector<CommId>& ids,

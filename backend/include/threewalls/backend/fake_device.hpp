@@ -186,7 +186,7 @@ class FakeDevice : public Device {
   void run_op(int stream, const Cmd& c);
   void run_p2p_group(int stream, const Cmd& c);
   // The meeting key and arrival of a communication op (advances the communicator's counters).
-  std::pair<std::string, int> comm_key(int stream, const Cmd& c, const scenarios::Op& op, FakeFabric::Arrival& me);
+  std::pair<std::string, int> meeting_of(int stream, const Cmd& c, const scenarios::Op& op, FakeFabric::Arrival& me);
   void count_launch(const scenarios::StepGraph& graph, const scenarios::Op& op);
   [[nodiscard]] double duration_us(const scenarios::Op& op) const;
   [[nodiscard]] bool stopping() const;
@@ -197,7 +197,8 @@ class FakeDevice : public Device {
   int rank_;
   DeviceSetup setup_;
   std::map<int, std::unique_ptr<StreamWorker>> workers_;
-  std::map<std::pair<int, int>, Comm> comms_;  // (group, stream)
+  std::map<std::pair<int, int>, Comm> comms_;  // collectives: (group, stream)
+  std::map<std::string, Comm> p2p_comms_;      // send/recv: by comm_key
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Slot> slots_;

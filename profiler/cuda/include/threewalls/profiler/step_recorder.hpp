@@ -18,7 +18,8 @@
 // the device was idle at a known host time:
 //   epoch_us(k) = anchor_host_us + elapsed(anchor, epoch_k),
 // after which epoch_k becomes the anchor (so elapsed times stay short: float milliseconds from CUDA
-// lose precision over hours). Host phases: start_us = host_start - epoch_us(k). set_anchor() may
+// lose precision over hours). A host phase that waited for device work (host_phase_after) starts
+// when the host had arrived and that work was done, whichever is later. Host phases: start_us = host_start - epoch_us(k). set_anchor() may
 // re-align at any time (the executor does so every few seconds when the device is idle), which bounds
 // the drift between the host and the device clocks. A host phase that began before the device
 // reached the step's epoch (the host runs ahead of the device) is clipped to start at the epoch: the
@@ -103,6 +104,16 @@ class StepRecorder {
     h.dur_us = host_end_us - host_start_us;
     cur_->host.push_back(h);
   }
+  // A host phase that waited for device work: the host arrived at `host_arrive_us`, the work it
+  // waited for ended at `after` (markers recorded behind it), and the host went on at `host_end_us`.
+  // The phase starts when both the host had arrived and the device work was done, as the simulator's
+  // host lane does (the wait before is a gap, not host time): start = max(arrive, max over `after`).
+  void host_phase_after(const PhaseRecord& r, std::vector<Marker> after, double host_arrive_us, double host_end_us) {
+    PhaseRecord h = r;
+    h.start_us = host_arrive_us;
+    h.dur_us = host_end_us - host_arrive_us;
+    cur_->host_after.push_back(HostAfter{h, std::move(after)});
+  }
   // Ends the current step. `end` marks the end of its device work (ignored and may be none when the
   // step is not recorded).
   void end_step(Marker end) {
@@ -157,6 +168,10 @@ class StepRecorder {
     Marker a;
     Marker b;
   };
+  struct HostAfter {
+    PhaseRecord r;  // start_us/dur_us: host arrival and time until the host went on
+    std::vector<Marker> after;
+  };
   struct Pending {
     int step = 0;
     bool ended = false;
@@ -164,6 +179,7 @@ class StepRecorder {
     Marker end{};
     std::vector<DevicePhase> device;
     std::vector<PhaseRecord> host;
+    std::vector<HostAfter> host_after;
   };
 
   Pending& new_pending() {
@@ -177,6 +193,7 @@ class StepRecorder {
     p.ended = false;
     p.device.clear();
     p.host.clear();
+    p.host_after.clear();
     return p;
   }
 
@@ -224,6 +241,20 @@ class StepRecorder {
       end_us = std::max(end_us, r.start_us + r.dur_us);
       out.push_back(r);
     }
+    for (const HostAfter& h : p.host_after) {
+      PhaseRecord r = h.r;
+      r.step = p.step;
+      r.rank = rank_;
+      const double arrive = h.r.start_us - epoch_us;
+      const double leave = arrive + h.r.dur_us;
+      double start = arrive;
+      for (const Marker& m : h.after) start = std::max(start, clock_->elapsed_us(p.epoch, m));
+      start = std::max(start, 0.0);
+      r.start_us = std::min(start, std::max(leave, 0.0));
+      r.dur_us = std::max(0.0, leave - r.start_us);
+      end_us = std::max(end_us, r.start_us + r.dur_us);
+      out.push_back(r);
+    }
     sr.dur_us = end_us;
     if (sink_ != nullptr) {
       sink_->submit(sr, std::move(out));
@@ -240,6 +271,9 @@ class StepRecorder {
       clock_->release(d.a);
       clock_->release(d.b);
     }
+    for (const HostAfter& h : p.host_after) {
+      for (const Marker& m : h.after) clock_->release(m);
+    }
   }
 
   void recycle_front() {
@@ -250,8 +284,12 @@ class StepRecorder {
       clock_->release(d.a);
       clock_->release(d.b);
     }
+    for (const HostAfter& h : p.host_after) {
+      for (const Marker& m : h.after) clock_->release(m);
+    }
     p.device.clear();
     p.host.clear();
+    p.host_after.clear();
     spare_.push_back(std::move(p));
     pending_.pop_front();
   }
