@@ -30,6 +30,7 @@ GemmModel gemm_of(const FamilySpec& s, const Params& p, const Hardware& hw) {
   m.tile_n = static_cast<int>(as_int(scalar(s, p, "tile_n")));
   m.efficiency_max = scalar(s, p, "efficiency_max");
   m.k_half = scalar(s, p, "k_half");
+  m.wave_tail = scalar(s, p, "wave_tail");
   m.overhead_s = scalar(s, p, "overhead_s");
   m.memory_bandwidth_bytes_per_s = scalar(s, p, "memory_bandwidth_bytes_per_s");
   m.device = device_of(hw, s.dtype);
@@ -156,6 +157,7 @@ Params fit_params(const FamilySpec& spec, const std::vector<Point>& points, cons
                         {static_cast<double>(m.tile_n)},
                         {m.efficiency_max},
                         {m.k_half},
+                        {m.wave_tail},
                         {m.overhead_s},
                         {m.memory_bandwidth_bytes_per_s}});
     }
@@ -267,6 +269,7 @@ std::optional<std::string> check_params(const FamilySpec& spec, const Params& pa
       if (s("tile_m") < 1 || s("tile_n") < 1) return "'tile_m' and 'tile_n' must be at least 1";
       if (!(s("efficiency_max") > 0)) return "'efficiency_max' must be > 0";
       if (s("k_half") < 0) return "'k_half' must be >= 0";
+      if (spec.kind == ModelKind::gemm && s("wave_tail") < 0) return "'wave_tail' must be >= 0";
       if (s("overhead_s") < 0) return "'overhead_s' must be >= 0";
       if (!(s("memory_bandwidth_bytes_per_s") > 0)) return "'memory_bandwidth_bytes_per_s' must be > 0";
       return std::nullopt;

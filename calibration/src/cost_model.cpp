@@ -124,7 +124,7 @@ CostModel::~CostModel() = default;
 CostModel::CostModel(CostModel&&) noexcept = default;
 CostModel& CostModel::operator=(CostModel&&) noexcept = default;
 
-// t = max(F / (P e_max k/(k+k_half) q), B / BW) + t0   (GemmModel, "gemm_wave_v1")
+// t = max((F + tail 2 k Tm Tn SMs) / (P e_max k/(k+k_half)), B / BW) + t0   (GemmModel, "gemm_roofline_v2")
 Seconds CostModel::gemm(std::int64_t m, std::int64_t n, std::int64_t k, Dtype dt, std::int64_t batch) const {
   require_non_negative(m, "gemm", "m");
   require_non_negative(n, "gemm", "n");

@@ -92,19 +92,28 @@ std::vector<FamilySpec> build_specs() {
       {"overhead_s", false, false, "t0: fixed time per kernel, seconds"},
       {"memory_bandwidth_bytes_per_s", false, false, "HBM read+write bandwidth of the memory-bound limit"},
   };
+  // gemm_roofline_v2: the grouped model's parameters plus the wave tail.
+  std::vector<ParamSpec> dense_params = gemm_params;
+  dense_params[0].description = "rows of the tile the wave tail is counted in (128)";
+  dense_params[1].description = "columns of the tile the wave tail is counted in (128)";
+  dense_params.insert(dense_params.begin() + 4,
+                      ParamSpec{"wave_tail", false, false,
+                                "waves of tiles whose K loop every GEMM pays besides its FLOPs (fill and tail)"});
   for (Dtype dt : {Dtype::bf16, Dtype::fp8, Dtype::fp32}) {
     FamilySpec s;
     s.name = gemm_family(dt);
-    s.model = "gemm_wave_v1";
+    s.model = "gemm_roofline_v2";
     s.kind = ModelKind::gemm;
     s.dtype = dt;
-    s.description = std::string("dense ") + to_string(dt) +
-                    " GEMM C[m,n] = A[m,k] B[k,n] x batch: t = max(F / (P e_max k/(k+k_half) q), B / BW) + t0";
+    s.description =
+        std::string("dense ") + to_string(dt) +
+        " GEMM C[m,n] = A[m,k] B[k,n] x batch: t = max((F + tail 2 k Tm Tn SMs) / (P e_max k/(k+k_half)), B "
+        "/ BW) + t0";
     s.inputs = {{"m", true, "rows of A and C"},
                 {"n", true, "columns of B and C"},
                 {"k", true, "inner dimension"},
                 {"batch", true, "independent products in one call"}};
-    s.params = gemm_params;
+    s.params = dense_params;
     specs.push_back(s);
   }
   for (Dtype dt : {Dtype::bf16, Dtype::fp8, Dtype::fp32}) {

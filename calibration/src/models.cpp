@@ -89,24 +89,24 @@ double GemmModel::time_s(std::int64_t m, std::int64_t n, std::int64_t k, std::in
   const double bd = static_cast<double>(batch);
   const double flops = 2.0 * md * nd * kd * bd;
   const double bytes = bd * ((md * kd + kd * nd) * elements.input + md * nd * elements.output);
-  const double tiles = bd * ceil_div(md, tile_m) * ceil_div(nd, tile_n);
-  const double q = wave_efficiency(tiles, device.sm_count);
+  // t = max((F + tail 2 k T_m T_n SMs) / (P e_max k / (k + k_half)), B / BW) + t0   ("gemm_roofline_v2")
+  const double tail_flops = wave_tail * 2.0 * kd * tile_m * tile_n * device.sm_count;
   const double eff = efficiency_max * kd / (kd + k_half);
-  const double t_compute = flops / (device.peak_flop_per_s * eff * q);
+  const double t_compute = (flops + tail_flops) / (device.peak_flop_per_s * eff);
   const double t_memory = bytes / memory_bandwidth_bytes_per_s;
   return std::max(t_compute, t_memory) + overhead_s;
 }
 
 const std::vector<GemmModel::Tile>& GemmModel::default_tiles() {
-  static const std::vector<Tile> tiles = {{128, 128}, {128, 256}, {256, 128}};
+  static const std::vector<Tile> tiles = {{128, 128}};
   return tiles;
 }
 
 GemmModel GemmModel::fit(const std::vector<Sample>& samples, const DeviceConstants& device, ElementBytes elements,
                          double memory_bandwidth_bytes_per_s, const std::vector<Tile>& tiles) {
   require_device(device, memory_bandwidth_bytes_per_s, "gemm");
-  if (samples.size() < 3) {
-    throw FitImpossible("gemm: needs at least 3 points (e_max, k_half and t0 are fitted), has " +
+  if (samples.size() < 4) {
+    throw FitImpossible("gemm: needs at least 4 points (e_max, k_half, wave_tail and t0 are fitted), has " +
                         std::to_string(samples.size()));
   }
   for (const auto& s : samples) {
@@ -116,9 +116,11 @@ GemmModel GemmModel::fit(const std::vector<Sample>& samples, const DeviceConstan
   }
   const std::vector<std::vector<double>> starts = [] {
     std::vector<std::vector<double>> s;
-    for (double e : {0.5, 0.9}) {
+    for (double e : {0.5, 0.85}) {
       for (double kh : {32.0, 512.0, 4096.0}) {
-        for (double t0 : {1e-6, 1e-5}) s.push_back({logit(e), std::log(kh), std::log(t0)});
+        for (double tail : {0.05, 0.5}) {
+          for (double t0 : {1e-6, 1e-5}) s.push_back({logit(e), std::log(kh), std::log(tail), std::log(t0)});
+        }
       }
     }
     return s;
@@ -140,7 +142,8 @@ GemmModel GemmModel::fit(const std::vector<Sample>& samples, const DeviceConstan
       GemmModel c = m;
       c.efficiency_max = logistic(theta[0]);
       c.k_half = std::exp(theta[1]);
-      c.overhead_s = std::exp(theta[2]);
+      c.wave_tail = std::exp(theta[2]);
+      c.overhead_s = std::exp(theta[3]);
       return c;
     };
     auto residuals = [&](const std::vector<double>& theta) {
@@ -158,21 +161,13 @@ GemmModel GemmModel::fit(const std::vector<Sample>& samples, const DeviceConstan
     }
   }
   if (candidates.empty()) throw FitImpossible("gemm: no parameters reproduce the points (non-finite error)");
-  // Tiles whose fits are within kTileTieRms of the best cannot be told apart by the points. Among
-  // them keep the smallest fixed cost t0: a large t0 and wave quantisation with a larger tile explain
-  // slow mid-size GEMMs equally well, but only the former would charge every small (decode) GEMM a
-  // fixed cost that no point measured.
-  constexpr double kTileTieRms = 0.01;
-  double best_rms = kInf;
-  for (const auto& c : candidates) best_rms = std::min(best_rms, c.rms);
-  const Candidate* chosen = nullptr;
+  // The tile unit with the least RMS relative error (the first on a tie).
+  const Candidate* chosen = &candidates.front();
   for (const auto& c : candidates) {
-    if (c.rms <= best_rms + kTileTieRms && (!chosen || c.model.overhead_s < chosen->model.overhead_s)) chosen = &c;
+    if (c.rms < chosen->rms) chosen = &c;
   }
   return chosen->model;
 }
-
-// ---------------------------------------------------------------------------------- grouped GEMM
 
 double GroupedGemmModel::time_s(std::int64_t groups, std::int64_t total_rows, std::int64_t max_rows, std::int64_t n,
                                 std::int64_t k) const {

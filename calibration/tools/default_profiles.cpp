@@ -168,6 +168,7 @@ GemmModel fp8_truth(const Family& bf16, const Hardware& hw) {
   m.tile_n = static_cast<int>(bf16.param("tile_n"));
   m.efficiency_max = bf16.param("efficiency_max") * kFp8EfficiencyFactor;
   m.k_half = bf16.param("k_half");
+  m.wave_tail = bf16.param("wave_tail");
   m.overhead_s = bf16.param("overhead_s");
   m.memory_bandwidth_bytes_per_s = bf16.param("memory_bandwidth_bytes_per_s");
   m.device = {hw.sm_count, hw.peak_fp8_flop_per_s};
@@ -185,7 +186,9 @@ void add_gemm_fp8(ProfileBuilder& b, const Profile& stage1) {
   b.set_note(
       gemm_family(Dtype::fp8),
       "no fp8 facts: points generated from this profile's bf16 fit on the datasheet fp8 peak (1979 TFLOP/s) with "
-      "e_max x 0.8 (assumption: fp8 kernels reach a lower fraction of their peak), fp8 inputs, same tile, k_half, t0");
+      "e_max x 0.8 (assumption: fp8 kernels reach a lower fraction of their peak), fp8 inputs, same tile, k_half, wave "
+      "tail, "
+      "t0");
 }
 
 void add_grouped_fp8(ProfileBuilder& b, const Profile& stage1) {

@@ -27,9 +27,10 @@ const DeviceConstants kH200Bf16{132, 989e12};
 GemmModel truth_gemm() {
   GemmModel m;
   m.tile_m = 128;
-  m.tile_n = 256;
+  m.tile_n = 128;
   m.efficiency_max = 0.82;
   m.k_half = 400.0;
+  m.wave_tail = 0.15;
   m.overhead_s = 6e-6;
   m.memory_bandwidth_bytes_per_s = 4e12;
   m.device = kH200Bf16;
@@ -50,9 +51,10 @@ TEST(GemmModel, FitRecoversParametersFromNoisyPoints) {
   }
   const GemmModel fit = GemmModel::fit(samples, truth.device, truth.elements, truth.memory_bandwidth_bytes_per_s);
   EXPECT_EQ(fit.tile_m, 128);
-  EXPECT_EQ(fit.tile_n, 256);
+  EXPECT_EQ(fit.tile_n, 128);
   EXPECT_NEAR(fit.efficiency_max, 0.82, 0.82 * 0.03);
   EXPECT_NEAR(fit.k_half, 400.0, 400.0 * 0.2);
+  EXPECT_NEAR(fit.wave_tail, 0.15, 0.15 * 0.3);
   EXPECT_NEAR(fit.overhead_s, 6e-6, 6e-6 * 0.2);
   // Shapes that were never measured (the simulator's use) are predicted within a few percent.
   for (auto [m, n, k] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{3000, 5120, 1536},
@@ -62,22 +64,27 @@ TEST(GemmModel, FitRecoversParametersFromNoisyPoints) {
   }
 }
 
-TEST(GemmModel, FitNeedsThreePoints) {
+TEST(GemmModel, FitNeedsFourPoints) {
   const GemmModel t = truth_gemm();
-  std::vector<GemmModel::Sample> two = {{1024, 1024, 1024, 1, 1e-5}, {2048, 2048, 2048, 1, 5e-5}};
-  EXPECT_THROW(GemmModel::fit(two, t.device, t.elements, 4e12), FitImpossible);
+  std::vector<GemmModel::Sample> three = {
+      {1024, 1024, 1024, 1, 1e-5}, {2048, 2048, 2048, 1, 5e-5}, {4096, 4096, 4096, 1, 2e-4}};
+  EXPECT_THROW(GemmModel::fit(three, t.device, t.elements, 4e12), FitImpossible);
 }
 
-TEST(GemmModel, OneTileMoreThanTheSmsCostsAnotherWave) {
-  // 132 SMs: 132 tiles are one wave, 133 tiles two waves of (nearly) the same tile time.
+TEST(GemmModel, EveryGemmPaysTheKLoopOfTheWaveTail) {
+  // 132 SMs, 128 x 128 tiles: one full wave of tiles costs (1 + tail) times its FLOP time; a GEMM of
+  // one tile (1/132 of a wave) fills the GPU to w / (w + tail) = (1/132) / (1/132 + 0.15).
   GemmModel m = truth_gemm();
-  m.tile_m = 128;
-  m.tile_n = 128;
   m.overhead_s = 0;
   m.memory_bandwidth_bytes_per_s = 1e30;  // compute only
-  const double one_wave = m.time_s(128 * 132, 128, 8192);
-  const double two_waves = m.time_s(128 * 133, 128, 8192);
-  EXPECT_NEAR(two_waves / one_wave, 2.0, 0.02);
+  const std::int64_t k = 8192;
+  const double eff = m.efficiency_max * k / (k + m.k_half);
+  const double one_wave_flops = 2.0 * 128 * 132 * 128 * k;
+  EXPECT_NEAR(m.time_s(128 * 132, 128, k) / (one_wave_flops / (989e12 * eff)), 1.15, 1e-9);
+  const double w = 1.0 / 132.0;
+  EXPECT_NEAR(m.time_s(128, 128, k) / (one_wave_flops / 132.0 / (989e12 * eff)), (w + 0.15) / w, 1e-9);
+  // Ten waves: the tail is a 1.5% surcharge.
+  EXPECT_NEAR(m.time_s(128 * 1320, 128, k) / (10 * one_wave_flops / (989e12 * eff)), 1.015, 1e-9);
 }
 
 TEST(GemmModel, SmallMatricesAreMemoryBound) {

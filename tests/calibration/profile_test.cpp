@@ -160,9 +160,9 @@ TEST(ProfileReader, MissingKeyNamesTableKeyAndLine) {
 }
 
 TEST(ProfileReader, WrongModelIdIsRefused) {
-  const auto msg = load_error(replaced(small_profile().to_toml(), "\"gemm_wave_v1\"", "\"gemm_wave_v9\""));
+  const auto msg = load_error(replaced(small_profile().to_toml(), "\"gemm_roofline_v2\"", "\"gemm_wave_v9\""));
   EXPECT_NE(msg.find("model = \"gemm_wave_v9\" is not known"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("\"gemm_wave_v1\""), std::string::npos) << msg;
+  EXPECT_NE(msg.find("\"gemm_roofline_v2\""), std::string::npos) << msg;
 }
 
 TEST(ProfileReader, InconsistentPercentilesAreRefused) {
@@ -254,12 +254,14 @@ TEST(ProfileBuilder, FamilyThatCannotBeFittedIsNamed) {
   ProfileBuilder b({"x", "measured", "test"}, test_hardware());
   b.add_gemm(Dtype::bf16, 1024, 1024, 1024, 1, Measurement::single(1e-5));
   b.add_gemm(Dtype::bf16, 2048, 1024, 1024, 1, Measurement::single(2e-5));
+  b.add_gemm(Dtype::bf16, 4096, 1024, 1024, 1, Measurement::single(4e-5));
   try {
     (void)b.build();
     FAIL() << "expected an InputError";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("family gemm.bf16: cannot fit gemm_wave_v1: gemm: needs at least 3 points"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("family gemm.bf16: cannot fit gemm_roofline_v2: gemm: needs at least 4 points"),
+        std::string::npos)
         << e.what();
   }
 }

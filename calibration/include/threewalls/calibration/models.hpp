@@ -37,26 +37,31 @@ struct ElementBytes {
 ElementBytes element_bytes(Dtype dt);
 
 // ---------------------------------------------------------------------------------------------
-// Dense GEMM ("gemm_wave_v1")
+// Dense GEMM ("gemm_roofline_v2")
 //
 //   F     = 2 m n k b                                 (b = batch of independent products)
 //   B     = b (m k + k n) e_in + b m n e_out          (bytes read and written once)
-//   tiles = b ceil(m / T_m) ceil(n / T_n),  waves = ceil(tiles / SMs),  q = tiles / (waves SMs)
 //   eff   = e_max * k / (k + k_half)                  (K-loop prologue/epilogue amortisation)
-//   t     = max( F / (P eff q),  B / BW ) + t0
+//   t     = max( (F + tail * 2 k T_m T_n SMs) / (P eff),  B / BW ) + t0
 //
-// q is wave quantisation: the last partial wave of tiles occupies the whole GPU for a tile's
-// time. Partial tiles at the matrix edge are not padded (cuBLAS picks a tile that fits small m).
-// Fitted per candidate tile T_m x T_n (a few Hopper CUTLASS/cuBLAS tile shapes): e_max in (0, 1)
-// (logistic), k_half and t0 (log-parameters), by Levenberg-Marquardt on relative residuals. The tile
-// with the least RMS relative error is kept, except that tiles within 1 percentage point of it are
-// indistinguishable and the one with the smallest t0 is kept among them (see docs/calibration.md).
-// BW is the measured HBM copy bandwidth (read + write) from copy.d2d, P the datasheet peak.
+// Besides its FLOPs a GEMM pays the K loop of `tail` waves of T_m x T_n output tiles (wave_tail):
+// the ramp and the partly idle last wave, which cuBLAS's split-K / stream-K kernels on Hopper spread
+// smoothly over shapes instead of the hard ceil(tiles / SMs) steps of a single fixed tile. Written
+// as an efficiency it is a fill curve, eff * w / (w + tail) with w = b m n / (T_m T_n SMs) full waves
+// of tiles: small GEMMs fill the GPU poorly, large ones do not notice. Small-m GEMMs (decode) are
+// bound by reading the weights (B / BW); t0 is the fixed device-side cost of a GEMM call.
+// Fitted on relative residuals by multi-start Levenberg-Marquardt: e_max in (0, 1) (logistic),
+// k_half, tail and t0 (log-parameters). T_m = T_n = 128 is the unit of the tail (and the tile the
+// grouped GEMM model takes over). BW is the measured HBM copy bandwidth (read + write) from
+// copy.d2d, P the datasheet peak. Replaces gemm_wave_v1 (t = max(F / (P eff q), B / BW) + t0 with a
+// hard wave quantisation q), which missed cuBLAS's measured H100 times by 16% in the median
+// (docs/validation/calibration_h100_2026-11-22.md).
 struct GemmModel {
   int tile_m = 128;
   int tile_n = 128;
   double efficiency_max = 0.0;
   double k_half = 0.0;
+  double wave_tail = 0.0;  // waves of tiles whose K loop every GEMM pays on top of its FLOPs
   double overhead_s = 0.0;
   double memory_bandwidth_bytes_per_s = 0.0;
   DeviceConstants device;
@@ -71,9 +76,9 @@ struct GemmModel {
   struct Tile {
     int m, n;
   };
-  // Tile shapes the fit chooses from (Hopper CUTLASS/cuBLAS bf16/fp8 tiles).
+  // Tile units the fit tries (the one with the least RMS relative error is kept): 128 x 128.
   static const std::vector<Tile>& default_tiles();
-  // Throws FitImpossible with fewer than 3 samples.
+  // Throws FitImpossible with fewer than 4 samples.
   static GemmModel fit(const std::vector<Sample>& samples, const DeviceConstants& device, ElementBytes elements,
                        double memory_bandwidth_bytes_per_s, const std::vector<Tile>& tiles = default_tiles());
 };

@@ -39,7 +39,7 @@ struct ParamSpec {
 };
 
 // The registry entry of a model family: its name (the TOML table path, "gemm.bf16"), the model
-// equation it is fitted with (frozen id, "gemm_wave_v1"), the columns of its points and its
+// equation it is fitted with (frozen id, "gemm_roofline_v2"), the columns of its points and its
 // parameters. The registry drives the reader, the writer and the docs.
 struct FamilySpec {
   std::string name;
