@@ -164,6 +164,7 @@ int run(const Options& o) {
   cb::BuildOptions bo;
   bo.hardware = header.hardware;
   bo.mode = header.mode;
+  bo.gpus_used = header.gpus_used;
   bo.info.name = o.name.empty() ? header.hardware.gpu_kind : o.name;
   bo.info.source = "measured";
   bo.info.generator =

@@ -33,10 +33,11 @@ Hardware h100() {
 GemmModel true_gemm() {
   GemmModel m;
   m.tile_m = 128;
-  m.tile_n = 256;
+  m.tile_n = 128;
   m.efficiency_max = 0.82;
   m.k_half = 300.0;
-  m.overhead_s = 6e-6;
+  m.wave_tail = 0.13;
+  m.overhead_s = 4e-6;
   m.memory_bandwidth_bytes_per_s = 2.6e12;
   m.device = {132, 989e12};
   m.elements = element_bytes(Dtype::bf16);

@@ -50,9 +50,9 @@ StopRule default_stop_rule(Mode mode) {
     r.max_samples = 60;
     r.target_rel_ci = 0.02;
   } else {
-    r.min_samples = 5;
+    r.min_samples = 7;
     r.max_samples = 200;
-    r.target_rel_ci = 0.01;
+    r.target_rel_ci = 0.005;
   }
   return r;
 }

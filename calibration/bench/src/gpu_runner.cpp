@@ -180,6 +180,39 @@ AttnRef attention_row(const be::AttentionShape& s, const void* q, const void* k,
   return r;
 }
 
+// Copies of an operand inside a larger buffer, used in turn by consecutive runs so that a small
+// GEMM does not find its operands in the L2 cache (50 MB on H100/H200): in a training step the next
+// GEMM reads other weights. As many copies as fit, up to what makes one round of runs touch
+// kRotationBytes, at most `max_copies`.
+constexpr std::size_t kRotationBytes = std::size_t{256} << 20;
+constexpr std::size_t kMaxGemmCopies = 256;
+constexpr std::size_t kMaxGroupedCopies = 16;
+
+class Rotation {
+ public:
+  Rotation(const be::DeviceBuffer& buf, std::size_t bytes, std::size_t run_bytes,
+           std::size_t max_copies = kMaxGemmCopies)
+      : base_(static_cast<char*>(buf.data())), stride_((std::max<std::size_t>(bytes, 1) + 255) / 256 * 256) {
+    const std::size_t fit = bytes > buf.size() ? 0 : 1 + (buf.size() - bytes) / stride_;
+    const std::size_t want =
+        (kRotationBytes + std::max<std::size_t>(run_bytes, 1) - 1) / std::max<std::size_t>(run_bytes, 1);
+    count_ = std::clamp<std::size_t>(std::min(fit, want), 1, max_copies);
+    if (fit == 0) throw std::logic_error("calibration buffer smaller than one operand");
+  }
+  [[nodiscard]] void* at(std::size_t i) const { return base_ + (i % count_) * stride_; }
+  [[nodiscard]] std::size_t count() const { return count_; }
+
+ private:
+  char* base_;
+  std::size_t stride_;
+  std::size_t count_ = 1;
+};
+
+std::string rotation_note(const Rotation& a, const Rotation& b, const Rotation& c) {
+  return "; operands rotate through " + std::to_string(a.count()) + "/" + std::to_string(b.count()) + "/" +
+         std::to_string(c.count()) + " copies (cold L2)";
+}
+
 class GpuRunner final : public PointRunner {
  public:
   explicit GpuRunner(const GpuRunnerOptions& o) : opt_(o), clock_(steady_clock()) {
@@ -458,14 +491,16 @@ class GpuRunner final : public PointRunner {
       }
       c = std::max(c, m * n);
     }
-    buf_[0] = random_bf16(sz(a), opt_.seed + 31, s());
-    buf_[1] = random_bf16(sz(b), opt_.seed + 32, s());
-    buf_[2] = be::DeviceBuffer(sz(c) * 2);
+    // At least kRotationBytes per operand, so that small GEMMs rotate through many copies (cold L2).
+    const double floor_elems = static_cast<double>(kRotationBytes) / 2.0;
+    buf_[0] = random_bf16(sz(std::max(a, floor_elems)), opt_.seed + 31, s());
+    buf_[1] = random_bf16(sz(std::max(b, floor_elems)), opt_.seed + 32, s());
+    buf_[2] = be::DeviceBuffer(sz(std::max(c, floor_elems)) * 2);
     if (a8 > 0) {
-      buf_[3] = be::DeviceBuffer(sz(a8));
-      buf_[4] = be::DeviceBuffer(sz(b8));
-      be::fill_random(buf_[3].as<be::fp8>(), static_cast<std::int64_t>(a8), opt_.seed + 33, 1.0F, s());
-      be::fill_random(buf_[4].as<be::fp8>(), static_cast<std::int64_t>(b8), opt_.seed + 34, 1.0F, s());
+      buf_[3] = be::DeviceBuffer(sz(std::max(a8, 2 * floor_elems)));
+      buf_[4] = be::DeviceBuffer(sz(std::max(b8, 2 * floor_elems)));
+      be::fill_random(buf_[3].as<be::fp8>(), static_cast<std::int64_t>(buf_[3].size()), opt_.seed + 33, 1.0F, s());
+      be::fill_random(buf_[4].as<be::fp8>(), static_cast<std::int64_t>(buf_[4].size()), opt_.seed + 34, 1.0F, s());
     }
   }
 
@@ -474,13 +509,24 @@ class GpuRunner final : public PointRunner {
     const be::GemmShape g =
         be::linear_gemm(layout_of(static_cast<int>(r.point.iparam("layout"))), r.point.iparam("m"), r.point.iparam("n"),
                         r.point.iparam("k"), fp8 ? be::GemmType::e4m3 : be::GemmType::bfloat16);
-    const void* a = fp8 ? buf_[3].data() : buf_[0].data();
-    const void* b = fp8 ? buf_[4].data() : buf_[1].data();
-    void* c = buf_[2].data();
-    TW_CUDA_CHECK(cudaMemsetAsync(c, 0xFF, sz(g.m * g.n) * 2, s()));  // NaN: an unwritten C fails the check
-    device([&](cudaStream_t st) { lt_->gemm(g, a, b, c, st); }, true, rule, r);
+    const std::size_t in = fp8 ? 1 : 2;
+    const be::DeviceBuffer& abuf = fp8 ? buf_[3] : buf_[0];
+    const be::DeviceBuffer& bbuf = fp8 ? buf_[4] : buf_[1];
+    const std::size_t run_bytes = sz(g.m * g.k) * in + sz(g.k * g.n) * in + sz(g.m * g.n) * 2;
+    const Rotation ra(abuf, sz(g.m * g.k) * in, run_bytes), rb(bbuf, sz(g.k * g.n) * in, run_bytes),
+        rc(buf_[2], sz(g.m * g.n) * 2, run_bytes);
+    std::size_t i = 0;
+    device(
+        [&](cudaStream_t st) {
+          lt_->gemm(g, ra.at(i), rb.at(i), rc.at(i), st);
+          ++i;
+        },
+        true, rule, r);
+    // The check: one more run on the first copies, into a C poisoned with NaN.
+    TW_CUDA_CHECK(cudaMemsetAsync(rc.at(0), 0xFF, sz(g.m * g.n) * 2, s()));
+    lt_->gemm(g, ra.at(0), rb.at(0), rc.at(0), s());
     TW_CUDA_CHECK(cudaStreamSynchronize(s()));
-    r.check = check_gemm(g, a, b, c, fp8);
+    r.check = check_gemm(g, ra.at(0), rb.at(0), rc.at(0), fp8) + rotation_note(ra, rb, rc);
   }
 
   // ---- grouped GEMM ----
@@ -491,21 +537,35 @@ class GpuRunner final : public PointRunner {
       w = std::max(w, p.param("groups") * p.param("n") * p.param("k"));
       y = std::max(y, p.param("total_rows") * p.param("n"));
     }
-    buf_[0] = random_bf16(sz(x), opt_.seed + 41, s());
-    buf_[1] = random_bf16(sz(w), opt_.seed + 42, s());
-    buf_[2] = be::DeviceBuffer(sz(y) * 2);
+    const double floor_elems = static_cast<double>(kRotationBytes) / 2.0;
+    buf_[0] = random_bf16(sz(std::max(x, floor_elems)), opt_.seed + 41, s());
+    buf_[1] = random_bf16(sz(std::max(w, floor_elems)), opt_.seed + 42, s());
+    buf_[2] = be::DeviceBuffer(sz(std::max(y, floor_elems)) * 2);
   }
 
   void measure_grouped(const StopRule& rule, Record& r) {
     const std::int64_t groups = r.point.iparam("groups"), total = r.point.iparam("total_rows");
     const std::int64_t max_rows = r.point.iparam("max_rows"), n = r.point.iparam("n"), k = r.point.iparam("k");
     const std::vector<std::int64_t> rows = be::expert_rows(total, groups, max_rows);
-    const be::bf16* x = buf_[0].as<be::bf16>();
-    const be::bf16* w = buf_[1].as<be::bf16>();
-    be::bf16* y = buf_[2].as<be::bf16>();
+    const std::size_t run_bytes = sz(total * k + groups * n * k + total * n) * 2;
+    const Rotation rx(buf_[0], sz(total * k) * 2, run_bytes, kMaxGroupedCopies),
+        rw(buf_[1], sz(groups * n * k) * 2, run_bytes, kMaxGroupedCopies),
+        ry(buf_[2], sz(total * n) * 2, run_bytes, kMaxGroupedCopies);
+    // One prepared GroupedGemm per copy of the operands (pointer arrays are built at construction).
+    std::vector<std::unique_ptr<be::GroupedGemm>> plans;
+    const std::size_t copies = std::max({rx.count(), rw.count(), ry.count()});
+    for (std::size_t c = 0; c < copies; ++c) {
+      plans.push_back(std::make_unique<be::GroupedGemm>(
+          *lt_, be::GemmLayout::forward, rows, n, k, static_cast<const be::bf16*>(rx.at(c)),
+          static_cast<const be::bf16*>(rw.at(c)), static_cast<be::bf16*>(ry.at(c)), be::OpRunnerConfig{}.grouped_impl));
+    }
+    std::size_t turn = 0;
+    device([&](cudaStream_t st) { plans[turn++ % plans.size()]->run(st); }, true, rule, r);
+    const be::bf16* x = static_cast<const be::bf16*>(rx.at(0));
+    const be::bf16* w = static_cast<const be::bf16*>(rw.at(0));
+    be::bf16* y = static_cast<be::bf16*>(ry.at(0));
     TW_CUDA_CHECK(cudaMemsetAsync(y, 0xFF, sz(total * n) * 2, s()));
-    be::GroupedGemm gg(*lt_, be::GemmLayout::forward, rows, n, k, x, w, y, be::OpRunnerConfig{}.grouped_impl);
-    device([&](cudaStream_t st) { gg.run(st); }, true, rule, r);
+    plans[0]->run(s());
     TW_CUDA_CHECK(cudaStreamSynchronize(s()));
     // Y_e = X_e W_e^T at the first and last row of the hot expert and of the last non-empty expert.
     CheckLog log(std::string("grouped Y_e = X_e W_e^T against a CPU dot product (") +
@@ -534,7 +594,7 @@ class GpuRunner final : public PointRunner {
                         "expert " + std::to_string(e) + " row " + std::to_string(i) + " col " + std::to_string(j));
       }
     }
-    r.check = log.passed();
+    r.check = log.passed() + rotation_note(rx, rw, ry);
   }
 
   // ---- attention ----

@@ -92,9 +92,11 @@ void plan_gemm(Plan& p, bool fp8) {
   const std::vector<std::int64_t> ms_quick =
       fp8 ? std::vector<std::int64_t>{320, 4096, 16384} : std::vector<std::int64_t>{64, 320, 1024, 4096, 16384};
   const std::vector<NK> nk_full =
-      fp8 ? std::vector<NK>{{512, 4096}, {1536, 7168}, {4096, 4096}, {8192, 2048}, {12288, 6144}, {16384, 16384}}
-          : std::vector<NK>{{256, 1024},  {512, 4096},   {1024, 3072}, {1536, 7168},  {2816, 1024},
-                            {4096, 4096}, {5120, 12288}, {8192, 2048}, {12288, 6144}, {16384, 16384}};
+      fp8 ? std::vector<NK>{{512, 4096},   {768, 5632},  {1536, 7168},  {2816, 1024},  {4096, 4096},
+                            {5120, 12288}, {8192, 2048}, {12288, 6144}, {16384, 16384}}
+          : std::vector<NK>{{256, 1024},  {512, 4096},  {768, 5632},   {1024, 3072},  {1408, 2560},
+                            {1536, 7168}, {2816, 1024}, {3584, 768},   {4096, 4096},  {5120, 12288},
+                            {6144, 1536}, {8192, 2048}, {12288, 6144}, {14336, 4096}, {16384, 16384}};
   const std::vector<NK> nk_quick =
       fp8 ? std::vector<NK>{{1536, 7168}, {4096, 4096}, {12288, 6144}}
           : std::vector<NK>{{512, 4096}, {1536, 7168}, {4096, 4096}, {8192, 2048}, {12288, 6144}};
@@ -113,12 +115,13 @@ void plan_gemm(Plan& p, bool fp8) {
   }
   // Held-out: log-uniform random shapes off the grid (seeded: the same on every machine).
   Rng rng(fp8 ? 0xF8F8F8ULL : 0xB16B16ULL);
-  const int want = fp8 ? (p.full() ? 12 : 5) : (p.full() ? 24 : 10);
+  const int want = fp8 ? (p.full() ? 16 : 5) : (p.full() ? 32 : 10);
   for (int got = 0, tries = 0; got < want && tries < 1000; ++tries) {
     std::int64_t m = rng.log_uniform(64, 32768, 16);
     if (m >= 256) m = std::max<std::int64_t>(64, m / 64 * 64);
-    const std::int64_t n = rng.log_uniform(256, 16384, 64);
-    const std::int64_t k = rng.log_uniform(256, 16384, 64);
+    // n and k are model dimensions (multiples of 128 in every model we know); m counts tokens.
+    const std::int64_t n = rng.log_uniform(256, 16384, 128);
+    const std::int64_t k = rng.log_uniform(256, 16384, 128);
     if (!gemm_affordable(p, m, n, k, fp8)) continue;
     add_gemm(p, fp8, m, n, k, fp8 ? kLayoutForward : got % 3, true);
     ++got;

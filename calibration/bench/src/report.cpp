@@ -124,11 +124,14 @@ Ref reference_for(const std::string& kind) {
 
 }  // namespace
 
-std::string why_not_measured(const std::string& family) {
+std::string why_not_measured(const std::string& family, int gpus_used) {
   if (family == "host.framework_op") return "an eager framework's per-op dispatch (PyTorch) is not run by threewalls";
   if (starts_with(family, "collective.") && family.size() > 8 &&
       family.compare(family.size() - 8, 8, ".network") == 0) {
     return "network-scope collectives need more than one node";
+  }
+  if (starts_with(family, "collective.") && gpus_used == 1) {
+    return "one GPU was used: collectives need a group of 2 GPUs or more";
   }
   if (family == "grouped_gemm.fp8")
     return "the backend has no fp8 grouped GEMM (an fp8 grouped op is an error in threewalls run)";
@@ -303,8 +306,8 @@ CalibrationReport build_report(const std::vector<Record>& records, const BuildOp
     for (const auto& f : options.fill_from->families()) {
       if (built->find(f.name)) continue;
       Family c = f;
-      const std::string why =
-          dropped.count(f.name) ? "its points could not be fitted: " + dropped.at(f.name) : why_not_measured(f.name);
+      const std::string why = dropped.count(f.name) ? "its points could not be fitted: " + dropped.at(f.name)
+                                                    : why_not_measured(f.name, options.gpus_used);
       c.note = "NOT MEASURED on this machine (" + why + "): copied from " + options.fill_from->id() +
                (c.note.empty() ? "" : ". Its note: " + c.note);
       FamilyReport fr;

@@ -24,6 +24,7 @@ struct BuildOptions {
   Hardware hardware;
   std::string mode;                  // "quick" / "full", for the notes
   std::optional<Profile> fill_from;  // families not measured here are copied from it
+  int gpus_used = 0;                 // GPUs the calibration used (0: unknown)
 };
 
 struct FamilyReport {
@@ -62,7 +63,7 @@ CalibrationReport build_report(const std::vector<Record>& records, const BuildOp
 std::vector<PeakFigure> peak_figures(const std::vector<Record>& records, const std::string& gpu_kind);
 
 // Why a family is not measured by a calibration on one node (for the copied families' notes).
-std::string why_not_measured(const std::string& family);
+std::string why_not_measured(const std::string& family, int gpus_used = 0);
 
 std::string summary_text(const CalibrationReport& report);
 OrderedJson summary_json(const CalibrationReport& report);
