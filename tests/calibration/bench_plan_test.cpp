@@ -365,3 +365,28 @@ TEST(CalibrationPlan, NeverMeasuresAShapeOfTheValidationScenarios) {
     }
   }
 }
+
+TEST(CalibrationPlan, EveryModeHasEnoughFitPointsForEveryModel) {
+  for (const Mode mode : {Mode::quick, Mode::full}) {
+    std::map<std::string, int> fit;
+    for (const auto& p : plan(mode, 2)) {
+      if (!p.held_out) ++fit[p.family];
+    }
+    EXPECT_GE(fit["gemm.bf16"], 8) << to_string(mode);
+    EXPECT_GE(fit["gemm.fp8"], 8) << to_string(mode);
+    EXPECT_GE(fit["grouped_gemm.bf16"], 3) << to_string(mode);
+    EXPECT_GE(fit["attention.fwd"], 5) << to_string(mode);  // 4 parameters, and leave-one-out
+    EXPECT_GE(fit["attention.bwd"], 5) << to_string(mode);
+    EXPECT_GE(fit["copy.d2d"], 5) << to_string(mode);
+    EXPECT_GE(fit["collective.all_reduce.nvlink"], 5) << to_string(mode);  // the ramp needs 5 sizes
+    EXPECT_GE(fit["concurrency"], 6) << to_string(mode);
+  }
+}
+
+TEST(CalibrationPlan, ConcurrencyGemmsAreSmall) {
+  // The seeds' case: kernels that leave most SMs free. Near-full kernels cannot overlap, and the
+  // speed-up model (s = min(n, 1/f)^e) cannot tell e from noise there.
+  for (const auto& p : plan(Mode::full, 1, {"concurrency"})) {
+    EXPECT_LE(gemm_sm_fraction(p.iparam("m"), p.iparam("n"), 132), 0.5) << p.label();
+  }
+}

@@ -124,7 +124,8 @@ Ref reference_for(const std::string& kind) {
 
 }  // namespace
 
-std::string why_not_measured(const std::string& family, int gpus_used) {
+std::string why_not_measured(const std::string& family, int gpus_used, const std::string& mode) {
+  if (family == "copy.disk_read" && mode == "quick") return "the quick mode does not measure the disk tier";
   if (family == "host.framework_op") return "an eager framework's per-op dispatch (PyTorch) is not run by threewalls";
   if (starts_with(family, "collective.") && family.size() > 8 &&
       family.compare(family.size() - 8, 8, ".network") == 0) {
@@ -307,7 +308,7 @@ CalibrationReport build_report(const std::vector<Record>& records, const BuildOp
       if (built->find(f.name)) continue;
       Family c = f;
       const std::string why = dropped.count(f.name) ? "its points could not be fitted: " + dropped.at(f.name)
-                                                    : why_not_measured(f.name, options.gpus_used);
+                                                    : why_not_measured(f.name, options.gpus_used, options.mode);
       c.note = "NOT MEASURED on this machine (" + why + "): copied from " + options.fill_from->id() +
                (c.note.empty() ? "" : ". Its note: " + c.note);
       FamilyReport fr;

@@ -63,7 +63,7 @@ CalibrationReport build_report(const std::vector<Record>& records, const BuildOp
 std::vector<PeakFigure> peak_figures(const std::vector<Record>& records, const std::string& gpu_kind);
 
 // Why a family is not measured by a calibration on one node (for the copied families' notes).
-std::string why_not_measured(const std::string& family, int gpus_used = 0);
+std::string why_not_measured(const std::string& family, int gpus_used = 0, const std::string& mode = "");
 
 std::string summary_text(const CalibrationReport& report);
 OrderedJson summary_json(const CalibrationReport& report);
