@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,13 @@
 namespace threewalls::calibration::bench::detail {
 
 using Work = std::function<void(cudaStream_t)>;
+
+// The blocking kernel gave up waiting for the host (the batch did not run back to back). Not a
+// device failure: the caller measures without the blocker instead.
+class BlockerTimeout : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 // Times batches of back-to-back runs on one stream with a CUDA event pair. With the blocker, a
 // blocking kernel holds the stream until the whole batch is enqueued, so the runs execute back to
@@ -33,7 +41,7 @@ class Timer {
   void end();                // stop event
   void release();            // lets the blocker go (no-op without one)
   // Seconds between start and stop after the stream reached stop (call after synchronising).
-  // Throws DeviceError when the blocker timed out (the batch did not run back to back).
+  // Throws BlockerTimeout when the blocker timed out (the batch did not run back to back).
   [[nodiscard]] double elapsed_s() const;
 
   // begin, `reps` x work, end, release, synchronise: seconds per run.
