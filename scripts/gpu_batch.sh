@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# The GPU validation batch, run from the repository root of a GPU machine with prebuilt binaries.
+# Results go to docs/validation/ (GPU kind, date, command and raw output), since CI has no GPU.
+#
+#   scripts/gpu_batch.sh PART BIN_DIR OUT_DIR [PROFILE]
+#
+# BIN_DIR holds a CUDA build's threewalls, backend_tests, kernel_bench, profiler_overhead and lib/
+# (shared libraries the GPU machine lacks: SimGrid and its dependencies, toml++). PART is one of
+#   calibrate   environment, backend tests, kernel_bench, `threewalls calibrate` (full) -> OUT/profile.toml
+#   validate    validate_suite.py over the fidelity suite with PROFILE (+ examples, key checks, faults)
+#   studies     validate_suite.py over the host-overhead and offload suites with PROFILE
+# Each step has its own time limit so one hang cannot eat the others' output.
+set -u
+PART=${1:?PART}
+BIN=$(cd "${2:?BIN_DIR}" && pwd)
+OUT=${3:?OUT_DIR}
+PROFILE=${4:-}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0
+export THREEWALLS_SOURCE_DIR="$PWD"
+# Carried libraries only where the machine lacks them (system copies stay in charge).
+LIBS=$(mktemp -d)
+export LD_LIBRARY_PATH="$LIBS:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+for _ in 1 2 3 4 5 6 7 8; do
+  missing=$(ldd "$BIN"/threewalls "$BIN"/backend_tests 2>/dev/null | awk '/not found/ {print $1}' | sort -u)
+  [ -z "$missing" ] && break
+  for l in $missing; do [ -e "$BIN/lib/$l" ] && ln -sf "$BIN/lib/$l" "$LIBS/$l"; done
+done
+TW="$BIN/threewalls"
+NGPU=$(nvidia-smi -L | grep -c '^GPU ')
+KIND=h100
+nvidia-smi -L | grep -q H200 && KIND=h200
+log="$OUT/${PART}_${KIND}.log"
+step() { echo; echo "== $(date -u +%H:%M:%S) $*"; }
+
+case "$PART" in
+calibrate)
+  {
+    date -u +%Y-%m-%dT%H:%M:%SZ
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+    nvidia-smi topo -m
+    echo "missing before carrying: $(ls "$LIBS" | tr '\n' ' ')"
+    step "backend_tests (kernel correctness against CPU references; NCCL on $NGPU GPUs)"
+    timeout 150 "$BIN/backend_tests" 2>&1 | grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Failure|rel_error" | head -80
+    step "kernel_bench (grouped vs dense GEMM, NCCL bus bandwidth, pinned copies)"
+    timeout 120 "$BIN/kernel_bench" 2>&1 | tail -120
+    step "threewalls calibrate (full) on $NGPU GPUs"
+    /usr/bin/time -v timeout 420 "$TW" calibrate --out "$OUT/${KIND}_profile.toml" --raw-out "$OUT/raw" 2> "$OUT/calibrate_time.txt"
+    echo "rc=$?"
+    grep -E "Elapsed|Maximum resident" "$OUT/calibrate_time.txt"
+    step done
+  } > "$log" 2>&1
+  tar cJf "$OUT/calibration_raw_${KIND}.tar.xz" -C "$OUT" raw 2>/dev/null && rm -rf "$OUT/raw"
+  ;;
+validate)
+  {
+    date -u +%Y-%m-%dT%H:%M:%SZ
+    step "fidelity suite"
+    timeout 420 python3 scripts/validate_suite.py --bin "$TW" --kind "$KIND" --profile "$PROFILE" \
+      --out "$OUT/fidelity_$KIND" scenarios/validation/fidelity
+    echo "rc=$?"
+    step "example scenarios that fit this machine, with record-key checks against the simulator"
+    for s in scenarios/examples/small_moe_*.toml scenarios/examples/deepseek_v2_lite_offload.toml; do
+      n=$(basename "$s" .toml)
+      timeout 90 "$TW" run "$s" --out "$OUT/ex/real_$n" > "$OUT/ex_$n.txt" 2>&1; rc=$?
+      echo "run $n rc=$rc"; tail -12 "$OUT/ex_$n.txt"
+      if [ $rc -eq 0 ]; then
+        "$TW" sim "$s" --calibration "$PROFILE" --out "$OUT/ex/sim_$n" > /dev/null 2>&1
+        scripts/check_record_keys.sh "$OUT/ex/sim_$n" "$OUT/ex/real_$n" 2>&1 | tail -5
+      fi
+    done
+    if [ "$NGPU" -ge 2 ]; then
+      step "a failing rank (rank 1 fails at step 1) makes the others exit with a clear error"
+      timeout 120 "$TW" run scenarios/examples/small_moe_ep2.toml --out "$OUT/ex/fail" --steps 3 --inject-fault fail:1:1 2>&1 | tail -6
+      echo "rc=${PIPESTATUS[0]} (3 expected)"
+      step "a hanging rank (rank 1 hangs at step 1): the others time out and abort"
+      timeout 120 "$TW" run scenarios/examples/small_moe_ep2.toml --out "$OUT/ex/hang" --steps 3 --inject-fault hang:1:1 --timeout 10s 2>&1 | tail -6
+      echo "rc=${PIPESTATUS[0]} (3 expected)"
+    fi
+    step "profiler overhead on small_moe_1gpu"
+    timeout 150 "$BIN/profiler_overhead" scenarios/examples/small_moe_1gpu.toml 20 3 /tmp/tw_overhead 2>&1 | tail -12
+    step done
+  } > "$log" 2>&1
+  tar cJf "$OUT/examples_$KIND.tar.xz" -C "$OUT" ex ex_*.txt 2>/dev/null && rm -rf "$OUT/ex" "$OUT"/ex_*.txt
+  [ -d "$OUT/fidelity_$KIND" ] && cp "$OUT/fidelity_$KIND/fidelity.md" "$OUT/fidelity_$KIND.md" &&
+    cp "$OUT/fidelity_$KIND/runs.tar.xz" "$OUT/fidelity_runs_$KIND.tar.xz" && cp "$OUT/fidelity_$KIND/results.json" "$OUT/fidelity_results_$KIND.json" &&
+    rm -rf "$OUT/fidelity_$KIND"
+  ;;
+studies)
+  {
+    date -u +%Y-%m-%dT%H:%M:%SZ
+    step "host-overhead study (Switch-like layers)"
+    timeout 300 python3 scripts/validate_suite.py --bin "$TW" --kind "$KIND" --profile "$PROFILE" \
+      --out "$OUT/host_overhead_$KIND" scenarios/validation/host_overhead
+    echo "rc=$?"
+    step "expert-offload study (DeepSeek-V2-Lite decode), one scenario at a time"
+    CUDA_VISIBLE_DEVICES=0 timeout 280 python3 scripts/validate_suite.py --bin "$TW" --kind "$KIND" --profile "$PROFILE" \
+      --out "$OUT/offload_$KIND" scenarios/validation/offload
+    echo "rc=$?"
+    step done
+  } > "$log" 2>&1
+  for d in host_overhead offload; do
+    [ -d "$OUT/${d}_$KIND" ] && cp "$OUT/${d}_$KIND/runs.tar.xz" "$OUT/${d}_runs_$KIND.tar.xz" &&
+      cp "$OUT/${d}_$KIND/fidelity.md" "$OUT/${d}_$KIND.md" && rm -rf "$OUT/${d}_$KIND"
+  done
+  ;;
+*)
+  echo "unknown PART $PART" >&2
+  exit 2
+  ;;
+esac
+ls -la "$OUT"
