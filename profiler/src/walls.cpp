@@ -40,14 +40,14 @@ double wall_value(const WallBreakdown& w, int index) {
 
 namespace {
 
-// Sweep categories, in precedence order.
-enum Cat : int { kCompute = 0, kMemory = 1, kComm = 2, kHost = 3, kPipeline = 4, kNumCats = 5 };
+// Sweep categories, in precedence order. kWait: waiting for other ranks (bubble).
+enum Cat : int { kCompute = 0, kMemory = 1, kComm = 2, kHost = 3, kWait = 4, kNumCats = 5 };
 
-int category(const TimelineOp& op) {
-  switch (op.wall) {
+int category(Wall w) {
+  switch (w) {
     case Wall::compute: return kCompute;
     case Wall::memory: return kMemory;
-    case Wall::communication: return op.pipeline ? kPipeline : kComm;
+    case Wall::communication: return kComm;
     case Wall::host: return kHost;
   }
   return kHost;
@@ -55,8 +55,9 @@ int category(const TimelineOp& op) {
 
 struct Event {
   double t;
-  int delta;  // +1 start, -1 end
+  int delta;      // +1 start, -1 end
   int cat;
+  bool pipeline;  // the start of a pipeline send/recv (or of its waiting part)
 };
 
 }  // namespace
@@ -65,14 +66,26 @@ WallBreakdown sweep_walls(std::span<const TimelineOp> ops, double step_dur_us) {
   WallBreakdown w;
   if (!(step_dur_us > 0.0)) return w;
   std::vector<Event> ev;
-  ev.reserve(ops.size() * 2 + 2);
+  ev.reserve(ops.size() * 4 + 2);
+  auto add = [&](double s, double e, int c, bool pipeline) {
+    s = std::max(0.0, s);
+    e = std::min(step_dur_us, e);
+    if (!(e > s)) return;
+    ev.push_back({s, +1, c, pipeline});
+    ev.push_back({e, -1, c, false});
+  };
   for (const auto& op : ops) {
-    double s = std::max(0.0, op.start_us);
-    double e = std::min(step_dur_us, op.end_us);
-    if (!(e > s)) continue;
-    int c = category(op);
-    ev.push_back({s, +1, c});
-    ev.push_back({e, -1, c});
+    if (!(op.end_us > op.start_us)) continue;
+    if (op.wall != Wall::communication) {
+      add(op.start_us, op.end_us, category(op.wall), false);
+    } else if (op.wait_us < 0.0) {
+      // Unknown wait: a collective counts as communication, a pipeline send/recv as bubble.
+      add(op.start_us, op.end_us, op.pipeline ? kWait : kComm, op.pipeline);
+    } else {
+      const double split = std::min(op.end_us, op.start_us + op.wait_us);
+      add(op.start_us, split, kWait, op.pipeline);
+      add(split, op.end_us, kComm, op.pipeline && !(split > op.start_us));
+    }
   }
   std::sort(ev.begin(), ev.end(), [](const Event& a, const Event& b) { return a.t < b.t; });
 
@@ -101,7 +114,7 @@ WallBreakdown sweep_walls(std::span<const TimelineOp> ops, double step_dur_us) {
       w.communication_us += d;
     } else if (active[kHost] > 0) {
       w.host_us += d;
-    } else if (active[kPipeline] > 0) {
+    } else if (active[kWait] > 0) {
       w.bubble_us += d;
     } else if (next_starts_pipeline) {
       w.bubble_us += d;  // idle, and what ends the idleness is a pipeline send/recv
@@ -113,7 +126,7 @@ WallBreakdown sweep_walls(std::span<const TimelineOp> ops, double step_dur_us) {
     double t_next = ev[i].t;
     bool pipeline_starts = false;
     for (std::size_t k = i; k < ev.size() && ev[k].t == t_next; ++k) {
-      if (ev[k].delta > 0 && ev[k].cat == kPipeline) pipeline_starts = true;
+      if (ev[k].delta > 0 && ev[k].pipeline) pipeline_starts = true;
     }
     account(t_next, pipeline_starts);
     t = t_next;

@@ -118,3 +118,58 @@ TEST(Walls, TimelineOpMarksOnlyPipelineGroupCommunication) {
   r.wall = Wall::compute;
   EXPECT_FALSE(timeline_op(r, 3).pipeline);
 }
+
+namespace {
+
+TimelineOp waiting(double s, double e, double wait_us, bool pipeline = false) {
+  return TimelineOp{s, e, Wall::communication, pipeline, wait_us};
+}
+
+}  // namespace
+
+TEST(Walls, WaitForTheLastMemberOfACollectiveIsBubbleTheRestCommunication) {
+  // Compute until 60, then an all-reduce that waits 30 us for a late member and transfers for 10.
+  std::vector<TimelineOp> ops = {op(0, 60, Wall::compute), waiting(60, 100, 30)};
+  auto w = sweep_walls(ops, 100);
+  EXPECT_DOUBLE_EQ(w.compute_us, 60);
+  EXPECT_DOUBLE_EQ(w.bubble_us, 30);
+  EXPECT_DOUBLE_EQ(w.communication_us, 10);
+  EXPECT_DOUBLE_EQ(w.exposed_comm_us, 10);  // the waiting part is neither exposed nor overlapped
+  EXPECT_DOUBLE_EQ(w.overlapped_comm_us, 0);
+  EXPECT_DOUBLE_EQ(w.total_us(), 100);
+}
+
+TEST(Walls, UnknownWaitKeepsACollectiveAsCommunication) {
+  std::vector<TimelineOp> ops = {op(0, 60, Wall::compute), waiting(60, 100, -1)};
+  auto w = sweep_walls(ops, 100);
+  EXPECT_DOUBLE_EQ(w.communication_us, 40);
+  EXPECT_DOUBLE_EQ(w.bubble_us, 0);
+}
+
+TEST(Walls, PipelineRecvWithAKnownWaitIsBubbleThenCommunication) {
+  // The recv waits 30 us for its sender, then the transfer takes 10 us: only the wait is bubble.
+  std::vector<TimelineOp> ops = {op(0, 30, Wall::compute), waiting(30, 70, 30, true), op(70, 100, Wall::compute)};
+  auto w = sweep_walls(ops, 100);
+  EXPECT_DOUBLE_EQ(w.compute_us, 60);
+  EXPECT_DOUBLE_EQ(w.bubble_us, 30);
+  EXPECT_DOUBLE_EQ(w.communication_us, 10);
+}
+
+TEST(Walls, ComputeAndHostOverlappingAWaitKeepTheirWalls) {
+  // A collective waiting [0, 80) while a kernel runs [10, 30) and a host op [50, 60): the wait is
+  // bubble only where nothing of higher precedence runs.
+  std::vector<TimelineOp> ops = {waiting(0, 100, 80), op(10, 30, Wall::compute), op(50, 60, Wall::host)};
+  auto w = sweep_walls(ops, 100);
+  EXPECT_DOUBLE_EQ(w.compute_us, 20);
+  EXPECT_DOUBLE_EQ(w.host_us, 10);
+  EXPECT_DOUBLE_EQ(w.bubble_us, 50);
+  EXPECT_DOUBLE_EQ(w.communication_us, 20);
+}
+
+TEST(Walls, IdleGapBeforeAPipelineOpWithAKnownWaitIsBubble) {
+  std::vector<TimelineOp> ops = {op(0, 20, Wall::compute), waiting(50, 60, 0, true), op(60, 100, Wall::compute)};
+  auto w = sweep_walls(ops, 100);
+  EXPECT_DOUBLE_EQ(w.bubble_us, 30);          // idle [20, 50), ended by the pipeline op
+  EXPECT_DOUBLE_EQ(w.communication_us, 10);   // no wait: all transfer
+  EXPECT_DOUBLE_EQ(w.compute_us, 60);
+}

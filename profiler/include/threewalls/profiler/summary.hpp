@@ -38,6 +38,57 @@ struct CoarseStep {
   double training_metrics_ms = 0.0;  // max over ranks of the summed loss-reduction / host-read ops
 };
 
+// Inference and expert-offload metrics of one step on its critical rank (docs/formats/run_dir.md,
+// summary.json `steps[].inference`). Present when the run's records hold inference phases
+// (`sampled_token_read` or `expert_fetch_h2d`) at layer granularity.
+//
+//  * expert_wait_us: the measure of the instants t in the step at which no device op other than an
+//    expert fetch runs on the rank and t lies in [R_l, F_l) for some MoE layer l, where R_l is the end
+//    of the layer's `router_topk_fwd` record (the earliest start of its fetches when absent) and F_l
+//    the end of its last `expert_fetch_h2d` record: the GPU sat idle between the routing decision and
+//    the arrival of the layer's experts. The same definition covers both sync modes: in "barrier"
+//    mode the compute waits behind the host's `expert_wait` barrier, in "per_expert" mode the compute
+//    stream waits for the copy events of the experts it needs next. (Host sync records start when the
+//    awaited work is done, so the wait is not inside any record's duration: run_dir.md.)
+//  * bubble_ratio = expert_wait_us / step_time_us.
+//  * sync_overhead_us: the summed durations of the host sync records (kSyncPhases below): the host's
+//    own cost of each sync once its work was done; sync_overhead_share = that / step_time_us.
+//  * bytes_fetched_disk / _h2d: summed `bytes` of `expert_fetch_disk` / `expert_fetch_h2d` records;
+//    experts_fetched: the number of `expert_fetch_h2d` records.
+//  * experts_activated, cache_hits, cache_hit_rate = cache_hits / experts_activated: from the
+//    executor (SummaryInputs::inference_steps; records cannot carry them), null without it.
+inline constexpr const char* kSyncPhases[] = {"expert_fetch_sync", "expert_wait", "moe_routing_stats_read_fwd",
+                                              "host_to_device_sync", "sampled_token_read"};
+
+struct InferenceStep {
+  std::string kind;  // "prefill", "decode" (from SummaryInputs), or "" when the executor did not say
+  double tokens = 0.0;
+  double expert_wait_us = 0.0;
+  double bubble_ratio = 0.0;
+  double sync_overhead_us = 0.0;
+  double sync_overhead_share = 0.0;
+  double bytes_fetched_disk = 0.0;
+  double bytes_fetched_h2d = 0.0;
+  std::int64_t experts_fetched = 0;
+  std::optional<std::int64_t> experts_activated;
+  std::optional<std::int64_t> cache_hits;
+  std::optional<double> cache_hit_rate;
+};
+
+// Inference metrics over a set of recorded steps (all, or one kind): sums over the steps, ratios of sums.
+struct InferenceAggregate {
+  std::size_t steps = 0;
+  double step_time_us_mean = 0.0;
+  double expert_wait_us_mean = 0.0;
+  double bubble_ratio = 0.0;           // sum of expert waits / sum of step times
+  double sync_overhead_share = 0.0;    // sum of sync overheads / sum of step times
+  double bytes_fetched_disk_mean = 0.0;
+  double bytes_fetched_h2d_mean = 0.0;
+  double experts_fetched_mean = 0.0;
+  std::optional<double> cache_hit_rate;  // sum of hits / sum of activations (steps that have them)
+  double tokens_per_s = 0.0;           // sum of tokens / sum of step times
+};
+
 struct StepSummary {
   int step = 0;
   double step_time_us = 0.0;  // the critical rank's step time
@@ -47,6 +98,7 @@ struct StepSummary {
   double mfu = 0.0;
   std::optional<WallBreakdown> walls;  // null when the records hold only the coarse view
   CoarseStep coarse;
+  std::optional<InferenceStep> inference;  // inference runs only (above)
 };
 
 struct PhaseSummary {
@@ -63,6 +115,19 @@ struct MemoryClass {
   std::vector<std::pair<std::string, Bytes>> breakdown;  // weights, gradients, optimizer, activations, ...
 };
 
+// Per-step facts of an inference run that records cannot carry: the executor takes them from the
+// step's StepGraph (scenarios::StepGraph: step_kind, tokens, model_flops, RankClass::experts_*).
+struct ExpertActivations {
+  std::int64_t activated = 0;   // local experts activated in the step, summed over MoE layers
+  std::int64_t cache_hits = 0;  // of those, found in the GPU expert cache (not fetched)
+};
+struct InferenceStepInput {
+  std::string kind;           // "prefill" or "decode"
+  double tokens = 0.0;        // tokens processed in the step, all ranks (replaces tokens_per_step)
+  double model_flops = -1.0;  // model FLOPs of the step, all ranks (replaces model_flops_per_step when >= 0)
+  std::map<int, ExpertActivations> by_rank;  // by global rank (the simulator: class representatives)
+};
+
 // What only the executor knows.
 struct SummaryInputs {
   Flops model_flops_per_step;              // Megatron-LM's formula, all ranks, no recomputation
@@ -73,6 +138,8 @@ struct SummaryInputs {
   std::vector<MemoryClass> memory_classes; // simulator's memory model per rank class
   bool oom = false;
   std::map<int, Bytes> measured_peak_by_rank;  // real runs: the allocator's peak per rank
+  // Inference runs: per recorded step (by step index); empty for training.
+  std::map<int, InferenceStepInput> inference_steps;
 };
 
 struct Summary {
@@ -80,10 +147,25 @@ struct Summary {
   Aggregate step_time_us;
   std::optional<WallBreakdown> walls_mean;  // mean over recorded steps
   std::vector<PhaseSummary> phases;         // in order of first appearance
+  // Inference runs: over all recorded steps and per step kind ("prefill", "decode"), in that order.
+  std::vector<std::pair<std::string, InferenceAggregate>> inference;
 };
 
 // Per-step walls and step times from records (shared by SummaryBuilder, compare and analyze).
-// tflops/mfu/tokens are left 0; SummaryBuilder fills them. `phase_stats` false skips Summary::phases.
+// tflops/mfu/tokens are left 0; SummaryBuilder fills them (and the inference fields that come from
+// SummaryInputs). `phase_stats` false skips Summary::phases.
+//
+// Collective waits (walls.hpp): the members of a collective instance are the records of one
+// (step, phase, layer, microbatch, expert, group, group_id) with no `peer`; without group_id (older
+// writers) the records of that key whose end lies within max(1 us, 2% of the duration) of each
+// other's (members of an instance finish together). A pipeline send and its receive pair by rank and
+// peer, step, micro-batch and order of start among the same (phase, peer), with phases that differ by
+// "send" <-> "recv" (`pp_send_fwd` <-> `pp_recv_fwd`). wait = last arrival among the members whose
+// records are present - own arrival, clipped to [0, dur_us]; arrival = the member's step epoch_us +
+// start_us. Fallback when no other member's record is present (unrecorded ranks, a simulator class
+// whose partner class is not in the same group instance): the wait is unknown and the op keeps the
+// pre-refinement accounting (collective: communication; pipeline send/recv: bubble). When only
+// some members are present, the wait is measured against those (a lower bound).
 Summary summarize(std::span<const StepRecord> steps, std::span<const PhaseRecord> phases, const Names& names,
                   bool phase_stats = true);
 
@@ -107,5 +189,8 @@ class SummaryBuilder {
 };
 
 OrderedJson walls_json(const WallBreakdown& w);
+// summary.json's `steps[].inference` and `inference.<kind>` objects (docs/formats/run_dir.md).
+OrderedJson inference_step_json(const InferenceStep& m);
+OrderedJson inference_aggregate_json(const InferenceAggregate& a);
 
 }  // namespace threewalls::profiler

@@ -4,16 +4,24 @@
 // A precedence sweep over the rank's timeline [0, step_dur_us): every instant goes to the first of
 //   1. compute        a compute-wall op is running
 //   2. memory         a memory-wall op is running
-//   3. communication  a communication op other than a pipeline send/recv is running
+//   3. communication  a communication op is running past its wait (below); a pipeline send/recv
+//                     counts here only when its wait is known
 //   4. host           a host op is running, or nothing runs and the next op to start is not a
 //                     pipeline send/recv (the GPU waits for the host to launch it)
-//   5. bubble         only pipeline send/recv run, or nothing runs and the next op to start is a
-//                     pipeline send/recv (the rank waits for a pipeline peer)
+//   5. bubble         a communication op is waiting for the last member of its collective (or the
+//                     peer of its send/recv) to arrive; a pipeline send/recv whose wait is unknown;
+//                     or nothing runs and the next op to start is a pipeline send/recv
 // so compute + memory + communication + host + bubble = step_dur_us exactly. Ops are clipped to the
 // step. A pipeline send/recv is a communication-wall record whose group is "pp".
 //
-// Communication: `overlapped` = time non-pipeline communication runs while a compute or memory op
-// also runs; `exposed` = the rest of the non-pipeline communication time (= the communication wall).
+// Waits: a communication op's first `wait_us` are spent waiting for the other members to arrive
+// (arrival = epoch_us + start_us; summary.cpp pairs the members' records). That part is `bubble`
+// (waiting for other ranks: pipeline fill and drain, imbalance), the rest `communication`. An op
+// whose wait is unknown (wait_us < 0: no other member's record) keeps the fallback: a collective is
+// all communication, a pipeline send/recv all bubble.
+//
+// Communication: `overlapped` = time the communication category (3) runs while a compute or memory op
+// also runs; `exposed` = the rest of it (= the communication wall). Waiting parts count in neither.
 // Both executors compute the breakdown with this one function (summary.cpp).
 #include <span>
 #include <vector>
@@ -47,15 +55,19 @@ struct TimelineOp {
   double end_us = 0.0;
   Wall wall = Wall::compute;
   bool pipeline = false;  // a pipeline send/recv (communication in group "pp")
+  // Communication only: microseconds from start_us spent waiting for the last member of the
+  // collective (or the send/recv peer) to arrive, clipped to the op; < 0 = unknown.
+  double wait_us = -1.0;
 };
 
 // The sweep above. `ops` in any order; ops with end <= start or outside [0, step_dur_us) add nothing.
 WallBreakdown sweep_walls(std::span<const TimelineOp> ops, double step_dur_us);
 
-// The timeline form of a record; `pp_group` is Names::groups' id of "pp" (kNoName when absent).
-inline TimelineOp timeline_op(const PhaseRecord& r, std::uint32_t pp_group) {
+// The timeline form of a record (wait unknown); `pp_group` is Names::groups' id of "pp" (kNoName
+// when absent).
+inline TimelineOp timeline_op(const PhaseRecord& r, std::uint32_t pp_group, double wait_us = -1.0) {
   return TimelineOp{r.start_us, r.start_us + r.dur_us, r.wall,
-                    r.wall == Wall::communication && pp_group != kNoName && r.group == pp_group};
+                    r.wall == Wall::communication && pp_group != kNoName && r.group == pp_group, wait_us};
 }
 
 }  // namespace threewalls::profiler
