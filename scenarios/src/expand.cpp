@@ -1644,6 +1644,7 @@ void build_inference_class(const Ctx& c, int ep_rank, const RoutingSampler::Step
   if (c.exec.sync_after_copy) host_op("host_to_device_sync", HostKind::stream_sync, -1, {input});
   input = em.forward(embedding_program(c), -1, -1, -1, input, false, nullptr, false).back();
 
+  const int first_local = ep_rank * c.E_loc;
   // Expert fetches of one layer (for the experts that miss the cache). Returns fetch op per expert.
   const double expert_bytes = (c.swiglu ? 3.0 : 2.0) * static_cast<double>(c.h) * c.ffn_e * kBf16Bytes;
   int copy_rr = 0;
@@ -1661,7 +1662,7 @@ void build_inference_class(const Ctx& c, int ep_rank, const RoutingSampler::Step
         d.shape = {static_cast<std::int64_t>(expert_bytes), 0, 0, 0, 0, 0};
         d.stream = tables.stream("disk", StreamKind::copy);
         d.layer = static_cast<std::int16_t>(layer);
-        d.expert = static_cast<std::int16_t>(e);
+        d.expert = static_cast<std::int16_t>(e - first_local);  // local index, as the expert ops
         d.phase = tables.phase("expert_fetch_disk");
         dep = b.emit(d, {});
       }
@@ -1674,7 +1675,7 @@ void build_inference_class(const Ctx& c, int ep_rank, const RoutingSampler::Step
       const int s = copy_rr++ % off.copy_streams;
       h2d.stream = s == 0 ? copy0 : tables.stream("copy_" + std::to_string(s), StreamKind::copy);
       h2d.layer = static_cast<std::int16_t>(layer);
-      h2d.expert = static_cast<std::int16_t>(e);
+      h2d.expert = static_cast<std::int16_t>(e - first_local);
       h2d.phase = tables.phase("expert_fetch_h2d");
       std::uint32_t id = b.emit(h2d, {dep});
       if (c.exec.sync_after_copy) {
@@ -1684,7 +1685,7 @@ void build_inference_class(const Ctx& c, int ep_rank, const RoutingSampler::Step
         sy.wall = Wall::host;
         sy.stream = host;
         sy.layer = static_cast<std::int16_t>(layer);
-        sy.expert = static_cast<std::int16_t>(e);
+        sy.expert = static_cast<std::int16_t>(e - first_local);
         sy.phase = tables.phase("expert_fetch_sync");
         b.emit(sy, {id});
       }
@@ -1693,7 +1694,6 @@ void build_inference_class(const Ctx& c, int ep_rank, const RoutingSampler::Step
     return out;
   };
 
-  const int first_local = ep_rank * c.E_loc;
   std::vector<std::vector<std::pair<int, std::uint32_t>>> fetched(static_cast<std::size_t>(m.num_layers));
   std::vector<bool> fetched_done(static_cast<std::size_t>(m.num_layers), false);
   auto layer_experts = [&](int layer) {
@@ -1724,6 +1724,8 @@ void build_inference_class(const Ctx& c, int ep_rank, const RoutingSampler::Step
     // MoE layer with the sampled routing.
     const auto counts = choices.tokens_per_expert(l, c.E);
     const auto act = activated(counts, first_local, c.E_loc);
+    rc.experts_activated += static_cast<std::int64_t>(act.size());
+    for (int e : act) rc.experts_cache_hits += (!offload || cache.contains(l, e)) ? 1 : 0;
     std::int64_t rows = 0;
     std::int64_t max_rows = 0;
     for (int e : act) {

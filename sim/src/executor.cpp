@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "threewalls/core/error.hpp"
+#include "threewalls/profiler/record.hpp"
 #include "threewalls/scenarios/layout.hpp"
 
 namespace threewalls::sim {
@@ -63,6 +64,18 @@ bool blocks_host(const Op& op) {
   return k == HostKind::stream_sync || k == HostKind::gpu_read || k == HostKind::barrier;
 }
 
+// Disk reads run on the host thread, as threewalls run does them (a read into a pinned buffer that
+// blocks the rank's thread): they occupy the host lane, not a stream.
+bool is_disk_read(const Op& op) { return op.kind == OpKind::copy && op.copy_kind() == CopyKind::disk_read; }
+// Ops the host lane executes itself (host ops and disk reads).
+bool on_host_lane(const Op& op) { return op.kind == OpKind::host || is_disk_read(op); }
+
+profiler::CoarseView coarse_of(const Op& op) {
+  if (op.flags & scenarios::kDataLoad) return profiler::CoarseView::host_to_device;
+  if (op.flags & scenarios::kMetrics) return profiler::CoarseView::training_metrics;
+  return profiler::CoarseView::none;
+}
+
 std::string describe_op(const StepGraph& g, const RankClass& rc, std::uint32_t i) {
   const Op& op = rc.ops[i];
   std::ostringstream os;
@@ -100,7 +113,14 @@ struct ClassState {
   const RankClass* rc = nullptr;
   int rep = -1;
   double compute_factor = 1.0;
-  std::vector<double> start, end, launch, host_cost, device_extra;
+  Timing timing = Timing::none;
+  // host_cost: host time before op i is launched (or, host-lane ops, its duration); host_post: host
+  // time after the launch (event records behind it); host_arrive: host-lane ops, paid when the host
+  // reaches the op, before it waits for its dependencies (timing markers behind them).
+  std::vector<double> start, end, launch, host_cost, host_post, host_arrive, device_extra;
+  std::uint32_t arrived = kNone;  // the host-lane op whose host_arrive has been paid
+  double host_tail = 0.0;         // the step-end join, paid once every op is issued
+  double host_end = -1.0;         // when the host finished the join
   std::vector<std::uint32_t> pending;
   std::vector<std::uint32_t> rdep_off, rdeps;
   std::vector<std::vector<std::uint32_t>> stream_ops;
@@ -145,7 +165,7 @@ struct Plan {
 class StepRun {
  public:
   StepRun(const OpCoster& coster, const ExecutorOptions& opt, const StepGraph& g, const Platform& p,
-          std::span<const double> factor, double epoch, FlowEngine* engine)
+          std::span<const double> factor, std::span<const Timing> timing, double epoch, FlowEngine* engine)
       : coster_(coster), opt_(opt), g_(g), platform_(p), epoch_(epoch), engine_(engine), host_(coster.host_costs()),
         now_(epoch) {
     if (opt_.fidelity == Fidelity::flow && engine_ == nullptr) {
@@ -160,7 +180,8 @@ class StepRun {
     sm_count_ = coster_.sm_count();
     classes_.resize(g_.classes.size());
     for (std::size_t c = 0; c < g_.classes.size(); ++c) {
-      init_class(static_cast<std::uint32_t>(c), factor.empty() ? 1.0 : factor[c]);
+      init_class(static_cast<std::uint32_t>(c), factor.empty() ? 1.0 : factor[c],
+                 timing.empty() ? Timing::none : timing[c]);
     }
   }
 
@@ -193,18 +214,21 @@ class StepRun {
 
  private:
   // ---------------------------------------------------------------- setup
-  void init_class(std::uint32_t c, double factor) {
+  void init_class(std::uint32_t c, double factor, Timing timing) {
     ClassState& s = classes_[c];
     const RankClass& rc = g_.classes[c];
     s.rc = &rc;
     s.rep = rc.representative();
     if (s.rep < 0) throw InputError("rank class " + std::to_string(rc.id) + " (" + rc.label + ") has no ranks");
     s.compute_factor = factor;
+    s.timing = timing;
     const std::size_t n = rc.ops.size();
     s.start.assign(n, -1.0);
     s.end.assign(n, -1.0);
     s.launch.assign(n, -1.0);
     s.host_cost.assign(n, 0.0);
+    s.host_post.assign(n, 0.0);
+    s.host_arrive.assign(n, 0.0);
     s.device_extra.assign(n, 0.0);
     s.pending.assign(n, 0);
     s.ready_scheduled.assign(n, 0);
@@ -247,39 +271,14 @@ class StepRun {
     s.queue.assign(n, 0);
     for (std::uint32_t i = 0; i < n; ++i) {
       const Op& op = rc.ops[i];
-      if (op.kind == OpKind::host) continue;
+      if (on_host_lane(op)) continue;
       std::size_t q = op.stream;
       if (op.kind == OpKind::send || op.kind == OpKind::recv) q = streams + 2 * op.stream + (op.peer > 0 ? 1 : 0);
       s.queue[i] = static_cast<std::uint16_t>(q);
       s.stream_pos[i] = static_cast<std::uint32_t>(s.stream_ops[q].size());
       s.stream_ops[q].push_back(i);
     }
-    // Host costs: eager launches, CUDA-graph runs.
-    for (std::uint32_t i = 0; i < n; ++i) {
-      const Op& op = rc.ops[i];
-      if (op.kind == OpKind::host) {
-        s.host_cost[i] = host_op_cost(op).value;
-      } else if (op.is_comm()) {
-        s.host_cost[i] = host_.collective_launch.value;
-      } else {
-        s.host_cost[i] = host_.kernel_launch.value;
-      }
-    }
-    for (const scenarios::GraphRun& run : rc.graph_runs) {
-      if (run.first_op >= run.end_op || run.end_op > n) {
-        throw InputError("rank class " + std::to_string(rc.id) + ": CUDA-graph run [" + std::to_string(run.first_op) +
-                         ", " + std::to_string(run.end_op) + ") is outside its ops");
-      }
-      const bool explicit_launch = run.first_op > 0 && rc.ops[run.first_op - 1].kind == OpKind::host &&
-                                   rc.ops[run.first_op - 1].host_kind() == HostKind::graph_launch;
-      bool first = true;
-      for (std::uint32_t i = run.first_op; i < run.end_op; ++i) {
-        if (rc.ops[i].kind == OpKind::host) continue;  // host work is never captured
-        s.host_cost[i] = (first && !explicit_launch) ? host_.graph_launch.value : 0.0;
-        s.device_extra[i] = host_.graph_node.value;
-        first = false;
-      }
-    }
+    host_lane_costs(s);
     // Occurrence numbers of collectives with identical keys.
     std::unordered_map<std::string, std::uint32_t> seen;
     for (std::uint32_t i = 0; i < n; ++i) {
@@ -287,6 +286,117 @@ class StepRun {
       if (op.kind != OpKind::collective) continue;
       s.occurrence[i] = seen[base_key(op)]++;
     }
+  }
+
+  // Host-lane costs, mirroring what threewalls run issues for each op (docs/simulator.md, "Host lane";
+  // docs/backend.md, "Threads, streams, events"); e = event_record (also taken for a stream wait):
+  //   eager op      before the launch: e per dependency it must wait for on its stream (one on
+  //                 another stream, or in a CUDA-graph run), e for the timing marker (timed steps),
+  //                 then kernel_launch (collective_launch for NCCL calls); after the launch: e for the
+  //                 timing marker (timed steps), e when a later op waits for it across streams, a run
+  //                 boundary or on the host
+  //   graph run     on its first op: e per dependency from before the run it must wait for, 2 e per
+  //                 other stream of the run (joined before), graph_launch (none after an explicit
+  //                 graph_launch host op); after its last op: e (end event) + e per other stream;
+  //                 graph_node of device time per op
+  //   host op       on arrival (timed steps): e per device stream its dependencies are on (gpu_read:
+  //                 its data's stream), then the wait, then stream_sync / gpu_read (+ e: the event
+  //                 the read waits on) / the hint
+  //   disk read     on the host lane: copy(disk_read, bytes) once its dependencies are done
+  //   step          at the start, e per device stream used (the fence behind the epoch); at the end,
+  //                 2 e per device stream but the anchor (joined into it): the step ends no earlier
+  void host_lane_costs(ClassState& s) {
+    const RankClass& rc = *s.rc;
+    const std::size_t n = rc.ops.size();
+    const double e = host_.event_record.value;
+    auto timed = [&](const Op& op) {
+      return s.timing == Timing::every_op || (s.timing == Timing::coarse_ops && coarse_of(op) != profiler::CoarseView::none);
+    };
+    std::vector<int> in_run(n, -1);
+    for (std::size_t r = 0; r < rc.graph_runs.size(); ++r) {
+      const scenarios::GraphRun& run = rc.graph_runs[r];
+      if (run.first_op >= run.end_op || run.end_op > n) {
+        throw InputError("rank class " + std::to_string(rc.id) + ": CUDA-graph run [" + std::to_string(run.first_op) +
+                         ", " + std::to_string(run.end_op) + ") is outside its ops");
+      }
+      for (std::uint32_t i = run.first_op; i < run.end_op; ++i) {
+        if (!on_host_lane(rc.ops[i])) in_run[i] = static_cast<int>(r);  // host work is never captured
+      }
+    }
+    // Which ops something waits for across streams, runs or on the host (an event is recorded).
+    std::vector<std::uint8_t> needs_event(n, 0);
+    std::vector<std::uint32_t> waits(n, 0);
+    std::vector<std::uint8_t> used(g_.streams.size(), 0);
+    for (std::uint32_t j = 0; j < n; ++j) {
+      const Op& op = rc.ops[j];
+      if (!on_host_lane(op)) used[op.stream] = 1;
+      for (std::uint32_t d = op.deps_begin; d < op.deps_end; ++d) {
+        const std::uint32_t dep = rc.deps[d];
+        if (on_host_lane(rc.ops[dep])) continue;  // done before the host moved on
+        if (in_run[j] >= 0 && in_run[j] == in_run[dep]) continue;  // inside one capture
+        const bool other_stream = rc.ops[dep].stream != op.stream;
+        if (on_host_lane(op) || other_stream || in_run[j] >= 0 || in_run[dep] >= 0) needs_event[dep] = 1;
+        if (!on_host_lane(op) && in_run[j] < 0 && (other_stream || in_run[dep] >= 0)) ++waits[j];
+      }
+    }
+    for (std::uint32_t i = 0; i < n; ++i) {
+      const Op& op = rc.ops[i];
+      if (op.kind == OpKind::host) {
+        s.host_cost[i] = host_op_cost(op).value + (op.host_kind() == HostKind::gpu_read ? e : 0.0);
+        if (timed(op) && blocks_host(op)) {
+          std::vector<std::uint8_t> streams(g_.streams.size(), 0);
+          std::size_t k = 0;
+          for (std::uint32_t d = op.deps_begin; d < op.deps_end; ++d) {
+            const Op& dep = rc.ops[rc.deps[d]];
+            if (on_host_lane(dep) || streams[dep.stream]) continue;
+            streams[dep.stream] = 1;
+            ++k;
+          }
+          if (k == 0 && op.host_kind() == HostKind::gpu_read) k = 1;
+          s.host_arrive[i] = static_cast<double>(k) * e;
+        }
+      } else if (is_disk_read(op)) {
+        s.host_cost[i] = coster_.copy_time(op.copy_kind(), Bytes(op.bytes)).value;
+      } else if (in_run[i] < 0) {
+        const double launch = op.is_comm() ? host_.collective_launch.value : host_.kernel_launch.value;
+        s.host_cost[i] = static_cast<double>(waits[i]) * e + (timed(op) ? e : 0.0) + launch;
+        s.host_post[i] = (timed(op) ? e : 0.0) + (needs_event[i] ? e : 0.0);
+      }
+    }
+    for (const scenarios::GraphRun& run : rc.graph_runs) {
+      const bool explicit_launch = run.first_op > 0 && rc.ops[run.first_op - 1].kind == OpKind::host &&
+                                   rc.ops[run.first_op - 1].host_kind() == HostKind::graph_launch;
+      std::vector<std::uint8_t> streams(g_.streams.size(), 0);
+      std::size_t extra_streams = 0;
+      std::size_t external = 0;
+      std::uint32_t first = kNone;
+      std::uint32_t last = kNone;
+      for (std::uint32_t i = run.first_op; i < run.end_op; ++i) {
+        const Op& op = rc.ops[i];
+        if (in_run[i] < 0) continue;
+        if (first == kNone) first = i;
+        last = i;
+        if (!streams[op.stream]) {
+          streams[op.stream] = 1;
+          if (i != first) ++extra_streams;
+        }
+        s.device_extra[i] = host_.graph_node.value;
+        for (std::uint32_t d = op.deps_begin; d < op.deps_end; ++d) {
+          const std::uint32_t dep = rc.deps[d];
+          if (dep >= run.first_op || on_host_lane(rc.ops[dep])) continue;
+          if (in_run[dep] < 0 && rc.ops[dep].stream == rc.ops[first].stream) continue;  // FIFO on the launch stream
+          ++external;
+        }
+      }
+      if (first == kNone) continue;
+      const double ex = static_cast<double>(extra_streams);
+      s.host_cost[first] = static_cast<double>(external) * e + 2.0 * ex * e + (explicit_launch ? 0.0 : host_.graph_launch.value);
+      s.host_post[last] = e + ex * e;
+    }
+    std::size_t streams_used = 0;
+    for (std::uint8_t u : used) streams_used += u;
+    s.host_time = epoch_ + static_cast<double>(streams_used) * e;
+    s.host_tail = streams_used > 1 ? 2.0 * static_cast<double>(streams_used - 1) * e : 0.0;
   }
 
   Seconds host_op_cost(const Op& op) const {
@@ -346,8 +456,12 @@ class StepRun {
     while (s.host_next < rc.ops.size()) {
       const std::uint32_t i = s.host_next;
       const Op& op = rc.ops[i];
-      if (op.kind == OpKind::host) {
-        if (blocks_host(op) && s.pending[i] > 0) {
+      if (on_host_lane(op)) {
+        if (s.arrived != i) {
+          s.arrived = i;
+          s.host_time += s.host_arrive[i];
+        }
+        if ((blocks_host(op) || is_disk_read(op)) && s.pending[i] > 0) {
           s.host_blocked = i;
           return;
         }
@@ -359,8 +473,13 @@ class StepRun {
         s.host_time += s.host_cost[i];
         s.launch[i] = s.host_time;
         try_start(c, i);
+        s.host_time += s.host_post[i];
       }
       ++s.host_next;
+    }
+    if (s.host_end < 0.0) {
+      s.host_time += s.host_tail;
+      s.host_end = s.host_time;
     }
   }
 
@@ -369,7 +488,7 @@ class StepRun {
     ClassState& s = classes_[c];
     if (s.start[i] >= 0.0 || s.launch[i] < 0.0 || s.pending[i] > 0) return;
     const Op& op = s.rc->ops[i];
-    if (op.kind == OpKind::host) return;
+    if (on_host_lane(op)) return;
     if (s.stream_head[s.queue[i]] != s.stream_pos[i]) return;
     if (s.launch[i] > now_) {
       if (!s.ready_scheduled[i]) {
@@ -388,10 +507,6 @@ class StepRun {
     if (is_kernel(op)) {
       const double work = coster_.kernel_time(op).value * s.compute_factor + s.device_extra[i];
       gpu_add(c, i, work);
-      return;
-    }
-    if (op.kind == OpKind::copy && op.copy_kind() == CopyKind::disk_read) {
-      push(now_ + coster_.copy_time(op.copy_kind(), Bytes(op.bytes)).value + s.device_extra[i], EventType::op_done, c, i);
       return;
     }
     if (is_pcie_copy(op)) {
@@ -414,7 +529,7 @@ class StepRun {
     const Op& op = s.rc->ops[i];
     s.end[i] = now_;
     ++s.done;
-    if (op.kind != OpKind::host) {
+    if (!on_host_lane(op)) {
       const std::uint32_t head = ++s.stream_head[s.queue[i]];
       const auto& q = s.stream_ops[s.queue[i]];
       if (head < q.size()) try_start(c, q[head]);
@@ -631,7 +746,18 @@ class StepRun {
     ++collectives_;
     const Plan& plan = plan_for(inst);
     if (opt_.fidelity == Fidelity::analytic || plan.flows.empty()) {
-      push(now_ + plan.lone, EventType::instance_done, 0, id);
+      double end = now_ + plan.lone;
+      const Member& m = inst.members[0];
+      const Op& op = classes_[m.cls].rc->ops[m.op];
+      if (opt_.fidelity == Fidelity::analytic && is_pcie_copy(op)) {
+        // Without flows, copies of one GPU's PCIe link in one direction queue on it (several copy
+        // streams share the link's bandwidth, they do not multiply it).
+        const bool h2d = op.copy_kind() == CopyKind::h2d_pinned || op.copy_kind() == CopyKind::h2d_pageable;
+        double& free = pcie_free_[(static_cast<std::uint64_t>(m.cls) << 1) | (h2d ? 1U : 0U)];
+        end = std::max(now_, free) + plan.lone;
+        free = end;
+      }
+      push(end, EventType::instance_done, 0, id);
       return;
     }
     inst.flows = plan.flows;
@@ -823,7 +949,7 @@ class StepRun {
                 " (same tag) of its peer";
         } else if (s.pending[i] > 0) {
           why = "it waits for " + std::to_string(s.pending[i]) + " dependencies that never finished";
-        } else if (op.kind != OpKind::host && s.stream_head[s.queue[i]] != s.stream_pos[i]) {
+        } else if (!on_host_lane(op) && s.stream_head[s.queue[i]] != s.stream_pos[i]) {
           why = "an earlier op of its stream '" + g_.streams[op.stream].name + "' never finished";
         } else {
           why = "it was never launched";
@@ -851,8 +977,8 @@ class StepRun {
         t.end[i] = s.end[i] - epoch_;
         class_end = std::max(class_end, s.end[i]);
       }
-      t.step_end = class_end - epoch_;
-      last = std::max(last, class_end);
+      t.step_end = std::max(class_end, s.host_end) - epoch_;
+      last = std::max({last, class_end, s.host_end});
     }
     r.duration = last - epoch_;
     return r;
@@ -878,6 +1004,7 @@ class StepRun {
   std::vector<std::vector<std::uint32_t>> sets_;
   std::unordered_map<std::uint64_t, std::vector<int>> members_of_;
   std::unordered_map<std::string, Plan> plans_;
+  std::unordered_map<std::uint64_t, double> pcie_free_;  // analytic fidelity: (class, direction) -> link free at
   std::size_t collectives_ = 0;
   std::size_t flows_started_ = 0;
 };
@@ -887,11 +1014,14 @@ class StepRun {
 Executor::Executor(const OpCoster& coster, ExecutorOptions options) : coster_(coster), options_(options) {}
 
 StepResult Executor::run_step(const StepGraph& graph, const Platform& platform, std::span<const double> compute_factor,
-                              double epoch, FlowEngine* engine) const {
+                              double epoch, FlowEngine* engine, std::span<const Timing> timing) const {
   if (!compute_factor.empty() && compute_factor.size() != graph.classes.size()) {
     throw std::logic_error("compute_factor must have one entry per rank class");
   }
-  StepRun run(coster_, options_, graph, platform, compute_factor, epoch, engine);
+  if (!timing.empty() && timing.size() != graph.classes.size()) {
+    throw std::logic_error("timing must have one entry per rank class");
+  }
+  StepRun run(coster_, options_, graph, platform, compute_factor, timing, epoch, engine);
   return run.run();
 }
 

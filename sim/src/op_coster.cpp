@@ -59,6 +59,7 @@ CostModelCoster::CostModelCoster(const calibration::CostModel& model) : model_(m
   host_.stream_sync = model.stream_sync();
   host_.gpu_read = model.gpu_read();
   host_.framework_op = model.framework_op();
+  host_.event_record = model.event_record();
 }
 
 Seconds CostModelCoster::kernel_time(const Op& op) const {

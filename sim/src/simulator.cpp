@@ -208,13 +208,36 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   simj["allreduce_algorithm"] = to_string(opt.allreduce);
   simj["placement"] = "representatives";
   simj["platform"] = base.describe();
-  simj["host_lane"] = "eager op: kernel_launch (collectives: collective_launch); CUDA-graph run: graph_launch + graph_node per op";
+  simj["host_lane"] =
+      "eager op: kernel_launch (collectives: collective_launch) + event_record per cross-stream wait and event; CUDA-graph "
+      "run: graph_launch + graph_node per op; per step: stream fence and join; recorded steps: two timing events per op; "
+      "disk reads on the host thread";
   simj["memory"] = OrderedJson{{"fused_attention", opt.memory.fused_attention}, {"dropout", opt.memory.dropout}};
   simj["profile_reason"] = profile.reason;
   header.settings["steps"] = steps;
   header.settings["warmup_steps_simulated"] = 0;
   header.settings["simulator"] = simj;
   for (const auto& rc : first.classes) header.rank_classes.push_back({rc.id, rc.label, rc.ranks, rc.pp_stage});
+
+  // The profiler's timing markers cost host time in a real run's recorded steps (docs/simulator.md,
+  // "Host lane"): the scenario's sampling decides which steps and classes carry them, whether or not
+  // this simulation writes a run directory.
+  const profiler::SamplingPolicy timing_policy(sampling_config(s, first), s.world_size());
+  auto timing_of = [&](const StepGraph& g, int step) {
+    std::vector<Timing> t(g.classes.size(), Timing::none);
+    if (!timing_policy.enabled() || !timing_policy.records(step)) return t;
+    const Timing kind =
+        s.run.profiler.granularity == scenarios::Granularity::coarse ? Timing::coarse_ops : Timing::every_op;
+    for (std::size_t c = 0; c < g.classes.size(); ++c) {
+      for (int r : g.classes[c].ranks) {
+        if (timing_policy.records_rank(r)) {
+          t[c] = kind;
+          break;
+        }
+      }
+    }
+    return t;
+  };
 
   std::unique_ptr<profiler::RunDirWriter> writer;
   profiler::Names local_names;
@@ -231,10 +254,21 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   // Records of every class representative, all steps, for the summary (the simulator knows them all).
   std::vector<profiler::StepRecord> sum_steps;
   std::vector<profiler::PhaseRecord> sum_phases;
+  // Inference: what the records cannot carry (summary.hpp, InferenceStepInput), per step.
+  std::map<int, profiler::InferenceStepInput> inference_steps;
 
   // Records of one simulated step: the summary's (representatives) and the files' (recording ranks).
   auto emit = [&](const StepGraph& g, const StepResult& r, int step) {
     const RecordTables tables = intern_graph(g, names);
+    if (g.step_kind == "prefill" || g.step_kind == "decode") {
+      profiler::InferenceStepInput& in = inference_steps[step];
+      in.kind = g.step_kind;
+      in.tokens = g.tokens;
+      in.model_flops = g.model_flops;
+      for (const auto& rc : g.classes) {
+        in.by_rank[rc.representative()] = {rc.experts_activated, rc.experts_cache_hits};
+      }
+    }
     for (std::size_t c = 0; c < g.classes.size(); ++c) {
       add_records(g, tables, r, c, step, g.classes[c].representative(),
                   [&](const profiler::StepRecord& x) { sum_steps.push_back(x); },
@@ -260,10 +294,12 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
     // machine), which keeps long runs cheap and their steps identical.
     std::optional<StepResult> previous;
     std::vector<bool> previous_active;
+    std::vector<Timing> previous_timing;
     for (int step = 0; step < steps; ++step) {
       std::vector<bool> now_active;
       for (const auto& d : s.cluster.slowdowns) now_active.push_back(active(d, step));
-      if (!per_step && previous && now_active == previous_active) {
+      const std::vector<Timing> now_timing = per_step ? std::vector<Timing>() : timing_of(first, step);
+      if (!per_step && previous && now_active == previous_active && now_timing == previous_timing) {
         StepResult r = *previous;
         r.epoch = epoch;
         epoch = r.epoch + r.duration;
@@ -296,13 +332,15 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
           }
         }
       }
-      const StepResult r = exec.run_step(*g, platform, factor, epoch, engine);
+      const std::vector<Timing> timing = per_step ? timing_of(*g, step) : now_timing;
+      const StepResult r = exec.run_step(*g, platform, factor, epoch, engine, timing);
       result.collectives += r.collectives;
       result.flows += r.flows_started;
       epoch = r.epoch + r.duration;
       emit(*g, r, step);
       previous = r;
       previous_active = now_active;
+      previous_timing = now_timing;
     }
   };
 
@@ -332,6 +370,7 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
     in.memory_classes.push_back(std::move(mc));
   }
   in.oom = result.memory.oom();
+  in.inference_steps = std::move(inference_steps);
   const profiler::SummaryBuilder builder(header, in);
   result.summary = builder.build(sum_steps, sum_phases, names);
   result.summary_json = builder.to_json(result.summary);

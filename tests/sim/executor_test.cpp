@@ -293,5 +293,127 @@ TEST(Executor, HostToDeviceCopyTakesTheProfilesTime) {
   EXPECT_NEAR(r.duration, 32e6 / 25e9, 1e-12);
 }
 
+StepResult run_timed(const GraphBuilder& b, const FakeCoster& coster, Timing timing) {
+  const Platform p(testing::cluster(1, 1));
+  ExecutorOptions o;
+  o.fidelity = Fidelity::analytic;
+  const std::vector<Timing> t(b.g.classes.size(), timing);
+  return Executor(coster, o).run_step(b.g, p, {}, 0.0, nullptr, t);
+}
+
+Op copy_op(GraphBuilder& b, scenarios::CopyKind kind, double bytes, const std::string& ph, const std::string& st) {
+  Op cp;
+  cp.kind = OpKind::copy;
+  cp.sub = static_cast<std::uint8_t>(kind);
+  cp.wall = scenarios::Wall::memory;
+  cp.bytes = bytes;
+  cp.phase = b.phase(ph);
+  cp.stream = b.stream(st, StreamKind::copy);
+  return cp;
+}
+
+TEST(Executor, EventsAndWaitsAcrossStreamsCostHostTimeAsThreewallsRunIssuesThem) {
+  // a (compute) -> b (side) -> c (compute), 1 us kernels, launches of 10 us, events of 1 us.
+  // Host: fence 2 e (two streams); a: launch, then an event (b waits for it) -> 13; b: wait + launch
+  // -> 24, event -> 25; c: wait + launch -> 36; join 2 e -> 38. The step ends with the join.
+  GraphBuilder b(1, 1, 1, 1, 1, 1);
+  const int c = b.add_class({0});
+  const auto a = b.add(c, b.kernel(1, "a"));
+  const auto s = b.add(c, b.kernel(1, "b", "side"), {a});
+  b.add(c, b.kernel(1, "c"), {s});
+  FakeCoster f;
+  f.host.kernel_launch = microseconds(10);
+  f.host.event_record = microseconds(1);
+  const auto r = run(b, f, testing::cluster(1, 1));
+  const auto& t = r.classes[0];
+  EXPECT_NEAR(t.start[0], 12 * kUs, 1e-12);
+  EXPECT_NEAR(t.start[1], 24 * kUs, 1e-12);
+  EXPECT_NEAR(t.start[2], 36 * kUs, 1e-12);
+  EXPECT_NEAR(t.step_end, 38 * kUs, 1e-12);
+  EXPECT_NEAR(r.duration, 38 * kUs, 1e-12);
+}
+
+TEST(Executor, TimingMarkersOfARecordedStepCostTwoEventsPerTimedOp) {
+  // Three 1 us kernels on one stream, launches of 10 us, events of 1 us. Untimed: fence 1, launches
+  // end at 11, 21, 31, step 32. Timed (two markers per op): 12, 24, 36, step 37.
+  GraphBuilder b(1, 1, 1, 1, 1, 1);
+  const int c = b.add_class({0});
+  for (int i = 0; i < 3; ++i) b.add(c, b.kernel(1, "k"));
+  b.g.classes[0].ops[0].flags = scenarios::kDataLoad;  // in the coarse view
+  FakeCoster f;
+  f.host.kernel_launch = microseconds(10);
+  f.host.event_record = microseconds(1);
+  EXPECT_NEAR(run_timed(b, f, Timing::none).duration, 32 * kUs, 1e-12);
+  const auto timed = run_timed(b, f, Timing::every_op);
+  EXPECT_NEAR(timed.classes[0].start[2], 36 * kUs, 1e-12);
+  EXPECT_NEAR(timed.duration, 37 * kUs, 1e-12);
+  // Coarse granularity times only the coarse-view op: 12 + 1, then 23, 33, step 34.
+  EXPECT_NEAR(run_timed(b, f, Timing::coarse_ops).duration, 34 * kUs, 1e-12);
+}
+
+TEST(Executor, DiskReadsRunOnTheHostLaneAndHoldBackLaterLaunches) {
+  // A 20 us disk read feeding a 20 us host-to-device copy, then an independent kernel. The read
+  // occupies the host (as threewalls run reads into a pinned buffer on the rank's thread), so the
+  // copy is launched at 25 and the kernel only at 30.
+  GraphBuilder b(1, 1, 1, 1, 1, 1);
+  const int c = b.add_class({0});
+  const auto d = b.add(c, copy_op(b, scenarios::CopyKind::disk_read, 1e6, "expert_fetch_disk", "disk"));
+  b.add(c, copy_op(b, scenarios::CopyKind::h2d_pinned, 1e6, "expert_fetch_h2d", "copy"), {d});
+  b.add(c, b.kernel(1, "k"));
+  FakeCoster f;
+  f.host.kernel_launch = microseconds(5);
+  const auto r = run(b, f, testing::cluster(1, 1));
+  const auto& t = r.classes[0];
+  EXPECT_NEAR(t.start[0], 0.0, 1e-12);
+  EXPECT_NEAR(t.end[0], 20 * kUs, 1e-12);
+  EXPECT_NEAR(t.start[1], 25 * kUs, 1e-12);
+  EXPECT_NEAR(t.end[1], 45 * kUs, 1e-12);
+  EXPECT_NEAR(t.start[2], 30 * kUs, 1e-12);
+}
+
+TEST(Executor, CopiesOnTwoCopyStreamsShareThePcieLinkInAnalyticFidelity) {
+  // Two 20 us host-to-device copies on two copy streams: the link carries one after the other's
+  // bandwidth, 40 us in all (a second copy stream does not double PCIe).
+  GraphBuilder b(1, 1, 1, 1, 1, 1);
+  const int c = b.add_class({0});
+  b.add(c, copy_op(b, scenarios::CopyKind::h2d_pinned, 1e6, "fetch", "copy"));
+  b.add(c, copy_op(b, scenarios::CopyKind::h2d_pinned, 1e6, "fetch", "copy_1"));
+  b.add(c, copy_op(b, scenarios::CopyKind::d2h_pinned, 1e6, "offload", "copy_2"));
+  const auto r = run(b, FakeCoster{}, testing::cluster(1, 1));
+  EXPECT_NEAR(r.classes[0].end[0], 20 * kUs, 1e-12);
+  EXPECT_NEAR(r.classes[0].end[1], 40 * kUs, 1e-12);
+  EXPECT_NEAR(r.classes[0].end[2], 20 * kUs, 1e-12);  // the other direction has its own link
+}
+
+TEST(Executor, GraphRunWaitsForOutsideDepsOnItsLaunchStreamAndJoinsItsOtherStreams) {
+  // x (side) then a graph run of a (compute) and b (side2, depending on a), then y (compute)
+  // depending on b. Events 1 us, graph launch 7, kernel launch 10, graph node 0, kernels 1 us.
+  // Host: fence 3 e -> 3; x launched at 13, event (the run waits for it) -> 14; the run: one wait
+  // for x, 2 e for its other stream, launch 7 -> 24; end event + 1 per other stream -> 26;
+  // y: waits for b (in a run) 1 + launch 10 -> 37.
+  GraphBuilder b(1, 1, 1, 1, 1, 1);
+  const int c = b.add_class({0});
+  const auto x = b.add(c, b.kernel(1, "x", "side"));
+  Op a = b.kernel(1, "a");
+  a.graph = 1;
+  const auto ia = b.add(c, a, {x});
+  Op bb = b.kernel(1, "b", "side2");
+  bb.graph = 1;
+  const auto ib = b.add(c, bb, {ia});
+  b.add(c, b.kernel(1, "y"), {ib});
+  b.g.graphs.push_back("attn");
+  b.g.classes[0].graph_runs.push_back({1, 3, 1});
+  FakeCoster f;
+  f.host.kernel_launch = microseconds(10);
+  f.host.graph_launch = microseconds(7);
+  f.host.event_record = microseconds(1);
+  const auto r = run(b, f, testing::cluster(1, 1));
+  const auto& t = r.classes[0];
+  EXPECT_NEAR(t.start[0], 13 * kUs, 1e-12);
+  EXPECT_NEAR(t.start[1], 24 * kUs, 1e-12);
+  EXPECT_NEAR(t.start[2], 25 * kUs, 1e-12);  // after a, inside the replay
+  EXPECT_NEAR(t.start[3], 37 * kUs, 1e-12);
+}
+
 }  // namespace
 }  // namespace threewalls::sim

@@ -134,6 +134,11 @@ struct RankClass {
   double dense_params = 0.0;
   double expert_params = 0.0;
   std::vector<int> layers;    // global layer indices on this stage, in chunk order
+  // Inference with MoE (per step): local experts activated, summed over the MoE layers, and how many
+  // of them were in the GPU expert cache when their layer ran (all of them without offloading). The
+  // cache hit rate of summary.json is experts_cache_hits / experts_activated.
+  std::int64_t experts_activated = 0;
+  std::int64_t experts_cache_hits = 0;
 
   [[nodiscard]] int representative() const { return ranks.empty() ? -1 : ranks.front(); }
   [[nodiscard]] const std::uint32_t* deps_of(const Op& op) const { return deps.data() + op.deps_begin; }

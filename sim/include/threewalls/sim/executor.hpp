@@ -56,11 +56,16 @@ struct ExecutorOptions {
   double routing_imbalance = 1.0;
 };
 
+// Which ops of a class carry the profiler's timing markers in a step (a real run records two CUDA
+// events around every timed op: docs/simulator.md, "Host lane"). By class: none, every op (layer
+// granularity) or the coarse-view ops only.
+enum class Timing : std::uint8_t { none, every_op, coarse_ops };
+
 // When each op of a rank class ran, seconds relative to the step's epoch.
 struct ClassTimeline {
   std::vector<double> start;
   std::vector<double> end;
-  double step_end = 0.0;  // end of the class's last op
+  double step_end = 0.0;  // end of the class's last op, or of the host's step-end join if later
 };
 
 struct StepResult {
@@ -80,11 +85,14 @@ class Executor {
   // durations of class c (GPU slowdowns; empty = 1 everywhere). Flow fidelity needs `engine`
   // (its clock must not be past `epoch`); analytic fidelity ignores it.
   //
+  // `timing[c]`: the profiler's timing markers of class c in this step (empty = none anywhere).
+  //
   // Throws InputError when the graph cannot run: a dependency or group that no class satisfies
   // (a deadlock is reported with the op that waits and what it waits for), a group the layout does
   // not know, a send without a matching recv.
   StepResult run_step(const scenarios::StepGraph& graph, const Platform& platform,
-                      std::span<const double> compute_factor, double epoch, FlowEngine* engine) const;
+                      std::span<const double> compute_factor, double epoch, FlowEngine* engine,
+                      std::span<const Timing> timing = {}) const;
 
   [[nodiscard]] const ExecutorOptions& options() const { return options_; }
 

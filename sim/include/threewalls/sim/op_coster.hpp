@@ -46,6 +46,7 @@ struct HostCosts {
   Seconds stream_sync;        // a stream synchronisation once the stream is idle
   Seconds gpu_read;           // a small device-to-host read once its producer has finished
   Seconds framework_op;       // one host-side framework op (HostKind::framework without a duration hint)
+  Seconds event_record;       // one cudaEventRecord; also the cost taken for one cudaStreamWaitEvent
 };
 
 class OpCoster {

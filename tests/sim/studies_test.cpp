@@ -1,0 +1,440 @@
+// The simulator side of the host-overhead and expert-offload studies (docs/validation/host_overhead.md,
+// docs/validation/offload.md): every validation scenario simulates with the shipped default profile,
+// and the mechanisms the issues describe are in the simulated timelines: per-op launches on the host
+// lane, streams:64 concurrency behind event waits, CUDA-graph scopes replacing launches, host syncs
+// serialising copies, disk reads feeding the copies, barrier vs per-expert waits, prefetch overlap and
+// copy streams. Analytic fidelity in-process (no SimGrid engine); flow fidelity in a child.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "sim_test_support.hpp"
+#include "threewalls/profiler/run_dir.hpp"
+#include "threewalls/profiler/walls.hpp"
+#include "threewalls/scenarios/loader.hpp"
+#include "threewalls/sim/executor.hpp"
+#include "threewalls/sim/simulator.hpp"
+
+namespace threewalls::sim {
+namespace {
+
+namespace fs = std::filesystem;
+using profiler::PhaseRecord;
+using profiler::RunData;
+
+fs::path scratch(const std::string& name) {
+  const fs::path p = fs::temp_directory_path() / ("threewalls_studies_test_" + std::to_string(getpid())) / name;
+  fs::remove_all(p);
+  fs::create_directories(p.parent_path());
+  return p;
+}
+
+scenarios::Scenario validation(const std::string& suite, const std::string& name) {
+  return scenarios::load_scenario(testing::source_dir() / "scenarios/validation" / suite / (name + ".toml"));
+}
+
+std::vector<fs::path> suite_files(const std::string& suite) {
+  std::vector<fs::path> out;
+  for (const auto& e : fs::directory_iterator(testing::source_dir() / "scenarios/validation" / suite)) {
+    if (e.path().extension() == ".toml") out.push_back(e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// A variant of an offload scenario: experts run one after another, no host syncs, the given sync
+// mode and prefetch. The hash changes so the inference expansion's replay memo keeps them apart.
+scenarios::Scenario offload_variant(scenarios::ExpertSync sync, scenarios::Prefetch prefetch, bool sync_after_copy) {
+  scenarios::Scenario s = validation("offload", "dsv2lite_host_pinned_barrier_none");
+  auto& inf = *s.infer;
+  inf.exec.expert_execution.kind = scenarios::ExpertExecutionKind::sequential;
+  inf.exec.sync_after_copy = sync_after_copy;
+  inf.exec.sync_routing_stats = false;
+  inf.expert_offload.sync = sync;
+  inf.expert_offload.prefetch = prefetch;
+  s.name += "_variant";
+  s.content_hash += "-variant-" + std::to_string(static_cast<int>(sync)) + std::to_string(static_cast<int>(prefetch)) +
+                    (sync_after_copy ? "s" : "n");
+  return s;
+}
+
+// Simulates in this process (analytic fidelity: no SimGrid) and reads the run directory back.
+RunData simulate_records(const scenarios::Scenario& s, int steps, SimResult* result = nullptr) {
+  const fs::path dir = scratch(s.name);
+  SimOptions o;
+  o.fidelity = Fidelity::analytic;
+  o.steps = steps;
+  o.out_dir = dir;
+  o.overwrite = true;
+  const SimResult r = simulate(s, "auto", o);
+  if (result != nullptr) *result = r;
+  RunData d = profiler::RunDirReader::read(dir);
+  fs::remove_all(dir);
+  return d;
+}
+
+std::vector<const PhaseRecord*> records_of(const RunData& d, const std::string& phase, int step) {
+  std::vector<const PhaseRecord*> out;
+  const auto id = d.names.phases.find(phase);
+  if (!id) return out;
+  for (const auto& p : d.phases) {
+    if (p.phase == *id && p.step == step) out.push_back(&p);
+  }
+  return out;
+}
+
+double end_of(const PhaseRecord* p) { return p->start_us + p->dur_us; }
+
+bool overlap(const PhaseRecord* a, const PhaseRecord* b) {
+  return a->start_us < end_of(b) - 1e-6 && b->start_us < end_of(a) - 1e-6;
+}
+
+constexpr double kEps = 1e-2;  // us: start and duration are each written rounded to the nanosecond
+
+// ------------------------------------------------------------------ every scenario simulates
+
+TEST(ValidationSuites, EveryHostOverheadAndOffloadScenarioSimulatesWithTheShippedProfile) {
+  std::size_t n = 0;
+  for (const char* suite : {"host_overhead", "offload"}) {
+    for (const fs::path& f : suite_files(suite)) {
+      const scenarios::Scenario s = scenarios::load_scenario(f);
+      SimOptions o;
+      o.fidelity = Fidelity::analytic;
+      o.steps = 2;
+      const SimResult r = simulate(s, "auto", o);
+      ASSERT_EQ(r.summary.steps.size(), 2U) << f;
+      EXPECT_GT(r.summary.steps[0].step_time_us, 0.0) << f;
+      EXPECT_TRUE(r.summary.steps[0].walls.has_value()) << f;
+      // Inference runs: the metrics are in the summary.
+      EXPECT_TRUE(r.summary.steps[1].inference.has_value()) << f;
+      EXPECT_TRUE(r.summary_json.contains("inference")) << f;
+      ++n;
+    }
+  }
+  EXPECT_EQ(n, 36U + 8U);
+}
+
+TEST(ValidationSuites, OneScenarioOfEachSuiteSimulatesInFlowFidelity) {
+  for (const auto& [suite, name] : std::vector<std::pair<std::string, std::string>>{
+           {"host_overhead", "switch_d768_t1k_streams64_attn_router"}, {"offload", "dsv2lite_nvme_per_expert_next_layer"}}) {
+    const scenarios::Scenario s = validation(suite, name);
+    const std::string out = testing::in_child([&]() {
+      SimOptions o;
+      o.steps = 2;
+      const SimResult r = simulate(s, "auto", o);
+      return std::string("ok ") + std::to_string(r.summary.step_time_us.median);
+    });
+    EXPECT_EQ(out.rfind("ok", 0), 0U) << name << ": " << out;
+  }
+}
+
+// ------------------------------------------------------------------ host overhead (issue 8)
+
+TEST(HostOverheadStudy, Streams64RunsTheExpertsConcurrentlyBehindTheirEventWaits) {
+  const RunData d = simulate_records(validation("host_overhead", "switch_d768_t4k_streams64_none"), 1);
+  const auto fc1 = records_of(d, "expert_fc1_fwd", 0);
+  ASSERT_EQ(fc1.size(), 64U);
+  std::set<std::uint32_t> streams;
+  for (const PhaseRecord* p : fc1) streams.insert(p->stream);
+  EXPECT_EQ(streams.size(), 64U);
+  // Kernels of several streams run at the same time.
+  std::size_t concurrent = 0;
+  for (std::size_t i = 0; i < fc1.size(); ++i) {
+    for (std::size_t j = i + 1; j < fc1.size(); ++j) concurrent += overlap(fc1[i], fc1[j]) ? 1 : 0;
+  }
+  EXPECT_GT(concurrent, 0U);
+  // Every expert waits for the router (an event on the compute stream); the output waits for all.
+  const auto topk = records_of(d, "router_topk_fwd", 0);
+  ASSERT_EQ(topk.size(), 1U);
+  for (const char* ph : {"expert_gather_fwd", "expert_fc1_fwd", "expert_fc2_fwd", "expert_scatter_fwd"}) {
+    for (const PhaseRecord* p : records_of(d, ph, 0)) EXPECT_GE(p->start_us, end_of(topk[0]) - kEps) << ph;
+  }
+  const auto bda = records_of(d, "mlp_bda_fwd", 0);
+  ASSERT_EQ(bda.size(), 1U);
+  for (const PhaseRecord* p : records_of(d, "expert_scatter_fwd", 0)) EXPECT_LE(end_of(p), bda[0]->start_us + kEps);
+}
+
+// Closed-form costs for the host-lane checks: every kernel and copy 0.1 us, launches 10 us, nothing
+// else costs anything, so a step is launch-bound and its time is the host's.
+class LaunchBoundCoster final : public OpCoster {
+ public:
+  [[nodiscard]] Seconds kernel_time(const scenarios::Op&) const override { return microseconds(0.1); }
+  [[nodiscard]] Seconds copy_time(scenarios::CopyKind, Bytes) const override { return microseconds(0.1); }
+  [[nodiscard]] CommParams comm_params(CommKind, Bytes, int, CommScope) const override {
+    return {Seconds(0.0), BytesPerSecond(1e15)};
+  }
+  [[nodiscard]] HostCosts host_costs() const override {
+    HostCosts h{};
+    h.kernel_launch = microseconds(10);
+    h.collective_launch = microseconds(10);
+    h.graph_launch = microseconds(10);
+    return h;
+  }
+  [[nodiscard]] double stream_concurrency(int, double) const override { return 1.0; }
+  [[nodiscard]] int sm_count() const override { return 132; }
+};
+
+TEST(HostOverheadStudy, GraphScopesReplaceTheirOpsLaunchesWithOneGraphLaunch) {
+  // For each strategy: the attn + moe_router graphs save one launch per captured op but the first of
+  // each run; in a launch-bound step that is exactly the step time saved, all of it host wall.
+  const LaunchBoundCoster coster;
+  ExecutorOptions eo;
+  eo.fidelity = Fidelity::analytic;
+  const Executor exec(coster, eo);
+  for (const char* strategy : {"sequential", "streams64", "grouped"}) {
+    const std::string base = std::string("switch_d768_t1k_") + strategy;
+    const scenarios::Scenario eager = validation("host_overhead", base + "_none");
+    const scenarios::Scenario graphs = validation("host_overhead", base + "_attn_router");
+    const scenarios::StepGraph ge = scenarios::expand(eager, 0);
+    const scenarios::StepGraph gg = scenarios::expand(graphs, 0);
+    ASSERT_EQ(ge.classes[0].ops.size(), gg.classes[0].ops.size()) << strategy;
+    ASSERT_TRUE(ge.classes[0].graph_runs.empty()) << strategy;
+    ASSERT_FALSE(gg.classes[0].graph_runs.empty()) << strategy;
+    std::size_t captured = 0;
+    for (const auto& run : gg.classes[0].graph_runs) captured += run.end_op - run.first_op;
+    const std::size_t runs = gg.classes[0].graph_runs.size();
+    const Platform p(eager.cluster);
+    const StepResult re = exec.run_step(ge, p, {}, 0.0, nullptr);
+    const StepResult rg = exec.run_step(gg, p, {}, 0.0, nullptr);
+    EXPECT_NEAR((re.duration - rg.duration) * 1e6, 10.0 * static_cast<double>(captured - runs), 0.5) << strategy;
+    // The host wall shows it.
+    auto host_wall = [](const scenarios::StepGraph& g, const StepResult& r) {
+      std::vector<profiler::TimelineOp> tl;
+      const auto& rc = g.classes[0];
+      for (std::size_t i = 0; i < rc.ops.size(); ++i) {
+        tl.push_back({r.classes[0].start[i] * 1e6, r.classes[0].end[i] * 1e6,
+                      static_cast<profiler::Wall>(static_cast<int>(rc.ops[i].wall)), false});
+      }
+      return profiler::sweep_walls(tl, r.duration * 1e6);
+    };
+    const auto we = host_wall(ge, re);
+    const auto wg = host_wall(gg, rg);
+    EXPECT_GT(we.host_us / (re.duration * 1e6), 0.9) << strategy << ": launch-bound";
+    EXPECT_NEAR(we.host_us - wg.host_us, (re.duration - rg.duration) * 1e6, 1.0) << strategy;
+  }
+}
+
+TEST(HostOverheadStudy, EveryEagerOpCostsOneLaunchAndStreamsAddTheirEventsOnTheHostLane) {
+  // Launch-bound and with 2 us events, a step costs: the fence (one event per stream), a launch per
+  // op, an event wait per cross-stream dependency, an event behind every op waited for across
+  // streams, the join (two events per stream but one). Count them on the expansion.
+  class EventCoster final : public OpCoster {
+   public:
+    [[nodiscard]] Seconds kernel_time(const scenarios::Op&) const override { return microseconds(0.1); }
+    [[nodiscard]] Seconds copy_time(scenarios::CopyKind, Bytes) const override { return microseconds(0.1); }
+    [[nodiscard]] CommParams comm_params(CommKind, Bytes, int, CommScope) const override {
+      return {Seconds(0.0), BytesPerSecond(1e15)};
+    }
+    [[nodiscard]] HostCosts host_costs() const override {
+      HostCosts h{};
+      h.kernel_launch = microseconds(10);
+      h.event_record = microseconds(2);
+      h.gpu_read = microseconds(0);
+      return h;
+    }
+    [[nodiscard]] double stream_concurrency(int, double) const override { return 1.0; }
+    [[nodiscard]] int sm_count() const override { return 132; }
+  };
+  const EventCoster coster;
+  ExecutorOptions eo;
+  eo.fidelity = Fidelity::analytic;
+  const Executor exec(coster, eo);
+  for (const char* strategy : {"sequential", "streams64"}) {
+    const scenarios::Scenario s = validation("host_overhead", std::string("switch_d768_t1k_") + strategy + "_none");
+    const scenarios::StepGraph g = scenarios::expand(s, 0);
+    const auto& rc = g.classes[0];
+    std::size_t launches = 0, waits = 0, events = 0, reads = 0;
+    std::set<std::uint8_t> streams;
+    std::vector<bool> waited(rc.ops.size(), false);
+    for (std::size_t i = 0; i < rc.ops.size(); ++i) {
+      const auto& op = rc.ops[i];
+      if (op.kind == scenarios::OpKind::host) {
+        for (std::size_t d = 0; d < rc.num_deps(op); ++d) waited[rc.deps_of(op)[d]] = true;
+        reads += op.host_kind() == scenarios::HostKind::gpu_read ? 1 : 0;  // + the event it waits on
+        continue;
+      }
+      ++launches;
+      streams.insert(op.stream);
+      for (std::size_t d = 0; d < rc.num_deps(op); ++d) {
+        const auto dep = rc.deps_of(op)[d];
+        if (rc.ops[dep].stream != op.stream) {
+          ++waits;
+          waited[dep] = true;
+        }
+      }
+    }
+    for (bool w : waited) events += w ? 1 : 0;
+    const double expected_us = 10.0 * static_cast<double>(launches) +
+                               2.0 * static_cast<double>(waits + events + reads + streams.size() + 2 * (streams.size() - 1));
+    const StepResult r = exec.run_step(g, Platform(s.cluster), {}, 0.0, nullptr);
+    EXPECT_NEAR(r.duration * 1e6, expected_us, 1.0) << strategy;
+    if (std::string(strategy) == "streams64") {
+      EXPECT_EQ(streams.size(), 64U + 1U);  // compute, expert_1..63 and the input's copy stream
+      EXPECT_GE(waits, 2U * 63U);           // into each expert stream and back
+    }
+  }
+}
+
+// ------------------------------------------------------------------ expert offloading (issue 9)
+
+TEST(OffloadStudy, AStreamSyncAfterEveryCopySerialisesTheFetchesOnTheHost) {
+  scenarios::Scenario s = validation("offload", "dsv2lite_host_pinned_barrier_none");
+  ASSERT_TRUE(s.infer->exec.sync_after_copy);
+  ASSERT_EQ(s.infer->expert_offload.copy_streams, 2);
+  const RunData d = simulate_records(s, 2);
+  for (int step : {0, 1}) {
+    auto h2d = records_of(d, "expert_fetch_h2d", step);
+    ASSERT_GT(h2d.size(), 10U);
+    std::sort(h2d.begin(), h2d.end(), [](auto* a, auto* b) { return a->start_us < b->start_us; });
+    for (std::size_t i = 1; i < h2d.size(); ++i) EXPECT_FALSE(overlap(h2d[i - 1], h2d[i])) << "step " << step;
+    // Each sync follows its copy.
+    std::map<std::pair<int, int>, const PhaseRecord*> copy_of;
+    for (const PhaseRecord* p : h2d) copy_of[{p->layer, p->expert}] = p;
+    for (const PhaseRecord* sy : records_of(d, "expert_fetch_sync", step)) {
+      const PhaseRecord* cp = copy_of.at({sy->layer, sy->expert});
+      EXPECT_GE(sy->start_us, end_of(cp) - kEps);
+    }
+  }
+}
+
+TEST(OffloadStudy, WithoutHostSyncsTheTwoCopyStreamsCarryFetchesAtOnce) {
+  const RunData d = simulate_records(
+      offload_variant(scenarios::ExpertSync::barrier, scenarios::Prefetch::none, /*sync_after_copy=*/false), 2);
+  const auto h2d = records_of(d, "expert_fetch_h2d", 1);
+  std::set<std::uint32_t> streams;
+  std::size_t concurrent = 0;
+  for (std::size_t i = 0; i < h2d.size(); ++i) {
+    streams.insert(h2d[i]->stream);
+    for (std::size_t j = i + 1; j < h2d.size(); ++j) concurrent += overlap(h2d[i], h2d[j]) ? 1 : 0;
+  }
+  EXPECT_EQ(streams.size(), 2U);
+  EXPECT_GT(concurrent, 0U);
+}
+
+TEST(OffloadStudy, DiskReadsRunOneAtATimeOnTheHostAndFeedTheirCopies) {
+  const RunData d = simulate_records(validation("offload", "dsv2lite_nvme_barrier_none"), 2);
+  auto disk = records_of(d, "expert_fetch_disk", 1);
+  const auto h2d = records_of(d, "expert_fetch_h2d", 1);
+  ASSERT_EQ(disk.size(), h2d.size());
+  std::sort(disk.begin(), disk.end(), [](auto* a, auto* b) { return a->start_us < b->start_us; });
+  for (std::size_t i = 1; i < disk.size(); ++i) EXPECT_FALSE(overlap(disk[i - 1], disk[i]));
+  std::map<std::pair<int, int>, const PhaseRecord*> read_of;
+  for (const PhaseRecord* p : disk) read_of[{p->layer, p->expert}] = p;
+  for (const PhaseRecord* p : h2d) EXPECT_GE(p->start_us, end_of(read_of.at({p->layer, p->expert})) - kEps);
+}
+
+// Expert GEMMs that need fetched weights, by (layer, local expert).
+std::map<std::pair<int, int>, const PhaseRecord*> first_gemm(const RunData& d, int step) {
+  std::map<std::pair<int, int>, const PhaseRecord*> out;
+  for (const char* ph : {"expert_gate_fwd", "expert_fc1_fwd"}) {
+    for (const PhaseRecord* p : records_of(d, ph, step)) {
+      auto [it, fresh] = out.emplace(std::make_pair(p->layer, p->expert), p);
+      if (!fresh && p->start_us < it->second->start_us) it->second = p;
+    }
+  }
+  return out;
+}
+
+std::map<int, double> last_fetch_end(const RunData& d, int step) {
+  std::map<int, double> out;
+  for (const PhaseRecord* p : records_of(d, "expert_fetch_h2d", step)) out[p->layer] = std::max(out[p->layer], end_of(p));
+  return out;
+}
+
+TEST(OffloadStudy, TheBarrierHoldsALayersExpertsUntilAllItsFetchesArrive) {
+  const RunData d = simulate_records(
+      offload_variant(scenarios::ExpertSync::barrier, scenarios::Prefetch::none, false), 2);
+  const auto last = last_fetch_end(d, 1);
+  ASSERT_FALSE(last.empty());
+  for (const char* ph : {"expert_gather_fwd", "expert_gate_fwd", "expert_fc1_fwd"}) {
+    for (const PhaseRecord* p : records_of(d, ph, 1)) {
+      auto it = last.find(p->layer);
+      if (it != last.end()) {
+        EXPECT_GE(p->start_us, it->second - kEps) << ph << " layer " << p->layer;
+      }
+    }
+  }
+}
+
+TEST(OffloadStudy, PerExpertWaitsLetAnExpertComputeWhileTheNextIsCopied) {
+  const RunData d = simulate_records(
+      offload_variant(scenarios::ExpertSync::per_expert, scenarios::Prefetch::none, false), 2);
+  const auto last = last_fetch_end(d, 1);
+  const auto gemms = first_gemm(d, 1);
+  std::map<std::pair<int, int>, const PhaseRecord*> fetch;
+  for (const PhaseRecord* p : records_of(d, "expert_fetch_h2d", 1)) fetch[{p->layer, p->expert}] = p;
+  std::size_t early = 0;
+  for (const auto& [key, g] : gemms) {
+    auto f = fetch.find(key);
+    if (f != fetch.end()) {
+      EXPECT_GE(g->start_us, end_of(f->second) - kEps);  // its own weights first
+    }
+    auto l = last.find(key.first);
+    if (l != last.end() && g->start_us < l->second - kEps) ++early;          // before the layer's last copy
+  }
+  EXPECT_GT(early, 0U);
+}
+
+TEST(OffloadStudy, NextLayerPrefetchOverlapsTheNextLayersFetchesWithThisLayersCompute) {
+  SimResult none_r, next_r;
+  simulate_records(offload_variant(scenarios::ExpertSync::barrier, scenarios::Prefetch::none, false), 2, &none_r);
+  const RunData d = simulate_records(
+      offload_variant(scenarios::ExpertSync::barrier, scenarios::Prefetch::next_layer, false), 2, &next_r);
+  const auto gemms = first_gemm(d, 1);
+  std::size_t overlapped = 0;
+  for (const PhaseRecord* f : records_of(d, "expert_fetch_h2d", 1)) {
+    for (const auto& [key, g] : gemms) {
+      if (key.first == f->layer - 1 && overlap(f, g)) ++overlapped;
+    }
+  }
+  EXPECT_GT(overlapped, 0U);
+  EXPECT_LT(next_r.summary.steps[1].step_time_us, none_r.summary.steps[1].step_time_us);
+  EXPECT_LT(next_r.summary.steps[1].inference->bubble_ratio, none_r.summary.steps[1].inference->bubble_ratio);
+}
+
+TEST(OffloadStudy, SummaryMetricsAgreeWithTheExpansion) {
+  const scenarios::Scenario s = validation("offload", "dsv2lite_nvme_barrier_none");
+  SimResult r;
+  simulate_records(s, 3, &r);
+  ASSERT_EQ(r.summary.steps.size(), 3U);
+  for (const auto& st : r.summary.steps) {
+    ASSERT_TRUE(st.inference.has_value());
+    const profiler::InferenceStep& m = *st.inference;
+    EXPECT_EQ(m.kind, st.step == 0 ? "prefill" : "decode");
+    const scenarios::StepGraph g = scenarios::expand(s, st.step);
+    const auto& rc = g.classes[0];
+    ASSERT_TRUE(m.experts_activated && m.cache_hits);
+    EXPECT_EQ(*m.experts_activated, rc.experts_activated);
+    EXPECT_EQ(*m.cache_hits, rc.experts_cache_hits);
+    // Every miss is fetched once (no prefetch): fetched = activated - hits, from disk then to the GPU.
+    EXPECT_EQ(m.experts_fetched, rc.experts_activated - rc.experts_cache_hits);
+    EXPECT_DOUBLE_EQ(m.bytes_fetched_disk, m.bytes_fetched_h2d);
+    EXPECT_GT(m.bubble_ratio, 0.0);
+    EXPECT_LT(m.bubble_ratio, 1.0);
+    EXPECT_GT(m.sync_overhead_share, 0.0);
+    EXPECT_DOUBLE_EQ(m.tokens, g.tokens);
+  }
+  EXPECT_DOUBLE_EQ(r.summary.steps[1].tokens_per_s, 8.0 / (r.summary.steps[1].step_time_us * 1e-6));
+}
+
+TEST(OffloadStudy, ExpansionCountsActivationsAndHitsAndNamesFetchesByLocalExpert) {
+  const scenarios::Scenario s = validation("offload", "dsv2lite_host_pinned_per_expert_next_layer");
+  for (int step = 0; step < 3; ++step) {
+    const scenarios::StepGraph g = scenarios::expand(s, step);
+    const auto& rc = g.classes[0];
+    EXPECT_GT(rc.experts_activated, 0);
+    EXPECT_GE(rc.experts_cache_hits, 0);
+    EXPECT_LT(rc.experts_cache_hits, rc.experts_activated);
+    for (const auto& op : rc.ops) {
+      if (g.phase_name(op).rfind("expert_fetch", 0) == 0) {
+        EXPECT_GE(op.expert, 0);
+        EXPECT_LT(op.expert, s.model.num_experts);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace threewalls::sim
