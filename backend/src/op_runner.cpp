@@ -75,16 +75,21 @@ void require_positive(const Op& op, int count) {
   }
 }
 
-// Element-wise ops carry only {elements} and their bytes; the kernel is picked by the accesses per
-// element (bytes / (2 * elements)): ~2 -> copy (kv-cache write), ~3 -> residual add (or SwiGLU
-// forward: same traffic, so add stands for both), >= 4 -> SwiGLU backward (5 accesses).
-enum class Elementwise : std::uint8_t { copy, add, swiglu_bwd };
+// Element-wise ops say what they compute (Op::sub, scenarios::ElementwiseKind). GeLU (forward and
+// backward) and the gradient-norm reduction have no kernel of their own: they run the copy / add
+// kernel with the same memory traffic (the ops are memory-bound, so the time is what matters).
+enum class Elementwise : std::uint8_t { copy, add, swiglu, swiglu_bwd };
 Elementwise elementwise_of(const Op& op) {
-  const double n = static_cast<double>(op.shape[0]);
-  const double accesses = op.bytes > 0.0 ? op.bytes / (2.0 * n) : 3.0;
-  if (accesses < 2.5) return Elementwise::copy;
-  if (accesses < 4.0) return Elementwise::add;
-  return Elementwise::swiglu_bwd;
+  switch (op.elementwise_kind()) {
+    case scenarios::ElementwiseKind::add: return Elementwise::add;
+    case scenarios::ElementwiseKind::copy: return Elementwise::copy;
+    case scenarios::ElementwiseKind::swiglu: return Elementwise::swiglu;
+    case scenarios::ElementwiseKind::swiglu_bwd: return Elementwise::swiglu_bwd;
+    case scenarios::ElementwiseKind::gelu: return Elementwise::copy;
+    case scenarios::ElementwiseKind::gelu_bwd: return Elementwise::add;
+    case scenarios::ElementwiseKind::reduce: return Elementwise::copy;
+  }
+  return Elementwise::add;
 }
 
 // GroupedGemm's (n, k) are the forward layer's (output width, input width). A dgrad op's shape is
@@ -194,6 +199,7 @@ OpRunner::Need OpRunner::need_of(const Op& op, const OpRunnerConfig& config) {
       switch (elementwise_of(op)) {
         case Elementwise::copy: n.bf16[0] = b16(e); n.bf16[1] = b16(e); break;
         case Elementwise::add: n.bf16[0] = b16(e); n.bf16[1] = b16(e); n.bf16[2] = b16(e); break;
+        case Elementwise::swiglu: n.bf16[0] = b16(2 * e); n.bf16[1] = b16(e); break;
         case Elementwise::swiglu_bwd: n.bf16[0] = b16(e); n.bf16[1] = b16(2 * e); n.bf16[2] = b16(2 * e); break;
       }
       break;
@@ -207,6 +213,10 @@ OpRunner::Need OpRunner::need_of(const Op& op, const OpRunnerConfig& config) {
       n.bf16[3] = b16(hidden);
       n.f32[0] = b32(rows);
       if (backward(op)) n.f32[1] = b32(hidden);
+      if (op.norm_kind() == scenarios::NormKind::layernorm) {
+        n.f32[2] = b32(rows);
+        if (backward(op)) n.f32[3] = b32(hidden);
+      }
       break;
     }
     case OpKind::softmax_topk: {
@@ -506,6 +516,7 @@ void OpRunner::run(const Op& op, cudaStream_t stream) {
       switch (elementwise_of(op)) {
         case Elementwise::copy: copy_d2d(bf16_[1].data(), bf16_[0].data(), b16(e), stream); break;
         case Elementwise::add: add(bf16_[0].as<bf16>(), bf16_[1].as<bf16>(), bf16_[2].as<bf16>(), e, stream); break;
+        case Elementwise::swiglu: swiglu_fwd(bf16_[0].as<bf16>(), bf16_[1].as<bf16>(), 1, e, stream); break;
         case Elementwise::swiglu_bwd:
           swiglu_bwd(bf16_[0].as<bf16>(), bf16_[1].as<bf16>(), bf16_[2].as<bf16>(), 1, e, stream);
           break;
@@ -513,7 +524,17 @@ void OpRunner::run(const Op& op, cudaStream_t stream) {
       break;
     }
     case OpKind::norm:
-      if (backward(op)) {
+      if (op.norm_kind() == scenarios::NormKind::layernorm) {
+        // LayerNorm: gamma = beta = bf16[3] (same values, real reads); mean f32[0], rstd f32[2].
+        if (backward(op)) {
+          layernorm_bwd(bf16_[0].as<bf16>(), bf16_[1].as<bf16>(), bf16_[3].as<bf16>(), f32_[0].as<float>(),
+                        f32_[2].as<float>(), bf16_[2].as<bf16>(), f32_[1].as<float>(), f32_[3].as<float>(), s[0], s[1],
+                        stream);
+        } else {
+          layernorm_fwd(bf16_[0].as<bf16>(), bf16_[3].as<bf16>(), bf16_[3].as<bf16>(), bf16_[2].as<bf16>(),
+                        f32_[0].as<float>(), f32_[2].as<float>(), s[0], s[1], 1e-5F, stream);
+        }
+      } else if (backward(op)) {
         rmsnorm_bwd(bf16_[0].as<bf16>(), bf16_[1].as<bf16>(), bf16_[3].as<bf16>(), f32_[0].as<float>(),
                     bf16_[2].as<bf16>(), f32_[1].as<float>(), s[0], s[1], stream);
       } else {

@@ -361,6 +361,32 @@ Analysis analyze_run(const RunData& run, const AnalyzeOptions& options) {
                           "): no peers to compare it with");
     }
   }
+  // ---- inference metrics (summary.json's `inference` block) ----
+  if (run.summary && run.summary->contains("inference") && run.summary->at("inference").is_object()) {
+    auto num = [](const Json& o, const char* k) {
+      auto it = o.find(k);
+      return it != o.end() && it->is_number() ? it->get<double>() : 0.0;
+    };
+    for (const auto& [kind, o] : run.summary->at("inference").items()) {
+      if (!o.is_object()) continue;
+      InferenceKind ik;
+      ik.kind = kind;
+      profiler::InferenceAggregate& m = ik.metrics;
+      m.steps = static_cast<std::size_t>(num(o, "steps"));
+      m.step_time_us_mean = num(o, "step_time_us_mean");
+      m.expert_wait_us_mean = num(o, "expert_wait_us_mean");
+      m.bubble_ratio = num(o, "bubble_ratio");
+      m.sync_overhead_share = num(o, "sync_overhead_share");
+      if (auto b = o.find("bytes_fetched_per_step"); b != o.end() && b->is_object()) {
+        m.bytes_fetched_disk_mean = num(*b, "disk");
+        m.bytes_fetched_h2d_mean = num(*b, "h2d");
+      }
+      m.experts_fetched_mean = num(o, "experts_fetched_per_step");
+      if (auto h = o.find("cache_hit_rate"); h != o.end() && h->is_number()) m.cache_hit_rate = h->get<double>();
+      m.tokens_per_s = num(o, "tokens_per_s");
+      out.inference.push_back(std::move(ik));
+    }
+  }
   if (items.empty()) {
     out.notes.push_back("no collective records (granularity coarse, or no collectives): waits are zero, own time = step time");
   } else if (without_id) {
@@ -432,6 +458,21 @@ std::string format_analysis_text(const Analysis& a) {
              gw.most_waited_for ? std::to_string(*gw.most_waited_for) : "-"});
     }
     out += g.str();
+  }
+  if (!a.inference.empty()) {
+    out += "\ninference (summary.json, critical rank; expert wait = GPU idle from a layer's routing to its experts' "
+           "arrival; bubble ratio = expert wait / step time; sync = host sync records / step time)\n";
+    detail::TextTable it({"steps", "kind", "step", "expert wait", "bubble ratio", "sync share", "cache hit rate",
+                          "fetched h2d", "fetched disk", "experts fetched", "tokens/s"});
+    for (const auto& k : a.inference) {
+      const profiler::InferenceAggregate& m = k.metrics;
+      it.add({std::to_string(m.steps), k.kind, duration_us(m.step_time_us_mean), duration_us(m.expert_wait_us_mean),
+              detail::fixed(m.bubble_ratio, 3), detail::fixed(m.sync_overhead_share, 3),
+              m.cache_hit_rate ? detail::fixed(*m.cache_hit_rate, 3) : "n/a", detail::gib(m.bytes_fetched_h2d_mean),
+              detail::gib(m.bytes_fetched_disk_mean), detail::fixed(m.experts_fetched_mean, 1),
+              detail::fixed(m.tokens_per_s, 1)});
+    }
+    out += it.str();
   }
   for (const auto& n : a.notes) out += "note: " + n + "\n";
   return out;
@@ -506,6 +547,9 @@ OrderedJson analysis_json(const Analysis& a) {
                                  {"ranks", std::move(gr)}});
   }
   j["groups"] = std::move(groups);
+  OrderedJson inference = OrderedJson::object();
+  for (const auto& k : a.inference) inference[k.kind] = profiler::inference_aggregate_json(k.metrics);
+  j["inference"] = a.inference.empty() ? OrderedJson(nullptr) : std::move(inference);
   j["notes"] = a.notes;
   return j;
 }

@@ -25,6 +25,7 @@
 
 #include "threewalls/core/jsonl.hpp"
 #include "threewalls/profiler/run_dir.hpp"
+#include "threewalls/profiler/summary.hpp"
 
 namespace threewalls::notebooks_export {
 
@@ -86,6 +87,14 @@ struct GroupWait {
   std::optional<int> most_waited_for;  // the rank most often last to arrive
 };
 
+// An inference run's metrics per step kind ("all", "prefill", "decode"), as summary.json's top-level
+// `inference` block has them (docs/formats/run_dir.md): expert wait, bubble ratio, sync overhead,
+// bytes fetched, cache hit rate, tokens/s.
+struct InferenceKind {
+  std::string kind;
+  profiler::InferenceAggregate metrics;
+};
+
 struct Analysis {
   std::string label;
   std::size_t ranks_recorded = 0;
@@ -99,6 +108,7 @@ struct Analysis {
   std::vector<RankWait> waits;       // per rank, all groups, most waiting first
   std::vector<GroupWait> groups;
   std::vector<std::string> notes;    // what could not be analysed and why
+  std::vector<InferenceKind> inference;  // inference runs with a summary.json; empty otherwise
 };
 
 // Analyses one run. Deterministic; throws nothing for well-formed RunData.
