@@ -29,6 +29,7 @@ void register_sim(CLI::App& app, Commands& cmds);
 void register_compare(CLI::App& app, Commands& cmds);
 void register_analyze(CLI::App& app, Commands& cmds);
 void register_export(CLI::App& app, Commands& cmds);
+void register_import(CLI::App& app, Commands& cmds);
 void register_run(CLI::App& app, Commands& cmds);  // GPU builds only (THREEWALLS_HAVE_RUN)
 // GPU builds only (THREEWALLS_HAVE_CALIBRATE).
 void register_calibrate(CLI::App& app, Commands& cmds);

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   cli::register_compare(app, cmds);
   cli::register_analyze(app, cmds);
   cli::register_export(app, cmds);
+  cli::register_import(app, cmds);
 #ifdef THREEWALLS_HAVE_RUN
   cli::register_run(app, cmds);
 #endif

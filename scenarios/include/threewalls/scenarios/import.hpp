@@ -1,0 +1,120 @@
+#pragma once
+// Importing what users already have (docs/import.md): a Megatron-LM launch (shell script, argument
+// list or YAML) or a Hugging Face config.json becomes a scenario draft, which is written as TOML with
+// registry keys only and then loaded and validated like any hand-written scenario.
+//
+// Nothing is guessed silently: every input argument or field ends up in exactly one place —
+// mapped to a key, "ignored" (known, but about something threewalls does not model: logging, data
+// paths, learning-rate schedule, ...), "not represented" (it changes the step, but the scenario
+// language has no key for it), or "not understood" (unknown, or its value could not be resolved).
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace threewalls::scenarios {
+
+// One argument (or config field) with why it was not mapped to a key.
+struct ImportNote {
+  std::string name;    // "--lr", "num_nextn_predict_layers"
+  std::string reason;  // "learning-rate schedule: no effect on step time"
+};
+
+struct ImportReport {
+  std::vector<ImportNote> not_understood;   // unknown names and unresolvable values (--strict refuses)
+  std::vector<ImportNote> not_represented;  // known and relevant, but no registry key holds it
+  std::vector<ImportNote> ignored;          // known and irrelevant to step time, with the reason
+  std::vector<std::string> notes;           // derivations: defaults taken from Megatron, conversions
+};
+
+// A scenario under construction: ordered `key = TOML literal` entries per table, written in the order
+// they were set. Only registry keys may be set (set() throws std::logic_error otherwise: a bug here).
+class ScenarioDraft {
+ public:
+  void set(const std::string& table, const std::string& key, const std::string& toml_literal);
+  [[nodiscard]] std::optional<std::string> get(const std::string& table, const std::string& key) const;
+  void erase(const std::string& table, const std::string& key);
+  [[nodiscard]] bool has_table(const std::string& table) const;
+
+  std::string name;
+  std::string description;
+  std::string cluster_toml;  // a complete "[cluster]" table (with its sub-tables), or empty
+  ImportReport report;
+  std::vector<std::string> header;  // comment lines written at the top (sources, how it was made)
+
+  // The scenario file: header comments, the report as comments, then the tables. With model_only
+  // only the [model] table (plus its comments) is written.
+  [[nodiscard]] std::string to_toml(bool model_only = false) const;
+
+ private:
+  std::vector<std::pair<std::string, std::vector<std::pair<std::string, std::string>>>> tables_;
+};
+
+// TOML literals for the draft.
+std::string toml_string(const std::string& s);
+std::string toml_int_list(const std::vector<int>& v);
+std::string toml_string_list(const std::vector<std::string>& v);
+
+// ---- Megatron-LM ----
+
+struct MegatronImportOptions {
+  // Values of ${VAR} references (launch variables such as TP, GBS); they win over assignments found
+  // in the script itself. Unresolved references make the argument "not understood".
+  std::map<std::string, std::string> vars;
+  std::optional<int> vocab_size;  // when the launch names a tokenizer file instead of a size
+  std::string name;               // scenario name; default "imported_megatron"
+  std::string source;             // where the arguments came from, for messages and the header
+};
+
+// Splits a launch into Megatron arguments ("--flag", values...), in order. Accepts a shell script
+// (backslash continuations, comments, quotes, VAR=value assignments and ${VAR:-default} references,
+// bash arrays), a plain argument list, or Megatron/Megatron-MoE YAML (`key: value`, `--key: value`,
+// keys with underscores; `true` = flag given, `false`/`null` = flag absent). Unresolvable variables
+// are kept as written (the importer reports them).
+struct MegatronArg {
+  std::string flag;                 // "--num-layers" (underscores turned into dashes)
+  std::vector<std::string> values;  // after variable substitution
+  int line = 0;                     // 1-based line in the source; 0 = command line
+};
+std::vector<MegatronArg> parse_megatron_launch(const std::string& text, bool yaml,
+                                               const std::map<std::string, std::string>& vars);
+// The command-line form: `threewalls import megatron -- --num-layers 32 ...`.
+std::vector<MegatronArg> parse_megatron_argv(const std::vector<std::string>& argv,
+                                             const std::map<std::string, std::string>& vars);
+
+// Maps the arguments. Throws InputError for values that are present but wrong (a non-integer layer
+// count, a moe-layer-freq pattern the scenario language cannot express, ...). The draft has
+// [model], [parallel] and [train]; the caller adds the cluster.
+ScenarioDraft import_megatron(const std::vector<MegatronArg>& args, const MegatronImportOptions& options);
+// Reads a file (YAML when it ends in .yaml/.yml or looks like YAML) and imports it.
+ScenarioDraft import_megatron_file(const std::filesystem::path& path, MegatronImportOptions options);
+
+// Megatron's --moe-layer-freq: an integer N, or a Python list expression such as "([0]*3+[1]*58)"
+// or "[1,0,1,0]"; returns one 0/1 entry per layer. Throws InputError when it cannot be evaluated.
+std::vector<int> expand_moe_layer_freq(const std::string& expr, int num_layers);
+// Megatron's --pipeline-model-parallel-layout ("Et|(tt|)*30mL"): transformer layers ('t') per
+// virtual stage, and the number of MTP layers ('m') seen. Throws InputError on a malformed layout.
+struct PipelineLayout {
+  std::vector<int> layers_per_stage;
+  int mtp_layers = 0;
+};
+PipelineLayout parse_pipeline_layout(const std::string& layout);
+
+// ---- Hugging Face config.json ----
+
+// The [model] table of a Hugging Face config (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3,
+// GPT-OSS, dense Llama/Mistral/Qwen2). Unknown architectures are refused by name (InputError).
+ScenarioDraft import_hf_config(const std::string& json_text, const std::string& file);
+ScenarioDraft import_hf_file(const std::filesystem::path& path);
+
+// ---- completing a draft ----
+
+// The [cluster] table from a shipped preset name (scenarios/clusters/<name>.toml, e.g. "h100-dgx")
+// or from a TOML file's [cluster] table, with `nodes` set from `gpus` when given (gpus must be a
+// multiple of gpus_per_node). Throws InputError naming the presets or the file.
+std::string cluster_table(const std::string& preset_or_path, std::optional<int> gpus);
+std::vector<std::string> cluster_preset_names();
+
+}  // namespace threewalls::scenarios

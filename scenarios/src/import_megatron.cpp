@@ -1,0 +1,1084 @@
+// Megatron-LM launch -> scenario draft (docs/import.md lists every mapping). Megatron's own defaults
+// (megatron/training/arguments.py) are applied where a flag is absent and they differ from the
+// registry's, and each such choice is written into the report's notes.
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <sstream>
+
+#include "threewalls/core/error.hpp"
+#include "threewalls/scenarios/import.hpp"
+
+namespace threewalls::scenarios {
+namespace {
+
+bool is_name_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+
+std::string trim(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  const auto e = s.find_last_not_of(" \t\r\n");
+  return s.substr(b, e - b + 1);
+}
+
+std::string strip_quotes(std::string s) {
+  for (int i = 0; i < 2; ++i) {  // "'([1]*48)'" is quoted twice in some scripts
+    s = trim(s);
+    if (s.size() >= 2 && (s.front() == '"' || s.front() == '\'') && s.back() == s.front()) {
+      s = s.substr(1, s.size() - 2);
+    }
+  }
+  return s;
+}
+
+// ---- variables: ${VAR}, ${VAR:-default}, $VAR, $((arithmetic)) ----
+
+using Vars = std::map<std::string, std::string>;
+
+// Integer arithmetic of $((...)): + - * / and parentheses over integers and variable names.
+class Arith {
+ public:
+  Arith(const std::string& s, const Vars& vars) : s_(s), vars_(vars) {}
+  std::optional<long long> eval() {
+    auto v = sum();
+    skip();
+    if (!v || p_ != s_.size()) return std::nullopt;
+    return v;
+  }
+
+ private:
+  void skip() {
+    while (p_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[p_]))) ++p_;
+  }
+  std::optional<long long> atom() {
+    skip();
+    if (p_ < s_.size() && s_[p_] == '(') {
+      ++p_;
+      auto v = sum();
+      skip();
+      if (p_ >= s_.size() || s_[p_] != ')') return std::nullopt;
+      ++p_;
+      return v;
+    }
+    if (p_ < s_.size() && s_[p_] == '$') ++p_;
+    const std::size_t b = p_;
+    while (p_ < s_.size() && is_name_char(s_[p_])) ++p_;
+    const std::string w = s_.substr(b, p_ - b);
+    if (w.empty()) return std::nullopt;
+    std::string text = w;
+    if (!std::isdigit(static_cast<unsigned char>(w[0]))) {
+      auto it = vars_.find(w);
+      if (it == vars_.end()) return std::nullopt;
+      text = it->second;
+    }
+    try {
+      std::size_t used = 0;
+      long long v = std::stoll(text, &used);
+      if (used != text.size()) return std::nullopt;
+      return v;
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+  std::optional<long long> product() {
+    auto v = atom();
+    for (;;) {
+      skip();
+      if (!v || p_ >= s_.size() || (s_[p_] != '*' && s_[p_] != '/')) return v;
+      const char op = s_[p_++];
+      auto r = atom();
+      if (!r || (op == '/' && *r == 0)) return std::nullopt;
+      v = op == '*' ? *v * *r : *v / *r;
+    }
+  }
+  std::optional<long long> sum() {
+    auto v = product();
+    for (;;) {
+      skip();
+      if (!v || p_ >= s_.size() || (s_[p_] != '+' && s_[p_] != '-')) return v;
+      const char op = s_[p_++];
+      auto r = product();
+      if (!r) return std::nullopt;
+      v = op == '+' ? *v + *r : *v - *r;
+    }
+  }
+  const std::string& s_;
+  const Vars& vars_;
+  std::size_t p_ = 0;
+};
+
+// Expands the variable reference starting at s[i] == '$'; advances i past it. Unresolvable references
+// are returned as written (the importer reports arguments whose values still hold a '$').
+std::string expand_reference(const std::string& s, std::size_t& i, const Vars& vars) {
+  const std::size_t start = i;
+  if (s.compare(i, 3, "$((") == 0) {
+    const auto end = s.find("))", i + 3);
+    if (end != std::string::npos) {
+      i = end + 2;
+      if (auto v = Arith(s.substr(start + 3, end - start - 3), vars).eval()) return std::to_string(*v);
+      return s.substr(start, i - start);
+    }
+  }
+  if (i + 1 < s.size() && s[i + 1] == '{') {
+    int depth = 0;
+    std::size_t j = i + 1;
+    for (; j < s.size(); ++j) {
+      if (s[j] == '{') ++depth;
+      if (s[j] == '}' && --depth == 0) break;
+    }
+    if (j >= s.size()) {
+      i = s.size();
+      return s.substr(start);
+    }
+    i = j + 1;
+    const std::string body = s.substr(start + 2, j - start - 2);
+    std::size_t n = 0;
+    while (n < body.size() && is_name_char(body[n])) ++n;
+    const std::string name = body.substr(0, n);
+    const std::string rest = body.substr(n);
+    auto it = vars.find(name);
+    if (rest.empty() && it != vars.end()) return it->second;
+    if (rest.rfind(":-", 0) == 0 || rest.rfind('-', 0) == 0) {
+      if (it != vars.end() && !(rest[0] == ':' && it->second.empty())) return it->second;
+      std::string def = rest.substr(rest[0] == ':' ? 2 : 1);
+      std::string out;
+      for (std::size_t k = 0; k < def.size(); ++k) {
+        if (def[k] == '$') {
+          out += expand_reference(def, k, vars);
+          --k;
+        } else {
+          out += def[k];
+        }
+      }
+      return strip_quotes(out);
+    }
+    return s.substr(start, i - start);
+  }
+  std::size_t j = i + 1;
+  while (j < s.size() && is_name_char(s[j])) ++j;
+  if (j == i + 1) {
+    i = j + (j < s.size() ? 1 : 0);  // "$@", "$1": positional, never resolvable here
+    return s.substr(start, i - start);
+  }
+  i = j;
+  auto it = vars.find(s.substr(start + 1, j - start - 1));
+  return it != vars.end() ? it->second : s.substr(start, j - start);
+}
+
+std::string substitute(const std::string& s, const Vars& vars) {
+  std::string out;
+  for (std::size_t i = 0; i < s.size();) {
+    if (s[i] == '$') {
+      out += expand_reference(s, i, vars);
+    } else {
+      out += s[i++];
+    }
+  }
+  return out;
+}
+
+// Shell words of one logical line: quotes removed, variables substituted outside single quotes,
+// a '#' at the start of a word begins a comment.
+std::vector<std::string> shell_words(const std::string& line, const Vars& vars) {
+  std::vector<std::string> words;
+  std::string cur;
+  bool in_word = false;
+  for (std::size_t i = 0; i < line.size();) {
+    const char c = line[i];
+    if (std::isspace(static_cast<unsigned char>(c))) {
+      if (in_word) words.push_back(cur);
+      cur.clear();
+      in_word = false;
+      ++i;
+    } else if (c == '#' && !in_word) {
+      break;
+    } else if (c == '\'') {
+      const auto end = line.find('\'', i + 1);
+      cur += line.substr(i + 1, (end == std::string::npos ? line.size() : end) - i - 1);
+      in_word = true;
+      i = end == std::string::npos ? line.size() : end + 1;
+    } else if (c == '"') {
+      std::size_t j = i + 1;
+      std::string inner;
+      while (j < line.size() && line[j] != '"') {
+        if (line[j] == '\\' && j + 1 < line.size()) ++j;
+        inner += line[j++];
+      }
+      cur += substitute(inner, vars);
+      in_word = true;
+      i = j + 1;
+    } else if (c == '\\' && i + 1 < line.size()) {
+      cur += line[i + 1];
+      in_word = true;
+      i += 2;
+    } else if (c == '$') {
+      cur += expand_reference(line, i, vars);
+      in_word = true;
+    } else {
+      cur += c;
+      in_word = true;
+      ++i;
+    }
+  }
+  if (in_word) words.push_back(cur);
+  return words;
+}
+
+bool is_flag(const std::string& w) { return w.size() > 2 && w[0] == '-' && w[1] == '-' && std::isalpha(static_cast<unsigned char>(w[2])); }
+
+std::string normalize_flag(std::string f) {
+  std::replace(f.begin(), f.end(), '_', '-');
+  return f;
+}
+
+// Appends the arguments found in `words` (one logical line) to `out`; records VAR=value assignments.
+void collect_args(const std::vector<std::string>& words, int line, Vars& script_vars, const Vars& forced,
+                  std::vector<MegatronArg>& out) {
+  bool seen_flag = false;
+  for (std::size_t k = 0; k < words.size(); ++k) {
+    const std::string& w = words[k];
+    if (is_flag(w)) {
+      seen_flag = true;
+      MegatronArg a;
+      const auto eq = w.find('=');
+      a.flag = normalize_flag(w.substr(0, eq));
+      a.line = line;
+      if (eq != std::string::npos) a.values.push_back(w.substr(eq + 1));
+      out.push_back(std::move(a));
+      continue;
+    }
+    if (!seen_flag) {
+      // Leading NAME=value words (with or without `export`) set variables for later lines.
+      const auto eq = w.find('=');
+      if (eq != std::string::npos && eq > 0 &&
+          std::all_of(w.begin(), w.begin() + static_cast<std::ptrdiff_t>(eq), is_name_char) &&
+          !std::isdigit(static_cast<unsigned char>(w[0]))) {
+        const std::string name = w.substr(0, eq);
+        const std::string value = w.substr(eq + 1);
+        if (value != "(" && forced.count(name) == 0) script_vars[name] = value;
+      }
+      continue;
+    }
+    if (w == ")" || w == "(" || w == "\\" || w.find("[@]") != std::string::npos || w == "$@" ||
+        w == "&&" || w == "||" || w == ";" || w == "|") {
+      continue;
+    }
+    if (!out.empty() && out.back().line == line) out.back().values.push_back(w);
+  }
+}
+
+Vars merged(const Vars& forced, const Vars& script) {
+  Vars v = script;
+  for (const auto& [k, x] : forced) v[k] = x;
+  return v;
+}
+
+std::vector<MegatronArg> parse_shell(const std::string& text, const Vars& forced) {
+  std::vector<MegatronArg> out;
+  Vars script_vars;
+  std::istringstream in(text);
+  std::string raw;
+  std::string logical;
+  int line_no = 0;
+  int start_line = 0;
+  while (std::getline(in, raw)) {
+    ++line_no;
+    if (logical.empty()) start_line = line_no;
+    std::string t = raw;
+    while (!t.empty() && (t.back() == '\r' || t.back() == ' ' || t.back() == '\t')) t.pop_back();
+    // A comment line inside a continued command does not end it (as in bash arrays).
+    if (!logical.empty() && trim(t).rfind('#', 0) == 0) continue;
+    if (!t.empty() && t.back() == '\\') {
+      logical += t.substr(0, t.size() - 1) + " ";
+      continue;
+    }
+    logical += t;
+    collect_args(shell_words(logical, merged(forced, script_vars)), start_line, script_vars, forced, out);
+    logical.clear();
+  }
+  if (!logical.empty()) {
+    collect_args(shell_words(logical, merged(forced, script_vars)), start_line, script_vars, forced, out);
+  }
+  return out;
+}
+
+std::vector<MegatronArg> parse_yaml(const std::string& text, const Vars& vars) {
+  std::vector<MegatronArg> out;
+  std::istringstream in(text);
+  std::string raw;
+  int line_no = 0;
+  std::string section;
+  int env_vars = 0;
+  int env_line = 0;
+  while (std::getline(in, raw)) {
+    ++line_no;
+    // Comments: '#' at the start or after whitespace, outside quotes.
+    std::string line;
+    char quote = 0;
+    for (std::size_t i = 0; i < raw.size(); ++i) {
+      const char c = raw[i];
+      if (quote) {
+        if (c == quote) quote = 0;
+      } else if (c == '"' || c == '\'') {
+        quote = c;
+      } else if (c == '#' && (i == 0 || std::isspace(static_cast<unsigned char>(raw[i - 1])))) {
+        break;
+      }
+      line += c;
+    }
+    if (trim(line).empty()) continue;
+    const bool top = !std::isspace(static_cast<unsigned char>(line[0]));
+    std::string body = trim(line);
+    if (body.rfind("- ", 0) == 0) continue;  // block-list items: not used by Megatron's configs
+    const auto colon = body.find(": ") != std::string::npos ? body.find(": ") : (body.back() == ':' ? body.size() - 1 : std::string::npos);
+    if (colon == std::string::npos) continue;
+    std::string key = trim(body.substr(0, colon));
+    std::string value = trim(body.substr(colon + 1));
+    if (value.empty()) {
+      if (top) section = key;
+      continue;
+    }
+    if (section == "ENV_VARS") {
+      ++env_vars;
+      env_line = env_line ? env_line : line_no;
+      continue;
+    }
+    value = substitute(value, vars);
+    const std::string unq = strip_quotes(value);
+    if (unq == "false" || unq == "False" || unq == "null" || unq == "~" || unq == "None") continue;
+    MegatronArg a;
+    while (!key.empty() && key[0] == '-') key.erase(0, 1);
+    a.flag = "--" + normalize_flag(key);
+    a.line = line_no;
+    if (unq == "true" || unq == "True") {
+      // flag given, no value
+    } else if (unq.size() >= 2 && unq.front() == '[' && unq.back() == ']' && a.flag != "--moe-layer-freq") {
+      std::stringstream items(unq.substr(1, unq.size() - 2));
+      std::string item;
+      while (std::getline(items, item, ',')) {
+        if (!trim(item).empty()) a.values.push_back(strip_quotes(item));
+      }
+    } else {
+      std::stringstream words(unq);
+      std::string w;
+      // "mla_up_proj mlp" style space-separated lists; keep expressions with spaces whole.
+      if (unq.find_first_of("[(") != std::string::npos) {
+        a.values.push_back(unq);
+      } else {
+        while (words >> w) a.values.push_back(strip_quotes(w));
+      }
+    }
+    out.push_back(std::move(a));
+  }
+  if (env_vars > 0) {
+    MegatronArg a;
+    a.flag = "ENV_VARS";
+    a.values.push_back(std::to_string(env_vars));
+    a.line = env_line;
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<MegatronArg> parse_megatron_launch(const std::string& text, bool yaml, const Vars& vars) {
+  return yaml ? parse_yaml(text, vars) : parse_shell(text, vars);
+}
+
+std::vector<MegatronArg> parse_megatron_argv(const std::vector<std::string>& argv, const Vars& vars) {
+  std::vector<MegatronArg> out;
+  Vars none;
+  std::vector<std::string> words;
+  words.reserve(argv.size());
+  for (const auto& a : argv) words.push_back(substitute(a, vars));
+  collect_args(words, 0, none, vars, out);
+  return out;
+}
+
+// ---- expressions of the arguments ----
+
+std::vector<int> expand_moe_layer_freq(const std::string& text, int num_layers) {
+  const std::string e = strip_quotes(text);
+  auto fail = [&](const std::string& why) -> InputError {
+    return InputError("--moe-layer-freq '" + e + "': " + why +
+                      " (an integer N, or a list expression such as ([0]*3+[1]*58) with one 0/1 per layer)");
+  };
+  std::string s;
+  for (char c : e) {
+    if (!std::isspace(static_cast<unsigned char>(c))) s += c;
+  }
+  if (!s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); })) {
+    const int n = std::stoi(s);
+    if (n < 1) throw fail("must be >= 1");
+    std::vector<int> out(static_cast<std::size_t>(std::max(num_layers, 0)));
+    for (int l = 0; l < num_layers; ++l) out[static_cast<std::size_t>(l)] = l % n == 0 ? 1 : 0;
+    return out;
+  }
+  while (s.size() >= 2 && s.front() == '(' && s.back() == ')') s = s.substr(1, s.size() - 2);
+  std::vector<int> out;
+  std::size_t p = 0;
+  while (p < s.size()) {
+    if (s[p] != '[') throw fail("expected '[' at position " + std::to_string(p + 1));
+    const auto close = s.find(']', p);
+    if (close == std::string::npos) throw fail("missing ']'");
+    std::vector<int> items;
+    std::stringstream ss(s.substr(p + 1, close - p - 1));
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      if (item != "0" && item != "1") throw fail("list items must be 0 or 1, not '" + item + "'");
+      items.push_back(item == "1" ? 1 : 0);
+    }
+    p = close + 1;
+    long long times = 1;
+    if (p < s.size() && s[p] == '*') {
+      std::size_t q = ++p;
+      while (q < s.size() && std::isdigit(static_cast<unsigned char>(s[q]))) ++q;
+      if (q == p) throw fail("expected a count after '*'");
+      times = std::stoll(s.substr(p, q - p));
+      if (times > 1000000) throw fail("count too large");
+      p = q;
+    }
+    for (long long t = 0; t < times; ++t) out.insert(out.end(), items.begin(), items.end());
+    if (p < s.size()) {
+      if (s[p] != '+') throw fail("expected '+' at position " + std::to_string(p + 1));
+      ++p;
+    }
+  }
+  if (static_cast<int>(out.size()) != num_layers) {
+    throw fail("has " + std::to_string(out.size()) + " entries but --num-layers is " + std::to_string(num_layers));
+  }
+  return out;
+}
+
+namespace {
+
+// Expands Megatron's layout grammar: a sequence of items, each a letter or "|" or a parenthesised
+// group, optionally followed by "*N".
+std::string expand_layout(const std::string& s, std::size_t& p, int depth) {
+  if (depth > 16) throw InputError("--pipeline-model-parallel-layout: nested too deeply");
+  std::string out;
+  while (p < s.size() && s[p] != ')') {
+    std::string item;
+    if (s[p] == '(') {
+      ++p;
+      item = expand_layout(s, p, depth + 1);
+      if (p >= s.size() || s[p] != ')') throw InputError("--pipeline-model-parallel-layout '" + s + "': missing ')'");
+      ++p;
+    } else if (std::string("EtmL|").find(s[p]) != std::string::npos) {
+      item = s.substr(p++, 1);
+    } else {
+      throw InputError("--pipeline-model-parallel-layout '" + s + "': unexpected '" + s.substr(p, 1) +
+                       "' (allowed: E, t, m, L, |, (...), *N)");
+    }
+    if (p < s.size() && s[p] == '*') {
+      std::size_t q = ++p;
+      while (q < s.size() && std::isdigit(static_cast<unsigned char>(s[q]))) ++q;
+      if (q == p) throw InputError("--pipeline-model-parallel-layout '" + s + "': expected a count after '*'");
+      const long long n = std::stoll(s.substr(p, q - p));
+      if (n > 100000) throw InputError("--pipeline-model-parallel-layout: repeat count too large");
+      std::string rep;
+      for (long long k = 0; k < n; ++k) rep += item;
+      item = rep;
+      p = q;
+    }
+    out += item;
+  }
+  return out;
+}
+
+}  // namespace
+
+PipelineLayout parse_pipeline_layout(const std::string& text) {
+  std::string s;
+  for (char c : strip_quotes(text)) {
+    if (!std::isspace(static_cast<unsigned char>(c)) && c != ',') s += c;
+  }
+  std::size_t p = 0;
+  const std::string flat = expand_layout(s, p, 0);
+  if (p != s.size()) throw InputError("--pipeline-model-parallel-layout '" + s + "': unbalanced ')'");
+  PipelineLayout out;
+  out.layers_per_stage.push_back(0);
+  for (char c : flat) {
+    if (c == '|') out.layers_per_stage.push_back(0);
+    if (c == 't') ++out.layers_per_stage.back();
+    if (c == 'm') ++out.mtp_layers;
+  }
+  return out;
+}
+
+namespace {
+
+// ---- what is known but not mapped ----
+
+const std::vector<std::pair<std::vector<std::string>, std::string>>& ignored_flags() {
+  static const std::vector<std::pair<std::vector<std::string>, std::string>> k = {
+      {{"--lr", "--min-lr", "--lr-decay-style", "--lr-decay-iters", "--lr-decay-samples", "--lr-warmup-iters",
+        "--lr-warmup-samples", "--lr-warmup-fraction", "--lr-warmup-init", "--weight-decay", "--clip-grad",
+        "--adam-beta1", "--adam-beta2", "--adam-eps", "--init-method-std", "--seed", "--loss-scale",
+        "--initial-loss-scale", "--min-loss-scale", "--start-weight-decay", "--end-weight-decay",
+        "--weight-decay-incr-style", "--optimizer"},
+       "optimizer hyper-parameters and learning-rate schedule: no effect on step time"},
+      {{"--train-iters", "--train-samples", "--exit-duration-in-mins", "--exit-interval", "--eval-iters",
+        "--eval-interval", "--skip-train"},
+       "run length and evaluation: threewalls times single steps ([run] steps)"},
+      {{"--log-interval", "--log-throughput", "--log-timers-to-tensorboard", "--log-memory-to-tensorboard",
+        "--log-num-zeros-in-grad", "--log-params-norm", "--log-validation-ppl-to-tensorboard", "--logging-level",
+        "--tensorboard-dir", "--tensorboard-log-interval", "--wandb-project", "--wandb-exp-name", "--wandb-save-dir",
+        "--timing-log-level", "--timing-log-option", "--log-progress", "--profile", "--profile-step-start",
+        "--profile-step-end", "--profile-ranks", "--use-pytorch-profiler", "--record-memory-history"},
+       "logging and profiling of the training script"},
+      {{"--save", "--load", "--save-interval", "--no-save-optim", "--no-save-rng", "--no-load-optim",
+        "--no-load-rng", "--finetune", "--auto-detect-ckpt-format", "--dist-ckpt-strictness", "--ckpt-format",
+        "--pretrained-checkpoint", "--use-checkpoint-args", "--async-save", "--ckpt-fully-parallel-save",
+        "--ckpt-fully-parallel-load"},
+       "checkpointing: not part of a step"},
+      {{"--data-path", "--data-cache-path", "--split", "--mock-data", "--num-workers", "--no-mmap-bin-files",
+        "--no-create-attention-mask-in-dataloader", "--train-data-path", "--valid-data-path", "--test-data-path",
+        "--tokenizer-type", "--tokenizer-model", "--vocab-file", "--merge-file", "--dataloader-type",
+        "--reset-position-ids", "--reset-attention-mask", "--eod-mask-loss"},
+       "data and tokenizer files: the tokenizer's size is what matters (--vocab-size)"},
+      {{"--attention-dropout", "--hidden-dropout", "--norm-epsilon", "--rotary-base", "--rotary-percent",
+        "--rotary-scaling-factor", "--rotary-seq-len-interpolation-factor", "--mscale", "--mscale-all-dim",
+        "--position-embedding-type", "--no-position-embedding", "--max-position-embeddings", "--qk-layernorm",
+        "--disable-bias-linear", "--apply-layernorm-1p", "--no-rope-fusion", "--use-rotary-position-embeddings"},
+       "numerics of layers threewalls models by shape only (biases, dropout, rotary and QK norms are not timed)"},
+      {{"--moe-router-load-balancing-type", "--moe-aux-loss-coeff", "--moe-z-loss-coeff",
+        "--moe-router-score-function", "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate",
+        "--moe-router-topk-scaling-factor", "--moe-router-group-topk", "--moe-router-num-groups",
+        "--moe-router-dtype", "--moe-router-pre-softmax", "--moe-router-force-load-balancing",
+        "--moe-token-drop-policy", "--moe-router-padding-for-fp8", "--moe-router-padding-for-quantization",
+        "--moe-hybridep-num-sms", "--moe-input-jitter-eps"},
+       "router numerics: threewalls routes with its seeded model ([train] routing_imbalance)"},
+      {{"--moe-permute-fusion", "--moe-router-fusion", "--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl",
+        "--use-flash-attn", "--transformer-impl", "--use-mcore-models", "--no-masked-softmax-fusion",
+        "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion", "--no-gradient-accumulation-fusion",
+        "--attention-backend", "--enable-experimental", "--bias-swiglu-fusion", "--moe-use-legacy-grouped-gemm",
+        "--use-legacy-models", "--cuda-graph-warmup-steps"},
+       "kernel implementation choices: the calibration profile holds what the kernels cost"},
+      {{"--distributed-timeout-minutes", "--distributed-backend", "--no-check-for-nan-in-loss-and-grad",
+        "--check-for-nan-in-loss-and-grad", "--manual-gc-interval", "--use-cpu-initialization",
+        "--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--rdzv-backend",
+        "--rdzv-endpoint", "--rdzv-id", "--mtp-loss-scaling-factor"},
+       "launcher and process settings (the cluster comes from --cluster/--gpus)"},
+      {{"--manual-gc"},
+       "Python garbage collection at fixed steps: threewalls models no GC pauses, which is what manual-gc aims at"},
+  };
+  return k;
+}
+
+const std::vector<std::pair<std::vector<std::string>, std::string>>& unrepresented_flags() {
+  static const std::vector<std::pair<std::vector<std::string>, std::string>> k = {
+      {{"--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"},
+       "1F1B overlap of EP all-to-all with another micro-batch's compute: no registry key; the step is "
+       "modelled without it"},
+      {{"--mtp-num-layers"}, "multi-token prediction layers: not modelled (no registry key)"},
+      {{"--fp8-param-gather", "--reuse-grad-buf-for-mxfp8-param-ag"},
+       "fp8 parameter all-gather: the distributed optimizer's all-gather is modelled in bf16"},
+      {{"--use-precision-aware-optimizer", "--main-grads-dtype", "--main-params-dtype", "--exp-avg-dtype",
+        "--exp-avg-sq-dtype"},
+       "optimizer-state precision: the memory model assumes fp32 main parameters, gradients and Adam states"},
+      {{"--optimizer-cpu-offload", "--overlap-cpu-optimizer-d2h-h2d", "--optimizer-offload-fraction"},
+       "optimizer offload to the CPU: not modelled"},
+      {{"--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity"},
+       "token dropping with a capacity factor: threewalls models dropless routing"},
+      {{"--context-parallel-size-for-experts", "--cp-comm-type", "--hierarchical-context-parallel-sizes"},
+       "context-parallel details: only the cp size is modelled"},
+      {{"--expert-data-parallel-size"}, "edp is derived: world / (etp x ep x pp)"},
+  };
+  return k;
+}
+
+std::optional<std::string> lookup(const std::vector<std::pair<std::vector<std::string>, std::string>>& table,
+                                  const std::string& flag) {
+  for (const auto& [flags, reason] : table) {
+    if (std::find(flags.begin(), flags.end(), flag) != flags.end()) return reason;
+  }
+  return std::nullopt;
+}
+
+class MegatronImporter {
+ public:
+  MegatronImporter(const std::vector<MegatronArg>& args, const MegatronImportOptions& o) : opt_(o) {
+    for (const auto& a : args) {
+      bool unresolved = false;
+      for (const auto& v : a.values) unresolved = unresolved || v.find('$') != std::string::npos;
+      if (unresolved) {
+        std::string joined;
+        for (const auto& v : a.values) joined += (joined.empty() ? "" : " ") + v;
+        d_.report.not_understood.push_back(
+            {a.flag, where(a) + "value '" + joined + "' refers to a variable that is not set; give --var NAME=VALUE"});
+        args_.erase(a.flag);
+        continue;
+      }
+      args_[a.flag] = a;
+    }
+  }
+
+  ScenarioDraft run() {
+    d_.name = opt_.name.empty() ? "imported_megatron" : opt_.name;
+    d_.description = "Imported from Megatron-LM arguments" + (opt_.source.empty() ? "" : " (" + opt_.source + ")");
+    d_.header.push_back("Generated by `threewalls import megatron` from " +
+                        (opt_.source.empty() ? std::string("command-line arguments") : opt_.source) +
+                        "; see docs/import.md.");
+    map_model();
+    map_parallel();
+    map_pipeline_split();
+    map_train();
+    classify_rest();
+    return std::move(d_);
+  }
+
+ private:
+  static std::string where(const MegatronArg& a) {
+    return a.line > 0 ? "line " + std::to_string(a.line) + ": " : "";
+  }
+  bool has(const std::string& f) {
+    used_.insert(f);
+    return args_.count(f) > 0;
+  }
+  const MegatronArg* arg(const std::string& f) {
+    used_.insert(f);
+    auto it = args_.find(f);
+    return it == args_.end() ? nullptr : &it->second;
+  }
+  std::optional<std::string> str(const std::string& f) {
+    const auto* a = arg(f);
+    if (!a) return std::nullopt;
+    if (a->values.size() != 1) {
+      throw InputError(src() + where(*a) + f + " takes one value, got " + std::to_string(a->values.size()));
+    }
+    return a->values[0];
+  }
+  std::optional<int> integer(const std::string& f) {
+    auto s = str(f);
+    if (!s) return std::nullopt;
+    try {
+      std::size_t used = 0;
+      const long long v = std::stoll(*s, &used);
+      if (used == s->size() && v >= 0 && v <= 1000000000) return static_cast<int>(v);
+    } catch (const std::exception&) {
+    }
+    throw InputError(src() + where(*arg(f)) + f + " '" + *s + "' is not a non-negative integer");
+  }
+  std::vector<std::string> list(const std::string& f) {
+    const auto* a = arg(f);
+    return a ? a->values : std::vector<std::string>{};
+  }
+  std::string src() const { return opt_.source.empty() ? "" : opt_.source + ": "; }
+  void note(const std::string& n) { d_.report.notes.push_back(n); }
+  void unrepresented(const std::string& f, const std::string& why) { d_.report.not_represented.push_back({f, why}); }
+  void set_int(const std::string& t, const std::string& k, int v) { d_.set(t, k, std::to_string(v)); }
+  void set_bool(const std::string& t, const std::string& k, bool v) { d_.set(t, k, v ? "true" : "false"); }
+  void copy_int(const std::string& flag, const std::string& table, const std::string& key) {
+    if (auto v = integer(flag)) set_int(table, key, *v);
+  }
+
+  void map_model() {
+    const auto layers = integer("--num-layers");
+    const auto hidden = integer("--hidden-size");
+    const auto heads = integer("--num-attention-heads");
+    if (!opt_.name.empty()) d_.set("model", "name", toml_string(opt_.name));
+    if (layers) set_int("model", "num_layers", *layers);
+    if (hidden) set_int("model", "hidden_size", *hidden);
+    if (heads) set_int("model", "num_attention_heads", *heads);
+    if (!layers || !hidden || !heads) {
+      note("the model is incomplete: --num-layers, --hidden-size and --num-attention-heads are all needed");
+    }
+    const bool mla = has("--multi-latent-attention");
+    const bool gqa = has("--group-query-attention");
+    if (mla) {
+      d_.set("model", "attention", "\"mla\"");
+      // Megatron's MLATransformerConfig defaults when a rank or dimension is not given.
+      const auto q_lora = integer("--q-lora-rank");
+      set_int("model", "q_lora_rank", q_lora.value_or(0));
+      if (!q_lora) note("--q-lora-rank not given: queries are not compressed (Megatron's default None)");
+      const std::pair<const char*, int> dims[] = {{"--kv-lora-rank", 32}, {"--qk-head-dim", 128},
+                                                  {"--qk-pos-emb-head-dim", 64}, {"--v-head-dim", 128}};
+      for (const auto& [flag, def] : dims) {
+        std::string key = std::string(flag + 2);
+        std::replace(key.begin(), key.end(), '-', '_');
+        const auto v = integer(flag);
+        if (!v) note(std::string(flag) + " not given: Megatron's default " + std::to_string(def));
+        set_int("model", key, v.value_or(def));
+      }
+      if (has("--kv-channels")) {
+        d_.report.ignored.push_back({"--kv-channels", "unused with --multi-latent-attention (qk/v head dims apply)"});
+      }
+      if (has("--num-query-groups")) {
+        d_.report.ignored.push_back({"--num-query-groups", "unused with --multi-latent-attention"});
+      }
+    } else {
+      for (const char* f : {"--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim"}) {
+        if (has(f)) d_.report.ignored.push_back({f, "MLA dimension without --multi-latent-attention"});
+      }
+      if (gqa) {
+        d_.set("model", "attention", "\"gqa\"");
+        const auto groups = integer("--num-query-groups");
+        if (groups) {
+          set_int("model", "num_query_groups", *groups);
+        } else {
+          note("--group-query-attention without --num-query-groups: Megatron's default 1 group");
+          set_int("model", "num_query_groups", 1);
+        }
+      } else if (has("--num-query-groups")) {
+        d_.report.ignored.push_back({"--num-query-groups", "Megatron uses it only with --group-query-attention"});
+      }
+      copy_int("--kv-channels", "model", "kv_channels");
+    }
+    // Vocabulary: explicit sizes, else the size given to the importer.
+    std::optional<int> vocab = integer("--padded-vocab-size");
+    if (!vocab) vocab = integer("--vocab-size");
+    if (opt_.vocab_size) {
+      if (vocab && *vocab != *opt_.vocab_size) {
+        note("--vocab-size " + std::to_string(*opt_.vocab_size) + " given to the importer overrides " +
+             std::to_string(*vocab) + " from the arguments");
+      }
+      vocab = opt_.vocab_size;
+    }
+    if (vocab) {
+      set_int("model", "vocab_size", *vocab);
+    } else {
+      std::string tok = has("--tokenizer-model") ? " (" + str("--tokenizer-model").value_or("") + ")" : "";
+      note("vocab_size: the arguments name no size" + tok + "; give the tokenizer's size with --vocab-size N");
+    }
+    if (auto div = integer("--make-vocab-size-divisible-by"); div && *div != 128) {
+      unrepresented("--make-vocab-size-divisible-by",
+                    std::to_string(*div) + ": threewalls pads the vocabulary to a multiple of 128 x tp (FLOPs and "
+                                           "the output layer use that padded size)");
+    }
+    // Megatron's defaults differ from the registry's: write them explicitly.
+    const bool swiglu = has("--swiglu");
+    set_bool("model", "swiglu", swiglu);
+    if (!swiglu) note("no --swiglu: Megatron's default GeLU MLP (swiglu = false)");
+    const bool untie = has("--untie-embeddings-and-output-weights");
+    set_bool("model", "untie_embeddings_and_output_weights", untie);
+    if (!untie) note("no --untie-embeddings-and-output-weights: Megatron ties them by default");
+    if (auto n = str("--normalization")) {
+      if (*n == "RMSNorm") {
+        d_.set("model", "normalization", "\"rmsnorm\"");
+      } else if (*n == "LayerNorm") {
+        d_.set("model", "normalization", "\"layernorm\"");
+      } else {
+        throw InputError(src() + "--normalization '" + *n + "' (allowed: LayerNorm, RMSNorm)");
+      }
+    } else {
+      d_.set("model", "normalization", "\"layernorm\"");
+      note("no --normalization: Megatron's default LayerNorm");
+    }
+    // Experts.
+    const int experts = integer("--num-experts").value_or(0);
+    std::optional<int> ffn = integer("--ffn-hidden-size");
+    if (!ffn && hidden) {
+      // Megatron: 4h, or for SwiGLU 2/3 of it rounded down to a multiple of 64.
+      ffn = swiglu ? (*hidden * 8 / 3) / 64 * 64 : 4 * *hidden;
+      note("no --ffn-hidden-size: Megatron's default " + std::to_string(*ffn));
+    }
+    std::vector<int> pattern;
+    if (experts > 0) {
+      set_int("model", "num_experts", experts);
+      const auto topk = integer("--moe-router-topk");
+      set_int("model", "moe_router_topk", topk.value_or(2));
+      if (!topk) note("no --moe-router-topk: Megatron's default 2");
+      auto moe_ffn = integer("--moe-ffn-hidden-size");
+      if (!moe_ffn && ffn) {
+        moe_ffn = ffn;
+        note("no --moe-ffn-hidden-size: experts use --ffn-hidden-size " + std::to_string(*ffn) + " as Megatron does");
+      }
+      if (moe_ffn) set_int("model", "moe_ffn_hidden_size", *moe_ffn);
+      copy_int("--moe-shared-expert-intermediate-size", "model", "moe_shared_expert_intermediate_size");
+      if (auto freq = str("--moe-layer-freq"); freq && layers) {
+        pattern = expand_moe_layer_freq(*freq, *layers);
+        map_layer_pattern(pattern);
+      }
+    } else {
+      for (const char* f : {"--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
+                            "--moe-layer-freq", "--moe-token-dispatcher-type", "--moe-grouped-gemm"}) {
+        if (has(f)) d_.report.ignored.push_back({f, "no --num-experts: a dense model"});
+      }
+    }
+    const bool any_dense = experts == 0 || std::find(pattern.begin(), pattern.end(), 0) != pattern.end();
+    if (ffn && any_dense) {
+      set_int("model", "ffn_hidden_size", *ffn);
+    } else if (ffn && has("--ffn-hidden-size")) {
+      note("--ffn-hidden-size " + std::to_string(*ffn) + ": every layer is MoE, so no dense MLP uses it");
+    }
+  }
+
+  // A 0/1 pattern per layer -> first_dense_layers + moe_layer_freq, or refused.
+  void map_layer_pattern(const std::vector<int>& pattern) {
+    const int n = static_cast<int>(pattern.size());
+    int first = 0;
+    while (first < n && pattern[static_cast<std::size_t>(first)] == 0) ++first;
+    if (first == n) throw InputError(src() + "--moe-layer-freq leaves no MoE layer");
+    int freq = 0;
+    for (int l = first + 1; l < n && freq == 0; ++l) {
+      if (pattern[static_cast<std::size_t>(l)] == 1) freq = l - first;
+    }
+    if (freq == 0) freq = n - first;  // a single MoE layer
+    for (int l = first; l < n; ++l) {
+      const int want = (l - first) % freq == 0 ? 1 : 0;
+      if (pattern[static_cast<std::size_t>(l)] != want) {
+        throw InputError(src() + "--moe-layer-freq: the pattern of MoE layers is not 'first k dense, then every n-th "
+                         "layer MoE' (layer " + std::to_string(l) + " breaks it); the scenario language "
+                         "(model.first_dense_layers, model.moe_layer_freq) cannot express it");
+      }
+    }
+    if (first > 0) set_int("model", "first_dense_layers", first);
+    if (freq != 1) set_int("model", "moe_layer_freq", freq);
+  }
+
+  void map_parallel() {
+    tp_ = integer("--tensor-model-parallel-size").value_or(1);
+    pp_ = integer("--pipeline-model-parallel-size").value_or(1);
+    set_int("parallel", "tp", tp_);
+    set_int("parallel", "pp", pp_);
+    copy_int("--context-parallel-size", "parallel", "cp");
+    copy_int("--expert-model-parallel-size", "parallel", "ep");
+    if (auto etp = integer("--expert-tensor-parallel-size")) {
+      set_int("parallel", "etp", *etp);
+    } else {
+      set_int("parallel", "etp", tp_);
+      if (tp_ > 1) note("no --expert-tensor-parallel-size: Megatron's default is the tensor-parallel size " + std::to_string(tp_));
+    }
+    if (has("--sequence-parallel")) {
+      if (tp_ > 1) {
+        set_bool("parallel", "sequence_parallel", true);
+      } else {
+        note("--sequence-parallel with tp = 1: Megatron turns it off");
+      }
+    }
+    if (auto dp = integer("--data-parallel-size")) set_int("parallel", "dp", *dp);
+  }
+
+  void map_pipeline_split() {
+    const auto layers = d_.get("model", "num_layers");
+    const int num_layers = layers ? std::stoi(*layers) : 0;
+    const bool acc_emb = has("--account-for-embedding-in-pipeline-split");
+    const bool acc_loss = has("--account-for-loss-in-pipeline-split");
+    const auto per_vstage = integer("--num-layers-per-virtual-pipeline-stage");
+    const auto vstages = integer("--num-virtual-stages-per-pipeline-rank");
+    const auto first = integer("--decoder-first-pipeline-num-layers");
+    const auto last = integer("--decoder-last-pipeline-num-layers");
+    if (auto layout = str("--pipeline-model-parallel-layout")) {
+      const auto pl = parse_pipeline_layout(*layout);
+      const int n = static_cast<int>(pl.layers_per_stage.size());
+      if (n % pp_ != 0) {
+        throw InputError(src() + "--pipeline-model-parallel-layout has " + std::to_string(n) +
+                         " stages, not a multiple of pp = " + std::to_string(pp_));
+      }
+      const int vpp = n / pp_;
+      if (vpp > 1) set_int("parallel", "vpp", vpp);
+      if (pl.mtp_layers > 0 && !has("--mtp-num-layers")) {
+        unrepresented("--pipeline-model-parallel-layout", std::to_string(pl.mtp_layers) + " MTP layer(s) ('m'): not modelled");
+      }
+      d_.set("parallel", "layers_per_stage", toml_int_list(pl.layers_per_stage));
+      note("--pipeline-model-parallel-layout " + *layout + ": transformer layers per virtual stage");
+      for (const char* f : {"--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
+                            "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"}) {
+        if (has(f)) d_.report.ignored.push_back({f, "superseded by --pipeline-model-parallel-layout"});
+      }
+      return;
+    }
+    // Megatron counts the embedding and the loss as one layer each when asked to.
+    const int total = num_layers + (acc_emb ? 1 : 0) + (acc_loss ? 1 : 0);
+    int vpp = 1;
+    if (per_vstage && vstages) {
+      throw InputError(src() + "--num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank "
+                               "cannot be used together (Megatron refuses it too)");
+    }
+    if (per_vstage) {
+      if (*per_vstage < 1 || total % (pp_ * *per_vstage) != 0) {
+        throw InputError(src() + "--num-layers-per-virtual-pipeline-stage " + std::to_string(*per_vstage) +
+                         " does not divide " + std::to_string(total) + " layers over pp = " + std::to_string(pp_));
+      }
+      vpp = total / (pp_ * *per_vstage);
+    } else if (vstages) {
+      vpp = *vstages;
+    }
+    if (vpp > 1) set_int("parallel", "vpp", vpp);
+    if (first || last) {
+      if (vpp > 1) {
+        unrepresented("--decoder-first/last-pipeline-num-layers",
+                      "with virtual pipeline stages: give the split as --pipeline-model-parallel-layout");
+        return;
+      }
+      if (first) set_int("parallel", "first_stage_layers", *first);
+      if (last) set_int("parallel", "last_stage_layers", *last);
+      return;
+    }
+    if ((acc_emb || acc_loss) && num_layers > 0) {
+      const int stages = pp_ * vpp;
+      if (total % stages != 0) {
+        throw InputError(src() + std::to_string(total) + " layers (with embedding/loss accounted) do not split over " +
+                         std::to_string(stages) + " virtual stages");
+      }
+      std::vector<int> split(static_cast<std::size_t>(stages), total / stages);
+      if (acc_emb) --split.front();
+      if (acc_loss) --split.back();
+      d_.set("parallel", "layers_per_stage", toml_int_list(split));
+      note("--account-for-embedding/loss-in-pipeline-split: the embedding and the loss count as a layer each on "
+           "the first and last virtual stage");
+    }
+  }
+
+  void map_train() {
+    copy_int("--micro-batch-size", "train", "micro_batch_size");
+    copy_int("--global-batch-size", "train", "global_batch_size");
+    copy_int("--seq-length", "train", "seq_length");
+    if (!has("--micro-batch-size")) note("no --micro-batch-size: give it (Megatron requires it too)");
+    if (!has("--global-batch-size")) note("no --global-batch-size: give it (Megatron would use micro-batch x dp)");
+    // Precision.
+    if (has("--fp8-format") || has("--fp8")) {
+      d_.set("train", "precision", "\"fp8\"");
+      const std::string recipe = str("--fp8-recipe").value_or("delayed");
+      if (recipe == "mxfp8") {
+        unrepresented("--fp8-recipe mxfp8", "a Blackwell recipe: modelled as Hopper fp8");
+      } else {
+        note("--fp8-recipe " + recipe + ": GEMMs in fp8; the recipe's scaling kernels are not timed separately");
+      }
+      if (!has("--bf16")) note("fp8 without --bf16: the rest of the model is modelled in bf16");
+    } else if (has("--bf16")) {
+      d_.set("train", "precision", "\"bf16\"");
+      if (has("--fp8-recipe")) d_.report.ignored.push_back({"--fp8-recipe", "without --fp8-format fp8 is off"});
+    } else if (has("--fp16")) {
+      unrepresented("--fp16", "fp16 is modelled as bf16 (same GEMM rate on Hopper)");
+      d_.set("train", "precision", "\"bf16\"");
+    } else {
+      unrepresented("precision", "neither --bf16, --fp16 nor --fp8-format: an fp32 run, modelled as bf16");
+      d_.set("train", "precision", "\"bf16\"");
+    }
+    // Recomputation.
+    if (auto g = str("--recompute-granularity")) {
+      if (*g != "full" && *g != "selective") {
+        throw InputError(src() + "--recompute-granularity '" + *g + "' (allowed: full, selective)");
+      }
+      d_.set("train", "recompute_granularity", toml_string(*g));
+      if (*g == "full") {
+        if (auto m = str("--recompute-method")) {
+          if (*m != "uniform" && *m != "block") {
+            throw InputError(src() + "--recompute-method '" + *m + "' (allowed: uniform, block)");
+          }
+          d_.set("train", "recompute_method", toml_string(*m));
+        }
+        copy_int("--recompute-num-layers", "train", "recompute_num_layers");
+      } else {
+        const auto mods = list("--recompute-modules");
+        if (!mods.empty()) d_.set("train", "recompute_modules", toml_string_list(mods));
+        for (const char* f : {"--recompute-method", "--recompute-num-layers"}) {
+          if (has(f)) d_.report.ignored.push_back({f, "only used with --recompute-granularity full"});
+        }
+      }
+    } else {
+      for (const char* f : {"--recompute-method", "--recompute-num-layers", "--recompute-modules"}) {
+        if (has(f)) d_.report.ignored.push_back({f, "no --recompute-granularity: Megatron recomputes nothing"});
+      }
+    }
+    if (has("--recompute-activations")) d_.set("train", "recompute_granularity", "\"selective\"");
+    // Optimizer and overlaps: Megatron's defaults are all off.
+    set_bool("train", "use_distributed_optimizer", has("--use-distributed-optimizer"));
+    if (has("--overlap-grad-reduce")) set_bool("train", "overlap_grad_reduce", true);
+    if (has("--overlap-param-gather")) set_bool("train", "overlap_param_gather", true);
+    if (has("--tp-comm-overlap")) set_bool("train", "tp_comm_overlap", true);
+    // MoE execution.
+    if (d_.get("model", "num_experts")) {
+      std::string disp = str("--moe-token-dispatcher-type").value_or("allgather");
+      if (!has("--moe-token-dispatcher-type")) note("no --moe-token-dispatcher-type: Megatron's default allgather");
+      if (has("--moe-enable-deepep")) disp = "flex";
+      if (disp == "alltoall_seq") {
+        note("--moe-token-dispatcher-type alltoall_seq: modelled as alltoall");
+        disp = "alltoall";
+      }
+      if (disp != "alltoall" && disp != "allgather" && disp != "flex") {
+        throw InputError(src() + "--moe-token-dispatcher-type '" + disp + "' (allowed: alltoall, allgather, flex, alltoall_seq)");
+      }
+      d_.set("train", "token_dispatcher", toml_string(disp));
+      if (auto backend = str("--moe-flex-dispatcher-backend")) {
+        note("--moe-flex-dispatcher-backend " + *backend + ": flex is modelled as one DeepEP-style fused dispatch");
+      }
+      if (has("--moe-grouped-gemm")) {
+        d_.set("train", "expert_execution", "\"grouped\"");
+      } else {
+        d_.set("train", "expert_execution", "\"sequential\"");
+        note("no --moe-grouped-gemm: Megatron's SequentialMLP runs the local experts one after another");
+      }
+    }
+    if (has("--moe-shared-expert-overlap")) set_bool("train", "moe_shared_expert_overlap", true);
+    map_cuda_graphs();
+    if (auto bucket = integer("--ddp-bucket-size")) {
+      d_.set("train", "grad_bucket_size", std::to_string(*bucket));
+      used_.insert("--ddp-bucket-size");
+    }
+  }
+
+  void map_cuda_graphs() {
+    const auto impl = str("--cuda-graph-impl");
+    const bool enabled = has("--enable-cuda-graph") || has("--external-cuda-graph") ||
+                         (impl && *impl != "none");
+    const auto scopes = list("--cuda-graph-scope");
+    if (!enabled) {
+      if (!scopes.empty()) {
+        d_.report.ignored.push_back({"--cuda-graph-scope", "no --cuda-graph-impl / --enable-cuda-graph: nothing is captured"});
+      }
+      return;
+    }
+    static const std::set<std::string> kScopes = {"attn", "mlp", "moe_router", "moe_preprocess", "full_iteration"};
+    std::vector<std::string> mapped;
+    for (const auto& s : scopes) {
+      if (kScopes.count(s)) {
+        mapped.push_back(s);
+      } else {
+        unrepresented("--cuda-graph-scope " + s, "no such scope in the scenario language (allowed: attn, mlp, "
+                                                 "moe_router, moe_preprocess, full_iteration)");
+      }
+    }
+    if (scopes.empty()) {
+      unrepresented("--enable-cuda-graph/--cuda-graph-impl", "whole-layer graphs (Megatron's default scope) have no "
+                                                             "registry equivalent; give --cuda-graph-scope");
+    }
+    if (!mapped.empty()) d_.set("train", "cuda_graph_scope", toml_string_list(mapped));
+  }
+
+  void classify_rest() {
+    for (const auto& [flag, a] : args_) {
+      if (used_.count(flag)) continue;
+      if (auto r = lookup(ignored_flags(), flag)) {
+        d_.report.ignored.push_back({flag, *r});
+      } else if (auto u = lookup(unrepresented_flags(), flag)) {
+        unrepresented(flag, *u);
+      } else if (flag == "ENV_VARS") {
+        d_.report.ignored.push_back({"ENV_VARS", a.values.front() + " environment variables of the launch"});
+      } else {
+        d_.report.not_understood.push_back({flag, where(a) + "unknown to the importer"});
+      }
+    }
+  }
+
+  MegatronImportOptions opt_;
+  std::map<std::string, MegatronArg> args_;
+  std::set<std::string> used_;
+  ScenarioDraft d_;
+  int tp_ = 1;
+  int pp_ = 1;
+};
+
+}  // namespace
+
+ScenarioDraft import_megatron(const std::vector<MegatronArg>& args, const MegatronImportOptions& options) {
+  return MegatronImporter(args, options).run();
+}
+
+ScenarioDraft import_megatron_file(const std::filesystem::path& path, MegatronImportOptions options) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path.string() + ": cannot read the Megatron arguments file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string ext = path.extension().string();
+  const bool yaml = ext == ".yaml" || ext == ".yml";
+  if (options.source.empty()) options.source = path.string();
+  return import_megatron(parse_megatron_launch(ss.str(), yaml, options.vars), options);
+}
+
+}  // namespace threewalls::scenarios
