@@ -26,6 +26,7 @@ void register_validate(CLI::App& app, Commands& cmds);
 void register_describe(CLI::App& app, Commands& cmds);
 void register_graph(CLI::App& app, Commands& cmds);
 void register_sim(CLI::App& app, Commands& cmds);
+void register_plan(CLI::App& app, Commands& cmds);  // plan and plan-merge (cmd_plan.cpp)
 void register_compare(CLI::App& app, Commands& cmds);
 void register_analyze(CLI::App& app, Commands& cmds);
 void register_export(CLI::App& app, Commands& cmds);

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   cli::register_describe(app, cmds);
   cli::register_graph(app, cmds);
   cli::register_sim(app, cmds);
+  cli::register_plan(app, cmds);
   cli::register_compare(app, cmds);
   cli::register_analyze(app, cmds);
   cli::register_export(app, cmds);

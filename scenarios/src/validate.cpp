@@ -499,4 +499,11 @@ void validate_and_derive(Scenario& s, const KeyLocations& where, const std::stri
   check_run(s, r, file);
 }
 
+void recheck_scenario(Scenario& s, const KeyLocations& locations) {
+  ErrorList errors;
+  const std::string file = s.source_path.empty() ? std::string("<scenario>") : s.source_path;
+  validate_and_derive(s, locations, file, errors);
+  errors.throw_if_any();
+}
+
 }  // namespace threewalls::scenarios

@@ -57,4 +57,11 @@ LoadedScenario load_scenario_file(const std::filesystem::path& path);
 // Convenience: the Scenario only.
 Scenario load_scenario(const std::filesystem::path& path);
 
+// Re-derives and re-checks a scenario changed in memory after loading (the planner varies the
+// parallel layout and training options of a loaded scenario). `locations` says which keys count as
+// given, as the loader's map does; set derived fields (parallel.dp, parallel.edp) to 0 to have them
+// derived again. Applies exactly the loader's consistency rules. Throws ScenarioError listing every
+// violated rule (messages carry "[rule <id>]").
+void recheck_scenario(Scenario& s, const KeyLocations& locations);
+
 }  // namespace threewalls::scenarios

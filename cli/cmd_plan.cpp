@@ -1,0 +1,265 @@
+// threewalls plan SCENARIO --gpus N [--search SPEC] [--top K] [--format text|csv|json] [--out DIR]
+//                 [--shard i/N] [--resim K] [--calibration PROFILE] [--quiet]
+// threewalls plan-merge SHARD.json... [--out DIR] [--format ...] [--resim K] [--calibration PROFILE]
+// The what-if planner (docs/planner.md): sweep layouts and options in analytic fidelity, rank them,
+// re-simulate the best with flow fidelity, write the ranked table and ready scenario files.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+#include <unistd.h>
+
+#include "command.hpp"
+#include "threewalls/calibration/cost_model.hpp"
+#include "threewalls/calibration/profile.hpp"
+#include "threewalls/calibration/resolve.hpp"
+#include "threewalls/core/error.hpp"
+#include "threewalls/core/jsonl.hpp"
+#include "threewalls/scenarios/loader.hpp"
+#include "threewalls/sim/op_coster.hpp"
+#include "threewalls/sim/planner.hpp"
+
+namespace threewalls::cli {
+
+namespace {
+
+struct PlanArgs {
+  std::string scenario;
+  int gpus = 0;
+  std::string search;
+  std::string calibration;
+  std::string format = "text";
+  std::string out;
+  std::string shard = "0/1";
+  int top = 10;
+  int resim = -1;  // -1: every top row (unsharded); shards never re-simulate
+  int losers = 5;
+  bool overwrite = false;
+  bool quiet = false;
+};
+
+struct MergeArgs {
+  std::vector<std::string> files;
+  std::string calibration;
+  std::string format = "text";
+  std::string out;
+  int resim = 0;
+  bool overwrite = false;
+  bool quiet = false;
+};
+
+// The profile the planner costs with (as `threewalls sim` resolves it), kept alive with its model.
+struct Costing {
+  calibration::ResolvedProfile resolved;
+  calibration::Profile profile;
+  calibration::CostModel model;
+  sim::CostModelCoster coster;
+  Costing(calibration::ResolvedProfile r, calibration::Profile p)
+      : resolved(std::move(r)), profile(std::move(p)), model(profile), coster(model) {}
+};
+
+std::unique_ptr<Costing> load_costing(const scenarios::Scenario& s, const std::string& calibration) {
+  const std::string spec = calibration.empty() ? s.calibration_profile : calibration;
+  const std::filesystem::path dir =
+      s.source_path.empty() ? std::filesystem::path() : std::filesystem::path(s.source_path).parent_path();
+  auto resolved = calibration::resolve_profile(spec, scenarios::to_string(s.cluster.gpu), dir);
+  auto profile = calibration::Profile::load(resolved.path);
+  return std::make_unique<Costing>(std::move(resolved), std::move(profile));
+}
+
+void check_out_dir(const std::string& out, bool overwrite) {
+  if (out.empty() || overwrite) return;
+  std::error_code ec;
+  if (std::filesystem::exists(out, ec) && !std::filesystem::is_empty(out, ec)) {
+    throw InputError(out + ": output directory exists and is not empty; pass --overwrite to replace its plan files, "
+                     "or --out to choose another");
+  }
+}
+
+void write_text(const std::filesystem::path& p, const std::string& text) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  f << text;
+  if (!f) throw SystemError(p.string() + ": cannot write");
+}
+
+std::string read_text(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  if (!f) throw InputError(p.string() + ": cannot read the scenario file the plan was made from");
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Progress on stderr: done/total, rate and ETA, at most four times a second.
+class Progress {
+ public:
+  explicit Progress(bool on) : on_(on), t0_(std::chrono::steady_clock::now()) {}
+  void operator()(std::uint64_t done, std::uint64_t total) {
+    if (!on_) return;
+    const auto now = std::chrono::steady_clock::now();
+    const double el = std::chrono::duration<double>(now - t0_).count();
+    if (done < total && el - last_ < 0.25) return;
+    last_ = el;
+    const double rate = el > 0 ? static_cast<double>(done) / el : 0.0;
+    const double eta = rate > 0 ? static_cast<double>(total - done) / rate : 0.0;
+    std::fprintf(stderr, "\rplan: %llu/%llu (%.1f%%) %.0f configs/s, ETA %.0f s   ",
+                 static_cast<unsigned long long>(done), static_cast<unsigned long long>(total),
+                 total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0, rate, eta);
+    if (done >= total) std::fprintf(stderr, "\n");
+    std::fflush(stderr);
+  }
+
+ private:
+  bool on_;
+  std::chrono::steady_clock::time_point t0_;
+  double last_ = -1.0;
+};
+
+// Re-simulates the first `k` top rows with flow fidelity, then prints and writes the outputs.
+int finish(sim::PlanResult& r, const scenarios::LoadedScenario& base, const Costing& cost, int resim,
+           const std::string& format, const std::string& out, bool quiet) {
+  const bool tty = isatty(STDERR_FILENO) != 0 && !quiet;
+  sim::PlanEstimator est(base, cost.coster, r.gpus);
+  const int k = std::min<int>(resim, static_cast<int>(r.top.size()));
+  for (int i = 0; i < k; ++i) {
+    if (tty) std::fprintf(stderr, "plan: flow re-simulation %d/%d (%s)\n", i + 1, k, r.top[i].cand.layout().c_str());
+    sim::resimulate_flow(est.scenario_of(r.top[static_cast<std::size_t>(i)].cand), cost.coster,
+                         r.top[static_cast<std::size_t>(i)]);
+  }
+  const std::string text = sim::plan_to_text(r);
+  const OrderedJson json = sim::plan_to_json(r);
+  const std::string csv = sim::plan_to_csv(r);
+  if (format == "json") std::cout << json.dump(2) << "\n";
+  else if (format == "csv") std::cout << csv;
+  else std::cout << text;
+  if (!out.empty()) {
+    const std::filesystem::path dir(out);
+    std::filesystem::create_directories(dir);
+    write_text(dir / "plan.json", json.dump(2) + "\n");
+    write_text(dir / "plan.csv", csv);
+    write_text(dir / "plan.txt", text);
+    if (r.shard_count == 1) {
+      const std::string base_text = read_text(base.scenario.source_path);
+      for (std::size_t i = 0; i < r.top.size(); ++i) {
+        const auto& row = r.top[i];
+        const std::string name = base.scenario.name + "_plan_" + std::to_string(i + 1);
+        char comment[512];
+        std::snprintf(comment, sizeof comment,
+                      "threewalls plan #%zu of %s on %d GPUs: %s, %s; predicted step %.3f s (analytic), MFU %.1f%%",
+                      i + 1, base.scenario.name.c_str(), r.gpus, row.cand.layout().c_str(),
+                      row.cand.options().c_str(), row.step_time_us * 1e-6, 100.0 * row.mfu);
+        const std::string toml = sim::candidate_toml(base_text, est.scenario_of(row.cand), name, comment);
+        const std::filesystem::path p = dir / ("top_" + std::to_string(i + 1) + ".toml");
+        // The file must load as written (same loader and rules as `threewalls validate`).
+        scenarios::load_scenario_text(toml, p.string());
+        write_text(p, toml);
+      }
+    }
+  }
+  return kExitOk;
+}
+
+std::pair<int, int> parse_shard(const std::string& s) {
+  const auto slash = s.find('/');
+  try {
+    if (slash == std::string::npos) throw std::invalid_argument(s);
+    std::size_t a = 0, b = 0;
+    const int i = std::stoi(s.substr(0, slash), &a);
+    const int n = std::stoi(s.substr(slash + 1), &b);
+    if (a != slash || b != s.size() - slash - 1 || n < 1 || i < 0 || i >= n) throw std::invalid_argument(s);
+    return {i, n};
+  } catch (const std::exception&) {
+    throw InputError("plan: --shard '" + s + "' is not i/N with 0 <= i < N (e.g. 3/16)");
+  }
+}
+
+}  // namespace
+
+void register_plan(CLI::App& app, Commands& cmds) {
+  auto* sub = app.add_subcommand(
+      "plan", "What-if planner: sweep parallel layouts (tp, cp, pp, vpp, dp, ep, etp), micro-batch size, recompute, "
+              "dispatcher, CUDA graphs and precision on N GPUs; prune by the layout rules and by memory; rank by "
+              "step time (analytic), re-simulate the best with flow fidelity (docs/planner.md).");
+  static PlanArgs a;
+  sub->add_option("scenario", a.scenario, "Scenario file (TOML, training); its model, batch and cluster are kept")
+      ->required();
+  sub->add_option("--gpus", a.gpus, "GPUs to plan for (a multiple of the scenario's gpus_per_node)")
+      ->required()
+      ->check(CLI::Range(1, 1 << 24));
+  sub->add_option("--search", a.search,
+                  "Search space, e.g. \"tp=1,2,4;pp=1..16;ep=8..64;mbs=1,2;recompute=none,selective,full;"
+                  "dispatcher=alltoall,flex;cuda_graphs=none,attn,attn+moe_router;precision=bf16,fp8\". Keys: tp, cp, "
+                  "ep, etp, mbs, recompute, dispatcher, cuda_graphs, precision, pp, vpp; a..b is a range (powers of "
+                  "two, every integer for pp and vpp); keys not given keep their defaults (docs/planner.md)");
+  sub->add_option("--calibration", a.calibration,
+                  "Calibration profile: a path, or \"auto\" (default: the scenario's [calibration] profile)");
+  sub->add_option("--top", a.top, "Rows to rank and write as scenario files (default 10)")->check(CLI::Range(1, 1000));
+  sub->add_option("--losers", a.losers, "Losers shown per reason (default 5)")->check(CLI::Range(0, 1000));
+  sub->add_option("--format", a.format, "Output on stdout: text, csv or json")
+      ->check(CLI::IsMember({"text", "csv", "json"}));
+  sub->add_option("--out", a.out, "Directory for plan.json, plan.csv, plan.txt and top_<i>.toml");
+  sub->add_flag("--overwrite", a.overwrite, "Replace the plan files of an existing --out directory");
+  sub->add_option("--shard", a.shard,
+                  "Plan only shard i of N (i/N, 0-based; a deterministic split of the enumeration); join the shards' "
+                  "plan.json with plan-merge");
+  sub->add_option("--resim", a.resim,
+                  "Top rows re-simulated with flow fidelity (default: all --top rows; 0: none; shards: none)")
+      ->check(CLI::Range(0, 1000));
+  sub->add_flag("--quiet", a.quiet, "No progress on stderr (it is shown only on a terminal anyway)");
+  cmds.add(sub, [] {
+    const auto [si, sn] = parse_shard(a.shard);
+    check_out_dir(a.out, a.overwrite);
+    const scenarios::LoadedScenario base = scenarios::load_scenario_file(a.scenario);
+    const auto cost = load_costing(base.scenario, a.calibration);
+    sim::PlanOptions o;
+    o.gpus = a.gpus;
+    o.search = sim::default_search(base.scenario, a.gpus);
+    if (!a.search.empty()) o.search = sim::parse_search(a.search, o.search);
+    o.top_k = a.top;
+    o.losers_per_reason = a.losers;
+    o.shard_index = si;
+    o.shard_count = sn;
+    const bool tty = isatty(STDERR_FILENO) != 0 && !a.quiet;
+    Progress progress(tty);
+    if (tty) o.progress = [&progress](std::uint64_t d, std::uint64_t t) { progress(d, t); };
+    sim::PlanResult r = sim::run_plan(base, cost->coster, o);
+    r.profile_id = cost->profile.id();
+    r.profile_path = cost->resolved.path.string();
+    const int resim = sn > 1 ? 0 : (a.resim < 0 ? a.top : a.resim);
+    return finish(r, base, *cost, resim, a.format, a.out, a.quiet);
+  });
+
+  auto* merge = app.add_subcommand(
+      "plan-merge", "Join the plan.json files of the shards of one `threewalls plan --shard i/N` sweep into one ranked "
+                    "plan (same outputs as an unsharded plan).");
+  static MergeArgs m;
+  merge->add_option("shards", m.files, "plan.json of every shard")->required();
+  merge->add_option("--calibration", m.calibration,
+                    "Calibration profile for --resim (default: the one the shards used)");
+  merge->add_option("--format", m.format, "Output on stdout: text, csv or json")
+      ->check(CLI::IsMember({"text", "csv", "json"}));
+  merge->add_option("--out", m.out, "Directory for plan.json, plan.csv, plan.txt and top_<i>.toml");
+  merge->add_flag("--overwrite", m.overwrite, "Replace the plan files of an existing --out directory");
+  merge->add_option("--resim", m.resim, "Top rows re-simulated with flow fidelity (default 0)")->check(CLI::Range(0, 1000));
+  merge->add_flag("--quiet", m.quiet, "No progress on stderr");
+  cmds.add(merge, [] {
+    check_out_dir(m.out, m.overwrite);
+    std::vector<sim::PlanResult> shards;
+    for (const auto& f : m.files) shards.push_back(sim::plan_from_json(read_json_file(f), f));
+    sim::PlanResult r = sim::merge_plans(shards);
+    // The scenario the shards planned, checked by content hash.
+    const scenarios::LoadedScenario base = scenarios::load_scenario_file(r.scenario_path);
+    if (base.scenario.content_hash != r.scenario_hash) {
+      throw InputError(r.scenario_path + ": the scenario file changed since the shards were planned (hash " +
+                       base.scenario.content_hash + ", shards " + r.scenario_hash + ")");
+    }
+    const auto cost = load_costing(base.scenario, m.calibration.empty() ? r.profile_path : m.calibration);
+    return finish(r, base, *cost, m.resim, m.format, m.out, m.quiet);
+  });
+}
+
+}  // namespace threewalls::cli

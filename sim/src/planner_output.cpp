@@ -1,0 +1,499 @@
+// The planner's outputs (JSON, CSV, text), the scenario files of the top rows, and the flow-fidelity
+// re-simulation of a row in a child process (docs/planner.md, "Output").
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "threewalls/core/error.hpp"
+#include "threewalls/core/strings.hpp"
+#include "threewalls/core/version.hpp"
+#include "threewalls/sim/planner.hpp"
+#include "threewalls/sim/simulator.hpp"
+
+namespace threewalls::sim {
+
+namespace {
+
+constexpr const char* kPlanFormat = "threewalls.plan";
+constexpr int kPlanMajor = 1;
+constexpr int kPlanMinor = 0;
+
+const char* outcome_name(Outcome o) {
+  switch (o) {
+    case Outcome::rule: return "rule";
+    case Outcome::oom: return "oom";
+    case Outcome::estimated: return "estimated";
+  }
+  return "estimated";
+}
+
+Outcome outcome_of(const std::string& s, const std::string& where) {
+  if (s == "rule") return Outcome::rule;
+  if (s == "oom") return Outcome::oom;
+  if (s == "estimated") return Outcome::estimated;
+  throw InputError(where + ": outcome '" + s + "' is not one of rule, oom, estimated");
+}
+
+OrderedJson walls_json(const PlanWalls& w) {
+  OrderedJson j;
+  j["compute_us"] = w.compute_us;
+  j["exposed_comm_us"] = w.exposed_comm_us;
+  j["bubble_us"] = w.bubble_us;
+  j["host_us"] = w.host_us;
+  return j;
+}
+
+PlanWalls walls_from(const Json& j) {
+  PlanWalls w;
+  w.compute_us = j.at("compute_us").get<double>();
+  w.exposed_comm_us = j.at("exposed_comm_us").get<double>();
+  w.bubble_us = j.at("bubble_us").get<double>();
+  w.host_us = j.at("host_us").get<double>();
+  return w;
+}
+
+OrderedJson row_json(const PlanRow& r) {
+  const Candidate& c = r.cand;
+  OrderedJson j;
+  j["index"] = c.index;
+  j["layout"] = {{"tp", c.tp}, {"cp", c.cp}, {"pp", c.pp}, {"vpp", c.vpp}, {"dp", c.dp},
+                 {"ep", c.ep}, {"etp", c.etp}, {"edp", c.edp}};
+  j["mbs"] = c.mbs;
+  j["recompute"] = scenarios::to_string(c.recompute);
+  j["dispatcher"] = scenarios::to_string(c.dispatcher);
+  j["cuda_graphs"] = c.cuda_graphs;
+  j["precision"] = scenarios::to_string(c.precision);
+  j["outcome"] = outcome_name(r.outcome);
+  if (!r.rule.empty()) j["rule"] = r.rule;
+  j["microbatches"] = r.microbatches;
+  j["step_time_us"] = r.step_time_us;
+  j["tokens_per_s"] = r.tokens_per_s;
+  j["tflops_per_gpu"] = r.tflops_per_gpu;
+  j["mfu"] = r.mfu;
+  j["peak_bytes"] = r.peak_bytes;
+  j["capacity_bytes"] = r.capacity_bytes;
+  j["walls"] = walls_json(r.walls);
+  j["dominant"] = r.dominant;
+  j["why"] = r.why;
+  if (r.flow_step_time_us) {
+    OrderedJson f;
+    f["step_time_us"] = *r.flow_step_time_us;
+    if (r.flow_walls) f["walls"] = walls_json(*r.flow_walls);
+    if (r.flow_peak_bytes) f["peak_bytes"] = *r.flow_peak_bytes;
+    j["flow"] = f;
+  }
+  if (!r.flow_error.empty()) j["flow_error"] = r.flow_error;
+  return j;
+}
+
+scenarios::RecomputeGranularity recompute_of(const std::string& s) {
+  if (s == "none") return scenarios::RecomputeGranularity::none;
+  if (s == "selective") return scenarios::RecomputeGranularity::selective;
+  return scenarios::RecomputeGranularity::full;
+}
+
+PlanRow row_from(const Json& j, const std::string& where) {
+  PlanRow r;
+  Candidate& c = r.cand;
+  c.index = j.at("index").get<std::uint64_t>();
+  const Json& l = j.at("layout");
+  c.tp = l.at("tp").get<int>();
+  c.cp = l.at("cp").get<int>();
+  c.pp = l.at("pp").get<int>();
+  c.vpp = l.at("vpp").get<int>();
+  c.dp = l.at("dp").get<int>();
+  c.ep = l.at("ep").get<int>();
+  c.etp = l.at("etp").get<int>();
+  c.edp = l.at("edp").get<int>();
+  c.mbs = j.at("mbs").get<int>();
+  c.recompute = recompute_of(j.at("recompute").get<std::string>());
+  const std::string d = j.at("dispatcher").get<std::string>();
+  c.dispatcher = d == "flex" ? scenarios::Dispatcher::flex
+                 : d == "allgather" ? scenarios::Dispatcher::allgather
+                                    : scenarios::Dispatcher::alltoall;
+  c.cuda_graphs = j.at("cuda_graphs").get<std::string>();
+  c.precision = j.at("precision").get<std::string>() == "fp8" ? scenarios::Precision::fp8 : scenarios::Precision::bf16;
+  r.outcome = outcome_of(j.at("outcome").get<std::string>(), where);
+  if (j.contains("rule")) r.rule = j.at("rule").get<std::string>();
+  r.microbatches = j.at("microbatches").get<int>();
+  r.step_time_us = j.at("step_time_us").get<double>();
+  r.tokens_per_s = j.at("tokens_per_s").get<double>();
+  r.tflops_per_gpu = j.at("tflops_per_gpu").get<double>();
+  r.mfu = j.at("mfu").get<double>();
+  r.peak_bytes = j.at("peak_bytes").get<double>();
+  r.capacity_bytes = j.at("capacity_bytes").get<double>();
+  r.walls = walls_from(j.at("walls"));
+  r.dominant = j.at("dominant").get<std::string>();
+  r.why = j.value("why", "");
+  if (j.contains("flow")) {
+    const Json& f = j.at("flow");
+    r.flow_step_time_us = f.at("step_time_us").get<double>();
+    if (f.contains("walls")) r.flow_walls = walls_from(f.at("walls"));
+    if (f.contains("peak_bytes")) r.flow_peak_bytes = f.at("peak_bytes").get<double>();
+  }
+  if (j.contains("flow_error")) r.flow_error = j.at("flow_error").get<std::string>();
+  return r;
+}
+
+std::string fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char ch : s) {
+    if (ch == '"') out += '"';
+    out += ch;
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+OrderedJson plan_to_json(const PlanResult& r) {
+  OrderedJson j;
+  j["format"] = kPlanFormat;
+  j["format_version"] = std::to_string(kPlanMajor) + "." + std::to_string(kPlanMinor);
+  j["tool_version"] = std::string(tool_version());
+  j["git_sha"] = std::string(git_sha());
+  j["scenario"] = {{"path", r.scenario_path}, {"name", r.scenario_name}, {"hash", r.scenario_hash}};
+  j["calibration"] = {{"id", r.profile_id}, {"path", r.profile_path}};
+  j["gpus"] = r.gpus;
+  j["search"] = r.search;
+  j["shard"] = {{"index", r.shard_index}, {"count", r.shard_count}};
+  j["top_k"] = r.top_k;
+  j["losers_per_reason"] = r.losers_per_reason;
+  const auto& c = r.counters;
+  OrderedJson cj;
+  cj["total"] = c.total;
+  cj["enumerated"] = c.enumerated;
+  cj["estimated"] = c.estimated;
+  cj["oom"] = c.oom;
+  cj["rule"] = OrderedJson::object();
+  for (const auto& [k, v] : c.rule) cj["rule"][k] = v;
+  cj["dominant"] = OrderedJson::object();
+  for (const auto& [k, v] : c.dominant) cj["dominant"][k] = v;
+  cj["reduced_simulations"] = c.reduced_simulations;
+  cj["wall_s"] = c.wall_s;
+  cj["configs_per_minute"] = c.wall_s > 0 ? 60.0 * static_cast<double>(c.enumerated) / c.wall_s : 0.0;
+  j["counters"] = cj;
+  j["top"] = OrderedJson::array();
+  for (const auto& row : r.top) j["top"].push_back(row_json(row));
+  j["losers"] = OrderedJson::array();
+  for (const auto& row : r.losers) j["losers"].push_back(row_json(row));
+  return j;
+}
+
+PlanResult plan_from_json(const Json& j, const std::string& source) {
+  if (!j.is_object() || j.value("format", "") != kPlanFormat) {
+    throw InputError(source + ": not a threewalls plan (format \"" + std::string(kPlanFormat) + "\" expected)");
+  }
+  const std::string ver = j.value("format_version", "");
+  if (ver.empty() || std::atoi(ver.c_str()) != kPlanMajor) {
+    throw InputError(source + ": plan format_version '" + ver + "' is not supported (this tool reads " +
+                     std::to_string(kPlanMajor) + ".x)");
+  }
+  try {
+    PlanResult r;
+    r.scenario_path = j.at("scenario").at("path").get<std::string>();
+    r.scenario_name = j.at("scenario").at("name").get<std::string>();
+    r.scenario_hash = j.at("scenario").at("hash").get<std::string>();
+    r.profile_id = j.at("calibration").at("id").get<std::string>();
+    r.profile_path = j.at("calibration").at("path").get<std::string>();
+    r.gpus = j.at("gpus").get<int>();
+    r.search = j.at("search").get<std::string>();
+    r.shard_index = j.at("shard").at("index").get<int>();
+    r.shard_count = j.at("shard").at("count").get<int>();
+    r.top_k = j.at("top_k").get<int>();
+    r.losers_per_reason = j.at("losers_per_reason").get<int>();
+    const Json& c = j.at("counters");
+    r.counters.total = c.at("total").get<std::uint64_t>();
+    r.counters.enumerated = c.at("enumerated").get<std::uint64_t>();
+    r.counters.estimated = c.at("estimated").get<std::uint64_t>();
+    r.counters.oom = c.at("oom").get<std::uint64_t>();
+    for (const auto& [k, v] : c.at("rule").items()) r.counters.rule[k] = v.get<std::uint64_t>();
+    for (const auto& [k, v] : c.at("dominant").items()) r.counters.dominant[k] = v.get<std::uint64_t>();
+    r.counters.reduced_simulations = c.at("reduced_simulations").get<std::uint64_t>();
+    r.counters.wall_s = c.at("wall_s").get<double>();
+    for (const auto& row : j.at("top")) r.top.push_back(row_from(row, source));
+    for (const auto& row : j.at("losers")) r.losers.push_back(row_from(row, source));
+    return r;
+  } catch (const Json::exception& e) {
+    throw InputError(source + ": malformed plan: " + e.what());
+  }
+}
+
+std::string plan_to_csv(const PlanResult& r) {
+  std::ostringstream os;
+  os << "rank,kind,tp,cp,pp,vpp,dp,ep,etp,edp,mbs,recompute,dispatcher,cuda_graphs,precision,microbatches,"
+        "step_time_us,tokens_per_s,tflops_per_gpu,mfu,peak_bytes,capacity_bytes,compute_us,exposed_comm_us,"
+        "bubble_us,host_us,dominant,flow_step_time_us,why\n";
+  auto line = [&](const PlanRow& row, const std::string& rank, const char* kind) {
+    const Candidate& c = row.cand;
+    os << rank << ',' << kind << ',' << c.tp << ',' << c.cp << ',' << c.pp << ',' << c.vpp << ',' << c.dp << ','
+       << c.ep << ',' << c.etp << ',' << c.edp << ',' << c.mbs << ',' << scenarios::to_string(c.recompute) << ','
+       << scenarios::to_string(c.dispatcher) << ',' << csv_field(c.cuda_graphs) << ','
+       << scenarios::to_string(c.precision) << ',' << row.microbatches << ',' << fixed(row.step_time_us, 1) << ','
+       << fixed(row.tokens_per_s, 1) << ',' << fixed(row.tflops_per_gpu, 2) << ',' << fixed(row.mfu, 4) << ','
+       << fixed(row.peak_bytes, 0) << ',' << fixed(row.capacity_bytes, 0) << ',' << fixed(row.walls.compute_us, 1)
+       << ',' << fixed(row.walls.exposed_comm_us, 1) << ',' << fixed(row.walls.bubble_us, 1) << ','
+       << fixed(row.walls.host_us, 1) << ',' << (row.outcome == Outcome::oom ? "oom" : row.dominant) << ','
+       << (row.flow_step_time_us ? fixed(*row.flow_step_time_us, 1) : "") << ',' << csv_field(row.why) << '\n';
+  };
+  for (std::size_t i = 0; i < r.top.size(); ++i) line(r.top[i], std::to_string(i + 1), "top");
+  for (const auto& row : r.losers) line(row, "", "loser");
+  return os.str();
+}
+
+std::string plan_to_text(const PlanResult& r) {
+  std::ostringstream os;
+  const auto& c = r.counters;
+  os << "plan " << r.scenario_name << " on " << r.gpus << " GPUs (calibration " << r.profile_id << ")\n";
+  os << "search " << r.search << "\n";
+  if (r.shard_count > 1) os << "shard " << r.shard_index << "/" << r.shard_count << "\n";
+  os << "configurations " << c.enumerated << " of " << c.total << ": " << c.estimated << " estimated, " << c.oom
+     << " out of memory, ";
+  std::uint64_t rules = 0;
+  for (const auto& [k, v] : c.rule) rules += v;
+  os << rules << " pruned by layout rules";
+  if (!c.rule.empty()) {
+    std::vector<std::string> parts;
+    for (const auto& [k, v] : c.rule) parts.push_back(k + " " + std::to_string(v));
+    os << " (" << join(parts, ", ") << ")";
+  }
+  os << "\n";
+  if (!c.dominant.empty()) {
+    std::vector<std::string> parts;
+    for (const auto& [k, v] : c.dominant) parts.push_back(k + " " + std::to_string(v));
+    os << "dominant overhead of the estimated: " << join(parts, ", ") << "\n";
+  }
+  os << "swept in " << fixed(c.wall_s, 2) << " s ("
+     << fixed(c.wall_s > 0 ? 60.0 * static_cast<double>(c.enumerated) / c.wall_s : 0.0, 0) << " configurations/min, "
+     << c.reduced_simulations << " reduced simulations)\n\n";
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "%-4s %-40s %-52s %10s %10s %6s %15s %9s %9s %9s %9s %10s  %s\n", "#", "layout",
+                "options", "step_s", "tokens/s", "MFU%", "mem GiB/cap", "compute", "exp.comm", "bubble", "host",
+                "flow_s", "verdict");
+  os << buf;
+  auto line = [&](const PlanRow& row, const std::string& rank) {
+    const double gib = 1073741824.0;
+    const bool oom = row.outcome == Outcome::oom;
+    std::snprintf(buf, sizeof buf, "%-4s %-40s %-52s %10s %10s %6s %7.1f/%-7.1f %9s %9s %9s %9s %10s  %s\n",
+                  rank.c_str(), row.cand.layout().c_str(), row.cand.options().c_str(),
+                  oom ? "-" : fixed(row.step_time_us * 1e-6, 3).c_str(), oom ? "-" : fixed(row.tokens_per_s, 0).c_str(),
+                  oom ? "-" : fixed(100.0 * row.mfu, 1).c_str(), row.peak_bytes / gib, row.capacity_bytes / gib,
+                  oom ? "-" : fixed(row.walls.compute_us * 1e-6, 3).c_str(),
+                  oom ? "-" : fixed(row.walls.exposed_comm_us * 1e-6, 3).c_str(),
+                  oom ? "-" : fixed(row.walls.bubble_us * 1e-6, 3).c_str(),
+                  oom ? "-" : fixed(row.walls.host_us * 1e-6, 3).c_str(),
+                  row.flow_step_time_us ? fixed(*row.flow_step_time_us * 1e-6, 3).c_str()
+                                        : (row.flow_error.empty() ? "-" : "failed"),
+                  row.why.c_str());
+    os << buf;
+  };
+  for (std::size_t i = 0; i < r.top.size(); ++i) line(r.top[i], std::to_string(i + 1));
+  if (!r.losers.empty()) {
+    os << "\nlosers (best " << r.losers_per_reason << " per reason; walls in seconds per step)\n";
+    for (const auto& row : r.losers) line(row, "-");
+  }
+  for (std::size_t i = 0; i < r.top.size(); ++i) {
+    if (!r.top[i].flow_error.empty()) os << "flow re-simulation of #" << i + 1 << " failed: " << r.top[i].flow_error << "\n";
+  }
+  return os.str();
+}
+
+std::string candidate_toml(const std::string& base_text, const scenarios::Scenario& s, const std::string& name,
+                           const std::string& comment) {
+  // Line-oriented: drop the base's [parallel] and [train] tables (every line up to the next table
+  // header, so multi-line arrays go with them), rewrite the top-level name and the cluster's node
+  // count, and append the candidate's tables. Sub-tables such as [train.x] are dropped too; the
+  // schema has none for training.
+  std::istringstream in(base_text);
+  std::ostringstream out;
+  out << "# " << comment << "\n";
+  std::string line, table;
+  auto header_of = [](const std::string& l) -> std::optional<std::string> {
+    std::size_t a = l.find_first_not_of(" \t");
+    if (a == std::string::npos || l[a] != '[') return std::nullopt;
+    const bool array = l.compare(a, 2, "[[") == 0;
+    const std::size_t b = l.find(']', a);
+    if (b == std::string::npos) return std::nullopt;
+    std::string t = l.substr(a + (array ? 2 : 1), b - a - (array ? 2 : 1));
+    t.erase(std::remove_if(t.begin(), t.end(), [](char ch) { return std::isspace(static_cast<unsigned char>(ch)); }),
+            t.end());
+    return t;
+  };
+  auto key_of = [](const std::string& l) {
+    std::size_t a = l.find_first_not_of(" \t");
+    if (a == std::string::npos) return std::string();
+    std::size_t e = l.find('=', a);
+    if (e == std::string::npos) return std::string();
+    std::string k = l.substr(a, e - a);
+    while (!k.empty() && std::isspace(static_cast<unsigned char>(k.back()))) k.pop_back();
+    return k;
+  };
+  auto dropped = [](const std::string& t) {
+    return t == "parallel" || t == "train" || t.rfind("parallel.", 0) == 0 || t.rfind("train.", 0) == 0;
+  };
+  while (std::getline(in, line)) {
+    if (auto h = header_of(line)) {
+      table = *h;
+      if (dropped(table)) continue;
+      out << line << "\n";
+      if (table == "cluster") out << "nodes = " << s.cluster.nodes << "\n";
+      continue;
+    }
+    if (dropped(table)) continue;
+    const std::string k = key_of(line);
+    if (table.empty() && k == "name") {
+      out << "name = " << quoted(name) << "\n";
+      continue;
+    }
+    if (table == "cluster" && k == "nodes") continue;
+    if (table == "calibration" && k == "profile" && s.calibration_profile != "auto") {
+      // The loader resolved a relative profile against the base file's folder; the new file may
+      // live elsewhere.
+      out << "profile = " << quoted(std::filesystem::absolute(s.calibration_profile).string()) << "\n";
+      continue;
+    }
+    out << line << "\n";
+  }
+  const auto& p = s.parallel;
+  out << "\n[parallel]\n";
+  out << "tp = " << p.tp << "\ncp = " << p.cp << "\npp = " << p.pp << "\nvpp = " << p.vpp << "\nep = " << p.ep
+      << "\netp = " << p.etp << "\n";
+  out << "sequence_parallel = " << (p.sequence_parallel ? "true" : "false") << "\n";
+  if (!p.layers_per_stage.empty()) {
+    std::vector<std::string> v;
+    for (int x : p.layers_per_stage) v.push_back(std::to_string(x));
+    out << "layers_per_stage = [" << join(v, ", ") << "]\n";
+  }
+  if (p.first_stage_layers) out << "first_stage_layers = " << p.first_stage_layers << "\n";
+  if (p.last_stage_layers) out << "last_stage_layers = " << p.last_stage_layers << "\n";
+  const auto& t = *s.train;
+  auto b = [](bool x) { return x ? "true" : "false"; };
+  out << "\n[train]\n";
+  out << "micro_batch_size = " << t.micro_batch_size << "\nglobal_batch_size = " << t.global_batch_size
+      << "\nseq_length = " << t.seq_length << "\n";
+  out << "precision = " << quoted(scenarios::to_string(t.exec.precision)) << "\n";
+  out << "recompute_granularity = " << quoted(scenarios::to_string(t.recompute_granularity)) << "\n";
+  if (t.recompute_granularity == scenarios::RecomputeGranularity::selective) {
+    out << "recompute_modules = [" << join(t.recompute_modules, ", ", true) << "]\n";
+  }
+  if (t.recompute_granularity == scenarios::RecomputeGranularity::full) {
+    out << "recompute_method = "
+        << quoted(t.recompute_method == scenarios::RecomputeMethod::block ? "block" : "uniform") << "\n";
+    out << "recompute_num_layers = " << t.recompute_num_layers << "\n";
+  }
+  out << "use_distributed_optimizer = " << b(t.use_distributed_optimizer) << "\n";
+  out << "overlap_grad_reduce = " << b(t.overlap_grad_reduce) << "\n";
+  out << "overlap_param_gather = " << b(t.overlap_param_gather) << "\n";
+  out << "tp_comm_overlap = " << b(t.tp_comm_overlap) << "\n";
+  out << "moe_shared_expert_overlap = " << b(t.moe_shared_expert_overlap) << "\n";
+  if (s.model.is_moe()) {
+    out << "token_dispatcher = " << quoted(scenarios::to_string(t.exec.token_dispatcher)) << "\n";
+    out << "expert_execution = " << quoted(scenarios::to_string(t.exec.expert_execution)) << "\n";
+    out << "routing_imbalance = " << t.routing_imbalance << "\n";
+  }
+  out << "cuda_graph_scope = [" << join(t.exec.cuda_graph_scope, ", ", true) << "]\n";
+  out << "sync_routing_stats = " << b(t.exec.sync_routing_stats) << "\n";
+  out << "sync_after_copy = " << b(t.exec.sync_after_copy) << "\n";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", t.grad_bucket_size_params);
+  out << "grad_bucket_size = " << buf << "\n";
+  return out.str();
+}
+
+void resimulate_flow(const scenarios::Scenario& s, const OpCoster& coster, PlanRow& row) {
+  int fds[2];
+  if (pipe(fds) != 0) {
+    row.flow_error = std::string("pipe: ") + std::strerror(errno);
+    return;
+  }
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    row.flow_error = std::string("fork: ") + std::strerror(errno);
+    close(fds[0]);
+    close(fds[1]);
+    return;
+  }
+  if (pid == 0) {
+    // Child: one SimGrid engine, then _exit (no destructors of the parent's state).
+    close(fds[0]);
+    std::string msg;
+    try {
+      scenarios::Scenario one = s;
+      one.run.profiler.enabled = false;
+      SimOptions opt;
+      opt.fidelity = Fidelity::flow;
+      opt.steps = 1;
+      const SimResult r = simulate(one, coster, ProfileInfoForHeader{"plan", "", "", "planner re-simulation"}, opt);
+      OrderedJson j;
+      j["step_time_us"] = r.summary.steps.empty() ? 0.0 : r.summary.steps.back().step_time_us;
+      if (r.summary.walls_mean) {
+        const auto& w = *r.summary.walls_mean;
+        j["walls"] = {{"compute_us", w.compute_us + w.memory_us}, {"exposed_comm_us", w.communication_us},
+                      {"bubble_us", w.bubble_us}, {"host_us", w.host_us}};
+      }
+      double peak = 0.0;
+      for (const auto& c : r.memory.classes) peak = std::max(peak, c.peak().value);
+      j["peak_bytes"] = peak;
+      msg = j.dump();
+    } catch (const std::exception& e) {
+      msg = OrderedJson{{"error", e.what()}}.dump();
+    }
+    std::size_t off = 0;
+    while (off < msg.size()) {
+      const ssize_t n = write(fds[1], msg.data() + off, msg.size() - off);
+      if (n <= 0) break;
+      off += static_cast<std::size_t>(n);
+    }
+    close(fds[1]);
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string buf;
+  char chunk[4096];
+  while (true) {
+    const ssize_t n = read(fds[0], chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    buf.append(chunk, static_cast<std::size_t>(n));
+  }
+  close(fds[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || buf.empty()) {
+    row.flow_error = "the simulation process ended abnormally" +
+                     (WIFSIGNALED(status) ? " (signal " + std::to_string(WTERMSIG(status)) + ")" : std::string());
+    return;
+  }
+  try {
+    const Json j = Json::parse(buf);
+    if (j.contains("error")) {
+      row.flow_error = j.at("error").get<std::string>();
+      return;
+    }
+    row.flow_step_time_us = j.at("step_time_us").get<double>();
+    if (j.contains("walls")) row.flow_walls = walls_from(j.at("walls"));
+    row.flow_peak_bytes = j.at("peak_bytes").get<double>();
+  } catch (const Json::exception& e) {
+    row.flow_error = std::string("unreadable result: ") + e.what();
+  }
+}
+
+}  // namespace threewalls::sim
