@@ -6,7 +6,8 @@
 #
 # BIN_DIR holds a CUDA build's threewalls, backend_tests, kernel_bench, profiler_overhead and lib/
 # (shared libraries the GPU machine lacks: SimGrid and its dependencies, toml++). PART is one of
-#   calibrate   environment, backend tests, kernel_bench, `threewalls calibrate` (full) -> OUT/profile.toml
+#   calibrate   environment, backend tests, kernel_bench (KERNEL_BENCH_S seconds, 0 skips it),
+#               `threewalls calibrate` (full) -> OUT/<kind>_profile.toml
 #   validate    validate_suite.py over the fidelity suite with PROFILE (+ examples, key checks, faults)
 #   studies     validate_suite.py over the host-overhead and offload suites with PROFILE
 # Each step has its own time limit so one hang cannot eat the others' output.
@@ -42,8 +43,10 @@ calibrate)
     echo "missing before carrying: $(ls "$LIBS" | tr '\n' ' ')"
     step "backend_tests (kernel correctness against CPU references; NCCL on $NGPU GPUs)"
     timeout 150 "$BIN/backend_tests" 2>&1 | grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Failure|rel_error" | head -80
-    step "kernel_bench (grouped vs dense GEMM, NCCL bus bandwidth, pinned copies)"
-    timeout 120 "$BIN/kernel_bench" 2>&1 | tail -120
+    if [ "${KERNEL_BENCH_S:-120}" -gt 0 ]; then
+      step "kernel_bench (grouped vs dense GEMM, NCCL bus bandwidth, pinned copies)"
+      timeout "${KERNEL_BENCH_S:-120}" "$BIN/kernel_bench" 2>&1 | tail -120
+    fi
     step "threewalls calibrate (full) on $NGPU GPUs"
     /usr/bin/time -v timeout 420 "$TW" calibrate --out "$OUT/${KIND}_profile.toml" --raw-out "$OUT/raw" 2> "$OUT/calibrate_time.txt"
     echo "rc=$?"
