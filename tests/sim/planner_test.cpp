@@ -1,0 +1,302 @@
+// The what-if planner (sim/planner.hpp, docs/planner.md): search grammar and its errors, pruning by
+// the scenario rules and by memory, the estimator against the analytic simulator, bounded streaming
+// outputs, shards that merge into the unsharded plan, and the CLI (ready scenario files that pass
+// `threewalls validate`, exit codes).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "threewalls/calibration/cost_model.hpp"
+#include "threewalls/calibration/profile.hpp"
+#include "threewalls/calibration/resolve.hpp"
+#include "threewalls/core/error.hpp"
+#include "threewalls/scenarios/loader.hpp"
+#include "threewalls/sim/planner.hpp"
+#include "threewalls/sim/simulator.hpp"
+
+namespace threewalls::sim {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path example(const std::string& name) {
+  return fs::path(THREEWALLS_SOURCE_DIR) / "scenarios" / "examples" / (name + ".toml");
+}
+
+struct H100 {
+  calibration::Profile profile;
+  calibration::CostModel model;
+  CostModelCoster coster;
+  H100()
+      : profile(calibration::Profile::load(calibration::resolve_profile("auto", "h100", {}).path)),
+        model(profile),
+        coster(model) {}
+};
+
+const H100& h100() {
+  static const H100 p;
+  return p;
+}
+
+// Mixtral-8x7B on 64 GPUs, a small search around the example's layout.
+PlanOptions mixtral_options(const scenarios::Scenario& s, const std::string& spec) {
+  PlanOptions o;
+  o.gpus = 64;
+  o.search = parse_search(spec, default_search(s, 64));
+  o.top_k = 4;
+  o.losers_per_reason = 2;
+  return o;
+}
+
+const char* kSmall = "tp=1,2;pp=1,2,4;vpp=1,2;ep=4,8;mbs=1,2;recompute=none,selective";
+
+TEST(PlanSearch, ParsesListsAndRanges) {
+  const auto s = scenarios::load_scenario(example("mixtral_8x7b_64gpu"));
+  const SearchSpace sp = parse_search("tp=1..8; pp=1..3; recompute=none,full; cuda_graphs=none,attn+moe_router",
+                                      default_search(s, 64));
+  EXPECT_EQ(sp.tp, (std::vector<int>{1, 2, 4, 8}));  // a..b of a layout size: powers of two
+  EXPECT_EQ(sp.pp, (std::vector<int>{1, 2, 3}));     // pp: every integer
+  ASSERT_EQ(sp.recompute.size(), 2U);
+  EXPECT_EQ(sp.cuda_graphs, (std::vector<std::string>{"none", "attn+moe_router"}));
+  // The canonical spec reads back into the same space.
+  EXPECT_EQ(parse_search(sp.spec(), SearchSpace{}).spec(), sp.spec());
+  EXPECT_EQ(sp.size(), parse_search(sp.spec(), SearchSpace{}).size());
+}
+
+TEST(PlanSearch, UnknownKeyNamesTheNearestAndTheKeys) {
+  const auto s = scenarios::load_scenario(example("mixtral_8x7b_64gpu"));
+  try {
+    (void)parse_search("tpp=1,2", default_search(s, 64));
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("unknown key 'tpp'"), std::string::npos) << m;
+    EXPECT_NE(m.find("did you mean 'tp'"), std::string::npos) << m;
+    EXPECT_NE(m.find("keys: tp, cp, ep, etp, mbs"), std::string::npos) << m;
+  }
+}
+
+TEST(PlanSearch, BadValuesListTheAllowedOnes) {
+  const auto s = scenarios::load_scenario(example("mixtral_8x7b_64gpu"));
+  const auto d = default_search(s, 64);
+  auto message = [&](const std::string& spec) {
+    try {
+      (void)parse_search(spec, d);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message("dispatcher=deepep").find("alltoall, allgather, flex"), std::string::npos);
+  EXPECT_NE(message("recompute=some").find("none, selective, full"), std::string::npos);
+  EXPECT_NE(message("precision=fp4").find("bf16, fp8"), std::string::npos);
+  EXPECT_NE(message("cuda_graphs=atn").find("did you mean 'attn'"), std::string::npos);
+  EXPECT_NE(message("tp=0").find("not a positive integer"), std::string::npos);
+  EXPECT_NE(message("pp=8..2").find("empty"), std::string::npos);
+  EXPECT_NE(message("tp=1;tp=2").find("given twice"), std::string::npos);
+}
+
+TEST(PlanEstimator, LayoutRulesPruneWithTheRuleId) {
+  const auto loaded = scenarios::load_scenario_file(example("mixtral_8x7b_64gpu"));
+  PlanEstimator est(loaded, h100().coster, 64);
+  Candidate c;
+  c.tp = 1;
+  c.pp = 1;
+  c.dp = 64;
+  c.ep = 16;  // Mixtral has 8 experts
+  c.edp = 4;
+  const PlanRow r = est.evaluate(c);
+  EXPECT_EQ(r.outcome, Outcome::rule);
+  EXPECT_NE(r.rule.find("ep-experts"), std::string::npos) << r.rule;
+  c.ep = 8;
+  c.edp = 8;
+  c.pp = 2;
+  c.vpp = 4;
+  c.dp = 32;
+  c.edp = 4;
+  c.mbs = 1;
+  // 256 / (1 x 32) = 8 micro-batches: a multiple of pp, so the interleaved schedule is allowed.
+  EXPECT_EQ(est.evaluate(c).outcome, Outcome::estimated);
+}
+
+TEST(PlanEstimator, MemoryPrunesBeforeTiming) {
+  const auto loaded = scenarios::load_scenario_file(example("deepseek_v3_1024gpu"));
+  PlanEstimator est(loaded, h100().coster, 1024);
+  Candidate c;  // DeepSeek-V3 without pipeline, EP 8: every GPU holds 32 experts x 58 layers
+  c.tp = 8;
+  c.pp = 1;
+  c.dp = 128;
+  c.ep = 8;
+  c.edp = 128;
+  const PlanRow r = est.evaluate(c);
+  EXPECT_EQ(r.outcome, Outcome::oom);
+  EXPECT_GT(r.peak_bytes, r.capacity_bytes);
+  EXPECT_EQ(est.reduced_simulations(), 0U);  // no step time for a layout that does not fit
+}
+
+// The closed form against the analytic simulator on the example's own layout.
+TEST(PlanEstimator, AgreesWithTheAnalyticSimulatorOnMixtral) {
+  const auto loaded = scenarios::load_scenario_file(example("mixtral_8x7b_64gpu"));
+  PlanEstimator est(loaded, h100().coster, 64);
+  const SearchSpace sp = parse_search("tp=1;pp=4;vpp=1;ep=8;mbs=1;recompute=selective",
+                                      default_search(loaded.scenario, 64));
+  ASSERT_EQ(sp.size(), 1U);
+  const Candidate c = candidate_at(sp, 64, 0);
+  const PlanRow r = est.evaluate(c);
+  ASSERT_EQ(r.outcome, Outcome::estimated);
+  scenarios::Scenario s = est.scenario_of(c);
+  s.run.profiler.enabled = false;
+  SimOptions opt;
+  opt.fidelity = Fidelity::analytic;
+  opt.steps = 1;
+  const SimResult sim = simulate(s, h100().coster, ProfileInfoForHeader{"test", "", "h100", "test"}, opt);
+  const double simulated = sim.summary.steps.back().step_time_us;
+  EXPECT_NEAR(r.step_time_us / simulated, 1.0, 0.05) << r.step_time_us << " vs " << simulated;
+  double peak = 0.0;
+  for (const auto& cm : sim.memory.classes) peak = std::max(peak, cm.peak().value);
+  EXPECT_DOUBLE_EQ(r.peak_bytes, peak);  // the same memory model, on a skeleton graph
+  const auto& w = r.walls;
+  EXPECT_NEAR(w.compute_us + w.exposed_comm_us + w.bubble_us + w.host_us, r.step_time_us, 1e-6 * r.step_time_us);
+}
+
+TEST(PlanSweep, KeepsBoundedTopAndLosersAndCountsEveryCandidate) {
+  const auto loaded = scenarios::load_scenario_file(example("mixtral_8x7b_64gpu"));
+  const PlanOptions o = mixtral_options(loaded.scenario, kSmall);
+  const PlanResult r = run_plan(loaded, h100().coster, o);
+  const auto& c = r.counters;
+  EXPECT_EQ(c.enumerated, o.search.size());
+  std::uint64_t rules = 0;
+  for (const auto& [k, v] : c.rule) rules += v;
+  EXPECT_EQ(rules + c.oom + c.estimated, c.enumerated);
+  ASSERT_EQ(r.top.size(), 4U);
+  for (std::size_t i = 1; i < r.top.size(); ++i) EXPECT_LE(r.top[i - 1].step_time_us, r.top[i].step_time_us);
+  EXPECT_EQ(r.top.front().why, "best");
+  for (std::size_t i = 1; i < r.top.size(); ++i) EXPECT_NE(r.top[i].why.find("% step:"), std::string::npos);
+  EXPECT_LE(r.losers.size(), 2U * 5U);  // 2 per reason, 5 reasons at most
+  // The reduced simulations are shared by candidates that differ only in pp and vpp.
+  EXPECT_LT(c.reduced_simulations, c.estimated);
+}
+
+TEST(PlanSweep, ShardsMergeIntoTheUnshardedPlan) {
+  const auto loaded = scenarios::load_scenario_file(example("mixtral_8x7b_64gpu"));
+  PlanOptions o = mixtral_options(loaded.scenario, kSmall);
+  const PlanResult whole = run_plan(loaded, h100().coster, o);
+  std::vector<PlanResult> shards;
+  for (int i = 0; i < 3; ++i) {
+    o.shard_index = i;
+    o.shard_count = 3;
+    // Through JSON, as plan-merge reads them.
+    shards.push_back(plan_from_json(Json::parse(plan_to_json(run_plan(loaded, h100().coster, o)).dump()), "shard"));
+  }
+  const PlanResult merged = merge_plans(shards);
+  EXPECT_EQ(merged.counters.enumerated, whole.counters.enumerated);
+  EXPECT_EQ(merged.counters.estimated, whole.counters.estimated);
+  EXPECT_EQ(merged.counters.oom, whole.counters.oom);
+  EXPECT_EQ(merged.counters.rule, whole.counters.rule);
+  EXPECT_EQ(merged.counters.dominant, whole.counters.dominant);
+  ASSERT_EQ(merged.top.size(), whole.top.size());
+  for (std::size_t i = 0; i < whole.top.size(); ++i) {
+    EXPECT_EQ(merged.top[i].cand.index, whole.top[i].cand.index);
+    EXPECT_DOUBLE_EQ(merged.top[i].step_time_us, whole.top[i].step_time_us);
+  }
+  ASSERT_EQ(merged.losers.size(), whole.losers.size());
+  for (std::size_t i = 0; i < whole.losers.size(); ++i) EXPECT_EQ(merged.losers[i].cand.index, whole.losers[i].cand.index);
+  // A missing shard or a shard given twice is an error.
+  EXPECT_THROW(merge_plans({shards[0], shards[1]}), InputError);
+  EXPECT_THROW(merge_plans({shards[0], shards[1], shards[1]}), InputError);
+}
+
+// ---- the CLI ----
+
+const std::string kBinary = std::string(THREEWALLS_BINARY_DIR) + "/cli/threewalls";
+
+int cli(const std::string& args, std::string& output) {
+  output.clear();
+  std::FILE* p = popen((kBinary + " " + args + " 2>&1").c_str(), "r");
+  if (!p) return -1;
+  char buf[4096];
+  std::size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) output.append(buf, n);
+  const int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+fs::path fresh(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("threewalls_plan_test_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  return d;
+}
+
+TEST(PlanCli, WritesRankedOutputsAndScenarioFilesThatValidate) {
+  ASSERT_TRUE(fs::exists(kBinary)) << kBinary;
+  const fs::path out = fresh("out");
+  std::string text;
+  ASSERT_EQ(cli("plan " + example("mixtral_8x7b_64gpu").string() + " --gpus 64 --search '" + kSmall +
+                    "' --top 3 --resim 1 --quiet --out " + out.string(),
+                text),
+            0)
+      << text;
+  EXPECT_NE(text.find("configurations "), std::string::npos) << text;
+  for (const char* f : {"plan.json", "plan.csv", "plan.txt", "top_1.toml", "top_2.toml", "top_3.toml"}) {
+    EXPECT_TRUE(fs::exists(out / f)) << f;
+  }
+  const Json j = read_json_file(out / "plan.json");
+  EXPECT_EQ(j.at("format"), "threewalls.plan");
+  EXPECT_EQ(j.at("top").size(), 3U);
+  ASSERT_TRUE(j.at("top")[0].contains("flow")) << j.at("top")[0].dump();  // re-simulated with flow fidelity
+  const double analytic = j.at("top")[0].at("step_time_us").get<double>();
+  const double flow = j.at("top")[0].at("flow").at("step_time_us").get<double>();
+  EXPECT_NEAR(flow / analytic, 1.0, 0.1);
+  for (int i = 1; i <= 3; ++i) {
+    std::string v;
+    EXPECT_EQ(cli("validate " + (out / ("top_" + std::to_string(i) + ".toml")).string(), v), 0) << v;
+  }
+  // An existing output directory is not replaced without --overwrite.
+  EXPECT_EQ(cli("plan " + example("mixtral_8x7b_64gpu").string() + " --gpus 64 --search 'tp=1;pp=4;ep=8' --out " +
+                    out.string(),
+                text),
+            2)
+      << text;
+  fs::remove_all(out);
+}
+
+TEST(PlanCli, ShardsAndPlanMergeGiveTheSameCsv) {
+  const fs::path dir = fresh("shards");
+  const std::string base = "plan " + example("mixtral_8x7b_64gpu").string() + " --gpus 64 --search '" + kSmall +
+                           "' --top 3 --resim 0 --quiet --format csv";
+  std::string whole, out;
+  ASSERT_EQ(cli(base + " --out " + (dir / "whole").string(), whole), 0) << whole;
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(cli(base + " --shard " + std::to_string(i) + "/2 --out " + (dir / ("s" + std::to_string(i))).string(), out),
+              0)
+        << out;
+  }
+  std::string merged;
+  ASSERT_EQ(cli("plan-merge " + (dir / "s0" / "plan.json").string() + " " + (dir / "s1" / "plan.json").string() +
+                    " --format csv --out " + (dir / "merged").string(),
+                merged),
+            0)
+      << merged;
+  EXPECT_EQ(merged, whole);
+  EXPECT_TRUE(fs::exists(dir / "merged" / "top_1.toml"));
+  ASSERT_NE(cli("plan-merge " + (dir / "s0" / "plan.json").string(), out), 0);
+  EXPECT_NE(out.find("missing shard(s) 1/2"), std::string::npos) << out;
+  fs::remove_all(dir);
+}
+
+TEST(PlanCli, InputErrorsExitTwo) {
+  std::string out;
+  EXPECT_EQ(cli("plan " + example("mixtral_8x7b_64gpu").string() + " --gpus 64 --search 'tpp=2'", out), 2) << out;
+  EXPECT_NE(out.find("did you mean 'tp'"), std::string::npos) << out;
+  EXPECT_EQ(cli("plan " + example("mixtral_8x7b_64gpu").string() + " --gpus 60", out), 2) << out;
+  EXPECT_NE(out.find("gpus_per_node = 8"), std::string::npos) << out;
+  EXPECT_EQ(cli("plan " + example("mixtral_8x7b_64gpu").string() + " --gpus 64 --shard 2/2", out), 2) << out;
+  EXPECT_EQ(cli("plan " + example("deepseek_v2_lite_offload").string() + " --gpus 8", out), 2) << out;
+  EXPECT_NE(out.find("training scenario"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace threewalls::sim
