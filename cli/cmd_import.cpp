@@ -36,7 +36,7 @@ void add_common(CLI::App* sub, Common& c) {
 void print_report(const scenarios::ImportReport& r) {
   for (const auto& n : r.not_understood) std::cerr << "not understood: " << n.name << ": " << n.reason << "\n";
   for (const auto& n : r.not_represented) std::cerr << "not represented: " << n.name << ": " << n.reason << "\n";
-  for (const auto& n : r.ignored) std::cerr << "ignored: " << n.name << ": " << n.reason << "\n";
+  for (const auto& [reason, names] : r.ignored_by_reason()) std::cerr << "ignored: " << names << " (" << reason << ")\n";
   for (const auto& n : r.notes) std::cerr << "note: " << n << "\n";
 }
 

@@ -83,6 +83,19 @@ bool ScenarioDraft::has_table(const std::string& table) const {
   return std::any_of(tables_.begin(), tables_.end(), [&](const auto& e) { return e.first == table; });
 }
 
+std::vector<std::pair<std::string, std::string>> ImportReport::ignored_by_reason() const {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& n : ignored) {
+    auto it = std::find_if(out.begin(), out.end(), [&](const auto& e) { return e.first == n.reason; });
+    if (it == out.end()) {
+      out.emplace_back(n.reason, n.name);
+    } else {
+      it->second += ", " + n.name;
+    }
+  }
+  return out;
+}
+
 namespace {
 
 void comment_block(std::ostringstream& os, const std::string& title, const std::vector<ImportNote>& notes) {
@@ -99,7 +112,10 @@ std::string ScenarioDraft::to_toml(bool model_only) const {
   comment_block(os, "NOT UNDERSTOOD (not in the scenario; check them)", report.not_understood);
   comment_block(os, "NOT REPRESENTED (changes the step, but the scenario language has no key for it)",
                 report.not_represented);
-  comment_block(os, "ignored (no effect on what threewalls models)", report.ignored);
+  if (!report.ignored.empty()) {
+    os << "# ignored (no effect on what threewalls models):\n";
+    for (const auto& [reason, names] : report.ignored_by_reason()) os << "#   " << names << ": " << reason << "\n";
+  }
   if (!report.notes.empty()) {
     os << "# notes:\n";
     for (const auto& n : report.notes) os << "#   " << n << "\n";

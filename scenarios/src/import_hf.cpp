@@ -98,7 +98,7 @@ class HfImporter {
       d_.report.not_represented.push_back({"sliding_window", "sliding-window attention: modelled as full causal attention"});
     }
     for (auto it = j_.begin(); it != j_.end(); ++it) {
-      if (!known_fields().count(it.key())) {
+      if (!known_fields().count(it.key()) && it.key().rfind('_', 0) != 0) {  // "_name_or_path", "_comment": metadata
         d_.report.not_understood.push_back({it.key(), "unknown config field"});
       }
     }

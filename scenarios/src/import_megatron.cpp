@@ -559,11 +559,11 @@ const std::vector<std::pair<std::vector<std::string>, std::string>>& ignored_fla
         "--use-legacy-models", "--cuda-graph-warmup-steps"},
        "kernel implementation choices: the calibration profile holds what the kernels cost"},
       {{"--distributed-timeout-minutes", "--distributed-backend", "--no-check-for-nan-in-loss-and-grad",
-        "--check-for-nan-in-loss-and-grad", "--manual-gc-interval", "--use-cpu-initialization",
+        "--check-for-nan-in-loss-and-grad", "--use-cpu-initialization",
         "--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--rdzv-backend",
         "--rdzv-endpoint", "--rdzv-id", "--mtp-loss-scaling-factor"},
        "launcher and process settings (the cluster comes from --cluster/--gpus)"},
-      {{"--manual-gc"},
+      {{"--manual-gc", "--manual-gc-interval"},
        "Python garbage collection at fixed steps: threewalls models no GC pauses, which is what manual-gc aims at"},
   };
   return k;
@@ -605,7 +605,7 @@ class MegatronImporter {
     for (const auto& a : args) {
       bool unresolved = false;
       for (const auto& v : a.values) unresolved = unresolved || v.find('$') != std::string::npos;
-      if (unresolved) {
+      if (unresolved && !lookup(ignored_flags(), a.flag)) {  // an ignored flag's value does not matter
         std::string joined;
         for (const auto& v : a.values) joined += (joined.empty() ? "" : " ") + v;
         d_.report.not_understood.push_back(
@@ -871,7 +871,7 @@ class MegatronImporter {
       }
       const int vpp = n / pp_;
       if (vpp > 1) set_int("parallel", "vpp", vpp);
-      if (pl.mtp_layers > 0 && !has("--mtp-num-layers")) {
+      if (pl.mtp_layers > 0 && args_.count("--mtp-num-layers") == 0) {
         unrepresented("--pipeline-model-parallel-layout", std::to_string(pl.mtp_layers) + " MTP layer(s) ('m'): not modelled");
       }
       d_.set("parallel", "layers_per_stage", toml_int_list(pl.layers_per_stage));

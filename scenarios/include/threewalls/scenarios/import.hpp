@@ -27,6 +27,9 @@ struct ImportReport {
   std::vector<ImportNote> not_represented;  // known and relevant, but no registry key holds it
   std::vector<ImportNote> ignored;          // known and irrelevant to step time, with the reason
   std::vector<std::string> notes;           // derivations: defaults taken from Megatron, conversions
+
+  // The ignored names grouped by reason (reason, "--a, --b, ..."), in order of first appearance.
+  [[nodiscard]] std::vector<std::pair<std::string, std::string>> ignored_by_reason() const;
 };
 
 // A scenario under construction: ordered `key = TOML literal` entries per table, written in the order
