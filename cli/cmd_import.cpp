@@ -96,7 +96,8 @@ void register_import(CLI::App& app, Commands& cmds) {
   static std::vector<std::string> vars;
   static int vocab = 0;
   meg->add_option("ARGS_FILE_OR_ARGS", items, "A file, or the Megatron arguments after `--`")->required();
-  meg->add_option("--var", vars, "NAME=VALUE for ${NAME} in the launch (TP, GBS, ...); repeatable");
+  meg->add_option("--var", vars, "NAME=VALUE for ${NAME} in the launch (TP, GBS, ...); repeatable, one per --var")
+      ->allow_extra_args(false);
   meg->add_option("--vocab-size", vocab, "Tokenizer size when the launch names a tokenizer file instead")
       ->check(CLI::Range(1, 100000000));
   add_common(meg, mc);

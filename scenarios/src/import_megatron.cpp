@@ -625,6 +625,7 @@ class MegatronImporter {
                         "; see docs/import.md.");
     map_model();
     map_parallel();
+    check_vocab_padding();
     map_pipeline_split();
     map_train();
     classify_rest();
@@ -744,11 +745,6 @@ class MegatronImporter {
       std::string tok = has("--tokenizer-model") ? " (" + str("--tokenizer-model").value_or("") + ")" : "";
       note("vocab_size: the arguments name no size" + tok + "; give the tokenizer's size with --vocab-size N");
     }
-    if (auto div = integer("--make-vocab-size-divisible-by"); div && *div != 128) {
-      unrepresented("--make-vocab-size-divisible-by",
-                    std::to_string(*div) + ": threewalls pads the vocabulary to a multiple of 128 x tp (FLOPs and "
-                                           "the output layer use that padded size)");
-    }
     // Megatron's defaults differ from the registry's: write them explicitly.
     const bool swiglu = has("--swiglu");
     set_bool("model", "swiglu", swiglu);
@@ -851,6 +847,32 @@ class MegatronImporter {
       }
     }
     if (auto dp = integer("--data-parallel-size")) set_int("parallel", "dp", *dp);
+  }
+
+  // Megatron pads the vocabulary to a multiple of make-vocab-size-divisible-by x tp; threewalls to
+  // 128 x tp. Reported only when the padded sizes differ.
+  void check_vocab_padding() {
+    const auto div = integer("--make-vocab-size-divisible-by");
+    const auto vocab = d_.get("model", "vocab_size");
+    if (!div || *div == 128) return;
+    if (*div < 1) throw InputError(src() + "--make-vocab-size-divisible-by must be >= 1");
+    auto padded = [&](long long v, long long m) { return (v + m - 1) / m * m; };
+    if (vocab) {
+      const long long v = std::stoll(*vocab);
+      const long long megatron = padded(v, 1LL * *div * tp_);
+      const long long ours = padded(v, 128LL * tp_);
+      if (megatron == ours) {
+        note("--make-vocab-size-divisible-by " + std::to_string(*div) + ": the padded vocabulary is " +
+             std::to_string(ours) + " either way");
+        return;
+      }
+      unrepresented("--make-vocab-size-divisible-by", std::to_string(*div) + ": Megatron pads the vocabulary to " +
+                                                         std::to_string(megatron) + ", threewalls (128 x tp) to " +
+                                                         std::to_string(ours) + "; FLOPs and the output layer use " +
+                                                         std::to_string(ours));
+      return;
+    }
+    unrepresented("--make-vocab-size-divisible-by", std::to_string(*div) + ": threewalls pads to a multiple of 128 x tp");
   }
 
   void map_pipeline_split() {

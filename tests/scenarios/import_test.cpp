@@ -143,7 +143,7 @@ TEST(ImportMegatron, DeepSeekV3RunMatchesTheExample) {
   const Scenario ex = example("deepseek_v3_1024gpu.toml");
   expect_same_model(s.model, ex.model);
   // The published layout "Et|(tt|)*30mL" leaves the last virtual stage to the MTP layer and the loss;
-  // threewalls does not model MTP, so the example moves one layer there (see the example's header).
+  // threewalls does not model MTP, so the example gives that stage one layer (its own split).
   expect_same_layout(s, ex, /*compare_split=*/false);
   std::vector<int> published(32, 2);
   published.front() = 1;
