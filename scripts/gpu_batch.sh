@@ -16,6 +16,8 @@ PART=${1:?PART}
 BIN=$(cd "${2:?BIN_DIR}" && pwd)
 OUT=${3:?OUT_DIR}
 PROFILE=${4:-}
+# Scenario-relative lookup would resolve a relative profile path against each scenario's folder.
+[ -n "$PROFILE" ] && PROFILE=$(realpath "$PROFILE")
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
 export THREEWALLS_SOURCE_DIR="$PWD"
@@ -65,7 +67,9 @@ validate)
     step "example scenarios that fit this machine, with record-key checks against the simulator"
     for s in scenarios/examples/small_moe_*.toml scenarios/examples/deepseek_v2_lite_offload.toml; do
       n=$(basename "$s" .toml)
-      timeout 90 "$TW" run "$s" --out "$OUT/ex/real_$n" > "$OUT/ex_$n.txt" 2>&1; rc=$?
+      w=$(python3 -c "import sys; sys.path.insert(0, 'scripts'); import validate_suite as v; print(v.world_size(sys.argv[1]))" "$s")
+      if [ "$w" -gt "$NGPU" ]; then echo "skip $n: needs $w GPUs, machine has $NGPU"; continue; fi
+      CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((w - 1))) timeout 90 "$TW" run "$s" --out "$OUT/ex/real_$n" > "$OUT/ex_$n.txt" 2>&1; rc=$?
       echo "run $n rc=$rc"; tail -12 "$OUT/ex_$n.txt"
       if [ $rc -eq 0 ]; then
         "$TW" sim "$s" --calibration "$PROFILE" --out "$OUT/ex/sim_$n" > /dev/null 2>&1
@@ -81,7 +85,7 @@ validate)
       echo "rc=${PIPESTATUS[0]} (3 expected)"
     fi
     step "profiler overhead on small_moe_1gpu"
-    timeout 150 "$BIN/profiler_overhead" scenarios/examples/small_moe_1gpu.toml 20 3 /tmp/tw_overhead 2>&1 | tail -12
+    CUDA_VISIBLE_DEVICES=0 timeout 150 "$BIN/profiler_overhead" scenarios/examples/small_moe_1gpu.toml 20 3 /tmp/tw_overhead 2>&1 | tail -12
     step done
   } > "$log" 2>&1
   tar cJf "$OUT/examples_$KIND.tar.xz" -C "$OUT" ex ex_*.txt 2>/dev/null && rm -rf "$OUT/ex" "$OUT"/ex_*.txt

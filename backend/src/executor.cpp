@@ -578,7 +578,8 @@ class RankWorker {
     std::set<int> streams;
     for (const auto& g : st_->graphs) {
       for (const Op& op : g->class_of(rank_).ops) {
-        if (op.kind != OpKind::host && !dev_->blocks_host(op)) streams.insert(op.stream);
+        // Disk reads block the host but run on their stream's OpRunner (its pinned buffer and file).
+        if (op.kind != OpKind::host) streams.insert(op.stream);
       }
     }
     setup.streams.assign(streams.begin(), streams.end());
