@@ -369,7 +369,10 @@ std::string summary_text(const CalibrationReport& rep) {
     std::snprintf(line, sizeof line, "%-44s %8.1f %-4s %-34s %s\n", p.what.c_str(), p.measured, p.unit.c_str(),
                   p.reference_text.c_str(),
                   p.reference > 0.0
-                      ? (fixed(p.ratio(), 3) + (p.ratio() >= 0.95 ? " (within 5%)" : " (below 95%)")).c_str()
+                      ? (fixed(p.ratio(), 3) + (p.ratio() > 1.05    ? " (above the reference by more than 5%)"
+                                             : p.ratio() >= 0.95 ? " (within 5%)"
+                                                                 : " (below 95%)"))
+                            .c_str()
                       : "-");
     s += line;
   }
