@@ -1289,6 +1289,20 @@ RunResult execute(const scenarios::Scenario& s, const ProcessContext& process, c
       profiler::SummaryInputs in;
       in.model_flops_per_step = Flops(g0->model_flops);
       in.tokens_per_step = g0->tokens;
+      // Inference: each measured step's kind, tokens, FLOPs and expert activations / cache hits from
+      // its own StepGraph (as the simulator's summary), or tokens/s would use the prefill's tokens.
+      for (int k = 0; k < steps; ++k) {
+        const StepGraph& g = *st->graphs[static_cast<std::size_t>(st->graph_of_iteration[static_cast<std::size_t>(warmup + k)])];
+        if (g.step_kind != "prefill" && g.step_kind != "decode") continue;
+        profiler::InferenceStepInput& step_in = in.inference_steps[k];
+        step_in.kind = g.step_kind;
+        step_in.tokens = g.tokens;
+        step_in.model_flops = g.model_flops;
+        for (int r = 0; r < g.layout.world(); ++r) {
+          const RankClass& rc = g.class_of(r);
+          step_in.by_rank[r] = {rc.experts_activated, rc.experts_cache_hits};
+        }
+      }
       in.gpu = st->device_name;
       in.measured_peak_by_rank = peaks;
       const profiler::SummaryBuilder builder(writer->header(), in);

@@ -340,6 +340,9 @@ void FakeDevice::launch(const scenarios::StepGraph& graph, const Op& op, int str
   c.op = &op;
   c.op_index = index_of(graph, op);
   if (blocks_host(op)) {  // a disk read: on the calling thread
+    // As CudaDevice: the read uses its stream's OpRunner (pinned buffer, file), so the stream must
+    // have been opened even though nothing is queued on it.
+    static_cast<void>(worker(stream));
     const double t0 = fabric_.now_us();
     std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(duration_us(op)));
     fabric_.add_trace(FakeTraceEntry{rank_, c.op_index, stream, t0, fabric_.now_us(), false});

@@ -477,6 +477,59 @@ TEST(Executor, InferenceStepsRunHostOpsAndVaryPerStep) {
   fs::remove_all(dir);
 }
 
+// The NVMe tier: expert_fetch_disk reads block the host but use their stream's OpRunner, so the
+// executor must open their stream (it did not, and every NVMe scenario failed on the H100 with
+// "stream 3 was not created by open()"; the fake device checks the stream as CudaDevice does).
+// The summary carries each step's kind, tokens and cache hits from the step's own StepGraph.
+TEST(Executor, DiskTierReadsRunOnTheHostThroughTheirOpenedStream) {
+  const fs::path dir = temp_dir("nvme");
+  for (const char* sync : {"barrier", "per_expert"}) {
+    const std::string text =
+        "schema_version = 1\nname = \"exec_nvme\"\n[model]\nnum_layers = 2\nhidden_size = 256\nnum_attention_heads = 4\n"
+        "vocab_size = 1024\nnum_experts = 8\nmoe_ffn_hidden_size = 256\nmoe_router_topk = 2\n"
+        "[infer]\nbatch_size = 2\nprompt_length = 64\ngenerate_tokens = 2\nsync_routing_stats = true\nsync_after_copy = true\n"
+        "[infer.expert_offload]\ntier = \"nvme\"\nnvme_path = \"/tmp/tw_exec_nvme_experts.bin\"\n"
+        "cache_experts_per_layer = 2\nprefetch = \"next_layer\"\ncopy_streams = 2\nsync = \"" +
+        std::string(sync) +
+        "\"\n[cluster]\ngpu = \"h100\"\ngpus_per_node = 1\nnodes = 1\n[run]\nsteps = 3\nwarmup_steps = 1\n"
+        "[run.profiler]\nrecord_every_n_steps = 1\n";
+    const Scenario s = scenario_from(text);
+    fs::remove_all(dir);
+    const FakeRun run = run_fake(s, options_for(dir, 3, 1));
+    const profiler::RunData d = profiler::RunDirReader::read(dir);
+    std::set<Key> want;
+    double disk_bytes = 0.0;
+    std::int64_t hits = 0;
+    for (int k = 0; k < 3; ++k) {
+      const StepGraph g = scenarios::expand(s, k);
+      const auto keys = expected_keys(g, {0}, {k});
+      want.insert(keys.begin(), keys.end());
+      for (const Op& op : g.class_of(0).ops) {
+        if (op.kind == OpKind::copy && op.copy_kind() == scenarios::CopyKind::disk_read) disk_bytes += op.bytes;
+      }
+      hits += g.class_of(0).experts_cache_hits;
+    }
+    ASSERT_GT(disk_bytes, 0.0) << "the scenario fetches experts from disk";
+    EXPECT_EQ(want, recorded_keys(d)) << sync << "\n" << diff(want, recorded_keys(d));
+    std::size_t disk_records = 0;
+    for (const auto& p : d.phases) disk_records += d.names.phases.name(p.phase) == "expert_fetch_disk" ? 1 : 0;
+    EXPECT_GT(disk_records, 0U);
+    ASSERT_FALSE(run.result.summary.inference.empty());
+    const auto& all = run.result.summary.inference.front();
+    EXPECT_EQ(all.first, "all");
+    EXPECT_NEAR(all.second.bytes_fetched_disk_mean * 3.0, disk_bytes, 1e-6 * disk_bytes);
+    ASSERT_TRUE(all.second.cache_hit_rate.has_value()) << "cache hits come from the step graphs";
+    EXPECT_EQ(hits > 0, *all.second.cache_hit_rate > 0.0);
+    ASSERT_EQ(run.result.summary.steps.size(), 3U);
+    ASSERT_TRUE(run.result.summary.steps[0].inference.has_value());
+    EXPECT_EQ(run.result.summary.steps[0].inference->kind, "prefill");
+    EXPECT_EQ(run.result.summary.steps[0].inference->tokens, 2.0 * 64.0);
+    EXPECT_EQ(run.result.summary.steps[1].inference->kind, "decode");
+    EXPECT_EQ(run.result.summary.steps[1].inference->tokens, 2.0);
+  }
+  fs::remove_all(dir);
+}
+
 TEST(Executor, ExampleScenariosUpToFourGpusRunOnTheFakeDevice) {
   for (const char* name : {"small_moe_1gpu", "small_moe_ep2", "small_moe_ep4", "small_moe_tp2_ep2"}) {
     const fs::path path = fs::path(THREEWALLS_SOURCE_DIR) / "scenarios" / "examples" / (std::string(name) + ".toml");
