@@ -118,6 +118,11 @@ struct ClassState {
   // time after the launch (event records behind it); host_arrive: host-lane ops, paid when the host
   // reaches the op, before it waits for its dependencies (timing markers behind them).
   std::vector<double> start, end, launch, host_cost, host_post, host_arrive, device_extra;
+  // Timed eager ops (a real run's two timing events around the launch, docs/simulator.md "Phase
+  // records"): mark_before = host cost from the op's turn to its start marker's record (the waits and
+  // the record itself), mark_host / mark_end_host = host times the start / end markers were recorded,
+  // ready = when the op's stream and dependencies let it (and hence its start marker) run on the device.
+  std::vector<double> mark_before, mark_host, mark_end_host, ready;
   std::uint32_t arrived = kNone;  // the host-lane op whose host_arrive has been paid
   double host_tail = 0.0;         // the step-end join, paid once every op is issued
   double host_end = -1.0;         // when the host finished the join
@@ -230,6 +235,10 @@ class StepRun {
     s.host_post.assign(n, 0.0);
     s.host_arrive.assign(n, 0.0);
     s.device_extra.assign(n, 0.0);
+    s.mark_before.assign(n, -1.0);
+    s.mark_host.assign(n, -1.0);
+    s.mark_end_host.assign(n, -1.0);
+    s.ready.assign(n, -1.0);
     s.pending.assign(n, 0);
     s.ready_scheduled.assign(n, 0);
     s.occurrence.assign(n, 0);
@@ -302,6 +311,7 @@ class StepRun {
   //   host op       on arrival (timed steps): e per device stream its dependencies are on (gpu_read:
   //                 its data's stream), then the wait, then stream_sync / gpu_read (+ e: the event
   //                 the read waits on) / the hint
+  //                 timed eager kernels and copies: 2 timing_marker of device time (the markers)
   //   disk read     on the host lane: copy(disk_read, bytes) once its dependencies are done
   //   step          at the start, e per device stream used (the fence behind the epoch); at the end,
   //                 2 e per device stream but the anchor (joined into it): the step ends no earlier
@@ -361,6 +371,11 @@ class StepRun {
         const double launch = op.is_comm() ? host_.collective_launch.value : host_.kernel_launch.value;
         s.host_cost[i] = static_cast<double>(waits[i]) * e + (timed(op) ? e : 0.0) + launch;
         s.host_post[i] = (timed(op) ? e : 0.0) + (needs_event[i] ? e : 0.0);
+        if (timed(op)) s.mark_before[i] = static_cast<double>(waits[i] + 1) * e;
+        // The two timing markers are event records on the op's stream: each holds the stream for
+        // timing_marker of device time (calibration/tools/timed_op_gap.cu), so a recorded step of
+        // back-to-back kernels runs slower than an unrecorded one, in the real run as here.
+        if (timed(op) && !op.is_comm()) s.device_extra[i] = 2.0 * host_.timing_marker.value;
       }
     }
     for (const scenarios::GraphRun& run : rc.graph_runs) {
@@ -470,6 +485,10 @@ class StepRun {
         s.launch[i] = s.host_time;
         push(s.host_time, EventType::op_done, c, i);
       } else {
+        if (s.mark_before[i] >= 0.0) {
+          s.mark_host[i] = s.host_time + s.mark_before[i];
+          s.mark_end_host[i] = s.host_time + s.host_cost[i] + host_.event_record.value;
+        }
         s.host_time += s.host_cost[i];
         s.launch[i] = s.host_time;
         try_start(c, i);
@@ -490,6 +509,7 @@ class StepRun {
     const Op& op = s.rc->ops[i];
     if (on_host_lane(op)) return;
     if (s.stream_head[s.queue[i]] != s.stream_pos[i]) return;
+    if (s.ready[i] < 0.0) s.ready[i] = now_;
     if (s.launch[i] > now_) {
       if (!s.ready_scheduled[i]) {
         s.ready_scheduled[i] = 1;
@@ -971,10 +991,22 @@ class StepRun {
       ClassTimeline& t = r.classes[c];
       t.start.resize(s.start.size());
       t.end.resize(s.end.size());
+      t.record_start.resize(s.start.size());
+      t.record_end.resize(s.end.size());
       double class_end = epoch_;
       for (std::size_t i = 0; i < s.start.size(); ++i) {
         t.start[i] = s.start[i] - epoch_;
         t.end[i] = s.end[i] - epoch_;
+        t.record_start[i] = t.start[i];
+        t.record_end[i] = t.end[i];
+        if (s.mark_host[i] >= 0.0 && s.start[i] >= 0.0) {
+          // The start marker runs once the host has recorded it and the stream has reached it (its
+          // earlier work and the waits before it are done); the end marker once the op is done and
+          // the host has recorded it behind the launch.
+          const double ready = s.ready[i] >= 0.0 ? std::min(s.ready[i], s.start[i]) : s.start[i];
+          t.record_start[i] = std::min(std::max(s.mark_host[i], ready), s.start[i]) - epoch_;
+          t.record_end[i] = std::max(s.end[i], s.mark_end_host[i]) - epoch_;
+        }
         class_end = std::max(class_end, s.end[i]);
       }
       t.step_end = std::max(class_end, s.host_end) - epoch_;

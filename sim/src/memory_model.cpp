@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 
 #include "threewalls/scenarios/layout.hpp"
@@ -12,6 +13,8 @@ namespace threewalls::sim {
 namespace {
 
 using scenarios::AttentionKind;
+using scenarios::Op;
+using scenarios::OpKind;
 using scenarios::ModelSpec;
 using scenarios::Scenario;
 
@@ -241,6 +244,29 @@ double tokens_per_microbatch(const Scenario& s) {
   return static_cast<double>(s.infer->batch_size) * s.infer->prompt_length;
 }
 
+// threewalls run gives every device stream its own OpRunner (backend/src/cuda_device.cpp,
+// prepare_stream): a cuBLASLt handle with its own workspace and operand buffers sized for the ops queued
+// on that stream. The first stream's is in kCudaContextBytes; every further stream adds its workspace
+// and, for its buffers, the bytes of the largest op it runs (docs: "Buffers").
+double per_stream_runner_bytes(const scenarios::RankClass& rc) {
+  std::map<int, double> largest;
+  for (const Op& op : rc.ops) {
+    if (op.kind == OpKind::host) continue;
+    double& b = largest[op.stream];
+    b = std::max(b, op.bytes);
+  }
+  double total = 0.0;
+  bool first = true;
+  for (const auto& [stream, bytes] : largest) {
+    if (first) {
+      first = false;
+      continue;
+    }
+    total += kOpRunnerWorkspaceBytes + bytes;
+  }
+  return total;
+}
+
 // NCCL communicators this rank belongs to, and all-to-all peers (docs: "Buffers").
 double nccl_bytes(const Scenario& s, const scenarios::Layout& L) {
   double bytes = 0.0;
@@ -385,7 +411,8 @@ MemoryReport memory_model(const Scenario& s, const scenarios::StepGraph& graph, 
       const int scopes = captured_scopes(inf.exec);
       b.graph_pools = Bytes(static_cast<double>(scopes) * rc.layers.size() * 2.0 * (2.0 * resid));
     }
-    b.buffers = Bytes(kCudaContextBytes + nccl_bytes(s, L) + dispatcher_bytes(s, rc.expert_load, L, rep_rank));
+    b.buffers = Bytes(kCudaContextBytes + nccl_bytes(s, L) + dispatcher_bytes(s, rc.expert_load, L, rep_rank) +
+                      per_stream_runner_bytes(rc));
     report.classes.push_back(std::move(cm));
   }
   return report;

@@ -110,8 +110,11 @@ void add_records(const StepGraph& g, const RecordTables& t, const StepResult& r,
     p.stream = t.stream[op.stream];
     p.layer = op.layer;
     p.microbatch = op.microbatch;
-    p.start_us = tl.start[i] * 1e6;
-    p.dur_us = (tl.end[i] - tl.start[i]) * 1e6;
+    const bool marked = tl.record_start.size() == tl.start.size() && tl.record_end.size() == tl.end.size();
+    const double t0 = marked ? tl.record_start[i] : tl.start[i];
+    const double t1 = marked ? tl.record_end[i] : tl.end[i];
+    p.start_us = t0 * 1e6;
+    p.dur_us = (t1 - t0) * 1e6;
     p.bytes = op.bytes;
     p.flops = op.flops;
     p.expert = op.expert;

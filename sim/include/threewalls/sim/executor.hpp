@@ -65,6 +65,12 @@ enum class Timing : std::uint8_t { none, every_op, coarse_ops };
 struct ClassTimeline {
   std::vector<double> start;
   std::vector<double> end;
+  // What a phase record of the op measures (threewalls run's timing events): for a timed eager op,
+  // from when its start marker ran on the device (recorded by the host just before the launch, run
+  // once the stream reached it) to when its end marker ran (after the op and after the host recorded
+  // it behind the launch); otherwise start / end. Empty: use start / end.
+  std::vector<double> record_start;
+  std::vector<double> record_end;
   double step_end = 0.0;  // end of the class's last op, or of the host's step-end join if later
 };
 

@@ -90,6 +90,7 @@ MemoryReport memory_model(const scenarios::Scenario& s, const scenarios::StepGra
 
 // Constants of the buffer model (docs/memory_model.md).
 inline constexpr double kCudaContextBytes = 512.0 * 1024 * 1024;      // context, cuBLAS workspaces
+inline constexpr double kOpRunnerWorkspaceBytes = 32.0 * 1024 * 1024;  // per further stream (CublasLt)
 inline constexpr double kNcclBytesPerCommunicator = 64.0 * 1024 * 1024;
 inline constexpr double kNcclBytesPerPeer = 2.0 * 1024 * 1024;         // all-to-all peer buffers
 inline constexpr double kDeepEpBufferBytes = 1024.0 * 1024 * 1024;     // flex dispatcher, per buffer
