@@ -5,6 +5,7 @@
 #include "threewalls/calibration/cost_model.hpp"
 
 #include <array>
+#include <map>
 #include <cmath>
 #include <optional>
 
@@ -18,9 +19,9 @@ namespace threewalls::calibration {
 
 namespace {
 
-constexpr std::array<std::string_view, 8> kHostNames = {"kernel_launch", "framework_op",     "event_record",
+constexpr std::array<std::string_view, 9> kHostNames = {"kernel_launch", "framework_op",     "event_record",
                                                         "stream_sync",   "gpu_read",         "graph_launch",
-                                                        "graph_node",    "collective_launch"};
+                                                        "graph_node",    "collective_launch", "timing_marker"};
 
 template <class E>
 std::size_t idx(E e) {
@@ -50,6 +51,7 @@ struct CostModel::Impl {
   std::array<std::optional<AttentionModel>, 2> attention;
   std::optional<LinearModel> elementwise;
   std::optional<LinearModel> norm;
+  std::map<std::string, LinearModel, std::less<>> kernels;  // per-kernel memory-bound fits (optional)
   std::array<std::optional<LinearModel>, 6> copy;
   std::array<std::array<std::optional<CollectiveModel>, 2>, 6> collective;
   std::array<std::optional<ConstantModel>, kHostNames.size()> host;
@@ -98,6 +100,8 @@ CostModel::CostModel(const Profile& profile) : impl_(std::make_unique<Impl>()) {
           m.elementwise = lin;
         else if (f.name == kNormFamily)
           m.norm = lin;
+        else if (is_memory_kernel_family(f.name))
+          m.kernels.insert_or_assign(f.name, lin);
         else {
           for (std::size_t d = 0; d < m.copy.size(); ++d) {
             if (f.name == copy_family(static_cast<CopyDirection>(d))) m.copy[d] = lin;
@@ -186,6 +190,13 @@ Seconds CostModel::norm(Bytes bytes) const {
   return Seconds(impl_->need(impl_->norm, [&] { return std::string(kNormFamily); }).time_s(bytes.value));
 }
 
+Seconds CostModel::memory_kernel(std::string_view kernel_family, Bytes bytes) const {
+  require_bytes(bytes, "memory_kernel");
+  const auto it = impl_->kernels.find(kernel_family);
+  if (it != impl_->kernels.end()) return Seconds(it->second.time_s(bytes.value));
+  return kernel_family.rfind("norm", 0) == 0 ? norm(bytes) : elementwise(bytes);
+}
+
 Seconds CostModel::copy(CopyDirection dir, Bytes bytes) const {
   require_bytes(bytes, "copy");
   return Seconds(impl_->need(impl_->copy[idx(dir)], [&] { return copy_family(dir); }).time_s(bytes.value));
@@ -219,6 +230,8 @@ Seconds CostModel::gpu_read() const { return impl_->host_cost(4); }
 Seconds CostModel::graph_launch() const { return impl_->host_cost(5); }
 Seconds CostModel::graph_node() const { return impl_->host_cost(6); }
 Seconds CostModel::collective_launch() const { return impl_->host_cost(7); }
+// Optional (profiles before 2026-11-22 lack it): 0 when absent, the behaviour of those profiles.
+Seconds CostModel::timing_marker() const { return impl_->host[8] ? impl_->host_cost(8) : Seconds(0.0); }
 
 // s = min(n, 1/f)^e(n)   (ConcurrencyModel)
 double CostModel::stream_concurrency(int streams, double sm_fraction) const {

@@ -180,6 +180,10 @@ std::vector<FamilySpec> build_specs() {
   specs.back().inputs[0].description = "bytes read + written";
   specs.push_back(linear("norm", "normalisation kernels (bytes read + written)"));
   specs.back().inputs[0].description = "bytes read + written";
+  for (std::string_view k : kMemoryKernelFamilies) {
+    specs.push_back(linear(std::string(k), "one memory-bound kernel, the calibration benchmark of the same name (bytes read + written)"));
+    specs.back().inputs[0].description = "bytes read + written";
+  }
   for (CopyDirection d : {CopyDirection::h2d_pinned, CopyDirection::h2d_pageable, CopyDirection::d2h_pinned,
                           CopyDirection::d2h_pageable, CopyDirection::d2d, CopyDirection::disk_read}) {
     specs.push_back(linear(copy_family(d), std::string("copy ") + to_string(d) + " (bytes copied)"));
@@ -217,6 +221,9 @@ std::vector<FamilySpec> build_specs() {
       {"graph_launch", "host time of one CUDA-graph launch"},
       {"graph_node", "device-side cost per node of a CUDA graph"},
       {"collective_launch", "host time to enqueue one NCCL call"},
+      {"timing_marker",
+       "device time one timing marker (cudaEventRecord around a recorded op) adds to its stream "
+       "(calibration/tools/timed_op_gap.cu: half the extra time per event-bracketed kernel)"},
   };
   for (const auto& [what, desc] : host) {
     FamilySpec s;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <string_view>
 
 #include "threewalls/calibration/cost_model.hpp"
 
@@ -49,6 +50,21 @@ calibration::CollectiveKind kind_of(CommKind k) {
 
 std::int64_t at_least_1(std::int64_t v) { return v < 1 ? 1 : v; }
 
+// The kernel threewalls run launches for an element-wise op (backend/src/op_runner.cpp,
+// elementwise_of: GeLU and the reduction run the copy kernel, GeLU backward the add kernel).
+std::string_view elementwise_kernel(const Op& op) {
+  switch (op.elementwise_kind()) {
+    case scenarios::ElementwiseKind::add:
+    case scenarios::ElementwiseKind::gelu_bwd: return "elementwise_add";
+    case scenarios::ElementwiseKind::copy:
+    case scenarios::ElementwiseKind::gelu:
+    case scenarios::ElementwiseKind::reduce: return "elementwise_copy";
+    case scenarios::ElementwiseKind::swiglu: return "elementwise_swiglu";
+    case scenarios::ElementwiseKind::swiglu_bwd: return "elementwise_swiglu_bwd";
+  }
+  return "elementwise_add";
+}
+
 }  // namespace
 
 CostModelCoster::CostModelCoster(const calibration::CostModel& model) : model_(model) {
@@ -60,6 +76,7 @@ CostModelCoster::CostModelCoster(const calibration::CostModel& model) : model_(m
   host_.gpu_read = model.gpu_read();
   host_.framework_op = model.framework_op();
   host_.event_record = model.event_record();
+  host_.timing_marker = model.timing_marker();
 }
 
 Seconds CostModelCoster::kernel_time(const Op& op) const {
@@ -85,14 +102,20 @@ Seconds CostModelCoster::kernel_time(const Op& op) const {
       return model_.attention(at_least_1(s[0]), at_least_1(s[1]), at_least_1(s[2]), at_least_1(s[3]),
                               at_least_1(s[4]), at_least_1(s[5]), (op.flags & scenarios::kCausal) != 0,
                               (op.flags & scenarios::kBackward) != 0);
-    case OpKind::elementwise:
+    case OpKind::elementwise: return model_.memory_kernel(elementwise_kernel(op), Bytes(op.bytes));
+    case OpKind::norm:
+      // threewalls run: RMSNorm forward / backward kernels (LayerNorm has no benchmark: the pooled fit).
+      if (op.norm_kind() == scenarios::NormKind::rmsnorm) {
+        return model_.memory_kernel((op.flags & scenarios::kBackward) != 0 ? "norm_rmsnorm_bwd" : "norm_rmsnorm_fwd",
+                                    Bytes(op.bytes));
+      }
+      return model_.norm(Bytes(op.bytes));
     case OpKind::softmax_topk:
     case OpKind::permute:
     case OpKind::unpermute:
     case OpKind::embedding:
     case OpKind::cross_entropy:
     case OpKind::optimizer: return model_.elementwise(Bytes(op.bytes));
-    case OpKind::norm: return model_.norm(Bytes(op.bytes));
     case OpKind::copy: return model_.copy(direction_of(op.copy_kind()), Bytes(op.bytes));
     case OpKind::collective:
     case OpKind::send:

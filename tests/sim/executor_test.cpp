@@ -351,6 +351,22 @@ TEST(Executor, TimingMarkersOfARecordedStepCostTwoEventsPerTimedOp) {
   EXPECT_NEAR(run_timed(b, f, Timing::coarse_ops).duration, 34 * kUs, 1e-12);
 }
 
+TEST(Executor, TimingMarkersOfARecordedStepHoldTheStreamForTheirDeviceTime) {
+  // Three 10 us kernels on one stream, launches of 1 us (the host runs ahead), markers of 2 us of
+  // device time. Untimed: kernels end at 11, 21, 31. Timed: each kernel holds its stream for its two
+  // markers too (14 us): 15, 29, 43, as back-to-back recorded kernels of threewalls run.
+  GraphBuilder b(1, 1, 1, 1, 1, 1);
+  const int c = b.add_class({0});
+  for (int i = 0; i < 3; ++i) b.add(c, b.kernel(10, "k"));
+  FakeCoster f;
+  f.host.kernel_launch = microseconds(1);
+  f.host.timing_marker = microseconds(2);
+  EXPECT_NEAR(run_timed(b, f, Timing::none).duration, 31 * kUs, 1e-12);
+  const auto timed = run_timed(b, f, Timing::every_op);
+  EXPECT_NEAR(timed.classes[0].end[0], 15 * kUs, 1e-12);
+  EXPECT_NEAR(timed.duration, 43 * kUs, 1e-12);
+}
+
 TEST(Executor, DiskReadsRunOnTheHostLaneAndHoldBackLaterLaunches) {
   // A 20 us disk read feeding a 20 us host-to-device copy, then an independent kernel. The read
   // occupies the host (as threewalls run reads into a pinned buffer on the rank's thread), so the

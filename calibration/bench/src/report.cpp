@@ -52,9 +52,8 @@ std::vector<std::string> dependencies(const std::string& family) {
 }
 
 // The prediction the simulator would make for a point (through CostModel).
-double predict(const CostModel& cm, const Record& r) {
+double predict(const CostModel& cm, const Record& r, const std::string& f) {
   const auto& p = r.point;
-  const std::string& f = p.family;
   const auto& in = p.inputs;
   auto i64 = [](double v) { return static_cast<std::int64_t>(std::llround(v)); };
   if (starts_with(f, "gemm.")) return cm.gemm(i64(in[0]), i64(in[1]), i64(in[2]), dtype_of_family(f), i64(in[3])).value;
@@ -77,6 +76,7 @@ double predict(const CostModel& cm, const Record& r) {
   }
   if (f == "elementwise") return cm.elementwise(Bytes(in[0])).value;
   if (f == "norm") return cm.norm(Bytes(in[0])).value;
+  if (is_memory_kernel_family(f)) return cm.memory_kernel(f, Bytes(in[0])).value;
   throw std::logic_error("no held-out prediction for family " + f);
 }
 
@@ -222,6 +222,12 @@ CalibrationReport build_report(const std::vector<Record>& records, const BuildOp
     } else {
       fit[r.point.family].push_back(&r);
     }
+    // A memory-bound kernel's points also fit the family of that kernel alone (profile.hpp,
+    // kMemoryKernelFamilies): the pooled family mixes kernels whose bandwidths differ by 7x.
+    if (r.usable() && (r.point.family == "elementwise" || r.point.family == "norm") &&
+        is_memory_kernel_family(r.point.op)) {
+      (r.point.held_out ? held : fit)[r.point.op].push_back(&r);
+    }
   }
 
   // Families in fit order; a family whose points cannot be fitted is dropped (with its reason).
@@ -244,7 +250,7 @@ CalibrationReport build_report(const std::vector<Record>& records, const BuildOp
     std::vector<std::string> order = families;
     std::stable_sort(order.begin(), order.end(), [](const std::string& a, const std::string& b) {
       auto stage = [](const std::string& f) {
-        return starts_with(f, "copy.") || f == "elementwise" || f == "norm" ? 0
+        return starts_with(f, "copy.") || f == "elementwise" || f == "norm" || is_memory_kernel_family(f) ? 0
                : starts_with(f, "gemm.")                                    ? 1
                : starts_with(f, "grouped_gemm.")                            ? 2
                                                                             : 3;
@@ -279,7 +285,7 @@ CalibrationReport build_report(const std::vector<Record>& records, const BuildOp
     std::vector<double> pred, meas;
     if (auto it = held.find(f.name); it != held.end()) {
       for (const Record* r : it->second) {
-        pred.push_back(predict(cm, *r));
+        pred.push_back(predict(cm, *r, f.name));
         meas.push_back(r->median_s());
       }
     }

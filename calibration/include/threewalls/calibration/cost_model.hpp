@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "threewalls/core/units.hpp"
 
@@ -70,6 +71,11 @@ class CostModel {
   [[nodiscard]] Seconds elementwise(Bytes bytes) const;
   // Normalisation kernels (rows x hidden, bytes read + written).
   [[nodiscard]] Seconds norm(Bytes bytes) const;
+  // One memory-bound kernel by its own fit (a family of kMemoryKernelFamilies, e.g.
+  // "norm_rmsnorm_bwd"): the kernels' bandwidths differ by 7x (add 4.3 TB/s, RMSNorm backward
+  // 0.6 TB/s on H200), so the pooled elementwise / norm fits miss each by 17-23%. Falls back to the
+  // pooled fit ("norm..." -> norm, else elementwise) when the profile lacks the family.
+  [[nodiscard]] Seconds memory_kernel(std::string_view kernel_family, Bytes bytes) const;
 
   // ---- copies ----
   [[nodiscard]] Seconds copy(CopyDirection dir, Bytes bytes) const;
@@ -89,6 +95,9 @@ class CostModel {
   [[nodiscard]] Seconds gpu_read() const;          // a small device->host read that blocks the host
   [[nodiscard]] Seconds graph_launch() const;      // host time of one CUDA-graph launch
   [[nodiscard]] Seconds graph_node() const;        // device-side cost per graph node
+  // Device time one profiler timing marker (a CUDA event record on the op's stream) adds to the
+  // stream, on recorded steps; 0 when the profile has no host.timing_marker entry.
+  [[nodiscard]] Seconds timing_marker() const;
   [[nodiscard]] Seconds collective_launch() const; // host time to enqueue one NCCL call
 
   // ---- concurrency ----

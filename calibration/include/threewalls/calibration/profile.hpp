@@ -1,4 +1,5 @@
 #pragma once
+#include <array>
 // A calibration profile: the machine it describes, and per model family the raw points measured,
 // the fitted parameters and the fit's errors. Format: docs/formats/calibration_profile.md
 // ([profile] format = "threewalls.calibration_profile", format_version = "1.0").
@@ -67,6 +68,17 @@ std::string copy_family(CopyDirection dir);                       // "copy.h2d_p
 std::string collective_family(CollectiveKind kind, Scope scope);  // "collective.all_reduce.nvlink"
 inline constexpr std::string_view kElementwiseFamily = "elementwise";
 inline constexpr std::string_view kNormFamily = "norm";
+// Per-kernel fits of memory-bound kernels, named after the calibration benchmark that measures them
+// (its raw `op`); their points are the pooled family's points of that op.
+inline constexpr std::array<std::string_view, 6> kMemoryKernelFamilies = {
+    "elementwise_add", "elementwise_copy", "elementwise_swiglu", "elementwise_swiglu_bwd",
+    "norm_rmsnorm_fwd", "norm_rmsnorm_bwd"};
+[[nodiscard]] inline bool is_memory_kernel_family(std::string_view name) {
+  for (std::string_view k : kMemoryKernelFamilies) {
+    if (k == name) return true;
+  }
+  return false;
+}
 inline constexpr std::string_view kConcurrencyFamily = "concurrency";
 // Host families: "host.kernel_launch", "host.framework_op", "host.event_record", "host.stream_sync",
 // "host.gpu_read", "host.graph_launch", "host.graph_node", "host.collective_launch".

@@ -47,6 +47,7 @@ struct HostCosts {
   Seconds gpu_read;           // a small device-to-host read once its producer has finished
   Seconds framework_op;       // one host-side framework op (HostKind::framework without a duration hint)
   Seconds event_record;       // one cudaEventRecord; also the cost taken for one cudaStreamWaitEvent
+  Seconds timing_marker;      // device time of one profiler timing marker on its stream (recorded steps)
 };
 
 class OpCoster {
