@@ -183,13 +183,17 @@ to_step = 1
   EXPECT_GT(t1, 1.5 * t0);
   // Rank 1's kernels take 3x as long in step 1 (and only there); rank 0's do not change.
   const profiler::RunData run = profiler::RunDirReader::read(dir);
-  std::map<std::pair<int, int>, double> gemm;  // (step, rank) -> first compute op's duration
+  // The longest compute record (a record of an op launched onto an idle stream also holds the
+  // launch after its start marker, docs/simulator.md "Host lane").
+  std::map<std::pair<int, int>, double> gemm;  // (step, rank) -> longest compute op's duration
   for (const auto& p : run.phases) {
     if (p.wall != profiler::Wall::compute) continue;
-    gemm.try_emplace({p.step, p.rank}, p.dur_us);
+    double& d = gemm[{p.step, p.rank}];
+    d = std::max(d, p.dur_us);
   }
-  // dur_us is rounded to the nanosecond: 3 x (+-0.5 ns) + 0.5 ns.
-  EXPECT_NEAR(gemm.at({1, 1}), 3.0 * gemm.at({0, 1}), 2e-3);
+  // The record also holds the part of the launch after its start marker (a few us, not slowed).
+  EXPECT_NEAR(gemm.at({1, 1}) / gemm.at({0, 1}), 3.0, 0.02);
+  EXPECT_LT(gemm.at({1, 1}), 3.0 * gemm.at({0, 1}) + 1e-3);
   EXPECT_NEAR(gemm.at({2, 1}), gemm.at({0, 1}), 1e-3);
   EXPECT_NEAR(gemm.at({1, 0}), gemm.at({0, 0}), 1e-3);
   fs::remove_all(dir);

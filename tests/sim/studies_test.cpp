@@ -15,6 +15,7 @@
 #include "threewalls/profiler/walls.hpp"
 #include "threewalls/scenarios/loader.hpp"
 #include "threewalls/sim/executor.hpp"
+#include "threewalls/sim/memory_model.hpp"
 #include "threewalls/sim/simulator.hpp"
 
 namespace threewalls::sim {
@@ -275,6 +276,68 @@ TEST(HostOverheadStudy, EveryEagerOpCostsOneLaunchAndStreamsAddTheirEventsOnTheH
       EXPECT_GE(waits, 2U * 63U);           // into each expert stream and back
     }
   }
+}
+
+TEST(HostOverheadStudy, ATimedOpsRecordRunsFromItsStartMarkerToItsEndMarkerAsThreewallsRunMeasuresIt) {
+  // threewalls run records an event on the op's stream just before the launch and one just after
+  // (backend/src/executor.cpp, issue_op): on an idle, launch-bound stream the record includes the
+  // launch (10 us here) and ends no earlier than the end marker's record (one event, 2 us, later).
+  class MarkerCoster final : public OpCoster {
+   public:
+    [[nodiscard]] Seconds kernel_time(const scenarios::Op&) const override { return microseconds(0.1); }
+    [[nodiscard]] Seconds copy_time(scenarios::CopyKind, Bytes) const override { return microseconds(0.1); }
+    [[nodiscard]] CommParams comm_params(CommKind, Bytes, int, CommScope) const override {
+      return {Seconds(0.0), BytesPerSecond(1e15)};
+    }
+    [[nodiscard]] HostCosts host_costs() const override {
+      HostCosts h{};
+      h.kernel_launch = microseconds(10);
+      h.event_record = microseconds(2);
+      return h;
+    }
+    [[nodiscard]] double stream_concurrency(int, double) const override { return 1.0; }
+    [[nodiscard]] int sm_count() const override { return 132; }
+  };
+  const MarkerCoster coster;
+  ExecutorOptions eo;
+  eo.fidelity = Fidelity::analytic;
+  const Executor exec(coster, eo);
+  for (const char* strategy : {"sequential", "streams64"}) {
+    const scenarios::Scenario s = validation("host_overhead", std::string("switch_d768_t1k_") + strategy + "_none");
+    const scenarios::StepGraph g = scenarios::expand(s, 0);
+    const auto& rc = g.classes[0];
+    const std::vector<Timing> timing{Timing::every_op};
+    const StepResult r = exec.run_step(g, Platform(s.cluster), {}, 0.0, nullptr, timing);
+    const ClassTimeline& t = r.classes[0];
+    ASSERT_EQ(t.record_start.size(), rc.ops.size());
+    std::size_t experts = 0;
+    for (std::size_t i = 0; i < rc.ops.size(); ++i) {
+      const auto& op = rc.ops[i];
+      if (op.expert < 0 || op.kind == scenarios::OpKind::host) continue;
+      ++experts;
+      EXPECT_NEAR((t.start[i] - t.record_start[i]) * 1e6, 10.0, 1e-6) << strategy << " op " << i;
+      EXPECT_NEAR((t.record_end[i] - t.start[i]) * 1e6, 2.0, 1e-6) << strategy << " op " << i;
+      EXPECT_GE(t.end[i], t.start[i]);
+    }
+    EXPECT_EQ(experts, 5U * 64U) << strategy;
+    // Untimed: records are the device execution itself.
+    const StepResult u = exec.run_step(g, Platform(s.cluster), {}, 0.0, nullptr, {});
+    for (std::size_t i = 0; i < rc.ops.size(); ++i) {
+      EXPECT_DOUBLE_EQ(u.classes[0].record_start[i], u.classes[0].start[i]);
+      EXPECT_DOUBLE_EQ(u.classes[0].record_end[i], u.classes[0].end[i]);
+    }
+  }
+}
+
+TEST(HostOverheadStudy, EveryFurtherStreamAddsItsOpRunnersWorkspaceAndBuffersToMemory) {
+  // threewalls run gives each stream an OpRunner with its own cuBLASLt workspace and buffers.
+  const scenarios::Scenario seq = validation("host_overhead", "switch_d768_t1k_sequential_none");
+  const scenarios::Scenario s64 = validation("host_overhead", "switch_d768_t1k_streams64_none");
+  const MemoryReport a = memory_model(seq, scenarios::expand(seq, 0));
+  const MemoryReport b = memory_model(s64, scenarios::expand(s64, 0));
+  const double extra = b.classes[0].breakdown.buffers.value - a.classes[0].breakdown.buffers.value;
+  EXPECT_GE(extra, 63.0 * kOpRunnerWorkspaceBytes);  // 63 expert streams beyond the compute stream
+  EXPECT_LE(extra, 63.0 * (kOpRunnerWorkspaceBytes + 16.0 * 1024 * 1024));
 }
 
 // ------------------------------------------------------------------ expert offloading (issue 9)
