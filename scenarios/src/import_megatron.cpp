@@ -1100,7 +1100,14 @@ ScenarioDraft import_megatron_file(const std::filesystem::path& path, MegatronIm
   const std::string ext = path.extension().string();
   const bool yaml = ext == ".yaml" || ext == ".yml";
   if (options.source.empty()) options.source = path.string();
-  return import_megatron(parse_megatron_launch(ss.str(), yaml, options.vars), options);
+  std::vector<MegatronArg> args = parse_megatron_launch(ss.str(), yaml, options.vars);
+  if (args.empty()) {
+    throw InputError(path.string() + ": no Megatron-LM argument found (expected a launch script or argument list with "
+                     "--flag [value] words, or Megatron YAML with key: value lines" +
+                     std::string(ext == ".json" ? "; a Hugging Face config.json goes to `threewalls import hf`" : "") +
+                     ")");
+  }
+  return import_megatron(args, options);
 }
 
 }  // namespace threewalls::scenarios

@@ -363,3 +363,21 @@ TEST(ImportCli, InvalidResultPrintsTheValidatorsErrors) {
 
 }  // namespace
 }  // namespace threewalls::scenarios
+
+namespace threewalls::scenarios {
+namespace {
+
+// A file without a single Megatron argument (here a config.json) is refused, not imported as an
+// empty launch, and the message points to `import hf`.
+TEST(ImportMegatron, FileWithoutArgumentsIsRefused) {
+  try {
+    static_cast<void>(import_megatron_file(testing::source_dir() / "tests/scenarios/fixtures/import/hf_mixtral_8x7b.json", {}));
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("no Megatron-LM argument found"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("import hf"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace threewalls::scenarios
