@@ -167,6 +167,26 @@ TEST(CostModel, MissingFamilyIsAnInputErrorNamingTheProfile) {
   EXPECT_EQ(cm.profile_id(), p.id());
 }
 
+TEST(CostModel, MemoryKernelsUseTheirOwnFitAndFallBackToThePooledFamily) {
+  // Pooled elementwise at 3 TB/s, an add kernel at 4 TB/s and an RMSNorm backward at 0.5 TB/s.
+  ProfileBuilder b({"kernels", "synthetic: unit test", "tests/calibration"}, test_hardware());
+  for (double s = 65536; s <= 1 << 30; s *= 4) {
+    b.add_elementwise(Bytes(s), Measurement::single(2e-6 + s / 3e12));
+    b.add_point("elementwise_add", {s}, Measurement::single(2e-6 + s / 4e12));
+    b.add_norm(Bytes(s), Measurement::single(5e-6 + s / 1e12));
+    b.add_point("norm_rmsnorm_bwd", {s}, Measurement::single(5e-6 + s / 0.5e12));
+  }
+  const CostModel cm(b.build());
+  const Bytes s(1 << 28);
+  EXPECT_NEAR(cm.memory_kernel("elementwise_add", s).value, 2e-6 + s.value / 4e12, 1e-9);
+  EXPECT_NEAR(cm.memory_kernel("norm_rmsnorm_bwd", s).value, 5e-6 + s.value / 0.5e12, 1e-9);
+  // Kernels the profile has no fit of: the pooled family (older profiles behave as before).
+  EXPECT_EQ(cm.memory_kernel("elementwise_swiglu", s).value, cm.elementwise(s).value);
+  EXPECT_EQ(cm.memory_kernel("norm_rmsnorm_fwd", s).value, cm.norm(s).value);
+  // No timing-marker entry: markers cost no device time.
+  EXPECT_EQ(cm.timing_marker().value, 0.0);
+}
+
 TEST(CostModel, BadArgumentsAreInputErrors) {
   const CostModel cm(default_profile("h200"));
   EXPECT_THROW((void)cm.gemm(-1, 16, 16, Dtype::bf16), InputError);

@@ -493,6 +493,12 @@ const std::vector<OpInfo>& op_table() {
       t.push_back(
           {std::string("host_") + h, "host", std::string("host.") + h, "see docs/calibration.md", "seconds per call"});
     }
+    // Measured by calibration/tools/timed_op_gap.cu (not by the calibrate plan yet); its points are
+    // appended to a calibration's raw output and refitted (threewalls_refit_raw).
+    t.push_back({"host_timing_marker", "host", "host.timing_marker",
+                 "calibration/tools/timed_op_gap.cu: half the extra device time per kernel when each of 3000 "
+                 "back-to-back kernels is bracketed by two event records",
+                 "seconds per marker"});
     t.push_back({"concurrency_gemm", "concurrency", "concurrency",
                  "the same small GEMM on n streams at once (one CublasLt per stream) vs n times on one stream",
                  "speed-up = serial time / concurrent time"});

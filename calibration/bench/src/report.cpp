@@ -296,7 +296,10 @@ CalibrationReport build_report(const std::vector<Record>& records, const BuildOp
       fr.held_out_max = e.max;
     }
     const auto& recs = fit.at(f.name);
-    std::string note = "measured by threewalls calibrate (" + options.mode + ") on " + options.hardware.gpu_name +
+    const bool by_tool = f.name == "host.timing_marker";  // not in the calibrate plan (plan.cpp op table)
+    std::string note = (by_tool ? std::string("measured by calibration/tools/timed_op_gap.cu, appended to the raw output of threewalls calibrate (")
+                                : std::string("measured by threewalls calibrate (")) +
+                       options.mode + ") on " + options.hardware.gpu_name +
                        ", " + options.hardware.date + ": " + std::to_string(recs.size()) + " points (" + ops_of(recs) +
                        ")";
     if (fr.held_out_points > 0) {
