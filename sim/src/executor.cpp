@@ -123,6 +123,9 @@ struct ClassState {
   // the record itself), mark_host / mark_end_host = host times the start / end markers were recorded,
   // ready = when the op's stream and dependencies let it (and hence its start marker) run on the device.
   std::vector<double> mark_before, mark_host, mark_end_host, ready;
+  // Device time of one timing marker of a timed eager op (0 when untimed): the op holds its stream
+  // for its two markers (device_extra); its record starts after the start marker.
+  std::vector<double> mark_device;
   std::uint32_t arrived = kNone;  // the host-lane op whose host_arrive has been paid
   double host_tail = 0.0;         // the step-end join, paid once every op is issued
   double host_end = -1.0;         // when the host finished the join
@@ -235,6 +238,7 @@ class StepRun {
     s.host_post.assign(n, 0.0);
     s.host_arrive.assign(n, 0.0);
     s.device_extra.assign(n, 0.0);
+    s.mark_device.assign(n, 0.0);
     s.mark_before.assign(n, -1.0);
     s.mark_host.assign(n, -1.0);
     s.mark_end_host.assign(n, -1.0);
@@ -375,7 +379,10 @@ class StepRun {
         // The two timing markers are event records on the op's stream: each holds the stream for
         // timing_marker of device time (calibration/tools/timed_op_gap.cu), so a recorded step of
         // back-to-back kernels runs slower than an unrecorded one, in the real run as here.
-        if (timed(op) && !op.is_comm()) s.device_extra[i] = 2.0 * host_.timing_marker.value;
+        if (timed(op) && !op.is_comm()) {
+          s.mark_device[i] = host_.timing_marker.value;
+          s.device_extra[i] = 2.0 * s.mark_device[i];
+        }
       }
     }
     for (const scenarios::GraphRun& run : rc.graph_runs) {
@@ -1005,6 +1012,9 @@ class StepRun {
           // the host has recorded it behind the launch.
           const double ready = s.ready[i] >= 0.0 ? std::min(s.ready[i], s.start[i]) : s.start[i];
           t.record_start[i] = std::min(std::max(s.mark_host[i], ready), s.start[i]) - epoch_;
+          // The start marker's timestamp is taken once it has run on the stream: the record
+          // covers the kernel and the end marker (timed_op_gap: duration +1 marker, gap 1 marker).
+          if (s.mark_device[i] > 0.0) t.record_start[i] = std::max(t.record_start[i], t.start[i] + s.mark_device[i]);
           t.record_end[i] = std::max(s.end[i], s.mark_end_host[i]) - epoch_;
         }
         class_end = std::max(class_end, s.end[i]);

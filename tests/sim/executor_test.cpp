@@ -365,6 +365,10 @@ TEST(Executor, TimingMarkersOfARecordedStepHoldTheStreamForTheirDeviceTime) {
   const auto timed = run_timed(b, f, Timing::every_op);
   EXPECT_NEAR(timed.classes[0].end[0], 15 * kUs, 1e-12);
   EXPECT_NEAR(timed.duration, 43 * kUs, 1e-12);
+  // The record starts after the start marker: 3 to 15 (kernel + end marker), gap of one marker.
+  EXPECT_NEAR(timed.classes[0].record_start[0], 3 * kUs, 1e-12);
+  EXPECT_NEAR(timed.classes[0].record_end[0], 15 * kUs, 1e-12);
+  EXPECT_NEAR(timed.classes[0].record_start[1], 17 * kUs, 1e-12);
 }
 
 TEST(Executor, DiskReadsRunOnTheHostLaneAndHoldBackLaterLaunches) {
