@@ -94,6 +94,24 @@ void add_copies(ProfileBuilder& b, const Facts& f) {
   add_linear_family(
       b, std::string(kNormFamily), 3.0e-6, 0.8 * f.hbm_copy_rw, hbm_sizes,
       "bandwidth: 80% of the HBM copy fact (assumption: norms reduce across the row); latency 3 us (assumption)");
+  // Per-kernel fits (threewalls run's kernels): bandwidth relative to the add kernel, from the H100
+  // facts of docs/backend.md "Memory-bound kernels (H100)" (add 3.03, RMSNorm 1.36 / 0.54, SwiGLU
+  // 1.41 TB/s) and the H100 calibration of 2026-11-22 (SwiGLU backward 1.84, copy kernel 2.9 TB/s).
+  const struct {
+    const char* kernel;
+    double fraction;
+    const char* source;
+  } kernels[] = {{"elementwise_add", 1.0, "the add kernel runs at the HBM copy fact"},
+                 {"elementwise_copy", 0.96, "copy kernel 2.9 vs add 3.03 TB/s (H100 calibration)"},
+                 {"elementwise_swiglu", 0.465, "SwiGLU forward 1.41 vs add 3.03 TB/s (docs/backend.md, H100)"},
+                 {"elementwise_swiglu_bwd", 0.61, "SwiGLU backward 1.84 vs add 3.0 TB/s (H100 calibration)"},
+                 {"norm_rmsnorm_fwd", 0.45, "RMSNorm forward 1.36 vs add 3.03 TB/s (docs/backend.md, H100)"},
+                 {"norm_rmsnorm_bwd", 0.18, "RMSNorm backward 0.54 vs add 3.03 TB/s (docs/backend.md, H100)"}};
+  for (const auto& k : kernels) {
+    add_linear_family(b, k.kernel, 2.5e-6, k.fraction * f.hbm_copy_rw, hbm_sizes,
+                      std::string("bandwidth: ") + std::to_string(k.fraction) + " x the HBM copy fact (" + k.source +
+                          "); latency 2.5 us (assumption)");
+  }
   add_linear_family(b, copy_family(CopyDirection::d2d), 2.5e-6, f.hbm_copy_rw / 2.0, hbm_sizes,
                     "bytes copied at half the HBM copy read+write fact (a copy reads and writes each byte); latency "
                     "2.5 us (assumption)");
@@ -374,6 +392,9 @@ void add_host(ProfileBuilder& b) {
       {"graph_launch", 3.7e-6, "no fact: assumed equal to one kernel launch (3.7 us)"},
       {"graph_node", 1.0e-6, "fact: ~1 us per graph node (H100, DESIGN.md §4)"},
       {"collective_launch", 5.0e-6, "no fact: 5 us assumed (kernel launch plus NCCL enqueue bookkeeping)"},
+      {"timing_marker", 1.6e-6,
+       "fact: calibration/tools/timed_op_gap.cu, 1.63 us per marker on the H100 host of 2026-11-22 (2.83 us on "
+       "the 2-GPU H200 host: the host's, not the GPU's)"},
   };
   for (const auto& c : costs) {
     b.add_host(c.what, one(c.seconds));
