@@ -44,8 +44,10 @@ check_only_in() {  # pattern, description, allowed path regex
 }
 check_only_in '#include [<"]simgrid/' "SimGrid" '^sim/'
 check_only_in '#include [<"]toml\+\+/' "toml++" '^(scenarios|calibration)/'
+# calibration/tools/*.cu: stand-alone microbenchmarks of the calibration (built with nvcc by hand,
+# e.g. timed_op_gap.cu), part of its GPU bench side like calibration/bench/.
 check_only_in '#include [<"](cuda_runtime|cuda\.h|cublas|nccl|nvtx3|cuda_bf16|cuda_fp8)' "CUDA/NCCL/NVTX" \
-  '^(backend/|profiler/cuda/|profiler/examples/cuda|calibration/bench/|cli/cmd_(run|calibrate))'
+  '^(backend/|profiler/cuda/|profiler/examples/cuda|calibration/bench/|calibration/tools/[^/]*\.cu$|cli/cmd_(run|calibrate))'
 # sim/ and backend/ never include each other (covered above), and no folder includes cli/.
 if [ $fail -eq 0 ]; then echo "check_deps: library graph OK"; fi
 exit $fail

@@ -311,7 +311,7 @@ TEST(Executor, RecordedTimesFollowTheDeviceTimeline) {
   const fs::path dir = temp_dir("times");
   const Scenario s = scenario_from(small_moe("tp = 1", "", 1, "[run.profiler]\nrecord_every_n_steps = 1\n"));
   FakeDeviceOptions fo = quick();
-  fo.min_op_us = 200.0;  // long ops: sleep jitter is small against them
+  fo.min_op_us = 500.0;  // long ops: sleep jitter (up to ~0.3 ms seen on a loaded 2-core CI) is small against them
   const FakeRun run = run_fake(s, options_for(dir, 1, 0), fo);
   const profiler::RunData d = profiler::RunDirReader::read(dir);
   ASSERT_EQ(d.steps.size(), 1U);
@@ -327,9 +327,10 @@ TEST(Executor, RecordedTimesFollowTheDeviceTimeline) {
     const Op& op = ops[e.op];
     const auto it = rec.find({0, 0, g.phase_name(op), op.layer, op.microbatch, op.expert});
     ASSERT_NE(it, rec.end());
-    // Markers sit right around the op on its stream: within the fake device's scheduling noise.
-    EXPECT_NEAR(it->second.first, e.start_us, 300.0) << g.phase_name(op);
-    EXPECT_NEAR(it->second.second, e.end_us - e.start_us, 300.0) << g.phase_name(op);
+    // Markers sit right around the op on its stream: within the fake device's scheduling noise
+    // (sleeps overshoot under load), well below one op's 0.5 ms.
+    EXPECT_NEAR(it->second.first, e.start_us, 450.0) << g.phase_name(op);
+    EXPECT_NEAR(it->second.second, e.end_us - e.start_us, 450.0) << g.phase_name(op);
     ++n;
   }
   EXPECT_GT(n, 10U);

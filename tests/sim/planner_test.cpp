@@ -157,7 +157,11 @@ TEST(PlanEstimator, AgreesWithTheAnalyticSimulatorOnMixtral) {
   EXPECT_NEAR(r.step_time_us / simulated, 1.0, 0.05) << r.step_time_us << " vs " << simulated;
   double peak = 0.0;
   for (const auto& cm : sim.memory.classes) peak = std::max(peak, cm.peak().value);
-  EXPECT_DOUBLE_EQ(r.peak_bytes, peak);  // the same memory model, on a skeleton graph
+  // The same memory model, on a skeleton graph: it lacks the ops, so not the per-stream OpRunner
+  // buffers of threewalls run (memory_model.cpp, per_stream_runner_bytes: a workspace and the largest
+  // op's bytes per further stream), under 2% of this layout's peak (docs/planner.md).
+  EXPECT_LE(r.peak_bytes, peak);
+  EXPECT_NEAR(r.peak_bytes / peak, 1.0, 0.02);
   const auto& w = r.walls;
   EXPECT_NEAR(w.compute_us + w.exposed_comm_us + w.bubble_us + w.host_us, r.step_time_us, 1e-6 * r.step_time_us);
 }
