@@ -373,32 +373,22 @@ std::uint32_t CudaDevice::end_capture(int origin) {
 void CudaDevice::launch_graph(std::uint32_t graph, int origin) { execs_.at(graph).launch(at(origin).stream); }
 
 void CudaDevice::poll() {
-  for (auto& [key, comm] : p2p_comms_) {
-    if (comm.aborted()) continue;
+  // A communicator that reports an asynchronous error aborts them all and fails this rank.
+  auto check = [this](NcclComm& comm, const std::string& name) {
+    if (comm.aborted()) return;
     ncclResult_t state = ncclSuccess;
     const ncclResult_t r = ncclCommGetAsyncError(comm.get(), &state);
-    if (r == ncclSuccess && (state == ncclSuccess || state == ncclInProgress)) continue;
+    if (r == ncclSuccess && (state == ncclSuccess || state == ncclInProgress)) return;
     const char* last = ncclGetLastError(comm.get());
     const std::string why = ncclGetErrorString(r != ncclSuccess ? r : state);
     abort();
-    throw DeviceError(rank_prefix() + "NCCL communicator " + key + ": asynchronous error: " + why +
+    throw DeviceError(rank_prefix() + "NCCL communicator " + name + ": asynchronous error: " + why +
                       (last != nullptr && *last != '\0' ? std::string(" (") + last + ")" : std::string()) +
                       "; communicators aborted");
-  }
+  };
+  for (auto& [key, comm] : p2p_comms_) check(comm, key);
   for (auto& [s, ps] : streams_) {
-    for (const auto& [group, name] : ps.comm_names) {
-      NcclComm& comm = ps.comms->comm(group);
-      if (comm.aborted()) continue;
-      ncclResult_t state = ncclSuccess;
-      const ncclResult_t r = ncclCommGetAsyncError(comm.get(), &state);
-      if (r == ncclSuccess && (state == ncclSuccess || state == ncclInProgress)) continue;
-      const char* last = ncclGetLastError(comm.get());
-      const std::string why = ncclGetErrorString(r != ncclSuccess ? r : state);
-      abort();
-      throw DeviceError(rank_prefix() + "NCCL communicator " + name + ": asynchronous error: " + why +
-                        (last != nullptr && *last != '\0' ? std::string(" (") + last + ")" : std::string()) +
-                        "; communicators aborted");
-    }
+    for (const auto& [group, name] : ps.comm_names) check(ps.comms->comm(group), name);
   }
 }
 
