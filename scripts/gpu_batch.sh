@@ -10,6 +10,9 @@
 #               `threewalls calibrate` (full) -> OUT/<kind>_profile.toml
 #   validate    validate_suite.py over the fidelity suite with PROFILE (+ examples, key checks, faults)
 #   studies     validate_suite.py over the host-overhead and offload suites with PROFILE
+#   nccl        kernel_bench's NCCL bus bandwidth (64 MiB-1 GiB) on 2 and on all GPUs, with NCCL's
+#               defaults and with each setting of NCCL_SWEEP (space-separated VAR=VALUE[,VAR=VALUE])
+# SKIP_FAULTS=1 leaves the injected-fault runs out of `validate` (they cost about 70 s).
 # Each step has its own time limit so one hang cannot eat the others' output.
 set -u
 PART=${1:?PART}
@@ -76,7 +79,7 @@ validate)
         scripts/check_record_keys.sh "$OUT/ex/sim_$n" "$OUT/ex/real_$n" 2>&1 | tail -5
       fi
     done
-    if [ "$NGPU" -ge 2 ]; then
+    if [ "$NGPU" -ge 2 ] && [ "${SKIP_FAULTS:-0}" != 1 ]; then
       step "a failing rank (rank 1 fails at step 1) makes the others exit with a clear error"
       timeout 120 "$TW" run scenarios/examples/small_moe_ep2.toml --out "$OUT/ex/fail" --steps 3 --inject-fault fail:1:1 2>&1 | tail -6
       echo "rc=${PIPESTATUS[0]} (3 expected)"
@@ -110,6 +113,24 @@ studies)
     [ -d "$OUT/${d}_$KIND" ] && cp "$OUT/${d}_$KIND/runs.tar.xz" "$OUT/${d}_runs_$KIND.tar.xz" &&
       cp "$OUT/${d}_$KIND/fidelity.md" "$OUT/${d}_$KIND.md" && rm -rf "$OUT/${d}_$KIND"
   done
+  ;;
+nccl)
+  {
+    date -u +%Y-%m-%dT%H:%M:%SZ
+    nvidia-smi topo -m
+    for n in 2 "$NGPU"; do
+      [ "$n" -gt "$NGPU" ] && continue
+      devs=$(seq -s, 0 $((n - 1)))
+      for setting in default ${NCCL_SWEEP:-}; do
+        step "kernel_bench --only nccl on $n GPUs, $setting"
+        vars=()
+        [ "$setting" != default ] && IFS=, read -r -a vars <<< "$setting"
+        env "${vars[@]}" CUDA_VISIBLE_DEVICES="$devs" timeout 90 "$BIN/kernel_bench" --only nccl 2>&1 | grep -E "all_|FAILED|skipped"
+      done
+      [ "$n" -eq "$NGPU" ] && break
+    done
+    step done
+  } > "$log" 2>&1
   ;;
 *)
   echo "unknown PART $PART" >&2
