@@ -91,7 +91,8 @@ validate)
     CUDA_VISIBLE_DEVICES=0 timeout 150 "$BIN/profiler_overhead" scenarios/examples/small_moe_1gpu.toml 20 3 /tmp/tw_overhead 2>&1 | tail -12
     step done
   } > "$log" 2>&1
-  tar cJf "$OUT/examples_$KIND.tar.xz" -C "$OUT" ex ex_*.txt 2>/dev/null && rm -rf "$OUT/ex" "$OUT"/ex_*.txt
+  # Pack the run directories: the device tool returns a bounded number of files.
+  (cd "$OUT" && tar cJf "examples_$KIND.tar.xz" ex ex_*.txt) && rm -rf "$OUT/ex" "$OUT"/ex_*.txt
   [ -d "$OUT/fidelity_$KIND" ] && cp "$OUT/fidelity_$KIND/fidelity.md" "$OUT/fidelity_$KIND.md" &&
     cp "$OUT/fidelity_$KIND/runs.tar.xz" "$OUT/fidelity_runs_$KIND.tar.xz" && cp "$OUT/fidelity_$KIND/results.json" "$OUT/fidelity_results_$KIND.json" &&
     rm -rf "$OUT/fidelity_$KIND"

@@ -1,6 +1,7 @@
 // One process per GPU under MPI (compiled only when CMake found MPI: THREEWALLS_HAVE_MPI). MPI is
 // used by the main thread only: NCCL unique ids broadcast from rank 0, barriers around the run
 // directory, the measured peaks gathered to rank 0 for summary.json.
+#include <dlfcn.h>
 #include <mpi.h>
 
 #include <chrono>
@@ -29,9 +30,33 @@ void mpi_check(int rc, const char* call) {
   throw SystemError(std::string("run: ") + call + " failed: " + std::string(text, static_cast<std::size_t>(len)));
 }
 
+// The library MPI_Init_thread resolved to. A binary that also links SimGrid (whose SMPI exports
+// MPI_* too) must have the MPI library first in its load order (cli/CMakeLists.txt); otherwise SMPI's
+// MPI_Init aborts the process. Refuse with the reason instead.
+std::string mpi_library_if_smpi() {
+  Dl_info info{};
+  const auto fn = &MPI_Init_thread;
+  void* addr = nullptr;
+  static_assert(sizeof(fn) == sizeof(addr));
+  std::memcpy(&addr, &fn, sizeof(addr));
+  if (dladdr(addr, &info) == 0 || info.dli_fname == nullptr) return {};
+  const std::string lib = info.dli_fname;
+  return lib.find("simgrid") != std::string::npos ? lib : std::string();
+}
+
+void check_mpi_is_not_smpi() {
+  const std::string lib = mpi_library_if_smpi();
+  if (!lib.empty()) {
+    throw SystemError("run: MPI_Init_thread resolves to " + lib +
+                      " (SimGrid's SMPI), not to the MPI library: this binary was linked with SimGrid ahead of "
+                      "MPI; rebuild it (cli/CMakeLists.txt puts MPI first)");
+  }
+}
+
 }  // namespace
 
 void mpi_abort(int exit_code) {
+  if (!mpi_library_if_smpi().empty()) return;  // SMPI's functions abort outside smpirun
   int init = 0;
   int fin = 0;
   MPI_Initialized(&init);
@@ -40,6 +65,7 @@ void mpi_abort(int exit_code) {
 }
 
 RunResult run_mpi(const scenarios::Scenario& s, const LaunchOptions& options) {
+  check_mpi_is_not_smpi();
   int init = 0;
   MPI_Initialized(&init);
   if (init == 0) {
