@@ -47,7 +47,10 @@ calibrate)
     nvidia-smi topo -m
     echo "missing before carrying: $(ls "$LIBS" | tr '\n' ' ')"
     step "backend_tests (kernel correctness against CPU references; NCCL on $NGPU GPUs)"
-    timeout 150 "$BIN/backend_tests" 2>&1 | grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Failure|rel_error" | head -80
+    timeout 150 "$BIN/backend_tests" > "$OUT/backend_tests.txt" 2>&1
+    echo "backend_tests rc=$?"
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Failure|rel_error" "$OUT/backend_tests.txt" | head -80
+    tail -5 "$OUT/backend_tests.txt"
     if [ "${KERNEL_BENCH_S:-120}" -gt 0 ]; then
       step "kernel_bench (grouped vs dense GEMM, NCCL bus bandwidth, pinned copies)"
       timeout "${KERNEL_BENCH_S:-120}" "$BIN/kernel_bench" 2>&1 | tail -120
