@@ -10,6 +10,7 @@
 #               `threewalls calibrate` (full) -> OUT/<kind>_profile.toml
 #   validate    validate_suite.py over the fidelity suite with PROFILE (+ examples, key checks, faults)
 #   studies     validate_suite.py over the host-overhead and offload suites with PROFILE
+#               (NVMe tier: NVME_SCENARIOS names, NVME_STEPS steps, NVME_TIMEOUT seconds)
 #   nccl        kernel_bench's NCCL bus bandwidth (64 MiB-1 GiB) on 2 and on all GPUs, with NCCL's
 #               defaults and with each setting of NCCL_SWEEP (space-separated VAR=VALUE[,VAR=VALUE])
 # SKIP_FAULTS=1 leaves the injected-fault runs out of `validate` (they cost about 70 s).
@@ -107,13 +108,22 @@ studies)
     timeout 300 python3 scripts/validate_suite.py --bin "$TW" --kind "$KIND" --profile "$PROFILE" \
       --out "$OUT/host_overhead_$KIND" scenarios/validation/host_overhead
     echo "rc=$?"
-    step "expert-offload study (DeepSeek-V2-Lite decode), one scenario at a time"
+    step "expert-offload study (DeepSeek-V2-Lite decode), host tier, one scenario at a time"
     CUDA_VISIBLE_DEVICES=0 timeout 280 python3 scripts/validate_suite.py --bin "$TW" --kind "$KIND" --profile "$PROFILE" \
-      --out "$OUT/offload_$KIND" scenarios/validation/offload
+      --out "$OUT/offload_$KIND" scenarios/validation/offload/*host_pinned*.toml
+    echo "rc=$?"
+    # An NVMe-tier decode step reads ~8 GB (~5.6 s on the H100 machine's virtual disk): fewer steps.
+    step "expert-offload study, NVMe tier: ${NVME_SCENARIOS:-all four}, --steps ${NVME_STEPS:-7}"
+    nvme=()
+    for n in ${NVME_SCENARIOS:-barrier_none barrier_next_layer per_expert_none per_expert_next_layer}; do
+      nvme+=("scenarios/validation/offload/dsv2lite_nvme_$n.toml")
+    done
+    CUDA_VISIBLE_DEVICES=0 timeout "${NVME_TIMEOUT:-300}" python3 scripts/validate_suite.py --bin "$TW" --kind "$KIND" \
+      --profile "$PROFILE" --steps "${NVME_STEPS:-7}" --out "$OUT/offload_nvme_$KIND" "${nvme[@]}"
     echo "rc=$?"
     step done
   } > "$log" 2>&1
-  for d in host_overhead offload; do
+  for d in host_overhead offload offload_nvme; do
     [ -d "$OUT/${d}_$KIND" ] && cp "$OUT/${d}_$KIND/runs.tar.xz" "$OUT/${d}_runs_$KIND.tar.xz" &&
       cp "$OUT/${d}_$KIND/fidelity.md" "$OUT/${d}_$KIND.md" && rm -rf "$OUT/${d}_$KIND"
   done

@@ -72,6 +72,8 @@ def main():
     ap.add_argument("--pairs", help="JSON file of speed-up pairs [[base, variant, label], ...] (default: SUITE/pairs.json)")
     ap.add_argument("--sim-only", action="store_true", help="skip real runs, reuse OUT/real (re-simulate and compare)")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per real run")
+    ap.add_argument("--steps", type=int, help="steps per scenario instead of its run.steps, in the real run and the "
+                    "simulation alike (warm-up steps unchanged); for scenarios whose steps are slow (NVMe tier)")
     ap.add_argument("suites", nargs="+", help="scenario folders or files")
     a = ap.parse_args()
 
@@ -92,6 +94,7 @@ def main():
     if a.pairs:
         pair_files = [a.pairs]
 
+    steps_arg = ["--steps", str(a.steps)] if a.steps else []
     gpus = gpu_count()
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     log(f"validate_suite: {len(scenarios)} scenarios, {gpus} GPUs ({a.kind}), started {started}")
@@ -118,7 +121,7 @@ def main():
         env = dict(os.environ, NCCL_NVLS_ENABLE="0", CUDA_VISIBLE_DEVICES=",".join(map(str, devices)))
         out = os.path.join(a.out, "real", names[s])
         try:
-            rc, so, se, dt = run([a.bin, "run", s, "--out", out], env=env, logfile=logfile, timeout=a.timeout)
+            rc, so, se, dt = run([a.bin, "run", s, "--out", out] + steps_arg, env=env, logfile=logfile, timeout=a.timeout)
         except subprocess.TimeoutExpired:
             return s, -1, "", f"timed out after {a.timeout} s", a.timeout
         return s, rc, so, se, dt
@@ -164,7 +167,7 @@ def main():
             continue
         sim_dir = os.path.join(a.out, "sim", names[s])
         shutil.rmtree(sim_dir, ignore_errors=True)
-        rc, so, se, dt = run([a.bin, "sim", s, "--calibration", profile, "--out", sim_dir], logfile=logfile)
+        rc, so, se, dt = run([a.bin, "sim", s, "--calibration", profile, "--out", sim_dir] + steps_arg, logfile=logfile)
         if rc != 0:
             results[s]["error"] = "sim failed: " + (se or so)[-1500:]
             continue
