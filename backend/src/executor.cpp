@@ -612,6 +612,7 @@ class RankWorker {
     check_stop("before the first step");
     recorder_ = std::make_unique<Recorder>(clock_, st_->policy, rank_, st_->sink.get());
     annotate_ = st_->policy.enabled();
+    share_markers_ = st_->options.share_timing_markers;
 
     const int total = st_->warmup + st_->steps;
     step_end_.assign(static_cast<std::size_t>(std::max(1, st_->options.max_steps_in_flight)), kNone);
@@ -714,6 +715,7 @@ class RankWorker {
     for (int s : plan_.streams) {
       if (s != plan_.anchor) dev_->wait_event(s, start_ev);
     }
+    forget_ends();  // never share a marker across steps (nor across the fence just enqueued)
     const std::uint32_t n = static_cast<std::uint32_t>(rc.ops.size());
     const bool inject = st_->options.fault != ExecutorOptions::Fault::none && st_->options.fault_rank == rank_ &&
                         st_->options.fault_step == measured_;
@@ -741,6 +743,7 @@ class RankWorker {
       }
       ++i;
     }
+    forget_ends();
     // Join every stream into the anchor: the step ends when its last op does.
     for (int s : plan_.streams) {
       if (s == plan_.anchor) continue;
@@ -780,29 +783,61 @@ class RankWorker {
     step_events_.push_back(events_[i]);
   }
 
-  // Makes `stream` wait for the deps of op i that it does not already follow.
-  void wait_deps(std::uint32_t i, int stream) {
+  // Makes `stream` wait for the deps of op i that it does not already follow. Returns whether it
+  // enqueued a wait (which ends the sharing of timing markers on the stream).
+  bool wait_deps(std::uint32_t i, int stream) {
     const RankClass& rc = *plan_.rc;
     const Op& op = rc.ops[i];
+    bool waited = false;
     for (std::size_t d = 0; d < rc.num_deps(op); ++d) {
       const std::uint32_t dep = rc.deps_of(op)[d];
       const OpInfo& dd = plan_.ops[dep];
       if (dd.host) continue;
       if (dd.in_run < 0 && rc.ops[dep].stream == stream) continue;  // FIFO
       dev_->wait_event(stream, events_[dep]);
+      waited = true;
     }
+    return waited;
   }
+
+  // Shared boundary markers (docs/profiler.md): on a recorded step, an op issued on stream s right
+  // after a timed op on s, with nothing enqueued on s in between, starts at that op's end marker
+  // (start(B) = end(A): the same point of the stream under FIFO) instead of recording its own start
+  // marker, so n back-to-back timed ops cost n + 1 markers, not 2n. last_end_[s] is that end marker
+  // while it is still the last thing enqueued on s, none otherwise. What breaks the sharing: a
+  // cross-stream wait (wait_deps), a synchronisation event recorded behind the op (needs_event: its
+  // record would run on the stream between end(A) and B, inside B's record), an untimed launch, and
+  // everything that is not a plain eager op (host ops and their markers, disk reads, graph runs, the
+  // step's fence and join): those forget every stream's end marker.
+  Marker& last_end(int s) {
+    const auto k = static_cast<std::size_t>(s);
+    if (k >= last_end_.size()) last_end_.resize(k + 1);
+    return last_end_[k];
+  }
+  void forget_ends() { std::fill(last_end_.begin(), last_end_.end(), Marker{}); }
 
   void issue_op(std::uint32_t i, bool rec) {
     const Op& op = plan_.rc->ops[i];
     const OpInfo& info = plan_.ops[i];
     const int s = op.stream;
-    wait_deps(i, s);
+    Marker& prev = last_end(s);
+    if (wait_deps(i, s)) prev = Marker{};
     const bool timed = rec && recorder_->records_phase(info.tmpl.coarse);
     Marker m0;
-    if (timed) m0 = clock_.mark(s);
+    auto owns = Recorder::Owns::both;
+    if (timed && share_markers_ && prev.id != kNone) {
+      m0 = prev;  // start(op) = end(previous timed op on s)
+      owns = Recorder::Owns::end;
+    } else if (timed) {
+      m0 = clock_.mark(s);
+    }
+    prev = Marker{};
     dev_->launch(*plan_.graph, op, s, annotate_);
-    if (timed) recorder_->device_phase(info.tmpl, m0, clock_.mark(s));
+    if (timed) {
+      const Marker m1 = clock_.mark(s);
+      recorder_->device_phase(info.tmpl, m0, m1, owns);
+      if (share_markers_ && !info.needs_event) prev = m1;
+    }
     if (info.needs_event) record_event_after(i, s);
   }
 
@@ -812,11 +847,40 @@ class RankWorker {
     const RankClass& rc = *plan_.rc;
     const int s = rc.ops[first].stream;
     std::vector<const Op*> ops;
+    bool waited = false;
     for (std::uint32_t k = first; k < end; ++k) {
-      wait_deps(k, s);
+      waited = wait_deps(k, s) || waited;
       ops.push_back(&rc.ops[k]);
     }
     const bool timed = rec && recorder_->records_phase(plan_.ops[first].tmpl.coarse);
+    if (share_markers_) {
+      // One start and one end marker for the whole group (its members share both: they cannot be
+      // told apart on the stream), the start shared with the previous timed op on s when possible.
+      Marker& prev = last_end(s);
+      if (waited) prev = Marker{};
+      Marker m0;
+      auto owns = Recorder::Owns::both;
+      if (timed && prev.id != kNone) {
+        m0 = prev;
+        owns = Recorder::Owns::end;
+      } else if (timed) {
+        m0 = clock_.mark(s);
+      }
+      prev = Marker{};
+      dev_->launch_p2p_group(*plan_.graph, ops, s, annotate_);
+      Marker m1;
+      if (timed) m1 = clock_.mark(s);
+      bool event = false;
+      for (std::uint32_t k = first; k < end; ++k) {
+        if (timed) recorder_->device_phase(plan_.ops[k].tmpl, m0, m1, k == first ? owns : Recorder::Owns::none);
+        if (plan_.ops[k].needs_event) {
+          record_event_after(k, s);
+          event = true;
+        }
+      }
+      if (timed && !event) prev = m1;
+      return;
+    }
     std::vector<Marker> starts;
     if (timed) {
       for (std::uint32_t k = first; k < end; ++k) starts.push_back(clock_.mark(s));
@@ -850,6 +914,7 @@ class RankWorker {
 
   // Host ops: the host arrives at t0, waits for the deps, does the op, goes on at t1.
   void host_op(std::uint32_t i, bool rec) {
+    forget_ends();  // its markers and reads are enqueued on the streams of its deps
     const RankClass& rc = *plan_.rc;
     const StepGraph& g = *plan_.graph;
     const Op& op = rc.ops[i];
@@ -891,6 +956,7 @@ class RankWorker {
 
   // Copies that block the host (disk reads): timed on the host clock, from when their deps are done.
   void blocking_op(std::uint32_t i, bool rec) {
+    forget_ends();
     const RankClass& rc = *plan_.rc;
     const StepGraph& g = *plan_.graph;
     const Op& op = rc.ops[i];
@@ -981,6 +1047,7 @@ class RankWorker {
   }
 
   void issue_run(const RunInfo& run, bool rec) {
+    forget_ends();  // joins, a graph launch and its end event on the run's streams
     const RankClass& rc = *plan_.rc;
     Captured& c = capture(run);
     const int origin = run.origin;
@@ -1029,6 +1096,8 @@ class RankWorker {
   DeviceClock clock_;
   std::unique_ptr<Recorder> recorder_;
   bool annotate_ = false;
+  bool share_markers_ = true;      // ExecutorOptions::share_timing_markers
+  std::vector<Marker> last_end_;   // per stream: see last_end()
   Plan plan_;
   std::vector<std::uint32_t> events_;       // per op: the event after it in this step (kNone = none)
   std::vector<std::uint32_t> step_events_;  // released at the end of the step

@@ -65,6 +65,16 @@ std::size_t FakeFabric::rendezvous_count() const {
   return rendezvous_;
 }
 
+std::size_t FakeFabric::markers_recorded() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return markers_;
+}
+
+void FakeFabric::count_marker() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++markers_;
+}
+
 void FakeFabric::add_trace(const FakeTraceEntry& e) {
   std::lock_guard<std::mutex> lock(mu_);
   trace_.push_back(e);
@@ -276,6 +286,7 @@ std::uint32_t FakeDevice::new_slot(bool marker, bool pinned) {
       if (slots_[id].completed >= slots_[id].recorded) {
         pool[i] = pool.back();
         pool.pop_back();
+        slots_[id].released = false;
         return id;
       }
     }
@@ -390,10 +401,13 @@ void FakeDevice::release_event(std::uint32_t event) {
 
 std::uint32_t FakeDevice::record_marker(int stream) {
   std::uint32_t id = 0;
+  bool capturing = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     id = new_slot(true, capturing_);
+    capturing = capturing_;
   }
+  if (!capturing) fabric_.count_marker();
   Cmd c;
   c.kind = CmdKind::record;
   c.slot = id;
@@ -410,7 +424,16 @@ double FakeDevice::elapsed_us(std::uint32_t from, std::uint32_t to) {
 
 void FakeDevice::release_marker(std::uint32_t marker) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!slots_[marker].pinned) free_markers_.push_back(marker);
+  Slot& s = slots_.at(marker);
+  if (s.pinned) return;  // a graph's marker: replayed, never recycled
+  // A marker released twice would sit twice in the pool and be handed to two owners at once (their
+  // timestamps overwriting each other): a bug in the caller, caught here (CudaDevice cannot tell).
+  if (s.released) {
+    throw SystemError("rank " + std::to_string(rank_) + ": fake device: timing marker " + std::to_string(marker) +
+                      " released twice");
+  }
+  s.released = true;
+  free_markers_.push_back(marker);
 }
 
 void FakeDevice::host_read(int /*stream*/) {

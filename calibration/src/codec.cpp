@@ -1,5 +1,6 @@
 #include "codec.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "threewalls/calibration/fit.hpp"
@@ -92,6 +93,25 @@ ConcurrencyModel concurrency_of(const FamilySpec& s, const Params& p) {
   ConcurrencyModel m;
   for (double v : array(s, p, "streams")) m.streams.push_back(static_cast<int>(as_int(v)));
   m.efficiency = array(s, p, "efficiency");
+  return m;
+}
+
+NcclInterferenceModel nccl_interference_of(const FamilySpec& s, const Params& p, const Hardware& hw) {
+  NcclInterferenceModel m;
+  m.sm_count = hw.sm_count;
+  for (double v : array(s, p, "cases")) m.cases.push_back(static_cast<int>(as_int(v)));
+  m.held_sms = array(s, p, "held_sms");
+  m.gemm_factor = array(s, p, "gemm_factor");
+  m.attention_factor = array(s, p, "attention_factor");
+  m.memory_factor = array(s, p, "memory_factor");
+  return m;
+}
+
+NcclMemoryModel nccl_memory_of(const FamilySpec& s, const Params& p) {
+  NcclMemoryModel m;
+  m.communicator_bytes = scalar(s, p, "communicator_bytes");
+  m.collective_bytes = scalar(s, p, "collective_bytes");
+  m.p2p_peer_bytes = scalar(s, p, "p2p_peer_bytes");
   return m;
 }
 
@@ -224,6 +244,22 @@ Params fit_params(const FamilySpec& spec, const std::vector<Point>& points, cons
       std::vector<double> streams(m.streams.begin(), m.streams.end());
       return round_all({streams, m.efficiency});
     }
+    case ModelKind::nccl_interference: {
+      std::vector<NcclInterferenceModel::Sample> s;
+      for (const auto& p : points) {
+        s.push_back({small_int(p.inputs[0], "case"), small_int(p.inputs[1], "kernel"), p.inputs[2], p.inputs[3],
+                     p.time.median_s});
+      }
+      const auto m = NcclInterferenceModel::fit(s, hw.sm_count);
+      std::vector<double> cases(m.cases.begin(), m.cases.end());
+      return round_all({cases, m.held_sms, m.gemm_factor, m.attention_factor, m.memory_factor});
+    }
+    case ModelKind::nccl_memory: {
+      std::vector<NcclMemoryModel::Sample> s;
+      for (const auto& p : points) s.push_back({small_int(p.inputs[0], "stage"), p.inputs[2]});
+      const auto m = NcclMemoryModel::fit(s);
+      return round_all({{m.communicator_bytes}, {m.collective_bytes}, {m.p2p_peer_bytes}});
+    }
   }
   throw std::logic_error("unhandled model kind");
 }
@@ -247,6 +283,14 @@ double predict(const FamilySpec& spec, const Params& params, const Point& p, con
       return scalar(spec, params, "value_s");
     case ModelKind::concurrency:
       return p.inputs[2] / concurrency_of(spec, params).speedup(static_cast<int>(as_int(p.inputs[0])), p.inputs[1]);
+    case ModelKind::nccl_interference: {
+      const auto c = static_cast<NcclResidentCase>(std::clamp<std::int64_t>(as_int(p.inputs[0]), 0, 1));
+      const auto k = static_cast<ComputeClass>(std::clamp<std::int64_t>(as_int(p.inputs[1]), 0, 2));
+      return p.inputs[3] * nccl_interference_of(spec, params, hw).factor(c, k, p.inputs[2]);
+    }
+    case ModelKind::nccl_memory:
+      // The measured quantity of this family is bytes (measured_value): the fit errors are over bytes.
+      return nccl_memory_of(spec, params).stage_bytes(static_cast<int>(std::clamp<std::int64_t>(as_int(p.inputs[0]), 0, 2)));
   }
   throw std::logic_error("unhandled model kind");
 }
@@ -325,6 +369,28 @@ std::optional<std::string> check_params(const FamilySpec& spec, const Params& pa
       }
       return std::nullopt;
     }
+    case ModelKind::nccl_interference: {
+      const auto& c = a("cases");
+      if (c.empty()) return "'cases' needs at least one case";
+      for (const char* k : {"held_sms", "gemm_factor", "attention_factor", "memory_factor"}) {
+        if (a(k).size() != c.size()) return std::string("'") + k + "' must have one entry per case";
+      }
+      for (std::size_t i = 0; i < c.size(); ++i) {
+        if (c[i] < 0 || c[i] > 1 || (i > 0 && !(c[i] > c[i - 1]))) {
+          return "'cases' entries must be 0 (pending) or 1 (transfer), increasing";
+        }
+        if (a("held_sms")[i] < 0) return "'held_sms' entries must be >= 0";
+        for (const char* k : {"gemm_factor", "attention_factor", "memory_factor"}) {
+          if (!(a(k)[i] > 0)) return std::string("'") + k + "' entries must be > 0";
+        }
+      }
+      return std::nullopt;
+    }
+    case ModelKind::nccl_memory:
+      for (const char* k : {"communicator_bytes", "collective_bytes", "p2p_peer_bytes"}) {
+        if (s(k) < 0) return std::string("'") + k + "' must be >= 0";
+      }
+      return std::nullopt;
   }
   return std::nullopt;
 }
@@ -336,5 +402,13 @@ LinearModel decode_linear(const Family& f) { return linear_of(f.spec(), f.params
 CollectiveModel decode_collective(const Family& f) { return collective_of(f.spec(), f.params); }
 ConstantModel decode_constant(const Family& f) { return ConstantModel{scalar(f.spec(), f.params, "value_s")}; }
 ConcurrencyModel decode_concurrency(const Family& f) { return concurrency_of(f.spec(), f.params); }
+NcclInterferenceModel decode_nccl_interference(const Family& f, const Hardware& hw) {
+  return nccl_interference_of(f.spec(), f.params, hw);
+}
+NcclMemoryModel decode_nccl_memory(const Family& f) { return nccl_memory_of(f.spec(), f.params); }
+
+double measured_value(const FamilySpec& spec, const Point& p) {
+  return spec.kind == ModelKind::nccl_memory ? p.inputs[2] : p.time.median_s;
+}
 
 }  // namespace threewalls::calibration::detail

@@ -49,5 +49,11 @@ LinearModel decode_linear(const Family& f);
 CollectiveModel decode_collective(const Family& f);
 ConstantModel decode_constant(const Family& f);
 ConcurrencyModel decode_concurrency(const Family& f);
+NcclInterferenceModel decode_nccl_interference(const Family& f, const Hardware& hw);
+NcclMemoryModel decode_nccl_memory(const Family& f);
+
+// The quantity a point measures and predict() predicts: its median time, except for nccl.memory,
+// whose points measure bytes (input `bytes`).
+double measured_value(const FamilySpec& spec, const Point& p);
 
 }  // namespace threewalls::calibration::detail

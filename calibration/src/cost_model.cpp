@@ -56,6 +56,8 @@ struct CostModel::Impl {
   std::array<std::array<std::optional<CollectiveModel>, 2>, 6> collective;
   std::array<std::optional<ConstantModel>, kHostNames.size()> host;
   std::optional<ConcurrencyModel> concurrency;
+  std::optional<NcclInterferenceModel> nccl_interference;  // optional family (absent: no slowdown)
+  std::optional<NcclMemoryModel> nccl_memory;              // optional family (absent: sim constants)
 
   [[noreturn]] void missing(const std::string& family) const {
     throw InputError(description + " has no model '" + family +
@@ -119,6 +121,12 @@ CostModel::CostModel(const Profile& profile) : impl_(std::make_unique<Impl>()) {
         break;
       case ModelKind::concurrency:
         m.concurrency = detail::decode_concurrency(f);
+        break;
+      case ModelKind::nccl_interference:
+        m.nccl_interference = detail::decode_nccl_interference(f, hw);
+        break;
+      case ModelKind::nccl_memory:
+        m.nccl_memory = detail::decode_nccl_memory(f);
         break;
     }
   }
@@ -255,5 +263,29 @@ BytesPerSecond CostModel::hbm_bandwidth() const {
 int CostModel::sm_count() const { return impl_->hardware.sm_count; }
 
 const std::string& CostModel::profile_id() const { return impl_->id; }
+
+// t_with / t_alone = g_c ceil(T/(S-H_c))/ceil(T/S) (GEMM), a_c (attention), b_c (memory-bound)
+// (NcclInterferenceModel, "nccl_resident_v1"); 1 without the family.
+double CostModel::nccl_resident_slowdown(int nccl_case, int compute_class, double tiles) const {
+  if (nccl_case < 0 || nccl_case > 1) {
+    throw InputError("CostModel::nccl_resident_slowdown: case = " + std::to_string(nccl_case) +
+                     " must be 0 (pending) or 1 (transfer)");
+  }
+  if (compute_class < 0 || compute_class > 2) {
+    throw InputError("CostModel::nccl_resident_slowdown: compute_class = " + std::to_string(compute_class) +
+                     " must be 0 (GEMM), 1 (attention) or 2 (memory-bound)");
+  }
+  if (!impl_->nccl_interference) return 1.0;
+  return impl_->nccl_interference->factor(static_cast<NcclResidentCase>(nccl_case),
+                                          static_cast<ComputeClass>(compute_class), tiles);
+}
+
+bool CostModel::has_nccl_interference() const { return impl_->nccl_interference.has_value(); }
+
+std::optional<CostModel::NcclMemory> CostModel::nccl_memory() const {
+  if (!impl_->nccl_memory) return std::nullopt;
+  const NcclMemoryModel& m = *impl_->nccl_memory;
+  return NcclMemory{Bytes(m.communicator_bytes), Bytes(m.collective_bytes), Bytes(m.p2p_peer_bytes)};
+}
 
 }  // namespace threewalls::calibration

@@ -247,6 +247,42 @@ std::vector<FamilySpec> build_specs() {
                 {"efficiency", false, true, "e(n) per measured stream count"}};
     specs.push_back(s);
   }
+  {
+    FamilySpec s;
+    s.name = std::string(kNcclInterferenceFamily);
+    s.model = "nccl_resident_v1";
+    s.kind = ModelKind::nccl_interference;
+    s.description =
+        "compute kernels while an NCCL kernel is resident on the GPU (case 0: a receive waiting for its peer, 1: a "
+        "large all-reduce transferring): GEMM t = alone g_c ceil(T/(S-H_c))/ceil(T/S), attention t = alone a_c, "
+        "memory-bound t = alone b_c";
+    s.inputs = {{"case", true, "0: pending receive (spinning), 1: all-reduce transferring"},
+                {"kernel", true, "0: GEMM, 1: attention, 2: memory-bound kernel"},
+                {"tiles", true, "128 x 128 output tiles of a GEMM (0 for other kernels)"},
+                {"alone_s", false, "the kernel's time with no NCCL kernel resident, seconds"}};
+    s.params = {{"cases", true, true, "measured cases, increasing"},
+                {"held_sms", true, true, "H_c: SMs the NCCL kernel holds (wave model of the GEMMs), per case"},
+                {"gemm_factor", false, true, "g_c: GEMM slowdown besides the waves, per case"},
+                {"attention_factor", false, true, "a_c: attention slowdown, per case"},
+                {"memory_factor", false, true, "b_c: memory-bound kernel slowdown, per case"}};
+    specs.push_back(s);
+  }
+  {
+    FamilySpec s;
+    s.name = std::string(kNcclMemoryFamily);
+    s.model = "nccl_memory_v1";
+    s.kind = ModelKind::nccl_memory;
+    s.description =
+        "NCCL device memory (cudaMemGetInfo) by stage: communicator init, first collectives, first send/recv with a "
+        "peer; parameters are the stages' median bytes (points' times: the stages' host seconds, for reference)";
+    s.inputs = {{"stage", true, "0: communicator init, 1: first collectives, 2: first send/recv with a peer"},
+                {"group_size", true, "ranks in the communicator"},
+                {"bytes", true, "device bytes the stage allocated on the measured GPU"}};
+    s.params = {{"communicator_bytes", false, false, "per communicator of more than one rank"},
+                {"collective_bytes", false, false, "per communicator that runs collectives"},
+                {"p2p_peer_bytes", false, false, "per peer this rank sends to or receives from"}};
+    specs.push_back(s);
+  }
   return specs;
 }
 

@@ -3,6 +3,7 @@
 #include "threewalls/calibration/models.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -628,6 +629,126 @@ ConcurrencyModel ConcurrencyModel::fit(const std::vector<Sample>& samples) {
     m.streams.push_back(n);
     m.efficiency.push_back(fit::median(es));
   }
+  return m;
+}
+
+// ---- NCCL-resident slowdown ("nccl_resident_v1") ----
+// t = alone * g_c * W(T, S - H_c) / W(T, S) for GEMMs, alone * a_c / alone * b_c otherwise (models.hpp).
+
+double NcclInterferenceModel::wave_ratio(double tiles, int sm_count, double held_sms) {
+  if (!(tiles > 0) || !(held_sms > 0) || sm_count <= 0) return 1.0;
+  const double left = std::max(1.0, static_cast<double>(sm_count) - held_sms);
+  return std::ceil(tiles / left) / std::ceil(tiles / static_cast<double>(sm_count));
+}
+
+bool NcclInterferenceModel::has(NcclResidentCase c) const {
+  return std::find(cases.begin(), cases.end(), static_cast<int>(c)) != cases.end();
+}
+
+double NcclInterferenceModel::factor(NcclResidentCase c, ComputeClass kind, double tiles) const {
+  const auto it = std::find(cases.begin(), cases.end(), static_cast<int>(c));
+  if (it == cases.end()) return 1.0;
+  const auto i = static_cast<std::size_t>(it - cases.begin());
+  switch (kind) {
+    case ComputeClass::gemm:
+      return gemm_factor[i] * wave_ratio(tiles, sm_count, held_sms[i]);
+    case ComputeClass::attention:
+      return attention_factor[i];
+    case ComputeClass::memory:
+      return memory_factor[i];
+  }
+  return 1.0;
+}
+
+NcclInterferenceModel NcclInterferenceModel::fit(const std::vector<Sample>& samples, int sm_count) {
+  if (sm_count <= 0) throw FitImpossible("nccl interference: the profile's hardware needs sm_count > 0");
+  std::map<int, std::array<std::vector<const Sample*>, 3>> by_case;
+  for (const auto& s : samples) {
+    require_positive_time(s.seconds, "nccl interference");
+    require_positive_time(s.alone_s, "nccl interference (alone_s)");
+    if (s.kase < 0 || s.kase > 1) throw FitImpossible("nccl interference: case must be 0 (pending) or 1 (transfer)");
+    if (s.kind < 0 || s.kind > 2) {
+      throw FitImpossible("nccl interference: kernel must be 0 (gemm), 1 (attention) or 2 (memory)");
+    }
+    if (s.tiles < 0) throw FitImpossible("nccl interference: tiles must be >= 0");
+    by_case[s.kase][static_cast<std::size_t>(s.kind)].push_back(&s);
+  }
+  if (by_case.empty()) throw FitImpossible("nccl interference: no points");
+  NcclInterferenceModel m;
+  m.sm_count = sm_count;
+  const char* names[3] = {"GEMM", "attention", "memory-bound"};
+  for (const auto& [c, kinds] : by_case) {
+    for (std::size_t k = 0; k < 3; ++k) {
+      if (kinds[k].empty()) {
+        throw FitImpossible("nccl interference: case " + std::to_string(c) + " has no " + names[k] + " point");
+      }
+    }
+    // H and g by exhaustive search (S/2 + 1 candidates): smallest mean relative error, ties to the
+    // smaller H. The mean, not the median: only the few GEMMs near a wave boundary tell H apart,
+    // and a median would ignore them.
+    double best_h = 0.0, best_g = 1.0, best_err = std::numeric_limits<double>::infinity();
+    for (int h = 0; h <= sm_count / 2; ++h) {
+      std::vector<double> r;
+      for (const Sample* s : kinds[0]) {
+        r.push_back(s->seconds / (s->alone_s * wave_ratio(s->tiles, sm_count, h)));
+      }
+      const double g = fit::median(r);
+      std::vector<double> e;
+      for (const double x : r) e.push_back(std::fabs(g / x - 1.0));
+      double err = 0.0;
+      for (const double x : e) err += x / static_cast<double>(e.size());
+      if (err < best_err - 1e-12) {
+        best_err = err;
+        best_h = h;
+        best_g = g;
+      }
+    }
+    auto ratio_median = [](const std::vector<const Sample*>& v) {
+      std::vector<double> r;
+      for (const Sample* s : v) r.push_back(s->seconds / s->alone_s);
+      return fit::median(r);
+    };
+    m.cases.push_back(c);
+    m.held_sms.push_back(best_h);
+    m.gemm_factor.push_back(best_g);
+    m.attention_factor.push_back(ratio_median(kinds[1]));
+    m.memory_factor.push_back(ratio_median(kinds[2]));
+  }
+  return m;
+}
+
+// ---- NCCL device memory ("nccl_memory_v1") ----
+
+double NcclMemoryModel::stage_bytes(int stage) const {
+  switch (stage) {
+    case 0:
+      return communicator_bytes;
+    case 1:
+      return collective_bytes;
+    case 2:
+      return p2p_peer_bytes;
+    default:
+      throw std::invalid_argument("nccl memory: stage must be 0, 1 or 2");
+  }
+}
+
+NcclMemoryModel NcclMemoryModel::fit(const std::vector<Sample>& samples) {
+  std::array<std::vector<double>, 3> by_stage;
+  for (const auto& s : samples) {
+    if (s.stage < 0 || s.stage > 2) {
+      throw FitImpossible("nccl memory: stage must be 0 (communicator), 1 (collectives) or 2 (p2p peer)");
+    }
+    if (!(s.bytes >= 0) || !std::isfinite(s.bytes)) throw FitImpossible("nccl memory: bytes must be >= 0");
+    by_stage[static_cast<std::size_t>(s.stage)].push_back(s.bytes);
+  }
+  const char* names[3] = {"communicator init", "first collectives", "first send/recv with a peer"};
+  for (std::size_t i = 0; i < 3; ++i) {
+    if (by_stage[i].empty()) throw FitImpossible(std::string("nccl memory: no point of stage ") + names[i]);
+  }
+  NcclMemoryModel m;
+  m.communicator_bytes = fit::median(by_stage[0]);
+  m.collective_bytes = fit::median(by_stage[1]);
+  m.p2p_peer_bytes = fit::median(by_stage[2]);
   return m;
 }
 

@@ -171,7 +171,7 @@ Profile ProfileBuilder::build() const {
     std::vector<double> measured;
     std::vector<double> predicted;
     for (const auto& p : pts) {
-      measured.push_back(p.time.median_s);
+      measured.push_back(detail::measured_value(*spec, p));
       predicted.push_back(detail::predict(*spec, f.params, p, hardware_));
     }
     const auto err = fit::relative_error_stats(predicted, measured);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -373,6 +374,60 @@ TEST(CalibrationPlan, NeverMeasuresAShapeOfTheValidationScenarios) {
         EXPECT_FALSE(shapes.count({p.family, p.inputs})) << p.label() << " is a shape of a validation scenario";
       }
     }
+  }
+}
+
+// The interference group's kernels, as the compute families would see them, are no validation shape.
+TEST(CalibrationPlan, InterferenceKernelsAreNoShapeOfTheValidationScenarios) {
+  const auto shapes = validation_shapes();
+  for (const Mode mode : {Mode::quick, Mode::full}) {
+    for (const auto& p : plan(mode, 2, {"interference"})) {
+      if (p.op != "nccl_interference") continue;
+      Key k;
+      if (p.iparam("kernel") == 0) {
+        k = {"gemm.bf16", {p.param("m"), p.param("n"), p.param("k"), 1.0}};
+      } else if (p.iparam("kernel") == 1) {
+        k = {p.iparam("backward") ? "attention.bwd" : "attention.fwd",
+             {p.param("batch"), p.param("seq"), p.param("seq"), p.param("heads"), p.param("heads"), p.param("head_dim"),
+              p.param("head_dim"), p.param("causal")}};
+      } else {
+        k = {"elementwise", {6.0 * p.param("elements")}};
+      }
+      EXPECT_FALSE(shapes.count(k)) << p.label() << " is a shape of a validation scenario";
+    }
+  }
+}
+
+TEST(CalibrationPlan, InterferenceNeedsTwoGpusAndCoversOneAndManyWaveGemms) {
+  EXPECT_TRUE(plan(Mode::full, 1, {"interference"}).empty());  // the report says why (needs 2 GPUs)
+  for (const Mode mode : {Mode::quick, Mode::full}) {
+    const auto points = plan(mode, 4, {"interference"});
+    std::set<double> stages;
+    std::map<std::pair<int, int>, int> per_case_kernel;
+    double min_tiles = 1e300, max_tiles = 0;
+    for (const auto& p : points) {
+      EXPECT_EQ(p.group_size, 2) << p.label();  // one pair: GPU 0 measured, GPU 1 the peer
+      if (p.op == "nccl_memory") {
+        stages.insert(p.param("stage"));
+        continue;
+      }
+      ASSERT_EQ(p.op, "nccl_interference");
+      ++per_case_kernel[{static_cast<int>(p.iparam("case")), static_cast<int>(p.iparam("kernel"))}];
+      if (p.iparam("kernel") == 0) {
+        const double tiles = std::ceil(p.param("m") / 128) * std::ceil(p.param("n") / 128);
+        EXPECT_EQ(p.inputs[2], tiles) << p.label();
+        min_tiles = std::min(min_tiles, tiles);
+        max_tiles = std::max(max_tiles, tiles);
+      }
+    }
+    EXPECT_EQ(stages, (std::set<double>{0, 1, 2})) << to_string(mode);
+    for (int c = 0; c <= 1; ++c) {
+      for (int k = 0; k <= 2; ++k) EXPECT_GE(per_case_kernel[{c, k}], 1) << "case " << c << " kernel " << k;
+      EXPECT_GE(per_case_kernel[{c, 0}], 3) << "case " << c;
+    }
+    // A GEMM that fits one wave on 132 SMs but not on 132 - 24, and one of many waves.
+    EXPECT_LE(min_tiles, 132) << to_string(mode);
+    EXPECT_GE(max_tiles, 1000) << to_string(mode);
   }
 }
 

@@ -27,7 +27,8 @@ std::vector<Budget::Section> sections_of(const std::vector<PointSpec>& plan) {
   // Shares: roughly the seconds each group needs at the H100/H200 rates for its grid.
   static const std::map<std::string, double> shares{{"copy", 20},       {"memory", 14},     {"gemm", 50},
                                                     {"grouped", 20},    {"attention", 35},  {"host", 5},
-                                                    {"concurrency", 8}, {"collective", 118}};
+                                                    {"concurrency", 8}, {"collective", 118},
+                                                    {"interference", 12}};
   std::vector<Budget::Section> out;
   for (const auto& p : plan) {
     const OpInfo* op = find_op(p.op);

@@ -107,4 +107,33 @@ class CollectiveBench {
   Clock clock_;
 };
 
+// ---- compute beside resident NCCL kernels; NCCL memory (gpu_interference.cpp) ----
+// GPU 0 measured, GPU 1 the NCCL peer (a thread of its own). Construction measures the NCCL memory
+// stages on a fresh communicator pair (cudaMemGetInfo on both GPUs) and keeps the pair.
+class InterferenceBench {
+ public:
+  struct MemoryStage {
+    std::string what;
+    double bytes = 0.0;       // allocated on GPU 0 (the measured rank) by the stage
+    double peer_bytes = 0.0;  // allocated on GPU 1
+    double seconds = 0.0;     // host time of the stage
+  };
+  // Throws when fewer than 2 GPUs are visible or a stage fails.
+  InterferenceBench(std::uint64_t seed, Clock clock);
+  ~InterferenceBench();
+  InterferenceBench(const InterferenceBench&) = delete;
+  InterferenceBench& operator=(const InterferenceBench&) = delete;
+  // Stage 0 communicator init, 1 first collectives, 2 first send/recv both directions.
+  [[nodiscard]] const MemoryStage& stage(int i) const;
+  // Samples of `work` (one run of the kernel on the given stream, GPU 0) while an NCCL kernel is
+  // resident (kase 0: pending receive, 1: 1 GiB all-reduce transferring), each paired with a sample
+  // alone. Fills r.samples_s (with NCCL), reps, stop, rel_ci and r.check; returns the alone median
+  // (seconds per run).
+  double measure(const StopRule& rule, int kase, const Work& work, Record& r);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 }  // namespace threewalls::calibration::bench::detail

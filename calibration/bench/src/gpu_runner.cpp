@@ -15,6 +15,7 @@
 #include <ctime>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <stdexcept>
 
 #include "bench_kernels.cuh"
@@ -236,6 +237,7 @@ class GpuRunner final : public PointRunner {
     if (section == "attention") begin_attention(points);
     if (section == "host") begin_host();
     if (section == "concurrency") begin_concurrency(points);
+    if (section == "interference") begin_interference(points);
     if (section == "collective") {
       max_coll_bytes_ = 0.0;
       for (const auto& p : points) max_coll_bytes_ = std::max(max_coll_bytes_, p.bytes);
@@ -256,6 +258,7 @@ class GpuRunner final : public PointRunner {
     side_streams_.clear();
     comm_.reset();
     collectives_.reset();
+    interference_.reset();
     if (!disk_path_.empty()) {
       std::filesystem::remove(disk_path_);
       disk_path_.clear();
@@ -273,6 +276,8 @@ class GpuRunner final : public PointRunner {
     if (op == "attention_fwd" || op == "attention_bwd") return measure_attention(rule, r);
     if (op.rfind("host_", 0) == 0) return measure_host_op(rule, r);
     if (op == "concurrency_gemm") return measure_concurrency(rule, r);
+    if (op == "nccl_memory") return measure_nccl_memory(r);
+    if (op == "nccl_interference") return measure_interference(rule, r);
     if (collectives_) return collectives_->measure(rule, max_coll_bytes_, r);
     throw std::logic_error("GPU runner: no handler for op " + op);
   }
@@ -871,6 +876,136 @@ class GpuRunner final : public PointRunner {
     r.check = check_gemm(g, a, b, c_of(n_streams - 1), false) + " (last stream's output)";
   }
 
+  // ---- compute beside resident NCCL kernels; NCCL memory (gpu_interference.cpp) ----
+  void begin_interference(const std::vector<PointSpec>& points) {
+    // GEMM operands of at least kRotationBytes (cold L2, as in the gemm section); the residual add
+    // uses the same buffers; attention has its own (the attention section's layout).
+    double a = 1, b = 1, c = 1, attn = 1, rows = 1;
+    for (const auto& p : points) {
+      if (p.op != "nccl_interference") continue;
+      const auto kind = p.iparam("kernel");
+      if (kind == 0) {
+        a = std::max(a, p.param("m") * p.param("k"));
+        b = std::max(b, p.param("k") * p.param("n"));
+        c = std::max(c, p.param("m") * p.param("n"));
+      } else if (kind == 1) {
+        attn = std::max(attn, p.param("batch") * p.param("heads") * p.param("seq") * p.param("head_dim"));
+        rows = std::max(rows, p.param("batch") * p.param("heads") * p.param("seq"));
+      } else {
+        a = std::max(a, p.param("elements"));
+        b = std::max(b, p.param("elements"));
+        c = std::max(c, p.param("elements"));
+      }
+    }
+    const double floor_elems = static_cast<double>(kRotationBytes) / 2.0;
+    buf_[0] = random_bf16(sz(std::max(a, floor_elems)), opt_.seed + 81, s());
+    buf_[1] = random_bf16(sz(std::max(b, floor_elems)), opt_.seed + 82, s());
+    buf_[2] = be::DeviceBuffer(sz(std::max(c, floor_elems)) * 2);
+    buf_[3] = random_bf16(sz(attn), opt_.seed + 83, s());  // Q
+    buf_[4] = random_bf16(sz(attn), opt_.seed + 84, s());  // K
+    buf_[5] = random_bf16(sz(attn), opt_.seed + 85, s());  // V
+    buf_[6] = be::DeviceBuffer(sz(attn) * 2 * 4);         // O, dQ, dK, dV
+    buf_[7] = random_bf16(sz(attn), opt_.seed + 86, s());  // dO
+    buf_[8] = be::DeviceBuffer(sz(rows) * 4);              // lse
+    attention_ = std::make_unique<be::Attention>(*lt_, be::OpRunnerConfig{}.attention_workspace);
+    TW_CUDA_CHECK(cudaStreamSynchronize(s()));
+    interference_ = std::make_unique<detail::InterferenceBench>(opt_.seed + 87, clock_);
+  }
+
+  void measure_nccl_memory(Record& r) {
+    if (!interference_) throw std::logic_error("nccl_memory outside the interference section");
+    const auto& st = interference_->stage(static_cast<int>(r.point.iparam("stage")));
+    r.point.inputs[2] = std::max(0.0, st.bytes);  // cudaMemGetInfo deltas; a release reads as 0
+    r.point.params.push_back({"peer_gpu_bytes", st.peer_bytes});
+    r.samples_s = {std::max(st.seconds, 1e-9)};
+    r.reps = 1;
+    r.stop = "one observation: the stage happens once on a fresh communicator pair";
+    r.rel_ci = 0.0;
+    r.check = "passed: " + st.what + ": GPU 0 " + std::to_string(st.bytes / 1048576.0) + " MiB, GPU 1 " +
+              std::to_string(st.peer_bytes / 1048576.0) + " MiB (cudaMemGetInfo); the send/recv stage checked the "
+              "received data";
+  }
+
+  void measure_interference(const StopRule& rule, Record& r) {
+    if (!interference_) throw std::logic_error("nccl_interference outside the interference section");
+    const auto& p = r.point;
+    const int kase = static_cast<int>(p.iparam("case"));
+    const auto kind = p.iparam("kernel");
+    Work w;
+    std::function<std::string()> check;
+    std::optional<Rotation> ra, rb, rc;
+    be::GemmShape g{};
+    std::size_t run = 0;
+    if (kind == 0) {
+      g = be::linear_gemm(be::GemmLayout::forward, p.iparam("m"), p.iparam("n"), p.iparam("k"));
+      const std::size_t a_bytes = sz(g.m * g.k) * 2, b_bytes = sz(g.k * g.n) * 2, c_bytes = sz(g.m * g.n) * 2;
+      const std::size_t run_bytes = a_bytes + b_bytes + c_bytes;
+      ra.emplace(buf_[0], a_bytes, run_bytes);
+      rb.emplace(buf_[1], b_bytes, run_bytes);
+      rc.emplace(buf_[2], c_bytes, run_bytes);
+      w = [&](cudaStream_t st) {
+        lt_->gemm(g, ra->at(run), rb->at(run), rc->at(run), st);
+        ++run;
+      };
+      check = [&] {
+        const std::size_t last = run - 1;
+        return check_gemm(g, ra->at(last), rb->at(last), rc->at(last), false) + rotation_note(*ra, *rb, *rc);
+      };
+    } else if (kind == 1) {
+      const be::AttentionShape sh{p.iparam("batch"), p.iparam("seq"),      p.iparam("seq"),
+                                  p.iparam("heads"), p.iparam("head_dim"), p.iparam("head_dim"),
+                                  p.iparam("causal") != 0};
+      const bool bwd = p.iparam("backward") != 0;
+      auto* q = buf_[3].as<be::bf16>();
+      auto* k = buf_[4].as<be::bf16>();
+      auto* v = buf_[5].as<be::bf16>();
+      auto* o = buf_[6].as<be::bf16>();
+      const std::size_t n = buf_[3].size() / 2;
+      auto* dq = o + n;
+      auto* dk = dq + n;
+      auto* dv = dk + n;
+      auto* d_o = buf_[7].as<be::bf16>();
+      auto* lse = buf_[8].as<float>();
+      attention_->reserve(sh);
+      attention_->forward(sh, q, k, v, o, lse, s());  // backward consumes a real O and log-sum-exp
+      if (bwd) {
+        w = [=, this](cudaStream_t st) { attention_->backward(sh, q, k, v, o, d_o, lse, dq, dk, dv, st); };
+      } else {
+        w = [=, this](cudaStream_t st) { attention_->forward(sh, q, k, v, o, lse, st); };
+      }
+      check = [=] {
+        TW_CUDA_CHECK(cudaDeviceSynchronize());
+        CheckLog log("attention forward rows of (batch 0, head 0) against a CPU reference (relative L2)" +
+                     std::string(bwd ? "; the backward's dQ is checked in the attention section" : ""));
+        const std::int64_t row = sh.seq_q - 1;
+        const AttnRef ref = attention_row(sh, q, k, v, row);
+        log.expect_near(detail::rel_l2(download_bf16(o, row * sh.head_dim_v, sh.head_dim_v), ref.o), 0.0, 0.03,
+                        "row " + std::to_string(row));
+        return log.passed();
+      };
+    } else {
+      const std::int64_t e = p.iparam("elements");
+      auto* a = buf_[0].as<be::bf16>();
+      auto* b = buf_[1].as<be::bf16>();
+      auto* c = buf_[2].as<be::bf16>();
+      w = [=](cudaStream_t st) { be::add(a, b, c, e, st); };
+      check = [=] {
+        TW_CUDA_CHECK(cudaDeviceSynchronize());
+        CheckLog log("out = a + b");
+        for (const std::int64_t i : {std::int64_t{0}, e / 2, e - 1}) {
+          const double want = detail::bf16_round(download_bf16(a, i, 1)[0] + download_bf16(b, i, 1)[0]);
+          log.expect_near(download_bf16(c, i, 1)[0], want, 0.01 * std::fabs(want) + 1e-6,
+                          "element " + std::to_string(i));
+        }
+        return log.passed();
+      };
+    }
+    const double alone_s = interference_->measure(rule, kase, w, r);
+    r.point.inputs[3] = alone_s;
+    TW_CUDA_CHECK(cudaDeviceSynchronize());
+    r.check += "; " + check();
+  }
+
   GpuRunnerOptions opt_;
   Clock clock_;
   std::string section_;
@@ -886,6 +1021,7 @@ class GpuRunner final : public PointRunner {
   std::vector<std::unique_ptr<be::Stream>> side_streams_;
   std::unique_ptr<be::CommTable> comm_;
   std::unique_ptr<detail::CollectiveBench> collectives_;
+  std::unique_ptr<detail::InterferenceBench> interference_;
   double max_coll_bytes_ = 0.0;
 };
 

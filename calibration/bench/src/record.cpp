@@ -38,6 +38,14 @@ std::vector<Param> derived_metrics(const PointSpec& p, double median_s) {
     m.push_back({"busbw_gb_per_s", bus_bandwidth(p.op, p.group_size, p.bytes, median_s) / 1e9});
     return m;
   }
+  if (p.op == "nccl_interference" && p.inputs.size() == 4 && p.inputs[3] > 0.0) {
+    m.push_back({"alone_us", p.inputs[3] * 1e6});
+    m.push_back({"slowdown", median_s / p.inputs[3]});  // time with NCCL resident / time alone
+  }
+  if (p.op == "nccl_memory" && p.inputs.size() == 3) {
+    m.push_back({"mib", p.inputs[2] / 1048576.0});
+    return m;
+  }
   if (p.flops > 0.0) m.push_back({"tflop_per_s", p.flops / median_s / 1e12});
   if (p.bytes > 0.0) m.push_back({"gb_per_s", p.bytes / median_s / 1e9});
   return m;

@@ -134,6 +134,10 @@ std::string why_not_measured(const std::string& family, int gpus_used, const std
   if (starts_with(family, "collective.") && gpus_used == 1) {
     return "one GPU was used: collectives need a group of 2 GPUs or more";
   }
+  if ((family == kNcclInterferenceFamily || family == kNcclMemoryFamily) && gpus_used < 2) {
+    return "one GPU was used: needs 2 GPUs (GPU 1 is the NCCL peer); the simulator applies no slowdown beside NCCL "
+           "kernels and the memory model keeps its fixed NCCL constants";
+  }
   if (family == "grouped_gemm.fp8")
     return "the backend has no fp8 grouped GEMM (an fp8 grouped op is an error in threewalls run)";
   if (starts_with(family, "gemm.fp32") || starts_with(family, "grouped_gemm.fp32"))
@@ -329,6 +333,17 @@ CalibrationReport build_report(const std::vector<Record>& records, const BuildOp
       rep.families.push_back(fr);
       fams.push_back(std::move(c));
     }
+  }
+  // Optional families no fill profile has: say that they were not measured, and why.
+  for (const std::string_view opt : {kNcclInterferenceFamily, kNcclMemoryFamily}) {
+    bool listed = dropped.count(std::string(opt)) != 0;
+    for (const auto& fr : rep.families) listed = listed || fr.name == opt;
+    if (listed) continue;
+    FamilyReport fr;
+    fr.name = std::string(opt);
+    fr.measured = false;
+    fr.why = why_not_measured(fr.name, options.gpus_used, options.mode);
+    rep.families.push_back(fr);
   }
   for (const auto& [name, why] : dropped) {
     bool copied = false;

@@ -60,6 +60,10 @@ struct ExecutorOptions {
   // the offload study grew by 3.5 us per 180 ms step with 10 s), so host records that start at a
   // device time need a recent anchor.
   double realign_every_s = 0.1;
+  // Recorded steps: an op issued right behind a timed op on its stream, nothing in between, starts
+  // at that op's end marker instead of its own (n + 1 timing markers for n back-to-back ops, not 2n;
+  // docs/profiler.md, "Shared boundary markers"). false: two markers per op (tests, comparisons).
+  bool share_timing_markers = true;
   std::string source = "real";     // run header source
   // Fault injection, to demonstrate fault handling on real GPUs (`threewalls run --inject-fault`):
   // in measured step `fault_step`, rank `fault_rank` stops halfway through issuing the step's ops and

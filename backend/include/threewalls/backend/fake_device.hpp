@@ -77,6 +77,9 @@ class FakeFabric {
   [[nodiscard]] double now_us() const;
   [[nodiscard]] std::vector<FakeTraceEntry> trace() const;
   [[nodiscard]] std::size_t rendezvous_count() const;
+  // Timing markers recorded on streams by every device of the fabric (outside graph captures; tests
+  // count the markers per recorded step).
+  [[nodiscard]] std::size_t markers_recorded() const;
 
   // ---- used by FakeDevice ----
   struct Arrival {
@@ -94,6 +97,7 @@ class FakeFabric {
   bool rendezvous(const std::string& key, int size, const Arrival& me, const std::function<bool()>& stop);
   void add_trace(const FakeTraceEntry& e);
   void wake_all();  // a stop flag changed somewhere
+  void count_marker();
 
  private:
   struct Meeting {
@@ -109,6 +113,7 @@ class FakeFabric {
   std::map<std::string, Meeting> meetings_;
   std::uint64_t next_id_ = 1;
   std::size_t rendezvous_ = 0;
+  std::size_t markers_ = 0;
   std::vector<FakeTraceEntry> trace_;
 };
 
@@ -165,6 +170,7 @@ class FakeDevice : public Device {
     double time_us = 0.0;         // when the last completed record was reached
     bool pinned = false;          // owned by a graph (never recycled)
     bool marker = false;
+    bool released = false;        // markers: in the free pool (a second release throws)
   };
   struct StreamWorker;
   struct Graph {

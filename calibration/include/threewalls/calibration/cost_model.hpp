@@ -8,6 +8,7 @@
 // the simulator adds sharing of links and streams on top).
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -104,6 +105,23 @@ class CostModel {
   // Throughput factor of `streams` concurrent small kernels relative to running them back to back
   // (1 = no gain; > 1 = faster together), for kernels of `sm_fraction` of the GPU each.
   [[nodiscard]] double stream_concurrency(int streams, double sm_fraction) const;
+
+  // ---- compute beside resident NCCL kernels (optional family nccl.interference) ----
+  // Slowdown t_with / t_alone of a compute kernel while an NCCL kernel is resident on the same GPU
+  // (models.hpp, NcclInterferenceModel): `nccl_case` 0 = a p2p/collective kernel waiting for its
+  // peer, 1 = transferring; `compute_class` 0 = GEMM (`tiles` = 128 x 128 output tiles of the call),
+  // 1 = attention, 2 = memory-bound. 1 when the profile has no nccl.interference family (older
+  // profiles: no slowdown, the behaviour before the family existed) or lacks the case.
+  [[nodiscard]] double nccl_resident_slowdown(int nccl_case, int compute_class, double tiles) const;
+  [[nodiscard]] bool has_nccl_interference() const;
+  // ---- NCCL device memory (optional family nccl.memory) ----
+  struct NcclMemory {
+    Bytes communicator;  // per communicator of more than one rank
+    Bytes collective;    // per communicator that runs collectives
+    Bytes p2p_peer;      // per distinct send/recv peer
+  };
+  // Empty when the profile has no nccl.memory family (the memory model keeps its fixed constants).
+  [[nodiscard]] std::optional<NcclMemory> nccl_memory() const;
 
   // ---- hardware ----
   [[nodiscard]] FlopsPerSecond peak_flops(Dtype dt) const;  // datasheet dense peak

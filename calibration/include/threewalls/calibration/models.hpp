@@ -258,4 +258,79 @@ struct ConcurrencyModel {
   static ConcurrencyModel fit(const std::vector<Sample>& samples);
 };
 
+// ---------------------------------------------------------------------------------------------
+// Compute kernels beside a resident NCCL kernel ("nccl_resident_v1", family nccl.interference).
+//
+// An NCCL kernel holds SMs (one CTA per channel) from the moment its stream reaches it until it
+// completes, including the time it spins waiting for its peer. Compute kernels launched on other
+// streams meanwhile get the remaining SMs. Two cases are measured (calibrate, group "interference"):
+//   case 0 "pending":  a receive whose peer posts the send only after the compute finished (spinning);
+//   case 1 "transfer": a large all-reduce actually moving data (also competes for HBM and L2).
+// Per case c, with S the profile's SM count and alone_s the kernel's time without NCCL:
+//   GEMM (T = 128 x 128 output tiles of the call, 0 if unknown):
+//     t = alone_s * g_c * W(T, S - H_c) / W(T, S),   W(T, s) = ceil(T / s)  (waves; W = 1 for T = 0)
+//   attention: t = alone_s * a_c;   memory-bound kernel: t = alone_s * b_c
+// H_c (SMs held by NCCL) and g_c are fitted on the GEMM points: for every H in [0, S/2] g is the
+// median of measured / (alone * wave ratio) and the H with the smallest mean relative error wins
+// (ties: the smaller H). H_c = 0 means wave quantisation does not explain the measurements and g_c
+// is then the plain median slowdown of the GEMMs. a_c and b_c are median slowdowns of their points.
+// A case that was not measured has no entry (the caller decides; the simulator then uses no
+// slowdown for it and says so).
+enum class NcclResidentCase : std::uint8_t { pending = 0, transfer = 1 };
+enum class ComputeClass : std::uint8_t { gemm = 0, attention = 1, memory = 2 };
+
+struct NcclInterferenceModel {
+  int sm_count = 0;
+  std::vector<int> cases;               // measured cases (NcclResidentCase values), increasing
+  std::vector<double> held_sms;         // H_c per entry of `cases`
+  std::vector<double> gemm_factor;      // g_c
+  std::vector<double> attention_factor; // a_c
+  std::vector<double> memory_factor;    // b_c
+
+  [[nodiscard]] bool has(NcclResidentCase c) const;
+  // t_with / t_alone for a kernel of `kind` with `tiles` 128 x 128 output tiles (GEMM only); 1 for a
+  // case that was not measured.
+  [[nodiscard]] double factor(NcclResidentCase c, ComputeClass kind, double tiles) const;
+  // W(T, S - H) / W(T, S) (1 when T <= 0 or H <= 0).
+  [[nodiscard]] static double wave_ratio(double tiles, int sm_count, double held_sms);
+
+  struct Sample {
+    int kase;  // NcclResidentCase
+    int kind;  // ComputeClass
+    double tiles;
+    double alone_s;
+    double seconds;  // with the NCCL kernel resident
+  };
+  // Throws FitImpossible when a measured case lacks GEMM, attention or memory points, or for a
+  // non-positive time.
+  static NcclInterferenceModel fit(const std::vector<Sample>& samples, int sm_count);
+};
+
+// ---------------------------------------------------------------------------------------------
+// NCCL device memory ("nccl_memory_v1", family nccl.memory): bytes NCCL allocates on a rank's GPU,
+// measured with cudaMemGetInfo around each stage on a fresh pair of communicators (calibrate,
+// group "interference"):
+//   stage 0: communicator init (ncclCommInitRank), per communicator of more than one rank;
+//   stage 1: the first collectives (all-reduce of 1 MiB, then 1 GiB: NCCL connects its ring/tree
+//            buffers lazily, at the first collective that uses them), per communicator that runs
+//            collectives;
+//   stage 2: the first send/recv with a peer, both directions (p2p connection buffers, lazy), per peer.
+// A rank's NCCL memory = sum over its communicators of (communicator + collective if it runs
+// collectives) + p2p_peer x (distinct p2p peers). Each parameter is the median of its stage's points.
+// The points' measured quantity is bytes (their times are the stages' host seconds, kept only for
+// reference), so the fit errors of this family are over bytes.
+struct NcclMemoryModel {
+  double communicator_bytes = 0.0;
+  double collective_bytes = 0.0;
+  double p2p_peer_bytes = 0.0;
+
+  [[nodiscard]] double stage_bytes(int stage) const;
+  struct Sample {
+    int stage;
+    double bytes;
+  };
+  // Throws FitImpossible when a stage has no point or a stage number is unknown.
+  static NcclMemoryModel fit(const std::vector<Sample>& samples);
+};
+
 }  // namespace threewalls::calibration

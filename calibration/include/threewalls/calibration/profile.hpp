@@ -22,7 +22,17 @@ namespace threewalls::calibration {
 
 // ---- what a family is ------------------------------------------------------------------------
 
-enum class ModelKind : std::uint8_t { gemm, grouped_gemm, attention, linear, collective, constant, concurrency };
+enum class ModelKind : std::uint8_t {
+  gemm,
+  grouped_gemm,
+  attention,
+  linear,
+  collective,
+  constant,
+  concurrency,
+  nccl_interference,  // compute beside a resident NCCL kernel (models.hpp, NcclInterferenceModel)
+  nccl_memory,        // NCCL device memory by stage (models.hpp, NcclMemoryModel)
+};
 
 // One input column of a family's points (all numbers; `integer` ones are written without a point).
 struct InputSpec {
@@ -80,6 +90,10 @@ inline constexpr std::array<std::string_view, 6> kMemoryKernelFamilies = {
   return false;
 }
 inline constexpr std::string_view kConcurrencyFamily = "concurrency";
+// Optional families (a profile without them keeps the older behaviour: no slowdown of compute
+// beside NCCL kernels, and the memory model's fixed NCCL constants).
+inline constexpr std::string_view kNcclInterferenceFamily = "nccl.interference";
+inline constexpr std::string_view kNcclMemoryFamily = "nccl.memory";
 // Host families: "host.kernel_launch", "host.framework_op", "host.event_record", "host.stream_sync",
 // "host.gpu_read", "host.graph_launch", "host.graph_node", "host.collective_launch".
 std::string host_family(std::string_view what);

@@ -7,6 +7,9 @@
 //   begin_step(step, s)    asks the SamplingPolicy; when the step is recorded, an *epoch marker* is
 //                          recorded on `s` (every phase of the step starts after it);
 //   device_phase(r, a, b)  a phase between markers a and b (recorded around its work on its stream);
+//                          with Owns::end (`a` is an earlier phase's end marker, shared) or
+//                          Owns::none (both markers are another phase's: members of one NCCL group),
+//                          the markers it does not own are released with their owner, once;
 //   host_phase(r, t0, t1)  a phase timed on the host clock (host ops: syncs, reads, framework work);
 //   end_step(z)            `z` marks the end of the step's device work.
 // Nothing waits: harvest() (non-blocking, cheap) converts every *finished* step, oldest first, into
@@ -25,6 +28,15 @@
 // reached the step's epoch (the host runs ahead of the device) is clipped to start at the epoch: the
 // time before belongs to the previous step on the device. dur_us of the step = max(elapsed(epoch, z),
 // the end of its last phase).
+//
+// Shared boundary markers. Two ops issued back to back on one stream, with nothing enqueued on that
+// stream between them, can share a marker: start(B) = end(A). Under stream FIFO the stream reaches
+// end(A) when A's work is done, and B's work is the next thing it runs, so a separate start marker
+// for B would be taken at the same point of the stream (one marker's device time later: the very
+// overhead this avoids). The caller decides when nothing was in between (the executor: no wait, event
+// record, untimed launch or graph launch on the stream); the recorder only keeps ownership straight:
+// every marker is released exactly once, by the phase that owns it, together with the step's other
+// markers (a shared marker never outlives or predates its step: callers share only within a step).
 //
 // Clock requirements:
 //   typename Clock::Stream, typename Clock::Marker (a copyable handle; Marker{} = none)
@@ -92,10 +104,17 @@ class StepRecorder {
   [[nodiscard]] bool records_phase(CoarseView v) const { return cur_ != nullptr && policy_.records_phase(v); }
 
   [[nodiscard]] Marker mark(Stream s) { return clock_->mark(s); }
+  // Which of a device phase's markers the phase owns (releases); a marker it does not own belongs to
+  // an earlier device phase of the same step (see "Shared boundary markers" above).
+  enum class Owns : std::uint8_t {
+    both,  // a and b recorded for this phase
+    end,   // a is an earlier phase's end marker (start(this) = end(previous) on the same stream)
+    none,  // a and b both belong to an earlier phase (the members of one NCCL group)
+  };
   // A phase of the current (recorded) step between markers `a` and `b`; `r` carries everything but
   // step, rank, start_us and dur_us.
-  void device_phase(const PhaseRecord& r, Marker a, Marker b) {
-    cur_->device.push_back(DevicePhase{r, a, b});
+  void device_phase(const PhaseRecord& r, Marker a, Marker b, Owns owns = Owns::both) {
+    cur_->device.push_back(DevicePhase{r, a, b, owns});
   }
   // A phase timed on the host clock (µs, the clock of set_anchor).
   void host_phase(const PhaseRecord& r, double host_start_us, double host_end_us) {
@@ -167,7 +186,13 @@ class StepRecorder {
     PhaseRecord r;
     Marker a;
     Marker b;
+    Owns owns = Owns::both;
   };
+  // Releases the markers a device phase owns (each marker of a step exactly once).
+  void release_owned(const DevicePhase& d) {
+    if (d.owns == Owns::both) clock_->release(d.a);
+    if (d.owns != Owns::none) clock_->release(d.b);
+  }
   struct HostAfter {
     PhaseRecord r;  // start_us/dur_us: host arrival and time until the host went on
     std::vector<Marker> after;
@@ -267,10 +292,7 @@ class StepRecorder {
   void release_markers(Pending& p) {
     clock_->release(p.epoch);  // a pending step's epoch is never the anchor (only harvested ones are)
     if (p.ended) clock_->release(p.end);
-    for (const DevicePhase& d : p.device) {
-      clock_->release(d.a);
-      clock_->release(d.b);
-    }
+    for (const DevicePhase& d : p.device) release_owned(d);
     for (const HostAfter& h : p.host_after) {
       for (const Marker& m : h.after) clock_->release(m);
     }
@@ -280,10 +302,7 @@ class StepRecorder {
     Pending& p = pending_.front();
     // The epoch stays alive as the anchor; the rest goes back to the clock.
     clock_->release(p.end);
-    for (const DevicePhase& d : p.device) {
-      clock_->release(d.a);
-      clock_->release(d.b);
-    }
+    for (const DevicePhase& d : p.device) release_owned(d);
     for (const HostAfter& h : p.host_after) {
       for (const Marker& m : h.after) clock_->release(m);
     }

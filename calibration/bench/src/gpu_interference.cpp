@@ -1,0 +1,372 @@
+// Compute kernels beside a resident NCCL kernel, and NCCL's device memory (calibrate group
+// "interference"; families nccl.interference and nccl.memory, models.hpp).
+//
+// Why: in pipeline-parallel steps a receive is posted on its own stream before its sender is ready,
+// and its NCCL kernel (one CTA per channel) spins on the GPU until the data arrives. Kernels of the
+// compute stream launched meanwhile get the SMs NCCL does not hold; a GEMM sized to one wave over
+// all SMs then needs a second wave (f10 on H200: attn_qkv_fwd 44.7 us alone, 79.0 us beside a
+// pending receive). This file measures that directly.
+//
+// Setup: GPU 0 is measured (driver thread), GPU 1 is the NCCL peer (a thread of its own), one
+// non-blocking communicator pair as OpRunner uses. The memory stages are measured once, on the
+// fresh pair, with cudaMemGetInfo on both GPUs (nothing else allocates on them between the
+// readings): communicator init; the first collectives (all-reduce of 1 MiB, then of 1 GiB: NCCL
+// connects ring/tree buffers at the first collective that uses them); the first send/recv in both
+// directions (p2p connection buffers, also lazy).
+//
+// A sample of case 0 (pending): GPU 0 posts backend::recv from GPU 1 on the NCCL stream, then runs
+// the timed batch of kernels on the compute stream (behind the Timer's blocking kernel, so they run
+// back to back); only after the batch finished does GPU 1 post the matching backend::send. The
+// receive must still be in flight when the batch ends (checked per sample). Case 1 (transfer): both
+// GPUs post a 1 GiB all-reduce first (about 3.4 ms on 2 H200), then GPU 0 runs the batch; the
+// all-reduce must end after the batch (checked per sample: its completion event against the
+// batch's). Every sample of the kernel with NCCL is paired with a sample of the same batch alone
+// (no NCCL kernel on either GPU), taken right before it, so clocks and thermal state match.
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+#include "gpu_internal.hpp"
+#include "threewalls/backend/error.hpp"
+#include "threewalls/backend/handles.hpp"
+#include "threewalls/backend/kernels.hpp"
+#include "threewalls/backend/nccl.hpp"
+#include "threewalls/calibration/fit.hpp"
+
+namespace threewalls::calibration::bench::detail {
+
+namespace be = threewalls::backend;
+
+namespace {
+
+constexpr auto kCommTimeout = std::chrono::seconds(30);
+constexpr auto kPeerTimeout = std::chrono::seconds(90);  // longer than a communicator's own timeout
+constexpr std::size_t kBigElements = std::size_t{512} * 1024 * 1024;  // 1 GiB of bf16: the all-reduce
+constexpr std::size_t kSmallElements = std::size_t{512} * 1024;       // 1 MiB of bf16
+constexpr std::size_t kP2pElements = std::size_t{4} * 1024 * 1024;    // 8 MiB: a pipeline activation
+constexpr double kTargetSampleS = 4e-4;
+constexpr int kMaxReps = 64;
+
+// Free device memory of the current device, bytes.
+double free_bytes() {
+  std::size_t free = 0, total = 0;
+  TW_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return static_cast<double>(free);
+}
+
+// A thread with GPU `device` current that runs one job at a time for the driver's thread.
+class Peer {
+ public:
+  explicit Peer(int device) : thread_([this, device] { main(device); }) {}
+  ~Peer() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      quit_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  Peer(const Peer&) = delete;
+  Peer& operator=(const Peer&) = delete;
+
+  void post(std::function<void()> job) {
+    if (!broken_.empty()) throw std::runtime_error("NCCL peer thread unusable: " + broken_);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pending_) throw std::logic_error("Peer::post while a job is pending");
+    job_ = std::move(job);
+    pending_ = true;
+    error_ = nullptr;
+    cv_.notify_all();
+  }
+  // Waits for the posted job; rethrows its exception.
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, kPeerTimeout, [&] { return !pending_; })) {
+      broken_ = "a job on GPU 1 did not finish within 90 s";
+      throw std::runtime_error(broken_);
+    }
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+  void run(std::function<void()> job) {
+    post(std::move(job));
+    wait();
+  }
+
+ private:
+  void main(int device) {
+    bool bound = false;
+    while (true) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return quit_ || (pending_ && job_); });
+        if (quit_) return;
+        job = std::move(job_);
+        job_ = nullptr;
+      }
+      std::exception_ptr err;
+      try {
+        if (!bound) {
+          be::set_device(device);
+          be::set_thread_rank(device);
+          bound = true;
+        }
+        job();
+      } catch (...) {
+        err = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        error_ = err;
+        pending_ = false;
+      }
+      cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<void()> job_;
+  bool pending_ = false;
+  bool quit_ = false;
+  std::exception_ptr error_;
+  std::string broken_;
+  std::thread thread_;  // last: starts after the members it uses exist
+};
+
+// One rank's NCCL side: communicator, NCCL stream, buffers.
+struct Side {
+  be::CommTable table;
+  std::unique_ptr<be::Stream> nccl_stream;
+  be::DeviceBuffer big_in, big_out, p2p_send, p2p_recv;
+
+  void allocate(std::uint64_t seed) {
+    nccl_stream = std::make_unique<be::Stream>();
+    big_in = be::DeviceBuffer(kBigElements * 2);
+    big_out = be::DeviceBuffer(kBigElements * 2);
+    p2p_send = be::DeviceBuffer(kP2pElements * 2);
+    p2p_recv = be::DeviceBuffer(kP2pElements * 2);
+    be::fill_random(big_in.as<be::bf16>(), static_cast<std::int64_t>(kBigElements), seed, 1.0F, *nccl_stream);
+    be::fill_random(p2p_send.as<be::bf16>(), static_cast<std::int64_t>(kP2pElements), seed + 1, 1.0F, *nccl_stream);
+    TW_CUDA_CHECK(cudaStreamSynchronize(*nccl_stream));
+  }
+  be::NcclComm& comm() { return table.comm(scenarios::Group::dp); }
+  void wait(const char* what) { comm().wait_stream(*nccl_stream, what); }
+  void all_reduce(std::size_t elems) { be::all_reduce(big_in.data(), big_out.data(), elems, comm(), *nccl_stream); }
+};
+
+}  // namespace
+
+struct InterferenceBench::Impl {
+  std::uint64_t seed;
+  Clock clock;
+  Peer peer{1};
+  Side r0, r1;  // r0 used on this thread (GPU 0), r1 only inside peer jobs (GPU 1)
+  std::unique_ptr<be::Stream> compute;
+  std::unique_ptr<Timer> timer;
+  be::Event batch_end{true}, nccl_end{true};
+  std::vector<MemoryStage> stages;
+  bool blocker = true;
+
+  Impl(std::uint64_t s, Clock c) : seed(s), clock(std::move(c)) {
+    be::set_device(0);
+    try {
+      peer.run([this] { r1.allocate(seed + 2); });
+      r0.allocate(seed + 1);
+      compute = std::make_unique<be::Stream>();
+      timer = std::make_unique<Timer>(compute->get());
+      measure_memory();
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+
+  ~Impl() { release(); }
+
+  // Nothing is in flight between calls; abort frees without waiting for the other rank. GPU 1's
+  // side is released on its own thread (its device current).
+  void release() noexcept {
+    try {
+      peer.run([this] {
+        r1.table.abort_all();
+        r1 = Side{};
+      });
+    } catch (...) {
+    }
+    r0.table.abort_all();
+  }
+
+  // One memory stage: `both` runs on GPU 0 (this thread) while `peer_job` runs on GPU 1.
+  void stage(const std::string& what, const std::function<void()>& mine, const std::function<void()>& theirs) {
+    TW_CUDA_CHECK(cudaDeviceSynchronize());
+    double peer_before = 0.0, peer_after = 0.0;
+    peer.run([&] {
+      TW_CUDA_CHECK(cudaDeviceSynchronize());
+      peer_before = free_bytes();
+    });
+    const double before = free_bytes();
+    const double t0 = clock();
+    peer.post(theirs);
+    std::exception_ptr err;
+    try {
+      mine();
+    } catch (...) {
+      err = std::current_exception();
+    }
+    peer.wait();
+    if (err) std::rethrow_exception(err);
+    const double seconds = clock() - t0;
+    TW_CUDA_CHECK(cudaDeviceSynchronize());
+    const double after = free_bytes();
+    peer.run([&] {
+      TW_CUDA_CHECK(cudaDeviceSynchronize());
+      peer_after = free_bytes();
+    });
+    stages.push_back({what, before - after, peer_before - peer_after, seconds});
+  }
+
+  void measure_memory() {
+    const scenarios::Layout layout(1, 1, 2, 1, 1, 2, 1, 2);
+    const auto ids = std::make_shared<be::UniqueIdTable>(be::UniqueIdTable::create(layout, {scenarios::Group::dp}));
+    auto init = [&](Side& side, int rank) {
+      side.table = be::CommTable::create(layout, rank, *ids, {scenarios::Group::dp}, kCommTimeout);
+    };
+    stage(
+        "communicator init (ncclCommInitRank, non-blocking)", [&] { init(r0, 0); }, [&] { init(r1, 1); });
+    auto collectives = [](Side& side) {
+      side.all_reduce(kSmallElements);
+      side.wait("calibration nccl_memory all_reduce 1 MiB");
+      side.all_reduce(kBigElements);
+      side.wait("calibration nccl_memory all_reduce 1 GiB");
+    };
+    stage(
+        "first all-reduces (1 MiB, 1 GiB)", [&] { collectives(r0); }, [&] { collectives(r1); });
+    // Both directions: GPU 0 sends then receives, GPU 1 receives then sends (one stream each).
+    stage(
+        "first send/recv with the peer, both directions",
+        [&] {
+          be::send(r0.p2p_send.data(), kP2pElements, 1, r0.comm(), *r0.nccl_stream);
+          be::recv(r0.p2p_recv.data(), kP2pElements, 1, r0.comm(), *r0.nccl_stream);
+          r0.wait("calibration nccl_memory send/recv");
+        },
+        [&] {
+          be::recv(r1.p2p_recv.data(), kP2pElements, 0, r1.comm(), *r1.nccl_stream);
+          be::send(r1.p2p_send.data(), kP2pElements, 0, r1.comm(), *r1.nccl_stream);
+          r1.wait("calibration nccl_memory send/recv");
+        });
+    // The received message equals the peer's (seeded) data: the pair really exchanged it.
+    const auto got = download_bf16(r0.p2p_recv.data(), 0, 1)[0];
+    const auto want = bf16_round(static_cast<double>(be::random_value(seed + 2 + 1, 0, 1.0F)));
+    if (got != want) {
+      throw std::runtime_error("correctness check failed: GPU 0 received " + std::to_string(got) + ", GPU 1 sent " +
+                               std::to_string(want));
+    }
+  }
+
+  // One batch of `reps` runs of `work` on the compute stream; seconds per run. With `kase` >= 0 an
+  // NCCL kernel is resident meanwhile (0 pending receive, 1 all-reduce transferring); `ok` tells
+  // whether it stayed in flight for the whole batch.
+  double batch(const Work& work, int reps, int kase, bool& ok) {
+    ok = true;
+    if (kase == 0) {
+      be::recv(r0.p2p_recv.data(), kP2pElements, 1, r0.comm(), *r0.nccl_stream);
+    } else if (kase == 1) {
+      peer.run([this] { r1.all_reduce(kBigElements); });
+      r0.all_reduce(kBigElements);
+      nccl_end.record(*r0.nccl_stream);
+    }
+    double t = 0.0;
+    std::exception_ptr err;
+    try {
+      timer->begin(blocker);
+      try {
+        for (int i = 0; i < reps; ++i) work(compute->get());
+      } catch (...) {
+        timer->release();
+        throw;
+      }
+      timer->end();
+      batch_end.record(compute->get());
+      timer->release();
+      TW_CUDA_CHECK(cudaStreamSynchronize(compute->get()));
+      if (kase == 0) {
+        const cudaError_t q = cudaStreamQuery(*r0.nccl_stream);
+        ok = q == cudaErrorNotReady;
+        if (q != cudaSuccess && q != cudaErrorNotReady) TW_CUDA_CHECK(q);
+      }
+      t = timer->elapsed_s() / reps;
+    } catch (...) {
+      err = std::current_exception();
+    }
+    // Complete the NCCL side whatever happened, so that the pair stays usable.
+    if (kase == 0) {
+      peer.run([this] {
+        be::send(r1.p2p_send.data(), kP2pElements, 0, r1.comm(), *r1.nccl_stream);
+        r1.wait("calibration nccl_interference send");
+      });
+      r0.wait("calibration nccl_interference recv");
+    } else if (kase == 1) {
+      r0.wait("calibration nccl_interference all_reduce");
+      peer.run([this] { r1.wait("calibration nccl_interference all_reduce"); });
+      if (!err) ok = be::Event::elapsed_ms(batch_end, nccl_end) > 0.0F;
+    }
+    if (err) std::rethrow_exception(err);
+    return t;
+  }
+};
+
+InterferenceBench::InterferenceBench(std::uint64_t seed, Clock clock)
+    : impl_(std::make_unique<Impl>(seed, std::move(clock))) {}
+
+InterferenceBench::~InterferenceBench() = default;
+
+const InterferenceBench::MemoryStage& InterferenceBench::stage(int i) const {
+  return impl_->stages.at(static_cast<std::size_t>(i));
+}
+
+double InterferenceBench::measure(const StopRule& rule, int kase, const Work& work, Record& r) {
+  if (kase != 0 && kase != 1) throw std::logic_error("nccl_interference: case must be 0 or 1");
+  Impl& m = *impl_;
+  be::set_device(0);
+  bool ok = true;
+  // Warm-up (plans, heuristics, the NCCL kernel of the case), then the batch size from the alone time.
+  m.batch(work, 1, -1, ok);
+  m.batch(work, 1, kase, ok);
+  const double t1 = std::min(m.batch(work, 1, -1, ok), m.batch(work, 1, -1, ok));
+  const int reps = reps_per_sample(t1, kTargetSampleS, kMaxReps);
+  try {
+    m.batch(work, reps, -1, ok);
+  } catch (const BlockerTimeout&) {
+    m.blocker = false;  // batches without the blocking kernel
+  }
+  std::vector<double> alone;
+  int held = 0, taken = 0;
+  const Sampling s = sample_until(rule, m.clock, [&] {
+    alone.push_back(m.batch(work, reps, -1, ok));
+    const double with = m.batch(work, reps, kase, ok);
+    ++taken;
+    held += ok ? 1 : 0;
+    return with;
+  });
+  if (2 * held < taken) {
+    throw std::runtime_error(std::string("the NCCL kernel was not in flight for the whole batch in ") +
+                             std::to_string(taken - held) + " of " + std::to_string(taken) + " samples (" +
+                             (kase == 0 ? "the receive completed early" : "the all-reduce ended before the kernels") +
+                             ")");
+  }
+  r.samples_s = s.samples;
+  r.reps = reps;
+  r.stop = std::string(to_string(s.reason)) + (reps > 1 && !m.blocker ? " (batches without the blocking kernel)" : "");
+  r.rel_ci = s.rel_ci;
+  const double alone_s = fit::median(alone);
+  r.check = std::string("passed: the ") + (kase == 0 ? "receive was pending" : "all-reduce outlasted the kernels") +
+            " in " + std::to_string(held) + " of " + std::to_string(taken) + " samples; alone median " +
+            std::to_string(alone_s * 1e6) + " us";
+  return alone_s;
+}
+
+}  // namespace threewalls::calibration::bench::detail
