@@ -422,8 +422,12 @@ TEST(CalibrationPlan, InterferenceNeedsTwoGpusAndCoversOneAndManyWaveGemms) {
     }
     EXPECT_EQ(stages, (std::set<double>{0, 1, 2})) << to_string(mode);
     for (int c = 0; c <= 1; ++c) {
-      for (int k = 0; k <= 2; ++k) EXPECT_GE(per_case_kernel[{c, k}], 1) << "case " << c << " kernel " << k;
-      EXPECT_GE(per_case_kernel[{c, 0}], 3) << "case " << c;
+      for (int k = 0; k <= 2; ++k) {
+        const int n = per_case_kernel[std::make_pair(c, k)];
+        EXPECT_GE(n, 1) << "case " << c << " kernel " << k;
+      }
+      const int gemms = per_case_kernel[std::make_pair(c, 0)];
+      EXPECT_GE(gemms, 3) << "case " << c;
     }
     // A GEMM that fits one wave on 132 SMs but not on 132 - 24, and one of many waves.
     EXPECT_LE(min_tiles, 132) << to_string(mode);
