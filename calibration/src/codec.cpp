@@ -73,6 +73,19 @@ LinearModel linear_of(const FamilySpec& s, const Params& p) {
   return m;
 }
 
+// kernel_terms_v1: the terms' factors from the family table; parameters overhead_s, then one
+// coefficient per term (none when `p` is empty: the fit only needs the factors).
+KernelTermsModel kernel_terms_of(const FamilySpec& s, const Params& p) {
+  const KernelTermsFamily* k = find_kernel_terms_family(s.name);
+  if (!k) throw std::logic_error("family " + s.name + " is not in the kernel_terms table");
+  KernelTermsModel m;
+  for (const auto& t : k->terms) m.factors.push_back(t.factors);
+  if (p.empty()) return m;
+  m.overhead_s = scalar(s, p, "overhead_s");
+  for (const auto& t : k->terms) m.coefficients_s.push_back(scalar(s, p, t.param));
+  return m;
+}
+
 CollectiveModel collective_of(const FamilySpec& s, const Params& p) {
   CollectiveModel m;
   m.kind = s.collective;
@@ -218,6 +231,14 @@ Params fit_params(const FamilySpec& spec, const std::vector<Point>& points, cons
       const auto m = LinearModel::fit(s);
       return round_all({{m.alpha_s}, m.knots_bytes, m.bandwidths_bytes_per_s});
     }
+    case ModelKind::kernel_terms: {
+      std::vector<KernelTermsModel::Sample> s;
+      for (const auto& p : points) s.push_back({p.inputs, p.time.median_s});
+      const auto m = KernelTermsModel::fit(kernel_terms_of(spec, {}).factors, s);
+      Params out{{m.overhead_s}};
+      for (const double c : m.coefficients_s) out.push_back({c});
+      return round_all(out);
+    }
     case ModelKind::collective: {
       std::vector<CollectiveModel::Sample> s;
       for (const auto& p : points) s.push_back({small_int(p.inputs[0], "group_size"), p.inputs[1], p.time.median_s});
@@ -277,6 +298,8 @@ double predict(const FamilySpec& spec, const Params& params, const Point& p, con
       return attention_of(spec, params, hw).time_s(attention_shape(p));
     case ModelKind::linear:
       return linear_of(spec, params).time_s(p.inputs[0]);
+    case ModelKind::kernel_terms:
+      return kernel_terms_of(spec, params).time_s(p.inputs);
     case ModelKind::collective:
       return collective_of(spec, params).time_s(p.inputs[1], static_cast<int>(as_int(p.inputs[0])));
     case ModelKind::constant:
@@ -338,6 +361,11 @@ std::optional<std::string> check_params(const FamilySpec& spec, const Params& pa
       }
       return std::nullopt;
     }
+    case ModelKind::kernel_terms:
+      for (const auto& ps : spec.params) {
+        if (!(s(ps.key) >= 0)) return "'" + ps.key + "' must be >= 0";
+      }
+      return std::nullopt;
     case ModelKind::collective: {
       const auto& n = a("group_size");
       if (n.empty()) return "'group_size' needs at least one group size";
@@ -399,6 +427,7 @@ GemmModel decode_gemm(const Family& f, const Hardware& hw) { return gemm_of(f.sp
 GroupedGemmModel decode_grouped_gemm(const Family& f, const Hardware& hw) { return grouped_of(f.spec(), f.params, hw); }
 AttentionModel decode_attention(const Family& f, const Hardware& hw) { return attention_of(f.spec(), f.params, hw); }
 LinearModel decode_linear(const Family& f) { return linear_of(f.spec(), f.params); }
+KernelTermsModel decode_kernel_terms(const Family& f) { return kernel_terms_of(f.spec(), f.params); }
 CollectiveModel decode_collective(const Family& f) { return collective_of(f.spec(), f.params); }
 ConstantModel decode_constant(const Family& f) { return ConstantModel{scalar(f.spec(), f.params, "value_s")}; }
 ConcurrencyModel decode_concurrency(const Family& f) { return concurrency_of(f.spec(), f.params); }

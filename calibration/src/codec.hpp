@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "threewalls/calibration/kernel_terms.hpp"
 #include "threewalls/calibration/models.hpp"
 #include "threewalls/calibration/profile.hpp"
 
@@ -46,6 +47,7 @@ GemmModel decode_gemm(const Family& f, const Hardware& hw);
 GroupedGemmModel decode_grouped_gemm(const Family& f, const Hardware& hw);
 AttentionModel decode_attention(const Family& f, const Hardware& hw);
 LinearModel decode_linear(const Family& f);
+KernelTermsModel decode_kernel_terms(const Family& f);
 CollectiveModel decode_collective(const Family& f);
 ConstantModel decode_constant(const Family& f);
 ConcurrencyModel decode_concurrency(const Family& f);

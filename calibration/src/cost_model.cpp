@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "codec.hpp"
+#include "threewalls/calibration/kernel_terms.hpp"
 #include "threewalls/calibration/models.hpp"
 #include "threewalls/calibration/profile.hpp"
 #include "threewalls/core/error.hpp"
@@ -52,6 +53,7 @@ struct CostModel::Impl {
   std::optional<LinearModel> elementwise;
   std::optional<LinearModel> norm;
   std::map<std::string, LinearModel, std::less<>> kernels;  // per-kernel memory-bound fits (optional)
+  std::map<std::string, KernelTermsModel, std::less<>> kernel_terms;  // per-kernel shape fits (optional)
   std::array<std::optional<LinearModel>, 6> copy;
   std::array<std::array<std::optional<CollectiveModel>, 2>, 6> collective;
   std::array<std::optional<ConstantModel>, kHostNames.size()> host;
@@ -111,6 +113,9 @@ CostModel::CostModel(const Profile& profile) : impl_(std::make_unique<Impl>()) {
         }
         break;
       }
+      case ModelKind::kernel_terms:
+        m.kernel_terms.insert_or_assign(f.name, detail::decode_kernel_terms(f));
+        break;
       case ModelKind::collective:
         m.collective[idx(s.collective)][idx(s.scope)] = detail::decode_collective(f);
         break;
@@ -203,6 +208,29 @@ Seconds CostModel::memory_kernel(std::string_view kernel_family, Bytes bytes) co
   const auto it = impl_->kernels.find(kernel_family);
   if (it != impl_->kernels.end()) return Seconds(it->second.time_s(bytes.value));
   return kernel_family.rfind("norm", 0) == 0 ? norm(bytes) : elementwise(bytes);
+}
+
+// t = t0 + sum_j c_j prod_{i in F_j} x_i   (KernelTermsModel, "kernel_terms_v1")
+std::optional<Seconds> CostModel::fitted_kernel(std::string_view kernel_family, const std::vector<double>& inputs) const {
+  const KernelTermsFamily* k = find_kernel_terms_family(kernel_family);
+  if (!k) {
+    std::vector<std::string> names;
+    for (const auto& f : kernel_terms_families()) names.push_back(f.name);
+    throw InputError("CostModel::fitted_kernel: unknown kernel family '" + std::string(kernel_family) +
+                     "'; known: " + join(names));
+  }
+  if (inputs.size() != k->inputs.size()) {
+    throw InputError("CostModel::fitted_kernel: " + k->name + " takes " + std::to_string(k->inputs.size()) +
+                     " inputs, " + std::to_string(inputs.size()) + " given");
+  }
+  for (const double v : inputs) {
+    if (!(v >= 0) || !std::isfinite(v)) {
+      throw InputError("CostModel::fitted_kernel: " + k->name + ": inputs must be finite numbers >= 0");
+    }
+  }
+  const auto it = impl_->kernel_terms.find(kernel_family);
+  if (it == impl_->kernel_terms.end()) return std::nullopt;
+  return Seconds(it->second.time_s(inputs));
 }
 
 Seconds CostModel::copy(CopyDirection dir, Bytes bytes) const {

@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "threewalls/calibration/fit.hpp"
+#include "threewalls/calibration/kernel_terms.hpp"
 #include "threewalls/calibration/profile.hpp"
 
 namespace threewalls::calibration {
@@ -183,6 +184,23 @@ std::vector<FamilySpec> build_specs() {
   for (std::string_view k : kMemoryKernelFamilies) {
     specs.push_back(linear(std::string(k), "one memory-bound kernel, the calibration benchmark of the same name (bytes read + written)"));
     specs.back().inputs[0].description = "bytes read + written";
+  }
+  // Kernels whose time is not a function of bytes alone (kernel_terms.hpp, "kernel_terms_v1").
+  for (const KernelTermsFamily& k : kernel_terms_families()) {
+    FamilySpec s;
+    s.name = k.name;
+    s.model = "kernel_terms_v1";
+    s.kind = ModelKind::kernel_terms;
+    std::string eq = "t = t0";
+    for (const auto& in : k.inputs) s.inputs.push_back({in.key, true, in.description});
+    s.params.push_back({"overhead_s", false, false, "t0: fixed time of the launch sequence, seconds"});
+    for (const auto& t : k.terms) {
+      s.params.push_back({t.param, false, false, t.description + ", seconds"});
+      eq += " + " + t.param;
+      for (const int i : t.factors) eq += " " + k.inputs[static_cast<std::size_t>(i)].key;
+    }
+    s.description = k.what + ": " + eq;
+    specs.push_back(s);
   }
   for (CopyDirection d : {CopyDirection::h2d_pinned, CopyDirection::h2d_pageable, CopyDirection::d2h_pinned,
                           CopyDirection::d2h_pageable, CopyDirection::d2d, CopyDirection::disk_read}) {

@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "threewalls/calibration/cost_model.hpp"
+#include "threewalls/calibration/kernel_terms.hpp"
 
 namespace threewalls::sim {
 
@@ -67,6 +68,35 @@ std::string_view elementwise_kernel(const Op& op) {
 
 }  // namespace
 
+FittedKernel fitted_kernel_of(const Op& op) {
+  const auto& s = op.shape;
+  const bool bwd = (op.flags & scenarios::kBackward) != 0;
+  auto d = [](std::int64_t v) { return static_cast<double>(std::max<std::int64_t>(v, 0)); };
+  switch (op.kind) {
+    case OpKind::softmax_topk:
+      return {bwd ? calibration::kSoftmaxTopkBwdFamily : calibration::kSoftmaxTopkFwdFamily, {d(s[0]), d(s[1]), d(s[2])}};
+    case OpKind::permute:
+    case OpKind::unpermute: {
+      // OpRunner (backend/src/op_runner.cpp, topk_of): topk = rows / op.tokens when that divides and
+      // is at most 32, else 1; the kernels run over rows / topk tokens.
+      const std::int64_t rows = std::max<std::int64_t>(s[0], 0);
+      std::int64_t k = 1;
+      if (op.tokens > 0 && rows % op.tokens == 0 && rows / op.tokens <= 32) k = std::max<std::int64_t>(rows / op.tokens, 1);
+      const std::string_view family =
+          op.kind == OpKind::permute ? (bwd ? calibration::kPermuteBwdFamily : calibration::kPermuteFwdFamily)
+                                     : (bwd ? calibration::kUnpermuteBwdFamily : calibration::kUnpermuteFwdFamily);
+      return {family, {d(rows / k), d(k), d(s[1])}};
+    }
+    case OpKind::embedding:
+      return {bwd ? calibration::kEmbeddingBwdFamily : calibration::kEmbeddingFwdFamily, {d(s[0]), d(s[1])}};
+    case OpKind::cross_entropy:
+      return {bwd ? calibration::kCrossEntropyBwdFamily : calibration::kCrossEntropyFwdFamily, {d(s[0]), d(s[1])}};
+    case OpKind::optimizer: return {calibration::kAdamStepFamily, {d(s[0])}};
+    default: break;
+  }
+  throw std::logic_error(std::string("fitted_kernel_of asked for a ") + scenarios::to_string(op.kind) + " op");
+}
+
 CostModelCoster::CostModelCoster(const calibration::CostModel& model) : model_(model) {
   host_.kernel_launch = model.kernel_launch();
   host_.collective_launch = model.collective_launch();
@@ -115,7 +145,13 @@ Seconds CostModelCoster::kernel_time(const Op& op) const {
     case OpKind::unpermute:
     case OpKind::embedding:
     case OpKind::cross_entropy:
-    case OpKind::optimizer: return model_.elementwise(Bytes(op.bytes));
+    case OpKind::optimizer: {
+      // The launch sequence threewalls run uses, by its own shape fit (kernel_terms_v1); the pooled
+      // elementwise(bytes) fit when the profile predates those families.
+      const FittedKernel fk = fitted_kernel_of(op);
+      if (const auto t = model_.fitted_kernel(fk.family, fk.inputs)) return *t;
+      return model_.elementwise(Bytes(op.bytes));
+    }
     case OpKind::copy: return model_.copy(direction_of(op.copy_kind()), Bytes(op.bytes));
     case OpKind::collective:
     case OpKind::send:

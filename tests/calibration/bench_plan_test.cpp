@@ -10,10 +10,12 @@
 #include <tuple>
 
 #include "threewalls/calibration/bench/plan.hpp"
+#include "threewalls/calibration/kernel_terms.hpp"
 #include "threewalls/calibration/profile.hpp"
 #include "threewalls/core/error.hpp"
 #include "threewalls/scenarios/loader.hpp"
 #include "threewalls/scenarios/step_graph.hpp"
+#include "threewalls/sim/op_coster.hpp"
 
 using namespace threewalls;
 using namespace threewalls::calibration::bench;
@@ -344,13 +346,20 @@ std::set<Key> validation_shapes() {
             case OpKind::copy:
               out.insert({std::string("copy.") + to_string(op.copy_kind()), {op.bytes}});
               break;
-            case OpKind::elementwise:
             case OpKind::softmax_topk:
             case OpKind::permute:
             case OpKind::unpermute:
             case OpKind::embedding:
             case OpKind::cross_entropy:
-            case OpKind::optimizer:
+            case OpKind::optimizer: {
+              // Their kernel_terms family and inputs (what sim/ costs them with), and the pooled fit
+              // it falls back to.
+              const auto fk = sim::fitted_kernel_of(op);
+              out.insert({std::string(fk.family), fk.inputs});
+              out.insert({"elementwise", {op.bytes}});
+              break;
+            }
+            case OpKind::elementwise:
               out.insert({"elementwise", {op.bytes}});
               break;  // what sim/ costs them with
             default:
@@ -458,4 +467,36 @@ TEST(CalibrationPlan, ConcurrencyGemmsAreSmall) {
   for (const auto& p : plan(Mode::full, 1, {"concurrency"})) {
     EXPECT_LE(gemm_sm_fraction(p.iparam("m"), p.iparam("n"), 132), 0.5) << p.label();
   }
+}
+
+TEST(CalibrationPlan, KernelsGroupMeasuresEveryKernelTermsFamilyWithHeldOutPoints) {
+  for (const Mode mode : {Mode::quick, Mode::full}) {
+    std::map<std::string, int> fit, held;
+    std::map<std::string, std::set<std::vector<double>>> shapes;
+    for (const auto& p : plan(mode, 1, {"kernels"})) {
+      EXPECT_EQ(find_op(p.op)->group, "kernels") << p.label();
+      (p.held_out ? held : fit)[p.family] += 1;
+      shapes[p.family].insert(p.inputs);
+      EXPECT_GT(p.bytes, 0.0) << p.label();
+    }
+    for (const auto& k : calibration::kernel_terms_families()) {
+      // Overhead + terms, and at least 2 more for leave-one-out.
+      EXPECT_GE(fit[k.name], static_cast<int>(k.terms.size()) + 3) << k.name << " " << to_string(mode);
+      EXPECT_GE(held[k.name], 1) << k.name << " " << to_string(mode);
+      EXPECT_EQ(shapes[k.name].size(), static_cast<std::size_t>(fit[k.name] + held[k.name])) << k.name;
+    }
+  }
+  // The routing kernels are measured over what the scenarios route: 8..256 experts, topk 1..8,
+  // decode-sized to large-batch token counts; gathers at topk 1 (OpRunner's mapping) and above.
+  const auto full = plan(Mode::full, 1, {"kernels"});
+  const auto router = of_op(full, "softmax_topk_fwd");
+  EXPECT_LE(min_param(router, "experts"), 8);
+  EXPECT_GE(max_param(router, "experts"), 256);
+  EXPECT_LE(min_param(router, "tokens"), 256);
+  EXPECT_GE(max_param(router, "tokens"), 16384);
+  const auto gathers = of_op(full, "unpermute_fwd");
+  EXPECT_EQ(min_param(gathers, "topk"), 1);
+  EXPECT_GE(max_param(gathers, "topk"), 8);
+  EXPECT_GE(max_param(gathers, "tokens") * 1, 32768);
+  EXPECT_GE(max_param(of_op(full, "adam_step"), "parameters"), 1e8);
 }

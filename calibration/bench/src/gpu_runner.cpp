@@ -21,6 +21,7 @@
 #include "bench_kernels.cuh"
 #include "default_profiles.hpp"
 #include "gpu_internal.hpp"
+#include "gpu_kernels.hpp"
 #include "threewalls/backend/attention.hpp"
 #include "threewalls/backend/blas.hpp"
 #include "threewalls/backend/copies.hpp"
@@ -269,6 +270,7 @@ class GpuRunner final : public PointRunner {
   void measure(const StopRule& rule, Record& r) override {
     be::set_device(0);
     const std::string& op = r.point.op;
+    if (detail::is_kernel_op(op)) return detail::measure_kernel_point(rule, clock_, *timer_, s(), opt_.seed + 91, r);
     if (op.rfind("copy_", 0) == 0) return measure_copy(rule, r);
     if (op.rfind("elementwise_", 0) == 0 || op.rfind("norm_", 0) == 0) return measure_memory(rule, r);
     if (op == "gemm_bf16" || op == "gemm_fp8") return measure_gemm(rule, r);

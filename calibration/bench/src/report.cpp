@@ -8,6 +8,7 @@
 
 #include "threewalls/calibration/cost_model.hpp"
 #include "threewalls/calibration/fit.hpp"
+#include "threewalls/calibration/kernel_terms.hpp"
 #include "threewalls/calibration/profile_builder.hpp"
 #include "threewalls/core/error.hpp"
 #include "threewalls/core/strings.hpp"
@@ -77,6 +78,10 @@ double predict(const CostModel& cm, const Record& r, const std::string& f) {
   if (f == "elementwise") return cm.elementwise(Bytes(in[0])).value;
   if (f == "norm") return cm.norm(Bytes(in[0])).value;
   if (is_memory_kernel_family(f)) return cm.memory_kernel(f, Bytes(in[0])).value;
+  if (find_kernel_terms_family(f)) {
+    const auto t = cm.fitted_kernel(f, in);
+    if (t) return t->value;
+  }
   throw std::logic_error("no held-out prediction for family " + f);
 }
 

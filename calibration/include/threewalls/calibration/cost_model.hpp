@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "threewalls/core/units.hpp"
 
@@ -77,6 +78,13 @@ class CostModel {
   // 0.6 TB/s on H200), so the pooled elementwise / norm fits miss each by 17-23%. Falls back to the
   // pooled fit ("norm..." -> norm, else elementwise) when the profile lacks the family.
   [[nodiscard]] Seconds memory_kernel(std::string_view kernel_family, Bytes bytes) const;
+  // One kernel launch sequence by its own shape fit (a kernel_terms family, kernel_terms.hpp: the
+  // MoE router, permute / unpermute, embedding, cross-entropy, Adam), `inputs` in the family's input
+  // order: t = t0 + sum_j c_j prod x. Empty when the profile lacks the family (older profiles: the
+  // caller falls back to the pooled elementwise(bytes) fit). InputError for an unknown family or a
+  // wrong number of inputs.
+  [[nodiscard]] std::optional<Seconds> fitted_kernel(std::string_view kernel_family,
+                                                     const std::vector<double>& inputs) const;
 
   // ---- copies ----
   [[nodiscard]] Seconds copy(CopyDirection dir, Bytes bytes) const;

@@ -32,6 +32,7 @@ enum class ModelKind : std::uint8_t {
   concurrency,
   nccl_interference,  // compute beside a resident NCCL kernel (models.hpp, NcclInterferenceModel)
   nccl_memory,        // NCCL device memory by stage (models.hpp, NcclMemoryModel)
+  kernel_terms,       // t0 + sum of per-unit terms of a kernel's shape (kernel_terms.hpp)
 };
 
 // One input column of a family's points (all numbers; `integer` ones are written without a point).

@@ -9,15 +9,18 @@
 //                                            outputs with the group's rows as the reduction, costed
 //                                            as grouped_gemm(groups, n * groups, n, k, max rows)
 //   attention                             -> attention(..., causal, backward)
-//   elementwise, softmax_topk, permute,
-//   unpermute, embedding, cross_entropy,
-//   optimizer                             -> elementwise(bytes)
+//   elementwise                           -> memory_kernel(kernel run launches, bytes)
+//   softmax_topk, permute, unpermute,
+//   embedding, cross_entropy, optimizer   -> fitted_kernel(family, shape) (fitted_kernel_of below);
+//                                            elementwise(bytes) when the profile lacks the family
 //   norm                                  -> norm(bytes)
 //   copy                                  -> copy(direction, bytes)
 //   collective, send/recv                 -> collective_params(kind, bytes, n, scope) (flows on top)
 //   host                                  -> the host costs below
 #include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "threewalls/core/units.hpp"
 #include "threewalls/scenarios/step_graph.hpp"
@@ -49,6 +52,16 @@ struct HostCosts {
   Seconds event_record;       // one cudaEventRecord; also the cost taken for one cudaStreamWaitEvent
   Seconds timing_marker;      // device time of one profiler timing marker on its stream (recorded steps)
 };
+
+// The kernel_terms family (calibration/kernel_terms.hpp) and inputs of a softmax_topk, permute,
+// unpermute, embedding, cross_entropy or optimizer op: the launch sequence OpRunner runs for the op's
+// kind and direction, with OpRunner's shape mapping (permute / unpermute: topk = rows / op.tokens
+// when that divides and is at most 32, else 1). std::logic_error for other kinds.
+struct FittedKernel {
+  std::string_view family;
+  std::vector<double> inputs;
+};
+[[nodiscard]] FittedKernel fitted_kernel_of(const scenarios::Op& op);
 
 class OpCoster {
  public:

@@ -1,0 +1,77 @@
+#pragma once
+// Per-kernel fits of the kernels whose time is not a function of bytes alone ("kernel_terms_v1"):
+// the MoE router (softmax + top-k), permute / unpermute (row gathers through an index map),
+// embedding, vocab-parallel cross-entropy and the Adam step. Each family is one backend launch
+// sequence of OpRunner (backend/src/op_runner.cpp) for one op kind and direction, measured by the
+// calibrate group "kernels" (calibration/bench/src/plan.cpp, plan_kernels).
+//
+//   t = t0 + sum_j c_j * prod_{i in F_j} x_i
+//
+// x = the family's inputs (shape dimensions), F_j the input columns multiplied into term j (for
+// example tokens x experts for the router's score reads). The terms follow the kernels' work: one
+// warp per token for the router, one block per row for permute, one block per token for the
+// gathers, per-element traffic for the rest (the table in kernel_terms.cpp states each).
+// Fit: non-negative weighted least squares on (t0, c_1..c_J) with weights 1/t^2 (relative error),
+// the same solver the linear families use. Pure functions of the parameters: no I/O, no Eigen here.
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace threewalls::calibration {
+
+struct KernelTerm {
+  std::string param;         // parameter key in the profile ("per_token_s")
+  std::vector<int> factors;  // input columns multiplied together (empty: never; a constant is t0)
+  std::string description;
+};
+
+struct KernelTermsInput {
+  std::string key;
+  std::string description;
+};
+
+struct KernelTermsFamily {
+  std::string name;   // profile family ("kernel.permute_fwd")
+  std::string op;     // calibrate benchmark op that measures it ("permute_fwd")
+  std::string what;   // the launch sequence measured
+  std::vector<KernelTermsInput> inputs;
+  std::vector<KernelTerm> terms;
+};
+
+// Every kernel_terms family, in file order.
+const std::vector<KernelTermsFamily>& kernel_terms_families();
+const KernelTermsFamily* find_kernel_terms_family(std::string_view name);
+
+// Family names (what the simulator asks the CostModel for).
+inline constexpr std::string_view kSoftmaxTopkFwdFamily = "kernel.softmax_topk_fwd";
+inline constexpr std::string_view kSoftmaxTopkBwdFamily = "kernel.softmax_topk_bwd";
+inline constexpr std::string_view kPermuteFwdFamily = "kernel.permute_fwd";
+inline constexpr std::string_view kPermuteBwdFamily = "kernel.permute_bwd";
+inline constexpr std::string_view kUnpermuteFwdFamily = "kernel.unpermute_fwd";
+inline constexpr std::string_view kUnpermuteBwdFamily = "kernel.unpermute_bwd";
+inline constexpr std::string_view kEmbeddingFwdFamily = "kernel.embedding_fwd";
+inline constexpr std::string_view kEmbeddingBwdFamily = "kernel.embedding_bwd";
+inline constexpr std::string_view kCrossEntropyFwdFamily = "kernel.cross_entropy_fwd";
+inline constexpr std::string_view kCrossEntropyBwdFamily = "kernel.cross_entropy_bwd";
+inline constexpr std::string_view kAdamStepFamily = "kernel.adam_step";
+
+struct KernelTermsModel {
+  double overhead_s = 0.0;                 // t0
+  std::vector<double> coefficients_s;      // c_j, seconds per unit of term j
+  std::vector<std::vector<int>> factors;   // F_j
+
+  // The term values of one point (prod of its factor inputs).
+  [[nodiscard]] static std::vector<double> term_values(const std::vector<std::vector<int>>& factors,
+                                                       const std::vector<double>& inputs);
+  [[nodiscard]] double time_s(const std::vector<double>& inputs) const;
+
+  struct Sample {
+    std::vector<double> inputs;
+    double seconds;
+  };
+  // Throws FitImpossible (models.hpp) for fewer points than parameters, a non-positive time or an
+  // input index outside the inputs.
+  static KernelTermsModel fit(const std::vector<std::vector<int>>& factors, const std::vector<Sample>& samples);
+};
+
+}  // namespace threewalls::calibration

@@ -1,0 +1,166 @@
+// kernel_terms_v1: t = t0 + sum_j c_j prod_{i in F_j} x_i (kernel_terms.hpp), and the table of its
+// families: for each, the inputs and the terms, chosen from what the backend kernel does per unit of
+// work (backend/src/router.cu, elementwise.cu).
+#include "threewalls/calibration/kernel_terms.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "threewalls/calibration/fit.hpp"
+#include "threewalls/calibration/models.hpp"
+
+namespace threewalls::calibration {
+
+namespace {
+
+std::vector<KernelTermsFamily> build() {
+  const std::vector<KernelTermsInput> router_in = {{"tokens", "tokens routed (rows of the router logits)"},
+                                                   {"experts", "experts scored per token"},
+                                                   {"topk", "experts chosen per token"}};
+  const std::vector<KernelTermsInput> rows_in = {
+      {"tokens", "tokens (OpRunner: the op's rows / topk)"},
+      {"topk", "rows per token (OpRunner: rows / op.tokens when that divides, else 1)"},
+      {"hidden", "elements per row"}};
+  const std::vector<KernelTermsInput> emb_in = {{"tokens", "tokens looked up"}, {"hidden", "elements per row"}};
+  const std::vector<KernelTermsInput> xent_in = {{"tokens", "tokens (rows of the logits)"},
+                                                 {"shard", "vocabulary entries of this rank's shard"}};
+  std::vector<KernelTermsFamily> f;
+  // Router: one warp per token; a fixed 32-lane sweep of up to 1024 experts per pass (softmax, then
+  // one pass per chosen expert) and one atomic per choice on the expert counts.
+  const std::vector<KernelTerm> router_terms = {
+      {"per_token_s", {0}, "per token: the warp's fixed softmax sweeps"},
+      {"per_choice_s", {0, 2}, "per (token, chosen expert): one arg-max pass and a count atomic"},
+      {"per_score_s", {0, 1}, "per (token, expert): reading a logit (and writing its gradient backward)"}};
+  f.push_back({std::string(kSoftmaxTopkFwdFamily), "softmax_topk_fwd",
+               "backend::softmax_topk (renormalised), OpRunner's softmax_topk forward", router_in, router_terms});
+  f.push_back({std::string(kSoftmaxTopkBwdFamily), "softmax_topk_bwd",
+               "backend::softmax_topk_bwd, OpRunner's softmax_topk backward", router_in, router_terms});
+  // permute forward: one block per output row (tokens x topk), 16-byte vector copies of a row.
+  f.push_back({std::string(kPermuteFwdFamily), "permute_fwd",
+               "backend::permute_fwd through a row map of build_row_map, OpRunner's permute forward", rows_in,
+               {{"per_row_s", {0, 1}, "per row copied (one block each)"},
+                {"per_element_s", {0, 1, 2}, "per element copied (read + write of 2 B)"}}});
+  // gather-sum (permute backward, unpermute forward): one block per token; each thread sums topk
+  // gathered elements and writes one.
+  const std::vector<KernelTerm> gather_terms = {
+      {"per_token_s", {0}, "per token (one block each)"},
+      {"per_gathered_element_s", {0, 1, 2}, "per element gathered through the row map (2 B read)"},
+      {"per_element_s", {0, 2}, "per element written (2 B)"}};
+  f.push_back({std::string(kPermuteBwdFamily), "permute_bwd",
+               "backend::permute_bwd (gather-sum through the row map), OpRunner's permute backward", rows_in,
+               gather_terms});
+  f.push_back({std::string(kUnpermuteFwdFamily), "unpermute_fwd",
+               "backend::unpermute_fwd (probability-weighted gather-sum), OpRunner's unpermute forward", rows_in,
+               gather_terms});
+  // unpermute backward: one block per token; per choice a scaled row write and a block-wide dot.
+  f.push_back({std::string(kUnpermuteBwdFamily), "unpermute_bwd",
+               "backend::unpermute_bwd (rows and router-probability gradients), OpRunner's unpermute backward",
+               rows_in,
+               {{"per_token_s", {0}, "per token (one block each)"},
+                {"per_choice_s", {0, 1}, "per (token, choice): a block reduction of the dot product"},
+                {"per_element_s", {0, 1, 2}, "per element of a choice (dy and expert row read, gradient written)"}}});
+  const std::vector<KernelTerm> emb_terms = {{"per_token_s", {0}, "per row (one block each)"},
+                                             {"per_element_s", {0, 1}, "per element of a row"}};
+  f.push_back({std::string(kEmbeddingFwdFamily), "embedding_fwd",
+               "backend::embedding_fwd (row gather from a table of OpRunnerConfig::embedding_rows rows)", emb_in,
+               emb_terms});
+  f.push_back({std::string(kEmbeddingBwdFamily), "embedding_bwd",
+               "backend::embedding_bwd (fp32 atomic scatter-add into the table gradient)", emb_in, emb_terms});
+  const std::vector<KernelTerm> xent_terms = {{"per_token_s", {0}, "per token (one block per row)"},
+                                              {"per_logit_s", {0, 1}, "per logit of the shard"}};
+  f.push_back({std::string(kCrossEntropyFwdFamily), "cross_entropy_fwd",
+               "backend::xent_max, xent_sum_exp, xent_loss back to back (OpRunner's cross_entropy forward)", xent_in,
+               xent_terms});
+  f.push_back({std::string(kCrossEntropyBwdFamily), "cross_entropy_bwd",
+               "backend::xent_bwd (OpRunner's cross_entropy backward)", xent_in, xent_terms});
+  f.push_back({std::string(kAdamStepFamily), "adam_step",
+               "backend::adam_step (fp32 master, grad, m, v; bf16 weight copy), OpRunner's optimizer op",
+               {{"parameters", "parameters of the shard updated"}},
+               {{"per_parameter_s", {0}, "per parameter (30 B of traffic)"}}});
+  return f;
+}
+
+}  // namespace
+
+const std::vector<KernelTermsFamily>& kernel_terms_families() {
+  static const std::vector<KernelTermsFamily> families = build();
+  return families;
+}
+
+const KernelTermsFamily* find_kernel_terms_family(std::string_view name) {
+  for (const auto& f : kernel_terms_families()) {
+    if (f.name == name) return &f;
+  }
+  return nullptr;
+}
+
+std::vector<double> KernelTermsModel::term_values(const std::vector<std::vector<int>>& factors,
+                                                  const std::vector<double>& inputs) {
+  std::vector<double> v;
+  v.reserve(factors.size());
+  for (const auto& fj : factors) {
+    double x = 1.0;
+    for (const int i : fj) {
+      if (i < 0 || static_cast<std::size_t>(i) >= inputs.size()) {
+        throw FitImpossible("term factor " + std::to_string(i) + " is not an input column (" +
+                            std::to_string(inputs.size()) + " inputs)");
+      }
+      x *= inputs[static_cast<std::size_t>(i)];
+    }
+    v.push_back(x);
+  }
+  return v;
+}
+
+double KernelTermsModel::time_s(const std::vector<double>& inputs) const {
+  const auto x = term_values(factors, inputs);
+  double t = overhead_s;
+  for (std::size_t j = 0; j < x.size() && j < coefficients_s.size(); ++j) t += coefficients_s[j] * x[j];
+  return t;
+}
+
+KernelTermsModel KernelTermsModel::fit(const std::vector<std::vector<int>>& factors,
+                                       const std::vector<Sample>& samples) {
+  const std::size_t cols = factors.size() + 1;
+  if (samples.size() < cols) {
+    throw FitImpossible("needs at least " + std::to_string(cols) + " points (overhead and " +
+                        std::to_string(factors.size()) + " terms), has " + std::to_string(samples.size()));
+  }
+  // Columns scaled to a largest value of 1 (the terms span 1 to 1e11): the solver sees numbers of
+  // one magnitude; coefficients are scaled back.
+  std::vector<std::vector<double>> rows;
+  std::vector<double> scale(cols, 0.0);
+  std::vector<double> y, w;
+  for (const auto& s : samples) {
+    if (!(s.seconds > 0) || !std::isfinite(s.seconds)) throw FitImpossible("times must be positive seconds");
+    std::vector<double> r{1.0};
+    for (const double v : term_values(factors, s.inputs)) {
+      if (!(v >= 0) || !std::isfinite(v)) throw FitImpossible("inputs must be finite numbers >= 0");
+      r.push_back(v);
+    }
+    for (std::size_t j = 0; j < cols; ++j) scale[j] = std::max(scale[j], r[j]);
+    rows.push_back(std::move(r));
+    y.push_back(s.seconds);
+    w.push_back(1.0 / (s.seconds * s.seconds));
+  }
+  fit::Design a;
+  a.cols = cols;
+  for (auto& r : rows) {
+    for (std::size_t j = 0; j < cols; ++j) r[j] = scale[j] > 0 ? r[j] / scale[j] : 0.0;
+    a.add_row(r);
+  }
+  std::vector<double> x;
+  try {
+    x = fit::nonnegative_least_squares(a, y, w);
+  } catch (const std::invalid_argument& e) {
+    throw FitImpossible(std::string("the points do not determine the terms: ") + e.what());
+  }
+  KernelTermsModel m;
+  m.factors = factors;
+  m.overhead_s = scale[0] > 0 ? x[0] / scale[0] : 0.0;
+  for (std::size_t j = 1; j < cols; ++j) m.coefficients_s.push_back(scale[j] > 0 ? x[j] / scale[j] : 0.0);
+  return m;
+}
+
+}  // namespace threewalls::calibration

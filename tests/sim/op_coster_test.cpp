@@ -1,0 +1,122 @@
+// CostModelCoster's kernel_terms path (sim/op_coster.hpp): softmax_topk, permute, unpermute,
+// embedding, cross_entropy and optimizer ops are costed by their own shape fit when the profile has
+// it, with OpRunner's shape mapping, and by the pooled elementwise(bytes) fit otherwise.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "threewalls/calibration/cost_model.hpp"
+#include "threewalls/calibration/kernel_terms.hpp"
+#include "threewalls/calibration/profile.hpp"
+#include "threewalls/calibration/profile_builder.hpp"
+#include "threewalls/sim/op_coster.hpp"
+
+using namespace threewalls;
+using namespace threewalls::sim;
+using scenarios::Op;
+using scenarios::OpKind;
+
+namespace {
+
+calibration::Profile shipped_default() {
+  return calibration::Profile::load(std::filesystem::path(THREEWALLS_SOURCE_DIR) / "calibration" / "profiles" /
+                                    "default_h200.toml");
+}
+
+// Router forward: t = 5 us + 2 ns per token + 0.1 ns per (token, choice) + 0.01 ns per score.
+double router_truth(double t, double e, double k) { return 5e-6 + 2e-9 * t + 1e-10 * t * k + 1e-11 * t * e; }
+// Permute forward: t = 3 us + 1 ns per row + 1 ps per element.
+double permute_truth(double t, double k, double h) { return 3e-6 + 1e-9 * t * k + 1e-12 * t * k * h; }
+
+// The shipped default profile plus exact kernel_terms points of two families.
+calibration::Profile default_with_kernel_families() {
+  const calibration::Profile base = shipped_default();
+  calibration::ProfileBuilder b(base.info(), base.hardware());
+  for (double t : {200.0, 1000.0, 9000.0, 27000.0}) {
+    for (double e : {8.0, 64.0, 256.0}) {
+      for (double k : {1.0, 8.0}) {
+        b.add_point(calibration::kSoftmaxTopkFwdFamily, {t, e, k},
+                    calibration::Measurement::single(router_truth(t, e, k)));
+      }
+    }
+  }
+  for (double t : {300.0, 2000.0, 12000.0, 50000.0}) {
+    for (double h : {1000.0, 7000.0}) {
+      for (double k : {1.0, 4.0}) {
+        b.add_point(calibration::kPermuteFwdFamily, {t, k, h}, calibration::Measurement::single(permute_truth(t, k, h)));
+      }
+    }
+  }
+  std::vector<calibration::Family> families = base.families();
+  for (const auto& f : b.build().families()) families.push_back(f);
+  return calibration::Profile(base.info(), base.hardware(), std::move(families));
+}
+
+Op memory_op(OpKind kind, std::vector<std::int64_t> shape, double bytes, bool backward = false) {
+  Op op;
+  op.kind = kind;
+  op.wall = scenarios::Wall::memory;
+  op.bytes = bytes;
+  for (std::size_t i = 0; i < shape.size(); ++i) op.shape[i] = shape[i];
+  if (backward) op.flags |= scenarios::kBackward;
+  return op;
+}
+
+}  // namespace
+
+TEST(OpCosterFittedKernel, UsesTheKernelFamilyWhenTheProfileHasIt) {
+  const calibration::CostModel model(default_with_kernel_families());
+  const CostModelCoster coster(model);
+  const Op topk = memory_op(OpKind::softmax_topk, {4096, 64, 6}, 4096.0 * 64 * 6);
+  EXPECT_NEAR(coster.kernel_time(topk).value, router_truth(4096, 64, 6), 1e-3 * router_truth(4096, 64, 6));
+  EXPECT_GT(std::fabs(coster.kernel_time(topk).value - model.elementwise(Bytes(topk.bytes)).value), 1e-7);
+  // The StepGraph's permute sets tokens = rows: OpRunner runs topk 1 over all rows.
+  Op perm = memory_op(OpKind::permute, {32768, 2048}, 2.0 * 32768 * 2048 * 2);
+  perm.tokens = 32768;
+  EXPECT_NEAR(coster.kernel_time(perm).value, permute_truth(32768, 1, 2048), 1e-3 * permute_truth(32768, 1, 2048));
+  // tokens dividing the rows: topk = rows / tokens.
+  perm.tokens = 8192;
+  EXPECT_NEAR(coster.kernel_time(perm).value, permute_truth(8192, 4, 2048), 1e-3 * permute_truth(8192, 4, 2048));
+}
+
+TEST(OpCosterFittedKernel, FallsBackToThePooledElementwiseFitWithoutTheFamily) {
+  const calibration::CostModel model(default_with_kernel_families());
+  const CostModelCoster coster(model);
+  // Families the profile lacks: the backward router, unpermute, embedding, loss, optimizer.
+  for (const Op& op : {memory_op(OpKind::softmax_topk, {4096, 64, 6}, 3e6, true),
+                       memory_op(OpKind::unpermute, {8192, 2048}, 1e8), memory_op(OpKind::embedding, {4096, 2048}, 3e7),
+                       memory_op(OpKind::cross_entropy, {4096, 50304}, 1e9, true),
+                       memory_op(OpKind::optimizer, {100000000}, 3e9)}) {
+    EXPECT_DOUBLE_EQ(coster.kernel_time(op).value, model.elementwise(Bytes(op.bytes)).value) << to_string(op.kind);
+  }
+  // An older profile (the shipped default has none of the families): everything falls back.
+  const calibration::CostModel plain(shipped_default());
+  const CostModelCoster old(plain);
+  const Op topk = memory_op(OpKind::softmax_topk, {4096, 64, 6}, 4096.0 * 64 * 6);
+  EXPECT_DOUBLE_EQ(old.kernel_time(topk).value, plain.elementwise(Bytes(topk.bytes)).value);
+}
+
+TEST(OpCosterFittedKernel, MapsEachKindAndDirectionToOpRunnersLaunchSequence) {
+  using namespace threewalls::calibration;
+  auto fk = fitted_kernel_of(memory_op(OpKind::softmax_topk, {512, 128, 8}, 1.0, true));
+  EXPECT_EQ(fk.family, kSoftmaxTopkBwdFamily);
+  EXPECT_EQ(fk.inputs, (std::vector<double>{512, 128, 8}));
+  Op unperm = memory_op(OpKind::unpermute, {6000, 1024}, 1.0, true);
+  unperm.tokens = 1000;  // 6 rows per token
+  fk = fitted_kernel_of(unperm);
+  EXPECT_EQ(fk.family, kUnpermuteBwdFamily);
+  EXPECT_EQ(fk.inputs, (std::vector<double>{1000, 6, 1024}));
+  unperm.tokens = 0;  // unknown: topk 1
+  EXPECT_EQ(fitted_kernel_of(unperm).inputs, (std::vector<double>{6000, 1, 1024}));
+  unperm.tokens = 7;  // does not divide: topk 1
+  EXPECT_EQ(fitted_kernel_of(unperm).inputs, (std::vector<double>{6000, 1, 1024}));
+  unperm.tokens = 100;  // 60 per token: above OpRunner's 32, topk 1
+  EXPECT_EQ(fitted_kernel_of(unperm).inputs, (std::vector<double>{6000, 1, 1024}));
+  EXPECT_EQ(fitted_kernel_of(memory_op(OpKind::permute, {10, 8}, 1.0, true)).family, kPermuteBwdFamily);
+  EXPECT_EQ(fitted_kernel_of(memory_op(OpKind::embedding, {10, 8}, 1.0, true)).family, kEmbeddingBwdFamily);
+  EXPECT_EQ(fitted_kernel_of(memory_op(OpKind::cross_entropy, {10, 8}, 1.0)).family, kCrossEntropyFwdFamily);
+  fk = fitted_kernel_of(memory_op(OpKind::optimizer, {123456}, 1.0));
+  EXPECT_EQ(fk.family, kAdamStepFamily);
+  EXPECT_EQ(fk.inputs, (std::vector<double>{123456}));
+  EXPECT_THROW((void)fitted_kernel_of(memory_op(OpKind::gemm, {1, 1, 1}, 1.0)), std::logic_error);
+}
