@@ -247,6 +247,11 @@ std::vector<FamilySpec> build_specs() {
     FamilySpec s;
     s.name = host_family(what);
     s.model = "median_v1";
+      // Optional (issue 8; profiles without them charge kernel_launch for these calls, the older
+      // behaviour): host time of one library call, timed while a blocking kernel holds the stream.
+      {"gemm_launch", "host time of one cached-plan cuBLASLt GEMM call (CublasLt::gemm as OpRunner calls it)"},
+      {"grouped_gemm_launch", "host time of one prepared grouped-GEMM call (GroupedGemm::run, OpRunner's impl)"},
+      {"attention_launch", "host time of one fused-attention call (Attention::forward / backward)"},
     s.kind = ModelKind::constant;
     s.description = desc + ": t = median of the points";
     s.params = {{"value_s", false, false, "the median, seconds"}};
