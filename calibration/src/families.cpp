@@ -242,16 +242,16 @@ std::vector<FamilySpec> build_specs() {
       {"timing_marker",
        "device time one timing marker (cudaEventRecord around a recorded op) adds to its stream "
        "(calibration/tools/timed_op_gap.cu: half the extra time per event-bracketed kernel)"},
-  };
-  for (const auto& [what, desc] : host) {
-    FamilySpec s;
-    s.name = host_family(what);
-    s.model = "median_v1";
       // Optional (issue 8; profiles without them charge kernel_launch for these calls, the older
       // behaviour): host time of one library call, timed while a blocking kernel holds the stream.
       {"gemm_launch", "host time of one cached-plan cuBLASLt GEMM call (CublasLt::gemm as OpRunner calls it)"},
       {"grouped_gemm_launch", "host time of one prepared grouped-GEMM call (GroupedGemm::run, OpRunner's impl)"},
       {"attention_launch", "host time of one fused-attention call (Attention::forward / backward)"},
+  };
+  for (const auto& [what, desc] : host) {
+    FamilySpec s;
+    s.name = host_family(what);
+    s.model = "median_v1";
     s.kind = ModelKind::constant;
     s.description = desc + ": t = median of the points";
     s.params = {{"value_s", false, false, "the median, seconds"}};
