@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <queue>
 #include <sstream>
 #include <stdexcept>
@@ -158,6 +159,12 @@ struct Member {
 // One run of a collective, a send/recv pair or a PCIe copy: its members (class, op), and the flows
 // waiting for their latency term to elapse.
 struct Instance {
+  // Hardware work queues (ExecutorOptions::hardware_queues): op -> its queue (kNone: not in one, i.e.
+  // host-lane ops and ops replayed in a CUDA graph), each queue's eager device ops in issue order, and
+  // per queue the first op that has not started (an op starts only once every op ahead of it has).
+  std::vector<std::uint32_t> hw_queue, hw_pos;
+  std::vector<std::vector<std::uint32_t>> hw_ops;
+  std::vector<std::uint32_t> hw_head;
   std::vector<Member> members;
   std::size_t expected = 0;
   bool p2p = false;
@@ -305,7 +312,9 @@ class StepRun {
   // docs/backend.md, "Threads, streams, events"); e = event_record (also taken for a stream wait):
   //   eager op      before the launch: e per dependency it must wait for on its stream (one on
   //                 another stream, or in a CUDA-graph run), e for the timing marker (timed steps),
-  //                 then kernel_launch (collective_launch for NCCL calls); after the launch: e for the
+  //                 then the launch: collective_launch for NCCL calls, gemm_launch / grouped_gemm_launch /
+  //                 attention_launch for GEMM / grouped-GEMM / attention ops (host time of the library
+  //                 call; kernel_launch when the profile lacks them), else kernel_launch; after it: e for the
   //                 timing marker (timed steps), e when a later op waits for it across streams, a run
   //                 boundary or on the host
   //   graph run     on its first op: e per dependency from before the run it must wait for, 2 e per
@@ -320,6 +329,7 @@ class StepRun {
   //   step          at the start, e per device stream used (the fence behind the epoch); at the end,
   //                 2 e per device stream but the anchor (joined into it): the step ends no earlier
   void host_lane_costs(ClassState& s) {
+    assign_hardware_queues(s);
     const RankClass& rc = *s.rc;
     const std::size_t n = rc.ops.size();
     const double e = host_.event_record.value;
@@ -330,6 +340,46 @@ class StepRun {
     for (std::size_t r = 0; r < rc.graph_runs.size(); ++r) {
       const scenarios::GraphRun& run = rc.graph_runs[r];
       if (run.first_op >= run.end_op || run.end_op > n) {
+  // Hardware work queues (docs/simulator.md, "Hardware work queues"). A GPU has Q hardware queues
+  // (CUDA_DEVICE_MAX_CONNECTIONS, default 8); CUDA maps each stream onto one round-robin in stream
+  // creation order (threewalls run creates a class's streams in increasing stream index:
+  // backend CudaDevice::open), so the k-th stream the class uses (k = 0, 1, ...) is on queue k mod Q.
+  // A queue dispatches in issue order: an eager device op starts only once every op issued before it
+  // to its queue has started (head-of-line blocking: an op waiting for its stream or an event holds
+  // back the ops of other streams behind it). The host issues eager ops in op order. Ops replayed in
+  // a CUDA graph are not in a queue (the graph's own launch dispatches them); nor are host-lane ops.
+  void assign_hardware_queues(ClassState& s) const {
+    const RankClass& rc = *s.rc;
+    const std::size_t n = rc.ops.size();
+    s.hw_queue.assign(n, kNone);
+    s.hw_pos.assign(n, kNone);
+    s.hw_ops.clear();
+    s.hw_head.clear();
+    if (opt_.hardware_queues <= 0) return;
+    std::vector<std::uint8_t> in_graph(n, 0);
+    for (const scenarios::GraphRun& run : rc.graph_runs) {
+      for (std::uint32_t i = run.first_op; i < run.end_op && i < n; ++i) in_graph[i] = 1;
+    }
+    std::vector<std::uint8_t> used(g_.streams.size(), 0);
+    for (std::uint32_t i = 0; i < n; ++i) {
+      if (!on_host_lane(rc.ops[i])) used[rc.ops[i].stream] = 1;
+    }
+    std::vector<std::uint32_t> queue_of(g_.streams.size(), kNone);
+    std::uint32_t k = 0;
+    for (std::size_t st = 0; st < used.size(); ++st) {
+      if (used[st]) queue_of[st] = k++ % static_cast<std::uint32_t>(opt_.hardware_queues);
+    }
+    s.hw_ops.assign(std::min<std::size_t>(k, static_cast<std::size_t>(opt_.hardware_queues)), {});
+    s.hw_head.assign(s.hw_ops.size(), 0);
+    for (std::uint32_t i = 0; i < n; ++i) {
+      if (on_host_lane(rc.ops[i]) || in_graph[i]) continue;
+      const std::uint32_t q = queue_of[rc.ops[i].stream];
+      s.hw_queue[i] = q;
+      s.hw_pos[i] = static_cast<std::uint32_t>(s.hw_ops[q].size());
+      s.hw_ops[q].push_back(i);
+    }
+  }
+
         throw InputError("rank class " + std::to_string(rc.id) + ": CUDA-graph run [" + std::to_string(run.first_op) +
                          ", " + std::to_string(run.end_op) + ") is outside its ops");
       }
@@ -372,7 +422,7 @@ class StepRun {
       } else if (is_disk_read(op)) {
         s.host_cost[i] = coster_.copy_time(op.copy_kind(), Bytes(op.bytes)).value;
       } else if (in_run[i] < 0) {
-        const double launch = op.is_comm() ? host_.collective_launch.value : host_.kernel_launch.value;
+        const double launch = launch_cost(op);
         s.host_cost[i] = static_cast<double>(waits[i]) * e + (timed(op) ? e : 0.0) + launch;
         s.host_post[i] = (timed(op) ? e : 0.0) + (needs_event[i] ? e : 0.0);
         if (timed(op)) s.mark_before[i] = static_cast<double>(waits[i] + 1) * e;
@@ -450,6 +500,19 @@ class StepRun {
 
   // ---------------------------------------------------------------- events
   void push(double t, EventType type, std::uint32_t cls, std::uint64_t a) {
+  // Host time of one eager launch of `op` (the library call OpRunner makes for its kind).
+  double launch_cost(const Op& op) const {
+    if (op.is_comm()) return host_.collective_launch.value;
+    const std::optional<Seconds>* call = nullptr;
+    switch (op.kind) {
+      case OpKind::gemm: call = &host_.gemm_launch; break;
+      case OpKind::grouped_gemm: call = &host_.grouped_gemm_launch; break;
+      case OpKind::attention: call = &host_.attention_launch; break;
+      default: break;
+    }
+    return call != nullptr && call->has_value() ? (*call)->value : host_.kernel_launch.value;
+  }
+
     queue_.push(Event{t, seq_++, type, cls, a});
   }
 
@@ -545,6 +608,8 @@ class StepRun {
       return;
     }
     if (op.kind == OpKind::collective) {
+    // Head-of-line blocking in its hardware queue (its timing marker waits there too).
+    if (s.hw_queue[i] != kNone && s.hw_head[s.hw_queue[i]] != s.hw_pos[i]) return;
       arrive_collective(c, i);
       return;
     }
@@ -560,6 +625,17 @@ class StepRun {
       const std::uint32_t head = ++s.stream_head[s.queue[i]];
       const auto& q = s.stream_ops[s.queue[i]];
       if (head < q.size()) try_start(c, q[head]);
+    if (s.hw_queue[i] != kNone) {
+      // The next op of the hardware queue may now be dispatched (once its own stream and
+      // dependencies allow).
+      const std::uint32_t q = s.hw_queue[i];
+      std::uint32_t& head = s.hw_head[q];
+      while (head < s.hw_ops[q].size() && s.start[s.hw_ops[q][head]] >= 0.0) ++head;
+      if (head < s.hw_ops[q].size()) {
+        const std::uint32_t next = s.hw_ops[q][head];
+        push(now_, EventType::op_ready, c, next);
+      }
+    }
     }
     for (std::uint32_t k = s.rdep_off[i]; k < s.rdep_off[i + 1]; ++k) {
       const std::uint32_t d = s.rdeps[k];

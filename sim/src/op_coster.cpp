@@ -107,6 +107,11 @@ CostModelCoster::CostModelCoster(const calibration::CostModel& model) : model_(m
   host_.framework_op = model.framework_op();
   host_.event_record = model.event_record();
   host_.timing_marker = model.timing_marker();
+  // Library-call launch costs (each falls back to kernel_launch in the cost model when the profile
+  // lacks its family).
+  host_.gemm_launch = model.gemm_launch();
+  host_.grouped_gemm_launch = model.grouped_gemm_launch();
+  host_.attention_launch = model.attention_launch();
 }
 
 Seconds CostModelCoster::kernel_time(const Op& op) const {

@@ -212,11 +212,13 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   simj["placement"] = "representatives";
   simj["platform"] = base.describe();
   simj["host_lane"] =
-      "eager op: kernel_launch (collectives: collective_launch) + event_record per cross-stream wait and event; CUDA-graph "
+      "eager op: kernel_launch (collectives: collective_launch; GEMM, grouped GEMM, attention: their library-call "
+      "launch costs when the profile has them) + event_record per cross-stream wait and event; CUDA-graph "
       "run: graph_launch + graph_node per op; per step: stream fence and join; recorded steps: two timing events per op; "
       "disk reads on the host thread";
   simj["memory"] = OrderedJson{{"fused_attention", opt.memory.fused_attention}, {"dropout", opt.memory.dropout}};
   simj["profile_reason"] = profile.reason;
+  simj["hardware_queues"] = eo.hardware_queues;
   header.settings["steps"] = steps;
   header.settings["warmup_steps_simulated"] = 0;
   header.settings["simulator"] = simj;

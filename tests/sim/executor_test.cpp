@@ -435,5 +435,114 @@ TEST(Executor, GraphRunWaitsForOutsideDepsOnItsLaunchStreamAndJoinsItsOtherStrea
   EXPECT_NEAR(t.start[3], 37 * kUs, 1e-12);
 }
 
+// ---- hardware work queues and library-call launch costs (issue 8) ----
+
+StepResult run_with_queues(const GraphBuilder& b, const FakeCoster& coster, int queues) {
+  const Platform p(testing::cluster(1, 1));
+  ExecutorOptions o;
+  o.fidelity = Fidelity::analytic;
+  o.hardware_queues = queues;
+  return Executor(coster, o).run_step(b.g, p, {}, 0.0, nullptr);
+}
+
+TEST(Executor, SixteenStreamsOnEightHardwareQueuesSerialisePairwise) {
+  // 16 streams, each two 10 us kernels issued stream by stream. The GPU runs any number of kernels
+  // at full speed (concurrency clamps to k), so only the queues order them. With 8 queues, stream s
+  // and stream s + 8 share queue s: stream s + 8's first kernel is issued behind stream s's second,
+  // which is dispatched only when stream s's first has finished (its stream), so stream s + 8 starts
+  // at 10 us and the step takes 30 us. With a queue per stream (16, or 0 = unlimited) all 16 streams
+  // start at once: 20 us.
+  GraphBuilder b(1, 1, 1, 1, 1, 1);
+  const int c = b.add_class({0});
+  for (int st = 0; st < 16; ++st) {
+    const std::string name = "s" + std::to_string(st);
+    b.add(c, b.kernel(10, "k1", name));
+    b.add(c, b.kernel(10, "k2", name));
+  }
+  FakeCoster f;
+  f.concurrency = 1e9;
+  const auto shared = run_with_queues(b, f, 8);
+  for (int st = 0; st < 16; ++st) {
+    const auto first = static_cast<std::size_t>(2 * st);
+    const double want = st < 8 ? 0.0 : 10 * kUs;
+    EXPECT_NEAR(shared.classes[0].start[first], want, 1e-12) << "stream " << st;
+    EXPECT_NEAR(shared.classes[0].end[first + 1], want + 20 * kUs, 1e-12) << "stream " << st;
+  }
+  EXPECT_NEAR(shared.duration, 30 * kUs, 1e-12);
+  for (const int queues : {16, 0}) {
+    const auto own = run_with_queues(b, f, queues);
+    for (std::size_t i = 0; i < 32; i += 2) EXPECT_NEAR(own.classes[0].start[i], 0.0, 1e-12) << queues;
+    EXPECT_NEAR(own.duration, 20 * kUs, 1e-12) << queues;
+  }
+}
+
+TEST(Executor, HardwareQueueHoldsLaterStreamsBehindAnOpWaitingForItsDependency) {
+  // Two queues, three streams: streams a and c share queue 0. Stream a's second kernel waits (event)
+  // for stream b's 50 us kernel; stream c's kernel, issued after it, waits at the head of the queue
+  // behind it although nothing orders the two (head-of-line blocking), then runs at 50 us.
+  GraphBuilder b(1, 1, 1, 1, 1, 1);
+  const int c = b.add_class({0});
+  const auto a1 = b.add(c, b.kernel(5, "a1", "a"));
+  const auto b1 = b.add(c, b.kernel(50, "b1", "b"));
+  b.add(c, b.kernel(5, "a2", "a"), {a1, b1});
+  b.add(c, b.kernel(5, "c1", "c"));
+  FakeCoster f;
+  f.concurrency = 1e9;
+  const auto r = run_with_queues(b, f, 2);
+  EXPECT_NEAR(r.classes[0].start[2], 50 * kUs, 1e-12);
+  EXPECT_NEAR(r.classes[0].start[3], 50 * kUs, 1e-12);
+  const auto free = run_with_queues(b, f, 3);
+  EXPECT_NEAR(free.classes[0].start[3], 0.0, 1e-12);
+}
+
+TEST(Executor, OpsOfACudaGraphRunAreNotHeldInAHardwareQueue) {
+  // One queue for all streams; a graph run's ops are dispatched by the graph launch, not queued
+  // behind an eager op waiting for its dependency.
+  GraphBuilder b(1, 1, 1, 1, 1, 1);
+  const int c = b.add_class({0});
+  const auto a1 = b.add(c, b.kernel(40, "a1", "a"));
+  b.add(c, b.kernel(5, "b1", "b"), {a1});  // eager, waits 40 us for a1 at the head of the queue
+  Op g1 = b.kernel(5, "g1", "g");          // replayed in a graph
+  g1.graph = 1;
+  b.add(c, g1);
+  b.g.graphs.push_back("attn");
+  b.g.classes[0].graph_runs.push_back({2, 3, 1});
+  FakeCoster f;
+  f.concurrency = 1e9;
+  const auto r = run_with_queues(b, f, 1);
+  EXPECT_NEAR(r.classes[0].start[1], 40 * kUs, 1e-12);
+  EXPECT_LT(r.classes[0].start[2], 40 * kUs);
+}
+
+TEST(Executor, HostLaneChargesTheLibraryCallLaunchOfGemmGroupedGemmAndAttention) {
+  // Launch-bound (0.1 us kernels, 5-15 us launches): each op starts when its launch is done, so the
+  // starts add up the launch costs of the op kinds in issue order.
+  GraphBuilder b(1, 1, 1, 1, 1, 1);
+  const int c = b.add_class({0});
+  Op gemm = b.kernel(0.1, "gemm");
+  Op grouped = b.kernel(0.1, "grouped");
+  grouped.kind = OpKind::grouped_gemm;
+  Op attn = b.kernel(0.1, "attn");
+  attn.kind = OpKind::attention;
+  Op ew = b.kernel(0.1, "ew");
+  ew.kind = OpKind::elementwise;
+  for (const Op& op : {gemm, grouped, attn, ew}) b.add(c, op);
+  FakeCoster f;
+  f.host.kernel_launch = Seconds(5 * kUs);
+  // No library-call costs (a profile without the families): every op costs kernel_launch.
+  const auto before = run(b, f, testing::cluster(1, 1));
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_NEAR(before.classes[0].start[i], 5 * kUs * static_cast<double>(i + 1), 1e-12) << i;
+  }
+  f.host.gemm_launch = Seconds(15 * kUs);
+  f.host.grouped_gemm_launch = Seconds(12 * kUs);
+  f.host.attention_launch = Seconds(9 * kUs);
+  const auto after = run(b, f, testing::cluster(1, 1));
+  EXPECT_NEAR(after.classes[0].start[0], 15 * kUs, 1e-12);
+  EXPECT_NEAR(after.classes[0].start[1], 27 * kUs, 1e-12);
+  EXPECT_NEAR(after.classes[0].start[2], 36 * kUs, 1e-12);
+  EXPECT_NEAR(after.classes[0].start[3], 41 * kUs, 1e-12);
+}
+
 }  // namespace
 }  // namespace threewalls::sim

@@ -177,6 +177,47 @@ class LaunchBoundCoster final : public OpCoster {
   [[nodiscard]] int sm_count() const override { return 132; }
 };
 
+// Issue 8: 64 expert streams share CUDA's 8 hardware work queues (docs/simulator.md, "Hardware work
+// queues"). With free launches, 5 us kernels and an ideal GPU (k kernels at full speed each), all 64
+// expert chains are ready when the router ends; with 8 queues dispatching in issue order at most two
+// ops per queue run at once (a chain's last op and the next chain's first), without queues dozens do.
+TEST(HostOverheadStudy, Streams64ExpertChainsShareEightHardwareQueues) {
+  class IdealCoster final : public OpCoster {
+   public:
+    [[nodiscard]] Seconds kernel_time(const scenarios::Op&) const override { return microseconds(5); }
+    [[nodiscard]] Seconds copy_time(scenarios::CopyKind, Bytes) const override { return microseconds(5); }
+    [[nodiscard]] CommParams comm_params(CommKind, Bytes, int, CommScope) const override {
+      return {Seconds(0.0), BytesPerSecond(1e15)};
+    }
+    [[nodiscard]] HostCosts host_costs() const override { return HostCosts{}; }
+    [[nodiscard]] double stream_concurrency(int streams, double) const override { return streams; }
+    [[nodiscard]] int sm_count() const override { return 132; }
+  };
+  const IdealCoster coster;
+  const scenarios::Scenario sc = validation("host_overhead", "switch_d768_t1k_streams64_none");
+  const scenarios::StepGraph g = scenarios::expand(sc, 0);
+  const Platform p(sc.cluster);
+  auto most_at_once = [&](int queues) {
+    ExecutorOptions eo;
+    eo.fidelity = Fidelity::analytic;
+    eo.hardware_queues = queues;
+    const StepResult r = Executor(coster, eo).run_step(g, p, {}, 0.0, nullptr);
+    std::vector<std::pair<double, int>> ev;
+    const auto& rc = g.classes[0];
+    for (std::size_t i = 0; i < rc.ops.size(); ++i) {
+      if (rc.ops[i].kind == scenarios::OpKind::host) continue;
+      ev.emplace_back(r.classes[0].start[i], 1);
+      ev.emplace_back(r.classes[0].end[i], -1);
+    }
+    std::sort(ev.begin(), ev.end());  // an end before a start at the same instant
+    int now = 0, most = 0;
+    for (const auto& [t, d] : ev) most = std::max(most, now += d);
+    return most;
+  };
+  EXPECT_LE(most_at_once(8), 16);
+  EXPECT_GE(most_at_once(0), 32);
+}
+
 TEST(HostOverheadStudy, GraphScopesReplaceTheirOpsLaunchesWithOneGraphLaunch) {
   // For each strategy: the attn + moe_router graphs save one launch per captured op but the first of
   // each run; in a launch-bound step that is exactly the step time saved, all of it host wall.

@@ -54,6 +54,11 @@ struct ExecutorOptions {
   AllReduceChoice allreduce = AllReduceChoice::automatic;
   // Routing imbalance of MoE all-to-alls (train.routing_imbalance): RoutingModel(ep, imbalance).
   double routing_imbalance = 1.0;
+  // Hardware work queues per GPU (CUDA_DEVICE_MAX_CONNECTIONS of the real run; CUDA's default 8, and
+  // threewalls run does not set it). Streams map onto them round-robin in creation order and each
+  // queue dispatches in issue order (docs/simulator.md, "Hardware work queues"). 0: one queue per
+  // stream (the model before issue 8).
+  int hardware_queues = 8;
 };
 
 // Which ops of a class carry the profiler's timing markers in a step (a real run records two CUDA

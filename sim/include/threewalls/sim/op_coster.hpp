@@ -18,6 +18,7 @@
 //   collective, send/recv                 -> collective_params(kind, bytes, n, scope) (flows on top)
 //   host                                  -> the host costs below
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -51,6 +52,11 @@ struct HostCosts {
   Seconds framework_op;       // one host-side framework op (HostKind::framework without a duration hint)
   Seconds event_record;       // one cudaEventRecord; also the cost taken for one cudaStreamWaitEvent
   Seconds timing_marker;      // device time of one profiler timing marker on its stream (recorded steps)
+  // Host time of one library call (issue 8: a cuBLASLt GEMM costs ~2-4x an empty kernel's launch);
+  // empty: kernel_launch is charged (profiles without the families, test costers).
+  std::optional<Seconds> gemm_launch;          // gemm ops (CublasLt::gemm)
+  std::optional<Seconds> grouped_gemm_launch;  // grouped_gemm ops (GroupedGemm::run)
+  std::optional<Seconds> attention_launch;     // attention ops (Attention::forward / backward)
 };
 
 // The kernel_terms family (calibration/kernel_terms.hpp) and inputs of a softmax_topk, permute,
