@@ -139,6 +139,12 @@ struct ClassState {
   // direction, as PyTorch gives each pair of ranks its own NCCL communicator and stream (a pending
   // send to the previous stage does not hold back a receive from the next one).
   std::vector<std::uint16_t> queue;  // op -> queue index
+  // Hardware work queues (ExecutorOptions::hardware_queues): op -> its queue (kNone: not in one, i.e.
+  // host-lane ops and ops replayed in a CUDA graph), each queue's eager device ops in issue order, and
+  // per queue the first op that has not started (an op starts only once every op ahead of it has).
+  std::vector<std::uint32_t> hw_queue, hw_pos;
+  std::vector<std::vector<std::uint32_t>> hw_ops;
+  std::vector<std::uint32_t> hw_head;
   std::vector<std::uint32_t> occurrence;  // collective ops: how many identical keys came before
   std::vector<std::uint8_t> ready_scheduled;
   std::uint32_t host_next = 0;
@@ -159,12 +165,6 @@ struct Member {
 // One run of a collective, a send/recv pair or a PCIe copy: its members (class, op), and the flows
 // waiting for their latency term to elapse.
 struct Instance {
-  // Hardware work queues (ExecutorOptions::hardware_queues): op -> its queue (kNone: not in one, i.e.
-  // host-lane ops and ops replayed in a CUDA graph), each queue's eager device ops in issue order, and
-  // per queue the first op that has not started (an op starts only once every op ahead of it has).
-  std::vector<std::uint32_t> hw_queue, hw_pos;
-  std::vector<std::vector<std::uint32_t>> hw_ops;
-  std::vector<std::uint32_t> hw_head;
   std::vector<Member> members;
   std::size_t expected = 0;
   bool p2p = false;
@@ -298,6 +298,7 @@ class StepRun {
       s.stream_pos[i] = static_cast<std::uint32_t>(s.stream_ops[q].size());
       s.stream_ops[q].push_back(i);
     }
+    assign_hardware_queues(s);
     host_lane_costs(s);
     // Occurrence numbers of collectives with identical keys.
     std::unordered_map<std::string, std::uint32_t> seen;
@@ -308,38 +309,6 @@ class StepRun {
     }
   }
 
-  // Host-lane costs, mirroring what threewalls run issues for each op (docs/simulator.md, "Host lane";
-  // docs/backend.md, "Threads, streams, events"); e = event_record (also taken for a stream wait):
-  //   eager op      before the launch: e per dependency it must wait for on its stream (one on
-  //                 another stream, or in a CUDA-graph run), e for the timing marker (timed steps),
-  //                 then the launch: collective_launch for NCCL calls, gemm_launch / grouped_gemm_launch /
-  //                 attention_launch for GEMM / grouped-GEMM / attention ops (host time of the library
-  //                 call; kernel_launch when the profile lacks them), else kernel_launch; after it: e for the
-  //                 timing marker (timed steps), e when a later op waits for it across streams, a run
-  //                 boundary or on the host
-  //   graph run     on its first op: e per dependency from before the run it must wait for, 2 e per
-  //                 other stream of the run (joined before), graph_launch (none after an explicit
-  //                 graph_launch host op); after its last op: e (end event) + e per other stream;
-  //                 graph_node of device time per op
-  //   host op       on arrival (timed steps): e per device stream its dependencies are on (gpu_read:
-  //                 its data's stream), then the wait, then stream_sync / gpu_read (+ e: the event
-  //                 the read waits on) / the hint
-  //                 timed eager kernels and copies: 2 timing_marker of device time (the markers)
-  //   disk read     on the host lane: copy(disk_read, bytes) once its dependencies are done
-  //   step          at the start, e per device stream used (the fence behind the epoch); at the end,
-  //                 2 e per device stream but the anchor (joined into it): the step ends no earlier
-  void host_lane_costs(ClassState& s) {
-    assign_hardware_queues(s);
-    const RankClass& rc = *s.rc;
-    const std::size_t n = rc.ops.size();
-    const double e = host_.event_record.value;
-    auto timed = [&](const Op& op) {
-      return s.timing == Timing::every_op || (s.timing == Timing::coarse_ops && coarse_of(op) != profiler::CoarseView::none);
-    };
-    std::vector<int> in_run(n, -1);
-    for (std::size_t r = 0; r < rc.graph_runs.size(); ++r) {
-      const scenarios::GraphRun& run = rc.graph_runs[r];
-      if (run.first_op >= run.end_op || run.end_op > n) {
   // Hardware work queues (docs/simulator.md, "Hardware work queues"). A GPU has Q hardware queues
   // (CUDA_DEVICE_MAX_CONNECTIONS, default 8); CUDA maps each stream onto one round-robin in stream
   // creation order (threewalls run creates a class's streams in increasing stream index:
@@ -380,6 +349,37 @@ class StepRun {
     }
   }
 
+  // Host-lane costs, mirroring what threewalls run issues for each op (docs/simulator.md, "Host lane";
+  // docs/backend.md, "Threads, streams, events"); e = event_record (also taken for a stream wait):
+  //   eager op      before the launch: e per dependency it must wait for on its stream (one on
+  //                 another stream, or in a CUDA-graph run), e for the timing marker (timed steps),
+  //                 then the launch: collective_launch for NCCL calls, gemm_launch / grouped_gemm_launch /
+  //                 attention_launch for GEMM / grouped-GEMM / attention ops (host time of the library
+  //                 call; kernel_launch when the profile lacks them), else kernel_launch; after it: e for the
+  //                 timing marker (timed steps), e when a later op waits for it across streams, a run
+  //                 boundary or on the host
+  //   graph run     on its first op: e per dependency from before the run it must wait for, 2 e per
+  //                 other stream of the run (joined before), graph_launch (none after an explicit
+  //                 graph_launch host op); after its last op: e (end event) + e per other stream;
+  //                 graph_node of device time per op
+  //   host op       on arrival (timed steps): e per device stream its dependencies are on (gpu_read:
+  //                 its data's stream), then the wait, then stream_sync / gpu_read (+ e: the event
+  //                 the read waits on) / the hint
+  //                 timed eager kernels and copies: 2 timing_marker of device time (the markers)
+  //   disk read     on the host lane: copy(disk_read, bytes) once its dependencies are done
+  //   step          at the start, e per device stream used (the fence behind the epoch); at the end,
+  //                 2 e per device stream but the anchor (joined into it): the step ends no earlier
+  void host_lane_costs(ClassState& s) {
+    const RankClass& rc = *s.rc;
+    const std::size_t n = rc.ops.size();
+    const double e = host_.event_record.value;
+    auto timed = [&](const Op& op) {
+      return s.timing == Timing::every_op || (s.timing == Timing::coarse_ops && coarse_of(op) != profiler::CoarseView::none);
+    };
+    std::vector<int> in_run(n, -1);
+    for (std::size_t r = 0; r < rc.graph_runs.size(); ++r) {
+      const scenarios::GraphRun& run = rc.graph_runs[r];
+      if (run.first_op >= run.end_op || run.end_op > n) {
         throw InputError("rank class " + std::to_string(rc.id) + ": CUDA-graph run [" + std::to_string(run.first_op) +
                          ", " + std::to_string(run.end_op) + ") is outside its ops");
       }
@@ -471,6 +471,19 @@ class StepRun {
     s.host_tail = streams_used > 1 ? 2.0 * static_cast<double>(streams_used - 1) * e : 0.0;
   }
 
+  // Host time of one eager launch of `op` (the library call OpRunner makes for its kind).
+  double launch_cost(const Op& op) const {
+    if (op.is_comm()) return host_.collective_launch.value;
+    const std::optional<Seconds>* call = nullptr;
+    switch (op.kind) {
+      case OpKind::gemm: call = &host_.gemm_launch; break;
+      case OpKind::grouped_gemm: call = &host_.grouped_gemm_launch; break;
+      case OpKind::attention: call = &host_.attention_launch; break;
+      default: break;
+    }
+    return call != nullptr && call->has_value() ? (*call)->value : host_.kernel_launch.value;
+  }
+
   Seconds host_op_cost(const Op& op) const {
     switch (op.host_kind()) {
       case HostKind::stream_sync: return host_.stream_sync;
@@ -500,19 +513,6 @@ class StepRun {
 
   // ---------------------------------------------------------------- events
   void push(double t, EventType type, std::uint32_t cls, std::uint64_t a) {
-  // Host time of one eager launch of `op` (the library call OpRunner makes for its kind).
-  double launch_cost(const Op& op) const {
-    if (op.is_comm()) return host_.collective_launch.value;
-    const std::optional<Seconds>* call = nullptr;
-    switch (op.kind) {
-      case OpKind::gemm: call = &host_.gemm_launch; break;
-      case OpKind::grouped_gemm: call = &host_.grouped_gemm_launch; break;
-      case OpKind::attention: call = &host_.attention_launch; break;
-      default: break;
-    }
-    return call != nullptr && call->has_value() ? (*call)->value : host_.kernel_launch.value;
-  }
-
     queue_.push(Event{t, seq_++, type, cls, a});
   }
 
@@ -579,6 +579,8 @@ class StepRun {
     const Op& op = s.rc->ops[i];
     if (on_host_lane(op)) return;
     if (s.stream_head[s.queue[i]] != s.stream_pos[i]) return;
+    // Head-of-line blocking in its hardware queue (its timing marker waits there too).
+    if (s.hw_queue[i] != kNone && s.hw_head[s.hw_queue[i]] != s.hw_pos[i]) return;
     if (s.ready[i] < 0.0) s.ready[i] = now_;
     if (s.launch[i] > now_) {
       if (!s.ready_scheduled[i]) {
@@ -594,6 +596,17 @@ class StepRun {
     ClassState& s = classes_[c];
     const Op& op = s.rc->ops[i];
     s.start[i] = now_;
+    if (s.hw_queue[i] != kNone) {
+      // The next op of the hardware queue may now be dispatched (once its own stream and
+      // dependencies allow).
+      const std::uint32_t q = s.hw_queue[i];
+      std::uint32_t& head = s.hw_head[q];
+      while (head < s.hw_ops[q].size() && s.start[s.hw_ops[q][head]] >= 0.0) ++head;
+      if (head < s.hw_ops[q].size()) {
+        const std::uint32_t next = s.hw_ops[q][head];
+        push(now_, EventType::op_ready, c, next);
+      }
+    }
     if (is_kernel(op)) {
       const double work = coster_.kernel_time(op).value * s.compute_factor + s.device_extra[i];
       gpu_add(c, i, work);
@@ -608,8 +621,6 @@ class StepRun {
       return;
     }
     if (op.kind == OpKind::collective) {
-    // Head-of-line blocking in its hardware queue (its timing marker waits there too).
-    if (s.hw_queue[i] != kNone && s.hw_head[s.hw_queue[i]] != s.hw_pos[i]) return;
       arrive_collective(c, i);
       return;
     }
@@ -625,17 +636,6 @@ class StepRun {
       const std::uint32_t head = ++s.stream_head[s.queue[i]];
       const auto& q = s.stream_ops[s.queue[i]];
       if (head < q.size()) try_start(c, q[head]);
-    if (s.hw_queue[i] != kNone) {
-      // The next op of the hardware queue may now be dispatched (once its own stream and
-      // dependencies allow).
-      const std::uint32_t q = s.hw_queue[i];
-      std::uint32_t& head = s.hw_head[q];
-      while (head < s.hw_ops[q].size() && s.start[s.hw_ops[q][head]] >= 0.0) ++head;
-      if (head < s.hw_ops[q].size()) {
-        const std::uint32_t next = s.hw_ops[q][head];
-        push(now_, EventType::op_ready, c, next);
-      }
-    }
     }
     for (std::uint32_t k = s.rdep_off[i]; k < s.rdep_off[i + 1]; ++k) {
       const std::uint32_t d = s.rdeps[k];

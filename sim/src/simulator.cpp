@@ -216,9 +216,9 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
       "launch costs when the profile has them) + event_record per cross-stream wait and event; CUDA-graph "
       "run: graph_launch + graph_node per op; per step: stream fence and join; recorded steps: two timing events per op; "
       "disk reads on the host thread";
+  simj["hardware_queues"] = eo.hardware_queues;
   simj["memory"] = OrderedJson{{"fused_attention", opt.memory.fused_attention}, {"dropout", opt.memory.dropout}};
   simj["profile_reason"] = profile.reason;
-  simj["hardware_queues"] = eo.hardware_queues;
   header.settings["steps"] = steps;
   header.settings["warmup_steps_simulated"] = 0;
   header.settings["simulator"] = simj;
