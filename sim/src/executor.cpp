@@ -108,7 +108,27 @@ struct Active {
   std::uint32_t op;
   double remaining;  // seconds of solo work left
   double sm_fraction;
+  double slow = 1.0;  // time with / time alone beside the class's resident NCCL kernels (1: none)
 };
+
+// Compute class of a kernel for the NCCL-residency slowdown (OpCoster::nccl_resident_slowdown):
+// 0 GEMM (with its 128 x 128 output tiles), 1 attention, 2 memory-bound (everything else).
+int compute_class(const Op& op) {
+  switch (op.kind) {
+    case OpKind::gemm:
+    case OpKind::grouped_gemm: return 0;
+    case OpKind::attention: return 1;
+    default: return 2;
+  }
+}
+
+double gemm_tiles(const Op& op) {
+  if (op.kind != OpKind::gemm && op.kind != OpKind::grouped_gemm) return 0.0;
+  const auto& s = op.shape;
+  const double t = std::ceil(static_cast<double>(std::max<std::int64_t>(s[0], 1)) / 128.0) *
+                   std::ceil(static_cast<double>(std::max<std::int64_t>(s[1], 1)) / 128.0);
+  return op.kind == OpKind::gemm ? t * static_cast<double>(std::max<std::int64_t>(s[3], 1)) : t;
+}
 
 struct ClassState {
   const RankClass* rc = nullptr;
@@ -155,6 +175,13 @@ struct ClassState {
   std::vector<Active> active;
   double gpu_last = 0.0;
   std::uint64_t gpu_version = 0;
+  // NCCL kernels resident on the GPU (docs/simulator.md, "Compute beside resident NCCL kernels"): a
+  // communication op is resident from its start on its stream until it completes; "pending" until
+  // every member has arrived (it spins, waiting for its peers), then "transferring". nccl_phase: op ->
+  // 0 not resident, 1 pending, 2 transferring.
+  int nccl_pending = 0;
+  int nccl_transfer = 0;
+  std::vector<std::uint8_t> nccl_phase;
 };
 
 struct Member {
@@ -193,6 +220,7 @@ class StepRun {
     capacity_.reserve(platform_.links().size());
     for (const Link& l : platform_.links()) capacity_.push_back(l.bandwidth.value);
     sm_count_ = coster_.sm_count();
+    nccl_residency_ = coster_.models_nccl_residency();
     classes_.resize(g_.classes.size());
     for (std::size_t c = 0; c < g_.classes.size(); ++c) {
       init_class(static_cast<std::uint32_t>(c), factor.empty() ? 1.0 : factor[c],
@@ -253,6 +281,7 @@ class StepRun {
     s.pending.assign(n, 0);
     s.ready_scheduled.assign(n, 0);
     s.occurrence.assign(n, 0);
+    s.nccl_phase.assign(n, 0);
     s.host_time = epoch_;
     s.gpu_last = epoch_;
     // Dependencies and their reverse.
@@ -620,6 +649,7 @@ class StepRun {
       start_instance(id);
       return;
     }
+    nccl_phase(c, i, 1);  // resident from here, waiting for its peers until the instance starts
     if (op.kind == OpKind::collective) {
       arrive_collective(c, i);
       return;
@@ -632,6 +662,7 @@ class StepRun {
     const Op& op = s.rc->ops[i];
     s.end[i] = now_;
     ++s.done;
+    if (s.nccl_phase[i] != 0) nccl_phase(c, i, 0);
     if (!on_host_lane(op)) {
       const std::uint32_t head = ++s.stream_head[s.queue[i]];
       const auto& q = s.stream_ops[s.queue[i]];
@@ -661,11 +692,12 @@ class StepRun {
     return conc / static_cast<double>(k);
   }
 
+  // A kernel beside resident NCCL kernels progresses at the shared rate divided by its slowdown.
   void gpu_update(ClassState& s) {
     const double dt = now_ - s.gpu_last;
     if (dt > 0.0 && !s.active.empty()) {
       const double rate = gpu_rate(s);
-      for (Active& a : s.active) a.remaining -= dt * rate;
+      for (Active& a : s.active) a.remaining -= dt * rate / a.slow;
     }
     s.gpu_last = now_;
   }
@@ -675,7 +707,7 @@ class StepRun {
     ++s.gpu_version;
     if (s.active.empty()) return;
     double least = kInf;
-    for (const Active& a : s.active) least = std::min(least, a.remaining);
+    for (const Active& a : s.active) least = std::min(least, a.remaining * a.slow);
     push(now_ + std::max(0.0, least) / gpu_rate(s), EventType::gpu_done, c, s.gpu_version);
   }
 
@@ -683,6 +715,38 @@ class StepRun {
     ClassState& s = classes_[c];
     gpu_update(s);
     s.active.push_back({i, work, sm_fraction(s.rc->ops[i], sm_count_)});
+    s.active.back().slow = nccl_slowdown(s, s.rc->ops[i]);
+    gpu_schedule(c);
+  }
+
+  // Slowdown of a kernel of class c's GPU for the NCCL kernels resident now: the larger of the
+  // profile's factors of the cases present (pending, transferring); 1 with none resident.
+  double nccl_slowdown(const ClassState& s, const Op& op) const {
+    if (!nccl_residency_ || (s.nccl_pending == 0 && s.nccl_transfer == 0)) return 1.0;
+    const int k = compute_class(op);
+    const double tiles = gemm_tiles(op);
+    double f = 0.0;
+    if (s.nccl_pending > 0) f = std::max(f, coster_.nccl_resident_slowdown(0, k, tiles));
+    if (s.nccl_transfer > 0) f = std::max(f, coster_.nccl_resident_slowdown(1, k, tiles));
+    return f > 0.0 ? f : 1.0;
+  }
+
+  // Moves op i of class c to residency phase `phase` (0 none, 1 pending, 2 transferring); when the
+  // class's resident set changes, the running kernels continue at their new rates.
+  void nccl_phase(std::uint32_t c, std::uint32_t i, std::uint8_t phase) {
+    ClassState& s = classes_[c];
+    std::uint8_t& cur = s.nccl_phase[i];
+    if (cur == phase) return;
+    const bool before_p = s.nccl_pending > 0, before_t = s.nccl_transfer > 0;
+    if (cur == 1) --s.nccl_pending;
+    if (cur == 2) --s.nccl_transfer;
+    if (phase == 1) ++s.nccl_pending;
+    if (phase == 2) ++s.nccl_transfer;
+    cur = phase;
+    if (!nccl_residency_ || s.active.empty()) return;
+    if (before_p == (s.nccl_pending > 0) && before_t == (s.nccl_transfer > 0)) return;
+    gpu_update(s);
+    for (Active& a : s.active) a.slow = nccl_slowdown(s, s.rc->ops[a.op]);
     gpu_schedule(c);
   }
 
@@ -693,12 +757,12 @@ class StepRun {
     // Kernels whose work is done (to rounding) finish now, in the order they started.
     std::vector<std::uint32_t> finished;
     double least = kInf;
-    for (const Active& a : s.active) least = std::min(least, a.remaining);
+    for (const Active& a : s.active) least = std::min(least, a.remaining * a.slow);
     const double tol = 1e-12 + 1e-9 * std::max(0.0, least);
     std::vector<Active> keep;
     keep.reserve(s.active.size());
     for (const Active& a : s.active) {
-      if (a.remaining <= least + tol) {
+      if (a.remaining * a.slow <= least + tol) {
         finished.push_back(a.op);
       } else {
         keep.push_back(a);
@@ -847,6 +911,10 @@ class StepRun {
   void start_instance(std::uint32_t id) {
     Instance& inst = instances_[id];
     ++collectives_;
+    // Every member has arrived: their NCCL kernels stop waiting and transfer.
+    for (const Member& m : inst.members) {
+      if (classes_[m.cls].nccl_phase[m.op] == 1) nccl_phase(m.cls, m.op, 2);
+    }
     const Plan& plan = plan_for(inst);
     if (opt_.fidelity == Fidelity::analytic || plan.flows.empty()) {
       double end = now_ + plan.lone;
@@ -1110,6 +1178,7 @@ class StepRun {
   FlowEngine* engine_;
   HostCosts host_;
   int sm_count_ = 0;
+  bool nccl_residency_ = false;  // the coster models compute beside resident NCCL kernels
   std::vector<double> capacity_;
   std::vector<ClassState> classes_;
   std::priority_queue<Event, std::vector<Event>, EventLater> queue_;

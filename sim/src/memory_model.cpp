@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "threewalls/scenarios/layout.hpp"
 
@@ -279,6 +280,50 @@ double nccl_bytes(const Scenario& s, const scenarios::Layout& L) {
   return bytes;
 }
 
+// NCCL memory from the calibration's nccl.memory points (docs/memory_model.md, "Buffers"), counted
+// the way threewalls run creates communicators (backend/cuda_device.hpp): one per (group, stream)
+// of the class's collectives, each communicator_bytes + collective_bytes; one two-rank communicator
+// per directed pair (peer, send or receive) of its send/recv ops, communicator_bytes each; and the
+// p2p connection buffers, p2p_peer_bytes per (group, peer) the class sends to or receives from,
+// all-to-all peers included (NCCL runs all-to-all over the same p2p connections): n - 1 per
+// all-to-all group of n ranks.
+double nccl_bytes_measured(const scenarios::StepGraph& graph, const scenarios::RankClass& rc,
+                           const NcclMemoryParams& m) {
+  const scenarios::Layout& L = graph.layout;
+  const int rep = rc.representative();
+  std::set<std::pair<int, int>> coll_comms;         // (group, stream)
+  std::set<std::tuple<int, int, bool>> p2p_comms;   // (group, peer rank, send)
+  std::set<std::pair<int, int>> peers;              // (group, peer rank)
+  for (const auto& op : rc.ops) {
+    if (op.kind == OpKind::collective && op.group != scenarios::Group::none && L.group_size(op.group) > 1) {
+      coll_comms.insert({static_cast<int>(op.group), op.stream});
+      if (op.collective() == scenarios::Collective::all_to_all) {
+        for (int r : L.group_members(op.group, rep)) {
+          if (r != rep) peers.insert({static_cast<int>(op.group), r});
+        }
+      }
+    } else if ((op.kind == OpKind::send || op.kind == OpKind::recv) && op.peer != 0 &&
+               (op.group == scenarios::Group::pp || op.group == scenarios::Group::cp)) {
+      int peer = rep;
+      if (op.group == scenarios::Group::pp) {
+        const int pp = L.group_size(scenarios::Group::pp);
+        peer = L.rank_at_stage(rep, ((L.stage_of(rep) + op.peer) % pp + pp) % pp);
+      } else {
+        const auto members = L.group_members(scenarios::Group::cp, rep);
+        const int n = static_cast<int>(members.size());
+        const int idx = L.group_index(scenarios::Group::cp, rep);
+        peer = members[static_cast<std::size_t>(((idx + op.peer) % n + n) % n)];
+      }
+      if (peer == rep) continue;
+      p2p_comms.insert({static_cast<int>(op.group), peer, op.kind == OpKind::send});
+      peers.insert({static_cast<int>(op.group), peer});
+    }
+  }
+  return static_cast<double>(coll_comms.size()) * (m.communicator.value + m.collective.value) +
+         static_cast<double>(p2p_comms.size()) * m.communicator.value +
+         static_cast<double>(peers.size()) * m.p2p_peer.value;
+}
+
 // Largest transient buffer of the token dispatcher for one MoE layer.
 double dispatcher_bytes(const Scenario& s, double expert_load, const scenarios::Layout& L, int rep_rank) {
   if (!s.model.is_moe()) return 0.0;
@@ -411,7 +456,8 @@ MemoryReport memory_model(const Scenario& s, const scenarios::StepGraph& graph, 
       const int scopes = captured_scopes(inf.exec);
       b.graph_pools = Bytes(static_cast<double>(scopes) * rc.layers.size() * 2.0 * (2.0 * resid));
     }
-    b.buffers = Bytes(kCudaContextBytes + nccl_bytes(s, L) + dispatcher_bytes(s, rc.expert_load, L, rep_rank) +
+    const double nccl = opt.nccl ? nccl_bytes_measured(graph, rc, *opt.nccl) : nccl_bytes(s, L);
+    b.buffers = Bytes(kCudaContextBytes + nccl + dispatcher_bytes(s, rc.expert_load, L, rep_rank) +
                       per_stream_runner_bytes(rc));
     report.classes.push_back(std::move(cm));
   }

@@ -181,6 +181,18 @@ double CostModelCoster::stream_concurrency(int streams, double fraction) const {
 
 int CostModelCoster::sm_count() const { return model_.sm_count(); }
 
+double CostModelCoster::nccl_resident_slowdown(int nccl_case, int compute_class, double tiles) const {
+  return model_.nccl_resident_slowdown(nccl_case, compute_class, tiles);
+}
+
+bool CostModelCoster::models_nccl_residency() const { return model_.has_nccl_interference(); }
+
+std::optional<NcclMemoryParams> CostModelCoster::nccl_memory() const {
+  const auto m = model_.nccl_memory();
+  if (!m) return std::nullopt;
+  return NcclMemoryParams{m->communicator, m->collective, m->p2p_peer};
+}
+
 double sm_fraction(const Op& op, int sm_count) {
   if (sm_count <= 0) return 1.0;
   const auto& s = op.shape;

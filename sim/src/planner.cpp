@@ -700,7 +700,9 @@ PlanRow PlanEstimator::evaluate(const Candidate& c) {
       skel.classes.push_back(std::move(rc));
     }
   }
-  const MemoryReport mem = memory_model(s, skel, impl_->memory);
+  MemoryOptions memory = impl_->memory;
+  if (!memory.nccl) memory.nccl = impl_->coster.nccl_memory();  // the profile's nccl.memory, when it has one
+  const MemoryReport mem = memory_model(s, skel, memory);
   for (const auto& cm : mem.classes) row.peak_bytes = std::max(row.peak_bytes, cm.peak().value);
   if (mem.oom()) {
     row.outcome = Outcome::oom;

@@ -168,7 +168,9 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
     result.classes.push_back({rc.id, rc.label, rc.ranks, rc.pp_stage});
     result.ops_per_step += rc.ops.size();
   }
-  result.memory = memory_model(s, first, opt.memory);
+  MemoryOptions memory = opt.memory;
+  if (!memory.nccl) memory.nccl = coster.nccl_memory();  // the profile's nccl.memory, when it has one
+  result.memory = memory_model(s, first, memory);
 
   Platform base(s.cluster);
   for (const auto& d : s.cluster.slowdowns) {

@@ -4,6 +4,7 @@
 // Pure formulas of the scenario (and of the StepGraph's rank classes for stages and expert load).
 // Every formula is in docs/memory_model.md, with its source (Korthikanti et al. 2022 for activations,
 // Megatron-LM's distributed optimizer for the 18 and 6 + 12/d bytes per parameter).
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "threewalls/core/units.hpp"
 #include "threewalls/scenarios/scenario.hpp"
 #include "threewalls/scenarios/step_graph.hpp"
+#include "threewalls/sim/op_coster.hpp"
 
 namespace threewalls::sim {
 
@@ -23,6 +25,10 @@ struct MemoryOptions {
   // Dropout masks (1 byte per element) after attention and MLP. Modern MoE recipes train without
   // dropout; the paper's GPT had it.
   bool dropout = false;
+  // NCCL device memory measured by the calibration (profile family nccl.memory; the simulator and
+  // the planner fill it from their coster). Empty: the fixed constants kNcclBytesPerCommunicator /
+  // kNcclBytesPerPeer below (docs/memory_model.md, "Buffers").
+  std::optional<NcclMemoryParams> nccl{};
 };
 
 // Parameters held by one rank.

@@ -69,6 +69,13 @@ struct FittedKernel {
 };
 [[nodiscard]] FittedKernel fitted_kernel_of(const scenarios::Op& op);
 
+// NCCL device memory of the profile (calibration family nccl.memory, models.hpp NcclMemoryModel).
+struct NcclMemoryParams {
+  Bytes communicator;  // per communicator of more than one rank
+  Bytes collective;    // per communicator that runs collectives
+  Bytes p2p_peer;      // per distinct send/recv peer (both directions)
+};
+
 class OpCoster {
  public:
   virtual ~OpCoster() = default;
@@ -82,6 +89,18 @@ class OpCoster {
   // them back to back (1 = no gain).
   [[nodiscard]] virtual double stream_concurrency(int streams, double sm_fraction) const = 0;
   [[nodiscard]] virtual int sm_count() const = 0;
+  // Slowdown (time with / time alone) of a compute kernel while an NCCL kernel is resident on its GPU
+  // (calibration family nccl.interference, docs/simulator.md "Compute beside resident NCCL kernels"):
+  // `nccl_case` 0 = an NCCL kernel waiting for its peer, 1 = transferring; `compute_class` 0 = GEMM
+  // (`tiles`: 128 x 128 output tiles), 1 = attention, 2 = memory-bound. Costers without the model
+  // (older profiles, test fakes) return 1 and say so through models_nccl_residency().
+  [[nodiscard]] virtual double nccl_resident_slowdown(int /*nccl_case*/, int /*compute_class*/,
+                                                      double /*tiles*/) const {
+    return 1.0;
+  }
+  [[nodiscard]] virtual bool models_nccl_residency() const { return false; }
+  // NCCL device memory measured by the calibration; empty: the memory model keeps its constants.
+  [[nodiscard]] virtual std::optional<NcclMemoryParams> nccl_memory() const { return std::nullopt; }
 };
 
 // The CostModel-backed coster. Keeps a reference: `model` must outlive it.
@@ -94,6 +113,9 @@ class CostModelCoster final : public OpCoster {
   [[nodiscard]] HostCosts host_costs() const override { return host_; }
   [[nodiscard]] double stream_concurrency(int streams, double sm_fraction) const override;
   [[nodiscard]] int sm_count() const override;
+  [[nodiscard]] double nccl_resident_slowdown(int nccl_case, int compute_class, double tiles) const override;
+  [[nodiscard]] bool models_nccl_residency() const override;
+  [[nodiscard]] std::optional<NcclMemoryParams> nccl_memory() const override;
 
  private:
   const calibration::CostModel& model_;
