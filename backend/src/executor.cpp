@@ -800,15 +800,25 @@ class RankWorker {
     return waited;
   }
 
-  // Shared boundary markers (docs/profiler.md): on a recorded step, an op issued on stream s right
-  // after a timed op on s, with nothing enqueued on s in between, starts at that op's end marker
+  // Shared boundary markers (docs/profiler.md): on a recorded step, an op B issued on stream s right
+  // after a timed op A on s, with nothing enqueued on s in between, starts at A's end marker
   // (start(B) = end(A): the same point of the stream under FIFO) instead of recording its own start
-  // marker, so n back-to-back timed ops cost n + 1 markers, not 2n. last_end_[s] is that end marker
+  // marker, so n back-to-back timed ops cost n + 1 markers, not 2n. last_end_[s] is A's end marker
   // while it is still the last thing enqueued on s, none otherwise. What breaks the sharing: a
-  // cross-stream wait (wait_deps), a synchronisation event recorded behind the op (needs_event: its
-  // record would run on the stream between end(A) and B, inside B's record), an untimed launch, and
+  // cross-stream wait (wait_deps), a synchronisation event recorded behind A (needs_event: its record
+  // would run on the stream between end(A) and B, inside B's record), an untimed launch, and
   // everything that is not a plain eager op (host ops and their markers, disk reads, graph runs, the
   // step's fence and join): those forget every stream's end marker.
+  // And B shares only while the stream has not reached end(A) yet: B then runs right behind it. Once
+  // the stream has passed it, the stream is idle (or about to be) waiting for the host, and
+  // start(B) = end(A) would put that idle gap inside B's record: B records its own start marker
+  // instead (one non-blocking query, where the marker record would have been; what the stream does
+  // between the query and the launch is in an unshared record as well).
+  Marker shared_start(const Marker& prev, bool timed) {
+    if (!timed || !share_markers_ || prev.id == kNone) return Marker{};
+    if (clock_.done(prev)) return Marker{};
+    return prev;
+  }
   Marker& last_end(int s) {
     const auto k = static_cast<std::size_t>(s);
     if (k >= last_end_.size()) last_end_.resize(k + 1);
@@ -823,13 +833,11 @@ class RankWorker {
     Marker& prev = last_end(s);
     if (wait_deps(i, s)) prev = Marker{};
     const bool timed = rec && recorder_->records_phase(info.tmpl.coarse);
-    Marker m0;
-    auto owns = Recorder::Owns::both;
-    if (timed && share_markers_ && prev.id != kNone) {
-      m0 = prev;  // start(op) = end(previous timed op on s)
-      owns = Recorder::Owns::end;
-    } else if (timed) {
+    Marker m0 = shared_start(prev, timed);  // start(op) = end(previous timed op on s)
+    auto owns = Recorder::Owns::end;
+    if (timed && m0.id == kNone) {
       m0 = clock_.mark(s);
+      owns = Recorder::Owns::both;
     }
     prev = Marker{};
     dev_->launch(*plan_.graph, op, s, annotate_);
@@ -858,13 +866,11 @@ class RankWorker {
       // told apart on the stream), the start shared with the previous timed op on s when possible.
       Marker& prev = last_end(s);
       if (waited) prev = Marker{};
-      Marker m0;
-      auto owns = Recorder::Owns::both;
-      if (timed && prev.id != kNone) {
-        m0 = prev;
-        owns = Recorder::Owns::end;
-      } else if (timed) {
+      Marker m0 = shared_start(prev, timed);
+      auto owns = Recorder::Owns::end;
+      if (timed && m0.id == kNone) {
         m0 = clock_.mark(s);
+        owns = Recorder::Owns::both;
       }
       prev = Marker{};
       dev_->launch_p2p_group(*plan_.graph, ops, s, annotate_);

@@ -6,10 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <chrono>
 #include <filesystem>
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <tuple>
 
 #include <unistd.h>
@@ -226,7 +228,26 @@ struct Counted {
   profiler::RunData data;
 };
 
-Counted run_counted(const Scenario& s, bool share, int steps, FakeDeviceOptions fo = {}) {
+// A fake device whose host is always behind: every query of a marker waits until the stream has
+// reached it, so the stream is idle whenever the next op is issued (a launch-bound loop).
+class HostBehindDevice : public FakeDevice {
+ public:
+  using FakeDevice::FakeDevice;
+  bool marker_done(std::uint32_t marker) override {
+    while (!FakeDevice::marker_done(marker)) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    return true;
+  }
+};
+
+// Ops long enough (1.5 ms) that the host issues the next op well before the stream reaches the
+// previous op's end marker, as in a device-bound step.
+FakeDeviceOptions device_behind() {
+  FakeDeviceOptions fo;
+  fo.min_op_us = 1500.0;
+  return fo;
+}
+
+Counted run_counted(const Scenario& s, bool share, int steps, FakeDeviceOptions fo = {}, bool host_behind = false) {
   const fs::path dir = fs::temp_directory_path() /
                        ("tw_markers_" + std::to_string(::getpid()) + (share ? "_shared" : "_unshared"));
   fs::remove_all(dir);
@@ -234,13 +255,16 @@ Counted run_counted(const Scenario& s, bool share, int steps, FakeDeviceOptions 
   fo.bytes_per_us = 2e5;
   fo.link_bytes_per_us = 1e5;
   fo.min_op_us = std::max(fo.min_op_us, 2.0);
-  fo.max_op_us = 600.0;
+  fo.max_op_us = std::max(fo.min_op_us, 600.0);
   FakeFabric fabric(fo);
   ProcessContext pc;
   for (int r = 0; r < s.world_size(); ++r) pc.local_ranks.push_back(r);
   pc.make_comm_ids = [&fabric](std::size_t n) { return fabric.make_ids(n); };
   pc.host_now_us = [&fabric] { return fabric.now_us(); };
-  const DeviceFactory factory = [&fabric](int rank, int) { return std::make_unique<FakeDevice>(fabric, rank); };
+  const DeviceFactory factory = [&fabric, host_behind](int rank, int) -> std::unique_ptr<Device> {
+    if (host_behind) return std::make_unique<HostBehindDevice>(fabric, rank);
+    return std::make_unique<FakeDevice>(fabric, rank);
+  };
   ExecutorOptions eo;
   eo.out_dir = dir;
   eo.steps = steps;
@@ -276,8 +300,8 @@ TEST(Executor, BackToBackTimedOpsOnOneStreamShareTheirBoundaryMarkers) {
   const StepGraph g = scenarios::expand(s, 0);
   ASSERT_TRUE(g.class_of(0).graph_runs.empty());
   const int steps = 2;
-  const Counted shared = run_counted(s, true, steps);
-  const Counted unshared = run_counted(s, false, steps);
+  const Counted shared = run_counted(s, true, steps, device_behind());
+  const Counted unshared = run_counted(s, false, steps, device_behind());
   EXPECT_EQ(unshared.markers, expected_markers(s, g, false, steps)) << "two markers per timed op without sharing";
   EXPECT_EQ(shared.markers, expected_markers(s, g, true, steps));
   // One GPU, one compute stream for almost everything: close to n + 1 markers per step, not 2n.
@@ -306,12 +330,21 @@ TEST(Executor, ACrossStreamWaitBreaksTheSharing) {
   for (int r = 0; r < 2; ++r) {
     for (const Op& op : g.class_of(r).ops) ASSERT_FALSE(op.kind == OpKind::send || op.kind == OpKind::recv);
   }
-  const int steps = 2;
+  const int steps = 1;
   const std::size_t want = expected_markers(s, g, true, steps);
   ASSERT_NE(want, expected_markers(s, g, true, steps, false)) << "the scenario has cross-stream waits to break it";
-  const Counted shared = run_counted(s, true, steps);
+  const Counted shared = run_counted(s, true, steps, device_behind());
   EXPECT_EQ(shared.markers, want);
   EXPECT_LT(shared.markers, expected_markers(s, g, false, steps));
+}
+
+TEST(Executor, AnIdleStreamGetsAFreshStartMarker) {
+  // The host is behind: the stream has passed the previous op's end marker whenever the next op is
+  // issued; sharing would put the idle gap into the next op's record, so every op gets its own.
+  const Scenario s = scenario_from(small_moe("tp = 1", "", 1));
+  const StepGraph g = scenarios::expand(s, 0);
+  const Counted behind = run_counted(s, true, 1, {}, true);
+  EXPECT_EQ(behind.markers, expected_markers(s, g, false, 1));
 }
 
 using Key = std::tuple<int, std::string, int, int, int>;  // rank, phase, layer, microbatch, expert
@@ -350,6 +383,7 @@ TEST(Executor, RecordsAreTheSameWithAndWithoutSharedMarkers) {
   fo.min_op_us = 500.0;  // long ops: sleep jitter on a loaded CI machine is small against them
   const Counted shared = run_counted(s, true, 1, fo);
   const Counted unshared = run_counted(s, false, 1, fo);
+  ASSERT_LT(shared.markers, unshared.markers) << "the shared run shares markers";
   expect_records_follow_the_trace(s, shared, "shared");
   expect_records_follow_the_trace(s, unshared, "unshared");
 }
