@@ -99,6 +99,11 @@ CollectiveModel collective_of(const FamilySpec& s, const Params& p) {
     g.gamma = array(s, p, "gamma")[i];
     m.groups.push_back(g);
   }
+  const auto& kn = array(s, p, "correction_group_size");
+  for (std::size_t i = 0; i < kn.size(); ++i) {
+    m.knots.push_back({static_cast<int>(as_int(kn[i])), array(s, p, "correction_bytes")[i],
+                       array(s, p, "correction_log_factor")[i]});
+  }
   return m;
 }
 
@@ -243,13 +248,18 @@ Params fit_params(const FamilySpec& spec, const std::vector<Point>& points, cons
       std::vector<CollectiveModel::Sample> s;
       for (const auto& p : points) s.push_back({small_int(p.inputs[0], "group_size"), p.inputs[1], p.time.median_s});
       const auto m = CollectiveModel::fit(spec.collective, s);
-      Params out(5);
+      Params out(8);
       for (const auto& g : m.groups) {
         out[0].push_back(g.group_size);
         out[1].push_back(g.alpha_s);
         out[2].push_back(g.beta_max_bytes_per_s);
         out[3].push_back(g.s_half_bytes);
         out[4].push_back(g.gamma);
+      }
+      for (const auto& k : m.knots) {
+        out[5].push_back(k.group_size);
+        out[6].push_back(k.bytes);
+        out[7].push_back(k.log_factor);
       }
       return round_all(out);
     }
@@ -380,6 +390,24 @@ std::optional<std::string> check_params(const FamilySpec& spec, const Params& pa
         if (!(a("beta_max_bytes_per_s")[i] > 0)) return "'beta_max_bytes_per_s' entries must be > 0";
         if (a("s_half_bytes")[i] < 0) return "'s_half_bytes' entries must be >= 0";
         if (!(a("gamma")[i] > 0 && a("gamma")[i] <= 1)) return "'gamma' entries must be in (0, 1]";
+      }
+      // Optional per-size correction knots: parallel arrays, each knot of a measured group size,
+      // sorted by (group size, bytes) with distinct sizes per group size.
+      const auto& kn = a("correction_group_size");
+      const auto& kb = a("correction_bytes");
+      const auto& kr = a("correction_log_factor");
+      if (kb.size() != kn.size() || kr.size() != kn.size()) {
+        return "'correction_group_size', 'correction_bytes' and 'correction_log_factor' must have the same length";
+      }
+      for (std::size_t i = 0; i < kn.size(); ++i) {
+        if (std::find(n.begin(), n.end(), kn[i]) == n.end()) {
+          return "'correction_group_size' entries must be measured group sizes (entries of 'group_size')";
+        }
+        if (!(kb[i] >= 1)) return "'correction_bytes' entries must be >= 1";
+        if (i > 0 && (kn[i] < kn[i - 1] || (kn[i] == kn[i - 1] && !(kb[i] > kb[i - 1])))) {
+          return "correction knots must be sorted by group size, then by increasing 'correction_bytes'";
+        }
+        if (!(std::fabs(kr[i]) <= 5)) return "'correction_log_factor' entries must be in [-5, 5]";
       }
       return std::nullopt;
     }

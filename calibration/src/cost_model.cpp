@@ -239,7 +239,7 @@ Seconds CostModel::copy(CopyDirection dir, Bytes bytes) const {
   return Seconds(impl_->need(impl_->copy[idx(dir)], [&] { return copy_family(dir); }).time_s(bytes.value));
 }
 
-// t = alpha + (S f(n)) / beta_eff(S)   (CollectiveModel)
+// t = c(S) (alpha + (S f(n)) / beta_eff(S))   (CollectiveModel, c = 1 without correction knots)
 CollectiveParams CostModel::collective_params(CollectiveKind kind, Bytes bytes, int group_size, Scope scope) const {
   require_bytes(bytes, "collective_params");
   if (group_size < 1) {
@@ -247,8 +247,9 @@ CollectiveParams CostModel::collective_params(CollectiveKind kind, Bytes bytes, 
   }
   const auto& model =
       impl_->need(impl_->collective[idx(kind)][idx(scope)], [&] { return collective_family(kind, scope); });
-  const auto p = model.params_for(group_size);
-  return CollectiveParams{Seconds(p.alpha_s), BytesPerSecond(p.bus_bandwidth_bytes_per_s(bytes.value))};
+  // With the per-size correction c: latency c alpha, bandwidth beta_eff / c (models.hpp).
+  return CollectiveParams{Seconds(model.latency_s(bytes.value, group_size)),
+                          BytesPerSecond(model.bus_bandwidth_bytes_per_s(bytes.value, group_size))};
 }
 
 Seconds CostModel::collective(CollectiveKind kind, Bytes bytes, int group_size, Scope scope) const {

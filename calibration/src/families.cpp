@@ -226,7 +226,12 @@ std::vector<FamilySpec> build_specs() {
                   {"alpha_s", false, true, "latency per group size, seconds"},
                   {"beta_max_bytes_per_s", false, true, "asymptotic bus bandwidth per group size"},
                   {"s_half_bytes", false, true, "size at which the bus bandwidth is half of beta_max (0: no ramp)"},
-                  {"gamma", false, true, "steepness of the bandwidth ramp, in (0, 1]"}};
+                  {"gamma", false, true, "steepness of the bandwidth ramp, in (0, 1]"},
+                  {"correction_group_size", true, true,
+                   "per-size correction knots (optional): group size of each knot", true},
+                  {"correction_bytes", false, true, "per-size correction knots: measured size S_j, bytes", true},
+                  {"correction_log_factor", false, true,
+                   "per-size correction knots: r_j = ln(measured / smooth curve), interpolated in log2 S", true}};
       specs.push_back(s);
     }
   }

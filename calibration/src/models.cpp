@@ -465,11 +465,69 @@ CollectiveGroupParams CollectiveModel::params_for(int group_size) const {
   return p;
 }
 
+namespace {
+// r_n(log2 S) of one measured group size: knots[first, last) (sorted by bytes), held outside.
+double correction_of_group(const std::vector<CollectiveCorrectionKnot>& k, std::size_t first, std::size_t last,
+                           double bytes) {
+  const double x = std::log2(std::max(bytes, 1.0));
+  if (x <= std::log2(k[first].bytes)) return k[first].log_factor;
+  if (x >= std::log2(k[last - 1].bytes)) return k[last - 1].log_factor;
+  std::size_t j = first;
+  while (std::log2(k[j + 1].bytes) < x) ++j;
+  const double x0 = std::log2(k[j].bytes);
+  const double x1 = std::log2(k[j + 1].bytes);
+  const double u = (x - x0) / (x1 - x0);
+  return k[j].log_factor + u * (k[j + 1].log_factor - k[j].log_factor);
+}
+}  // namespace
+
+double CollectiveModel::correction(double bytes, int group_size) const {
+  if (knots.empty()) return 1.0;
+  // Measured group sizes with knots, and the range of each in `knots`.
+  struct Range {
+    int n;
+    std::size_t first, last;
+  };
+  std::vector<Range> ranges;
+  for (std::size_t i = 0; i < knots.size(); ++i) {
+    if (ranges.empty() || ranges.back().n != knots[i].group_size) ranges.push_back({knots[i].group_size, i, i});
+    ranges.back().last = i + 1;
+  }
+  auto r_of = [&](const Range& g) { return correction_of_group(knots, g.first, g.last, bytes); };
+  // Group sizes measured without knots (the smooth curve was within kCollectiveCorrectionMin) count
+  // as r = 0: the blend below runs over every measured group size.
+  std::vector<std::pair<int, double>> rs;
+  for (const auto& g : groups) {
+    double r = 0.0;
+    for (const auto& rg : ranges) {
+      if (rg.n == g.group_size) r = r_of(rg);
+    }
+    rs.emplace_back(g.group_size, r);
+  }
+  if (group_size <= rs.front().first) return std::exp(rs.front().second);
+  if (group_size >= rs.back().first) return std::exp(rs.back().second);
+  std::size_t j = 0;
+  while (rs[j + 1].first < group_size) ++j;
+  const double x = std::log2(static_cast<double>(group_size));
+  const double x0 = std::log2(static_cast<double>(rs[j].first));
+  const double x1 = std::log2(static_cast<double>(rs[j + 1].first));
+  const double u = (x - x0) / (x1 - x0);
+  return std::exp(rs[j].second + u * (rs[j + 1].second - rs[j].second));
+}
+
+double CollectiveModel::latency_s(double bytes, int group_size) const {
+  return correction(bytes, group_size) * params_for(group_size).alpha_s;
+}
+
+double CollectiveModel::bus_bandwidth_bytes_per_s(double bytes, int group_size) const {
+  return params_for(group_size).bus_bandwidth_bytes_per_s(bytes) / correction(bytes, group_size);
+}
+
 double CollectiveModel::time_s(double bytes, int group_size) const {
-  const auto p = params_for(group_size);
-  if (!(bytes > 0)) return p.alpha_s;
+  const double latency = latency_s(bytes, group_size);
+  if (!(bytes > 0)) return latency;
   const double f = bus_bandwidth_factor(kind, group_size);
-  return p.alpha_s + (bytes * f) / p.bus_bandwidth_bytes_per_s(bytes);
+  return latency + (bytes * f) / bus_bandwidth_bytes_per_s(bytes, group_size);
 }
 
 namespace {
@@ -519,7 +577,7 @@ std::optional<CollectiveCandidate> fit_collective_candidate(const std::vector<Co
 
 }  // namespace
 
-CollectiveModel CollectiveModel::fit(CollectiveKind kind, const std::vector<Sample>& samples) {
+CollectiveModel CollectiveModel::fit(CollectiveKind kind, const std::vector<Sample>& samples, bool with_correction) {
   std::map<int, std::vector<Sample>> by_n;
   for (const auto& s : samples) {
     require_positive_time(s.seconds, "collective");
@@ -573,6 +631,22 @@ CollectiveModel CollectiveModel::fit(CollectiveKind kind, const std::vector<Samp
       g.s_half_bytes = 0.0;
     }
     model.groups.push_back(g);
+  }
+  if (!with_correction) return model;
+  // Per-size correction: r_j = mean ln(t / smooth curve) of the points at each measured size.
+  CollectiveModel smooth = model;
+  for (const auto& [n, pts] : by_n) {
+    std::map<double, std::pair<double, int>> by_size;  // bytes -> (sum of ln ratios, count)
+    bool needed = false;
+    for (const auto& s : pts) {
+      const double ratio = s.seconds / smooth.time_s(s.bytes, n);
+      if (std::fabs(ratio - 1.0) > kCollectiveCorrectionMin) needed = true;
+      auto& acc = by_size[std::max(s.bytes, 1.0)];
+      acc.first += std::log(ratio);
+      acc.second += 1;
+    }
+    if (!needed) continue;
+    for (const auto& [bytes, acc] : by_size) model.knots.push_back({n, bytes, acc.first / acc.second});
   }
   return model;
 }

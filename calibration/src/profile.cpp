@@ -578,6 +578,10 @@ class Reader {
     const std::size_t errors_before = errors_.size();
     check_keys(t, allowed, label);
     for (const auto& ps : spec.params) {
+      if (ps.optional && !t.get(ps.key)) {
+        f.params.emplace_back();  // absent optional array: empty (the model's older behaviour)
+        continue;
+      }
       const toml::node* n = require(t, ps.key, label, floc, ps.description);
       std::vector<double> values;
       if (n && ps.array) {
@@ -719,6 +723,7 @@ std::string Profile::to_toml() const {
     o += "[" + spec.name + ".fit]\n";
     for (std::size_t i = 0; i < spec.params.size(); ++i) {
       const auto& ps = spec.params[i];
+      if (ps.optional && f.params.at(i).empty()) continue;  // read back as empty
       o += ps.key + " = " +
            (ps.array ? fmt_array(f.params.at(i), ps.integer) : fmt_number(f.params.at(i).at(0), ps.integer)) + "\n";
     }

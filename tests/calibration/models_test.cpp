@@ -4,8 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+
+#include "threewalls/calibration/fit.hpp"
 
 using namespace threewalls::calibration;
 
@@ -219,7 +222,7 @@ TEST(CollectiveModel, FitRecoversRampParametersFromNoisyPoints) {
   p.beta_max_bytes_per_s = 400e9;
   p.s_half_bytes = 4 << 20;
   p.gamma = 0.6;
-  CollectiveModel truth{CollectiveKind::all_reduce, {p}};
+  CollectiveModel truth{CollectiveKind::all_reduce, {p}, {}};
   Noise noise(6, 0.01);
   std::vector<CollectiveModel::Sample> samples;
   for (double s = 1024; s <= 4.0 * (1 << 30); s *= 2) samples.push_back({8, s, noise(truth.time_s(s, 8))});
@@ -295,4 +298,86 @@ TEST(ConcurrencyModel, FitRecoversEfficiencyPerStreamCountAndInterpolates) {
   const double e6 = fit.efficiency[1] + 0.5 * (fit.efficiency[2] - fit.efficiency[1]);
   EXPECT_NEAR(fit.speedup(6, 0.1), std::pow(6.0, e6), 1e-12);
   EXPECT_NEAR(fit.speedup(16, 0.25), std::pow(4.0, fit.efficiency[2]), 1e-12);
+}
+
+// ---- per-size correction of the collective model (knots at the measured sizes) ----
+
+namespace {
+// A smooth curve times a protocol dip: the time is a quarter longer at 128 MiB than the curve says
+// and back on it at 64 and 256 MiB (NCCL's all-reduce on 2 H200: 272 GB/s at 64 MiB, 215 at 128 MiB,
+// 257 at 256 MiB).
+double stepped_all_reduce_s(double bytes) {
+  CollectiveGroupParams p{2, 9e-6, 320e9, 4 << 20, 0.6};
+  CollectiveModel smooth{CollectiveKind::all_reduce, {p}, {}};
+  const double x = std::log2(bytes);
+  const double dip = std::max(0.0, 1.0 - std::fabs(x - 27.0));  // 64 MiB .. 128 MiB (deepest) .. 256 MiB
+  return smooth.time_s(bytes, 2) * (1.0 + 0.25 * dip);
+}
+}  // namespace
+
+TEST(CollectiveModel, PerSizeCorrectionFollowsAProtocolStepBetweenMeasuredSizes) {
+  Noise noise(11, 0.003);
+  std::vector<CollectiveModel::Sample> samples;
+  for (double s = 1024; s <= 1 << 30; s *= 2) samples.push_back({2, s + 256, noise(stepped_all_reduce_s(s + 256))});
+  const auto smooth = CollectiveModel::fit(CollectiveKind::all_reduce, samples, false);
+  const auto fit = CollectiveModel::fit(CollectiveKind::all_reduce, samples);
+  EXPECT_TRUE(smooth.knots.empty());
+  ASSERT_EQ(fit.knots.size(), samples.size());  // one knot per measured size
+  // Held-out sizes half an octave between the measured ones: the knots follow the step (within the
+  // noise plus the interpolation between octaves), the smooth curve alone does not.
+  std::vector<double> err_fit;
+  std::vector<double> err_smooth;
+  for (double s = 1536; s <= 768.0 * (1 << 20); s *= 2) {
+    const double truth = stepped_all_reduce_s(s);
+    err_fit.push_back(std::fabs(fit.time_s(s, 2) / truth - 1.0));
+    err_smooth.push_back(std::fabs(smooth.time_s(s, 2) / truth - 1.0));
+  }
+  EXPECT_LT(threewalls::calibration::fit::median(err_fit), 0.01);
+  EXPECT_LT(*std::max_element(err_fit.begin(), err_fit.end()), 0.03);
+  EXPECT_GT(*std::max_element(err_smooth.begin(), err_smooth.end()), 0.10);
+  // At a measured size the corrected model reproduces the point (up to its noise: one point per size).
+  EXPECT_NEAR(fit.time_s(samples[17].bytes, 2) / samples[17].seconds, 1.0, 1e-9);
+}
+
+TEST(CollectiveModel, NoCorrectionWhereTheSmoothCurveFits) {
+  CollectiveGroupParams p{4, 12e-6, 350e9, 2 << 20, 0.5};
+  const CollectiveModel truth{CollectiveKind::all_gather, {p}, {}};
+  std::vector<CollectiveModel::Sample> samples;
+  for (double s = 4096; s <= 1 << 30; s *= 4) samples.push_back({4, s, truth.time_s(s, 4)});
+  const auto fit = CollectiveModel::fit(CollectiveKind::all_gather, samples);
+  EXPECT_TRUE(fit.knots.empty());
+  EXPECT_EQ(fit.correction(1e6, 4), 1.0);
+}
+
+TEST(CollectiveModel, CorrectionInterpolatesInLog2SizeHoldsOutsideAndBlendsGroupSizes) {
+  CollectiveModel m;
+  m.kind = CollectiveKind::all_reduce;
+  m.groups = {{2, 8e-6, 300e9, 8e6, 0.5}, {8, 14e-6, 400e9, 2e6, 0.7}};
+  m.knots = {{2, 1024, 0.1}, {2, 4096, -0.1}, {8, 1024, 0.3}};
+  EXPECT_NEAR(std::log(m.correction(2048, 2)), 0.0, 1e-12);  // halfway in log2 S
+  EXPECT_NEAR(std::log(m.correction(100, 2)), 0.1, 1e-12);   // held below the smallest knot
+  EXPECT_NEAR(std::log(m.correction(1e9, 2)), -0.1, 1e-12);  // and above the largest
+  EXPECT_NEAR(std::log(m.correction(1e9, 8)), 0.3, 1e-12);
+  EXPECT_NEAR(std::log(m.correction(1e9, 4)), 0.5 * (-0.1 + 0.3), 1e-12);  // log2 4 halfway from 2 to 8
+  EXPECT_NEAR(std::log(m.correction(1e9, 1)), -0.1, 1e-12);                // below: the smallest measured n
+  EXPECT_NEAR(std::log(m.correction(1e9, 64)), 0.3, 1e-12);                // above: the largest
+  // A measured group size without knots counts as no correction in the blend.
+  m.knots = {{2, 1024, 0.2}};
+  EXPECT_NEAR(std::log(m.correction(1e9, 4)), 0.1, 1e-12);
+  EXPECT_EQ(m.correction(1e9, 8), 1.0);
+}
+
+TEST(CollectiveModel, CorrectedTimeIsLatencyPlusBytesOverBandwidth) {
+  CollectiveModel m;
+  m.kind = CollectiveKind::reduce_scatter;
+  m.groups = {{4, 10e-6, 300e9, 4e6, 0.6}};
+  m.knots = {{4, 1e6, 0.2}, {4, 1e8, -0.15}};
+  for (double s : {0.0, 1e3, 3e6, 5e9}) {
+    const double lat = m.latency_s(s, 4);
+    const double c = m.correction(s, 4);
+    EXPECT_NEAR(lat, c * 10e-6, 1e-18);
+    EXPECT_NEAR(m.bus_bandwidth_bytes_per_s(s, 4), m.params_for(4).bus_bandwidth_bytes_per_s(s) / c, 1e-3);
+    const double expected = s > 0 ? lat + s * 0.75 / m.bus_bandwidth_bytes_per_s(s, 4) : lat;
+    EXPECT_EQ(m.time_s(s, 4), expected);
+  }
 }

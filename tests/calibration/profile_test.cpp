@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <random>
+#include <sstream>
 
 #include "test_support.hpp"
 #include "threewalls/calibration/cost_model.hpp"
@@ -350,4 +351,56 @@ TEST(ProfileReader, DamagedFilesAreInputErrorsNeverCrashes) {
   }
   EXPECT_GT(loaded, 0);
   EXPECT_GT(refused, 0);
+}
+
+// ---- optional collective correction knots (older profiles have none) ----
+
+namespace {
+Profile stepped_collective_profile() {
+  ProfileBuilder b({"stepped", "synthetic: unit test", "tests/calibration"}, test_hardware());
+  for (double s = 1024; s <= 1 << 30; s *= 2) {
+    const double smooth = 9e-6 + s / (300e9 / (1 + std::sqrt(4e6 / s)));
+    const double step = (s > 64e6 && s < 200e6) ? 1.25 : 1.0;
+    b.add_collective(CollectiveKind::send_recv, Scope::nvlink, 2, Bytes(s), Measurement::single(smooth * step));
+  }
+  return b.build();
+}
+}  // namespace
+
+TEST(ProfileReader, CollectiveCorrectionKnotsRoundTripAndAreOptional) {
+  const Profile built = stepped_collective_profile();
+  const std::string text = built.to_toml();
+  ASSERT_NE(text.find("correction_bytes = ["), std::string::npos);
+  const Profile loaded = Profile::parse(text, "stepped.toml");
+  EXPECT_EQ(loaded.to_toml(), text);
+  const CostModel with(loaded);
+  EXPECT_NEAR(with.collective(CollectiveKind::send_recv, Bytes(134217728), 2, Scope::nvlink).value /
+                  (1.25 * (9e-6 + 134217728 / (300e9 / (1 + std::sqrt(4e6 / 134217728))))),
+              1.0, 1e-5);
+  // A profile written before the knots (no correction_* keys) loads and predicts with the smooth
+  // curve alone; written again, it stays without them.
+  std::string old_text;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("correction_", 0) != 0) old_text += line + "\n";
+  }
+  const Profile old = Profile::parse(old_text, "old.toml");
+  EXPECT_EQ(old.to_toml(), old_text);
+  const Family& f = old.family(collective_family(CollectiveKind::send_recv, Scope::nvlink));
+  EXPECT_TRUE(f.param_array("correction_bytes").empty());
+  const CostModel without(old);
+  const auto& g = f.param_array("alpha_s");
+  const double s = 134217728;
+  const double smooth = g[0] + s / CollectiveGroupParams{2, g[0], f.param_array("beta_max_bytes_per_s")[0],
+                                                          f.param_array("s_half_bytes")[0], f.param_array("gamma")[0]}
+                                       .bus_bandwidth_bytes_per_s(s);
+  EXPECT_EQ(without.collective(CollectiveKind::send_recv, Bytes(s), 2, Scope::nvlink).value, smooth);
+}
+
+TEST(ProfileReader, CollectiveCorrectionKnotsAreChecked) {
+  const std::string text = stepped_collective_profile().to_toml();
+  const auto bad_n = load_error(replaced(text, "correction_group_size = [2,", "correction_group_size = [3,"));
+  EXPECT_NE(bad_n.find("'correction_group_size' entries must be measured group sizes"), std::string::npos) << bad_n;
+  const auto bad_len = load_error(replaced(text, "correction_log_factor = [", "correction_log_factor = [0.1, "));
+  EXPECT_NE(bad_len.find("must have the same length"), std::string::npos) << bad_len;
 }

@@ -206,13 +206,40 @@ struct CollectiveGroupParams {
   [[nodiscard]] double bus_bandwidth_bytes_per_s(double bytes) const;
 };
 
+// Per-size correction (optional; profiles without it use the smooth curve alone, as before):
+//   t(S, n) = c(S, n) (alpha_n + S f(n) / beta_eff(S, n))
+//   ln c(S, n) = r_n(log2 S), piecewise linear in log2 S through knots (log2 S_j, r_j) at the
+//                measured sizes S_j of group size n, held constant outside them;
+//   r_j = mean over the fit points at S_j of ln(t / smooth curve).
+// NCCL switches protocol and algorithm with size (bus bandwidth not monotonic: all-reduce on 2 H200
+// 272 GB/s at 64 MiB, 215 at 128 MiB, 257 at 256 MiB); the smooth curve cannot follow those steps,
+// the knots do. A group size whose curve misses no measured size by more than
+// kCollectiveCorrectionMin gets no knots. Group sizes not measured: r of the nearest measured
+// size below / above, blended linearly in log2 n between two measured sizes.
+// For a flow simulator: latency = c alpha and bus bandwidth = beta_eff / c, so that
+// latency + S f / bandwidth is the same t.
+inline constexpr double kCollectiveCorrectionMin = 0.005;
+
+struct CollectiveCorrectionKnot {
+  int group_size = 0;
+  double bytes = 0.0;
+  double log_factor = 0.0;  // r_j = ln c at this size
+};
+
 struct CollectiveModel {
   CollectiveKind kind = CollectiveKind::all_reduce;
   std::vector<CollectiveGroupParams> groups;  // sorted by group_size, at least one
+  // Sorted by (group_size, bytes); empty: no correction (collective_hill_v1 without knots).
+  std::vector<CollectiveCorrectionKnot> knots;
 
   // Parameters for any n >= 1 by the interpolation rules above.
   [[nodiscard]] CollectiveGroupParams params_for(int group_size) const;
-  // t = alpha + (S f(n)) / beta_eff(S): exactly the expression a flow simulator evaluates.
+  // c(S, n) of the per-size correction (1 without knots).
+  [[nodiscard]] double correction(double bytes, int group_size) const;
+  // latency = c alpha and bus bandwidth = beta_eff / c: what CostModel::collective_params returns.
+  [[nodiscard]] double latency_s(double bytes, int group_size) const;
+  [[nodiscard]] double bus_bandwidth_bytes_per_s(double bytes, int group_size) const;
+  // t = latency + (S f(n)) / bus bandwidth: exactly the expression a flow simulator evaluates.
   [[nodiscard]] double time_s(double bytes, int group_size) const;
 
   struct Sample {
@@ -221,8 +248,8 @@ struct CollectiveModel {
     double seconds;
   };
   // Throws FitImpossible when a group size has fewer than 2 distinct sizes, a group size < 2 is
-  // given, or the times do not grow with size.
-  static CollectiveModel fit(CollectiveKind kind, const std::vector<Sample>& samples);
+  // given, or the times do not grow with size. `with_correction = false`: the smooth curve alone.
+  static CollectiveModel fit(CollectiveKind kind, const std::vector<Sample>& samples, bool with_correction = true);
 };
 
 // ---------------------------------------------------------------------------------------------

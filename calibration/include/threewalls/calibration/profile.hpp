@@ -48,6 +48,9 @@ struct ParamSpec {
   bool integer = false;
   bool array = false;
   std::string description;
+  // Optional arrays (added after format 1.0): a file without the key reads as an empty array, and
+  // an empty one is not written, so older profiles load with the model's older behaviour.
+  bool optional = false;
 };
 
 // The registry entry of a model family: its name (the TOML table path, "gemm.bf16"), the model
