@@ -20,10 +20,10 @@ namespace threewalls::calibration {
 
 namespace {
 
-constexpr std::array<std::string_view, 12> kHostNames = {"kernel_launch", "framework_op",     "event_record",
-                                                         "stream_sync",   "gpu_read",         "graph_launch",
-                                                         "graph_node",    "collective_launch", "timing_marker",
-                                                         "gemm_launch",   "grouped_gemm_launch", "attention_launch"};
+constexpr std::array<std::string_view, 13> kHostNames = {
+    "kernel_launch", "framework_op",     "event_record",  "stream_sync",         "gpu_read",
+    "graph_launch",  "graph_node",       "collective_launch", "timing_marker",   "gemm_launch",
+    "grouped_gemm_launch", "attention_launch", "attention_bwd_launch"};
 
 template <class E>
 std::size_t idx(E e) {
@@ -275,7 +275,10 @@ Seconds CostModel::timing_marker() const { return impl_->host[8] ? impl_->host_c
 Seconds CostModel::gemm_launch() const { return impl_->host[9] ? impl_->host_cost(9) : kernel_launch(); }
 Seconds CostModel::grouped_gemm_launch() const { return impl_->host[10] ? impl_->host_cost(10) : kernel_launch(); }
 Seconds CostModel::attention_launch() const { return impl_->host[11] ? impl_->host_cost(11) : kernel_launch(); }
-bool CostModel::has_library_launch_costs() const { return impl_->host[9] || impl_->host[10] || impl_->host[11]; }
+Seconds CostModel::attention_bwd_launch() const { return impl_->host[12] ? impl_->host_cost(12) : kernel_launch(); }
+bool CostModel::has_library_launch_costs() const {
+  return impl_->host[9] || impl_->host[10] || impl_->host[11] || impl_->host[12];
+}
 
 // s = min(n, 1/f)^e(n)   (ConcurrencyModel)
 double CostModel::stream_concurrency(int streams, double sm_fraction) const {

@@ -251,7 +251,8 @@ std::vector<FamilySpec> build_specs() {
       // behaviour): host time of one library call, timed while a blocking kernel holds the stream.
       {"gemm_launch", "host time of one cached-plan cuBLASLt GEMM call (CublasLt::gemm as OpRunner calls it)"},
       {"grouped_gemm_launch", "host time of one prepared grouped-GEMM call (GroupedGemm::run, OpRunner's impl)"},
-      {"attention_launch", "host time of one fused-attention call (Attention::forward / backward)"},
+      {"attention_launch", "host time of one attention forward call (Attention::forward)"},
+      {"attention_bwd_launch", "host time of one attention backward call (Attention::backward)"},
   };
   for (const auto& [what, desc] : host) {
     FamilySpec s;

@@ -383,8 +383,9 @@ class StepRun {
   //   eager op      before the launch: e per dependency it must wait for on its stream (one on
   //                 another stream, or in a CUDA-graph run), e for the timing marker (timed steps),
   //                 then the launch: collective_launch for NCCL calls, gemm_launch / grouped_gemm_launch /
-  //                 attention_launch for GEMM / grouped-GEMM / attention ops (host time of the library
-  //                 call; kernel_launch when the profile lacks them), else kernel_launch; after it: e for the
+  //                 attention_launch / attention_bwd_launch for GEMM / grouped-GEMM / attention ops (host
+  //                 time of the library call; kernel_launch when the profile lacks them), else
+  //                 kernel_launch; after it: e for the
   //                 timing marker (timed steps), e when a later op waits for it across streams, a run
   //                 boundary or on the host
   //   graph run     on its first op: e per dependency from before the run it must wait for, 2 e per
@@ -507,7 +508,9 @@ class StepRun {
     switch (op.kind) {
       case OpKind::gemm: call = &host_.gemm_launch; break;
       case OpKind::grouped_gemm: call = &host_.grouped_gemm_launch; break;
-      case OpKind::attention: call = &host_.attention_launch; break;
+      case OpKind::attention:
+        call = (op.flags & scenarios::kBackward) != 0 ? &host_.attention_bwd_launch : &host_.attention_launch;
+        break;
       default: break;
     }
     return call != nullptr && call->has_value() ? (*call)->value : host_.kernel_launch.value;

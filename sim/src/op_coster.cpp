@@ -112,6 +112,7 @@ CostModelCoster::CostModelCoster(const calibration::CostModel& model) : model_(m
   host_.gemm_launch = model.gemm_launch();
   host_.grouped_gemm_launch = model.grouped_gemm_launch();
   host_.attention_launch = model.attention_launch();
+  host_.attention_bwd_launch = model.attention_bwd_launch();
 }
 
 Seconds CostModelCoster::kernel_time(const Op& op) const {

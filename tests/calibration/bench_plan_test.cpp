@@ -106,6 +106,7 @@ TEST(CalibrationPlan, EveryFamilyOfTheIssueIsMeasured) {
                         "host.gemm_launch",
                         "host.grouped_gemm_launch",
                         "host.attention_launch",
+                        "host.attention_bwd_launch",
                         "concurrency"}) {
     EXPECT_TRUE(families.count(f)) << f;
   }
@@ -228,12 +229,15 @@ TEST(CalibrationPlan, LibraryCallHostCostsAreMeasuredForGemmGroupedGemmAndAttent
     const auto gemm = of_op(points, "host_gemm_launch");
     const auto grouped = of_op(points, "host_grouped_gemm_launch");
     const auto attn = of_op(points, "host_attention_launch");
+    const auto attn_bwd = of_op(points, "host_attention_bwd_launch");
     ASSERT_GE(gemm.size(), 3U);
     ASSERT_GE(grouped.size(), 2U);
-    ASSERT_EQ(attn.size(), 2U);
+    ASSERT_EQ(attn.size(), 1U);
+    ASSERT_EQ(attn_bwd.size(), 1U);
     for (const auto& p : gemm) EXPECT_EQ(p.family, "host.gemm_launch");
     for (const auto& p : grouped) EXPECT_EQ(p.family, "host.grouped_gemm_launch");
-    for (const auto& p : attn) EXPECT_EQ(p.family, "host.attention_launch");
+    EXPECT_EQ(attn[0].family, "host.attention_launch");
+    EXPECT_EQ(attn_bwd[0].family, "host.attention_bwd_launch");
     // Small (launch-bound) and large GEMMs; a balanced and a skewed grouped GEMM; forward and backward.
     EXPECT_LE(min_param(gemm, "m"), 128);
     EXPECT_GE(max_param(gemm, "m"), 4096);
@@ -241,8 +245,8 @@ TEST(CalibrationPlan, LibraryCallHostCostsAreMeasuredForGemmGroupedGemmAndAttent
     for (const auto& p : grouped) skew.insert(p.param("max_rows") * p.param("groups") / p.param("total_rows"));
     EXPECT_TRUE(skew.count(1.0));
     EXPECT_GT(*skew.rbegin(), 1.0);
-    EXPECT_EQ(min_param(attn, "backward"), 0.0);
-    EXPECT_EQ(max_param(attn, "backward"), 1.0);
+    EXPECT_EQ(attn[0].param("backward"), 0.0);
+    EXPECT_EQ(attn_bwd[0].param("backward"), 1.0);
   }
 }
 
@@ -469,7 +473,7 @@ TEST(CalibrationPlan, LibraryCallHostPointsAreNoShapeOfTheValidationScenarios) {
       } else if (p.op == "host_grouped_gemm_launch") {
         k = {"grouped_gemm.bf16",
              {p.param("groups"), p.param("total_rows"), p.param("max_rows"), p.param("n"), p.param("k")}};
-      } else if (p.op == "host_attention_launch") {
+      } else if (p.op == "host_attention_launch" || p.op == "host_attention_bwd_launch") {
         k = {p.iparam("backward") ? "attention.bwd" : "attention.fwd",
              {p.param("batch"), p.param("seq"), p.param("seq"), p.param("heads"), p.param("heads"), p.param("head_dim"),
               p.param("head_dim"), 1.0}};

@@ -195,17 +195,20 @@ TEST(CostModel, LibraryCallLaunchCostsUseTheirFamiliesAndFallBackToKernelLaunch)
   EXPECT_EQ(old_profile.gemm_launch().value, old_profile.kernel_launch().value);
   EXPECT_EQ(old_profile.grouped_gemm_launch().value, old_profile.kernel_launch().value);
   EXPECT_EQ(old_profile.attention_launch().value, old_profile.kernel_launch().value);
+  EXPECT_EQ(old_profile.attention_bwd_launch().value, old_profile.kernel_launch().value);
 
   ProfileBuilder b({"launch", "synthetic: unit test", "tests/calibration"}, test_hardware());
   b.add_host("kernel_launch", Measurement::single(4.5e-6));
   for (const double t : {14e-6, 15e-6, 19e-6}) b.add_host("gemm_launch", Measurement::single(t));
   b.add_host("attention_launch", Measurement::single(9e-6));
+  b.add_host("attention_bwd_launch", Measurement::single(25e-6));
   // Through the TOML writer and reader: the families load (a profile that has them).
   const Profile p = Profile::parse(b.build().to_toml(), "launch.toml");
   const CostModel cm(p);
   EXPECT_TRUE(cm.has_library_launch_costs());
   EXPECT_NEAR(cm.gemm_launch().value, 15e-6, 1e-12);  // the median of the points
   EXPECT_NEAR(cm.attention_launch().value, 9e-6, 1e-12);
+  EXPECT_NEAR(cm.attention_bwd_launch().value, 25e-6, 1e-12);
   EXPECT_NEAR(cm.grouped_gemm_launch().value, 4.5e-6, 1e-12);  // absent: kernel_launch
   EXPECT_NEAR(cm.kernel_launch().value, 4.5e-6, 1e-12);
 }

@@ -526,22 +526,26 @@ TEST(Executor, HostLaneChargesTheLibraryCallLaunchOfGemmGroupedGemmAndAttention)
   attn.kind = OpKind::attention;
   Op ew = b.kernel(0.1, "ew");
   ew.kind = OpKind::elementwise;
-  for (const Op& op : {gemm, grouped, attn, ew}) b.add(c, op);
+  Op attn_bwd = attn;
+  attn_bwd.flags |= scenarios::kBackward;
+  for (const Op& op : {gemm, grouped, attn, ew, attn_bwd}) b.add(c, op);
   FakeCoster f;
   f.host.kernel_launch = Seconds(5 * kUs);
   // No library-call costs (a profile without the families): every op costs kernel_launch.
   const auto before = run(b, f, testing::cluster(1, 1));
-  for (std::size_t i = 0; i < 4; ++i) {
+  for (std::size_t i = 0; i < 5; ++i) {
     EXPECT_NEAR(before.classes[0].start[i], 5 * kUs * static_cast<double>(i + 1), 1e-12) << i;
   }
   f.host.gemm_launch = Seconds(15 * kUs);
   f.host.grouped_gemm_launch = Seconds(12 * kUs);
   f.host.attention_launch = Seconds(9 * kUs);
+  f.host.attention_bwd_launch = Seconds(20 * kUs);
   const auto after = run(b, f, testing::cluster(1, 1));
   EXPECT_NEAR(after.classes[0].start[0], 15 * kUs, 1e-12);
   EXPECT_NEAR(after.classes[0].start[1], 27 * kUs, 1e-12);
   EXPECT_NEAR(after.classes[0].start[2], 36 * kUs, 1e-12);
   EXPECT_NEAR(after.classes[0].start[3], 41 * kUs, 1e-12);
+  EXPECT_NEAR(after.classes[0].start[4], 61 * kUs, 1e-12);  // backward attention: its own cost
 }
 
 }  // namespace

@@ -981,7 +981,8 @@ class GpuRunner final : public PointRunner {
                         "element " + std::to_string(i));
       }
       r.check = log.passed();
-    } else if (what == "gemm_launch" || what == "grouped_gemm_launch" || what == "attention_launch") {
+    } else if (what == "gemm_launch" || what == "grouped_gemm_launch" || what == "attention_launch" ||
+               what == "attention_bwd_launch") {
       measure_library_launch(rule, r, what);
     } else {
       throw std::logic_error("unknown host op " + r.point.op);

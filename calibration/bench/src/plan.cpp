@@ -530,7 +530,7 @@ void plan_host(Plan& p) {
   struct G {
     std::int64_t m, n, k;
   };
-  for (const G g : {G{64, 2560, 640}, G{192, 1536, 1024}, G{128, 1024, 7168}, G{4096, 4096, 2048}}) {
+  for (const G g : {G{64, 2560, 640}, G{192, 1536, 1024}, G{128, 1024, 7168}, G{3968, 4096, 2048}}) {
     PointSpec s;
     s.op = "host_gemm_launch";
     s.family = "host.gemm_launch";
@@ -551,11 +551,12 @@ void plan_host(Plan& p) {
     s.flops = 2.0 * d(groups * rows) * d(n) * d(k);
     p.points.push_back(std::move(s));
   }
-  // Attention forward and backward launchers (backend::Attention), one small causal shape.
+  // Attention forward and backward launchers (backend::Attention), one small causal shape; two
+  // families (on an H200 host the backward call costs ~2.7x the forward: 15 kernels against 6).
   for (const bool bwd : {false, true}) {
     PointSpec s;
-    s.op = "host_attention_launch";
-    s.family = "host.attention_launch";
+    s.op = bwd ? "host_attention_bwd_launch" : "host_attention_launch";
+    s.family = bwd ? "host.attention_bwd_launch" : "host.attention_launch";
     s.params = {{"batch", 2.0}, {"seq", 640.0}, {"heads", 10.0}, {"head_dim", 64.0}, {"backward", bwd ? 1.0 : 0.0}};
     p.points.push_back(std::move(s));
   }
@@ -748,7 +749,10 @@ const std::vector<OpInfo>& op_table() {
                  "holds the stream",
                  "seconds per call"});
     t.push_back({"host_attention_launch", "host", "host.attention_launch",
-                 "host time of one Attention::forward / backward call while a blocking kernel holds the stream",
+                 "host time of one Attention::forward call while a blocking kernel holds the stream",
+                 "seconds per call"});
+    t.push_back({"host_attention_bwd_launch", "host", "host.attention_bwd_launch",
+                 "host time of one Attention::backward call while a blocking kernel holds the stream",
                  "seconds per call"});
     // Measured by calibration/tools/timed_op_gap.cu (not by the calibrate plan yet); its points are
     // appended to a calibration's raw output and refitted (threewalls_refit_raw).

@@ -109,12 +109,14 @@ class CostModel {
   [[nodiscard]] Seconds timing_marker() const;
   [[nodiscard]] Seconds collective_launch() const; // host time to enqueue one NCCL call
   // Host time of one library call as OpRunner makes it (optional families host.gemm_launch,
-  // host.grouped_gemm_launch, host.attention_launch; calibrated behind a blocking kernel). Each
-  // falls back to kernel_launch() when the profile lacks its family (older profiles).
+  // host.grouped_gemm_launch, host.attention_launch, host.attention_bwd_launch; calibrated behind a
+  // blocking kernel). Each falls back to kernel_launch() when the profile lacks its family (older
+  // profiles).
   [[nodiscard]] Seconds gemm_launch() const;
   [[nodiscard]] Seconds grouped_gemm_launch() const;
-  [[nodiscard]] Seconds attention_launch() const;
-  [[nodiscard]] bool has_library_launch_costs() const;  // the profile has at least one of the three
+  [[nodiscard]] Seconds attention_launch() const;      // forward
+  [[nodiscard]] Seconds attention_bwd_launch() const;  // backward
+  [[nodiscard]] bool has_library_launch_costs() const;  // the profile has at least one of the four
 
   // ---- concurrency ----
   // Throughput factor of `streams` concurrent small kernels relative to running them back to back

@@ -56,7 +56,8 @@ struct HostCosts {
   // empty: kernel_launch is charged (profiles without the families, test costers).
   std::optional<Seconds> gemm_launch;          // gemm ops (CublasLt::gemm)
   std::optional<Seconds> grouped_gemm_launch;  // grouped_gemm ops (GroupedGemm::run)
-  std::optional<Seconds> attention_launch;     // attention ops (Attention::forward / backward)
+  std::optional<Seconds> attention_launch;     // forward attention ops (Attention::forward)
+  std::optional<Seconds> attention_bwd_launch; // backward attention ops (Attention::backward)
 };
 
 // The kernel_terms family (calibration/kernel_terms.hpp) and inputs of a softmax_topk, permute,
