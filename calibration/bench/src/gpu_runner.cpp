@@ -1008,6 +1008,24 @@ class GpuRunner final : public PointRunner {
     }
   }
 
+  // Like device(), but always behind the blocking kernel, also when one run makes a sample: the runs
+  // are enqueued before the device starts them, so a sample is the device's time, not the host's
+  // launch rate (on a 4 x H200 host 64 GEMM launches took ~0.6 ms, longer than the GPU needs for
+  // them, and device() takes one unblocked run per sample past 0.4 ms: issue 8). Falls back to
+  // device() if the blocker times out.
+  void device_blocked(const Work& w, const StopRule& rule, Record& rec) {
+    w(s());  // warm-up
+    sync();
+    try {
+      const double t1 = timer_->batch(w, 1, true);
+      const int reps = reps_per_sample(t1, 4e-4, 16);
+      const Sampling smp = sample_until(rule, clock_, [&] { return timer_->batch(w, reps, true); });
+      rec.samples_s = smp.samples, rec.reps = reps, rec.stop = to_string(smp.reason), rec.rel_ci = smp.rel_ci;
+    } catch (const detail::BlockerTimeout&) {
+      device(w, true, rule, rec);
+    }
+  }
+
   void measure_concurrency(const StopRule& rule, Record& r) {
     const int n_streams = static_cast<int>(r.point.iparam("streams"));
     const be::GemmShape g =
@@ -1020,17 +1038,17 @@ class GpuRunner final : public PointRunner {
     // Serial: the n GEMMs back to back on one stream (the 1-stream case).
     Record serial;
     serial.point = r.point;
-    device(
+    device_blocked(
         [&](cudaStream_t st) {
           for (int i = 0; i < n_streams; ++i) lt_->gemm(g, a, b, c_of(i), st);
         },
-        true, rule, serial);
+        rule, serial);
     // Concurrent: forked from the main stream to n streams by events, joined back.
     std::vector<be::Event> fork, join;
     fork.emplace_back(false);
     for (int i = 0; i < n_streams; ++i) join.emplace_back(false);
     TW_CUDA_CHECK(cudaMemsetAsync(buf_[2].data(), 0xFF, buf_[2].size(), s()));
-    device(
+    device_blocked(
         [&](cudaStream_t st) {
           fork[0].record(st);
           for (int i = 0; i < n_streams; ++i) {
@@ -1042,7 +1060,7 @@ class GpuRunner final : public PointRunner {
           for (int i = 0; i < n_streams; ++i)
             TW_CUDA_CHECK(cudaStreamWaitEvent(st, join[sz(static_cast<std::int64_t>(i))].get(), 0));
         },
-        true, rule, r);
+        rule, r);
     r.point.inputs = {static_cast<double>(n_streams), gemm_sm_fraction(g.m, g.n, opt_.sm_count), serial.median_s()};
     TW_CUDA_CHECK(cudaStreamSynchronize(s()));
     // Streams past the hardware work queues share them (issue 8): record the setting this ran under
