@@ -147,6 +147,12 @@ struct ClassState {
   // Device time of one timing marker of a timed eager op (0 when untimed): the op holds its stream
   // for its two markers (device_extra); its record starts after the start marker.
   std::vector<double> mark_device;
+  // Shared boundary markers (docs/profiler.md): share_from[i] = the timed op right before i on its
+  // stream whose end marker i may start at (nothing enqueued between them; kNone otherwise);
+  // shared[i]: i did (the stream had not reached that marker when the host came to i), so i holds
+  // its stream for one marker, not two, and its record starts at that op's end marker.
+  std::vector<std::uint32_t> share_from;
+  std::vector<std::uint8_t> shared;
   std::uint32_t arrived = kNone;  // the host-lane op whose host_arrive has been paid
   double host_tail = 0.0;         // the step-end join, paid once every op is issued
   double host_end = -1.0;         // when the host finished the join
@@ -274,6 +280,8 @@ class StepRun {
     s.host_arrive.assign(n, 0.0);
     s.device_extra.assign(n, 0.0);
     s.mark_device.assign(n, 0.0);
+    s.share_from.assign(n, kNone);
+    s.shared.assign(n, 0);
     s.mark_before.assign(n, -1.0);
     s.mark_host.assign(n, -1.0);
     s.mark_end_host.assign(n, -1.0);
@@ -465,6 +473,33 @@ class StepRun {
         }
       }
     }
+    // Shared boundary markers, as threewalls run issues them (backend/src/executor.cpp, issue_op):
+    // an eager op issued right behind a timed eager op on its stream, with no cross-stream wait and
+    // no event recorded behind that op, may start at its end marker; host-lane ops and graph runs
+    // in between end it on every stream. Whether it does is decided when the op starts (start_op).
+    // The host lane still pays the start marker's record (e): when the marker is shared the device
+    // is behind the host, so that host time is hidden (the real run pays an event query instead).
+    {
+      std::vector<std::uint32_t> open(g_.streams.size(), kNone);
+      auto p2p = [](const Op& o) { return o.kind == OpKind::send || o.kind == OpKind::recv; };
+      for (std::uint32_t i = 0; i < n; ++i) {
+        const Op& op = rc.ops[i];
+        if (on_host_lane(op) || in_run[i] >= 0) {
+          std::fill(open.begin(), open.end(), kNone);
+          continue;
+        }
+        std::uint32_t& o = open[op.stream];
+        const bool grouped = i > 0 && p2p(op) && p2p(rc.ops[i - 1]) && rc.ops[i - 1].stream == op.stream &&
+                             in_run[i - 1] < 0;
+        if (grouped) {  // one NCCL group: one start and one end marker for all its members
+          if (o != kNone && needs_event[i]) o = kNone;
+          continue;
+        }
+        if (waits[i] > 0) o = kNone;
+        if (timed(op) && o != kNone) s.share_from[i] = o;
+        o = timed(op) && !needs_event[i] ? i : kNone;
+      }
+    }
     for (const scenarios::GraphRun& run : rc.graph_runs) {
       const bool explicit_launch = run.first_op > 0 && rc.ops[run.first_op - 1].kind == OpKind::host &&
                                    rc.ops[run.first_op - 1].host_kind() == HostKind::graph_launch;
@@ -628,6 +663,16 @@ class StepRun {
     ClassState& s = classes_[c];
     const Op& op = s.rc->ops[i];
     s.start[i] = now_;
+    // A shared start marker (host_lane_costs): when the host came to op i (its start marker's
+    // record would have been at mark_host - e), the stream had not yet reached the previous op's end
+    // marker, so i starts at that marker and holds its stream for its end marker only.
+    if (s.share_from[i] != kNone && s.mark_device[i] > 0.0 && s.mark_host[i] >= 0.0) {
+      const std::uint32_t a = s.share_from[i];
+      if (s.end[a] < 0.0 || s.end[a] > s.mark_host[i] - host_.event_record.value) {
+        s.shared[i] = 1;
+        s.device_extra[i] -= s.mark_device[i];
+      }
+    }
     if (s.hw_queue[i] != kNone) {
       // The next op of the hardware queue may now be dispatched (once its own stream and
       // dependencies allow).
@@ -1163,6 +1208,10 @@ class StepRun {
           // covers the kernel and the end marker (timed_op_gap: duration +1 marker, gap 1 marker).
           if (s.mark_device[i] > 0.0) t.record_start[i] = std::max(t.record_start[i], t.start[i] + s.mark_device[i]);
           t.record_end[i] = std::max(s.end[i], s.mark_end_host[i]) - epoch_;
+          if (s.shared[i]) {  // start(i) = end(previous op on the stream): its end marker's time
+            const std::uint32_t a = s.share_from[i];
+            t.record_start[i] = std::min(std::max(s.end[a], s.mark_end_host[a]) - epoch_, t.start[i]);
+          }
         }
         class_end = std::max(class_end, s.end[i]);
       }

@@ -353,8 +353,10 @@ TEST(Executor, TimingMarkersOfARecordedStepCostTwoEventsPerTimedOp) {
 
 TEST(Executor, TimingMarkersOfARecordedStepHoldTheStreamForTheirDeviceTime) {
   // Three 10 us kernels on one stream, launches of 1 us (the host runs ahead), markers of 2 us of
-  // device time. Untimed: kernels end at 11, 21, 31. Timed: each kernel holds its stream for its two
-  // markers too (14 us): 15, 29, 43, as back-to-back recorded kernels of threewalls run.
+  // device time. Untimed: kernels end at 11, 21, 31. Timed: the first kernel holds its stream for its
+  // two markers too (14 us): 15; the next ones start at the previous kernel's end marker (shared
+  // boundary markers, docs/profiler.md: the device is behind the host) and hold it for their end
+  // marker only (12 us): 27, 39, as back-to-back recorded kernels of threewalls run.
   GraphBuilder b(1, 1, 1, 1, 1, 1);
   const int c = b.add_class({0});
   for (int i = 0; i < 3; ++i) b.add(c, b.kernel(10, "k"));
@@ -364,11 +366,57 @@ TEST(Executor, TimingMarkersOfARecordedStepHoldTheStreamForTheirDeviceTime) {
   EXPECT_NEAR(run_timed(b, f, Timing::none).duration, 31 * kUs, 1e-12);
   const auto timed = run_timed(b, f, Timing::every_op);
   EXPECT_NEAR(timed.classes[0].end[0], 15 * kUs, 1e-12);
-  EXPECT_NEAR(timed.duration, 43 * kUs, 1e-12);
-  // The record starts after the start marker: 3 to 15 (kernel + end marker), gap of one marker.
+  EXPECT_NEAR(timed.classes[0].end[1], 27 * kUs, 1e-12);
+  EXPECT_NEAR(timed.duration, 39 * kUs, 1e-12);
+  // The record starts after the start marker: 3 to 15 (kernel + end marker), gap of one marker;
+  // the next record starts at that end marker: 15 to 27.
   EXPECT_NEAR(timed.classes[0].record_start[0], 3 * kUs, 1e-12);
   EXPECT_NEAR(timed.classes[0].record_end[0], 15 * kUs, 1e-12);
-  EXPECT_NEAR(timed.classes[0].record_start[1], 17 * kUs, 1e-12);
+  EXPECT_NEAR(timed.classes[0].record_start[1], 15 * kUs, 1e-12);
+  EXPECT_NEAR(timed.classes[0].record_end[1], 27 * kUs, 1e-12);
+}
+
+TEST(Executor, ACrossStreamWaitBreaksTheSharingOfTimingMarkers) {
+  // k0 (compute, 10 us), x (side, 1 us), k1 (compute, 10 us); launches 1 us, markers 2 us. Without
+  // a dependency k1 shares k0's end marker: 1..15, then 15..27. When k1 waits for x (another
+  // stream), a wait sits between the two on the stream: k1 records its own start marker, 15..29.
+  // x runs beside k0 without slowing it (concurrency 2: two streams at full rate each).
+  FakeCoster f;
+  f.host.kernel_launch = microseconds(1);
+  f.host.timing_marker = microseconds(2);
+  f.concurrency = 2.0;
+  for (const bool wait : {false, true}) {
+    GraphBuilder b(1, 1, 1, 1, 1, 1);
+    const int c = b.add_class({0});
+    b.add(c, b.kernel(10, "k0"));
+    const auto x = b.add(c, b.kernel(1, "x", "side"));
+    if (wait) {
+      b.add(c, b.kernel(10, "k1"), {x});
+    } else {
+      b.add(c, b.kernel(10, "k1"));
+    }
+    const auto timed = run_timed(b, f, Timing::every_op);
+    EXPECT_NEAR(timed.classes[0].end[2], (wait ? 29 : 27) * kUs, 1e-12) << (wait ? "waits" : "no wait");
+  }
+}
+
+TEST(Executor, AnIdleStreamGetsAFreshStartMarker) {
+  // Events of 10 us on the host, launches 1 us, 1 us kernels, markers 2 us: k0 runs 21..26; when
+  // the host comes to k1 (31: k0's launch and end marker recorded) the stream has passed k0's end
+  // marker, so k1 records its own start marker (its record must not include the idle stream):
+  // launched at 42, it holds the stream for two markers, 42..47, its record 44..47.
+  GraphBuilder b(1, 1, 1, 1, 1, 1);
+  const int c = b.add_class({0});
+  for (int i = 0; i < 2; ++i) b.add(c, b.kernel(1, "k"));
+  FakeCoster f;
+  f.host.kernel_launch = microseconds(1);
+  f.host.event_record = microseconds(10);
+  f.host.timing_marker = microseconds(2);
+  const auto timed = run_timed(b, f, Timing::every_op);
+  EXPECT_NEAR(timed.classes[0].end[0], 26 * kUs, 1e-12);
+  EXPECT_NEAR(timed.classes[0].start[1], 42 * kUs, 1e-12);
+  EXPECT_NEAR(timed.classes[0].end[1], 47 * kUs, 1e-12);
+  EXPECT_NEAR(timed.classes[0].record_start[1], 44 * kUs, 1e-12);
 }
 
 TEST(Executor, DiskReadsRunOnTheHostLaneAndHoldBackLaterLaunches) {

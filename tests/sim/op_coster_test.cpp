@@ -48,7 +48,8 @@ calibration::Profile default_with_kernel_families() {
     }
   }
   std::vector<calibration::Family> families = base.families();
-  for (const auto& f : b.build().families()) families.push_back(f);
+  const calibration::Profile fitted = b.build();  // named: a range-for over a temporary's member dangles
+  for (const auto& f : fitted.families()) families.push_back(f);
   return calibration::Profile(base.info(), base.hardware(), std::move(families));
 }
 

@@ -424,7 +424,7 @@ void plan_kernels(Plan& p) {
   // Adam: {parameters}; 30 B per parameter.
   const auto& adam = fam(kAdamStepFamily);
   const std::vector<double> params = full ? std::vector<double>{1.0e5 + 40, 1.0e6 + 40, 1.0e7 + 40, 5.0e7 + 40, 2.0e8 + 40}
-                                          : std::vector<double>{1.0e5 + 40, 1.0e7 + 40, 2.0e8 + 40};
+                                          : std::vector<double>{1.0e5 + 40, 1.0e6 + 40, 1.0e7 + 40, 2.0e8 + 40};
   for (const double n : params) p.points.push_back(kernel_point(adam, {n}, 30.0 * n, false));
   p.points.push_back(kernel_point(adam, {3.0e7 + 40}, 30.0 * (3.0e7 + 40), true));
 }
