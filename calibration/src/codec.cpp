@@ -49,6 +49,12 @@ GroupedGemmModel grouped_of(const FamilySpec& s, const Params& p, const Hardware
   m.memory_bandwidth_bytes_per_s = scalar(s, p, "memory_bandwidth_bytes_per_s");
   m.device = device_of(hw, s.dtype);
   m.elements = element_bytes(s.dtype);
+  // Optional (issue 5): present = batched-calls form; absent (older profiles) = wave form.
+  if (const auto& wt = array(s, p, "wave_tail"); !wt.empty()) {
+    m.batched_calls = true;
+    m.wave_tail = wt.at(0);
+    m.call_overhead_s = array(s, p, "call_overhead_s").at(0);
+  }
   return m;
 }
 
@@ -211,13 +217,21 @@ Params fit_params(const FamilySpec& spec, const std::vector<Point>& points, cons
         s.push_back({as_int(p.inputs[0]), as_int(p.inputs[1]), as_int(p.inputs[2]), as_int(p.inputs[3]),
                      as_int(p.inputs[4]), p.time.median_s});
       }
-      const auto m = GroupedGemmModel::fit(s, decode_gemm(*dense, hw));
-      return round_all({{static_cast<double>(m.tile_m)},
-                        {static_cast<double>(m.tile_n)},
-                        {m.efficiency_max},
-                        {m.k_half},
-                        {m.overhead_s},
-                        {m.memory_bandwidth_bytes_per_s}});
+      // Batched-calls form for bf16 (the backend's lt_batched grouped GEMM); wave form otherwise.
+      const auto m = GroupedGemmModel::fit(s, decode_gemm(*dense, hw), spec.dtype == Dtype::bf16);
+      Params out{{static_cast<double>(m.tile_m)},
+                 {static_cast<double>(m.tile_n)},
+                 {m.efficiency_max},
+                 {m.k_half},
+                 {m.overhead_s},
+                 {m.memory_bandwidth_bytes_per_s},
+                 {},
+                 {}};
+      if (m.batched_calls) {
+        out[6] = {m.wave_tail};
+        out[7] = {m.call_overhead_s};
+      }
+      return round_all(out);
     }
     case ModelKind::attention: {
       std::vector<AttentionModel::Sample> s;
@@ -347,6 +361,14 @@ std::optional<std::string> check_params(const FamilySpec& spec, const Params& pa
       if (!(s("efficiency_max") > 0)) return "'efficiency_max' must be > 0";
       if (s("k_half") < 0) return "'k_half' must be >= 0";
       if (spec.kind == ModelKind::gemm && s("wave_tail") < 0) return "'wave_tail' must be >= 0";
+      if (spec.kind == ModelKind::grouped_gemm) {
+        const auto& wt = a("wave_tail");
+        const auto& co = a("call_overhead_s");
+        if (wt.size() > 1 || co.size() != wt.size()) {
+          return "'wave_tail' and 'call_overhead_s' are optional: both absent, or one number each in [ ]";
+        }
+        if (!wt.empty() && (wt[0] < 0 || co[0] < 0)) return "'wave_tail' and 'call_overhead_s' must be >= 0";
+      }
       if (s("overhead_s") < 0) return "'overhead_s' must be >= 0";
       if (!(s("memory_bandwidth_bytes_per_s") > 0)) return "'memory_bandwidth_bytes_per_s' must be > 0";
       return std::nullopt;

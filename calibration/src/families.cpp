@@ -135,6 +135,12 @@ std::vector<FamilySpec> build_specs() {
     s.params[0].description = "rows of the tile (from the dense GEMM fit of the same dtype)";
     s.params[1].description = "columns of the tile (from the dense GEMM fit of the same dtype)";
     s.params[3].description = "K-loop half-efficiency point (from the dense GEMM fit of the same dtype)";
+    // Optional (issue 5): present, the batched-calls form (docs/calibration.md); absent, the wave form.
+    s.params.push_back({"wave_tail", false, true,
+                        "batched-calls form (optional, one number): the dense fit's wave tail", true});
+    s.params.push_back({"call_overhead_s", false, true,
+                        "batched-calls form (optional, one number): time of each further batched call, seconds",
+                        true});
     specs.push_back(s);
   }
   for (bool bwd : {false, true}) {

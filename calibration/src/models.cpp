@@ -170,9 +170,60 @@ GemmModel GemmModel::fit(const std::vector<Sample>& samples, const DeviceConstan
   return chosen->model;
 }
 
+std::vector<std::pair<std::int64_t, std::int64_t>> expert_rows_runs(std::int64_t total_rows, std::int64_t groups,
+                                                                    std::int64_t max_rows) {
+  // The same split as backend::expert_rows (backend/src/grouped_gemm.cpp), as runs of equal rows.
+  std::vector<std::int64_t> rows;
+  if (groups <= 0 || total_rows <= 0) return {};
+  const std::int64_t balanced = (total_rows + groups - 1) / groups;
+  if (max_rows <= balanced || groups == 1) {
+    for (std::int64_t e = 0; e < groups; ++e) rows.push_back(total_rows / groups + (e < total_rows % groups ? 1 : 0));
+  } else {
+    const std::int64_t hot = std::min(max_rows, total_rows);
+    rows.push_back(hot);
+    const std::int64_t rest = total_rows - hot;
+    for (std::int64_t e = 1; e < groups; ++e) rows.push_back(rest / (groups - 1) + ((e - 1) < rest % (groups - 1) ? 1 : 0));
+  }
+  std::vector<std::pair<std::int64_t, std::int64_t>> runs;
+  for (const std::int64_t r : rows) {
+    if (!runs.empty() && runs.back().first == r) {
+      ++runs.back().second;
+    } else {
+      runs.emplace_back(r, 1);
+    }
+  }
+  std::erase_if(runs, [](const auto& run) { return run.first <= 0; });
+  return runs;
+}
+
+namespace {
+GemmModel dense_of(const GroupedGemmModel& g) {
+  GemmModel d;
+  d.tile_m = g.tile_m;
+  d.tile_n = g.tile_n;
+  d.efficiency_max = g.efficiency_max;
+  d.k_half = g.k_half;
+  d.wave_tail = g.wave_tail;
+  d.overhead_s = 0.0;
+  d.memory_bandwidth_bytes_per_s = g.memory_bandwidth_bytes_per_s;
+  d.device = g.device;
+  d.elements = g.elements;
+  return d;
+}
+}  // namespace
+
 double GroupedGemmModel::time_s(std::int64_t groups, std::int64_t total_rows, std::int64_t max_rows, std::int64_t n,
                                 std::int64_t k) const {
   if (groups <= 0 || total_rows <= 0 || max_rows <= 0 || n <= 0 || k <= 0) return overhead_s;
+  if (batched_calls) {
+    // t = sum_c (t_dense(m_c, n, k, b_c) - t0_dense) + t0 + (runs - 1) t_call
+    const GemmModel dense = dense_of(*this);
+    const auto runs = expert_rows_runs(total_rows, groups, max_rows);
+    double t = overhead_s;
+    for (const auto& [m, b] : runs) t += dense.time_s(m, n, k, b);
+    if (runs.size() > 1) t += static_cast<double>(runs.size() - 1) * call_overhead_s;
+    return t;
+  }
   const double g = static_cast<double>(groups);
   const double rt = static_cast<double>(total_rows);
   const double rmax = std::min(static_cast<double>(max_rows), rt);
@@ -189,7 +240,8 @@ double GroupedGemmModel::time_s(std::int64_t groups, std::int64_t total_rows, st
   return std::max(t_compute, t_memory) + overhead_s;
 }
 
-GroupedGemmModel GroupedGemmModel::fit(const std::vector<Sample>& samples, const GemmModel& dense) {
+GroupedGemmModel GroupedGemmModel::fit(const std::vector<Sample>& samples, const GemmModel& dense,
+                                       bool batched_calls_form) {
   if (samples.empty()) throw FitImpossible("grouped_gemm: needs at least 1 point");
   for (const auto& s : samples) {
     require_positive_time(s.seconds, "grouped_gemm");
@@ -209,6 +261,32 @@ GroupedGemmModel GroupedGemmModel::fit(const std::vector<Sample>& samples, const
   base.device = dense.device;
   base.elements = dense.elements;
   const bool fit_overhead = samples.size() >= 3;
+  if (fit_overhead && batched_calls_form) {
+    // Batched-calls form: the dense model per run of equal-row experts; only t0 is fitted.
+    base.batched_calls = true;
+    base.efficiency_max = dense.efficiency_max;
+    base.wave_tail = dense.wave_tail;
+    base.call_overhead_s = dense.overhead_s;
+    auto make_calls = [&](const std::vector<double>& theta) {
+      GroupedGemmModel c = base;
+      c.overhead_s = std::exp(theta[0]);
+      return c;
+    };
+    auto residuals = [&](const std::vector<double>& theta) {
+      const auto c = make_calls(theta);
+      std::vector<double> r(samples.size());
+      for (std::size_t i = 0; i < samples.size(); ++i) {
+        const auto& s = samples[i];
+        r[i] = (c.time_s(s.groups, s.total_rows, s.max_rows, s.n, s.k) - s.seconds) / s.seconds;
+      }
+      return r;
+    };
+    std::vector<std::vector<double>> starts;
+    for (double t0 : {1e-6, std::max(dense.overhead_s, 1e-7), 2e-5}) starts.push_back({std::log(t0)});
+    const auto res = fit::levenberg_marquardt_multistart(residuals, starts);
+    if (!std::isfinite(res.cost)) throw FitImpossible("grouped_gemm: no parameters reproduce the points");
+    return make_calls(res.theta);
+  }
   auto make = [&](const std::vector<double>& theta) {
     GroupedGemmModel c = base;
     c.efficiency_max = logistic(theta[0]);

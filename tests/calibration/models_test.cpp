@@ -123,6 +123,51 @@ TEST(GroupedGemmModel, FitRecoversEfficiencyAndOverheadFromNoisyPoints) {
   EXPECT_NEAR(fit.overhead_s, 9e-6, 9e-6 * 0.3);
 }
 
+TEST(GroupedGemmModel, ExpertRowRunsFollowTheBackendSplit) {
+  using Runs = std::vector<std::pair<std::int64_t, std::int64_t>>;
+  EXPECT_EQ(expert_rows_runs(512, 8, 64), (Runs{{64, 8}}));                       // balanced: one call
+  EXPECT_EQ(expert_rows_runs(10, 4, 1), (Runs{{3, 2}, {2, 2}}));                  // remainder first
+  EXPECT_EQ(expert_rows_runs(512, 8, 128), (Runs{{128, 1}, {55, 6}, {54, 1}}));  // hot expert: 3 calls
+  EXPECT_EQ(expert_rows_runs(100, 4, 100), (Runs{{100, 1}}));                     // the rest is empty
+}
+
+TEST(GroupedGemmModel, BatchedCallsFormRecoversT0AndCostsEachRunWithTheDenseModel) {
+  const GemmModel dense = truth_gemm();
+  GroupedGemmModel truth;
+  truth.k_half = dense.k_half;
+  truth.efficiency_max = dense.efficiency_max;
+  truth.wave_tail = dense.wave_tail;
+  truth.call_overhead_s = dense.overhead_s;
+  truth.batched_calls = true;
+  truth.overhead_s = 9e-6;
+  truth.memory_bandwidth_bytes_per_s = dense.memory_bandwidth_bytes_per_s;
+  truth.device = dense.device;
+  truth.elements = dense.elements;
+  // By hand: a hot expert makes 3 batched calls, each costed by the dense model without its t0.
+  const double by_hand = 9e-6 + (dense.time_s(128, 1408, 2048, 1) - 6e-6) + (dense.time_s(55, 1408, 2048, 6) - 6e-6) +
+                         (dense.time_s(54, 1408, 2048, 1) - 6e-6) + 2 * 6e-6;
+  EXPECT_NEAR(truth.time_s(8, 512, 128, 1408, 2048), by_hand, by_hand * 1e-12);
+  Noise noise(3, 0.01);
+  std::vector<GroupedGemmModel::Sample> samples;
+  for (std::int64_t g : {8, 32, 64}) {
+    for (std::int64_t rows : {64, 256, 2048}) {
+      samples.push_back({g, g * rows, rows, 1408, 2048, noise(truth.time_s(g, g * rows, rows, 1408, 2048))});
+      samples.push_back({g, g * rows, 3 * rows, 1408, 2048, noise(truth.time_s(g, g * rows, 3 * rows, 1408, 2048))});
+    }
+  }
+  const auto fit = GroupedGemmModel::fit(samples, dense, true);
+  EXPECT_TRUE(fit.batched_calls);
+  EXPECT_EQ(fit.wave_tail, dense.wave_tail);
+  EXPECT_EQ(fit.call_overhead_s, dense.overhead_s);
+  EXPECT_NEAR(fit.overhead_s, 9e-6, 9e-6 * 0.3);
+  for (const auto& s : samples) {
+    EXPECT_NEAR(fit.time_s(s.groups, s.total_rows, s.max_rows, s.n, s.k) / truth.time_s(s.groups, s.total_rows, s.max_rows, s.n, s.k),
+                1.0, 0.02);
+  }
+  // Fewer than 3 points: the wave form (e_max only), as the synthetic default profiles have.
+  EXPECT_FALSE(GroupedGemmModel::fit({samples[0], samples[1]}, dense, true).batched_calls);
+}
+
 TEST(GroupedGemmModel, SmallGroupsPayForWholeTiles) {
   GroupedGemmModel m;
   m.efficiency_max = 0.8;

@@ -470,10 +470,14 @@ void plan_copies(Plan& p) {
 // ---- collectives ---------------------------------------------------------------------------------
 
 // The nccl-tests size actually moved for a requested size: bf16 elements, and for the kinds that
-// split the buffer over members a whole number of elements per member (OpRunner floors the same way).
+// split the buffer over members a whole number of 16-byte units per member, so that every member's
+// chunk starts 16-byte aligned as a step's messages do (OpRunner then moves exactly this size). With
+// 2 or 4 members the grid's sizes are such already; with 3, 2^i + 768 bytes were not, and NCCL ran
+// those points on a slower path than the aligned held-out sizes (4 x H200, 2026-11-22: all-gather
+// held-out error 5.7% median, 50% max, docs/calibration.md).
 double collective_size(const std::string& op, int n, double requested) {
   const bool split = op == "all_gather" || op == "reduce_scatter" || op == "all_to_all";
-  const double unit = split ? 2.0 * n : 2.0;
+  const double unit = split ? 16.0 * n : 2.0;
   return std::max(unit, std::floor(requested / unit) * unit);
 }
 

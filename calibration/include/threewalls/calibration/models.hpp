@@ -95,6 +95,20 @@ struct GemmModel {
 // tile costs a full tile: a grouped kernel runs one tile shape for all groups, so a group of 10
 // rows pays for T_m rows. T_m, T_n and k_half are taken from the dense GEMM fit of the same dtype;
 // fitted: e_max in (0, 1) and t0 (with fewer than 3 points only e_max, t0 taken from the dense fit).
+//
+// Batched-calls form (issue 5; bf16 only, used when the family has the optional `wave_tail` and
+// `call_overhead_s`, fitted from 3 or more points): the backend's grouped GEMM (OpRunner's default,
+// GroupedImpl::lt_batched) launches one strided-batched cuBLASLt matmul per run of consecutive
+// experts with equal rows. The rows follow backend::expert_rows(R, groups, r_max): balanced, R / groups
+// each with the remainder on the first experts (1 or 2 runs); with a hot expert, r_max on expert 0
+// and the rest shared evenly by the others (up to 3 runs). Each run c of b_c experts of m_c rows is
+// costed by the dense GEMM model of the same dtype (gemm_roofline_v2, its e_max, k_half, wave_tail):
+//   t = sum_c (t_dense(m_c, n, k, b_c) - t0_dense) + t0 + (runs - 1) t_call
+// with t_call = the dense t0 (one more kernel), and t0 fitted (the only parameter fitted on the
+// grouped points). `expert_rows_runs` gives the runs.
+std::vector<std::pair<std::int64_t, std::int64_t>> expert_rows_runs(std::int64_t total_rows, std::int64_t groups,
+                                                                    std::int64_t max_rows);  // (m_c, b_c)
+
 struct GroupedGemmModel {
   int tile_m = 128;
   int tile_n = 128;
@@ -104,6 +118,10 @@ struct GroupedGemmModel {
   double memory_bandwidth_bytes_per_s = 0.0;
   DeviceConstants device;
   ElementBytes elements;
+  // Batched-calls form when true (wave_tail and call_overhead_s from the dense fit); wave form else.
+  bool batched_calls = false;
+  double wave_tail = 0.0;
+  double call_overhead_s = 0.0;
 
   [[nodiscard]] double time_s(std::int64_t groups, std::int64_t total_rows, std::int64_t max_rows, std::int64_t n,
                               std::int64_t k) const;
@@ -112,7 +130,10 @@ struct GroupedGemmModel {
     std::int64_t groups, total_rows, max_rows, n, k;
     double seconds;
   };
-  static GroupedGemmModel fit(const std::vector<Sample>& samples, const GemmModel& dense);
+  // `batched_calls_form`: fit the batched-calls form when there are 3 or more points (bf16: what the
+  // backend runs); else, and for fp8 / fp32 (no backend grouped kernel to model), the wave form.
+  static GroupedGemmModel fit(const std::vector<Sample>& samples, const GemmModel& dense,
+                              bool batched_calls_form = false);
 };
 
 // ---------------------------------------------------------------------------------------------
