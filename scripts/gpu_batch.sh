@@ -11,6 +11,8 @@
 #   validate    validate_suite.py over the fidelity suite with PROFILE (+ examples, key checks, faults)
 #   studies     validate_suite.py over the host-overhead and offload suites with PROFILE
 #               (NVMe tier: NVME_SCENARIOS names, NVME_STEPS steps, NVME_TIMEOUT seconds)
+#   mpi         `mpirun -np N threewalls run` of small_moe_ep4 (ep2 on 2 GPUs) with a record-key check
+#               against `sim` on PROFILE, a wrong world size, and an injected failing rank
 #   nccl        kernel_bench's NCCL bus bandwidth (64 MiB-1 GiB) on 2 and on all GPUs, with NCCL's
 #               defaults and with each setting of NCCL_SWEEP (space-separated VAR=VALUE[,VAR=VALUE])
 # SKIP_FAULTS=1 leaves the injected-fault runs out of `validate` (they cost about 70 s).
@@ -127,6 +129,31 @@ studies)
     [ -d "$OUT/${d}_$KIND" ] && cp "$OUT/${d}_$KIND/runs.tar.xz" "$OUT/${d}_runs_$KIND.tar.xz" &&
       cp "$OUT/${d}_$KIND/fidelity.md" "$OUT/${d}_$KIND.md" && rm -rf "$OUT/${d}_$KIND"
   done
+  ;;
+mpi)
+  {
+    date -u +%Y-%m-%dT%H:%M:%SZ
+    mpirun --version 2>&1 | head -1
+    sc=scenarios/examples/small_moe_ep4.toml
+    [ "$NGPU" -lt 4 ] && sc=scenarios/examples/small_moe_ep2.toml
+    n=$(basename "$sc" .toml)
+    w=$(python3 -c "import sys; sys.path.insert(0, 'scripts'); import validate_suite as v; print(v.world_size(sys.argv[1]))" "$sc")
+    mpi=(mpirun --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH -x THREEWALLS_SOURCE_DIR)
+    step "mpirun -np $w threewalls run $n (one process per GPU, NCCL id broadcast over MPI)"
+    timeout 150 "${mpi[@]}" -np "$w" "$TW" run "$sc" --out "$OUT/mpi/real_$n" 2>&1 | tail -40
+    echo "mpirun rc=${PIPESTATUS[0]}"
+    ls "$OUT/mpi/real_$n"
+    "$TW" sim "$sc" --calibration "$PROFILE" --out "$OUT/mpi/sim_$n" > /dev/null 2>&1
+    scripts/check_record_keys.sh "$OUT/mpi/sim_$n" "$OUT/mpi/real_$n" 2>&1 | tail -5
+    step "mpirun -np $((w / 2)) with the $w-GPU scenario: a clear refusal"
+    timeout 60 "${mpi[@]}" -np $((w / 2)) "$TW" run "$sc" --out "$OUT/mpi/wrong_world" 2>&1 | tail -12
+    echo "mpirun rc=${PIPESTATUS[0]} (non-zero expected)"
+    step "a failing rank under MPI (rank 1 fails at step 1): MPI_Abort stops the job"
+    timeout 120 "${mpi[@]}" -np "$w" "$TW" run "$sc" --out "$OUT/mpi/fail" --steps 3 --inject-fault fail:1:1 2>&1 | tail -12
+    echo "mpirun rc=${PIPESTATUS[0]} (non-zero expected)"
+    step done
+  } > "$log" 2>&1
+  (cd "$OUT" && tar cJf "mpi_runs_$KIND.tar.xz" mpi) && rm -rf "$OUT/mpi"
   ;;
 nccl)
   {
