@@ -10,7 +10,8 @@
 #               `threewalls calibrate` (full) -> OUT/<kind>_profile.toml
 #   validate    validate_suite.py over the fidelity suite with PROFILE (+ examples, key checks, faults)
 #   studies     validate_suite.py over the host-overhead and offload suites with PROFILE
-#               (NVMe tier: NVME_SCENARIOS names, NVME_STEPS steps, NVME_TIMEOUT seconds)
+#               (NVMe tier: NVME_SCENARIOS names or "none", NVME_STEPS steps, NVME_TIMEOUT seconds;
+#               ONLY_NVME=1 runs the NVMe tier alone)
 #   mpi         `mpirun -np N threewalls run` of small_moe_ep4 (ep2 on 2 GPUs) with a record-key check
 #               against `sim` on PROFILE, a wrong world size, and an injected failing rank
 #   nccl        kernel_bench's NCCL bus bandwidth (64 MiB-1 GiB) on 2 and on all GPUs, with NCCL's
@@ -106,23 +107,27 @@ validate)
 studies)
   {
     date -u +%Y-%m-%dT%H:%M:%SZ
-    step "host-overhead study (Switch-like layers)"
-    timeout 300 python3 scripts/validate_suite.py --bin "$TW" --kind "$KIND" --profile "$PROFILE" \
-      --out "$OUT/host_overhead_$KIND" scenarios/validation/host_overhead
-    echo "rc=$?"
-    step "expert-offload study (DeepSeek-V2-Lite decode), host tier, one scenario at a time"
-    CUDA_VISIBLE_DEVICES=0 timeout 280 python3 scripts/validate_suite.py --bin "$TW" --kind "$KIND" --profile "$PROFILE" \
-      --out "$OUT/offload_$KIND" scenarios/validation/offload/*host_pinned*.toml
-    echo "rc=$?"
+    if [ "${ONLY_NVME:-0}" != 1 ]; then
+      step "host-overhead study (Switch-like layers)"
+      timeout 300 python3 scripts/validate_suite.py --bin "$TW" --kind "$KIND" --profile "$PROFILE" \
+        --out "$OUT/host_overhead_$KIND" scenarios/validation/host_overhead
+      echo "rc=$?"
+      step "expert-offload study (DeepSeek-V2-Lite decode), host tier, one scenario at a time"
+      CUDA_VISIBLE_DEVICES=0 timeout 280 python3 scripts/validate_suite.py --bin "$TW" --kind "$KIND" --profile "$PROFILE" \
+        --out "$OUT/offload_$KIND" scenarios/validation/offload/*host_pinned*.toml
+      echo "rc=$?"
+    fi
     # An NVMe-tier decode step reads ~8 GB (~5.6 s on the H100 machine's virtual disk): fewer steps.
-    step "expert-offload study, NVMe tier: ${NVME_SCENARIOS:-all four}, --steps ${NVME_STEPS:-7}"
-    nvme=()
-    for n in ${NVME_SCENARIOS:-barrier_none barrier_next_layer per_expert_none per_expert_next_layer}; do
-      nvme+=("scenarios/validation/offload/dsv2lite_nvme_$n.toml")
-    done
-    CUDA_VISIBLE_DEVICES=0 timeout "${NVME_TIMEOUT:-300}" python3 scripts/validate_suite.py --bin "$TW" --kind "$KIND" \
-      --profile "$PROFILE" --steps "${NVME_STEPS:-7}" --out "$OUT/offload_nvme_$KIND" "${nvme[@]}"
-    echo "rc=$?"
+    if [ "${NVME_SCENARIOS:-}" != none ]; then
+      step "expert-offload study, NVMe tier: ${NVME_SCENARIOS:-all four}, --steps ${NVME_STEPS:-7}"
+      nvme=()
+      for n in ${NVME_SCENARIOS:-barrier_none barrier_next_layer per_expert_none per_expert_next_layer}; do
+        nvme+=("scenarios/validation/offload/dsv2lite_nvme_$n.toml")
+      done
+      CUDA_VISIBLE_DEVICES=0 timeout "${NVME_TIMEOUT:-300}" python3 scripts/validate_suite.py --bin "$TW" --kind "$KIND" \
+        --profile "$PROFILE" --steps "${NVME_STEPS:-7}" --out "$OUT/offload_nvme_$KIND" "${nvme[@]}"
+      echo "rc=$?"
+    fi
     step done
   } > "$log" 2>&1
   for d in host_overhead offload offload_nvme; do

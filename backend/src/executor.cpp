@@ -842,8 +842,11 @@ class RankWorker {
     prev = Marker{};
     dev_->launch(*plan_.graph, op, s, annotate_);
     if (timed) {
+      // When the launch call returned: a stream that had reached the start marker before this
+      // waited for the host (the record's launch_wait_us, as the simulator's host lane computes it).
+      const double launched = st_->host_now_us();
       const Marker m1 = clock_.mark(s);
-      recorder_->device_phase(info.tmpl, m0, m1, owns);
+      recorder_->device_phase(info.tmpl, m0, m1, owns, launched);
       if (share_markers_ && !info.needs_event) prev = m1;
     }
     if (info.needs_event) record_event_after(i, s);

@@ -359,6 +359,9 @@ void FakeDevice::launch(const scenarios::StepGraph& graph, const Op& op, int str
     fabric_.add_trace(FakeTraceEntry{rank_, c.op_index, stream, t0, fabric_.now_us(), false});
     return;
   }
+  if (fabric_.options().launch_host_us > 0.0) {
+    std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(fabric_.options().launch_host_us));
+  }
   enqueue(stream, c);
 }
 

@@ -67,7 +67,7 @@ void write_csv_files(const std::vector<const profiler::RunData*>& runs, const st
     OutFile f(dir / "phases.csv", force);
     std::string& out = f.buf();
     out += "run,step,rank,phase,layer,microbatch,expert,stream,wall,start_us,dur_us,epoch_us,bytes,flops,peer,group,"
-           "group_id,tokens,coarse\n";
+           "group_id,tokens,coarse,launch_wait_us\n";
     for (std::size_t i = 0; i < runs.size(); ++i) {
       const profiler::RunData& run = *runs[i];
       std::unordered_map<std::uint64_t, double> epoch;
@@ -124,6 +124,8 @@ void write_csv_files(const std::vector<const profiler::RunData*>& runs, const st
         opt_int(out, p.tokens);
         out += ',';
         if (p.coarse != profiler::CoarseView::none) out += profiler::to_string(p.coarse);
+        out += ',';
+        append_us(out, static_cast<double>(p.launch_wait_us));
         out += '\n';
         f.maybe_flush();
       }

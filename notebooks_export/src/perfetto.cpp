@@ -170,6 +170,10 @@ void write_perfetto(const std::vector<const profiler::RunData*>& runs, const std
         out += ",\"tokens\":";
         detail::append_int(out, p.tokens);
       }
+      if (p.launch_wait_us > 0.0F) {
+        out += ",\"launch_wait_us\":";
+        append_json_number(out, static_cast<double>(p.launch_wait_us));
+      }
       out += "}}";
       f.maybe_flush();
     }

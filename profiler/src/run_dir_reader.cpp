@@ -69,7 +69,7 @@ enum Field : std::uint32_t {
   kStep = 1U << 0, kRank = 1U << 1, kPhase = 1U << 2, kLayer = 1U << 3, kMicrobatch = 1U << 4,
   kStream = 1U << 5, kStartUs = 1U << 6, kDurUs = 1U << 7, kWall = 1U << 8, kBytes = 1U << 9,
   kFlops = 1U << 10, kExpert = 1U << 11, kPeer = 1U << 12, kGroup = 1U << 13, kTokens = 1U << 14,
-  kCoarse = 1U << 15, kRecord = 1U << 16, kEpochUs = 1U << 17, kGroupId = 1U << 18,
+  kCoarse = 1U << 15, kRecord = 1U << 16, kEpochUs = 1U << 17, kGroupId = 1U << 18, kLaunchWaitUs = 1U << 19,
 };
 constexpr std::uint32_t kPhaseRequired =
     kStep | kRank | kPhase | kLayer | kMicrobatch | kStream | kStartUs | kDurUs | kWall | kBytes | kFlops;
@@ -96,6 +96,7 @@ const char* field_name(std::uint32_t bit) {
     case kRecord: return "record";
     case kEpochUs: return "epoch_us";
     case kGroupId: return "group_id";
+    case kLaunchWaitUs: return "launch_wait_us";
     default: return "?";
   }
 }
@@ -103,10 +104,10 @@ const char* field_name(std::uint32_t bit) {
 // Keys in the order the writer emits them: the reader tries the expected key first.
 constexpr std::uint32_t kWriterOrder[] = {kStep,  kRank,  kPhase,  kLayer, kMicrobatch, kStream,
                                           kStartUs, kDurUs, kWall, kBytes, kFlops, kExpert,
-                                          kPeer, kGroup, kGroupId, kTokens, kCoarse};
+                                          kPeer, kGroup, kGroupId, kTokens, kLaunchWaitUs, kCoarse};
 constexpr std::string_view kWriterOrderNames[] = {"step",  "rank",  "phase",  "layer", "microbatch", "stream",
                                                   "start_us", "dur_us", "wall", "bytes", "flops", "expert",
-                                                  "peer", "group", "group_id", "tokens", "coarse"};
+                                                  "peer", "group", "group_id", "tokens", "launch_wait_us", "coarse"};
 constexpr std::size_t kWriterOrderSize = sizeof kWriterOrder / sizeof kWriterOrder[0];
 static_assert(sizeof kWriterOrderNames / sizeof kWriterOrderNames[0] == kWriterOrderSize);
 
@@ -130,7 +131,8 @@ inline bool is_writer_key(std::string_view k, std::size_t i) {
     case 13: return k == "group"sv;
     case 14: return k == "group_id"sv;
     case 15: return k == "tokens"sv;
-    case 16: return k == "coarse"sv;
+    case 16: return k == "launch_wait_us"sv;
+    case 17: return k == "coarse"sv;
     default: return false;
   }
 }
@@ -158,6 +160,7 @@ std::uint32_t field_bit(std::string_view k) {
   if (k == "record") return kRecord;
   if (k == "epoch_us") return kEpochUs;
   if (k == "group_id") return kGroupId;
+  if (k == "launch_wait_us") return kLaunchWaitUs;
   return 0;
 }
 
@@ -409,6 +412,11 @@ class FileParser {
           case kGroupId: p.group_id = opt_index(v, bit); break;
           case kTokens:
             p.tokens = v.kind == detail::FlatValue::Kind::null ? kAbsent : integer(v, bit, 0, std::int64_t{1} << 53);
+            break;
+          case kLaunchWaitUs:
+            if (minor_ < 1) fail(0, "field 'launch_wait_us' is new in schema 1.1; this file says 1." + std::to_string(minor_));
+            p.launch_wait_us = static_cast<float>(number(v, bit, true));
+            if (static_cast<double>(p.launch_wait_us) > p.dur_us + 0.001 && (seen & kDurUs)) fail(0, "launch_wait_us exceeds dur_us");
             break;
           case kCoarse: {
             if (v.kind == detail::FlatValue::Kind::null) break;

@@ -158,6 +158,10 @@ void append_phase_line(std::string& out, const PhaseRecord& r, const Names& name
       w.lit(",\"tokens\":");
       w.i64(r.tokens);
     }
+    if (static_cast<double>(r.launch_wait_us) >= 0.0005) {  // what rounds to a nanosecond or more
+      w.lit(",\"launch_wait_us\":");
+      w.time_us(static_cast<double>(r.launch_wait_us));
+    }
     if (r.coarse == CoarseView::host_to_device) {
       w.lit(",\"coarse\":\"host_to_device\"");
     } else if (r.coarse == CoarseView::training_metrics) {

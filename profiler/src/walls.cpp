@@ -77,7 +77,9 @@ WallBreakdown sweep_walls(std::span<const TimelineOp> ops, double step_dur_us) {
   for (const auto& op : ops) {
     if (!(op.end_us > op.start_us)) continue;
     if (op.wall != Wall::communication) {
-      add(op.start_us, op.end_us, category(op.wall), false);
+      const double split = std::min(op.end_us, op.start_us + std::max(0.0, op.launch_wait_us));
+      add(op.start_us, split, kHost, false);  // the device waited for the host's launch
+      add(split, op.end_us, category(op.wall), false);
     } else if (op.wait_us < 0.0) {
       // Unknown wait: a collective counts as communication, a pipeline send/recv as bubble.
       add(op.start_us, op.end_us, op.pipeline ? kWait : kComm, op.pipeline);

@@ -1192,6 +1192,7 @@ class StepRun {
       t.end.resize(s.end.size());
       t.record_start.resize(s.start.size());
       t.record_end.resize(s.end.size());
+      t.launch_wait.assign(s.start.size(), 0.0);
       double class_end = epoch_;
       for (std::size_t i = 0; i < s.start.size(); ++i) {
         t.start[i] = s.start[i] - epoch_;
@@ -1211,6 +1212,13 @@ class StepRun {
           if (s.shared[i]) {  // start(i) = end(previous op on the stream): its end marker's time
             const std::uint32_t a = s.share_from[i];
             t.record_start[i] = std::min(std::max(s.end[a], s.mark_end_host[a]) - epoch_, t.start[i]);
+          }
+          // The part of the record before the host's launch call returned: the device waited for
+          // the host (threewalls run measures the same: launch return on the host clock minus the
+          // record's start).
+          if (!s.rc->ops[i].is_comm() && s.launch[i] >= 0.0) {
+            t.launch_wait[i] = std::clamp(s.launch[i] - epoch_ - t.record_start[i], 0.0,
+                                          std::max(0.0, t.record_end[i] - t.record_start[i]));
           }
         }
         class_end = std::max(class_end, s.end[i]);

@@ -115,6 +115,7 @@ void add_records(const StepGraph& g, const RecordTables& t, const StepResult& r,
     const double t1 = marked ? tl.record_end[i] : tl.end[i];
     p.start_us = t0 * 1e6;
     p.dur_us = (t1 - t0) * 1e6;
+    if (marked && i < tl.launch_wait.size()) p.launch_wait_us = static_cast<float>(tl.launch_wait[i] * 1e6);
     p.bytes = op.bytes;
     p.flops = op.flops;
     p.expert = op.expert;

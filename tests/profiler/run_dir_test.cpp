@@ -59,6 +59,7 @@ void fill(RunDirWriter& w, int steps, int first = 0) {
       p.dur_us = 100.25 + r;
       p.bytes = 1.5e9;
       p.flops = 3.25e12;
+      p.launch_wait_us = 12.5F;
       w.add(p);
       PhaseRecord q = p;
       q.phase = a2a;
@@ -71,6 +72,7 @@ void fill(RunDirWriter& w, int steps, int first = 0) {
       q.group_id = r & ~1;
       q.tokens = 4096;
       q.flops = 0;
+      q.launch_wait_us = 0.0F;
       w.add(q);
       PhaseRecord x = p;
       x.phase = recv;
@@ -83,6 +85,7 @@ void fill(RunDirWriter& w, int steps, int first = 0) {
       x.coarse = CoarseView::host_to_device;
       x.start_us = 0;
       x.dur_us = 1;
+      x.launch_wait_us = 0.0F;
       w.add(x);
       w.add(StepRecord{s, r, 1e9 + s * 1000.0 + 0.125, 160.0 + r});
     }
@@ -168,6 +171,7 @@ TEST(RunDir, WriterReaderRoundTripKeepsEveryField) {
     }
     EXPECT_EQ(a.group_id, b.group_id);
     EXPECT_EQ(a.tokens, b.tokens);
+    EXPECT_FLOAT_EQ(a.launch_wait_us, b.launch_wait_us);
     EXPECT_EQ(a.coarse, b.coarse);
   }
   for (const auto& s : d.steps) {
@@ -350,14 +354,14 @@ TEST(RunDir, MissingFooterIsReported) {
 
 TEST(RunDir, UnknownMajorVersionIsRefusedByName) {
   auto dir = write_run(fresh_dir());
-  replace_in(dir / "run.json", "\"schema_version\": \"1.0\"", "\"schema_version\": \"2.0\"");
+  replace_in(dir / "run.json", "\"schema_version\": \"1.1\"", "\"schema_version\": \"2.0\"");
   auto err = read_error(dir);
   EXPECT_NE(err.find("run.json: schema threewalls.run_dir version 2.0 is newer than this threewalls reads (1.x)"),
             std::string::npos)
       << err;
   // Same for a phases file header.
   dir = write_run(fresh_dir("_rank"));
-  replace_in(dir / "phases_rank_0.jsonl", "\"schema_version\":\"1.0\"", "\"schema_version\":\"3.1\"");
+  replace_in(dir / "phases_rank_0.jsonl", "\"schema_version\":\"1.1\"", "\"schema_version\":\"3.1\"");
   err = read_error(dir);
   EXPECT_NE(err.find("phases_rank_0.jsonl:1: schema threewalls.run_dir version 3.1 is newer"), std::string::npos) << err;
   // And a file that is not a run directory at all.
@@ -368,9 +372,9 @@ TEST(RunDir, UnknownMajorVersionIsRefusedByName) {
 
 TEST(RunDir, NewerMinorVersionIsReadAndItsNewFieldsIgnored) {
   auto dir = write_run(fresh_dir());
-  replace_in(dir / "run.json", "\"schema_version\": \"1.0\"", "\"schema_version\": \"1.7\"");
+  replace_in(dir / "run.json", "\"schema_version\": \"1.1\"", "\"schema_version\": \"1.7\"");
   auto p = dir / "phases_rank_0.jsonl";
-  replace_in(p, "\"schema_version\":\"1.0\"", "\"schema_version\":\"1.7\"");
+  replace_in(p, "\"schema_version\":\"1.1\"", "\"schema_version\":\"1.7\"");
   replace_in(p, "\"flops\":", "\"sm_occupancy_pct\":87.5,\"flops\":");
   RunData d = RunDirReader::read(dir);
   EXPECT_EQ(d.schema_minor, 7);
@@ -381,7 +385,26 @@ TEST(RunDir, UnknownFieldInACurrentVersionFileIsAnError) {
   auto dir = write_run(fresh_dir());
   replace_in(dir / "phases_rank_0.jsonl", "\"flops\":", "\"flop\":1,\"flops\":");
   auto err = read_error(dir);
-  EXPECT_NE(err.find("phases_rank_0.jsonl:2: unknown field 'flop' in a version 1.0 file"), std::string::npos) << err;
+  EXPECT_NE(err.find("phases_rank_0.jsonl:2: unknown field 'flop' in a version 1.1 file"), std::string::npos) << err;
+}
+
+TEST(RunDir, LaunchWaitIsASchema11FieldWrittenOnlyWhereNonZero) {
+  auto dir = write_run(fresh_dir());
+  const std::string text = slurp(dir / "phases_rank_0.jsonl");
+  EXPECT_NE(text.find("\"launch_wait_us\":12.5"), std::string::npos);
+  EXPECT_EQ(text.find("\"launch_wait_us\":0"), std::string::npos) << "zero waits are left out";
+  // A 1.0 file (written before the field existed) that carries it is refused, by name.
+  replace_in(dir / "run.json", "\"schema_version\": \"1.1\"", "\"schema_version\": \"1.0\"");
+  replace_in(dir / "phases_rank_0.jsonl", "\"schema_version\":\"1.1\"", "\"schema_version\":\"1.0\"");
+  auto err = read_error(dir);
+  EXPECT_NE(err.find("phases_rank_0.jsonl:2: field 'launch_wait_us' is new in schema 1.1; this file says 1.0"),
+            std::string::npos)
+      << err;
+  // A wait longer than its record is an error.
+  dir = write_run(fresh_dir("_long"));
+  replace_in(dir / "phases_rank_1.jsonl", "\"launch_wait_us\":12.5", "\"launch_wait_us\":1000");
+  err = read_error(dir);
+  EXPECT_NE(err.find("phases_rank_1.jsonl:2: launch_wait_us exceeds dur_us"), std::string::npos) << err;
 }
 
 TEST(RunDir, BadWallValueNamesTheAllowedValues) {

@@ -173,3 +173,25 @@ TEST(Walls, IdleGapBeforeAPipelineOpWithAKnownWaitIsBubble) {
   EXPECT_DOUBLE_EQ(w.communication_us, 10);   // no wait: all transfer
   EXPECT_DOUBLE_EQ(w.compute_us, 60);
 }
+
+TEST(Walls, TheLaunchWaitOfAComputeRecordIsHostUnlessSomethingElseRuns) {
+  // A GEMM record of 30 us whose first 20 us the device waited for the launch; a memory op on
+  // another stream covers 5 us of that wait.
+  TimelineOp gemm = op(10, 40, Wall::compute);
+  gemm.launch_wait_us = 20;
+  std::vector<TimelineOp> ops = {gemm, op(12, 17, Wall::memory)};
+  auto w = sweep_walls(ops, 50);
+  EXPECT_DOUBLE_EQ(w.compute_us, 10);
+  EXPECT_DOUBLE_EQ(w.memory_us, 5);
+  EXPECT_DOUBLE_EQ(w.host_us, 35);  // 10 idle before, 15 of launch wait, 10 idle after
+  EXPECT_NEAR(w.total_us(), 50, 1e-9);
+  // From a record: communication records never carry one.
+  PhaseRecord r;
+  r.wall = Wall::memory;
+  r.start_us = 0;
+  r.dur_us = 10;
+  r.launch_wait_us = 4.0F;
+  EXPECT_DOUBLE_EQ(timeline_op(r, kNoName).launch_wait_us, 4);
+  r.wall = Wall::communication;
+  EXPECT_DOUBLE_EQ(timeline_op(r, kNoName).launch_wait_us, 0);
+}

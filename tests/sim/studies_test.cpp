@@ -114,7 +114,7 @@ TEST(ValidationSuites, EveryHostOverheadAndOffloadScenarioSimulatesWithTheShippe
       ++n;
     }
   }
-  EXPECT_EQ(n, 36U + 8U);
+  EXPECT_EQ(n, 40U + 8U);  // 36 + 4 full_iteration host-overhead scenarios, 8 offload
 }
 
 TEST(ValidationSuites, OneScenarioOfEachSuiteSimulatesInFlowFidelity) {
@@ -359,13 +359,27 @@ TEST(HostOverheadStudy, ATimedOpsRecordRunsFromItsStartMarkerToItsEndMarkerAsThr
       EXPECT_NEAR((t.start[i] - t.record_start[i]) * 1e6, 10.0, 1e-6) << strategy << " op " << i;
       EXPECT_NEAR((t.record_end[i] - t.start[i]) * 1e6, 2.0, 1e-6) << strategy << " op " << i;
       EXPECT_GE(t.end[i], t.start[i]);
+      // The device waited for the launch inside the record: launch_wait_us, which the wall sweep
+      // counts as host (threewalls run measures it as launch return minus record start).
+      ASSERT_EQ(t.launch_wait.size(), rc.ops.size());
+      EXPECT_NEAR(t.launch_wait[i] * 1e6, 10.0, 1e-6) << strategy << " op " << i;
     }
     EXPECT_EQ(experts, 5U * 64U) << strategy;
+    std::vector<profiler::TimelineOp> tl;
+    for (std::size_t i = 0; i < rc.ops.size(); ++i) {
+      const auto w = static_cast<profiler::Wall>(static_cast<int>(rc.ops[i].wall));
+      profiler::TimelineOp o{t.record_start[i] * 1e6, t.record_end[i] * 1e6, w, false};
+      if (w != profiler::Wall::communication) o.launch_wait_us = t.launch_wait[i] * 1e6;
+      tl.push_back(o);
+    }
+    const profiler::WallBreakdown walls = profiler::sweep_walls(tl, r.duration * 1e6);
+    EXPECT_GT(walls.host_us / (r.duration * 1e6), 0.8) << strategy << ": launch-bound, and the walls say so";
     // Untimed: records are the device execution itself.
     const StepResult u = exec.run_step(g, Platform(s.cluster), {}, 0.0, nullptr, {});
     for (std::size_t i = 0; i < rc.ops.size(); ++i) {
       EXPECT_DOUBLE_EQ(u.classes[0].record_start[i], u.classes[0].start[i]);
       EXPECT_DOUBLE_EQ(u.classes[0].record_end[i], u.classes[0].end[i]);
+      EXPECT_EQ(u.classes[0].launch_wait[i], 0.0) << "untimed ops carry no launch wait";
     }
   }
 }

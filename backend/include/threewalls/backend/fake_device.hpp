@@ -17,6 +17,7 @@
 //   memory-wall ops, copies bytes / bytes_per_us
 //   collectives, send/recv  bytes / link_bytes_per_us, from the arrival of the last member
 //   framework host ops      shape[0] ns
+// An eager launch may hold the calling thread for launch_host_us first (launch-bound tests).
 // Sends of at most p2p_eager_bytes do not wait for their receiver (NCCL's sender writes into the
 // peer's buffer, NCCL_BUFFSIZE = 4 MiB by default); larger ones meet their receiver first.
 // Faults for tests: a rank that throws at its n-th launch, or whose n-th communication never
@@ -44,6 +45,9 @@ struct FakeDeviceOptions {
   double max_op_us = 5000.0;
   double host_work_scale = 1.0;    // multiplies framework ops' hints
   double p2p_eager_bytes = 4.0 * 1024 * 1024;  // sends up to this size do not wait for the receiver
+  // Host time one eager launch takes on the calling thread before its work is enqueued (a library
+  // call's host cost: cuBLASLt, the attention's several kernels); 0 = enqueue at once.
+  double launch_host_us = 0.0;
   // Faults (tests): rank `fail_rank` throws at its `fail_at_launch`-th launch (1-based, counting
   // every launch), or its `hang_at_comm`-th communication op never arrives at the rendezvous.
   int fail_rank = -1;

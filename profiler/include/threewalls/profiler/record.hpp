@@ -83,6 +83,12 @@ struct PhaseRecord {
   std::int64_t tokens = kAbsent;     // optional: tokens handled
   Wall wall = Wall::compute;
   CoarseView coarse = CoarseView::none;
+  // Optional (written when > 0; schema 1.1): the first launch_wait_us of a compute- or memory-wall
+  // record during which the device waited for the host to launch the op: the record's start marker
+  // had run (the stream was idle) before the host's launch call returned. Both executors compute it
+  // as clamp(launch returned - record start, 0, dur_us) (docs/formats/run_dir.md); the wall sweep
+  // counts that part as host (walls.hpp).
+  float launch_wait_us = 0.0F;  // (a float: it fits the padding after `coarse`; µs to 1e-7 relative)
 
   [[nodiscard]] double end_us() const { return start_us + dur_us; }
 };

@@ -6,8 +6,10 @@
 //   2. memory         a memory-wall op is running
 //   3. communication  a communication op is running past its wait (below); a pipeline send/recv
 //                     counts here only when its wait is known
-//   4. host           a host op is running, or nothing runs and the next op to start is not a
-//                     pipeline send/recv (the GPU waits for the host to launch it)
+//   4. host           a host op is running; or a compute/memory op is in its launch wait (the
+//                     first launch_wait_us of its record: its stream was idle and the device
+//                     waited for the host's launch call); or nothing runs and the next op to start
+//                     is not a pipeline send/recv (the GPU waits for the host to launch it)
 //   5. bubble         a communication op is waiting for the last member of its collective (or the
 //                     peer of its send/recv) to arrive; a pipeline send/recv whose wait is unknown;
 //                     or nothing runs and the next op to start is a pipeline send/recv
@@ -58,6 +60,9 @@ struct TimelineOp {
   // Communication only: microseconds from start_us spent waiting for the last member of the
   // collective (or the send/recv peer) to arrive, clipped to the op; < 0 = unknown.
   double wait_us = -1.0;
+  // Compute/memory only: microseconds from start_us the device waited for the host to launch the op
+  // (PhaseRecord::launch_wait_us); that part counts as host.
+  double launch_wait_us = 0.0;
 };
 
 // The sweep above. `ops` in any order; ops with end <= start or outside [0, step_dur_us) add nothing.
@@ -67,7 +72,8 @@ WallBreakdown sweep_walls(std::span<const TimelineOp> ops, double step_dur_us);
 // when absent).
 inline TimelineOp timeline_op(const PhaseRecord& r, std::uint32_t pp_group, double wait_us = -1.0) {
   return TimelineOp{r.start_us, r.start_us + r.dur_us, r.wall,
-                    r.wall == Wall::communication && pp_group != kNoName && r.group == pp_group, wait_us};
+                    r.wall == Wall::communication && pp_group != kNoName && r.group == pp_group, wait_us,
+                    r.wall == Wall::communication ? 0.0 : static_cast<double>(r.launch_wait_us)};
 }
 
 }  // namespace threewalls::profiler

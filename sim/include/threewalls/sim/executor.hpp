@@ -76,6 +76,10 @@ struct ClassTimeline {
   // it behind the launch); otherwise start / end. Empty: use start / end.
   std::vector<double> record_start;
   std::vector<double> record_end;
+  // Per op, seconds at the start of its record during which the device waited for the host's launch
+  // call of the op (timed eager compute/memory ops: clamp(launch returned - record start, 0, record
+  // duration)); empty or 0 elsewhere. The record's launch_wait_us.
+  std::vector<double> launch_wait;
   double step_end = 0.0;  // end of the class's last op, or of the host's step-end join if later
 };
 

@@ -10,6 +10,9 @@
 //                          with Owns::end (`a` is an earlier phase's end marker, shared) or
 //                          Owns::none (both markers are another phase's: members of one NCCL group),
 //                          the markers it does not own are released with their owner, once;
+//                          `launched_host_us` (optional): host time at which the host's launch
+//                          call for the phase's work returned, which gives the record's
+//                          launch_wait_us = clamp(launched - start, 0, dur) on the host clock;
 //   host_phase(r, t0, t1)  a phase timed on the host clock (host ops: syncs, reads, framework work);
 //   end_step(z)            `z` marks the end of the step's device work.
 // Nothing waits: harvest() (non-blocking, cheap) converts every *finished* step, oldest first, into
@@ -48,6 +51,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -113,8 +117,12 @@ class StepRecorder {
   };
   // A phase of the current (recorded) step between markers `a` and `b`; `r` carries everything but
   // step, rank, start_us and dur_us.
-  void device_phase(const PhaseRecord& r, Marker a, Marker b, Owns owns = Owns::both) {
-    cur_->device.push_back(DevicePhase{r, a, b, owns});
+  // `launched_host_us`: the host time (clock of set_anchor) at which the launch call of the phase's
+  // work returned; kNotLaunched leaves launch_wait_us at 0.
+  static constexpr double kNotLaunched = -std::numeric_limits<double>::infinity();
+  void device_phase(const PhaseRecord& r, Marker a, Marker b, Owns owns = Owns::both,
+                    double launched_host_us = kNotLaunched) {
+    cur_->device.push_back(DevicePhase{r, a, b, owns, launched_host_us});
   }
   // A phase timed on the host clock (µs, the clock of set_anchor).
   void host_phase(const PhaseRecord& r, double host_start_us, double host_end_us) {
@@ -187,6 +195,7 @@ class StepRecorder {
     Marker a;
     Marker b;
     Owns owns = Owns::both;
+    double launched_host_us = kNotLaunched;
   };
   // Releases the markers a device phase owns (each marker of a step exactly once).
   void release_owned(const DevicePhase& d) {
@@ -229,6 +238,7 @@ class StepRecorder {
   }
 
   void convert(Pending& p) {
+    const bool aligned = has_anchor_;  // device times can be put on the host clock
     double epoch_us = 0.0;
     if (has_anchor_) {
       epoch_us = anchor_host_us_ + clock_->elapsed_us(anchor_, p.epoch);
@@ -251,6 +261,12 @@ class StepRecorder {
       r.rank = rank_;
       r.start_us = clock_->elapsed_us(p.epoch, d.a);
       r.dur_us = clock_->elapsed_us(d.a, d.b);
+      // The device reached the start marker before the host's launch call returned: it waited for
+      // the host (mapped onto the host clock through this step's epoch).
+      if (aligned && r.wall != Wall::communication) {
+        r.launch_wait_us = static_cast<float>(
+            std::clamp(d.launched_host_us - epoch_us - r.start_us, 0.0, std::max(0.0, r.dur_us)));
+      }
       end_us = std::max(end_us, r.start_us + r.dur_us);
       out.push_back(r);
     }
