@@ -39,6 +39,7 @@ struct Options {
   std::string scratch_dir = "/tmp";
   double budget_s = 0.0;  // 0: the mode's default
   bool no_fill = false;
+  std::string fill_from;
   bool force = false;
   std::vector<std::string> argv;
 };
@@ -172,7 +173,21 @@ int run(const Options& o) {
       (o.from_raw.empty()
            ? ""
            : " (refit from raw output of threewalls " + header.tool_version + " " + header.git_sha + ")");
-  if (!o.no_fill) bo.fill_from = calibration::defaults::make_default_profile(header.hardware.gpu_kind);
+  if (!o.fill_from.empty()) {
+    // An earlier calibration of the same GPU kind (typically a multi-GPU machine's: collectives, NCCL
+    // interference) fills what this machine cannot measure, ahead of the kind's default profile.
+    calibration::Profile given = calibration::Profile::load(o.fill_from);
+    if (given.hardware().gpu_kind != header.hardware.gpu_kind) {
+      throw InputError(o.fill_from + ": --fill-from profile is of GPU kind '" + given.hardware().gpu_kind +
+                       "', this calibration measures '" + header.hardware.gpu_kind + "'; allowed: a profile of the same kind");
+    }
+    if (given.info().source != "measured") {
+      throw InputError(o.fill_from + ": --fill-from profile has source '" + given.info().source +
+                       "'; allowed: a measured profile (the defaults fill the rest already)");
+    }
+    bo.fill_from.push_back(std::move(given));
+  }
+  if (!o.no_fill) bo.fill_from.push_back(calibration::defaults::make_default_profile(header.hardware.gpu_kind));
   const cb::CalibrationReport rep = cb::build_report(records, bo);
   rep.profile.save(o.out);
   const std::string summary = cb::summary_text(rep);
@@ -220,6 +235,11 @@ void register_calibrate(CLI::App& app, Commands& cmds) {
   sub->add_flag("--no-fill", o->no_fill,
                 "Do not copy the families this machine cannot measure (network collectives, framework op, fp8 grouped "
                 "GEMM) from the default profile of the GPU kind");
+  sub->add_option("--fill-from", o->fill_from,
+                  "A measured profile of the same GPU kind (e.g. an earlier calibration of a multi-GPU machine) whose "
+                  "families fill what this machine cannot measure, ahead of the default profile; each copied "
+                  "family's note names its source")
+      ->check(CLI::ExistingFile);
   sub->add_flag("--force", o->force, "Replace an existing --out file");
   sub->add_option("--budget-seconds", o->budget_s,
                   "Measurement time budget in seconds (default: 270 full, 75 quick; see docs/calibration.md)")
@@ -230,7 +250,8 @@ void register_calibrate(CLI::App& app, Commands& cmds) {
                "--scratch-dir", o->scratch_dir};
     if (o->quick) o->argv.push_back("--quick");
     for (const auto& [flag, value] : {std::pair{"--raw-out", o->raw_out}, std::pair{"--only", o->only},
-                                      std::pair{"--gpu-kind", o->gpu_kind}, std::pair{"--name", o->name}}) {
+                                      std::pair{"--gpu-kind", o->gpu_kind}, std::pair{"--name", o->name},
+                                      std::pair{"--fill-from", o->fill_from}}) {
       if (!value.empty()) {
         o->argv.push_back(flag);
         o->argv.push_back(value);

@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
     bo.info.generator = "threewalls " + std::string(threewalls::tool_version()) + " (" +
                         std::string(threewalls::git_sha()) + ") calibrate " + header.mode +
                         " (refit from raw output of threewalls " + header.tool_version + " " + header.git_sha + ")";
-    bo.fill_from = threewalls::calibration::defaults::make_default_profile(header.hardware.gpu_kind);
+    bo.fill_from = {threewalls::calibration::defaults::make_default_profile(header.hardware.gpu_kind)};
     const cb::CalibrationReport rep = cb::build_report(raw.records, bo);
     rep.profile.save(argv[2]);
     std::printf("%s\nprofile written to %s\n", cb::summary_text(rep).c_str(), argv[2]);

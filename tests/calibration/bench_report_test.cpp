@@ -89,7 +89,7 @@ BuildOptions options(bool fill) {
   b.info = {"h100", "measured", "test"};
   b.hardware = h100();
   b.mode = "quick";
-  if (fill) b.fill_from = defaults::make_default_profile("h100");
+  if (fill) b.fill_from = {defaults::make_default_profile("h100")};
   return b;
 }
 
@@ -156,6 +156,28 @@ TEST(CalibrationReport, FamiliesNotMeasuredAreCopiedFromTheDefaultAndSaySo) {
   const std::string text = summary_text(rep);
   EXPECT_NE(text.find("not measured here:"), std::string::npos);
   EXPECT_NE(text.find("gemm.bf16"), std::string::npos);
+}
+
+// --fill-from: an earlier measured profile of the same kind (here: a multi-node one with its own
+// network all-reduce) fills first; what it lacks comes from the default; each note names its source.
+TEST(CalibrationReport, AnEarlierMeasuredProfileFillsAheadOfTheDefault) {
+  const Profile def = defaults::make_default_profile("h100");
+  std::vector<Family> fams;
+  Family ar = def.family("collective.all_reduce.network");
+  ar.note = "measured by threewalls calibrate (full) on 2 nodes";
+  fams.push_back(ar);
+  const Profile earlier({"h100", "measured", "earlier"}, h100(), fams);
+  BuildOptions o = options(false);
+  o.fill_from = {earlier, def};
+  const CalibrationReport rep = build_report(synthetic(3), o);
+  const Family& got = rep.profile.family("collective.all_reduce.network");
+  EXPECT_NE(got.note.find("copied from " + earlier.id()), std::string::npos) << got.note;
+  EXPECT_NE(got.note.find("Its note: measured by threewalls calibrate (full) on 2 nodes"), std::string::npos) << got.note;
+  const Family& ag = rep.profile.family("collective.all_gather.network");
+  EXPECT_NE(ag.note.find("copied from " + def.id()), std::string::npos) << ag.note;
+  EXPECT_NE(family(rep, "collective.all_reduce.network").why.find(earlier.id()), std::string::npos);
+  EXPECT_EQ(rep.profile.family("gemm.bf16").note.rfind("measured by threewalls calibrate (quick)", 0), 0U)
+      << "measured families are never replaced";
 }
 
 TEST(CalibrationReport, PeakFiguresStandNextToTheDesignReferences) {

@@ -707,6 +707,11 @@ class GpuRunner final : public PointRunner {
         rows = std::max(rows, p.param("batch") * p.param("heads") * p.param("seq"));
       }
     }
+    if (std::any_of(points.begin(), points.end(), [](const PointSpec& p) { return p.op == "host_timing_marker"; })) {
+      buf_[12] = random_bf16(kMarkerKernelElems, opt_.seed + 68, s());
+      buf_[13] = random_bf16(kMarkerKernelElems, opt_.seed + 69, s());
+      buf_[14] = be::DeviceBuffer(kMarkerKernelElems * 2);
+    }
     if (a > 1) {
       buf_[3] = random_bf16(sz(a), opt_.seed + 62, s());
       buf_[4] = random_bf16(sz(b), opt_.seed + 63, s());
@@ -874,6 +879,52 @@ class GpuRunner final : public PointRunner {
     return std::string("passed: all ") + std::to_string(launched) + " counting kernels ran (" + what + ")";
   }
 
+  // Device time one timing marker costs its stream (host.timing_marker): threewalls run brackets each
+  // op of a recorded step with two timing-event records on the op's stream (executor.cpp issue_op).
+  // A sample times kMarkerKernels residual adds back to back, then the same adds each between two
+  // timing events, both behind the blocker (the host enqueues the whole batch first, so the device
+  // sets the pace, not the host's launch rate): (t_marked - t_plain) / (2 kMarkerKernels) per marker.
+  // calibration/tools/timed_op_gap.cu measured the same with 3000 large kernels (H100 host 1.63 us).
+  static constexpr std::size_t kMarkerKernelElems = std::size_t{1} << 20;  // 2 MiB per bf16 operand
+  static constexpr int kMarkerKernels = 48;
+  void measure_timing_marker(const StopRule& rule, Record& r) {
+    const auto* a = buf_[12].as<be::bf16>();
+    const auto* b = buf_[13].as<be::bf16>();
+    auto* out = buf_[14].as<be::bf16>();
+    const auto n = static_cast<std::int64_t>(kMarkerKernelElems);
+    std::vector<be::Event> ev;
+    ev.reserve(2 * kMarkerKernels);
+    for (int i = 0; i < 2 * kMarkerKernels; ++i) ev.emplace_back(true);  // timing events, as CudaEventClock's
+    auto plain = [&](cudaStream_t st) {
+      for (int i = 0; i < kMarkerKernels; ++i) be::add(a, b, out, n, st);
+    };
+    auto marked = [&](cudaStream_t st) {
+      for (int i = 0; i < kMarkerKernels; ++i) {
+        ev[static_cast<std::size_t>(2 * i)].record(st);
+        be::add(a, b, out, n, st);
+        ev[static_cast<std::size_t>(2 * i + 1)].record(st);
+      }
+    };
+    static_cast<void>(timer_->batch(plain, 1, true));  // warm-up
+    static_cast<void>(timer_->batch(marked, 1, true));
+    const Sampling smp = sample_until(rule, clock_, [&] {
+      const double t_plain = timer_->batch(plain, 1, true);
+      const double t_marked = timer_->batch(marked, 1, true);
+      return std::max(1e-9, (t_marked - t_plain) / (2.0 * kMarkerKernels));
+    });
+    r.samples_s = smp.samples, r.reps = 1, r.stop = to_string(smp.reason), r.rel_ci = smp.rel_ci;
+    CheckLog log("every marker completed and out = a + b");
+    for (const auto& e : ev) {
+      if (!e.done()) throw std::runtime_error("correctness check failed: a timing marker never completed");
+    }
+    for (const std::int64_t i : {std::int64_t{0}, n / 2, n - 1}) {
+      const double want = detail::bf16_round(download_bf16(a, i, 1)[0] + download_bf16(b, i, 1)[0]);
+      log.expect_near(download_bf16(out, i, 1)[0], want, 1e-2 * std::max(1.0, std::abs(want)),
+                      "element " + std::to_string(i));
+    }
+    r.check = log.passed();
+  }
+
   void measure_host_op(const StopRule& rule, Record& r) {
     const std::string what = r.point.op.substr(5);
     int* cnt = buf_[0].as<int>();
@@ -981,6 +1032,8 @@ class GpuRunner final : public PointRunner {
                         "element " + std::to_string(i));
       }
       r.check = log.passed();
+    } else if (what == "timing_marker") {
+      measure_timing_marker(rule, r);
     } else if (what == "gemm_launch" || what == "grouped_gemm_launch" || what == "attention_launch" ||
                what == "attention_bwd_launch") {
       measure_library_launch(rule, r, what);

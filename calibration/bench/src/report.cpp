@@ -305,7 +305,12 @@ CalibrationReport build_report(const std::vector<Record>& records, const BuildOp
       fr.held_out_max = e.max;
     }
     const auto& recs = fit.at(f.name);
-    const bool by_tool = f.name == "host.timing_marker";  // not in the calibrate plan (plan.cpp op table)
+    // host.timing_marker points appended from calibration/tools/timed_op_gap.cu (before calibrate measured
+    // it) say so in their check; calibrate's own say "every marker completed".
+    const bool by_tool = f.name == "host.timing_marker" && !recs.empty() &&
+                         std::all_of(recs.begin(), recs.end(), [](const Record* x) {
+                           return x->check.find("timed_op_gap") != std::string::npos;
+                         });
     std::string note = (by_tool ? std::string("measured by calibration/tools/timed_op_gap.cu, appended to the raw output of threewalls calibrate (")
                                 : std::string("measured by threewalls calibrate (")) +
                        options.mode + ") on " + options.hardware.gpu_name +
@@ -321,18 +326,20 @@ CalibrationReport build_report(const std::vector<Record>& records, const BuildOp
     rep.families.push_back(fr);
   }
   // Families not measured: copied from the fill profile, saying so.
-  if (options.fill_from) {
-    for (const auto& f : options.fill_from->families()) {
-      if (built->find(f.name)) continue;
+  std::set<std::string> copied_names;
+  for (const Profile& from : options.fill_from) {
+    for (const auto& f : from.families()) {
+      if (built->find(f.name) || copied_names.count(f.name)) continue;
+      copied_names.insert(f.name);
       Family c = f;
       const std::string why = dropped.count(f.name) ? "its points could not be fitted: " + dropped.at(f.name)
                                                     : why_not_measured(f.name, options.gpus_used, options.mode);
-      c.note = "NOT MEASURED on this machine (" + why + "): copied from " + options.fill_from->id() +
+      c.note = "NOT MEASURED on this machine (" + why + "): copied from " + from.id() +
                (c.note.empty() ? "" : ". Its note: " + c.note);
       FamilyReport fr;
       fr.name = f.name;
       fr.measured = false;
-      fr.why = "copied from " + options.fill_from->info().name + ": " + why;
+      fr.why = "copied from " + from.info().name + " (" + from.id() + "): " + why;
       fr.fit_points = f.points.size();
       fr.quality = f.quality;
       rep.families.push_back(fr);

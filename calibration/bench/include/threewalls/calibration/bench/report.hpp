@@ -23,13 +23,15 @@ struct BuildOptions {
   ProfileInfo info;  // source should be "measured"
   Hardware hardware;
   std::string mode;                  // "quick" / "full", for the notes
-  std::optional<Profile> fill_from;  // families not measured here are copied from it
+  // Families not measured here are copied from the first of these that has them (e.g. an earlier
+  // calibration of a multi-GPU machine of the same GPU kind, then the kind's default profile).
+  std::vector<Profile> fill_from;
   int gpus_used = 0;                 // GPUs the calibration used (0: unknown)
 };
 
 struct FamilyReport {
   std::string name;
-  bool measured = true;  // false: copied from BuildOptions::fill_from
+  bool measured = true;  // false: copied from one of BuildOptions::fill_from
   std::string why;       // dropped or copied: the reason
   std::size_t fit_points = 0;
   std::size_t held_out_points = 0;  // usable held-out points predicted
