@@ -6,8 +6,9 @@
 #
 # BIN_DIR holds a CUDA build's threewalls, backend_tests, kernel_bench, profiler_overhead and lib/
 # (shared libraries the GPU machine lacks: SimGrid and its dependencies, toml++). PART is one of
-#   calibrate   environment, backend tests, kernel_bench (KERNEL_BENCH_S seconds, 0 skips it),
-#               `threewalls calibrate` (full) -> OUT/<kind>_profile.toml
+#   calibrate   environment, backend tests, calibration_bench_gpu_tests, kernel_bench (KERNEL_BENCH_S
+#               seconds, 0 skips it), `threewalls calibrate` (full; FILL_FROM=PROFILE passes --fill-from)
+#               -> OUT/<kind>_profile.toml
 #   validate    validate_suite.py over the fidelity suite with PROFILE (+ examples, key checks, faults)
 #   studies     validate_suite.py over the host-overhead and offload suites with PROFILE
 #               (NVMe tier: NVME_SCENARIOS names or "none", NVME_STEPS steps, NVME_TIMEOUT seconds;
@@ -59,8 +60,16 @@ calibrate)
       step "kernel_bench (grouped vs dense GEMM, NCCL bus bandwidth, pinned copies)"
       timeout "${KERNEL_BENCH_S:-120}" "$BIN/kernel_bench" 2>&1 | tail -120
     fi
-    step "threewalls calibrate (full) on $NGPU GPUs"
-    /usr/bin/time -v timeout 420 "$TW" calibrate --out "$OUT/${KIND}_profile.toml" --raw-out "$OUT/raw" 2> "$OUT/calibrate_time.txt"
+    if [ -x "$BIN/calibration_bench_gpu_tests" ]; then
+      step "calibration_bench_gpu_tests (every calibration op on a small point, with its check)"
+      timeout 150 "$BIN/calibration_bench_gpu_tests" > "$OUT/calibration_gpu_tests.txt" 2>&1
+      echo "calibration_bench_gpu_tests rc=$?"
+      grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure" "$OUT/calibration_gpu_tests.txt" | head -20
+    fi
+    fill=()
+    [ -n "${FILL_FROM:-}" ] && fill=(--fill-from "$(realpath "$FILL_FROM")")
+    step "threewalls calibrate (full) on $NGPU GPUs ${fill[*]}"
+    /usr/bin/time -v timeout 420 "$TW" calibrate --out "$OUT/${KIND}_profile.toml" --raw-out "$OUT/raw" "${fill[@]}" 2> "$OUT/calibrate_time.txt"
     echo "rc=$?"
     grep -E "Elapsed|Maximum resident" "$OUT/calibrate_time.txt"
     step done
