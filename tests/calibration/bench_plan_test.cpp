@@ -56,7 +56,8 @@ TEST(CalibrationPlan, GemmGridCoversTheIssueRangesInBf16AndFp8) {
   for (const char* op : {"gemm_bf16", "gemm_fp8"}) {
     const auto g = of_op(points, op);
     ASSERT_GE(g.size(), 30U) << op;
-    EXPECT_EQ(min_param(g, "m"), 64) << op;
+    // bf16 down to the 16 rows of one expert in a sequential MoE layer; fp8 from 64.
+    EXPECT_EQ(min_param(g, "m"), std::string(op) == "gemm_bf16" ? 16 : 64) << op;
     EXPECT_EQ(max_param(g, "m"), 32768) << op;
     EXPECT_LE(std::min(min_param(g, "n"), min_param(g, "k")), 512) << op;
     EXPECT_EQ(std::max(max_param(g, "n"), max_param(g, "k")), 16384) << op;
