@@ -162,7 +162,7 @@ TEST(Csv, OneRowPerRecordWithAHeaderRow) {
   auto header = split(ph[0]);
   EXPECT_EQ(header, (std::vector<std::string>{"run", "step", "rank", "phase", "layer", "microbatch", "expert", "stream",
                                               "wall", "start_us", "dur_us", "epoch_us", "bytes", "flops", "peer", "group",
-                                              "group_id", "tokens", "coarse"}));
+                                              "group_id", "tokens", "coarse", "launch_wait_us"}));
   for (std::size_t i = 1; i < ph.size(); ++i) ASSERT_EQ(split(ph[i]).size(), header.size()) << ph[i];
   // Row 2 is the sim run's second record: every field as in the run directory.
   auto row = split(ph[2]);
