@@ -399,7 +399,7 @@ class StepRun {
   //   graph run     on its first op: e per dependency from before the run it must wait for, 2 e per
   //                 other stream of the run (joined before), graph_launch (none after an explicit
   //                 graph_launch host op); after its last op: e (end event) + e per other stream;
-  //                 graph_node of device time per op
+  //                 graph_node of device time per op, + 2 timing_marker when timed (marker nodes)
   //   host op       on arrival (timed steps): e per device stream its dependencies are on (gpu_read:
   //                 its data's stream), then the wait, then stream_sync / gpu_read (+ e: the event
   //                 the read waits on) / the hint
@@ -518,6 +518,13 @@ class StepRun {
           if (i != first) ++extra_streams;
         }
         s.device_extra[i] = host_.graph_node.value;
+        // A recorded step replays the run's timed capture: a timing-marker node on the op's stream
+        // before and after every recorded op (backend executor.cpp capture_once), each holding the
+        // stream like an eager marker (timing_marker); the record runs from the start marker on.
+        if (timed(op) && !op.is_comm()) {
+          s.mark_device[i] = host_.timing_marker.value;
+          s.device_extra[i] += 2.0 * s.mark_device[i];
+        }
         for (std::uint32_t d = op.deps_begin; d < op.deps_end; ++d) {
           const std::uint32_t dep = rc.deps[d];
           if (dep >= run.first_op || on_host_lane(rc.ops[dep])) continue;
@@ -1199,6 +1206,12 @@ class StepRun {
         t.end[i] = s.end[i] - epoch_;
         t.record_start[i] = t.start[i];
         t.record_end[i] = t.end[i];
+        if (s.mark_host[i] < 0.0 && s.mark_device[i] > 0.0 && s.start[i] >= 0.0) {
+          // An op of a timed graph replay: its record starts once its start-marker node ran and ends
+          // with its end-marker node (duration = kernel + node + one marker; the next op's start
+          // marker is the gap between records), as eager timed ops (timed_op_gap).
+          t.record_start[i] = std::min(t.start[i] + s.mark_device[i], t.end[i]);
+        }
         if (s.mark_host[i] >= 0.0 && s.start[i] >= 0.0) {
           // The start marker runs once the host has recorded it and the stream has reached it (its
           // earlier work and the waits before it are done); the end marker once the op is done and

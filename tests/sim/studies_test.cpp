@@ -384,6 +384,60 @@ TEST(HostOverheadStudy, ATimedOpsRecordRunsFromItsStartMarkerToItsEndMarkerAsThr
   }
 }
 
+TEST(HostOverheadStudy, ATimedGraphReplayCarriesAMarkerNodeBeforeAndAfterEveryRecordedOp) {
+  // threewalls run replays a timed capture on recorded steps: a timing-marker node around every op
+  // (backend executor.cpp capture_once). With 5 us kernels, 1 us per graph node and 2 us per marker,
+  // a recorded full_iteration step of the device-bound graph is 4 us per captured op longer than an
+  // unrecorded one, and each record is kernel + node + one marker, the next op's start marker the gap.
+  class GraphCoster final : public OpCoster {
+   public:
+    [[nodiscard]] Seconds kernel_time(const scenarios::Op&) const override { return microseconds(5); }
+    [[nodiscard]] Seconds copy_time(scenarios::CopyKind, Bytes) const override { return microseconds(5); }
+    [[nodiscard]] CommParams comm_params(CommKind, Bytes, int, CommScope) const override {
+      return {Seconds(0.0), BytesPerSecond(1e15)};
+    }
+    [[nodiscard]] HostCosts host_costs() const override {
+      HostCosts h{};
+      h.kernel_launch = microseconds(0.01);
+      h.graph_launch = microseconds(0.01);
+      h.graph_node = microseconds(1);
+      h.timing_marker = microseconds(2);
+      return h;
+    }
+    [[nodiscard]] double stream_concurrency(int, double) const override { return 1.0; }
+    [[nodiscard]] int sm_count() const override { return 132; }
+  };
+  const GraphCoster coster;
+  ExecutorOptions eo;
+  eo.fidelity = Fidelity::analytic;
+  const Executor exec(coster, eo);
+  const scenarios::Scenario s = validation("host_overhead", "switch_d768_t1k_sequential_full_iteration");
+  const scenarios::StepGraph g = scenarios::expand(s, 0);
+  const auto& rc = g.classes[0];
+  ASSERT_EQ(rc.graph_runs.size(), 1U);
+  const auto& run = rc.graph_runs[0];
+  std::size_t captured = 0, eager = 0;  // eager: the input copy, outside the graph (its two markers too)
+  for (std::uint32_t i = 0; i < rc.ops.size(); ++i) {
+    if (rc.ops[i].kind == scenarios::OpKind::host) continue;
+    (i >= run.first_op && i < run.end_op ? captured : eager) += 1;
+  }
+  ASSERT_EQ(eager, 1U);
+  const std::vector<Timing> every{Timing::every_op};
+  const StepResult timed = exec.run_step(g, Platform(s.cluster), {}, 0.0, nullptr, every);
+  const StepResult plain = exec.run_step(g, Platform(s.cluster), {}, 0.0, nullptr, {});
+  EXPECT_NEAR((timed.duration - plain.duration) * 1e6, 4.0 * static_cast<double>(captured + eager), 1e-3);
+  const ClassTimeline& t = timed.classes[0];
+  std::size_t checked = 0;
+  for (std::uint32_t i = run.first_op; i < run.end_op; ++i) {
+    if (rc.ops[i].kind == scenarios::OpKind::host) continue;
+    EXPECT_NEAR((t.record_end[i] - t.record_start[i]) * 1e6, 5.0 + 1.0 + 2.0, 1e-6) << i;
+    EXPECT_NEAR((t.record_start[i] - t.start[i]) * 1e6, 2.0, 1e-6) << i;
+    EXPECT_EQ(t.launch_wait[i], 0.0) << "graph nodes are not launched one by one";
+    ++checked;
+  }
+  EXPECT_EQ(checked, captured);
+}
+
 TEST(HostOverheadStudy, EveryFurtherStreamAddsItsOpRunnersWorkspaceAndBuffersToMemory) {
   // threewalls run gives each stream an OpRunner with its own cuBLASLt workspace and buffers.
   const scenarios::Scenario seq = validation("host_overhead", "switch_d768_t1k_sequential_none");
