@@ -157,43 +157,48 @@ TEST(HostOverheadStudy, Streams64RunsTheExpertsConcurrentlyBehindTheirEventWaits
   for (const PhaseRecord* p : records_of(d, "expert_scatter_fwd", 0)) EXPECT_LE(end_of(p), bda[0]->start_us + kEps);
 }
 
-// Closed-form costs for the host-lane checks: every kernel and copy 0.1 us, launches 10 us, nothing
-// else costs anything, so a step is launch-bound and its time is the host's.
-class LaunchBoundCoster final : public OpCoster {
+// Closed-form costs for the host-lane checks: every kernel and copy takes `op_us`, communication is
+// free, the host costs are `host`; with `ideal`, k concurrent kernels run at full speed each.
+class FixedCoster final : public OpCoster {
  public:
-  [[nodiscard]] Seconds kernel_time(const scenarios::Op&) const override { return microseconds(0.1); }
-  [[nodiscard]] Seconds copy_time(scenarios::CopyKind, Bytes) const override { return microseconds(0.1); }
+  FixedCoster(double op_us, HostCosts host, bool ideal = false) : op_(microseconds(op_us)), host_(host), ideal_(ideal) {}
+  [[nodiscard]] Seconds kernel_time(const scenarios::Op&) const override { return op_; }
+  [[nodiscard]] Seconds copy_time(scenarios::CopyKind, Bytes) const override { return op_; }
   [[nodiscard]] CommParams comm_params(CommKind, Bytes, int, CommScope) const override {
     return {Seconds(0.0), BytesPerSecond(1e15)};
   }
-  [[nodiscard]] HostCosts host_costs() const override {
-    HostCosts h{};
-    h.kernel_launch = microseconds(10);
-    h.collective_launch = microseconds(10);
-    h.graph_launch = microseconds(10);
-    return h;
-  }
-  [[nodiscard]] double stream_concurrency(int, double) const override { return 1.0; }
+  [[nodiscard]] HostCosts host_costs() const override { return host_; }
+  [[nodiscard]] double stream_concurrency(int streams, double) const override { return ideal_ ? streams : 1.0; }
   [[nodiscard]] int sm_count() const override { return 132; }
+
+ private:
+  Seconds op_;
+  HostCosts host_;
+  bool ideal_;
 };
+
+HostCosts host_costs(double launch_us, double event_us = 0.0) {
+  HostCosts h{};
+  h.kernel_launch = microseconds(launch_us);
+  h.event_record = microseconds(event_us);
+  return h;
+}
+
+// Every kernel and copy 0.1 us, launches 10 us, nothing else costs anything: a step is launch-bound
+// and its time is the host's.
+FixedCoster launch_bound_coster() {
+  HostCosts h = host_costs(10);
+  h.collective_launch = microseconds(10);
+  h.graph_launch = microseconds(10);
+  return FixedCoster(0.1, h);
+}
 
 // Issue 8: 64 expert streams share CUDA's 8 hardware work queues (docs/simulator.md, "Hardware work
 // queues"). With free launches, 5 us kernels and an ideal GPU (k kernels at full speed each), all 64
 // expert chains are ready when the router ends; with 8 queues dispatching in issue order at most two
 // ops per queue run at once (a chain's last op and the next chain's first), without queues dozens do.
 TEST(HostOverheadStudy, Streams64ExpertChainsShareEightHardwareQueues) {
-  class IdealCoster final : public OpCoster {
-   public:
-    [[nodiscard]] Seconds kernel_time(const scenarios::Op&) const override { return microseconds(5); }
-    [[nodiscard]] Seconds copy_time(scenarios::CopyKind, Bytes) const override { return microseconds(5); }
-    [[nodiscard]] CommParams comm_params(CommKind, Bytes, int, CommScope) const override {
-      return {Seconds(0.0), BytesPerSecond(1e15)};
-    }
-    [[nodiscard]] HostCosts host_costs() const override { return HostCosts{}; }
-    [[nodiscard]] double stream_concurrency(int streams, double) const override { return streams; }
-    [[nodiscard]] int sm_count() const override { return 132; }
-  };
-  const IdealCoster coster;
+  const FixedCoster coster(5, HostCosts{}, true);
   const scenarios::Scenario sc = validation("host_overhead", "switch_d768_t1k_streams64_none");
   const scenarios::StepGraph g = scenarios::expand(sc, 0);
   const Platform p(sc.cluster);
@@ -221,7 +226,7 @@ TEST(HostOverheadStudy, Streams64ExpertChainsShareEightHardwareQueues) {
 TEST(HostOverheadStudy, GraphScopesReplaceTheirOpsLaunchesWithOneGraphLaunch) {
   // For each strategy: the attn + moe_router graphs save one launch per captured op but the first of
   // each run; in a launch-bound step that is exactly the step time saved, all of it host wall.
-  const LaunchBoundCoster coster;
+  const FixedCoster coster = launch_bound_coster();
   ExecutorOptions eo;
   eo.fidelity = Fidelity::analytic;
   const Executor exec(coster, eo);
@@ -262,24 +267,7 @@ TEST(HostOverheadStudy, EveryEagerOpCostsOneLaunchAndStreamsAddTheirEventsOnTheH
   // Launch-bound and with 2 us events, a step costs: the fence (one event per stream), a launch per
   // op, an event wait per cross-stream dependency, an event behind every op waited for across
   // streams, the join (two events per stream but one). Count them on the expansion.
-  class EventCoster final : public OpCoster {
-   public:
-    [[nodiscard]] Seconds kernel_time(const scenarios::Op&) const override { return microseconds(0.1); }
-    [[nodiscard]] Seconds copy_time(scenarios::CopyKind, Bytes) const override { return microseconds(0.1); }
-    [[nodiscard]] CommParams comm_params(CommKind, Bytes, int, CommScope) const override {
-      return {Seconds(0.0), BytesPerSecond(1e15)};
-    }
-    [[nodiscard]] HostCosts host_costs() const override {
-      HostCosts h{};
-      h.kernel_launch = microseconds(10);
-      h.event_record = microseconds(2);
-      h.gpu_read = microseconds(0);
-      return h;
-    }
-    [[nodiscard]] double stream_concurrency(int, double) const override { return 1.0; }
-    [[nodiscard]] int sm_count() const override { return 132; }
-  };
-  const EventCoster coster;
+  const FixedCoster coster(0.1, host_costs(10, 2));
   ExecutorOptions eo;
   eo.fidelity = Fidelity::analytic;
   const Executor exec(coster, eo);
@@ -323,23 +311,7 @@ TEST(HostOverheadStudy, ATimedOpsRecordRunsFromItsStartMarkerToItsEndMarkerAsThr
   // threewalls run records an event on the op's stream just before the launch and one just after
   // (backend/src/executor.cpp, issue_op): on an idle, launch-bound stream the record includes the
   // launch (10 us here) and ends no earlier than the end marker's record (one event, 2 us, later).
-  class MarkerCoster final : public OpCoster {
-   public:
-    [[nodiscard]] Seconds kernel_time(const scenarios::Op&) const override { return microseconds(0.1); }
-    [[nodiscard]] Seconds copy_time(scenarios::CopyKind, Bytes) const override { return microseconds(0.1); }
-    [[nodiscard]] CommParams comm_params(CommKind, Bytes, int, CommScope) const override {
-      return {Seconds(0.0), BytesPerSecond(1e15)};
-    }
-    [[nodiscard]] HostCosts host_costs() const override {
-      HostCosts h{};
-      h.kernel_launch = microseconds(10);
-      h.event_record = microseconds(2);
-      return h;
-    }
-    [[nodiscard]] double stream_concurrency(int, double) const override { return 1.0; }
-    [[nodiscard]] int sm_count() const override { return 132; }
-  };
-  const MarkerCoster coster;
+  const FixedCoster coster(0.1, host_costs(10, 2));
   ExecutorOptions eo;
   eo.fidelity = Fidelity::analytic;
   const Executor exec(coster, eo);
@@ -389,25 +361,11 @@ TEST(HostOverheadStudy, ATimedGraphReplayCarriesAMarkerNodeBeforeAndAfterEveryRe
   // (backend executor.cpp capture_once). With 5 us kernels, 1 us per graph node and 2 us per marker,
   // a recorded full_iteration step of the device-bound graph is 4 us per captured op longer than an
   // unrecorded one, and each record is kernel + node + one marker, the next op's start marker the gap.
-  class GraphCoster final : public OpCoster {
-   public:
-    [[nodiscard]] Seconds kernel_time(const scenarios::Op&) const override { return microseconds(5); }
-    [[nodiscard]] Seconds copy_time(scenarios::CopyKind, Bytes) const override { return microseconds(5); }
-    [[nodiscard]] CommParams comm_params(CommKind, Bytes, int, CommScope) const override {
-      return {Seconds(0.0), BytesPerSecond(1e15)};
-    }
-    [[nodiscard]] HostCosts host_costs() const override {
-      HostCosts h{};
-      h.kernel_launch = microseconds(0.01);
-      h.graph_launch = microseconds(0.01);
-      h.graph_node = microseconds(1);
-      h.timing_marker = microseconds(2);
-      return h;
-    }
-    [[nodiscard]] double stream_concurrency(int, double) const override { return 1.0; }
-    [[nodiscard]] int sm_count() const override { return 132; }
-  };
-  const GraphCoster coster;
+  HostCosts h = host_costs(0.01);
+  h.graph_launch = microseconds(0.01);
+  h.graph_node = microseconds(1);
+  h.timing_marker = microseconds(2);
+  const FixedCoster coster(5, h);
   ExecutorOptions eo;
   eo.fidelity = Fidelity::analytic;
   const Executor exec(coster, eo);
