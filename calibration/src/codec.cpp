@@ -113,6 +113,14 @@ CollectiveModel collective_of(const FamilySpec& s, const Params& p) {
   return m;
 }
 
+GemmCallModel gemm_call_of(const FamilySpec& s, const Params& p) {
+  return GemmCallModel{scalar(s, p, "t_one_s"), scalar(s, p, "t_extra_s"), scalar(s, p, "split_ratio")};
+}
+
+GroupedCallModel grouped_call_of(const FamilySpec& s, const Params& p) {
+  return GroupedCallModel{scalar(s, p, "t_one_s"), scalar(s, p, "t_run_s")};
+}
+
 ConcurrencyModel concurrency_of(const FamilySpec& s, const Params& p) {
   ConcurrencyModel m;
   for (double v : array(s, p, "streams")) m.streams.push_back(static_cast<int>(as_int(v)));
@@ -280,6 +288,23 @@ Params fit_params(const FamilySpec& spec, const std::vector<Point>& points, cons
     case ModelKind::constant: {
       return round_all({{ConstantModel::fit(measured_medians(points)).value_s}});
     }
+    case ModelKind::gemm_call: {
+      std::vector<GemmCallModel::Sample> s;
+      for (const auto& p : points) {
+        s.push_back({as_int(p.inputs[0]), as_int(p.inputs[1]), as_int(p.inputs[2]),
+                     static_cast<int>(as_int(p.inputs[3])), p.time.median_s});
+      }
+      const auto m = GemmCallModel::fit(s);
+      return round_all({{m.t_one_s}, {m.t_extra_s}, {m.split_ratio}});
+    }
+    case ModelKind::grouped_call: {
+      std::vector<GroupedCallModel::Sample> s;
+      for (const auto& p : points) {
+        s.push_back({as_int(p.inputs[0]), as_int(p.inputs[1]), as_int(p.inputs[2]), p.time.median_s});
+      }
+      const auto m = GroupedCallModel::fit(s);
+      return round_all({{m.t_one_s}, {m.t_run_s}});
+    }
     case ModelKind::concurrency: {
       std::vector<ConcurrencyModel::Sample> s;
       for (const auto& p : points) {
@@ -328,6 +353,10 @@ double predict(const FamilySpec& spec, const Params& params, const Point& p, con
       return collective_of(spec, params).time_s(p.inputs[1], static_cast<int>(as_int(p.inputs[0])));
     case ModelKind::constant:
       return scalar(spec, params, "value_s");
+    case ModelKind::gemm_call:
+      return gemm_call_of(spec, params).time_s(as_int(p.inputs[0]), as_int(p.inputs[1]), as_int(p.inputs[2]));
+    case ModelKind::grouped_call:
+      return grouped_call_of(spec, params).time_s(as_int(p.inputs[0]), as_int(p.inputs[1]), as_int(p.inputs[2]));
     case ModelKind::concurrency:
       return p.inputs[2] / concurrency_of(spec, params).speedup(static_cast<int>(as_int(p.inputs[0])), p.inputs[1]);
     case ModelKind::nccl_interference: {
@@ -436,6 +465,15 @@ std::optional<std::string> check_params(const FamilySpec& spec, const Params& pa
     case ModelKind::constant:
       if (!(s("value_s") > 0)) return "'value_s' must be > 0";
       return std::nullopt;
+    case ModelKind::gemm_call:
+      if (!(s("t_one_s") > 0)) return "'t_one_s' must be > 0";
+      if (!(s("t_extra_s") >= 0)) return "'t_extra_s' must be >= 0";
+      if (!(s("split_ratio") >= 0) || !std::isfinite(s("split_ratio"))) return "'split_ratio' must be a finite number >= 0";
+      return std::nullopt;
+    case ModelKind::grouped_call:
+      if (!(s("t_one_s") > 0)) return "'t_one_s' must be > 0";
+      if (!(s("t_run_s") >= 0)) return "'t_run_s' must be >= 0";
+      return std::nullopt;
     case ModelKind::concurrency: {
       const auto& n = a("streams");
       if (n.empty()) return "'streams' needs at least one stream count";
@@ -480,6 +518,8 @@ LinearModel decode_linear(const Family& f) { return linear_of(f.spec(), f.params
 KernelTermsModel decode_kernel_terms(const Family& f) { return kernel_terms_of(f.spec(), f.params); }
 CollectiveModel decode_collective(const Family& f) { return collective_of(f.spec(), f.params); }
 ConstantModel decode_constant(const Family& f) { return ConstantModel{scalar(f.spec(), f.params, "value_s")}; }
+GemmCallModel decode_gemm_call(const Family& f) { return gemm_call_of(f.spec(), f.params); }
+GroupedCallModel decode_grouped_call(const Family& f) { return grouped_call_of(f.spec(), f.params); }
 ConcurrencyModel decode_concurrency(const Family& f) { return concurrency_of(f.spec(), f.params); }
 NcclInterferenceModel decode_nccl_interference(const Family& f, const Hardware& hw) {
   return nccl_interference_of(f.spec(), f.params, hw);

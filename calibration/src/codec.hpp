@@ -50,6 +50,8 @@ LinearModel decode_linear(const Family& f);
 KernelTermsModel decode_kernel_terms(const Family& f);
 CollectiveModel decode_collective(const Family& f);
 ConstantModel decode_constant(const Family& f);
+GemmCallModel decode_gemm_call(const Family& f);
+GroupedCallModel decode_grouped_call(const Family& f);
 ConcurrencyModel decode_concurrency(const Family& f);
 NcclInterferenceModel decode_nccl_interference(const Family& f, const Hardware& hw);
 NcclMemoryModel decode_nccl_memory(const Family& f);

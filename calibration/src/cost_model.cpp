@@ -61,6 +61,8 @@ struct CostModel::Impl {
   std::optional<ConcurrencyModel> concurrency;
   std::optional<NcclInterferenceModel> nccl_interference;  // optional family (absent: no slowdown)
   std::optional<NcclMemoryModel> nccl_memory;              // optional family (absent: sim constants)
+  std::optional<GemmCallModel> gemm_call;                  // optional: host.gemm_call
+  std::optional<GroupedCallModel> grouped_call;            // optional: host.grouped_gemm_call
 
   [[noreturn]] void missing(const std::string& family) const {
     throw InputError(description + " has no model '" + family +
@@ -133,6 +135,12 @@ CostModel::CostModel(const Profile& profile) : impl_(std::make_unique<Impl>()) {
         break;
       case ModelKind::nccl_memory:
         m.nccl_memory = detail::decode_nccl_memory(f);
+        break;
+      case ModelKind::gemm_call:
+        m.gemm_call = detail::decode_gemm_call(f);
+        break;
+      case ModelKind::grouped_call:
+        m.grouped_call = detail::decode_grouped_call(f);
         break;
     }
   }
@@ -276,8 +284,19 @@ Seconds CostModel::gemm_launch() const { return impl_->host[9] ? impl_->host_cos
 Seconds CostModel::grouped_gemm_launch() const { return impl_->host[10] ? impl_->host_cost(10) : kernel_launch(); }
 Seconds CostModel::attention_launch() const { return impl_->host[11] ? impl_->host_cost(11) : kernel_launch(); }
 Seconds CostModel::attention_bwd_launch() const { return impl_->host[12] ? impl_->host_cost(12) : kernel_launch(); }
+// Shape-aware forms (host.gemm_call: split-K predicted from k per output tile; host.grouped_gemm_call:
+// one matmul per run of equal rows); the median families above when the profile lacks them.
+Seconds CostModel::gemm_launch(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch) const {
+  if (impl_->gemm_call) return Seconds(impl_->gemm_call->time_s(m, n, k, batch));
+  return gemm_launch();
+}
+Seconds CostModel::grouped_gemm_launch(std::int64_t groups, std::int64_t total_rows, std::int64_t max_rows) const {
+  if (impl_->grouped_call) return Seconds(impl_->grouped_call->time_s(groups, total_rows, max_rows));
+  return grouped_gemm_launch();
+}
 bool CostModel::has_library_launch_costs() const {
-  return impl_->host[9] || impl_->host[10] || impl_->host[11] || impl_->host[12];
+  return impl_->host[9] || impl_->host[10] || impl_->host[11] || impl_->host[12] || impl_->gemm_call ||
+         impl_->grouped_call;
 }
 
 // s = min(n, 1/f)^e(n)   (ConcurrencyModel)

@@ -269,6 +269,43 @@ std::vector<FamilySpec> build_specs() {
     s.params = {{"value_s", false, false, "the median, seconds"}};
     specs.push_back(s);
   }
+  // Optional, shape-aware forms of host.gemm_launch and host.grouped_gemm_launch (issue 8; the
+  // simulator prefers them): the points are the same library calls, with their shapes as inputs.
+  {
+    FamilySpec s;
+    s.name = std::string(kGemmCallFamily);
+    s.model = "gemm_call_v1";
+    s.kind = ModelKind::gemm_call;
+    s.description =
+        "host time of one cuBLASLt GEMM call as OpRunner makes it, one launch or more (split-K: a reduction kernel or a "
+        "memset): "
+        "t = t_one + t_extra [k / (ceil(m/128) ceil(n/128)) >= split_ratio]";
+    s.inputs = {{"m", true, "rows of C"},
+                {"n", true, "columns of C"},
+                {"k", true, "reduction length"},
+                {"nodes", true, "graph nodes one call launched (kernels and memsets), counted by graph capture (0: unknown)"}};
+    s.params = {{"t_one_s", false, false, "host time of a call that launches one kernel, seconds"},
+                {"t_extra_s", false, false, "host time of each further node of a split call, seconds"},
+                {"split_ratio", false, false, "k per 128 x 128 output tile from which cuBLASLt splits K (0: never seen)"}};
+    specs.push_back(s);
+  }
+  {
+    FamilySpec s;
+    s.name = std::string(kGroupedCallFamily);
+    s.model = "grouped_call_v1";
+    s.kind = ModelKind::grouped_call;
+    s.description =
+        "host time of one grouped-GEMM call of OpRunner (lt_batched: one cuBLASLt matmul per run of experts "
+        "with equal rows): t = t_one + (runs - 1) t_run";
+    s.inputs = {{"groups", true, "experts"},
+                {"total_rows", true, "rows of all experts"},
+                {"max_rows", true, "rows of the largest expert (the split of expert_rows)"},
+                {"n", true, "output columns"},
+                {"k", true, "reduction length"}};
+    s.params = {{"t_one_s", false, false, "host time of a call of one run, seconds"},
+                {"t_run_s", false, false, "host time of each further run (one more matmul), seconds"}};
+    specs.push_back(s);
+  }
   {
     FamilySpec s;
     s.name = std::string(kConcurrencyFamily);

@@ -737,6 +737,86 @@ ConstantModel ConstantModel::fit(const std::vector<double>& seconds) {
   return ConstantModel{fit::median(seconds)};
 }
 
+// ----------------------------------------------------------------------------------- library calls
+
+double GemmCallModel::tiles(std::int64_t m, std::int64_t n, std::int64_t batch) {
+  const auto up = [](std::int64_t v) { return static_cast<double>((std::max<std::int64_t>(v, 1) + 127) / 128); };
+  return up(m) * up(n) * static_cast<double>(std::max<std::int64_t>(batch, 1));
+}
+
+bool GemmCallModel::splits(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch) const {
+  return split_ratio > 0.0 && static_cast<double>(std::max<std::int64_t>(k, 1)) / tiles(m, n, batch) >= split_ratio;
+}
+
+double GemmCallModel::time_s(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch) const {
+  return t_one_s + (splits(m, n, k, batch) ? t_extra_s : 0.0);
+}
+
+GemmCallModel GemmCallModel::fit(const std::vector<Sample>& samples) {
+  std::vector<double> one;
+  std::vector<std::pair<double, bool>> labelled;  // (k / tiles, split)
+  for (const auto& s : samples) {
+    require_positive_time(s.seconds, "gemm call");
+    if (s.nodes < 1) continue;
+    if (s.nodes == 1) one.push_back(s.seconds);
+    labelled.emplace_back(static_cast<double>(std::max<std::int64_t>(s.k, 1)) / tiles(s.m, s.n), s.nodes > 1);
+  }
+  if (one.empty()) throw FitImpossible("needs a point whose call launched one node");
+  GemmCallModel m;
+  m.t_one_s = fit::median(one);
+  std::vector<double> extra;
+  for (const auto& s : samples) {
+    if (s.nodes > 1) extra.push_back(std::max(0.0, (s.seconds - m.t_one_s) / static_cast<double>(s.nodes - 1)));
+  }
+  if (extra.empty()) return m;  // no split seen: split_ratio 0, never predicted
+  m.t_extra_s = fit::median(extra);
+  // Boundaries: between consecutive distinct ratios (geometric mean), and above the largest (never).
+  std::vector<double> r;
+  for (const auto& l : labelled) r.push_back(l.first);
+  std::sort(r.begin(), r.end());
+  r.erase(std::unique(r.begin(), r.end()), r.end());
+  struct Cut {
+    double theta;  // 0: never split
+    double gap;    // width in log ratio
+  };
+  std::vector<Cut> cuts;
+  cuts.push_back({r.front() / 2.0, 0.0});
+  for (std::size_t i = 0; i + 1 < r.size(); ++i) cuts.push_back({std::sqrt(r[i] * r[i + 1]), std::log(r[i + 1] / r[i])});
+  cuts.push_back({0.0, 0.0});
+  std::size_t best_errors = labelled.size() + 1;
+  Cut best{0.0, 0.0};
+  for (const Cut& c : cuts) {
+    std::size_t errors = 0;
+    for (const auto& [ratio, split] : labelled) errors += ((c.theta > 0.0 && ratio >= c.theta) != split) ? 1 : 0;
+    if (errors < best_errors || (errors == best_errors && c.gap > best.gap)) best_errors = errors, best = c;
+  }
+  m.split_ratio = best.theta;
+  return m;
+}
+
+double GroupedCallModel::time_s(std::int64_t groups, std::int64_t total_rows, std::int64_t max_rows) const {
+  const std::size_t runs = std::max<std::size_t>(expert_rows_runs(total_rows, groups, max_rows).size(), 1);
+  return t_one_s + static_cast<double>(runs - 1) * t_run_s;
+}
+
+GroupedCallModel GroupedCallModel::fit(const std::vector<Sample>& samples) {
+  std::vector<double> one;
+  for (const auto& s : samples) {
+    require_positive_time(s.seconds, "grouped call");
+    if (expert_rows_runs(s.total_rows, s.groups, s.max_rows).size() <= 1) one.push_back(s.seconds);
+  }
+  if (one.empty()) throw FitImpossible("needs a point whose experts form one run of equal rows");
+  GroupedCallModel m;
+  m.t_one_s = fit::median(one);
+  std::vector<double> per_run;
+  for (const auto& s : samples) {
+    const std::size_t runs = expert_rows_runs(s.total_rows, s.groups, s.max_rows).size();
+    if (runs > 1) per_run.push_back(std::max(0.0, (s.seconds - m.t_one_s) / static_cast<double>(runs - 1)));
+  }
+  if (!per_run.empty()) m.t_run_s = fit::median(per_run);
+  return m;
+}
+
 // ----------------------------------------------------------------------------------- concurrency
 
 namespace {

@@ -392,7 +392,8 @@ class StepRun {
   //                 another stream, or in a CUDA-graph run), e for the timing marker (timed steps),
   //                 then the launch: collective_launch for NCCL calls, gemm_launch / grouped_gemm_launch /
   //                 attention_launch / attention_bwd_launch for GEMM / grouped-GEMM / attention ops (host
-  //                 time of the library call; kernel_launch when the profile lacks them), else
+  //                 time of the library call, by shape when the profile has host.gemm_call /
+  //                 host.grouped_gemm_call; kernel_launch when it lacks them), else
   //                 kernel_launch; after it: e for the
   //                 timing marker (timed steps), e when a later op waits for it across streams, a run
   //                 boundary or on the host
@@ -546,6 +547,7 @@ class StepRun {
   // Host time of one eager launch of `op` (the library call OpRunner makes for its kind).
   double launch_cost(const Op& op) const {
     if (op.is_comm()) return host_.collective_launch.value;
+    if (const auto by_shape = coster_.library_launch(op)) return by_shape->value;
     const std::optional<Seconds>* call = nullptr;
     switch (op.kind) {
       case OpKind::gemm: call = &host_.gemm_launch; break;

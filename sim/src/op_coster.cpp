@@ -115,6 +115,17 @@ CostModelCoster::CostModelCoster(const calibration::CostModel& model) : model_(m
   host_.attention_bwd_launch = model.attention_bwd_launch();
 }
 
+std::optional<Seconds> CostModelCoster::library_launch(const Op& op) const {
+  const auto& s = op.shape;
+  if (op.kind == OpKind::gemm) {
+    return model_.gemm_launch(at_least_1(s[0]), at_least_1(s[1]), at_least_1(s[2]), at_least_1(s[3]));
+  }
+  if (op.kind == OpKind::grouped_gemm && s[0] > 0) {
+    return model_.grouped_gemm_launch(at_least_1(s[3]), s[0], at_least_1(s[4]));
+  }
+  return std::nullopt;
+}
+
 Seconds CostModelCoster::kernel_time(const Op& op) const {
   const auto& s = op.shape;
   switch (op.kind) {

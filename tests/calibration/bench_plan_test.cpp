@@ -11,6 +11,7 @@
 
 #include "threewalls/calibration/bench/plan.hpp"
 #include "threewalls/calibration/kernel_terms.hpp"
+#include "threewalls/calibration/models.hpp"
 #include "threewalls/calibration/profile.hpp"
 #include "threewalls/core/error.hpp"
 #include "threewalls/scenarios/loader.hpp"
@@ -104,8 +105,8 @@ TEST(CalibrationPlan, EveryFamilyOfTheIssueIsMeasured) {
                         "host.graph_launch",
                         "host.graph_node",
                         "host.collective_launch",
-                        "host.gemm_launch",
-                        "host.grouped_gemm_launch",
+                        "host.gemm_call",
+                        "host.grouped_gemm_call",
                         "host.attention_launch",
                         "host.attention_bwd_launch",
                         "concurrency"}) {
@@ -240,8 +241,16 @@ TEST(CalibrationPlan, LibraryCallHostCostsAreMeasuredForGemmGroupedGemmAndAttent
     ASSERT_GE(grouped.size(), 2U);
     ASSERT_EQ(attn.size(), 1U);
     ASSERT_EQ(attn_bwd.size(), 1U);
-    for (const auto& p : gemm) EXPECT_EQ(p.family, "host.gemm_launch");
-    for (const auto& p : grouped) EXPECT_EQ(p.family, "host.grouped_gemm_launch");
+    for (const auto& p : gemm) {
+      EXPECT_EQ(p.family, "host.gemm_call");
+      ASSERT_EQ(p.inputs.size(), 4U);  // m, n, k and the kernel count the runner fills in
+      EXPECT_EQ(p.inputs[0], p.param("m"));
+      EXPECT_EQ(p.inputs[3], 0.0);
+    }
+    for (const auto& p : grouped) {
+      EXPECT_EQ(p.family, "host.grouped_gemm_call");
+      ASSERT_EQ(p.inputs.size(), 5U);
+    }
     EXPECT_EQ(attn[0].family, "host.attention_launch");
     EXPECT_EQ(attn_bwd[0].family, "host.attention_bwd_launch");
     // Small (launch-bound) and large GEMMs; a balanced and a skewed grouped GEMM; forward and backward.
@@ -253,6 +262,15 @@ TEST(CalibrationPlan, LibraryCallHostCostsAreMeasuredForGemmGroupedGemmAndAttent
     EXPECT_GT(*skew.rbegin(), 1.0);
     EXPECT_EQ(attn[0].param("backward"), 0.0);
     EXPECT_EQ(attn_bwd[0].param("backward"), 1.0);
+    // host.gemm_call learns where cuBLASLt adds a split-K kernel from k per 128 x 128 output tile:
+    // the points reach from a few to hundreds of k per tile.
+    double lo = 1e18, hi = 0.0;
+    for (const auto& p : gemm) {
+      const double r = p.param("k") / calibration::GemmCallModel::tiles(p.iparam("m"), p.iparam("n"));
+      lo = std::min(lo, r), hi = std::max(hi, r);
+    }
+    EXPECT_LE(lo, 4.0);
+    EXPECT_GE(hi, 500.0);
   }
 }
 

@@ -211,6 +211,33 @@ TEST(CostModel, LibraryCallLaunchCostsUseTheirFamiliesAndFallBackToKernelLaunch)
   EXPECT_NEAR(cm.attention_bwd_launch().value, 25e-6, 1e-12);
   EXPECT_NEAR(cm.grouped_gemm_launch().value, 4.5e-6, 1e-12);  // absent: kernel_launch
   EXPECT_NEAR(cm.kernel_launch().value, 4.5e-6, 1e-12);
+  // Without the shape-aware families, the by-shape calls are the medians.
+  EXPECT_NEAR(cm.gemm_launch(16, 768, 3072).value, 15e-6, 1e-12);
+  EXPECT_NEAR(cm.grouped_gemm_launch(64, 6144, 288).value, 4.5e-6, 1e-12);
+}
+
+// host.gemm_call and host.grouped_gemm_call through the writer and reader: the by-shape host costs
+// of a GEMM (split-K predicted) and a grouped GEMM (runs of equal rows).
+TEST(CostModel, ShapeAwareLibraryCallCostsRoundTripAndPredictSplitKAndRuns) {
+  ProfileBuilder b({"calls", "synthetic: unit test", "tests/calibration"}, test_hardware());
+  b.add_host("kernel_launch", Measurement::single(4.5e-6));
+  b.add_point(kGemmCallFamily, {64, 2560, 640, 1}, Measurement::single(7.4e-6));
+  b.add_point(kGemmCallFamily, {192, 1536, 1024, 1}, Measurement::single(7.5e-6));
+  b.add_point(kGemmCallFamily, {128, 1024, 7168, 2}, Measurement::single(13.1e-6));
+  b.add_point(kGemmCallFamily, {32, 640, 2560, 2}, Measurement::single(12.9e-6));
+  b.add_point(kGroupedCallFamily, {64, 6144, 96, 2560, 640}, Measurement::single(9.5e-6));
+  b.add_point(kGroupedCallFamily, {64, 6144, 288, 2560, 640}, Measurement::single(24.9e-6));
+  const Profile p = Profile::parse(b.build().to_toml(), "calls.toml");
+  const Family& f = p.family(std::string(kGemmCallFamily));
+  EXPECT_EQ(f.quality.loo_points, 4);  // each point predicted from the other three
+  EXPECT_LT(f.quality.rel_err_max, 0.02);
+  const CostModel cm(p);
+  EXPECT_TRUE(cm.has_library_launch_costs());
+  EXPECT_NEAR(cm.gemm_launch(64, 2560, 640).value, 7.45e-6, 1e-12);              // one kernel
+  EXPECT_NEAR(cm.gemm_launch(16, 768, 3072).value, 7.45e-6 + 5.55e-6, 1e-12);    // split-K: 512 k per tile
+  EXPECT_NEAR(cm.gemm_launch(16, 3072, 768).value, 7.45e-6, 1e-12);              // 32 k per tile
+  EXPECT_NEAR(cm.grouped_gemm_launch(64, 1024, 16).value, 9.5e-6, 1e-12);        // balanced: one run
+  EXPECT_NEAR(cm.grouped_gemm_launch(64, 1024, 64).value, 24.9e-6, 1e-12);  // hot expert: 3 runs
 }
 
 TEST(CostModel, BadArgumentsAreInputErrors) {

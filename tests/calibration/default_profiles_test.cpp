@@ -54,7 +54,8 @@ TEST(DefaultProfiles, AreLabelledSyntheticAndCoverEveryFamilyTheSimulatorNeeds) 
       if (spec.kind == ModelKind::kernel_terms) continue;
       // Measured only (issue 8): without them the simulator charges host.kernel_launch for these calls.
       if (spec.name == "host.gemm_launch" || spec.name == "host.grouped_gemm_launch" ||
-          spec.name == "host.attention_launch" || spec.name == "host.attention_bwd_launch") {
+          spec.name == "host.attention_launch" || spec.name == "host.attention_bwd_launch" ||
+          spec.kind == ModelKind::gemm_call || spec.kind == ModelKind::grouped_call) {
         continue;
       }
       // Optional, measured only (2 GPUs): without them the simulator keeps its older behaviour.

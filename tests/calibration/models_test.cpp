@@ -323,6 +323,62 @@ TEST(ConstantModel, MedianIgnoresAnOutlierRun) {
   EXPECT_THROW(ConstantModel::fit({}), FitImpossible);
 }
 
+// host.gemm_call (issue 8): the split-K boundary, the one-kernel time and the extra kernel's time
+// come back from noisy synthetic calls whose kernel count follows a known rule.
+TEST(GemmCallModel, FitRecoversTheSplitBoundaryAndBothCosts) {
+  Noise noise(21, 0.03);
+  const double t_one = 7.4e-6, t_extra = 5.6e-6, truth_ratio = 150.0;
+  struct S {
+    std::int64_t m, n, k;
+  };
+  std::vector<GemmCallModel::Sample> samples;
+  for (const S s : {S{64, 2560, 640}, S{192, 1536, 1024}, S{128, 1024, 7168}, S{3968, 4096, 2048}, S{32, 640, 2560},
+                    S{48, 1280, 1792}, S{16, 2304, 1280}, S{96, 896, 3584}, S{32, 1152, 5120}, S{64, 384, 6144},
+                    S{256, 1664, 2304}, S{16, 5120, 896}}) {
+    const bool split = static_cast<double>(s.k) / GemmCallModel::tiles(s.m, s.n) >= truth_ratio;
+    samples.push_back({s.m, s.n, s.k, split ? 2 : 1, noise(t_one + (split ? t_extra : 0.0))});
+  }
+  samples.push_back({512, 512, 512, 0, 99e-6});  // unknown kernel count: not fitted
+  const auto fit = GemmCallModel::fit(samples);
+  EXPECT_NEAR(fit.t_one_s, t_one, 0.05 * t_one);
+  EXPECT_NEAR(fit.t_extra_s, t_extra, 0.15 * t_extra);
+  // Every point is classified as it was measured (the boundary lies between the two classes).
+  for (const auto& s : samples) {
+    if (s.nodes > 0) {
+      EXPECT_EQ(fit.splits(s.m, s.n, s.k), s.nodes > 1) << s.m << " " << s.n << " " << s.k;
+    }
+  }
+  // A shape never measured: 16 x 768 output (6 tiles), k 3072 (512 per tile) splits; 16 x 3072, k 768 does not.
+  EXPECT_TRUE(fit.splits(16, 768, 3072));
+  EXPECT_FALSE(fit.splits(16, 3072, 768));
+  EXPECT_NEAR(fit.time_s(16, 768, 3072), fit.t_one_s + fit.t_extra_s, 1e-15);
+  // Batches multiply the tiles.
+  EXPECT_FALSE(fit.splits(16, 768, 3072, 64));
+}
+
+TEST(GemmCallModel, WithoutASplitCallItNeverPredictsOneAndWithoutAOneKernelCallItCannotFit) {
+  const auto fit = GemmCallModel::fit({{64, 2560, 640, 1, 7e-6}, {128, 1024, 7168, 1, 8e-6}});
+  EXPECT_EQ(fit.split_ratio, 0.0);
+  EXPECT_EQ(fit.t_extra_s, 0.0);
+  EXPECT_FALSE(fit.splits(1, 128, 1 << 20));
+  EXPECT_THROW(GemmCallModel::fit({{128, 1024, 7168, 2, 13e-6}}), FitImpossible);
+  EXPECT_THROW(GemmCallModel::fit({{128, 1024, 7168, 0, 13e-6}}), FitImpossible);
+}
+
+// host.grouped_gemm_call: one matmul per run of equal rows (expert_rows_runs).
+TEST(GroupedCallModel, FitRecoversTheCostPerRun) {
+  // 64 x 96 balanced: 1 run; 64 experts with a hot one of 288 rows: 3 runs; 6143 rows over 64: 2 runs.
+  ASSERT_EQ(expert_rows_runs(6144, 64, 96).size(), 1U);
+  ASSERT_EQ(expert_rows_runs(6144, 64, 288).size(), 3U);
+  ASSERT_EQ(expert_rows_runs(6143, 64, 96).size(), 2U);
+  const auto fit = GroupedCallModel::fit({{64, 6144, 96, 9.0e-6}, {16, 10240, 640, 9.4e-6}, {64, 6144, 288, 24.6e-6},
+                                          {64, 6143, 96, 16.9e-6}});
+  EXPECT_NEAR(fit.t_one_s, 9.2e-6, 1e-12);
+  EXPECT_NEAR(fit.t_run_s, 7.7e-6, 1e-12);  // median of 7.7 and 7.7
+  EXPECT_NEAR(fit.time_s(64, 6144, 288), 9.2e-6 + 2 * 7.7e-6, 1e-12);
+  EXPECT_THROW(GroupedCallModel::fit({{64, 6144, 288, 24e-6}}), FitImpossible);
+}
+
 TEST(ConcurrencyModel, FitRecoversEfficiencyPerStreamCountAndInterpolates) {
   Noise noise(8, 0.01);
   std::vector<ConcurrencyModel::Sample> samples;

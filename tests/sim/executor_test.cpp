@@ -596,5 +596,30 @@ TEST(Executor, HostLaneChargesTheLibraryCallLaunchOfGemmGroupedGemmAndAttention)
   EXPECT_NEAR(after.classes[0].start[4], 61 * kUs, 1e-12);  // backward attention: its own cost
 }
 
+// A profile with host.gemm_call prices each GEMM call by its shape (split-K: a second kernel); the
+// host lane takes that price over the median constant.
+TEST(Executor, HostLaneTakesTheLibraryCallCostByShapeWhenTheCosterHasIt) {
+  GraphBuilder b(1, 1, 1, 1, 1, 1);
+  const int c = b.add_class({0});
+  Op one = b.kernel(0.1, "gemm_one");
+  one.shape = {16, 3072, 768, 1, 0, 0};
+  Op split = b.kernel(0.1, "gemm_split");
+  split.shape = {16, 768, 3072, 1, 0, 0};
+  Op ew = b.kernel(0.1, "ew");
+  ew.kind = OpKind::elementwise;
+  for (const Op& op : {one, split, ew}) b.add(c, op);
+  FakeCoster f;
+  f.host.kernel_launch = Seconds(5 * kUs);
+  f.host.gemm_launch = Seconds(9 * kUs);
+  f.library_launch_of = [](const Op& op) -> std::optional<Seconds> {
+    if (op.kind != OpKind::gemm) return std::nullopt;
+    return Seconds((op.shape[2] > op.shape[1] ? 13 : 7) * kUs);
+  };
+  const auto r = run(b, f, testing::cluster(1, 1));
+  EXPECT_NEAR(r.classes[0].start[0], 7 * kUs, 1e-12);
+  EXPECT_NEAR(r.classes[0].start[1], 20 * kUs, 1e-12);
+  EXPECT_NEAR(r.classes[0].start[2], 25 * kUs, 1e-12);  // not a library call: kernel_launch
+}
+
 }  // namespace
 }  // namespace threewalls::sim

@@ -7,6 +7,7 @@
 #include <functional>
 #include <initializer_list>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -41,6 +42,8 @@ class FakeCoster final : public OpCoster {
   BytesPerSecond copy_bw{50e9};
   HostCosts host{};
   double concurrency = 1.0;  // throughput of 2+ concurrent kernels relative to back to back
+  // Host time of a GEMM's library call by shape (empty: none, the HostCosts constant applies).
+  std::function<std::optional<Seconds>(const Op&)> library_launch_of;
 
   [[nodiscard]] Seconds kernel_time(const Op& op) const override { return Seconds(op.flops * 1e-6); }
   [[nodiscard]] Seconds copy_time(scenarios::CopyKind, Bytes bytes) const override { return bytes / copy_bw; }
@@ -48,6 +51,9 @@ class FakeCoster final : public OpCoster {
   [[nodiscard]] HostCosts host_costs() const override { return host; }
   [[nodiscard]] double stream_concurrency(int streams, double) const override { return streams <= 1 ? 1.0 : concurrency; }
   [[nodiscard]] int sm_count() const override { return 132; }
+  [[nodiscard]] std::optional<Seconds> library_launch(const Op& op) const override {
+    return library_launch_of ? library_launch_of(op) : std::nullopt;
+  }
 };
 
 // A cluster of `nodes` x `gpn` GPUs with NVLink `nvlink` GB/s, NIC `nic` GB/s, zero latencies.

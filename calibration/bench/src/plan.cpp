@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "threewalls/calibration/kernel_terms.hpp"
+#include "threewalls/calibration/profile.hpp"
 #include "threewalls/core/error.hpp"
 #include "threewalls/core/strings.hpp"
 
@@ -460,7 +461,9 @@ void plan_copies(Plan& p) {
     }
   }
   if (p.full()) {  // disk tier: O_DIRECT file reads into pinned memory (slow: full mode only)
-    for (const double pow2 : sizes(kMiB, 64 * kMiB, 4.0)) {
+    // Factors of 2 (were 4 until 2026-11-25: the 1/4/16/64 MiB fit was 9.5% fast at 16 MiB, the size
+    // of one DeepSeek-V2-Lite expert the NVMe offload scenarios read).
+    for (const double pow2 : sizes(kMiB, 64 * kMiB, 2.0)) {
       const double bytes = pow2 + 4096;  // O_DIRECT needs 4 KiB multiples
       PointSpec s;
       s.op = "copy_disk_read";
@@ -534,17 +537,26 @@ void plan_host(Plan& p) {
   }
   // Host time of one library call as OpRunner makes it (issue 8), timed while a blocking kernel
   // holds the stream, so the device never drains the queue and only the host side is timed. The
-  // shapes are no validation shape (the plan test checks): small ones (the launch-bound expert
-  // GEMMs of a sequential MoE layer), one with a long k (cuBLASLt may add a split-K reduction
-  // kernel) and a large one; the family's value is the median over its points.
+  // shapes are no validation shape (the plan test checks). host.gemm_call predicts whether cuBLASLt
+  // adds a split-K reduction kernel (a second launch) from k per 128 x 128 output tile, so the
+  // points span that ratio: small-m GEMMs (the launch-bound expert GEMMs of a sequential MoE layer)
+  // with k / tiles from 2 to ~1000, and a large one. The runner counts each call's graph nodes
+  // (kernels, memsets; graph capture) into the input `nodes`.
   struct G {
     std::int64_t m, n, k;
   };
-  for (const G g : {G{64, 2560, 640}, G{192, 1536, 1024}, G{128, 1024, 7168}, G{3968, 4096, 2048}}) {
+  const std::vector<G> calls =
+      !p.full()
+          ? std::vector<G>{G{64, 2560, 640}, G{128, 1024, 7168}, G{32, 640, 2560}, G{3968, 4096, 2048}}
+          : std::vector<G>{G{64, 2560, 640},  G{192, 1536, 1024}, G{128, 1024, 7168}, G{3968, 4096, 2048},
+                           G{32, 640, 2560},  G{48, 1280, 1792},  G{16, 2304, 1280},  G{96, 896, 3584},
+                           G{32, 1152, 5120}, G{64, 384, 6144},   G{256, 1664, 2304}, G{16, 5120, 896}};
+  for (const G g : calls) {
     PointSpec s;
     s.op = "host_gemm_launch";
-    s.family = "host.gemm_launch";
+    s.family = std::string(kGemmCallFamily);
     s.params = {{"m", d(g.m)}, {"n", d(g.n)}, {"k", d(g.k)}};
+    s.inputs = {d(g.m), d(g.n), d(g.k), 0.0};  // nodes: counted by the runner
     s.flops = 2.0 * d(g.m) * d(g.n) * d(g.k);
     p.points.push_back(std::move(s));
   }
@@ -554,10 +566,11 @@ void plan_host(Plan& p) {
            {64, 96, 2560, 640, 1.0}, {64, 96, 2560, 640, 3.0}, {16, 640, 1536, 1024, 1.0}}) {
     PointSpec s;
     s.op = "host_grouped_gemm_launch";
-    s.family = "host.grouped_gemm_launch";
+    s.family = std::string(kGroupedCallFamily);
     const std::int64_t max_rows = static_cast<std::int64_t>(std::llround(skew * d(rows)));
     s.params = {{"groups", d(groups)}, {"total_rows", d(groups * rows)}, {"max_rows", d(max_rows)},
                 {"n", d(n)},           {"k", d(k)}};
+    s.inputs = {d(groups), d(groups * rows), d(max_rows), d(n), d(k)};
     s.flops = 2.0 * d(groups * rows) * d(n) * d(k);
     p.points.push_back(std::move(s));
   }
@@ -750,11 +763,11 @@ const std::vector<OpInfo>& op_table() {
       t.push_back(
           {std::string("host_") + h, "host", std::string("host.") + h, "see docs/calibration.md", "seconds per call"});
     }
-    t.push_back({"host_gemm_launch", "host", "host.gemm_launch",
+    t.push_back({"host_gemm_launch", "host", std::string(kGemmCallFamily),
                  "host time of one CublasLt::gemm call (cached plan, as OpRunner calls it) while a blocking kernel "
                  "holds the stream; the check counts the kernels one call launches (graph capture)",
                  "seconds per call"});
-    t.push_back({"host_grouped_gemm_launch", "host", "host.grouped_gemm_launch",
+    t.push_back({"host_grouped_gemm_launch", "host", std::string(kGroupedCallFamily),
                  "host time of one GroupedGemm::run (OpRunner's grouped_impl, prepared plan) while a blocking kernel "
                  "holds the stream",
                  "seconds per call"});

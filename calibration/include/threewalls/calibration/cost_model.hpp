@@ -116,6 +116,11 @@ class CostModel {
   [[nodiscard]] Seconds grouped_gemm_launch() const;
   [[nodiscard]] Seconds attention_launch() const;      // forward
   [[nodiscard]] Seconds attention_bwd_launch() const;  // backward
+  // The same calls by shape: host.gemm_call (one kernel, or two when split-K is predicted) and
+  // host.grouped_gemm_call (one matmul per run of equal rows) when the profile has them, else the
+  // median forms above.
+  [[nodiscard]] Seconds gemm_launch(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch = 1) const;
+  [[nodiscard]] Seconds grouped_gemm_launch(std::int64_t groups, std::int64_t total_rows, std::int64_t max_rows) const;
   [[nodiscard]] bool has_library_launch_costs() const;  // the profile has at least one of the four
 
   // ---- concurrency ----

@@ -282,6 +282,56 @@ struct ConstantModel {
 };
 
 // ---------------------------------------------------------------------------------------------
+// Host time of one cuBLASLt GEMM call as OpRunner makes it ("gemm_call_v1", issue 8). A call
+// launches one kernel, or more when cuBLASLt's heuristic splits K (a reduction kernel, or a memset
+// of the output before atomic accumulation); each further launch costs the host about as much again. Split-K pays off when the output has few tiles for a long
+// reduction, so the call is predicted to split when
+//   k / tiles >= split_ratio,   tiles = ceil(m / 128) ceil(n / 128) batch
+// and costs
+//   t = t_one + split * t_extra   (t_extra per further node; the fit assumes one).
+// Fit: t_one = median of the points whose call launched one node (counted by graph capture),
+// t_extra = median over the others of (t - t_one) / (nodes - 1), split_ratio = the boundary in
+// k / tiles that misclassifies the fewest points (the widest gap in log k / tiles among ties);
+// split_ratio = 0: no point split (never predicted). Points with an unknown count (0) are not fitted.
+struct GemmCallModel {
+  double t_one_s = 0.0;
+  double t_extra_s = 0.0;
+  double split_ratio = 0.0;
+
+  [[nodiscard]] static double tiles(std::int64_t m, std::int64_t n, std::int64_t batch = 1);
+  [[nodiscard]] bool splits(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch = 1) const;
+  [[nodiscard]] double time_s(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch = 1) const;
+
+  struct Sample {
+    std::int64_t m, n, k;
+    int nodes;  // graph nodes one call launched, kernels and memsets (0: unknown)
+    double seconds;
+  };
+  // Throws FitImpossible without a one-node point.
+  static GemmCallModel fit(const std::vector<Sample>& samples);
+};
+
+// Host time of one grouped-GEMM call of OpRunner's lt_batched implementation ("grouped_call_v1"):
+// one strided-batched cuBLASLt matmul per run of experts with equal rows (expert_rows_runs: 1 or 2
+// runs when balanced, up to 3 with a hot expert), so
+//   t = t_one + (runs - 1) t_run.
+// Fit: t_one = median of the one-run points, t_run = median over the others of (t - t_one) / (runs - 1)
+// (0 without such points).
+struct GroupedCallModel {
+  double t_one_s = 0.0;
+  double t_run_s = 0.0;
+
+  [[nodiscard]] double time_s(std::int64_t groups, std::int64_t total_rows, std::int64_t max_rows) const;
+
+  struct Sample {
+    std::int64_t groups, total_rows, max_rows;
+    double seconds;
+  };
+  // Throws FitImpossible without a one-run point.
+  static GroupedCallModel fit(const std::vector<Sample>& samples);
+};
+
+// ---------------------------------------------------------------------------------------------
 // Multi-stream concurrency ("concurrency_v1").
 //
 // A point runs `n` identical kernels, each using a fraction f of the SMs, on n streams at once

@@ -33,6 +33,8 @@ enum class ModelKind : std::uint8_t {
   nccl_interference,  // compute beside a resident NCCL kernel (models.hpp, NcclInterferenceModel)
   nccl_memory,        // NCCL device memory by stage (models.hpp, NcclMemoryModel)
   kernel_terms,       // t0 + sum of per-unit terms of a kernel's shape (kernel_terms.hpp)
+  gemm_call,          // host time of one cuBLASLt GEMM call, split-K aware (models.hpp, GemmCallModel)
+  grouped_call,       // host time of one grouped-GEMM call by runs of equal rows (GroupedCallModel)
 };
 
 // One input column of a family's points (all numbers; `integer` ones are written without a point).
@@ -98,6 +100,10 @@ inline constexpr std::string_view kConcurrencyFamily = "concurrency";
 // beside NCCL kernels, and the memory model's fixed NCCL constants).
 inline constexpr std::string_view kNcclInterferenceFamily = "nccl.interference";
 inline constexpr std::string_view kNcclMemoryFamily = "nccl.memory";
+// Shape-aware library-call host costs (optional; the simulator prefers them to the median families
+// host.gemm_launch and host.grouped_gemm_launch).
+inline constexpr std::string_view kGemmCallFamily = "host.gemm_call";
+inline constexpr std::string_view kGroupedCallFamily = "host.grouped_gemm_call";
 // Host families: "host.kernel_launch", "host.framework_op", "host.event_record", "host.stream_sync",
 // "host.gpu_read", "host.graph_launch", "host.graph_node", "host.collective_launch".
 std::string host_family(std::string_view what);

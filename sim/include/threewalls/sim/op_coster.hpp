@@ -102,6 +102,10 @@ class OpCoster {
   [[nodiscard]] virtual bool models_nccl_residency() const { return false; }
   // NCCL device memory measured by the calibration; empty: the memory model keeps its constants.
   [[nodiscard]] virtual std::optional<NcclMemoryParams> nccl_memory() const { return std::nullopt; }
+  // Host time of the library call OpRunner makes for a gemm or grouped_gemm op, by its shape (split-K
+  // GEMMs launch a second kernel; a grouped GEMM one matmul per run of equal rows); empty: the
+  // per-kind constant of HostCosts (test fakes, other kinds).
+  [[nodiscard]] virtual std::optional<Seconds> library_launch(const scenarios::Op& /*op*/) const { return std::nullopt; }
 };
 
 // The CostModel-backed coster. Keeps a reference: `model` must outlive it.
@@ -117,6 +121,7 @@ class CostModelCoster final : public OpCoster {
   [[nodiscard]] double nccl_resident_slowdown(int nccl_case, int compute_class, double tiles) const override;
   [[nodiscard]] bool models_nccl_residency() const override;
   [[nodiscard]] std::optional<NcclMemoryParams> nccl_memory() const override;
+  [[nodiscard]] std::optional<Seconds> library_launch(const scenarios::Op& op) const override;
 
  private:
   const calibration::CostModel& model_;
