@@ -113,6 +113,13 @@ CollectiveModel collective_of(const FamilySpec& s, const Params& p) {
   return m;
 }
 
+StreamCycleModel stream_cycle_of(const FamilySpec& s, const Params& p) {
+  StreamCycleModel m;
+  for (double v : array(s, p, "streams")) m.streams.push_back(static_cast<int>(as_int(v)));
+  m.per_op_s = array(s, p, "per_op_s");
+  return m;
+}
+
 GemmCallModel gemm_call_of(const FamilySpec& s, const Params& p) {
   return GemmCallModel{scalar(s, p, "t_one_s"), scalar(s, p, "t_extra_s"), scalar(s, p, "split_ratio")};
 }
@@ -297,6 +304,13 @@ Params fit_params(const FamilySpec& spec, const std::vector<Point>& points, cons
       const auto m = GemmCallModel::fit(s);
       return round_all({{m.t_one_s}, {m.t_extra_s}, {m.split_ratio}});
     }
+    case ModelKind::stream_cycle: {
+      std::vector<StreamCycleModel::Sample> s;
+      for (const auto& p : points) s.push_back({small_int(p.inputs[0], "streams"), p.time.median_s});
+      const auto m = StreamCycleModel::fit(s);
+      std::vector<double> streams(m.streams.begin(), m.streams.end());
+      return round_all({streams, m.per_op_s});
+    }
     case ModelKind::grouped_call: {
       std::vector<GroupedCallModel::Sample> s;
       for (const auto& p : points) {
@@ -355,6 +369,8 @@ double predict(const FamilySpec& spec, const Params& params, const Point& p, con
       return scalar(spec, params, "value_s");
     case ModelKind::gemm_call:
       return gemm_call_of(spec, params).time_s(as_int(p.inputs[0]), as_int(p.inputs[1]), as_int(p.inputs[2]));
+    case ModelKind::stream_cycle:
+      return stream_cycle_of(spec, params).per_op(static_cast<int>(as_int(p.inputs[0])));
     case ModelKind::grouped_call:
       return grouped_call_of(spec, params).time_s(as_int(p.inputs[0]), as_int(p.inputs[1]), as_int(p.inputs[2]));
     case ModelKind::concurrency:
@@ -470,6 +486,18 @@ std::optional<std::string> check_params(const FamilySpec& spec, const Params& pa
       if (!(s("t_extra_s") >= 0)) return "'t_extra_s' must be >= 0";
       if (!(s("split_ratio") >= 0) || !std::isfinite(s("split_ratio"))) return "'split_ratio' must be a finite number >= 0";
       return std::nullopt;
+    case ModelKind::stream_cycle: {
+      const auto& n = a("streams");
+      if (n.size() < 2) return "'streams' needs at least two stream counts";
+      if (a("per_op_s").size() != n.size()) return "'per_op_s' must have one entry per stream count";
+      for (std::size_t i = 0; i < n.size(); ++i) {
+        if (n[i] < 1 || n[i] > kMaxRanks || (i > 0 && !(n[i] > n[i - 1]))) {
+          return "'streams' entries must be between 1 and 1048576 and increasing";
+        }
+        if (!(a("per_op_s")[i] > 0) || !std::isfinite(a("per_op_s")[i])) return "'per_op_s' entries must be > 0";
+      }
+      return std::nullopt;
+    }
     case ModelKind::grouped_call:
       if (!(s("t_one_s") > 0)) return "'t_one_s' must be > 0";
       if (!(s("t_run_s") >= 0)) return "'t_run_s' must be >= 0";
@@ -518,6 +546,7 @@ LinearModel decode_linear(const Family& f) { return linear_of(f.spec(), f.params
 KernelTermsModel decode_kernel_terms(const Family& f) { return kernel_terms_of(f.spec(), f.params); }
 CollectiveModel decode_collective(const Family& f) { return collective_of(f.spec(), f.params); }
 ConstantModel decode_constant(const Family& f) { return ConstantModel{scalar(f.spec(), f.params, "value_s")}; }
+StreamCycleModel decode_stream_cycle(const Family& f) { return stream_cycle_of(f.spec(), f.params); }
 GemmCallModel decode_gemm_call(const Family& f) { return gemm_call_of(f.spec(), f.params); }
 GroupedCallModel decode_grouped_call(const Family& f) { return grouped_call_of(f.spec(), f.params); }
 ConcurrencyModel decode_concurrency(const Family& f) { return concurrency_of(f.spec(), f.params); }

@@ -50,6 +50,7 @@ LinearModel decode_linear(const Family& f);
 KernelTermsModel decode_kernel_terms(const Family& f);
 CollectiveModel decode_collective(const Family& f);
 ConstantModel decode_constant(const Family& f);
+StreamCycleModel decode_stream_cycle(const Family& f);
 GemmCallModel decode_gemm_call(const Family& f);
 GroupedCallModel decode_grouped_call(const Family& f);
 ConcurrencyModel decode_concurrency(const Family& f);

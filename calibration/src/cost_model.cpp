@@ -63,6 +63,7 @@ struct CostModel::Impl {
   std::optional<NcclMemoryModel> nccl_memory;              // optional family (absent: sim constants)
   std::optional<GemmCallModel> gemm_call;                  // optional: host.gemm_call
   std::optional<GroupedCallModel> grouped_call;            // optional: host.grouped_gemm_call
+  std::optional<StreamCycleModel> stream_cycle;            // optional: host.stream_cycle
 
   [[noreturn]] void missing(const std::string& family) const {
     throw InputError(description + " has no model '" + family +
@@ -141,6 +142,9 @@ CostModel::CostModel(const Profile& profile) : impl_(std::make_unique<Impl>()) {
         break;
       case ModelKind::grouped_call:
         m.grouped_call = detail::decode_grouped_call(f);
+        break;
+      case ModelKind::stream_cycle:
+        m.stream_cycle = detail::decode_stream_cycle(f);
         break;
     }
   }
@@ -293,6 +297,10 @@ Seconds CostModel::gemm_launch(std::int64_t m, std::int64_t n, std::int64_t k, s
 Seconds CostModel::grouped_gemm_launch(std::int64_t groups, std::int64_t total_rows, std::int64_t max_rows) const {
   if (impl_->grouped_call) return Seconds(impl_->grouped_call->time_s(groups, total_rows, max_rows));
   return grouped_gemm_launch();
+}
+// extra(N) = t(N) - t(1) of host.stream_cycle (StreamCycleModel); 0 when the profile lacks it.
+Seconds CostModel::stream_cycle_extra(int streams) const {
+  return Seconds(impl_->stream_cycle ? impl_->stream_cycle->extra_s(streams) : 0.0);
 }
 bool CostModel::has_library_launch_costs() const {
   return impl_->host[9] || impl_->host[10] || impl_->host[11] || impl_->host[12] || impl_->gemm_call ||

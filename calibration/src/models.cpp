@@ -817,6 +817,40 @@ GroupedCallModel GroupedCallModel::fit(const std::vector<Sample>& samples) {
   return m;
 }
 
+// ----------------------------------------------------------------------------------- stream cycle
+
+double StreamCycleModel::per_op(int n) const {
+  if (streams.empty()) return 0.0;
+  if (n <= streams.front()) return per_op_s.front();
+  if (n >= streams.back()) return per_op_s.back();
+  std::size_t i = 1;
+  while (streams[i] < n) ++i;
+  const double x0 = std::log2(static_cast<double>(streams[i - 1])), x1 = std::log2(static_cast<double>(streams[i]));
+  const double w = (std::log2(static_cast<double>(n)) - x0) / (x1 - x0);
+  return per_op_s[i - 1] + w * (per_op_s[i] - per_op_s[i - 1]);
+}
+
+double StreamCycleModel::extra_s(int n) const {
+  if (streams.empty()) return 0.0;
+  return std::max(0.0, per_op(n) - per_op_s.front());
+}
+
+StreamCycleModel StreamCycleModel::fit(const std::vector<Sample>& samples) {
+  std::map<int, std::vector<double>> by_n;
+  for (const auto& s : samples) {
+    require_positive_time(s.seconds, "stream cycle");
+    if (s.streams < 1) throw FitImpossible("stream cycle: streams must be at least 1");
+    by_n[s.streams].push_back(s.seconds);
+  }
+  if (by_n.size() < 2) throw FitImpossible("stream cycle: needs points on at least two stream counts");
+  StreamCycleModel m;
+  for (auto& [n, t] : by_n) {
+    m.streams.push_back(n);
+    m.per_op_s.push_back(fit::median(t));
+  }
+  return m;
+}
+
 // ----------------------------------------------------------------------------------- concurrency
 
 namespace {

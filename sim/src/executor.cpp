@@ -394,7 +394,8 @@ class StepRun {
   //                 attention_launch / attention_bwd_launch for GEMM / grouped-GEMM / attention ops (host
   //                 time of the library call, by shape when the profile has host.gemm_call /
   //                 host.grouped_gemm_call; kernel_launch when it lacks them), else
-  //                 kernel_launch; after it: e for the
+  //                 kernel_launch; plus stream_cycle_extra(N) on kernel and library launches when the
+  //                 class's eager launches use N > 1 streams; after it: e for the
   //                 timing marker (timed steps), e when a later op waits for it across streams, a run
   //                 boundary or on the host
   //   graph run     on its first op: e per dependency from before the run it must wait for, 2 e per
@@ -442,6 +443,16 @@ class StepRun {
         if (!on_host_lane(op) && in_run[j] < 0 && (other_stream || in_run[dep] >= 0)) ++waits[j];
       }
     }
+    // Launches that rotate over several streams cost more each (host.stream_cycle): the streams of
+    // the eager kernel and library launches (not NCCL calls, copies or graph replays), each with its
+    // own OpRunner in threewalls run.
+    std::vector<std::uint8_t> launch_streams(g_.streams.size(), 0);
+    for (std::uint32_t j = 0; j < n; ++j) {
+      if (rotates(rc.ops[j]) && in_run[j] < 0) launch_streams[rc.ops[j].stream] = 1;
+    }
+    int rotating = 0;
+    for (const std::uint8_t u : launch_streams) rotating += u;
+    const double cycle_extra = rotating > 1 ? coster_.stream_cycle_extra(rotating).value : 0.0;
     for (std::uint32_t i = 0; i < n; ++i) {
       const Op& op = rc.ops[i];
       if (op.kind == OpKind::host) {
@@ -461,7 +472,7 @@ class StepRun {
       } else if (is_disk_read(op)) {
         s.host_cost[i] = coster_.copy_time(op.copy_kind(), Bytes(op.bytes)).value;
       } else if (in_run[i] < 0) {
-        const double launch = launch_cost(op);
+        const double launch = launch_cost(op) + (rotates(op) ? cycle_extra : 0.0);
         s.host_cost[i] = static_cast<double>(waits[i]) * e + (timed(op) ? e : 0.0) + launch;
         s.host_post[i] = (timed(op) ? e : 0.0) + (needs_event[i] ? e : 0.0);
         if (timed(op)) s.mark_before[i] = static_cast<double>(waits[i] + 1) * e;
@@ -558,6 +569,11 @@ class StepRun {
       default: break;
     }
     return call != nullptr && call->has_value() ? (*call)->value : host_.kernel_launch.value;
+  }
+
+  // A kernel or library launch of OpRunner (what host.stream_cycle measures rotating over streams).
+  static bool rotates(const Op& op) {
+    return op.kind != OpKind::host && op.kind != OpKind::copy && !op.is_comm();
   }
 
   Seconds host_op_cost(const Op& op) const {

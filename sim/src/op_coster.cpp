@@ -115,6 +115,8 @@ CostModelCoster::CostModelCoster(const calibration::CostModel& model) : model_(m
   host_.attention_bwd_launch = model.attention_bwd_launch();
 }
 
+Seconds CostModelCoster::stream_cycle_extra(int streams) const { return model_.stream_cycle_extra(streams); }
+
 std::optional<Seconds> CostModelCoster::library_launch(const Op& op) const {
   const auto& s = op.shape;
   if (op.kind == OpKind::gemm) {

@@ -237,6 +237,12 @@ TEST(CalibrationPlan, LibraryCallHostCostsAreMeasuredForGemmGroupedGemmAndAttent
     const auto grouped = of_op(points, "host_grouped_gemm_launch");
     const auto attn = of_op(points, "host_attention_launch");
     const auto attn_bwd = of_op(points, "host_attention_bwd_launch");
+    std::set<double> cycle;
+    for (const auto& p : of_op(points, "host_stream_cycle")) {
+      EXPECT_EQ(p.family, "host.stream_cycle");
+      cycle.insert(p.param("streams"));
+    }
+    EXPECT_TRUE(cycle.count(1.0) && cycle.count(64.0)) << "the one-stream reference and 64 streams";
     ASSERT_GE(gemm.size(), 3U);
     ASSERT_GE(grouped.size(), 2U);
     ASSERT_EQ(attn.size(), 1U);

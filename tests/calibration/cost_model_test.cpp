@@ -238,6 +238,18 @@ TEST(CostModel, ShapeAwareLibraryCallCostsRoundTripAndPredictSplitKAndRuns) {
   EXPECT_NEAR(cm.gemm_launch(16, 3072, 768).value, 7.45e-6, 1e-12);              // 32 k per tile
   EXPECT_NEAR(cm.grouped_gemm_launch(64, 1024, 16).value, 9.5e-6, 1e-12);        // balanced: one run
   EXPECT_NEAR(cm.grouped_gemm_launch(64, 1024, 64).value, 24.9e-6, 1e-12);  // hot expert: 3 runs
+  EXPECT_EQ(cm.stream_cycle_extra(64).value, 0.0);  // no host.stream_cycle: no extra
+}
+
+TEST(CostModel, StreamCycleExtraRoundTripsAndIsZeroOnOneStream) {
+  ProfileBuilder b({"cycle", "synthetic: unit test", "tests/calibration"}, test_hardware());
+  b.add_host("kernel_launch", Measurement::single(4.5e-6));
+  b.add_point(kStreamCycleFamily, {1}, Measurement::single(5.0e-6));
+  b.add_point(kStreamCycleFamily, {64}, Measurement::single(8.0e-6));
+  const CostModel cm(Profile::parse(b.build().to_toml(), "cycle.toml"));
+  EXPECT_EQ(cm.stream_cycle_extra(1).value, 0.0);
+  EXPECT_NEAR(cm.stream_cycle_extra(8).value, 1.5e-6, 1e-12);
+  EXPECT_NEAR(cm.stream_cycle_extra(64).value, 3.0e-6, 1e-12);
 }
 
 TEST(CostModel, BadArgumentsAreInputErrors) {

@@ -55,7 +55,8 @@ TEST(DefaultProfiles, AreLabelledSyntheticAndCoverEveryFamilyTheSimulatorNeeds) 
       // Measured only (issue 8): without them the simulator charges host.kernel_launch for these calls.
       if (spec.name == "host.gemm_launch" || spec.name == "host.grouped_gemm_launch" ||
           spec.name == "host.attention_launch" || spec.name == "host.attention_bwd_launch" ||
-          spec.kind == ModelKind::gemm_call || spec.kind == ModelKind::grouped_call) {
+          spec.kind == ModelKind::gemm_call || spec.kind == ModelKind::grouped_call ||
+          spec.kind == ModelKind::stream_cycle) {
         continue;
       }
       // Optional, measured only (2 GPUs): without them the simulator keeps its older behaviour.

@@ -365,6 +365,21 @@ TEST(GemmCallModel, WithoutASplitCallItNeverPredictsOneAndWithoutAOneKernelCallI
   EXPECT_THROW(GemmCallModel::fit({{128, 1024, 7168, 0, 13e-6}}), FitImpossible);
 }
 
+// host.stream_cycle: the median per stream count, log2 interpolation between, held outside; the
+// extra is over the one-stream reference.
+TEST(StreamCycleModel, FitTakesMediansAndInterpolatesTheExtraInLog2) {
+  const auto fit = StreamCycleModel::fit({{1, 5.0e-6}, {1, 5.2e-6}, {1, 9.0e-6}, {4, 5.5e-6}, {16, 6.5e-6}, {64, 8.1e-6}});
+  ASSERT_EQ(fit.streams, (std::vector<int>{1, 4, 16, 64}));
+  EXPECT_NEAR(fit.per_op_s[0], 5.2e-6, 1e-15);  // median: the 9 us outlier run does not move it
+  EXPECT_NEAR(fit.extra_s(1), 0.0, 1e-15);
+  EXPECT_NEAR(fit.extra_s(16), 1.3e-6, 1e-12);
+  EXPECT_NEAR(fit.extra_s(32), 1.3e-6 + 0.5 * 1.6e-6, 1e-12);  // halfway from 16 to 64 in log2
+  EXPECT_NEAR(fit.extra_s(65), 2.9e-6, 1e-12);                 // held beyond the largest
+  EXPECT_NEAR(fit.per_op(2), 5.2e-6 + 0.5 * 0.3e-6, 1e-12);
+  EXPECT_THROW(StreamCycleModel::fit({{1, 5e-6}, {1, 6e-6}}), FitImpossible);
+  EXPECT_THROW(StreamCycleModel::fit({}), FitImpossible);
+}
+
 // host.grouped_gemm_call: one matmul per run of equal rows (expert_rows_runs).
 TEST(GroupedCallModel, FitRecoversTheCostPerRun) {
   // 64 x 96 balanced: 1 run; 64 experts with a hot one of 288 rows: 3 runs; 6143 rows over 64: 2 runs.

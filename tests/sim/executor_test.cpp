@@ -621,5 +621,29 @@ TEST(Executor, HostLaneTakesTheLibraryCallCostByShapeWhenTheCosterHasIt) {
   EXPECT_NEAR(r.classes[0].start[2], 25 * kUs, 1e-12);  // not a library call: kernel_launch
 }
 
+// host.stream_cycle: when a rank's launches rotate over N streams every kernel or library launch
+// costs extra(N) more on the host; a collective (an NCCL call) does not, nor a rank on one stream.
+TEST(Executor, LaunchesRotatingOverStreamsPayTheStreamCycleExtra) {
+  auto build = [](int streams) {
+    GraphBuilder b(1, 1, 1, 1, 1, 1);
+    const int c = b.add_class({0});
+    for (int i = 0; i < 4; ++i) b.add(c, b.kernel(0.1, "k" + std::to_string(i), "s" + std::to_string(i % streams)));
+    b.add(c, b.collective(Collective::all_reduce, Group::dp, 1024, "ar"));
+    return b;
+  };
+  FakeCoster f;
+  f.host.kernel_launch = Seconds(5 * kUs);
+  f.host.collective_launch = Seconds(7 * kUs);
+  f.stream_cycle_extra_of = [](int n) { return Seconds(n == 4 ? 2 * kUs : 100 * kUs); };
+  const auto one = run(build(1), f, testing::cluster(1, 1));
+  const auto four = run(build(4), f, testing::cluster(1, 1));
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_NEAR(one.classes[0].start[i], 5 * kUs * static_cast<double>(i + 1), 1e-12) << i;
+    EXPECT_NEAR(four.classes[0].start[i], 7 * kUs * static_cast<double>(i + 1), 1e-12) << i;
+  }
+  // The all-reduce launches after the kernels: 7 us on top, no extra (the comm stream is not counted).
+  EXPECT_NEAR(four.classes[0].start[4], 28 * kUs + 7 * kUs, 1e-9);
+}
+
 }  // namespace
 }  // namespace threewalls::sim

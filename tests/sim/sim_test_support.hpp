@@ -44,6 +44,8 @@ class FakeCoster final : public OpCoster {
   double concurrency = 1.0;  // throughput of 2+ concurrent kernels relative to back to back
   // Host time of a GEMM's library call by shape (empty: none, the HostCosts constant applies).
   std::function<std::optional<Seconds>(const Op&)> library_launch_of;
+  // Extra host time per launch rotating over N streams (host.stream_cycle); 0 by default.
+  std::function<Seconds(int)> stream_cycle_extra_of;
 
   [[nodiscard]] Seconds kernel_time(const Op& op) const override { return Seconds(op.flops * 1e-6); }
   [[nodiscard]] Seconds copy_time(scenarios::CopyKind, Bytes bytes) const override { return bytes / copy_bw; }
@@ -51,6 +53,9 @@ class FakeCoster final : public OpCoster {
   [[nodiscard]] HostCosts host_costs() const override { return host; }
   [[nodiscard]] double stream_concurrency(int streams, double) const override { return streams <= 1 ? 1.0 : concurrency; }
   [[nodiscard]] int sm_count() const override { return 132; }
+  [[nodiscard]] Seconds stream_cycle_extra(int streams) const override {
+    return stream_cycle_extra_of ? stream_cycle_extra_of(streams) : Seconds(0.0);
+  }
   [[nodiscard]] std::optional<Seconds> library_launch(const Op& op) const override {
     return library_launch_of ? library_launch_of(op) : std::nullopt;
   }

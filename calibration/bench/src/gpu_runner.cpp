@@ -707,6 +707,9 @@ class GpuRunner final : public PointRunner {
         rows = std::max(rows, p.param("batch") * p.param("heads") * p.param("seq"));
       }
     }
+    for (const auto& p : points) {
+      if (p.op == "host_stream_cycle") a = std::max(a, 16.0 * 256), b = std::max(b, 256.0 * 512), c = std::max(c, 16.0 * 512);
+    }
     if (a > 1) {
       buf_[3] = random_bf16(sz(a), opt_.seed + 62, s());
       buf_[4] = random_bf16(sz(b), opt_.seed + 63, s());
@@ -929,6 +932,56 @@ class GpuRunner final : public PointRunner {
     r.check = log.passed();
   }
 
+  // Host seconds per launch when visits of five launches (count kernel, GEMM call, count kernel, GEMM
+  // call, count kernel) rotate over N streams, each with its own cuBLASLt handle, as threewalls run's
+  // OpRunners do (one per stream): host.stream_cycle. The GEMM is tiny (16 x 512 x 256, one node), the
+  // device keeps up with the host, so the sample is the host's launch rate. Fresh streams and
+  // handles per point; the first rotation (plans, lazy loading) is not timed.
+  void measure_stream_cycle(const StopRule& rule, Record& r) {
+    const int n = static_cast<int>(r.point.iparam("streams"));
+    constexpr int kVisits = 128;
+    int* cnt = buf_[0].as<int>();
+    const int before = counter();
+    std::vector<be::Stream> streams;
+    std::vector<std::unique_ptr<be::CublasLt>> lts;
+    for (int i = 0; i < n; ++i) {
+      streams.emplace_back();
+      lts.push_back(std::make_unique<be::CublasLt>());
+    }
+    const be::GemmShape g = be::linear_gemm(be::GemmLayout::forward, 16, 512, 256);
+    const void* a = buf_[3].data();
+    const void* b = buf_[4].data();
+    void* c = buf_[5].data();
+    long long launched = 0;
+    auto visit = [&](int v) {
+      const auto i = static_cast<std::size_t>(v % n);
+      const cudaStream_t st = streams[i];
+      kernels::launch_count(cnt, st);
+      lts[i]->gemm(g, a, b, c, st);
+      kernels::launch_count(cnt, st);
+      lts[i]->gemm(g, a, b, c, st);
+      kernels::launch_count(cnt, st);
+      launched += 3;
+    };
+    auto drain = [&] {
+      for (const auto& st : streams) TW_CUDA_CHECK(cudaStreamSynchronize(st));
+    };
+    for (int v = 0; v < n; ++v) visit(v);  // warm-up: every handle's plan
+    drain();
+    const Sampling smp = sample_until(rule, clock_, [&] {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int v = 0; v < kVisits; ++v) visit(v);
+      const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      drain();
+      return t / (5.0 * kVisits);
+    });
+    r.samples_s = smp.samples, r.reps = 5 * kVisits, r.stop = to_string(smp.reason), r.rel_ci = smp.rel_ci;
+    TW_CUDA_CHECK(cudaMemsetAsync(c, 0xFF, sz(g.m * g.n) * 2, s()));
+    lts.back()->gemm(g, a, b, c, s());
+    sync();
+    r.check = expect_count(before, launched, (std::to_string(n) + " stream(s)").c_str()) + "; " + check_gemm(g, a, b, c, false);
+  }
+
   void measure_host_op(const StopRule& rule, Record& r) {
     const std::string what = r.point.op.substr(5);
     int* cnt = buf_[0].as<int>();
@@ -1038,6 +1091,8 @@ class GpuRunner final : public PointRunner {
       r.check = log.passed();
     } else if (what == "timing_marker") {
       measure_timing_marker(rule, r);
+    } else if (what == "stream_cycle") {
+      measure_stream_cycle(rule, r);
     } else if (what == "gemm_launch" || what == "grouped_gemm_launch" || what == "attention_launch" ||
                what == "attention_bwd_launch") {
       measure_library_launch(rule, r, what);

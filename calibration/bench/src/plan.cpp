@@ -535,6 +535,16 @@ void plan_host(Plan& p) {
     s.family = std::string("host.") + what;
     p.points.push_back(std::move(s));
   }
+  // Launches rotating over N streams with a cuBLASLt handle each (host.stream_cycle, issue 8): the
+  // host cost of spreading a layer's ops over many streams, beyond the waits and events.
+  for (const int n : p.full() ? std::vector<int>{1, 4, 16, 64} : std::vector<int>{1, 64}) {
+    PointSpec s;
+    s.op = "host_stream_cycle";
+    s.family = std::string(kStreamCycleFamily);
+    s.params = {{"streams", d(n)}};
+    s.inputs = {d(n)};
+    p.points.push_back(std::move(s));
+  }
   // Host time of one library call as OpRunner makes it (issue 8), timed while a blocking kernel
   // holds the stream, so the device never drains the queue and only the host side is timed. The
   // shapes are no validation shape (the plan test checks). host.gemm_call predicts whether cuBLASLt
@@ -763,6 +773,11 @@ const std::vector<OpInfo>& op_table() {
       t.push_back(
           {std::string("host_") + h, "host", std::string("host.") + h, "see docs/calibration.md", "seconds per call"});
     }
+    t.push_back({"host_stream_cycle", "host", std::string(kStreamCycleFamily),
+                 "host time per launch of visits of 5 launches (count kernel, 16 x 512 x 256 GEMM call, kernel, GEMM "
+                 "call, kernel) rotating over N streams with a cuBLASLt handle each (as OpRunner per stream); the "
+                 "check counts the kernels and checks the last GEMM",
+                 "seconds per launch"});
     t.push_back({"host_gemm_launch", "host", std::string(kGemmCallFamily),
                  "host time of one CublasLt::gemm call (cached plan, as OpRunner calls it) while a blocking kernel "
                  "holds the stream; the check counts the kernels one call launches (graph capture)",

@@ -122,6 +122,9 @@ class CostModel {
   [[nodiscard]] Seconds gemm_launch(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch = 1) const;
   [[nodiscard]] Seconds grouped_gemm_launch(std::int64_t groups, std::int64_t total_rows, std::int64_t max_rows) const;
   [[nodiscard]] bool has_library_launch_costs() const;  // the profile has at least one of the four
+  // Extra host time per launch when a step's launches rotate over `streams` streams (each with its
+  // own OpRunner and cuBLASLt handle), over launching on one: host.stream_cycle; 0 without it.
+  [[nodiscard]] Seconds stream_cycle_extra(int streams) const;
 
   // ---- concurrency ----
   // Throughput factor of `streams` concurrent small kernels relative to running them back to back

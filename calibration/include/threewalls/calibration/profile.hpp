@@ -35,6 +35,7 @@ enum class ModelKind : std::uint8_t {
   kernel_terms,       // t0 + sum of per-unit terms of a kernel's shape (kernel_terms.hpp)
   gemm_call,          // host time of one cuBLASLt GEMM call, split-K aware (models.hpp, GemmCallModel)
   grouped_call,       // host time of one grouped-GEMM call by runs of equal rows (GroupedCallModel)
+  stream_cycle,       // host time per launch rotating over N streams (StreamCycleModel)
 };
 
 // One input column of a family's points (all numbers; `integer` ones are written without a point).
@@ -104,6 +105,8 @@ inline constexpr std::string_view kNcclMemoryFamily = "nccl.memory";
 // host.gemm_launch and host.grouped_gemm_launch).
 inline constexpr std::string_view kGemmCallFamily = "host.gemm_call";
 inline constexpr std::string_view kGroupedCallFamily = "host.grouped_gemm_call";
+// Host time per launch when launches rotate over N streams (optional; absent: no extra).
+inline constexpr std::string_view kStreamCycleFamily = "host.stream_cycle";
 // Host families: "host.kernel_launch", "host.framework_op", "host.event_record", "host.stream_sync",
 // "host.gpu_read", "host.graph_launch", "host.graph_node", "host.collective_launch".
 std::string host_family(std::string_view what);

@@ -106,6 +106,10 @@ class OpCoster {
   // GEMMs launch a second kernel; a grouped GEMM one matmul per run of equal rows); empty: the
   // per-kind constant of HostCosts (test fakes, other kinds).
   [[nodiscard]] virtual std::optional<Seconds> library_launch(const scenarios::Op& /*op*/) const { return std::nullopt; }
+  // Extra host time of each kernel or library launch when a rank's launches rotate over `streams`
+  // streams (each with its own OpRunner), over launching on one (calibration host.stream_cycle);
+  // 0 for costers without it.
+  [[nodiscard]] virtual Seconds stream_cycle_extra(int /*streams*/) const { return Seconds(0.0); }
 };
 
 // The CostModel-backed coster. Keeps a reference: `model` must outlive it.
@@ -122,6 +126,7 @@ class CostModelCoster final : public OpCoster {
   [[nodiscard]] bool models_nccl_residency() const override;
   [[nodiscard]] std::optional<NcclMemoryParams> nccl_memory() const override;
   [[nodiscard]] std::optional<Seconds> library_launch(const scenarios::Op& op) const override;
+  [[nodiscard]] Seconds stream_cycle_extra(int streams) const override;
 
  private:
   const calibration::CostModel& model_;
