@@ -20,10 +20,10 @@ namespace threewalls::calibration {
 
 namespace {
 
-constexpr std::array<std::string_view, 13> kHostNames = {
+constexpr std::array<std::string_view, 15> kHostNames = {
     "kernel_launch", "framework_op",     "event_record",  "stream_sync",         "gpu_read",
     "graph_launch",  "graph_node",       "collective_launch", "timing_marker",   "gemm_launch",
-    "grouped_gemm_launch", "attention_launch", "attention_bwd_launch"};
+    "grouped_gemm_launch", "attention_launch", "attention_bwd_launch", "op_dispatch", "record_op"};
 
 template <class E>
 std::size_t idx(E e) {
@@ -297,6 +297,12 @@ Seconds CostModel::gemm_launch(std::int64_t m, std::int64_t n, std::int64_t k, s
 Seconds CostModel::grouped_gemm_launch(std::int64_t groups, std::int64_t total_rows, std::int64_t max_rows) const {
   if (impl_->grouped_call) return Seconds(impl_->grouped_call->time_s(groups, total_rows, max_rows));
   return grouped_gemm_launch();
+}
+// The executor's per-op path (optional families): 0 / empty when the profile lacks them.
+Seconds CostModel::op_dispatch() const { return impl_->host[13] ? impl_->host_cost(13) : Seconds(0.0); }
+std::optional<Seconds> CostModel::record_op() const {
+  if (!impl_->host[14]) return std::nullopt;
+  return impl_->host_cost(14);
 }
 // extra(N) = t(N) - t(1) of host.stream_cycle (StreamCycleModel); 0 when the profile lacks it.
 Seconds CostModel::stream_cycle_extra(int streams) const {

@@ -259,6 +259,11 @@ std::vector<FamilySpec> build_specs() {
       {"grouped_gemm_launch", "host time of one prepared grouped-GEMM call (GroupedGemm::run, OpRunner's impl)"},
       {"attention_launch", "host time of one attention forward call (Attention::forward)"},
       {"attention_bwd_launch", "host time of one attention backward call (Attention::backward)"},
+      // Optional (2026-11-25): the executor's own per-op host path, measured against the launch.
+      {"op_dispatch", "extra host time of OpRunner::run for an op over the bare kernel launch it makes"},
+      {"record_op",
+       "extra host time of a recorded op in threewalls run (end-marker query, start and end markers, host clock, "
+       "the record) over the unrecorded launch"},
   };
   for (const auto& [what, desc] : host) {
     FamilySpec s;

@@ -472,9 +472,12 @@ class StepRun {
       } else if (is_disk_read(op)) {
         s.host_cost[i] = coster_.copy_time(op.copy_kind(), Bytes(op.bytes)).value;
       } else if (in_run[i] < 0) {
-        const double launch = launch_cost(op) + (rotates(op) ? cycle_extra : 0.0);
+        const double launch = launch_cost(op) + (rotates(op) ? cycle_extra : 0.0) + host_.op_dispatch.value;
+        // A recorded op: the start marker before the launch (e), the rest of the recording path after
+        // it (host.record_op less that marker; e for the end marker without the family).
+        const double record_after = host_.record_op ? std::max(0.0, host_.record_op->value - e) : e;
         s.host_cost[i] = static_cast<double>(waits[i]) * e + (timed(op) ? e : 0.0) + launch;
-        s.host_post[i] = (timed(op) ? e : 0.0) + (needs_event[i] ? e : 0.0);
+        s.host_post[i] = (timed(op) ? record_after : 0.0) + (needs_event[i] ? e : 0.0);
         if (timed(op)) s.mark_before[i] = static_cast<double>(waits[i] + 1) * e;
         // The two timing markers are event records on the op's stream: each holds the stream for
         // timing_marker of device time (calibration/tools/timed_op_gap.cu), so a recorded step of

@@ -113,6 +113,8 @@ CostModelCoster::CostModelCoster(const calibration::CostModel& model) : model_(m
   host_.grouped_gemm_launch = model.grouped_gemm_launch();
   host_.attention_launch = model.attention_launch();
   host_.attention_bwd_launch = model.attention_bwd_launch();
+  host_.op_dispatch = model.op_dispatch();
+  host_.record_op = model.record_op();
 }
 
 Seconds CostModelCoster::stream_cycle_extra(int streams) const { return model_.stream_cycle_extra(streams); }

@@ -241,6 +241,22 @@ TEST(CostModel, ShapeAwareLibraryCallCostsRoundTripAndPredictSplitKAndRuns) {
   EXPECT_EQ(cm.stream_cycle_extra(64).value, 0.0);  // no host.stream_cycle: no extra
 }
 
+// The executor's per-op path: absent (older profiles), nothing extra and no record_op (the simulator
+// keeps its two event records); present, the medians.
+TEST(CostModel, ExecutorPathFamiliesAreOptional) {
+  const CostModel old_profile(default_profile("h100"));
+  EXPECT_EQ(old_profile.op_dispatch().value, 0.0);
+  EXPECT_FALSE(old_profile.record_op().has_value());
+  ProfileBuilder b({"path", "synthetic: unit test", "tests/calibration"}, test_hardware());
+  b.add_host("kernel_launch", Measurement::single(4.5e-6));
+  for (const double t : {0.4e-6, 0.5e-6, 0.9e-6}) b.add_host("op_dispatch", Measurement::single(t));
+  b.add_host("record_op", Measurement::single(3.1e-6));
+  const CostModel cm(Profile::parse(b.build().to_toml(), "path.toml"));
+  EXPECT_NEAR(cm.op_dispatch().value, 0.5e-6, 1e-15);
+  ASSERT_TRUE(cm.record_op().has_value());
+  EXPECT_NEAR(cm.record_op()->value, 3.1e-6, 1e-15);
+}
+
 TEST(CostModel, StreamCycleExtraRoundTripsAndIsZeroOnOneStream) {
   ProfileBuilder b({"cycle", "synthetic: unit test", "tests/calibration"}, test_hardware());
   b.add_host("kernel_launch", Measurement::single(4.5e-6));

@@ -351,6 +351,26 @@ TEST(Executor, TimingMarkersOfARecordedStepCostTwoEventsPerTimedOp) {
   EXPECT_NEAR(run_timed(b, f, Timing::coarse_ops).duration, 34 * kUs, 1e-12);
 }
 
+TEST(Executor, TheExecutorPathCostsOpDispatchPerLaunchAndRecordOpPerRecordedOp) {
+  // As above (three 1 us kernels, launches of 10 us, events of 1 us) with OpRunner's dispatch of 2 us
+  // per launch and a recorded op's path of 4 us (its start marker, 1 us, before the launch, 3 us
+  // after). Untimed: fence 1, launches end at 13, 25, 37, step 38. Timed: 14, 30, 46, step 49 (the
+  // last op's 3 us after its launch).
+  GraphBuilder b(1, 1, 1, 1, 1, 1);
+  const int c = b.add_class({0});
+  for (int i = 0; i < 3; ++i) b.add(c, b.kernel(1, "k"));
+  FakeCoster f;
+  f.host.kernel_launch = microseconds(10);
+  f.host.event_record = microseconds(1);
+  f.host.op_dispatch = microseconds(2);
+  f.host.record_op = microseconds(4);
+  EXPECT_NEAR(run_timed(b, f, Timing::none).duration, 38 * kUs, 1e-12);
+  const auto timed = run_timed(b, f, Timing::every_op);
+  EXPECT_NEAR(timed.classes[0].start[0], 14 * kUs, 1e-12);
+  EXPECT_NEAR(timed.classes[0].start[2], 46 * kUs, 1e-12);
+  EXPECT_NEAR(timed.duration, 49 * kUs, 1e-12);
+}
+
 TEST(Executor, TimingMarkersOfARecordedStepHoldTheStreamForTheirDeviceTime) {
   // Three 10 us kernels on one stream, launches of 1 us (the host runs ahead), markers of 2 us of
   // device time. Untimed: kernels end at 11, 21, 31. Timed: the first kernel holds its stream for its

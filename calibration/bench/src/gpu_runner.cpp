@@ -33,6 +33,8 @@
 #include "threewalls/backend/op_runner.hpp"
 #include "threewalls/calibration/bench/hardware_info.hpp"
 #include "threewalls/core/error.hpp"
+#include "threewalls/profiler/cuda_profiler.hpp"
+#include "threewalls/profiler/step_recorder.hpp"
 
 namespace threewalls::calibration::bench {
 
@@ -982,6 +984,101 @@ class GpuRunner final : public PointRunner {
     r.check = expect_count(before, launched, (std::to_string(n) + " stream(s)").c_str()) + "; " + check_gemm(g, a, b, c, false);
   }
 
+  // The executor's per-op host path (issue 8), against the launch alone: `op_dispatch` is the extra
+  // host time of OpRunner::run for a small elementwise add over a bare kernel launch (its buffer
+  // checks and dispatch); `record_op` the extra host time of a *recorded* op over the same
+  // OpRunner::run: the recording path of threewalls run's executor (executor.cpp issue_op) with the
+  // profiler's own parts, CudaEventClock markers and a StepRecorder: a non-blocking query of the
+  // previous op's end marker (shared as this op's start while the stream has not reached it, else
+  // a start marker of its own), the launch, a host clock read, an end marker, the record. Each sample
+  // times kOps calls of each variant back to back and takes the difference per call; the tiny
+  // kernels keep the device ahead of the host, so the times are the host's.
+  static constexpr int kExecutorOps = 64;
+  void measure_executor_path(const StopRule& rule, Record& r, bool recorded) {
+    be::OpRunner runner(be::OpRunnerConfig{});
+    scenarios::Op add;
+    add.kind = scenarios::OpKind::elementwise;
+    add.sub = static_cast<std::uint8_t>(scenarios::ElementwiseKind::add);
+    add.shape = {4096, 0, 0, 0, 0, 0};
+    int* cnt = buf_[0].as<int>();
+    const int before = counter();
+    long long launched = 0;
+    const auto now_us = [] {
+      return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    };
+    profiler::cuda::CudaEventClock clock(4 * kExecutorOps);
+    profiler::SamplingConfig cfg;
+    cfg.record_every_n_steps = 1;
+    profiler::StepRecorder<profiler::cuda::CudaEventClock> rec(clock, profiler::SamplingPolicy(cfg, 1), 0, nullptr);
+    int step = 0;
+    std::size_t phases = 0;
+    runner.run(add, s());  // buffers, first launch
+    sync();
+    rec.set_anchor(clock.mark(s()), now_us());
+    const auto timed = [&](const std::function<void()>& fn) {
+      const auto t0 = std::chrono::steady_clock::now();
+      fn();
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kExecutorOps;
+    };
+    const Sampling smp = sample_until(rule, clock_, [&] {
+      double base = 0.0, with = 0.0;
+      if (!recorded) {
+        base = timed([&] {
+          for (int i = 0; i < kExecutorOps; ++i) kernels::launch_count(cnt, s());
+        });
+        launched += kExecutorOps;
+        sync();
+        with = timed([&] {
+          for (int i = 0; i < kExecutorOps; ++i) runner.run(add, s());
+        });
+      } else {
+        base = timed([&] {
+          for (int i = 0; i < kExecutorOps; ++i) runner.run(add, s());
+        });
+        sync();
+        rec.begin_step(step++, s());
+        with = timed([&] {
+          using Owns = profiler::StepRecorder<profiler::cuda::CudaEventClock>::Owns;
+          profiler::cuda::CudaEventClock::Marker prev{};
+          const profiler::PhaseRecord tmpl{};
+          for (int i = 0; i < kExecutorOps; ++i) {
+            profiler::cuda::CudaEventClock::Marker m0 = prev;
+            Owns owns = Owns::end;
+            if (prev == profiler::cuda::CudaEventClock::Marker{} || clock.done(prev)) {
+              m0 = clock.mark(s());
+              owns = Owns::both;
+            }
+            runner.run(add, s());
+            const double launched_us = now_us();
+            const auto m1 = clock.mark(s());
+            rec.device_phase(tmpl, m0, m1, owns, launched_us);
+            prev = m1;
+          }
+        });
+        rec.end_step(clock.mark(s()));
+      }
+      sync();
+      rec.harvest();
+      return std::max(1e-9, with - base);
+    });
+    r.samples_s = smp.samples, r.reps = kExecutorOps, r.stop = to_string(smp.reason), r.rel_ci = smp.rel_ci;
+    if (recorded) {
+      phases = rec.kept_phases().size();
+      const auto want = static_cast<std::size_t>(step) * kExecutorOps;
+      if (phases != want || rec.pending_steps() != 0) {
+        throw std::runtime_error("correctness check failed: " + std::to_string(phases) + " records harvested of " +
+                                 std::to_string(want));
+      }
+      for (const auto& p : rec.kept_phases()) {
+        if (!(p.dur_us >= 0.0) || !(p.start_us >= 0.0)) throw std::runtime_error("correctness check failed: a record with a negative time");
+      }
+      r.check = "passed: all " + std::to_string(phases) + " records of " + std::to_string(step) +
+                " recorded steps harvested, none negative";
+    } else {
+      r.check = expect_count(before, launched, "bare launches of the dispatch comparison");
+    }
+  }
+
   void measure_host_op(const StopRule& rule, Record& r) {
     const std::string what = r.point.op.substr(5);
     int* cnt = buf_[0].as<int>();
@@ -1093,6 +1190,8 @@ class GpuRunner final : public PointRunner {
       measure_timing_marker(rule, r);
     } else if (what == "stream_cycle") {
       measure_stream_cycle(rule, r);
+    } else if (what == "op_dispatch" || what == "record_op") {
+      measure_executor_path(rule, r, what == "record_op");
     } else if (what == "gemm_launch" || what == "grouped_gemm_launch" || what == "attention_launch" ||
                what == "attention_bwd_launch") {
       measure_library_launch(rule, r, what);

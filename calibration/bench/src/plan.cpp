@@ -529,7 +529,7 @@ void plan_collectives(Plan& p) {
 
 void plan_host(Plan& p) {
   for (const char* what : {"kernel_launch", "event_record", "stream_sync", "gpu_read", "graph_launch", "graph_node",
-                           "collective_launch", "timing_marker"}) {
+                           "collective_launch", "timing_marker", "op_dispatch", "record_op"}) {
     PointSpec s;
     s.op = std::string("host_") + what;
     s.family = std::string("host.") + what;
@@ -773,6 +773,15 @@ const std::vector<OpInfo>& op_table() {
       t.push_back(
           {std::string("host_") + h, "host", std::string("host.") + h, "see docs/calibration.md", "seconds per call"});
     }
+    t.push_back({"host_op_dispatch", "host", "host.op_dispatch",
+                 "64 OpRunner::run calls of a 4096-element add against 64 bare kernel launches; the extra host time per "
+                 "call",
+                 "seconds per op"});
+    t.push_back({"host_record_op", "host", "host.record_op",
+                 "64 recorded OpRunner::run calls (the executor's recording path: query of the previous end marker, "
+                 "start marker when not shared, launch, host clock, end marker, StepRecorder record) against 64 plain "
+                 "calls; the extra host time per op; the check harvests every record",
+                 "seconds per op"});
     t.push_back({"host_stream_cycle", "host", std::string(kStreamCycleFamily),
                  "host time per launch of visits of 5 launches (count kernel, 16 x 512 x 256 GEMM call, kernel, GEMM "
                  "call, kernel) rotating over N streams with a cuBLASLt handle each (as OpRunner per stream); the "

@@ -58,6 +58,9 @@ struct HostCosts {
   std::optional<Seconds> grouped_gemm_launch;  // grouped_gemm ops (GroupedGemm::run)
   std::optional<Seconds> attention_launch;     // forward attention ops (Attention::forward)
   std::optional<Seconds> attention_bwd_launch; // backward attention ops (Attention::backward)
+  // threewalls run's own per-op path (optional families; 0 / empty: not charged, the older behaviour):
+  Seconds op_dispatch{0.0};            // OpRunner::run around every eager launch
+  std::optional<Seconds> record_op;    // a recorded op's markers and record (empty: two event records)
 };
 
 // The kernel_terms family (calibration/kernel_terms.hpp) and inputs of a softmax_topk, permute,
