@@ -116,7 +116,7 @@ CollectiveModel collective_of(const FamilySpec& s, const Params& p) {
 StreamCycleModel stream_cycle_of(const FamilySpec& s, const Params& p) {
   StreamCycleModel m;
   for (double v : array(s, p, "streams")) m.streams.push_back(static_cast<int>(as_int(v)));
-  m.per_op_s = array(s, p, "per_op_s");
+  m.extra_s = array(s, p, "extra_s");
   return m;
 }
 
@@ -309,7 +309,7 @@ Params fit_params(const FamilySpec& spec, const std::vector<Point>& points, cons
       for (const auto& p : points) s.push_back({small_int(p.inputs[0], "streams"), p.time.median_s});
       const auto m = StreamCycleModel::fit(s);
       std::vector<double> streams(m.streams.begin(), m.streams.end());
-      return round_all({streams, m.per_op_s});
+      return round_all({streams, m.extra_s});
     }
     case ModelKind::grouped_call: {
       std::vector<GroupedCallModel::Sample> s;
@@ -370,7 +370,7 @@ double predict(const FamilySpec& spec, const Params& params, const Point& p, con
     case ModelKind::gemm_call:
       return gemm_call_of(spec, params).time_s(as_int(p.inputs[0]), as_int(p.inputs[1]), as_int(p.inputs[2]));
     case ModelKind::stream_cycle:
-      return stream_cycle_of(spec, params).per_op(static_cast<int>(as_int(p.inputs[0])));
+      return stream_cycle_of(spec, params).extra(static_cast<int>(as_int(p.inputs[0])));
     case ModelKind::grouped_call:
       return grouped_call_of(spec, params).time_s(as_int(p.inputs[0]), as_int(p.inputs[1]), as_int(p.inputs[2]));
     case ModelKind::concurrency:
@@ -488,13 +488,13 @@ std::optional<std::string> check_params(const FamilySpec& spec, const Params& pa
       return std::nullopt;
     case ModelKind::stream_cycle: {
       const auto& n = a("streams");
-      if (n.size() < 2) return "'streams' needs at least two stream counts";
-      if (a("per_op_s").size() != n.size()) return "'per_op_s' must have one entry per stream count";
+      if (n.empty()) return "'streams' needs at least one stream count";
+      if (a("extra_s").size() != n.size()) return "'extra_s' must have one entry per stream count";
       for (std::size_t i = 0; i < n.size(); ++i) {
-        if (n[i] < 1 || n[i] > kMaxRanks || (i > 0 && !(n[i] > n[i - 1]))) {
-          return "'streams' entries must be between 1 and 1048576 and increasing";
+        if (n[i] < 2 || n[i] > kMaxRanks || (i > 0 && !(n[i] > n[i - 1]))) {
+          return "'streams' entries must be between 2 and 1048576 and increasing";
         }
-        if (!(a("per_op_s")[i] > 0) || !std::isfinite(a("per_op_s")[i])) return "'per_op_s' entries must be > 0";
+        if (!(a("extra_s")[i] > 0) || !std::isfinite(a("extra_s")[i])) return "'extra_s' entries must be > 0";
       }
       return std::nullopt;
     }

@@ -304,9 +304,9 @@ std::optional<Seconds> CostModel::record_op() const {
   if (!impl_->host[14]) return std::nullopt;
   return impl_->host_cost(14);
 }
-// extra(N) = t(N) - t(1) of host.stream_cycle (StreamCycleModel); 0 when the profile lacks it.
+// extra(N) of host.stream_cycle (StreamCycleModel); 0 when the profile lacks it.
 Seconds CostModel::stream_cycle_extra(int streams) const {
-  return Seconds(impl_->stream_cycle ? impl_->stream_cycle->extra_s(streams) : 0.0);
+  return Seconds(impl_->stream_cycle ? impl_->stream_cycle->extra(streams) : 0.0);
 }
 bool CostModel::has_library_launch_costs() const {
   return impl_->host[9] || impl_->host[10] || impl_->host[11] || impl_->host[12] || impl_->gemm_call ||

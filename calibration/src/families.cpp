@@ -317,11 +317,12 @@ std::vector<FamilySpec> build_specs() {
     s.model = "stream_cycle_v1";
     s.kind = ModelKind::stream_cycle;
     s.description =
-        "host time per launch when visits of 5 launches (kernel, GEMM call, kernel, GEMM call, kernel) rotate over N "
-        "streams with a cuBLASLt handle each: t(N) = median per N, log2-interpolated; extra = t(N) - t(1)";
-    s.inputs = {{"streams", true, "streams the visits rotate over"}};
-    s.params = {{"streams", true, true, "measured stream counts, increasing (the first is the reference)"},
-                {"per_op_s", false, true, "host seconds per launch per measured stream count"}};
+        "extra host time per launch when visits of 5 launches (kernel, GEMM call, kernel, GEMM call, kernel) rotate "
+        "over N streams with a cuBLASLt handle each, over the same visits on one stream: median per N, "
+        "log2-interpolated from extra(1) = 0";
+    s.inputs = {{"streams", true, "streams the visits rotate over (>= 2)"}};
+    s.params = {{"streams", true, true, "measured stream counts, increasing, >= 2"},
+                {"extra_s", false, true, "extra host seconds per launch per measured stream count"}};
     specs.push_back(s);
   }
   {

@@ -819,34 +819,34 @@ GroupedCallModel GroupedCallModel::fit(const std::vector<Sample>& samples) {
 
 // ----------------------------------------------------------------------------------- stream cycle
 
-double StreamCycleModel::per_op(int n) const {
-  if (streams.empty()) return 0.0;
-  if (n <= streams.front()) return per_op_s.front();
-  if (n >= streams.back()) return per_op_s.back();
-  std::size_t i = 1;
-  while (streams[i] < n) ++i;
-  const double x0 = std::log2(static_cast<double>(streams[i - 1])), x1 = std::log2(static_cast<double>(streams[i]));
-  const double w = (std::log2(static_cast<double>(n)) - x0) / (x1 - x0);
-  return per_op_s[i - 1] + w * (per_op_s[i] - per_op_s[i - 1]);
-}
-
-double StreamCycleModel::extra_s(int n) const {
-  if (streams.empty()) return 0.0;
-  return std::max(0.0, per_op(n) - per_op_s.front());
+double StreamCycleModel::extra(int n) const {
+  if (streams.empty() || n <= 1) return 0.0;
+  if (n >= streams.back()) return extra_s.back();
+  // Knots: (1, 0), then the measured stream counts.
+  double x0 = 0.0, y0 = 0.0;
+  for (std::size_t i = 0; i < streams.size(); ++i) {
+    const double x1 = std::log2(static_cast<double>(streams[i]));
+    if (n <= streams[i]) {
+      const double w = (std::log2(static_cast<double>(n)) - x0) / (x1 - x0);
+      return y0 + w * (extra_s[i] - y0);
+    }
+    x0 = x1, y0 = extra_s[i];
+  }
+  return extra_s.back();
 }
 
 StreamCycleModel StreamCycleModel::fit(const std::vector<Sample>& samples) {
   std::map<int, std::vector<double>> by_n;
   for (const auto& s : samples) {
     require_positive_time(s.seconds, "stream cycle");
-    if (s.streams < 1) throw FitImpossible("stream cycle: streams must be at least 1");
+    if (s.streams < 2) throw FitImpossible("stream cycle: streams must be at least 2 (one stream is the reference)");
     by_n[s.streams].push_back(s.seconds);
   }
-  if (by_n.size() < 2) throw FitImpossible("stream cycle: needs points on at least two stream counts");
+  if (by_n.empty()) throw FitImpossible("stream cycle: needs at least one point");
   StreamCycleModel m;
   for (auto& [n, t] : by_n) {
     m.streams.push_back(n);
-    m.per_op_s.push_back(fit::median(t));
+    m.extra_s.push_back(fit::median(t));
   }
   return m;
 }

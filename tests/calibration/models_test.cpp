@@ -365,18 +365,18 @@ TEST(GemmCallModel, WithoutASplitCallItNeverPredictsOneAndWithoutAOneKernelCallI
   EXPECT_THROW(GemmCallModel::fit({{128, 1024, 7168, 0, 13e-6}}), FitImpossible);
 }
 
-// host.stream_cycle: the median per stream count, log2 interpolation between, held outside; the
-// extra is over the one-stream reference.
-TEST(StreamCycleModel, FitTakesMediansAndInterpolatesTheExtraInLog2) {
-  const auto fit = StreamCycleModel::fit({{1, 5.0e-6}, {1, 5.2e-6}, {1, 9.0e-6}, {4, 5.5e-6}, {16, 6.5e-6}, {64, 8.1e-6}});
-  ASSERT_EQ(fit.streams, (std::vector<int>{1, 4, 16, 64}));
-  EXPECT_NEAR(fit.per_op_s[0], 5.2e-6, 1e-15);  // median: the 9 us outlier run does not move it
-  EXPECT_NEAR(fit.extra_s(1), 0.0, 1e-15);
-  EXPECT_NEAR(fit.extra_s(16), 1.3e-6, 1e-12);
-  EXPECT_NEAR(fit.extra_s(32), 1.3e-6 + 0.5 * 1.6e-6, 1e-12);  // halfway from 16 to 64 in log2
-  EXPECT_NEAR(fit.extra_s(65), 2.9e-6, 1e-12);                 // held beyond the largest
-  EXPECT_NEAR(fit.per_op(2), 5.2e-6 + 0.5 * 0.3e-6, 1e-12);
-  EXPECT_THROW(StreamCycleModel::fit({{1, 5e-6}, {1, 6e-6}}), FitImpossible);
+// host.stream_cycle: the median extra per stream count, log2 interpolation from extra(1) = 0 through
+// the measured counts, held beyond the largest.
+TEST(StreamCycleModel, FitTakesMediansAndInterpolatesTheExtraInLog2FromZeroAtOneStream) {
+  const auto fit = StreamCycleModel::fit({{4, 0.4e-6}, {4, 0.5e-6}, {4, 9.0e-6}, {16, 1.3e-6}, {64, 2.9e-6}});
+  ASSERT_EQ(fit.streams, (std::vector<int>{4, 16, 64}));
+  EXPECT_NEAR(fit.extra_s[0], 0.5e-6, 1e-15);  // median: the 9 us outlier does not move it
+  EXPECT_EQ(fit.extra(1), 0.0);
+  EXPECT_NEAR(fit.extra(2), 0.25e-6, 1e-12);                 // halfway from (1, 0) to (4, 0.5) in log2
+  EXPECT_NEAR(fit.extra(16), 1.3e-6, 1e-12);
+  EXPECT_NEAR(fit.extra(32), 1.3e-6 + 0.5 * 1.6e-6, 1e-12);  // halfway from 16 to 64
+  EXPECT_NEAR(fit.extra(65), 2.9e-6, 1e-12);                 // held beyond the largest
+  EXPECT_THROW(StreamCycleModel::fit({{1, 5e-6}}), FitImpossible);
   EXPECT_THROW(StreamCycleModel::fit({}), FitImpossible);
 }
 

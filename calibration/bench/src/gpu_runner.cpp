@@ -934,9 +934,11 @@ class GpuRunner final : public PointRunner {
     r.check = log.passed();
   }
 
-  // Host seconds per launch when visits of five launches (count kernel, GEMM call, count kernel, GEMM
-  // call, count kernel) rotate over N streams, each with its own cuBLASLt handle, as threewalls run's
-  // OpRunners do (one per stream): host.stream_cycle. The GEMM is tiny (16 x 512 x 256, one node), the
+  // Extra host seconds per launch when visits of five launches (count kernel, GEMM call, count kernel,
+  // GEMM call, count kernel) rotate over N streams, each with its own cuBLASLt handle, as threewalls
+  // run's OpRunners do (one per stream), over the same visits on one stream: host.stream_cycle. A
+  // sample times one stream, N streams, one stream again, and takes N minus the mean of the two (a
+  // drift of the host's speed during the sample cancels; samples a few seconds apart did not). The GEMM is tiny (16 x 512 x 256, one node), the
   // device keeps up with the host, so the sample is the host's launch rate. Fresh streams and
   // handles per point; the first rotation (plans, lazy loading) is not timed.
   void measure_stream_cycle(const StopRule& rule, Record& r) {
@@ -955,8 +957,8 @@ class GpuRunner final : public PointRunner {
     const void* b = buf_[4].data();
     void* c = buf_[5].data();
     long long launched = 0;
-    auto visit = [&](int v) {
-      const auto i = static_cast<std::size_t>(v % n);
+    auto visit = [&](int v, int rotate) {
+      const auto i = static_cast<std::size_t>(v % rotate);
       const cudaStream_t st = streams[i];
       kernels::launch_count(cnt, st);
       lts[i]->gemm(g, a, b, c, st);
@@ -968,14 +970,21 @@ class GpuRunner final : public PointRunner {
     auto drain = [&] {
       for (const auto& st : streams) TW_CUDA_CHECK(cudaStreamSynchronize(st));
     };
-    for (int v = 0; v < n; ++v) visit(v);  // warm-up: every handle's plan
+    for (int v = 0; v < n; ++v) visit(v, n);  // warm-up: every handle's plan
     drain();
-    const Sampling smp = sample_until(rule, clock_, [&] {
+    // Host seconds per launch of kVisits visits rotating over `rotate` streams.
+    const auto pass = [&](int rotate) {
       const auto t0 = std::chrono::steady_clock::now();
-      for (int v = 0; v < kVisits; ++v) visit(v);
+      for (int v = 0; v < kVisits; ++v) visit(v, rotate);
       const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       drain();
       return t / (5.0 * kVisits);
+    };
+    const Sampling smp = sample_until(rule, clock_, [&] {
+      const double one_before = pass(1);
+      const double many = pass(n);
+      const double one_after = pass(1);
+      return std::max(1e-9, many - 0.5 * (one_before + one_after));
     });
     r.samples_s = smp.samples, r.reps = 5 * kVisits, r.stop = to_string(smp.reason), r.rel_ci = smp.rel_ci;
     TW_CUDA_CHECK(cudaMemsetAsync(c, 0xFF, sz(g.m * g.n) * 2, s()));

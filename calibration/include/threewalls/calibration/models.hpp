@@ -331,26 +331,25 @@ struct GroupedCallModel {
   static GroupedCallModel fit(const std::vector<Sample>& samples);
 };
 
-// Host time per launch when the launches rotate over N streams, each with its own cuBLASLt handle,
-// as threewalls run's OpRunners do ("stream_cycle_v1", issue 8: spreading a MoE layer's experts over
-// 64 streams made every launch of the layer slower on the host, not only the stream waits). A point
-// issues visits of five launches (kernel, GEMM call, kernel, GEMM call, kernel) on one stream, then
-// moves to the next stream; its time is the host seconds per launch. Per measured N the median;
-// other N interpolate linearly in log2 N and hold the nearest measured value outside. What the
-// simulator charges on top of each launch is the excess over one stream:
-//   extra(N) = t(N) - t(1)   (>= 0; t(1) = the smallest measured N's value).
+// Extra host time per launch when the launches rotate over N streams, each with its own cuBLASLt
+// handle, as threewalls run's OpRunners do ("stream_cycle_v1", issue 8: spreading a MoE layer's
+// experts over 64 streams made every launch of the layer slower on the host, not only the stream
+// waits). A point issues visits of five launches (kernel, GEMM call, kernel, GEMM call, kernel) on
+// one stream, then moves to the next stream, and the same visits all on one stream, back to back
+// (one, N, one again, so that a drift of the host's speed cancels); a sample is the difference in
+// host seconds per launch. Per measured N the median (>= 0); other N interpolate linearly in log2 N
+// from extra(1) = 0 through the measured N, holding the largest measured value beyond it.
 struct StreamCycleModel {
-  std::vector<int> streams;      // increasing, >= 1; streams[0] is the one-stream reference
-  std::vector<double> per_op_s;  // host seconds per launch, per entry of `streams`
+  std::vector<int> streams;     // measured stream counts, increasing, >= 2
+  std::vector<double> extra_s;  // extra host seconds per launch, per entry of `streams`
 
-  [[nodiscard]] double per_op(int n) const;
-  [[nodiscard]] double extra_s(int n) const;
+  [[nodiscard]] double extra(int n) const;
 
   struct Sample {
     int streams;
-    double seconds;  // host seconds per launch
+    double seconds;  // extra host seconds per launch over one stream
   };
-  // Throws FitImpossible without points or with a single stream count.
+  // Throws FitImpossible without points or with a stream count below 2.
   static StreamCycleModel fit(const std::vector<Sample>& samples);
 };
 
