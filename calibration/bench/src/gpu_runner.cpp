@@ -31,10 +31,9 @@
 #include "threewalls/backend/kernels.hpp"
 #include "threewalls/backend/nccl.hpp"
 #include "threewalls/backend/op_runner.hpp"
+#include "threewalls/backend/recording_path.hpp"
 #include "threewalls/calibration/bench/hardware_info.hpp"
 #include "threewalls/core/error.hpp"
-#include "threewalls/profiler/cuda_profiler.hpp"
-#include "threewalls/profiler/step_recorder.hpp"
 
 namespace threewalls::calibration::bench {
 
@@ -996,12 +995,11 @@ class GpuRunner final : public PointRunner {
   // The executor's per-op host path (issue 8), against the launch alone: `op_dispatch` is the extra
   // host time of OpRunner::run for a small elementwise add over a bare kernel launch (its buffer
   // checks and dispatch); `record_op` the extra host time of a *recorded* op over the same
-  // OpRunner::run: the recording path of threewalls run's executor (executor.cpp issue_op) with the
-  // profiler's own parts, CudaEventClock markers and a StepRecorder: a non-blocking query of the
-  // previous op's end marker (shared as this op's start while the stream has not reached it, else
-  // a start marker of its own), the launch, a host clock read, an end marker, the record. Each sample
-  // times kOps calls of each variant back to back and takes the difference per call; the tiny
-  // kernels keep the device ahead of the host, so the times are the host's.
+  // OpRunner::run: the recording path of threewalls run's executor (backend::RecordedLaunches: the
+  // previous end marker's query, a start marker unless shared, the launch, a host clock read, an end
+  // marker, the StepRecorder record). Each sample times kExecutorOps calls of each variant back to
+  // back and takes the difference per call; the tiny kernels keep the device ahead of the host, so
+  // the times are the host's.
   static constexpr int kExecutorOps = 64;
   void measure_executor_path(const StopRule& rule, Record& r, bool recorded) {
     be::OpRunner runner(be::OpRunnerConfig{});
@@ -1012,76 +1010,45 @@ class GpuRunner final : public PointRunner {
     int* cnt = buf_[0].as<int>();
     const int before = counter();
     long long launched = 0;
-    const auto now_us = [] {
-      return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
-    };
-    profiler::cuda::CudaEventClock clock(4 * kExecutorOps);
-    profiler::SamplingConfig cfg;
-    cfg.record_every_n_steps = 1;
-    profiler::StepRecorder<profiler::cuda::CudaEventClock> rec(clock, profiler::SamplingPolicy(cfg, 1), 0, nullptr);
-    int step = 0;
-    std::size_t phases = 0;
     runner.run(add, s());  // buffers, first launch
     sync();
-    rec.set_anchor(clock.mark(s()), now_us());
-    const auto timed = [&](const std::function<void()>& fn) {
+    be::RecordedLaunches rec(s(), 4 * kExecutorOps);
+    const auto per_call = [&](const std::function<void()>& fn) {
       const auto t0 = std::chrono::steady_clock::now();
       fn();
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kExecutorOps;
     };
+    const auto run_ops = [&] {
+      for (int i = 0; i < kExecutorOps; ++i) runner.run(add, s());
+    };
     const Sampling smp = sample_until(rule, clock_, [&] {
       double base = 0.0, with = 0.0;
       if (!recorded) {
-        base = timed([&] {
+        base = per_call([&] {
           for (int i = 0; i < kExecutorOps; ++i) kernels::launch_count(cnt, s());
         });
         launched += kExecutorOps;
         sync();
-        with = timed([&] {
-          for (int i = 0; i < kExecutorOps; ++i) runner.run(add, s());
-        });
+        with = per_call(run_ops);
       } else {
-        base = timed([&] {
-          for (int i = 0; i < kExecutorOps; ++i) runner.run(add, s());
-        });
+        base = per_call(run_ops);
         sync();
-        rec.begin_step(step++, s());
-        with = timed([&] {
-          using Owns = profiler::StepRecorder<profiler::cuda::CudaEventClock>::Owns;
-          profiler::cuda::CudaEventClock::Marker prev{};
-          const profiler::PhaseRecord tmpl{};
-          for (int i = 0; i < kExecutorOps; ++i) {
-            profiler::cuda::CudaEventClock::Marker m0 = prev;
-            Owns owns = Owns::end;
-            if (prev == profiler::cuda::CudaEventClock::Marker{} || clock.done(prev)) {
-              m0 = clock.mark(s());
-              owns = Owns::both;
-            }
-            runner.run(add, s());
-            const double launched_us = now_us();
-            const auto m1 = clock.mark(s());
-            rec.device_phase(tmpl, m0, m1, owns, launched_us);
-            prev = m1;
-          }
-        });
-        rec.end_step(clock.mark(s()));
+        with = per_call([&] { rec.step(kExecutorOps, [&] { runner.run(add, s()); }); });
       }
       sync();
-      rec.harvest();
+      if (recorded) static_cast<void>(rec.harvest(nullptr));  // markers back to the pool, outside the timing
       return std::max(1e-9, with - base);
     });
     r.samples_s = smp.samples, r.reps = kExecutorOps, r.stop = to_string(smp.reason), r.rel_ci = smp.rel_ci;
     if (recorded) {
-      phases = rec.kept_phases().size();
-      const auto want = static_cast<std::size_t>(step) * kExecutorOps;
-      if (phases != want || rec.pending_steps() != 0) {
+      bool negative = false;
+      const std::size_t phases = rec.harvest(&negative);
+      const auto want = static_cast<std::size_t>(rec.steps()) * kExecutorOps;
+      if (phases != want || negative) {
         throw std::runtime_error("correctness check failed: " + std::to_string(phases) + " records harvested of " +
-                                 std::to_string(want));
+                                 std::to_string(want) + (negative ? ", some with a negative time" : ""));
       }
-      for (const auto& p : rec.kept_phases()) {
-        if (!(p.dur_us >= 0.0) || !(p.start_us >= 0.0)) throw std::runtime_error("correctness check failed: a record with a negative time");
-      }
-      r.check = "passed: all " + std::to_string(phases) + " records of " + std::to_string(step) +
+      r.check = "passed: all " + std::to_string(phases) + " records of " + std::to_string(rec.steps()) +
                 " recorded steps harvested, none negative";
     } else {
       r.check = expect_count(before, launched, "bare launches of the dispatch comparison");
