@@ -997,8 +997,9 @@ class GpuRunner final : public PointRunner {
   // checks and dispatch); `record_op` the extra host time of a *recorded* op over the same
   // OpRunner::run: the recording path of threewalls run's executor (backend::RecordedLaunches: the
   // previous end marker's query, a start marker unless shared, the launch, a host clock read, an end
-  // marker, the StepRecorder record). Each sample times kExecutorOps calls of each variant back to
-  // back and takes the difference per call; the tiny kernels keep the device ahead of the host, so
+  // marker, the StepRecorder record, and the step's harvest into records after the stream finished,
+  // which the executor runs on the same thread between steps). Each sample times kExecutorOps calls
+  // of each variant back to back and takes the difference per call; the tiny kernels keep the device ahead of the host, so
   // the times are the host's.
   static constexpr int kExecutorOps = 64;
   void measure_executor_path(const StopRule& rule, Record& r, bool recorded) {
@@ -1034,9 +1035,12 @@ class GpuRunner final : public PointRunner {
         base = per_call(run_ops);
         sync();
         with = per_call([&] { rec.step(kExecutorOps, [&] { runner.run(add, s()); }); });
+        sync();
+        // The step's conversion into records (two event-time reads per record), which the executor
+        // does on the same host thread between steps: part of what a recorded op costs the host.
+        with += per_call([&] { static_cast<void>(rec.harvest(nullptr)); });
       }
       sync();
-      if (recorded) static_cast<void>(rec.harvest(nullptr));  // markers back to the pool, outside the timing
       return std::max(1e-9, with - base);
     });
     r.samples_s = smp.samples, r.reps = kExecutorOps, r.stop = to_string(smp.reason), r.rel_ci = smp.rel_ci;
