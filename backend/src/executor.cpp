@@ -813,11 +813,10 @@ class RankWorker {
   // the stream has passed it, the stream is idle (or about to be) waiting for the host, and
   // start(B) = end(A) would put that idle gap inside B's record: B records its own start marker
   // instead (one non-blocking query, where the marker record would have been; what the stream does
-  // between the query and the launch is in an unshared record as well).
-  Marker shared_start(const Marker& prev, bool timed) {
-    if (!timed || !share_markers_ || prev.id == kNone) return Marker{};
-    if (clock_.done(prev)) return Marker{};
-    return prev;
+  // between the query and the launch is in an unshared record as well): StepRecorder::start_after.
+  Recorder::Start start_marker(int s, const Marker& prev, bool timed) {
+    if (!timed) return {Marker{}, Recorder::Owns::end};
+    return recorder_->start_after(s, share_markers_ ? prev : Marker{});
   }
   Marker& last_end(int s) {
     const auto k = static_cast<std::size_t>(s);
@@ -833,12 +832,7 @@ class RankWorker {
     Marker& prev = last_end(s);
     if (wait_deps(i, s)) prev = Marker{};
     const bool timed = rec && recorder_->records_phase(info.tmpl.coarse);
-    Marker m0 = shared_start(prev, timed);  // start(op) = end(previous timed op on s)
-    auto owns = Recorder::Owns::end;
-    if (timed && m0.id == kNone) {
-      m0 = clock_.mark(s);
-      owns = Recorder::Owns::both;
-    }
+    const auto [m0, owns] = start_marker(s, prev, timed);  // start(op) = end(previous timed op on s)
     prev = Marker{};
     dev_->launch(*plan_.graph, op, s, annotate_);
     if (timed) {
@@ -869,12 +863,7 @@ class RankWorker {
       // told apart on the stream), the start shared with the previous timed op on s when possible.
       Marker& prev = last_end(s);
       if (waited) prev = Marker{};
-      Marker m0 = shared_start(prev, timed);
-      auto owns = Recorder::Owns::end;
-      if (timed && m0.id == kNone) {
-        m0 = clock_.mark(s);
-        owns = Recorder::Owns::both;
-      }
+      const auto [m0, owns] = start_marker(s, prev, timed);
       prev = Marker{};
       dev_->launch_p2p_group(*plan_.graph, ops, s, annotate_);
       Marker m1;

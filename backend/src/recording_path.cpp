@@ -43,12 +43,7 @@ void RecordedLaunches::step(int n, const std::function<void()>& launch) {
   Clock::Marker prev{};
   for (int i = 0; i < n; ++i) {
     // As executor.cpp issue_op: share the previous end marker while the stream has not reached it.
-    Clock::Marker start = prev;
-    auto owns = Recorder::Owns::end;
-    if (prev == Clock::Marker{} || m.clock.done(prev)) {
-      start = m.clock.mark(m.stream);
-      owns = Recorder::Owns::both;
-    }
+    const auto [start, owns] = m.recorder.start_after(m.stream, prev);
     launch();
     const double launched = now_us();
     const Clock::Marker end = m.clock.mark(m.stream);

@@ -790,7 +790,7 @@ const std::vector<OpInfo>& op_table() {
                  "seconds per launch"});
     t.push_back({"host_gemm_launch", "host", std::string(kGemmCallFamily),
                  "host time of one CublasLt::gemm call (cached plan, as OpRunner calls it) while a blocking kernel "
-                 "holds the stream; the check counts the kernels one call launches (graph capture)",
+                 "holds the stream; the graph nodes one call launches (graph capture) are the point's input `nodes`",
                  "seconds per call"});
     t.push_back({"host_grouped_gemm_launch", "host", std::string(kGroupedCallFamily),
                  "host time of one GroupedGemm::run (OpRunner's grouped_impl, prepared plan) while a blocking kernel "

@@ -115,6 +115,19 @@ class StepRecorder {
     end,   // a is an earlier phase's end marker (start(this) = end(previous) on the same stream)
     none,  // a and b both belong to an earlier phase (the members of one NCCL group)
   };
+  // The start marker of a phase issued on `s` right behind an earlier phase of the step whose end
+  // marker is `prev` (Marker{}: none, or nothing may be shared): `prev` itself while the device has
+  // not passed it (start(this) = end(previous), Owns::end), else a marker of its own (Owns::both):
+  // once the stream has passed `prev` it is idle waiting for the host, and sharing would put that
+  // gap inside this phase (see "Shared boundary markers" above). One non-blocking query.
+  struct Start {
+    Marker marker;
+    Owns owns;
+  };
+  Start start_after(Stream s, const Marker& prev) {
+    if (!(prev == Marker{}) && !clock_->done(prev)) return {prev, Owns::end};
+    return {clock_->mark(s), Owns::both};
+  }
   // A phase of the current (recorded) step between markers `a` and `b`; `r` carries everything but
   // step, rank, start_us and dur_us.
   // `launched_host_us`: the host time (clock of set_anchor) at which the launch call of the phase's
