@@ -12,7 +12,8 @@
 #   validate    validate_suite.py over the fidelity suite with PROFILE (+ examples, key checks, faults)
 #   studies     validate_suite.py over the host-overhead and offload suites with PROFILE
 #               (NVMe tier: NVME_SCENARIOS names or "none", NVME_STEPS steps, NVME_TIMEOUT seconds;
-#               ONLY_NVME=1 runs the NVMe tier alone)
+#               ONLY_NVME=1 runs the NVMe tier alone; RECALIBRATE=host: a quick host-only calibration
+#               before each host-overhead scenario, HOST_OVERHEAD_TIMEOUT seconds for that suite)
 #   mpi         `mpirun -np N threewalls run` of small_moe_ep4 (ep2 on 2 GPUs) with a record-key check
 #               against `sim` on PROFILE, a wrong world size, and an injected failing rank
 #   nccl        kernel_bench's NCCL bus bandwidth (64 MiB-1 GiB) on 2 and on all GPUs, with NCCL's
@@ -117,9 +118,11 @@ studies)
   {
     date -u +%Y-%m-%dT%H:%M:%SZ
     if [ "${ONLY_NVME:-0}" != 1 ]; then
-      step "host-overhead study (Switch-like layers)"
-      timeout 300 python3 scripts/validate_suite.py --bin "$TW" --kind "$KIND" --profile "$PROFILE" \
-        --out "$OUT/host_overhead_$KIND" scenarios/validation/host_overhead
+      recal=()
+      [ -n "${RECALIBRATE:-}" ] && recal=(--recalibrate "$RECALIBRATE")
+      step "host-overhead study (Switch-like layers) ${recal[*]}"
+      timeout "${HOST_OVERHEAD_TIMEOUT:-300}" python3 scripts/validate_suite.py --bin "$TW" --kind "$KIND" --profile "$PROFILE" \
+        "${recal[@]}" --out "$OUT/host_overhead_$KIND" scenarios/validation/host_overhead
       echo "rc=$?"
       step "expert-offload study (DeepSeek-V2-Lite decode), host tier, one scenario at a time"
       CUDA_VISIBLE_DEVICES=0 timeout 280 python3 scripts/validate_suite.py --bin "$TW" --kind "$KIND" --profile "$PROFILE" \

@@ -10,6 +10,13 @@ peak-memory error, and the predicted vs measured speed-up of the suite's pairs.
         [--profile calibration/profiles/h200.toml | --calibrate [--quick]] \
         --out OUT scenarios/validation/fidelity
 
+With --recalibrate GROUPS, each real run is preceded by a calibration of those groups on its GPU
+(`threewalls calibrate --only GROUPS --fill-from PROFILE`, quick unless --recalibrate-full; host
+quick: about 5 s; copy needs full for the disk tier): the scenario is simulated with that profile
+(those families measured seconds before the run, the rest from PROFILE) and, for comparison, with
+PROFILE alone. A host or a virtual disk whose speed drifts over minutes (a VM) otherwise moves
+launch-bound or disk-bound steps by more than the model's error; the table shows both.
+
 Scenarios that need more GPUs than the machine has are listed as skipped, never dropped silently.
 Single-GPU scenarios run concurrently, one per GPU (CUDA_VISIBLE_DEVICES). Python 3 standard library only.
 """
@@ -57,6 +64,27 @@ def run(cmd, env=None, logfile=None, timeout=None):
     return p.returncode, p.stdout, p.stderr, dt
 
 
+def host_figures(profile_path):
+    """Kernel launch, one-node GEMM call and recording path (us) of a profile, for the drift column."""
+    try:
+        import tomllib
+        with open(profile_path, "rb") as f:
+            doc = tomllib.load(f)
+        host = doc.get("host", {})
+    except (OSError, ImportError, ValueError):
+        return {}
+    def fit(name, key):
+        v = host.get(name, {}).get("fit", {}).get(key)
+        return None if v is None else v * 1e6
+    out = {"kernel_launch_us": fit("kernel_launch", "value_s"), "gemm_call_us": fit("gemm_call", "t_one_s"),
+           "record_op_us": fit("record_op", "value_s")}
+    pts = [pt for pt in doc.get("copy", {}).get("disk_read", {}).get("points", []) if pt.get("median_s")]
+    if pts:
+        pt = min(pts, key=lambda pt: abs(pt.get("bytes", 0) - (16 << 20)))
+        out["disk_GBps"] = pt["bytes"] / pt["median_s"] / 1e9
+    return out
+
+
 def fmt(x, digits=1):
     return "n/a" if x is None else f"{x:+.{digits}f}"
 
@@ -74,6 +102,10 @@ def main():
     ap.add_argument("--timeout", type=int, default=300, help="seconds per real run")
     ap.add_argument("--steps", type=int, help="steps per scenario instead of its run.steps, in the real run and the "
                     "simulation alike (warm-up steps unchanged); for scenarios whose steps are slow (NVMe tier)")
+    ap.add_argument("--recalibrate", metavar="GROUPS",
+                    help="calibrate these groups (calibrate --only, e.g. host or copy) right before each real run, "
+                    "filled from --profile; the scenario is simulated with it (and with --profile alone)")
+    ap.add_argument("--recalibrate-full", action="store_true", help="with --recalibrate: full mode (disk tier)")
     ap.add_argument("suites", nargs="+", help="scenario folders or files")
     a = ap.parse_args()
 
@@ -111,6 +143,10 @@ def main():
             sys.exit(f"validate_suite: calibration failed (rc {rc}): {err[-2000:]}")
     if not profile:
         sys.exit("validate_suite: give --profile or --calibrate")
+    profile = os.path.abspath(profile)
+    host_dir = os.path.join(a.out, "host_profiles")
+    if a.recalibrate:
+        os.makedirs(host_dir, exist_ok=True)
 
     names = {s: os.path.splitext(os.path.basename(s))[0] for s in scenarios}
     need = {s: world_size(s) for s in scenarios}
@@ -120,6 +156,16 @@ def main():
     def real(s, devices):
         env = dict(os.environ, NCCL_NVLS_ENABLE="0", CUDA_VISIBLE_DEVICES=",".join(map(str, devices)))
         out = os.path.join(a.out, "real", names[s])
+        if a.recalibrate:
+            hp = os.path.join(host_dir, names[s] + ".toml")
+            cmd = [a.bin, "calibrate", "--only", a.recalibrate, "--fill-from", profile, "--force", "--out", hp,
+                   "--raw-out", os.path.join(host_dir, names[s] + "_raw")] + ([] if a.recalibrate_full else ["--quick"])
+            try:
+                rc, so, se, dt = run(cmd, env=env, logfile=logfile, timeout=180)
+            except subprocess.TimeoutExpired:
+                rc, se = -1, "timed out after 180 s"
+            if rc != 0:
+                return s, -1, "", "recalibration failed: " + se[-1000:], 0.0
         try:
             rc, so, se, dt = run([a.bin, "run", s, "--out", out] + steps_arg, env=env, logfile=logfile, timeout=a.timeout)
         except subprocess.TimeoutExpired:
@@ -165,20 +211,26 @@ def main():
         if not os.path.exists(os.path.join(real_dir, "summary.json")):
             results[s]["error"] = "no real run directory"
             continue
-        sim_dir = os.path.join(a.out, "sim", names[s])
-        shutil.rmtree(sim_dir, ignore_errors=True)
-        rc, so, se, dt = run([a.bin, "sim", s, "--calibration", profile, "--out", sim_dir] + steps_arg, logfile=logfile)
-        if rc != 0:
-            results[s]["error"] = "sim failed: " + (se or so)[-1500:]
-            continue
-        cjson = os.path.join(a.out, "compare", names[s] + ".json")
-        rc, so, se, dt = run([a.bin, "compare", real_dir, sim_dir, "--json", cjson], logfile=logfile)
-        open(os.path.join(a.out, "compare", names[s] + ".txt"), "w").write(so + se)
-        if not os.path.exists(cjson):
-            results[s]["error"] = "compare failed: " + (se or so)[-1500:]
-            continue
-        c = json.load(open(cjson))
-        results[s]["compare"] = c
+        hp = os.path.join(host_dir, names[s] + ".toml")
+        variants = [("", hp if a.recalibrate else profile)]
+        if a.recalibrate:
+            variants.append(("_base", profile))
+            results[s]["host"] = host_figures(hp)
+        for suffix, prof in variants:
+            sim_dir = os.path.join(a.out, "sim" + suffix, names[s])
+            shutil.rmtree(sim_dir, ignore_errors=True)
+            rc, so, se, dt = run([a.bin, "sim", s, "--calibration", prof, "--out", sim_dir] + steps_arg, logfile=logfile)
+            if rc != 0:
+                results[s]["error"] = "sim failed: " + (se or so)[-1500:]
+                break
+            os.makedirs(os.path.join(a.out, "compare" + suffix), exist_ok=True)
+            cjson = os.path.join(a.out, "compare" + suffix, names[s] + ".json")
+            rc, so, se, dt = run([a.bin, "compare", real_dir, sim_dir, "--json", cjson], logfile=logfile)
+            open(os.path.join(a.out, "compare" + suffix, names[s] + ".txt"), "w").write(so + se)
+            if not os.path.exists(cjson):
+                results[s]["error"] = "compare failed: " + (se or so)[-1500:]
+                break
+            results[s]["compare" + suffix] = json.load(open(cjson))
 
     # ---- table ----
     def step_err(c):
@@ -199,8 +251,14 @@ def main():
 
     lines = [f"# Fidelity on {a.kind} ({gpus} GPUs), {started}", "",
              f"Profile: `{profile}`" + (f" (calibrated in this call, {calib_seconds:.0f} s)" if calib_seconds else ""), "",
-             "| scenario | GPUs | step real (ms) | step sim (ms) | step error | phases >= 5% (median abs error) | worst phase | peak memory error |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| scenario | GPUs | step real (ms) | step sim (ms) | step error | phases >= 5% (median abs error) | worst phase | peak memory error |"
+             + (" step error, PROFILE alone | kernel launch / GEMM call / record (us); disk read 16 MiB (GB/s), just before |"
+                if a.recalibrate else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|---|" if a.recalibrate else "")]
+    if a.recalibrate:
+        lines[2:2] = [f"Families of `{a.recalibrate}` measured right before each real run (`--recalibrate`), "
+                      "the rest from the profile.", ""]
+    base_errors = []
     step_errors, phase_errors, mem_errors = [], [], []
     for s in scenarios:
         r = results[s]
@@ -225,13 +283,28 @@ def main():
         worst = max(majors, key=lambda t: abs(t[1])) if majors else None
         real_ms = (step_median(c, "a") or 0) / 1000.0
         sim_ms = (step_median(c, "b") or 0) / 1000.0
+        extra = ""
+        if a.recalibrate:
+            be = step_err(r["compare_base"]) if "compare_base" in r else None
+            if be is not None:
+                base_errors.append(abs(be))
+            h = r.get("host") or {}
+            extra = (f" {fmt(be)}% | " + " / ".join("n/a" if h.get(k) is None else f"{h[k]:.2f}"
+                                                    for k in ("kernel_launch_us", "gemm_call_us", "record_op_us"))
+                     + ("" if h.get("disk_GBps") is None else f"; {h['disk_GBps']:.2f}") + " |")
         lines.append(f"| {r['name']} | {r['gpus']} | {real_ms:.2f} | {sim_ms:.2f} | {fmt(se)}% | "
                      f"{'n/a' if pe is None else f'{pe:.1f}%'} ({len(majors)}) | "
-                     f"{'' if not worst else f'{worst[0]} {worst[1]:+.1f}%'} | {fmt(me)}% |")
+                     f"{'' if not worst else f'{worst[0]} {worst[1]:+.1f}%'} | {fmt(me)}% |" + extra)
     lines += ["", "Errors are (simulated - measured) / measured. Summary over the compared scenarios:", ""]
     if step_errors:
         lines.append(f"* step time |error|: median {statistics.median(step_errors):.1f}%, worst {max(step_errors):.1f}% "
                      f"({len(step_errors)} scenarios)")
+    if base_errors:
+        lines.append(f"* step time |error| with the profile alone (no host recalibration): median "
+                     f"{statistics.median(base_errors):.1f}%, worst {max(base_errors):.1f}%; within 10%: "
+                     f"{sum(e <= 10 for e in base_errors)} of {len(base_errors)}")
+    if step_errors:
+        lines.append(f"* step time within 10%: {sum(e <= 10 for e in step_errors)} of {len(step_errors)}")
     if phase_errors:
         lines.append(f"* per-phase median |error| (phases >= 5% of the step): median over scenarios "
                      f"{statistics.median(phase_errors):.1f}%, worst {max(phase_errors):.1f}%")
@@ -260,17 +333,20 @@ def main():
 
     md = "\n".join(lines) + "\n"
     open(os.path.join(a.out, "fidelity.md"), "w").write(md)
-    slim = {results[s]["name"]: {k: v for k, v in results[s].items() if k != "compare"} for s in scenarios}
+    slim = {results[s]["name"]: {k: v for k, v in results[s].items() if not k.startswith("compare")} for s in scenarios}
     for s in scenarios:
         c = results[s].get("compare")
         if c:
             slim[results[s]["name"]]["step_time_error_pct"] = step_err(c)
             slim[results[s]["name"]]["peak_memory_error_pct"] = mem_err(c)
             slim[results[s]["name"]]["major_phases"] = major_phase_errors(c)
+        if results[s].get("compare_base"):
+            slim[results[s]["name"]]["step_time_error_pct_profile_alone"] = step_err(results[s]["compare_base"])
     json.dump(slim, open(os.path.join(a.out, "results.json"), "w"), indent=1)
     with tarfile.open(os.path.join(a.out, "runs.tar.xz"), "w:xz") as t:
-        for d in ("real", "sim", "compare", "logs"):
-            t.add(os.path.join(a.out, d), arcname=d)
+        for d in ("real", "sim", "compare", "logs", "sim_base", "compare_base", "host_profiles"):
+            if os.path.exists(os.path.join(a.out, d)):
+                t.add(os.path.join(a.out, d), arcname=d)
     log(md)
 
 

@@ -43,7 +43,23 @@ struct PlanKeyHash {
   }
 };
 
-struct Plan {
+
+std::int64_t packed_ld(Trans t, std::int64_t rows_if_n, std::int64_t cols_if_n) {
+  // Row-major storage: a non-transposed [r, c] matrix has row length c; transposed, the stored
+  // matrix is [c, r] with row length r.
+  return t == Trans::n ? cols_if_n : rows_if_n;
+}
+
+std::string shape_text(const GemmShape& s) {
+  return "gemm m=" + std::to_string(s.m) + " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) +
+         " batch=" + std::to_string(s.batch) + " ta=" + (s.ta == Trans::n ? "n" : "t") +
+         " tb=" + (s.tb == Trans::n ? "n" : "t") + (s.type == GemmType::e4m3 ? " fp8" : " bf16");
+}
+
+}  // namespace
+
+// A cuBLASLt matmul plan (descriptors and the heuristic's algorithm) of one shape on one handle.
+struct CublasLt::Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
@@ -59,20 +75,6 @@ struct Plan {
     if (op != nullptr) cublasLtMatmulDescDestroy(op);
   }
 };
-
-std::int64_t packed_ld(Trans t, std::int64_t rows_if_n, std::int64_t cols_if_n) {
-  // Row-major storage: a non-transposed [r, c] matrix has row length c; transposed, the stored
-  // matrix is [c, r] with row length r.
-  return t == Trans::n ? cols_if_n : rows_if_n;
-}
-
-std::string shape_text(const GemmShape& s) {
-  return "gemm m=" + std::to_string(s.m) + " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) +
-         " batch=" + std::to_string(s.batch) + " ta=" + (s.ta == Trans::n ? "n" : "t") +
-         " tb=" + (s.tb == Trans::n ? "n" : "t") + (s.type == GemmType::e4m3 ? " fp8" : " bf16");
-}
-
-}  // namespace
 
 struct CublasLt::Impl {
   cublasLtHandle_t lt = nullptr;
@@ -101,7 +103,21 @@ void* CublasLt::workspace() const { return impl_->workspace.data(); }
 std::size_t CublasLt::workspace_size() const { return impl_->workspace.size(); }
 std::size_t CublasLt::cached_plans() const { return impl_->plans.size(); }
 
+bool CublasLt::prepare(const GemmShape& shape) {
+  bool built = false;
+  static_cast<void>(plan_of(shape, &built));
+  return built;
+}
+
 void CublasLt::gemm(const GemmShape& s, const void* a, const void* b, void* c, cudaStream_t stream) {
+  const Plan& p = plan_of(s, nullptr);
+  const float alpha = s.alpha;
+  const float beta = s.beta;
+  TW_CUBLAS_CHECK(cublasLtMatmul(impl_->lt, p.op, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &p.algo,
+                                 impl_->workspace.data(), impl_->workspace.size(), stream));
+}
+
+const CublasLt::Plan& CublasLt::plan_of(const GemmShape& s, bool* built) {
   if (s.m <= 0 || s.n <= 0 || s.k <= 0 || s.batch <= 0) {
     throw InputError(rank_prefix() + shape_text(s) + ": every dimension must be positive");
   }
@@ -162,12 +178,9 @@ void CublasLt::gemm(const GemmShape& s, const void* a, const void* b, void* c, c
     }
     p.algo = result.algo;
     it = impl_->plans.emplace(key, std::move(p)).first;
+    if (built != nullptr) *built = true;
   }
-  const Plan& p = it->second;
-  const float alpha = s.alpha;
-  const float beta = s.beta;
-  TW_CUBLAS_CHECK(cublasLtMatmul(impl_->lt, p.op, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &p.algo,
-                                 impl_->workspace.data(), impl_->workspace.size(), stream));
+  return it->second;
 }
 
 }  // namespace threewalls::backend

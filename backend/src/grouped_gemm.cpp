@@ -213,6 +213,27 @@ GroupedGemm& GroupedGemm::operator=(GroupedGemm&&) noexcept = default;
 double GroupedGemm::flops() const { return impl_->flops; }
 GroupedImpl GroupedGemm::impl() const { return impl_->impl; }
 
+bool GroupedGemm::prepare() {
+  Impl& d = *impl_;
+  bool built = false;
+  switch (d.impl) {
+    case GroupedImpl::cublas_grouped: break;
+    case GroupedImpl::lt_batched:
+      for (const Problem& p : d.runs) built = d.lt->prepare(p.shape) || built;
+      break;
+    case GroupedImpl::lt_loop:
+      for (const Problem& p : d.problems) built = d.lt->prepare(p.shape) || built;
+      break;
+    case GroupedImpl::lt_streams:
+    case GroupedImpl::lt_batched_streams: {
+      const std::vector<Problem>& work = d.impl == GroupedImpl::lt_streams ? d.problems : d.runs;
+      for (std::size_t i = 0; i < work.size(); ++i) built = d.side_lt[i % d.side.size()].prepare(work[i].shape) || built;
+      break;
+    }
+  }
+  return built;
+}
+
 void GroupedGemm::run(cudaStream_t stream) {
   Impl& d = *impl_;
   if (d.problems.empty()) return;  // no rows at all: nothing to compute (flops() == 0)

@@ -420,13 +420,33 @@ GroupedGemm& OpRunner::grouped(const Op& op) {
   return *slot;
 }
 
+namespace {
+GemmShape gemm_shape(const Op& op) {
+  const auto& s = op.shape;
+  GemmShape g = linear_gemm(layout_of(op), s[0], s[1], s[2], op.dtype == DType::fp8 ? GemmType::e4m3 : GemmType::bfloat16);
+  g.batch = std::max<std::int64_t>(s[3], 1);
+  return g;
+}
+}  // namespace
+
 void OpRunner::prepare_op(const Op& op) {
   if (op.kind == OpKind::host) return;  // executor's business
   const Need n = need_of(op);
   ensure(n);
   const cudaStream_t s = nullptr;
   switch (op.kind) {
-    case OpKind::grouped_gemm: static_cast<void>(grouped(op)); break;
+    // Plans are made here, before the step, and a new one is run once: its cuBLASLt heuristic query
+    // (0.1-3 ms) and the lazy load of a kernel not used before are not step time. A run with
+    // per-step shapes (inference routing) meets new expert row counts at every step; a long run
+    // pays those costs once per shape and the simulator does not charge them (docs/backend.md).
+    case OpKind::gemm:
+      if (lt_->prepare(gemm_shape(op))) run(op, s);
+      break;
+    case OpKind::grouped_gemm: {
+      GroupedGemm& g = grouped(op);
+      if (g.prepare()) g.run(s);
+      break;
+    }
     case OpKind::permute:
     case OpKind::unpermute: {
       const int k = topk_of(op);
@@ -487,8 +507,7 @@ void OpRunner::run(const Op& op, cudaStream_t stream) {
   const auto& s = op.shape;
   switch (op.kind) {
     case OpKind::gemm: {
-      GemmShape g = linear_gemm(layout_of(op), s[0], s[1], s[2], op.dtype == DType::fp8 ? GemmType::e4m3 : GemmType::bfloat16);
-      g.batch = std::max<std::int64_t>(s[3], 1);
+      const GemmShape g = gemm_shape(op);
       if (op.dtype == DType::fp8) {
         lt_->gemm(g, f8_[0].data(), f8_[1].data(), bf16_[2].data(), stream);
       } else {

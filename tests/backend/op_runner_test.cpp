@@ -92,6 +92,27 @@ TEST(OpRunner, RunsOneOpOfEveryComputeMemoryAndCopyKind) {
   runner.gpu_read(s);
 }
 
+TEST(OpRunner, PrepareLeavesNoGemmPlanToTheSteps) {
+  TW_REQUIRE_GPU();
+  OpRunner runner(OpRunnerConfig{});
+  std::vector<Op> ops;
+  for (const Op& op : one_of_each_kind()) {
+    if (op.kind == OpKind::gemm || op.kind == OpKind::grouped_gemm) ops.push_back(op);
+  }
+  // Per-expert GEMMs with a new row count each, as inference routing gives from step to step.
+  for (std::int64_t rows = 17; rows < 40; rows += 7) ops.push_back(make(OpKind::gemm, {rows, 256, 128, 1, 0, 0}));
+  runner.prepare(ops);
+  const std::size_t planned = runner.blas().cached_plans();
+  EXPECT_GE(planned, 8U);
+  Stream s;
+  for (const Op& op : ops) runner.run(op, s);
+  s.synchronize();
+  EXPECT_EQ(runner.blas().cached_plans(), planned) << "a step had to plan a GEMM that prepare() left out";
+  // A new shape prepared later (the next step's graph) is planned by prepare, not by run.
+  runner.prepare({make(OpKind::gemm, {53, 256, 128, 1, 0, 0})});
+  EXPECT_EQ(runner.blas().cached_plans(), planned + 1);
+}
+
 TEST(OpRunner, PreparedOpsCaptureIntoACudaGraph) {
   TW_REQUIRE_GPU();
   OpRunner runner(OpRunnerConfig{});

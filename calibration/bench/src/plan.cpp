@@ -551,13 +551,18 @@ void plan_host(Plan& p) {
   // adds a split-K reduction kernel (a second launch) from k per 128 x 128 output tile, so the
   // points span that ratio: small-m GEMMs (the launch-bound expert GEMMs of a sequential MoE layer)
   // with k / tiles from 2 to ~1000, and a large one. The runner counts each call's graph nodes
-  // (kernels, memsets; graph capture) into the input `nodes`.
+  // (kernels, memsets; graph capture) into the input `nodes`. The quick grid keeps a one-node and a
+  // split point on either side of the boundary the full grids find (179 and 512 per tile: 303 in
+  // every full H100 calibration of 2026-11-25), so a quick host-only calibration (validate_suite's
+  // --host-recalibrate) prices the expert GEMMs as the full one does; the earlier quick grid had
+  // no point below 512 but 32, and one at 512 that stays one node, and put the boundary at 677.
   struct G {
     std::int64_t m, n, k;
   };
   const std::vector<G> calls =
       !p.full()
-          ? std::vector<G>{G{64, 2560, 640}, G{128, 1024, 7168}, G{32, 640, 2560}, G{3968, 4096, 2048}}
+          ? std::vector<G>{G{64, 2560, 640}, G{48, 1280, 1792}, G{96, 896, 3584}, G{128, 1024, 7168},
+                           G{3968, 4096, 2048}}
           : std::vector<G>{G{64, 2560, 640},  G{192, 1536, 1024}, G{128, 1024, 7168}, G{3968, 4096, 2048},
                            G{32, 640, 2560},  G{48, 1280, 1792},  G{16, 2304, 1280},  G{96, 896, 3584},
                            G{32, 1152, 5120}, G{64, 384, 6144},   G{256, 1664, 2304}, G{16, 5120, 896}};
