@@ -68,6 +68,11 @@ AttentionModel attention_of(const FamilySpec& s, const Params& p, const Hardware
   m.memory_bandwidth_bytes_per_s = scalar(s, p, "memory_bandwidth_bytes_per_s");
   m.backward = s.backward;
   m.device = device_of(hw, Dtype::bf16);
+  // Optional: present = blocked form (the backend's unfused attention); absent (older profiles) = v1.
+  if (const auto& ps = array(s, p, "pair_s"); !ps.empty()) {
+    m.blocked = true;
+    m.pair_s = ps.at(0);
+  }
   return m;
 }
 
@@ -251,13 +256,31 @@ Params fit_params(const FamilySpec& spec, const std::vector<Point>& points, cons
     case ModelKind::attention: {
       std::vector<AttentionModel::Sample> s;
       for (const auto& p : points) s.push_back({attention_shape(p), p.time.median_s});
-      const auto m = AttentionModel::fit(s, spec.backward, device_of(hw, Dtype::bf16), memory_bandwidth(ctx));
-      return round_all({{static_cast<double>(m.tile_q)},
-                        {m.efficiency_max},
-                        {m.s_half},
-                        {m.d_half},
-                        {m.overhead_s},
-                        {m.memory_bandwidth_bytes_per_s}});
+      // Both forms; the blocked one (the backend's unfused attention, one more parameter) only where it
+      // fits the points better: a measured calibration of threewalls' kernel, not the fused curve the
+      // default profiles are generated from (docs/calibration.md, "Attention").
+      const auto v1 = AttentionModel::fit(s, spec.backward, device_of(hw, Dtype::bf16), memory_bandwidth(ctx), false);
+      auto median_error = [&](const AttentionModel& m) {
+        std::vector<double> e;
+        for (const auto& x : s) e.push_back(std::abs(m.time_s(x.shape) - x.seconds) / x.seconds);
+        std::nth_element(e.begin(), e.begin() + static_cast<std::ptrdiff_t>(e.size() / 2), e.end());
+        return e[e.size() / 2];
+      };
+      AttentionModel m = v1;
+      if (s.size() >= 5) {
+        const auto blocked = AttentionModel::fit(s, spec.backward, device_of(hw, Dtype::bf16), memory_bandwidth(ctx), true);
+        if (median_error(blocked) < median_error(v1)) m = blocked;
+      }
+      Params out{{static_cast<double>(m.tile_q)},
+                 {m.efficiency_max},
+                 {m.s_half},
+                 {m.d_half},
+                 {m.overhead_s},
+                 {m.memory_bandwidth_bytes_per_s},
+                 {}};
+      if (m.blocked) out[6] = {m.pair_s};
+      return round_all(out);
+
     }
     case ModelKind::linear: {
       std::vector<LinearModel::Sample> s;
@@ -423,6 +446,9 @@ std::optional<std::string> check_params(const FamilySpec& spec, const Params& pa
       if (s("s_half") < 0 || s("d_half") < 0) return "'s_half' and 'd_half' must be >= 0";
       if (s("overhead_s") < 0) return "'overhead_s' must be >= 0";
       if (!(s("memory_bandwidth_bytes_per_s") > 0)) return "'memory_bandwidth_bytes_per_s' must be > 0";
+      if (const auto& ps = a("pair_s"); ps.size() > 1 || (!ps.empty() && ps[0] < 0)) {
+        return "'pair_s' is optional: absent, or one number >= 0 in [ ]";
+      }
       return std::nullopt;
     case ModelKind::linear: {
       if (s("alpha_s") < 0) return "'alpha_s' must be >= 0";

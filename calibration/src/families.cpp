@@ -149,8 +149,8 @@ std::vector<FamilySpec> build_specs() {
     s.model = "attention_wave_v1";
     s.kind = ModelKind::attention;
     s.backward = bwd;
-    s.description = std::string("fused attention ") + (bwd ? "backward" : "forward") +
-                    " (bf16): t = max(F / (P e_max L/(L+s_half) d/(d+d_half) q), B / BW) + t0";
+    s.description = std::string("attention ") + (bwd ? "backward" : "forward") +
+                    " (bf16): t = max(F / (P e_max L/(L+s_half) d/(d+d_half) q) [+ b h pairs pair_s], B / BW) + t0";
     s.inputs = {{"batch", true, "sequences"},
                 {"seq_q", true, "query length"},
                 {"seq_kv", true, "key/value length"},
@@ -165,7 +165,11 @@ std::vector<FamilySpec> build_specs() {
         {"s_half", false, false, "keys per query row at which the sequence efficiency is half"},
         {"d_half", false, false, "head dimension at which the head-dim efficiency is half"},
         {"overhead_s", false, false, "t0: fixed time per kernel, seconds"},
-        {"memory_bandwidth_bytes_per_s", false, false, "HBM read+write bandwidth of the memory-bound limit"}};
+        {"memory_bandwidth_bytes_per_s", false, false, "HBM read+write bandwidth of the memory-bound limit"},
+        {"pair_s", false, true,
+         "blocked form (optional, one number): seconds per computed (query, key) pair and head, the score matrix's "
+         "passes through memory in the backend's unfused attention; with it, pairs are whole 512-row causal blocks",
+         true}};
     specs.push_back(s);
   }
   const std::vector<ParamSpec> linear_params = {

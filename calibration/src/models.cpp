@@ -330,6 +330,18 @@ double attention_pairs(std::int64_t seq_q, std::int64_t seq_kv, bool causal) {
   return (a + skv) * (skv - a + 1.0) / 2.0;
 }
 
+double attention_computed_pairs(std::int64_t seq_q, std::int64_t seq_kv, bool causal) {
+  if (seq_q <= 0 || seq_kv <= 0) return 0.0;
+  if (!causal) return static_cast<double>(seq_q) * static_cast<double>(seq_kv);
+  double pairs = 0.0;
+  for (std::int64_t q0 = 0; q0 < seq_q; q0 += kAttentionCausalBlock) {
+    const std::int64_t rows = std::min(kAttentionCausalBlock, seq_q - q0);
+    const std::int64_t keys = std::clamp<std::int64_t>(q0 + rows + seq_kv - seq_q, 0, seq_kv);
+    pairs += static_cast<double>(rows) * static_cast<double>(keys);
+  }
+  return pairs;
+}
+
 double attention_flops(const AttentionShape& s, bool backward) {
   const double pairs = attention_pairs(s.seq_q, s.seq_kv, s.causal);
   const double bh = static_cast<double>(s.batch) * static_cast<double>(s.heads);
@@ -341,9 +353,11 @@ double attention_flops(const AttentionShape& s, bool backward) {
 }
 
 double AttentionModel::time_s(const AttentionShape& s) const {
-  const double pairs = attention_pairs(s.seq_q, s.seq_kv, s.causal);
+  const double pairs = blocked ? attention_computed_pairs(s.seq_q, s.seq_kv, s.causal)
+                               : attention_pairs(s.seq_q, s.seq_kv, s.causal);
   if (pairs <= 0 || s.batch <= 0 || s.heads <= 0 || s.head_dim_qk <= 0 || s.head_dim_v <= 0) return overhead_s;
-  const double flops = attention_flops(s, backward);
+  const double flops = blocked ? attention_flops(s, backward) * pairs / attention_pairs(s.seq_q, s.seq_kv, s.causal)
+                               : attention_flops(s, backward);
   const double sq = static_cast<double>(s.seq_q);
   const double skv = static_cast<double>(s.seq_kv);
   const double b = static_cast<double>(s.batch);
@@ -355,19 +369,20 @@ double AttentionModel::time_s(const AttentionShape& s) const {
   const double tiles = b * h * ceil_div(sq, tile_q);
   const double q = wave_efficiency(tiles, device.sm_count);
   const double eff = efficiency_max * keys_per_row / (keys_per_row + s_half) * dqk / (dqk + d_half);
-  const double t_compute = flops / (device.peak_flop_per_s * eff * q);
+  const double t_compute = flops / (device.peak_flop_per_s * eff * q) + (blocked ? b * h * pairs * pair_s : 0.0);
   const double bytes = 2.0 * b * (h * sq * (dqk + dv) + hkv * skv * (dqk + dv)) * (backward ? 2.0 : 1.0);
   const double t_memory = bytes / memory_bandwidth_bytes_per_s;
   return std::max(t_compute, t_memory) + overhead_s;
 }
 
 AttentionModel AttentionModel::fit(const std::vector<Sample>& samples, bool backward, const DeviceConstants& device,
-                                   double memory_bandwidth_bytes_per_s) {
+                                   double memory_bandwidth_bytes_per_s, bool blocked) {
   const char* what = backward ? "attention.bwd" : "attention.fwd";
   require_device(device, memory_bandwidth_bytes_per_s, what);
-  if (samples.size() < 4) {
-    throw FitImpossible(std::string(what) + ": needs at least 4 points (e_max, s_half, d_half, t0 are fitted), has " +
-                        std::to_string(samples.size()));
+  const std::size_t need = blocked ? 5 : 4;
+  if (samples.size() < need) {
+    throw FitImpossible(std::string(what) + ": needs at least " + std::to_string(need) + " points (e_max, s_half, d_half, t0" +
+                        (blocked ? ", pair_s" : "") + " are fitted), has " + std::to_string(samples.size()));
   }
   for (const auto& s : samples) {
     require_positive_time(s.seconds, what);
@@ -380,6 +395,7 @@ AttentionModel AttentionModel::fit(const std::vector<Sample>& samples, bool back
   base.backward = backward;
   base.device = device;
   base.memory_bandwidth_bytes_per_s = memory_bandwidth_bytes_per_s;
+  base.blocked = blocked;
   auto make = [&](const std::vector<double>& theta) {
     const auto p = exp_all(theta);
     AttentionModel c = base;
@@ -387,6 +403,7 @@ AttentionModel AttentionModel::fit(const std::vector<Sample>& samples, bool back
     c.s_half = p[1];
     c.d_half = p[2];
     c.overhead_s = p[3];
+    if (blocked) c.pair_s = p[4];
     return c;
   };
   auto residuals = [&](const std::vector<double>& theta) {
@@ -399,7 +416,13 @@ AttentionModel AttentionModel::fit(const std::vector<Sample>& samples, bool back
   std::vector<std::vector<double>> starts;
   for (double e : {0.5, 0.8}) {
     for (double sh : {64.0, 1024.0}) {
-      for (double dh : {8.0, 64.0}) starts.push_back({logit(e), std::log(sh), std::log(dh), std::log(3e-6)});
+      for (double dh : {8.0, 64.0}) {
+        if (!blocked) {
+          starts.push_back({logit(e), std::log(sh), std::log(dh), std::log(3e-6)});
+          continue;
+        }
+        for (double ps : {1e-13, 3e-12}) starts.push_back({logit(e), std::log(sh), std::log(dh), std::log(3e-6), std::log(ps)});
+      }
     }
   }
   const auto res = fit::levenberg_marquardt_multistart(residuals, starts);

@@ -230,6 +230,66 @@ TEST(AttentionModel, FitRecoversParametersFromNoisyPoints) {
   EXPECT_NEAR(fit.overhead_s, 5e-6, 5e-6 * 0.4);
 }
 
+TEST(AttentionModel, ComputedPairsAreWholeCausalBlocks) {
+  // Non-causal: every pair. Causal: 512-row blocks up to their last row (s_q = 512: all of them).
+  EXPECT_DOUBLE_EQ(attention_computed_pairs(1000, 700, false), 700000.0);
+  EXPECT_DOUBLE_EQ(attention_computed_pairs(512, 512, true), 512.0 * 512.0);
+  EXPECT_DOUBLE_EQ(attention_computed_pairs(1024, 1024, true), 512.0 * 512.0 + 512.0 * 1024.0);
+  EXPECT_DOUBLE_EQ(attention_computed_pairs(1, 4096, true), 4096.0);  // decode: one row, all keys
+  EXPECT_GT(attention_computed_pairs(8192, 8192, true), attention_pairs(8192, 8192, true));
+  EXPECT_LT(attention_computed_pairs(8192, 8192, true), 1.07 * attention_pairs(8192, 8192, true));
+}
+
+TEST(AttentionModel, BlockedFormRecoversParametersFromNoisyPoints) {
+  AttentionModel truth;
+  truth.blocked = true;
+  truth.efficiency_max = 0.6;
+  truth.s_half = 500.0;
+  truth.d_half = 60.0;
+  truth.overhead_s = 2e-5;
+  truth.pair_s = 4e-12;
+  truth.memory_bandwidth_bytes_per_s = 3e12;
+  truth.device = kH200Bf16;
+  Noise noise(5, 0.015);
+  std::vector<AttentionModel::Sample> samples;
+  for (std::int64_t seq : {512, 1024, 2048, 4096, 8192}) {
+    for (std::int64_t d : {64, 128, 192}) {
+      for (bool causal : {false, true}) {
+        AttentionShape s;
+        s.batch = std::max<std::int64_t>(1, 16384 / seq);
+        s.seq_q = s.seq_kv = seq;
+        s.heads = s.kv_heads = 16;
+        s.head_dim_qk = s.head_dim_v = d;
+        s.causal = causal;
+        samples.push_back({s, noise(truth.time_s(s))});
+        s.batch = 1;  // and a small one, where t0 shows
+        s.heads = s.kv_heads = 2;
+        samples.push_back({s, noise(truth.time_s(s))});
+      }
+    }
+  }
+  const auto fit = AttentionModel::fit(samples, false, truth.device, truth.memory_bandwidth_bytes_per_s, true);
+  EXPECT_TRUE(fit.blocked);
+  EXPECT_NEAR(fit.pair_s, 4e-12, 4e-12 * 0.3);
+  EXPECT_NEAR(fit.overhead_s, 2e-5, 2e-5 * 0.3);
+  // The compute term as a whole (e_max, s_half and d_half trade against each other).
+  AttentionShape big;
+  big.batch = 4;
+  big.seq_q = big.seq_kv = 4096;
+  big.heads = big.kv_heads = 32;
+  big.head_dim_qk = big.head_dim_v = 128;
+  big.causal = true;
+  EXPECT_NEAR(fit.time_s(big), truth.time_s(big), truth.time_s(big) * 0.03);
+  // The fused form, fitted to the same points, cannot follow them as well.
+  const auto fused = AttentionModel::fit(samples, false, truth.device, truth.memory_bandwidth_bytes_per_s, false);
+  double err_blocked = 0, err_fused = 0;
+  for (const auto& x : samples) {
+    err_blocked += std::abs(fit.time_s(x.shape) / x.seconds - 1.0);
+    err_fused += std::abs(fused.time_s(x.shape) / x.seconds - 1.0);
+  }
+  EXPECT_LT(err_blocked, err_fused);
+}
+
 TEST(LinearModel, FitRecoversLatencyAndBandwidthFromNoisyPoints) {
   Noise noise(4, 0.02);
   std::vector<LinearModel::Sample> samples;

@@ -148,9 +148,21 @@ struct GroupedGemmModel {
 // B counts Q, K, V, O once (backward also dQ, dK, dV, dO); K and V have kv_heads heads.
 // T_q = 128 query rows per CTA (FlashAttention-2/3 on Hopper). Fitted: e_max in (0, 1), s_half,
 // d_half, t0 (Levenberg-Marquardt, relative residuals). Attention has no dtype argument: bf16 peak.
+//
+// Blocked form (optional `pair_s` present; what calibrate fits since 2026-11-25): the backend's
+// unfused attention (cuBLASLt GEMMs for S = Q K^T and O = P V with a softmax kernel between, over
+// blocks of kAttentionCausalBlock query rows under a causal mask) computes every pair of a block
+// up to the block's last row, and passes the score matrix through memory between its kernels:
+//   pairs_c = sum over blocks of rows x keys visible to the block's last row (non-causal: s_q s_kv)
+//   F, L, eff as above with pairs_c;   t = max( F / (P eff q) + b h pairs_c pair_s,  B / BW ) + t0
+// (s_q = 512 causal: pairs_c = s_q^2, twice the mask's pairs; the old form priced the mask's pairs
+// and was 16-19% fast on the Switch-like layers of docs/validation/host_overhead.md.)
 // (AttentionShape is declared in cost_model.hpp.)
+inline constexpr std::int64_t kAttentionCausalBlock = 512;  // backend/src/attention.cpp kCausalBlock
 // Number of (query, key) pairs the mask lets through.
 double attention_pairs(std::int64_t seq_q, std::int64_t seq_kv, bool causal);
+// Pairs the blocked (unfused) implementation computes: whole blocks of kAttentionCausalBlock rows.
+double attention_computed_pairs(std::int64_t seq_q, std::int64_t seq_kv, bool causal);
 double attention_flops(const AttentionShape& s, bool backward);
 
 struct AttentionModel {
@@ -161,6 +173,8 @@ struct AttentionModel {
   double overhead_s = 0.0;
   double memory_bandwidth_bytes_per_s = 0.0;
   bool backward = false;
+  bool blocked = false;  // the blocked form (pair_s)
+  double pair_s = 0.0;   // seconds per computed (query, key) pair and head: the score matrix's memory passes
   DeviceConstants device;  // bf16 peak
 
   [[nodiscard]] double time_s(const AttentionShape& s) const;
@@ -169,9 +183,9 @@ struct AttentionModel {
     AttentionShape shape;
     double seconds;
   };
-  // Throws FitImpossible with fewer than 4 samples.
+  // Throws FitImpossible with fewer than 4 samples (5 for the blocked form).
   static AttentionModel fit(const std::vector<Sample>& samples, bool backward, const DeviceConstants& device,
-                            double memory_bandwidth_bytes_per_s);
+                            double memory_bandwidth_bytes_per_s, bool blocked = false);
 };
 
 // ---------------------------------------------------------------------------------------------

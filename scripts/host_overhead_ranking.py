@@ -1,0 +1,40 @@
+#!/usr/bin/env python3
+"""Strategy ranking of the host-overhead suite (issue 8): for every (d_model, tokens, graph scope)
+group of scenarios switch_d{D}_t{T}_{strategy}_{scope}, the order of the strategies by measured and by
+simulated step time, from validate_suite.py's results.json.
+
+    scripts/host_overhead_ranking.py OUT/results.json
+"""
+import json
+import re
+import sys
+from collections import defaultdict
+
+
+def main():
+    results = json.load(open(sys.argv[1]))
+    groups = defaultdict(dict)
+    for name, r in results.items():
+        m = re.fullmatch(r"switch_d(\d+)_t(\w+?)_(grouped|sequential|streams\d+)_(\w+)", name)
+        if not m or r.get("real_step_ms") is None:
+            continue
+        groups[(int(m.group(1)), m.group(2), m.group(4))][m.group(3)] = (r["real_step_ms"], r["sim_step_ms"])
+    agree = 0
+    print("| d_model | tokens | graphs | measured order (ms) | simulated order (ms) | same |")
+    print("|---|---|---|---|---|---|")
+    for key in sorted(groups):
+        g = groups[key]
+        if len(g) < 2:
+            continue
+        real = sorted(g, key=lambda k: g[k][0])
+        sim = sorted(g, key=lambda k: g[k][1])
+        same = real == sim
+        agree += same
+        fmt = lambda order, i: " < ".join(f"{k} {g[k][i]:.2f}" for k in order)
+        print(f"| {key[0]} | {key[1]} | {key[2]} | {fmt(real, 0)} | {fmt(sim, 1)} | {'yes' if same else 'no'} |")
+    n = sum(len(g) >= 2 for g in groups.values())
+    print(f"\nsame order in {agree} of {n} groups")
+
+
+if __name__ == "__main__":
+    main()
