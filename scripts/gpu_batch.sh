@@ -13,7 +13,9 @@
 #   studies     validate_suite.py over the host-overhead and offload suites with PROFILE
 #               (NVMe tier: NVME_SCENARIOS names or "none", NVME_STEPS steps, NVME_TIMEOUT seconds;
 #               ONLY_NVME=1 runs the NVMe tier alone; RECALIBRATE=host: a quick host-only calibration
-#               before each host-overhead scenario, HOST_OVERHEAD_TIMEOUT seconds for that suite)
+#               before each host-overhead scenario; HO_REPEAT processes per host-overhead scenario,
+#               default 3 (launch-bound steps differ from process to process: host_overhead.md);
+#               HOST_OVERHEAD_TIMEOUT seconds for that suite, default 420)
 #   mpi         `mpirun -np N threewalls run` of small_moe_ep4 (ep2 on 2 GPUs) with a record-key check
 #               against `sim` on PROFILE, a wrong world size, and an injected failing rank
 #   nccl        kernel_bench's NCCL bus bandwidth (64 MiB-1 GiB) on 2 and on all GPUs, with NCCL's
@@ -121,8 +123,8 @@ studies)
       recal=()
       [ -n "${RECALIBRATE:-}" ] && recal=(--recalibrate "$RECALIBRATE")
       step "host-overhead study (Switch-like layers) ${recal[*]}"
-      timeout "${HOST_OVERHEAD_TIMEOUT:-300}" python3 scripts/validate_suite.py --bin "$TW" --kind "$KIND" --profile "$PROFILE" \
-        "${recal[@]}" --out "$OUT/host_overhead_$KIND" scenarios/validation/host_overhead
+      timeout "${HOST_OVERHEAD_TIMEOUT:-420}" python3 scripts/validate_suite.py --bin "$TW" --kind "$KIND" --profile "$PROFILE" \
+        "${recal[@]}" --repeat "${HO_REPEAT:-3}" --out "$OUT/host_overhead_$KIND" scenarios/validation/host_overhead
       echo "rc=$?"
       step "expert-offload study (DeepSeek-V2-Lite decode), host tier, one scenario at a time"
       CUDA_VISIBLE_DEVICES=0 timeout 280 python3 scripts/validate_suite.py --bin "$TW" --kind "$KIND" --profile "$PROFILE" \

@@ -384,9 +384,14 @@ def main():
             slim[results[s]["name"]]["step_time_error_pct_profile_alone"] = step_err(results[s]["compare_base"])
     json.dump(slim, open(os.path.join(a.out, "results.json"), "w"), indent=1)
     with tarfile.open(os.path.join(a.out, "runs.tar.xz"), "w:xz") as t:
+        # Of the repeated processes only the summaries: the compared one is in real/ whole.
+        def summaries_only(info):
+            keep = info.isdir() or os.path.basename(info.name) in ("summary.json", "run.json")
+            return info if keep else None
+
         for d in ("real", "sim", "compare", "logs", "sim_base", "compare_base", "host_profiles", "real_repeats"):
             if os.path.exists(os.path.join(a.out, d)):
-                t.add(os.path.join(a.out, d), arcname=d)
+                t.add(os.path.join(a.out, d), arcname=d, filter=summaries_only if d == "real_repeats" else None)
     log(md)
 
 
