@@ -20,10 +20,11 @@ namespace threewalls::calibration {
 
 namespace {
 
-constexpr std::array<std::string_view, 15> kHostNames = {
+constexpr std::array<std::string_view, 16> kHostNames = {
     "kernel_launch", "framework_op",     "event_record",  "stream_sync",         "gpu_read",
     "graph_launch",  "graph_node",       "collective_launch", "timing_marker",   "gemm_launch",
-    "grouped_gemm_launch", "attention_launch", "attention_bwd_launch", "op_dispatch", "record_op"};
+    "grouped_gemm_launch", "attention_launch", "attention_bwd_launch", "op_dispatch", "record_op",
+    "stream_wait"};
 
 template <class E>
 std::size_t idx(E e) {
@@ -304,6 +305,7 @@ std::optional<Seconds> CostModel::record_op() const {
   if (!impl_->host[14]) return std::nullopt;
   return impl_->host_cost(14);
 }
+Seconds CostModel::stream_wait() const { return impl_->host[15] ? impl_->host_cost(15) : event_record(); }
 // extra(N) of host.stream_cycle (StreamCycleModel); 0 when the profile lacks it.
 Seconds CostModel::stream_cycle_extra(int streams) const {
   return Seconds(impl_->stream_cycle ? impl_->stream_cycle->extra(streams) : 0.0);

@@ -268,6 +268,9 @@ std::vector<FamilySpec> build_specs() {
       {"record_op",
        "extra host time of a recorded op in threewalls run (end-marker query, start and end markers, host clock, "
        "the record) over the unrecorded launch"},
+      {"stream_wait",
+       "host time of one cudaStreamWaitEvent on a stream other than the event's, over 16 rotating streams, as "
+       "threewalls run waits across streams"},
   };
   for (const auto& [what, desc] : host) {
     FamilySpec s;

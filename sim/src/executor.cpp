@@ -387,8 +387,9 @@ class StepRun {
   }
 
   // Host-lane costs, mirroring what threewalls run issues for each op (docs/simulator.md, "Host lane";
-  // docs/backend.md, "Threads, streams, events"); e = event_record (also taken for a stream wait):
-  //   eager op      before the launch: e per dependency it must wait for on its stream (one on
+  // docs/backend.md, "Threads, streams, events"); e = event_record, w = stream_wait (a
+  // cudaStreamWaitEvent across streams; e when the profile lacks host.stream_wait):
+  //   eager op      before the launch: w per dependency it must wait for on its stream (one on
   //                 another stream, or in a CUDA-graph run), e for the timing marker (timed steps),
   //                 then the launch: collective_launch for NCCL calls, gemm_launch / grouped_gemm_launch /
   //                 attention_launch / attention_bwd_launch for GEMM / grouped-GEMM / attention ops (host
@@ -398,21 +399,23 @@ class StepRun {
   //                 class's eager launches use N > 1 streams; after it: e for the
   //                 timing marker (timed steps), e when a later op waits for it across streams, a run
   //                 boundary or on the host
-  //   graph run     on its first op: e per dependency from before the run it must wait for, 2 e per
+  //   graph run     on its first op: w per dependency from before the run it must wait for, e + w per
   //                 other stream of the run (joined before), graph_launch (none after an explicit
-  //                 graph_launch host op); after its last op: e (end event) + e per other stream;
+  //                 graph_launch host op); after its last op: e (end event) + w per other stream;
   //                 graph_node of device time per op, + 2 timing_marker when timed (marker nodes)
   //   host op       on arrival (timed steps): e per device stream its dependencies are on (gpu_read:
   //                 its data's stream), then the wait, then stream_sync / gpu_read (+ e: the event
   //                 the read waits on) / the hint
   //                 timed eager kernels and copies: 2 timing_marker of device time (the markers)
   //   disk read     on the host lane: copy(disk_read, bytes) once its dependencies are done
-  //   step          at the start, e per device stream used (the fence behind the epoch); at the end,
-  //                 2 e per device stream but the anchor (joined into it): the step ends no earlier
+  //   step          at the start, e + w per device stream but the anchor (the fence behind the epoch: an
+  //                 event on the anchor, a wait on each other used stream); at the end,
+  //                 e + w per device stream but the anchor (joined into it): the step ends no earlier
   void host_lane_costs(ClassState& s) {
     const RankClass& rc = *s.rc;
     const std::size_t n = rc.ops.size();
     const double e = host_.event_record.value;
+    const double w = host_.stream_wait ? host_.stream_wait->value : e;
     auto timed = [&](const Op& op) {
       return s.timing == Timing::every_op || (s.timing == Timing::coarse_ops && coarse_of(op) != profiler::CoarseView::none);
     };
@@ -476,9 +479,9 @@ class StepRun {
         // A recorded op: the start marker before the launch (e), the rest of the recording path after
         // it (host.record_op less that marker; e for the end marker without the family).
         const double record_after = host_.record_op ? std::max(0.0, host_.record_op->value - e) : e;
-        s.host_cost[i] = static_cast<double>(waits[i]) * e + (timed(op) ? e : 0.0) + launch;
+        s.host_cost[i] = static_cast<double>(waits[i]) * w + (timed(op) ? e : 0.0) + launch;
         s.host_post[i] = (timed(op) ? record_after : 0.0) + (needs_event[i] ? e : 0.0);
-        if (timed(op)) s.mark_before[i] = static_cast<double>(waits[i] + 1) * e;
+        if (timed(op)) s.mark_before[i] = static_cast<double>(waits[i]) * w + e;
         // The two timing markers are event records on the op's stream: each holds the stream for
         // timing_marker of device time (calibration/tools/timed_op_gap.cu), so a recorded step of
         // back-to-back kernels runs slower than an unrecorded one, in the real run as here.
@@ -549,13 +552,13 @@ class StepRun {
       }
       if (first == kNone) continue;
       const double ex = static_cast<double>(extra_streams);
-      s.host_cost[first] = static_cast<double>(external) * e + 2.0 * ex * e + (explicit_launch ? 0.0 : host_.graph_launch.value);
-      s.host_post[last] = e + ex * e;
+      s.host_cost[first] = static_cast<double>(external) * w + ex * (e + w) + (explicit_launch ? 0.0 : host_.graph_launch.value);
+      s.host_post[last] = e + ex * w;
     }
     std::size_t streams_used = 0;
     for (std::uint8_t u : used) streams_used += u;
-    s.host_time = epoch_ + static_cast<double>(streams_used) * e;
-    s.host_tail = streams_used > 1 ? 2.0 * static_cast<double>(streams_used - 1) * e : 0.0;
+    s.host_time = epoch_ + (streams_used > 0 ? e + static_cast<double>(streams_used - 1) * w : 0.0);
+    s.host_tail = streams_used > 1 ? static_cast<double>(streams_used - 1) * (e + w) : 0.0;
   }
 
   // Host time of one eager launch of `op` (the library call OpRunner makes for its kind).

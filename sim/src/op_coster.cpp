@@ -115,6 +115,7 @@ CostModelCoster::CostModelCoster(const calibration::CostModel& model) : model_(m
   host_.attention_bwd_launch = model.attention_bwd_launch();
   host_.op_dispatch = model.op_dispatch();
   host_.record_op = model.record_op();
+  host_.stream_wait = model.stream_wait();
 }
 
 Seconds CostModelCoster::stream_cycle_extra(int streams) const { return model_.stream_cycle_extra(streams); }

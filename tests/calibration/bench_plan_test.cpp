@@ -224,7 +224,7 @@ TEST(CalibrationPlan, HostOverheadsAndConcurrencyOnTwoToSixtyFourStreams) {
   EXPECT_EQ(streams, (std::set<double>{2, 4, 8, 16, 32, 64}));
   for (const char* h : {"host_kernel_launch", "host_event_record", "host_stream_sync", "host_gpu_read",
                         "host_graph_launch", "host_graph_node", "host_collective_launch", "host_op_dispatch",
-                        "host_record_op"}) {
+                        "host_record_op", "host_stream_wait"}) {
     EXPECT_EQ(of_op(points, h).size(), 1U) << h;
   }
 }

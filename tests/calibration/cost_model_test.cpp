@@ -255,6 +255,11 @@ TEST(CostModel, ExecutorPathFamiliesAreOptional) {
   EXPECT_NEAR(cm.op_dispatch().value, 0.5e-6, 1e-15);
   ASSERT_TRUE(cm.record_op().has_value());
   EXPECT_NEAR(cm.record_op()->value, 3.1e-6, 1e-15);
+  // host.stream_wait: an event record without it, its median with it.
+  EXPECT_EQ(old_profile.stream_wait().value, old_profile.event_record().value);
+  b.add_host("stream_wait", Measurement::single(2.7e-6));
+  const CostModel with_wait(Profile::parse(b.build().to_toml(), "path.toml"));
+  EXPECT_NEAR(with_wait.stream_wait().value, 2.7e-6, 1e-15);
 }
 
 TEST(CostModel, StreamCycleExtraRoundTripsAndIsZeroOnOneStream) {

@@ -55,7 +55,7 @@ TEST(DefaultProfiles, AreLabelledSyntheticAndCoverEveryFamilyTheSimulatorNeeds) 
       // Measured only (issue 8): without them the simulator charges host.kernel_launch for these calls.
       if (spec.name == "host.gemm_launch" || spec.name == "host.grouped_gemm_launch" ||
           spec.name == "host.attention_launch" || spec.name == "host.attention_bwd_launch" ||
-          spec.name == "host.op_dispatch" || spec.name == "host.record_op" ||
+          spec.name == "host.op_dispatch" || spec.name == "host.record_op" || spec.name == "host.stream_wait" ||
           spec.kind == ModelKind::gemm_call || spec.kind == ModelKind::grouped_call ||
           spec.kind == ModelKind::stream_cycle) {
         continue;

@@ -396,6 +396,25 @@ TEST(Executor, TimingMarkersOfARecordedStepHoldTheStreamForTheirDeviceTime) {
   EXPECT_NEAR(timed.classes[0].record_end[1], 27 * kUs, 1e-12);
 }
 
+TEST(Executor, CrossStreamWaitsCostTheProfilesStreamWait) {
+  // a (compute) then b (side, waits for a): launches 10 us, events 1 us, 1 us kernels. The host pays
+  // a stream wait three times: the side stream's fence behind the epoch, b's wait for a, and the
+  // anchor's wait in the step's join. Without host.stream_wait each is an event record (1 us); with
+  // it (5 us) the step, host-bound, is 3 x 4 us longer.
+  GraphBuilder b(1, 1, 1, 1, 1, 1);
+  const int c = b.add_class({0});
+  const auto a = b.add(c, b.kernel(1, "a"));
+  b.add(c, b.kernel(1, "b", "side"), {a});
+  FakeCoster f;
+  f.host.kernel_launch = microseconds(10);
+  f.host.event_record = microseconds(1);
+  const double plain = run_timed(b, f, Timing::none).duration;
+  f.host.stream_wait = microseconds(1);
+  EXPECT_NEAR(run_timed(b, f, Timing::none).duration, plain, 1e-12);
+  f.host.stream_wait = microseconds(5);
+  EXPECT_NEAR(run_timed(b, f, Timing::none).duration, plain + 12 * kUs, 1e-12);
+}
+
 TEST(Executor, ACrossStreamWaitBreaksTheSharingOfTimingMarkers) {
   // k0 (compute, 10 us), x (side, 1 us), k1 (compute, 10 us); launches 1 us, markers 2 us. Without
   // a dependency k1 shares k0's end marker: 1..15, then 15..27. When k1 waits for x (another

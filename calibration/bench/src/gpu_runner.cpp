@@ -992,6 +992,48 @@ class GpuRunner final : public PointRunner {
     r.check = expect_count(before, launched, (std::to_string(n) + " stream(s)").c_str()) + "; " + check_gemm(g, a, b, c, false);
   }
 
+  // Host seconds of one cross-stream wait, as threewalls run makes one for each dependency on another
+  // stream (wait_deps: cudaStreamWaitEvent on an event of its pool): kVisits visits of (a counting
+  // kernel on the main stream, an event of a pool recorded behind it, a counting kernel on the next
+  // of kStreams side streams), with and without the side stream waiting on that event first. A
+  // sample times without, with, without and takes with minus the mean of the two (the host's drift
+  // cancels, as in host.stream_cycle). The device keeps up with the host: the times are the host's.
+  void measure_stream_wait(const StopRule& rule, Record& r) {
+    constexpr int kStreams = 16;
+    constexpr int kVisits = 128;
+    int* cnt = buf_[0].as<int>();
+    const int before = counter();
+    std::vector<be::Stream> side(kStreams);
+    std::vector<be::Event> events;
+    for (int i = 0; i < kVisits; ++i) events.emplace_back(false);
+    long long launched = 0;
+    const auto pass = [&](bool wait) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int v = 0; v < kVisits; ++v) {
+        const cudaStream_t st = side[static_cast<std::size_t>(v % kStreams)].get();
+        be::Event& e = events[static_cast<std::size_t>(v)];
+        kernels::launch_count(cnt, s());
+        e.record(s());
+        if (wait) TW_CUDA_CHECK(cudaStreamWaitEvent(st, e.get(), 0));
+        kernels::launch_count(cnt, st);
+      }
+      const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      launched += 2 * kVisits;
+      sync();
+      for (const be::Stream& x : side) TW_CUDA_CHECK(cudaStreamSynchronize(x.get()));
+      return t / kVisits;
+    };
+    static_cast<void>(pass(true));  // warm-up: the streams' first use
+    const Sampling smp = sample_until(rule, clock_, [&] {
+      const double without_before = pass(false);
+      const double with = pass(true);
+      const double without_after = pass(false);
+      return std::max(1e-9, with - 0.5 * (without_before + without_after));
+    });
+    r.samples_s = smp.samples, r.reps = kVisits, r.stop = to_string(smp.reason), r.rel_ci = smp.rel_ci;
+    r.check = expect_count(before, launched, "kernels of the waiting and the plain visits");
+  }
+
   // The executor's per-op host path (issue 8), against the launch alone: `op_dispatch` is the extra
   // host time of OpRunner::run for a small elementwise add over a bare kernel launch (its buffer
   // checks and dispatch); `record_op` the extra host time of a *recorded* op over the same
@@ -1170,6 +1212,8 @@ class GpuRunner final : public PointRunner {
       measure_timing_marker(rule, r);
     } else if (what == "stream_cycle") {
       measure_stream_cycle(rule, r);
+    } else if (what == "stream_wait") {
+      measure_stream_wait(rule, r);
     } else if (what == "op_dispatch" || what == "record_op") {
       measure_executor_path(rule, r, what == "record_op");
     } else if (what == "gemm_launch" || what == "grouped_gemm_launch" || what == "attention_launch" ||

@@ -529,7 +529,7 @@ void plan_collectives(Plan& p) {
 
 void plan_host(Plan& p) {
   for (const char* what : {"kernel_launch", "event_record", "stream_sync", "gpu_read", "graph_launch", "graph_node",
-                           "collective_launch", "timing_marker", "op_dispatch", "record_op"}) {
+                           "collective_launch", "timing_marker", "op_dispatch", "record_op", "stream_wait"}) {
     PointSpec s;
     s.op = std::string("host_") + what;
     s.family = std::string("host.") + what;
@@ -787,6 +787,11 @@ const std::vector<OpInfo>& op_table() {
                  "start marker when not shared, launch, host clock, end marker, StepRecorder record) against 64 plain "
                  "calls; the extra host time per op; the check harvests every record",
                  "seconds per op"});
+    t.push_back({"host_stream_wait", "host", "host.stream_wait",
+                 "128 visits (a kernel on the main stream, an event recorded behind it, a kernel on the next of 16 "
+                 "side streams) with and without a cudaStreamWaitEvent of that side stream on the event, "
+                 "interleaved; the extra host time per visit",
+                 "seconds per wait"});
     t.push_back({"host_stream_cycle", "host", std::string(kStreamCycleFamily),
                  "extra host time per launch of visits of 5 launches (count kernel, 16 x 512 x 256 GEMM call, kernel, "
                  "GEMM call, kernel) rotating over N streams with a cuBLASLt handle each (as OpRunner per stream) "

@@ -131,6 +131,9 @@ class CostModel {
   // event records).
   [[nodiscard]] Seconds op_dispatch() const;
   [[nodiscard]] std::optional<Seconds> record_op() const;
+  // Host time of one cudaStreamWaitEvent on a stream other than the event's, the streams rotating
+  // (host.stream_wait; host.event_record without it, the older behaviour).
+  [[nodiscard]] Seconds stream_wait() const;
 
   // ---- concurrency ----
   // Throughput factor of `streams` concurrent small kernels relative to running them back to back

@@ -61,6 +61,7 @@ struct HostCosts {
   // threewalls run's own per-op path (optional families; 0 / empty: not charged, the older behaviour):
   Seconds op_dispatch{0.0};            // OpRunner::run around every eager launch
   std::optional<Seconds> record_op;    // a recorded op's markers and record (empty: two event records)
+  std::optional<Seconds> stream_wait;  // one cross-stream cudaStreamWaitEvent (empty: event_record)
 };
 
 // The kernel_terms family (calibration/kernel_terms.hpp) and inputs of a softmax_topk, permute,
