@@ -436,7 +436,7 @@ void OpRunner::prepare_op(const Op& op) {
   const cudaStream_t s = nullptr;
   switch (op.kind) {
     // Plans are made here, before the step, and a new one is run once: its cuBLASLt heuristic query
-    // (0.1-3 ms) and the lazy load of a kernel not used before are not step time. A run with
+    // (0.2-0.3 ms) and the lazy load of a kernel not used before (2-6 ms) are not step time. A run with
     // per-step shapes (inference routing) meets new expert row counts at every step; a long run
     // pays those costs once per shape and the simulator does not charge them (docs/backend.md).
     case OpKind::gemm:
