@@ -260,11 +260,11 @@ Params fit_params(const FamilySpec& spec, const std::vector<Point>& points, cons
       // fits the points better: a measured calibration of threewalls' kernel, not the fused curve the
       // default profiles are generated from (docs/calibration.md, "Attention").
       const auto v1 = AttentionModel::fit(s, spec.backward, device_of(hw, Dtype::bf16), memory_bandwidth(ctx), false);
+      const std::vector<double> measured = measured_medians(points);
       auto median_error = [&](const AttentionModel& m) {
-        std::vector<double> e;
-        for (const auto& x : s) e.push_back(std::abs(m.time_s(x.shape) - x.seconds) / x.seconds);
-        std::nth_element(e.begin(), e.begin() + static_cast<std::ptrdiff_t>(e.size() / 2), e.end());
-        return e[e.size() / 2];
+        std::vector<double> predicted;
+        for (const auto& x : s) predicted.push_back(m.time_s(x.shape));
+        return fit::relative_error_stats(predicted, measured).median;
       };
       AttentionModel m = v1;
       if (s.size() >= 5) {
@@ -280,7 +280,6 @@ Params fit_params(const FamilySpec& spec, const std::vector<Point>& points, cons
                  {}};
       if (m.blocked) out[6] = {m.pair_s};
       return round_all(out);
-
     }
     case ModelKind::linear: {
       std::vector<LinearModel::Sample> s;

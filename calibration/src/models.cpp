@@ -342,8 +342,9 @@ double attention_computed_pairs(std::int64_t seq_q, std::int64_t seq_kv, bool ca
   return pairs;
 }
 
-double attention_flops(const AttentionShape& s, bool backward) {
-  const double pairs = attention_pairs(s.seq_q, s.seq_kv, s.causal);
+namespace {
+// FLOPs of attention over `pairs` (query, key) pairs per head.
+double attention_flops_of_pairs(const AttentionShape& s, double pairs, bool backward) {
   const double bh = static_cast<double>(s.batch) * static_cast<double>(s.heads);
   const double dqk = static_cast<double>(s.head_dim_qk);
   const double dv = static_cast<double>(s.head_dim_v);
@@ -351,13 +352,17 @@ double attention_flops(const AttentionShape& s, bool backward) {
   // dP = dO V^T, dQ = dS K, dK = dS^T Q.
   return backward ? 2.0 * bh * pairs * (3.0 * dqk + 2.0 * dv) : 2.0 * bh * pairs * (dqk + dv);
 }
+}  // namespace
+
+double attention_flops(const AttentionShape& s, bool backward) {
+  return attention_flops_of_pairs(s, attention_pairs(s.seq_q, s.seq_kv, s.causal), backward);
+}
 
 double AttentionModel::time_s(const AttentionShape& s) const {
   const double pairs = blocked ? attention_computed_pairs(s.seq_q, s.seq_kv, s.causal)
                                : attention_pairs(s.seq_q, s.seq_kv, s.causal);
   if (pairs <= 0 || s.batch <= 0 || s.heads <= 0 || s.head_dim_qk <= 0 || s.head_dim_v <= 0) return overhead_s;
-  const double flops = blocked ? attention_flops(s, backward) * pairs / attention_pairs(s.seq_q, s.seq_kv, s.causal)
-                               : attention_flops(s, backward);
+  const double flops = attention_flops_of_pairs(s, pairs, backward);
   const double sq = static_cast<double>(s.seq_q);
   const double skv = static_cast<double>(s.seq_kv);
   const double b = static_cast<double>(s.batch);

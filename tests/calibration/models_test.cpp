@@ -200,6 +200,34 @@ TEST(Attention, BackwardCountsFiveMatmulsAgainstTwo) {
   EXPECT_DOUBLE_EQ(attention_flops(s, true) / attention_flops(s, false), 2.5);
 }
 
+// Noisy samples of `truth` over square self-attention shapes: every sequence length and head dim, causal
+// or not, 16 heads and `tokens` / seq sequences; `small` adds a 1-sequence, 2-head twin of each (where
+// the fixed time t0 shows).
+std::vector<AttentionModel::Sample> attention_samples(const AttentionModel& truth, Noise& noise,
+                                                      std::initializer_list<std::int64_t> seqs,
+                                                      std::initializer_list<std::int64_t> dims, std::int64_t tokens,
+                                                      bool small) {
+  std::vector<AttentionModel::Sample> samples;
+  for (std::int64_t seq : seqs) {
+    for (std::int64_t d : dims) {
+      for (bool causal : {false, true}) {
+        AttentionShape s;
+        s.batch = std::max<std::int64_t>(1, tokens / seq);
+        s.seq_q = s.seq_kv = seq;
+        s.heads = s.kv_heads = 16;
+        s.head_dim_qk = s.head_dim_v = d;
+        s.causal = causal;
+        samples.push_back({s, noise(truth.time_s(s))});
+        if (!small) continue;
+        s.batch = 1;
+        s.heads = s.kv_heads = 2;
+        samples.push_back({s, noise(truth.time_s(s))});
+      }
+    }
+  }
+  return samples;
+}
+
 TEST(AttentionModel, FitRecoversParametersFromNoisyPoints) {
   AttentionModel truth;
   truth.efficiency_max = 0.7;
@@ -209,20 +237,7 @@ TEST(AttentionModel, FitRecoversParametersFromNoisyPoints) {
   truth.memory_bandwidth_bytes_per_s = 4e12;
   truth.device = kH200Bf16;
   Noise noise(3, 0.015);
-  std::vector<AttentionModel::Sample> samples;
-  for (std::int64_t seq : {256, 512, 1024, 2048, 4096, 8192, 16384}) {
-    for (std::int64_t d : {64, 128, 256}) {
-      for (bool causal : {false, true}) {
-        AttentionShape s;
-        s.batch = std::max<std::int64_t>(1, 8192 / seq);
-        s.seq_q = s.seq_kv = seq;
-        s.heads = s.kv_heads = 16;
-        s.head_dim_qk = s.head_dim_v = d;
-        s.causal = causal;
-        samples.push_back({s, noise(truth.time_s(s))});
-      }
-    }
-  }
+  const auto samples = attention_samples(truth, noise, {256, 512, 1024, 2048, 4096, 8192, 16384}, {64, 128, 256}, 8192, false);
   const auto fit = AttentionModel::fit(samples, false, truth.device, truth.memory_bandwidth_bytes_per_s);
   EXPECT_NEAR(fit.efficiency_max, 0.7, 0.7 * 0.05);
   EXPECT_NEAR(fit.s_half, 300.0, 300.0 * 0.25);
@@ -251,23 +266,7 @@ TEST(AttentionModel, BlockedFormRecoversParametersFromNoisyPoints) {
   truth.memory_bandwidth_bytes_per_s = 3e12;
   truth.device = kH200Bf16;
   Noise noise(5, 0.015);
-  std::vector<AttentionModel::Sample> samples;
-  for (std::int64_t seq : {512, 1024, 2048, 4096, 8192}) {
-    for (std::int64_t d : {64, 128, 192}) {
-      for (bool causal : {false, true}) {
-        AttentionShape s;
-        s.batch = std::max<std::int64_t>(1, 16384 / seq);
-        s.seq_q = s.seq_kv = seq;
-        s.heads = s.kv_heads = 16;
-        s.head_dim_qk = s.head_dim_v = d;
-        s.causal = causal;
-        samples.push_back({s, noise(truth.time_s(s))});
-        s.batch = 1;  // and a small one, where t0 shows
-        s.heads = s.kv_heads = 2;
-        samples.push_back({s, noise(truth.time_s(s))});
-      }
-    }
-  }
+  const auto samples = attention_samples(truth, noise, {512, 1024, 2048, 4096, 8192}, {64, 128, 192}, 16384, true);
   const auto fit = AttentionModel::fit(samples, false, truth.device, truth.memory_bandwidth_bytes_per_s, true);
   EXPECT_TRUE(fit.blocked);
   EXPECT_NEAR(fit.pair_s, 4e-12, 4e-12 * 0.3);

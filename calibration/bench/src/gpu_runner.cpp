@@ -979,17 +979,24 @@ class GpuRunner final : public PointRunner {
       drain();
       return t / (5.0 * kVisits);
     };
-    const Sampling smp = sample_until(rule, clock_, [&] {
-      const double one_before = pass(1);
-      const double many = pass(n);
-      const double one_after = pass(1);
-      return std::max(1e-9, many - 0.5 * (one_before + one_after));
-    });
+    const Sampling smp = sample_extra(rule, [&] { return pass(1); }, [&] { return pass(n); });
     r.samples_s = smp.samples, r.reps = 5 * kVisits, r.stop = to_string(smp.reason), r.rel_ci = smp.rel_ci;
     TW_CUDA_CHECK(cudaMemsetAsync(c, 0xFF, sz(g.m * g.n) * 2, s()));
     lts.back()->gemm(g, a, b, c, s());
     sync();
     r.check = expect_count(before, launched, (std::to_string(n) + " stream(s)").c_str()) + "; " + check_gemm(g, a, b, c, false);
+  }
+
+  // A differential sample of host time: `variant` minus the mean of `base` run just before and just
+  // after it (a drift of the host's speed during the sample cancels; samples a few seconds apart did
+  // not), floored at 1 ns. host.stream_cycle and host.stream_wait.
+  Sampling sample_extra(const StopRule& rule, const std::function<double()>& base, const std::function<double()>& variant) {
+    return sample_until(rule, clock_, [&] {
+      const double before = base();
+      const double with = variant();
+      const double after = base();
+      return std::max(1e-9, with - 0.5 * (before + after));
+    });
   }
 
   // Host seconds of one cross-stream wait, as threewalls run makes one for each dependency on another
@@ -1024,12 +1031,7 @@ class GpuRunner final : public PointRunner {
       return t / kVisits;
     };
     static_cast<void>(pass(true));  // warm-up: the streams' first use
-    const Sampling smp = sample_until(rule, clock_, [&] {
-      const double without_before = pass(false);
-      const double with = pass(true);
-      const double without_after = pass(false);
-      return std::max(1e-9, with - 0.5 * (without_before + without_after));
-    });
+    const Sampling smp = sample_extra(rule, [&] { return pass(false); }, [&] { return pass(true); });
     r.samples_s = smp.samples, r.reps = kVisits, r.stop = to_string(smp.reason), r.rel_ci = smp.rel_ci;
     r.check = expect_count(before, launched, "kernels of the waiting and the plain visits");
   }
