@@ -1,7 +1,9 @@
 #include "codec.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <tuple>
 
 #include "threewalls/calibration/fit.hpp"
 
@@ -25,6 +27,31 @@ const std::vector<double>& array(const FamilySpec& spec, const Params& p, std::s
 
 DeviceConstants device_of(const Hardware& hw, Dtype dt) { return {hw.sm_count, hw.peak_flop_per_s(dt)}; }
 
+// The optional residual correction of a GEMM family: centres from the shape arrays `keys` (in the
+// order of the features), log factors, bandwidth and prior weight; empty when absent.
+template <std::size_t D, typename Features>
+ShapeCorrection correction_of(const FamilySpec& s, const Params& p, const std::array<const char*, D>& keys,
+                              Features features) {
+  ShapeCorrection c;
+  const auto& r = array(s, p, "correction_log_factor");
+  if (r.empty()) return c;
+  c.dims = D;
+  c.log_factor = r;
+  c.bandwidth = array(s, p, "correction_bandwidth").at(0);
+  c.prior_weight = array(s, p, "correction_prior_weight").at(0);
+  c.features.reserve(r.size() * D);
+  for (std::size_t j = 0; j < r.size(); ++j) {
+    std::array<std::int64_t, D> shape{};
+    for (std::size_t d = 0; d < D; ++d) shape[d] = as_int(array(s, p, std::string("correction_") + keys[d]).at(j));
+    const auto x = std::apply(features, shape);
+    c.features.insert(c.features.end(), x.begin(), x.end());
+  }
+  return c;
+}
+
+constexpr std::array<const char*, 3> kGemmCorrectionShape = {"m", "n", "k"};
+constexpr std::array<const char*, 5> kGroupedCorrectionShape = {"groups", "total_rows", "max_rows", "n", "k"};
+
 GemmModel gemm_of(const FamilySpec& s, const Params& p, const Hardware& hw) {
   GemmModel m;
   m.tile_m = static_cast<int>(as_int(scalar(s, p, "tile_m")));
@@ -36,6 +63,7 @@ GemmModel gemm_of(const FamilySpec& s, const Params& p, const Hardware& hw) {
   m.memory_bandwidth_bytes_per_s = scalar(s, p, "memory_bandwidth_bytes_per_s");
   m.device = device_of(hw, s.dtype);
   m.elements = element_bytes(s.dtype);
+  m.correction = correction_of(s, p, kGemmCorrectionShape, gemm_correction_features);
   return m;
 }
 
@@ -55,6 +83,7 @@ GroupedGemmModel grouped_of(const FamilySpec& s, const Params& p, const Hardware
     m.wave_tail = wt.at(0);
     m.call_overhead_s = array(s, p, "call_overhead_s").at(0);
   }
+  m.correction = correction_of(s, p, kGroupedCorrectionShape, grouped_correction_features);
   return m;
 }
 
@@ -196,7 +225,28 @@ AttentionShape attention_shape(const Point& p) {
   return s;
 }
 
+template <std::size_t D>
+constexpr std::size_t f_dims(const std::array<const char*, D>&) {
+  return D;
+}
+
+std::vector<double>& array_ref(const FamilySpec& spec, Params& p, std::string_view key) { return p.at(index_of(spec, key)); }
+
+// The fitted correction's log factors (rounded like every parameter), bandwidth and prior weight.
+void put_correction(const FamilySpec& spec, Params& out, const ShapeCorrection& c) {
+  auto& r = array_ref(spec, out, "correction_log_factor");
+  for (const double v : c.log_factor) r.push_back(round_param(v));
+  array_ref(spec, out, "correction_bandwidth") = {c.bandwidth};
+  array_ref(spec, out, "correction_prior_weight") = {c.prior_weight};
+}
+
 }  // namespace
+
+bool shape_correction_fitted(const FamilySpec& spec) {
+  // Dense fp8 and grouped GEMMs (docs/calibration.md, "Residual correction": dense bf16 is left
+  // without, its held-out errors grew with it on every data set).
+  return (spec.kind == ModelKind::gemm && spec.dtype == Dtype::fp8) || spec.kind == ModelKind::grouped_gemm;
+}
 
 double memory_bandwidth(const FitContext& ctx) {
   if (ctx.find) {
@@ -217,13 +267,34 @@ Params fit_params(const FamilySpec& spec, const std::vector<Point>& points, cons
             {as_int(p.inputs[0]), as_int(p.inputs[1]), as_int(p.inputs[2]), as_int(p.inputs[3]), p.time.median_s});
       }
       const auto m = GemmModel::fit(s, device_of(hw, spec.dtype), element_bytes(spec.dtype), memory_bandwidth(ctx));
-      return round_all({{static_cast<double>(m.tile_m)},
-                        {static_cast<double>(m.tile_n)},
-                        {m.efficiency_max},
-                        {m.k_half},
-                        {m.wave_tail},
-                        {m.overhead_s},
-                        {m.memory_bandwidth_bytes_per_s}});
+      Params out = round_all({{static_cast<double>(m.tile_m)},
+                              {static_cast<double>(m.tile_n)},
+                              {m.efficiency_max},
+                              {m.k_half},
+                              {m.wave_tail},
+                              {m.overhead_s},
+                              {m.memory_bandwidth_bytes_per_s}});
+      out.resize(spec.params.size());  // the optional correction arrays, empty unless fitted below
+      if (shape_correction_fitted(spec)) {
+        // Residuals of the stored (rounded) roofline; centres are the fit points' shapes.
+        const GemmModel stored = gemm_of(spec, out, hw);
+        std::vector<double> features, residuals;
+        for (const auto& x : s) {
+          const auto f = gemm_correction_features(x.m, x.n, x.k);
+          features.insert(features.end(), f.begin(), f.end());
+          residuals.push_back(std::log(x.seconds / stored.roofline_time_s(x.m, x.n, x.k, x.batch)));
+        }
+        const auto c = ShapeCorrection::fit(f_dims(kGemmCorrectionShape), features, residuals);
+        if (!c.empty()) {
+          for (const auto& x : s) {
+            array_ref(spec, out, "correction_m").push_back(static_cast<double>(x.m));
+            array_ref(spec, out, "correction_n").push_back(static_cast<double>(x.n));
+            array_ref(spec, out, "correction_k").push_back(static_cast<double>(x.k));
+          }
+          put_correction(spec, out, c);
+        }
+      }
+      return out;
     }
     case ModelKind::grouped_gemm: {
       const std::string dense_name = gemm_family(spec.dtype);
@@ -251,7 +322,30 @@ Params fit_params(const FamilySpec& spec, const std::vector<Point>& points, cons
         out[6] = {m.wave_tail};
         out[7] = {m.call_overhead_s};
       }
-      return round_all(out);
+      out = round_all(out);
+      out.resize(spec.params.size());  // the optional correction arrays, empty unless fitted below
+      if (shape_correction_fitted(spec)) {
+        const GroupedGemmModel stored = grouped_of(spec, out, hw);
+        std::vector<double> features, residuals;
+        for (const auto& x : s) {
+          const auto f = grouped_correction_features(x.groups, x.total_rows, x.max_rows, x.n, x.k);
+          features.insert(features.end(), f.begin(), f.end());
+          residuals.push_back(
+              std::log(x.seconds / stored.parametric_time_s(x.groups, x.total_rows, x.max_rows, x.n, x.k)));
+        }
+        const auto c = ShapeCorrection::fit(f_dims(kGroupedCorrectionShape), features, residuals);
+        if (!c.empty()) {
+          for (const auto& x : s) {
+            array_ref(spec, out, "correction_groups").push_back(static_cast<double>(x.groups));
+            array_ref(spec, out, "correction_total_rows").push_back(static_cast<double>(x.total_rows));
+            array_ref(spec, out, "correction_max_rows").push_back(static_cast<double>(x.max_rows));
+            array_ref(spec, out, "correction_n").push_back(static_cast<double>(x.n));
+            array_ref(spec, out, "correction_k").push_back(static_cast<double>(x.k));
+          }
+          put_correction(spec, out, c);
+        }
+      }
+      return out;
     }
     case ModelKind::attention: {
       std::vector<AttentionModel::Sample> s;
@@ -438,6 +532,33 @@ std::optional<std::string> check_params(const FamilySpec& spec, const Params& pa
       }
       if (s("overhead_s") < 0) return "'overhead_s' must be >= 0";
       if (!(s("memory_bandwidth_bytes_per_s") > 0)) return "'memory_bandwidth_bytes_per_s' must be > 0";
+      {
+        // Optional residual correction: all keys or none; one centre per log factor.
+        const auto& r = a("correction_log_factor");
+        std::vector<std::string> shape_keys;
+        for (const auto& ps : spec.params) {
+          if (ps.key.rfind("correction_", 0) == 0 && ps.integer) shape_keys.push_back(ps.key);
+        }
+        const auto& h = a("correction_bandwidth");
+        const auto& w0 = a("correction_prior_weight");
+        if (r.empty()) {
+          bool any = !h.empty() || !w0.empty();
+          for (const auto& k : shape_keys) any = any || !a(k).empty();
+          if (any) return "the residual correction needs 'correction_log_factor' with its other correction_* keys";
+          return std::nullopt;
+        }
+        for (const auto& k : shape_keys) {
+          if (a(k).size() != r.size()) return "'" + k + "' must have one entry per 'correction_log_factor' entry";
+          for (double v : a(k)) {
+            if (!(v >= 1 && v <= 9.007199254740992e15)) return "'" + k + "' entries must be positive integers";
+          }
+        }
+        for (double v : r) {
+          if (!(std::fabs(v) <= 5)) return "'correction_log_factor' entries must be in [-5, 5]";
+        }
+        if (h.size() != 1 || !(h[0] > 0)) return "'correction_bandwidth' must be one number > 0 in [ ]";
+        if (w0.size() != 1 || !(w0[0] >= 0)) return "'correction_prior_weight' must be one number >= 0 in [ ]";
+      }
       return std::nullopt;
     case ModelKind::attention:
       if (s("tile_q") < 1) return "'tile_q' must be at least 1";

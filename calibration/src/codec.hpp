@@ -35,6 +35,10 @@ double memory_bandwidth(const FitContext& ctx);
 // Fits the family's parameters from its points, rounded to kParamDigits. Throws FitImpossible.
 Params fit_params(const FamilySpec& spec, const std::vector<Point>& points, const FitContext& ctx);
 
+// Whether the family's fit adds the optional residual correction (models.hpp ShapeCorrection):
+// gemm.fp8 and grouped_gemm.*.
+bool shape_correction_fitted(const FamilySpec& spec);
+
 // The model's prediction of a point's median time.
 double predict(const FamilySpec& spec, const Params& params, const Point& point, const Hardware& hw);
 

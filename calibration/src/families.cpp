@@ -100,6 +100,22 @@ std::vector<FamilySpec> build_specs() {
   dense_params.insert(dense_params.begin() + 4,
                       ParamSpec{"wave_tail", false, false,
                                 "waves of tiles whose K loop every GEMM pays besides its FLOPs (fill and tail)"});
+  // Optional residual correction (issue 5; models.hpp ShapeCorrection): centres (the fit points'
+  // shapes), their log residuals, the bandwidth and the prior weight. Absent: no correction.
+  auto correction_params = [](std::vector<std::pair<std::string, std::string>> shape) {
+    std::vector<ParamSpec> out;
+    for (auto& [key, what] : shape) {
+      out.push_back({"correction_" + key, true, true, "residual correction (optional): " + what + " of each centre", true});
+    }
+    out.push_back({"correction_log_factor", false, true,
+                   "residual correction: r_j = ln(measured / model) at each centre (a fit point)", true});
+    out.push_back({"correction_bandwidth", false, true,
+                   "residual correction (one number): Gaussian kernel bandwidth h in log2 units of the shape", true});
+    out.push_back({"correction_prior_weight", false, true,
+                   "residual correction (one number): w0, the weight of a pseudo-point with r = 0", true});
+    return out;
+  };
+  for (const auto& p : correction_params({{"m", "m"}, {"n", "n"}, {"k", "k"}})) dense_params.push_back(p);
   for (Dtype dt : {Dtype::bf16, Dtype::fp8, Dtype::fp32}) {
     FamilySpec s;
     s.name = gemm_family(dt);
@@ -141,6 +157,13 @@ std::vector<FamilySpec> build_specs() {
     s.params.push_back({"call_overhead_s", false, true,
                         "batched-calls form (optional, one number): time of each further batched call, seconds",
                         true});
+    for (const auto& p : correction_params({{"groups", "groups"},
+                                            {"total_rows", "total_rows"},
+                                            {"max_rows", "max_rows"},
+                                            {"n", "n"},
+                                            {"k", "k"}})) {
+      s.params.push_back(p);
+    }
     specs.push_back(s);
   }
   for (bool bwd : {false, true}) {

@@ -80,9 +80,111 @@ double bus_bandwidth_factor(CollectiveKind kind, int group_size) {
   return 1.0;
 }
 
+// ------------------------------------------------------------------------- residual correction
+
+double ShapeCorrection::log_factor_at(const double* x) const {
+  if (log_factor.empty() || dims == 0) return 0.0;
+  // ln c(x) = sum_j w_j r_j / (w0 + sum_j w_j),  w_j = exp(-|x - x_j|^2 / (2 h^2))
+  const double scale = -0.5 / (bandwidth * bandwidth);
+  double num = 0.0;
+  double den = prior_weight;
+  for (std::size_t j = 0; j < log_factor.size(); ++j) {
+    const double* c = features.data() + j * dims;
+    double d2 = 0.0;
+    for (std::size_t d = 0; d < dims; ++d) d2 += (x[d] - c[d]) * (x[d] - c[d]);
+    const double w = std::exp(scale * d2);
+    num += w * log_factor[j];
+    den += w;
+  }
+  return den > 0.0 ? num / den : 0.0;
+}
+
+ShapeCorrection ShapeCorrection::fit(std::size_t dims, const std::vector<double>& features,
+                                     const std::vector<double>& log_residuals) {
+  const std::size_t n = log_residuals.size();
+  if (dims == 0 || features.size() != n * dims) throw std::invalid_argument("ShapeCorrection::fit: features and residuals disagree");
+  ShapeCorrection none;
+  if (n < kShapeCorrectionMinPoints) return none;
+  for (const double r : log_residuals) {
+    if (!std::isfinite(r)) return none;
+  }
+  // Squared distances between the points, once.
+  std::vector<double> d2(n * n, 0.0);
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t j = 0; j < n; ++j) {
+      double s = 0.0;
+      for (std::size_t d = 0; d < dims; ++d) {
+        const double diff = features[i * dims + d] - features[j * dims + d];
+        s += diff * diff;
+      }
+      d2[i * n + j] = s;
+    }
+  }
+  // Leave-one-out score of "no correction": every residual predicted by 0.
+  double best = 0.0;
+  for (const double r : log_residuals) best += r * r;
+  double best_h = 0.0;
+  double best_w0 = 0.0;
+  std::vector<double> num(n), den(n);
+  for (const double h : kShapeCorrectionBandwidths) {
+    const double scale = -0.5 / (h * h);
+    for (std::size_t i = 0; i < n; ++i) {
+      num[i] = 0.0;
+      den[i] = 0.0;
+      for (std::size_t j = 0; j < n; ++j) {
+        if (j == i) continue;
+        const double w = std::exp(scale * d2[i * n + j]);
+        num[i] += w * log_residuals[j];
+        den[i] += w;
+      }
+    }
+    for (const double w0 : kShapeCorrectionPriorWeights) {
+      double score = 0.0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const double c = (w0 + den[i]) > 0.0 ? num[i] / (w0 + den[i]) : 0.0;
+        score += (log_residuals[i] - c) * (log_residuals[i] - c);
+      }
+      if (score < best) {  // strictly better: ties keep the simpler choice found first
+        best = score;
+        best_h = h;
+        best_w0 = w0;
+      }
+    }
+  }
+  if (best_h == 0.0) return none;
+  ShapeCorrection c;
+  c.dims = dims;
+  c.features = features;
+  c.log_factor = log_residuals;
+  c.bandwidth = best_h;
+  c.prior_weight = best_w0;
+  return c;
+}
+
+std::array<double, 3> gemm_correction_features(std::int64_t m, std::int64_t n, std::int64_t k) {
+  auto l2 = [](std::int64_t v) { return std::log2(static_cast<double>(std::max<std::int64_t>(v, 1))); };
+  return {l2(m), l2(n), l2(k)};
+}
+
+std::array<double, 5> grouped_correction_features(std::int64_t groups, std::int64_t total_rows, std::int64_t max_rows,
+                                                  std::int64_t n, std::int64_t k) {
+  const double g = static_cast<double>(std::max<std::int64_t>(groups, 1));
+  const double r = static_cast<double>(std::max<std::int64_t>(total_rows, 1));
+  const double mx = static_cast<double>(std::max<std::int64_t>(max_rows, 1));
+  return {std::log2(r / g), std::log2(g), std::log2(static_cast<double>(std::max<std::int64_t>(n, 1))),
+          std::log2(static_cast<double>(std::max<std::int64_t>(k, 1))), std::log2(mx * g / r)};
+}
+
 // ------------------------------------------------------------------------------------------ GEMM
 
 double GemmModel::time_s(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch) const {
+  const double t = roofline_time_s(m, n, k, batch);
+  if (correction.empty() || m <= 0 || n <= 0 || k <= 0 || batch <= 0) return t;
+  const auto x = gemm_correction_features(m, n, k);
+  return t * std::exp(correction.log_factor_at(x.data()));
+}
+
+double GemmModel::roofline_time_s(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch) const {
   if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return overhead_s;
   const double md = static_cast<double>(m);
   const double nd = static_cast<double>(n);
@@ -152,7 +254,7 @@ GemmModel GemmModel::fit(const std::vector<Sample>& samples, const DeviceConstan
       std::vector<double> r(samples.size());
       for (std::size_t i = 0; i < samples.size(); ++i) {
         const auto& s = samples[i];
-        r[i] = (c.time_s(s.m, s.n, s.k, s.batch) - s.seconds) / s.seconds;
+        r[i] = (c.roofline_time_s(s.m, s.n, s.k, s.batch) - s.seconds) / s.seconds;
       }
       return r;
     };
@@ -214,6 +316,14 @@ GemmModel dense_of(const GroupedGemmModel& g) {
 
 double GroupedGemmModel::time_s(std::int64_t groups, std::int64_t total_rows, std::int64_t max_rows, std::int64_t n,
                                 std::int64_t k) const {
+  const double t = parametric_time_s(groups, total_rows, max_rows, n, k);
+  if (correction.empty() || groups <= 0 || total_rows <= 0 || max_rows <= 0 || n <= 0 || k <= 0) return t;
+  const auto x = grouped_correction_features(groups, total_rows, max_rows, n, k);
+  return t * std::exp(correction.log_factor_at(x.data()));
+}
+
+double GroupedGemmModel::parametric_time_s(std::int64_t groups, std::int64_t total_rows, std::int64_t max_rows,
+                                           std::int64_t n, std::int64_t k) const {
   if (groups <= 0 || total_rows <= 0 || max_rows <= 0 || n <= 0 || k <= 0) return overhead_s;
   if (batched_calls) {
     // t = sum_c (t_dense(m_c, n, k, b_c) - t0_dense) + t0 + (runs - 1) t_call
@@ -277,7 +387,7 @@ GroupedGemmModel GroupedGemmModel::fit(const std::vector<Sample>& samples, const
       std::vector<double> r(samples.size());
       for (std::size_t i = 0; i < samples.size(); ++i) {
         const auto& s = samples[i];
-        r[i] = (c.time_s(s.groups, s.total_rows, s.max_rows, s.n, s.k) - s.seconds) / s.seconds;
+        r[i] = (c.parametric_time_s(s.groups, s.total_rows, s.max_rows, s.n, s.k) - s.seconds) / s.seconds;
       }
       return r;
     };
@@ -298,7 +408,7 @@ GroupedGemmModel GroupedGemmModel::fit(const std::vector<Sample>& samples, const
     std::vector<double> r(samples.size());
     for (std::size_t i = 0; i < samples.size(); ++i) {
       const auto& s = samples[i];
-      r[i] = (c.time_s(s.groups, s.total_rows, s.max_rows, s.n, s.k) - s.seconds) / s.seconds;
+      r[i] = (c.parametric_time_s(s.groups, s.total_rows, s.max_rows, s.n, s.k) - s.seconds) / s.seconds;
     }
     return r;
   };

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <random>
 
@@ -555,4 +556,101 @@ TEST(CollectiveModel, CorrectedTimeIsLatencyPlusBytesOverBandwidth) {
     const double expected = s > 0 ? lat + s * 0.75 / m.bus_bandwidth_bytes_per_s(s, 4) : lat;
     EXPECT_EQ(m.time_s(s, 4), expected);
   }
+}
+
+// ---- residual correction in log-shape space (ShapeCorrection, issue 5) ------------------------
+
+namespace {
+
+// A smooth structure of the kind the GEMM fits miss: ln c = 0.15 sin(0.7 x0) cos(0.5 x1) + 0.05 (x2 - 12) + 0.1.
+double structured_log_factor(const std::array<double, 3>& x) {
+  return 0.15 * std::sin(0.7 * x[0]) * std::cos(0.5 * x[1]) + 0.05 * (x[2] - 12.0) + 0.1;
+}
+
+struct CorrectionData {
+  std::vector<double> features;
+  std::vector<double> residuals;
+};
+
+// A grid of (log2 m, log2 n, log2 k) like the calibration's, residuals from `r` plus noise.
+template <typename F>
+CorrectionData correction_grid(F r, double sigma, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> noise(0.0, sigma);
+  CorrectionData d;
+  for (double m = 6; m <= 15; m += 1) {
+    for (double n = 9; n <= 14; n += 1) {
+      for (double k = 10; k <= 14; k += 2) {
+        const std::array<double, 3> x{m, n, k};
+        d.features.insert(d.features.end(), x.begin(), x.end());
+        d.residuals.push_back(r(x) + (sigma > 0 ? noise(rng) : 0.0));
+      }
+    }
+  }
+  return d;
+}
+
+}  // namespace
+
+TEST(ShapeCorrection, RecoversASmoothResidualStructureBetweenTheGridPoints) {
+  const auto d = correction_grid(structured_log_factor, 0.01, 3);
+  const auto c = ShapeCorrection::fit(3, d.features, d.residuals);
+  ASSERT_FALSE(c.empty());
+  EXPECT_EQ(c.dims, 3u);
+  // Shapes between the grid points (never centres), inside the grid: the correction follows the
+  // structure to within a fraction of its size, where "no correction" would miss by the whole of it.
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  double err = 0.0;
+  double size = 0.0;
+  for (int i = 0; i < 200; ++i) {
+    const std::array<double, 3> x{6.5 + 8 * u(rng), 9.5 + 4 * u(rng), 10.5 + 3 * u(rng)};
+    err += std::fabs(c.log_factor_at(x.data()) - structured_log_factor(x));
+    size += std::fabs(structured_log_factor(x));
+  }
+  EXPECT_GT(size / 200, 0.1);
+  EXPECT_LT(err, 0.25 * size);
+}
+
+TEST(ShapeCorrection, IsAbsentOrNegligibleWithoutStructure) {
+  // Residuals of pure noise (2%) and exact zeros: no correction, or one far below the noise.
+  const auto noise = correction_grid([](const std::array<double, 3>&) { return 0.0; }, 0.02, 5);
+  const auto c = ShapeCorrection::fit(3, noise.features, noise.residuals);
+  for (const std::array<double, 3> x : {std::array<double, 3>{7.5, 10.3, 11.1}, {11.7, 9.4, 13.3}, {13.4, 11.5, 10.6}}) {
+    EXPECT_LT(std::fabs(c.log_factor_at(x.data())), 0.01);
+  }
+  const auto zero = correction_grid([](const std::array<double, 3>&) { return 0.0; }, 0.0, 5);
+  EXPECT_TRUE(ShapeCorrection::fit(3, zero.features, zero.residuals).empty());
+  // Too few points: none.
+  std::vector<double> few_f(3 * (kShapeCorrectionMinPoints - 1), 1.0);
+  std::vector<double> few_r(kShapeCorrectionMinPoints - 1, 0.3);
+  EXPECT_TRUE(ShapeCorrection::fit(3, few_f, few_r).empty());
+}
+
+TEST(ShapeCorrection, MultipliesTheRooflineAndGroupedTimes) {
+  GemmModel g = truth_gemm();
+  const double roofline = g.time_s(3000, 5120, 1536);
+  const auto d = correction_grid(structured_log_factor, 0.0, 1);
+  g.correction = ShapeCorrection::fit(3, d.features, d.residuals);
+  ASSERT_FALSE(g.correction.empty());
+  const auto x = gemm_correction_features(3000, 5120, 1536);
+  EXPECT_DOUBLE_EQ(g.roofline_time_s(3000, 5120, 1536), roofline);
+  EXPECT_NEAR(g.time_s(3000, 5120, 1536) / (roofline * std::exp(g.correction.log_factor_at(x.data()))), 1.0, 1e-12);
+  EXPECT_NE(g.time_s(3000, 5120, 1536), roofline);
+
+  GroupedGemmModel gg;
+  gg.tile_m = gg.tile_n = 128;
+  gg.efficiency_max = 0.7;
+  gg.k_half = 400;
+  gg.overhead_s = 5e-6;
+  gg.memory_bandwidth_bytes_per_s = 4e12;
+  gg.device = kH200Bf16;
+  const double plain = gg.time_s(32, 8192, 512, 2048, 1024);
+  gg.correction.dims = 5;
+  gg.correction.features = {std::log2(256.0), 5.0, 11.0, 10.0, 1.0};
+  gg.correction.log_factor = {0.1};
+  gg.correction.bandwidth = 1.0;
+  gg.correction.prior_weight = 0.0;  // one centre, no prior: c = e^0.1 everywhere
+  EXPECT_NEAR(gg.time_s(32, 8192, 512, 2048, 1024) / plain, std::exp(0.1), 1e-12);
+  EXPECT_DOUBLE_EQ(gg.parametric_time_s(32, 8192, 512, 2048, 1024), plain);
 }

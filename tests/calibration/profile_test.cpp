@@ -404,3 +404,86 @@ TEST(ProfileReader, CollectiveCorrectionKnotsAreChecked) {
   const auto bad_len = load_error(replaced(text, "correction_log_factor = [", "correction_log_factor = [0.1, "));
   EXPECT_NE(bad_len.find("must have the same length"), std::string::npos) << bad_len;
 }
+
+namespace {
+// An fp8 GEMM family whose times have a smooth structure the roofline cannot follow (a residual of
+// 0.12 sin(log2 m) cos(log2 n / 2)): the fit adds the residual correction.
+Profile structured_fp8_profile() {
+  ProfileBuilder b({"fp8_structured", "synthetic: unit test", "tests/calibration"}, test_hardware());
+  for (std::int64_t m : {64, 256, 1024, 4096, 16384}) {
+    for (std::int64_t n : {512, 2048, 8192}) {
+      for (std::int64_t k : {1024, 4096}) {
+        const double roofline = 5e-6 + 2.0 * m * n * k / (1400e12 * k / (k + 300.0));
+        const double r = 0.12 * std::sin(std::log2(static_cast<double>(m))) * std::cos(0.5 * std::log2(static_cast<double>(n)));
+        b.add_gemm(Dtype::fp8, m, n, k, 1, Measurement::single(roofline * std::exp(r)));
+      }
+    }
+  }
+  return b.build();
+}
+}  // namespace
+
+TEST(ProfileReader, GemmResidualCorrectionRoundTripsAndIsOptional) {
+  const Profile built = structured_fp8_profile();
+  const std::string text = built.to_toml();
+  ASSERT_NE(text.find("correction_log_factor = ["), std::string::npos);
+  ASSERT_NE(text.find("correction_bandwidth = ["), std::string::npos);
+  const Family& f = built.family(gemm_family(Dtype::fp8));
+  EXPECT_EQ(f.param_array("correction_m").size(), f.points.size());
+  // Leave-one-out refits the whole procedure (roofline and correction) without each point.
+  EXPECT_EQ(f.quality.loo_points, static_cast<std::int64_t>(f.points.size()));
+  EXPECT_TRUE(std::isfinite(f.quality.loo_rel_err_median));
+  const Profile loaded = Profile::parse(text, "fp8.toml");
+  EXPECT_EQ(loaded.to_toml(), text);
+  const CostModel with(loaded);
+  const double corrected = with.gemm(3000, 5120, 1536, Dtype::fp8).value;
+
+  // The same file without the correction_* keys (a profile written before them): loads with no
+  // correction, predicts with the roofline alone, and saves back unchanged.
+  std::string old_text;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("correction_", 0) != 0) old_text += line + "\n";
+  }
+  const Profile old = Profile::parse(old_text, "old.toml");
+  EXPECT_EQ(old.to_toml(), old_text);
+  const Family& of = old.family(gemm_family(Dtype::fp8));
+  EXPECT_TRUE(of.param_array("correction_log_factor").empty());
+  const CostModel without(old);
+  GemmModel roofline;
+  roofline.efficiency_max = of.param("efficiency_max");
+  roofline.k_half = of.param("k_half");
+  roofline.wave_tail = of.param("wave_tail");
+  roofline.overhead_s = of.param("overhead_s");
+  roofline.memory_bandwidth_bytes_per_s = of.param("memory_bandwidth_bytes_per_s");
+  roofline.device = {test_hardware().sm_count, test_hardware().peak_fp8_flop_per_s};
+  roofline.elements = element_bytes(Dtype::fp8);
+  EXPECT_EQ(without.gemm(3000, 5120, 1536, Dtype::fp8).value, roofline.time_s(3000, 5120, 1536));
+  EXPECT_NE(corrected, roofline.time_s(3000, 5120, 1536));
+}
+
+TEST(ProfileReader, GemmResidualCorrectionIsChecked) {
+  const std::string text = structured_fp8_profile().to_toml();
+  const auto bad_len = load_error(replaced(text, "correction_log_factor = [", "correction_log_factor = [0.1, "));
+  EXPECT_NE(bad_len.find("one entry per 'correction_log_factor' entry"), std::string::npos) << bad_len;
+  const auto bad_h = load_error(replaced(text, "correction_bandwidth = [", "correction_bandwidth = [-1.0, "));
+  EXPECT_NE(bad_h.find("'correction_bandwidth' must be one number > 0"), std::string::npos) << bad_h;
+  std::string no_r;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("correction_log_factor", 0) != 0) no_r += line + "\n";
+  }
+  const auto partial = load_error(no_r);
+  EXPECT_NE(partial.find("needs 'correction_log_factor'"), std::string::npos) << partial;
+}
+
+TEST(ProfileReader, ShippedProfilesWithoutTheCorrectionLoadWithoutIt) {
+  // h200.toml was written before the correction (its raw samples are lost; it was not refitted).
+  const Profile p = Profile::load(std::filesystem::path(THREEWALLS_SOURCE_DIR) / "calibration/profiles/h200.toml");
+  for (const Dtype dt : {Dtype::bf16, Dtype::fp8}) {
+    if (const Family* f = p.find(gemm_family(dt))) {
+      EXPECT_TRUE(f->param_array("correction_log_factor").empty());
+    }
+  }
+  EXPECT_EQ(p.to_toml(), read_text(std::filesystem::path(THREEWALLS_SOURCE_DIR) / "calibration/profiles/h200.toml"));
+}

@@ -7,6 +7,8 @@
 // Units: every `_s` is seconds, `_bytes` bytes, `_bytes_per_s` bytes per second, `_flop_per_s`
 // FLOP per second; shapes are element counts. Parameters are SI doubles because they are read from
 // and written to the profile file; the CostModel wraps results in the unit types of core/units.hpp.
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -35,6 +37,48 @@ struct ElementBytes {
   int output = 2;
 };
 ElementBytes element_bytes(Dtype dt);
+
+// ---------------------------------------------------------------------------------------------
+// Residual correction in log-shape space (optional part of gemm.fp8 and grouped_gemm.*; issue 5).
+//
+// After the parametric fit, each fit point j has a log residual r_j = ln(t_measured / t_model) and a
+// feature vector x_j of log2 shape coordinates (dense: m, n, k; grouped: rows per expert, groups, n,
+// k, skew = max_rows groups / total_rows). A shape x is corrected by a Gaussian kernel average of the
+// residuals, shrunk towards 0 by a prior weight w0 (a pseudo-point with r = 0):
+//   ln c(x) = sum_j w_j r_j / (w0 + sum_j w_j),   w_j = exp(-|x - x_j|^2 / (2 h^2))
+//   t(x)    = c(x) t_model(x)
+// The bandwidth h (log2 units, isotropic) and w0 are chosen on the fit points only, by leave-one-out
+// of the correction itself (each r_j predicted from the others; least sum of squared log errors)
+// over kShapeCorrectionBandwidths x kShapeCorrectionPriorWeights; "no correction" (c = 1) competes and
+// wins when no pair predicts the residuals better than 0. Far from every fit point c -> 1 (w0 > 0)
+// or the nearest points' mean (w0 = 0). A model of shape, like the collectives' per-size knots: a
+// new shape is never one of the measured ones.
+inline constexpr std::size_t kShapeCorrectionMinPoints = 16;
+inline constexpr std::array<double, 8> kShapeCorrectionBandwidths = {0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0};
+inline constexpr std::array<double, 4> kShapeCorrectionPriorWeights = {0.0, 0.25, 1.0, 4.0};
+
+struct ShapeCorrection {
+  std::size_t dims = 0;               // features per point (0: no correction)
+  std::vector<double> features;       // centres, row-major: point j's features at [j dims, (j+1) dims)
+  std::vector<double> log_factor;     // r_j per centre
+  double bandwidth = 0.0;             // h, log2 units
+  double prior_weight = 0.0;          // w0
+
+  [[nodiscard]] bool empty() const { return log_factor.empty(); }
+  // ln c(x); 0 without a correction. `x` has `dims` entries.
+  [[nodiscard]] double log_factor_at(const double* x) const;
+
+  // Chooses h and w0 by leave-one-out over the points (features row-major, `dims` per point); an empty
+  // correction when "no correction" predicts the residuals at least as well, or with fewer than
+  // kShapeCorrectionMinPoints points.
+  static ShapeCorrection fit(std::size_t dims, const std::vector<double>& features,
+                             const std::vector<double>& log_residuals);
+};
+
+// log2 features of the corrections (the formulas above).
+std::array<double, 3> gemm_correction_features(std::int64_t m, std::int64_t n, std::int64_t k);
+std::array<double, 5> grouped_correction_features(std::int64_t groups, std::int64_t total_rows, std::int64_t max_rows,
+                                                  std::int64_t n, std::int64_t k);
 
 // ---------------------------------------------------------------------------------------------
 // Dense GEMM ("gemm_roofline_v2")
@@ -66,8 +110,13 @@ struct GemmModel {
   double memory_bandwidth_bytes_per_s = 0.0;
   DeviceConstants device;
   ElementBytes elements;
+  // Optional residual correction (ShapeCorrection above; empty: the roofline alone).
+  ShapeCorrection correction;
 
+  // The roofline times c(m, n, k) (batch is not a feature: each product has the shape m x n x k).
   [[nodiscard]] double time_s(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch = 1) const;
+  // The roofline alone (what the parametric fit fits).
+  [[nodiscard]] double roofline_time_s(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch = 1) const;
 
   struct Sample {
     std::int64_t m, n, k, batch;
@@ -122,9 +171,14 @@ struct GroupedGemmModel {
   bool batched_calls = false;
   double wave_tail = 0.0;
   double call_overhead_s = 0.0;
+  // Optional residual correction (ShapeCorrection above; empty: the parametric form alone).
+  ShapeCorrection correction;
 
   [[nodiscard]] double time_s(std::int64_t groups, std::int64_t total_rows, std::int64_t max_rows, std::int64_t n,
                               std::int64_t k) const;
+  // The parametric form alone (what the parametric fit fits).
+  [[nodiscard]] double parametric_time_s(std::int64_t groups, std::int64_t total_rows, std::int64_t max_rows,
+                                         std::int64_t n, std::int64_t k) const;
 
   struct Sample {
     std::int64_t groups, total_rows, max_rows, n, k;
