@@ -195,6 +195,7 @@ TEST(CalibrationReport, PeakFiguresStandNextToTheDesignReferences) {
       EXPECT_EQ(p.reference, 740.0);
       EXPECT_NE(p.reference_text.find("670-740 (DESIGN.md §4, H100)"), std::string::npos);
       EXPECT_DOUBLE_EQ(p.ratio(), best / 740.0);
+      EXPECT_EQ(p.reference_low, 670.0);
     }
     if (p.what == "NCCL all_reduce busbw at 1 GiB, 2 GPUs") {
       ar2 = true;
@@ -204,6 +205,21 @@ TEST(CalibrationReport, PeakFiguresStandNextToTheDesignReferences) {
   }
   EXPECT_TRUE(gemm);
   EXPECT_TRUE(ar2);
+  // A range counts as reached anywhere inside it; a single value within 5% either way.
+  PeakFigure range{"bf16 GEMM", "TFLOP/s", 700.0, "", 740.0, 670.0, ""};
+  EXPECT_EQ(range.verdict(), "within the range");
+  range.measured = 640.0;
+  EXPECT_EQ(range.verdict(), "within 5% of the range's low end");
+  range.measured = 600.0;
+  EXPECT_EQ(range.verdict(), "below 95% of the range's low end");
+  range.measured = 800.0;
+  EXPECT_EQ(range.verdict(), "above the reference by more than 5%");
+  PeakFigure single{"busbw", "GB/s", 305.6, "", 320.0, 0.0, ""};
+  EXPECT_EQ(single.verdict(), "within 5%");
+  single.measured = 300.0;
+  EXPECT_EQ(single.verdict(), "below 95%");
+  single.reference = 0.0;
+  EXPECT_EQ(single.verdict(), "");
   // H200 has NCCL references.
   for (const auto& p : peak_figures(records, "h200")) {
     if (p.what == "NCCL all_reduce busbw at 1 GiB, 4 GPUs") {

@@ -17,12 +17,16 @@
 // A sample of case 0 (pending): GPU 0 posts backend::recv from GPU 1 on the NCCL stream, then runs
 // the timed batch of kernels on the compute stream (behind the Timer's blocking kernel, so they run
 // back to back); only after the batch finished does GPU 1 post the matching backend::send. The
-// receive must still be in flight when the batch ends (checked per sample). Case 1 (transfer): both
-// GPUs post a 1 GiB all-reduce first (about 3.4 ms on 2 H200), then GPU 0 runs the batch; the
-// all-reduce must end after the batch (checked per sample: its completion event against the
+// receive must still be in flight when the batch ends (checked per sample). Case 1 (transfer): GPU 1
+// posts 1 GiB all-reduces (about 3.4 ms each on 2 H200); GPU 0 posts its halves behind an event of
+// the compute stream, so they start when the blocker releases the batch, and as many as outlast a
+// batch slowed down twice (one for most kernels, two for the attention backward at 2 x 4096); the
+// all-reduces must end after the batch (checked per sample: their completion event against the
 // batch's). Every sample of the kernel with NCCL is paired with a sample of the same batch alone
 // (no NCCL kernel on either GPU), taken right before it, so clocks and thermal state match.
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -167,7 +171,14 @@ struct InterferenceBench::Impl {
   Side r0, r1;  // r0 used on this thread (GPU 0), r1 only inside peer jobs (GPU 1)
   std::unique_ptr<be::Stream> compute;
   std::unique_ptr<Timer> timer;
-  be::Event batch_end{true}, nccl_end{true};
+  be::Event batch_end{true}, nccl_start{true}, nccl_end{true};
+  be::Event go{false};  // the compute stream's start, for case 1's all-reduce to wait on
+  int all_reduces = 1;  // case 1: back-to-back 1 GiB all-reduces per batch, enough to outlast it
+
+  // Seconds of one of the last case-1 batch's all-reduces (its NCCL stream has completed).
+  [[nodiscard]] double all_reduce_s() const {
+    return static_cast<double>(be::Event::elapsed_ms(nccl_start, nccl_end)) / 1e3 / all_reduces;
+  }
   std::vector<MemoryStage> stages;
   bool blocker = true;
 
@@ -275,14 +286,24 @@ struct InterferenceBench::Impl {
     if (kase == 0) {
       be::recv(r0.p2p_recv.data(), kP2pElements, 1, r0.comm(), *r0.nccl_stream);
     } else if (kase == 1) {
-      peer.run([this] { r1.all_reduce(kBigElements); });
-      r0.all_reduce(kBigElements);
-      nccl_end.record(*r0.nccl_stream);
+      peer.run([this] {  // GPU 1's half waits in NCCL for GPU 0's
+        for (int i = 0; i < all_reduces; ++i) r1.all_reduce(kBigElements);
+      });
     }
     double t = 0.0;
     std::exception_ptr err;
     try {
       timer->begin(blocker);
+      if (kase == 1) {
+        // GPU 0's half starts when the blocker releases the compute stream, together with the
+        // kernels. Enqueued before the batch, it ran while the host was still enqueuing a long one
+        // (the attention backward is hundreds of launches) and ended before the kernels started.
+        go.record(compute->get());
+        TW_CUDA_CHECK(cudaStreamWaitEvent(*r0.nccl_stream, go.get(), 0));
+        nccl_start.record(*r0.nccl_stream);
+        for (int i = 0; i < all_reduces; ++i) r0.all_reduce(kBigElements);
+        nccl_end.record(*r0.nccl_stream);
+      }
       try {
         for (int i = 0; i < reps; ++i) work(compute->get());
       } catch (...) {
@@ -334,10 +355,16 @@ double InterferenceBench::measure(const StopRule& rule, int kase, const Work& wo
   be::set_device(0);
   bool ok = true;
   // Warm-up (plans, heuristics, the NCCL kernel of the case), then the batch size from the alone time.
+  m.all_reduces = 1;
   m.batch(work, 1, -1, ok);
   m.batch(work, 1, kase, ok);
   const double t1 = std::min(m.batch(work, 1, -1, ok), m.batch(work, 1, -1, ok));
   const int reps = reps_per_sample(t1, kTargetSampleS, kMaxReps);
+  if (kase == 1) {
+    // Enough all-reduces to outlast a batch slowed down twice (measured: at most 2.0x): one 1 GiB
+    // all-reduce (3.3 ms on an NVLink pair) is shorter than one attention backward at 2 x 4096.
+    m.all_reduces = std::max(1, static_cast<int>(std::ceil(2.0 * reps * t1 / m.all_reduce_s())));
+  }
   try {
     m.batch(work, reps, -1, ok);
   } catch (const BlockerTimeout&) {

@@ -1,6 +1,7 @@
 #include "threewalls/calibration/bench/plan.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <stdexcept>
 #include <tuple>
@@ -129,6 +130,28 @@ void plan_gemm(Plan& p, bool fp8) {
     const std::int64_t k = rng.log_uniform(256, 16384, 128);
     if (!gemm_affordable(p, m, n, k, fp8)) continue;
     add_gemm(p, fp8, m, n, k, fp8 ? kLayoutForward : got % 3, true);
+    ++got;
+  }
+  // Fit points off the grid, from the held-out shapes' distribution with a seed of their own (none
+  // is a held-out shape). The grid's round dimensions run faster than the shapes between them: on
+  // the 2026-11-26 H200 calibrations the grid-only fit predicted the held-out shapes 4% (bf16) and
+  // 8% (fp8) fast in the median, at no bias on the grid itself.
+  std::vector<std::array<std::int64_t, 3>> held;
+  for (const auto& q : p.points) {
+    if (q.held_out && q.op == (fp8 ? "gemm_fp8" : "gemm_bf16")) {
+      held.push_back({q.iparam("m"), q.iparam("n"), q.iparam("k")});
+    }
+  }
+  Rng fit_rng(fp8 ? 0xF8F17ULL : 0xB16F17ULL);
+  const int fit_want = fp8 ? (p.full() ? 48 : 4) : (p.full() ? 96 : 8);
+  for (int got = 0, tries = 0; got < fit_want && tries < 1000; ++tries) {
+    std::int64_t m = fit_rng.log_uniform(fp8 ? 64 : 16, 32768, 16);
+    if (m >= 256) m = std::max<std::int64_t>(64, m / 64 * 64);
+    const std::int64_t n = fit_rng.log_uniform(256, 16384, 128);
+    const std::int64_t k = fit_rng.log_uniform(256, 16384, 128);
+    if (!gemm_affordable(p, m, n, k, fp8)) continue;
+    if (std::find(held.begin(), held.end(), std::array<std::int64_t, 3>{m, n, k}) != held.end()) continue;
+    add_gemm(p, fp8, m, n, k, fp8 ? kLayoutForward : (i + got) % 3, false);
     ++got;
   }
 }

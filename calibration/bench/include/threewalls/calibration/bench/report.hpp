@@ -47,8 +47,12 @@ struct PeakFigure {
   double measured = 0.0;       // in `unit`
   std::string at;              // the point that reached it
   double reference = 0.0;      // best DESIGN.md §4 value for the kind, in `unit`; 0 when none
+  double reference_low = 0.0;  // the low end where DESIGN.md §4 gives a range ("670-740"); 0 otherwise
   std::string reference_text;  // "670-740 (DESIGN.md §4, H100)" or "none in DESIGN.md §4"
   [[nodiscard]] double ratio() const { return reference > 0.0 ? measured / reference : 0.0; }
+  // "within the range", "within 5%" (of the reference, or of the range's low end), "below 95%" or
+  // "above the reference by more than 5%"; empty without a reference.
+  [[nodiscard]] std::string verdict() const;
 };
 
 struct CalibrationReport {
