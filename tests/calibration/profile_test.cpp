@@ -477,13 +477,20 @@ TEST(ProfileReader, GemmResidualCorrectionIsChecked) {
   EXPECT_NE(partial.find("needs 'correction_log_factor'"), std::string::npos) << partial;
 }
 
-TEST(ProfileReader, ShippedProfilesWithoutTheCorrectionLoadWithoutIt) {
-  // h200.toml was written before the correction (its raw samples are lost; it was not refitted).
-  const Profile p = Profile::load(std::filesystem::path(THREEWALLS_SOURCE_DIR) / "calibration/profiles/h200.toml");
-  for (const Dtype dt : {Dtype::bf16, Dtype::fp8}) {
-    if (const Family* f = p.find(gemm_family(dt))) {
-      EXPECT_TRUE(f->param_array("correction_log_factor").empty());
-    }
+TEST(ProfileReader, ShippedProfilesCarryTheCorrectionWhereItIsFitted) {
+  // The synthetic defaults have too few points for a correction; the measured profiles (refitted by
+  // the current code) carry it for fp8 and grouped GEMMs and not for bf16 (docs/calibration.md). Each
+  // loads and saves back byte for byte.
+  const auto dir = std::filesystem::path(THREEWALLS_SOURCE_DIR) / "calibration/profiles";
+  for (const char* name : {"default_h100.toml", "default_h200.toml", "h100.toml", "h200.toml"}) {
+    const Profile p = Profile::load(dir / name);
+    const bool measured = std::string(name).rfind("default_", 0) != 0;
+    const Family* bf16 = p.find(gemm_family(Dtype::bf16));
+    const Family* fp8 = p.find(gemm_family(Dtype::fp8));
+    ASSERT_NE(bf16, nullptr) << name;
+    ASSERT_NE(fp8, nullptr) << name;
+    EXPECT_TRUE(bf16->param_array("correction_log_factor").empty()) << name;
+    EXPECT_EQ(fp8->param_array("correction_log_factor").empty(), !measured) << name;
+    EXPECT_EQ(p.to_toml(), read_text(dir / name)) << name;
   }
-  EXPECT_EQ(p.to_toml(), read_text(std::filesystem::path(THREEWALLS_SOURCE_DIR) / "calibration/profiles/h200.toml"));
 }
