@@ -237,8 +237,8 @@ void register_calibrate(CLI::App& app, Commands& cmds) {
                 "GEMM) from the default profile of the GPU kind");
   sub->add_option("--fill-from", o->fill_from,
                   "A measured profile of the same GPU kind (e.g. an earlier calibration of a multi-GPU machine) whose "
-                  "families fill what this machine cannot measure, ahead of the default profile; each copied "
-                  "family's note names its source")
+                  "families fill what this machine cannot measure, ahead of the default profile, and whose collective "
+                  "points of group sizes larger than this machine's are fitted with its own; each note names its source")
       ->check(CLI::ExistingFile);
   sub->add_flag("--force", o->force, "Replace an existing --out file");
   sub->add_option("--budget-seconds", o->budget_s,

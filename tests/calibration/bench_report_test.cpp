@@ -227,3 +227,33 @@ TEST(CalibrationReport, PeakFiguresStandNextToTheDesignReferences) {
     }
   }
 }
+
+// --fill-from on a machine with fewer GPUs: a collective family measured here takes the larger group
+// sizes' points from the earlier measured profile and fits them with its own; a synthetic profile
+// lends none; the note and the summary say which sizes came from where.
+TEST(CalibrationReport, LargerGroupSizesComeFromAnEarlierMeasuredProfile) {
+  const CalibrationReport four = build_report(synthetic(5), options(true));  // a 4-GPU calibration
+  std::vector<Record> two;
+  for (const auto& r : synthetic(6)) {
+    if (r.point.group_size <= 2) two.push_back(r);
+  }
+  BuildOptions o = options(true);
+  o.gpus_used = 2;
+  const CalibrationReport alone = build_report(two, o);
+  EXPECT_EQ(alone.profile.family("collective.all_reduce.nvlink").param_array("group_size"), std::vector<double>{2.0});
+  o.fill_from.insert(o.fill_from.begin(), four.profile);
+  const CalibrationReport rep = build_report(two, o);
+  const Family& ar = rep.profile.family("collective.all_reduce.nvlink");
+  EXPECT_EQ(ar.param_array("group_size"), (std::vector<double>{2.0, 3.0, 4.0}));
+  EXPECT_NE(ar.note.find("group sizes 3, 4 NOT MEASURED on this machine (2 GPUs)"), std::string::npos) << ar.note;
+  EXPECT_NE(ar.note.find(four.profile.id()), std::string::npos) << ar.note;
+  EXPECT_NE(family(rep, "collective.all_reduce.nvlink").why.find("group sizes 3, 4 from"), std::string::npos);
+  EXPECT_NE(summary_text(rep).find("partly measured here"), std::string::npos);
+  // The borrowed sizes predict what the 4-GPU machine measured (the synthetic truth), 2 GPUs' own.
+  const CostModel cm(rep.profile);
+  const CollectiveModel truth = true_all_reduce();
+  for (const int n : {2, 4}) {
+    const double want = truth.time_s(256e6, n);
+    EXPECT_NEAR(cm.collective(CollectiveKind::all_reduce, Bytes(256e6), n, Scope::nvlink).value, want, 0.05 * want) << n;
+  }
+}

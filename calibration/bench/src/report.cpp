@@ -256,10 +256,46 @@ CalibrationReport build_report(const std::vector<Record>& records, const BuildOp
   for (const auto& s : family_specs()) {
     if (fit.count(s.name)) families.push_back(s.name);
   }
+  // Collective group sizes this machine cannot form (a 2-GPU box, a profile of a 4- or 8-GPU one):
+  // the points of the larger groups come from the first measured fill profile that has them, and are
+  // fitted with this run's (the model is fitted per group size, docs/calibration.md).
+  struct Borrowed {
+    std::vector<Point> points;
+    std::set<int> sizes;
+    std::string from;
+  };
+  std::map<std::string, Borrowed> borrowed;
+  for (const auto& [name, recs] : fit) {
+    if (!starts_with(name, "collective.")) continue;
+    int largest = 0;
+    for (const Record* r : recs) largest = std::max(largest, r->point.group_size);
+    for (const Profile& from : options.fill_from) {
+      if (from.info().source != "measured") continue;
+      const Family* f = from.find(name);
+      if (!f) continue;
+      Borrowed b;
+      for (const Point& pt : f->points) {
+        const int n = static_cast<int>(pt.inputs.at(0));
+        if (n <= largest) continue;
+        b.points.push_back(pt);
+        b.sizes.insert(n);
+      }
+      if (b.points.empty()) continue;
+      b.from = from.id() + " (" + from.hardware().gpu_name + " x" + std::to_string(from.hardware().gpus_seen) + ", " +
+               from.hardware().date + ")";
+      borrowed[name] = std::move(b);
+      break;
+    }
+  }
   std::map<std::string, std::string> dropped;
   auto make_builder = [&](const std::vector<std::string>& names) {
     ProfileBuilder b(options.info, options.hardware);
-    for (const auto& n : names) add_points(b, fit, n);
+    for (const auto& n : names) {
+      add_points(b, fit, n);
+      if (const auto it = borrowed.find(n); it != borrowed.end()) {
+        for (const Point& pt : it->second.points) b.add_point(n, pt.inputs, pt.time);
+      }
+    }
     return b;
   };
   std::optional<Profile> built;
@@ -334,6 +370,13 @@ CalibrationReport build_report(const std::vector<Record>& records, const BuildOp
     }
     if (fr.failed_points > 0)
       note += "; " + std::to_string(fr.failed_points) + " points failed or skipped (raw output)";
+    if (const auto it = borrowed.find(f.name); it != borrowed.end()) {
+      std::string sizes;
+      for (const int n : it->second.sizes) sizes += (sizes.empty() ? "" : ", ") + std::to_string(n);
+      note += "; group sizes " + sizes + " NOT MEASURED on this machine (" + std::to_string(options.gpus_used) +
+              " GPUs): their " + std::to_string(it->second.points.size()) + " points come from " + it->second.from;
+      fr.why = "group sizes " + sizes + " from " + it->second.from;
+    }
     f.note = note;
     rep.families.push_back(fr);
   }
@@ -402,6 +445,13 @@ std::string summary_text(const CalibrationReport& rep) {
                   f.held_out_points ? (pct(f.held_out_median) + " / " + pct(f.held_out_max)).c_str() : "-",
                   f.failed_points ? ("  (" + std::to_string(f.failed_points) + " failed/skipped)").c_str() : "");
     s += line;
+  }
+  bool partial = false;
+  for (const auto& f : rep.families) {
+    if (!f.measured || f.why.empty()) continue;
+    if (!partial) s += "\npartly measured here (the fit points include an earlier profile's):\n";
+    partial = true;
+    s += "  " + f.name + ": " + f.why + "\n";
   }
   bool header = false;
   for (const auto& f : rep.families) {

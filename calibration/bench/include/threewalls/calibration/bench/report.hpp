@@ -24,7 +24,9 @@ struct BuildOptions {
   Hardware hardware;
   std::string mode;                  // "quick" / "full", for the notes
   // Families not measured here are copied from the first of these that has them (e.g. an earlier
-  // calibration of a multi-GPU machine of the same GPU kind, then the kind's default profile).
+  // calibration of a multi-GPU machine of the same GPU kind, then the kind's default profile). A
+  // collective family measured here takes the points of the group sizes larger than this machine's
+  // from the first *measured* one of these that has them, and fits them with its own.
   std::vector<Profile> fill_from;
   int gpus_used = 0;                 // GPUs the calibration used (0: unknown)
 };
@@ -32,7 +34,7 @@ struct BuildOptions {
 struct FamilyReport {
   std::string name;
   bool measured = true;  // false: copied from one of BuildOptions::fill_from
-  std::string why;       // dropped or copied: the reason
+  std::string why;       // dropped or copied: the reason; measured: the group sizes borrowed, if any
   std::size_t fit_points = 0;
   std::size_t held_out_points = 0;  // usable held-out points predicted
   std::size_t failed_points = 0;    // error or skipped records of the family
