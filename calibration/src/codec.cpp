@@ -225,11 +225,6 @@ AttentionShape attention_shape(const Point& p) {
   return s;
 }
 
-template <std::size_t D>
-constexpr std::size_t f_dims(const std::array<const char*, D>&) {
-  return D;
-}
-
 std::vector<double>& array_ref(const FamilySpec& spec, Params& p, std::string_view key) { return p.at(index_of(spec, key)); }
 
 // The fitted correction's log factors (rounded like every parameter), bandwidth and prior weight.
@@ -238,6 +233,28 @@ void put_correction(const FamilySpec& spec, Params& out, const ShapeCorrection& 
   for (const double v : c.log_factor) r.push_back(round_param(v));
   array_ref(spec, out, "correction_bandwidth") = {c.bandwidth};
   array_ref(spec, out, "correction_prior_weight") = {c.prior_weight};
+}
+
+// Fits the residual correction over a family's fit points and stores it with the centres' shapes:
+// `shape_of(x)` gives the values of `keys` for sample x, `features_of(x)` its log features and
+// `model_s(x)` the stored (rounded) parametric time. Nothing is stored when "no correction" wins.
+template <std::size_t D, class Sample, class ShapeOf, class FeaturesOf, class ModelS>
+void fit_correction(const FamilySpec& spec, Params& out, const std::vector<Sample>& s,
+                    const std::array<const char*, D>& keys, ShapeOf shape_of, FeaturesOf features_of,
+                    ModelS model_s) {
+  std::vector<double> features, residuals;
+  for (const auto& x : s) {
+    const auto f = features_of(x);
+    features.insert(features.end(), f.begin(), f.end());
+    residuals.push_back(std::log(x.seconds / model_s(x)));
+  }
+  const auto c = ShapeCorrection::fit(D, features, residuals);
+  if (c.empty()) return;
+  for (const auto& x : s) {
+    const std::array<double, D> v = shape_of(x);
+    for (std::size_t i = 0; i < D; ++i) array_ref(spec, out, std::string("correction_") + keys[i]).push_back(v[i]);
+  }
+  put_correction(spec, out, c);
 }
 
 }  // namespace
@@ -278,21 +295,11 @@ Params fit_params(const FamilySpec& spec, const std::vector<Point>& points, cons
       if (shape_correction_fitted(spec)) {
         // Residuals of the stored (rounded) roofline; centres are the fit points' shapes.
         const GemmModel stored = gemm_of(spec, out, hw);
-        std::vector<double> features, residuals;
-        for (const auto& x : s) {
-          const auto f = gemm_correction_features(x.m, x.n, x.k);
-          features.insert(features.end(), f.begin(), f.end());
-          residuals.push_back(std::log(x.seconds / stored.roofline_time_s(x.m, x.n, x.k, x.batch)));
-        }
-        const auto c = ShapeCorrection::fit(f_dims(kGemmCorrectionShape), features, residuals);
-        if (!c.empty()) {
-          for (const auto& x : s) {
-            array_ref(spec, out, "correction_m").push_back(static_cast<double>(x.m));
-            array_ref(spec, out, "correction_n").push_back(static_cast<double>(x.n));
-            array_ref(spec, out, "correction_k").push_back(static_cast<double>(x.k));
-          }
-          put_correction(spec, out, c);
-        }
+        fit_correction(
+            spec, out, s, kGemmCorrectionShape,
+            [](const auto& x) { return std::array<double, 3>{static_cast<double>(x.m), static_cast<double>(x.n), static_cast<double>(x.k)}; },
+            [](const auto& x) { return gemm_correction_features(x.m, x.n, x.k); },
+            [&](const auto& x) { return stored.roofline_time_s(x.m, x.n, x.k, x.batch); });
       }
       return out;
     }
@@ -326,24 +333,13 @@ Params fit_params(const FamilySpec& spec, const std::vector<Point>& points, cons
       out.resize(spec.params.size());  // the optional correction arrays, empty unless fitted below
       if (shape_correction_fitted(spec)) {
         const GroupedGemmModel stored = grouped_of(spec, out, hw);
-        std::vector<double> features, residuals;
-        for (const auto& x : s) {
-          const auto f = grouped_correction_features(x.groups, x.total_rows, x.max_rows, x.n, x.k);
-          features.insert(features.end(), f.begin(), f.end());
-          residuals.push_back(
-              std::log(x.seconds / stored.parametric_time_s(x.groups, x.total_rows, x.max_rows, x.n, x.k)));
-        }
-        const auto c = ShapeCorrection::fit(f_dims(kGroupedCorrectionShape), features, residuals);
-        if (!c.empty()) {
-          for (const auto& x : s) {
-            array_ref(spec, out, "correction_groups").push_back(static_cast<double>(x.groups));
-            array_ref(spec, out, "correction_total_rows").push_back(static_cast<double>(x.total_rows));
-            array_ref(spec, out, "correction_max_rows").push_back(static_cast<double>(x.max_rows));
-            array_ref(spec, out, "correction_n").push_back(static_cast<double>(x.n));
-            array_ref(spec, out, "correction_k").push_back(static_cast<double>(x.k));
-          }
-          put_correction(spec, out, c);
-        }
+        fit_correction(
+            spec, out, s, kGroupedCorrectionShape,
+            [](const auto& x) {
+              return std::array<double, 5>{static_cast<double>(x.groups), static_cast<double>(x.total_rows), static_cast<double>(x.max_rows), static_cast<double>(x.n), static_cast<double>(x.k)};
+            },
+            [](const auto& x) { return grouped_correction_features(x.groups, x.total_rows, x.max_rows, x.n, x.k); },
+            [&](const auto& x) { return stored.parametric_time_s(x.groups, x.total_rows, x.max_rows, x.n, x.k); });
       }
       return out;
     }
