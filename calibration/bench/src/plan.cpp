@@ -640,7 +640,7 @@ void plan_concurrency(Plan& p) {
       s.family = "concurrency";
       s.params = {{"streams", static_cast<double>(streams)}, {"m", d(g.m)}, {"n", d(g.n)}, {"k", d(g.k)}};
       s.inputs = {static_cast<double>(streams), 0.0, 0.0};  // sm_fraction and serial_s: filled by the runner
-      s.flops = 2.0 * d(g.m) * d(g.n) * d(g.k) * streams;
+      s.flops = 2.0 * d(g.m) * d(g.n) * d(g.k) * streams * kConcurrencyPerStream;
       p.points.push_back(std::move(s));
     }
   }
@@ -850,7 +850,7 @@ const std::vector<OpInfo>& op_table() {
                  "the kernels finished, case 1 a 1 GiB backend::all_reduce transferring",
                  "time of the kernel with NCCL resident; slowdown = time / alone_s"});
     t.push_back({"concurrency_gemm", "concurrency", "concurrency",
-                 "the same small GEMM on n streams at once (one CublasLt per stream) vs n times on one stream",
+                 "the same small GEMM 4 times on each of n streams at once (one CublasLt per stream) vs 4n times on one stream",
                  "speed-up = serial time / concurrent time"});
     return t;
   }();

@@ -76,6 +76,10 @@ std::vector<PointSpec> make_plan(const PlanOptions& options);
 
 // ---- definitions shared by the plan, the runner and the summary ----
 
+// GEMMs each stream of a concurrency_gemm point runs between the fork and the join (and n times as
+// many back to back on one stream for the serial time). Since 2026-11-26; before, one.
+inline constexpr int kConcurrencyPerStream = 4;
+
 // Layout codes of the GEMM `layout` parameter (backend::GemmLayout order).
 inline constexpr int kLayoutForward = 0;
 inline constexpr int kLayoutDgrad = 1;
