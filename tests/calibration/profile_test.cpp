@@ -31,6 +31,16 @@ std::string replaced_all(std::string text, const std::string& from, const std::s
   return text;
 }
 
+// `text` without its lines that start with `prefix` (e.g. a profile written before optional keys).
+std::string without_lines(const std::string& text, const std::string& prefix) {
+  std::string out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(prefix, 0) != 0) out += line + "\n";
+  }
+  return out;
+}
+
 // The InputError message for `text`, or "" when it loads.
 std::string load_error(const std::string& text, int* line = nullptr) {
   try {
@@ -379,11 +389,7 @@ TEST(ProfileReader, CollectiveCorrectionKnotsRoundTripAndAreOptional) {
               1.0, 1e-5);
   // A profile written before the knots (no correction_* keys) loads and predicts with the smooth
   // curve alone; written again, it stays without them.
-  std::string old_text;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("correction_", 0) != 0) old_text += line + "\n";
-  }
+  const std::string old_text = without_lines(text, "correction_");
   const Profile old = Profile::parse(old_text, "old.toml");
   EXPECT_EQ(old.to_toml(), old_text);
   const Family& f = old.family(collective_family(CollectiveKind::send_recv, Scope::nvlink));
@@ -440,11 +446,7 @@ TEST(ProfileReader, GemmResidualCorrectionRoundTripsAndIsOptional) {
 
   // The same file without the correction_* keys (a profile written before them): loads with no
   // correction, predicts with the roofline alone, and saves back unchanged.
-  std::string old_text;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("correction_", 0) != 0) old_text += line + "\n";
-  }
+  const std::string old_text = without_lines(text, "correction_");
   const Profile old = Profile::parse(old_text, "old.toml");
   EXPECT_EQ(old.to_toml(), old_text);
   const Family& of = old.family(gemm_family(Dtype::fp8));
@@ -468,12 +470,7 @@ TEST(ProfileReader, GemmResidualCorrectionIsChecked) {
   EXPECT_NE(bad_len.find("one entry per 'correction_log_factor' entry"), std::string::npos) << bad_len;
   const auto bad_h = load_error(replaced(text, "correction_bandwidth = [", "correction_bandwidth = [-1.0, "));
   EXPECT_NE(bad_h.find("'correction_bandwidth' must be one number > 0"), std::string::npos) << bad_h;
-  std::string no_r;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("correction_log_factor", 0) != 0) no_r += line + "\n";
-  }
-  const auto partial = load_error(no_r);
+  const auto partial = load_error(without_lines(text, "correction_log_factor"));
   EXPECT_NE(partial.find("needs 'correction_log_factor'"), std::string::npos) << partial;
 }
 
