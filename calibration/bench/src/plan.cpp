@@ -119,15 +119,20 @@ void plan_gemm(Plan& p, bool fp8) {
       ++i;
     }
   }
-  // Held-out: log-uniform random shapes off the grid (seeded: the same on every machine).
+  // A log-uniform random shape off the grid: m counts tokens (from m_lo), n and k are model
+  // dimensions (multiples of 128 in every model we know).
+  auto random_shape = [](Rng& rng, std::int64_t m_lo) {
+    std::int64_t m = rng.log_uniform(static_cast<double>(m_lo), 32768, 16);
+    if (m >= 256) m = std::max<std::int64_t>(64, m / 64 * 64);
+    const std::int64_t n = rng.log_uniform(256, 16384, 128);
+    const std::int64_t k = rng.log_uniform(256, 16384, 128);
+    return std::array<std::int64_t, 3>{m, n, k};
+  };
+  // Held-out: random shapes (seeded: the same on every machine).
   Rng rng(fp8 ? 0xF8F8F8ULL : 0xB16B16ULL);
   const int want = fp8 ? (p.full() ? 16 : 5) : (p.full() ? 32 : 10);
   for (int got = 0, tries = 0; got < want && tries < 1000; ++tries) {
-    std::int64_t m = rng.log_uniform(64, 32768, 16);
-    if (m >= 256) m = std::max<std::int64_t>(64, m / 64 * 64);
-    // n and k are model dimensions (multiples of 128 in every model we know); m counts tokens.
-    const std::int64_t n = rng.log_uniform(256, 16384, 128);
-    const std::int64_t k = rng.log_uniform(256, 16384, 128);
+    const auto [m, n, k] = random_shape(rng, 64);
     if (!gemm_affordable(p, m, n, k, fp8)) continue;
     add_gemm(p, fp8, m, n, k, fp8 ? kLayoutForward : got % 3, true);
     ++got;
@@ -145,12 +150,10 @@ void plan_gemm(Plan& p, bool fp8) {
   Rng fit_rng(fp8 ? 0xF8F17ULL : 0xB16F17ULL);
   const int fit_want = fp8 ? (p.full() ? 48 : 4) : (p.full() ? 96 : 8);
   for (int got = 0, tries = 0; got < fit_want && tries < 1000; ++tries) {
-    std::int64_t m = fit_rng.log_uniform(fp8 ? 64 : 16, 32768, 16);
-    if (m >= 256) m = std::max<std::int64_t>(64, m / 64 * 64);
-    const std::int64_t n = fit_rng.log_uniform(256, 16384, 128);
-    const std::int64_t k = fit_rng.log_uniform(256, 16384, 128);
+    const auto shape = random_shape(fit_rng, fp8 ? 64 : 16);
+    const auto [m, n, k] = shape;
     if (!gemm_affordable(p, m, n, k, fp8)) continue;
-    if (std::find(held.begin(), held.end(), std::array<std::int64_t, 3>{m, n, k}) != held.end()) continue;
+    if (std::find(held.begin(), held.end(), shape) != held.end()) continue;
     add_gemm(p, fp8, m, n, k, fp8 ? kLayoutForward : (i + got) % 3, false);
     ++got;
   }
@@ -850,7 +853,8 @@ const std::vector<OpInfo>& op_table() {
                  "the kernels finished, case 1 a 1 GiB backend::all_reduce transferring",
                  "time of the kernel with NCCL resident; slowdown = time / alone_s"});
     t.push_back({"concurrency_gemm", "concurrency", "concurrency",
-                 "the same small GEMM 4 times on each of n streams at once (one CublasLt per stream) vs 4n times on one stream",
+                 "the same small GEMM " + std::to_string(kConcurrencyPerStream) +
+                     " times on each of n streams at once (one CublasLt per stream) vs that many times n on one stream",
                  "speed-up = serial time / concurrent time"});
     return t;
   }();
