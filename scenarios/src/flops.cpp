@@ -4,6 +4,9 @@
 // causal attention counted as half the score matrix; no recomputation, no router, no norms.
 #include "threewalls/scenarios/step_graph.hpp"
 
+#include <algorithm>
+#include <cmath>
+
 namespace threewalls::scenarios {
 
 double megatron_flops_per_iteration(const Scenario& s) {
@@ -43,6 +46,30 @@ double megatron_flops_per_iteration(const Scenario& s) {
                       moe_ffn * experts_routed_to * gated * (num_moe / layers) + shared_ffn * gated * (num_moe / layers));
   const double logits = 3.0 * 2.0 * h * vocab;
   return batch * seq * (mlp + self_attn + logits);
+}
+
+double sm_fraction(const Op& op, int sm_count) {
+  if (sm_count <= 0) return 1.0;
+  const auto& s = op.shape;
+  auto ceil_div = [](double a, double b) { return std::ceil(a / b); };
+  double blocks = 1.0;
+  switch (op.kind) {
+    case OpKind::gemm:
+      blocks = ceil_div(static_cast<double>(std::max<std::int64_t>(s[0], 1)), 128.0) *
+               ceil_div(static_cast<double>(std::max<std::int64_t>(s[1], 1)), 128.0) *
+               static_cast<double>(std::max<std::int64_t>(s[3], 1));
+      break;
+    case OpKind::grouped_gemm:
+      blocks = ceil_div(static_cast<double>(std::max<std::int64_t>(s[0], 1)), 128.0) *
+               ceil_div(static_cast<double>(std::max<std::int64_t>(s[1], 1)), 128.0);
+      break;
+    case OpKind::attention:
+      blocks = static_cast<double>(std::max<std::int64_t>(s[0], 1) * std::max<std::int64_t>(s[3], 1)) *
+               ceil_div(static_cast<double>(std::max<std::int64_t>(s[1], 1)), 128.0);
+      break;
+    default: blocks = ceil_div(std::max(op.bytes, 1.0), 65536.0); break;
+  }
+  return std::clamp(blocks / sm_count, 1.0 / sm_count, 1.0);
 }
 
 const char* to_string(OpKind k) {

@@ -210,28 +210,4 @@ std::optional<NcclMemoryParams> CostModelCoster::nccl_memory() const {
   return NcclMemoryParams{m->communicator, m->collective, m->p2p_peer};
 }
 
-double sm_fraction(const Op& op, int sm_count) {
-  if (sm_count <= 0) return 1.0;
-  const auto& s = op.shape;
-  auto ceil_div = [](double a, double b) { return std::ceil(a / b); };
-  double blocks = 1.0;
-  switch (op.kind) {
-    case OpKind::gemm:
-      blocks = ceil_div(static_cast<double>(std::max<std::int64_t>(s[0], 1)), 128.0) *
-               ceil_div(static_cast<double>(std::max<std::int64_t>(s[1], 1)), 128.0) *
-               static_cast<double>(std::max<std::int64_t>(s[3], 1));
-      break;
-    case OpKind::grouped_gemm:
-      blocks = ceil_div(static_cast<double>(std::max<std::int64_t>(s[0], 1)), 128.0) *
-               ceil_div(static_cast<double>(std::max<std::int64_t>(s[1], 1)), 128.0);
-      break;
-    case OpKind::attention:
-      blocks = static_cast<double>(std::max<std::int64_t>(s[0], 1) * std::max<std::int64_t>(s[3], 1)) *
-               ceil_div(static_cast<double>(std::max<std::int64_t>(s[1], 1)), 128.0);
-      break;
-    default: blocks = ceil_div(std::max(op.bytes, 1.0), 65536.0); break;
-  }
-  return std::clamp(blocks / sm_count, 1.0 / sm_count, 1.0);
-}
-
 }  // namespace threewalls::sim

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <tuple>
 #include <stdexcept>
 
 #include "bench_kernels.cuh"
@@ -34,6 +35,7 @@
 #include "threewalls/backend/recording_path.hpp"
 #include "threewalls/calibration/bench/hardware_info.hpp"
 #include "threewalls/core/error.hpp"
+#include "threewalls/scenarios/step_graph.hpp"
 
 namespace threewalls::calibration::bench {
 
@@ -257,7 +259,7 @@ class GpuRunner final : public PointRunner {
     pageable_.clear();
     pageable_.shrink_to_fit();
     attention_.reset();
-    side_lts_.clear();
+    sections_.clear();
     side_streams_.clear();
     comm_.reset();
     collectives_.reset();
@@ -279,7 +281,7 @@ class GpuRunner final : public PointRunner {
     if (op == "grouped_gemm_bf16") return measure_grouped(rule, r);
     if (op == "attention_fwd" || op == "attention_bwd") return measure_attention(rule, r);
     if (op.rfind("host_", 0) == 0) return measure_host_op(rule, r);
-    if (op == "concurrency_gemm") return measure_concurrency(rule, r);
+    if (op == "concurrency_section") return measure_concurrency(rule, r);
     if (op == "nccl_memory") return measure_nccl_memory(r);
     if (op == "nccl_interference") return measure_interference(rule, r);
     if (collectives_) return collectives_->measure(rule, max_coll_bytes_, r);
@@ -1227,24 +1229,6 @@ class GpuRunner final : public PointRunner {
   }
 
   // ---- concurrency ----
-  void begin_concurrency(const std::vector<PointSpec>& points) {
-    double a = 1, b = 1, c = 1;
-    int streams = 1;
-    for (const auto& p : points) {
-      a = std::max(a, p.param("m") * p.param("k"));
-      b = std::max(b, p.param("k") * p.param("n"));
-      c = std::max(c, p.param("m") * p.param("n"));
-      streams = std::max(streams, static_cast<int>(p.iparam("streams")));
-    }
-    buf_[0] = random_bf16(sz(a), opt_.seed + 71, s());
-    buf_[1] = random_bf16(sz(b), opt_.seed + 72, s());
-    buf_[2] = be::DeviceBuffer(sz(c) * 2 * sz(static_cast<std::int64_t>(streams)));
-    for (int i = 0; i < streams; ++i) {
-      side_lts_.push_back(std::make_unique<be::CublasLt>());
-      side_streams_.push_back(std::make_unique<be::Stream>());
-    }
-  }
-
   // Like device(), but always behind the blocking kernel, also when one run makes a sample: the runs
   // are enqueued before the device starts them, so a sample is the device's time, not the host's
   // launch rate (on a 4 x H200 host 64 GEMM launches took ~0.6 ms, longer than the GPU needs for
@@ -1263,54 +1247,70 @@ class GpuRunner final : public PointRunner {
     }
   }
 
+  struct Section {
+    std::vector<scenarios::Op> ops;
+    std::unique_ptr<be::OpRunner> runner;
+  };
+
+  void begin_concurrency(const std::vector<PointSpec>& points) {
+    int streams = 1;
+    for (const auto& p : points) streams = std::max(streams, static_cast<int>(p.iparam("streams")));
+    for (int i = 0; i < streams; ++i) side_streams_.push_back(std::make_unique<be::Stream>());
+    buf_[0] = be::DeviceBuffer(sizeof(int));  // the counting kernels' counter (the join check)
+    TW_CUDA_CHECK(cudaMemsetAsync(buf_[0].data(), 0, sizeof(int), s()));
+    sections_.clear();
+  }
+
+  // One OpRunner per shape (one cuBLASLt handle and workspace for every stream, as threewalls run's
+  // executor has per rank), prepared once: plans, routing and buffers outside the timing.
+  Section& section_of(const PointSpec& p) {
+    const auto key = std::make_tuple(p.iparam("rows"), p.iparam("hidden"), p.iparam("ffn"));
+    auto it = sections_.find(key);
+    if (it != sections_.end()) return it->second;
+    Section sec;
+    sec.ops = concurrency_section_ops(std::get<0>(key), std::get<1>(key), std::get<2>(key));
+    sec.runner = std::make_unique<be::OpRunner>(be::OpRunnerConfig{});
+    sec.runner->prepare(sec.ops);
+    TW_CUDA_CHECK(cudaDeviceSynchronize());
+    return sections_.emplace(key, std::move(sec)).first->second;
+  }
+
+  // Experts round-robin over n streams (expert e on stream e mod n, its five ops in order), the
+  // ops issued expert by expert as the executor issues a streams:N section, forked from the main
+  // stream by one event and joined back by one event per stream; the serial time runs the same ops
+  // back to back on the main stream. Both behind the blocker (the device's time, not the host's).
   void measure_concurrency(const StopRule& rule, Record& r) {
-    const int n_streams = static_cast<int>(r.point.iparam("streams"));
-    const be::GemmShape g =
-        be::linear_gemm(be::GemmLayout::forward, r.point.iparam("m"), r.point.iparam("n"), r.point.iparam("k"));
-    const void* a = buf_[0].data();
-    const void* b = buf_[1].data();
-    auto c_of = [&](int i) {
-      return static_cast<char*>(buf_[2].data()) + sz(g.m * g.n) * 2 * sz(static_cast<std::int64_t>(i));
-    };
-    // kConcurrencyPerStream GEMMs per stream between the fork and the join, as a streams:N expert
-    // section runs an expert's few kernels per stream: with one, the two cross-stream dependencies
-    // of every GEMM (device-side latency, about a small GEMM's time) passed for the kernels' slowdown
-    // and every n measured slower than serial (e -0.06 at 2 streams of 8 tiles on the H100).
-    const int per = kConcurrencyPerStream;
-    // Serial: the n x per GEMMs back to back on one stream (the 1-stream case).
+    const int n = static_cast<int>(r.point.iparam("streams"));
+    Section& sec = section_of(r.point);
+    be::OpRunner& run = *sec.runner;
     Record serial;
     serial.point = r.point;
-    device_blocked(
-        [&](cudaStream_t st) {
-          for (int i = 0; i < n_streams; ++i) {
-            for (int j = 0; j < per; ++j) lt_->gemm(g, a, b, c_of(i), st);
-          }
-        },
-        rule, serial);
-    // Concurrent: forked from the main stream to n streams by events, joined back.
-    std::vector<be::Event> fork, join;
-    fork.emplace_back(false);
-    for (int i = 0; i < n_streams; ++i) join.emplace_back(false);
-    TW_CUDA_CHECK(cudaMemsetAsync(buf_[2].data(), 0xFF, buf_[2].size(), s()));
-    device_blocked(
-        [&](cudaStream_t st) {
-          fork[0].record(st);
-          for (int i = 0; i < n_streams; ++i) {
-            cudaStream_t side = side_streams_[sz(static_cast<std::int64_t>(i))]->get();
-            TW_CUDA_CHECK(cudaStreamWaitEvent(side, fork[0].get(), 0));
-            for (int j = 0; j < per; ++j) side_lts_[sz(static_cast<std::int64_t>(i))]->gemm(g, a, b, c_of(i), side);
-            join[sz(static_cast<std::int64_t>(i))].record(side);
-          }
-          for (int i = 0; i < n_streams; ++i)
-            TW_CUDA_CHECK(cudaStreamWaitEvent(st, join[sz(static_cast<std::int64_t>(i))].get(), 0));
-        },
-        rule, r);
-    r.point.inputs = {static_cast<double>(n_streams), gemm_sm_fraction(g.m, g.n, opt_.sm_count), serial.median_s()};
-    TW_CUDA_CHECK(cudaStreamSynchronize(s()));
+    device_blocked([&](cudaStream_t st) { for (const auto& op : sec.ops) run.run(op, st); }, rule, serial);
+    be::Event fork(false);
+    std::vector<be::Event> join;
+    for (int i = 0; i < n; ++i) join.emplace_back(false);
+    const auto side = [&](int i) { return side_streams_[sz(static_cast<std::int64_t>(i))]->get(); };
+    const auto concurrent = [&](cudaStream_t st, bool count) {
+      fork.record(st);
+      for (int i = 0; i < n; ++i) TW_CUDA_CHECK(cudaStreamWaitEvent(side(i), fork.get(), 0));
+      for (const auto& op : sec.ops) run.run(op, side(op.expert % n));
+      for (int i = 0; i < n; ++i) {
+        if (count) kernels::launch_count(buf_[0].as<int>(), side(i));
+        join[sz(static_cast<std::int64_t>(i))].record(side(i));
+        TW_CUDA_CHECK(cudaStreamWaitEvent(st, join[sz(static_cast<std::int64_t>(i))].get(), 0));
+      }
+    };
+    device_blocked([&](cudaStream_t st) { concurrent(st, false); }, rule, r);
+    r.point.inputs = {static_cast<double>(n), mean_sm_fraction(sec.ops, opt_.sm_count), serial.median_s()};
+    // Every stream reached its end before the join released the main stream: one counting kernel
+    // per stream after its sections, read once the main stream drained.
+    const int before = counter();
+    concurrent(s(), true);
     // Streams past the hardware work queues share them (issue 8): record the setting this ran under
     // (the backend does not set the variable; CUDA's default is 8 connections).
     const char* conns = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
-    r.check = check_gemm(g, a, b, c_of(n_streams - 1), false) + " (last stream's output); CUDA_DEVICE_MAX_CONNECTIONS=" +
+    r.check = expect_count(before, n, "one per stream after its sections, before the join") + "; " +
+              std::to_string(sec.ops.size()) + " ops; CUDA_DEVICE_MAX_CONNECTIONS=" +
               (conns ? std::string(conns) : std::string("unset (CUDA default 8)"));
   }
 
@@ -1458,8 +1458,8 @@ class GpuRunner final : public PointRunner {
   std::vector<char> pageable_;
   std::string disk_path_;
   std::unique_ptr<be::Attention> attention_;
-  std::vector<std::unique_ptr<be::CublasLt>> side_lts_;
   std::vector<std::unique_ptr<be::Stream>> side_streams_;
+  std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>, Section> sections_;  // concurrency, by shape
   std::unique_ptr<be::CommTable> comm_;
   std::unique_ptr<detail::CollectiveBench> collectives_;
   std::unique_ptr<detail::InterferenceBench> interference_;

@@ -10,6 +10,7 @@
 #include "threewalls/calibration/profile.hpp"
 #include "threewalls/core/error.hpp"
 #include "threewalls/core/strings.hpp"
+#include "threewalls/scenarios/loader.hpp"
 
 namespace threewalls::calibration::bench {
 
@@ -627,23 +628,26 @@ void plan_host(Plan& p) {
 }
 
 void plan_concurrency(Plan& p) {
-  struct G {
-    std::int64_t m, n, k;
+  // What a streams:N expert section runs (issue 8): kConcurrencySectionExperts experts of a
+  // Switch-like layer (gather, fc1, activation, fc2, scatter-add, as the step graph expands them),
+  // spread round-robin over n streams, against the same on one stream. Shapes of the calibration's
+  // own (rows per expert, d_model, FFN), none of a validation scenario's: the sections' kernels fill
+  // from a few to all of the SMs.
+  struct S {
+    std::int64_t rows, hidden, ffn;
   };
-  // Small GEMMs (each fills well under half of the SMs): the case the seeds found slower on streams.
-  const std::vector<G> gemms =
-      p.full() ? std::vector<G>{{128, 1024, 1024}, {256, 2048, 1024}, {512, 1024, 2048}, {1024, 1024, 2048}}
-               : std::vector<G>{{128, 1024, 1024}, {512, 2048, 1024}};
-  for (const auto& g : gemms) {
-    // Up to 64 streams (issue 8: a streams:64 expert section); past CUDA_DEVICE_MAX_CONNECTIONS
-    // (8 unless set) streams share hardware work queues. The runner records the variable's value.
+  const std::vector<S> shapes = p.full() ? std::vector<S>{{32, 512, 2048}, {128, 512, 2048}, {128, 1536, 6144}, {512, 1536, 6144}}
+                                         : std::vector<S>{{128, 512, 2048}, {512, 1536, 6144}};
+  for (const auto& g : shapes) {
+    // Up to 64 streams (a streams:64 expert section); past CUDA_DEVICE_MAX_CONNECTIONS (8 unless
+    // set) streams share hardware work queues. The runner records the variable's value.
     for (const int streams : {2, 4, 8, 16, 32, 64}) {
       PointSpec s;
-      s.op = "concurrency_gemm";
+      s.op = "concurrency_section";
       s.family = "concurrency";
-      s.params = {{"streams", static_cast<double>(streams)}, {"m", d(g.m)}, {"n", d(g.n)}, {"k", d(g.k)}};
+      s.params = {{"streams", static_cast<double>(streams)}, {"rows", d(g.rows)}, {"hidden", d(g.hidden)}, {"ffn", d(g.ffn)}};
       s.inputs = {static_cast<double>(streams), 0.0, 0.0};  // sm_fraction and serial_s: filled by the runner
-      s.flops = 2.0 * d(g.m) * d(g.n) * d(g.k) * streams * kConcurrencyPerStream;
+      s.flops = 4.0 * d(g.rows) * d(g.hidden) * d(g.ffn) * kConcurrencySectionExperts;
       p.points.push_back(std::move(s));
     }
   }
@@ -852,9 +856,15 @@ const std::vector<OpInfo>& op_table() {
                  "while an NCCL kernel is resident on another stream: case 0 a backend::recv whose peer sends after "
                  "the kernels finished, case 1 a 1 GiB backend::all_reduce transferring",
                  "time of the kernel with NCCL resident; slowdown = time / alone_s"});
+    t.push_back({"concurrency_section", "concurrency", "concurrency",
+                 std::to_string(kConcurrencySectionExperts) +
+                     " expert sections of a Switch-like layer (OpRunner: gather, fc1, activation, fc2, scatter-add) "
+                     "spread round-robin over n streams, forked and joined by events, vs the same on one stream; "
+                     "sm_fraction = the mean over the section's kernels",
+                 "speed-up = serial time / concurrent time"});
     t.push_back({"concurrency_gemm", "concurrency", "concurrency",
-                 "the same small GEMM " + std::to_string(kConcurrencyPerStream) +
-                     " times on each of n streams at once (one CublasLt per stream) vs that many times n on one stream",
+                 "until 2026-11-26 (raw output of then): the same small GEMM 4 times on each of n streams at once "
+                 "(one CublasLt per stream) vs 4n times on one stream",
                  "speed-up = serial time / concurrent time"});
     return t;
   }();
@@ -897,6 +907,42 @@ double algorithm_bandwidth(double size_bytes, double seconds) {
 
 double bus_bandwidth(std::string_view op, int n, double size_bytes, double seconds) {
   return algorithm_bandwidth(size_bytes, seconds) * bus_bandwidth_factor(op, n);
+}
+
+std::vector<scenarios::Op> concurrency_section_ops(std::int64_t rows, std::int64_t hidden, std::int64_t ffn) {
+  const std::int64_t seq = 128;
+  const std::int64_t tokens = rows * kConcurrencySectionExperts;
+  if (rows < 1 || hidden < 64 || hidden % 64 != 0 || ffn < 1 || tokens % seq != 0) {
+    throw InputError("concurrency_section: rows = " + std::to_string(rows) + ", hidden = " + std::to_string(hidden) +
+                     ", ffn = " + std::to_string(ffn) + ": needs rows x " + std::to_string(kConcurrencySectionExperts) +
+                     " a multiple of 128, hidden a multiple of 64 and ffn >= 1");
+  }
+  const std::string text = "schema_version = 1\nname = \"calibration_concurrency_section\"\n"
+                           "[model]\nnum_layers = 1\nhidden_size = " + std::to_string(hidden) +
+                           "\nnum_attention_heads = " + std::to_string(hidden / 64) +
+                           "\nvocab_size = 1024\nswiglu = false\nnormalization = \"layernorm\"\nnum_experts = " +
+                           std::to_string(kConcurrencySectionExperts) + "\nmoe_ffn_hidden_size = " + std::to_string(ffn) +
+                           "\nmoe_router_topk = 1\n[infer]\nbatch_size = " + std::to_string(tokens / seq) +
+                           "\nprompt_length = " + std::to_string(seq) +
+                           "\ngenerate_tokens = 0\nexpert_execution = \"sequential\"\n"
+                           "[cluster]\ngpu = \"h100\"\ngpus_per_node = 1\nnodes = 1\n";
+  const scenarios::StepGraph g = scenarios::expand(scenarios::load_scenario_text(text, "<concurrency_section>").scenario);
+  std::vector<scenarios::Op> ops;
+  for (const auto& op : g.classes.front().ops) {
+    if (op.expert >= 0) ops.push_back(op);
+  }
+  if (ops.size() != static_cast<std::size_t>(5 * kConcurrencySectionExperts)) {
+    throw std::logic_error("concurrency_section: expected 5 ops per expert, the step graph has " +
+                           std::to_string(ops.size()) + " expert ops");
+  }
+  return ops;
+}
+
+double mean_sm_fraction(const std::vector<scenarios::Op>& ops, int sm_count) {
+  if (ops.empty()) return 1.0;
+  double f = 0.0;
+  for (const auto& op : ops) f += scenarios::sm_fraction(op, sm_count);
+  return f / static_cast<double>(ops.size());
 }
 
 double gemm_sm_fraction(std::int64_t m, std::int64_t n, int sm_count) {

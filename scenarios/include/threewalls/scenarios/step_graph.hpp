@@ -175,6 +175,12 @@ StepGraph expand(const Scenario& s, int step = 0);
 // scenario's model and global batch. Model FLOPs only: no recomputation.
 double megatron_flops_per_iteration(const Scenario& s);
 
+// Fraction of a GPU's SMs an op's kernel occupies (the simulator's stream concurrency, and the
+// calibration's multi-stream benchmarks that fit it): tiles of 128 x 128 for GEMMs (per batch entry
+// for a batched GEMM), one block per head and 128 rows for attention, one block per 64 KiB for
+// memory-bound kernels; between 1 / sm_count and 1 (1 when sm_count <= 0).
+double sm_fraction(const Op& op, int sm_count);
+
 const char* to_string(OpKind k);
 const char* to_string(Wall w);
 const char* to_string(Collective c);

@@ -137,8 +137,6 @@ class CostModelCoster final : public OpCoster {
   HostCosts host_;
 };
 
-// Fraction of the GPU's SMs an op's kernel occupies (for stream concurrency): tiles of 128 x 128
-// for GEMMs, one block per 64 KiB for memory-bound kernels, never more than 1.
-double sm_fraction(const scenarios::Op& op, int sm_count);
+using scenarios::sm_fraction;  // step_graph.hpp: the share of SMs an op's kernel fills
 
 }  // namespace threewalls::sim

@@ -19,6 +19,8 @@
 #include <string_view>
 #include <vector>
 
+#include "threewalls/scenarios/step_graph.hpp"
+
 namespace threewalls::calibration::bench {
 
 enum class Mode : std::uint8_t { quick, full };
@@ -76,9 +78,10 @@ std::vector<PointSpec> make_plan(const PlanOptions& options);
 
 // ---- definitions shared by the plan, the runner and the summary ----
 
-// GEMMs each stream of a concurrency_gemm point runs between the fork and the join (and n times as
-// many back to back on one stream for the serial time). Since 2026-11-26; before, one.
-inline constexpr int kConcurrencyPerStream = 4;
+// Experts of a concurrency_section point (what a streams:N expert section of a 64-expert layer
+// spreads over its streams; n streams run 64 / n sections each). Since 2026-11-26 (issue 8); the
+// concurrency points before were concurrency_gemm (identical GEMMs, 4 per stream).
+inline constexpr int kConcurrencySectionExperts = 64;
 
 // Layout codes of the GEMM `layout` parameter (backend::GemmLayout order).
 inline constexpr int kLayoutForward = 0;
@@ -92,6 +95,17 @@ const std::vector<std::string>& collective_ops();
 double bus_bandwidth_factor(std::string_view collective_op, int group_size);
 double algorithm_bandwidth(double size_bytes, double seconds);  // bytes / s
 double bus_bandwidth(std::string_view collective_op, int group_size, double size_bytes, double seconds);
+
+// The ops of a concurrency_section point: the expert ops of a Switch-like layer (kConcurrencySection-
+// Experts experts, top-1, non-gated, `rows` tokens per expert, d_model `hidden`, FFN `ffn`) as the
+// step graph expands it with sequential experts: per expert a gather, fc1, the activation, fc2 and a
+// scatter-add (scenarios/src/expand.cpp), in issue order, each with its expert index. Throws
+// InputError for shapes the layer cannot have (rows x experts not a multiple of 128, hidden not a
+// multiple of 64).
+std::vector<scenarios::Op> concurrency_section_ops(std::int64_t rows, std::int64_t hidden, std::int64_t ffn);
+// The unweighted mean of scenarios::sm_fraction over ops (what the simulator averages over the
+// kernels running together); 1 for none.
+double mean_sm_fraction(const std::vector<scenarios::Op>& ops, int sm_count);
 
 // Fraction of the SMs a GEMM of m x n occupies with 128 x 128 tiles (what sim/ uses for stream
 // concurrency), capped at 1.
