@@ -24,6 +24,7 @@ struct SimArgs {
   std::string fidelity = "flow";
   std::string allreduce = "auto";
   int steps = -1;
+  double host_scale = 1.0;
   bool overwrite = false;
   bool no_run_dir = false;
 };
@@ -92,6 +93,11 @@ void register_sim(CLI::App& app, Commands& cmds) {
   sub->add_option("--allreduce", a.allreduce, "All-reduce algorithm: auto (NCCL's rule of thumb), ring or tree")
       ->check(CLI::IsMember({"auto", "ring", "tree"}));
   sub->add_option("--steps", a.steps, "Steps to simulate (default: the scenario's run.steps)")->check(CLI::Range(1, 1000000));
+  sub->add_option("--host-scale", a.host_scale,
+                  "Multiply the profile's host-side costs (launches, library calls, syncs, event records) by this "
+                  "factor: a host slower (> 1) or faster than the one calibrated, e.g. from a real run's host probe "
+                  "(run.json settings.executor.device.host_probe; scripts/validate_suite.py). Default 1")
+      ->check(CLI::Range(0.01, 100.0));
   cmds.add(sub, [] {
     const scenarios::Scenario s = scenarios::load_scenario(a.scenario);
     sim::SimOptions opt;
@@ -100,12 +106,14 @@ void register_sim(CLI::App& app, Commands& cmds) {
                     : a.allreduce == "tree" ? sim::AllReduceChoice::tree
                                             : sim::AllReduceChoice::automatic;
     opt.steps = a.steps;
+    opt.host_scale = a.host_scale;
     opt.overwrite = a.overwrite;
     if (!a.no_run_dir) opt.out_dir = a.out.empty() ? std::filesystem::path("out") / "sim" / s.name : std::filesystem::path(a.out);
     if (a.no_run_dir && !a.out.empty()) throw InputError("sim: --out and --no-run-dir contradict each other");
     opt.argv = {"threewalls", "sim", a.scenario, "--fidelity", a.fidelity, "--allreduce", a.allreduce};
     if (!a.calibration.empty()) opt.argv.insert(opt.argv.end(), {"--calibration", a.calibration});
     if (a.steps > 0) opt.argv.insert(opt.argv.end(), {"--steps", std::to_string(a.steps)});
+    if (a.host_scale != 1.0) opt.argv.insert(opt.argv.end(), {"--host-scale", fixed(a.host_scale, 4)});
     if (!opt.out_dir.empty()) opt.argv.insert(opt.argv.end(), {"--out", opt.out_dir.string()});
     if (a.overwrite) opt.argv.push_back("--overwrite");
     if (!opt.out_dir.empty() && !a.overwrite && std::filesystem::exists(opt.out_dir) &&

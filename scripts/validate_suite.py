@@ -22,6 +22,12 @@ process whose step-time median is the median of the N is compared (launch-bound 
 differ by 20-30% from one process to the next, while the steps inside one process agree within a
 few percent: docs/validation/host_overhead.md).
 
+Every real run measures its own host before its first step (run.json settings.executor.device.host_probe:
+an op launch and two cuBLASLt GEMM calls through OpRunner). Where the probe is there, the scenario is also
+simulated with the profile's host costs scaled by probe / profile (`threewalls sim --host-scale`), and the
+table shows that error beside the prediction's: how much of a launch-bound step's error is this process's
+host speed rather than the model (not a prediction: the probe comes from the run).
+
 Scenarios that need more GPUs than the machine has are listed as skipped, never dropped silently.
 Single-GPU scenarios run concurrently, one per GPU (CUDA_VISIBLE_DEVICES). Python 3 standard library only.
 """
@@ -88,6 +94,35 @@ def host_figures(profile_path):
         pt = min(pts, key=lambda pt: abs(pt.get("bytes", 0) - (16 << 20)))
         out["disk_GBps"] = pt["bytes"] / pt["median_s"] / 1e9
     return out
+
+
+def host_probe_scale(real_dir, profile_path):
+    """The real run's host speed over the profile's (issue 8): the host probe threewalls run takes in
+    its own process before the first step (run.json settings.executor.device.host_probe: OpRunner's
+    elementwise add and two host.gemm_call grid shapes, one node and split over K) against what the
+    simulator charges for the same calls (host.kernel_launch + host.op_dispatch; host.gemm_call's
+    t_one and t_one + t_extra): the ratio of the sums, or None without a probe (older runs, sim)."""
+    try:
+        import tomllib
+        with open(profile_path, "rb") as f:
+            host = tomllib.load(f).get("host", {})
+        with open(os.path.join(real_dir, "run.json")) as f:
+            probe = json.load(f)["settings"]["executor"]["device"]["host_probe"]
+    except (OSError, ImportError, ValueError, KeyError, TypeError):
+        return None
+
+    def fit(name, key):
+        return host.get(name, {}).get("fit", {}).get(key)
+
+    launch, dispatch = fit("kernel_launch", "value_s"), fit("op_dispatch", "value_s") or 0.0
+    one, extra = fit("gemm_call", "t_one_s"), fit("gemm_call", "t_extra_s")
+    keys = ("op_launch_us", "gemm_call_m64_n2560_k640_us", "gemm_call_m128_n1024_k7168_us")
+    if launch is None or one is None or extra is None or any(k not in probe for k in keys):
+        return None
+    charged = 1e6 * ((launch + dispatch) + one + (one + extra))
+    measured = sum(probe[k] for k in keys)
+    return {"scale": measured / charged, "probe_us": [round(probe[k], 2) for k in keys],
+            "profile_us": [round(1e6 * v, 2) for v in (launch + dispatch, one, one + extra)]}
 
 
 def fmt(x, digits=1):
@@ -244,14 +279,21 @@ def main():
             results[s]["error"] = "no real run directory"
             continue
         hp = os.path.join(host_dir, names[s] + ".toml")
-        variants = [("", hp if a.recalibrate else profile)]
+        variants = [("", hp if a.recalibrate else profile, [])]
         if a.recalibrate:
-            variants.append(("_base", profile))
+            variants.append(("_base", profile, []))
             results[s]["host"] = host_figures(hp)
-        for suffix, prof in variants:
+        probe = host_probe_scale(real_dir, hp if a.recalibrate else profile)
+        if probe:
+            # The same profile with its host costs scaled to the run's own host probe: what the model
+            # gives when it knows how fast this process's host was (not a prediction).
+            results[s]["host_probe"] = probe
+            variants.append(("_probe", hp if a.recalibrate else profile, ["--host-scale", f"{probe['scale']:.4f}"]))
+        for suffix, prof, extra_args in variants:
             sim_dir = os.path.join(a.out, "sim" + suffix, names[s])
             shutil.rmtree(sim_dir, ignore_errors=True)
-            rc, so, se, dt = run([a.bin, "sim", s, "--calibration", prof, "--out", sim_dir] + steps_arg, logfile=logfile)
+            rc, so, se, dt = run([a.bin, "sim", s, "--calibration", prof, "--out", sim_dir] + steps_arg + extra_args,
+                                 logfile=logfile)
             if rc != 0:
                 results[s]["error"] = "sim failed: " + (se or so)[-1500:]
                 break
@@ -290,10 +332,14 @@ def main():
     if a.repeat > 1:
         lines[-2] += " step real, min–max of the processes' medians (processes) |"
         lines[-1] += "---|"
+    probed = any("host_probe" in results[s] for s in scenarios)
+    if probed:
+        lines[-2] += " host probe / profile (scale) | step error, host scaled to the probe |"
+        lines[-1] += "---|---|"
     if a.recalibrate:
         lines[2:2] = [f"Families of `{a.recalibrate}` measured right before each real run (`--recalibrate`), "
                       "the rest from the profile.", ""]
-    base_errors = []
+    base_errors, probe_errors = [], []
     step_errors, phase_errors, mem_errors = [], [], []
     for s in scenarios:
         r = results[s]
@@ -330,6 +376,14 @@ def main():
         if r.get("real_step_ms_per_process"):
             per = r["real_step_ms_per_process"]
             extra += f" {min(per):.2f}–{max(per):.2f} ({len(per)}) |"
+        if probed:
+            pr = r.get("host_probe")
+            pe_ = step_err(r["compare_probe"]) if "compare_probe" in r else None
+            if pe_ is not None:
+                probe_errors.append(abs(pe_))
+            extra += (" n/a | n/a |" if not pr else
+                      f" {'/'.join(f'{v:.1f}' for v in pr['probe_us'])} / {'/'.join(f'{v:.1f}' for v in pr['profile_us'])}"
+                      f" ({pr['scale']:.2f}) | {fmt(pe_)}% |")
         lines.append(f"| {r['name']} | {r['gpus']} | {real_ms:.2f} | {sim_ms:.2f} | {fmt(se)}% | "
                      f"{'n/a' if pe is None else f'{pe:.1f}%'} ({len(majors)}) | "
                      f"{'' if not worst else f'{worst[0]} {worst[1]:+.1f}%'} | {fmt(me)}% |" + extra)
@@ -343,6 +397,10 @@ def main():
                      f"{sum(e <= 10 for e in base_errors)} of {len(base_errors)}")
     if step_errors:
         lines.append(f"* step time within 10%: {sum(e <= 10 for e in step_errors)} of {len(step_errors)}")
+    if probe_errors:
+        lines.append(f"* step time |error| with the host costs scaled to each run's own host probe (run.json "
+                     f"host_probe; not a prediction): median {statistics.median(probe_errors):.1f}%, worst "
+                     f"{max(probe_errors):.1f}%; within 10%: {sum(e <= 10 for e in probe_errors)} of {len(probe_errors)}")
     if phase_errors:
         lines.append(f"* per-phase median |error| (phases >= 5% of the step): median over scenarios "
                      f"{statistics.median(phase_errors):.1f}%, worst {max(phase_errors):.1f}%")
@@ -382,6 +440,9 @@ def main():
             slim[results[s]["name"]]["major_phases"] = major_phase_errors(c)
         if results[s].get("compare_base"):
             slim[results[s]["name"]]["step_time_error_pct_profile_alone"] = step_err(results[s]["compare_base"])
+        if results[s].get("compare_probe"):
+            slim[results[s]["name"]]["step_time_error_pct_host_probe"] = step_err(results[s]["compare_probe"])
+            slim[results[s]["name"]]["sim_step_ms_host_probe"] = (step_median(results[s]["compare_probe"], "b") or 0) / 1000.0
     json.dump(slim, open(os.path.join(a.out, "results.json"), "w"), indent=1)
     with tarfile.open(os.path.join(a.out, "runs.tar.xz"), "w:xz") as t:
         # Of the repeated processes only the summaries: the compared one is in real/ whole.
@@ -389,7 +450,8 @@ def main():
             keep = info.isdir() or os.path.basename(info.name) in ("summary.json", "run.json")
             return info if keep else None
 
-        for d in ("real", "sim", "compare", "logs", "sim_base", "compare_base", "host_profiles", "real_repeats"):
+        for d in ("real", "sim", "compare", "logs", "sim_base", "compare_base", "sim_probe", "compare_probe", "host_profiles",
+                  "real_repeats"):
             if os.path.exists(os.path.join(a.out, d)):
                 t.add(os.path.join(a.out, d), arcname=d, filter=summaries_only if d == "real_repeats" else None)
     log(md)

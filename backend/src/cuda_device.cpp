@@ -73,6 +73,7 @@ OrderedJson CudaDevice::settings() const {
   j["op_runner"] = "one per stream (own cuBLASLt handle and workspace, own CommTable)";
   j["graph_capture"] = "cudaStreamCaptureModeThreadLocal; timed copies carry cudaEventRecordExternal nodes";
   j["memory_measurement"] = memory_method();
+  if (!host_probe_.is_null()) j["host_probe"] = host_probe_;
   return j;
 }
 
@@ -99,6 +100,57 @@ void CudaDevice::open(const DeviceSetup& setup, const scenarios::RankClass& cls)
   }
   create_comms();
   prepare(*setup.graph, cls);
+  probe_host();
+}
+
+// The host's speed in this process (issue 8): launch-bound steps on a VM differ by 20-70% from one
+// process to the next while the steps inside a process agree within a few percent, and a
+// calibration taken in another process does not see it (docs/validation/host_overhead.md). So
+// every run measures, after its buffers are prepared and before its first step, three host costs
+// the calibration measures the same way (its host.kernel_launch + host.op_dispatch, and two
+// host.gemm_call grid shapes, one node and split over K): OpRunner::run on its own runner and
+// stream, the device idle, kProbeCalls calls per sample, the median of kProbeSamples samples.
+// run.json keeps them (settings.executor.device.host_probe); the simulator can scale the profile's
+// host costs by them (threewalls sim --host-scale, scripts/validate_suite.py). About 2 ms.
+void CudaDevice::probe_host() {
+  constexpr int kProbeCalls = 32;
+  constexpr int kProbeSamples = 7;
+  OpRunner runner(OpRunnerConfig{});
+  const Stream stream;
+  Op add;
+  add.kind = OpKind::elementwise;
+  add.sub = static_cast<std::uint8_t>(scenarios::ElementwiseKind::add);
+  add.shape = {4096, 0, 0, 0, 0, 0};
+  auto gemm = [](std::int64_t m, std::int64_t n, std::int64_t k) {
+    Op g;
+    g.kind = OpKind::gemm;
+    g.shape = {m, n, k, 1, 0, 0};
+    g.flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+    return g;
+  };
+  const std::vector<std::pair<const char*, Op>> probes{
+      {"op_launch_us", add}, {"gemm_call_m64_n2560_k640_us", gemm(64, 2560, 640)},
+      {"gemm_call_m128_n1024_k7168_us", gemm(128, 1024, 7168)}};
+  std::vector<Op> ops;
+  for (const auto& [name, op] : probes) ops.push_back(op);
+  runner.prepare(ops);
+  OrderedJson j = OrderedJson::object();
+  for (const auto& [name, op] : probes) {
+    runner.run(op, stream.get());
+    TW_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+    std::vector<double> samples;
+    for (int i = 0; i < kProbeSamples; ++i) {
+      const auto t0 = SteadyClock::now();
+      for (int c = 0; c < kProbeCalls; ++c) runner.run(op, stream.get());
+      samples.push_back(std::chrono::duration<double, std::micro>(SteadyClock::now() - t0).count() / kProbeCalls);
+      TW_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+    }
+    std::sort(samples.begin(), samples.end());
+    j[name] = samples[samples.size() / 2];
+  }
+  j["method"] = "OpRunner::run host time per call, " + std::to_string(kProbeCalls) + " calls back to back on an idle "
+                "device, median of " + std::to_string(kProbeSamples) + " samples, after the buffers were prepared";
+  host_probe_ = std::move(j);
 }
 
 void CudaDevice::create_comms() {

@@ -7,6 +7,7 @@
 
 #include "threewalls/calibration/cost_model.hpp"
 #include "threewalls/calibration/kernel_terms.hpp"
+#include "threewalls/core/error.hpp"
 
 namespace threewalls::sim {
 
@@ -97,36 +98,42 @@ FittedKernel fitted_kernel_of(const Op& op) {
   throw std::logic_error(std::string("fitted_kernel_of asked for a ") + scenarios::to_string(op.kind) + " op");
 }
 
-CostModelCoster::CostModelCoster(const calibration::CostModel& model) : model_(model) {
-  host_.kernel_launch = model.kernel_launch();
-  host_.collective_launch = model.collective_launch();
-  host_.graph_launch = model.graph_launch();
-  host_.graph_node = model.graph_node();
-  host_.stream_sync = model.stream_sync();
-  host_.gpu_read = model.gpu_read();
-  host_.framework_op = model.framework_op();
-  host_.event_record = model.event_record();
-  host_.timing_marker = model.timing_marker();
+CostModelCoster::CostModelCoster(const calibration::CostModel& model, double host_scale)
+    : model_(model), host_scale_(host_scale) {
+  if (!(host_scale > 0.0) || !std::isfinite(host_scale)) {
+    throw InputError("host scale " + std::to_string(host_scale) + " must be a positive number");
+  }
+  const double k = host_scale;
+  host_.kernel_launch = model.kernel_launch() * k;
+  host_.collective_launch = model.collective_launch() * k;
+  host_.graph_launch = model.graph_launch() * k;
+  host_.graph_node = model.graph_node();  // device time
+  host_.stream_sync = model.stream_sync() * k;
+  host_.gpu_read = model.gpu_read() * k;
+  host_.framework_op = model.framework_op() * k;
+  host_.event_record = model.event_record() * k;
+  host_.timing_marker = model.timing_marker();  // device time
   // Library-call launch costs (each falls back to kernel_launch in the cost model when the profile
   // lacks its family).
-  host_.gemm_launch = model.gemm_launch();
-  host_.grouped_gemm_launch = model.grouped_gemm_launch();
-  host_.attention_launch = model.attention_launch();
-  host_.attention_bwd_launch = model.attention_bwd_launch();
-  host_.op_dispatch = model.op_dispatch();
-  host_.record_op = model.record_op();
-  host_.stream_wait = model.stream_wait();
+  const auto scaled = [k](std::optional<Seconds> v) { return v ? std::optional<Seconds>(*v * k) : v; };
+  host_.gemm_launch = scaled(model.gemm_launch());
+  host_.grouped_gemm_launch = scaled(model.grouped_gemm_launch());
+  host_.attention_launch = scaled(model.attention_launch());
+  host_.attention_bwd_launch = scaled(model.attention_bwd_launch());
+  host_.op_dispatch = model.op_dispatch() * k;
+  host_.record_op = scaled(model.record_op());
+  host_.stream_wait = scaled(model.stream_wait());
 }
 
-Seconds CostModelCoster::stream_cycle_extra(int streams) const { return model_.stream_cycle_extra(streams); }
+Seconds CostModelCoster::stream_cycle_extra(int streams) const { return model_.stream_cycle_extra(streams) * host_scale_; }
 
 std::optional<Seconds> CostModelCoster::library_launch(const Op& op) const {
   const auto& s = op.shape;
   if (op.kind == OpKind::gemm) {
-    return model_.gemm_launch(at_least_1(s[0]), at_least_1(s[1]), at_least_1(s[2]), at_least_1(s[3]));
+    return model_.gemm_launch(at_least_1(s[0]), at_least_1(s[1]), at_least_1(s[2]), at_least_1(s[3])) * host_scale_;
   }
   if (op.kind == OpKind::grouped_gemm && s[0] > 0) {
-    return model_.grouped_gemm_launch(at_least_1(s[3]), s[0], at_least_1(s[4]));
+    return model_.grouped_gemm_launch(at_least_1(s[3]), s[0], at_least_1(s[4])) * host_scale_;
   }
   return std::nullopt;
 }

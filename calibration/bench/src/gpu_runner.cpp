@@ -1249,7 +1249,7 @@ class GpuRunner final : public PointRunner {
 
   struct Section {
     std::vector<scenarios::Op> ops;
-    std::unique_ptr<be::OpRunner> runner;
+    std::unique_ptr<be::OpRunner> serial;  // all of the ops, for the one-stream time
   };
 
   void begin_concurrency(const std::vector<PointSpec>& points) {
@@ -1261,31 +1261,40 @@ class GpuRunner final : public PointRunner {
     sections_.clear();
   }
 
-  // One OpRunner per shape (one cuBLASLt handle and workspace for every stream, as threewalls run's
-  // executor has per rank), prepared once: plans, routing and buffers outside the timing.
   Section& section_of(const PointSpec& p) {
     const auto key = std::make_tuple(p.iparam("rows"), p.iparam("hidden"), p.iparam("ffn"));
     auto it = sections_.find(key);
     if (it != sections_.end()) return it->second;
     Section sec;
     sec.ops = concurrency_section_ops(std::get<0>(key), std::get<1>(key), std::get<2>(key));
-    sec.runner = std::make_unique<be::OpRunner>(be::OpRunnerConfig{});
-    sec.runner->prepare(sec.ops);
+    sec.serial = std::make_unique<be::OpRunner>(be::OpRunnerConfig{});
+    sec.serial->prepare(sec.ops);
     TW_CUDA_CHECK(cudaDeviceSynchronize());
     return sections_.emplace(key, std::move(sec)).first->second;
   }
 
-  // Experts round-robin over n streams (expert e on stream e mod n, its five ops in order), the
-  // ops issued expert by expert as the executor issues a streams:N section, forked from the main
-  // stream by one event and joined back by one event per stream; the serial time runs the same ops
-  // back to back on the main stream. Both behind the blocker (the device's time, not the host's).
+  // Experts round-robin over n streams (expert e on stream e mod n, its five ops in order), issued
+  // expert by expert as the executor issues a streams:N section, forked from the main stream by one
+  // event and joined back by one event per stream. Each stream has its own OpRunner (own cuBLASLt
+  // handle, workspace and buffers) prepared with its experts' ops, as threewalls run's CudaDevice
+  // has one per stream; the serial time runs all the ops back to back on the main stream with one.
+  // Both behind the blocker (the device's time, not the host's).
   void measure_concurrency(const StopRule& rule, Record& r) {
     const int n = static_cast<int>(r.point.iparam("streams"));
     Section& sec = section_of(r.point);
-    be::OpRunner& run = *sec.runner;
     Record serial;
     serial.point = r.point;
-    device_blocked([&](cudaStream_t st) { for (const auto& op : sec.ops) run.run(op, st); }, rule, serial);
+    device_blocked([&](cudaStream_t st) { for (const auto& op : sec.ops) sec.serial->run(op, st); }, rule, serial);
+    std::vector<std::unique_ptr<be::OpRunner>> runners;
+    for (int i = 0; i < n; ++i) {
+      std::vector<scenarios::Op> mine;
+      for (const auto& op : sec.ops) {
+        if (op.expert % n == i) mine.push_back(op);
+      }
+      runners.push_back(std::make_unique<be::OpRunner>(be::OpRunnerConfig{}));
+      runners.back()->prepare(mine);
+    }
+    TW_CUDA_CHECK(cudaDeviceSynchronize());
     be::Event fork(false);
     std::vector<be::Event> join;
     for (int i = 0; i < n; ++i) join.emplace_back(false);
@@ -1293,7 +1302,7 @@ class GpuRunner final : public PointRunner {
     const auto concurrent = [&](cudaStream_t st, bool count) {
       fork.record(st);
       for (int i = 0; i < n; ++i) TW_CUDA_CHECK(cudaStreamWaitEvent(side(i), fork.get(), 0));
-      for (const auto& op : sec.ops) run.run(op, side(op.expert % n));
+      for (const auto& op : sec.ops) runners[sz(static_cast<std::int64_t>(op.expert % n))]->run(op, side(op.expert % n));
       for (int i = 0; i < n; ++i) {
         if (count) kernels::launch_count(buf_[0].as<int>(), side(i));
         join[sz(static_cast<std::int64_t>(i))].record(side(i));
@@ -1310,8 +1319,9 @@ class GpuRunner final : public PointRunner {
     // (the backend does not set the variable; CUDA's default is 8 connections).
     const char* conns = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
     r.check = expect_count(before, n, "one per stream after its sections, before the join") + "; " +
-              std::to_string(sec.ops.size()) + " ops; CUDA_DEVICE_MAX_CONNECTIONS=" +
+              std::to_string(sec.ops.size()) + " ops, one OpRunner per stream; CUDA_DEVICE_MAX_CONNECTIONS=" +
               (conns ? std::string(conns) : std::string("unset (CUDA default 8)"));
+    TW_CUDA_CHECK(cudaDeviceSynchronize());
   }
 
   // ---- compute beside resident NCCL kernels; NCCL memory (gpu_interference.cpp) ----

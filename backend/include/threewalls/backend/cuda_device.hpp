@@ -71,6 +71,7 @@ class CudaDevice : public Device {
   };
   PerStream& at(int stream);
   void create_comms();
+  void probe_host();
   void prepare_stream(int s, const std::vector<scenarios::Op>& ops);
   void p2p(const scenarios::StepGraph& graph, const scenarios::Op& op, PerStream& ps);
   NcclComm& p2p_comm(const scenarios::StepGraph& graph, const scenarios::Op& op);
@@ -98,6 +99,7 @@ class CudaDevice : public Device {
   std::vector<GraphExec> execs_;
   bool capturing_ = false;
   bool aborted_ = false;
+  OrderedJson host_probe_;  // settings()["host_probe"]: this process's host costs, measured at open()
 };
 
 }  // namespace threewalls::backend

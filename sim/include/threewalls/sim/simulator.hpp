@@ -27,6 +27,9 @@ struct SimOptions {
   // byte-identical for the same inputs (docs/simulator.md, "Determinism").
   std::string start_time = "1970-01-01T00:00:00Z";
   MemoryOptions memory;
+  // Multiplies the profile's host-side costs (CostModelCoster): a host measured slower (> 1) or
+  // faster than the one calibrated, e.g. by the host probe of a real run (threewalls sim --host-scale).
+  double host_scale = 1.0;
 };
 
 // Which calibration profile the costs come from (for the run header).
