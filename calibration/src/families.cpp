@@ -360,7 +360,7 @@ std::vector<FamilySpec> build_specs() {
     s.name = std::string(kConcurrencyFamily);
     s.model = "concurrency_v1";
     s.kind = ModelKind::concurrency;
-    s.description = "multi-stream concurrency of identical kernels: speed-up s = min(n, 1/f)^e(n)";
+    s.description = "multi-stream concurrency, f the running kernels' mean SM fraction: speed-up s = min(n, 1/f)^e(n)";
     s.inputs = {{"streams", true, "kernels run at once, one per stream"},
                 {"sm_fraction", false, "fraction of the SMs one kernel occupies"},
                 {"serial_s", false, "time of the same kernels back to back on one stream, seconds"}};

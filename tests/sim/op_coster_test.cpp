@@ -3,12 +3,14 @@
 // it, with OpRunner's shape mapping, and by the pooled elementwise(bytes) fit otherwise.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "threewalls/calibration/cost_model.hpp"
 #include "threewalls/calibration/kernel_terms.hpp"
 #include "threewalls/calibration/profile.hpp"
 #include "threewalls/calibration/profile_builder.hpp"
+#include "threewalls/core/error.hpp"
 #include "threewalls/sim/op_coster.hpp"
 
 using namespace threewalls;
@@ -120,4 +122,33 @@ TEST(OpCosterFittedKernel, MapsEachKindAndDirectionToOpRunnersLaunchSequence) {
   EXPECT_EQ(fk.family, kAdamStepFamily);
   EXPECT_EQ(fk.inputs, (std::vector<double>{123456}));
   EXPECT_THROW((void)fitted_kernel_of(memory_op(OpKind::gemm, {1, 1, 1}, 1.0)), std::logic_error);
+}
+
+// threewalls sim --host-scale (issue 8): every host-side cost is multiplied, the device time of graph
+// nodes and timing markers is not, and a scale that is not a positive number is refused.
+TEST(OpCosterHostScale, ScalesHostCostsAndLibraryCallsButNotDeviceTime) {
+  const calibration::Profile p = calibration::Profile::load(std::filesystem::path(THREEWALLS_SOURCE_DIR) /
+                                                            "calibration" / "profiles" / "h100.toml");
+  const calibration::CostModel model(p);
+  const CostModelCoster base(model);
+  const CostModelCoster slow(model, 1.5);
+  const HostCosts a = base.host_costs();
+  const HostCosts b = slow.host_costs();
+  for (const auto& [x, y] : {std::pair{a.kernel_launch, b.kernel_launch}, {a.collective_launch, b.collective_launch},
+                             {a.graph_launch, b.graph_launch}, {a.stream_sync, b.stream_sync}, {a.gpu_read, b.gpu_read},
+                             {a.event_record, b.event_record}, {a.op_dispatch, b.op_dispatch}}) {
+    EXPECT_DOUBLE_EQ(y.value, 1.5 * x.value);
+  }
+  ASSERT_TRUE(a.record_op && b.record_op);
+  EXPECT_DOUBLE_EQ(b.record_op->value, 1.5 * a.record_op->value);
+  EXPECT_DOUBLE_EQ(b.graph_node.value, a.graph_node.value);
+  EXPECT_DOUBLE_EQ(b.timing_marker.value, a.timing_marker.value);
+  Op g;
+  g.kind = OpKind::gemm;
+  g.shape = {64, 2560, 640, 1, 0, 0};
+  ASSERT_TRUE(base.library_launch(g) && slow.library_launch(g));
+  EXPECT_DOUBLE_EQ(slow.library_launch(g)->value, 1.5 * base.library_launch(g)->value);
+  EXPECT_DOUBLE_EQ(slow.kernel_time(g).value, base.kernel_time(g).value);  // device time unchanged
+  EXPECT_DOUBLE_EQ(slow.stream_cycle_extra(64).value, 1.5 * base.stream_cycle_extra(64).value);
+  for (const double bad : {0.0, -1.0, std::nan("")}) EXPECT_THROW(CostModelCoster(model, bad), InputError) << bad;
 }

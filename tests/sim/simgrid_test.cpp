@@ -252,6 +252,28 @@ std::pair<double, double> both_fidelities(const char* file, int steps) {
   return {step_time(Fidelity::flow), step_time(Fidelity::analytic)};
 }
 
+// threewalls sim --host-scale (issue 8): a launch-bound step grows with a slower host, a device-bound
+// one hardly moves, and the host wall carries the difference.
+TEST(SimHostScale, MovesLaunchBoundStepsAndTheHostWallNotDeviceBoundOnes) {
+  auto run = [](const char* file, double scale) {
+    const auto s = scenarios::load_scenario(testing::source_dir() / "scenarios/validation/host_overhead" / file);
+    return unpack(in_child([&]() {
+      SimOptions o;
+      o.steps = 2;
+      o.host_scale = scale;
+      const auto r = simulate(s, (testing::source_dir() / "calibration/profiles/h100.toml").string(), o);
+      return pack({r.summary.step_time_us.median, r.summary.walls_mean ? r.summary.walls_mean->host_us : -1.0});
+    }));
+  };
+  const auto launch_1 = run("switch_d768_t1k_sequential_none.toml", 1.0);
+  const auto launch_2 = run("switch_d768_t1k_sequential_none.toml", 1.5);
+  EXPECT_GT(launch_2[0], 1.3 * launch_1[0]);
+  EXPECT_GT(launch_2[1], launch_1[1] + 0.5 * (launch_2[0] - launch_1[0]));
+  const auto device_1 = run("switch_d1024_t16k_grouped_none.toml", 1.0);
+  const auto device_2 = run("switch_d1024_t16k_grouped_none.toml", 1.5);
+  EXPECT_LT(device_2[0], 1.05 * device_1[0]);
+}
+
 TEST(SimGridEngine, FlowAndAnalyticFidelityAgreeWithinFivePercentWithoutContention) {
   // Scenarios whose collectives do not overlap on shared links.
   for (const char* f : {"small_moe_1gpu.toml", "small_moe_ep2.toml", "small_moe_ep4.toml", "small_moe_tp2_ep2.toml"}) {
