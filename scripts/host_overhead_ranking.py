@@ -3,7 +3,10 @@
 group of scenarios switch_d{D}_t{T}_{strategy}_{scope}, the order of the strategies by measured and by
 simulated step time, from validate_suite.py's results.json.
 
-    scripts/host_overhead_ranking.py OUT/results.json
+    scripts/host_overhead_ranking.py OUT/results.json [--host-probe]
+
+--host-probe orders the simulated side by the simulation with each run's host costs scaled to its own
+host probe (validate_suite.py's sim_step_ms_host_probe) instead of the prediction.
 """
 import json
 import re
@@ -13,12 +16,13 @@ from collections import defaultdict
 
 def main():
     results = json.load(open(sys.argv[1]))
+    sim_key = "sim_step_ms_host_probe" if "--host-probe" in sys.argv[2:] else "sim_step_ms"
     groups = defaultdict(dict)
     for name, r in results.items():
         m = re.fullmatch(r"switch_d(\d+)_t(\w+?)_(grouped|sequential|streams\d+)_(\w+)", name)
-        if not m or r.get("real_step_ms") is None:
+        if not m or r.get("real_step_ms") is None or r.get(sim_key) is None:
             continue
-        groups[(int(m.group(1)), m.group(2), m.group(4))][m.group(3)] = (r["real_step_ms"], r["sim_step_ms"])
+        groups[(int(m.group(1)), m.group(2), m.group(4))][m.group(3)] = (r["real_step_ms"], r[sim_key])
     agree = 0
     print("| d_model | tokens | graphs | measured order (ms) | simulated order (ms) | same |")
     print("|---|---|---|---|---|---|")
