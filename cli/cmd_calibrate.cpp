@@ -2,10 +2,16 @@
 // kernels, copies, collectives, host overheads, stream concurrency) with the backend's kernels,
 // fits the cost models and writes a calibration profile (docs/calibration.md, "Running a
 // calibration"). Registered only in CUDA builds.
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <algorithm>
 #include <iostream>
 #include <optional>
 #include <set>
@@ -41,6 +47,7 @@ struct Options {
   bool no_fill = false;
   std::string fill_from;
   bool force = false;
+  int host_processes = -1;  // -1: the mode's default (full 5, quick 1)
   std::vector<std::string> argv;
 };
 
@@ -79,6 +86,72 @@ void print_record(const cb::Record& r, std::size_t i, std::size_t total) {
   std::fflush(stdout);
 }
 
+// Runs this binary as `threewalls calibrate ARGS` in a child process, stdout and stderr to `log`;
+// SystemError naming the log unless it exits 0.
+void run_child_calibration(const std::vector<std::string>& args, const fs::path& log) {
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) throw SystemError("calibrate --host-processes: cannot find this binary (/proc/self/exe): " + ec.message());
+  std::vector<std::string> full{self.string(), "calibrate"};
+  full.insert(full.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : full) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::fflush(stdout);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw SystemError(std::string("calibrate --host-processes: fork failed: ") + std::strerror(errno));
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::close(fd);
+    }
+    ::execv(argv[0], argv.data());
+    std::_Exit(127);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    throw SystemError("calibrate --host-processes: the host calibration in a child process failed (" +
+                      (WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status))
+                                         : std::string("killed by a signal")) +
+                      "); its output: " + log.string());
+  }
+}
+
+// The host group measured again in `n - 1` child processes, merged into `records` (record.hpp,
+// merge_host_processes). Raw folders RAW/host_process_<i> (a temporary folder without --raw-out).
+void measure_host_processes(const Options& o, int n, const cb::RawHeader& header, const fs::path& raw_dir,
+                            std::vector<cb::Record>& records) {
+  const bool has_host = std::any_of(records.begin(), records.end(), [](const cb::Record& r) {
+    const cb::OpInfo* info = cb::find_op(r.point.op);
+    return info != nullptr && info->group == "host" && r.usable();
+  });
+  if (n <= 1 || !has_host) return;
+  const fs::path base = raw_dir.empty()
+                            ? fs::temp_directory_path() / ("threewalls_host_processes_" + std::to_string(::getpid()))
+                            : raw_dir;
+  std::vector<std::vector<cb::Record>> others;
+  std::printf("# host group again in %d more processes (their host costs differ from one process to the next)\n",
+              n - 1);
+  std::fflush(stdout);
+  for (int i = 1; i < n; ++i) {
+    const fs::path dir = base / ("host_process_" + std::to_string(i));
+    fs::create_directories(dir.parent_path());
+    std::vector<std::string> args{"--only", "host", "--gpus", "1", "--gpu-kind", header.hardware.gpu_kind,
+                                  "--no-fill", "--force", "--host-processes", "1", "--scratch-dir", o.scratch_dir,
+                                  "--raw-out", dir.string(), "--out", (base / ("host_process_" + std::to_string(i) + ".toml")).string()};
+    if (o.quick) args.push_back("--quick");
+    run_child_calibration(args, base / ("host_process_" + std::to_string(i) + ".log"));
+    others.push_back(cb::read_raw(dir / "points.jsonl").records);
+  }
+  const std::size_t merged = cb::merge_host_processes(records, others);
+  std::printf("# host points: %zu compared over %d processes, the median process's kept\n", merged, n);
+  if (raw_dir.empty()) fs::remove_all(base);
+}
+
 int run(const Options& o) {
   const auto t_start = std::chrono::steady_clock::now();
   if (fs::exists(o.out) && !o.force) {
@@ -108,6 +181,10 @@ int run(const Options& o) {
     records = std::move(raw.records);
     std::printf("refitting %zu records of %s (%s, %s, %s mode)\n", records.size(), p.c_str(),
                 header.hardware.gpu_name.c_str(), header.hardware.date.c_str(), header.mode.c_str());
+    if (const int n = cb::merge_host_process_dirs(p.parent_path(), records); n > 1) {
+      std::printf("host points over %d processes (%s/host_process_*): the median process's kept\n", n,
+                  p.parent_path().c_str());
+    }
   } else {
     const cb::MachineIdentity id = cb::detect_machine(o.gpus, o.gpu_kind);
     const int gpus = o.gpus == 0 ? id.gpus_available : o.gpus;
@@ -157,6 +234,8 @@ int run(const Options& o) {
                                  raw->flush();
                                }
                              });
+    const int host_processes = o.host_processes >= 1 ? o.host_processes : (mode == cb::Mode::full ? 5 : 1);
+    measure_host_processes(o, host_processes, header, raw_dir, records);
     std::printf("# measured in %.1f s\n",
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
   }
@@ -241,6 +320,11 @@ void register_calibrate(CLI::App& app, Commands& cmds) {
                   "points of group sizes larger than this machine's are fitted with its own; each note names its source")
       ->check(CLI::ExistingFile);
   sub->add_flag("--force", o->force, "Replace an existing --out file");
+  sub->add_option("--host-processes", o->host_processes,
+                  "Measure the host group (launches, library calls, syncs) in this many processes in all and keep, "
+                  "point by point, the median process's: a process's host speed differs from another's on some "
+                  "machines (VMs). Default: 5 in full mode, 1 in quick mode")
+      ->check(CLI::Range(1, 32));
   sub->add_option("--budget-seconds", o->budget_s,
                   "Measurement time budget in seconds (default: 270 full, 75 quick; see docs/calibration.md)")
       ->check(CLI::Range(1.0, 86400.0));
@@ -263,11 +347,16 @@ void register_calibrate(CLI::App& app, Commands& cmds) {
       o->argv.push_back(std::to_string(o->budget_s));
     }
     if (o->force) o->argv.push_back("--force");
+    if (o->host_processes >= 1) {
+      o->argv.push_back("--host-processes");
+      o->argv.push_back(std::to_string(o->host_processes));
+    }
     if (!o->from_raw.empty() &&
-        (o->quick || o->gpus != 0 || !o->only.empty() || !o->gpu_kind.empty() || o->budget_s > 0.0)) {
+        (o->quick || o->gpus != 0 || !o->only.empty() || !o->gpu_kind.empty() || o->budget_s > 0.0 ||
+         o->host_processes >= 1)) {
       throw InputError(
-          "--from-raw refits measured points: --quick, --gpus, --only, --gpu-kind and --budget-seconds do not apply to "
-          "it");
+          "--from-raw refits measured points: --quick, --gpus, --only, --gpu-kind, --budget-seconds and "
+          "--host-processes do not apply to it (the host processes' raw folders next to points.jsonl are merged)");
     }
     return run(*o);
   });

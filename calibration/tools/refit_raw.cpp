@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
     fs::path p = argv[1];
     if (fs::is_directory(p)) p /= "points.jsonl";
     cb::RawFile raw = cb::read_raw(p);
+    cb::merge_host_process_dirs(p.parent_path(), raw.records);  // host_process_<i>/: calibrate --host-processes
     const cb::RawHeader& header = raw.header;
     cb::BuildOptions bo;
     bo.hardware = header.hardware;

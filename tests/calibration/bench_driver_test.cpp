@@ -307,3 +307,48 @@ TEST(CalibrationRaw, BadLinesAreInputErrorsNamingFileLineAndKey) {
   EXPECT_NE(error_of().find("empty file"), std::string::npos) << error_of();
   std::filesystem::remove(path);
 }
+
+// calibrate --host-processes (issue 8): each host point keeps the record of the process whose median
+// is the median over the processes; other groups, and points only one process measured, stay; a
+// refit finds the child processes' raw folders next to points.jsonl and merges them the same way.
+TEST(CalibrationRaw, HostPointsKeepTheMedianProcessAndOtherGroupsStay) {
+  auto rec = [](const char* op, const char* family, double median) {
+    Record r;
+    r.point = point(op, family, 0);
+    r.samples_s = {0.9 * median, median, 1.1 * median};
+    r.check = "passed";
+    return r;
+  };
+  std::vector<Record> main{rec("host_kernel_launch", "host.kernel_launch", 3.0e-6),
+                           rec("host_event_record", "host.event_record", 1.0e-6),
+                           rec("copy_d2d", "copy.d2d", 5.0e-6)};
+  std::vector<std::vector<Record>> others{
+      {rec("host_kernel_launch", "host.kernel_launch", 5.0e-6), rec("copy_d2d", "copy.d2d", 9.0e-6)},
+      {rec("host_kernel_launch", "host.kernel_launch", 4.0e-6)},
+      {rec("host_kernel_launch", "host.kernel_launch", 6.0e-6)},
+      {rec("host_kernel_launch", "host.kernel_launch", 4.5e-6)}};
+  EXPECT_EQ(merge_host_processes(main, others), 1U);
+  EXPECT_DOUBLE_EQ(main[0].median_s(), 4.5e-6);  // of 3, 5, 4, 6, 4.5 us
+  EXPECT_NE(main[0].check.find("5 processes"), std::string::npos) << main[0].check;
+  EXPECT_DOUBLE_EQ(main[1].median_s(), 1.0e-6);  // no other process measured it
+  EXPECT_DOUBLE_EQ(main[2].median_s(), 5.0e-6);  // not a host point
+  // The refit's side: RAW/host_process_1/points.jsonl, RAW/host_process_2/points.jsonl.
+  const auto dir = std::filesystem::temp_directory_path() / ("tw_host_processes_" + std::to_string(::getpid()));
+  RawHeader h;
+  h.mode = "full";
+  h.hardware.gpu_kind = "h100";
+  for (int i = 1; i <= 2; ++i) {
+    std::filesystem::create_directories(dir / ("host_process_" + std::to_string(i)));
+    JsonlWriter w(dir / ("host_process_" + std::to_string(i)) / "points.jsonl");
+    w.write(to_json(h));
+    w.write(to_json(rec("host_event_record", "host.event_record", i == 1 ? 2.0e-6 : 3.0e-6)));
+  }
+  EXPECT_EQ(host_process_dirs(dir).size(), 2U);
+  std::vector<Record> refit{rec("host_event_record", "host.event_record", 1.0e-6)};
+  EXPECT_EQ(merge_host_process_dirs(dir, refit), 3);
+  EXPECT_DOUBLE_EQ(refit[0].median_s(), 2.0e-6);  // of 1, 2, 3 us
+  std::vector<Record> none{rec("host_event_record", "host.event_record", 1.0e-6)};
+  EXPECT_EQ(merge_host_process_dirs(dir / "absent", none), 1);
+  EXPECT_DOUBLE_EQ(none[0].median_s(), 1.0e-6);
+  std::filesystem::remove_all(dir);
+}

@@ -1,7 +1,10 @@
 #include "threewalls/calibration/bench/record.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
+#include <utility>
 #include <limits>
 
 #include "threewalls/calibration/fit.hpp"
@@ -300,6 +303,58 @@ RawFile read_raw(const std::filesystem::path& path) {
   if (!have_header)
     throw InputError(path.string() + ": empty file (expected a header line, then one record per point)");
   return out;
+}
+
+std::size_t merge_host_processes(std::vector<Record>& main, const std::vector<std::vector<Record>>& others) {
+  std::size_t merged = 0;
+  for (Record& r : main) {
+    const OpInfo* info = find_op(r.point.op);
+    if (info == nullptr || info->group != "host" || !r.usable()) continue;
+    const std::string label = r.point.label();
+    std::vector<const Record*> all{&r};
+    for (const auto& proc : others) {
+      for (const Record& o : proc) {
+        if (o.usable() && o.point.op == r.point.op && o.point.label() == label) {
+          all.push_back(&o);
+          break;
+        }
+      }
+    }
+    if (all.size() < 2) continue;
+    std::vector<std::pair<double, std::size_t>> by_median;
+    for (std::size_t i = 0; i < all.size(); ++i) by_median.emplace_back(all[i]->median_s(), i);
+    std::sort(by_median.begin(), by_median.end());
+    std::string medians;
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      char b[48];
+      std::snprintf(b, sizeof b, "%s%.3g us", i == 0 ? "" : ", ", all[i]->median_s() * 1e6);
+      medians += b;
+    }
+    const std::size_t chosen = by_median[by_median.size() / 2].second;
+    Record pick = *all[chosen];
+    pick.check += "; host group in " + std::to_string(all.size()) + " processes (this one first): medians " + medians +
+                  "; kept process " + std::to_string(chosen) + " (the median)";
+    r = std::move(pick);
+    ++merged;
+  }
+  return merged;
+}
+
+std::vector<std::filesystem::path> host_process_dirs(const std::filesystem::path& raw_dir) {
+  std::vector<std::filesystem::path> out;
+  for (int i = 1;; ++i) {
+    const std::filesystem::path d = raw_dir / ("host_process_" + std::to_string(i));
+    if (!std::filesystem::exists(d / "points.jsonl")) break;
+    out.push_back(d);
+  }
+  return out;
+}
+
+int merge_host_process_dirs(const std::filesystem::path& raw_dir, std::vector<Record>& records) {
+  std::vector<std::vector<Record>> others;
+  for (const auto& d : host_process_dirs(raw_dir)) others.push_back(read_raw(d / "points.jsonl").records);
+  if (!others.empty()) merge_host_processes(records, others);
+  return static_cast<int>(others.size()) + 1;
 }
 
 }  // namespace threewalls::calibration::bench

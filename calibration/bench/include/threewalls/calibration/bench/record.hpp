@@ -65,4 +65,19 @@ struct RawFile {
 };
 RawFile read_raw(const std::filesystem::path& path);
 
+// Host costs in several processes (issue 8). On the H100 VMs a process's host is 0.94-1.55 times as
+// fast as another's, steadily for the process's life (docs/validation/host_overhead.md), so one
+// process's host points are one draw. `threewalls calibrate` measures the host group again in
+// `others.size()` child processes (raw: RAW/host_process_<i>/points.jsonl); for every usable record
+// of the host group in `main`, the record of the process whose median is the median over the
+// processes that measured the point (the upper middle for an even count) takes its place, its check
+// extended by every process's median. Records of other groups and points no other process measured
+// stay as they are. Returns how many records were compared over more than one process.
+std::size_t merge_host_processes(std::vector<Record>& main, const std::vector<std::vector<Record>>& others);
+// The raw folders of those child processes under `raw_dir`, in process order (empty: none).
+std::vector<std::filesystem::path> host_process_dirs(const std::filesystem::path& raw_dir);
+// A refit's side of it: reads the host_process_<i> folders under `raw_dir` and merges them into
+// `records`. Returns the processes that measured the host group (1: no folders).
+int merge_host_process_dirs(const std::filesystem::path& raw_dir, std::vector<Record>& records);
+
 }  // namespace threewalls::calibration::bench
