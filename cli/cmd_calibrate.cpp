@@ -19,6 +19,7 @@
 
 #include "command.hpp"
 #include "default_profiles.hpp"
+#include "threewalls/backend/handles.hpp"
 #include "threewalls/calibration/bench/driver.hpp"
 #include "threewalls/calibration/bench/gpu_runner.hpp"
 #include "threewalls/calibration/bench/record.hpp"
@@ -225,7 +226,7 @@ int run(const Options& o) {
     ro.gpus = gpus;
     ro.sm_count = id.hardware.sm_count;
     ro.scratch_dir = o.scratch_dir;
-    const auto runner = cb::make_gpu_runner(ro);
+    auto runner = cb::make_gpu_runner(ro);
     records = cb::run_points(plan, *runner, budget, cb::default_stop_rule(mode), cb::steady_clock(),
                              [&](const cb::Record& r, std::size_t i, std::size_t total) {
                                print_record(r, i, total);
@@ -235,6 +236,12 @@ int run(const Options& o) {
                                }
                              });
     const int host_processes = o.host_processes >= 1 ? o.host_processes : (mode == cb::Mode::full ? 5 : 1);
+    if (host_processes > 1) {
+      // The children meet the GPU as a `threewalls run` process does, with no other context on it:
+      // this process's go first (a live context in the parent is a condition no run has).
+      runner.reset();
+      backend::release_devices();
+    }
     measure_host_processes(o, host_processes, header, raw_dir, records);
     std::printf("# measured in %.1f s\n",
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());

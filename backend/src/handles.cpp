@@ -18,6 +18,14 @@ int device_count(std::string* reason) {
 
 void set_device(int device) { TW_CUDA_CHECK(cudaSetDevice(device)); }
 
+void release_devices() {
+  const int n = device_count();
+  for (int d = 0; d < n; ++d) {
+    TW_CUDA_CHECK(cudaSetDevice(d));
+    TW_CUDA_CHECK(cudaDeviceReset());
+  }
+}
+
 int current_device() {
   int d = -1;
   TW_CUDA_CHECK(cudaGetDevice(&d));

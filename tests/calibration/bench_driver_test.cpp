@@ -327,8 +327,20 @@ TEST(CalibrationRaw, HostPointsKeepTheMedianProcessAndOtherGroupsStay) {
       {rec("host_kernel_launch", "host.kernel_launch", 4.0e-6)},
       {rec("host_kernel_launch", "host.kernel_launch", 6.0e-6)},
       {rec("host_kernel_launch", "host.kernel_launch", 4.5e-6)}};
-  EXPECT_EQ(merge_host_processes(main, others), 1U);
+  // A point with parameters, listed in another order by the other process (a raw file read back
+  // orders them by key): the same point.
+  auto gemm = [&](double median, bool reversed) {
+    Record r = rec("host_gemm_launch", "host.gemm_call", median);
+    r.point.params = reversed ? std::vector<Param>{{"n", 2560}, {"m", 64}, {"k", 640}}
+                              : std::vector<Param>{{"m", 64}, {"n", 2560}, {"k", 640}};
+    return r;
+  };
+  main.push_back(gemm(6.0e-6, false));
+  others[0].push_back(gemm(9.0e-6, true));
+  others[1].push_back(gemm(7.0e-6, true));
+  EXPECT_EQ(merge_host_processes(main, others), 2U);
   EXPECT_DOUBLE_EQ(main[0].median_s(), 4.5e-6);  // of 3, 5, 4, 6, 4.5 us
+  EXPECT_DOUBLE_EQ(main[3].median_s(), 7.0e-6);  // of 6, 9, 7 us
   EXPECT_NE(main[0].check.find("5 processes"), std::string::npos) << main[0].check;
   EXPECT_DOUBLE_EQ(main[1].median_s(), 1.0e-6);  // no other process measured it
   EXPECT_DOUBLE_EQ(main[2].median_s(), 5.0e-6);  // not a host point

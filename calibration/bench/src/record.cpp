@@ -305,16 +305,30 @@ RawFile read_raw(const std::filesystem::path& path) {
   return out;
 }
 
+namespace {
+// The same point of the plan: op, held-out flag and parameters, in any order (a raw file read back
+// lists the parameters by key, the plan in its own order).
+bool same_point(const PointSpec& a, const PointSpec& b) {
+  if (a.op != b.op || a.held_out != b.held_out || a.params.size() != b.params.size()) return false;
+  auto sorted = [](const PointSpec& p) {
+    std::vector<std::pair<std::string, double>> v;
+    for (const auto& q : p.params) v.emplace_back(q.key, q.value);
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  return sorted(a) == sorted(b);
+}
+}  // namespace
+
 std::size_t merge_host_processes(std::vector<Record>& main, const std::vector<std::vector<Record>>& others) {
   std::size_t merged = 0;
   for (Record& r : main) {
     const OpInfo* info = find_op(r.point.op);
     if (info == nullptr || info->group != "host" || !r.usable()) continue;
-    const std::string label = r.point.label();
     std::vector<const Record*> all{&r};
     for (const auto& proc : others) {
       for (const Record& o : proc) {
-        if (o.usable() && o.point.op == r.point.op && o.point.label() == label) {
+        if (o.usable() && same_point(o.point, r.point)) {
           all.push_back(&o);
           break;
         }

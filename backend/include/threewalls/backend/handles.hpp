@@ -22,6 +22,11 @@ namespace threewalls::backend {
 // Number of CUDA devices; 0 (and `reason` set, if given) when there is no usable driver or device.
 [[nodiscard]] int device_count(std::string* reason = nullptr);
 void set_device(int device);
+// Destroys this process's primary context on every visible device (cudaDeviceReset): every
+// allocation, stream and handle of it goes, so destroy the objects holding them first. For a process
+// done with its GPUs that hands them to a child (calibrate --host-processes). The device itself is
+// not reset.
+void release_devices();
 [[nodiscard]] int current_device();
 // "NVIDIA H100 80GB HBM3" for the current device.
 [[nodiscard]] std::string device_name();
