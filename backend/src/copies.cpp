@@ -131,6 +131,16 @@ void write_random_file(const std::string& path, std::size_t bytes, std::uint64_t
     }
     written += chunk;
   }
+  if (::fsync(fd) != 0) throw SystemError(rank_prefix() + path + ": fsync failed: " + errno_text(errno));
+}
+
+std::size_t disk_slots(std::size_t slot_bytes) {
+  const std::size_t slot = round_up_direct(std::max<std::size_t>(slot_bytes, 1));
+  return std::clamp<std::size_t>(kDiskFileCap / slot, 1, kDiskSlots);
+}
+
+std::uint64_t disk_slot_offset(std::size_t slot_bytes, std::uint64_t key) {
+  return static_cast<std::uint64_t>(round_up_direct(slot_bytes)) * (key % disk_slots(slot_bytes));
 }
 
 }  // namespace threewalls::backend

@@ -373,8 +373,9 @@ void OpRunner::ensure(const Need& need) {
     have_.pageable = need.pageable;
   }
   if (need.disk_file > have_.disk_file) {
-    write_random_file(disk_path_, need.disk_file, cfg_.seed);
-    disk_bytes_ = need.disk_file;
+    // One slot per (layer, expert) key, up to kDiskSlots of the largest read (copies.hpp).
+    disk_bytes_ = round_up_direct(need.disk_file) * disk_slots(need.disk_file);
+    write_random_file(disk_path_, disk_bytes_, cfg_.seed);
     have_.disk_file = need.disk_file;
   }
   TW_CUDA_CHECK(cudaDeviceSynchronize());
@@ -638,7 +639,13 @@ void OpRunner::run_copy(const Op& op, cudaStream_t stream) {
     case CopyKind::d2h_pinned: copy_d2h(pinned_.data(), bf16_[0].data(), bytes, stream); break;
     case CopyKind::d2h_pageable: copy_d2h(pageable_.data(), bf16_[0].data(), bytes, stream); break;
     case CopyKind::d2d: copy_d2d(bf16_[1].data(), bf16_[0].data(), bytes, stream); break;
-    case CopyKind::disk_read: static_cast<void>(read_file_into(disk_path_, 0, bytes, pinned_)); break;
+    case CopyKind::disk_read: {
+      // Each (layer, expert) from its own slot of the file, as a deployment's expert files are.
+      const auto key = static_cast<std::uint64_t>(std::max(0, static_cast<int>(op.layer))) * 1024U +
+                       static_cast<std::uint64_t>(std::max(0, static_cast<int>(op.expert)));
+      static_cast<void>(read_file_into(disk_path_, disk_slot_offset(have_.disk_file, key), bytes, pinned_));
+      break;
+    }
     default: unsupported(op, "unknown CopyKind " + std::to_string(op.sub));
   }
 }

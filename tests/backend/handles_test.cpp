@@ -4,9 +4,11 @@
 #pragma GCC diagnostic ignored "-Wdouble-promotion"
 #include <gtest/gtest.h>
 
+#include <set>
 #include <string>
 
 #include "gpu_test_util.hpp"
+#include "threewalls/backend/copies.hpp"
 #include "threewalls/backend/error.hpp"
 #include "threewalls/backend/handles.hpp"
 #include "threewalls/backend/kernels.hpp"
@@ -125,3 +127,22 @@ TEST(Nvtx, ScopedRangeInThreewallsDomainCompilesAndRuns) {
 
 }  // namespace
 }  // namespace threewalls::backend
+
+// The disk tier's file layout (issue 9; no GPU needed): up to kDiskSlots slots of the largest read,
+// 4096-aligned, within kDiskFileCap; distinct keys of one file land on distinct aligned offsets.
+TEST(DiskTier, KeysReadTheirOwnAlignedSlotWithinTheCap) {
+  using namespace threewalls::backend;
+  const std::size_t expert = 3 * 2048 * 1408 * 2;  // a DeepSeek-V2-Lite expert, bf16
+  EXPECT_EQ(disk_slots(expert), kDiskSlots);
+  EXPECT_EQ(disk_slots(std::size_t{1} << 30), 4U);  // 4 GiB cap
+  EXPECT_EQ(disk_slots(std::size_t{8} << 30), 1U);
+  std::set<std::uint64_t> seen;
+  for (std::uint64_t k = 0; k < kDiskSlots; ++k) {
+    const std::uint64_t off = disk_slot_offset(expert, k);
+    EXPECT_EQ(off % kDirectIoAlign, 0U);
+    EXPECT_LE(off + expert, round_up_direct(expert) * disk_slots(expert));
+    seen.insert(off);
+  }
+  EXPECT_EQ(seen.size(), kDiskSlots);
+  EXPECT_EQ(disk_slot_offset(expert, kDiskSlots + 3), disk_slot_offset(expert, 3));
+}

@@ -317,7 +317,9 @@ class GpuRunner final : public PointRunner {
     pageable_.assign(sz(pageable), static_cast<char>(0x3C));
     if (disk > 0) {
       disk_path_ = opt_.scratch_dir + "/threewalls_calibrate_" + std::to_string(::getpid()) + ".bin";
-      be::write_random_file(disk_path_, sz(disk), opt_.seed);
+      // As OpRunner's disk tier: slots of the largest read, each read from the next slot (copies.hpp).
+      disk_slot_bytes_ = sz(disk);
+      be::write_random_file(disk_path_, be::round_up_direct(sz(disk)) * be::disk_slots(sz(disk)), opt_.seed);
     }
   }
 
@@ -343,13 +345,16 @@ class GpuRunner final : public PointRunner {
     void* dev_dst = buf_[1].data();
     if (op == "copy_disk_read") {
       bool direct = false;
-      detail::measure_host(rule, clock_, 1, [&] { direct = be::read_file_into(disk_path_, 0, bytes, pinned_).direct; },
-                           r, {});
-      const auto res = be::read_file_into(disk_path_, 0, bytes, pinned_);
+      // Every read from the next slot of the file (never the offset just read), as expert fetches are.
+      auto next = [&] { return be::disk_slot_offset(disk_slot_bytes_, disk_reads_++); };
+      detail::measure_host(rule, clock_, 1,
+                           [&] { direct = be::read_file_into(disk_path_, next(), bytes, pinned_).direct; }, r, {});
+      const auto res = be::read_file_into(disk_path_, next(), bytes, pinned_);
       if (res.bytes != bytes)
         throw std::runtime_error("correctness check failed: read " + std::to_string(res.bytes) + " bytes");
       r.check = std::string("passed: ") + std::to_string(bytes) + " bytes read" +
-                (direct ? " (O_DIRECT)" : " (buffered: page cache)");
+                (direct ? " (O_DIRECT)" : " (buffered: page cache)") + ", each read from the next of " +
+                std::to_string(be::disk_slots(disk_slot_bytes_)) + " slots of the file";
       return;
     }
     Work w;
@@ -1467,6 +1472,8 @@ class GpuRunner final : public PointRunner {
   be::PinnedBuffer pinned_;
   std::vector<char> pageable_;
   std::string disk_path_;
+  std::size_t disk_slot_bytes_ = 0;  // the disk-read file's slot size (the largest read)
+  std::uint64_t disk_reads_ = 0;     // reads so far: the next slot to read
   std::unique_ptr<be::Attention> attention_;
   std::vector<std::unique_ptr<be::Stream>> side_streams_;
   std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>, Section> sections_;  // concurrency, by shape

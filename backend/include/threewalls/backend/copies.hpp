@@ -33,8 +33,18 @@ FileReadResult read_file_into(const std::string& path, std::uint64_t offset, std
                               bool try_direct = true);
 
 // Creates (or overwrites) `path` with `bytes` of seeded pseudo-random data, for disk-tier ops and
-// benchmarks.
+// benchmarks, and syncs it to the device (so a later O_DIRECT read does not wait for write-back).
 void write_random_file(const std::string& path, std::size_t bytes, std::uint64_t seed);
+
+// The disk tier's file layout (issue 9): a deployment reads every expert from its own place on disk,
+// so reads of one offset again and again (which a host's page cache, the VM's included, may serve)
+// are not what it does. The file holds `disk_slots(slot_bytes)` slots of `slot_bytes` (4096-aligned)
+// each, at most kDiskFileCap bytes and kDiskSlots slots; a read picks its slot by key (layer and
+// expert in OpRunner, a counter in the calibration's disk-read benchmark).
+inline constexpr std::size_t kDiskSlots = 64;
+inline constexpr std::size_t kDiskFileCap = std::size_t{4} << 30;  // 4 GiB
+[[nodiscard]] std::size_t disk_slots(std::size_t slot_bytes);
+[[nodiscard]] std::uint64_t disk_slot_offset(std::size_t slot_bytes, std::uint64_t key);
 
 inline constexpr std::size_t kDirectIoAlign = 4096;
 [[nodiscard]] inline std::size_t round_up_direct(std::size_t bytes) {
