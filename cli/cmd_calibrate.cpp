@@ -6,12 +6,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <algorithm>
 #include <iostream>
 #include <optional>
 #include <set>
@@ -126,11 +126,6 @@ void run_child_calibration(const std::vector<std::string>& args, const fs::path&
 // merge_host_processes). Raw folders RAW/host_process_<i> (a temporary folder without --raw-out).
 void measure_host_processes(const Options& o, int n, const cb::RawHeader& header, const fs::path& raw_dir,
                             std::vector<cb::Record>& records) {
-  const bool has_host = std::any_of(records.begin(), records.end(), [](const cb::Record& r) {
-    const cb::OpInfo* info = cb::find_op(r.point.op);
-    return info != nullptr && info->group == "host" && r.usable();
-  });
-  if (n <= 1 || !has_host) return;
   const fs::path base = raw_dir.empty()
                             ? fs::temp_directory_path() / ("threewalls_host_processes_" + std::to_string(::getpid()))
                             : raw_dir;
@@ -245,13 +240,13 @@ int run(const Options& o) {
                                }
                              });
     const int host_processes = o.host_processes >= 1 ? o.host_processes : (mode == cb::Mode::full ? 5 : 1);
-    if (host_processes > 1) {
+    if (host_processes > 1 && std::any_of(records.begin(), records.end(), cb::is_host_point)) {
       // The children meet the GPU as a `threewalls run` process does, with no other context on it:
       // this process's go first (a live context in the parent is a condition no run has).
       runner.reset();
       backend::release_devices();
+      measure_host_processes(o, host_processes, header, raw_dir, records);
     }
-    measure_host_processes(o, host_processes, header, raw_dir, records);
     std::printf("# measured in %.1f s\n",
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
   }

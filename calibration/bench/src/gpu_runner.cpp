@@ -17,8 +17,8 @@
 #include <filesystem>
 #include <map>
 #include <optional>
-#include <tuple>
 #include <stdexcept>
+#include <tuple>
 
 #include "bench_kernels.cuh"
 #include "default_profiles.hpp"

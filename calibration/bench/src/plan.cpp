@@ -945,13 +945,6 @@ double mean_sm_fraction(const std::vector<scenarios::Op>& ops, int sm_count) {
   return f / static_cast<double>(ops.size());
 }
 
-double gemm_sm_fraction(std::int64_t m, std::int64_t n, int sm_count) {
-  if (sm_count <= 0) return 1.0;
-  const double tiles =
-      std::ceil(d(std::max<std::int64_t>(m, 1)) / 128.0) * std::ceil(d(std::max<std::int64_t>(n, 1)) / 128.0);
-  return std::min(1.0, tiles / sm_count);
-}
-
 std::vector<PointSpec> make_plan(const PlanOptions& options) {
   if (options.gpus < 1) throw InputError("calibration plan: gpus = " + std::to_string(options.gpus) + " must be >= 1");
   for (const auto& g : options.only) {

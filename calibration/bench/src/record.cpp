@@ -4,8 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <utility>
 #include <limits>
+#include <utility>
 
 #include "threewalls/calibration/fit.hpp"
 #include "threewalls/core/error.hpp"
@@ -320,11 +320,15 @@ bool same_point(const PointSpec& a, const PointSpec& b) {
 }
 }  // namespace
 
+bool is_host_point(const Record& r) {
+  const OpInfo* info = find_op(r.point.op);
+  return info != nullptr && info->group == "host" && r.usable();
+}
+
 std::size_t merge_host_processes(std::vector<Record>& main, const std::vector<std::vector<Record>>& others) {
   std::size_t merged = 0;
   for (Record& r : main) {
-    const OpInfo* info = find_op(r.point.op);
-    if (info == nullptr || info->group != "host" || !r.usable()) continue;
+    if (!is_host_point(r)) continue;
     std::vector<const Record*> all{&r};
     for (const auto& proc : others) {
       for (const Record& o : proc) {

@@ -107,8 +107,4 @@ std::vector<scenarios::Op> concurrency_section_ops(std::int64_t rows, std::int64
 // kernels running together); 1 for none.
 double mean_sm_fraction(const std::vector<scenarios::Op>& ops, int sm_count);
 
-// Fraction of the SMs a GEMM of m x n occupies with 128 x 128 tiles (what sim/ uses for stream
-// concurrency), capped at 1.
-double gemm_sm_fraction(std::int64_t m, std::int64_t n, int sm_count);
-
 }  // namespace threewalls::calibration::bench

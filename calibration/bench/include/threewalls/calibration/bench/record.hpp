@@ -74,6 +74,8 @@ RawFile read_raw(const std::filesystem::path& path);
 // extended by every process's median. Records of other groups and points no other process measured
 // stay as they are. Returns how many records were compared over more than one process.
 std::size_t merge_host_processes(std::vector<Record>& main, const std::vector<std::vector<Record>>& others);
+// A usable record of the host group: what merge_host_processes compares across processes.
+[[nodiscard]] bool is_host_point(const Record& r);
 // The raw folders of those child processes under `raw_dir`, in process order (empty: none).
 std::vector<std::filesystem::path> host_process_dirs(const std::filesystem::path& raw_dir);
 // A refit's side of it: reads the host_process_<i> folders under `raw_dir` and merges them into
