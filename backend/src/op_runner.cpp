@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -409,13 +410,17 @@ OpRunner::Routing& OpRunner::routing(std::int64_t tokens, int k, cudaStream_t st
 
 GroupedGemm& OpRunner::grouped(const Op& op) {
   const auto& s = op.shape;
-  const auto key = std::make_tuple(s[0], s[1], s[2], s[3], s[4], static_cast<int>(layout_of(op)));
+  // The experts' weights (forward, dgrad) or their gradient (wgrad) in their own place.
+  void* w = weight_ptr(op);
+  const GemmLayout layout = layout_of(op);
+  const auto key = std::make_tuple(s[0], s[1], s[2], s[3], s[4], static_cast<int>(layout), static_cast<const void*>(w));
   auto& slot = grouped_[key];
   if (!slot) {
-    const GemmLayout layout = layout_of(op);
     const auto [n, k] = grouped_nk(op);
-    slot = std::make_unique<GroupedGemm>(*lt_, layout, expert_rows(s[0], s[3], s[4]), n, k,
-                                         bf16_[0].as<bf16>(), bf16_[1].as<bf16>(), bf16_[2].as<bf16>(),
+    const bool grad = layout == GemmLayout::wgrad;
+    const auto* b = w != nullptr && !grad ? static_cast<const bf16*>(w) : bf16_[1].as<bf16>();
+    auto* c = w != nullptr && grad ? static_cast<bf16*>(w) : bf16_[2].as<bf16>();
+    slot = std::make_unique<GroupedGemm>(*lt_, layout, expert_rows(s[0], s[3], s[4]), n, k, bf16_[0].as<bf16>(), b, c,
                                          cfg_.grouped_impl);
   }
   return *slot;
@@ -479,6 +484,7 @@ void OpRunner::prepare(const std::vector<Op>& ops) {
     }
   }
   ensure(all);
+  place_parameters(ops);
   for (const Op& op : ops) prepare_op(op);
   TW_CUDA_CHECK(cudaDeviceSynchronize());
 }
@@ -489,7 +495,80 @@ std::size_t OpRunner::device_bytes() const {
   for (const auto& b : f32_) total += b.size();
   for (const auto& b : i32_) total += b.size();
   for (const auto& b : f8_) total += b.size();
-  return total;
+  return total + weight_bytes_;
+}
+
+void* OpRunner::weight_ptr(const Op& op) const {
+  const auto u = weight_of(op);
+  if (!u) return nullptr;
+  const auto it = weight_at_.find(u->key);
+  return it == weight_at_.end() ? nullptr : it->second;
+}
+
+// Parameters new to this runner get their place (weights.hpp): one new arena per prepare, laid out
+// by place_weights, while the arenas stay under twice the all-resident limit; past it a new tensor
+// shares the first arena's memory round-robin (it may then be read warmer than in a deployment:
+// a run that meets that many new parameters after its first prepare is not one we ship).
+void OpRunner::place_parameters(const std::vector<Op>& ops) {
+  std::vector<WeightUse> fresh;
+  std::set<WeightKey> seen;
+  for (const Op& op : ops) {
+    const auto u = weight_of(op);
+    if (!u || weight_at_.count(u->key) != 0 || !seen.insert(u->key).second) continue;
+    fresh.push_back(*u);
+  }
+  if (fresh.empty()) return;
+  if (l2_bytes_ == 0) {
+    int dev = 0;
+    int l2 = 0;
+    TW_CUDA_CHECK(cudaGetDevice(&dev));
+    TW_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+    l2_bytes_ = static_cast<std::size_t>(std::max(l2, 1 << 20));
+  }
+  std::vector<std::size_t> sizes;
+  std::size_t largest = 0;
+  for (const WeightUse& u : fresh) {
+    sizes.push_back(u.bytes);
+    largest = std::max(largest, u.bytes);
+  }
+  const WeightPlacement p = place_weights(sizes, l2_bytes_);
+  const std::size_t cap = 12 * (l2_bytes_ + largest);
+  const cudaStream_t s = nullptr;
+  auto fill = [&](void* at, std::size_t bytes, scenarios::DType dt) {
+    const std::uint64_t seed = cfg_.seed * 1000003ULL + (++fills_);
+    if (dt == DType::fp8) {
+      fill_random(static_cast<fp8*>(at), static_cast<std::int64_t>(bytes), seed, 1.0F, s);
+    } else {
+      fill_random(static_cast<bf16*>(at), static_cast<std::int64_t>(bytes / 2), seed, 1.0F, s);
+    }
+  };
+  if (weight_arenas_.empty() || weight_bytes_ + p.arena_bytes <= cap) {
+    DeviceBuffer arena(p.arena_bytes);
+    auto* base = static_cast<char*>(arena.data());
+    fill(base, p.arena_bytes, DType::bf16);
+    for (std::size_t i = 0; i < fresh.size(); ++i) {
+      weight_at_[fresh[i].key] = base + p.offsets[i];
+      if (fresh[i].key.dtype == DType::fp8) fill(base + p.offsets[i], fresh[i].bytes, DType::fp8);
+    }
+    weight_bytes_ += p.arena_bytes;
+    weight_arenas_.push_back(std::move(arena));
+  } else {
+    DeviceBuffer& first = weight_arenas_.front();
+    for (const WeightUse& u : fresh) {
+      const std::size_t aligned = (u.bytes + kWeightAlign - 1) / kWeightAlign * kWeightAlign;
+      if (aligned > first.size()) {  // larger than the first arena: a place of its own
+        DeviceBuffer own(aligned);
+        fill(own.data(), aligned, u.key.dtype);
+        weight_at_[u.key] = own.data();
+        weight_bytes_ += aligned;
+        weight_arenas_.push_back(std::move(own));
+        continue;
+      }
+      if (weight_wrap_ + aligned > first.size()) weight_wrap_ = 0;
+      weight_at_[u.key] = static_cast<char*>(first.data()) + weight_wrap_;
+      weight_wrap_ += aligned;
+    }
+  }
 }
 
 void OpRunner::gpu_read(cudaStream_t stream) {
@@ -509,14 +588,22 @@ void OpRunner::run(const Op& op, cudaStream_t stream) {
   switch (op.kind) {
     case OpKind::gemm: {
       const GemmShape g = gemm_shape(op);
+      void* w = weight_ptr(op);  // B (forward, dgrad) or C (wgrad: the gradient); nullptr: none
+      if (w == nullptr && weight_of(op)) {  // not prepared: place it now
+        place_parameters({op});
+        w = weight_ptr(op);
+      }
+      const bool grad = (op.flags & scenarios::kWgrad) != 0;
       if (op.dtype == DType::fp8) {
-        lt_->gemm(g, f8_[0].data(), f8_[1].data(), bf16_[2].data(), stream);
+        lt_->gemm(g, f8_[0].data(), w != nullptr ? w : f8_[1].data(), bf16_[2].data(), stream);
       } else {
-        lt_->gemm(g, bf16_[0].data(), bf16_[1].data(), bf16_[2].data(), stream);
+        lt_->gemm(g, bf16_[0].data(), w != nullptr && !grad ? w : bf16_[1].data(),
+                  w != nullptr && grad ? w : bf16_[2].data(), stream);
       }
       break;
     }
     case OpKind::grouped_gemm:
+      if (weight_ptr(op) == nullptr) place_parameters({op});
       grouped(op).run(stream);
       break;
     case OpKind::attention: {

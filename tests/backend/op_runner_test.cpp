@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <set>
 
 #include "gpu_test_util.hpp"
 #include "threewalls/backend/error.hpp"
@@ -111,6 +112,37 @@ TEST(OpRunner, PrepareLeavesNoGemmPlanToTheSteps) {
   // A new shape prepared later (the next step's graph) is planned by prepare, not by run.
   runner.prepare({make(OpKind::gemm, {53, 256, 128, 1, 0, 0})});
   EXPECT_EQ(runner.blas().cached_plans(), planned + 1);
+}
+
+TEST(OpRunner, EveryExpertReadsItsOwnWeights) {
+  TW_REQUIRE_GPU();
+  OpRunner runner(OpRunnerConfig{});
+  std::vector<Op> ops;
+  for (std::int16_t e = 0; e < 4; ++e) {
+    Op fwd = make(OpKind::gemm, {16, 4096, 1024, 1, 0, 0});
+    fwd.expert = e;
+    ops.push_back(fwd);
+  }
+  Op dgrad = make(OpKind::gemm, {16, 1024, 4096, 1, 0, 0}, scenarios::kBackward);
+  dgrad.expert = 2;
+  ops.push_back(dgrad);
+  runner.prepare(ops);
+  std::set<void*> places;
+  for (std::size_t i = 0; i < 4; ++i) places.insert(runner.weight_ptr(ops[i]));
+  EXPECT_EQ(places.size(), 4U);
+  EXPECT_EQ(places.count(nullptr), 0U);
+  EXPECT_EQ(runner.weight_ptr(dgrad), runner.weight_ptr(ops[2]));  // expert 2's W, read by its dgrad
+  EXPECT_EQ(runner.weight_tensors(), 4U);
+  EXPECT_GE(runner.weight_bytes(), 4U * 4096U * 1024U * 2U);
+  const void* before = runner.weight_ptr(ops[0]);
+  Op late = ops[0];
+  late.expert = 9;  // not prepared: placed on the spot, and nothing placed before moves
+  Stream s;
+  runner.run(late, s.get());
+  s.synchronize();
+  EXPECT_NE(runner.weight_ptr(late), nullptr);
+  EXPECT_EQ(runner.weight_ptr(ops[0]), before);
+  EXPECT_EQ(runner.weight_tensors(), 5U);
 }
 
 TEST(OpRunner, PreparedOpsCaptureIntoACudaGraph) {

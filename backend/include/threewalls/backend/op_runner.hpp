@@ -6,7 +6,9 @@
 //  * prepare(ops) before timing: sizes the buffers for every op of the rank's class (reused across
 //    ops; activations alias freely: we measure time, not train a model), fills them with seeded
 //    random non-zero data, and builds the plans (grouped-GEMM pointer arrays, routings, attention
-//    statistics). After prepare, run() allocates nothing and can be captured in a CUDA graph,
+//    statistics). Parameters are the exception: every GEMM's weight (and a wgrad's gradient) has a
+//    place of its own (weights.hpp), so it is read from memory, not L2, as in a deployment; a
+//    placed parameter never moves. After prepare, run() allocates nothing and can be captured in a CUDA graph,
 //    except copy ops with CopyKind::disk_read and h2d/d2h_pageable, which are host-synchronous.
 //  * run(op, stream) enqueues the op's work on `stream` and returns (asynchronous), except
 //    disk_read (a blocking file read on the calling thread). An op it was not prepared for is
@@ -31,6 +33,7 @@
 #include "threewalls/backend/blas.hpp"
 #include "threewalls/backend/handles.hpp"
 #include "threewalls/backend/nccl.hpp"
+#include "threewalls/backend/weights.hpp"
 #include "threewalls/scenarios/step_graph.hpp"
 
 namespace threewalls::backend {
@@ -66,6 +69,10 @@ class OpRunner {
 
   void set_all_to_all_split(AllToAllSplit split) { a2a_split_ = std::move(split); }
   [[nodiscard]] std::size_t device_bytes() const;  // device memory held by buffers and plans
+  [[nodiscard]] std::size_t weight_bytes() const { return weight_bytes_; }  // of that, parameters
+  [[nodiscard]] std::size_t weight_tensors() const { return weight_at_.size(); }
+  // Where `op`'s parameter lives (after prepare); nullptr for ops without one.
+  [[nodiscard]] void* weight_ptr(const scenarios::Op& op) const;
   [[nodiscard]] CublasLt& blas() { return *lt_; }
 
   // Buffer slots (exposed for tests and docs): bf16 activations, fp32 state, int32 ids, fp8.
@@ -89,6 +96,7 @@ class OpRunner {
  private:
   struct Routing;
   void ensure(const Need& need);
+  void place_parameters(const std::vector<scenarios::Op>& ops);
   void prepare_op(const scenarios::Op& op);
   Routing& routing(std::int64_t tokens, int k, cudaStream_t stream);
   GroupedGemm& grouped(const scenarios::Op& op);
@@ -112,8 +120,16 @@ class OpRunner {
   std::size_t disk_bytes_ = 0;
   PinnedBuffer read_flag_;
   std::map<std::pair<std::int64_t, int>, std::unique_ptr<Routing>> routings_;
-  std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, int>, std::unique_ptr<GroupedGemm>>
+  std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, int, const void*>,
+           std::unique_ptr<GroupedGemm>>
       grouped_;
+  // Parameters (weights.hpp): arenas are only added, never freed or moved while the runner lives
+  // (captured CUDA graphs hold their addresses).
+  std::vector<DeviceBuffer> weight_arenas_;
+  std::map<WeightKey, void*> weight_at_;
+  std::size_t weight_bytes_ = 0;
+  std::size_t weight_wrap_ = 0;  // past the cap: where the next new tensor shares memory
+  std::size_t l2_bytes_ = 0;
   std::int64_t min_xent_shard_ = 0;
   std::uint64_t fills_ = 0;  // how many slot fills so far (varies the seed)
 };
