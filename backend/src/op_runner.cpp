@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <set>
 #include <string>
 #include <utility>
 
@@ -502,7 +501,7 @@ void* OpRunner::weight_ptr(const Op& op) const {
   const auto u = weight_of(op);
   if (!u) return nullptr;
   const auto it = weight_at_.find(u->key);
-  return it == weight_at_.end() ? nullptr : it->second;
+  return it == weight_at_.end() || it->second.bytes < u->bytes ? nullptr : it->second.at;
 }
 
 // Parameters new to this runner get their place (weights.hpp): one new arena per prepare, laid out
@@ -510,12 +509,21 @@ void* OpRunner::weight_ptr(const Op& op) const {
 // shares the first arena's memory round-robin (it may then be read warmer than in a deployment:
 // a run that meets that many new parameters after its first prepare is not one we ship).
 void OpRunner::place_parameters(const std::vector<Op>& ops) {
+  // New tensors, and tensors that need more bytes than where they are (a grouped GEMM over more
+  // experts than before), in first-use order, each with the most bytes any op asks for.
   std::vector<WeightUse> fresh;
-  std::set<WeightKey> seen;
+  std::map<WeightKey, std::size_t> index;
   for (const Op& op : ops) {
     const auto u = weight_of(op);
-    if (!u || weight_at_.count(u->key) != 0 || !seen.insert(u->key).second) continue;
-    fresh.push_back(*u);
+    if (!u) continue;
+    const auto placed = weight_at_.find(u->key);
+    if (placed != weight_at_.end() && placed->second.bytes >= u->bytes) continue;
+    const auto [it, added] = index.emplace(u->key, fresh.size());
+    if (added) {
+      fresh.push_back(*u);
+    } else {
+      fresh[it->second].bytes = std::max(fresh[it->second].bytes, u->bytes);
+    }
   }
   if (fresh.empty()) return;
   if (l2_bytes_ == 0) {
@@ -547,7 +555,7 @@ void OpRunner::place_parameters(const std::vector<Op>& ops) {
     auto* base = static_cast<char*>(arena.data());
     fill(base, p.arena_bytes, DType::bf16);
     for (std::size_t i = 0; i < fresh.size(); ++i) {
-      weight_at_[fresh[i].key] = base + p.offsets[i];
+      weight_at_[fresh[i].key] = Placed{base + p.offsets[i], fresh[i].bytes};
       if (fresh[i].key.dtype == DType::fp8) fill(base + p.offsets[i], fresh[i].bytes, DType::fp8);
     }
     weight_bytes_ += p.arena_bytes;
@@ -559,13 +567,13 @@ void OpRunner::place_parameters(const std::vector<Op>& ops) {
       if (aligned > first.size()) {  // larger than the first arena: a place of its own
         DeviceBuffer own(aligned);
         fill(own.data(), aligned, u.key.dtype);
-        weight_at_[u.key] = own.data();
+        weight_at_[u.key] = Placed{own.data(), u.bytes};
         weight_bytes_ += aligned;
         weight_arenas_.push_back(std::move(own));
         continue;
       }
       if (weight_wrap_ + aligned > first.size()) weight_wrap_ = 0;
-      weight_at_[u.key] = static_cast<char*>(first.data()) + weight_wrap_;
+      weight_at_[u.key] = Placed{static_cast<char*>(first.data()) + weight_wrap_, u.bytes};
       weight_wrap_ += aligned;
     }
   }

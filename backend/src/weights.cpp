@@ -36,14 +36,17 @@ std::optional<WeightUse> weight_of(const Op& op) {
     const bool swapped = bwd && !wgrad;
     u.key.out = swapped ? s[2] : s[1];
     u.key.in = swapped ? s[1] : s[2];
-    u.key.count = s[3];
+    // One tensor for all of the layer's local experts, whichever of them this op runs (inference
+    // runs the activated ones): the key leaves the count out, the bytes are this op's.
+    u.key.count = 0;
     u.key.grad = wgrad ? 1 : 0;
   } else {
     return std::nullopt;
   }
   const std::size_t elt = op.dtype == DType::fp8 ? 1 : 2;
+  const std::int64_t matrices = op.kind == OpKind::grouped_gemm ? s[3] : u.key.count;
   u.bytes = static_cast<std::size_t>(u.key.out) * static_cast<std::size_t>(u.key.in) *
-            static_cast<std::size_t>(u.key.count) * elt;
+            static_cast<std::size_t>(matrices) * elt;
   return u;
 }
 

@@ -126,7 +126,11 @@ class OpRunner {
   // Parameters (weights.hpp): arenas are only added, never freed or moved while the runner lives
   // (captured CUDA graphs hold their addresses).
   std::vector<DeviceBuffer> weight_arenas_;
-  std::map<WeightKey, void*> weight_at_;
+  struct Placed {
+    void* at = nullptr;
+    std::size_t bytes = 0;
+  };
+  std::map<WeightKey, Placed> weight_at_;  // a tensor that needs more bytes later is placed again
   std::size_t weight_bytes_ = 0;
   std::size_t weight_wrap_ = 0;  // past the cap: where the next new tensor shares memory
   std::size_t l2_bytes_ = 0;

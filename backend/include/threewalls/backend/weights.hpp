@@ -27,16 +27,18 @@
 namespace threewalls::backend {
 
 // One parameter tensor (or its gradient) of a GEMM: the forward GEMM's output and input widths,
-// the number of matrices (grouped-GEMM experts x batch), where it lives in the model, and dtype.
-// Forward, dgrad and wgrad ops of one linear layer name the same tensor (the wgrad as its
-// gradient). Two tensors of one (layer, chunk, expert) with the same shape are one key.
+// the batch of a batched GEMM, where it lives in the model, and dtype. Forward, dgrad and wgrad ops
+// of one linear layer name the same tensor (the wgrad as its gradient). Two tensors of one (layer,
+// chunk, expert) with the same shape are one key. A grouped GEMM's tensor holds all of the layer's
+// local experts (count 0 in the key): inference runs only the activated ones, a different number
+// each step, so its bytes are the op's and the runner sizes the tensor for the most it has seen.
 struct WeightKey {
   std::int16_t layer = -1;
   std::int16_t chunk = -1;
   std::int16_t expert = -1;
   std::int64_t out = 0;
   std::int64_t in = 0;
-  std::int64_t count = 1;
+  std::int64_t count = 1;  // batch of a batched GEMM; 0 for grouped GEMMs (see above)
   std::uint8_t grad = 0;  // 1: the gradient a wgrad op writes
   scenarios::DType dtype = scenarios::DType::bf16;
   auto operator<=>(const WeightKey&) const = default;
