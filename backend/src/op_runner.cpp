@@ -577,6 +577,7 @@ void OpRunner::place_parameters(const std::vector<Op>& ops) {
       weight_wrap_ += aligned;
     }
   }
+  TW_CUDA_CHECK(cudaDeviceSynchronize());  // the fills are done before any stream reads them
 }
 
 void OpRunner::gpu_read(cudaStream_t stream) {

@@ -8,8 +8,9 @@
 //    random non-zero data, and builds the plans (grouped-GEMM pointer arrays, routings, attention
 //    statistics). Parameters are the exception: every GEMM's weight (and a wgrad's gradient) has a
 //    place of its own (weights.hpp), so it is read from memory, not L2, as in a deployment; a
-//    placed parameter never moves. After prepare, run() allocates nothing and can be captured in a CUDA graph,
-//    except copy ops with CopyKind::disk_read and h2d/d2h_pageable, which are host-synchronous.
+//    placed parameter never moves. After prepare, run() allocates nothing and can be captured in a
+//    CUDA graph, except copy ops with CopyKind::disk_read and h2d/d2h_pageable, which are
+//    host-synchronous.
 //  * run(op, stream) enqueues the op's work on `stream` and returns (asynchronous), except
 //    disk_read (a blocking file read on the calling thread). An op it was not prepared for is
 //    prepared on the spot (synchronising the device).

@@ -7,8 +7,9 @@
 // for time as long as what a kernel reads is as hot or cold in L2 as in a real model. Parameters are
 // not: a MoE layer's 64 experts each read their own weights once per step, so a small-row expert
 // GEMM reads its weights from HBM. With one shared weight slot they stayed in L2 (50 MiB on H100),
-// and a 16 x 4096 x 1024 expert GEMM ran ~30% faster in `threewalls run` than the calibration (which
-// rotates its operands through cold copies) and than a deployment (docs/validation/host_overhead.md).
+// and a 16 x 4096 x 1024 expert GEMM ran about 25% faster in `threewalls run` than the calibration
+// (which rotates its operands through cold copies) and than a deployment
+// (docs/validation/host_overhead.md).
 //
 // Placement (pure, no GPU; tested on CPU): parameters are laid out in first-use order. When they
 // all fit in 6 x (L2 + the largest) bytes they are all resident and distinct, as in a deployment;
