@@ -47,7 +47,8 @@ carry=${1:?CARRY_DIR}
 out=${2:?OUT_DIR}
 shift 2
 export NCCL_NVLS_ENABLE=0   # NVLink multicast off (see the device notes); recorded in env.txt
-export LD_LIBRARY_PATH="$carry/lib:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+. "$(dirname "$0")/carried_libs.sh"
+link_carried_libs "$carry" "$carry/threewalls" "$carry/calibration_bench_gpu_tests"
 export THREEWALLS_SOURCE_DIR="$PWD"
 mkdir -p "$out"
 {

@@ -33,13 +33,9 @@ mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
 export THREEWALLS_SOURCE_DIR="$PWD"
 # Carried libraries only where the machine lacks them (system copies stay in charge).
-LIBS=$(mktemp -d)
-export LD_LIBRARY_PATH="$LIBS:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-for _ in 1 2 3 4 5 6 7 8; do
-  missing=$(ldd "$BIN"/threewalls "$BIN"/backend_tests 2>/dev/null | awk '/not found/ {print $1}' | sort -u)
-  [ -z "$missing" ] && break
-  for l in $missing; do [ -e "$BIN/lib/$l" ] && ln -sf "$BIN/lib/$l" "$LIBS/$l"; done
-done
+. "$(dirname "$0")/carried_libs.sh"
+link_carried_libs "$BIN" "$BIN"/threewalls "$BIN"/backend_tests
+LIBS=$CARRIED_LIBS
 TW="$BIN/threewalls"
 NGPU=$(nvidia-smi -L | grep -c '^GPU ')
 KIND=h100

@@ -19,13 +19,8 @@ SC=${3:-scenarios/validation/host_overhead/switch_d1024_t1k_sequential_none.toml
 ROUNDS=${4:-2}
 UNPINNED=${5:-8}
 mkdir -p "$OUT"
-LIBS=$(mktemp -d)
-export LD_LIBRARY_PATH="$LIBS:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-for _ in 1 2 3 4 5 6 7 8; do
-  missing=$(ldd "$BIN"/threewalls 2>/dev/null | awk '/not found/ {print $1}' | sort -u)
-  [ -z "$missing" ] && break
-  for l in $missing; do [ -e "$BIN/lib/$l" ] && ln -sf "$BIN/lib/$l" "$LIBS/$l"; done
-done
+. "$(dirname "$0")/carried_libs.sh"
+link_carried_libs "$BIN" "$BIN"/threewalls
 report() {  # run dir, label
   python3 - "$1" "$2" <<'PY'
 import json, statistics, sys
@@ -36,16 +31,7 @@ try:
 except OSError as e:
     print(f"{label} failed: {e}")
     sys.exit()
-def find(x, key):
-    if isinstance(x, dict):
-        if key in x:
-            return x[key]
-        for v in x.values():
-            r = find(v, key)
-            if r is not None:
-                return r
-    return None
-p = find(run, "host_probe") or {}
+p = run["settings"]["executor"]["device"].get("host_probe", {})
 step = s["step_time_us"]["median"] / 1000.0
 probe = " ".join(f"{v:.2f}" for k, v in p.items() if k.endswith("_us"))
 print(f"{label} probe_us {probe} step_ms {step:.3f}")

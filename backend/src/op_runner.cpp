@@ -407,10 +407,9 @@ OpRunner::Routing& OpRunner::routing(std::int64_t tokens, int k, cudaStream_t st
   return *slot;
 }
 
-GroupedGemm& OpRunner::grouped(const Op& op) {
+GroupedGemm& OpRunner::grouped(const Op& op, void* w) {
   const auto& s = op.shape;
-  // The experts' weights (forward, dgrad) or their gradient (wgrad) in their own place.
-  void* w = weight_ptr(op);
+  // w: the experts' weights (forward, dgrad) or their gradient (wgrad) in their own place.
   const GemmLayout layout = layout_of(op);
   const auto key = std::make_tuple(s[0], s[1], s[2], s[3], s[4], static_cast<int>(layout), static_cast<const void*>(w));
   auto& slot = grouped_[key];
@@ -448,7 +447,7 @@ void OpRunner::prepare_op(const Op& op) {
       if (lt_->prepare(gemm_shape(op))) run(op, s);
       break;
     case OpKind::grouped_gemm: {
-      GroupedGemm& g = grouped(op);
+      GroupedGemm& g = grouped(op, weight_ptr(op));
       if (g.prepare()) g.run(s);
       break;
     }
@@ -499,9 +498,21 @@ std::size_t OpRunner::device_bytes() const {
 
 void* OpRunner::weight_ptr(const Op& op) const {
   const auto u = weight_of(op);
+  return u ? placed(*u) : nullptr;
+}
+
+void* OpRunner::placed(const WeightUse& u) const {
+  const auto it = weight_at_.find(u.key);
+  return it == weight_at_.end() || it->second.bytes < u.bytes ? nullptr : it->second.at;
+}
+
+// One lookup per launch (the executor's hot path); an op prepare() did not see is placed here.
+void* OpRunner::weight_for(const Op& op) {
+  const auto u = weight_of(op);
   if (!u) return nullptr;
-  const auto it = weight_at_.find(u->key);
-  return it == weight_at_.end() || it->second.bytes < u->bytes ? nullptr : it->second.at;
+  if (void* at = placed(*u)) return at;
+  place_parameters({op});
+  return placed(*u);
 }
 
 // Parameters new to this runner get their place (weights.hpp): one new arena per prepare, laid out
@@ -597,11 +608,7 @@ void OpRunner::run(const Op& op, cudaStream_t stream) {
   switch (op.kind) {
     case OpKind::gemm: {
       const GemmShape g = gemm_shape(op);
-      void* w = weight_ptr(op);  // B (forward, dgrad) or C (wgrad: the gradient); nullptr: none
-      if (w == nullptr && weight_of(op)) {  // not prepared: place it now
-        place_parameters({op});
-        w = weight_ptr(op);
-      }
+      void* w = weight_for(op);  // B (forward, dgrad) or C (wgrad: the gradient); nullptr: none
       const bool grad = (op.flags & scenarios::kWgrad) != 0;
       if (op.dtype == DType::fp8) {
         lt_->gemm(g, f8_[0].data(), w != nullptr ? w : f8_[1].data(), bf16_[2].data(), stream);
@@ -612,8 +619,7 @@ void OpRunner::run(const Op& op, cudaStream_t stream) {
       break;
     }
     case OpKind::grouped_gemm:
-      if (weight_ptr(op) == nullptr) place_parameters({op});
-      grouped(op).run(stream);
+      grouped(op, weight_for(op)).run(stream);
       break;
     case OpKind::attention: {
       const AttentionShape as{s[0], s[1], s[2], s[3], s[4], s[5], (op.flags & scenarios::kCausal) != 0};

@@ -100,7 +100,9 @@ class OpRunner {
   void place_parameters(const std::vector<scenarios::Op>& ops);
   void prepare_op(const scenarios::Op& op);
   Routing& routing(std::int64_t tokens, int k, cudaStream_t stream);
-  GroupedGemm& grouped(const scenarios::Op& op);
+  GroupedGemm& grouped(const scenarios::Op& op, void* weight);
+  void* placed(const WeightUse& use) const;
+  void* weight_for(const scenarios::Op& op);
   void run_collective(const scenarios::Op& op, cudaStream_t stream);
   void run_p2p(const scenarios::Op& op, cudaStream_t stream);
   void run_copy(const scenarios::Op& op, cudaStream_t stream);
