@@ -25,6 +25,7 @@ struct SimArgs {
   std::string allreduce = "auto";
   int steps = -1;
   double host_scale = 1.0;
+  double disk_scale = 1.0;
   bool overwrite = false;
   bool no_run_dir = false;
 };
@@ -98,6 +99,11 @@ void register_sim(CLI::App& app, Commands& cmds) {
                   "factor: a host slower (> 1) or faster than the one calibrated, e.g. from a real run's host probe "
                   "(run.json settings.executor.device.host_probe; scripts/validate_suite.py). Default 1")
       ->check(CLI::Range(0.01, 100.0));
+  sub->add_option("--disk-scale", a.disk_scale,
+                  "Multiply the profile's disk read times (copy.disk_read, the NVMe tier of expert offloading) by this "
+                  "factor: a disk slower (> 1) or faster than the one calibrated, e.g. the rate a real run's disk reads "
+                  "achieved (scripts/validate_suite.py). Default 1")
+      ->check(CLI::Range(0.01, 100.0));
   cmds.add(sub, [] {
     const scenarios::Scenario s = scenarios::load_scenario(a.scenario);
     sim::SimOptions opt;
@@ -107,6 +113,7 @@ void register_sim(CLI::App& app, Commands& cmds) {
                                             : sim::AllReduceChoice::automatic;
     opt.steps = a.steps;
     opt.host_scale = a.host_scale;
+    opt.disk_scale = a.disk_scale;
     opt.overwrite = a.overwrite;
     if (!a.no_run_dir) opt.out_dir = a.out.empty() ? std::filesystem::path("out") / "sim" / s.name : std::filesystem::path(a.out);
     if (a.no_run_dir && !a.out.empty()) throw InputError("sim: --out and --no-run-dir contradict each other");
@@ -114,6 +121,7 @@ void register_sim(CLI::App& app, Commands& cmds) {
     if (!a.calibration.empty()) opt.argv.insert(opt.argv.end(), {"--calibration", a.calibration});
     if (a.steps > 0) opt.argv.insert(opt.argv.end(), {"--steps", std::to_string(a.steps)});
     if (a.host_scale != 1.0) opt.argv.insert(opt.argv.end(), {"--host-scale", fixed(a.host_scale, 4)});
+    if (a.disk_scale != 1.0) opt.argv.insert(opt.argv.end(), {"--disk-scale", fixed(a.disk_scale, 4)});
     if (!opt.out_dir.empty()) opt.argv.insert(opt.argv.end(), {"--out", opt.out_dir.string()});
     if (a.overwrite) opt.argv.push_back("--overwrite");
     if (!opt.out_dir.empty() && !a.overwrite && std::filesystem::exists(opt.out_dir) &&

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Measured vs simulated inference metrics of validate_suite.py output folders (issue 9).
 
-    scripts/inference_table.py OUT [OUT ...]
+    scripts/inference_table.py [--variant V] OUT [OUT ...]
 
 For every scenario with a real and a simulated run directory (OUT/real/NAME, OUT/sim/NAME), prints a
 markdown row per step kind (all, prefill, decode) from each side's summary.json `inference` block:
 step time mean, bubble ratio (expert wait / step time), expert wait, sync overhead share, cache hit
 rate and tokens/s, with the errors (simulated - measured) / measured of step time and bubble ratio.
-Python 3 standard library only.
+--variant V compares validate_suite.py's simulation variant OUT/sim_V instead of the prediction: base
+(the profile alone), probe (host scaled to the run's host probe) or disk (disk reads as fast as the
+run's own; neither is a prediction). Python 3 standard library only.
 """
 import json
 import os
@@ -24,16 +26,21 @@ def err(sim, real):
 
 
 def main():
-    if len(sys.argv) < 2:
+    args = sys.argv[1:]
+    sim_dir = "sim"
+    if args[:1] == ["--variant"] and len(args) >= 2:
+        sim_dir = "sim_" + args[1]
+        args = args[2:]
+    if not args:
         sys.exit(__doc__)
     print("| scenario | steps | step time real / sim (ms) | error | bubble ratio real / sim | error | "
           "expert wait real / sim (ms) | sync share real / sim | hit rate | tokens/s real / sim |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for out in sys.argv[1:]:
+    for out in args:
         real_root = os.path.join(out, "real")
         for name in sorted(os.listdir(real_root)):
             r_path = os.path.join(real_root, name, "summary.json")
-            s_path = os.path.join(out, "sim", name, "summary.json")
+            s_path = os.path.join(out, sim_dir, name, "summary.json")
             if not (os.path.exists(r_path) and os.path.exists(s_path)):
                 print(f"| {name} | missing {'sim' if os.path.exists(r_path) else 'real'} run | | | | | | | | |")
                 continue

@@ -28,6 +28,11 @@ simulated with the profile's host costs scaled by probe / profile (`threewalls s
 table shows that error beside the prediction's: how much of a launch-bound step's error is this process's
 host speed rather than the model (not a prediction: the probe comes from the run).
 
+Where a real run read experts from disk (the NVMe tier of issue 9), the scenario is also simulated with
+the disk as fast as the run's own reads were (`threewalls sim --disk-scale` = the summed duration of the
+run's expert_fetch_disk records over the prediction's), and the table shows both rates and that error:
+how much of a disk-bound step's error is the disk's speed during the run (not a prediction either).
+
 Scenarios that need more GPUs than the machine has are listed as skipped, never dropped silently.
 Single-GPU scenarios run concurrently, one per GPU (CUDA_VISIBLE_DEVICES). Python 3 standard library only.
 """
@@ -123,6 +128,37 @@ def host_probe_scale(real_dir, profile_path):
     measured = sum(probe[k] for k in keys)
     return {"scale": measured / charged, "probe_us": [round(probe[k], 2) for k in keys],
             "profile_us": [round(1e6 * v, 2) for v in (launch + dispatch, one, one + extra)]}
+
+
+def disk_read_rates(real_dir, sim_dir):
+    """The disk-read rate a run's NVMe-tier reads achieved against the simulated rate of the same reads
+    (issue 9): bytes over the summed durations of the expert_fetch_disk records of every recorded step
+    of each side. scale = real time / simulated time, what `threewalls sim --disk-scale` takes to give
+    the disk the speed it had during the run (not a prediction: it comes from the run). None without
+    disk reads."""
+    def totals(run_dir):
+        nbytes = dur_us = 0.0
+        for name in sorted(os.listdir(run_dir)):
+            if not (name.startswith("phases_rank_") and name.endswith(".jsonl")):
+                continue
+            with open(os.path.join(run_dir, name)) as f:
+                for line in f:
+                    if '"expert_fetch_disk"' not in line:
+                        continue
+                    rec = json.loads(line)
+                    if rec.get("phase") == "expert_fetch_disk":
+                        nbytes += rec.get("bytes", 0.0)
+                        dur_us += rec.get("dur_us", 0.0)
+        return nbytes, dur_us
+
+    try:
+        rb, rd = totals(real_dir)
+        sb, sd = totals(sim_dir)
+    except OSError:
+        return None
+    if rd <= 0 or sd <= 0 or rb <= 0:
+        return None
+    return {"scale": rd / sd, "real_GBps": rb / rd / 1e3, "sim_GBps": sb / sd / 1e3}
 
 
 def fmt(x, digits=1):
@@ -305,6 +341,12 @@ def main():
                 results[s]["error"] = "compare failed: " + (se or so)[-1500:]
                 break
             results[s]["compare" + suffix] = json.load(open(cjson))
+            if suffix == "":
+                disk = disk_read_rates(real_dir, sim_dir)
+                if disk:
+                    # The same profile with the disk as fast as the run's own reads were (not a prediction).
+                    results[s]["disk_rate"] = disk
+                    variants.append(("_disk", prof, ["--disk-scale", f"{disk['scale']:.4f}"]))
 
     # ---- table ----
     def step_err(c):
@@ -336,10 +378,14 @@ def main():
     if probed:
         lines[-2] += " host probe / profile (scale) | step error, host scaled to the probe |"
         lines[-1] += "---|---|"
+    disked = any("disk_rate" in results[s] for s in scenarios)
+    if disked:
+        lines[-2] += " disk read GB/s, run / sim (scale) | step error, disk at the run's rate |"
+        lines[-1] += "---|---|"
     if a.recalibrate:
         lines[2:2] = [f"Families of `{a.recalibrate}` measured right before each real run (`--recalibrate`), "
                       "the rest from the profile.", ""]
-    base_errors, probe_errors = [], []
+    base_errors, probe_errors, disk_errors = [], [], []
     step_errors, phase_errors, mem_errors = [], [], []
     for s in scenarios:
         r = results[s]
@@ -376,14 +422,22 @@ def main():
         if r.get("real_step_ms_per_process"):
             per = r["real_step_ms_per_process"]
             extra += f" {min(per):.2f}–{max(per):.2f} ({len(per)}) |"
+        def variant_columns(suffix, errors, measured):
+            # "measured (scale) | step error" of a diagnostic simulation variant (probe, disk)
+            e = step_err(r["compare" + suffix]) if "compare" + suffix in r else None
+            if e is not None:
+                errors.append(abs(e))
+            return " n/a | n/a |" if not measured else f" {measured} | {fmt(e)}% |"
+
         if probed:
             pr = r.get("host_probe")
-            pe_ = step_err(r["compare_probe"]) if "compare_probe" in r else None
-            if pe_ is not None:
-                probe_errors.append(abs(pe_))
-            extra += (" n/a | n/a |" if not pr else
-                      f" {'/'.join(f'{v:.1f}' for v in pr['probe_us'])} / {'/'.join(f'{v:.1f}' for v in pr['profile_us'])}"
-                      f" ({pr['scale']:.2f}) | {fmt(pe_)}% |")
+            extra += variant_columns("_probe", probe_errors, pr and (
+                f"{'/'.join(f'{v:.1f}' for v in pr['probe_us'])} / {'/'.join(f'{v:.1f}' for v in pr['profile_us'])}"
+                f" ({pr['scale']:.2f})"))
+        if disked:
+            dr = r.get("disk_rate")
+            extra += variant_columns("_disk", disk_errors,
+                                     dr and f"{dr['real_GBps']:.2f} / {dr['sim_GBps']:.2f} ({dr['scale']:.3f})")
         lines.append(f"| {r['name']} | {r['gpus']} | {real_ms:.2f} | {sim_ms:.2f} | {fmt(se)}% | "
                      f"{'n/a' if pe is None else f'{pe:.1f}%'} ({len(majors)}) | "
                      f"{'' if not worst else f'{worst[0]} {worst[1]:+.1f}%'} | {fmt(me)}% |" + extra)
@@ -401,6 +455,10 @@ def main():
         lines.append(f"* step time |error| with the host costs scaled to each run's own host probe (run.json "
                      f"host_probe; not a prediction): median {statistics.median(probe_errors):.1f}%, worst "
                      f"{max(probe_errors):.1f}%; within 10%: {sum(e <= 10 for e in probe_errors)} of {len(probe_errors)}")
+    if disk_errors:
+        lines.append(f"* step time |error| with the disk reads as fast as each run's own (expert_fetch_disk records; "
+                     f"not a prediction): median {statistics.median(disk_errors):.1f}%, worst {max(disk_errors):.1f}%; "
+                     f"within 10%: {sum(e <= 10 for e in disk_errors)} of {len(disk_errors)}")
     if phase_errors:
         lines.append(f"* per-phase median |error| (phases >= 5% of the step): median over scenarios "
                      f"{statistics.median(phase_errors):.1f}%, worst {max(phase_errors):.1f}%")
@@ -443,6 +501,8 @@ def main():
         if results[s].get("compare_probe"):
             slim[results[s]["name"]]["step_time_error_pct_host_probe"] = step_err(results[s]["compare_probe"])
             slim[results[s]["name"]]["sim_step_ms_host_probe"] = (step_median(results[s]["compare_probe"], "b") or 0) / 1000.0
+        if results[s].get("compare_disk"):
+            slim[results[s]["name"]]["step_time_error_pct_disk_rate"] = step_err(results[s]["compare_disk"])
     json.dump(slim, open(os.path.join(a.out, "results.json"), "w"), indent=1)
     with tarfile.open(os.path.join(a.out, "runs.tar.xz"), "w:xz") as t:
         # Of the repeated processes only the summaries: the compared one is in real/ whole.
@@ -450,7 +510,8 @@ def main():
             keep = info.isdir() or os.path.basename(info.name) in ("summary.json", "run.json")
             return info if keep else None
 
-        for d in ("real", "sim", "compare", "logs", "sim_base", "compare_base", "sim_probe", "compare_probe", "host_profiles",
+        for d in ("real", "sim", "compare", "logs", "sim_base", "compare_base", "sim_probe", "compare_probe", "sim_disk",
+                  "compare_disk", "host_profiles",
                   "real_repeats"):
             if os.path.exists(os.path.join(a.out, d)):
                 t.add(os.path.join(a.out, d), arcname=d, filter=summaries_only if d == "real_repeats" else None)

@@ -98,10 +98,13 @@ FittedKernel fitted_kernel_of(const Op& op) {
   throw std::logic_error(std::string("fitted_kernel_of asked for a ") + scenarios::to_string(op.kind) + " op");
 }
 
-CostModelCoster::CostModelCoster(const calibration::CostModel& model, double host_scale)
-    : model_(model), host_scale_(host_scale) {
+CostModelCoster::CostModelCoster(const calibration::CostModel& model, double host_scale, double disk_scale)
+    : model_(model), host_scale_(host_scale), disk_scale_(disk_scale) {
   if (!(host_scale > 0.0) || !std::isfinite(host_scale)) {
     throw InputError("host scale " + std::to_string(host_scale) + " must be a positive number");
+  }
+  if (!(disk_scale > 0.0) || !std::isfinite(disk_scale)) {
+    throw InputError("disk scale " + std::to_string(disk_scale) + " must be a positive number");
   }
   const double k = host_scale;
   host_.kernel_launch = model.kernel_launch() * k;
@@ -190,7 +193,10 @@ Seconds CostModelCoster::kernel_time(const Op& op) const {
   throw std::logic_error(std::string("kernel_time asked for a ") + scenarios::to_string(op.kind) + " op");
 }
 
-Seconds CostModelCoster::copy_time(CopyKind kind, Bytes bytes) const { return model_.copy(direction_of(kind), bytes); }
+Seconds CostModelCoster::copy_time(CopyKind kind, Bytes bytes) const {
+  const Seconds t = model_.copy(direction_of(kind), bytes);
+  return kind == CopyKind::disk_read ? t * disk_scale_ : t;
+}
 
 CommParams CostModelCoster::comm_params(CommKind kind, Bytes bytes, int group_size, CommScope scope) const {
   const auto p = model_.collective_params(kind_of(kind), bytes, group_size,

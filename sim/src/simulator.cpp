@@ -223,6 +223,7 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   simj["memory"] = OrderedJson{{"fused_attention", opt.memory.fused_attention}, {"dropout", opt.memory.dropout}};
   simj["profile_reason"] = profile.reason;
   simj["host_scale"] = opt.host_scale;
+  simj["disk_scale"] = opt.disk_scale;
   header.settings["steps"] = steps;
   header.settings["warmup_steps_simulated"] = 0;
   header.settings["simulator"] = simj;
@@ -398,7 +399,7 @@ SimResult simulate(const scenarios::Scenario& s, const std::string& calibration,
       calibration::resolve_profile(spec, scenarios::to_string(s.cluster.gpu), scenario_dir);
   const calibration::Profile profile = calibration::Profile::load(resolved.path);
   const calibration::CostModel model(profile);
-  const CostModelCoster coster(model, opt.host_scale);
+  const CostModelCoster coster(model, opt.host_scale, opt.disk_scale);
   ProfileInfoForHeader info{profile.id(), resolved.path.string(), profile.hardware().gpu_kind, resolved.reason};
   return simulate(s, coster, info, opt);
 }

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <limits>
 
 #include "threewalls/calibration/cost_model.hpp"
 #include "threewalls/calibration/kernel_terms.hpp"
@@ -151,4 +152,24 @@ TEST(OpCosterHostScale, ScalesHostCostsAndLibraryCallsButNotDeviceTime) {
   EXPECT_DOUBLE_EQ(slow.kernel_time(g).value, base.kernel_time(g).value);  // device time unchanged
   EXPECT_DOUBLE_EQ(slow.stream_cycle_extra(64).value, 1.5 * base.stream_cycle_extra(64).value);
   for (const double bad : {0.0, -1.0, std::nan("")}) EXPECT_THROW(CostModelCoster(model, bad), InputError) << bad;
+}
+
+// threewalls sim --disk-scale (issue 9): disk reads and nothing else take the factor; a factor that
+// is not a positive number is refused.
+TEST(OpCosterDiskScale, ScalesDiskReadsOnly) {
+  const calibration::Profile p = calibration::Profile::load(std::filesystem::path(THREEWALLS_SOURCE_DIR) /
+                                                            "calibration" / "profiles" / "h100.toml");
+  const calibration::CostModel model(p);
+  const CostModelCoster base(model);
+  const CostModelCoster slow_disk(model, 1.0, 1.25);
+  const Bytes expert(17.3e6);
+  EXPECT_DOUBLE_EQ(slow_disk.copy_time(scenarios::CopyKind::disk_read, expert).value,
+                   1.25 * base.copy_time(scenarios::CopyKind::disk_read, expert).value);
+  for (const auto k : {scenarios::CopyKind::h2d_pinned, scenarios::CopyKind::d2h_pinned, scenarios::CopyKind::d2d}) {
+    EXPECT_DOUBLE_EQ(slow_disk.copy_time(k, expert).value, base.copy_time(k, expert).value);
+  }
+  EXPECT_DOUBLE_EQ(slow_disk.host_costs().kernel_launch.value, base.host_costs().kernel_launch.value);
+  for (const double bad : {0.0, -2.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    EXPECT_THROW(CostModelCoster(model, 1.0, bad), InputError) << bad;
+  }
 }

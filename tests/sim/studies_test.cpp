@@ -62,11 +62,12 @@ scenarios::Scenario offload_variant(scenarios::ExpertSync sync, scenarios::Prefe
 }
 
 // Simulates in this process (analytic fidelity: no SimGrid) and reads the run directory back.
-RunData simulate_records(const scenarios::Scenario& s, int steps, SimResult* result = nullptr) {
+RunData simulate_records(const scenarios::Scenario& s, int steps, SimResult* result = nullptr, double disk_scale = 1.0) {
   const fs::path dir = scratch(s.name);
   SimOptions o;
   o.fidelity = Fidelity::analytic;
   o.steps = steps;
+  o.disk_scale = disk_scale;
   o.out_dir = dir;
   o.overwrite = true;
   const SimResult r = simulate(s, "auto", o);
@@ -453,6 +454,32 @@ TEST(OffloadStudy, DiskReadsRunOneAtATimeOnTheHostAndFeedTheirCopies) {
   std::map<std::pair<int, int>, const PhaseRecord*> read_of;
   for (const PhaseRecord* p : disk) read_of[{p->layer, p->expert}] = p;
   for (const PhaseRecord* p : h2d) EXPECT_GE(p->start_us, end_of(read_of.at({p->layer, p->expert})) - kEps);
+}
+
+// threewalls sim --disk-scale (issue 9): every disk read takes the factor longer, and a decode step
+// that waits on the disk grows with it, while the host tier's step does not move.
+TEST(OffloadStudy, DiskScaleStretchesDiskReadsAndTheDiskBoundStep) {
+  SimResult base_r, slow_r;
+  const RunData base = simulate_records(validation("offload", "dsv2lite_nvme_barrier_none"), 2, &base_r);
+  const RunData slow = simulate_records(validation("offload", "dsv2lite_nvme_barrier_none"), 2, &slow_r, 1.3);
+  const auto a = records_of(base, "expert_fetch_disk", 1);
+  const auto b = records_of(slow, "expert_fetch_disk", 1);
+  ASSERT_FALSE(a.empty());
+  ASSERT_EQ(a.size(), b.size());
+  double sum_a = 0.0, sum_b = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    sum_a += a[i]->dur_us;
+    sum_b += b[i]->dur_us;
+  }
+  EXPECT_NEAR(sum_b, 1.3 * sum_a, 1e-6 * sum_b);
+  const double step_a = base_r.summary.steps[1].step_time_us, step_b = slow_r.summary.steps[1].step_time_us;
+  EXPECT_GT(step_b, step_a + 0.9 * (sum_b - sum_a));  // the reads are the step's critical path
+  EXPECT_LT(step_b, 1.3 * step_a);
+  EXPECT_EQ(slow.header.settings.at("simulator").at("disk_scale").get<double>(), 1.3);
+  SimResult host_a, host_b;
+  simulate_records(validation("offload", "dsv2lite_host_pinned_per_expert_next_layer"), 2, &host_a);
+  simulate_records(validation("offload", "dsv2lite_host_pinned_per_expert_next_layer"), 2, &host_b, 1.3);
+  EXPECT_DOUBLE_EQ(host_b.summary.steps[1].step_time_us, host_a.summary.steps[1].step_time_us);
 }
 
 // Expert GEMMs that need fetched weights, by (layer, local expert).

@@ -119,10 +119,12 @@ class OpCoster {
 // The CostModel-backed coster. Keeps a reference: `model` must outlive it. `host_scale` multiplies
 // every host-side cost (launches, library calls, syncs, reads, event records, the executor's per-op
 // path, the stream-cycle extra), not the device time of graph nodes and timing markers: a host
-// measured slower or faster than the profile's (threewalls sim --host-scale). InputError unless > 0.
+// measured slower or faster than the profile's (threewalls sim --host-scale). `disk_scale` multiplies
+// the time of every disk read (copy kind disk_read), nothing else: a disk slower or faster than the
+// calibrated one (threewalls sim --disk-scale). InputError unless both are > 0.
 class CostModelCoster final : public OpCoster {
  public:
-  explicit CostModelCoster(const calibration::CostModel& model, double host_scale = 1.0);
+  explicit CostModelCoster(const calibration::CostModel& model, double host_scale = 1.0, double disk_scale = 1.0);
   [[nodiscard]] Seconds kernel_time(const scenarios::Op& op) const override;
   [[nodiscard]] Seconds copy_time(scenarios::CopyKind kind, Bytes bytes) const override;
   [[nodiscard]] CommParams comm_params(CommKind kind, Bytes bytes, int group_size, CommScope scope) const override;
@@ -138,6 +140,7 @@ class CostModelCoster final : public OpCoster {
  private:
   const calibration::CostModel& model_;
   double host_scale_ = 1.0;
+  double disk_scale_ = 1.0;
   HostCosts host_;
 };
 

@@ -30,6 +30,9 @@ struct SimOptions {
   // Multiplies the profile's host-side costs (CostModelCoster): a host measured slower (> 1) or
   // faster than the one calibrated, e.g. by the host probe of a real run (threewalls sim --host-scale).
   double host_scale = 1.0;
+  // Multiplies the time of every disk read (CostModelCoster): a disk measured slower (> 1) or faster
+  // than the one calibrated, e.g. the rate a real run's disk reads achieved (threewalls sim --disk-scale).
+  double disk_scale = 1.0;
 };
 
 // Which calibration profile the costs come from (for the run header).
