@@ -10,6 +10,7 @@
 
 #include "threewalls/backend/error.hpp"
 #include "threewalls/backend/executor.hpp"
+#include "threewalls/backend/host_speed.hpp"
 #include "threewalls/backend/kernels.hpp"
 
 namespace threewalls::backend {
@@ -111,7 +112,8 @@ void CudaDevice::open(const DeviceSetup& setup, const scenarios::RankClass& cls)
 // host.gemm_call grid shapes, one node and split over K): OpRunner::run on its own runner and
 // stream, the device idle, kProbeCalls calls per sample, the median of kProbeSamples samples.
 // run.json keeps them (settings.executor.device.host_probe); the simulator can scale the profile's
-// host costs by them (threewalls sim --host-scale, scripts/validate_suite.py). About 2 ms.
+// host costs by them (threewalls sim --host-scale, scripts/validate_suite.py). Then the CPU alone
+// (measure_cpu_speed). About 7 ms.
 void CudaDevice::probe_host() {
   constexpr int kProbeCalls = 32;
   constexpr int kProbeSamples = 7;
@@ -148,8 +150,14 @@ void CudaDevice::probe_host() {
     std::sort(samples.begin(), samples.end());
     j[name] = samples[samples.size() / 2];
   }
+  // The CPU alone, right after (host_speed.hpp): is the CPU slower too when the calls are?
+  const CpuSpeed cpu = measure_cpu_speed();
+  j["cpu_chain_us"] = cpu.chain_us;
+  j["cpu_copy_GBps"] = cpu.copy_GBps;
   j["method"] = "OpRunner::run host time per call, " + std::to_string(kProbeCalls) + " calls back to back on an idle "
-                "device, median of " + std::to_string(kProbeSamples) + " samples, after the buffers were prepared";
+                "device, median of " + std::to_string(kProbeSamples) + " samples, after the buffers were prepared; "
+                "cpu_chain_us: " + std::to_string(kChainSteps) + " dependent multiply-xor steps, cpu_copy_GBps: a "
+                "16 MiB memcpy (backend/host_speed.hpp)";
   host_probe_ = std::move(j);
 }
 
