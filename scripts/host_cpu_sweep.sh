@@ -3,7 +3,8 @@
 # differ by 20-70% between processes on the GPU VMs; docs/validation/host_overhead.md.)
 # Runs one launch-bound scenario once per CPU, the process pinned to that CPU (`taskset -c`), ROUNDS
 # times, and then UNPINNED processes without pinning; prints per run the CPU, the run's host probe
-# (run.json: op launch and GEMM calls in us, then the CPU alone: cpu_chain_us, cpu_copy_GBps) and
+# (run.json: op launch and GEMM calls in us, then the CPU alone: cpu_chain_us, cpu_copy_GBps,
+# cpu_load_ns) and
 # its median step time.
 #
 #   scripts/host_cpu_sweep.sh BIN_DIR OUT_DIR [SCENARIO] [ROUNDS] [UNPINNED]
@@ -35,7 +36,7 @@ except OSError as e:
 p = run["settings"]["executor"]["device"].get("host_probe", {})
 step = s["step_time_us"]["median"] / 1000.0
 probe = " ".join(f"{v:.2f}" for k, v in p.items() if k.endswith("_us") and not k.startswith("cpu_"))
-cpu = " ".join(f"{k} {p[k]:.2f}" for k in ("cpu_chain_us", "cpu_copy_GBps") if k in p)
+cpu = " ".join(f"{k} {p[k]:.2f}" for k in ("cpu_chain_us", "cpu_copy_GBps", "cpu_load_ns") if k in p)
 print(f"{label} probe_us {probe} {cpu} step_ms {step:.3f}")
 PY
 }

@@ -113,7 +113,7 @@ void CudaDevice::open(const DeviceSetup& setup, const scenarios::RankClass& cls)
 // stream, the device idle, kProbeCalls calls per sample, the median of kProbeSamples samples.
 // run.json keeps them (settings.executor.device.host_probe); the simulator can scale the profile's
 // host costs by them (threewalls sim --host-scale, scripts/validate_suite.py). Then the CPU alone
-// (measure_cpu_speed). About 7 ms.
+// (measure_cpu_speed). About 25 ms.
 void CudaDevice::probe_host() {
   constexpr int kProbeCalls = 32;
   constexpr int kProbeSamples = 7;
@@ -154,10 +154,11 @@ void CudaDevice::probe_host() {
   const CpuSpeed cpu = measure_cpu_speed();
   j["cpu_chain_us"] = cpu.chain_us;
   j["cpu_copy_GBps"] = cpu.copy_GBps;
+  j["cpu_load_ns"] = cpu.load_ns;
   j["method"] = "OpRunner::run host time per call, " + std::to_string(kProbeCalls) + " calls back to back on an idle "
                 "device, median of " + std::to_string(kProbeSamples) + " samples, after the buffers were prepared; "
                 "cpu_chain_us: " + std::to_string(kChainSteps) + " dependent multiply-xor steps, cpu_copy_GBps: a "
-                "16 MiB memcpy (backend/host_speed.hpp)";
+                "16 MiB memcpy, cpu_load_ns: a dependent load of a random walk through 32 MiB (backend/host_speed.hpp)";
   host_probe_ = std::move(j);
 }
 

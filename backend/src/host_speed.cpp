@@ -32,6 +32,20 @@ std::uint64_t cpu_chain(std::uint64_t seed) {
   return x;
 }
 
+std::vector<std::uint32_t> random_cycle(std::uint32_t lines, std::uint64_t seed) {
+  std::vector<std::uint32_t> order(lines);
+  for (std::uint32_t i = 0; i < lines; ++i) order[i] = i;
+  std::uint64_t x = seed;
+  for (std::uint32_t i = lines; i > 1; --i) {  // Sattolo: j < i - 1 makes one cycle
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    const auto j = static_cast<std::uint32_t>((x >> 33) % (i - 1));
+    std::swap(order[i - 1], order[j]);
+  }
+  std::vector<std::uint32_t> next(lines);
+  for (std::uint32_t i = 0; i < lines; ++i) next[order[i]] = order[(i + 1) % lines];
+  return next;
+}
+
 CpuSpeed measure_cpu_speed(int samples, int reps) {
   if (samples < 1 || reps < 1) throw std::invalid_argument("measure_cpu_speed: samples and reps must be >= 1");
   CpuSpeed out;
@@ -56,8 +70,24 @@ CpuSpeed measure_cpu_speed(int samples, int reps) {
     g_sink = g_sink + dst[static_cast<std::size_t>(s) * 4096];
     copy.push_back(static_cast<double>(kCopyBytes) / sec / 1e9);
   }
+  // The walk: one 4-byte index per 64-byte line of 32 MiB, so every load misses the core's caches.
+  constexpr std::uint32_t kLine = 16;  // uint32 per cache line
+  constexpr std::uint32_t kLines = (std::uint32_t{32} << 20) / 64;
+  const std::vector<std::uint32_t> next = random_cycle(kLines, 0x9e3779b97f4a7c15ULL);
+  std::vector<std::uint32_t> walk(static_cast<std::size_t>(kLines) * kLine, 0);
+  for (std::uint32_t i = 0; i < kLines; ++i) walk[static_cast<std::size_t>(i) * kLine] = next[i] * kLine;
+  std::uint32_t at = 0;
+  for (int i = 0; i < kWalkLoads; ++i) at = walk[at];  // warm the page tables
+  std::vector<double> load;
+  for (int s = 0; s < samples; ++s) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < kWalkLoads; ++i) at = walk[at];
+    load.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / kWalkLoads);
+  }
+  g_sink = g_sink + at;
   out.chain_us = median(chain);
   out.copy_GBps = median(copy);
+  out.load_ns = median(load);
   return out;
 }
 

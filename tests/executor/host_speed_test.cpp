@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <stdexcept>
+#include <vector>
 
 namespace threewalls::backend {
 namespace {
@@ -16,12 +17,29 @@ TEST(CpuSpeed, TheChainIsAPureFunctionOfItsSeed) {
   EXPECT_NE(cpu_chain(0), 0U);  // the additive constant moves even a zero seed
 }
 
-TEST(CpuSpeed, BothFiguresArePositiveAndFinite) {
+TEST(CpuSpeed, TheWalkIsOneCycleThroughEverySlot) {
+  for (const std::uint32_t lines : {2U, 3U, 17U, 1000U}) {
+    const auto next = random_cycle(lines, 42);
+    ASSERT_EQ(next.size(), lines);
+    std::vector<bool> seen(lines, false);
+    std::uint32_t at = 0;
+    for (std::uint32_t i = 0; i < lines; ++i) {
+      ASSERT_LT(next[at], lines);
+      EXPECT_FALSE(seen[at]) << "slot " << at << " visited twice before the walk came back";
+      seen[at] = true;
+      at = next[at];
+    }
+    EXPECT_EQ(at, 0U) << lines;  // back at the start after exactly `lines` loads
+  }
+  EXPECT_NE(random_cycle(1000, 1), random_cycle(1000, 2));
+}
+
+TEST(CpuSpeed, EveryFigureIsPositiveAndFinite) {
   const CpuSpeed s = measure_cpu_speed(3, 4);
-  EXPECT_TRUE(std::isfinite(s.chain_us));
-  EXPECT_GT(s.chain_us, 0.0);
-  EXPECT_TRUE(std::isfinite(s.copy_GBps));
-  EXPECT_GT(s.copy_GBps, 0.0);
+  for (const double v : {s.chain_us, s.copy_GBps, s.load_ns}) {
+    EXPECT_TRUE(std::isfinite(v));
+    EXPECT_GT(v, 0.0);
+  }
 }
 
 TEST(CpuSpeed, RefusesEmptyMeasurements) {
