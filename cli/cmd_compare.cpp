@@ -1,17 +1,63 @@
 // threewalls compare A B: run B against run A (the reference), record for record (docs/compare_analyze_export.md).
+#include <filesystem>
 #include <iostream>
 
 #include "command.hpp"
+#include "threewalls/calibration/cost_model.hpp"
+#include "threewalls/calibration/host_probe_scale.hpp"
+#include "threewalls/calibration/profile.hpp"
 #include "threewalls/core/error.hpp"
 #include "threewalls/notebooks_export/compare.hpp"
 
 namespace threewalls::cli {
 
+namespace {
+
+// The real run's host probe against the simulation's profile, when one side is each and the
+// profile file is there to read (calibration::host_probe_scale); empty otherwise.
+std::optional<notebooks_export::HostProbeLine> host_probe_line(const profiler::RunData& a, const profiler::RunData& b) {
+  for (const bool real_is_a : {true, false}) {
+    const profiler::RunHeader& real = real_is_a ? a.header : b.header;
+    const profiler::RunHeader& sim = real_is_a ? b.header : a.header;
+    if (real.source != "real" || sim.source != "sim" || !sim.calibration_profile) continue;
+    const auto& settings = real.settings;
+    if (!settings.contains("executor") || !settings["executor"].contains("device") ||
+        !settings["executor"]["device"].contains("host_probe")) {
+      continue;
+    }
+    const std::filesystem::path path = sim.calibration_profile->path;
+    std::error_code ec;
+    if (path.empty() || !std::filesystem::is_regular_file(path, ec)) continue;
+    double sim_scale = 1.0;
+    if (sim.settings.contains("simulator") && sim.settings["simulator"].contains("host_scale") &&
+        sim.settings["simulator"]["host_scale"].is_number()) {
+      sim_scale = sim.settings["simulator"]["host_scale"].get<double>();
+    }
+    const calibration::Profile profile = calibration::Profile::load(path);
+    const calibration::CostModel model(profile);
+    const auto hs = calibration::host_probe_scale(settings["executor"]["device"]["host_probe"], model, sim_scale);
+    if (!hs) continue;
+    notebooks_export::HostProbeLine line;
+    line.real_side = real_is_a ? 'A' : 'B';
+    line.keys = hs->keys;
+    line.probe_us = hs->probe_us;
+    line.charged_us = hs->charged_us;
+    line.scale = hs->scale;
+    line.sim_host_scale = sim_scale;
+    line.profile = path.string();
+    return line;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 void register_compare(CLI::App& app, Commands& cmds) {
   auto* sub = app.add_subcommand(
       "compare",
       "Compare run B against run A (the reference): per phase, layer and micro-batch median and p95, errors "
-      "(B - A) / A, step time, walls, peak memory; records on one side only are listed.");
+      "(B - A) / A, step time, walls, peak memory; records on one side only are listed. With a real run on one "
+      "side and a simulation on the other, also the real run's host probe against the simulation's profile.");
   static std::string a;
   static std::string b;
   static std::string json_path;
@@ -40,6 +86,7 @@ void register_compare(CLI::App& app, Commands& cmds) {
     notebooks_export::CompareOptions o;
     if (fail_above >= 0) o.fail_above_pct = fail_above;
     auto result = notebooks_export::compare_runs(ra, rb, o);
+    result.host_probe = host_probe_line(ra, rb);
     std::cout << notebooks_export::format_compare_text(result, top);
     if (!json_path.empty()) write_json_file(json_path, notebooks_export::compare_json(result));
     return result.failed() ? kExitFailure : kExitOk;

@@ -24,7 +24,8 @@ few percent: docs/validation/host_overhead.md).
 
 Every real run measures its own host before its first step (run.json settings.executor.device.host_probe:
 an op launch and two cuBLASLt GEMM calls through OpRunner). Where the probe is there, the scenario is also
-simulated with the profile's host costs scaled by probe / profile (`threewalls sim --host-scale`), and the
+simulated with the profile's host costs scaled by probe / profile (the ratio `threewalls compare` reports,
+passed to `threewalls sim --host-scale`), and the
 table shows that error beside the prediction's: how much of a launch-bound step's error is this process's
 host speed rather than the model (not a prediction: the probe comes from the run).
 
@@ -99,35 +100,6 @@ def host_figures(profile_path):
         pt = min(pts, key=lambda pt: abs(pt.get("bytes", 0) - (16 << 20)))
         out["disk_GBps"] = pt["bytes"] / pt["median_s"] / 1e9
     return out
-
-
-def host_probe_scale(real_dir, profile_path):
-    """The real run's host speed over the profile's (issue 8): the host probe threewalls run takes in
-    its own process before the first step (run.json settings.executor.device.host_probe: OpRunner's
-    elementwise add and two host.gemm_call grid shapes, one node and split over K) against what the
-    simulator charges for the same calls (host.kernel_launch + host.op_dispatch; host.gemm_call's
-    t_one and t_one + t_extra): the ratio of the sums, or None without a probe (older runs, sim)."""
-    try:
-        import tomllib
-        with open(profile_path, "rb") as f:
-            host = tomllib.load(f).get("host", {})
-        with open(os.path.join(real_dir, "run.json")) as f:
-            probe = json.load(f)["settings"]["executor"]["device"]["host_probe"]
-    except (OSError, ImportError, ValueError, KeyError, TypeError):
-        return None
-
-    def fit(name, key):
-        return host.get(name, {}).get("fit", {}).get(key)
-
-    launch, dispatch = fit("kernel_launch", "value_s"), fit("op_dispatch", "value_s") or 0.0
-    one, extra = fit("gemm_call", "t_one_s"), fit("gemm_call", "t_extra_s")
-    keys = ("op_launch_us", "gemm_call_m64_n2560_k640_us", "gemm_call_m128_n1024_k7168_us")
-    if launch is None or one is None or extra is None or any(k not in probe for k in keys):
-        return None
-    charged = 1e6 * ((launch + dispatch) + one + (one + extra))
-    measured = sum(probe[k] for k in keys)
-    return {"scale": measured / charged, "probe_us": [round(probe[k], 2) for k in keys],
-            "profile_us": [round(1e6 * v, 2) for v in (launch + dispatch, one, one + extra)]}
 
 
 def disk_read_rates(real_dir, sim_dir):
@@ -319,12 +291,6 @@ def main():
         if a.recalibrate:
             variants.append(("_base", profile, []))
             results[s]["host"] = host_figures(hp)
-        probe = host_probe_scale(real_dir, hp if a.recalibrate else profile)
-        if probe:
-            # The same profile with its host costs scaled to the run's own host probe: what the model
-            # gives when it knows how fast this process's host was (not a prediction).
-            results[s]["host_probe"] = probe
-            variants.append(("_probe", hp if a.recalibrate else profile, ["--host-scale", f"{probe['scale']:.4f}"]))
         for suffix, prof, extra_args in variants:
             sim_dir = os.path.join(a.out, "sim" + suffix, names[s])
             shutil.rmtree(sim_dir, ignore_errors=True)
@@ -342,6 +308,15 @@ def main():
                 break
             results[s]["compare" + suffix] = json.load(open(cjson))
             if suffix == "":
+                probe = results[s]["compare"].get("host_probe")
+                if probe:
+                    # The same profile with its host costs scaled to the run's own host probe (threewalls
+                    # compare: probe / profile for the same calls): what the model gives when it knows how
+                    # fast this process's host was (not a prediction).
+                    results[s]["host_probe"] = {"scale": probe["host_scale_for_the_run"],
+                                                "probe_us": [round(v, 2) for v in probe["probe_us"]],
+                                                "profile_us": [round(v, 2) for v in probe["charged_us"]]}
+                    variants.append(("_probe", prof, ["--host-scale", f"{probe['host_scale_for_the_run']:.4f}"]))
                 disk = disk_read_rates(real_dir, sim_dir)
                 if disk:
                     # The same profile with the disk as fast as the run's own reads were (not a prediction).

@@ -12,6 +12,7 @@
 #include "threewalls/backend/executor.hpp"
 #include "threewalls/backend/host_speed.hpp"
 #include "threewalls/backend/kernels.hpp"
+#include "threewalls/core/host_probe.hpp"
 
 namespace threewalls::backend {
 
@@ -122,7 +123,7 @@ void CudaDevice::probe_host() {
   Op add;
   add.kind = OpKind::elementwise;
   add.sub = static_cast<std::uint8_t>(scenarios::ElementwiseKind::add);
-  add.shape = {4096, 0, 0, 0, 0, 0};
+  add.shape = {host_probe::kAddElements, 0, 0, 0, 0, 0};
   auto gemm = [](std::int64_t m, std::int64_t n, std::int64_t k) {
     Op g;
     g.kind = OpKind::gemm;
@@ -130,9 +131,8 @@ void CudaDevice::probe_host() {
     g.flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
     return g;
   };
-  const std::vector<std::pair<const char*, Op>> probes{
-      {"op_launch_us", add}, {"gemm_call_m64_n2560_k640_us", gemm(64, 2560, 640)},
-      {"gemm_call_m128_n1024_k7168_us", gemm(128, 1024, 7168)}};
+  std::vector<std::pair<std::string, Op>> probes{{std::string(host_probe::kOpLaunchKey), add}};
+  for (const auto& g : host_probe::kGemmCalls) probes.emplace_back(std::string(g.key), gemm(g.m, g.n, g.k));
   std::vector<Op> ops;
   for (const auto& [name, op] : probes) ops.push_back(op);
   runner.prepare(ops);

@@ -366,6 +366,20 @@ std::string format_compare_text(const CompareResult& r, std::size_t top) {
     if (r.peak_memory_a && r.peak_memory_b) out += "   error " + detail::pct(signed_error_pct(*r.peak_memory_a, *r.peak_memory_b));
     out += "\n";
   }
+  if (r.host_probe) {
+    const HostProbeLine& h = *r.host_probe;
+    auto list = [](const std::vector<double>& v) {
+      std::string s;
+      for (std::size_t i = 0; i < v.size(); ++i) s += (i ? " / " : "") + detail::fixed(v[i], 2);
+      return s;
+    };
+    const char sim_side = h.real_side == 'A' ? 'B' : 'A';
+    out += std::string("host probe                 ") + h.real_side + " " + list(h.probe_us) + " us (op launch, GEMM calls; " +
+           "its own process, before step 0)   " + sim_side + "'s profile " + list(h.charged_us) +
+           " us   " + h.real_side + "'s host at " + detail::fixed(h.scale, 2) + "x\n";
+    out += std::string("                           a launch-bound step moves with it; threewalls sim --host-scale ") +
+           detail::fixed(h.scale * h.sim_host_scale, 2) + " simulates at " + h.real_side + "'s host speed\n";
+  }
   if (r.walls_a && r.walls_b) {
     out += "\nwalls (mean per step, critical rank)\n";
     detail::TextTable t({"wall", "A us", "A %", "B us", "B %", "error"});
@@ -494,6 +508,19 @@ OrderedJson compare_json(const CompareResult& r) {
                                        {"error_pct", r.peak_memory_a && r.peak_memory_b
                                                          ? opt_num(signed_error_pct(*r.peak_memory_a, *r.peak_memory_b))
                                                          : OrderedJson(nullptr)}};
+  if (r.host_probe) {
+    const HostProbeLine& h = *r.host_probe;
+    j["host_probe"] = OrderedJson{{"real_side", std::string(1, static_cast<char>(h.real_side + ('a' - 'A')))},
+                                  {"keys", h.keys},
+                                  {"probe_us", h.probe_us},
+                                  {"charged_us", h.charged_us},
+                                  {"scale", h.scale},
+                                  {"sim_host_scale", h.sim_host_scale},
+                                  {"host_scale_for_the_run", h.scale * h.sim_host_scale},
+                                  {"profile", h.profile}};
+  } else {
+    j["host_probe"] = nullptr;
+  }
   auto rows = [](const std::vector<CompareRow>& v) {
     OrderedJson a = OrderedJson::array();
     for (const auto& row : v) a.push_back(row_json(row));

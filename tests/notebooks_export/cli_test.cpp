@@ -65,6 +65,60 @@ TEST(RunCommandsCli, CompareExitsOneAboveTheThresholdAndWritesJson) {
   EXPECT_EQ(threewalls_cli("compare " + a.string() + " " + b.string() + " --fail-above -3", out), 2) << out;
 }
 
+// A real run on one side, a simulation on the other: compare prints the real run's host probe
+// against the simulation's profile (issue 8), in the text and in the JSON, on whichever side the
+// real run is; without a profile to read it says nothing.
+TEST(RunCommandsCli, CompareReportsTheRealRunsHostProbeAgainstTheSimulationsProfile) {
+  ASSERT_TRUE(fs::exists(kBinary)) << kBinary;
+  SyntheticSpec spec;
+  spec.ranks = 2;
+  spec.steps = 2;
+  spec.layers = 1;
+  spec.microbatches = 1;
+  spec.source = "real";
+  auto real = fresh_dir("_real");
+  write_synthetic_run(real, spec);
+  spec.source = "sim";
+  auto sim = fresh_dir("_sim");
+  write_synthetic_run(sim, spec);
+  const fs::path profile = fs::path(THREEWALLS_SOURCE_DIR) / "calibration" / "profiles" / "h100.toml";
+  Json rj = read_json_file(real / "run.json");
+  rj["settings"]["executor"]["device"]["host_probe"] = {{"op_launch_us", 10.0},
+                                                        {"gemm_call_m64_n2560_k640_us", 20.0},
+                                                        {"gemm_call_m128_n1024_k7168_us", 30.0}};
+  std::ofstream(real / "run.json") << rj.dump();
+  Json sj = read_json_file(sim / "run.json");
+  std::ofstream(sim / "run.json.bare") << sj.dump();
+  sj["calibration_profile"] = {{"id", "h100"}, {"path", profile.string()}, {"gpu", "h100"}};
+  sj["settings"]["simulator"]["host_scale"] = 2.0;
+  std::ofstream(sim / "run.json") << sj.dump();
+
+  auto json = fresh_dir("_json") / "cmp.json";
+  fs::create_directories(json.parent_path());
+  std::string out;
+  ASSERT_EQ(threewalls_cli("compare " + real.string() + " " + sim.string() + " --json " + json.string(), out), 0) << out;
+  EXPECT_NE(out.find("host probe                 A 10.00 / 20.00 / 30.00 us"), std::string::npos) << out;
+  const Json h = read_json_file(json)["host_probe"];
+  ASSERT_TRUE(h.is_object()) << out;
+  EXPECT_EQ(h["real_side"], "a");
+  EXPECT_EQ(h["probe_us"], Json({10.0, 20.0, 30.0}));
+  EXPECT_EQ(h["sim_host_scale"], 2.0);
+  double charged = 0.0;
+  for (const auto& v : h["charged_us"]) charged += v.get<double>();
+  EXPECT_NEAR(h["scale"].get<double>(), 60.0 / charged, 1e-9);
+  EXPECT_NEAR(h["host_scale_for_the_run"].get<double>(), 2.0 * 60.0 / charged, 1e-9);
+  char suggested[32];
+  std::snprintf(suggested, sizeof suggested, "--host-scale %.2f", 2.0 * 60.0 / charged);
+  EXPECT_NE(out.find(suggested), std::string::npos) << out;
+
+  ASSERT_EQ(threewalls_cli("compare " + sim.string() + " " + real.string() + " --json " + json.string(), out), 0) << out;
+  EXPECT_EQ(read_json_file(json)["host_probe"]["real_side"], "b");
+  fs::rename(sim / "run.json.bare", sim / "run.json");  // a simulation without a profile
+  ASSERT_EQ(threewalls_cli("compare " + real.string() + " " + sim.string() + " --json " + json.string(), out), 0) << out;
+  EXPECT_TRUE(read_json_file(json)["host_probe"].is_null());
+  EXPECT_EQ(out.find("host probe"), std::string::npos) << out;
+}
+
 TEST(RunCommandsCli, AnalyzeNamesTheSlowRankPhaseAndSteps) {
   auto run = make_run("", 1.0, 3);
   std::string out;

@@ -66,6 +66,20 @@ struct Check {
   bool failed = false;
 };
 
+// The measured run's host against the simulated run's profile (issue 8): the real run's host probe
+// over what the profile charges for the same calls (calibration::host_probe_scale). Filled by
+// `threewalls compare` when one side is a real run with a host probe and the other a simulation
+// whose profile file it can read; compare_runs leaves it empty.
+struct HostProbeLine {
+  char real_side = 'A';              // the side of the real run
+  std::vector<std::string> keys;     // run.json host_probe keys
+  std::vector<double> probe_us;      // measured by the real run, in its own process before step 0
+  std::vector<double> charged_us;    // the profile's charge for the same calls, times sim_host_scale
+  double scale = 1.0;                // sum(probe) / sum(charged)
+  double sim_host_scale = 1.0;       // the simulation's --host-scale
+  std::string profile;               // the simulation's profile path
+};
+
 struct CompareResult {
   std::string label_a;
   std::string label_b;
@@ -85,6 +99,7 @@ struct CompareResult {
   std::vector<CompareRow> by_phase_microbatch;  // (phase, microbatch) where both sides have one
   std::vector<UnmatchedKey> only_in_a;
   std::vector<UnmatchedKey> only_in_b;
+  std::optional<HostProbeLine> host_probe;
   std::vector<Check> checks;  // what --fail-above looks at, with verdicts
   std::optional<double> fail_above_pct;
   [[nodiscard]] bool failed() const;

@@ -1,0 +1,28 @@
+#pragma once
+// A real run's host against a profile's (issue 8): the run's host probe (run.json
+// settings.executor.device.host_probe, core/host_probe.hpp) over what the cost model charges for the
+// same calls. On the GPU VMs a launch-bound step moves with this ratio from one process to the next
+// (docs/validation/host_overhead.md); `threewalls compare` prints it, and `threewalls sim
+// --host-scale` takes it to simulate the step at the run's host speed.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "threewalls/calibration/cost_model.hpp"
+#include "threewalls/core/jsonl.hpp"
+
+namespace threewalls::calibration {
+
+struct HostProbeScale {
+  std::vector<std::string> keys;   // the probe's keys, in core/host_probe.hpp's order
+  std::vector<double> probe_us;    // measured by the run
+  std::vector<double> charged_us;  // what the model charges for the same call, times host_scale
+  double scale = 1.0;              // sum(probe_us) / sum(charged_us)
+};
+
+// op_launch_us against kernel_launch + op_dispatch, each GEMM call against gemm_launch(m, n, k);
+// `host_scale` is the one the charges were simulated with (settings.simulator.host_scale). Nullopt
+// when the probe lacks one of the keys or holds a value that is not a positive number (older runs).
+std::optional<HostProbeScale> host_probe_scale(const OrderedJson& probe, const CostModel& model, double host_scale = 1.0);
+
+}  // namespace threewalls::calibration
