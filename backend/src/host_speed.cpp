@@ -70,7 +70,8 @@ CpuSpeed measure_cpu_speed(int samples, int reps) {
     g_sink = g_sink + dst[static_cast<std::size_t>(s) * 4096];
     copy.push_back(static_cast<double>(kCopyBytes) / sec / 1e9);
   }
-  // The walk: one 4-byte index per 64-byte line of 32 MiB, so every load misses the core's caches.
+  // The walk: one 4-byte index per 64-byte line of 32 MiB, in an order no prefetcher follows, so every
+  // load misses the core's own caches (L1, L2) and goes to the shared L3 or to memory.
   constexpr std::uint32_t kLine = 16;  // uint32 per cache line
   constexpr std::uint32_t kLines = (std::uint32_t{32} << 20) / 64;
   const std::vector<std::uint32_t> next = random_cycle(kLines, 0x9e3779b97f4a7c15ULL);

@@ -113,6 +113,14 @@ TEST(RunCommandsCli, CompareReportsTheRealRunsHostProbeAgainstTheSimulationsProf
 
   ASSERT_EQ(threewalls_cli("compare " + sim.string() + " " + real.string() + " --json " + json.string(), out), 0) << out;
   EXPECT_EQ(read_json_file(json)["host_probe"]["real_side"], "b");
+  const fs::path broken = fresh_dir("_broken") / "broken.toml";  // the profile broke since the simulation
+  fs::create_directories(broken.parent_path());
+  std::ofstream(broken) << "[profile\n";
+  sj["calibration_profile"]["path"] = broken.string();
+  std::ofstream(sim / "run.json") << sj.dump();
+  ASSERT_EQ(threewalls_cli("compare " + real.string() + " " + sim.string() + " --json " + json.string(), out), 0) << out;
+  EXPECT_TRUE(read_json_file(json)["host_probe"].is_null());
+  EXPECT_NE(out.find("warning: host probe not compared"), std::string::npos) << out;
   fs::rename(sim / "run.json.bare", sim / "run.json");  // a simulation without a profile
   ASSERT_EQ(threewalls_cli("compare " + real.string() + " " + sim.string() + " --json " + json.string(), out), 0) << out;
   EXPECT_TRUE(read_json_file(json)["host_probe"].is_null());

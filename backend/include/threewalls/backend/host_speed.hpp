@@ -4,7 +4,8 @@
 // changing inside one), and the host probe (CudaDevice::probe_host) sees it in the time of an op
 // launch and a cuBLASLt call. These figures tell whether the CPU itself is slower then (a dependent
 // integer chain: the core's clock and its share of the core), its memory system (a 16 MiB copy:
-// bandwidth; a walk of dependent loads through 32 MiB in random order: latency) or only the path into
+// bandwidth; a walk of dependent loads through 32 MiB in random order: latency past the core's own
+// caches) or only the path into
 // the driver and the GPU. Host-only code; no device needed.
 #include <cstdint>
 #include <vector>
