@@ -45,10 +45,7 @@ std::optional<notebooks_export::HostProbeLine> host_probe_line(const profiler::R
     if (!hs) continue;
     notebooks_export::HostProbeLine line;
     line.real_side = real_is_a ? 'A' : 'B';
-    line.keys = hs->keys;
-    line.probe_us = hs->probe_us;
-    line.charged_us = hs->charged_us;
-    line.scale = hs->scale;
+    line.probe = *hs;
     line.sim_host_scale = sim_scale;
     line.profile = path.string();
     return line;

@@ -374,11 +374,11 @@ std::string format_compare_text(const CompareResult& r, std::size_t top) {
       return s;
     };
     const char sim_side = h.real_side == 'A' ? 'B' : 'A';
-    out += std::string("host probe                 ") + h.real_side + " " + list(h.probe_us) + " us (op launch, GEMM calls; " +
-           "its own process, before step 0)   " + sim_side + "'s profile " + list(h.charged_us) +
-           " us   " + h.real_side + "'s host at " + detail::fixed(h.scale, 2) + "x\n";
+    out += std::string("host probe                 ") + h.real_side + " " + list(h.probe.probe_us) +
+           " us (op launch, GEMM calls; its own process, before step 0)   " + sim_side + "'s profile " +
+           list(h.probe.charged_us) + " us   " + h.real_side + "'s host at " + detail::fixed(h.probe.scale, 2) + "x\n";
     out += std::string("                           a launch-bound step moves with it; threewalls sim --host-scale ") +
-           detail::fixed(h.scale * h.sim_host_scale, 2) + " simulates at " + h.real_side + "'s host speed\n";
+           detail::fixed(h.probe.scale * h.sim_host_scale, 2) + " simulates at " + h.real_side + "'s host speed\n";
   }
   if (r.walls_a && r.walls_b) {
     out += "\nwalls (mean per step, critical rank)\n";
@@ -511,12 +511,12 @@ OrderedJson compare_json(const CompareResult& r) {
   if (r.host_probe) {
     const HostProbeLine& h = *r.host_probe;
     j["host_probe"] = OrderedJson{{"real_side", std::string(1, static_cast<char>(h.real_side + ('a' - 'A')))},
-                                  {"keys", h.keys},
-                                  {"probe_us", h.probe_us},
-                                  {"charged_us", h.charged_us},
-                                  {"scale", h.scale},
+                                  {"keys", h.probe.keys},
+                                  {"probe_us", h.probe.probe_us},
+                                  {"charged_us", h.probe.charged_us},
+                                  {"scale", h.probe.scale},
                                   {"sim_host_scale", h.sim_host_scale},
-                                  {"host_scale_for_the_run", h.scale * h.sim_host_scale},
+                                  {"host_scale_for_the_run", h.probe.scale * h.sim_host_scale},
                                   {"profile", h.profile}};
   } else {
     j["host_probe"] = nullptr;

@@ -5,20 +5,14 @@
 // (docs/validation/host_overhead.md); `threewalls compare` prints it, and `threewalls sim
 // --host-scale` takes it to simulate the step at the run's host speed.
 #include <optional>
-#include <string>
-#include <vector>
 
 #include "threewalls/calibration/cost_model.hpp"
+#include "threewalls/core/host_probe.hpp"
 #include "threewalls/core/jsonl.hpp"
 
 namespace threewalls::calibration {
 
-struct HostProbeScale {
-  std::vector<std::string> keys;   // the probe's keys, in core/host_probe.hpp's order
-  std::vector<double> probe_us;    // measured by the run
-  std::vector<double> charged_us;  // what the model charges for the same call, times host_scale
-  double scale = 1.0;              // sum(probe_us) / sum(charged_us)
-};
+using HostProbeScale = host_probe::Scale;
 
 // op_launch_us against kernel_launch + op_dispatch, each GEMM call against gemm_launch(m, n, k);
 // `host_scale` is the one the charges were simulated with (settings.simulator.host_scale). Nullopt

@@ -5,7 +5,9 @@
 // (calibration::host_probe_scale, `threewalls compare`).
 #include <array>
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace threewalls::host_probe {
 
@@ -22,5 +24,14 @@ struct GemmCall {
 };
 inline constexpr std::array<GemmCall, 2> kGemmCalls{{{"gemm_call_m64_n2560_k640_us", 64, 2560, 640},
                                                     {"gemm_call_m128_n1024_k7168_us", 128, 1024, 7168}}};
+
+// A run's probe against what a profile charges for the same calls (calibration::host_probe_scale
+// computes it; `threewalls compare` prints it).
+struct Scale {
+  std::vector<std::string> keys;   // the probe's keys, in this header's order
+  std::vector<double> probe_us;    // measured by the run
+  std::vector<double> charged_us;  // what the model charges for the same call, times its host scale
+  double scale = 1.0;              // sum(probe_us) / sum(charged_us)
+};
 
 }  // namespace threewalls::host_probe

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "threewalls/core/host_probe.hpp"
 #include "threewalls/core/jsonl.hpp"
 #include "threewalls/profiler/run_dir.hpp"
 #include "threewalls/profiler/summary.hpp"
@@ -72,11 +73,8 @@ struct Check {
 // whose profile file it can read; compare_runs leaves it empty.
 struct HostProbeLine {
   char real_side = 'A';              // the side of the real run
-  std::vector<std::string> keys;     // run.json host_probe keys
-  std::vector<double> probe_us;      // measured by the real run, in its own process before step 0
-  std::vector<double> charged_us;    // the profile's charge for the same calls, times sim_host_scale
-  double scale = 1.0;                // sum(probe) / sum(charged)
-  double sim_host_scale = 1.0;       // the simulation's --host-scale
+  host_probe::Scale probe;           // its probe (in its own process, before step 0) against the profile
+  double sim_host_scale = 1.0;       // the simulation's --host-scale (the charges include it)
   std::string profile;               // the simulation's profile path
 };
 
