@@ -23,6 +23,7 @@ std::vector<KernelTermsFamily> build() {
       {"topk", "rows per token (OpRunner: rows / op.tokens when that divides, else 1)"},
       {"hidden", "elements per row"}};
   const std::vector<KernelTermsInput> emb_in = {{"tokens", "tokens looked up"}, {"hidden", "elements per row"}};
+  const std::vector<KernelTermsInput> norm_in = {{"rows", "rows normalised"}, {"hidden", "elements per row"}};
   const std::vector<KernelTermsInput> xent_in = {{"tokens", "tokens (rows of the logits)"},
                                                  {"shard", "vocabulary entries of this rank's shard"}};
   std::vector<KernelTermsFamily> f;
@@ -74,6 +75,22 @@ std::vector<KernelTermsFamily> build() {
                xent_terms});
   f.push_back({std::string(kCrossEntropyBwdFamily), "cross_entropy_bwd",
                "backend::xent_bwd (OpRunner's cross_entropy backward)", xent_in, xent_terms});
+  // Norms: one block of 256 threads per row (grid-stride); per row, block-wide reductions (RMSNorm
+  // forward one, LayerNorm forward two, the backwards two) and passes over the row (RMSNorm two,
+  // LayerNorm three). The points are the `norm` family's (plan_norm), whose bytes-only fits cannot
+  // tell 16k short rows from 2k long ones of the same bytes.
+  const std::vector<KernelTerm> norm_terms = {
+      {"per_row_s", {0}, "per row: the block's reductions and synchronisations"},
+      {"per_element_s", {0, 1}, "per element: the passes' memory traffic"},
+      {"per_hidden_s", {1}, "per element of one row: a block's serial walk along a row (the latency of a wave)"}};
+  f.push_back({std::string(kRmsnormFwdFamily), "norm_rmsnorm_fwd", "backend::rmsnorm_fwd, OpRunner's RMSNorm forward",
+               norm_in, norm_terms, "norm"});
+  f.push_back({std::string(kRmsnormBwdFamily), "norm_rmsnorm_bwd", "backend::rmsnorm_bwd, OpRunner's RMSNorm backward",
+               norm_in, norm_terms, "norm"});
+  f.push_back({std::string(kLayernormFwdFamily), "norm_layernorm_fwd",
+               "backend::layernorm_fwd, OpRunner's LayerNorm forward", norm_in, norm_terms, "norm"});
+  f.push_back({std::string(kLayernormBwdFamily), "norm_layernorm_bwd",
+               "backend::layernorm_bwd, OpRunner's LayerNorm backward", norm_in, norm_terms, "norm"});
   f.push_back({std::string(kAdamStepFamily), "adam_step",
                "backend::adam_step (fp32 master, grad, m, v; bf16 weight copy), OpRunner's optimizer op",
                {{"parameters", "parameters of the shard updated"}},
@@ -91,6 +108,13 @@ const std::vector<KernelTermsFamily>& kernel_terms_families() {
 const KernelTermsFamily* find_kernel_terms_family(std::string_view name) {
   for (const auto& f : kernel_terms_families()) {
     if (f.name == name) return &f;
+  }
+  return nullptr;
+}
+
+const KernelTermsFamily* norm_kernel_terms_family(std::string_view op) {
+  for (const auto& f : kernel_terms_families()) {
+    if (f.op == op && f.points_of == "norm") return &f;
   }
   return nullptr;
 }

@@ -106,7 +106,11 @@ void add_copies(ProfileBuilder& b, const Facts& f) {
                  {"elementwise_swiglu", 0.465, "SwiGLU forward 1.41 vs add 3.03 TB/s (docs/backend.md, H100)"},
                  {"elementwise_swiglu_bwd", 0.61, "SwiGLU backward 1.84 vs add 3.0 TB/s (H100 calibration)"},
                  {"norm_rmsnorm_fwd", 0.45, "RMSNorm forward 1.36 vs add 3.03 TB/s (docs/backend.md, H100)"},
-                 {"norm_rmsnorm_bwd", 0.18, "RMSNorm backward 0.54 vs add 3.03 TB/s (docs/backend.md, H100)"}};
+                 {"norm_rmsnorm_bwd", 0.18, "RMSNorm backward 0.54 vs add 3.03 TB/s (docs/backend.md, H100)"},
+                 {"norm_layernorm_fwd", 0.33,
+                  "LayerNorm forward 1.01 vs add 3.04 TB/s at 302 MB and 1 GB (H100 calibration, 2026-11-26 23:39)"},
+                 {"norm_layernorm_bwd", 0.17,
+                  "LayerNorm backward 0.52 vs add 3.04 TB/s at 302 MB and 1 GB (H100 calibration, 2026-11-26 23:39)"}};
   for (const auto& k : kernels) {
     add_linear_family(b, k.kernel, 2.5e-6, k.fraction * f.hbm_copy_rw, hbm_sizes,
                       std::string("bandwidth: ") + std::to_string(k.fraction) + " x the HBM copy fact (" + k.source +

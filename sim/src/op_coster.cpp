@@ -93,6 +93,11 @@ FittedKernel fitted_kernel_of(const Op& op) {
     case OpKind::cross_entropy:
       return {bwd ? calibration::kCrossEntropyBwdFamily : calibration::kCrossEntropyFwdFamily, {d(s[0]), d(s[1])}};
     case OpKind::optimizer: return {calibration::kAdamStepFamily, {d(s[0])}};
+    case OpKind::norm:
+      if (op.norm_kind() == scenarios::NormKind::rmsnorm) {
+        return {bwd ? calibration::kRmsnormBwdFamily : calibration::kRmsnormFwdFamily, {d(s[0]), d(s[1])}};
+      }
+      return {bwd ? calibration::kLayernormBwdFamily : calibration::kLayernormFwdFamily, {d(s[0]), d(s[1])}};
     default: break;
   }
   throw std::logic_error(std::string("fitted_kernel_of asked for a ") + scenarios::to_string(op.kind) + " op");
@@ -165,13 +170,18 @@ Seconds CostModelCoster::kernel_time(const Op& op) const {
                               at_least_1(s[4]), at_least_1(s[5]), (op.flags & scenarios::kCausal) != 0,
                               (op.flags & scenarios::kBackward) != 0);
     case OpKind::elementwise: return model_.memory_kernel(elementwise_kernel(op), Bytes(op.bytes));
-    case OpKind::norm:
-      // threewalls run: RMSNorm forward / backward kernels (LayerNorm has no benchmark: the pooled fit).
+    case OpKind::norm: {
+      // threewalls run's RMSNorm or LayerNorm kernel, forward or backward: by its rows x hidden fit
+      // (kernel_terms_v1), else by its bytes fit, else by the pooled norm fit (profiles before
+      // 2026-11-27 have neither LayerNorm fit nor any rows x hidden fit).
+      const FittedKernel fk = fitted_kernel_of(op);
+      if (const auto t = model_.fitted_kernel(fk.family, fk.inputs)) return *t;
+      const bool bwd = (op.flags & scenarios::kBackward) != 0;
       if (op.norm_kind() == scenarios::NormKind::rmsnorm) {
-        return model_.memory_kernel((op.flags & scenarios::kBackward) != 0 ? "norm_rmsnorm_bwd" : "norm_rmsnorm_fwd",
-                                    Bytes(op.bytes));
+        return model_.memory_kernel(bwd ? "norm_rmsnorm_bwd" : "norm_rmsnorm_fwd", Bytes(op.bytes));
       }
-      return model_.norm(Bytes(op.bytes));
+      return model_.memory_kernel(bwd ? "norm_layernorm_bwd" : "norm_layernorm_fwd", Bytes(op.bytes));
+    }
     case OpKind::softmax_topk:
     case OpKind::permute:
     case OpKind::unpermute:

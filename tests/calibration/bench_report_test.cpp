@@ -126,6 +126,44 @@ TEST(CalibrationReport, FitsRecoverKnownModelsAndScoreHeldOutShapes) {
   EXPECT_EQ(f.points[0].time.count, 5);
 }
 
+// The norms' points (family `norm`, inputs bytes) also fit their kernel_terms family by the rows and
+// hidden of their parameters: a truth that bytes alone cannot express (per-row and per-hidden costs)
+// is recovered, held-out shapes are scored through CostModel::fitted_kernel, and the bytes fits stay.
+TEST(CalibrationReport, NormPointsFitTheirRowsByHiddenFamily) {
+  PlanOptions o;
+  o.mode = Mode::full;
+  o.gpus = 1;
+  auto truth = [](double rows, double hidden) { return 3e-6 + 4e-9 * rows + 2.5e-12 * rows * hidden + 1.5e-9 * hidden; };
+  std::mt19937 gen(7);
+  std::normal_distribution<double> noise(0.0, 0.01);
+  std::vector<Record> recs;
+  for (const auto& p : make_plan(o)) {
+    if (p.op != "norm_layernorm_fwd") continue;
+    Record r;
+    r.point = p;
+    const double t = truth(p.param("rows"), p.param("hidden"));
+    for (int i = 0; i < 5; ++i) r.samples_s.push_back(t * (1.0 + noise(gen)));
+    r.stop = "converged";
+    r.check = "passed";
+    recs.push_back(std::move(r));
+  }
+  ASSERT_GE(recs.size(), 20U);
+  const CalibrationReport rep = build_report(recs, options(false));
+  const auto& k = family(rep, "kernel.layernorm_fwd");
+  EXPECT_TRUE(k.measured);
+  EXPECT_EQ(k.held_out_points, 2U);
+  EXPECT_LT(k.held_out_median, 0.03);
+  const CostModel cm(rep.profile);
+  for (const auto& [rows, hidden] : {std::pair{16384.0, 768.0}, std::pair{1024.0, 1024.0}, std::pair{2048.0, 6144.0}}) {
+    const auto t = cm.fitted_kernel("kernel.layernorm_fwd", {rows, hidden});
+    ASSERT_TRUE(t.has_value());
+    EXPECT_NEAR(t->value, truth(rows, hidden), 0.05 * truth(rows, hidden)) << rows << " x " << hidden;
+  }
+  // The bytes fits of the same points are still written (older simulators and the pooled fallback).
+  EXPECT_TRUE(family(rep, "norm_layernorm_fwd").measured);
+  EXPECT_TRUE(family(rep, "norm").measured);
+}
+
 TEST(CalibrationReport, UnfittableFamilyIsDroppedAndTheRestKept) {
   const CalibrationReport rep = build_report(synthetic(2), options(false));
   const auto& e = family(rep, "elementwise");

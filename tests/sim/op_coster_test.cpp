@@ -125,6 +125,61 @@ TEST(OpCosterFittedKernel, MapsEachKindAndDirectionToOpRunnersLaunchSequence) {
   EXPECT_THROW((void)fitted_kernel_of(memory_op(OpKind::gemm, {1, 1, 1}, 1.0)), std::logic_error);
 }
 
+// Norm ops: threewalls run runs the scenario's RMSNorm or LayerNorm kernel; each is costed by the
+// per-kernel fit of its own calibration benchmark, and by the pooled norm fit when the profile lacks
+// it (profiles calibrated before the LayerNorm benchmarks existed).
+TEST(OpCosterNorm, EachNormKindAndDirectionUsesItsOwnKernelFitOrThePooledNormFit) {
+  const calibration::Profile base = shipped_default();
+  calibration::ProfileBuilder b(base.info(), base.hardware());
+  auto layernorm_fwd = [](double bytes) { return 7e-6 + bytes / 0.7e12; };
+  for (double bytes : {7e4, 3e5, 1.2e6, 4.7e6, 1.9e7, 7.5e7, 3e8}) {
+    b.add_point("norm_layernorm_fwd", {bytes}, calibration::Measurement::single(layernorm_fwd(bytes)));
+  }
+  // A profile without LayerNorm fits (as every profile before 2026-11-27), plus LayerNorm forward's.
+  std::vector<calibration::Family> families;
+  for (const auto& f : base.families()) {
+    if (f.name.rfind("norm_layernorm", 0) != 0) families.push_back(f);
+  }
+  const calibration::Profile fitted = b.build();
+  for (const auto& f : fitted.families()) families.push_back(f);
+  const calibration::CostModel model(calibration::Profile(base.info(), base.hardware(), families));
+  const CostModelCoster coster(model);
+  auto norm_op = [](scenarios::NormKind kind, bool backward) {
+    Op op = memory_op(OpKind::norm, {16384, 768}, 4.0 * 16384 * 768, backward);
+    op.sub = static_cast<std::uint8_t>(kind);
+    return op;
+  };
+  const Op ln_fwd = norm_op(scenarios::NormKind::layernorm, false);
+  EXPECT_NEAR(coster.kernel_time(ln_fwd).value, layernorm_fwd(ln_fwd.bytes), 1e-3 * layernorm_fwd(ln_fwd.bytes));
+  EXPECT_EQ(fitted_kernel_of(ln_fwd).family, calibration::kLayernormFwdFamily);
+  EXPECT_EQ(fitted_kernel_of(ln_fwd).inputs, (std::vector<double>{16384, 768}));
+  EXPECT_EQ(fitted_kernel_of(norm_op(scenarios::NormKind::rmsnorm, true)).family, calibration::kRmsnormBwdFamily);
+  // No LayerNorm backward points: the pooled norm fit.
+  const Op ln_bwd = norm_op(scenarios::NormKind::layernorm, true);
+  EXPECT_DOUBLE_EQ(coster.kernel_time(ln_bwd).value, model.norm(Bytes(ln_bwd.bytes)).value);
+  // RMSNorm: the default profile's per-kernel fits, which differ from the pooled one and from LayerNorm's.
+  const Op rms_fwd = norm_op(scenarios::NormKind::rmsnorm, false);
+  EXPECT_DOUBLE_EQ(coster.kernel_time(rms_fwd).value, model.memory_kernel("norm_rmsnorm_fwd", Bytes(rms_fwd.bytes)).value);
+  EXPECT_NE(coster.kernel_time(rms_fwd).value, model.norm(Bytes(rms_fwd.bytes)).value);
+  EXPECT_NE(coster.kernel_time(rms_fwd).value, coster.kernel_time(ln_fwd).value);
+
+  // With a rows x hidden fit of LayerNorm forward, that one wins over the bytes fit.
+  calibration::ProfileBuilder kb(base.info(), base.hardware());
+  auto rows_hidden = [](double r, double h) { return 3e-6 + 4e-9 * r + 2.5e-12 * r * h + 1.5e-9 * h; };
+  for (double r : {8.0, 300.0, 4000.0, 60000.0}) {
+    for (double h : {712.0, 2824.0, 5640.0}) {
+      kb.add_point(calibration::kLayernormFwdFamily, {r, h}, calibration::Measurement::single(rows_hidden(r, h)));
+    }
+  }
+  std::vector<calibration::Family> with_terms = families;
+  const calibration::Profile terms = kb.build();
+  for (const auto& f : terms.families()) with_terms.push_back(f);
+  const calibration::CostModel model2(calibration::Profile(base.info(), base.hardware(), std::move(with_terms)));
+  const CostModelCoster coster2(model2);
+  EXPECT_NEAR(coster2.kernel_time(ln_fwd).value, rows_hidden(16384, 768), 1e-3 * rows_hidden(16384, 768));
+  EXPECT_DOUBLE_EQ(coster2.kernel_time(ln_bwd).value, model2.norm(Bytes(ln_bwd.bytes)).value);
+}
+
 // threewalls sim --host-scale (issue 8): every host-side cost is multiplied, the device time of graph
 // nodes and timing markers is not, and a scale that is not a positive number is refused.
 TEST(OpCosterHostScale, ScalesHostCostsAndLibraryCallsButNotDeviceTime) {

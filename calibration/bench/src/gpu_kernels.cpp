@@ -92,7 +92,7 @@ std::vector<std::int64_t> check_tokens(std::int64_t tokens) { return {0, tokens 
 
 bool is_kernel_op(std::string_view op) {
   for (const auto& k : kernel_terms_families()) {
-    if (k.op == op) return true;
+    if (k.op == op && k.points_of.empty()) return true;
   }
   return false;
 }

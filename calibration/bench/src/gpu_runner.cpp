@@ -405,7 +405,8 @@ class GpuRunner final : public PointRunner {
     buf_[2] = be::DeviceBuffer(need[2] * 2);
     buf_[3] = random_bf16(sz(max_hidden), opt_.seed + 23, s());  // gamma
     buf_[4] = be::DeviceBuffer(sz(max_rows) * 4);                // rstd
-    buf_[5] = be::DeviceBuffer(sz(max_hidden) * 4);              // dgamma
+    buf_[5] = be::DeviceBuffer(sz(max_hidden) * 2 * 4);          // dgamma, then dbeta (LayerNorm)
+    buf_[6] = be::DeviceBuffer(sz(max_rows) * 4);                // mean (LayerNorm)
     TW_CUDA_CHECK(cudaMemsetAsync(buf_[5].data(), 0, buf_[5].size(), s()));
   }
 
@@ -455,6 +456,54 @@ class GpuRunner final : public PointRunner {
         log.expect_near(download_bf16(c, j, 1)[0], dgate, 0.01 * std::fabs(dgate) + 1e-3,
                         "d gate " + std::to_string(j));
         log.expect_near(download_bf16(c, e + j, 1)[0], dup, 0.01 * std::fabs(dup) + 1e-3, "d up " + std::to_string(j));
+      }
+      r.check = log.passed();
+    } else if (op == "norm_layernorm_fwd" || op == "norm_layernorm_bwd") {
+      // As OpRunner runs LayerNorm: gamma and beta are the same values (one buffer, real reads).
+      const std::int64_t rows = r.point.iparam("rows"), h = r.point.iparam("hidden");
+      auto* gamma = buf_[3].as<be::bf16>();
+      auto* rstd = buf_[4].as<float>();
+      auto* mean = buf_[6].as<float>();
+      auto* dgamma = buf_[5].as<float>();
+      be::layernorm_fwd(a, gamma, gamma, c, mean, rstd, rows, h, 1e-5F, s());  // mean, rstd for the backward
+      const bool bwd = op == "norm_layernorm_bwd";
+      if (bwd) {
+        device([&](cudaStream_t st) { be::layernorm_bwd(b, a, gamma, mean, rstd, c, dgamma, dgamma + h, rows, h, st); },
+               true, rule, r);
+      } else {
+        device([&](cudaStream_t st) { be::layernorm_fwd(a, gamma, gamma, c, mean, rstd, rows, h, 1e-5F, st); }, true,
+               rule, r);
+      }
+      TW_CUDA_CHECK(cudaStreamSynchronize(s()));
+      CheckLog log(bwd ? "LayerNorm backward dx of a row (relative L2)" : "LayerNorm forward of a row (relative L2)");
+      const auto g = download_bf16(gamma, 0, h);
+      for (const std::int64_t row : {std::int64_t{0}, rows - 1}) {
+        const auto x = download_bf16(a, row * h, h);
+        const auto dy = download_bf16(b, row * h, h);
+        const double n = static_cast<double>(h);
+        double mu = 0.0;
+        for (const double v : x) mu += v;
+        mu /= n;
+        double var = 0.0;
+        for (const double v : x) var += (v - mu) * (v - mu);
+        const double rs = 1.0 / std::sqrt(var / n + 1e-5);
+        std::vector<double> want(sz(h));
+        if (bwd) {
+          // dx = rstd (g dy - mean(g dy) - xhat mean(g dy xhat))
+          double m1 = 0.0, m2 = 0.0;
+          for (std::int64_t j = 0; j < h; ++j) {
+            m1 += g[sz(j)] * dy[sz(j)];
+            m2 += g[sz(j)] * dy[sz(j)] * (x[sz(j)] - mu) * rs;
+          }
+          m1 /= n;
+          m2 /= n;
+          for (std::int64_t j = 0; j < h; ++j) {
+            want[sz(j)] = rs * (g[sz(j)] * dy[sz(j)] - m1 - (x[sz(j)] - mu) * rs * m2);
+          }
+        } else {
+          for (std::int64_t j = 0; j < h; ++j) want[sz(j)] = (x[sz(j)] - mu) * rs * g[sz(j)] + g[sz(j)];
+        }
+        log.expect_near(detail::rel_l2(download_bf16(c, row * h, h), want), 0.0, 0.02, "row " + std::to_string(row));
       }
       r.check = log.passed();
     } else {

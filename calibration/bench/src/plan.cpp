@@ -323,23 +323,35 @@ void plan_elementwise(Plan& p) {
   }
 }
 
+// Norms: rows x hidden, since a norm's time is not a function of bytes alone (one block per row: 16k
+// rows of 768 take longer than 2k rows of 6144). Hidden sizes off the model dimensions (multiples of
+// 8), from short rows (Switch-like d768) to long ones (d7168); two held-out shapes per kernel between
+// the grid's hidden sizes. The points' inputs are bytes (the `norm` family and one bytes fit per
+// kernel); their rows and hidden parameters feed the kernel.<norm>_<dir> families (kernel_terms.hpp).
 void plan_norm(Plan& p) {
-  const std::vector<std::int64_t> hidden{2560, 3584, 5120, 7168};
-  int i = 0;
-  for (const bool backward : {false, true}) {
-    for (const double target : sizes(72 * kKiB, 1.1 * kGiB, p.full() ? 4.0 : 16.0)) {
-      const std::int64_t h = hidden[static_cast<std::size_t>(i++ % 4)];
-      // RMSNorm forward reads x and writes y (2 x 2 B per element); backward reads x and dy and
-      // writes dx (3 x 2 B): the StepGraph's norm bytes.
+  const std::vector<std::int64_t> hidden =
+      p.full() ? std::vector<std::int64_t>{712, 1416, 2824, 5640} : std::vector<std::int64_t>{1416, 5640};
+  for (const char* norm : {"rmsnorm", "layernorm"}) {
+    for (const bool backward : {false, true}) {
+      // Forward reads x and writes y (2 x 2 B per element); backward reads x and dy and writes dx
+      // (3 x 2 B): the StepGraph's norm bytes.
       const double per_element = backward ? 6.0 : 4.0;
-      const std::int64_t rows = std::max<std::int64_t>(1, static_cast<std::int64_t>(target / (per_element * d(h))));
-      PointSpec s;
-      s.op = backward ? "norm_rmsnorm_bwd" : "norm_rmsnorm_fwd";
-      s.family = "norm";
-      s.params = {{"rows", d(rows)}, {"hidden", d(h)}};
-      s.bytes = per_element * d(rows) * d(h);
-      s.inputs = {s.bytes};
-      p.points.push_back(std::move(s));
+      auto point = [&](std::int64_t h, double target, bool held_out) {
+        const std::int64_t rows = std::max<std::int64_t>(1, static_cast<std::int64_t>(target / (per_element * d(h))));
+        PointSpec s;
+        s.op = std::string("norm_") + norm + (backward ? "_bwd" : "_fwd");
+        s.family = "norm";
+        s.params = {{"rows", d(rows)}, {"hidden", d(h)}};
+        s.bytes = per_element * d(rows) * d(h);
+        s.inputs = {s.bytes};
+        s.held_out = held_out;
+        p.points.push_back(std::move(s));
+      };
+      for (const std::int64_t h : hidden) {
+        for (const double target : sizes(72 * kKiB, 1.1 * kGiB, p.full() ? 4.0 : 16.0)) point(h, target, false);
+      }
+      point(1032, 5.0 * kMiB, true);
+      point(4104, 70.0 * kMiB, true);
     }
   }
 }
@@ -780,6 +792,8 @@ const std::vector<OpInfo>& op_table() {
          "bytes 2 x 2 per element"},
         {"norm_rmsnorm_fwd", "memory", "norm", "backend::rmsnorm_fwd", "bytes 2 x 2 x rows x hidden"},
         {"norm_rmsnorm_bwd", "memory", "norm", "backend::rmsnorm_bwd", "bytes 3 x 2 x rows x hidden"},
+        {"norm_layernorm_fwd", "memory", "norm", "backend::layernorm_fwd", "bytes 2 x 2 x rows x hidden"},
+        {"norm_layernorm_bwd", "memory", "norm", "backend::layernorm_bwd", "bytes 3 x 2 x rows x hidden"},
         {"copy_h2d_pinned", "copy", "copy.h2d_pinned", "backend::copy_h2d from pinned memory", "bytes copied"},
         {"copy_d2h_pinned", "copy", "copy.d2h_pinned", "backend::copy_d2h to pinned memory", "bytes copied"},
         {"copy_h2d_pageable", "copy", "copy.h2d_pageable", "backend::copy_h2d from pageable memory", "bytes copied"},
@@ -789,6 +803,7 @@ const std::vector<OpInfo>& op_table() {
          "bytes read (host time of the synchronous read)"},
     };
     for (const auto& k : kernel_terms_families()) {
+      if (!k.points_of.empty()) continue;  // its points are another family's (the norms: "norm" above)
       t.push_back({k.op, "kernels", k.name, k.what,
                    "time of one launch sequence; bytes: the tensors it reads and writes once (reported rate only)"});
     }

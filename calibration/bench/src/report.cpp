@@ -52,10 +52,23 @@ std::vector<std::string> dependencies(const std::string& family) {
   return deps;
 }
 
+// The inputs family `f` fits and predicts a record by: its point's inputs, except for the norm
+// kernel_terms families, which read rows and hidden from the parameters of the `norm` family's points
+// (whose inputs are bytes; raw output of every calibration since 2026-11-22 has those parameters).
+std::vector<double> inputs_for(const Record& r, const std::string& f) {
+  if (r.point.family == "norm") {
+    if (const KernelTermsFamily* k = norm_kernel_terms_family(r.point.op); k && k->name == f) {
+      std::vector<double> in;
+      for (const auto& i : k->inputs) in.push_back(r.point.param(i.key));
+      return in;
+    }
+  }
+  return r.point.inputs;
+}
+
 // The prediction the simulator would make for a point (through CostModel).
 double predict(const CostModel& cm, const Record& r, const std::string& f) {
-  const auto& p = r.point;
-  const auto& in = p.inputs;
+  const std::vector<double> in = inputs_for(r, f);
   auto i64 = [](double v) { return static_cast<std::int64_t>(std::llround(v)); };
   if (starts_with(f, "gemm.")) return cm.gemm(i64(in[0]), i64(in[1]), i64(in[2]), dtype_of_family(f), i64(in[3])).value;
   if (starts_with(f, "grouped_gemm.")) {
@@ -92,7 +105,7 @@ void add_points(ProfileBuilder& b, const std::map<std::string, std::vector<const
   for (const Record* r : it->second) {
     Measurement m = r->measurement();
     m.samples_s.clear();  // the raw samples live in the raw output; the profile keeps the statistics
-    b.add_point(family, r->point.inputs, std::move(m));
+    b.add_point(family, inputs_for(*r, family), std::move(m));
   }
 }
 
@@ -248,6 +261,12 @@ CalibrationReport build_report(const std::vector<Record>& records, const BuildOp
     if (r.usable() && (r.point.family == "elementwise" || r.point.family == "norm") &&
         is_memory_kernel_family(r.point.op)) {
       (r.point.held_out ? held : fit)[r.point.op].push_back(&r);
+    }
+    // A norm's points also fit its kernel_terms family by rows and hidden (kernel_terms.hpp).
+    if (r.usable() && r.point.family == "norm") {
+      if (const KernelTermsFamily* k = norm_kernel_terms_family(r.point.op)) {
+        (r.point.held_out ? held : fit)[k->name].push_back(&r);
+      }
     }
   }
 

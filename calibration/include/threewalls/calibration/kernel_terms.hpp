@@ -36,6 +36,9 @@ struct KernelTermsFamily {
   std::string what;   // the launch sequence measured
   std::vector<KernelTermsInput> inputs;
   std::vector<KernelTerm> terms;
+  // Empty: measured by its own points in the calibrate group "kernels". "norm": fits the points of the
+  // `norm` family's op `op` (plan_norm), with inputs from their parameters.
+  std::string points_of = {};
 };
 
 // Every kernel_terms family, in file order.
@@ -54,6 +57,14 @@ inline constexpr std::string_view kEmbeddingBwdFamily = "kernel.embedding_bwd";
 inline constexpr std::string_view kCrossEntropyFwdFamily = "kernel.cross_entropy_fwd";
 inline constexpr std::string_view kCrossEntropyBwdFamily = "kernel.cross_entropy_bwd";
 inline constexpr std::string_view kAdamStepFamily = "kernel.adam_step";
+// Norms by rows and hidden (their points are the `norm` family's: calibrate op norm_<kind>_<dir>).
+inline constexpr std::string_view kRmsnormFwdFamily = "kernel.rmsnorm_fwd";
+inline constexpr std::string_view kRmsnormBwdFamily = "kernel.rmsnorm_bwd";
+inline constexpr std::string_view kLayernormFwdFamily = "kernel.layernorm_fwd";
+inline constexpr std::string_view kLayernormBwdFamily = "kernel.layernorm_bwd";
+// The kernel_terms family whose points are those of the `norm` family's calibrate op `op`
+// ("norm_rmsnorm_fwd" -> kRmsnormFwdFamily); nullptr for any other op.
+const KernelTermsFamily* norm_kernel_terms_family(std::string_view op);
 
 struct KernelTermsModel {
   double overhead_s = 0.0;                 // t0

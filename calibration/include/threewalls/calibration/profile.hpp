@@ -87,9 +87,9 @@ inline constexpr std::string_view kElementwiseFamily = "elementwise";
 inline constexpr std::string_view kNormFamily = "norm";
 // Per-kernel fits of memory-bound kernels, named after the calibration benchmark that measures them
 // (its raw `op`); their points are the pooled family's points of that op.
-inline constexpr std::array<std::string_view, 6> kMemoryKernelFamilies = {
-    "elementwise_add", "elementwise_copy", "elementwise_swiglu", "elementwise_swiglu_bwd",
-    "norm_rmsnorm_fwd", "norm_rmsnorm_bwd"};
+inline constexpr std::array<std::string_view, 8> kMemoryKernelFamilies = {
+    "elementwise_add",  "elementwise_copy", "elementwise_swiglu",  "elementwise_swiglu_bwd",
+    "norm_rmsnorm_fwd", "norm_rmsnorm_bwd", "norm_layernorm_fwd", "norm_layernorm_bwd"};
 [[nodiscard]] inline bool is_memory_kernel_family(std::string_view name) {
   for (std::string_view k : kMemoryKernelFamilies) {
     if (k == name) return true;

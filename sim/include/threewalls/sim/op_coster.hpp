@@ -13,7 +13,8 @@
 //   softmax_topk, permute, unpermute,
 //   embedding, cross_entropy, optimizer   -> fitted_kernel(family, shape) (fitted_kernel_of below);
 //                                            elementwise(bytes) when the profile lacks the family
-//   norm                                  -> norm(bytes)
+//   norm                                  -> fitted_kernel(RMSNorm or LayerNorm family, rows, hidden);
+//                                            else memory_kernel(that kernel, bytes); else norm(bytes)
 //   copy                                  -> copy(direction, bytes)
 //   collective, send/recv                 -> collective_params(kind, bytes, n, scope) (flows on top)
 //   host                                  -> the host costs below
@@ -65,8 +66,8 @@ struct HostCosts {
 };
 
 // The kernel_terms family (calibration/kernel_terms.hpp) and inputs of a softmax_topk, permute,
-// unpermute, embedding, cross_entropy or optimizer op: the launch sequence OpRunner runs for the op's
-// kind and direction, with OpRunner's shape mapping (permute / unpermute: topk = rows / op.tokens
+// unpermute, embedding, cross_entropy, optimizer or norm op (norm: RMSNorm or LayerNorm by op.sub,
+// inputs rows and hidden): the launch sequence OpRunner runs for the op's kind and direction, with OpRunner's shape mapping (permute / unpermute: topk = rows / op.tokens
 // when that divides and is at most 32, else 1). std::logic_error for other kinds.
 struct FittedKernel {
   std::string_view family;
