@@ -1,9 +1,10 @@
 #pragma once
 // Per-kernel fits of the kernels whose time is not a function of bytes alone ("kernel_terms_v1"):
 // the MoE router (softmax + top-k), permute / unpermute (row gathers through an index map),
-// embedding, vocab-parallel cross-entropy and the Adam step. Each family is one backend launch
-// sequence of OpRunner (backend/src/op_runner.cpp) for one op kind and direction, measured by the
-// calibrate group "kernels" (calibration/bench/src/plan.cpp, plan_kernels).
+// embedding, vocab-parallel cross-entropy, the Adam step, and RMSNorm / LayerNorm by rows and hidden.
+// Each family is one backend launch sequence of OpRunner (backend/src/op_runner.cpp) for one op kind
+// and direction, measured by the calibrate group "kernels" (calibration/bench/src/plan.cpp,
+// plan_kernels); the norms' points are those of the group "memory" (plan_norm, `points_of`).
 //
 //   t = t0 + sum_j c_j * prod_{i in F_j} x_i
 //
