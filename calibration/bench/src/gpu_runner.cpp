@@ -194,6 +194,45 @@ constexpr std::size_t kRotationBytes = std::size_t{256} << 20;
 constexpr std::size_t kMaxGemmCopies = 256;
 constexpr std::size_t kMaxGroupedCopies = 16;
 
+// CPU references of one row of the norms (eps 1e-5): forward y, or backward dx from dy.
+std::vector<double> rmsnorm_reference(const std::vector<double>& x, const std::vector<double>& dy,
+                                      const std::vector<double>& g, bool backward) {
+  const double n = static_cast<double>(x.size());
+  double ss = 0.0;
+  for (const double v : x) ss += v * v;
+  const double rs = 1.0 / std::sqrt(ss / n + 1e-5);
+  std::vector<double> want(x.size());
+  double dot = 0.0;
+  for (std::size_t j = 0; j < x.size(); ++j) dot += dy[j] * g[j] * x[j];
+  const double cc = dot * rs * rs * rs / n;
+  for (std::size_t j = 0; j < x.size(); ++j) want[j] = backward ? rs * g[j] * dy[j] - x[j] * cc : x[j] * rs * g[j];
+  return want;
+}
+
+// LayerNorm with beta = gamma (as OpRunner runs it); backward dx = rstd (g dy - mean(g dy) - xhat
+// mean(g dy xhat)).
+std::vector<double> layernorm_reference(const std::vector<double>& x, const std::vector<double>& dy,
+                                        const std::vector<double>& g, bool backward) {
+  const double n = static_cast<double>(x.size());
+  double mu = 0.0;
+  for (const double v : x) mu += v;
+  mu /= n;
+  double var = 0.0;
+  for (const double v : x) var += (v - mu) * (v - mu);
+  const double rs = 1.0 / std::sqrt(var / n + 1e-5);
+  double m1 = 0.0, m2 = 0.0;
+  for (std::size_t j = 0; j < x.size(); ++j) {
+    m1 += g[j] * dy[j] / n;
+    m2 += g[j] * dy[j] * (x[j] - mu) * rs / n;
+  }
+  std::vector<double> want(x.size());
+  for (std::size_t j = 0; j < x.size(); ++j) {
+    const double xh = (x[j] - mu) * rs;
+    want[j] = backward ? rs * (g[j] * dy[j] - m1 - xh * m2) : xh * g[j] + g[j];
+  }
+  return want;
+}
+
 class Rotation {
  public:
   Rotation(const be::DeviceBuffer& buf, std::size_t bytes, std::size_t run_bytes,
@@ -458,84 +497,39 @@ class GpuRunner final : public PointRunner {
         log.expect_near(download_bf16(c, e + j, 1)[0], dup, 0.01 * std::fabs(dup) + 1e-3, "d up " + std::to_string(j));
       }
       r.check = log.passed();
-    } else if (op == "norm_layernorm_fwd" || op == "norm_layernorm_bwd") {
-      // As OpRunner runs LayerNorm: gamma and beta are the same values (one buffer, real reads).
+    } else {
+      // RMSNorm or LayerNorm as OpRunner runs them (LayerNorm: gamma and beta are one buffer).
+      const bool ln = op.rfind("norm_layernorm", 0) == 0;
+      const bool bwd = op == "norm_rmsnorm_bwd" || op == "norm_layernorm_bwd";
       const std::int64_t rows = r.point.iparam("rows"), h = r.point.iparam("hidden");
       auto* gamma = buf_[3].as<be::bf16>();
       auto* rstd = buf_[4].as<float>();
+      auto* dgamma = buf_[5].as<float>();  // LayerNorm: dbeta follows at + h
       auto* mean = buf_[6].as<float>();
-      auto* dgamma = buf_[5].as<float>();
-      be::layernorm_fwd(a, gamma, gamma, c, mean, rstd, rows, h, 1e-5F, s());  // mean, rstd for the backward
-      const bool bwd = op == "norm_layernorm_bwd";
-      if (bwd) {
+      auto forward = [&](cudaStream_t st) {
+        if (ln) {
+          be::layernorm_fwd(a, gamma, gamma, c, mean, rstd, rows, h, 1e-5F, st);
+        } else {
+          be::rmsnorm_fwd(a, gamma, c, rstd, rows, h, 1e-5F, st);
+        }
+      };
+      forward(s());  // the statistics the backward reads
+      if (bwd && ln) {
         device([&](cudaStream_t st) { be::layernorm_bwd(b, a, gamma, mean, rstd, c, dgamma, dgamma + h, rows, h, st); },
                true, rule, r);
+      } else if (bwd) {
+        device([&](cudaStream_t st) { be::rmsnorm_bwd(b, a, gamma, rstd, c, dgamma, rows, h, st); }, true, rule, r);
       } else {
-        device([&](cudaStream_t st) { be::layernorm_fwd(a, gamma, gamma, c, mean, rstd, rows, h, 1e-5F, st); }, true,
-               rule, r);
+        device(forward, true, rule, r);
       }
       TW_CUDA_CHECK(cudaStreamSynchronize(s()));
-      CheckLog log(bwd ? "LayerNorm backward dx of a row (relative L2)" : "LayerNorm forward of a row (relative L2)");
+      CheckLog log(std::string(ln ? "LayerNorm" : "RMSNorm") + (bwd ? " backward dx" : " forward") +
+                   " of a row (relative L2)");
       const auto g = download_bf16(gamma, 0, h);
       for (const std::int64_t row : {std::int64_t{0}, rows - 1}) {
         const auto x = download_bf16(a, row * h, h);
         const auto dy = download_bf16(b, row * h, h);
-        const double n = static_cast<double>(h);
-        double mu = 0.0;
-        for (const double v : x) mu += v;
-        mu /= n;
-        double var = 0.0;
-        for (const double v : x) var += (v - mu) * (v - mu);
-        const double rs = 1.0 / std::sqrt(var / n + 1e-5);
-        std::vector<double> want(sz(h));
-        if (bwd) {
-          // dx = rstd (g dy - mean(g dy) - xhat mean(g dy xhat))
-          double m1 = 0.0, m2 = 0.0;
-          for (std::int64_t j = 0; j < h; ++j) {
-            m1 += g[sz(j)] * dy[sz(j)];
-            m2 += g[sz(j)] * dy[sz(j)] * (x[sz(j)] - mu) * rs;
-          }
-          m1 /= n;
-          m2 /= n;
-          for (std::int64_t j = 0; j < h; ++j) {
-            want[sz(j)] = rs * (g[sz(j)] * dy[sz(j)] - m1 - (x[sz(j)] - mu) * rs * m2);
-          }
-        } else {
-          for (std::int64_t j = 0; j < h; ++j) want[sz(j)] = (x[sz(j)] - mu) * rs * g[sz(j)] + g[sz(j)];
-        }
-        log.expect_near(detail::rel_l2(download_bf16(c, row * h, h), want), 0.0, 0.02, "row " + std::to_string(row));
-      }
-      r.check = log.passed();
-    } else {
-      const std::int64_t rows = r.point.iparam("rows"), h = r.point.iparam("hidden");
-      auto* gamma = buf_[3].as<be::bf16>();
-      auto* rstd = buf_[4].as<float>();
-      be::rmsnorm_fwd(a, gamma, c, rstd, rows, h, 1e-5F, s());  // rstd for the backward
-      const bool bwd = op == "norm_rmsnorm_bwd";
-      if (bwd) {
-        device([&](cudaStream_t st) { be::rmsnorm_bwd(b, a, gamma, rstd, c, buf_[5].as<float>(), rows, h, st); }, true,
-               rule, r);
-      } else {
-        device([&](cudaStream_t st) { be::rmsnorm_fwd(a, gamma, c, rstd, rows, h, 1e-5F, st); }, true, rule, r);
-      }
-      TW_CUDA_CHECK(cudaStreamSynchronize(s()));
-      CheckLog log(bwd ? "RMSNorm backward dx of a row (relative L2)" : "RMSNorm forward of a row (relative L2)");
-      const auto g = download_bf16(gamma, 0, h);
-      for (const std::int64_t row : {std::int64_t{0}, rows - 1}) {
-        const auto x = download_bf16(a, row * h, h);
-        const auto dy = download_bf16(b, row * h, h);
-        double ss = 0.0;
-        for (const double v : x) ss += v * v;
-        const double rs = 1.0 / std::sqrt(ss / static_cast<double>(h) + 1e-5);
-        std::vector<double> want(sz(h));
-        if (bwd) {
-          double dot = 0.0;
-          for (std::int64_t j = 0; j < h; ++j) dot += dy[sz(j)] * g[sz(j)] * x[sz(j)];
-          const double cc = dot * rs * rs * rs / static_cast<double>(h);
-          for (std::int64_t j = 0; j < h; ++j) want[sz(j)] = rs * g[sz(j)] * dy[sz(j)] - x[sz(j)] * cc;
-        } else {
-          for (std::int64_t j = 0; j < h; ++j) want[sz(j)] = x[sz(j)] * rs * g[sz(j)];
-        }
+        const auto want = ln ? layernorm_reference(x, dy, g, bwd) : rmsnorm_reference(x, dy, g, bwd);
         log.expect_near(detail::rel_l2(download_bf16(c, row * h, h), want), 0.0, 0.02, "row " + std::to_string(row));
       }
       r.check = log.passed();
