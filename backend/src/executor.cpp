@@ -766,12 +766,16 @@ class RankWorker {
       throw SystemError(who() + "injected failure (--inject-fault) in " + where);
     }
     // Peers notice the hang by their timeout and stop the run; a run without peers (one rank) has
-    // nobody to notice, so the hung rank gives up after the same timeout.
+    // nobody to notice, so the hung rank gives up itself, after twice the timeout: a peer's clock
+    // starts at its own last progress, a little later than this one, and on a loaded host the hung
+    // rank gave up first with the same timeout, so the run's error named the hang instead of the
+    // peer that noticed it.
     const auto start = SteadyClock::now();
+    const auto give_up = 2 * st_->options.timeout;
     while (!st_->stop.load()) {
-      if (SteadyClock::now() - start > st_->options.timeout) {
+      if (SteadyClock::now() - start > give_up) {
         throw SystemError(who() + "injected hang (--inject-fault) in " + where + ": nobody stopped the run within " +
-                          seconds_text(st_->options.timeout));
+                          seconds_text(give_up));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
