@@ -176,11 +176,8 @@ Seconds CostModelCoster::kernel_time(const Op& op) const {
       // 2026-11-27 have neither LayerNorm fit nor any rows x hidden fit).
       const FittedKernel fk = fitted_kernel_of(op);
       if (const auto t = model_.fitted_kernel(fk.family, fk.inputs)) return *t;
-      const bool bwd = (op.flags & scenarios::kBackward) != 0;
-      if (op.norm_kind() == scenarios::NormKind::rmsnorm) {
-        return model_.memory_kernel(bwd ? "norm_rmsnorm_bwd" : "norm_rmsnorm_fwd", Bytes(op.bytes));
-      }
-      return model_.memory_kernel(bwd ? "norm_layernorm_bwd" : "norm_layernorm_fwd", Bytes(op.bytes));
+      // The bytes fit of the same kernel is named after its calibrate op (the family's `op`).
+      return model_.memory_kernel(calibration::find_kernel_terms_family(fk.family)->op, Bytes(op.bytes));
     }
     case OpKind::softmax_topk:
     case OpKind::permute:
