@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# GPU validation of the executor (results: docs/validation/executor_*.md). One GPU (H100/H200).
+# GPU validation of the executor (summary: docs/validation/executor_*.md; raw output: OUT_DIR, e.g. under
+# the untracked results/). One GPU (H100/H200).
 #   bench/executor_gpu_validation.sh BIN_DIR OUT_DIR
 # BIN_DIR holds threewalls, profiler_overhead, threewalls_cuda_loop_example and lib/ (shared
 # libraries the GPU machine may lack). Writes OUT_DIR/executor_gpu.log and OUT_DIR/run_dirs.tgz.
 set -uo pipefail
 BIN=$(cd "$1" && pwd)
 OUT=$2
+. "$(dirname "$0")/../scripts/results_dir.sh"
+refuse_tracked_out "$OUT"
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
 # Only the carried libraries the machine lacks (system copies of zlib, udev, ... stay in charge).

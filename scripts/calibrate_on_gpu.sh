@@ -10,8 +10,9 @@
 #       On the GPU machine, from the repository root: records the environment (date, nvidia-smi, topology)
 #       in OUT_DIR/env.txt, runs the GPU tests of the driver (OUT_DIR/gpu_tests.txt), then
 #       `threewalls calibrate --out OUT_DIR/<kind>.toml --raw-out OUT_DIR/raw <options>` (OUT_DIR/calibrate.txt).
-#       The lead copies OUT_DIR/<kind>.toml to calibration/profiles/<kind>.toml and the outputs to
-#       docs/validation/calibration_<kind>_<date>.md.
+#       The lead copies OUT_DIR/<kind>.toml to calibration/profiles/<kind>.toml and summarizes the outputs
+#       in docs/validation/calibration_<kind>_<date>.md; OUT_DIR itself stays outside the tracked tree
+#       (results/, untracked).
 # Environment: CALIBRATE_TIMEOUT (seconds, default 420), TESTS_TIMEOUT (default 150).
 set -u
 mode=${1:?"usage: $0 pack BUILD_DIR CARRY_DIR | run CARRY_DIR OUT_DIR [options]"}
@@ -45,6 +46,8 @@ fi
 [ "$mode" = run ] || { echo "unknown mode '$mode': use pack or run"; exit 2; }
 carry=${1:?CARRY_DIR}
 out=${2:?OUT_DIR}
+. "$(dirname "$0")/results_dir.sh"
+refuse_tracked_out "$out"
 shift 2
 export NCCL_NVLS_ENABLE=0   # NVLink multicast off (see the device notes); recorded in env.txt
 . "$(dirname "$0")/carried_libs.sh"

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU validation batch, run from the repository root of a GPU machine with prebuilt binaries.
-# Results go to docs/validation/ (GPU kind, date, command and raw output), since CI has no GPU.
+# Raw output goes to OUT_DIR, under the untracked results/ folder (e.g. results/<batch>/<part>); the batch is
+# summarized in docs/validation/gpu_batch_<date>.md (GPU kind, date, commands, figures and the sha256 of each
+# archive), since CI has no GPU.
 #
 #   scripts/gpu_batch.sh PART BIN_DIR OUT_DIR [PROFILE]
 #
@@ -27,6 +29,8 @@ PART=${1:?PART}
 BIN=$(cd "${2:?BIN_DIR}" && pwd)
 OUT=${3:?OUT_DIR}
 PROFILE=${4:-}
+. "$(dirname "$0")/results_dir.sh"
+refuse_tracked_out "$OUT"
 # Scenario-relative lookup would resolve a relative profile path against each scenario's folder.
 [ -n "$PROFILE" ] && PROFILE=$(realpath "$PROFILE")
 mkdir -p "$OUT"

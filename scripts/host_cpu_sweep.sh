@@ -20,6 +20,8 @@ OUT=${2:?OUT_DIR}
 SC=${3:-scenarios/validation/host_overhead/switch_d1024_t1k_sequential_none.toml}
 ROUNDS=${4:-2}
 UNPINNED=${5:-8}
+. "$(dirname "$0")/results_dir.sh"
+refuse_tracked_out "$OUT"
 mkdir -p "$OUT"
 . "$(dirname "$0")/carried_libs.sh"
 link_carried_libs "$BIN" "$BIN"/threewalls
