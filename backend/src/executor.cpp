@@ -20,6 +20,7 @@
 #include "threewalls/profiler/record_sink.hpp"
 #include "threewalls/profiler/run_dir.hpp"
 #include "threewalls/profiler/step_recorder.hpp"
+#include "threewalls/scenarios/stepper.hpp"
 
 namespace threewalls::backend {
 
@@ -1167,10 +1168,11 @@ RunResult execute(const scenarios::Scenario& s, const ProcessContext& process, c
   }
 
   // Graphs: one for training; per step for inference (the same index as the simulator's steps).
-  auto g0 = std::make_shared<const StepGraph>(scenarios::expand(s, 0));
+  scenarios::Stepper stepper(s);
+  auto g0 = std::make_shared<const StepGraph>(stepper.expand(0));
   st->graphs.push_back(g0);
   if (g0->varies_per_step) {
-    for (int k = 1; k < std::max(warmup, steps); ++k) st->graphs.push_back(std::make_shared<const StepGraph>(scenarios::expand(s, k)));
+    for (int k = 1; k < std::max(warmup, steps); ++k) st->graphs.push_back(std::make_shared<const StepGraph>(stepper.expand(k)));
   }
   for (int it = 0; it < warmup + steps; ++it) {
     const int k = it < warmup ? it : it - warmup;

@@ -9,7 +9,6 @@
 #include <cmath>
 #include <limits>
 #include <memory>
-#include <mutex>
 #include <numeric>
 #include <string>
 #include <string_view>
@@ -19,6 +18,7 @@
 #include "threewalls/core/error.hpp"
 #include "threewalls/scenarios/routing.hpp"
 #include "threewalls/scenarios/step_graph.hpp"
+#include "threewalls/scenarios/stepper.hpp"
 
 namespace threewalls::scenarios {
 namespace detail {
@@ -1522,22 +1522,13 @@ StepGraph expand_training(const Scenario& s) {
   return g;
 }
 
-StepGraph expand(const Scenario& s, int step) {
-  if (s.train) {
-    StepGraph g = expand_training(s);
-    g.step = step;
-    return g;
-  }
-  return expand_inference(s, step);
-}
-
 }  // namespace threewalls::scenarios
 
 // =============================================================================================
 // Inference: a prefill step then decode steps, cycling (step k: position k mod (1 + generate_tokens)).
 // =============================================================================================
 namespace threewalls::scenarios {
-namespace {
+namespace detail {
 
 // Per-layer GPU expert cache with LRU or LFU eviction (ties broken by expert id).
 class ExpertCache {
@@ -1595,6 +1586,11 @@ class ExpertCache {
   CachePolicy policy_;
   std::vector<std::vector<Entry>> entries_;
 };
+
+}  // namespace detail
+namespace {
+
+using detail::ExpertCache;
 
 std::vector<int> activated(const std::vector<int>& counts, int first, int count) {
   std::vector<int> out;
@@ -1910,63 +1906,54 @@ void build_inference_class(const Ctx& c, int ep_rank, const RoutingSampler::Step
 }
 
 
-// The routing sampler and the expert cache evolve step by step; expanding step k replays steps 0..k.
-// A memo of the last replayed state (per scenario identity) makes a run's consecutive steps linear.
-struct InferenceReplay {
-  std::string key;
-  int step = -1;  // the step whose choices are in `choices`; the cache holds steps < step
+}  // namespace
+
+namespace detail {
+
+// What an inference step depends on from the steps before it: the routing sampler's state, the
+// expert cache after every earlier step's activations, and this step's routing choices.
+struct InferenceState {
+  explicit InferenceState(const Scenario& s)
+      : sampler(s),
+        cache(s.model.num_layers, s.infer->expert_offload.enabled ? s.infer->expert_offload.cache_experts_per_layer : 0,
+              s.infer->expert_offload.policy) {
+    cache.warm(s.model.num_layers);
+  }
+
+  // Advances to `target` (>= step): the cache takes in each step's activations before the next
+  // step's choices are drawn.
+  void advance_to(const Scenario& s, int target) {
+    const auto& inf = *s.infer;
+    const int cycle = 1 + inf.generate_tokens;
+    for (int k = step + 1; k <= target; ++k) {
+      if (k > 0 && s.model.is_moe()) {
+        for (int l = 0; l < s.model.num_layers; ++l) {
+          if (!s.model.layer_is_moe(l)) continue;
+          cache.use(l, activated(choices.tokens_per_expert(l, s.model.num_experts), 0, s.model.num_experts), clock++);
+        }
+      }
+      const bool prefill = k % cycle == 0;
+      const int tokens = prefill ? inf.batch_size * inf.prompt_length : inf.batch_size;
+      choices = sampler.next_step(tokens, inf.batch_size, !prefill);
+      step = k;
+    }
+  }
+
+  int step = -1;  // the step whose choices are in `choices`; the cache holds the steps before it
   RoutingSampler sampler;
   ExpertCache cache;
   RoutingSampler::StepChoices choices;
   std::uint64_t clock = 1;
 };
 
-void replay_to(const Scenario& s, InferenceReplay& r, int step) {
+}  // namespace detail
+namespace {
+
+StepGraph expand_inference(const Scenario& s, int step, const detail::InferenceState& state) {
   const auto& inf = *s.infer;
   const int cycle = 1 + inf.generate_tokens;
-  const int layers = s.model.num_layers;
-  for (int k = r.step + 1; k <= step; ++k) {
-    if (k > 0 && s.model.is_moe()) {
-      for (int l = 0; l < layers; ++l) {
-        if (!s.model.layer_is_moe(l)) continue;
-        r.cache.use(l, activated(r.choices.tokens_per_expert(l, s.model.num_experts), 0, s.model.num_experts), r.clock++);
-      }
-    }
-    const bool prefill = k % cycle == 0;
-    const int tokens = prefill ? inf.batch_size * inf.prompt_length : inf.batch_size;
-    r.choices = r.sampler.next_step(tokens, inf.batch_size, !prefill);
-    r.step = k;
-  }
-}
-
-}  // namespace
-
-StepGraph expand_inference(const Scenario& s, int step) {
-  const auto& inf = *s.infer;
-  const int cycle = 1 + inf.generate_tokens;
-  const int layers = s.model.num_layers;
-  const auto& off = inf.expert_offload;
-  const std::string key = s.source_path + "|" + s.content_hash + "|" + std::to_string(s.run.seed);
-  static std::mutex memo_mutex;
-  static std::unique_ptr<InferenceReplay> memo;
-  std::unique_ptr<InferenceReplay> state;
-  {
-    std::lock_guard<std::mutex> lock(memo_mutex);
-    if (memo && memo->key == key && memo->step <= step) state = std::make_unique<InferenceReplay>(*memo);
-  }
-  if (!state) {
-    state.reset(new InferenceReplay{key, -1, RoutingSampler(s),
-                                    ExpertCache(layers, off.enabled ? off.cache_experts_per_layer : 0, off.policy),
-                                    {}, 1});
-    state->cache.warm(layers);
-  }
-  replay_to(s, *state, step);
-  {
-    std::lock_guard<std::mutex> lock(memo_mutex);
-    memo = std::make_unique<InferenceReplay>(*state);
-  }
-  const RoutingSampler::StepChoices& choices = state->choices;
-  const ExpertCache& cache = state->cache;
+  const RoutingSampler::StepChoices& choices = state.choices;
+  const ExpertCache& cache = state.cache;
   const int pos = step % cycle;
   const bool prefill = pos == 0;
   const Ctx c(s, inf.batch_size, prefill ? inf.prompt_length : 1,
@@ -2001,5 +1988,26 @@ StepGraph expand_inference(const Scenario& s, int step) {
   g.model_flops = flops;
   return g;
 }
+
+}  // namespace
+
+Stepper::Stepper(const Scenario& s)
+    : scenario_(s), inference_(s.train ? nullptr : std::make_unique<detail::InferenceState>(s)) {}
+Stepper::~Stepper() = default;
+Stepper::Stepper(Stepper&&) noexcept = default;
+Stepper& Stepper::operator=(Stepper&&) noexcept = default;
+
+StepGraph Stepper::expand(int step) {
+  if (!inference_) {
+    StepGraph g = expand_training(scenario_);
+    g.step = step;
+    return g;
+  }
+  if (inference_->step > step) *inference_ = detail::InferenceState(scenario_);
+  inference_->advance_to(scenario_, step);
+  return expand_inference(scenario_, step, *inference_);
+}
+
+StepGraph expand(const Scenario& s, int step) { return Stepper(s).expand(step); }
 
 }  // namespace threewalls::scenarios

@@ -12,7 +12,6 @@
 namespace threewalls::scenarios {
 
 StepGraph expand_training(const Scenario& s);
-StepGraph expand_inference(const Scenario& s, int step);
 
 namespace detail {
 

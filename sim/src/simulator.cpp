@@ -15,6 +15,7 @@
 #include "threewalls/profiler/run_dir.hpp"
 #include "threewalls/profiler/sampling.hpp"
 #include "threewalls/scenarios/layout.hpp"
+#include "threewalls/scenarios/stepper.hpp"
 #include "threewalls/sim/simgrid_network.hpp"
 
 namespace threewalls::sim {
@@ -161,7 +162,9 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   const int steps = opt.steps >= 0 ? opt.steps : s.run.steps;
   if (steps < 1) throw InputError("sim: --steps must be at least 1 (got " + std::to_string(steps) + ")");
 
-  StepGraph first = scenarios::expand(s, 0);
+  // The run's steps in order: an inference step's routing and expert cache follow from the steps before it.
+  scenarios::Stepper stepper(s);
+  StepGraph first = stepper.expand(0);
   const bool per_step = first.varies_per_step;
   result.model_flops_per_step = first.model_flops;
   result.tokens_per_step = first.tokens;
@@ -319,7 +322,7 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
       StepGraph expanded;
       const StepGraph* g = &first;
       if (per_step && step > 0) {
-        expanded = scenarios::expand(s, step);
+        expanded = stepper.expand(step);
         g = &expanded;
       }
       // Slowdowns of this step.
