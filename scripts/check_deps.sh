@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checks the library dependency graph of DESIGN.md §2 on the sources: which threewalls libraries and
+# Checks the library dependency graph of docs/architecture.md on the sources: which threewalls libraries and
 # which third-party headers each folder may include. Exit 1 (and a line per violation) otherwise.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"

@@ -7,8 +7,8 @@ Run on a GPU machine with PyTorch, one process per GPU:
 Prints, on rank 0, one line per (collective, size): the mean time of --iters back-to-back calls timed
 with CUDA events after --warmup calls, the algorithm bandwidth S/t and the bus bandwidth with
 nccl-tests' factors (all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n), where S is
-the nccl-tests size (the whole buffer of one rank, bf16). It measures what DESIGN.md section 4's
-NCCL facts measure, on the machine at hand, so the calibration's peaks can be compared with the
+the nccl-tests size (the whole buffer of one rank, bf16). It measures what the NCCL reference facts
+(docs/architecture.md, "Reference facts") measure, on the machine at hand, so the calibration's peaks can be compared with the
 best rate that machine gives through another caller of the same library.
 """
 import argparse

@@ -1,4 +1,4 @@
-// Synthetic default profiles from DESIGN.md §4 (facts measured on H100/H200 machines, 2026-11) and
+// Synthetic default profiles from the reference facts of docs/architecture.md (measured on H100/H200 machines) and
 // datasheet ceilings. Where the facts table has no number, an explicit assumption is made here and
 // repeated in the family's note in the written profile. Nothing is measured on the build machine.
 #include "default_profiles.hpp"
@@ -26,7 +26,7 @@ struct Facts {
   double memory_clock_mhz;
   std::int64_t memory_bytes;
   double hbm_datasheet;  // bytes/s
-  double hbm_copy_rw;    // measured HBM copy bandwidth, read + write, bytes/s (DESIGN.md §4)
+  double hbm_copy_rw;    // measured HBM copy bandwidth, read + write, bytes/s (docs/architecture.md)
   // Throughput of this GPU relative to the H200 on compute-bound kernels: 1 for the H200; for the
   // H100 the ratio of the middles of the large-shape GEMM ranges, (670+740)/2 / ((770+890)/2).
   double compute_ratio;
@@ -90,7 +90,7 @@ void add_copies(ProfileBuilder& b, const Facts& f) {
   const auto pcie_sizes = sizes(4 * kKiB, 1 * kGiB, 4);
   add_linear_family(b, std::string(kElementwiseFamily), 2.5e-6, f.hbm_copy_rw, hbm_sizes,
                     "bandwidth: HBM copy read+write " + std::to_string(static_cast<int>(f.hbm_copy_rw / 1e9)) +
-                        " GB/s (fact, DESIGN.md §4); latency 2.5 us (assumption: shortest kernel duration)");
+                        " GB/s (fact, docs/architecture.md); latency 2.5 us (assumption: shortest kernel duration)");
   add_linear_family(
       b, std::string(kNormFamily), 3.0e-6, 0.8 * f.hbm_copy_rw, hbm_sizes,
       "bandwidth: 80% of the HBM copy fact (assumption: norms reduce across the row); latency 3 us (assumption)");
@@ -120,12 +120,12 @@ void add_copies(ProfileBuilder& b, const Facts& f) {
                     "bytes copied at half the HBM copy read+write fact (a copy reads and writes each byte); latency "
                     "2.5 us (assumption)");
   const std::string pinned_note =
-      "bandwidth: PCIe pinned 55 GB/s for >= 16 MiB (fact, DESIGN.md §4); latency 3 us (assumption: DMA setup)";
+      "bandwidth: PCIe pinned 55 GB/s for >= 16 MiB (fact, docs/architecture.md); latency 3 us (assumption: DMA setup)";
   add_linear_family(b, copy_family(CopyDirection::h2d_pinned), 3e-6, 55e9, pcie_sizes, pinned_note);
   add_linear_family(b, copy_family(CopyDirection::d2h_pinned), 3e-6, 55e9, pcie_sizes, pinned_note);
   add_linear_family(
       b, copy_family(CopyDirection::h2d_pageable), 10e-6, 16e9, pcie_sizes,
-      "bandwidth: pageable H2D ~16 GB/s (fact on H200, DESIGN.md §4); latency 10 us (assumption: staging)");
+      "bandwidth: pageable H2D ~16 GB/s (fact on H200, docs/architecture.md); latency 10 us (assumption: staging)");
   add_linear_family(
       b, copy_family(CopyDirection::d2h_pageable), 10e-6, 16e9, pcie_sizes,
       "no fact for D2H pageable: assumed equal to the H2D pageable fact (16 GB/s); latency 10 us (assumption)");
@@ -151,7 +151,7 @@ void add_gemm_bf16(ProfileBuilder& b, const Facts& f) {
            {4096, 4096, 4096, 770},
            {8192, 8192, 8192, 890}};
     note =
-        "facts (H200, DESIGN.md §4): 208 / 667 TFLOP/s at K=2048 N=1408 M=1024 / 16384; 768x1408x2048 from a loop of "
+        "facts (H200, docs/architecture.md): 208 / 667 TFLOP/s at K=2048 N=1408 M=1024 / 16384; 768x1408x2048 from a loop of "
         "64 "
         "GEMMs taking 1.85 ms; the large-shape range 770-890 TFLOP/s placed at 4096^3 (770) and 8192^3 (890)";
   } else {
@@ -161,7 +161,7 @@ void add_gemm_bf16(ProfileBuilder& b, const Facts& f) {
       pts.push_back({p.m, p.n, p.k, p.tflops * f.compute_ratio});
     }
     note =
-        "facts (H100, DESIGN.md §4): large-shape range 670-740 TFLOP/s placed at 4096^3 (670) and 8192^3 (740); the "
+        "facts (H100, docs/architecture.md): large-shape range 670-740 TFLOP/s placed at 4096^3 (670) and 8192^3 (740); the "
         "three "
         "K=2048 N=1408 points are the H200 facts scaled by 705/830 (ratio of the large-shape range middles)";
   }
@@ -178,7 +178,7 @@ void add_grouped_bf16(ProfileBuilder& b, const Facts& f) {
   b.set_note(
       grouped_gemm_family(Dtype::bf16),
       f.kind == "h200"
-          ? "fact (H200, DESIGN.md §4): 64 experts x 768 tokens (torch._grouped_mm) 0.49 ms; taken as N=1408 K=2048 "
+          ? "fact (H200, docs/architecture.md): 64 experts x 768 tokens (torch._grouped_mm) 0.49 ms; taken as N=1408 K=2048 "
             "(the shape of the GEMM facts); one point, so only e_max is fitted and leave-one-out is not available"
           : "the H200 fact (64 experts x 768 tokens, N=1408 K=2048, 0.49 ms) scaled by 705/830; one point, so only "
             "e_max is fitted and leave-one-out is not available");
@@ -333,7 +333,7 @@ void add_collective_curve(ProfileBuilder& b, CollectiveKind kind, Scope scope, i
 }
 
 void add_collectives(ProfileBuilder& b, const Facts& f) {
-  // NVLink: facts at 1 GiB for 2 and 4 GPUs (H200 x2/x4, NVLink NV18, DESIGN.md §4).
+  // NVLink: facts at 1 GiB for 2 and 4 GPUs (H200 x2/x4, NVLink NV18, docs/architecture.md).
   const double ar[2] = {321e9, 355e9};
   const double a2a[2] = {320e9, 336e9};
   const int nv_n[2] = {2, 4};
@@ -386,7 +386,7 @@ void add_host(ProfileBuilder& b) {
     const char* note;
   };
   const HostCost costs[] = {
-      {"kernel_launch", 3.7e-6, "fact: C++ runtime kernel launch 3.7 us (H100, DESIGN.md §4)"},
+      {"kernel_launch", 3.7e-6, "fact: C++ runtime kernel launch 3.7 us (H100, docs/architecture.md)"},
       {"framework_op", 11.8e-6,
        "derived: PyTorch eager op launch 15.5 us (H200 fact) minus the 3.7 us C++ kernel launch"},
       {"event_record", 2.0e-6, "no fact: 2 us assumed"},
@@ -394,7 +394,7 @@ void add_host(ProfileBuilder& b) {
       {"gpu_read", 15.2e-6,
        "derived: launch of the copy 3.7 us + stream sync 8.5 us + 3 us PCIe copy latency (assumed)"},
       {"graph_launch", 3.7e-6, "no fact: assumed equal to one kernel launch (3.7 us)"},
-      {"graph_node", 1.0e-6, "fact: ~1 us per graph node (H100, DESIGN.md §4)"},
+      {"graph_node", 1.0e-6, "fact: ~1 us per graph node (H100, docs/architecture.md)"},
       {"collective_launch", 5.0e-6, "no fact: 5 us assumed (kernel launch plus NCCL enqueue bookkeeping)"},
       {"timing_marker", 1.6e-6,
        "fact: calibration/tools/timed_op_gap.cu, 1.63 us per marker on the H100 host of 2026-11-22 (2.83 us on "
@@ -419,7 +419,7 @@ void add_concurrency(ProfileBuilder& b) {
   b.set_note(
       std::string(kConcurrencyFamily),
       "no facts: speed-up min(n, 1/f)^e(n) with e = 0.85, 0.75, 0.6 for 2, 4, 8 streams assumed (kernels of 20 us). "
-      "The 20-68% slow-down of experts on separate streams (DESIGN.md §5) is launch overhead and tiny GEMMs, which the "
+      "The 20-68% slow-down of experts on separate streams (docs/architecture.md) is launch overhead and tiny GEMMs, which the "
       "simulator adds itself, not this factor");
 }
 

@@ -11,7 +11,7 @@
 #include "threewalls/core/error.hpp"
 
 int main(int argc, char** argv) {
-  CLI::App app{"Generate the synthetic default calibration profiles from DESIGN.md §4 facts"};
+  CLI::App app{"Generate the synthetic default calibration profiles from the reference facts of docs/architecture.md"};
   std::string out_dir;
   bool check = false;
   app.add_option("--out-dir", out_dir, "folder to write default_h100.toml and default_h200.toml into")->required();

@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
     cudaEvent_t copied = nullptr;
     check(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming), "cudaEventCreate");
 
-    // 1. The knobs of DESIGN.md §3.
+    // 1. The sampling knobs (docs/profiler.md).
     tp::cuda::ProfilerOptions o;
     o.out_dir = argv[1];
     o.sampling.record_every_n_steps = argc > 3 ? std::stoi(argv[3]) : 5;

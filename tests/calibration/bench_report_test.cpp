@@ -1,7 +1,7 @@
 // From records to a profile (calibration/bench/report.hpp): fits recover known parameters from
 // noisy synthetic measurements, held-out points are scored through the CostModel, families that
 // cannot be measured or fitted are copied from the default profile and say so, peak figures are
-// compared with DESIGN.md §4.
+// compared with the reference facts (docs/architecture.md).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -231,13 +231,13 @@ TEST(CalibrationReport, PeakFiguresStandNextToTheDesignReferences) {
       gemm = true;
       EXPECT_DOUBLE_EQ(p.measured, best);
       EXPECT_EQ(p.reference, 740.0);
-      EXPECT_NE(p.reference_text.find("670-740 (DESIGN.md §4, H100)"), std::string::npos);
+      EXPECT_NE(p.reference_text.find("670-740 (reference facts, H100)"), std::string::npos);
       EXPECT_DOUBLE_EQ(p.ratio(), best / 740.0);
       EXPECT_EQ(p.reference_low, 670.0);
     }
     if (p.what == "NCCL all_reduce busbw at 1 GiB, 2 GPUs") {
       ar2 = true;
-      EXPECT_EQ(p.reference, 0.0);  // DESIGN.md §4 has no H100 NCCL figure
+      EXPECT_EQ(p.reference, 0.0);  // the reference facts have no H100 NCCL figure
       EXPECT_GT(p.measured, 200.0);
     }
   }

@@ -1177,7 +1177,7 @@ class GpuRunner final : public PointRunner {
       r.check = "passed: the recorded event completed after the stream synchronised";
     } else if (what == "stream_sync") {
       // Host time of cudaStreamSynchronize right after launching a (counting, empty) kernel: the wait
-      // for a trivial kernel plus the wake-up (DESIGN.md §4's "stream sync after launch").
+      // for a trivial kernel plus the wake-up (the reference fact "stream sync after launch", docs/architecture.md).
       const Sampling smp = sample_until(rule, clock_, [&] {
         double t = 0.0;
         for (int i = 0; i < 20; ++i) {

@@ -200,7 +200,7 @@ std::vector<PeakFigure> peak_figures(const std::vector<Record>& records, const s
     return b;
   };
   auto refs = [&](double v, const std::string& text) {
-    return v > 0.0 ? text + " (DESIGN.md §4, " + kind_up + ")" : std::string("none in DESIGN.md §4 for ") + kind_up;
+    return v > 0.0 ? text + " (reference facts, " + kind_up + ")" : std::string("no reference fact for ") + kind_up;
   };
   if (auto [r, v] = best("gemm_bf16", [](const Record& x) { return x.point.flops / x.median_s() / 1e12; }); r) {
     out.push_back({"bf16 GEMM, best grid point", "TFLOP/s", v, r->point.label(), ref.gemm_bf16_tflops,

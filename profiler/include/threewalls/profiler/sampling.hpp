@@ -1,5 +1,5 @@
 #pragma once
-// Which steps and ranks the profiler records, and when it writes to disk (DESIGN.md "Profiler knobs";
+// Which steps and ranks the profiler records, and when it writes to disk (docs/architecture.md, "Profiler knobs";
 // scenario keys run.profiler.*). The policy is pure arithmetic on step and rank numbers, so an
 // executor can ask it in its hot loop and a disabled profiler costs one branch.
 #include <cstdint>

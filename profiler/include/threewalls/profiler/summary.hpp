@@ -31,7 +31,7 @@ Aggregate aggregate(std::vector<double>& values);
 // Percentile q in [0, 1] of a sorted sample (linear interpolation, as above).
 double percentile_sorted(std::span<const double> sorted, double q);
 
-// The coarse view of one step (DESIGN.md), milliseconds as in the file.
+// The coarse view of one step (docs/formats/run_dir.md), milliseconds as in the file.
 struct CoarseStep {
   double host_to_device_ms = 0.0;    // max over ranks of the summed input-copy ops (coarse host_to_device)
   double training_step_ms = 0.0;     // the step time

@@ -5,7 +5,7 @@
 //   namespace tp = threewalls::profiler;
 //   tp::cuda::ProfilerOptions o;
 //   o.out_dir = "run1"; o.rank = rank; o.world_size = world;
-//   o.sampling.record_every_n_steps = 10;            // the knobs of DESIGN.md §3
+//   o.sampling.record_every_n_steps = 10;            // the sampling knobs: docs/profiler.md
 //   tp::cuda::Profiler prof(o);
 //   const auto fwd = prof.phase_id("forward");
 //   for (int step = 0; step < steps; ++step) {

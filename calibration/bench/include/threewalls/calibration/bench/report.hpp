@@ -7,7 +7,7 @@
 //   * families this machine did not measure can be copied from another profile (the shipped
 //     synthetic default of the GPU kind); their note then starts with "NOT MEASURED on this machine";
 //   * peak figures (large bf16 GEMM, NCCL bus bandwidth at 1 GiB, pinned copies, HBM copy) are set
-//     next to DESIGN.md §4's reference values for the GPU kind.
+//     next to the reference facts of the GPU kind (docs/architecture.md, "Reference facts").
 #include <limits>
 #include <optional>
 #include <string>
@@ -48,9 +48,9 @@ struct PeakFigure {
   std::string unit;            // "TFLOP/s"
   double measured = 0.0;       // in `unit`
   std::string at;              // the point that reached it
-  double reference = 0.0;      // best DESIGN.md §4 value for the kind, in `unit`; 0 when none
-  double reference_low = 0.0;  // the low end where DESIGN.md §4 gives a range ("670-740"); 0 otherwise
-  std::string reference_text;  // "670-740 (DESIGN.md §4, H100)" or "none in DESIGN.md §4"
+  double reference = 0.0;      // best reference fact for the kind, in `unit`; 0 when none
+  double reference_low = 0.0;  // the low end where the reference facts give a range ("670-740"); 0 otherwise
+  std::string reference_text;  // "670-740 (reference facts, H100)" or "no reference fact for H100"
   [[nodiscard]] double ratio() const { return reference > 0.0 ? measured / reference : 0.0; }
   // "within the range", "within 5%" (of the reference, or of the range's low end), "below 95%" or
   // "above the reference by more than 5%"; empty without a reference.
