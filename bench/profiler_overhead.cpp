@@ -3,7 +3,7 @@
 // of clocks or temperature does not favour one mode), and prints the mean step time of each run (host
 // clock over the measured steps, independent of the profiler) and the overhead of the medians:
 //   overhead(mode) = median(step time, mode) / median(step time, disabled) - 1
-// Targets (issue 4): every 10th step <= 1 %, every step <= 2 % (the reference profiler: +2.47 %).
+// Targets: every 10th step <= 1 %, every step <= 2 % (the reference profiler: +2.47 %).
 //
 //   profiler_overhead SCENARIO [steps=30] [reps=3] [out_base=/tmp/tw_overhead]
 // Exit 0 when both targets are met, 1 otherwise, 2/3 on errors.

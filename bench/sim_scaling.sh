@@ -6,7 +6,7 @@
 #
 #   bench/sim_scaling.sh [--bin build/cli/threewalls] [--fidelity flow|analytic] [--max-gpus 8192]
 #
-# Targets (docs/simulator.md, issue 3): DeepSeek-V3 on 2,048 GPUs <= 10 s and <= 4 GiB; Mixtral-8x7B on
+# Targets (docs/simulator.md): DeepSeek-V3 on 2,048 GPUs <= 10 s and <= 4 GiB; Mixtral-8x7B on
 # 64 GPUs <= 1 s. Prints one line per run: scenario, GPUs, rank classes, seconds, peak RSS in MiB.
 set -euo pipefail
 

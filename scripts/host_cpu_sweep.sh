@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Does the host's speed depend on which CPU the rank thread runs on? (issue 8: launch-bound steps
+# Does the host's speed depend on which CPU the rank thread runs on? (launch-bound steps
 # differ by 20-70% between processes on the GPU VMs; docs/validation/host_overhead.md.)
 # Runs one launch-bound scenario once per CPU, the process pinned to that CPU (`taskset -c`), ROUNDS
 # times, and then UNPINNED processes without pinning; prints per run the CPU, the run's host probe
@@ -9,8 +9,8 @@
 #
 #   scripts/host_cpu_sweep.sh BIN_DIR OUT_DIR [SCENARIO] [ROUNDS] [UNPINNED]
 #
-# (Replaces host_affinity_probe.sh of 2026-11-25, which ran a quick host-only calibration per CPU;
-# the run's own host probe, run.json, measures the same in the process that runs the steps.)
+# The run's own host probe (run.json) measures the host's speed in the process that runs the steps,
+# so no calibration per CPU is needed.
 # BIN_DIR as for gpu_batch.sh (threewalls and lib/). Default scenario: the d1024 1k-token sequential
 # Switch layer without graphs; 2 rounds; 8 unpinned processes. WRAP (e.g. "setarch -R": no address
 # space randomisation) prefixes the unpinned runs, which are then labelled with it.

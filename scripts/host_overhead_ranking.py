@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Strategy ranking of the host-overhead suite (issue 8): for every (d_model, tokens, graph scope)
+"""Strategy ranking of the host-overhead suite: for every (d_model, tokens, graph scope)
 group of scenarios switch_d{D}_t{T}_{strategy}_{scope}, the order of the strategies by measured and by
 simulated step time, from validate_suite.py's results.json.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Measured vs simulated inference metrics of validate_suite.py output folders (issue 9).
+"""Measured vs simulated inference metrics of validate_suite.py output folders.
 
     scripts/inference_table.py [--variant V] OUT [OUT ...]
 

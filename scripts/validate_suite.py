@@ -29,7 +29,7 @@ passed to `threewalls sim --host-scale`), and the
 table shows that error beside the prediction's: how much of a launch-bound step's error is this process's
 host speed rather than the model (not a prediction: the probe comes from the run).
 
-Where a real run read experts from disk (the NVMe tier of issue 9), the scenario is also simulated with
+Where a real run read experts from disk (the NVMe tier), the scenario is also simulated with
 the disk as fast as the run's own reads were (`threewalls sim --disk-scale` = the summed duration of the
 run's expert_fetch_disk records over the prediction's), and the table shows both rates and that error:
 how much of a disk-bound step's error is the disk's speed during the run (not a prediction either).
@@ -103,8 +103,8 @@ def host_figures(profile_path):
 
 
 def disk_read_rates(real_dir, sim_dir):
-    """The disk-read rate a run's NVMe-tier reads achieved against the simulated rate of the same reads
-    (issue 9): bytes over the summed durations of the expert_fetch_disk records of every recorded step
+    """The disk-read rate a run's NVMe-tier reads achieved against the simulated rate of the same reads:
+    bytes over the summed durations of the expert_fetch_disk records of every recorded step
     of each side. scale = real time / simulated time, what `threewalls sim --disk-scale` takes to give
     the disk the speed it had during the run (not a prediction: it comes from the run). None without
     disk reads."""

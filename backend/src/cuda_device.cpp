@@ -105,7 +105,7 @@ void CudaDevice::open(const DeviceSetup& setup, const scenarios::RankClass& cls)
   probe_host();
 }
 
-// The host's speed in this process (issue 8): launch-bound steps on a VM differ by 20-70% from one
+// The host's speed in this process: launch-bound steps on a VM differ by 20-70% from one
 // process to the next while the steps inside a process agree within a few percent, and a
 // calibration taken in another process does not see it (docs/validation/host_overhead.md). So
 // every run measures, after its buffers are prepared and before its first step, three host costs

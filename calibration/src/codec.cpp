@@ -77,7 +77,7 @@ GroupedGemmModel grouped_of(const FamilySpec& s, const Params& p, const Hardware
   m.memory_bandwidth_bytes_per_s = scalar(s, p, "memory_bandwidth_bytes_per_s");
   m.device = device_of(hw, s.dtype);
   m.elements = element_bytes(s.dtype);
-  // Optional (issue 5): present = batched-calls form; absent (older profiles) = wave form.
+  // Optional: present = batched-calls form; absent = wave form.
   if (const auto& wt = array(s, p, "wave_tail"); !wt.empty()) {
     m.batched_calls = true;
     m.wave_tail = wt.at(0);

@@ -281,10 +281,10 @@ Seconds CostModel::gpu_read() const { return impl_->host_cost(4); }
 Seconds CostModel::graph_launch() const { return impl_->host_cost(5); }
 Seconds CostModel::graph_node() const { return impl_->host_cost(6); }
 Seconds CostModel::collective_launch() const { return impl_->host_cost(7); }
-// Optional (profiles before 2026-11-22 lack it): 0 when absent, the behaviour of those profiles.
+// Optional: 0 when the profile lacks it.
 Seconds CostModel::timing_marker() const { return impl_->host[8] ? impl_->host_cost(8) : Seconds(0.0); }
-// Library calls (optional families, issue 8): the family's median when the profile has it, else
-// kernel_launch (profiles calibrated before the family existed: the older behaviour).
+// Library calls (optional families): the family's median when the profile has it, else
+// kernel_launch.
 Seconds CostModel::gemm_launch() const { return impl_->host[9] ? impl_->host_cost(9) : kernel_launch(); }
 Seconds CostModel::grouped_gemm_launch() const { return impl_->host[10] ? impl_->host_cost(10) : kernel_launch(); }
 Seconds CostModel::attention_launch() const { return impl_->host[11] ? impl_->host_cost(11) : kernel_launch(); }

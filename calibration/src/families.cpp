@@ -100,7 +100,7 @@ std::vector<FamilySpec> build_specs() {
   dense_params.insert(dense_params.begin() + 4,
                       ParamSpec{"wave_tail", false, false,
                                 "waves of tiles whose K loop every GEMM pays besides its FLOPs (fill and tail)"});
-  // Optional residual correction (issue 5; models.hpp ShapeCorrection): centres (the fit points'
+  // Optional residual correction (models.hpp ShapeCorrection): centres (the fit points'
   // shapes), their log residuals, the bandwidth and the prior weight. Absent: no correction.
   auto correction_params = [](std::vector<std::pair<std::string, std::string>> shape) {
     std::vector<ParamSpec> out;
@@ -151,7 +151,7 @@ std::vector<FamilySpec> build_specs() {
     s.params[0].description = "rows of the tile (from the dense GEMM fit of the same dtype)";
     s.params[1].description = "columns of the tile (from the dense GEMM fit of the same dtype)";
     s.params[3].description = "K-loop half-efficiency point (from the dense GEMM fit of the same dtype)";
-    // Optional (issue 5): present, the batched-calls form (docs/calibration.md); absent, the wave form.
+    // Optional: present, the batched-calls form (docs/calibration.md); absent, the wave form.
     s.params.push_back({"wave_tail", false, true,
                         "batched-calls form (optional, one number): the dense fit's wave tail", true});
     s.params.push_back({"call_overhead_s", false, true,
@@ -280,13 +280,13 @@ std::vector<FamilySpec> build_specs() {
       {"timing_marker",
        "device time one timing marker (cudaEventRecord around a recorded op) adds to its stream "
        "(calibration/tools/timed_op_gap.cu: half the extra time per event-bracketed kernel)"},
-      // Optional (issue 8; profiles without them charge kernel_launch for these calls, the older
-      // behaviour): host time of one library call, timed while a blocking kernel holds the stream.
+      // Optional (profiles without them charge kernel_launch for these calls): host time of one
+      // library call, timed while a blocking kernel holds the stream.
       {"gemm_launch", "host time of one cached-plan cuBLASLt GEMM call (CublasLt::gemm as OpRunner calls it)"},
       {"grouped_gemm_launch", "host time of one prepared grouped-GEMM call (GroupedGemm::run, OpRunner's impl)"},
       {"attention_launch", "host time of one attention forward call (Attention::forward)"},
       {"attention_bwd_launch", "host time of one attention backward call (Attention::backward)"},
-      // Optional (2026-11-25): the executor's own per-op host path, measured against the launch.
+      // Optional: the executor's own per-op host path, measured against the launch.
       {"op_dispatch", "extra host time of OpRunner::run for an op over the bare kernel launch it makes"},
       {"record_op",
        "extra host time of a recorded op in threewalls run (end-marker query, start and end markers, host clock, "
@@ -304,7 +304,7 @@ std::vector<FamilySpec> build_specs() {
     s.params = {{"value_s", false, false, "the median, seconds"}};
     specs.push_back(s);
   }
-  // Optional, shape-aware forms of host.gemm_launch and host.grouped_gemm_launch (issue 8; the
+  // Optional, shape-aware forms of host.gemm_launch and host.grouped_gemm_launch (the
   // simulator prefers them): the points are the same library calls, with their shapes as inputs.
   {
     FamilySpec s;

@@ -579,7 +579,7 @@ class Reader {
     check_keys(t, allowed, label);
     for (const auto& ps : spec.params) {
       if (ps.optional && !t.get(ps.key)) {
-        f.params.emplace_back();  // absent optional array: empty (the model's older behaviour)
+        f.params.emplace_back();  // absent optional array: empty (the model's form without it)
         continue;
       }
       const toml::node* n = require(t, ps.key, label, floc, ps.description);

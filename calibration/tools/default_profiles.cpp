@@ -96,7 +96,8 @@ void add_copies(ProfileBuilder& b, const Facts& f) {
       "bandwidth: 80% of the HBM copy fact (assumption: norms reduce across the row); latency 3 us (assumption)");
   // Per-kernel fits (threewalls run's kernels): bandwidth relative to the add kernel, from the H100
   // facts of docs/backend.md "Memory-bound kernels (H100)" (add 3.03, RMSNorm 1.36 / 0.54, SwiGLU
-  // 1.41 TB/s) and the H100 calibration of 2026-11-22 (SwiGLU backward 1.84, copy kernel 2.9 TB/s).
+  // 1.41 TB/s) and an H100 calibration (SwiGLU backward 1.84, copy kernel 2.9 TB/s;
+  // docs/validation/calibration_h100_2026-11-22.md).
   const struct {
     const char* kernel;
     double fraction;

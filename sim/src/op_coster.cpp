@@ -172,8 +172,8 @@ Seconds CostModelCoster::kernel_time(const Op& op) const {
     case OpKind::elementwise: return model_.memory_kernel(elementwise_kernel(op), Bytes(op.bytes));
     case OpKind::norm: {
       // threewalls run's RMSNorm or LayerNorm kernel, forward or backward: by its rows x hidden fit
-      // (kernel_terms_v1), else by its bytes fit, else by the pooled norm fit (profiles before
-      // 2026-11-27 have neither LayerNorm fit nor any rows x hidden fit).
+      // (kernel_terms_v1), else by its bytes fit, else by the pooled norm fit (a profile may
+      // have neither a LayerNorm fit nor any rows x hidden fit).
       const FittedKernel fk = fitted_kernel_of(op);
       if (const auto t = model_.fitted_kernel(fk.family, fk.inputs)) return *t;
       // The bytes fit of the same kernel is named after its calibrate op (the family's `op`).

@@ -128,7 +128,7 @@ TEST(Nvtx, ScopedRangeInThreewallsDomainCompilesAndRuns) {
 }  // namespace
 }  // namespace threewalls::backend
 
-// The disk tier's file layout (issue 9; no GPU needed): up to kDiskSlots slots of the largest read,
+// The disk tier's file layout (no GPU needed): up to kDiskSlots slots of the largest read,
 // 4096-aligned, within kDiskFileCap; distinct keys of one file land on distinct aligned offsets.
 TEST(DiskTier, KeysReadTheirOwnAlignedSlotWithinTheCap) {
   using namespace threewalls::backend;

@@ -308,7 +308,7 @@ TEST(CalibrationRaw, BadLinesAreInputErrorsNamingFileLineAndKey) {
   std::filesystem::remove(path);
 }
 
-// calibrate --host-processes (issue 8): each host point keeps the record of the process whose median
+// calibrate --host-processes: each host point keeps the record of the process whose median
 // is the median over the processes; other groups, and points only one process measured, stay; a
 // refit finds the child processes' raw folders next to points.jsonl and merges them the same way.
 TEST(CalibrationRaw, HostPointsKeepTheMedianProcessAndOtherGroupsStay) {

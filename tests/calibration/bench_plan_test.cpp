@@ -76,8 +76,8 @@ TEST(CalibrationPlan, GemmGridCoversTheIssueRangesInBf16AndFp8) {
 }
 
 // Every per-kernel memory family (profile.hpp) has a benchmark in the full plan, so that no kernel
-// threewalls run launches for an op is costed by a pooled fit of other kernels (LayerNorm was, until
-// 2026-11-27); the quick plan measures both norms too.
+// threewalls run launches for an op is costed by a pooled fit of other kernels; the quick plan
+// measures both norms too.
 TEST(CalibrationPlan, EveryMemoryKernelOfThreewallsRunIsMeasured) {
   const auto full = plan(Mode::full, 1);
   for (std::string_view k : calibration::kMemoryKernelFamilies) {
@@ -234,7 +234,7 @@ TEST(CalibrationPlan, HostOverheadsAndConcurrencyOnTwoToSixtyFourStreams) {
   const auto points = plan(Mode::quick, 1);
   std::set<double> streams;
   for (const auto& p : of_op(points, "concurrency_section")) streams.insert(p.param("streams"));
-  // The 1-stream time is each point's serial_s; 16-64 share CUDA's 8 hardware queues (issue 8).
+  // The 1-stream time is each point's serial_s; 16-64 share CUDA's 8 hardware queues.
   EXPECT_EQ(streams, (std::set<double>{2, 4, 8, 16, 32, 64}));
   for (const char* h : {"host_kernel_launch", "host_event_record", "host_stream_sync", "host_gpu_read",
                         "host_graph_launch", "host_graph_node", "host_collective_launch", "host_op_dispatch",
@@ -243,7 +243,7 @@ TEST(CalibrationPlan, HostOverheadsAndConcurrencyOnTwoToSixtyFourStreams) {
   }
 }
 
-// Issue 8: the host time of a library call as OpRunner makes it, for GEMM, grouped GEMM and
+// The host time of a library call as OpRunner makes it, for GEMM, grouped GEMM and
 // attention, in quick and full mode, each family with more than one point (its value is the median).
 TEST(CalibrationPlan, LibraryCallHostCostsAreMeasuredForGemmGroupedGemmAndAttention) {
   for (const Mode mode : {Mode::quick, Mode::full}) {
@@ -296,7 +296,7 @@ TEST(CalibrationPlan, LibraryCallHostCostsAreMeasuredForGemmGroupedGemmAndAttent
   }
 }
 
-// Issue 8: the grouped-GEMM grid reaches expert dimensions of 512 (n and k), balanced and skewed, in
+// The grouped-GEMM grid reaches expert dimensions of 512 (n and k), balanced and skewed, in
 // quick and full mode (the d_model 768 expert GEMMs were far off a fit of n >= 1408 only).
 TEST(CalibrationPlan, GroupedGemmCoversSmallExpertDimensionsBalancedAndSkewed) {
   for (const Mode mode : {Mode::quick, Mode::full}) {
@@ -506,7 +506,7 @@ TEST(CalibrationPlan, InterferenceKernelsAreNoShapeOfTheValidationScenarios) {
   }
 }
 
-// The library calls whose host time is measured (issue 8), as the compute families would see them,
+// The library calls whose host time is measured, as the compute families would see them,
 // are no validation shape either.
 TEST(CalibrationPlan, LibraryCallHostPointsAreNoShapeOfTheValidationScenarios) {
   const auto shapes = validation_shapes();
@@ -587,7 +587,7 @@ TEST(CalibrationPlan, EveryModeHasEnoughFitPointsForEveryModel) {
   }
 }
 
-// Issue 8: the concurrency points run what a streams:N expert section runs (the step graph's expert
+// The concurrency points run what a streams:N expert section runs (the step graph's expert
 // ops), at the calibration's own shapes: no d_model or FFN of the host-overhead suite (768/1024,
 // 3072/4096), whose runs the simulator is compared with. Their kernels fill from a few of the SMs
 // to most (the model's speed-up depends on the mean fraction).

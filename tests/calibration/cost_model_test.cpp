@@ -187,8 +187,8 @@ TEST(CostModel, MemoryKernelsUseTheirOwnFitAndFallBackToThePooledFamily) {
   EXPECT_EQ(cm.timing_marker().value, 0.0);
 }
 
-// Issue 8: the host time of a GEMM, grouped-GEMM or attention call has its own optional family;
-// a profile without one (every profile calibrated before) charges kernel_launch, as before.
+// The host time of a GEMM, grouped-GEMM or attention call has its own optional family;
+// a profile without one charges kernel_launch.
 TEST(CostModel, LibraryCallLaunchCostsUseTheirFamiliesAndFallBackToKernelLaunch) {
   const CostModel old_profile(default_profile("h100"));
   EXPECT_FALSE(old_profile.has_library_launch_costs());

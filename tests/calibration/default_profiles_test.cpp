@@ -52,7 +52,7 @@ TEST(DefaultProfiles, AreLabelledSyntheticAndCoverEveryFamilyTheSimulatorNeeds) 
       }
       // Measured only (no datasheet facts): without them the simulator uses the pooled elementwise fit.
       if (spec.kind == ModelKind::kernel_terms) continue;
-      // Measured only (issue 8): without them the simulator charges host.kernel_launch for these calls.
+      // Measured only: without them the simulator charges host.kernel_launch for these calls.
       if (spec.name == "host.gemm_launch" || spec.name == "host.grouped_gemm_launch" ||
           spec.name == "host.attention_launch" || spec.name == "host.attention_bwd_launch" ||
           spec.name == "host.op_dispatch" || spec.name == "host.record_op" || spec.name == "host.stream_wait" ||
@@ -60,7 +60,7 @@ TEST(DefaultProfiles, AreLabelledSyntheticAndCoverEveryFamilyTheSimulatorNeeds) 
           spec.kind == ModelKind::stream_cycle) {
         continue;
       }
-      // Optional, measured only (2 GPUs): without them the simulator keeps its older behaviour.
+      // Optional, measured only (2 GPUs): without them the simulator charges no interference and uses fixed NCCL memory constants.
       if (spec.kind == ModelKind::nccl_interference || spec.kind == ModelKind::nccl_memory) continue;
       const Family* f = p.find(spec.name);
       ASSERT_NE(f, nullptr) << kind << " lacks " << spec.name;

@@ -1,4 +1,4 @@
-// calibration::host_probe_scale (issue 8): a real run's host probe over what the profile charges for
+// calibration::host_probe_scale: a real run's host probe over what the profile charges for
 // the same calls, which `threewalls compare` prints and `threewalls sim --host-scale` takes.
 #include "threewalls/calibration/host_probe_scale.hpp"
 

@@ -383,7 +383,7 @@ TEST(ConstantModel, MedianIgnoresAnOutlierRun) {
   EXPECT_THROW(ConstantModel::fit({}), FitImpossible);
 }
 
-// host.gemm_call (issue 8): the split-K boundary, the one-kernel time and the extra kernel's time
+// host.gemm_call: the split-K boundary, the one-kernel time and the extra kernel's time
 // come back from noisy synthetic calls whose kernel count follows a known rule.
 TEST(GemmCallModel, FitRecoversTheSplitBoundaryAndBothCosts) {
   Noise noise(21, 0.03);
@@ -558,7 +558,7 @@ TEST(CollectiveModel, CorrectedTimeIsLatencyPlusBytesOverBandwidth) {
   }
 }
 
-// ---- residual correction in log-shape space (ShapeCorrection, issue 5) ------------------------
+// ---- residual correction in log-shape space (ShapeCorrection) ------------------------
 
 namespace {
 

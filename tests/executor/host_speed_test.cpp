@@ -1,4 +1,4 @@
-// backend/host_speed.hpp: the CPU-speed figures every real run's host probe carries (issue 8).
+// backend/host_speed.hpp: the CPU-speed figures every real run's host probe carries.
 // Checks what the figures are made of, not how fast this machine is.
 #include "threewalls/backend/host_speed.hpp"
 

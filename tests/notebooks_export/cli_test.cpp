@@ -66,7 +66,7 @@ TEST(RunCommandsCli, CompareExitsOneAboveTheThresholdAndWritesJson) {
 }
 
 // A real run on one side, a simulation on the other: compare prints the real run's host probe
-// against the simulation's profile (issue 8), in the text and in the JSON, on whichever side the
+// against the simulation's profile, in the text and in the JSON, on whichever side the
 // real run is; without a profile to read it says nothing.
 TEST(RunCommandsCli, CompareReportsTheRealRunsHostProbeAgainstTheSimulationsProfile) {
   ASSERT_TRUE(fs::exists(kBinary)) << kBinary;

@@ -527,7 +527,7 @@ TEST(Executor, GraphRunWaitsForOutsideDepsOnItsLaunchStreamAndJoinsItsOtherStrea
   EXPECT_NEAR(t.start[3], 37 * kUs, 1e-12);
 }
 
-// ---- hardware work queues and library-call launch costs (issue 8) ----
+// ---- hardware work queues and library-call launch costs ----
 
 StepResult run_with_queues(const GraphBuilder& b, const FakeCoster& coster, int queues) {
   const Platform p(testing::cluster(1, 1));

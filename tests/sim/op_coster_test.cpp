@@ -135,7 +135,7 @@ TEST(OpCosterNorm, EachNormKindAndDirectionUsesItsOwnKernelFitOrThePooledNormFit
   for (double bytes : {7e4, 3e5, 1.2e6, 4.7e6, 1.9e7, 7.5e7, 3e8}) {
     b.add_point("norm_layernorm_fwd", {bytes}, calibration::Measurement::single(layernorm_fwd(bytes)));
   }
-  // A profile without LayerNorm fits (as every profile before 2026-11-27), plus LayerNorm forward's.
+  // A profile without LayerNorm fits, plus LayerNorm forward's.
   std::vector<calibration::Family> families;
   for (const auto& f : base.families()) {
     if (f.name.rfind("norm_layernorm", 0) != 0) families.push_back(f);
@@ -180,7 +180,7 @@ TEST(OpCosterNorm, EachNormKindAndDirectionUsesItsOwnKernelFitOrThePooledNormFit
   EXPECT_DOUBLE_EQ(coster2.kernel_time(ln_bwd).value, model2.norm(Bytes(ln_bwd.bytes)).value);
 }
 
-// threewalls sim --host-scale (issue 8): every host-side cost is multiplied, the device time of graph
+// threewalls sim --host-scale: every host-side cost is multiplied, the device time of graph
 // nodes and timing markers is not, and a scale that is not a positive number is refused.
 TEST(OpCosterHostScale, ScalesHostCostsAndLibraryCallsButNotDeviceTime) {
   const calibration::Profile p = calibration::Profile::load(std::filesystem::path(THREEWALLS_SOURCE_DIR) /
@@ -209,7 +209,7 @@ TEST(OpCosterHostScale, ScalesHostCostsAndLibraryCallsButNotDeviceTime) {
   for (const double bad : {0.0, -1.0, std::nan("")}) EXPECT_THROW(CostModelCoster(model, bad), InputError) << bad;
 }
 
-// threewalls sim --disk-scale (issue 9): disk reads and nothing else take the factor; a factor that
+// threewalls sim --disk-scale: disk reads and nothing else take the factor; a factor that
 // is not a positive number is refused.
 TEST(OpCosterDiskScale, ScalesDiskReadsOnly) {
   const calibration::Profile p = calibration::Profile::load(std::filesystem::path(THREEWALLS_SOURCE_DIR) /

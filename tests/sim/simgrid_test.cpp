@@ -252,7 +252,7 @@ std::pair<double, double> both_fidelities(const char* file, int steps) {
   return {step_time(Fidelity::flow), step_time(Fidelity::analytic)};
 }
 
-// threewalls sim --host-scale (issue 8): a launch-bound step grows with a slower host, a device-bound
+// threewalls sim --host-scale: a launch-bound step grows with a slower host, a device-bound
 // one hardly moves, and the host wall carries the difference.
 TEST(SimHostScale, MovesLaunchBoundStepsAndTheHostWallNotDeviceBoundOnes) {
   auto run = [](const char* file, double scale) {

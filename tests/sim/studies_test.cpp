@@ -132,7 +132,7 @@ TEST(ValidationSuites, OneScenarioOfEachSuiteSimulatesInFlowFidelity) {
   }
 }
 
-// ------------------------------------------------------------------ host overhead (issue 8)
+// ------------------------------------------------------------------ host overhead
 
 TEST(HostOverheadStudy, Streams64RunsTheExpertsConcurrentlyBehindTheirEventWaits) {
   const RunData d = simulate_records(validation("host_overhead", "switch_d768_t4k_streams64_none"), 1);
@@ -194,7 +194,7 @@ FixedCoster launch_bound_coster() {
   return FixedCoster(0.1, h);
 }
 
-// Issue 8: 64 expert streams share CUDA's 8 hardware work queues (docs/simulator.md, "Hardware work
+// 64 expert streams share CUDA's 8 hardware work queues (docs/simulator.md, "Hardware work
 // queues"). With free launches, 5 us kernels and an ideal GPU (k kernels at full speed each), all 64
 // expert chains are ready when the router ends; with 8 queues dispatching in issue order at most two
 // ops per queue run at once (a chain's last op and the next chain's first), without queues dozens do.
@@ -408,7 +408,7 @@ TEST(HostOverheadStudy, EveryFurtherStreamAddsItsOpRunnersWorkspaceAndBuffersToM
   EXPECT_LE(extra, 63.0 * (kOpRunnerWorkspaceBytes + 16.0 * 1024 * 1024));
 }
 
-// ------------------------------------------------------------------ expert offloading (issue 9)
+// ------------------------------------------------------------------ expert offloading
 
 TEST(OffloadStudy, AStreamSyncAfterEveryCopySerialisesTheFetchesOnTheHost) {
   scenarios::Scenario s = validation("offload", "dsv2lite_host_pinned_barrier_none");
@@ -456,7 +456,7 @@ TEST(OffloadStudy, DiskReadsRunOneAtATimeOnTheHostAndFeedTheirCopies) {
   for (const PhaseRecord* p : h2d) EXPECT_GE(p->start_us, end_of(read_of.at({p->layer, p->expert})) - kEps);
 }
 
-// threewalls sim --disk-scale (issue 9): every disk read takes the factor longer, and a decode step
+// threewalls sim --disk-scale: every disk read takes the factor longer, and a decode step
 // that waits on the disk grows with it, while the host tier's step does not move.
 TEST(OffloadStudy, DiskScaleStretchesDiskReadsAndTheDiskBoundStep) {
   SimResult base_r, slow_r;

@@ -358,7 +358,7 @@ double InterferenceBench::measure(const StopRule& rule, int kase, const Work& wo
   m.all_reduces = 1;
   // One run with nothing held first: a kernel's first launch may load its module, which waits for
   // the device, and behind the blocking kernel that wait ran into the blocker's 2 s timeout (quick
-  // mode, whose GEMM grid had not launched the shape before: 2026-11-26 calls 3 and 9).
+  // mode, whose GEMM grid had not launched the shape before).
   work(m.compute->get());
   TW_CUDA_CHECK(cudaStreamSynchronize(m.compute->get()));
   m.batch(work, 1, -1, ok);

@@ -741,7 +741,7 @@ class GpuRunner final : public PointRunner {
     TW_CUDA_CHECK(cudaMemsetAsync(buf_[0].data(), 0, sizeof(int), s()));
     buf_[1] = random_bf16(512, opt_.seed + 61, s());  // 1 KiB for the 1-rank all-reduce
     buf_[2] = be::DeviceBuffer(1024);
-    // Operands of the library-call points (issue 8): A/X/Q in 3, B/W/K in 4, C/Y/V in 5, attention's
+    // Operands of the library-call points: A/X/Q in 3, B/W/K in 4, C/Y/V in 5, attention's
     // O, dO, lse, dQ, dK, dV in 6-11. One copy each: these points time the host, not the device.
     double a = 1, b = 1, c = 1, attn = 1, rows = 1;
     for (const auto& p : points) {
@@ -782,7 +782,7 @@ class GpuRunner final : public PointRunner {
 
   // Host seconds per call of `fn` (which enqueues on s()) while a blocking kernel holds the stream:
   // every call only queues work, the device never drains the queue during the timing, so the sample
-  // is the library call's host cost alone (issue 8: the GEMM families time device work queued behind
+  // is the library call's host cost alone (the GEMM families time device work queued behind
   // the blocker and hide it; host.kernel_launch times an empty kernel). `calls` stays far below the
   // launch queue's depth (a full queue would block the host until the blocker's 2 s timeout, which
   // then fails the point).
@@ -1086,7 +1086,7 @@ class GpuRunner final : public PointRunner {
     r.check = expect_count(before, launched, "kernels of the waiting and the plain visits");
   }
 
-  // The executor's per-op host path (issue 8), against the launch alone: `op_dispatch` is the extra
+  // The executor's per-op host path, against the launch alone: `op_dispatch` is the extra
   // host time of OpRunner::run for a small elementwise add over a bare kernel launch (its buffer
   // checks and dispatch); `record_op` the extra host time of a *recorded* op over the same
   // OpRunner::run: the recording path of threewalls run's executor (backend::RecordedLaunches: the
@@ -1280,7 +1280,7 @@ class GpuRunner final : public PointRunner {
   // Like device(), but always behind the blocking kernel, also when one run makes a sample: the runs
   // are enqueued before the device starts them, so a sample is the device's time, not the host's
   // launch rate (on a 4 x H200 host 64 GEMM launches took ~0.6 ms, longer than the GPU needs for
-  // them, and device() takes one unblocked run per sample past 0.4 ms: issue 8). Falls back to
+  // them, and device() takes one unblocked run per sample past 0.4 ms). Falls back to
   // device() if the blocker times out.
   void device_blocked(const Work& w, const StopRule& rule, Record& rec) {
     w(s());  // warm-up
@@ -1363,7 +1363,7 @@ class GpuRunner final : public PointRunner {
     // per stream after its sections, read once the main stream drained.
     const int before = counter();
     concurrent(s(), true);
-    // Streams past the hardware work queues share them (issue 8): record the setting this ran under
+    // Streams past the hardware work queues share them: record the setting this ran under
     // (the backend does not set the variable; CUDA's default is 8 connections).
     const char* conns = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
     r.check = expect_count(before, n, "one per stream after its sections, before the join") + "; " +

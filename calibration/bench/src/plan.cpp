@@ -140,7 +140,7 @@ void plan_gemm(Plan& p, bool fp8) {
   }
   // Fit points off the grid, from the held-out shapes' distribution with a seed of their own (none
   // is a held-out shape). The grid's round dimensions run faster than the shapes between them: on
-  // the 2026-11-26 H200 calibrations the grid-only fit predicted the held-out shapes 4% (bf16) and
+  // H200 calibrations the grid-only fit predicted the held-out shapes 4% (bf16) and
   // 8% (fp8) fast in the median, at no bias on the grid itself.
   std::vector<std::array<std::int64_t, 3>> held;
   for (const auto& q : p.points) {
@@ -197,7 +197,7 @@ void plan_grouped(Plan& p) {
       ++i;
     }
   }
-  // Small expert dimensions (issue 8: n/k of 512-1024, where the backend's kernel choice differs
+  // Small expert dimensions (n/k of 512-1024, where the backend's kernel choice differs
   // from the large shapes above; d_model 768 expert GEMMs were 3x slower than the fit of n >= 1408
   // predicted). Not a validation shape: no (n, k) pair of a validation scenario is in this list
   // and the plan test checks every point.
@@ -500,7 +500,7 @@ void plan_copies(Plan& p) {
     }
   }
   if (p.full()) {  // disk tier: O_DIRECT file reads into pinned memory (slow: full mode only)
-    // Factors of 2 (were 4 until 2026-11-25: the 1/4/16/64 MiB fit was 9.5% fast at 16 MiB, the size
+    // Factors of 2 (with factors of 4 the 1/4/16/64 MiB fit was 9.5% fast at 16 MiB, the size
     // of one DeepSeek-V2-Lite expert the NVMe offload scenarios read).
     for (const double pow2 : sizes(kMiB, 64 * kMiB, 2.0)) {
       const double bytes = pow2 + 4096;  // O_DIRECT needs 4 KiB multiples
@@ -521,7 +521,7 @@ void plan_copies(Plan& p) {
 // split the buffer over members a whole number of 16-byte units per member, so that every member's
 // chunk starts 16-byte aligned as a step's messages do (OpRunner then moves exactly this size). With
 // 2 or 4 members the grid's sizes are such already; with 3, 2^i + 768 bytes were not, and NCCL ran
-// those points on a slower path than the aligned held-out sizes (4 x H200, 2026-11-22: all-gather
+// those points on a slower path than the aligned held-out sizes (4 x H200: all-gather
 // held-out error 5.7% median, 50% max, docs/calibration.md).
 double collective_size(const std::string& op, int n, double requested) {
   const bool split = op == "all_gather" || op == "reduce_scatter" || op == "all_to_all";
@@ -546,8 +546,8 @@ void plan_collectives(Plan& p) {
   // 1 KiB to 1 GiB by factors of 2 (quick: 4), each size a power of two plus 128 bf16 elements
   // (256 bytes) per member: model dimensions make power-of-two message sizes, and the calibration
   // must not measure a validation scenario's exact size (a test checks). The offset keeps every
-  // member's chunk 16-byte aligned, as a step's messages are: with 7 extra elements per member (the
-  // first H200 calibration, 2026-11-22) each member's chunk of all-gather, reduce-scatter and
+  // member's chunk 16-byte aligned, as a step's messages are: with 7 extra elements per member
+  // each member's chunk of all-gather, reduce-scatter and
   // all-to-all started misaligned and NCCL took about twice as long as for the aligned messages
   // that threewalls run sends (all-to-all busbw 169 vs 296 GB/s at 1 GiB on 2 H200). Held-out sizes sit between grid sizes (3 x 2^i).
   const std::vector<double> grid = sizes(kKiB, kGiB, p.full() ? 2.0 : 4.0);
@@ -574,7 +574,7 @@ void plan_host(Plan& p) {
     s.family = std::string("host.") + what;
     p.points.push_back(std::move(s));
   }
-  // Launches rotating over N streams with a cuBLASLt handle each (host.stream_cycle, issue 8): the
+  // Launches rotating over N streams with a cuBLASLt handle each (host.stream_cycle): the
   // host cost of spreading a layer's ops over many streams, beyond the waits and events.
   for (const int n : p.full() ? std::vector<int>{4, 16, 64} : std::vector<int>{8, 64}) {
     PointSpec s;
@@ -584,7 +584,7 @@ void plan_host(Plan& p) {
     s.inputs = {d(n)};
     p.points.push_back(std::move(s));
   }
-  // Host time of one library call as OpRunner makes it (issue 8), timed while a blocking kernel
+  // Host time of one library call as OpRunner makes it, timed while a blocking kernel
   // holds the stream, so the device never drains the queue and only the host side is timed. The
   // shapes are no validation shape (the plan test checks). host.gemm_call predicts whether cuBLASLt
   // adds a split-K reduction kernel (a second launch) from k per 128 x 128 output tile, so the
@@ -592,9 +592,9 @@ void plan_host(Plan& p) {
   // with k / tiles from 2 to ~1000, and a large one. The runner counts each call's graph nodes
   // (kernels, memsets; graph capture) into the input `nodes`. The quick grid keeps a one-node and a
   // split point on either side of the boundary the full grids find (179 and 512 per tile: 303 in
-  // every full H100 calibration of 2026-11-25), so a quick host-only calibration (validate_suite's
-  // --host-recalibrate) prices the expert GEMMs as the full one does; the earlier quick grid had
-  // no point below 512 but 32, and one at 512 that stays one node, and put the boundary at 677.
+  // full H100 calibrations), so a quick host-only calibration (validate_suite's --host-recalibrate)
+  // prices the expert GEMMs as the full one does (a quick grid with no point between 32 and 512,
+  // and one at 512 that stays one node, puts the boundary at 677).
   struct G {
     std::int64_t m, n, k;
   };
@@ -640,7 +640,7 @@ void plan_host(Plan& p) {
 }
 
 void plan_concurrency(Plan& p) {
-  // What a streams:N expert section runs (issue 8): kConcurrencySectionExperts experts of a
+  // What a streams:N expert section runs: kConcurrencySectionExperts experts of a
   // Switch-like layer (gather, fc1, activation, fc2, scatter-add, as the step graph expands them),
   // spread round-robin over n streams, against the same on one stream. Shapes of the calibration's
   // own (rows per expert, d_model, FFN), none of a validation scenario's: the sections' kernels fill

@@ -54,7 +54,7 @@ std::vector<std::string> dependencies(const std::string& family) {
 
 // The inputs family `f` fits and predicts a record by: its point's inputs, except for the norm
 // kernel_terms families, which read rows and hidden from the parameters of the `norm` family's points
-// (whose inputs are bytes; raw output of every calibration since 2026-11-22 has those parameters).
+// (whose inputs are bytes; their raw records carry rows and hidden as parameters).
 std::vector<double> inputs_for(const Record& r, const std::string& f) {
   if (r.point.family == "norm") {
     if (const KernelTermsFamily* k = norm_kernel_terms_family(r.point.op); k && k->name == f) {

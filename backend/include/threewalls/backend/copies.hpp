@@ -36,7 +36,7 @@ FileReadResult read_file_into(const std::string& path, std::uint64_t offset, std
 // benchmarks, and syncs it to the device (so a later O_DIRECT read does not wait for write-back).
 void write_random_file(const std::string& path, std::size_t bytes, std::uint64_t seed);
 
-// The disk tier's file layout (issue 9): a deployment reads every expert from its own place on disk,
+// The disk tier's file layout: a deployment reads every expert from its own place on disk,
 // so reads of one offset again and again (which a host's page cache, the VM's included, may serve)
 // are not what it does. The file holds `disk_slots(slot_bytes)` slots of `slot_bytes` (4096-aligned)
 // each, at most kDiskFileCap bytes and kDiskSlots slots; a read picks its slot by key (layer and

@@ -1,5 +1,5 @@
 #pragma once
-// The CPU's own speed in this process, measured beside the host probe's library calls (issue 8).
+// The CPU's own speed in this process, measured beside the host probe's library calls.
 // On the GPU VMs a launch-bound step runs at one of two speeds, decided per process (sometimes
 // changing inside one), and the host probe (CudaDevice::probe_host) sees it in the time of an op
 // launch and a cuBLASLt call. These figures tell whether the CPU itself is slower then (a dependent

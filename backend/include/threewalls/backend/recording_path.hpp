@@ -1,5 +1,5 @@
 #pragma once
-// The executor's recording path around a launch, on its own (calibration host.record_op, issue 8):
+// The executor's recording path around a launch, on its own (calibration host.record_op):
 // what issue_op (executor.cpp) does on a recorded step for an eager op besides the launch: a
 // non-blocking query of the previous op's end marker on the stream (shared as this op's start while
 // the stream has not reached it, else a start marker of its own), the launch, a host clock read, an

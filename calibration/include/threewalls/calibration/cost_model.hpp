@@ -132,7 +132,7 @@ class CostModel {
   [[nodiscard]] Seconds op_dispatch() const;
   [[nodiscard]] std::optional<Seconds> record_op() const;
   // Host time of one cudaStreamWaitEvent on a stream other than the event's, the streams rotating
-  // (host.stream_wait; host.event_record without it, the older behaviour).
+  // (host.stream_wait; host.event_record when the profile lacks it).
   [[nodiscard]] Seconds stream_wait() const;
 
   // ---- concurrency ----

@@ -1,5 +1,5 @@
 #pragma once
-// A real run's host against a profile's (issue 8): the run's host probe (run.json
+// A real run's host against a profile's: the run's host probe (run.json
 // settings.executor.device.host_probe, core/host_probe.hpp) over what the cost model charges for the
 // same calls. On the GPU VMs a launch-bound step moves with this ratio from one process to the next
 // (docs/validation/host_overhead.md); `threewalls compare` prints it, and `threewalls sim

@@ -39,7 +39,7 @@ struct ElementBytes {
 ElementBytes element_bytes(Dtype dt);
 
 // ---------------------------------------------------------------------------------------------
-// Residual correction in log-shape space (optional part of gemm.fp8 and grouped_gemm.*; issue 5).
+// Residual correction in log-shape space (optional part of gemm.fp8 and grouped_gemm.*).
 //
 // After the parametric fit, each fit point j has a log residual r_j = ln(t_measured / t_model) and a
 // feature vector x_j of log2 shape coordinates (dense: m, n, k; grouped: rows per expert, groups, n,
@@ -145,7 +145,7 @@ struct GemmModel {
 // rows pays for T_m rows. T_m, T_n and k_half are taken from the dense GEMM fit of the same dtype;
 // fitted: e_max in (0, 1) and t0 (with fewer than 3 points only e_max, t0 taken from the dense fit).
 //
-// Batched-calls form (issue 5; bf16 only, used when the family has the optional `wave_tail` and
+// Batched-calls form (bf16 only, used when the family has the optional `wave_tail` and
 // `call_overhead_s`, fitted from 3 or more points): the backend's grouped GEMM (OpRunner's default,
 // GroupedImpl::lt_batched) launches one strided-batched cuBLASLt matmul per run of consecutive
 // experts with equal rows. The rows follow backend::expert_rows(R, groups, r_max): balanced, R / groups
@@ -203,7 +203,7 @@ struct GroupedGemmModel {
 // T_q = 128 query rows per CTA (FlashAttention-2/3 on Hopper). Fitted: e_max in (0, 1), s_half,
 // d_half, t0 (Levenberg-Marquardt, relative residuals). Attention has no dtype argument: bf16 peak.
 //
-// Blocked form (optional `pair_s` present; what calibrate fits since 2026-11-25): the backend's
+// Blocked form (optional `pair_s` present; what calibrate fits): the backend's
 // unfused attention (cuBLASLt GEMMs for S = Q K^T and O = P V with a softmax kernel between, over
 // blocks of kAttentionCausalBlock query rows under a causal mask) computes every pair of a block
 // up to the block's last row, and passes the score matrix through memory between its kernels:
@@ -350,7 +350,7 @@ struct ConstantModel {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Host time of one cuBLASLt GEMM call as OpRunner makes it ("gemm_call_v1", issue 8). A call
+// Host time of one cuBLASLt GEMM call as OpRunner makes it ("gemm_call_v1"). A call
 // launches one kernel, or more when cuBLASLt's heuristic splits K (a reduction kernel, or a memset
 // of the output before atomic accumulation); each further launch costs the host about as much again. Split-K pays off when the output has few tiles for a long
 // reduction, so the call is predicted to split when
@@ -400,7 +400,7 @@ struct GroupedCallModel {
 };
 
 // Extra host time per launch when the launches rotate over N streams, each with its own cuBLASLt
-// handle, as threewalls run's OpRunners do ("stream_cycle_v1", issue 8: spreading a MoE layer's
+// handle, as threewalls run's OpRunners do ("stream_cycle_v1": spreading a MoE layer's
 // experts over 64 streams made every launch of the layer slower on the host, not only the stream
 // waits). A point issues visits of five launches (kernel, GEMM call, kernel, GEMM call, kernel) on
 // one stream, then moves to the next stream, and the same visits all on one stream, back to back

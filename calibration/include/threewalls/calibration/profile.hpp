@@ -51,8 +51,8 @@ struct ParamSpec {
   bool integer = false;
   bool array = false;
   std::string description;
-  // Optional arrays (added after format 1.0): a file without the key reads as an empty array, and
-  // an empty one is not written, so older profiles load with the model's older behaviour.
+  // Optional arrays: a file without the key reads as an empty array, and an empty one is not
+  // written; the model then takes its form without that part.
   bool optional = false;
 };
 
@@ -97,8 +97,8 @@ inline constexpr std::array<std::string_view, 8> kMemoryKernelFamilies = {
   return false;
 }
 inline constexpr std::string_view kConcurrencyFamily = "concurrency";
-// Optional families (a profile without them keeps the older behaviour: no slowdown of compute
-// beside NCCL kernels, and the memory model's fixed NCCL constants).
+// Optional families (a profile without them: no slowdown of compute beside NCCL kernels, and the
+// memory model's fixed NCCL constants).
 inline constexpr std::string_view kNcclInterferenceFamily = "nccl.interference";
 inline constexpr std::string_view kNcclMemoryFamily = "nccl.memory";
 // Shape-aware library-call host costs (optional; the simulator prefers them to the median families

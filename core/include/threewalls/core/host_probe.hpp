@@ -1,5 +1,5 @@
 #pragma once
-// The host probe every real run takes before its first step (docs/backend.md, Host probe; issue 8):
+// The host probe every real run takes before its first step (docs/backend.md, Host probe):
 // the library calls it times and the keys it writes to run.json (settings.executor.device.host_probe).
 // One place for the backend that measures the calls and the cost model that charges the same calls
 // (calibration::host_probe_scale, `threewalls compare`).

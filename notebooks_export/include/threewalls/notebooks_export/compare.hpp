@@ -67,7 +67,7 @@ struct Check {
   bool failed = false;
 };
 
-// The measured run's host against the simulated run's profile (issue 8): the real run's host probe
+// The measured run's host against the simulated run's profile: the real run's host probe
 // over what the profile charges for the same calls (calibration::host_probe_scale). Filled by
 // `threewalls compare` when one side is a real run with a host probe and the other a simulation
 // whose profile file it can read; compare_runs leaves it empty.

@@ -57,7 +57,7 @@ struct ExecutorOptions {
   // Hardware work queues per GPU (CUDA_DEVICE_MAX_CONNECTIONS of the real run; CUDA's default 8, and
   // threewalls run does not set it). Streams map onto them round-robin in creation order and each
   // queue dispatches in issue order (docs/simulator.md, "Hardware work queues"). 0: one queue per
-  // stream (the model before issue 8).
+  // stream.
   int hardware_queues = 8;
 };
 

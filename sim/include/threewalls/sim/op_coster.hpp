@@ -53,13 +53,13 @@ struct HostCosts {
   Seconds framework_op;       // one host-side framework op (HostKind::framework without a duration hint)
   Seconds event_record;       // one cudaEventRecord; also the cost taken for one cudaStreamWaitEvent
   Seconds timing_marker;      // device time of one profiler timing marker on its stream (recorded steps)
-  // Host time of one library call (issue 8: a cuBLASLt GEMM costs ~2-4x an empty kernel's launch);
+  // Host time of one library call (a cuBLASLt GEMM costs ~2-4x an empty kernel's launch);
   // empty: kernel_launch is charged (profiles without the families, test costers).
   std::optional<Seconds> gemm_launch;          // gemm ops (CublasLt::gemm)
   std::optional<Seconds> grouped_gemm_launch;  // grouped_gemm ops (GroupedGemm::run)
   std::optional<Seconds> attention_launch;     // forward attention ops (Attention::forward)
   std::optional<Seconds> attention_bwd_launch; // backward attention ops (Attention::backward)
-  // threewalls run's own per-op path (optional families; 0 / empty: not charged, the older behaviour):
+  // threewalls run's own per-op path (optional families; 0 / empty: not charged):
   Seconds op_dispatch{0.0};            // OpRunner::run around every eager launch
   std::optional<Seconds> record_op;    // a recorded op's markers and record (empty: two event records)
   std::optional<Seconds> stream_wait;  // one cross-stream cudaStreamWaitEvent (empty: event_record)

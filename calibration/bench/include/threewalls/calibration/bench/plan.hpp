@@ -79,8 +79,7 @@ std::vector<PointSpec> make_plan(const PlanOptions& options);
 // ---- definitions shared by the plan, the runner and the summary ----
 
 // Experts of a concurrency_section point (what a streams:N expert section of a 64-expert layer
-// spreads over its streams; n streams run 64 / n sections each). Since 2026-11-26 (issue 8); the
-// concurrency points before were concurrency_gemm (identical GEMMs, 4 per stream).
+// spreads over its streams; n streams run 64 / n sections each).
 inline constexpr int kConcurrencySectionExperts = 64;
 
 // Layout codes of the GEMM `layout` parameter (backend::GemmLayout order).

@@ -65,7 +65,7 @@ struct RawFile {
 };
 RawFile read_raw(const std::filesystem::path& path);
 
-// Host costs in several processes (issue 8). On the H100 VMs a process's host is 0.94-1.55 times as
+// Host costs in several processes. On the H100 VMs a process's host is 0.94-1.55 times as
 // fast as another's, steadily for the process's life (docs/validation/host_overhead.md), so one
 // process's host points are one draw. `threewalls calibrate` measures the host group again in
 // `others.size()` child processes (raw: RAW/host_process_<i>/points.jsonl); for every usable record
