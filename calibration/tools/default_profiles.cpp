@@ -152,9 +152,9 @@ void add_gemm_bf16(ProfileBuilder& b, const Facts& f) {
            {4096, 4096, 4096, 770},
            {8192, 8192, 8192, 890}};
     note =
-        "facts (H200, docs/architecture.md): 208 / 667 TFLOP/s at K=2048 N=1408 M=1024 / 16384; 768x1408x2048 from a loop of "
-        "64 "
-        "GEMMs taking 1.85 ms; the large-shape range 770-890 TFLOP/s placed at 4096^3 (770) and 8192^3 (890)";
+        "facts (H200, docs/architecture.md): 208 / 667 TFLOP/s at K=2048 N=1408 M=1024 / 16384; 768x1408x2048 "
+        "from a loop of 64 GEMMs taking 1.85 ms; the large-shape range 770-890 TFLOP/s placed at 4096^3 (770) and "
+        "8192^3 (890)";
   } else {
     pts = {{4096, 4096, 4096, 670}, {8192, 8192, 8192, 740}};
     for (const auto& p :
@@ -162,9 +162,9 @@ void add_gemm_bf16(ProfileBuilder& b, const Facts& f) {
       pts.push_back({p.m, p.n, p.k, p.tflops * f.compute_ratio});
     }
     note =
-        "facts (H100, docs/architecture.md): large-shape range 670-740 TFLOP/s placed at 4096^3 (670) and 8192^3 (740); the "
-        "three "
-        "K=2048 N=1408 points are the H200 facts scaled by 705/830 (ratio of the large-shape range middles)";
+        "facts (H100, docs/architecture.md): large-shape range 670-740 TFLOP/s placed at 4096^3 (670) and 8192^3 "
+        "(740); the three K=2048 N=1408 points are the H200 facts scaled by 705/830 (ratio of the large-shape range "
+        "middles)";
   }
   for (const auto& p : pts) {
     b.add_gemm(Dtype::bf16, static_cast<std::int64_t>(p.m), static_cast<std::int64_t>(p.n),
@@ -179,8 +179,9 @@ void add_grouped_bf16(ProfileBuilder& b, const Facts& f) {
   b.set_note(
       grouped_gemm_family(Dtype::bf16),
       f.kind == "h200"
-          ? "fact (H200, docs/architecture.md): 64 experts x 768 tokens (torch._grouped_mm) 0.49 ms; taken as N=1408 K=2048 "
-            "(the shape of the GEMM facts); one point, so only e_max is fitted and leave-one-out is not available"
+          ? "fact (H200, docs/architecture.md): 64 experts x 768 tokens (torch._grouped_mm) 0.49 ms; taken as N=1408 "
+            "K=2048 (the shape of the GEMM facts); one point, so only e_max is fitted and leave-one-out is not "
+            "available"
           : "the H200 fact (64 experts x 768 tokens, N=1408 K=2048, 0.49 ms) scaled by 705/830; one point, so only "
             "e_max is fitted and leave-one-out is not available");
 }
@@ -420,8 +421,8 @@ void add_concurrency(ProfileBuilder& b) {
   b.set_note(
       std::string(kConcurrencyFamily),
       "no facts: speed-up min(n, 1/f)^e(n) with e = 0.85, 0.75, 0.6 for 2, 4, 8 streams assumed (kernels of 20 us). "
-      "The 20-68% slow-down of experts on separate streams (docs/architecture.md) is launch overhead and tiny GEMMs, which the "
-      "simulator adds itself, not this factor");
+      "The 20-68% slow-down of experts on separate streams (docs/architecture.md) is launch overhead and tiny GEMMs, "
+      "which the simulator adds itself, not this factor");
 }
 
 ProfileInfo info_for(const Facts& f) {

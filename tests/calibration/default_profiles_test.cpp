@@ -60,7 +60,8 @@ TEST(DefaultProfiles, AreLabelledSyntheticAndCoverEveryFamilyTheSimulatorNeeds) 
           spec.kind == ModelKind::stream_cycle) {
         continue;
       }
-      // Optional, measured only (2 GPUs): without them the simulator charges no interference and uses fixed NCCL memory constants.
+      // Optional, measured only (2 GPUs): without them the simulator charges no interference and uses fixed NCCL memory
+      // constants.
       if (spec.kind == ModelKind::nccl_interference || spec.kind == ModelKind::nccl_memory) continue;
       const Family* f = p.find(spec.name);
       ASSERT_NE(f, nullptr) << kind << " lacks " << spec.name;

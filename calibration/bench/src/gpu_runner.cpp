@@ -1093,8 +1093,8 @@ class GpuRunner final : public PointRunner {
   // previous end marker's query, a start marker unless shared, the launch, a host clock read, an end
   // marker, the StepRecorder record, and the step's harvest into records after the stream finished,
   // which the executor runs on the same thread between steps). Each sample times kExecutorOps calls
-  // of each variant back to back and takes the difference per call; the tiny kernels keep the device ahead of the host, so
-  // the times are the host's.
+  // of each variant back to back and takes the difference per call; the tiny kernels keep the device ahead of the host,
+  // so the times are the host's.
   static constexpr int kExecutorOps = 64;
   void measure_executor_path(const StopRule& rule, Record& r, bool recorded) {
     be::OpRunner runner(be::OpRunnerConfig{});

@@ -546,10 +546,10 @@ void plan_collectives(Plan& p) {
   // 1 KiB to 1 GiB by factors of 2 (quick: 4), each size a power of two plus 128 bf16 elements
   // (256 bytes) per member: model dimensions make power-of-two message sizes, and the calibration
   // must not measure a validation scenario's exact size (a test checks). The offset keeps every
-  // member's chunk 16-byte aligned, as a step's messages are: with 7 extra elements per member
-  // each member's chunk of all-gather, reduce-scatter and
-  // all-to-all started misaligned and NCCL took about twice as long as for the aligned messages
-  // that threewalls run sends (all-to-all busbw 169 vs 296 GB/s at 1 GiB on 2 H200). Held-out sizes sit between grid sizes (3 x 2^i).
+  // member's chunk 16-byte aligned, as a step's messages are: with 7 extra elements per member each
+  // member's chunk of all-gather, reduce-scatter and all-to-all started misaligned and NCCL took about
+  // twice as long as for the aligned messages that threewalls run sends (all-to-all busbw 169 vs 296
+  // GB/s at 1 GiB on 2 H200). Held-out sizes sit between grid sizes (3 x 2^i).
   const std::vector<double> grid = sizes(kKiB, kGiB, p.full() ? 2.0 : 4.0);
   const std::vector<double> held = p.full()
                                        ? std::vector<double>{3 * kKiB, 48 * kKiB, 768 * kKiB, 12 * kMiB, 192 * kMiB}

@@ -352,8 +352,8 @@ struct ConstantModel {
 // ---------------------------------------------------------------------------------------------
 // Host time of one cuBLASLt GEMM call as OpRunner makes it ("gemm_call_v1"). A call
 // launches one kernel, or more when cuBLASLt's heuristic splits K (a reduction kernel, or a memset
-// of the output before atomic accumulation); each further launch costs the host about as much again. Split-K pays off when the output has few tiles for a long
-// reduction, so the call is predicted to split when
+// of the output before atomic accumulation); each further launch costs the host about as much again. Split-K pays off
+// when the output has few tiles for a long reduction, so the call is predicted to split when
 //   k / tiles >= split_ratio,   tiles = ceil(m / 128) ceil(n / 128) batch
 // and costs
 //   t = t_one + split * t_extra   (t_extra per further node; the fit assumes one).
