@@ -4,7 +4,7 @@
 # the build leaves out the GPU parts (backend, `threewalls run`, `threewalls calibrate`).
 set -euo pipefail
 packages=(
-  cmake g++ make pkg-config git
+  cmake g++ make pkg-config git clang-format clang-tidy
   libsimgrid-dev libeigen3-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libgtest-dev
   jupyter-nbconvert python3-nbformat python3-ipykernel python3-pandas python3-matplotlib
 )

@@ -34,7 +34,7 @@ using scenarios::Scenario;
 // Dense bf16 peak of H100 and H200 SXM, as the simulator's summary uses for MFU (run_dir.md, mfu).
 constexpr double kGpuPeakBf16 = 989e12;
 
-const char* kGraphScopeNames[] = {"attn", "mlp", "moe_router", "moe_preprocess", "full_iteration"};
+const char* const kGraphScopeNames[] = {"attn", "mlp", "moe_router", "moe_preprocess", "full_iteration"};
 
 std::vector<std::string> split(std::string_view s, char sep) {
   std::vector<std::string> out;

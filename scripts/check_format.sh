@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Checks C++ formatting (.clang-format) where a change touched the code, never the whole tree:
+#
+#   scripts/check_format.sh                 the lines changed since the base (below), working tree included
+#   scripts/check_format.sh --base REV      the lines changed since REV
+#   scripts/check_format.sh FILE...         the whole of each FILE
+#
+# The default base is the merge-base of HEAD with main: on a branch, every commit since it left main
+# (and what is not committed yet); on main itself (or behind it), the last commit (HEAD~1).
+# Each changed .cpp/.hpp/.cu/.cuh/.h file runs through `clang-format --dry-run -Werror` restricted to
+# its changed line ranges (--lines). Exit 1 with clang-format's findings when any is misformatted
+# (fix them with `git clang-format <base>`); exit 77 (CTest: skipped) with a one-line reason when
+# clang-format is not installed, or when no base can be found (not a git checkout, no main, a
+# shallow clone).
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+skip() { echo "check_format: skipped: $*"; exit 77; }
+command -v clang-format >/dev/null 2>&1 || skip "clang-format is not installed (scripts/install_deps.sh installs it)"
+
+base=""
+files=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --base) base="${2:?--base needs a revision}"; shift 2 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    *) files+=("$1"); shift ;;
+  esac
+done
+
+fail=0
+check() {  # file [--lines=a:b ...]
+  local out
+  if ! out="$(clang-format --style=file --dry-run -Werror "$@" 2>&1)"; then
+    echo "$out"
+    fail=1
+  fi
+}
+
+if [ ${#files[@]} -gt 0 ]; then
+  for f in "${files[@]}"; do
+    [ -f "$f" ] || { echo "check_format: no such file: $f"; exit 2; }
+    check "$f"
+  done
+  n=${#files[@]}
+  what="whole files"
+else
+  [ "$(git rev-parse --show-toplevel 2>/dev/null)" = "$root" ] || skip "$root is not a git checkout"
+  if [ -z "$base" ]; then
+    git rev-parse -q --verify main >/dev/null || skip "no main branch to compare with"
+    base="$(git merge-base HEAD main)" || skip "HEAD and main have no common commit"
+    if [ "$base" = "$(git rev-parse HEAD)" ]; then
+      base="$(git rev-parse -q --verify HEAD~1)" || skip "no commit before HEAD to compare with (a shallow clone?)"
+    fi
+  fi
+  git rev-parse -q --verify "$base^{commit}" >/dev/null || { echo "check_format: unknown base: $base"; exit 2; }
+  n=0
+  while IFS= read -r -d '' f; do
+    [ -f "$f" ] || continue
+    # Added or modified line ranges on the new side: hunk headers "@@ -a[,b] +c[,d] @@".
+    mapfile -t ranges < <(git diff -U0 --no-color "$base" -- "$f" |
+      sed -nE 's/^@@ -[0-9]+(,[0-9]+)? \+([0-9]+)(,([0-9]+))? @@.*/\2 \4/p' |
+      awk '{ d = ($2 == "") ? 1 : $2; if (d > 0) printf "--lines=%d:%d\n", $1, $1 + d - 1 }')
+    [ ${#ranges[@]} -gt 0 ] || continue
+    n=$((n + 1))
+    check "${ranges[@]}" "$f"
+  done < <(git diff -z --name-only --diff-filter=ACMR -M "$base" -- '*.cpp' '*.hpp' '*.cu' '*.cuh' '*.h')
+  what="files with lines changed since $(git rev-parse --short "$base")"
+fi
+if [ $fail -ne 0 ]; then
+  echo "check_format: misformatted lines above (.clang-format); fix with: git clang-format ${base:-<base>}"
+  exit 1
+fi
+echo "check_format: $n $what, formatted"
