@@ -6,7 +6,8 @@
 #   scripts/check_format.sh FILE...         the whole of each FILE
 #
 # The default base is the merge-base of HEAD with main: on a branch, every commit since it left main
-# (and what is not committed yet); on main itself (or behind it), the last commit (HEAD~1).
+# (and what is not committed yet); on main itself (or behind it), what is not committed yet, or
+# when everything is committed, the last commit (HEAD~1).
 # Each changed .cpp/.hpp/.cu/.cuh/.h file runs through `clang-format --dry-run -Werror` restricted to
 # its changed line ranges (--lines). Exit 1 with clang-format's findings when any is misformatted
 # (fix them with `git clang-format <base>`); exit 77 (CTest: skipped) with a one-line reason when
@@ -23,7 +24,7 @@ files=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --base) base="${2:?--base needs a revision}"; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) files+=("$1"); shift ;;
   esac
 done
@@ -49,22 +50,28 @@ else
   if [ -z "$base" ]; then
     git rev-parse -q --verify main >/dev/null || skip "no main branch to compare with"
     base="$(git merge-base HEAD main)" || skip "HEAD and main have no common commit"
-    if [ "$base" = "$(git rev-parse HEAD)" ]; then
+    # On main (or behind it): what is not committed yet, else the last commit.
+    if [ "$base" = "$(git rev-parse HEAD)" ] && git diff --quiet HEAD -- '*.cpp' '*.hpp' '*.cu' '*.cuh' '*.h'; then
       base="$(git rev-parse -q --verify HEAD~1)" || skip "no commit before HEAD to compare with (a shallow clone?)"
     fi
   fi
   git rev-parse -q --verify "$base^{commit}" >/dev/null || { echo "check_format: unknown base: $base"; exit 2; }
+  # Added or modified line ranges on the new side of one rename-aware diff (a moved file counts only
+  # its changed lines): "+++ b/<path>", then hunk headers "@@ -a[,b] +c[,d] @@".
+  declare -A ranges=()
+  while IFS=$'\t' read -r f r; do
+    ranges["$f"]+="$r "
+  done < <(git diff -U0 -M --no-color --no-ext-diff --src-prefix=a/ --dst-prefix=b/ --diff-filter=ACMR "$base" -- '*.cpp' '*.hpp' '*.cu' '*.cuh' '*.h' |
+    awk '/^\+\+\+ / { f = substr($0, 7); next }
+         /^@@ / { split($3, a, ","); c = substr(a[1], 2); d = (a[2] == "") ? 1 : a[2];
+                  if (d > 0 && f != "") printf "%s\t--lines=%d:%d\n", f, c, c + d - 1 }')
   n=0
-  while IFS= read -r -d '' f; do
+  for f in "${!ranges[@]}"; do
     [ -f "$f" ] || continue
-    # Added or modified line ranges on the new side: hunk headers "@@ -a[,b] +c[,d] @@".
-    mapfile -t ranges < <(git diff -U0 --no-color "$base" -- "$f" |
-      sed -nE 's/^@@ -[0-9]+(,[0-9]+)? \+([0-9]+)(,([0-9]+))? @@.*/\2 \4/p' |
-      awk '{ d = ($2 == "") ? 1 : $2; if (d > 0) printf "--lines=%d:%d\n", $1, $1 + d - 1 }')
-    [ ${#ranges[@]} -gt 0 ] || continue
     n=$((n + 1))
-    check "${ranges[@]}" "$f"
-  done < <(git diff -z --name-only --diff-filter=ACMR -M "$base" -- '*.cpp' '*.hpp' '*.cu' '*.cuh' '*.h')
+    # shellcheck disable=SC2086  # the ranges are words
+    check ${ranges[$f]} "$f"
+  done
   what="files with lines changed since $(git rev-parse --short "$base")"
 fi
 if [ $fail -ne 0 ]; then
