@@ -1,7 +1,7 @@
 # The executor's device-independent core (docs/backend.md, "Executor"): the Device seam, the
 # scheduling of StepGraph ops on rank threads, and the fake device with a host clock. Included from
 # the top-level CMakeLists (not backend/CMakeLists.txt, which only CUDA builds add) so that it builds
-# and is tested without CUDA (tests/executor). The CUDA device and the launcher are in
+# and is tested without CUDA (tests/backend/executor). The CUDA device and the launcher are in
 # backend/CMakeLists.txt (target threewalls_backend_run).
 add_library(threewalls_executor
   ${CMAKE_CURRENT_LIST_DIR}/src/executor.cpp

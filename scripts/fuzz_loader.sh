@@ -5,7 +5,7 @@
 #
 # Seeds: scenarios/examples and tests/scenarios/broken (read-only); new inputs go to
 # $BUILD/fuzz-corpus, crash/timeout reproducers to $BUILD/fuzz-artifacts/. Reproduce one with
-#   $BUILD/tests/fuzz/scenario_loader_fuzz $BUILD/fuzz-artifacts/crash-<sha1>
+#   $BUILD/tests/scenarios/fuzz/scenario_loader_fuzz $BUILD/fuzz-artifacts/crash-<sha1>
 # BUILD defaults to build-fuzz in the repository root (THREEWALLS_FUZZ_BUILD overrides it).
 # The machine this was written for has 2 shared cores: the build uses -j2 and the run one process.
 set -euo pipefail
@@ -25,7 +25,7 @@ cmake --build "$build" -j2 --target scenario_loader_fuzz
 
 mkdir -p "$build/fuzz-corpus" "$build/fuzz-artifacts"
 cd "$build"  # relative calibration.profile paths in inputs resolve here, not in the source tree
-exec "$build/tests/fuzz/scenario_loader_fuzz" \
+exec "$build/tests/scenarios/fuzz/scenario_loader_fuzz" \
   -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=8192 -print_final_stats=1 \
-  -dict="$root/tests/fuzz/scenario.dict" -artifact_prefix="$build/fuzz-artifacts/" "$@" \
+  -dict="$root/tests/scenarios/fuzz/scenario.dict" -artifact_prefix="$build/fuzz-artifacts/" "$@" \
   "$build/fuzz-corpus" "$root/scenarios/examples" "$root/tests/scenarios/broken"

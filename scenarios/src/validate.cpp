@@ -92,7 +92,7 @@ class Reporter {
 std::string num(long long v) { return std::to_string(v); }
 
 // Products of parallel sizes. Each size is a 31-bit int, so three or four of them can overflow even
-// 64 bits (found by tests/fuzz/scenario_loader_fuzz). The product saturates at kProductCap instead: the
+// 64 bits (found by tests/scenarios/fuzz/scenario_loader_fuzz). The product saturates at kProductCap instead: the
 // rules only compare these products with the world size (< 2^31), which a saturated product fails
 // exactly as the true one would.
 constexpr long long kProductCap = 1LL << 62;
