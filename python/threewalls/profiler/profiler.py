@@ -1,0 +1,680 @@
+"""The sampled profiler for PyTorch programs.
+
+    prof = Profiler("runs/1", sampling=SamplingConfig(record_every_n_steps=10))
+    for step in range(steps):
+        with prof.step(step):
+            with prof.phase("forward", layer=0, flops=f):
+                loss = model(batch)
+            ...
+    prof.finish()
+
+How a step is timed (the C++ CUDA profiler's scheme, docs/profiler.md "Device timing"):
+
+* begin_step(step): when the sampling policy selects the step and the rank, an *epoch* CUDA event is
+  recorded on the current stream. An unselected step records nothing: phases return a shared no-op
+  context manager after one branch.
+* A phase is a pair of CUDA events around its work on the stream current at the phase's start (or
+  the stream passed), or, for host phases, two host-clock readings.
+* end_step(): an end event on every stream the step's phases used; the step's `dur_us` is the latest
+  of them (and of the phases' ends) after the epoch.
+* Harvesting never waits: at every begin_step and end_step, finished steps (all end events done),
+  oldest first, become records (start_us = elapsed(epoch, a), dur_us = elapsed(a, b)) and their
+  events go back to a pool; steady state creates no events. finish() waits for the rest.
+* epoch_us is on the run's host clock (time.time_ns() since the start of the second in run.json's
+  start_time, which every rank of the run shares), through an *anchor*: an event recorded while the
+  stream is idle at a known host time. epoch_us(k) = anchor_host + elapsed(anchor, epoch_k); epoch_k
+  then becomes the anchor, so elapsed times stay short. A fresh host anchor is taken at a recorded
+  step's start whenever the stream is idle then and the last one is older than 0.1 s, which bounds
+  the drift of the GPU clock against the host clock.
+* NVTX ranges (torch.cuda.nvtx) around every phase: nvtx="sampled" (default) on recorded steps only,
+  "all" on every step (a timeline tool then sees every step, at the cost of two calls per phase), or
+  "off".
+* Without CUDA (or use_cuda=False) every phase is timed on the host clock: the same records, for CPU
+  programs and tests.
+
+Records go to a RunDirWriter (threewalls.profiler.writer): whole lines, written when the policy's
+flush_every_n_steps says so, so a killed process loses at most one flush window.
+"""
+from __future__ import annotations
+
+import calendar
+import os
+import sys
+import time
+from collections import deque
+from typing import Any, Dict, List, Optional, Sequence
+
+from threewalls import __version__
+from threewalls.errors import InputError
+from threewalls.profiler import records as rec
+from threewalls.profiler.sampling import SamplingConfig, SamplingPolicy
+from threewalls.profiler.summary import build_summary
+from threewalls.profiler.writer import RunDirWriter
+
+try:  # the profiler also runs without torch (host timing only)
+    import torch
+except ImportError:  # pragma: no cover - the CI image has torch
+    torch = None
+
+_WALLS = frozenset(rec.WALLS)
+_COARSE = frozenset(rec.COARSE_VIEWS)
+_REANCHOR_NS = 100_000_000  # a fresh host anchor at most every 0.1 s
+
+
+class _Null:
+    """The context manager of a phase on an unrecorded step: nothing at all."""
+    __slots__ = ()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NULL = _Null()
+
+
+class _NvtxOnly:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __enter__(self):
+        torch.cuda.nvtx.range_push(self.name)
+        return self
+
+    def __exit__(self, *exc):
+        torch.cuda.nvtx.range_pop()
+        return False
+
+
+class PhaseInfo:
+    """What a phase record carries besides its times. Build one per (phase, layer, ...) and reuse it
+    (Profiler.info) to keep the hot path short; phase() builds one per call otherwise."""
+    __slots__ = ("name", "prefix", "suffix", "wall", "bytes", "flops", "coarse", "host")
+
+    def __init__(self, prof: "Profiler", name: str, layer: Optional[int], microbatch: Optional[int], wall: str,
+                 bytes: float, flops: float, expert: Optional[int], peer: Optional[int], group: Optional[str],
+                 group_id: Optional[int], tokens: Optional[int], coarse: Optional[str], host: bool):
+        if wall not in _WALLS:
+            raise InputError(f"phase {name!r}: wall {wall!r}; allowed: {', '.join(rec.WALLS)}")
+        if coarse is not None and coarse not in _COARSE:
+            raise InputError(f"phase {name!r}: coarse {coarse!r}; allowed: {', '.join(rec.COARSE_VIEWS)} or None")
+        if bytes < 0 or flops < 0:
+            raise InputError(f"phase {name!r}: bytes and flops must be >= 0 (bytes {bytes}, flops {flops})")
+        self.name = name
+        self.wall = wall
+        self.bytes = bytes
+        self.flops = flops
+        self.coarse = coarse
+        self.host = host
+        # The parts of the line around the stream and the times, formatted once.
+        self.prefix = (f'"phase":{prof._json(name)},"layer":{"null" if layer is None else int(layer)},'
+                       f'"microbatch":{"null" if microbatch is None else int(microbatch)},"stream":')
+        tail = f',"wall":"{wall}","bytes":{rec.format_count(bytes)},"flops":{rec.format_count(flops)}'
+        if expert is not None:
+            tail += f',"expert":{int(expert)}'
+        if peer is not None:
+            tail += f',"peer":{int(peer)}'
+        if group is not None:
+            tail += f',"group":{prof._json(group)}'
+        if group_id is not None:
+            tail += f',"group_id":{int(group_id)}'
+        if tokens is not None:
+            tail += f',"tokens":{int(tokens)}'
+        if coarse is not None:
+            tail += f',"coarse":"{coarse}"'
+        self.suffix = tail + "}"
+
+
+class _Phase:
+    """A phase on a recorded step (context manager); also the token of begin_phase/end_phase."""
+    __slots__ = ("prof", "info", "stream", "a", "b", "h0", "h1", "nvtx", "sync")
+
+    def __init__(self, prof: "Profiler", info: PhaseInfo, stream, sync: bool = False):
+        self.prof = prof
+        self.info = info
+        self.stream = stream
+        self.a = self.b = None
+        self.h0 = self.h1 = 0
+        self.nvtx = False
+        self.sync = sync
+
+    def __enter__(self):
+        self.prof._open(self)
+        return self
+
+    def __exit__(self, *exc):
+        self.prof._close(self)
+        return False
+
+
+class _Step:
+    __slots__ = ("step", "epoch", "epoch_host_ns", "phases", "ends", "end_host_ns")
+
+    def __init__(self, step: int):
+        self.step = step
+        self.epoch = None
+        self.epoch_host_ns = 0
+        self.phases: List[_Phase] = []
+        self.ends: List[Any] = []
+        self.end_host_ns = 0
+
+
+class _StepContext:
+    __slots__ = ("prof", "step")
+
+    def __init__(self, prof: "Profiler", step: int):
+        self.prof = prof
+        self.step = step
+
+    def __enter__(self):
+        self.prof.begin_step(self.step)
+        return self.prof
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.prof.end_step()
+        else:
+            self.prof._abandon_step()
+        return False
+
+
+def _parse_start_time(s: str) -> int:
+    """run.json's start_time ("2026-11-22T10:00:00Z") as ns since the Unix epoch."""
+    return calendar.timegm(time.strptime(s, "%Y-%m-%dT%H:%M:%SZ")) * 1_000_000_000
+
+
+def _dist():
+    if torch is None:
+        return None
+    d = getattr(torch, "distributed", None)
+    if d is not None and d.is_available() and d.is_initialized():
+        return d
+    return None
+
+
+class Profiler:
+    """A sampled profiler writing one run directory (docs/python.md).
+
+    out_dir: the run directory (refused when it exists and is not empty, unless overwrite=True).
+    rank, world_size: default from torch.distributed when it is initialised, else 0 and 1.
+    sampling: SamplingConfig (start_step, end_step, record_every_n_steps, flush_every_n_steps, ranks,
+    granularity), with the meaning of the scenario keys run.profiler.*.
+    scenario: {"name", "path", "hash"} of what runs (free text for a loop without a scenario).
+    creator: whether this process creates the directory and run.json (default: rank 0). With
+    torch.distributed initialised the others wait at a barrier; without it they wait for run.json.
+    nvtx: "sampled", "all" or "off". use_cuda: default torch.cuda.is_available().
+    Not thread-safe, except that phases may be opened and closed from autograd's backward threads
+    while the thread that drives the steps waits in backward().
+    """
+
+    def __init__(self, out_dir: str, *, rank: Optional[int] = None, world_size: Optional[int] = None,
+                 sampling: Optional[SamplingConfig] = None, scenario: Optional[Dict[str, str]] = None,
+                 device: Optional[str] = None, argv: Optional[Sequence[str]] = None, seed: int = 0,
+                 settings: Optional[Dict[str, Any]] = None, rank_classes: Optional[List[Dict[str, Any]]] = None,
+                 creator: Optional[bool] = None, overwrite: bool = False, nvtx: str = "sampled",
+                 use_cuda: Optional[bool] = None, source: str = "real", git_sha: str = "unknown",
+                 join_timeout_s: float = 120.0):
+        d = _dist()
+        if rank is None:
+            rank = d.get_rank() if d else 0
+        if world_size is None:
+            world_size = d.get_world_size() if d else 1
+        self.rank = int(rank)
+        self.world_size = int(world_size)
+        self.policy = SamplingPolicy(sampling, self.world_size)
+        if nvtx not in ("sampled", "all", "off"):
+            raise InputError(f"profiler nvtx {nvtx!r}; allowed: sampled, all, off")
+        if use_cuda is None:
+            use_cuda = torch is not None and torch.cuda.is_available()
+        if use_cuda and (torch is None or not torch.cuda.is_available()):
+            raise InputError("profiler use_cuda=True, but torch.cuda is not available")
+        self.cuda = bool(use_cuda)
+        self._nvtx_rec = self.cuda and nvtx != "off"
+        self._nvtx_all = self.cuda and nvtx == "all"
+        self.out_dir = str(out_dir)
+        self._names: Dict[str, str] = {}
+        self._stream_names: Dict[int, str] = {}
+        self._pool: List[Any] = []
+        self._pending: deque = deque()
+        self._cur: Optional[_Step] = None
+        self._rec = False
+        self._step_no: Optional[int] = None
+        self._last_step: Optional[int] = None
+        self._anchor = None
+        self._anchor_host_ns = 0
+        self._finished = False
+        self._creator = False
+        self._join_timeout_s = join_timeout_s
+        self.header: Dict[str, Any] = {}
+        self.writer: Optional[RunDirWriter] = None
+        if not self.policy.enabled:
+            return
+        multi = d is not None and self.world_size > 1
+        if multi:
+            if creator not in (None, self.rank == 0):
+                raise InputError("profiler creator: with torch.distributed initialised, rank 0 creates the run "
+                                 "directory (leave creator unset)")
+            creator = self.rank == 0
+        elif creator is None:
+            creator = self.rank == 0
+        self._creator = bool(creator)
+        if device is None:
+            device = torch.cuda.get_device_name() if self.cuda else "host CPU"
+        tool = f"{__version__} (python {sys.version.split()[0]}" + (f", torch {torch.__version__})" if torch else ")")
+        header = rec.make_header(source=source, world_size=self.world_size, tool_version=tool, git_sha=git_sha,
+                                 scenario=scenario, device=device, argv=list(argv if argv is not None else sys.argv),
+                                 seed=seed, settings=settings, rank_classes=rank_classes)
+        if creator:
+            error = None
+            try:
+                self.writer = RunDirWriter(self.out_dir, header, self.policy, mode="create", overwrite=overwrite,
+                                           local_ranks=[self.rank])
+            except Exception as e:  # every rank learns of it, none waits forever
+                error = e
+            if multi:
+                d.broadcast_object_list([header["start_time"], None if error is None else str(error)], src=0)
+            if error is not None:
+                raise error
+        else:
+            if multi:
+                box = [None, None]
+                d.broadcast_object_list(box, src=0)
+                if box[1] is not None:
+                    raise InputError(f"profiler: rank 0 could not create the run directory: {box[1]}")
+                header["start_time"] = box[0]
+            else:
+                header["start_time"] = self._wait_for_run_json(join_timeout_s)
+            self.writer = RunDirWriter(self.out_dir, header, self.policy, mode="join", overwrite=overwrite,
+                                       local_ranks=[self.rank])
+        self.header = self.writer.header
+        self._t0_ns = _parse_start_time(self.header["start_time"])
+        self._records_rank = self.policy.records_rank(self.rank)
+        if self.cuda:
+            self._main_stream = torch.cuda.current_stream()
+            self._stream_names[self._main_stream.cuda_stream] = "compute"
+
+    # ---- names ----
+
+    def _json(self, name: str) -> str:
+        j = self._names.get(name)
+        if j is None:
+            j = self._names[name] = rec.json_string(name)
+        return j
+
+    def name_stream(self, stream, name: str) -> None:
+        """The name records of phases on `stream` carry ("compute", "expert_1", "dp_comm", ...). The
+        stream current when the profiler was made is "compute"; an unnamed one is "stream_<n>"."""
+        if self.cuda:
+            self._stream_names[stream.cuda_stream] = name
+
+    def _stream_json(self, stream) -> str:
+        if stream is None:
+            return self._json("host")
+        key = stream.cuda_stream
+        name = self._stream_names.get(key)
+        if name is None:
+            name = self._stream_names[key] = f"stream_{len(self._stream_names)}"
+        return self._json(name)
+
+    # ---- events ----
+
+    def _event(self):
+        if self._pool:
+            return self._pool.pop()
+        return torch.cuda.Event(enable_timing=True)
+
+    # ---- steps ----
+
+    @property
+    def recording(self) -> bool:
+        """Whether the current step is recorded on this rank."""
+        return self._rec
+
+    def step(self, step: int) -> _StepContext:
+        """`with prof.step(k):` is begin_step(k) ... end_step()."""
+        return _StepContext(self, step)
+
+    def begin_step(self, step: int) -> None:
+        if self._cur is not None or self._step_no is not None:
+            raise RuntimeError(f"profiler: begin_step({step}) before end_step() of step {self._step_no}")
+        if self._last_step is not None and step <= self._last_step:
+            raise InputError(f"profiler: step {step} after step {self._last_step}; steps must increase")
+        self._step_no = step
+        if self._pending:
+            self._harvest(block=False)
+        self._rec = self._records_rank and self.policy.records(step) if self.writer else False
+        if not self._rec:
+            return
+        s = _Step(step)
+        if self.cuda:
+            stream = torch.cuda.current_stream()
+            now = time.time_ns()
+            if self._anchor is None or (now - self._anchor_host_ns > _REANCHOR_NS and stream.query()):
+                if self._anchor is not None:
+                    self._pool.append(self._anchor)
+                self._anchor = self._event()
+                self._anchor.record(stream)
+                self._anchor_host_ns = time.time_ns()
+            s.epoch = self._event()
+            s.epoch.record(stream)
+            s.ends.append(stream)
+        s.epoch_host_ns = time.time_ns()
+        self._cur = s
+
+    def end_step(self) -> None:
+        if self._step_no is None:
+            raise RuntimeError("profiler: end_step() without begin_step()")
+        step = self._step_no
+        s = self._cur
+        if s is not None:
+            if self.cuda:
+                streams = {}
+                for st in s.ends:
+                    streams[st.cuda_stream] = st
+                for p in s.phases:
+                    if p.stream is not None:
+                        streams.setdefault(p.stream.cuda_stream, p.stream)
+                ends = []
+                for st in streams.values():
+                    e = self._event()
+                    e.record(st)
+                    ends.append(e)
+                s.ends = ends
+            s.end_host_ns = time.time_ns()
+            self._pending.append(s)
+        if self.writer is not None and self.policy.flush_after(step):
+            self._pending.append(step)  # a flush point, reached once every earlier step is harvested
+        self._cur = None
+        self._rec = False
+        self._step_no = None
+        self._last_step = step
+        if self._pending:
+            self._harvest(block=False)
+
+    def _abandon_step(self) -> None:
+        """The step's body raised: its records are dropped (the step did not finish)."""
+        s = self._cur
+        if s is not None and self.cuda:
+            for p in s.phases:
+                for e in (p.a, p.b):
+                    if e is not None:
+                        self._pool.append(e)
+        self._cur = None
+        self._rec = False
+        self._step_no = None
+
+    # ---- phases ----
+
+    def info(self, name: str, *, layer: Optional[int] = None, microbatch: Optional[int] = None,
+             wall: str = "compute", bytes: float = 0.0, flops: float = 0.0, expert: Optional[int] = None,
+             peer: Optional[int] = None, group: Optional[str] = None, group_id: Optional[int] = None,
+             tokens: Optional[int] = None, coarse: Optional[str] = None, host: bool = False) -> PhaseInfo:
+        """A phase description to pass to phase()/begin_phase() again and again (cheaper than keywords)."""
+        return PhaseInfo(self, name, layer, microbatch, wall, bytes, flops, expert, peer, group, group_id, tokens,
+                         coarse, host)
+
+    def phase(self, name, *, stream=None, **kw):
+        """Context manager timing a phase on the device (CUDA events on `stream`, default the current
+        stream). `name` is a phase name or a PhaseInfo. Keywords: layer, microbatch, wall ("compute",
+        "memory", "communication", "host"), bytes, flops, expert, peer, group, group_id, tokens,
+        coarse ("host_to_device", "training_metrics")."""
+        if not self._rec:
+            if self._nvtx_all:
+                return _NvtxOnly(name if isinstance(name, str) else name.name)
+            return _NULL
+        info = name if isinstance(name, PhaseInfo) else self.info(name, **kw)
+        if not self.policy.records_phase(info.coarse):
+            return _NULL
+        return _Phase(self, info, stream)
+
+    def host_phase(self, name, *, sync_first: bool = False, **kw):
+        """Context manager timing host work on the host clock (wall "host" unless given). With
+        sync_first the current stream is synchronised before the phase starts, on recorded steps:
+        for a host op that waits for device work (a GPU->CPU read such as .item()), the record then
+        holds the op's own cost, and the wait before it is a gap, as run_dir.md defines."""
+        if not self._rec:
+            if self._nvtx_all:
+                return _NvtxOnly(name if isinstance(name, str) else name.name)
+            return _NULL
+        if isinstance(name, PhaseInfo):
+            info = name
+        else:
+            kw.setdefault("wall", "host")
+            info = self.info(name, host=True, **kw)
+        if not self.policy.records_phase(info.coarse):
+            return _NULL
+        return _Phase(self, info, None, sync_first)
+
+    def begin_phase(self, info: PhaseInfo, stream=None) -> Optional[_Phase]:
+        """Starts a phase outside a `with` block (autograd hooks); returns a token for end_phase, or
+        None on an unrecorded step."""
+        if not self._rec or not self.policy.records_phase(info.coarse):
+            return None
+        p = _Phase(self, info, stream)
+        self._open(p)
+        return p
+
+    def end_phase(self, token: Optional[_Phase]) -> None:
+        if token is not None:
+            self._close(token)
+
+    def _open(self, p: _Phase) -> None:
+        info = p.info
+        if self._nvtx_rec:
+            torch.cuda.nvtx.range_push(info.name)
+            p.nvtx = True
+        if info.host or not self.cuda:
+            if p.sync and self.cuda:
+                torch.cuda.current_stream().synchronize()
+            p.h0 = time.time_ns()
+            return
+        if p.stream is None:
+            p.stream = torch.cuda.current_stream()
+        p.a = self._event()
+        p.a.record(p.stream)
+
+    def _close(self, p: _Phase) -> None:
+        if p.a is not None:
+            p.b = self._event()
+            p.b.record(p.stream)
+        else:
+            p.h1 = time.time_ns()
+        if p.nvtx:
+            torch.cuda.nvtx.range_pop()
+        s = self._cur
+        if s is None:
+            raise RuntimeError(f"profiler: phase {p.info.name!r} ended outside a step")
+        s.phases.append(p)
+
+    # ---- module hooks ----
+
+    def hook_module(self, module, name: str, *, layer: Optional[int] = None, backward: bool = True,
+                    fwd_name: Optional[str] = None, bwd_name: Optional[str] = None, **kw) -> List[Any]:
+        """Times `module`'s forward as phase `<name>_fwd` and, with backward=True, its backward as
+        `<name>_bwd` (autograd: from the gradient reaching the module's outputs to the gradient of its
+        inputs; needs an input that requires grad). Keywords as for phase(). Returns the hook handles
+        (call .remove() on each to undo)."""
+        from threewalls.profiler.hooks import hook_module
+        return hook_module(self, module, fwd_name or f"{name}_fwd", bwd_name or f"{name}_bwd", layer, backward, kw)
+
+    # ---- harvest ----
+
+    def _host_us(self, ns: int) -> float:
+        return (ns - self._t0_ns) / 1000.0
+
+    def _harvest(self, block: bool) -> None:
+        pend = self._pending
+        while pend:
+            head = pend[0]
+            if isinstance(head, int):
+                pend.popleft()
+                self.writer.end_step(head)
+                continue
+            if self.cuda:
+                if block:
+                    for e in head.ends:
+                        e.synchronize()
+                else:
+                    for e in head.ends:
+                        if not e.query():
+                            return
+            pend.popleft()
+            self._emit(head)
+
+    def _emit(self, s: _Step) -> None:
+        w = self.writer
+        rank = self.rank
+        step = s.step
+        head = f'{{"step":{step},"rank":{rank},'
+        lines = []
+        if self.cuda:
+            epoch = s.epoch
+            epoch_us = self._host_us(self._anchor_host_ns) + self._anchor.elapsed_time(epoch) * 1000.0
+            # The epoch becomes the anchor: elapsed times stay short.
+            if self._anchor is not epoch:
+                self._pool.append(self._anchor)
+            self._anchor = epoch
+            self._anchor_host_ns = self._t0_ns + int(epoch_us * 1000.0)
+            end_us = 0.0
+            for e in s.ends:
+                end_us = max(end_us, epoch.elapsed_time(e) * 1000.0)
+                self._pool.append(e)
+        else:
+            epoch_us = self._host_us(s.epoch_host_ns)
+            end_us = (s.end_host_ns - s.epoch_host_ns) / 1000.0
+        host_json = self._json("host")
+        for p in s.phases:
+            info = p.info
+            if p.a is not None:
+                start = epoch.elapsed_time(p.a) * 1000.0
+                dur = p.a.elapsed_time(p.b) * 1000.0
+                self._pool.append(p.a)
+                self._pool.append(p.b)
+                sj = self._stream_json(p.stream)
+            else:
+                start = self._host_us(p.h0) - epoch_us
+                end = self._host_us(p.h1) - epoch_us
+                if start < 0.0:  # began before the device reached the epoch (the host ran ahead)
+                    start = 0.0
+                dur = max(end - start, 0.0)
+                sj = host_json if (info.host or not self.cuda) else self._stream_json(p.stream)
+                if not self.cuda and not info.host:
+                    sj = self._json("compute")
+            if dur < 0.0:
+                dur = 0.0
+            end_us = max(end_us, start + dur)
+            lines.append((head + info.prefix + sj + ',"start_us":' + rec.format_time_us(start) + ',"dur_us":' +
+                          rec.format_time_us(dur) + info.suffix, info.coarse))
+        # Phase lines first, then the step record (the reader drops a step's phases that have no step
+        # record only when the file was cut short).
+        for line, coarse in lines:
+            w.add_phase_line(step, rank, line, coarse)
+        w.add_step(step, rank, epoch_us, end_us)
+
+    # ---- the end ----
+
+    def finish(self, *, model_flops_per_step: Optional[float] = None, tokens_per_step: Optional[float] = None,
+               gpu: Optional[str] = None, gpu_peak_flops: Optional[float] = None,
+               gpu_memory_bytes: Optional[int] = None, summary: bool = True,
+               step_inputs: Optional[Dict[int, Dict[str, float]]] = None,
+               model_flops_from_records: bool = False) -> None:
+        """Waits for the recorded steps, writes the footers and (on the creating rank, after every rank
+        has finished) summary.json with the measured peak memory of every rank. Collective when
+        torch.distributed is initialised: every rank calls it."""
+        if self._finished:
+            return
+        self._finished = True
+        if self._step_no is not None:
+            raise RuntimeError(f"profiler: finish() inside step {self._step_no} (call end_step() first)")
+        if self.writer is None:
+            return
+        self._harvest(block=True)
+        self.writer.close()
+        peak = {}
+        if self.cuda:
+            peak[self.rank] = int(torch.cuda.max_memory_allocated())
+        d = _dist()
+        if d is not None and self.world_size > 1:
+            gathered: List[Any] = [None] * self.world_size
+            d.all_gather_object(gathered, peak)  # also: every rank has closed its files
+            peak = {}
+            for g in gathered:
+                peak.update(g)
+        if not summary or not self._creator:
+            return
+        if d is None and self.world_size > 1:
+            self._wait_for_footers(self._join_timeout_s)
+        if gpu is None:
+            gpu = _gpu_kind(self.header.get("device", ""))
+        if gpu_memory_bytes is None and self.cuda:
+            gpu_memory_bytes = int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+        self.writer.write_summary(build_summary(
+            self.out_dir, model_flops_per_step=model_flops_per_step, tokens_per_step=tokens_per_step, gpu=gpu,
+            gpu_peak_flops=gpu_peak_flops, measured_peak_bytes_by_rank=peak, gpu_memory_bytes=gpu_memory_bytes,
+            step_inputs=step_inputs, model_flops_from_records=model_flops_from_records))
+
+    def abandon(self) -> None:
+        """Writes what was harvested so far without footers (the loop died): readers report the run
+        as cut short. Steps still running on the device are dropped."""
+        if self._finished:
+            return
+        self._finished = True
+        if self.writer is not None:
+            self._harvest(block=False)
+            self.writer.abandon()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.finish()
+        else:
+            self.abandon()
+        return False
+
+    def _wait_for_footers(self, timeout_s: float) -> None:
+        """Without torch.distributed: wait until every recording rank's file ends with its footer."""
+        deadline = time.monotonic() + timeout_s
+        for r in self.policy.recording_ranks:
+            path = os.path.join(self.out_dir, f"phases_rank_{r}.jsonl")
+            while True:
+                try:
+                    with open(path, "rb") as f:
+                        f.seek(0, os.SEEK_END)
+                        f.seek(max(0, f.tell() - 4096))
+                        if b'"record":"footer"' in f.read().rstrip(b"\n").split(b"\n")[-1]:
+                            break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise InputError(f"{path}: rank {r} did not finish within {timeout_s} s; summary.json not "
+                                     "written")
+                time.sleep(0.05)
+
+    def _wait_for_run_json(self, timeout_s: float) -> str:
+        import json
+        path = os.path.join(self.out_dir, "run.json")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                with open(path, encoding="utf-8") as f:
+                    return json.load(f)["start_time"]
+            except (OSError, ValueError, KeyError):
+                time.sleep(0.05)
+        raise InputError(f"{path}: not written by the creating rank within {timeout_s} s (creator=True on "
+                         "one process, or initialise torch.distributed)")
+
+
+def _gpu_kind(device: str) -> str:
+    """"NVIDIA H100 80GB HBM3" -> "h100", as summary.json's gpu field names the GPU kind."""
+    d = device.lower()
+    for kind in ("h200", "h100", "b200", "a100"):
+        if kind in d:
+            return kind
+    return d
+

@@ -1,0 +1,197 @@
+"""The record layout of a run directory (docs/formats/run_dir.md), as the Python writer emits it.
+
+The C++ profiler (profiler/src/record.cpp, run_dir_writer.cpp) owns the format and its reader
+(profiler/src/run_dir_reader.cpp) is the judge: tests write run directories with this module and read
+them back with `threewalls analyze` and `compare` (python/tests/test_cli_reads.py), and check the
+field lists below against the format's documentation (python/tests/test_records.py). Nothing in
+this module decides what a field means; it only spells lines the way the C++ writer does: the same
+key order, times rounded to the nanosecond, counts rounded to integers.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+SCHEMA_NAME = "threewalls.run_dir"
+SCHEMA_MAJOR = 1
+SCHEMA_MINOR = 1
+SCHEMA_VERSION = f"{SCHEMA_MAJOR}.{SCHEMA_MINOR}"
+
+WALLS = ("compute", "memory", "communication", "host")
+COARSE_VIEWS = ("host_to_device", "training_metrics")
+GROUPS = ("tp", "cp", "dp", "dp_cp", "ep", "etp", "edp", "pp", "world", "embedding")
+SOURCES = ("sim", "real")
+
+# Phase-line keys in the order the C++ writer emits them (required keys always, optional ones only
+# when they apply). Phase lines carry no "record" key.
+PHASE_REQUIRED = ("step", "rank", "phase", "layer", "microbatch", "stream", "start_us", "dur_us", "wall",
+                  "bytes", "flops")
+PHASE_OPTIONAL = ("expert", "peer", "group", "group_id", "tokens", "launch_wait_us", "coarse")
+STEP_KEYS = ("record", "step", "rank", "epoch_us", "dur_us")
+FOOTER_KEYS = ("record", "records", "steps")
+# Header line of a phases file; run.json is the same object without record, rank and rank_class,
+# plus ranks and rank_classes.
+HEADER_KEYS = ("record", "schema", "schema_version", "source", "tool_version", "git_sha", "scenario",
+               "calibration_profile", "device", "world_size", "rank", "rank_class", "argv", "start_time",
+               "seed", "settings")
+RUN_JSON_KEYS = tuple(k for k in HEADER_KEYS if k not in ("record", "rank", "rank_class")) + ("ranks",
+                                                                                              "rank_classes")
+
+_TWO_53 = 9.007199254740992e15
+
+
+def _llround(x: float) -> int:
+    """C's llround: halves away from zero (Python's round() rounds halves to even)."""
+    return int(math.floor(x + 0.5)) if x >= 0 else -int(math.floor(-x + 0.5))
+
+
+def format_time_us(us: float) -> str:
+    """Microseconds rounded to the nanosecond, at most three decimals, trailing zeros dropped:
+    "12.5", "0.001", "1000000000.125" (the C++ writer's LineWriter::time_us)."""
+    if not math.isfinite(us):
+        raise ValueError(f"time {us!r} us is not a finite number")
+    if not abs(us) < 9e12:
+        return f"{us:.15g}"
+    ns = _llround(us * 1000.0)
+    sign = ""
+    if ns < 0:
+        sign = "-"
+        ns = -ns
+    whole, frac = divmod(ns, 1000)
+    if frac == 0:
+        return f"{sign}{whole}"
+    return f"{sign}{whole}." + f"{frac:03d}".rstrip("0")
+
+
+def format_count(v: float) -> str:
+    """Bytes and FLOPs: integers (exact below 2^53), nine significant digits beyond."""
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"count {v!r} is not a finite non-negative number")
+    if v < _TWO_53:
+        return str(_llround(v))
+    return f"{v:.9g}"
+
+
+def json_string(s: str) -> str:
+    """A name as a JSON string literal (quotes included), as the writer appends it."""
+    return json.dumps(s, ensure_ascii=False)
+
+
+def dumps(obj: Any) -> str:
+    """Compact JSON, as nlohmann::json::dump() writes it."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def phase_line(step: int, rank: int, phase_json: str, layer: Optional[int], microbatch: Optional[int],
+               stream_json: str, start_us: float, dur_us: float, wall: str, nbytes: float, flops: float,
+               expert: Optional[int] = None, peer: Optional[int] = None, group_json: Optional[str] = None,
+               group_id: Optional[int] = None, tokens: Optional[int] = None, coarse: Optional[str] = None) -> str:
+    """One phase line (no newline). `phase_json`, `stream_json` and `group_json` are JSON string
+    literals (json_string), so a name is escaped once, not once per record."""
+    s = (f'{{"step":{step},"rank":{rank},"phase":{phase_json},'
+         f'"layer":{"null" if layer is None else layer},'
+         f'"microbatch":{"null" if microbatch is None else microbatch},'
+         f'"stream":{stream_json},"start_us":{format_time_us(start_us)},"dur_us":{format_time_us(dur_us)},'
+         f'"wall":"{wall}","bytes":{format_count(nbytes)},"flops":{format_count(flops)}')
+    if expert is not None:
+        s += f',"expert":{expert}'
+    if peer is not None:
+        s += f',"peer":{peer}'
+    if group_json is not None:
+        s += f',"group":{group_json}'
+    if group_id is not None:
+        s += f',"group_id":{group_id}'
+    if tokens is not None:
+        s += f',"tokens":{tokens}'
+    if coarse is not None:
+        s += f',"coarse":"{coarse}"'
+    return s + "}"
+
+
+def step_line(step: int, rank: int, epoch_us: float, dur_us: float) -> str:
+    return (f'{{"record":"step","step":{step},"rank":{rank},"epoch_us":{format_time_us(epoch_us)},'
+            f'"dur_us":{format_time_us(dur_us)}}}')
+
+
+def footer_line(records: int, steps: Sequence[int]) -> str:
+    return dumps({"record": "footer", "records": records, "steps": sorted(set(steps))})
+
+
+def iso8601_utc(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def fnv1a64_hex(data: bytes) -> str:
+    """FNV-1a 64 of a file's bytes, hex: the scenario hash of the run header."""
+    h = 0xcbf29ce484222325
+    for b in data:
+        h ^= b
+        h = (h * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}"
+
+
+def make_header(*, source: str = "real", world_size: int, tool_version: str, git_sha: str = "unknown",
+                scenario: Optional[Dict[str, str]] = None, device: str = "", argv: Optional[List[str]] = None,
+                start_time: Optional[str] = None, seed: int = 0, settings: Optional[Dict[str, Any]] = None,
+                rank_classes: Optional[List[Dict[str, Any]]] = None) -> Dict[str, Any]:
+    """The run header (run.json without ranks, which the writer fills from the sampling policy)."""
+    if source not in SOURCES:
+        raise ValueError(f"source {source!r}; allowed: {', '.join(SOURCES)}")
+    sc = {"name": "", "path": "", "hash": ""}
+    if scenario:
+        unknown = set(scenario) - set(sc)
+        if unknown:
+            raise ValueError(f"scenario: unknown field(s) {sorted(unknown)}; allowed: name, path, hash")
+        sc.update({k: str(v) for k, v in scenario.items()})
+    return {
+        "schema": SCHEMA_NAME,
+        "schema_version": SCHEMA_VERSION,
+        "source": source,
+        "tool_version": tool_version,
+        "git_sha": git_sha,
+        "scenario": sc,
+        "calibration_profile": None,
+        "device": device,
+        "world_size": int(world_size),
+        "argv": list(argv or []),
+        "start_time": start_time or iso8601_utc(time.time()),
+        "seed": int(seed),
+        "settings": dict(settings or {}),
+        "rank_classes": list(rank_classes or []),
+    }
+
+
+def _common(header: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: header[k] for k in ("schema", "schema_version", "source", "tool_version", "git_sha", "scenario",
+                                   "calibration_profile", "device", "world_size")}
+
+
+def _tail(header: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: header[k] for k in ("argv", "start_time", "seed", "settings")}
+
+
+def run_json(header: Dict[str, Any], ranks: Sequence[int]) -> Dict[str, Any]:
+    j = _common(header)
+    j.update(_tail(header))
+    j["ranks"] = list(ranks)
+    j["rank_classes"] = [{"id": c["id"], "label": c["label"], "ranks": list(c["ranks"]), "pp_stage": c["pp_stage"]}
+                         for c in header.get("rank_classes", [])]
+    return j
+
+
+def rank_class_of(header: Dict[str, Any], rank: int) -> Optional[int]:
+    for c in header.get("rank_classes", []):
+        if rank in c["ranks"]:
+            return c["id"]
+    return None
+
+
+def header_line(header: Dict[str, Any], rank: int) -> str:
+    j = {"record": "header"}
+    j.update(_common(header))
+    j["rank"] = rank
+    j["rank_class"] = rank_class_of(header, rank)
+    j.update(_tail(header))
+    return dumps(j)

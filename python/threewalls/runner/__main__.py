@@ -1,0 +1,3 @@
+from threewalls.runner.run import main
+
+main()

@@ -1,0 +1,377 @@
+"""The reference PyTorch runner: executes a scenario's model for real and writes a run directory.
+
+    python3 -m threewalls.runner SCENARIO --out RUN_DIR            # one process
+    torchrun --nproc_per_node=N -m threewalls.runner SCENARIO --out RUN_DIR
+
+Training steps: for each micro-batch its input copy (host_to_device on the copy stream), forward and
+backward; then the data-parallel gradient all-reduce in Megatron DDP buckets (dp > 1), the gradient
+norm (all-reduced over the world), Adam on fp32 master weights, the loss all-reduce (dp > 1) and the
+host's read of the loss. Inference steps: a prefill of the prompts, then decode steps with a KV
+cache, each ending with the host's read of the sampled tokens. Warm-up steps run first and are not
+recorded or numbered; step 0 is the first measured step, as in `threewalls sim`.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Dict, List, Optional
+
+import torch
+
+from threewalls.errors import InputError
+from threewalls.profiler import Profiler, SamplingConfig
+from threewalls.profiler.sampling import resolve_ranks
+from threewalls.runner import scenario as scen
+from threewalls.runner.model import Model
+from threewalls.runner.ops import Ctx, embedding
+
+
+def _ranks_from_env():
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", str(rank)))
+    return rank, world, local
+
+
+def sampling_of(s: scen.Scenario, every: Optional[int] = None, enabled: Optional[bool] = None) -> SamplingConfig:
+    p = s.profiler
+    return SamplingConfig(
+        enabled=p["enabled"] if enabled is None else enabled,
+        start_step=p["start_step"], end_step=p["end_step"],
+        record_every_n_steps=p["record_every_n_steps"] if every is None else every,
+        flush_every_n_steps=p["flush_every_n_steps"],
+        ranks=resolve_ranks(p["ranks"], s.world_size, representatives=[0]),
+        granularity=p["granularity"])
+
+
+class Buckets:
+    """Megatron DDP's gradient buckets over this rank's parameters, in backward order: the output head,
+    the layers from the last to the first, the embedding; a bucket closes once it holds
+    grad_bucket_size parameters, and at the end (dense and expert parameters apart). Each bucket is a
+    flat fp32 buffer whose views are the master weights' gradients."""
+
+    def __init__(self, model: Model, bucket_size: float, device):
+        L = model.m["num_layers"]
+        order: List[int] = [L] + list(range(L - 1, -1, -1)) + [-1]
+        by_layer: Dict[int, List[str]] = {}
+        for name, layer in model.layer_of.items():
+            by_layer.setdefault(layer, []).append(name)
+        self.buckets = []  # (expert, closing_layer, [names])
+        cur = {False: [], True: []}
+        size = {False: 0, True: 0}
+
+        def close(expert: bool, layer: int):
+            if size[expert] > 0:
+                self.buckets.append((expert, layer, cur[expert]))
+            cur[expert] = []
+            size[expert] = 0
+
+        for layer in order:
+            for name in by_layer.get(layer, []):
+                expert = name in model.expert_params
+                cur[expert].append(name)
+                size[expert] += model.params[name].numel()
+            if layer >= 0 and layer < L:
+                for expert in (False, True):
+                    if size[expert] >= bucket_size:
+                        close(expert, layer)
+        close(False, -1)
+        close(True, 0)
+        self.master: Dict[str, torch.Tensor] = {}
+        self.buffers: List[torch.Tensor] = []
+        for expert, layer, names in self.buckets:
+            n = sum(model.params[x].numel() for x in names)
+            buf = torch.zeros(n, dtype=torch.float32, device=device)
+            self.buffers.append(buf)
+            off = 0
+            for x in names:
+                p = model.params[x]
+                mp = p.detach().float().clone().requires_grad_(False)
+                mp.grad = buf[off:off + p.numel()].view_as(p)
+                self.master[x] = mp
+                off += p.numel()
+
+
+def run(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m threewalls.runner",
+                                 description="Execute a scenario's model in PyTorch and write a run directory "
+                                             "(docs/python.md).")
+    ap.add_argument("scenario", help="scenario TOML (docs/scenario_reference.md)")
+    ap.add_argument("--out", required=True, help="run directory to write (refused when it exists and is not empty)")
+    ap.add_argument("--overwrite", action="store_true", help="replace an existing run directory's files")
+    ap.add_argument("--device", choices=["cuda", "cpu"], default=None,
+                    help="default: cuda when available, else cpu")
+    ap.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
+                    help="parameter and activation type; default bf16 on CUDA (the scenario's precision), fp32 on "
+                         "CPU")
+    ap.add_argument("--steps", type=int, default=None, help="measured steps (default: run.steps)")
+    ap.add_argument("--warmup-steps", type=int, default=None, help="default: run.warmup_steps")
+    ap.add_argument("--record-every", type=int, default=None,
+                    help="profiler.record_every_n_steps (default: the scenario's run.profiler)")
+    ap.add_argument("--nvtx", choices=["sampled", "all", "off"], default="sampled")
+    args = ap.parse_args(argv)
+    try:
+        return _run(args)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args) -> int:
+    s = scen.load(args.scenario)
+    rank, world, local = _ranks_from_env()
+    if world != s.world_size:
+        raise InputError(f"{args.scenario}: the scenario's world is {s.world_size} GPUs (cluster.gpus_per_node x "
+                         f"nodes); this run has {world} process(es) (torchrun --nproc_per_node={s.world_size})")
+    device_kind = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device_kind == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError("--device cuda: torch.cuda is not available")
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype or ("bf16" if device_kind == "cuda" else "fp32")]
+    steps = args.steps if args.steps is not None else s.run["steps"]
+    warmup = args.warmup_steps if args.warmup_steps is not None else s.run["warmup_steps"]
+    if steps < 1 or warmup < 0:
+        raise InputError("--steps must be >= 1 and --warmup-steps >= 0")
+
+    dist = None
+    ep_group = dp_group = edp_group = None
+    if world > 1:
+        import torch.distributed as dist
+        if device_kind == "cuda" and os.environ.get("NCCL_NVLS_ENABLE") is None:
+            os.environ["NCCL_NVLS_ENABLE"] = "0"
+        dist.init_process_group("nccl" if device_kind == "cuda" else "gloo",
+                                **({"device_id": device} if device_kind == "cuda" and _has_device_id() else {}))
+        dp_group = dist.group.WORLD
+        ep = s.ep
+        for g in range(world // ep):
+            grp = dist.new_group(list(range(g * ep, (g + 1) * ep)))
+            if rank // ep == g:
+                ep_group = grp
+        for e in range(ep):
+            grp = dist.new_group(list(range(e, world, ep)))
+            if rank % ep == e:
+                edp_group = grp
+    torch.manual_seed(s.run["seed"] + rank)
+    model = Model(s, rank=rank, device=device, dtype=dtype, ep_group=ep_group, seed=s.run["seed"])
+    settings = {"steps": steps, "warmup_steps": warmup, "runner": model.settings(),
+                "executor": {"name": "threewalls.runner (PyTorch eager)", "torch": torch.__version__,
+                             "world_size": world, "backend": ("nccl" if device_kind == "cuda" else "gloo")
+                             if world > 1 else None}}
+    prof = Profiler(args.out, rank=rank, world_size=world, sampling=sampling_of(s, args.record_every),
+                    scenario={"name": s.name, "path": args.scenario, "hash": s.hash}, seed=s.run["seed"],
+                    settings=settings, overwrite=args.overwrite, nvtx=args.nvtx, use_cuda=device_kind == "cuda",
+                    rank_classes=[{"id": 0, "label": "stage 0", "ranks": list(range(world)), "pp_stage": 0}])
+    model.name_streams(prof)
+    c = Ctx(prof, rank)
+    copy_stream = torch.cuda.Stream() if device_kind == "cuda" else None
+    if copy_stream is not None:
+        prof.name_stream(copy_stream, "copy")
+    gen = torch.Generator().manual_seed(s.run["seed"] * 1000 + rank)
+    try:
+        if s.training:
+            step_inputs = None
+            _train(s, model, prof, c, device, copy_stream, gen, steps, warmup, dist, dp_group, edp_group)
+            tokens = s.step["global_batch_size"] * s.step["seq_length"]
+        else:
+            step_inputs = _infer(s, model, prof, c, device, copy_stream, gen, steps, warmup)
+            tokens = None
+        if device_kind == "cuda":
+            torch.cuda.synchronize()
+        prof.finish(tokens_per_step=tokens, gpu=s.cluster["gpu"], gpu_peak_flops=scen.calibration_peak_flops(s),
+                    step_inputs=step_inputs, model_flops_from_records=True)
+    except BaseException:
+        prof.abandon()
+        raise
+    if dist is not None:
+        dist.barrier()
+        dist.destroy_process_group()
+    if rank == 0:
+        print(f"run directory {args.out}: {steps} step(s) of {s.name} on {world} rank(s) ({device})")
+    return 0
+
+
+def _has_device_id() -> bool:
+    import inspect
+    import torch.distributed as dist
+    try:
+        return "device_id" in inspect.signature(dist.init_process_group).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _h2d(c: Ctx, prof, host_tensors, device, copy_stream, sync_after_copy: bool):
+    """The input copies of a micro-batch or step (host_to_device, on the copy stream; coarse view)."""
+    nbytes = float(sum(t.numel() * t.element_size() for t in host_tensors))
+    info = c.info("host_to_device", wall="memory", nbytes=nbytes, coarse="host_to_device", layer=None)
+    if copy_stream is None:
+        with prof.phase(info):
+            out = [t.to(device) for t in host_tensors]
+        return out
+    with torch.cuda.stream(copy_stream):
+        with prof.phase(info, stream=copy_stream):
+            out = [t.to(device, non_blocking=True) for t in host_tensors]
+    if sync_after_copy:
+        with prof.host_phase(c.info("host_to_device_sync", wall="host", host=True, layer=None)):
+            copy_stream.synchronize()
+    torch.cuda.current_stream().wait_stream(copy_stream)
+    for t in out:
+        t.record_stream(torch.cuda.current_stream())
+    return out
+
+
+def _train(s, model: Model, prof, c: Ctx, device, copy_stream, gen, steps, warmup, dist, dp_group, edp_group):
+    t = s.step
+    b, sq = t["micro_batch_size"], t["seq_length"]
+    M = s.num_microbatches
+    V = s.model["vocab_size"]
+    dp, ep = s.dp, s.ep
+    edp = s.world_size // ep
+    buckets = Buckets(model, t["grad_bucket_size"], device)
+    names = [n for _, _, ns in buckets.buckets for n in ns]
+    masters = [buckets.master[n] for n in names]
+    params = [model.params[n] for n in names]
+    fused = device.type == "cuda" and _adam_has("fused")
+    opt = torch.optim.Adam(masters, lr=1e-4, **({"fused": True} if fused else {}))
+    model_settings = prof.header.get("settings", {}).get("runner") if prof.header else None
+    if model_settings is not None:
+        model_settings["optimizer"] = "Adam (fused)" if fused else "Adam"
+    pin = device.type == "cuda"
+    total_params = sum(p.numel() for p in params)
+    world = s.world_size
+
+    for i in range(warmup + steps):
+        measured = i >= warmup
+        step = i - warmup
+        if measured:
+            prof.begin_step(step)
+        loss_sum = torch.zeros((), device=device, dtype=torch.float32)
+        for mb in range(M):
+            c.mb = mb
+            ids = torch.randint(0, V, (b, sq), generator=gen)
+            labels = torch.randint(0, V, (b, sq), generator=gen)
+            mask = torch.ones(b, sq, dtype=torch.int64)
+            pos = torch.arange(sq, dtype=torch.int64).expand(b, sq).contiguous()
+            host = [x.pin_memory() if pin else x for x in (ids, labels, mask, pos)]
+            d_ids, d_labels, _, _ = _h2d(c, prof, host, device, copy_stream, t["sync_after_copy"])
+            x = embedding(c, d_ids, model.params["embedding"])
+            for li in range(s.model["num_layers"]):
+                c.layer = li
+                x = model.attention(c, x, b, sq, decode=False)
+                x = model.mlp(c, x)
+            c.layer = None
+            logits = model.head_logits(c, x)
+            loss = model.loss(c, logits, d_labels)
+            (loss / M).backward()
+            loss_sum += loss.detach()
+        c.mb = None
+        # Gradients into the fp32 buckets (Megatron accumulates into fp32 main grads; here the copy is a
+        # gap between records), then the data-parallel reductions.
+        with torch.no_grad():
+            for n, p in zip(names, params):
+                buckets.master[n].grad.copy_(p.grad)
+                p.grad = None
+            if dp > 1 or edp > 1:
+                for (expert, layer, _ns), buf in zip(buckets.buckets, buckets.buffers):
+                    gsize = edp if expert else dp
+                    if gsize <= 1:
+                        continue
+                    buf.mul_(1.0 / gsize)
+                    group = edp_group if expert else dp_group
+                    gid = (model.rank % ep) if expert else 0
+                    with prof.phase(c.info("edp_grad_allreduce" if expert else "dp_grad_allreduce",
+                                           wall="communication", nbytes=buf.numel() * 4.0,
+                                           group="edp" if expert else "dp_cp", group_id=gid,
+                                           layer=None if layer < 0 else layer)):
+                        dist.all_reduce(buf, group=group)
+            with prof.phase(c.info("optimizer_grad_norm", wall="memory", nbytes=total_params * 4.0, layer=None)):
+                sq_norm = torch.stack([torch.sum(buf * buf) for buf in buckets.buffers]).sum()
+            if world > 1:
+                with prof.phase(c.info("optimizer_grad_norm_allreduce", wall="communication", nbytes=4.0,
+                                       group="world", group_id=0, layer=None)):
+                    dist.all_reduce(sq_norm)
+            with prof.phase(c.info("optimizer_step", wall="memory", nbytes=total_params * 30.0, layer=None)):
+                coef = torch.clamp(1.0 / (torch.sqrt(sq_norm) + 1e-6), max=1.0)
+                for buf in buckets.buffers:
+                    buf.mul_(coef)
+                opt.step()
+                for m_, p in zip(masters, params):
+                    p.copy_(m_)
+            if dp > 1:
+                metrics = torch.stack([loss_sum, torch.tensor(float(M), device=device)])
+                with prof.phase(c.info("training_metrics_allreduce", wall="communication", nbytes=8.0,
+                                       group="dp_cp", group_id=0, coarse="training_metrics", layer=None)):
+                    dist.all_reduce(metrics, group=dp_group)
+                loss_sum = metrics[0]
+            with prof.host_phase(c.info("training_metrics_read", wall="host", nbytes=8.0,
+                                        coarse="training_metrics", host=True, layer=None), sync_first=True):
+                float(loss_sum.item())
+        if measured:
+            prof.end_step()
+
+
+def _adam_has(kw: str) -> bool:
+    import inspect
+    try:
+        return kw in inspect.signature(torch.optim.Adam.__init__).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _infer(s, model: Model, prof, c: Ctx, device, copy_stream, gen, steps, warmup) -> Dict[int, Dict[str, float]]:
+    t = s.step
+    b, prompt = t["batch_size"], t["prompt_length"]
+    V = s.model["vocab_size"]
+    pin = device.type == "cuda"
+    step_inputs: Dict[int, Dict[str, float]] = {}
+    sampled: Optional[List[int]] = None
+
+    def one(step_index: int, measured: bool):
+        nonlocal sampled
+        kind, pos = s.infer_step_kind(step_index)
+        if kind == "decode" and sampled is None:
+            kind = "prefill"  # a decode needs its prompt's cache: warm-up restarts at a prefill
+        if measured:
+            prof.begin_step(step_index)
+        if kind == "prefill":
+            ids = torch.randint(0, V, (b, prompt), generator=gen)
+            sq = prompt
+        else:
+            ids = torch.tensor(sampled, dtype=torch.int64).view(b, 1)
+            sq = 1
+        host = [ids.pin_memory() if pin else ids]
+        (d_ids,) = _h2d(c, prof, host, device, copy_stream, t["sync_after_copy"])
+        with torch.no_grad():
+            x = embedding(c, d_ids, model.params["embedding"])
+            for li in range(s.model["num_layers"]):
+                c.layer = li
+                x = model.attention(c, x, b, sq, decode=kind == "decode")
+                x = model.mlp(c, x)
+            c.layer = None
+            last = x.view(b, sq, -1)[:, -1]
+            logits = model.head_logits(c, last)
+            tok = model.sample(c, logits)
+            with prof.host_phase(c.info("sampled_token_read", wall="host", host=True, layer=None), sync_first=True):
+                sampled = tok.tolist()
+        model.kv_len = prompt if kind == "prefill" else model.kv_len + 1
+        if measured:
+            prof.end_step()
+            step_inputs[step_index] = {"tokens": float(b * sq)}
+
+    for i in range(warmup):
+        one(i, False)
+    sampled = None
+    model.kv_len = 0
+    model.kv = [None] * len(model.kv)
+    for step in range(steps):
+        one(step, True)
+    return step_inputs
+
+
+def main() -> None:
+    sys.exit(run())
