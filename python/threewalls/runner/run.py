@@ -49,10 +49,15 @@ def sampling_of(s: scen.Scenario, every: Optional[int] = None, enabled: Optional
 class Buckets:
     """Megatron DDP's gradient buckets over this rank's parameters, in backward order: the output head,
     the layers from the last to the first, the embedding; a bucket closes once it holds
-    grad_bucket_size parameters, and at the end (dense and expert parameters apart). Each bucket is a
-    flat fp32 buffer whose views are the master weights' gradients."""
+    grad_bucket_size parameters, and at the end (dense and expert parameters apart).
 
-    def __init__(self, model: Model, bucket_size: float, device):
+    Each bucket holds its parameters in one flat bf16 buffer (the model's parameters are views into
+    it), its gradients in one flat fp32 buffer, and fp32 master weights: the whole bucket (gradients
+    all-reduced), or, with the distributed optimizer, this rank's shard of it (gradients
+    reduce-scattered, parameters all-gathered after the step). Buffers are padded to a multiple of
+    the group size."""
+
+    def __init__(self, model: Model, bucket_size: float, device, distributed: bool, dp: int, edp: int):
         L = model.m["num_layers"]
         order: List[int] = [L] + list(range(L - 1, -1, -1)) + [-1]
         by_layer: Dict[int, List[str]] = {}
@@ -73,25 +78,47 @@ class Buckets:
                 expert = name in model.expert_params
                 cur[expert].append(name)
                 size[expert] += model.params[name].numel()
-            if layer >= 0 and layer < L:
+            if 0 <= layer < L:
                 for expert in (False, True):
                     if size[expert] >= bucket_size:
                         close(expert, layer)
         close(False, -1)
         close(True, 0)
-        self.master: Dict[str, torch.Tensor] = {}
-        self.buffers: List[torch.Tensor] = []
-        for expert, layer, names in self.buckets:
-            n = sum(model.params[x].numel() for x in names)
-            buf = torch.zeros(n, dtype=torch.float32, device=device)
-            self.buffers.append(buf)
-            off = 0
-            for x in names:
-                p = model.params[x]
-                mp = p.detach().float().clone().requires_grad_(False)
-                mp.grad = buf[off:off + p.numel()].view_as(p)
-                self.master[x] = mp
-                off += p.numel()
+        self.distributed = distributed
+        self.params, self.grads, self.masters, self.shards, self.sizes = [], [], [], [], []
+        dp_rank = model.rank if dp > 1 else 0  # tp = cp = pp = 1: the data-parallel rank is the rank
+        edp_rank = model.rank // model.ep if edp > 1 else 0
+        with torch.no_grad():
+            for expert, layer, names in self.buckets:
+                gs = edp if expert else dp
+                gi = edp_rank if expert else dp_rank
+                n = sum(model.params[x].numel() for x in names)
+                npad = (n + gs - 1) // gs * gs
+                pflat = torch.zeros(npad, dtype=model.dtype, device=device)
+                off = 0
+                for x in names:
+                    p = model.params[x]
+                    pflat[off:off + p.numel()].copy_(p.reshape(-1))
+                    p.data = pflat[off:off + p.numel()].view_as(p)
+                    off += p.numel()
+                if distributed and gs > 1:
+                    shard = (gi * (npad // gs), (gi + 1) * (npad // gs))
+                else:
+                    shard = (0, npad)
+                master = pflat[shard[0]:shard[1]].float().clone()
+                master.grad = torch.zeros_like(master)
+                self.params.append(pflat)
+                self.grads.append(torch.zeros(npad, dtype=torch.float32, device=device))
+                self.masters.append(master)
+                self.shards.append(shard)
+                self.sizes.append(n)
+        self.names = [names for _, _, names in self.buckets]
+
+    def total_params(self) -> int:
+        return sum(self.sizes)
+
+    def shard_params(self) -> int:
+        return sum(m.numel() for m in self.masters)
 
 
 def run(argv: Optional[List[str]] = None) -> int:
@@ -209,9 +236,12 @@ def _h2d(c: Ctx, prof, host_tensors, device, copy_stream, sync_after_copy: bool)
     """The input copies of a micro-batch or step (host_to_device, on the copy stream; coarse view)."""
     nbytes = float(sum(t.numel() * t.element_size() for t in host_tensors))
     info = c.info("host_to_device", wall="memory", nbytes=nbytes, coarse="host_to_device", layer=None)
-    if copy_stream is None:
+    if copy_stream is None:  # CPU: the copy is synchronous; the sync is then its own (tiny) host op
         with prof.phase(info):
             out = [t.to(device) for t in host_tensors]
+        if sync_after_copy:
+            with prof.host_phase(c.info("host_to_device_sync", wall="host", host=True, layer=None)):
+                pass
         return out
     with torch.cuda.stream(copy_stream):
         with prof.phase(info, stream=copy_stream):
@@ -232,18 +262,53 @@ def _train(s, model: Model, prof, c: Ctx, device, copy_stream, gen, steps, warmu
     V = s.model["vocab_size"]
     dp, ep = s.dp, s.ep
     edp = s.world_size // ep
-    buckets = Buckets(model, t["grad_bucket_size"], device)
-    names = [n for _, _, ns in buckets.buckets for n in ns]
-    masters = [buckets.master[n] for n in names]
-    params = [model.params[n] for n in names]
-    fused = device.type == "cuda" and _adam_has("fused")
-    opt = torch.optim.Adam(masters, lr=1e-4, **({"fused": True} if fused else {}))
-    model_settings = prof.header.get("settings", {}).get("runner") if prof.header else None
-    if model_settings is not None:
-        model_settings["optimizer"] = "Adam (fused)" if fused else "Adam"
-    pin = device.type == "cuda"
-    total_params = sum(p.numel() for p in params)
     world = s.world_size
+    distributed = bool(t["use_distributed_optimizer"])
+    bk = Buckets(model, t["grad_bucket_size"], device, distributed, dp, edp)
+    fused = device.type == "cuda" and _adam_has("fused")
+    opt = torch.optim.Adam(bk.masters, lr=1e-4, **({"fused": True} if fused else {}))
+    runner_settings = prof.header.get("settings", {}).get("runner") if prof.header else None
+    if runner_settings is not None:
+        runner_settings["optimizer"] = ("distributed " if distributed and world > 1 else "") + (
+            "Adam (fused)" if fused else "Adam")
+        runner_settings["gradients"] = "bf16 autograd gradients copied into fp32 bucket buffers after backward"
+    pin = device.type == "cuda"
+    shard = bk.shard_params()
+    gloo = dist is not None and device.type == "cpu"
+
+    def reduce_grads(i, expert, layer, group, gsize):
+        buf = bk.grads[i]
+        buf.mul_(1.0 / gsize)
+        pre = "edp" if expert else "dp"
+        gid = (model.rank % ep) if expert else 0
+        lay = None if layer < 0 else layer
+        lo, hi = bk.shards[i]
+        if distributed:
+            with prof.phase(c.info(pre + "_grad_reduce_scatter", wall="communication", nbytes=buf.numel() * 4.0,
+                                   group="edp" if expert else "dp_cp", group_id=gid, layer=lay)):
+                if gloo:  # gloo has no reduce-scatter: all-reduce, keep the shard
+                    dist.all_reduce(buf, group=group)
+                else:
+                    dist.reduce_scatter_tensor(bk.masters[i].grad, buf, group=group)
+            if gloo:
+                bk.masters[i].grad.copy_(buf[lo:hi])
+        else:
+            with prof.phase(c.info(pre + "_grad_allreduce", wall="communication", nbytes=buf.numel() * 4.0,
+                                   group="edp" if expert else "dp_cp", group_id=gid, layer=lay)):
+                dist.all_reduce(buf, group=group)
+
+    def gather_params(i, expert, layer, group):
+        pflat = bk.params[i]
+        lo, hi = bk.shards[i]
+        pre = "edp" if expert else "dp"
+        gid = (model.rank % ep) if expert else 0
+        with prof.phase(c.info(pre + "_param_allgather", wall="communication", nbytes=pflat.numel() * 2.0,
+                               group="edp" if expert else "dp_cp", group_id=gid, layer=None if layer < 0 else layer)):
+            if gloo:
+                parts = list(pflat.chunk(dist.get_world_size(group)))
+                dist.all_gather(parts, pflat[lo:hi].clone(), group=group)
+            else:
+                dist.all_gather_into_tensor(pflat, pflat[lo:hi], group=group)
 
     for i in range(warmup + steps):
         measured = i >= warmup
@@ -270,38 +335,41 @@ def _train(s, model: Model, prof, c: Ctx, device, copy_stream, gen, steps, warmu
             (loss / M).backward()
             loss_sum += loss.detach()
         c.mb = None
-        # Gradients into the fp32 buckets (Megatron accumulates into fp32 main grads; here the copy is a
-        # gap between records), then the data-parallel reductions.
         with torch.no_grad():
-            for n, p in zip(names, params):
-                buckets.master[n].grad.copy_(p.grad)
-                p.grad = None
-            if dp > 1 or edp > 1:
-                for (expert, layer, _ns), buf in zip(buckets.buckets, buckets.buffers):
-                    gsize = edp if expert else dp
-                    if gsize <= 1:
-                        continue
-                    buf.mul_(1.0 / gsize)
-                    group = edp_group if expert else dp_group
-                    gid = (model.rank % ep) if expert else 0
-                    with prof.phase(c.info("edp_grad_allreduce" if expert else "dp_grad_allreduce",
-                                           wall="communication", nbytes=buf.numel() * 4.0,
-                                           group="edp" if expert else "dp_cp", group_id=gid,
-                                           layer=None if layer < 0 else layer)):
-                        dist.all_reduce(buf, group=group)
-            with prof.phase(c.info("optimizer_grad_norm", wall="memory", nbytes=total_params * 4.0, layer=None)):
-                sq_norm = torch.stack([torch.sum(buf * buf) for buf in buckets.buffers]).sum()
+            # Gradients into the fp32 buckets (Megatron accumulates into fp32 main grads; here the copy
+            # is a gap between records).
+            for bi, names in enumerate(bk.names):
+                off = 0
+                for n in names:
+                    p = model.params[n]
+                    bk.grads[bi][off:off + p.numel()].copy_(p.grad.reshape(-1))
+                    off += p.numel()
+                    p.grad = None
+                if not (distributed and (edp if bk.buckets[bi][0] else dp) > 1):
+                    bk.masters[bi].grad = bk.grads[bi]
+            for bi, (expert, layer, _names) in enumerate(bk.buckets):
+                gsize = edp if expert else dp
+                if gsize > 1:
+                    reduce_grads(bi, expert, layer, edp_group if expert else dp_group, gsize)
+            with prof.phase(c.info("optimizer_grad_norm", wall="memory", nbytes=shard * 4.0, layer=None)):
+                sq_norm = torch.stack([torch.sum(m.grad * m.grad) for m in bk.masters]).sum()
             if world > 1:
                 with prof.phase(c.info("optimizer_grad_norm_allreduce", wall="communication", nbytes=4.0,
                                        group="world", group_id=0, layer=None)):
                     dist.all_reduce(sq_norm)
-            with prof.phase(c.info("optimizer_step", wall="memory", nbytes=total_params * 30.0, layer=None)):
+            with prof.phase(c.info("optimizer_step", wall="memory", nbytes=shard * 30.0, layer=None)):
                 coef = torch.clamp(1.0 / (torch.sqrt(sq_norm) + 1e-6), max=1.0)
-                for buf in buckets.buffers:
-                    buf.mul_(coef)
+                for m in bk.masters:
+                    m.grad.mul_(coef)
                 opt.step()
-                for m_, p in zip(masters, params):
-                    p.copy_(m_)
+                for bi, m in enumerate(bk.masters):
+                    lo, hi = bk.shards[bi]
+                    bk.params[bi][lo:hi].copy_(m)
+            if distributed:
+                for bi in range(len(bk.buckets) - 1, -1, -1):
+                    expert, layer, _names = bk.buckets[bi]
+                    if (edp if expert else dp) > 1:
+                        gather_params(bi, expert, layer, edp_group if expert else dp_group)
             if dp > 1:
                 metrics = torch.stack([loss_sum, torch.tensor(float(M), device=device)])
                 with prof.phase(c.info("training_metrics_allreduce", wall="communication", nbytes=8.0,

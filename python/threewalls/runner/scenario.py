@@ -357,10 +357,6 @@ def _check(s: Scenario) -> None:
         if t["global_batch_size"] % (t["micro_batch_size"] * s.dp) != 0:
             raise InputError(f"{_where(p, 'train', 'global_batch_size')} = {t['global_batch_size']}: must be a "
                              f"multiple of micro_batch_size x dp = {t['micro_batch_size'] * s.dp}")
-        if s.dp > 1 and t["use_distributed_optimizer"]:
-            raise UnsupportedError(
-                f"{_where(p, 'train', 'use_distributed_optimizer')} = true with dp = {s.dp}: the PyTorch runner does "
-                "not shard the optimizer (it all-reduces gradients: dp_grad_allreduce); set it to false")
         if s.ep > 1 and (t["micro_batch_size"] * t["seq_length"] * m.get("moe_router_topk", 1)) % s.ep != 0:
             raise InputError(f"{_where(p, 'train', 'seq_length')}: micro_batch_size x seq_length x topk must be a "
                              f"multiple of ep = {s.ep}")

@@ -1,0 +1,156 @@
+"""The profiler in a PyTorch loop on the CPU (host clock), and its CUDA path where a GPU is."""
+import json
+import os
+import unittest
+
+from support import SKIP_NO_CUDA, cli, cuda_available, tempdir, threewalls_bin
+from threewalls.errors import InputError
+from threewalls.profiler import Profiler, SamplingConfig
+from threewalls.profiler.summary import read_records
+
+import torch
+
+
+def small_loop(prof, steps=6, hook=True):
+    torch.manual_seed(0)
+    lin1 = torch.nn.Linear(32, 64)
+    lin2 = torch.nn.Linear(64, 32)
+    if hook:
+        prof.hook_module(lin1, "fc1", layer=0, flops=2 * 16 * 32 * 64)
+        prof.hook_module(lin2, "fc2", layer=0)
+    x = torch.randn(16, 32, requires_grad=True)
+    for step in range(steps):
+        with prof.step(step):
+            with prof.phase("host_to_device", wall="memory", bytes=16 * 32 * 4, coarse="host_to_device"):
+                xi = x * 1.0
+            y = lin2(torch.relu(lin1(xi)))
+            loss = y.square().mean()
+            loss.backward()
+            with prof.host_phase("training_metrics_read", coarse="training_metrics", sync_first=True):
+                loss.item()
+
+
+class ProfilerCpuTest(unittest.TestCase):
+    def test_phases_hooks_and_step_records(self):
+        d = os.path.join(tempdir(self), "run")
+        prof = Profiler(d, sampling=SamplingConfig(record_every_n_steps=2, flush_every_n_steps=2), use_cuda=False,
+                        scenario={"name": "loop", "path": "", "hash": ""})
+        small_loop(prof)
+        prof.finish(tokens_per_step=16)
+        recs = read_records(d)
+        self.assertEqual(sorted({s["step"] for s in recs["steps"]}), [0, 2, 4])
+        by_step = {}
+        for p in recs["phases"]:
+            by_step.setdefault(p["step"], []).append(p)
+        for step, ps in by_step.items():
+            names = [p["phase"] for p in ps]
+            self.assertEqual(names, ["host_to_device", "fc1_fwd", "fc2_fwd", "fc2_bwd", "fc1_bwd",
+                                     "training_metrics_read"])
+            ends = {p["phase"]: p["start_us"] + p["dur_us"] for p in ps}
+            starts = {p["phase"]: p["start_us"] for p in ps}
+            # Backward runs last layer first: fc2's backward ends before fc1's starts.
+            self.assertLessEqual(ends["fc2_bwd"], starts["fc1_bwd"] + 1e-3)
+            self.assertLessEqual(ends["fc1_fwd"], starts["fc2_fwd"] + 1e-3)
+            step_rec = [s for s in recs["steps"] if s["step"] == step][0]
+            self.assertGreaterEqual(step_rec["dur_us"] + 1e-3, max(ends.values()))
+        fc1 = [p for p in recs["phases"] if p["phase"] == "fc1_fwd"][0]
+        self.assertEqual((fc1["layer"], fc1["flops"], fc1["wall"], fc1["stream"]), (0, 2 * 16 * 32 * 64, "compute",
+                                                                                     "compute"))
+        read = [p for p in recs["phases"] if p["phase"] == "training_metrics_read"][0]
+        self.assertEqual((read["stream"], read["wall"], read["coarse"]), ("host", "host", "training_metrics"))
+        self.assertEqual(recs["footers"][0], {"record": "footer", "records": 18, "steps": [0, 2, 4]})
+        with open(os.path.join(d, "summary.json")) as f:
+            summ = json.load(f)
+        self.assertEqual([s["step"] for s in summ["steps"]], [0, 2, 4])
+        self.assertEqual(summ["phases"][0]["phase"], "host_to_device")
+        self.assertEqual(summ["phases"][1]["count"], 3)
+        self.assertGreater(summ["steps"][0]["tokens_per_s"], 0)
+        if threewalls_bin():
+            out = cli(self, "analyze", d).stdout
+            self.assertIn("rank", out)
+            cmp = cli(self, "compare", d, d).stdout
+            self.assertIn("matched records: 18 over 3 step(s); only in A: 0; only in B: 0", cmp)
+
+    def test_coarse_granularity_and_unrecorded_steps(self):
+        d = os.path.join(tempdir(self), "run")
+        prof = Profiler(d, sampling=SamplingConfig(record_every_n_steps=5, granularity="coarse"), use_cuda=False)
+        small_loop(prof, steps=7)
+        prof.finish()
+        recs = read_records(d)
+        self.assertEqual(sorted({p["phase"] for p in recs["phases"]}), ["host_to_device", "training_metrics_read"])
+        self.assertEqual(sorted({p["step"] for p in recs["phases"]}), [0, 5])
+
+    def test_disabled_profiler_creates_nothing(self):
+        d = os.path.join(tempdir(self), "run")
+        prof = Profiler(d, sampling=SamplingConfig(enabled=False), use_cuda=False)
+        small_loop(prof, steps=3)
+        prof.finish()
+        self.assertFalse(os.path.exists(d))
+
+    def test_misuse_is_an_error(self):
+        d = os.path.join(tempdir(self), "run")
+        prof = Profiler(d, sampling=SamplingConfig(record_every_n_steps=1), use_cuda=False)
+        prof.begin_step(0)
+        with self.assertRaises(RuntimeError):
+            prof.begin_step(1)
+        with self.assertRaisesRegex(InputError, "wall 'disk'"):
+            prof.phase("x", wall="disk")
+        prof.end_step()
+        with self.assertRaisesRegex(InputError, "steps must increase"):
+            prof.begin_step(0)
+        with self.assertRaisesRegex(InputError, "nvtx 'some'"):
+            Profiler(os.path.join(d, "x"), nvtx="some", use_cuda=False)
+        prof.finish()
+
+    def test_a_step_that_raises_is_dropped_and_the_run_reads_as_cut_short(self):
+        d = os.path.join(tempdir(self), "run")
+        with self.assertRaises(ZeroDivisionError):
+            with Profiler(d, sampling=SamplingConfig(record_every_n_steps=1), use_cuda=False) as prof:
+                with prof.step(0):
+                    with prof.phase("a"):
+                        pass
+                with prof.step(1):
+                    with prof.phase("a"):
+                        1 / 0
+        recs = read_records(d)
+        self.assertEqual({p["step"] for p in recs["phases"]}, {0})
+        self.assertEqual(recs["footers"], {})
+        if threewalls_bin():
+            r = cli(self, "analyze", d, check=False)
+            self.assertIn("no footer record", r.stderr)
+
+
+@unittest.skipUnless(cuda_available(), SKIP_NO_CUDA)
+class ProfilerCudaTest(unittest.TestCase):
+    def test_events_on_two_streams(self):
+        d = os.path.join(tempdir(self), "run")
+        prof = Profiler(d, sampling=SamplingConfig(record_every_n_steps=1))
+        side = torch.cuda.Stream()
+        prof.name_stream(side, "expert_1")
+        a = torch.randn(2048, 2048, device="cuda")
+        for step in range(4):
+            with prof.step(step):
+                with prof.phase("mm", flops=2 * 2048 ** 3):
+                    b = a @ a
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    with prof.phase("mm_side"):
+                        c = b @ a
+                torch.cuda.current_stream().wait_stream(side)
+        prof.finish()
+        recs = read_records(d)
+        side_recs = [p for p in recs["phases"] if p["phase"] == "mm_side"]
+        self.assertEqual({p["stream"] for p in side_recs}, {"expert_1"})
+        for s in recs["steps"]:
+            ps = [p for p in recs["phases"] if p["step"] == s["step"]]
+            mm = [p for p in ps if p["phase"] == "mm"][0]
+            sd = [p for p in ps if p["phase"] == "mm_side"][0]
+            self.assertGreater(mm["dur_us"], 10)
+            self.assertGreaterEqual(sd["start_us"] + 1, mm["start_us"] + mm["dur_us"])
+            self.assertGreaterEqual(s["dur_us"] + 1, sd["start_us"] + sd["dur_us"])
+        with open(os.path.join(d, "summary.json")) as f:
+            self.assertGreater(json.load(f)["memory"]["measured_peak_bytes_by_rank"]["0"], 0)
+
+
+if __name__ == "__main__":
+    unittest.main()

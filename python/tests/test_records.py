@@ -1,0 +1,76 @@
+"""The Python writer spells records as the C++ writer does, and knows the fields the format has."""
+import os
+import re
+import unittest
+
+from support import REPO
+from threewalls.profiler import records as rec
+
+
+def doc_fields(section: str) -> set:
+    """Field names in the first column of the table under `### <section>` of docs/formats/run_dir.md."""
+    with open(os.path.join(REPO, "docs", "formats", "run_dir.md"), encoding="utf-8") as f:
+        text = f.read()
+    start = text.index(f"### {section}")
+    end = text.find("\n#", start + 4)
+    names = set()
+    for line in text[start:end].splitlines():
+        if line.startswith("| `"):
+            names.update(re.findall(r"`([a-z_]+)`", line.split("|")[1]))
+    return names
+
+
+class RecordsTest(unittest.TestCase):
+    def test_times_are_rounded_to_the_nanosecond_and_counts_to_integers(self):
+        # The same cases as tests/profiler/run_dir_test.cpp (TimesAreWrittenRoundedToTheNanosecond...).
+        line = rec.phase_line(0, 0, rec.json_string('a"b'), None, None, rec.json_string("compute"), -0.0015,
+                              12.34567, "compute", 4096, 1.5)
+        self.assertEqual(line, '{"step":0,"rank":0,"phase":"a\\"b","layer":null,"microbatch":null,"stream":"compute",'
+                               '"start_us":-0.002,"dur_us":12.346,"wall":"compute","bytes":4096,"flops":2}')
+        self.assertIn('"bytes":1e+20,', rec.phase_line(0, 0, '"p"', 1, 2, '"s"', 0, 1, "memory", 1e20, 0))
+        self.assertEqual(rec.step_line(3, 1, 1234567890.1234, 100.0),
+                         '{"record":"step","step":3,"rank":1,"epoch_us":1234567890.123,"dur_us":100}')
+        self.assertEqual(rec.format_time_us(12.5), "12.5")
+        self.assertEqual(rec.format_time_us(0.001), "0.001")
+        self.assertEqual(rec.format_time_us(0.0004), "0")
+        self.assertEqual(rec.format_time_us(2.5e-3), "0.003")  # halves away from zero, as llround
+        with self.assertRaises(ValueError):
+            rec.format_time_us(float("nan"))
+        with self.assertRaises(ValueError):
+            rec.format_count(-1)
+
+    def test_optional_fields_in_the_writer_order(self):
+        line = rec.phase_line(1, 2, '"moe_dispatch_fwd"', 3, 0, '"compute"', 1, 2, "communication", 8, 0,
+                              expert=4, peer=1, group_json='"ep"', group_id=0, tokens=64, coarse="host_to_device")
+        keys = re.findall(r'"([a-z_]+)":', line)
+        self.assertEqual(keys, list(rec.PHASE_REQUIRED) + [k for k in rec.PHASE_OPTIONAL if k != "launch_wait_us"])
+
+    def test_field_lists_match_the_format_documentation(self):
+        self.assertEqual(set(rec.PHASE_REQUIRED) | set(rec.PHASE_OPTIONAL), doc_fields("Phase record"))
+        self.assertEqual(set(rec.STEP_KEYS), doc_fields("Step record"))
+        self.assertEqual(set(rec.HEADER_KEYS), doc_fields("Header record"))
+        self.assertEqual(rec.SCHEMA_VERSION, re.search(r"`threewalls.run_dir` (\d+\.\d+)",
+                                                       open(os.path.join(REPO, "docs", "formats", "run_dir.md"),
+                                                            encoding="utf-8").read()).group(1))
+
+    def test_header_and_run_json(self):
+        h = rec.make_header(world_size=2, tool_version="t", scenario={"name": "n", "path": "p", "hash": "h"},
+                            device="d", argv=["a"], start_time="2026-01-01T00:00:00Z", seed=7,
+                            settings={"x": 1}, rank_classes=[{"id": 0, "label": "stage 0", "ranks": [0, 1],
+                                                             "pp_stage": 0}])
+        import json
+        line = json.loads(rec.header_line(h, 1))
+        self.assertEqual(list(line), list(rec.HEADER_KEYS))
+        self.assertEqual(line["rank_class"], 0)
+        rj = rec.run_json(h, [0, 1])
+        self.assertEqual(list(rj), list(rec.RUN_JSON_KEYS))
+        with self.assertRaises(ValueError):
+            rec.make_header(world_size=1, tool_version="t", source="measured")
+
+    def test_scenario_hash_is_fnv1a_64(self):
+        self.assertEqual(rec.fnv1a64_hex(b""), "cbf29ce484222325")
+        self.assertEqual(rec.fnv1a64_hex(b"a"), "af63dc4c8601ec8c")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,106 @@
+"""The reference runner on the CPU: its run directories are read by `threewalls compare` and line up,
+record for record, with `threewalls sim` of the same scenario (the per-expert ops of inference
+excepted: those follow each side's own routing)."""
+import json
+import os
+import subprocess
+import sys
+import unittest
+
+from support import SCENARIOS, cli, env_with_package, need_bin, run_runner, tempdir, variant
+
+TINY = os.path.join(SCENARIOS, "tiny_moe.toml")
+TINY_EP2 = os.path.join(SCENARIOS, "tiny_moe_ep2.toml")
+TINY_INFER = os.path.join(SCENARIOS, "tiny_mla_infer.toml")
+
+
+class RunnerTest(unittest.TestCase):
+    def sim_and_run(self, scenario, world=1):
+        need_bin(self)
+        d = tempdir(self)
+        sim, real = os.path.join(d, "sim"), os.path.join(d, "real")
+        cli(self, "sim", scenario, "--out", sim)
+        run_runner(self, scenario, real, world=world)
+        cmp_json = os.path.join(d, "compare.json")
+        cli(self, "compare", real, sim, "--json", cmp_json)
+        cli(self, "analyze", real)
+        with open(cmp_json) as f:
+            return json.load(f), real
+
+    def assert_lined_up(self, cmp, records):
+        self.assertEqual((cmp["matched_records"], len(cmp["only_in_a"]), len(cmp["only_in_b"])), (records, 0, 0),
+                         (cmp["only_in_a"][:5], cmp["only_in_b"][:5]))
+
+    def test_training_lines_up_with_the_simulation(self):
+        cmp, real = self.sim_and_run(TINY)
+        self.assert_lined_up(cmp, 3 * 153)
+        with open(os.path.join(real, "summary.json")) as f:
+            summ = json.load(f)
+        self.assertEqual(len(summ["steps"]), 3)
+        self.assertGreater(summ["model_flops_per_step"], 0)
+        with open(os.path.join(real, "run.json")) as f:
+            run = json.load(f)
+        self.assertEqual(run["settings"]["runner"]["experts"], "grouped")
+        self.assertEqual(run["scenario"]["name"], "tiny_moe")
+
+    def test_expert_parallel_training_on_two_processes(self):
+        d = tempdir(self)
+        # With the distributed optimizer (reduce-scatter, all-gather) and dense layers' buckets split.
+        path = variant(TINY_EP2, [("train", {"use_distributed_optimizer": True, "grad_bucket_size": 20000})],
+                       "tiny_moe_ep2_dist", d)
+        cmp, real = self.sim_and_run(path, world=2)
+        self.assertGreater(cmp["matched_records"], 1000)
+        self.assert_lined_up(cmp, cmp["matched_records"])
+        phases = {p["phase"] for p in cmp["phases"]}
+        for ph in ("moe_dispatch_fwd", "moe_combine_bwd", "moe_sort_fwd", "moe_unsort_bwd", "dp_grad_reduce_scatter",
+                   "dp_param_allgather", "optimizer_grad_norm_allreduce", "training_metrics_allreduce"):
+            self.assertIn(ph, phases)
+
+    def test_eager_experts_mla_and_the_other_options_line_up(self):
+        d = tempdir(self)
+        mla = variant(TINY, [("model", {"attention": "mla", "num_query_groups": None, "kv_channels": None,
+                                        "q_lora_rank": 32, "kv_lora_rank": 32, "qk_head_dim": 16,
+                                        "qk_pos_emb_head_dim": 8, "v_head_dim": 16}),
+                             ("train", {"expert_execution": "sequential"})], "tiny_mla_seq", d)
+        cmp, _ = self.sim_and_run(mla)
+        self.assert_lined_up(cmp, cmp["matched_records"])
+        self.assertIn("expert_gate_wgrad", {p["phase"] for p in cmp["phases"]})
+        other = variant(TINY, [("model", {"swiglu": False, "normalization": "layernorm",
+                                          "untie_embeddings_and_output_weights": False}),
+                               ("train", {"expert_execution": "streams:2", "moe_shared_expert_overlap": True,
+                                          "sync_routing_stats": True, "sync_after_copy": True})], "tiny_other", d)
+        cmp, _ = self.sim_and_run(other)
+        self.assert_lined_up(cmp, cmp["matched_records"])
+        phases = {p["phase"] for p in cmp["phases"]}
+        self.assertTrue({"expert_fc1_dgrad", "moe_routing_stats_read_fwd", "host_to_device_sync"} <= phases, phases)
+
+    def test_inference_prefill_and_decode(self):
+        cmp, real = self.sim_and_run(TINY_INFER)
+        per_expert = ("expert_", "moe_routing_stats_read")
+        for side in ("only_in_a", "only_in_b"):
+            stray = [k for k in cmp[side] if not k["phase"].startswith(per_expert)]
+            self.assertEqual(stray, [], side)
+        phases = {p["phase"] for p in cmp["phases"]}
+        self.assertTrue({"kv_cache_write_fwd", "attn_q_up_fwd", "sampled_token_read", "loss_fwd"} <= phases, phases)
+        with open(os.path.join(real, "summary.json")) as f:
+            steps = json.load(f)["steps"]
+        self.assertEqual(len(steps), 3)
+
+    def test_a_world_that_differs_from_the_scenario_is_refused(self):
+        d = tempdir(self)
+        r = subprocess.run([sys.executable, "-m", "threewalls.runner", TINY_EP2, "--out", os.path.join(d, "r"),
+                            "--device", "cpu"], env=env_with_package(), capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("the scenario's world is 2 GPUs", r.stderr)
+        r = subprocess.run([sys.executable, "-m", "threewalls.runner", os.path.join(SCENARIOS, "..", "..", "..",
+                                                                                   "scenarios", "examples",
+                                                                                   "small_moe_tp2_ep2.toml"),
+                            "--out", os.path.join(d, "r2")], env=env_with_package(), capture_output=True, text=True,
+                           timeout=120)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("[parallel] tp = 2: the PyTorch runner does not execute tensor parallelism", r.stderr)
+        self.assertFalse(os.path.exists(os.path.join(d, "r2")))
+
+
+if __name__ == "__main__":
+    unittest.main()
