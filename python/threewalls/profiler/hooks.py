@@ -1,10 +1,10 @@
 """Phases from module hooks and autograd markers.
 
 Forward: a forward pre-hook opens `<name>_fwd`, a forward hook closes it.
-Backward: two identity autograd functions mark where the module's backward starts and ends. The
-forward hook passes the module's outputs through `_BackwardBegin`, whose backward runs when the
+Backward: identity autograd markers (one function, two roles) mark where the module's backward starts and ends. The
+forward hook passes the module's outputs through a begin marker, whose backward runs when the
 gradient reaches the outputs (it opens `<name>_bwd`); the pre-hook passes the module's inputs that
-require grad through `_BackwardEnd`, whose backward runs once the gradient of an input is computed
+require grad through an end marker, whose backward runs once the gradient of an input is computed
 (it closes the phase; with several inputs, the last one closes it). Both run on autograd's thread,
 with the stream autograd uses for the module's backward current, so the CUDA events land on the
 stream the backward kernels run on.
@@ -22,8 +22,8 @@ from threewalls.errors import InputError
 
 
 class _Box:
-    """The backward phase of one module call: opened by the first _BackwardBegin, closed by the last
-    _BackwardEnd that runs."""
+    """The backward phase of one module call: opened by the first begin marker whose backward runs,
+    closed by the last end marker's."""
     __slots__ = ("prof", "info", "token", "ends")
 
     def __init__(self, prof, info, ends: int):
@@ -44,36 +44,30 @@ class _Box:
             self.token = None
 
 
-class _BackwardBegin(torch.autograd.Function):
+class _Marker(torch.autograd.Function):
+    """Identity in the forward; in the backward, opens (begin) or closes the box's phase."""
+
     @staticmethod
-    def forward(ctx, box, x):
+    def forward(ctx, box, begin: bool, x):
         ctx.box = box
+        ctx.begin = begin
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, g):
-        ctx.box.open()
-        return None, g
-
-
-class _BackwardEnd(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, box, x):
-        ctx.box = box
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        ctx.box.close()
-        return None, g
+        if ctx.begin:
+            ctx.box.open()
+        else:
+            ctx.box.close()
+        return None, None, g
 
 
 def mark_backward_begin(box: _Box, x: torch.Tensor) -> torch.Tensor:
-    return _BackwardBegin.apply(box, x)
+    return _Marker.apply(box, True, x)
 
 
 def mark_backward_end(box: _Box, x: torch.Tensor) -> torch.Tensor:
-    return _BackwardEnd.apply(box, x)
+    return _Marker.apply(box, False, x)
 
 
 def backward_box(prof, info, ends: int = 1) -> Optional[_Box]:

@@ -17,9 +17,12 @@ How a step is timed (the C++ CUDA profiler's scheme, docs/profiler.md "Device ti
   the stream passed), or, for host phases, two host-clock readings.
 * end_step(): an end event on every stream the step's phases used; the step's `dur_us` is the latest
   of them (and of the phases' ends) after the epoch.
-* Harvesting never waits: at every begin_step and end_step, finished steps (all end events done),
-  oldest first, become records (start_us = elapsed(epoch, a), dur_us = elapsed(a, b)) and their
-  events go back to a pool; steady state creates no events. finish() waits for the rest.
+* Harvesting never waits and runs where the host has time: every phase() call formats two records
+  of finished steps (all their end events done), oldest first, so that in a loop whose host runs
+  ahead of the device the work hides behind device time; begin_step formats whatever is ready of
+  the steps before the last recorded one (at most about one step's records wait). A record is
+  start_us = elapsed(epoch, a), dur_us = elapsed(a, b); its events go back to a pool, so steady
+  state creates no events. finish() waits for the rest.
 * epoch_us is on the run's host clock (time.time_ns() since the start of the second in run.json's
   start_time, which every rank of the run shares), through an *anchor*: an event recorded while the
   stream is idle at a known host time. epoch_us(k) = anchor_host + elapsed(anchor, epoch_k); epoch_k
@@ -40,6 +43,7 @@ from __future__ import annotations
 import calendar
 import os
 import sys
+import threading
 import time
 from collections import deque
 from typing import Any, Dict, List, Optional, Sequence
@@ -111,22 +115,9 @@ class PhaseInfo:
         self.coarse = coarse
         self.host = host
         # The parts of the line around the stream and the times, formatted once.
-        self.prefix = (f'"phase":{prof._json(name)},"layer":{"null" if layer is None else int(layer)},'
-                       f'"microbatch":{"null" if microbatch is None else int(microbatch)},"stream":')
-        tail = f',"wall":"{wall}","bytes":{rec.format_count(bytes)},"flops":{rec.format_count(flops)}'
-        if expert is not None:
-            tail += f',"expert":{int(expert)}'
-        if peer is not None:
-            tail += f',"peer":{int(peer)}'
-        if group is not None:
-            tail += f',"group":{prof._json(group)}'
-        if group_id is not None:
-            tail += f',"group_id":{int(group_id)}'
-        if tokens is not None:
-            tail += f',"tokens":{int(tokens)}'
-        if coarse is not None:
-            tail += f',"coarse":"{coarse}"'
-        self.suffix = tail + "}"
+        self.prefix = rec.phase_prefix(prof._json(name), layer, microbatch)
+        self.suffix = rec.phase_suffix(wall, bytes, flops, expert, peer, None if group is None else prof._json(group),
+                                       group_id, tokens, coarse)
 
 
 class _Phase:
@@ -152,7 +143,8 @@ class _Phase:
 
 
 class _Step:
-    __slots__ = ("step", "epoch", "epoch_host_ns", "phases", "ends", "end_host_ns")
+    __slots__ = ("step", "epoch", "epoch_host_ns", "phases", "ends", "end_host_ns", "ready", "cursor", "epoch_us",
+                 "end_us")
 
     def __init__(self, step: int):
         self.step = step
@@ -161,6 +153,10 @@ class _Step:
         self.phases: List[_Phase] = []
         self.ends: List[Any] = []
         self.end_host_ns = 0
+        self.ready = False   # its end events are done and epoch_us is known
+        self.cursor = 0      # phases formatted so far
+        self.epoch_us = 0.0
+        self.end_us = 0.0
 
 
 class _StepContext:
@@ -237,6 +233,8 @@ class Profiler:
         self._nvtx_all = self.cuda and nvtx == "all"
         self.out_dir = str(out_dir)
         self._names: Dict[str, str] = {}
+        self._kw_infos: Dict[tuple, PhaseInfo] = {}
+        self._drain_lock = threading.Lock()
         self._stream_names: Dict[int, str] = {}
         self._pool: List[Any] = []
         self._pending: deque = deque()
@@ -345,7 +343,7 @@ class Profiler:
             raise InputError(f"profiler: step {step} after step {self._last_step}; steps must increase")
         self._step_no = step
         if self._pending:
-            self._harvest(block=False)
+            self._catch_up()
         self._rec = self._records_rank and self.policy.records(step) if self.writer else False
         if not self._rec:
             return
@@ -392,8 +390,6 @@ class Profiler:
         self._rec = False
         self._step_no = None
         self._last_step = step
-        if self._pending:
-            self._harvest(block=False)
 
     def _abandon_step(self) -> None:
         """The step's body raised: its records are dropped (the step did not finish)."""
@@ -417,16 +413,34 @@ class Profiler:
         return PhaseInfo(self, name, layer, microbatch, wall, bytes, flops, expert, peer, group, group_id, tokens,
                          coarse, host)
 
+    def _info_kw(self, name: str, kw: Dict[str, Any]) -> PhaseInfo:
+        """PhaseInfo of a phase given by keywords, made once per distinct (name, keywords)."""
+        key = (name, *sorted(kw.items()))
+        info = self._kw_infos.get(key)
+        if info is None:
+            info = self._kw_infos[key] = self.info(name, **kw)
+        return info
+
+    def _skip(self, name):
+        """Formats two waiting records; then the context manager of a phase on an unrecorded step (a
+        no-op, or an NVTX range with nvtx="all"), or None when the step is recorded."""
+        if self._pending:
+            self._drain(2)
+        if self._rec:
+            return None
+        if self._nvtx_all:
+            return _NvtxOnly(name if isinstance(name, str) else name.name)
+        return _NULL
+
     def phase(self, name, *, stream=None, **kw):
         """Context manager timing a phase on the device (CUDA events on `stream`, default the current
         stream). `name` is a phase name or a PhaseInfo. Keywords: layer, microbatch, wall ("compute",
         "memory", "communication", "host"), bytes, flops, expert, peer, group, group_id, tokens,
         coarse ("host_to_device", "training_metrics")."""
-        if not self._rec:
-            if self._nvtx_all:
-                return _NvtxOnly(name if isinstance(name, str) else name.name)
-            return _NULL
-        info = name if isinstance(name, PhaseInfo) else self.info(name, **kw)
+        skip = self._skip(name)
+        if skip is not None:
+            return skip
+        info = name if isinstance(name, PhaseInfo) else self._info_kw(name, kw)
         if not self.policy.records_phase(info.coarse):
             return _NULL
         return _Phase(self, info, stream)
@@ -436,15 +450,15 @@ class Profiler:
         sync_first the current stream is synchronised before the phase starts, on recorded steps:
         for a host op that waits for device work (a GPU->CPU read such as .item()), the record then
         holds the op's own cost, and the wait before it is a gap, as run_dir.md defines."""
-        if not self._rec:
-            if self._nvtx_all:
-                return _NvtxOnly(name if isinstance(name, str) else name.name)
-            return _NULL
+        skip = self._skip(name)
+        if skip is not None:
+            return skip
         if isinstance(name, PhaseInfo):
             info = name
         else:
             kw.setdefault("wall", "host")
-            info = self.info(name, host=True, **kw)
+            kw["host"] = True
+            info = self._info_kw(name, kw)
         if not self.policy.records_phase(info.coarse):
             return _NULL
         return _Phase(self, info, None, sync_first)
@@ -452,6 +466,8 @@ class Profiler:
     def begin_phase(self, info: PhaseInfo, stream=None) -> Optional[_Phase]:
         """Starts a phase outside a `with` block (autograd hooks); returns a token for end_phase, or
         None on an unrecorded step."""
+        if self._pending:
+            self._drain(2)
         if not self._rec or not self.policy.records_phase(info.coarse):
             return None
         p = _Phase(self, info, stream)
@@ -506,74 +522,106 @@ class Profiler:
     def _host_us(self, ns: int) -> float:
         return (ns - self._t0_ns) / 1000.0
 
-    def _harvest(self, block: bool) -> None:
-        pend = self._pending
-        while pend:
-            head = pend[0]
-            if isinstance(head, int):
-                pend.popleft()
-                self.writer.end_step(head)
-                continue
-            if self.cuda:
-                if block:
-                    for e in head.ends:
-                        e.synchronize()
-                else:
-                    for e in head.ends:
-                        if not e.query():
-                            return
-            pend.popleft()
-            self._emit(head)
+    def _catch_up(self) -> None:
+        """At a step's start: format what is ready of the steps before the last recorded one (so at
+        most about one step's records wait), then a few more."""
+        steps_pending = sum(1 for x in self._pending if not isinstance(x, int))
+        if steps_pending > 1:
+            self._drain(1 << 30, stop_at_last_step=True)
+        self._drain(32)
 
-    def _emit(self, s: _Step) -> None:
-        w = self.writer
-        rank = self.rank
-        step = s.step
-        head = f'{{"step":{step},"rank":{rank},'
-        lines = []
+    def _drain(self, budget: int, block: bool = False, stop_at_last_step: bool = False) -> None:
+        """Formats up to `budget` phase records of finished steps, oldest first, and writes out flush
+        points reached. Never waits unless `block`: a step still running on the device stays. Called
+        a few records at a time from phase(), so that in a loop whose host runs ahead of the device
+        the formatting happens while the device works."""
+        if not self._drain_lock.acquire(blocking=False):
+            return  # another thread is draining (autograd's backward thread while the loop waits)
+        try:
+            pend = self._pending
+            while pend and budget > 0:
+                head = pend[0]
+                if isinstance(head, int):
+                    pend.popleft()
+                    self.writer.end_step(head)
+                    continue
+                if stop_at_last_step and sum(1 for x in pend if not isinstance(x, int)) <= 1:
+                    return
+                if not head.ready:
+                    if self.cuda:
+                        if block:
+                            for e in head.ends:
+                                e.synchronize()
+                        else:
+                            for e in head.ends:
+                                if not e.query():
+                                    return
+                    self._begin_emit(head)
+                budget -= self._emit_some(head, budget)
+                if head.cursor == len(head.phases):
+                    self.writer.add_step(head.step, self.rank, head.epoch_us, head.end_us)
+                    pend.popleft()
+        finally:
+            self._drain_lock.release()
+
+    def _begin_emit(self, s: _Step) -> None:
         if self.cuda:
             epoch = s.epoch
-            epoch_us = self._host_us(self._anchor_host_ns) + self._anchor.elapsed_time(epoch) * 1000.0
+            s.epoch_us = self._host_us(self._anchor_host_ns) + self._anchor.elapsed_time(epoch) * 1000.0
             # The epoch becomes the anchor: elapsed times stay short.
             if self._anchor is not epoch:
                 self._pool.append(self._anchor)
             self._anchor = epoch
-            self._anchor_host_ns = self._t0_ns + int(epoch_us * 1000.0)
+            self._anchor_host_ns = self._t0_ns + int(s.epoch_us * 1000.0)
             end_us = 0.0
             for e in s.ends:
                 end_us = max(end_us, epoch.elapsed_time(e) * 1000.0)
                 self._pool.append(e)
+            s.end_us = end_us
         else:
-            epoch_us = self._host_us(s.epoch_host_ns)
-            end_us = (s.end_host_ns - s.epoch_host_ns) / 1000.0
-        host_json = self._json("host")
-        for p in s.phases:
+            s.epoch_us = self._host_us(s.epoch_host_ns)
+            s.end_us = (s.end_host_ns - s.epoch_host_ns) / 1000.0
+        s.ready = True
+
+    def _emit_some(self, s: _Step, budget: int) -> int:
+        """Formats up to `budget` of s's phases (from its cursor); returns how many."""
+        i = s.cursor
+        stop = min(len(s.phases), i + budget)
+        if stop == i:
+            return 0
+        epoch = s.epoch
+        epoch_us = s.epoch_us
+        end_us = s.end_us
+        step, rank = s.step, self.rank
+        line = rec.phase_line_from
+        lines = []
+        pool = self._pool
+        for p in s.phases[i:stop]:
             info = p.info
             if p.a is not None:
                 start = epoch.elapsed_time(p.a) * 1000.0
                 dur = p.a.elapsed_time(p.b) * 1000.0
-                self._pool.append(p.a)
-                self._pool.append(p.b)
+                pool.append(p.a)
+                pool.append(p.b)
                 sj = self._stream_json(p.stream)
             else:
                 start = self._host_us(p.h0) - epoch_us
                 end = self._host_us(p.h1) - epoch_us
                 if start < 0.0:  # began before the device reached the epoch (the host ran ahead)
                     start = 0.0
-                dur = max(end - start, 0.0)
-                sj = host_json if (info.host or not self.cuda) else self._stream_json(p.stream)
+                dur = end - start
+                sj = self._json("host") if (info.host or not self.cuda) else self._stream_json(p.stream)
                 if not self.cuda and not info.host:
                     sj = self._json("compute")
             if dur < 0.0:
                 dur = 0.0
-            end_us = max(end_us, start + dur)
-            lines.append((head + info.prefix + sj + ',"start_us":' + rec.format_time_us(start) + ',"dur_us":' +
-                          rec.format_time_us(dur) + info.suffix, info.coarse))
-        # Phase lines first, then the step record (the reader drops a step's phases that have no step
-        # record only when the file was cut short).
-        for line, coarse in lines:
-            w.add_phase_line(step, rank, line, coarse)
-        w.add_step(step, rank, epoch_us, end_us)
+            if start + dur > end_us:
+                end_us = start + dur
+            lines.append(line(step, rank, info.prefix, sj, start, dur, info.suffix))
+        s.end_us = end_us
+        s.cursor = stop
+        self.writer.add_phase_lines(s.step, self.rank, lines)
+        return stop - i
 
     # ---- the end ----
 
@@ -592,7 +640,7 @@ class Profiler:
             raise RuntimeError(f"profiler: finish() inside step {self._step_no} (call end_step() first)")
         if self.writer is None:
             return
-        self._harvest(block=True)
+        self._drain(1 << 30, block=True)
         self.writer.close()
         peak = {}
         if self.cuda:
@@ -624,7 +672,7 @@ class Profiler:
             return
         self._finished = True
         if self.writer is not None:
-            self._harvest(block=False)
+            self._drain(1 << 30)
             self.writer.abandon()
 
     def __enter__(self):

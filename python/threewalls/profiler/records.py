@@ -84,30 +84,46 @@ def dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
+def phase_prefix(phase_json: str, layer: Optional[int], microbatch: Optional[int]) -> str:
+    """The part of a phase line after step and rank, up to the stream's value."""
+    return (f'"phase":{phase_json},"layer":{"null" if layer is None else int(layer)},'
+            f'"microbatch":{"null" if microbatch is None else int(microbatch)},"stream":')
+
+
+def phase_suffix(wall: str, nbytes: float, flops: float, expert: Optional[int] = None, peer: Optional[int] = None,
+                 group_json: Optional[str] = None, group_id: Optional[int] = None, tokens: Optional[int] = None,
+                 coarse: Optional[str] = None) -> str:
+    """The part of a phase line after the times: wall, bytes, flops and the optional fields that apply
+    (launch_wait_us is never written by the Python writer), closing brace included."""
+    s = f',"wall":"{wall}","bytes":{format_count(nbytes)},"flops":{format_count(flops)}'
+    for key, v in (("expert", expert), ("peer", peer)):
+        if v is not None:
+            s += f',"{key}":{int(v)}'
+    if group_json is not None:
+        s += f',"group":{group_json}'
+    for key, v in (("group_id", group_id), ("tokens", tokens)):
+        if v is not None:
+            s += f',"{key}":{int(v)}'
+    if coarse is not None:
+        s += f',"coarse":"{coarse}"'
+    return s + "}"
+
+
+def phase_line_from(step: int, rank: int, prefix: str, stream_json: str, start_us: float, dur_us: float,
+                    suffix: str) -> str:
+    """A whole phase line from phase_prefix and phase_suffix (what the profiler keeps per phase)."""
+    return (f'{{"step":{step},"rank":{rank},' + prefix + stream_json + ',"start_us":' + format_time_us(start_us) +
+            ',"dur_us":' + format_time_us(dur_us) + suffix)
+
+
 def phase_line(step: int, rank: int, phase_json: str, layer: Optional[int], microbatch: Optional[int],
                stream_json: str, start_us: float, dur_us: float, wall: str, nbytes: float, flops: float,
                expert: Optional[int] = None, peer: Optional[int] = None, group_json: Optional[str] = None,
                group_id: Optional[int] = None, tokens: Optional[int] = None, coarse: Optional[str] = None) -> str:
     """One phase line (no newline). `phase_json`, `stream_json` and `group_json` are JSON string
     literals (json_string), so a name is escaped once, not once per record."""
-    s = (f'{{"step":{step},"rank":{rank},"phase":{phase_json},'
-         f'"layer":{"null" if layer is None else layer},'
-         f'"microbatch":{"null" if microbatch is None else microbatch},'
-         f'"stream":{stream_json},"start_us":{format_time_us(start_us)},"dur_us":{format_time_us(dur_us)},'
-         f'"wall":"{wall}","bytes":{format_count(nbytes)},"flops":{format_count(flops)}')
-    if expert is not None:
-        s += f',"expert":{expert}'
-    if peer is not None:
-        s += f',"peer":{peer}'
-    if group_json is not None:
-        s += f',"group":{group_json}'
-    if group_id is not None:
-        s += f',"group_id":{group_id}'
-    if tokens is not None:
-        s += f',"tokens":{tokens}'
-    if coarse is not None:
-        s += f',"coarse":"{coarse}"'
-    return s + "}"
+    return phase_line_from(step, rank, phase_prefix(phase_json, layer, microbatch), stream_json, start_us, dur_us,
+                           phase_suffix(wall, nbytes, flops, expert, peer, group_json, group_id, tokens, coarse))
 
 
 def step_line(step: int, rank: int, epoch_us: float, dur_us: float) -> str:

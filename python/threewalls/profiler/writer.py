@@ -140,30 +140,45 @@ class RunDirWriter:
         """Whether this writer records step `step` on rank `rank` (policy, and the rank is local)."""
         return self.policy.records(step) and rank in self._file_of_rank
 
-    def add_step(self, step: int, rank: int, epoch_us: float, dur_us: float) -> bool:
+    def _file_for(self, step: int, rank: int) -> Optional[_RankFile]:
+        """The file a record of (step, rank) goes to, or None when the policy does not select it."""
         if not self.policy.records(step):
-            return False
+            return None
         f = self._file_of_rank.get(rank)
+        if f is not None and self._closed:
+            raise OSError(f"{self.dir}: record added after close()")
+        return f
+
+    def add_step(self, step: int, rank: int, epoch_us: float, dur_us: float) -> bool:
+        f = self._file_for(step, rank)
         if f is None:
             return False
-        if self._closed:
-            raise OSError(f"{self.dir}: record added after close()")
         self._append(f, rec.step_line(step, rank, epoch_us, dur_us), step)
         return True
 
     def add_phase_line(self, step: int, rank: int, line: str, coarse: Optional[str] = None) -> bool:
         """Adds a phase line formatted by records.phase_line (the profiler formats lines itself, so a
         name is escaped once per run, not once per record)."""
-        if not self.policy.records(step) or not self.policy.records_phase(coarse):
-            return False
-        f = self._file_of_rank.get(rank)
+        f = self._file_for(step, rank) if self.policy.records_phase(coarse) else None
         if f is None:
             return False
-        if self._closed:
-            raise OSError(f"{self.dir}: record added after close()")
         f.phase_records += 1
         self._append(f, line, step)
         return True
+
+    def add_phase_lines(self, step: int, rank: int, lines: List[str]) -> None:
+        """Adds phase lines of one step whose coarse-view membership the caller has already checked
+        against the policy (the profiler does, when a phase starts)."""
+        f = self._file_for(step, rank) if lines else None
+        if f is None:
+            return
+        f.phase_records += len(lines)
+        f.lines.extend(lines)
+        f.size += sum(len(x) for x in lines) + len(lines)
+        if not f.steps or f.steps[-1] != step:
+            f.steps.append(step)
+        if f.size > _MAX_BUFFER:
+            self._write_out(f)
 
     def add_phase(self, *, step: int, rank: int, phase: str, stream: str, start_us: float, dur_us: float,
                   wall: str, bytes: float = 0.0, flops: float = 0.0, layer: Optional[int] = None,

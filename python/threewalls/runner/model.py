@@ -121,16 +121,17 @@ class Model:
         self._streams: List = []
         self._shared_stream = None
         self._idx_cache: Dict[Tuple, Tuple] = {}
-        gen = torch.Generator(device="cpu")
-        # Dense parameters are identical on every rank; experts differ by EP rank.
+        # Random weights drawn on the device (fast for large models); dense parameters are identical on
+        # every rank, experts differ by EP rank (each rank keeps its slice of one model's experts).
+        gen = torch.Generator(device=device)
         gen.manual_seed(seed)
 
+        def randn(*shape, std=0.02):
+            return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32).mul_(std)
+
         def p(*shape, std=0.02, ones=False):
-            if ones:
-                t = torch.ones(*shape)
-            else:
-                t = torch.randn(*shape, generator=gen) * std
-            return t.to(device=device, dtype=dtype).requires_grad_(True)
+            t = torch.ones(*shape, device=device) if ones else randn(*shape, std=std)
+            return t.to(dtype=dtype).requires_grad_(True)
 
         h = self.h
         V = s.padded_vocab
@@ -176,14 +177,23 @@ class Model:
                 lp["moe"] = True
                 lp["router"] = add(f"l{li}.router", p(self.E, h), li)
                 fe = m["moe_ffn_hidden_size"]
-                # Local experts: generated for every expert so that EP ranks hold disjoint slices of one model.
-                fc1 = torch.randn(self.E, h, mult * fe, generator=gen) * 0.02
-                fc2 = torch.randn(self.E, fe, h, generator=gen) * 0.02
-                lo = self.ep_rank * self.E_loc
-                lp["fc1"] = add(f"l{li}.experts.fc1", fc1[lo:lo + self.E_loc].to(device=device, dtype=dtype)
-                                .requires_grad_(True), li, expert=True)
-                lp["fc2"] = add(f"l{li}.experts.fc2", fc2[lo:lo + self.E_loc].to(device=device, dtype=dtype)
-                                .requires_grad_(True), li, expert=True)
+                # Local experts: the generator steps over the other ranks' experts, so that EP ranks hold
+                # disjoint slices of one model without drawing all of it.
+                fc1 = fc2 = None
+                for r in range(s.ep):
+                    a1 = randn(self.E_loc, h, mult * fe)
+                    if r == self.ep_rank:
+                        fc1 = a1
+                    else:
+                        del a1
+                for r in range(s.ep):
+                    a2 = randn(self.E_loc, fe, h)
+                    if r == self.ep_rank:
+                        fc2 = a2
+                    else:
+                        del a2
+                lp["fc1"] = add(f"l{li}.experts.fc1", fc1.to(dtype=dtype).requires_grad_(True), li, expert=True)
+                lp["fc2"] = add(f"l{li}.experts.fc2", fc2.to(dtype=dtype).requires_grad_(True), li, expert=True)
                 fs = m["moe_shared_expert_intermediate_size"]
                 if fs > 0:
                     lp["shared_fc1"] = add(f"l{li}.shared_fc1", p(mult * fs, h), li)

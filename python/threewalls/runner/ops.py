@@ -36,6 +36,15 @@ class Ctx:
         self.expert: Optional[int] = None  # the local expert of per-expert ops
         self._infos = {}
 
+    def saved(self) -> tuple:
+        """Where the forward ran (layer, micro-batch, expert), for an autograd function's backward."""
+        return self.layer, self.mb, self.expert
+
+    def at(self, where: tuple) -> "_At":
+        """`with c.at(ctx.where):` records the backward under the forward's layer, micro-batch and expert
+        (autograd runs backward functions after the forward loop has moved on)."""
+        return _At(self, where)
+
     def info(self, name: str, wall: str = "compute", flops: float = 0.0, nbytes: float = 0.0,
              expert: object = "ctx", tokens: Optional[int] = None, group: Optional[str] = None,
              group_id: Optional[int] = None, coarse: Optional[str] = None, host: bool = False,
@@ -49,6 +58,23 @@ class Ctx:
                                                   bytes=nbytes, expert=expert, tokens=tokens, group=group,
                                                   group_id=group_id, coarse=coarse, host=host)
         return i
+
+
+class _At:
+    __slots__ = ("c", "where", "prev")
+
+    def __init__(self, c: Ctx, where: tuple):
+        self.c, self.where = c, where
+
+    def __enter__(self):
+        c = self.c
+        self.prev = (c.layer, c.mb, c.expert)
+        c.layer, c.mb, c.expert = self.where
+        return c
+
+    def __exit__(self, *exc):
+        self.c.layer, self.c.mb, self.c.expert = self.prev
+        return False
 
 
 def gemm_bytes(m: int, n: int, k: int, elt: int = BF16) -> float:
@@ -66,11 +92,7 @@ class _Linear(torch.autograd.Function):
     def forward(ctx, c: Ctx, name: str, tokens, x, w):
         m, k = x.shape
         n = w.shape[0]
-        ctx.c = c
-        ctx.layer = c.layer
-        ctx.mb = c.mb
-        ctx.expert = c.expert
-        ctx.name = name
+        ctx.c, ctx.where, ctx.name = c, c.saved(), name
         ctx.tokens = tokens
         ctx.save_for_backward(x, w)
         with c.prof.phase(c.info(name + "_fwd", flops=2.0 * m * n * k, nbytes=gemm_bytes(m, n, k), tokens=tokens)):
@@ -82,10 +104,8 @@ class _Linear(torch.autograd.Function):
         c = ctx.c
         m, k = x.shape
         n = w.shape[0]
-        saved = c.layer, c.mb, c.expert
-        c.layer, c.mb, c.expert = ctx.layer, ctx.mb, ctx.expert
         gx = gw = None
-        try:
+        with c.at(ctx.where):
             if ctx.needs_input_grad[3]:
                 with c.prof.phase(c.info(ctx.name + "_dgrad", flops=2.0 * m * n * k, nbytes=gemm_bytes(m, k, n),
                                          tokens=ctx.tokens)):
@@ -94,8 +114,6 @@ class _Linear(torch.autograd.Function):
                 with c.prof.phase(c.info(ctx.name + "_wgrad", flops=2.0 * m * n * k, nbytes=gemm_bytes(k, n, m),
                                          tokens=ctx.tokens)):
                     gw = g.t() @ x
-        finally:
-            c.layer, c.mb, c.expert = saved
         return None, None, None, gx, gw
 
 
@@ -138,7 +156,7 @@ class _Grouped(torch.autograd.Function):
     def forward(ctx, c: Ctx, name: str, offs, counts, x, w):
         r, k = x.shape
         g, _, n = w.shape
-        ctx.c, ctx.name, ctx.layer, ctx.mb, ctx.expert = c, name, c.layer, c.mb, c.expert
+        ctx.c, ctx.name, ctx.where = c, name, c.saved()
         ctx.counts = counts
         ctx.save_for_backward(x, w, offs)
         nb = float(r * k * BF16 + g * k * n * BF16 + r * n * BF16)
@@ -152,17 +170,12 @@ class _Grouped(torch.autograd.Function):
         c = ctx.c
         r, k = x.shape
         n = w.shape[2]
-        saved = c.layer, c.mb, c.expert
-        c.layer, c.mb, c.expert = ctx.layer, ctx.mb, ctx.expert
-        gx = gw = None
-        try:
+        with c.at(ctx.where):
             gy = gy.contiguous()
             with c.prof.phase(c.info(ctx.name + "_dgrad", flops=2.0 * r * n * k, nbytes=ctx.nb, tokens=r)):
                 gx = _gmm(gy, w.transpose(1, 2), offs, ctx.counts, "2d3d")
             with c.prof.phase(c.info(ctx.name + "_wgrad", flops=2.0 * r * n * k, nbytes=ctx.nb, tokens=r)):
                 gw = _gmm(x.t(), gy, offs, ctx.counts, "2d2d")
-        finally:
-            c.layer, c.mb, c.expert = saved
         return None, None, None, None, gx, gw
 
 
@@ -227,7 +240,7 @@ class _Embedding(torch.autograd.Function):
         t = ids.numel()
         h = w.shape[1]
         elt = w.element_size()
-        ctx.c, ctx.mb = c, c.mb
+        ctx.c, ctx.where = c, c.saved()
         ctx.save_for_backward(ids)
         ctx.wshape = w.shape
         ctx.nbytes = float(2 * t * h * elt)
@@ -238,13 +251,9 @@ class _Embedding(torch.autograd.Function):
     def backward(ctx, g):
         (ids,) = ctx.saved_tensors
         c = ctx.c
-        saved = c.mb
-        c.mb = ctx.mb
-        try:
+        with c.at(ctx.where):
             with c.prof.phase(c.info("embedding_bwd", wall="memory", nbytes=ctx.nbytes, layer=None)):
                 gw = g.new_zeros(ctx.wshape).index_add_(0, ids.reshape(-1), g)
-        finally:
-            c.mb = saved
         return None, None, gw
 
 
@@ -259,8 +268,7 @@ class _AllToAll(torch.autograd.Function):
     @staticmethod
     def forward(ctx, c: Ctx, name: str, group, group_id: int, send, recv, x):
         import torch.distributed as dist
-        ctx.c, ctx.name, ctx.group, ctx.group_id = c, name, group, group_id
-        ctx.layer, ctx.mb = c.layer, c.mb
+        ctx.c, ctx.name, ctx.group, ctx.group_id, ctx.where = c, name, group, group_id, c.saved()
         ctx.send, ctx.recv = send, recv
         out = x.new_empty((sum(recv), x.shape[1]))
         nbytes = float(x.shape[0] * x.shape[1] * x.element_size())
@@ -274,17 +282,13 @@ class _AllToAll(torch.autograd.Function):
     def backward(ctx, g):
         import torch.distributed as dist
         c = ctx.c
-        saved = c.layer, c.mb
-        c.layer, c.mb = ctx.layer, ctx.mb
-        try:
+        with c.at(ctx.where):
             out = g.new_empty((sum(ctx.send), g.shape[1]))
             nbytes = float(g.shape[0] * g.shape[1] * g.element_size())
             with c.prof.phase(c.info(ctx.name + "_bwd", wall="communication", nbytes=nbytes, group="ep",
                                      group_id=ctx.group_id, tokens=g.shape[0])):
                 dist.all_to_all_single(out, g.contiguous(), output_split_sizes=list(ctx.send),
                                        input_split_sizes=list(ctx.recv), group=ctx.group)
-        finally:
-            c.layer, c.mb = saved
         return None, None, None, None, None, None, out
 
 
@@ -301,7 +305,7 @@ class _ScatterAdd(torch.autograd.Function):
     def forward(ctx, c: Ctx, out, rows, y, w):
         n, h = y.shape
         elt = y.element_size()
-        ctx.c, ctx.layer, ctx.mb, ctx.expert = c, c.layer, c.mb, c.expert
+        ctx.c, ctx.where = c, c.saved()
         ctx.has_w = w is not None
         ctx.save_for_backward(rows, y, w if w is not None else y.new_empty(0))
         with c.prof.phase(c.info("expert_scatter_fwd", wall="memory", tokens=n, nbytes=3.0 * n * h * elt)):
@@ -314,10 +318,8 @@ class _ScatterAdd(torch.autograd.Function):
         rows, y, w = ctx.saved_tensors
         c = ctx.c
         n, h = y.shape
-        saved = c.layer, c.mb, c.expert
-        c.layer, c.mb, c.expert = ctx.layer, ctx.mb, ctx.expert
         gy = gw = None
-        try:
+        with c.at(ctx.where):
             with c.prof.phase(c.info("expert_scatter_bwd", wall="memory", tokens=n,
                                      nbytes=2.0 * n * h * y.element_size())):
                 gr = g.index_select(0, rows)
@@ -326,8 +328,6 @@ class _ScatterAdd(torch.autograd.Function):
                     gw = (gr * y).sum(1) if ctx.needs_input_grad[4] else None
                 else:
                     gy = gr
-        finally:
-            c.layer, c.mb, c.expert = saved
         return None, g, None, gy, gw
 
 

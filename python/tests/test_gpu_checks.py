@@ -1,0 +1,43 @@
+"""scripts/python_gpu_checks.sh's plumbing on the CPU (--cpu-smoke): install into a temporary
+folder, the overhead measurement's JSON, runner runs, simulation and compare of each. The GPU
+numbers come from the same script on a GPU machine."""
+import json
+import os
+import subprocess
+import sys
+import unittest
+
+from support import REPO, need_bin, tempdir
+
+
+class GpuChecksScriptTest(unittest.TestCase):
+    def test_cpu_smoke(self):
+        b = need_bin(self)
+        out = os.path.join(tempdir(self), "checks")
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env.update({"PYTHON": sys.executable, "THREEWALLS": b})
+        r = subprocess.run([os.path.join(REPO, "scripts", "python_gpu_checks.sh"), out, "--cpu-smoke"], env=env,
+                           capture_output=True, text=True, timeout=600)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("runner: 2 of 2 runs finished", r.stdout)
+        with open(os.path.join(out, "checks.json")) as f:
+            checks = json.load(f)
+        self.assertEqual(sorted(checks["overhead"]), ["eager", "grouped"])
+        with open(os.path.join(out, "overhead", "overhead_grouped.json")) as f:
+            ov = json.load(f)
+        self.assertEqual(sorted(ov["step_time_s"]), ["every1", "every10", "off"])
+        self.assertEqual(len(ov["step_time_s"]["off"]), 2)
+        self.assertGreater(ov["phase_records_per_run"]["every1"][0], ov["phase_records_per_run"]["every10"][0])
+        for name in ("tiny_moe", "tiny_mla_infer"):
+            self.assertTrue(os.path.exists(os.path.join(out, "runs", name, "summary.json")), name)
+            with open(os.path.join(out, "compare", name + ".json")) as f:
+                self.assertGreater(json.load(f)["matched_records"], 100)
+        # Results are never overwritten.
+        r = subprocess.run([os.path.join(REPO, "scripts", "python_gpu_checks.sh"), out, "--cpu-smoke"], env=env,
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("results are never overwritten", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

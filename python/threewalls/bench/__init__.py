@@ -1,0 +1,1 @@
+"""Measurements of the package itself (python3 -m threewalls.bench.overhead)."""

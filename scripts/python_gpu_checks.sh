@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# The Python package's checks on a GPU machine with PyTorch (docs/python.md), about 5 minutes on one
+# H100:
+#   1. installs the package from this checkout into a temporary folder (pip install --no-deps
+#      --no-build-isolation --target: no network needed);
+#   2. measures the profiler's overhead in a PyTorch MoE training loop, grouped and eager experts:
+#      the same loop without the profiler, recording every 10th step and every step, interleaved
+#      repeats (python3 -m threewalls.bench.overhead) -> OUT/overhead/overhead_{grouped,eager}.json;
+#   3. runs the reference runner on the GPU scenarios (scenarios/examples/small_moe_1gpu.toml and
+#      python/scenarios/*.toml; small_moe_ep2 too with 2 or more GPUs) -> OUT/runs/<name>/;
+#   4. with THREEWALLS=<threewalls binary>, simulates each scenario and compares:
+#      OUT/sim/<name>/, OUT/compare/<name>.{txt,json}.
+# Prints a summary and writes OUT/checks.json. The CUDA runs keep NVLink multicast off.
+#
+#   scripts/python_gpu_checks.sh OUT_DIR            # on the GPU machine
+#   scripts/python_gpu_checks.sh OUT_DIR --cpu-smoke  # the same plumbing on a CPU with tiny sizes (CI)
+set -euo pipefail
+
+usage() { echo "usage: $0 OUT_DIR [--cpu-smoke]" >&2; exit 2; }
+[ $# -ge 1 ] || usage
+out=$1
+shift
+smoke=0
+for a in "$@"; do
+  case "$a" in
+    --cpu-smoke) smoke=1 ;;
+    *) usage ;;
+  esac
+done
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+python=${PYTHON:-python3}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+if [ -e "$out" ] && [ -n "$(ls -A "$out" 2>/dev/null)" ]; then
+  echo "$out: exists and is not empty; results are never overwritten" >&2
+  exit 2
+fi
+mkdir -p "$out"/overhead "$out"/runs "$out"/logs
+out=$(cd "$out" && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+t_start=$(date +%s)
+# 1. Install (from a copy, so the build leaves nothing in the checkout).
+mkdir -p "$tmp/src"
+cp -r "$repo/python/pyproject.toml" "$repo/python/README.md" "$repo/python/threewalls" "$tmp/src/"
+"$python" -m pip install --quiet --no-build-isolation --no-deps --no-cache-dir --target "$tmp/site" "$tmp/src" \
+  > "$out/logs/pip.log" 2>&1 || { cat "$out/logs/pip.log" >&2; exit 1; }
+export PYTHONPATH="$tmp/site"
+"$python" - <<'EOF' | tee "$out/logs/environment.txt"
+import threewalls, torch
+print(f"threewalls {threewalls.__version__} from {threewalls.__file__}")
+print(f"torch {torch.__version__}, CUDA devices: {torch.cuda.device_count()}",
+      f"({torch.cuda.get_device_name(0)})" if torch.cuda.is_available() else "")
+print(f"torch._grouped_mm: {hasattr(torch, '_grouped_mm')}")
+EOF
+if [ "$smoke" = 1 ]; then
+  ngpu=0
+else
+  ngpu=$("$python" -c 'import torch; print(torch.cuda.device_count())')
+  if [ "$ngpu" -lt 1 ]; then
+    echo "no CUDA device: run on a GPU machine, or pass --cpu-smoke" >&2
+    exit 1
+  fi
+fi
+
+# 2. Profiler overhead.
+if [ "$smoke" = 1 ]; then
+  tiny=(--device cpu --repeats 2 --steps 2 --warmup 1 --layers 2 --hidden 64 --heads 4 --experts-n 8 --ffn 32
+        --topk 2 --seq 32 --vocab 256)
+  "$python" -m threewalls.bench.overhead --out "$out/overhead" --experts grouped "${tiny[@]}"
+  "$python" -m threewalls.bench.overhead --out "$out/overhead" --experts eager "${tiny[@]}"
+else
+  "$python" -m threewalls.bench.overhead --out "$out/overhead" --experts grouped --repeats 5 --steps 20
+  "$python" -m threewalls.bench.overhead --out "$out/overhead" --experts eager --repeats 3 --steps 8 --warmup 2
+fi
+
+# 3. and 4. The reference runner (and the simulator when THREEWALLS is given).
+if [ "$smoke" = 1 ]; then
+  scenarios=("$repo/python/tests/scenarios/tiny_moe.toml" "$repo/python/tests/scenarios/tiny_mla_infer.toml")
+  runner_args=(--device cpu)
+else
+  scenarios=("$repo/scenarios/examples/small_moe_1gpu.toml" "$repo"/python/scenarios/*.toml)
+  runner_args=()
+fi
+status=()
+run_one() {  # NAME SCENARIO NPROC
+  local name=$1 sc=$2 n=$3 rc=0
+  local t0
+  t0=$(date +%s)
+  if [ "$n" -gt 1 ]; then
+    "$python" -m torch.distributed.run --standalone --nproc_per_node="$n" -m threewalls.runner "$sc" \
+      --out "$out/runs/$name" "${runner_args[@]}" > "$out/logs/$name.log" 2>&1 || rc=$?
+  else
+    "$python" -m threewalls.runner "$sc" --out "$out/runs/$name" "${runner_args[@]}" > "$out/logs/$name.log" 2>&1 || rc=$?
+  fi
+  local note="run rc=$rc $(($(date +%s) - t0)) s"
+  if [ "$rc" -ne 0 ]; then
+    tail -20 "$out/logs/$name.log" >&2
+  elif [ -n "${THREEWALLS:-}" ]; then
+    mkdir -p "$out/sim" "$out/compare"
+    if "$THREEWALLS" sim "$sc" --out "$out/sim/$name" > "$out/logs/$name.sim.log" 2>&1 &&
+       "$THREEWALLS" compare "$out/runs/$name" "$out/sim/$name" --json "$out/compare/$name.json" \
+         > "$out/compare/$name.txt" 2>&1; then
+      note="$note; compare: $(grep -m1 '^step time' "$out/compare/$name.txt" | sed 's/  */ /g')"
+    else
+      note="$note; sim/compare failed (logs/$name.sim.log, compare/$name.txt)"
+    fi
+  fi
+  status+=("$name: $note")
+  echo "$name: $note"
+}
+for sc in "${scenarios[@]}"; do
+  run_one "$(basename "$sc" .toml)" "$sc" 1
+done
+if [ "$ngpu" -ge 2 ]; then
+  run_one small_moe_ep2 "$repo/scenarios/examples/small_moe_ep2.toml" 2
+fi
+
+"$python" - "$out" "$(($(date +%s) - t_start))" "${status[@]}" <<'EOF'
+import glob, json, os, sys
+out, seconds, status = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+res = {"seconds": seconds, "runs": status, "overhead": {}}
+for f in sorted(glob.glob(os.path.join(out, "overhead", "overhead_*.json"))):
+    j = json.load(open(f))
+    res["overhead"][os.path.basename(f)[9:-5]] = {"device": j["device"], "overhead_pct": j["overhead_pct"],
+                                                  "within_target": j["within_target"],
+                                                  "median_step_time_s": j["median_step_time_s"]}
+json.dump(res, open(os.path.join(out, "checks.json"), "w"), indent=2)
+print(f"python_gpu_checks: {seconds} s")
+for k, v in res["overhead"].items():
+    print(f"  overhead ({k}): " + ", ".join(f"{m} {p:+.3f}%" for m, p in v["overhead_pct"].items()) +
+          f" (within target: {v['within_target']})")
+failed = [s for s in status if "rc=0" not in s]
+print(f"  runner: {len(status) - len(failed)} of {len(status)} runs finished")
+sys.exit(1 if failed else 0)
+EOF
