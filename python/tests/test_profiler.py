@@ -120,6 +120,40 @@ class ProfilerCpuTest(unittest.TestCase):
             self.assertIn("no footer record", r.stderr)
 
 
+class ProfilerProcessesTest(unittest.TestCase):
+    def test_two_processes_without_torch_distributed(self):
+        import subprocess
+        import sys
+        from support import env_with_package
+        d = os.path.join(tempdir(self), "run")
+        code = f"""
+import sys, time
+from threewalls.profiler import Profiler, SamplingConfig
+rank = int(sys.argv[1])
+prof = Profiler({d!r}, rank=rank, world_size=2, sampling=SamplingConfig(record_every_n_steps=1), use_cuda=False)
+for step in range(3):
+    with prof.step(step):
+        with prof.phase("work", layer=0):
+            time.sleep(0.005 + 0.06 * rank)
+prof.finish()
+"""
+        procs = [subprocess.Popen([sys.executable, "-c", code, str(r)], env=env_with_package(), stderr=subprocess.PIPE,
+                                  text=True) for r in (1, 0)]
+        for p in procs:
+            _, err = p.communicate(timeout=120)
+            self.assertEqual(p.returncode, 0, err)
+        recs = read_records(d)
+        self.assertEqual(sorted({(p["rank"], p["step"]) for p in recs["phases"]}),
+                         [(r, s) for r in (0, 1) for s in range(3)])
+        with open(os.path.join(d, "summary.json")) as f:
+            summ = json.load(f)
+        self.assertEqual([s["critical_rank"] for s in summ["steps"]], [1, 1, 1])
+        with open(os.path.join(d, "run.json")) as f:
+            self.assertEqual(json.load(f)["ranks"], [0, 1])
+        if threewalls_bin():
+            cli(self, "analyze", d)
+
+
 @unittest.skipUnless(cuda_available(), SKIP_NO_CUDA)
 class ProfilerCudaTest(unittest.TestCase):
     def test_events_on_two_streams(self):

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import unittest
 
-from support import SCENARIOS, cli, env_with_package, need_bin, run_runner, tempdir, variant
+from support import REPO, SCENARIOS, cli, env_with_package, need_bin, run_runner, tempdir, variant
 
 TINY = os.path.join(SCENARIOS, "tiny_moe.toml")
 TINY_EP2 = os.path.join(SCENARIOS, "tiny_moe_ep2.toml")
@@ -24,8 +24,15 @@ class RunnerTest(unittest.TestCase):
         cmp_json = os.path.join(d, "compare.json")
         cli(self, "compare", real, sim, "--json", cmp_json)
         cli(self, "analyze", real)
+        self.sim_dir = sim
         with open(cmp_json) as f:
             return json.load(f), real
+
+    def assert_same_fields(self, real):
+        """scripts/check_record_keys.sh: the same keys, and the same field names on every record."""
+        r = subprocess.run([os.path.join(REPO, "scripts", "check_record_keys.sh"), self.sim_dir, real],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
 
     def assert_lined_up(self, cmp, records):
         self.assertEqual((cmp["matched_records"], len(cmp["only_in_a"]), len(cmp["only_in_b"])), (records, 0, 0),
@@ -34,6 +41,7 @@ class RunnerTest(unittest.TestCase):
     def test_training_lines_up_with_the_simulation(self):
         cmp, real = self.sim_and_run(TINY)
         self.assert_lined_up(cmp, 3 * 153)
+        self.assert_same_fields(real)
         with open(os.path.join(real, "summary.json")) as f:
             summ = json.load(f)
         self.assertEqual(len(summ["steps"]), 3)
@@ -51,6 +59,7 @@ class RunnerTest(unittest.TestCase):
         cmp, real = self.sim_and_run(path, world=2)
         self.assertGreater(cmp["matched_records"], 1000)
         self.assert_lined_up(cmp, cmp["matched_records"])
+        self.assert_same_fields(real)
         phases = {p["phase"] for p in cmp["phases"]}
         for ph in ("moe_dispatch_fwd", "moe_combine_bwd", "moe_sort_fwd", "moe_unsort_bwd", "dp_grad_reduce_scatter",
                    "dp_param_allgather", "optimizer_grad_norm_allreduce", "training_metrics_allreduce"):
@@ -75,16 +84,19 @@ class RunnerTest(unittest.TestCase):
         self.assertTrue({"expert_fc1_dgrad", "moe_routing_stats_read_fwd", "host_to_device_sync"} <= phases, phases)
 
     def test_inference_prefill_and_decode(self):
-        cmp, real = self.sim_and_run(TINY_INFER)
-        per_expert = ("expert_", "moe_routing_stats_read")
-        for side in ("only_in_a", "only_in_b"):
-            stray = [k for k in cmp[side] if not k["phase"].startswith(per_expert)]
-            self.assertEqual(stray, [], side)
-        phases = {p["phase"] for p in cmp["phases"]}
-        self.assertTrue({"kv_cache_write_fwd", "attn_q_up_fwd", "sampled_token_read", "loss_fwd"} <= phases, phases)
-        with open(os.path.join(real, "summary.json")) as f:
-            steps = json.load(f)["steps"]
-        self.assertEqual(len(steps), 3)
+        grouped = variant(TINY_INFER, [("infer", {"expert_execution": "grouped"})], "tiny_infer_grouped", tempdir(self))
+        for scenario, expert_op in ((TINY_INFER, "expert_gate_fwd"), (grouped, "expert_fc1_fwd")):
+            cmp, real = self.sim_and_run(scenario)
+            per_expert = ("expert_", "moe_routing_stats_read")
+            for side in ("only_in_a", "only_in_b"):
+                stray = [k for k in cmp[side] if not k["phase"].startswith(per_expert)]
+                self.assertEqual(stray, [], side)
+            phases = {p["phase"] for p in cmp["phases"]}
+            self.assertTrue({"kv_cache_write_fwd", "attn_q_up_fwd", "sampled_token_read", "loss_fwd", expert_op}
+                            <= phases, phases)
+            with open(os.path.join(real, "summary.json")) as f:
+                steps = json.load(f)["steps"]
+            self.assertEqual(len(steps), 3)
 
     def test_a_world_that_differs_from_the_scenario_is_refused(self):
         d = tempdir(self)

@@ -201,7 +201,8 @@ class Profiler:
     granularity), with the meaning of the scenario keys run.profiler.*.
     scenario: {"name", "path", "hash"} of what runs (free text for a loop without a scenario).
     creator: whether this process creates the directory and run.json (default: rank 0). With
-    torch.distributed initialised the others wait at a barrier; without it they wait for run.json.
+    torch.distributed initialised rank 0 creates it and broadcasts its start time (or its error) to
+    the others; without it the others wait for run.json.
     nvtx: "sampled", "all" or "off". use_cuda: default torch.cuda.is_available().
     Not thread-safe, except that phases may be opened and closed from autograd's backward threads
     while the thread that drives the steps waits in backward().

@@ -121,6 +121,7 @@ class Model:
         self._streams: List = []
         self._shared_stream = None
         self._idx_cache: Dict[Tuple, Tuple] = {}
+        self._dev_offs = None  # inference: cumulative rows per expert on the device (grouped product)
         # Random weights drawn on the device (fast for large models); dense parameters are identical on
         # every rank, experts differ by EP rank (each rank keeps its slice of one model's experts).
         gen = torch.Generator(device=device)
@@ -397,12 +398,19 @@ class Model:
             else:
                 _, idx = torch.topk(probs, k, dim=-1)
             weights = op.out(probs.gather(1, idx).to(y.dtype))
-        counts = None
-        if self.s.step["sync_routing_stats"] or (not self.s.training and self.expert_kind != "grouped"):
+        # Rows per expert: known on the host for the balanced training routing; for the router's own
+        # top-k a device count, read on the host where the host needs it (the eager loop, a grouped
+        # product without torch._grouped_mm) or where the scenario says so (sync_routing_stats).
+        counts = offs = None
+        if self.s.training:
+            counts = [t * k // E + (1 if e < (t * k) % E else 0) for e in range(E)]
+        else:
+            dev_counts = torch.bincount(idx.reshape(-1), minlength=E)
+            offs = torch.cumsum(dev_counts, 0).to(torch.int32)
+        if self.s.step["sync_routing_stats"] or (counts is None and not _grouped_on_device(y)):
             with c.prof.host_phase(c.info("moe_routing_stats_read_fwd", wall="host", nbytes=E * 8.0, host=True)):
                 counts = torch.bincount(idx.reshape(-1), minlength=E).tolist()
-        if counts is None and self.s.training:
-            counts = [t * k // E + (1 if e < (t * k) % E else 0) for e in range(E)]
+        self._dev_offs = offs
         shared_out = self._shared(c, y) if self._shared_stream is not None else None
         if self.expert_kind == "grouped" or self.ep > 1:
             combined = self._moe_permuted(c, y, idx, weights, counts)
@@ -490,7 +498,7 @@ class Model:
         fe = self.m["moe_ffn_hidden_size"]
         elt = xs.element_size()
         if self.expert_kind == "grouped":
-            offs = self._offs(counts)
+            offs = self._offs(counts) if counts is not None else self._dev_offs
             a1 = grouped(c, "expert_fc1", xs, lp["fc1"], offs, counts)
             fc1_out = a1.shape[1]
             with Op(c, "expert_act", [a1], wall="memory", tokens=r, nbytes=(fc1_out + fe) * r * elt,
@@ -605,6 +613,12 @@ class Model:
         t, v = logits.shape
         with c.prof.phase(c.info("loss_fwd", wall="memory", nbytes=t * v * (logits.element_size() + 4.0))):
             return torch.argmax(torch.log_softmax(logits.float(), dim=-1), dim=-1)
+
+
+def _grouped_on_device(x) -> bool:
+    """Whether the grouped expert product runs as torch._grouped_mm (which takes the rows per expert
+    as device offsets) rather than one product per expert (which needs them on the host)."""
+    return x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
 
 
 def _cumsum(xs):

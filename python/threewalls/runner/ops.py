@@ -134,6 +134,8 @@ def _gmm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, counts: Sequence[
     kind "2d2d": a [K, R], b [R, N] (the shared R grouped by offs) -> [G, K, N]."""
     if a.is_cuda and a.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm"):
         return torch._grouped_mm(a, b, offs=offs)
+    if counts is None:
+        raise RuntimeError("grouped product without torch._grouped_mm needs the rows per group on the host")
     if kind == "2d3d":
         out = a.new_empty(a.shape[0], b.shape[2])
         start = 0
@@ -180,10 +182,11 @@ class _Grouped(torch.autograd.Function):
 
 
 def grouped(c: Ctx, name: str, x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
-            counts: Sequence[int]) -> torch.Tensor:
+            counts: Optional[Sequence[int]]) -> torch.Tensor:
     """Phases name_fwd, name_dgrad, name_wgrad of a grouped GEMM over the local experts; x's rows are
-    sorted by expert, `counts` rows each, `offs` their cumulative ends (int32, on x's device)."""
-    return _Grouped.apply(c, name, offs, tuple(counts), x, w)
+    sorted by expert, `offs` their cumulative ends per expert (int32, on x's device); `counts` (rows
+    per expert on the host) only where torch._grouped_mm does not run (None otherwise allowed)."""
+    return _Grouped.apply(c, name, offs, None if counts is None else tuple(counts), x, w)
 
 
 # ---------------------------------------------------------------------------------------------
