@@ -6,14 +6,20 @@ does not select are not written (add_* returns False); buffered records reach th
 policy says flush_after(step), when a rank's buffer passes 8 MiB, and at close(), which also writes
 the footers.
 
-Crash safety: lines are only ever written whole. A rank's buffer is a list of complete lines; a flush
-joins them and hands them to os.write() on an unbuffered file descriptor, looping only on a short
-write. A process killed at any instant therefore leaves complete lines on disk, loses at most the
-records buffered since the last flush (one flush window), and has no footer, so readers report the
-file as cut short and read it with --allow-incomplete.
+Crash safety: lines are only ever written whole. Linux stops a write() to a file at a page boundary
+when the process is killed (the copy into the page cache checks for a fatal signal page by page), so
+one write of a whole flush window can be cut inside a line. The writer therefore never lets a line
+cross a page boundary of the file: a line that would is moved to the next page, the rest of the
+current page filled with a blank line (spaces, which readers skip), and a flush is issued as one
+os.write() per file page, on an unbuffered descriptor. A write within one page is all or nothing
+under SIGKILL. A process killed at any instant thus leaves complete lines on disk (only a line
+longer than a page, written over several pages, could be cut), loses at most the records not yet
+flushed (one flush window), and has no footer, so readers report the file as cut short and read it
+with --allow-incomplete.
 """
 from __future__ import annotations
 
+import mmap
 import os
 import re
 from typing import Any, Dict, Iterable, List, Optional
@@ -36,23 +42,46 @@ def write_json_file(path: str, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def _write_all(fd: int, data: bytes, path: str) -> None:
+PAGE = mmap.PAGESIZE
+
+
+def page_confined(lines: List[str], pos: int) -> bytes:
+    """`lines` as the bytes to append at file offset `pos`, each line (newline included) within one
+    page of the file: a line that would cross a page boundary starts on the next page, the rest of
+    the current page holding a blank line. Lines longer than a page are left as they are."""
+    out = bytearray()
+    for line in lines:
+        b = line.encode("utf-8") + b"\n"
+        room = PAGE - pos % PAGE
+        if room < len(b) <= PAGE:
+            out += b" " * (room - 1) + b"\n"
+            pos += room
+        out += b
+        pos += len(b)
+    return bytes(out)
+
+
+def _write_pages(fd: int, data: bytes, pos: int, path: str) -> None:
+    """Writes `data` at the end of the file (offset `pos`) with one write() per file page."""
     view = memoryview(data)
     while view:
+        n = min(len(view), PAGE - pos % PAGE)
         try:
-            n = os.write(fd, view)
+            w = os.write(fd, view[:n])
         except OSError as e:
             raise OSError(f"{path}: write failed: {e.strerror}") from e
-        view = view[n:]
+        view = view[w:]
+        pos += w
 
 
 class _RankFile:
-    __slots__ = ("rank", "path", "fd", "lines", "size", "phase_records", "steps")
+    __slots__ = ("rank", "path", "fd", "pos", "lines", "size", "phase_records", "steps")
 
     def __init__(self, rank: int, path: str, fd: int):
         self.rank = rank
         self.path = path
         self.fd = fd
+        self.pos = 0  # bytes written
         self.lines: List[str] = []
         self.size = 0
         self.phase_records = 0
@@ -202,10 +231,11 @@ class RunDirWriter:
     def _write_out(self, f: _RankFile) -> None:
         if not f.lines:
             return
-        data = ("\n".join(f.lines) + "\n").encode("utf-8")
+        data = page_confined(f.lines, f.pos)
         f.lines = []
         f.size = 0
-        _write_all(f.fd, data, f.path)
+        _write_pages(f.fd, data, f.pos, f.path)
+        f.pos += len(data)
 
     def end_step(self, step: int) -> None:
         """Call after every step (recorded or not, in step order): writes buffered records out when the
