@@ -86,14 +86,6 @@ void write_text(const std::filesystem::path& p, const std::string& text) {
   if (!f) throw SystemError(p.string() + ": cannot write");
 }
 
-std::string read_text(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) throw InputError(p.string() + ": cannot read the scenario file the plan was made from");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 // Progress on stderr: done/total, rate and ETA, at most four times a second.
 class Progress {
  public:
@@ -143,7 +135,6 @@ int finish(sim::PlanResult& r, const scenarios::LoadedScenario& base, const Cost
     write_text(dir / "plan.csv", csv);
     write_text(dir / "plan.txt", text);
     if (r.shard_count == 1) {
-      const std::string base_text = read_text(base.scenario.source_path);
       for (std::size_t i = 0; i < r.top.size(); ++i) {
         const auto& row = r.top[i];
         const std::string name = base.scenario.name + "_plan_" + std::to_string(i + 1);
@@ -152,7 +143,7 @@ int finish(sim::PlanResult& r, const scenarios::LoadedScenario& base, const Cost
                       "threewalls plan #%zu of %s on %d GPUs: %s, %s; predicted step %.3f s (analytic), MFU %.1f%%",
                       i + 1, base.scenario.name.c_str(), r.gpus, row.cand.layout().c_str(),
                       row.cand.options().c_str(), row.step_time_us * 1e-6, 100.0 * row.mfu);
-        const std::string toml = sim::candidate_toml(base_text, est.scenario_of(row.cand), name, comment);
+        const std::string toml = sim::candidate_toml(base.scenario, est.scenario_of(row.cand), name, comment);
         const std::filesystem::path p = dir / ("top_" + std::to_string(i + 1) + ".toml");
         // The file must load as written (same loader and rules as `threewalls validate`).
         scenarios::load_scenario_text(toml, p.string());

@@ -298,18 +298,29 @@ class Loader {
 
   bool parse_default(const ParamSpec& p, Value& v) {
     try {
-      auto doc = toml::parse(std::string_view("x = " + p.default_toml), std::string_view("<registry>"));
-      const toml::node* n = doc.get("x");
-      ErrorList scratch;
-      std::swap(scratch, errors_);
-      bool ok = parse_value(p, *n, {"<registry>", 1, 1}, v);
-      std::swap(scratch, errors_);
-      return ok;
-    } catch (const toml::parse_error&) {
+      v = parse_literal(p, p.default_toml, {"<registry>", 1, 1});
+      return true;
+    } catch (const ScenarioError&) {
       return false;
     }
   }
 
+ public:
+  // One value of `p` written as a TOML literal; errors are recorded (file_ names the source).
+  bool parse_literal_value(const ParamSpec& p, std::string_view literal, const SourceLocation& where, Value& out) {
+    toml::table doc;
+    try {
+      doc = toml::parse("x = " + std::string(literal), file_);
+    } catch (const toml::parse_error& e) {
+      errors_.add(where, table_label(p.table()) + " '" + p.key() + "': malformed TOML value " + std::string(literal) +
+                             ": " + std::string(e.description()));
+      return false;
+    }
+    return parse_value(p, *doc.get("x"), where, out);
+  }
+  void throw_if_any() const { errors_.throw_if_any(); }
+
+ private:
   // Parses `node` according to `p`; on error records it and returns false.
   bool parse_value(const ParamSpec& p, const toml::node& node, const SourceLocation& where, Value& out) {
     std::string label = table_label(p.table()) + " '" + p.key() + "'";
@@ -508,6 +519,14 @@ class Loader {
 };
 
 }  // namespace
+
+Value parse_literal(const ParamSpec& p, std::string_view literal, const SourceLocation& where) {
+  LoadedScenario scratch;
+  Loader loader(where.file, scratch);
+  Value v;
+  if (!loader.parse_literal_value(p, literal, where, v)) loader.throw_if_any();
+  return v;
+}
 
 LoadedScenario load_scenario_text(std::string_view text, const std::string& file) {
   LoadedScenario out;

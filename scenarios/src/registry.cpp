@@ -2,24 +2,86 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <sstream>
+#include <stdexcept>
+#include <type_traits>
 
 #include "threewalls/core/strings.hpp"
 
 namespace threewalls::scenarios {
 namespace {
 
-// ---- value accessors (the loader guarantees the variant alternative for each ParamType) ----
-int as_int(const Value& v) { return static_cast<int>(std::get<std::int64_t>(v)); }
-double as_real(const Value& v) { return std::get<double>(v); }
-bool as_bool(const Value& v) { return std::get<bool>(v); }
-const std::string& as_str(const Value& v) { return std::get<std::string>(v); }
+// ---- field <-> Value, by the field's C++ type (the loader guarantees the variant alternative of
+// each ParamType; bind() checks at registration that the field's type fits the key's ParamType) ----
+template <class T>
+struct IsQuantity : std::false_type {};
+template <class Tag>
+struct IsQuantity<Quantity<Tag>> : std::true_type {};
 
-template <class E>
-E choice_index(const Value& v, const std::vector<std::string>& choices) {
-  auto it = std::find(choices.begin(), choices.end(), as_str(v));
-  return static_cast<E>(it - choices.begin());
+template <class T>
+bool type_fits(ParamType t) {
+  if constexpr (std::is_enum_v<T>) return t == ParamType::choice;
+  else if constexpr (std::is_same_v<T, bool>) return t == ParamType::boolean;
+  else if constexpr (std::is_same_v<T, int> || std::is_same_v<T, std::uint64_t>) return t == ParamType::integer;
+  else if constexpr (std::is_same_v<T, double>) return t == ParamType::real;
+  else if constexpr (std::is_same_v<T, std::string>) return t == ParamType::string || t == ParamType::choice;
+  else if constexpr (std::is_same_v<T, std::vector<std::string>>) return t == ParamType::choice_list;
+  else if constexpr (std::is_same_v<T, std::vector<int>>) return t == ParamType::int_list;
+  else if constexpr (IsQuantity<T>::value) {
+    return t == ParamType::bytes || t == ParamType::bandwidth || t == ParamType::duration ||
+           t == ParamType::flop_rate;
+  } else {
+    return false;
+  }
 }
+
+template <class T>
+void from_value(T& out, const Value& v, const std::vector<std::string>& choices) {
+  if constexpr (std::is_enum_v<T>) {
+    const auto it = std::find(choices.begin(), choices.end(), std::get<std::string>(v));
+    out = static_cast<T>(it - choices.begin());
+  } else if constexpr (std::is_same_v<T, int>) {
+    out = static_cast<int>(std::get<std::int64_t>(v));
+  } else if constexpr (std::is_same_v<T, std::uint64_t>) {
+    out = static_cast<std::uint64_t>(std::get<std::int64_t>(v));
+  } else if constexpr (std::is_same_v<T, std::vector<int>>) {
+    const auto& l = std::get<std::vector<std::int64_t>>(v);
+    out.assign(l.begin(), l.end());
+  } else if constexpr (IsQuantity<T>::value) {
+    out = T(std::get<double>(v));
+  } else {
+    out = std::get<T>(v);
+  }
+}
+
+template <class T>
+Value to_value(const T& field, const std::vector<std::string>& choices) {
+  if constexpr (std::is_enum_v<T>) {
+    return choices.at(static_cast<std::size_t>(field));
+  } else if constexpr (std::is_same_v<T, int> || std::is_same_v<T, std::uint64_t>) {
+    return static_cast<std::int64_t>(field);
+  } else if constexpr (std::is_same_v<T, std::vector<int>>) {
+    return std::vector<std::int64_t>(field.begin(), field.end());
+  } else if constexpr (IsQuantity<T>::value) {
+    return field.value;
+  } else {
+    return field;
+  }
+}
+
+// The part of the scenario a table's keys live in. Each is a generic lambda so that one accessor
+// serves the setter (Scenario&) and the getter (const Scenario&); `i` is the array element.
+constexpr auto kTop = [](auto& s, std::size_t) -> auto& { return s; };
+constexpr auto kModel = [](auto& s, std::size_t) -> auto& { return s.model; };
+constexpr auto kParallel = [](auto& s, std::size_t) -> auto& { return s.parallel; };
+constexpr auto kTrain = [](auto& s, std::size_t) -> auto& { return *s.train; };
+constexpr auto kInfer = [](auto& s, std::size_t) -> auto& { return *s.infer; };
+constexpr auto kOffload = [](auto& s, std::size_t) -> auto& { return s.infer->expert_offload; };
+constexpr auto kCluster = [](auto& s, std::size_t) -> auto& { return s.cluster; };
+constexpr auto kSlowdown = [](auto& s, std::size_t i) -> auto& { return s.cluster.slowdowns.at(i); };
+constexpr auto kRun = [](auto& s, std::size_t) -> auto& { return s.run; };
+constexpr auto kProfiler = [](auto& s, std::size_t) -> auto& { return s.run.profiler; };
 
 // ---- a small builder so each key reads as one declaration ----
 class Decl {
@@ -39,17 +101,46 @@ class Decl {
   Decl& min(double m) { p_.min = m; return *this; }
   Decl& max(double m) { p_.max = m; return *this; }
   Decl& set(Setter s) { p_.set = std::move(s); return *this; }
-  [[nodiscard]] const std::vector<std::string>& current_choices() const { return p_.choices; }
+  Decl& get(Getter g) { p_.get = std::move(g); return *this; }
+
+  // The key is the field `member` of the scenario part `part` (kModel, kTrain, ...): setter and getter
+  // both, converted by the field's type (enums by the key's choices, declared before).
+  template <class Part, class Owner, class T>
+  Decl& bind(Part part, T Owner::*member) {
+    if (!type_fits<T>(p_.type)) {
+      throw std::logic_error("registry: " + p_.path + " is declared " + to_string(p_.type) +
+                             " but bound to a field of another type");
+    }
+    if constexpr (std::is_enum_v<T>) {
+      if (p_.choices.empty()) throw std::logic_error("registry: " + p_.path + " binds an enum before its choices");
+    }
+    const std::vector<std::string> choices = p_.choices;
+    p_.set = [part, member, choices](Scenario& s, const Value& v, std::size_t i) {
+      from_value(part(s, i).*member, v, choices);
+    };
+    p_.get = [part, member, choices](const Scenario& s, std::size_t i) -> std::optional<Value> {
+      return to_value(part(s, i).*member, choices);
+    };
+    return *this;
+  }
+  // Writes the key only for scenarios where `applies` holds (after bind or get).
+  template <class Pred>
+  Decl& written_when(Pred applies) {
+    p_.get = [applies, g = std::move(p_.get)](const Scenario& s, std::size_t i) -> std::optional<Value> {
+      if (!applies(s)) return std::nullopt;
+      return g(s, i);
+    };
+    return *this;
+  }
 
  private:
   Registry& r_;
   ParamSpec p_;
 };
 
-using ExecRef = std::function<ExecOptions&(Scenario&)>;
-
 // [train] and [infer] share these execution options: declared once, mounted under both tables.
-void add_exec_options(Registry& r, const std::string& table, const ExecRef& exec) {
+template <class Exec>
+void add_exec_options(Registry& r, const std::string& table, Exec exec) {
   static const std::vector<std::string> kPrecision = {"bf16", "fp8"};
   static const std::vector<std::string> kGraphScopes = {"attn", "mlp", "moe_router", "moe_preprocess",
                                                         "full_iteration"};
@@ -58,33 +149,27 @@ void add_exec_options(Registry& r, const std::string& table, const ExecRef& exec
       .def("\"bf16\"")
       .choices(kPrecision)
       .doc("GEMM precision of the linear layers (fp8 needs a Hopper GPU).")
-      .set([exec](Scenario& s, const Value& v, std::size_t) {
-        exec(s).precision = choice_index<Precision>(v, kPrecision);
-      });
+      .bind(exec, &ExecOptions::precision);
   Decl(r, table + ".cuda_graph_scope", ParamType::choice_list)
       .def("[]")
       .choices(kGraphScopes)
       .doc("Parts of each step captured into CUDA graphs and replayed (one graph launch plus per-node "
            "costs instead of per-op launches). full_iteration needs static shapes.")
-      .set([exec](Scenario& s, const Value& v, std::size_t) {
-        exec(s).cuda_graph_scope = std::get<std::vector<std::string>>(v);
-      });
+      .bind(exec, &ExecOptions::cuda_graph_scope);
   Decl(r, table + ".token_dispatcher", ParamType::choice)
       .def("\"alltoall\"")
       .choices(kDispatcher)
       .doc("MoE token dispatcher: all-to-all over the EP group, all-gather of all tokens, or flex "
            "(DeepEP-style fused dispatch).")
-      .set([exec](Scenario& s, const Value& v, std::size_t) {
-        exec(s).token_dispatcher = choice_index<Dispatcher>(v, kDispatcher);
-      });
+      .bind(exec, &ExecOptions::token_dispatcher);
   Decl(r, table + ".expert_execution", ParamType::choice)
       .def("\"grouped\"")
       .choices({"sequential", "streams:N", "grouped"})
       .doc("How a rank runs its local experts: one expert after another on one stream, round-robin over "
            "N streams with events, or one grouped GEMM per projection.")
-      .set([exec](Scenario& s, const Value& v, std::size_t) {
-        const auto& t = as_str(v);
-        auto& e = exec(s).expert_execution;
+      .set([exec](Scenario& s, const Value& v, std::size_t i) {
+        const auto& t = std::get<std::string>(v);
+        auto& e = exec(s, i).expert_execution;
         if (t == "sequential") {
           e = {ExpertExecutionKind::sequential, 1};
         } else if (t == "grouped") {
@@ -92,16 +177,19 @@ void add_exec_options(Registry& r, const std::string& table, const ExecRef& exec
         } else {
           e = {ExpertExecutionKind::streams, std::stoi(t.substr(t.find(':') + 1))};
         }
+      })
+      .get([exec](const Scenario& s, std::size_t i) -> std::optional<Value> {
+        return to_string(exec(s, i).expert_execution);
       });
   Decl(r, table + ".sync_routing_stats", ParamType::boolean)
       .def("false")
       .doc("A GPU-to-CPU read of the routing statistics (tokens per expert) in every MoE layer, as "
            "dropless dispatchers without CUDA graphs do; blocks the host.")
-      .set([exec](Scenario& s, const Value& v, std::size_t) { exec(s).sync_routing_stats = as_bool(v); });
+      .bind(exec, &ExecOptions::sync_routing_stats);
   Decl(r, table + ".sync_after_copy", ParamType::boolean)
       .def("false")
       .doc("A stream synchronisation after every host/device copy; blocks the host.")
-      .set([exec](Scenario& s, const Value& v, std::size_t) { exec(s).sync_after_copy = as_bool(v); });
+      .bind(exec, &ExecOptions::sync_after_copy);
 }
 
 }  // namespace
@@ -274,372 +362,379 @@ std::string Registry::text_reference(const std::string& only_table) const {
   return os.str();
 }
 
+
+std::optional<std::size_t> ParamSpec::choice_index(std::string_view text) const {
+  const auto it = std::find(choices.begin(), choices.end(), text);
+  if (it == choices.end()) return std::nullopt;
+  return static_cast<std::size_t>(it - choices.begin());
+}
+
+const ParamSpec& choice_param(const std::string& path) {
+  const ParamSpec* p = Registry::instance().find_param(path);
+  if (p == nullptr || p->type != ParamType::choice) {
+    throw std::logic_error("registry: '" + path + "' is not a choice key");
+  }
+  return *p;
+}
 // ----------------------------------------------------------------------------------------------
 // The declarations. Names follow Megatron-Core's arguments where one exists.
 // ----------------------------------------------------------------------------------------------
 Registry::Registry() {
   Registry& r = *this;
+  const auto is_mla = [](const Scenario& s) { return s.model.attention == AttentionKind::mla; };
 
   // ---- top level ----
   Decl(r, "schema_version", ParamType::integer)
       .required()
       .min(1)
       .doc("Version of the scenario language this file is written in. This threewalls reads 1.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.schema_version = as_int(v); });
+      .bind(kTop, &Scenario::schema_version);
   Decl(r, "name", ParamType::string)
       .derived("the file name without .toml")
       .doc("Scenario name, written into every output header.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.name = as_str(v); });
+      .bind(kTop, &Scenario::name);
   Decl(r, "description", ParamType::string)
       .def("\"\"")
       .doc("Free text: what the scenario is and where its numbers come from.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.description = as_str(v); });
+      .bind(kTop, &Scenario::description);
 
   // ---- [model] ----
-  r.add_table({"model", "Model dimensions (dense and MoE), as in Megatron-Core's arguments.", true, false, {}, {}});
+  r.add_table({"model", "Model dimensions (dense and MoE), as in Megatron-Core's arguments.", true, false, {}, {}, {}});
   Decl(r, "model.name", ParamType::string).def("\"\"").doc("Model name, e.g. \"DeepSeek-V3\".")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.model.name = as_str(v); });
+      .bind(kModel, &ModelSpec::name);
   // Upper bounds below keep derived arithmetic in range (world = nodes x gpus_per_node fits an int; per-layer
   // loops stay short); both are far beyond any real model or cluster.
   Decl(r, "model.num_layers", ParamType::integer).required().min(1).max(100000).doc("Number of transformer layers.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.model.num_layers = as_int(v); });
+      .bind(kModel, &ModelSpec::num_layers);
   Decl(r, "model.hidden_size", ParamType::integer).required().min(1).doc("Model (embedding) dimension.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.model.hidden_size = as_int(v); });
+      .bind(kModel, &ModelSpec::hidden_size);
   Decl(r, "model.ffn_hidden_size", ParamType::integer).def("0").min(0)
       .doc("Hidden size of the dense MLP; required when any layer is dense.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.model.ffn_hidden_size = as_int(v); });
+      .bind(kModel, &ModelSpec::ffn_hidden_size);
   Decl(r, "model.num_attention_heads", ParamType::integer).required().min(1).doc("Number of query heads.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.model.num_attention_heads = as_int(v); });
+      .bind(kModel, &ModelSpec::num_attention_heads);
+  // Written for gqa only: mha derives it (= num_attention_heads) and mla refuses it.
   Decl(r, "model.num_query_groups", ParamType::integer).derived("num_attention_heads").min(1)
       .doc("Key/value head groups for grouped-query attention (gqa).")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.model.num_query_groups = as_int(v); });
+      .bind(kModel, &ModelSpec::num_query_groups)
+      .written_when([](const Scenario& s) { return s.model.attention == AttentionKind::gqa; });
   Decl(r, "model.kv_channels", ParamType::integer).derived("hidden_size / num_attention_heads").min(1)
       .doc("Head dimension of mha/gqa attention.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.model.kv_channels = as_int(v); });
+      .bind(kModel, &ModelSpec::kv_channels)
+      .written_when([is_mla](const Scenario& s) { return !is_mla(s); });
   {
     static const std::vector<std::string> kAttn = {"mha", "gqa", "mla"};
     Decl(r, "model.attention", ParamType::choice).def("\"mha\"").choices(kAttn)
         .doc("Attention kind: multi-head, grouped-query or multi-latent (DeepSeek).")
-        .set([](Scenario& s, const Value& v, std::size_t) {
-          s.model.attention = choice_index<AttentionKind>(v, kAttn);
-        });
+        .bind(kModel, &ModelSpec::attention);
   }
   Decl(r, "model.q_lora_rank", ParamType::integer).def("0").min(0)
       .doc("mla: rank of the query down-projection; 0 = queries are not compressed.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.model.q_lora_rank = as_int(v); });
-  Decl(r, "model.kv_lora_rank", ParamType::integer).def("0").min(0)
+      .bind(kModel, &ModelSpec::q_lora_rank);
+  // The other MLA dimensions have no default: attention = "mla" needs each of them, others none.
+  Decl(r, "model.kv_lora_rank", ParamType::integer).derived("none; required by attention = \"mla\"").min(0)
       .doc("mla: rank of the joint key/value down-projection.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.model.kv_lora_rank = as_int(v); });
-  Decl(r, "model.qk_head_dim", ParamType::integer).def("0").min(0)
+      .bind(kModel, &ModelSpec::kv_lora_rank)
+      .written_when(is_mla);
+  Decl(r, "model.qk_head_dim", ParamType::integer).derived("none; required by attention = \"mla\"").min(0)
       .doc("mla: query/key head dimension without the rotary part.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.model.qk_head_dim = as_int(v); });
-  Decl(r, "model.qk_pos_emb_head_dim", ParamType::integer).def("0").min(0)
+      .bind(kModel, &ModelSpec::qk_head_dim)
+      .written_when(is_mla);
+  Decl(r, "model.qk_pos_emb_head_dim", ParamType::integer).derived("none; required by attention = \"mla\"").min(0)
       .doc("mla: rotary (decoupled) query/key head dimension.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.model.qk_pos_emb_head_dim = as_int(v); });
-  Decl(r, "model.v_head_dim", ParamType::integer).def("0").min(0).doc("mla: value head dimension.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.model.v_head_dim = as_int(v); });
+      .bind(kModel, &ModelSpec::qk_pos_emb_head_dim)
+      .written_when(is_mla);
+  Decl(r, "model.v_head_dim", ParamType::integer).derived("none; required by attention = \"mla\"").min(0)
+      .doc("mla: value head dimension.")
+      .bind(kModel, &ModelSpec::v_head_dim)
+      .written_when(is_mla);
   Decl(r, "model.vocab_size", ParamType::integer).required().min(1)
       .doc("Vocabulary size (padded to a multiple of 128 x tp as Megatron does).")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.model.vocab_size = as_int(v); });
+      .bind(kModel, &ModelSpec::vocab_size);
   Decl(r, "model.swiglu", ParamType::boolean).def("true").doc("Gated linear unit (SwiGLU) in MLPs and experts.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.model.swiglu = as_bool(v); });
+      .bind(kModel, &ModelSpec::swiglu);
   Decl(r, "model.untie_embeddings_and_output_weights", ParamType::boolean).def("true")
       .doc("Separate input embedding and output layer weights; false ties them (an extra gradient "
            "all-reduce between the first and last pipeline stage).")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.model.untie_embeddings_and_output_weights = as_bool(v); });
+      .bind(kModel, &ModelSpec::untie_embeddings_and_output_weights);
   {
     static const std::vector<std::string> kNorm = {"rmsnorm", "layernorm"};
     Decl(r, "model.normalization", ParamType::choice).def("\"rmsnorm\"").choices(kNorm).doc("Normalization layer.")
-        .set([](Scenario& s, const Value& v, std::size_t) {
-          s.model.normalization = choice_index<Normalization>(v, kNorm);
-        });
+        .bind(kModel, &ModelSpec::normalization);
   }
   Decl(r, "model.num_experts", ParamType::integer).def("0").min(0)
       .doc("Routed experts per MoE layer; 0 = dense model.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.model.num_experts = as_int(v); });
+      .bind(kModel, &ModelSpec::num_experts);
   Decl(r, "model.moe_ffn_hidden_size", ParamType::integer).def("0").min(0)
       .doc("Hidden size of each routed expert; required when num_experts > 0.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.model.moe_ffn_hidden_size = as_int(v); });
+      .bind(kModel, &ModelSpec::moe_ffn_hidden_size);
   Decl(r, "model.moe_router_topk", ParamType::integer).def("0").min(0)
       .doc("Experts each token is routed to; required when num_experts > 0.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.model.moe_router_topk = as_int(v); });
+      .bind(kModel, &ModelSpec::moe_router_topk);
   Decl(r, "model.moe_shared_expert_intermediate_size", ParamType::integer).def("0").min(0)
       .doc("Total hidden size of the shared experts of an MoE layer; 0 = no shared expert.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.model.moe_shared_expert_intermediate_size = as_int(v); });
+      .bind(kModel, &ModelSpec::moe_shared_expert_intermediate_size);
   Decl(r, "model.first_dense_layers", ParamType::integer).def("0").min(0)
       .doc("The first layers use the dense MLP instead of experts (DeepSeek: 3; V2-Lite: 1).")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.model.first_dense_layers = as_int(v); });
+      .bind(kModel, &ModelSpec::first_dense_layers);
   Decl(r, "model.moe_layer_freq", ParamType::integer).def("1").min(1)
       .doc("After the first dense layers, every n-th layer is an MoE layer, the others dense.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.model.moe_layer_freq = as_int(v); });
+      .bind(kModel, &ModelSpec::moe_layer_freq);
 
   // ---- [parallel] ----
   r.add_table({"parallel", "Parallel layout. Ranks are ordered tp, cp, dp, pp (dense) and etp, ep, edp, pp "
                            "(experts) from fastest to slowest, as Megatron-Core's default order.",
-               false, false, {}, {}});
+               false, false, {}, {}, {}});
   Decl(r, "parallel.tp", ParamType::integer).def("1").min(1).doc("Tensor-parallel size.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.parallel.tp = as_int(v); });
+      .bind(kParallel, &ParallelSpec::tp);
   Decl(r, "parallel.cp", ParamType::integer).def("1").min(1).doc("Context-parallel size.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.parallel.cp = as_int(v); });
+      .bind(kParallel, &ParallelSpec::cp);
   Decl(r, "parallel.pp", ParamType::integer).def("1").min(1).doc("Pipeline-parallel size.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.parallel.pp = as_int(v); });
+      .bind(kParallel, &ParallelSpec::pp);
   Decl(r, "parallel.vpp", ParamType::integer).def("1").min(1)
       .doc("Virtual pipeline stages (model chunks) per pipeline rank; > 1 selects the interleaved schedule.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.parallel.vpp = as_int(v); });
+      .bind(kParallel, &ParallelSpec::vpp);
   Decl(r, "parallel.dp", ParamType::integer).derived("world / (tp x cp x pp)").min(1)
       .doc("Data-parallel size; when given it must equal world / (tp x cp x pp).")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.parallel.dp = as_int(v); });
+      .bind(kParallel, &ParallelSpec::dp);
   Decl(r, "parallel.ep", ParamType::integer).def("1").min(1).doc("Expert-parallel size.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.parallel.ep = as_int(v); });
+      .bind(kParallel, &ParallelSpec::ep);
   Decl(r, "parallel.etp", ParamType::integer).def("1").min(1).doc("Expert tensor-parallel size.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.parallel.etp = as_int(v); });
+      .bind(kParallel, &ParallelSpec::etp);
   Decl(r, "parallel.sequence_parallel", ParamType::boolean).def("false")
       .doc("Sequence parallelism over the TP group (all-gather / reduce-scatter instead of all-reduce).")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.parallel.sequence_parallel = as_bool(v); });
+      .bind(kParallel, &ParallelSpec::sequence_parallel);
   Decl(r, "parallel.layers_per_stage", ParamType::int_list).def("[]")
       .doc("Explicit layer count of each of the pp x vpp virtual stages (chunk-major: all stages' chunk 0 "
            "first); empty = even split.")
-      .set([](Scenario& s, const Value& v, std::size_t) {
-        const auto& l = std::get<std::vector<std::int64_t>>(v);
-        s.parallel.layers_per_stage.assign(l.begin(), l.end());
-      });
+      .bind(kParallel, &ParallelSpec::layers_per_stage);
   Decl(r, "parallel.first_stage_layers", ParamType::integer).def("0").min(0)
       .doc("Layers on the first pipeline stage (Megatron's decoder_first_pipeline_num_layers); 0 = even split.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.parallel.first_stage_layers = as_int(v); });
+      .bind(kParallel, &ParallelSpec::first_stage_layers);
   Decl(r, "parallel.last_stage_layers", ParamType::integer).def("0").min(0)
       .doc("Layers on the last pipeline stage (Megatron's decoder_last_pipeline_num_layers); 0 = even split.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.parallel.last_stage_layers = as_int(v); });
+      .bind(kParallel, &ParallelSpec::last_stage_layers);
 
   // ---- [train] ----
-  r.add_table({"train", "Training step options.", false, false,
-               [](Scenario& s) { s.train.emplace(); }, {"infer"}});
-  add_exec_options(r, "train", [](Scenario& s) -> ExecOptions& { return s.train->exec; });
+  r.add_table({"train", "Training step options.", false, false, [](Scenario& s) { s.train.emplace(); }, {"infer"},
+               [](const Scenario& s) -> std::size_t { return s.train ? 1 : 0; }});
+  add_exec_options(r, "train", [](auto& s, std::size_t) -> auto& { return s.train->exec; });
   Decl(r, "train.micro_batch_size", ParamType::integer).required().min(1).doc("Sequences per micro-batch.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.train->micro_batch_size = as_int(v); });
+      .bind(kTrain, &TrainSpec::micro_batch_size);
   Decl(r, "train.global_batch_size", ParamType::integer).required().min(1)
       .doc("Sequences per optimizer step over all data-parallel ranks.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.train->global_batch_size = as_int(v); });
+      .bind(kTrain, &TrainSpec::global_batch_size);
   Decl(r, "train.seq_length", ParamType::integer).required().min(1).doc("Sequence length in tokens.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.train->seq_length = as_int(v); });
+      .bind(kTrain, &TrainSpec::seq_length);
   {
     static const std::vector<std::string> kGran = {"none", "selective", "full"};
     Decl(r, "train.recompute_granularity", ParamType::choice).def("\"none\"").choices(kGran)
         .doc("Activation recomputation: none, selective (recompute_modules) or full layers.")
-        .set([](Scenario& s, const Value& v, std::size_t) {
-          s.train->recompute_granularity = choice_index<RecomputeGranularity>(v, kGran);
-        });
+        .bind(kTrain, &TrainSpec::recompute_granularity);
     static const std::vector<std::string> kMethod = {"uniform", "block"};
     Decl(r, "train.recompute_method", ParamType::choice).def("\"uniform\"").choices(kMethod)
         .doc("full recompute: uniform (checkpoint groups of recompute_num_layers) or block (the first "
              "recompute_num_layers layers of each stage).")
-        .set([](Scenario& s, const Value& v, std::size_t) {
-          s.train->recompute_method = choice_index<RecomputeMethod>(v, kMethod);
-        });
+        .bind(kTrain, &TrainSpec::recompute_method);
   }
   Decl(r, "train.recompute_num_layers", ParamType::integer).def("1").min(1)
       .doc("full recompute: layers per checkpoint group (uniform) or layers recomputed per stage (block).")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.train->recompute_num_layers = as_int(v); });
+      .bind(kTrain, &TrainSpec::recompute_num_layers);
+  // Written for selective recompute only: the rules refuse the key with any other granularity.
   Decl(r, "train.recompute_modules", ParamType::choice_list).def("[\"core_attn\"]")
       .choices({"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"})
       .doc("selective recompute: modules whose activations are recomputed in backward.")
-      .set([](Scenario& s, const Value& v, std::size_t) {
-        s.train->recompute_modules = std::get<std::vector<std::string>>(v);
+      .bind(kTrain, &TrainSpec::recompute_modules)
+      .written_when([](const Scenario& s) {
+        return s.train->recompute_granularity == RecomputeGranularity::selective;
       });
   Decl(r, "train.use_distributed_optimizer", ParamType::boolean).def("true")
       .doc("Shard optimizer state over data-parallel ranks (reduce-scatter gradients, all-gather parameters).")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.train->use_distributed_optimizer = as_bool(v); });
+      .bind(kTrain, &TrainSpec::use_distributed_optimizer);
   Decl(r, "train.overlap_grad_reduce", ParamType::boolean).def("false")
       .doc("Overlap the data-parallel gradient reduction with backward compute (bucketed).")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.train->overlap_grad_reduce = as_bool(v); });
+      .bind(kTrain, &TrainSpec::overlap_grad_reduce);
   Decl(r, "train.overlap_param_gather", ParamType::boolean).def("false")
       .doc("Overlap the parameter all-gather of the distributed optimizer with the next forward.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.train->overlap_param_gather = as_bool(v); });
+      .bind(kTrain, &TrainSpec::overlap_param_gather);
   Decl(r, "train.tp_comm_overlap", ParamType::boolean).def("false")
       .doc("Overlap tensor-parallel all-gather/reduce-scatter with the neighbouring GEMMs.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.train->tp_comm_overlap = as_bool(v); });
+      .bind(kTrain, &TrainSpec::tp_comm_overlap);
   Decl(r, "train.moe_shared_expert_overlap", ParamType::boolean).def("false")
       .doc("Run the shared experts on their own stream, overlapped with token dispatch and combine.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.train->moe_shared_expert_overlap = as_bool(v); });
+      .bind(kTrain, &TrainSpec::moe_shared_expert_overlap);
   Decl(r, "train.routing_imbalance", ParamType::real).def("1.0").min(1.0)
       .doc("Load imbalance of the routing: tokens received by the busiest EP rank over the mean (1 = "
            "balanced). > 1 splits the ranks into hot and cold rank classes.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.train->routing_imbalance = as_real(v); });
+      .bind(kTrain, &TrainSpec::routing_imbalance);
   Decl(r, "train.grad_bucket_size", ParamType::real).def("40000000").min(1)
       .doc("Parameters per data-parallel gradient bucket (Megatron's DDP bucket_size).")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.train->grad_bucket_size_params = as_real(v); });
+      .bind(kTrain, &TrainSpec::grad_bucket_size_params);
 
   // ---- [infer] ----
   r.add_table({"infer", "Inference options: a prefill step followed by decode steps.", false, false,
-               [](Scenario& s) { s.infer.emplace(); }, {"train"}});
-  add_exec_options(r, "infer", [](Scenario& s) -> ExecOptions& { return s.infer->exec; });
+               [](Scenario& s) { s.infer.emplace(); }, {"train"},
+               [](const Scenario& s) -> std::size_t { return s.infer ? 1 : 0; }});
+  add_exec_options(r, "infer", [](auto& s, std::size_t) -> auto& { return s.infer->exec; });
   Decl(r, "infer.batch_size", ParamType::integer).required().min(1).doc("Sequences decoded together.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.infer->batch_size = as_int(v); });
+      .bind(kInfer, &InferSpec::batch_size);
   Decl(r, "infer.prompt_length", ParamType::integer).required().min(1).doc("Prompt tokens per sequence.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.infer->prompt_length = as_int(v); });
+      .bind(kInfer, &InferSpec::prompt_length);
   Decl(r, "infer.generate_tokens", ParamType::integer).required().min(0)
       .doc("Tokens generated per sequence (decode steps after each prefill); 0 = every step is a prefill.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.infer->generate_tokens = as_int(v); });
+      .bind(kInfer, &InferSpec::generate_tokens);
   {
     static const std::vector<std::string> kPrec = {"bf16", "fp8"};
     Decl(r, "infer.kv_cache_precision", ParamType::choice).def("\"bf16\"").choices(kPrec)
         .doc("Element type of the KV cache.")
-        .set([](Scenario& s, const Value& v, std::size_t) {
-          s.infer->kv_cache_precision = choice_index<Precision>(v, kPrec);
-        });
+        .bind(kInfer, &InferSpec::kv_cache_precision);
   }
   Decl(r, "infer.routing_skew", ParamType::real).def("0.0").min(0.0)
       .doc("Zipf exponent of expert popularity in the seeded routing model (0 = uniform).")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.infer->routing_skew = as_real(v); });
+      .bind(kInfer, &InferSpec::routing_skew);
   Decl(r, "infer.routing_locality", ParamType::real).def("0.0").min(0.0).max(1.0)
       .doc("Probability that a sequence keeps the experts it used in the previous decode step.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.infer->routing_locality = as_real(v); });
+      .bind(kInfer, &InferSpec::routing_locality);
 
   r.add_table({"infer.expert_offload", "Where expert weights live and how they reach the GPU.", false, false,
-               [](Scenario& s) { s.infer->expert_offload.enabled = true; }, {}});
+               [](Scenario& s) { s.infer->expert_offload.enabled = true; }, {},
+               [](const Scenario& s) -> std::size_t { return s.infer && s.infer->expert_offload.enabled ? 1 : 0; }});
   {
     static const std::vector<std::string> kTier = {"hbm", "host_pinned", "nvme"};
     Decl(r, "infer.expert_offload.tier", ParamType::choice).required().choices(kTier)
         .doc("Home of the expert weights: GPU memory, pinned host memory, or a file read into pinned buffers.")
-        .set([](Scenario& s, const Value& v, std::size_t) {
-          s.infer->expert_offload.tier = choice_index<OffloadTier>(v, kTier);
-        });
+        .bind(kOffload, &ExpertOffloadSpec::tier);
   }
   Decl(r, "infer.expert_offload.nvme_path", ParamType::string).def("\"\"")
       .doc("nvme tier: file holding the expert weights (created if missing).")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.infer->expert_offload.nvme_path = as_str(v); });
+      .bind(kOffload, &ExpertOffloadSpec::nvme_path);
   Decl(r, "infer.expert_offload.cache_experts_per_layer", ParamType::integer).required().min(0)
       .doc("Experts of each layer kept in the GPU expert cache.")
-      .set([](Scenario& s, const Value& v, std::size_t) {
-        s.infer->expert_offload.cache_experts_per_layer = as_int(v);
-      });
+      .bind(kOffload, &ExpertOffloadSpec::cache_experts_per_layer);
   {
     static const std::vector<std::string> kPolicy = {"lru", "lfu"};
     Decl(r, "infer.expert_offload.policy", ParamType::choice).def("\"lru\"").choices(kPolicy)
         .doc("Expert cache eviction policy.")
-        .set([](Scenario& s, const Value& v, std::size_t) {
-          s.infer->expert_offload.policy = choice_index<CachePolicy>(v, kPolicy);
-        });
+        .bind(kOffload, &ExpertOffloadSpec::policy);
     static const std::vector<std::string> kPrefetch = {"none", "next_layer", "all_predicted"};
     Decl(r, "infer.expert_offload.prefetch", ParamType::choice).def("\"none\"").choices(kPrefetch)
         .doc("Prefetch: none, the next layer's experts from router look-ahead, or all predicted experts.")
-        .set([](Scenario& s, const Value& v, std::size_t) {
-          s.infer->expert_offload.prefetch = choice_index<Prefetch>(v, kPrefetch);
-        });
+        .bind(kOffload, &ExpertOffloadSpec::prefetch);
     static const std::vector<std::string> kSync = {"barrier", "per_expert"};
     Decl(r, "infer.expert_offload.sync", ParamType::choice).def("\"barrier\"").choices(kSync)
         .doc("Compute waits for all of a layer's experts (barrier) or for each expert's own copy event.")
-        .set([](Scenario& s, const Value& v, std::size_t) {
-          s.infer->expert_offload.sync = choice_index<ExpertSync>(v, kSync);
-        });
+        .bind(kOffload, &ExpertOffloadSpec::sync);
   }
   Decl(r, "infer.expert_offload.copy_streams", ParamType::integer).def("1").min(1).max(16)
       .doc("Copy streams used for expert fetches.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.infer->expert_offload.copy_streams = as_int(v); });
+      .bind(kOffload, &ExpertOffloadSpec::copy_streams);
 
   // ---- [cluster] ----
   r.add_table({"cluster", "The machines: GPUs, NVLink domain per node, PCIe, one NIC per GPU into a fabric.",
-               true, false, {}, {}});
+               true, false, {}, {}, {}});
   {
     static const std::vector<std::string> kGpu = {"h100", "h200"};
     Decl(r, "cluster.gpu", ParamType::choice).required().choices(kGpu).doc("GPU kind (SXM).")
-        .set([](Scenario& s, const Value& v, std::size_t) { s.cluster.gpu = choice_index<GpuKind>(v, kGpu); });
+        .bind(kCluster, &ClusterSpec::gpu);
   }
   Decl(r, "cluster.gpus_per_node", ParamType::integer).required().min(1).max(72)
       .doc("GPUs per node (one NVLink domain).")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.cluster.gpus_per_node = as_int(v); });
+      .bind(kCluster, &ClusterSpec::gpus_per_node);
   Decl(r, "cluster.nodes", ParamType::integer).required().min(1).max(100000).doc("Number of nodes.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.cluster.nodes = as_int(v); });
+      .bind(kCluster, &ClusterSpec::nodes);
   Decl(r, "cluster.gpu_memory", ParamType::bytes).derived("by GPU kind: h100 \"79.6GiB\", h200 \"140.4GiB\"")
       .doc("Usable device memory per GPU, for the OOM verdict.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.cluster.gpu_memory = Bytes(as_real(v)); });
+      .bind(kCluster, &ClusterSpec::gpu_memory);
   Decl(r, "cluster.nvlink_bandwidth", ParamType::bandwidth).def("\"450GBps\"")
       .doc("NVLink bandwidth per GPU and direction into the node's NVSwitch.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.cluster.nvlink_bandwidth = BytesPerSecond(as_real(v)); });
+      .bind(kCluster, &ClusterSpec::nvlink_bandwidth);
   Decl(r, "cluster.nvlink_latency", ParamType::duration).def("\"1us\"").doc("NVLink hop latency.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.cluster.nvlink_latency = Seconds(as_real(v)); });
+      .bind(kCluster, &ClusterSpec::nvlink_latency);
   Decl(r, "cluster.pcie_bandwidth", ParamType::bandwidth).def("\"64GBps\"")
       .doc("PCIe bandwidth per GPU and direction to its host (Gen5 x16).")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.cluster.pcie_bandwidth = BytesPerSecond(as_real(v)); });
+      .bind(kCluster, &ClusterSpec::pcie_bandwidth);
   Decl(r, "cluster.pcie_latency", ParamType::duration).def("\"1us\"").doc("PCIe latency.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.cluster.pcie_latency = Seconds(as_real(v)); });
+      .bind(kCluster, &ClusterSpec::pcie_latency);
   Decl(r, "cluster.nic_bandwidth", ParamType::bandwidth).def("\"400Gbps\"")
       .doc("Bandwidth of each GPU's NIC per direction.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.cluster.nic_bandwidth = BytesPerSecond(as_real(v)); });
+      .bind(kCluster, &ClusterSpec::nic_bandwidth);
   Decl(r, "cluster.nic_latency", ParamType::duration).def("\"2us\"").doc("NIC-to-leaf link latency.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.cluster.nic_latency = Seconds(as_real(v)); });
+      .bind(kCluster, &ClusterSpec::nic_latency);
   {
     static const std::vector<std::string> kTopo = {"fat_tree", "rail_optimized"};
     Decl(r, "cluster.topology", ParamType::choice).def("\"rail_optimized\"").choices(kTopo)
         .doc("Fabric between nodes: a two-level fat tree, or a rail-optimised fat tree (NIC i of every node "
              "on leaf switch i).")
-        .set([](Scenario& s, const Value& v, std::size_t) {
-          s.cluster.topology = choice_index<Topology>(v, kTopo);
-        });
+        .bind(kCluster, &ClusterSpec::topology);
   }
   Decl(r, "cluster.leaf_switch_ports", ParamType::integer).def("64").min(2)
       .doc("NIC-facing ports per leaf switch.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.cluster.leaf_switch_ports = as_int(v); });
+      .bind(kCluster, &ClusterSpec::leaf_switch_ports);
   Decl(r, "cluster.oversubscription", ParamType::real).def("1.0").min(1.0)
       .doc("Leaf downlink to uplink bandwidth ratio (1 = non-blocking).")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.cluster.oversubscription = as_real(v); });
+      .bind(kCluster, &ClusterSpec::oversubscription);
   Decl(r, "cluster.switch_latency", ParamType::duration).def("\"1us\"").doc("Latency through one switch.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.cluster.switch_latency = Seconds(as_real(v)); });
+      .bind(kCluster, &ClusterSpec::switch_latency);
 
   r.add_table({"cluster.slowdown", "A slow GPU or link, for what-if and straggler studies (simulator only).",
-               false, true, [](Scenario& s) { s.cluster.slowdowns.emplace_back(); }, {}});
+               false, true, [](Scenario& s) { s.cluster.slowdowns.emplace_back(); }, {},
+               [](const Scenario& s) { return s.cluster.slowdowns.size(); }});
   Decl(r, "cluster.slowdown.rank", ParamType::integer).required().min(0).doc("The slow rank.")
-      .set([](Scenario& s, const Value& v, std::size_t i) { s.cluster.slowdowns.at(i).rank = as_int(v); });
+      .bind(kSlowdown, &Slowdown::rank);
   Decl(r, "cluster.slowdown.factor", ParamType::real).required().min(1.0)
       .doc("Durations on that GPU (or bandwidth-bound time on that link) are multiplied by this.")
-      .set([](Scenario& s, const Value& v, std::size_t i) { s.cluster.slowdowns.at(i).factor = as_real(v); });
+      .bind(kSlowdown, &Slowdown::factor);
   {
     static const std::vector<std::string> kLink = {"none", "nvlink", "pcie", "nic"};
     Decl(r, "cluster.slowdown.link", ParamType::choice).def("\"none\"").choices(kLink)
         .doc("none: the GPU's kernels are slow; otherwise that rank's link of this kind is slow.")
-        .set([](Scenario& s, const Value& v, std::size_t i) {
-          s.cluster.slowdowns.at(i).link = choice_index<SlowLink>(v, kLink);
-        });
+        .bind(kSlowdown, &Slowdown::link);
   }
   Decl(r, "cluster.slowdown.from_step", ParamType::integer).def("0").min(0).doc("First affected step.")
-      .set([](Scenario& s, const Value& v, std::size_t i) { s.cluster.slowdowns.at(i).from_step = as_int(v); });
+      .bind(kSlowdown, &Slowdown::from_step);
   Decl(r, "cluster.slowdown.to_step", ParamType::integer).def("-1").min(-1)
       .doc("Last affected step (inclusive); -1 = until the end.")
-      .set([](Scenario& s, const Value& v, std::size_t i) { s.cluster.slowdowns.at(i).to_step = as_int(v); });
+      .bind(kSlowdown, &Slowdown::to_step);
 
   // ---- [calibration] ----
-  r.add_table({"calibration", "Which calibration profile the simulator takes its costs from.", false, false, {}, {}});
+  r.add_table({"calibration", "Which calibration profile the simulator takes its costs from.", false, false, {}, {},
+               {}});
+  // The loader resolves a relative path against the scenario's folder; it is written absolute, so
+  // the written file finds the same profile wherever it is put.
   Decl(r, "calibration.profile", ParamType::string).def("\"auto\"")
       .doc("Path of a calibration profile (relative to the scenario file), or \"auto\" for the shipped "
            "profile of cluster.gpu.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.calibration_profile = as_str(v); });
+      .bind(kTop, &Scenario::calibration_profile)
+      .get([](const Scenario& s, std::size_t) -> std::optional<Value> {
+        if (s.calibration_profile == "auto") return s.calibration_profile;
+        return std::filesystem::absolute(s.calibration_profile).lexically_normal().string();
+      });
 
   // ---- [run] ----
-  r.add_table({"run", "Steps to execute and what the profiler records.", false, false, {}, {}});
+  r.add_table({"run", "Steps to execute and what the profiler records.", false, false, {}, {}, {}});
   Decl(r, "run.steps", ParamType::integer).def("3").min(1).doc("Measured steps (after warm-up).")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.run.steps = as_int(v); });
+      .bind(kRun, &RunSpec::steps);
   Decl(r, "run.warmup_steps", ParamType::integer).def("1").min(0).doc("Unrecorded steps before the measured ones.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.run.warmup_steps = as_int(v); });
+      .bind(kRun, &RunSpec::warmup_steps);
   Decl(r, "run.seed", ParamType::integer).def("1234").min(0)
       .doc("Seed of every random choice (data, routing); recorded in the output header.")
-      .set([](Scenario& s, const Value& v, std::size_t) {
-        s.run.seed = static_cast<std::uint64_t>(std::get<std::int64_t>(v));
-      });
+      .bind(kRun, &RunSpec::seed);
   r.add_table({"run.profiler", "Profiler sampling (real runs; the simulator honours the same knobs).", false, false,
-               {}, {}});
+               {}, {}, {}});
   Decl(r, "run.profiler.enabled", ParamType::boolean).def("true")
       .doc("false: no phase files are written and nothing is timed.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.run.profiler.enabled = as_bool(v); });
+      .bind(kProfiler, &ProfilerSpec::enabled);
   Decl(r, "run.profiler.start_step", ParamType::integer).def("0").min(0).doc("First step that may be recorded.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.run.profiler.start_step = as_int(v); });
+      .bind(kProfiler, &ProfilerSpec::start_step);
   Decl(r, "run.profiler.end_step", ParamType::integer).def("-1").min(-1)
       .doc("Last step that may be recorded (inclusive); -1 = the last step.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.run.profiler.end_step = as_int(v); });
+      .bind(kProfiler, &ProfilerSpec::end_step);
   Decl(r, "run.profiler.record_every_n_steps", ParamType::integer).def("10").min(1)
       .doc("Record one step in n, counted from start_step.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.run.profiler.record_every_n_steps = as_int(v); });
+      .bind(kProfiler, &ProfilerSpec::record_every_n_steps);
   Decl(r, "run.profiler.flush_every_n_steps", ParamType::integer).def("10").min(1)
       .doc("Write buffered records to disk every n steps.")
-      .set([](Scenario& s, const Value& v, std::size_t) { s.run.profiler.flush_every_n_steps = as_int(v); });
+      .bind(kProfiler, &ProfilerSpec::flush_every_n_steps);
   Decl(r, "run.profiler.ranks", ParamType::rank_list).def("\"all\"")
       .doc("Ranks that record: all, one representative of each rank class, or a list.")
       .set([](Scenario& s, const Value& v, std::size_t) {
@@ -651,15 +746,19 @@ Registry::Registry() {
         } else if (std::get<std::string>(v) == "representatives") {
           p.representatives = true;
         }
+      })
+      .get([](const Scenario& s, std::size_t) -> std::optional<Value> {
+        const auto& p = s.run.profiler;
+        if (p.representatives) return std::string("representatives");
+        if (p.ranks.empty()) return std::string("all");
+        return std::vector<std::int64_t>(p.ranks.begin(), p.ranks.end());
       });
   {
     static const std::vector<std::string> kGran = {"layer", "coarse"};
     Decl(r, "run.profiler.granularity", ParamType::choice).def("\"layer\"").choices(kGran)
         .doc("layer: one record per op (phase, layer, micro-batch); coarse: host_to_device, training_step "
              "and training_metrics only.")
-        .set([](Scenario& s, const Value& v, std::size_t) {
-          s.run.profiler.granularity = choice_index<Granularity>(v, kGran);
-        });
+        .bind(kProfiler, &ProfilerSpec::granularity);
   }
 }
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "threewalls/scenarios/registry.hpp"
+
 namespace threewalls::scenarios {
 
 int ModelSpec::num_moe_layers() const {
@@ -25,40 +27,22 @@ bool TrainSpec::recompute_module(const std::string& m) const {
          std::find(recompute_modules.begin(), recompute_modules.end(), m) != recompute_modules.end();
 }
 
-const char* to_string(AttentionKind v) {
-  switch (v) {
-    case AttentionKind::mha: return "mha";
-    case AttentionKind::gqa: return "gqa";
-    case AttentionKind::mla: return "mla";
-  }
-  return "?";
+namespace {
+// The name of `v`: the registry's choices of the key that reads the enum (registry.hpp). Each enum is
+// read by one key (or keys sharing its choices), looked up once: the registry is immutable once built.
+template <class E>
+const char* name_of(const char* key_path, E v) {
+  static const ParamSpec& key = choice_param(key_path);
+  return key.choices.at(static_cast<std::size_t>(v)).c_str();
 }
-const char* to_string(Precision v) { return v == Precision::bf16 ? "bf16" : "fp8"; }
-const char* to_string(GpuKind v) { return v == GpuKind::h100 ? "h100" : "h200"; }
-const char* to_string(Dispatcher v) {
-  switch (v) {
-    case Dispatcher::alltoall: return "alltoall";
-    case Dispatcher::allgather: return "allgather";
-    case Dispatcher::flex: return "flex";
-  }
-  return "?";
-}
-const char* to_string(RecomputeGranularity v) {
-  switch (v) {
-    case RecomputeGranularity::none: return "none";
-    case RecomputeGranularity::selective: return "selective";
-    case RecomputeGranularity::full: return "full";
-  }
-  return "?";
-}
-const char* to_string(OffloadTier v) {
-  switch (v) {
-    case OffloadTier::hbm: return "hbm";
-    case OffloadTier::host_pinned: return "host_pinned";
-    case OffloadTier::nvme: return "nvme";
-  }
-  return "?";
-}
+}  // namespace
+
+const char* to_string(AttentionKind v) { return name_of("model.attention", v); }
+const char* to_string(Precision v) { return name_of("train.precision", v); }
+const char* to_string(GpuKind v) { return name_of("cluster.gpu", v); }
+const char* to_string(Dispatcher v) { return name_of("train.token_dispatcher", v); }
+const char* to_string(RecomputeGranularity v) { return name_of("train.recompute_granularity", v); }
+const char* to_string(OffloadTier v) { return name_of("infer.expert_offload.tier", v); }
 std::string to_string(const ExpertExecution& v) {
   switch (v.kind) {
     case ExpertExecutionKind::sequential: return "sequential";

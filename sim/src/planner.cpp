@@ -15,6 +15,7 @@
 #include "threewalls/core/error.hpp"
 #include "threewalls/core/strings.hpp"
 #include "threewalls/scenarios/layout.hpp"
+#include "threewalls/scenarios/registry.hpp"
 #include "threewalls/scenarios/step_graph.hpp"
 #include "threewalls/sim/executor.hpp"
 #include "threewalls/sim/platform.hpp"
@@ -33,8 +34,6 @@ using scenarios::Scenario;
 
 // Dense bf16 peak of H100 and H200 SXM, as the simulator's summary uses for MFU (run_dir.md, mfu).
 constexpr double kGpuPeakBf16 = 989e12;
-
-const char* const kGraphScopeNames[] = {"attn", "mlp", "moe_router", "moe_preprocess", "full_iteration"};
 
 std::vector<std::string> split(std::string_view s, char sep) {
   std::vector<std::string> out;
@@ -69,30 +68,34 @@ std::string ints_spec(const std::vector<int>& v) {
   return join(s, ",");
 }
 
+// The knobs that are scenario keys take their names from the key's registry choices.
+constexpr const char* kRecomputeKey = "train.recompute_granularity";
+constexpr const char* kDispatcherKey = "train.token_dispatcher";
+constexpr const char* kPrecisionKey = "train.precision";
+
+const std::vector<std::string>& choices_of(const char* key) { return scenarios::choice_param(key).choices; }
+
+const std::vector<std::string>& graph_scope_names() {
+  static const std::vector<std::string>& names =
+      scenarios::Registry::instance().find_param("train.cuda_graph_scope")->choices;
+  return names;
+}
+
+template <class E>
+E parse_choice(const char* knob, const char* key, const std::string& v) {
+  if (const auto e = scenarios::choice_value<E>(key, v)) return *e;
+  throw InputError("--search: " + std::string(knob) + " value '" + v + "' is not one of " + join(choices_of(key)));
+}
 RecomputeGranularity parse_recompute(const std::string& v) {
-  if (v == "none") return RecomputeGranularity::none;
-  if (v == "selective") return RecomputeGranularity::selective;
-  if (v == "full") return RecomputeGranularity::full;
-  throw InputError("--search: recompute value '" + v + "' is not one of none, selective, full");
+  return parse_choice<RecomputeGranularity>("recompute", kRecomputeKey, v);
 }
-
-Dispatcher parse_dispatcher(const std::string& v) {
-  if (v == "alltoall") return Dispatcher::alltoall;
-  if (v == "allgather") return Dispatcher::allgather;
-  if (v == "flex") return Dispatcher::flex;
-  throw InputError("--search: dispatcher value '" + v + "' is not one of alltoall, allgather, flex");
-}
-
-Precision parse_precision(const std::string& v) {
-  if (v == "bf16") return Precision::bf16;
-  if (v == "fp8") return Precision::fp8;
-  throw InputError("--search: precision value '" + v + "' is not one of bf16, fp8");
-}
+Dispatcher parse_dispatcher(const std::string& v) { return parse_choice<Dispatcher>("dispatcher", kDispatcherKey, v); }
+Precision parse_precision(const std::string& v) { return parse_choice<Precision>("precision", kPrecisionKey, v); }
 
 // "none" or scopes joined by '+', each a known CUDA-graph scope.
 std::string check_graphs(const std::string& v) {
   if (v == "none") return v;
-  std::vector<std::string> known(std::begin(kGraphScopeNames), std::end(kGraphScopeNames));
+  const auto& known = graph_scope_names();
   for (const auto& part : split(v, '+')) {
     if (std::find(known.begin(), known.end(), part) == known.end()) {
       auto near = nearest(part, known);
@@ -271,10 +274,10 @@ const std::vector<std::pair<std::string, std::string>>& search_keys() {
       {"ep", "positive integers, or a..b (powers of two)"},
       {"etp", "positive integers, or a..b (powers of two)"},
       {"mbs", "positive integers, or a..b (powers of two)"},
-      {"recompute", "none, selective, full"},
-      {"dispatcher", "alltoall, allgather, flex"},
-      {"cuda_graphs", "none, or scopes joined by '+' among attn, mlp, moe_router, moe_preprocess, full_iteration"},
-      {"precision", "bf16, fp8"},
+      {"recompute", join(choices_of(kRecomputeKey))},
+      {"dispatcher", join(choices_of(kDispatcherKey))},
+      {"cuda_graphs", "none, or scopes joined by '+' among " + join(graph_scope_names())},
+      {"precision", join(choices_of(kPrecisionKey))},
       {"pp", "positive integers, or a..b (every integer)"},
       {"vpp", "positive integers, or a..b (every integer)"},
   };

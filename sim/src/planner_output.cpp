@@ -16,6 +16,8 @@
 #include "threewalls/core/error.hpp"
 #include "threewalls/core/strings.hpp"
 #include "threewalls/core/version.hpp"
+#include "threewalls/scenarios/registry.hpp"
+#include "threewalls/scenarios/writer.hpp"
 #include "threewalls/sim/planner.hpp"
 #include "threewalls/sim/simulator.hpp"
 
@@ -95,10 +97,13 @@ OrderedJson row_json(const PlanRow& r) {
   return j;
 }
 
-scenarios::RecomputeGranularity recompute_of(const std::string& s) {
-  if (s == "none") return scenarios::RecomputeGranularity::none;
-  if (s == "selective") return scenarios::RecomputeGranularity::selective;
-  return scenarios::RecomputeGranularity::full;
+// A scenario key's value in a plan file, read by the key's registry choices.
+template <class E>
+E choice_of(const Json& j, const char* field, const char* key, const std::string& where) {
+  const std::string v = j.at(field).get<std::string>();
+  if (const auto e = scenarios::choice_value<E>(key, v)) return *e;
+  throw InputError(where + ": " + field + " '" + v + "' is not one of " +
+                   join(scenarios::choice_param(key).choices));
 }
 
 PlanRow row_from(const Json& j, const std::string& where) {
@@ -115,13 +120,10 @@ PlanRow row_from(const Json& j, const std::string& where) {
   c.etp = l.at("etp").get<int>();
   c.edp = l.at("edp").get<int>();
   c.mbs = j.at("mbs").get<int>();
-  c.recompute = recompute_of(j.at("recompute").get<std::string>());
-  const std::string d = j.at("dispatcher").get<std::string>();
-  c.dispatcher = d == "flex" ? scenarios::Dispatcher::flex
-                 : d == "allgather" ? scenarios::Dispatcher::allgather
-                                    : scenarios::Dispatcher::alltoall;
+  c.recompute = choice_of<scenarios::RecomputeGranularity>(j, "recompute", "train.recompute_granularity", where);
+  c.dispatcher = choice_of<scenarios::Dispatcher>(j, "dispatcher", "train.token_dispatcher", where);
   c.cuda_graphs = j.at("cuda_graphs").get<std::string>();
-  c.precision = j.at("precision").get<std::string>() == "fp8" ? scenarios::Precision::fp8 : scenarios::Precision::bf16;
+  c.precision = choice_of<scenarios::Precision>(j, "precision", "train.precision", where);
   r.outcome = outcome_of(j.at("outcome").get<std::string>(), where);
   if (j.contains("rule")) r.rule = j.at("rule").get<std::string>();
   r.microbatches = j.at("microbatches").get<int>();
@@ -314,106 +316,14 @@ std::string plan_to_text(const PlanResult& r) {
   return os.str();
 }
 
-std::string candidate_toml(const std::string& base_text, const scenarios::Scenario& s, const std::string& name,
-                           const std::string& comment) {
-  // Line-oriented: drop the base's [parallel] and [train] tables (every line up to the next table
-  // header, so multi-line arrays go with them), rewrite the top-level name and the cluster's node
-  // count, and append the candidate's tables. Sub-tables such as [train.x] are dropped too; the
-  // schema has none for training.
-  std::istringstream in(base_text);
-  std::ostringstream out;
-  out << "# " << comment << "\n";
-  std::string line, table;
-  auto header_of = [](const std::string& l) -> std::optional<std::string> {
-    std::size_t a = l.find_first_not_of(" \t");
-    if (a == std::string::npos || l[a] != '[') return std::nullopt;
-    const bool array = l.compare(a, 2, "[[") == 0;
-    const std::size_t b = l.find(']', a);
-    if (b == std::string::npos) return std::nullopt;
-    std::string t = l.substr(a + (array ? 2 : 1), b - a - (array ? 2 : 1));
-    t.erase(std::remove_if(t.begin(), t.end(), [](char ch) { return std::isspace(static_cast<unsigned char>(ch)); }),
-            t.end());
-    return t;
-  };
-  auto key_of = [](const std::string& l) {
-    std::size_t a = l.find_first_not_of(" \t");
-    if (a == std::string::npos) return std::string();
-    std::size_t e = l.find('=', a);
-    if (e == std::string::npos) return std::string();
-    std::string k = l.substr(a, e - a);
-    while (!k.empty() && std::isspace(static_cast<unsigned char>(k.back()))) k.pop_back();
-    return k;
-  };
-  auto dropped = [](const std::string& t) {
-    return t == "parallel" || t == "train" || t.rfind("parallel.", 0) == 0 || t.rfind("train.", 0) == 0;
-  };
-  while (std::getline(in, line)) {
-    if (auto h = header_of(line)) {
-      table = *h;
-      if (dropped(table)) continue;
-      out << line << "\n";
-      if (table == "cluster") out << "nodes = " << s.cluster.nodes << "\n";
-      continue;
-    }
-    if (dropped(table)) continue;
-    const std::string k = key_of(line);
-    if (table.empty() && k == "name") {
-      out << "name = " << quoted(name) << "\n";
-      continue;
-    }
-    if (table == "cluster" && k == "nodes") continue;
-    if (table == "calibration" && k == "profile" && s.calibration_profile != "auto") {
-      // The loader resolved a relative profile against the base file's folder; the new file may
-      // live elsewhere.
-      out << "profile = " << quoted(std::filesystem::absolute(s.calibration_profile).string()) << "\n";
-      continue;
-    }
-    out << line << "\n";
-  }
-  const auto& p = s.parallel;
-  out << "\n[parallel]\n";
-  out << "tp = " << p.tp << "\ncp = " << p.cp << "\npp = " << p.pp << "\nvpp = " << p.vpp << "\nep = " << p.ep
-      << "\netp = " << p.etp << "\n";
-  out << "sequence_parallel = " << (p.sequence_parallel ? "true" : "false") << "\n";
-  if (!p.layers_per_stage.empty()) {
-    std::vector<std::string> v;
-    for (int x : p.layers_per_stage) v.push_back(std::to_string(x));
-    out << "layers_per_stage = [" << join(v, ", ") << "]\n";
-  }
-  if (p.first_stage_layers) out << "first_stage_layers = " << p.first_stage_layers << "\n";
-  if (p.last_stage_layers) out << "last_stage_layers = " << p.last_stage_layers << "\n";
-  const auto& t = *s.train;
-  auto b = [](bool x) { return x ? "true" : "false"; };
-  out << "\n[train]\n";
-  out << "micro_batch_size = " << t.micro_batch_size << "\nglobal_batch_size = " << t.global_batch_size
-      << "\nseq_length = " << t.seq_length << "\n";
-  out << "precision = " << quoted(scenarios::to_string(t.exec.precision)) << "\n";
-  out << "recompute_granularity = " << quoted(scenarios::to_string(t.recompute_granularity)) << "\n";
-  if (t.recompute_granularity == scenarios::RecomputeGranularity::selective) {
-    out << "recompute_modules = [" << join(t.recompute_modules, ", ", true) << "]\n";
-  }
-  if (t.recompute_granularity == scenarios::RecomputeGranularity::full) {
-    out << "recompute_method = "
-        << quoted(t.recompute_method == scenarios::RecomputeMethod::block ? "block" : "uniform") << "\n";
-    out << "recompute_num_layers = " << t.recompute_num_layers << "\n";
-  }
-  out << "use_distributed_optimizer = " << b(t.use_distributed_optimizer) << "\n";
-  out << "overlap_grad_reduce = " << b(t.overlap_grad_reduce) << "\n";
-  out << "overlap_param_gather = " << b(t.overlap_param_gather) << "\n";
-  out << "tp_comm_overlap = " << b(t.tp_comm_overlap) << "\n";
-  out << "moe_shared_expert_overlap = " << b(t.moe_shared_expert_overlap) << "\n";
-  if (s.model.is_moe()) {
-    out << "token_dispatcher = " << quoted(scenarios::to_string(t.exec.token_dispatcher)) << "\n";
-    out << "expert_execution = " << quoted(scenarios::to_string(t.exec.expert_execution)) << "\n";
-    out << "routing_imbalance = " << t.routing_imbalance << "\n";
-  }
-  out << "cuda_graph_scope = [" << join(t.exec.cuda_graph_scope, ", ", true) << "]\n";
-  out << "sync_routing_stats = " << b(t.exec.sync_routing_stats) << "\n";
-  out << "sync_after_copy = " << b(t.exec.sync_after_copy) << "\n";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", t.grad_bucket_size_params);
-  out << "grad_bucket_size = " << buf << "\n";
-  return out.str();
+std::string candidate_toml(const scenarios::Scenario& base, const scenarios::Scenario& candidate,
+                           const std::string& name, const std::string& comment) {
+  scenarios::Scenario out = base;
+  out.name = name;
+  out.parallel = candidate.parallel;
+  out.train = candidate.train;
+  out.cluster.nodes = candidate.cluster.nodes;
+  return scenarios::write_scenario(out, {comment});
 }
 
 void resimulate_flow(const scenarios::Scenario& s, const OpCoster& coster, PlanRow& row) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "threewalls/core/error.hpp"
+#include "threewalls/scenarios/registry.hpp"
 #include "threewalls/scenarios/scenario.hpp"
 
 namespace threewalls::scenarios {
@@ -56,6 +57,10 @@ LoadedScenario load_scenario_text(std::string_view text, const std::string& file
 LoadedScenario load_scenario_file(const std::filesystem::path& path);
 // Convenience: the Scenario only.
 Scenario load_scenario(const std::filesystem::path& path);
+
+// One value of key `p` written as a TOML literal ("4", "\"80GiB\"", "[1, 2]"), read with the loader's
+// type, unit, choice and range checks, as if written `key = literal` at `where`. Throws ScenarioError.
+Value parse_literal(const ParamSpec& p, std::string_view literal, const SourceLocation& where);
 
 // Re-derives and re-checks a scenario changed in memory after loading (the planner varies the
 // parallel layout and training options of a loaded scenario). `locations` says which keys count as

@@ -1,11 +1,13 @@
 #pragma once
 // The one registry of scenario parameters. Every table and key of the scenario language is declared
-// here once (type, unit, default or required, allowed values, description); the loader, the
-// allow-list, `threewalls describe` and docs/scenario_reference.md are all driven by it.
+// here once (type, unit, default or required, allowed values, description, and how the key reads and
+// writes the Scenario); the loader, the writer (writer.hpp), the allow-list, `threewalls describe` and
+// docs/scenario_reference.md are all driven by it.
 #include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -35,6 +37,11 @@ using Value = std::variant<std::int64_t, double, bool, std::string, std::vector<
 
 // Writes a parsed value into the scenario; `index` is the element for keys inside an array of tables.
 using Setter = std::function<void(Scenario&, const Value&, std::size_t index)>;
+// Reads the key's value out of a scenario, in the variant alternative its Setter takes (so that
+// set(get(s)) leaves s unchanged). Returns nothing when the key is not to be written for this
+// scenario: it does not apply (an MLA dimension of a GQA model) or, being derived, the loader derives
+// it when absent (num_query_groups of MHA). Called only while the key's table is present (count > 0).
+using Getter = std::function<std::optional<Value>(const Scenario&, std::size_t index)>;
 
 struct ParamSpec {
   std::string path;  // "train.micro_batch_size"; inside an array of tables: "cluster.slowdown.rank"
@@ -47,10 +54,13 @@ struct ParamSpec {
   std::optional<double> min;
   std::optional<double> max;
   Setter set;
+  Getter get;
 
   [[nodiscard]] std::string table() const;  // "train"
   [[nodiscard]] std::string key() const;    // "micro_batch_size"
   [[nodiscard]] std::string unit_hint() const;
+  // Position of `text` among `choices` (exact names; "name:N" patterns are not matched), or nothing.
+  [[nodiscard]] std::optional<std::size_t> choice_index(std::string_view text) const;
 };
 
 struct TableSpec {
@@ -60,6 +70,9 @@ struct TableSpec {
   bool is_array = false;                               // [[cluster.slowdown]]
   std::function<void(Scenario&)> on_present;           // creates optional parts (train/infer) or a new array element
   std::vector<std::string> exclusive_with;             // tables that must not appear together with this one
+  // How often the table is present in a scenario: 0 or 1, or the elements of an array of tables.
+  // Empty: always present once (its keys have defaults, so an absent table reads the same).
+  std::function<std::size_t(const Scenario&)> count;
 };
 
 class Registry {
@@ -86,5 +99,15 @@ class Registry {
   std::vector<TableSpec> tables_;
   std::vector<ParamSpec> params_;
 };
+
+// The enum values of a choice key: the registry declares each enum's choices in the enum's order, so
+// the name of `v` is choices[v] (to_string in scenario.hpp) and back. `path` must name a choice key
+// (std::logic_error otherwise: a bug, not an input error).
+const ParamSpec& choice_param(const std::string& path);
+template <class E>
+std::optional<E> choice_value(const std::string& path, std::string_view text) {
+  const auto i = choice_param(path).choice_index(text);
+  return i ? std::optional<E>(static_cast<E>(*i)) : std::nullopt;
+}
 
 }  // namespace threewalls::scenarios

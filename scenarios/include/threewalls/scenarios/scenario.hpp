@@ -62,6 +62,8 @@ struct ModelSpec {
   [[nodiscard]] int num_moe_layers() const;
   // Vocabulary padded as Megatron does: to a multiple of 128 * tp.
   [[nodiscard]] std::int64_t padded_vocab_size(int tp) const;
+
+  bool operator==(const ModelSpec&) const = default;
 };
 
 struct ParallelSpec {
@@ -79,11 +81,15 @@ struct ParallelSpec {
   std::vector<int> layers_per_stage;
   int first_stage_layers = 0;  // Megatron's decoder_first_pipeline_num_layers; 0 = even split
   int last_stage_layers = 0;   // Megatron's decoder_last_pipeline_num_layers; 0 = even split
+
+  bool operator==(const ParallelSpec&) const = default;
 };
 
 struct ExpertExecution {
   ExpertExecutionKind kind = ExpertExecutionKind::grouped;
   int streams = 1;  // N of "streams:N"
+
+  bool operator==(const ExpertExecution&) const = default;
 };
 
 // Execution options shared by [train] and [infer].
@@ -96,6 +102,8 @@ struct ExecOptions {
   bool sync_after_copy = false;     // a stream sync after every host<->device copy
 
   [[nodiscard]] bool graph_scope(const std::string& s) const;
+
+  bool operator==(const ExecOptions&) const = default;
 };
 
 struct TrainSpec {
@@ -118,6 +126,8 @@ struct TrainSpec {
   [[nodiscard]] bool recompute_module(const std::string& m) const;
   // derived
   int num_microbatches = 0;
+
+  bool operator==(const TrainSpec&) const = default;
 };
 
 struct ExpertOffloadSpec {
@@ -129,6 +139,8 @@ struct ExpertOffloadSpec {
   Prefetch prefetch = Prefetch::none;
   ExpertSync sync = ExpertSync::barrier;
   int copy_streams = 1;
+
+  bool operator==(const ExpertOffloadSpec&) const = default;
 };
 
 struct InferSpec {
@@ -140,6 +152,8 @@ struct InferSpec {
   double routing_skew = 0.0;      // Zipf exponent of expert popularity (0 = uniform)
   double routing_locality = 0.0;  // probability a token keeps its previous step's experts
   ExpertOffloadSpec expert_offload;
+
+  bool operator==(const InferSpec&) const = default;
 };
 
 struct Slowdown {
@@ -148,6 +162,8 @@ struct Slowdown {
   SlowLink link = SlowLink::none;  // none: the GPU's compute is slow
   int from_step = 0;
   int to_step = -1;  // inclusive; -1 = until the end
+
+  bool operator==(const Slowdown&) const = default;
 };
 
 struct ClusterSpec {
@@ -168,6 +184,8 @@ struct ClusterSpec {
   std::vector<Slowdown> slowdowns;
 
   [[nodiscard]] int world_size() const { return gpus_per_node * nodes; }
+
+  bool operator==(const ClusterSpec&) const = default;
 };
 
 struct ProfilerSpec {
@@ -179,6 +197,8 @@ struct ProfilerSpec {
   std::vector<int> ranks;       // empty = all (unless representatives)
   bool representatives = false;  // ranks = "representatives": one rank per rank class
   Granularity granularity = Granularity::layer;
+
+  bool operator==(const ProfilerSpec&) const = default;
 };
 
 struct RunSpec {
@@ -186,6 +206,8 @@ struct RunSpec {
   int warmup_steps = 1;
   std::uint64_t seed = 1234;
   ProfilerSpec profiler;
+
+  bool operator==(const RunSpec&) const = default;
 };
 
 struct Scenario {
@@ -207,6 +229,8 @@ struct Scenario {
   [[nodiscard]] const ExecOptions& exec() const { return train ? train->exec : infer->exec; }
   [[nodiscard]] bool is_training() const { return train.has_value(); }
   [[nodiscard]] int world_size() const { return cluster.world_size(); }
+
+  bool operator==(const Scenario&) const = default;
 };
 
 const char* to_string(AttentionKind v);

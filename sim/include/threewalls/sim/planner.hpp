@@ -193,10 +193,10 @@ PlanResult plan_from_json(const Json& j, const std::string& source);
 std::string plan_to_csv(const PlanResult& r);
 std::string plan_to_text(const PlanResult& r);
 
-// The scenario file of a row: the base file's text with [parallel] and [train] replaced and the
-// cluster's node count set. `base_text` is the base scenario file's content.
-std::string candidate_toml(const std::string& base_text, const scenarios::Scenario& candidate, const std::string& name,
-                           const std::string& comment);
+// The scenario file of a row, written through the scenario registry (scenarios/writer.hpp): the base
+// scenario with the candidate's [parallel] and [train], node count and `name`, `comment` on top.
+std::string candidate_toml(const scenarios::Scenario& base, const scenarios::Scenario& candidate,
+                           const std::string& name, const std::string& comment);
 
 // Flow-fidelity re-simulation of `s` in a child process (SimGrid allows one engine per process).
 // Fills the row's flow_* fields, or flow_error.
