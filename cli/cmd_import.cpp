@@ -54,7 +54,7 @@ int finish(scenarios::ScenarioDraft& d, const Common& c) {
       throw InputError("--cluster is needed for a full scenario (presets: h100-dgx, h200-dgx, or a TOML file); "
                        "or pass --model-only");
     }
-    d.cluster_toml = scenarios::cluster_table(c.cluster, c.gpus > 0 ? std::optional<int>(c.gpus) : std::nullopt);
+    scenarios::add_cluster_table(d, c.cluster, c.gpus > 0 ? std::optional<int>(c.gpus) : std::nullopt);
   }
   const std::string text = d.to_toml(c.model_only);
   if (!c.out.empty() && std::filesystem::exists(c.out) && !c.force) {
@@ -146,17 +146,17 @@ void register_import(CLI::App& app, Commands& cmds) {
   add_common(hf, hc);
   cmds.add(hf, [] {
     auto d = scenarios::import_hf_file(config);
-    if (!hc.name.empty()) d.set("model", "name", scenarios::toml_string(hc.name));
+    if (!hc.name.empty()) d.set("model", "name", hc.name);
     if (!hc.model_only) {
       if (gbs == 0 || seq == 0) {
         throw InputError("a full scenario needs --seq-length and --global-batch-size (or pass --model-only)");
       }
       const std::pair<const char*, int> layout[] = {{"tp", tp}, {"pp", pp}, {"vpp", vpp}, {"cp", cp}, {"ep", ep}, {"etp", etp}};
-      for (const auto& [k, v] : layout) d.set("parallel", k, std::to_string(v));
-      if (sp) d.set("parallel", "sequence_parallel", "true");
-      d.set("train", "micro_batch_size", std::to_string(mbs));
-      d.set("train", "global_batch_size", std::to_string(gbs));
-      d.set("train", "seq_length", std::to_string(seq));
+      for (const auto& [k, v] : layout) d.set("parallel", k, v);
+      if (sp) d.set("parallel", "sequence_parallel", true);
+      d.set("train", "micro_batch_size", mbs);
+      d.set("train", "global_batch_size", gbs);
+      d.set("train", "seq_length", seq);
     }
     return finish(d, hc);
   });

@@ -9,79 +9,12 @@
 #include "cluster_presets.hpp"
 #include "threewalls/core/error.hpp"
 #include "threewalls/core/strings.hpp"
+#include "threewalls/core/version.hpp"
 #include "threewalls/scenarios/import.hpp"
+#include "threewalls/scenarios/loader.hpp"
 #include "threewalls/scenarios/registry.hpp"
 
 namespace threewalls::scenarios {
-
-std::string toml_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += ' ';
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
-std::string toml_int_list(const std::vector<int>& v) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
-  return out + "]";
-}
-
-std::string toml_string_list(const std::vector<std::string>& v) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + toml_string(v[i]);
-  return out + "]";
-}
-
-void ScenarioDraft::set(const std::string& table, const std::string& key, const std::string& toml_literal) {
-  if (Registry::instance().find_param(table + "." + key) == nullptr) {
-    throw std::logic_error("import: '" + table + "." + key + "' is not a registry key");
-  }
-  auto t = std::find_if(tables_.begin(), tables_.end(), [&](const auto& e) { return e.first == table; });
-  if (t == tables_.end()) {
-    tables_.push_back({table, {}});
-    t = std::prev(tables_.end());
-  }
-  for (auto& [k, v] : t->second) {
-    if (k == key) {
-      v = toml_literal;
-      return;
-    }
-  }
-  t->second.emplace_back(key, toml_literal);
-}
-
-std::optional<std::string> ScenarioDraft::get(const std::string& table, const std::string& key) const {
-  for (const auto& [table_name, entries] : tables_) {
-    if (table_name != table) continue;
-    for (const auto& [k, v] : entries) {
-      if (k == key) return v;
-    }
-  }
-  return std::nullopt;
-}
-
-void ScenarioDraft::erase(const std::string& table, const std::string& key) {
-  for (auto& [table_name, entries] : tables_) {
-    if (table_name != table) continue;
-    entries.erase(std::remove_if(entries.begin(), entries.end(), [&](const auto& e) { return e.first == key; }),
-                  entries.end());
-  }
-}
-
-bool ScenarioDraft::has_table(const std::string& table) const {
-  return std::any_of(tables_.begin(), tables_.end(), [&](const auto& e) { return e.first == table; });
-}
 
 std::vector<std::pair<std::string, std::string>> ImportReport::ignored_by_reason() const {
   std::vector<std::pair<std::string, std::string>> out;
@@ -120,19 +53,55 @@ std::string ScenarioDraft::to_toml(bool model_only) const {
     os << "# notes:\n";
     for (const auto& n : report.notes) os << "#   " << n << "\n";
   }
-  if (!model_only) {
-    os << "schema_version = 1\n";
-    os << "name = " << toml_string(name) << "\n";
-    if (!description.empty()) os << "description = " << toml_string(description) << "\n";
+  if (model_only) {
+    os << "\n" << tables_.to_toml("model");
+    return os.str();
   }
-  for (const auto& [table, entries] : tables_) {
-    if (model_only && table != "model") continue;
-    os << "\n[" << table << "]\n";
-    for (const auto& [k, v] : entries) os << k << " = " << v << "\n";
-  }
-  if (!model_only && !cluster_toml.empty()) os << "\n" << cluster_toml;
+  ScenarioText text;
+  text.set("", "schema_version", std::int64_t{kScenarioSchemaVersion});
+  text.set("", "name", name);
+  if (!description.empty()) text.set("", "description", description);
+  os << text.to_toml() << "\n" << tables_.to_toml();
   return os.str();
 }
+
+namespace {
+
+// The keys of a [cluster] table (and its arrays of tables) read into the draft with the loader's
+// checks: an unknown key or a bad value is an error naming the file and line.
+void copy_cluster_keys(ScenarioDraft& d, const toml::table& table, const std::string& path, const std::string& file) {
+  const Registry& reg = Registry::instance();
+  for (auto&& [k, node] : table) {
+    const std::string key(k.str());
+    const SourceLocation where{file, static_cast<int>(node.source().begin.line),
+                               static_cast<int>(node.source().begin.column)};
+    if (const TableSpec* t = reg.find_table(path + "." + key); t != nullptr && t->is_array) {
+      const auto* elements = node.as_array();
+      if (elements == nullptr || !elements->is_array_of_tables()) {
+        throw InputError(where, "'" + t->path + "' must be an array of tables, written [[" + t->path + "]]");
+      }
+      for (const auto& e : *elements) {
+        d.add_element(t->path);
+        copy_cluster_keys(d, *e.as_table(), t->path, file);
+      }
+      continue;
+    }
+    const ParamSpec* p = reg.find_param(path + "." + key);
+    if (p == nullptr) {
+      const auto allowed = reg.children(path);
+      std::string msg = "[" + path + "] unknown key '" + key + "'";
+      if (auto near = nearest(key, allowed)) msg += " (did you mean '" + *near + "'?)";
+      throw InputError(where, msg + "; allowed here: " + join(allowed));
+    }
+    std::ostringstream literal;
+    node.visit([&](const auto& n) {
+      if constexpr (toml::is_value<decltype(n)> || toml::is_array<decltype(n)>) literal << n;
+    });
+    d.set(path, key, parse_literal(*p, literal.str(), where));
+  }
+}
+
+}  // namespace
 
 std::vector<std::string> cluster_preset_names() {
   std::vector<std::string> out;
@@ -140,7 +109,7 @@ std::vector<std::string> cluster_preset_names() {
   return out;
 }
 
-std::string cluster_table(const std::string& preset_or_path, std::optional<int> gpus) {
+void add_cluster_table(ScenarioDraft& d, const std::string& preset_or_path, std::optional<int> gpus) {
   std::string text;
   std::string file;
   for (const auto& p : cluster_presets()) {
@@ -172,24 +141,21 @@ std::string cluster_table(const std::string& preset_or_path, std::optional<int> 
     throw InputError(SourceLocation{file, static_cast<int>(b.line), static_cast<int>(b.column)},
                      std::string(e.description()));
   }
-  auto* cluster = root["cluster"].as_table();
+  const auto* cluster = root["cluster"].as_table();
   if (cluster == nullptr) throw InputError(SourceLocation{file, 0, 0}, "no [cluster] table");
+  copy_cluster_keys(d, *cluster, "cluster", file);
   if (gpus) {
-    const auto per_node = (*cluster)["gpus_per_node"].value<std::int64_t>();
-    if (!per_node || *per_node < 1) {
-      throw InputError(SourceLocation{file, 0, 0}, "[cluster] needs an integer gpus_per_node to apply --gpus");
+    const auto per_node = d.get("cluster", "gpus_per_node");
+    if (!per_node) {
+      throw InputError(SourceLocation{file, 0, 0}, "[cluster] needs gpus_per_node to apply --gpus");
     }
-    if (*gpus < 1 || *gpus % *per_node != 0) {
+    const std::int64_t n = std::get<std::int64_t>(*per_node);
+    if (*gpus < 1 || *gpus % n != 0) {
       throw InputError("--gpus " + std::to_string(*gpus) + " is not a multiple of gpus_per_node = " +
-                       std::to_string(*per_node) + " of " + file);
+                       std::to_string(n) + " of " + file);
     }
-    cluster->insert_or_assign("nodes", *gpus / *per_node);
+    d.set("cluster", "nodes", std::int64_t{*gpus / n});
   }
-  toml::table out;
-  out.insert("cluster", *cluster);
-  std::ostringstream os;
-  os << toml::toml_formatter{out, toml::format_flags::none} << "\n";
-  return os.str();
 }
 
 }  // namespace threewalls::scenarios

@@ -9,10 +9,14 @@
 #include <sstream>
 
 #include "threewalls/core/error.hpp"
+#include "threewalls/core/strings.hpp"
 #include "threewalls/scenarios/import.hpp"
+#include "threewalls/scenarios/registry.hpp"
 
 namespace threewalls::scenarios {
 namespace {
+
+std::vector<std::int64_t> int_list(const std::vector<int>& v) { return {v.begin(), v.end()}; }
 
 bool is_name_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
 
@@ -671,8 +675,8 @@ class MegatronImporter {
   std::string src() const { return opt_.source.empty() ? "" : opt_.source + ": "; }
   void note(const std::string& n) { d_.report.notes.push_back(n); }
   void unrepresented(const std::string& f, const std::string& why) { d_.report.not_represented.push_back({f, why}); }
-  void set_int(const std::string& t, const std::string& k, int v) { d_.set(t, k, std::to_string(v)); }
-  void set_bool(const std::string& t, const std::string& k, bool v) { d_.set(t, k, v ? "true" : "false"); }
+  void set_int(const std::string& t, const std::string& k, int v) { d_.set(t, k, v); }
+  void set_bool(const std::string& t, const std::string& k, bool v) { d_.set(t, k, v); }
   void copy_int(const std::string& flag, const std::string& table, const std::string& key) {
     if (auto v = integer(flag)) set_int(table, key, *v);
   }
@@ -681,7 +685,7 @@ class MegatronImporter {
     const auto layers = integer("--num-layers");
     const auto hidden = integer("--hidden-size");
     const auto heads = integer("--num-attention-heads");
-    if (!opt_.name.empty()) d_.set("model", "name", toml_string(opt_.name));
+    if (!opt_.name.empty()) d_.set("model", "name", opt_.name);
     if (layers) set_int("model", "num_layers", *layers);
     if (hidden) set_int("model", "hidden_size", *hidden);
     if (heads) set_int("model", "num_attention_heads", *heads);
@@ -691,7 +695,7 @@ class MegatronImporter {
     const bool mla = has("--multi-latent-attention");
     const bool gqa = has("--group-query-attention");
     if (mla) {
-      d_.set("model", "attention", "\"mla\"");
+      d_.set("model", "attention", "mla");
       // Megatron's MLATransformerConfig defaults when a rank or dimension is not given.
       const auto q_lora = integer("--q-lora-rank");
       set_int("model", "q_lora_rank", q_lora.value_or(0));
@@ -716,7 +720,7 @@ class MegatronImporter {
         if (has(f)) d_.report.ignored.push_back({f, "MLA dimension without --multi-latent-attention"});
       }
       if (gqa) {
-        d_.set("model", "attention", "\"gqa\"");
+        d_.set("model", "attention", "gqa");
         const auto groups = integer("--num-query-groups");
         if (groups) {
           set_int("model", "num_query_groups", *groups);
@@ -754,14 +758,14 @@ class MegatronImporter {
     if (!untie) note("no --untie-embeddings-and-output-weights: Megatron ties them by default");
     if (auto n = str("--normalization")) {
       if (*n == "RMSNorm") {
-        d_.set("model", "normalization", "\"rmsnorm\"");
+        d_.set("model", "normalization", "rmsnorm");
       } else if (*n == "LayerNorm") {
-        d_.set("model", "normalization", "\"layernorm\"");
+        d_.set("model", "normalization", "layernorm");
       } else {
         throw InputError(src() + "--normalization '" + *n + "' (allowed: LayerNorm, RMSNorm)");
       }
     } else {
-      d_.set("model", "normalization", "\"layernorm\"");
+      d_.set("model", "normalization", "layernorm");
       note("no --normalization: Megatron's default LayerNorm");
     }
     // Experts.
@@ -858,7 +862,7 @@ class MegatronImporter {
     if (*div < 1) throw InputError(src() + "--make-vocab-size-divisible-by must be >= 1");
     auto padded = [&](long long v, long long m) { return (v + m - 1) / m * m; };
     if (vocab) {
-      const long long v = std::stoll(*vocab);
+      const long long v = std::get<std::int64_t>(*vocab);
       const long long megatron = padded(v, 1LL * *div * tp_);
       const long long ours = padded(v, 128LL * tp_);
       if (megatron == ours) {
@@ -877,7 +881,7 @@ class MegatronImporter {
 
   void map_pipeline_split() {
     const auto layers = d_.get("model", "num_layers");
-    const int num_layers = layers ? std::stoi(*layers) : 0;
+    const int num_layers = layers ? static_cast<int>(std::get<std::int64_t>(*layers)) : 0;
     const bool acc_emb = has("--account-for-embedding-in-pipeline-split");
     const bool acc_loss = has("--account-for-loss-in-pipeline-split");
     const auto per_vstage = integer("--num-layers-per-virtual-pipeline-stage");
@@ -896,7 +900,7 @@ class MegatronImporter {
       if (pl.mtp_layers > 0 && args_.count("--mtp-num-layers") == 0) {
         unrepresented("--pipeline-model-parallel-layout", std::to_string(pl.mtp_layers) + " MTP layer(s) ('m'): not modelled");
       }
-      d_.set("parallel", "layers_per_stage", toml_int_list(pl.layers_per_stage));
+      d_.set("parallel", "layers_per_stage", int_list(pl.layers_per_stage));
       note("--pipeline-model-parallel-layout " + *layout + ": transformer layers per virtual stage");
       for (const char* f : {"--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
                             "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"}) {
@@ -940,7 +944,7 @@ class MegatronImporter {
       std::vector<int> split(static_cast<std::size_t>(stages), total / stages);
       if (acc_emb) --split.front();
       if (acc_loss) --split.back();
-      d_.set("parallel", "layers_per_stage", toml_int_list(split));
+      d_.set("parallel", "layers_per_stage", int_list(split));
       note("--account-for-embedding/loss-in-pipeline-split: the embedding and the loss count as a layer each on "
            "the first and last virtual stage");
     }
@@ -954,7 +958,7 @@ class MegatronImporter {
     if (!has("--global-batch-size")) note("no --global-batch-size: give it (Megatron would use micro-batch x dp)");
     // Precision.
     if (has("--fp8-format") || has("--fp8")) {
-      d_.set("train", "precision", "\"fp8\"");
+      d_.set("train", "precision", "fp8");
       const std::string recipe = str("--fp8-recipe").value_or("delayed");
       if (recipe == "mxfp8") {
         unrepresented("--fp8-recipe mxfp8", "a Blackwell recipe: modelled as Hopper fp8");
@@ -963,32 +967,32 @@ class MegatronImporter {
       }
       if (!has("--bf16")) note("fp8 without --bf16: the rest of the model is modelled in bf16");
     } else if (has("--bf16")) {
-      d_.set("train", "precision", "\"bf16\"");
+      d_.set("train", "precision", "bf16");
       if (has("--fp8-recipe")) d_.report.ignored.push_back({"--fp8-recipe", "without --fp8-format fp8 is off"});
     } else if (has("--fp16")) {
       unrepresented("--fp16", "fp16 is modelled as bf16 (same GEMM rate on Hopper)");
-      d_.set("train", "precision", "\"bf16\"");
+      d_.set("train", "precision", "bf16");
     } else {
       unrepresented("precision", "neither --bf16, --fp16 nor --fp8-format: an fp32 run, modelled as bf16");
-      d_.set("train", "precision", "\"bf16\"");
+      d_.set("train", "precision", "bf16");
     }
     // Recomputation.
     if (auto g = str("--recompute-granularity")) {
       if (*g != "full" && *g != "selective") {
         throw InputError(src() + "--recompute-granularity '" + *g + "' (allowed: full, selective)");
       }
-      d_.set("train", "recompute_granularity", toml_string(*g));
+      d_.set("train", "recompute_granularity", *g);
       if (*g == "full") {
         if (auto m = str("--recompute-method")) {
           if (*m != "uniform" && *m != "block") {
             throw InputError(src() + "--recompute-method '" + *m + "' (allowed: uniform, block)");
           }
-          d_.set("train", "recompute_method", toml_string(*m));
+          d_.set("train", "recompute_method", *m);
         }
         copy_int("--recompute-num-layers", "train", "recompute_num_layers");
       } else {
         const auto mods = list("--recompute-modules");
-        if (!mods.empty()) d_.set("train", "recompute_modules", toml_string_list(mods));
+        if (!mods.empty()) d_.set("train", "recompute_modules", mods);
         for (const char* f : {"--recompute-method", "--recompute-num-layers"}) {
           if (has(f)) d_.report.ignored.push_back({f, "only used with --recompute-granularity full"});
         }
@@ -998,7 +1002,7 @@ class MegatronImporter {
         if (has(f)) d_.report.ignored.push_back({f, "no --recompute-granularity: Megatron recomputes nothing"});
       }
     }
-    if (has("--recompute-activations")) d_.set("train", "recompute_granularity", "\"selective\"");
+    if (has("--recompute-activations")) d_.set("train", "recompute_granularity", "selective");
     // Optimizer and overlaps: Megatron's defaults are all off.
     set_bool("train", "use_distributed_optimizer", has("--use-distributed-optimizer"));
     if (has("--overlap-grad-reduce")) set_bool("train", "overlap_grad_reduce", true);
@@ -1016,21 +1020,21 @@ class MegatronImporter {
       if (disp != "alltoall" && disp != "allgather" && disp != "flex") {
         throw InputError(src() + "--moe-token-dispatcher-type '" + disp + "' (allowed: alltoall, allgather, flex, alltoall_seq)");
       }
-      d_.set("train", "token_dispatcher", toml_string(disp));
+      d_.set("train", "token_dispatcher", disp);
       if (auto backend = str("--moe-flex-dispatcher-backend")) {
         note("--moe-flex-dispatcher-backend " + *backend + ": flex is modelled as one DeepEP-style fused dispatch");
       }
       if (has("--moe-grouped-gemm")) {
-        d_.set("train", "expert_execution", "\"grouped\"");
+        d_.set("train", "expert_execution", "grouped");
       } else {
-        d_.set("train", "expert_execution", "\"sequential\"");
+        d_.set("train", "expert_execution", "sequential");
         note("no --moe-grouped-gemm: Megatron's SequentialMLP runs the local experts one after another");
       }
     }
     if (has("--moe-shared-expert-overlap")) set_bool("train", "moe_shared_expert_overlap", true);
     map_cuda_graphs();
     if (auto bucket = integer("--ddp-bucket-size")) {
-      d_.set("train", "grad_bucket_size", std::to_string(*bucket));
+      d_.set("train", "grad_bucket_size", *bucket);
       used_.insert("--ddp-bucket-size");
     }
   }
@@ -1046,21 +1050,20 @@ class MegatronImporter {
       }
       return;
     }
-    static const std::set<std::string> kScopes = {"attn", "mlp", "moe_router", "moe_preprocess", "full_iteration"};
+    const auto& known = Registry::instance().find_param("train.cuda_graph_scope")->choices;
     std::vector<std::string> mapped;
     for (const auto& s : scopes) {
-      if (kScopes.count(s)) {
+      if (std::find(known.begin(), known.end(), s) != known.end()) {
         mapped.push_back(s);
       } else {
-        unrepresented("--cuda-graph-scope " + s, "no such scope in the scenario language (allowed: attn, mlp, "
-                                                 "moe_router, moe_preprocess, full_iteration)");
+        unrepresented("--cuda-graph-scope " + s, "no such scope in the scenario language (allowed: " + join(known) + ")");
       }
     }
     if (scopes.empty()) {
       unrepresented("--enable-cuda-graph/--cuda-graph-impl", "whole-layer graphs (Megatron's default scope) have no "
                                                              "registry equivalent; give --cuda-graph-scope");
     }
-    if (!mapped.empty()) d_.set("train", "cuda_graph_scope", toml_string_list(mapped));
+    if (!mapped.empty()) d_.set("train", "cuda_graph_scope", mapped);
   }
 
   void classify_rest() {

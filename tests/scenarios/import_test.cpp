@@ -2,6 +2,7 @@
 // tests/scenarios/fixtures/import/ become scenarios whose model, layout and FLOPs per iteration match
 // the hand-written examples; every argument is accounted for; bad input is refused by name.
 #include <algorithm>
+#include <fstream>
 
 #include <gtest/gtest.h>
 
@@ -22,7 +23,7 @@ Scenario example(const std::string& name) { return load_scenario(testing::source
 
 // import -> TOML -> the normal loader (which validates) -> Scenario.
 Scenario load_draft(ScenarioDraft d, const std::string& cluster, int gpus) {
-  d.cluster_toml = cluster_table(cluster, gpus);
+  add_cluster_table(d, cluster, gpus);
   const std::string text = d.to_toml();
   try {
     return load_scenario_text(text, "imported.toml").scenario;
@@ -160,7 +161,7 @@ TEST(ImportMegatron, ScriptValuesWithoutOverridesArePublished) {
   MegatronImportOptions o;
   o.vocab_size = 129280;
   auto d = import_megatron_file(fixture("megatron_deepseek_v3.sh"), o);
-  EXPECT_EQ(d.get("train", "global_batch_size"), "8192");
+  EXPECT_EQ(d.get("train", "global_batch_size"), Value(std::int64_t{8192}));
 }
 
 TEST(ImportMegatron, CommandLineFormWithUnknownAndUnresolvedArguments) {
@@ -174,10 +175,10 @@ TEST(ImportMegatron, CommandLineFormWithUnknownAndUnresolvedArguments) {
   const std::string toml = d.to_toml();
   EXPECT_NE(toml.find("#   --frobnicate"), std::string::npos) << toml;
   // Megatron's defaults where they differ from the registry's are written, not assumed.
-  EXPECT_EQ(d.get("model", "swiglu"), "false");
-  EXPECT_EQ(d.get("model", "normalization"), "\"layernorm\"");
-  EXPECT_EQ(d.get("model", "ffn_hidden_size"), "1024");
-  EXPECT_EQ(d.get("train", "use_distributed_optimizer"), "false");
+  EXPECT_EQ(d.get("model", "swiglu"), Value(false));
+  EXPECT_EQ(d.get("model", "normalization"), Value("layernorm"));
+  EXPECT_EQ(d.get("model", "ffn_hidden_size"), Value(std::int64_t{1024}));
+  EXPECT_EQ(d.get("train", "use_distributed_optimizer"), Value(false));
   const Scenario s = load_draft(d, "h200-dgx", 8);
   EXPECT_EQ(s.parallel.dp, 8);
   EXPECT_EQ(s.cluster.gpu, GpuKind::h200);
@@ -223,11 +224,11 @@ TEST(ImportMegatron, ShellVariablesAndArithmetic) {
 TEST(ImportHf, DeepSeekV2LiteMatchesTheExampleModel) {
   auto d = import_hf_file(fixture("hf_deepseek_v2_lite.json"));
   EXPECT_TRUE(d.report.not_understood.empty()) << d.to_toml(true);
-  d.set("model", "name", "\"DeepSeek-V2-Lite\"");
-  d.set("parallel", "tp", "1");
-  d.set("train", "micro_batch_size", "1");
-  d.set("train", "global_batch_size", "8");
-  d.set("train", "seq_length", "4096");
+  d.set("model", "name", "DeepSeek-V2-Lite");
+  d.set("parallel", "tp", 1);
+  d.set("train", "micro_batch_size", 1);
+  d.set("train", "global_batch_size", 8);
+  d.set("train", "seq_length", 4096);
   const Scenario s = load_draft(d, "h100-dgx", 8);
   expect_same_model(s.model, example("deepseek_v2_lite_offload.toml").model);
 }
@@ -235,11 +236,11 @@ TEST(ImportHf, DeepSeekV2LiteMatchesTheExampleModel) {
 TEST(ImportHf, MixtralMatchesTheExampleModel) {
   auto d = import_hf_file(fixture("hf_mixtral_8x7b.json"));
   EXPECT_TRUE(d.report.not_understood.empty()) << d.to_toml(true);
-  d.set("train", "micro_batch_size", "1");
-  d.set("train", "global_batch_size", "256");
-  d.set("train", "seq_length", "4096");
-  d.set("parallel", "pp", "4");
-  d.set("parallel", "ep", "8");
+  d.set("train", "micro_batch_size", 1);
+  d.set("train", "global_batch_size", 256);
+  d.set("train", "seq_length", 4096);
+  d.set("parallel", "pp", 4);
+  d.set("parallel", "ep", 8);
   const Scenario s = load_draft(d, "h100-dgx", 64);
   const Scenario ex = example("mixtral_8x7b_64gpu.toml");
   expect_same_model(s.model, ex.model);
@@ -249,9 +250,9 @@ TEST(ImportHf, MixtralMatchesTheExampleModel) {
 TEST(ImportHf, Qwen3_30B_A3B_Dimensions) {
   auto d = import_hf_file(fixture("hf_qwen3_30b_a3b.json"));
   EXPECT_TRUE(d.report.not_understood.empty()) << d.to_toml(true);
-  d.set("train", "micro_batch_size", "1");
-  d.set("train", "global_batch_size", "8");
-  d.set("train", "seq_length", "4096");
+  d.set("train", "micro_batch_size", 1);
+  d.set("train", "global_batch_size", 8);
+  d.set("train", "seq_length", 4096);
   const Scenario s = load_draft(d, "h100-dgx", 8);
   EXPECT_EQ(s.model.num_layers, 48);
   EXPECT_EQ(s.model.hidden_size, 2048);
@@ -273,16 +274,16 @@ TEST(ImportHf, QwenSparseStepAndDenseLlama) {
       "intermediate_size": 256, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 128,
       "num_experts": 8, "num_experts_per_tok": 2, "decoder_sparse_step": 2, "mlp_only_layers": []})",
                             "qwen2.json");
-  EXPECT_EQ(d.get("model", "first_dense_layers"), "1");
-  EXPECT_EQ(d.get("model", "moe_layer_freq"), "2");
-  EXPECT_EQ(d.get("model", "moe_shared_expert_intermediate_size"), "128");
-  EXPECT_EQ(d.get("model", "ffn_hidden_size"), "256");
+  EXPECT_EQ(d.get("model", "first_dense_layers"), Value(std::int64_t{1}));
+  EXPECT_EQ(d.get("model", "moe_layer_freq"), Value(std::int64_t{2}));
+  EXPECT_EQ(d.get("model", "moe_shared_expert_intermediate_size"), Value(std::int64_t{128}));
+  EXPECT_EQ(d.get("model", "ffn_hidden_size"), Value(std::int64_t{256}));
   auto dense = import_hf_config(R"({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2,
       "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
       "intermediate_size": 256, "tie_word_embeddings": true, "some_new_field": 1})",
                                 "llama.json");
   EXPECT_EQ(dense.get("model", "num_experts"), std::nullopt);
-  EXPECT_EQ(dense.get("model", "untie_embeddings_and_output_weights"), "false");
+  EXPECT_EQ(dense.get("model", "untie_embeddings_and_output_weights"), Value(false));
   EXPECT_TRUE(reported(dense.report.not_understood, "some_new_field"));
 }
 
@@ -303,18 +304,51 @@ TEST(ImportHf, UnknownArchitectureIsRefusedByName) {
 
 TEST(ImportCluster, PresetsAndGpus) {
   EXPECT_EQ(cluster_preset_names(), (std::vector<std::string>{"h100-dgx", "h200-dgx"}));
-  EXPECT_NE(cluster_table("h100-dgx", 16).find("nodes = 2"), std::string::npos);
-  EXPECT_THROW(cluster_table("h100-dgx", 12), InputError);  // not a multiple of 8
+  ScenarioDraft d;
+  add_cluster_table(d, "h100-dgx", 16);
+  EXPECT_EQ(d.get("cluster", "nodes"), Value(std::int64_t{2}));
+  EXPECT_EQ(d.get("cluster", "nic_bandwidth"), Value(50e9));  // "400Gbps", read by the loader's rules
+  EXPECT_THROW(add_cluster_table(d, "h100-dgx", 12), InputError);  // not a multiple of 8
   try {
-    cluster_table("h100-dxg", 8);
+    add_cluster_table(d, "h100-dxg", 8);
     FAIL();
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("did you mean 'h100-dgx'"), std::string::npos) << e.what();
   }
   // A scenario file's [cluster] table.
-  const std::string from_example =
-      cluster_table((testing::source_dir() / "scenarios/examples/mixtral_8x7b_64gpu.toml").string(), std::nullopt);
-  EXPECT_NE(from_example.find("nodes = 8"), std::string::npos) << from_example;
+  ScenarioDraft from_example;
+  add_cluster_table(from_example, (testing::source_dir() / "scenarios/examples/mixtral_8x7b_64gpu.toml").string(),
+                    std::nullopt);
+  EXPECT_EQ(from_example.get("cluster", "nodes"), Value(std::int64_t{8}));
+  EXPECT_NE(from_example.to_toml().find("[cluster]\n"), std::string::npos) << from_example.to_toml();
+}
+
+TEST(ImportCluster, UnknownKeysAndBadValuesOfAClusterFileAreErrorsWithTheirLine) {
+  const auto dir = std::filesystem::temp_directory_path() / "threewalls_import_cluster_test";
+  std::filesystem::create_directories(dir);
+  const auto file = (dir / "c.toml").string();
+  {
+    std::ofstream(file) << "[cluster]\ngpu = \"h100\"\ngpus_per_node = 8\nnic_bandwith = \"400Gbps\"\n";
+  }
+  ScenarioDraft d;
+  try {
+    add_cluster_table(d, file, 16);
+    FAIL() << "accepted an unknown key";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(file + ":4:"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("did you mean 'nic_bandwidth'"), std::string::npos) << e.what();
+  }
+  {
+    std::ofstream(file) << "[cluster]\ngpu = \"h100\"\ngpus_per_node = 8\nnic_bandwidth = 400\n";
+  }
+  try {
+    add_cluster_table(d, file, 16);
+    FAIL() << "accepted a bandwidth without a unit";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(file + ":4:"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("needs a unit"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // ---- the CLI ----

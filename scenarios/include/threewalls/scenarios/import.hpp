@@ -14,6 +14,9 @@
 #include <utility>
 #include <vector>
 
+#include "threewalls/scenarios/registry.hpp"
+#include "threewalls/scenarios/writer.hpp"
+
 namespace threewalls::scenarios {
 
 // One argument (or config field) with why it was not mapped to a key.
@@ -32,33 +35,32 @@ struct ImportReport {
   [[nodiscard]] std::vector<std::pair<std::string, std::string>> ignored_by_reason() const;
 };
 
-// A scenario under construction: ordered `key = TOML literal` entries per table, written in the order
-// they were set. Only registry keys may be set (set() throws std::logic_error otherwise: a bug here).
+// A scenario under construction: registry keys and their values (scenarios/writer.hpp, ScenarioText),
+// table by table in the order they were set, with what the import reported. Only registry keys may
+// be set (set() throws std::logic_error otherwise: a bug here); the loader checks the values when the
+// written text is loaded.
 class ScenarioDraft {
  public:
-  void set(const std::string& table, const std::string& key, const std::string& toml_literal);
-  [[nodiscard]] std::optional<std::string> get(const std::string& table, const std::string& key) const;
-  void erase(const std::string& table, const std::string& key);
-  [[nodiscard]] bool has_table(const std::string& table) const;
+  void set(const std::string& table, const std::string& key, Value value) { tables_.set(table, key, std::move(value)); }
+  [[nodiscard]] std::optional<Value> get(const std::string& table, const std::string& key) const {
+    return tables_.get(table, key);
+  }
+  void erase(const std::string& table, const std::string& key) { tables_.erase(table, key); }
+  void add_element(const std::string& table) { tables_.add_element(table); }
+  [[nodiscard]] bool has_table(const std::string& table) const { return tables_.has_table(table); }
 
   std::string name;
   std::string description;
-  std::string cluster_toml;  // a complete "[cluster]" table (with its sub-tables), or empty
   ImportReport report;
   std::vector<std::string> header;  // comment lines written at the top (sources, how it was made)
 
-  // The scenario file: header comments, the report as comments, then the tables. With model_only
-  // only the [model] table (plus its comments) is written.
+  // The scenario file: header comments, the report as comments, then the tables written through the
+  // registry. With model_only only the [model] table (plus its comments) is written.
   [[nodiscard]] std::string to_toml(bool model_only = false) const;
 
  private:
-  std::vector<std::pair<std::string, std::vector<std::pair<std::string, std::string>>>> tables_;
+  ScenarioText tables_;
 };
-
-// TOML literals for the draft.
-std::string toml_string(const std::string& s);
-std::string toml_int_list(const std::vector<int>& v);
-std::string toml_string_list(const std::vector<std::string>& v);
 
 // ---- Megatron-LM ----
 
@@ -114,10 +116,11 @@ ScenarioDraft import_hf_file(const std::filesystem::path& path);
 
 // ---- completing a draft ----
 
-// The [cluster] table from a shipped preset name (scenarios/clusters/<name>.toml, e.g. "h100-dgx")
-// or from a TOML file's [cluster] table, with `nodes` set from `gpus` when given (gpus must be a
-// multiple of gpus_per_node). Throws InputError naming the presets or the file.
-std::string cluster_table(const std::string& preset_or_path, std::optional<int> gpus);
+// Sets the draft's [cluster] table from a shipped preset name (scenarios/clusters/<name>.toml, e.g.
+// "h100-dgx") or from a TOML file's [cluster] table, with `nodes` set from `gpus` when given (gpus must
+// be a multiple of gpus_per_node). Throws InputError naming the presets, or the file and line of an
+// unknown key or a bad value.
+void add_cluster_table(ScenarioDraft& d, const std::string& preset_or_path, std::optional<int> gpus);
 std::vector<std::string> cluster_preset_names();
 
 }  // namespace threewalls::scenarios
