@@ -151,8 +151,8 @@ void add_cluster_table(ScenarioDraft& d, const std::string& preset_or_path, std:
     }
     const std::int64_t n = std::get<std::int64_t>(*per_node);
     if (*gpus < 1 || *gpus % n != 0) {
-      throw InputError("--gpus " + std::to_string(*gpus) + " is not a multiple of gpus_per_node = " +
-                       std::to_string(n) + " of " + file);
+      throw InputError("--gpus " + std::to_string(*gpus) +
+                       " is not a multiple of gpus_per_node = " + std::to_string(n) + " of " + file);
     }
     d.set("cluster", "nodes", std::int64_t{*gpus / n});
   }

@@ -1056,7 +1056,8 @@ class MegatronImporter {
       if (std::find(known.begin(), known.end(), s) != known.end()) {
         mapped.push_back(s);
       } else {
-        unrepresented("--cuda-graph-scope " + s, "no such scope in the scenario language (allowed: " + join(known) + ")");
+        unrepresented("--cuda-graph-scope " + s,
+                      "no such scope in the scenario language (allowed: " + join(known) + ")");
       }
     }
     if (scopes.empty()) {

@@ -21,16 +21,22 @@ struct IsQuantity<Quantity<Tag>> : std::true_type {};
 
 template <class T>
 bool type_fits(ParamType t) {
-  if constexpr (std::is_enum_v<T>) return t == ParamType::choice;
-  else if constexpr (std::is_same_v<T, bool>) return t == ParamType::boolean;
-  else if constexpr (std::is_same_v<T, int> || std::is_same_v<T, std::uint64_t>) return t == ParamType::integer;
-  else if constexpr (std::is_same_v<T, double>) return t == ParamType::real;
-  else if constexpr (std::is_same_v<T, std::string>) return t == ParamType::string || t == ParamType::choice;
-  else if constexpr (std::is_same_v<T, std::vector<std::string>>) return t == ParamType::choice_list;
-  else if constexpr (std::is_same_v<T, std::vector<int>>) return t == ParamType::int_list;
-  else if constexpr (IsQuantity<T>::value) {
-    return t == ParamType::bytes || t == ParamType::bandwidth || t == ParamType::duration ||
-           t == ParamType::flop_rate;
+  if constexpr (std::is_enum_v<T>) {
+    return t == ParamType::choice;
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return t == ParamType::boolean;
+  } else if constexpr (std::is_same_v<T, int> || std::is_same_v<T, std::uint64_t>) {
+    return t == ParamType::integer;
+  } else if constexpr (std::is_same_v<T, double>) {
+    return t == ParamType::real;
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    return t == ParamType::string || t == ParamType::choice;
+  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    return t == ParamType::choice_list;
+  } else if constexpr (std::is_same_v<T, std::vector<int>>) {
+    return t == ParamType::int_list;
+  } else if constexpr (IsQuantity<T>::value) {
+    return t == ParamType::bytes || t == ParamType::bandwidth || t == ParamType::duration || t == ParamType::flop_rate;
   } else {
     return false;
   }
@@ -93,6 +99,8 @@ class Decl {
   Decl(const Decl&) = delete;
   Decl& operator=(const Decl&) = delete;
   ~Decl() { r_.add_param(std::move(p_)); }
+  // One line per builder step.
+  // clang-format off
   Decl& required() { p_.required = true; return *this; }
   Decl& def(std::string toml) { p_.default_toml = std::move(toml); return *this; }
   Decl& derived(std::string note) { p_.default_note = std::move(note); return *this; }
@@ -102,6 +110,7 @@ class Decl {
   Decl& max(double m) { p_.max = m; return *this; }
   Decl& set(Setter s) { p_.set = std::move(s); return *this; }
   Decl& get(Getter g) { p_.get = std::move(g); return *this; }
+  // clang-format on
 
   // The key is the field `member` of the scenario part `part` (kModel, kTrain, ...): setter and getter
   // both, converted by the field's type (enums by the key's choices, declared before).
@@ -139,6 +148,8 @@ class Decl {
 };
 
 // [train] and [infer] share these execution options: declared once, mounted under both tables.
+// The declarations here and in Registry() are a table laid out by hand, one key per statement.
+// clang-format off
 template <class Exec>
 void add_exec_options(Registry& r, const std::string& table, Exec exec) {
   static const std::vector<std::string> kPrecision = {"bf16", "fp8"};
@@ -191,6 +202,7 @@ void add_exec_options(Registry& r, const std::string& table, Exec exec) {
       .doc("A stream synchronisation after every host/device copy; blocks the host.")
       .bind(exec, &ExecOptions::sync_after_copy);
 }
+// clang-format on
 
 }  // namespace
 
@@ -362,7 +374,6 @@ std::string Registry::text_reference(const std::string& only_table) const {
   return os.str();
 }
 
-
 std::optional<std::size_t> ParamSpec::choice_index(std::string_view text) const {
   const auto it = std::find(choices.begin(), choices.end(), text);
   if (it == choices.end()) return std::nullopt;
@@ -379,6 +390,7 @@ const ParamSpec& choice_param(const std::string& path) {
 // ----------------------------------------------------------------------------------------------
 // The declarations. Names follow Megatron-Core's arguments where one exists.
 // ----------------------------------------------------------------------------------------------
+// clang-format off
 Registry::Registry() {
   Registry& r = *this;
   const auto is_mla = [](const Scenario& s) { return s.model.attention == AttentionKind::mla; };
@@ -761,5 +773,6 @@ Registry::Registry() {
         .bind(kProfiler, &ProfilerSpec::granularity);
   }
 }
+// clang-format on
 
 }  // namespace threewalls::scenarios

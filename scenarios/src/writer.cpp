@@ -91,15 +91,23 @@ std::string quantity_text(const ParamSpec& p, double v) {
   const std::string preferred = default_unit(p);
   switch (t) {
     case ParamType::bytes: {
-      static const std::vector<UnitScale> kUnits = {
-          {"PiB", 1125899906842624.0}, {"TiB", 1099511627776.0}, {"GiB", 1073741824.0}, {"MiB", 1048576.0},
-          {"KiB", 1024.0}, {"PB", 1e15}, {"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"kB", 1e3}, {"B", 1.0}};
+      static const std::vector<UnitScale> kUnits = {{"PiB", 1125899906842624.0},
+                                                    {"TiB", 1099511627776.0},
+                                                    {"GiB", 1073741824.0},
+                                                    {"MiB", 1048576.0},
+                                                    {"KiB", 1024.0},
+                                                    {"PB", 1e15},
+                                                    {"TB", 1e12},
+                                                    {"GB", 1e9},
+                                                    {"MB", 1e6},
+                                                    {"kB", 1e3},
+                                                    {"B", 1.0}};
       return unit_text(v, kUnits, preferred, [](const std::string& s) { return parse_bytes(s); });
     }
     case ParamType::bandwidth: {
       static const std::vector<UnitScale> kUnits = {
-          {"TBps", 1e12}, {"GBps", 1e9}, {"MBps", 1e6}, {"kBps", 1e3}, {"Tbps", 1.25e11}, {"Gbps", 1.25e8},
-          {"Mbps", 1.25e5}, {"GiBps", 1073741824.0}, {"MiBps", 1048576.0}, {"Bps", 1.0}};
+          {"TBps", 1e12},   {"GBps", 1e9},    {"MBps", 1e6},           {"kBps", 1e3},        {"Tbps", 1.25e11},
+          {"Gbps", 1.25e8}, {"Mbps", 1.25e5}, {"GiBps", 1073741824.0}, {"MiBps", 1048576.0}, {"Bps", 1.0}};
       return unit_text(v, kUnits, preferred, [](const std::string& s) { return parse_bandwidth(s); });
     }
     case ParamType::duration: {
@@ -217,7 +225,8 @@ void ScenarioText::set(const std::string& table, const std::string& key, Value v
 
 void ScenarioText::add_element(const std::string& table) {
   const TableSpec* t = Registry::instance().find_table(table);
-  if (t == nullptr || !t->is_array) throw std::logic_error("scenario writer: '" + table + "' is not an array of tables");
+  if (t == nullptr || !t->is_array)
+    throw std::logic_error("scenario writer: '" + table + "' is not an array of tables");
   sections_.push_back({table, true, {}});
 }
 
@@ -238,9 +247,9 @@ void ScenarioText::erase(const std::string& table, const std::string& key) {
   const ParamSpec& p = param(table, key);
   for (auto& sec : sections_) {
     if (sec.table != table) continue;
-    sec.entries.erase(std::remove_if(sec.entries.begin(), sec.entries.end(),
-                                     [&](const auto& e) { return e.first == &p; }),
-                      sec.entries.end());
+    sec.entries.erase(
+        std::remove_if(sec.entries.begin(), sec.entries.end(), [&](const auto& e) { return e.first == &p; }),
+        sec.entries.end());
   }
 }
 
@@ -288,8 +297,10 @@ ScenarioText scenario_text(const Scenario& s) {
   for (const auto& t : reg.tables()) {
     const std::size_t n = t.count ? t.count(s) : 1;
     for (std::size_t i = 0; i < n; ++i) {
-      if (t.is_array) out.add_element(t.path);
-      else if (t.on_present) out.add_table(t.path);
+      if (t.is_array)
+        out.add_element(t.path);
+      else if (t.on_present)
+        out.add_table(t.path);
       write_keys(t.path, i);
     }
   }

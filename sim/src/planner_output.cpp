@@ -102,8 +102,7 @@ template <class E>
 E choice_of(const Json& j, const char* field, const char* key, const std::string& where) {
   const std::string v = j.at(field).get<std::string>();
   if (const auto e = scenarios::choice_value<E>(key, v)) return *e;
-  throw InputError(where + ": " + field + " '" + v + "' is not one of " +
-                   join(scenarios::choice_param(key).choices));
+  throw InputError(where + ": " + field + " '" + v + "' is not one of " + join(scenarios::choice_param(key).choices));
 }
 
 PlanRow row_from(const Json& j, const std::string& where) {

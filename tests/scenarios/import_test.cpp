@@ -307,7 +307,7 @@ TEST(ImportCluster, PresetsAndGpus) {
   ScenarioDraft d;
   add_cluster_table(d, "h100-dgx", 16);
   EXPECT_EQ(d.get("cluster", "nodes"), Value(std::int64_t{2}));
-  EXPECT_EQ(d.get("cluster", "nic_bandwidth"), Value(50e9));  // "400Gbps", read by the loader's rules
+  EXPECT_EQ(d.get("cluster", "nic_bandwidth"), Value(50e9));       // "400Gbps", read by the loader's rules
   EXPECT_THROW(add_cluster_table(d, "h100-dgx", 12), InputError);  // not a multiple of 8
   try {
     add_cluster_table(d, "h100-dxg", 8);
@@ -327,9 +327,7 @@ TEST(ImportCluster, UnknownKeysAndBadValuesOfAClusterFileAreErrorsWithTheirLine)
   const auto dir = std::filesystem::temp_directory_path() / "threewalls_import_cluster_test";
   std::filesystem::create_directories(dir);
   const auto file = (dir / "c.toml").string();
-  {
-    std::ofstream(file) << "[cluster]\ngpu = \"h100\"\ngpus_per_node = 8\nnic_bandwith = \"400Gbps\"\n";
-  }
+  { std::ofstream(file) << "[cluster]\ngpu = \"h100\"\ngpus_per_node = 8\nnic_bandwith = \"400Gbps\"\n"; }
   ScenarioDraft d;
   try {
     add_cluster_table(d, file, 16);
@@ -338,9 +336,7 @@ TEST(ImportCluster, UnknownKeysAndBadValuesOfAClusterFileAreErrorsWithTheirLine)
     EXPECT_NE(std::string(e.what()).find(file + ":4:"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("did you mean 'nic_bandwidth'"), std::string::npos) << e.what();
   }
-  {
-    std::ofstream(file) << "[cluster]\ngpu = \"h100\"\ngpus_per_node = 8\nnic_bandwidth = 400\n";
-  }
+  { std::ofstream(file) << "[cluster]\ngpu = \"h100\"\ngpus_per_node = 8\nnic_bandwidth = 400\n"; }
   try {
     add_cluster_table(d, file, 16);
     FAIL() << "accepted a bandwidth without a unit";

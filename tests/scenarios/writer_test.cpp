@@ -57,8 +57,7 @@ TEST_P(ShippedScenario, WrittenScenarioReloadsToTheSameScenario) {
 
 INSTANTIATE_TEST_SUITE_P(Files, ShippedScenario, ::testing::ValuesIn(shipped_scenarios()),
                          [](const ::testing::TestParamInfo<fs::path>& p) {
-                           std::string name = p.param.parent_path().filename().string() + "_" +
-                                              p.param.stem().string();
+                           std::string name = p.param.parent_path().filename().string() + "_" + p.param.stem().string();
                            for (char& c : name) {
                              if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
                            }
@@ -87,7 +86,8 @@ hidden_size = 256
 num_attention_heads = 4
 vocab_size = 1000
 ffn_hidden_size = 512
-)") + model_rest + kCluster + tables;
+)") + model_rest +
+         kCluster + tables;
 }
 
 TEST(ScenarioWriter, KeysAtTheirDefaultAreLeftOutAndDerivedOnesKept) {
@@ -97,13 +97,13 @@ TEST(ScenarioWriter, KeysAtTheirDefaultAreLeftOutAndDerivedOnesKept) {
           .scenario;
   const std::string text = write_scenario(s, {"made by a test", "second line"});
   EXPECT_EQ(text.rfind("# made by a test\n# second line\nschema_version = 1\nname = \"x\"\n", 0), 0U) << text;
-  EXPECT_EQ(text.find("tp ="), std::string::npos) << text;                 // default 1
-  EXPECT_EQ(text.find("nvlink_bandwidth"), std::string::npos) << text;     // default
-  EXPECT_NE(text.find("dp = 2\n"), std::string::npos) << text;            // derived: written
+  EXPECT_EQ(text.find("tp ="), std::string::npos) << text;              // default 1
+  EXPECT_EQ(text.find("nvlink_bandwidth"), std::string::npos) << text;  // default
+  EXPECT_NE(text.find("dp = 2\n"), std::string::npos) << text;          // derived: written
   EXPECT_NE(text.find("gpu_memory = \"79.6GiB\"\n"), std::string::npos) << text;
   EXPECT_NE(text.find("kv_channels = 64\n"), std::string::npos) << text;
-  EXPECT_EQ(text.find("num_query_groups"), std::string::npos) << text;    // mha derives it
-  EXPECT_EQ(text.find("[run"), std::string::npos) << text;                // every [run] key at its default
+  EXPECT_EQ(text.find("num_query_groups"), std::string::npos) << text;  // mha derives it
+  EXPECT_EQ(text.find("[run"), std::string::npos) << text;              // every [run] key at its default
   EXPECT_EQ(text.find("[calibration]"), std::string::npos) << text;
 }
 
@@ -182,7 +182,8 @@ TEST(ScenarioWriter, InferenceWithOffloadAndRepresentativesRoundTrips) {
   const std::string text = scenario(R"(num_experts = 4
 moe_ffn_hidden_size = 128
 moe_router_topk = 2
-)", R"([parallel]
+)",
+                                    R"([parallel]
 ep = 2
 [infer]
 batch_size = 2
@@ -211,7 +212,8 @@ kv_lora_rank = 64
 qk_head_dim = 32
 qk_pos_emb_head_dim = 0
 v_head_dim = 32
-)", R"([train]
+)",
+                                    R"([train]
 micro_batch_size = 1
 global_batch_size = 2
 seq_length = 128
