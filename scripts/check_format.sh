@@ -5,9 +5,9 @@
 #   scripts/check_format.sh --base REV      the lines changed since REV
 #   scripts/check_format.sh FILE...         the whole of each FILE
 #
-# The default base is the merge-base of HEAD with main: on a branch, every commit since it left main
-# (and what is not committed yet); on main itself (or behind it), what is not committed yet, or
-# when everything is committed, the last commit (HEAD~1).
+# The default base (scripts/change_base.sh) is the merge-base of HEAD with main: on a branch, every
+# commit since it left main (and what is not committed yet); on main itself, what is not committed
+# yet, or when everything is committed, the last commit (HEAD~1).
 # Each changed .cpp/.hpp/.cu/.cuh/.h file runs through `clang-format --dry-run -Werror` restricted to
 # its changed line ranges (--lines). Exit 1 with clang-format's findings when any is misformatted
 # (fix them with `git clang-format <base>`); exit 77 (CTest: skipped) with a one-line reason when
@@ -46,14 +46,10 @@ if [ ${#files[@]} -gt 0 ]; then
   n=${#files[@]}
   what="whole files"
 else
-  [ "$(git rev-parse --show-toplevel 2>/dev/null)" = "$root" ] || skip "$root is not a git checkout"
   if [ -z "$base" ]; then
-    git rev-parse -q --verify main >/dev/null || skip "no main branch to compare with"
-    base="$(git merge-base HEAD main)" || skip "HEAD and main have no common commit"
-    # On main (or behind it): what is not committed yet, else the last commit.
-    if [ "$base" = "$(git rev-parse HEAD)" ] && git diff --quiet HEAD -- '*.cpp' '*.hpp' '*.cu' '*.cuh' '*.h'; then
-      base="$(git rev-parse -q --verify HEAD~1)" || skip "no commit before HEAD to compare with (a shallow clone?)"
-    fi
+    . "$root/scripts/change_base.sh"
+    change_base "$root" || skip "$CHANGE_SKIP"
+    base="$CHANGE_BASE"
   fi
   git rev-parse -q --verify "$base^{commit}" >/dev/null || { echo "check_format: unknown base: $base"; exit 2; }
   # Added or modified line ranges on the new side of one rename-aware diff (a moved file counts only

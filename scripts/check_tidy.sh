@@ -4,8 +4,8 @@
 #
 #   scripts/check_tidy.sh [--build DIR] [--base REV] [FILE...]
 #
-# DIR defaults to build/ (configured by CMake, which writes compile_commands.json); REV to the
-# merge-base of HEAD with main, or HEAD~1 on main itself, as scripts/check_format.sh. A changed header is checked through
+# DIR defaults to build/ (configured by CMake, which writes compile_commands.json); REV to the base
+# of scripts/change_base.sh, as for scripts/check_format.sh. A changed header is checked through
 # the .cpp files of its folder that include it. Exit 1 on findings; exit 77 (skipped) with a
 # one-line reason without clang-tidy, compile commands or a base. Slow (a full parse per file):
 # not a CTest test; run it before landing a change.
@@ -27,13 +27,10 @@ while [ $# -gt 0 ]; do
 done
 [ -f "$build/compile_commands.json" ] || skip "no $build/compile_commands.json (configure with CMake first, or pass --build)"
 if [ ${#files[@]} -eq 0 ]; then
-  [ "$(git rev-parse --show-toplevel 2>/dev/null)" = "$root" ] || skip "$root is not a git checkout"
   if [ -z "$base" ]; then
-    git rev-parse -q --verify main >/dev/null || skip "no main branch to compare with"
-    base="$(git merge-base HEAD main)" || skip "HEAD and main have no common commit"
-    if [ "$base" = "$(git rev-parse HEAD)" ]; then
-      base="$(git rev-parse -q --verify HEAD~1)" || skip "no commit before HEAD to compare with"
-    fi
+    . "$root/scripts/change_base.sh"
+    change_base "$root" || skip "$CHANGE_SKIP"
+    base="$CHANGE_BASE"
   fi
   declare -A seen=()
   while IFS= read -r -d '' f; do
