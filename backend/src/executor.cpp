@@ -48,7 +48,7 @@ std::string base_stream_name(const std::string& name) {
 std::string comm_key(const StepGraph& g, int rank, const Op& op) {
   std::string key = std::string(scenarios::to_string(op.group)) + "@";
   if (op.kind == OpKind::send || op.kind == OpKind::recv) {
-    const int peer = p2p_peer_rank(g, rank, op);
+    const int peer = g.layout.peer_of(op, rank);
     const bool send = op.kind == OpKind::send;
     return key + base_stream_name(g.stream_name(op)) + ":" + std::to_string(send ? rank : peer) + ">" +
            std::to_string(send ? peer : rank);
@@ -73,7 +73,7 @@ std::vector<CommInstance> comm_instances(const std::vector<const StepGraph*>& gr
         ci.group = op.group;
         ci.p2p = op.kind == OpKind::send || op.kind == OpKind::recv;
         if (ci.p2p) {
-          const int peer = p2p_peer_rank(*g, r, op);
+          const int peer = g->layout.peer_of(op, r);
           ci.members = {std::min(r, peer), std::max(r, peer)};
         } else {
           ci.stream = op.stream;
@@ -145,19 +145,6 @@ void all_to_all_split(const Op& op, int group_size, int own_index, double imbala
         break;
     }
   }
-}
-
-int p2p_peer_rank(const StepGraph& g, int rank, const Op& op) {
-  const scenarios::Layout& L = g.layout;
-  if (op.group == Group::pp) {
-    const int pp = L.group_size(Group::pp);
-    return L.rank_at_stage(rank, ((L.stage_of(rank) + op.peer) % pp + pp) % pp);
-  }
-  const auto m = L.group_members(op.group, rank);
-  const int n = static_cast<int>(m.size());
-  if (n == 0) return profiler::kAbsent;
-  const int idx = L.group_index(op.group, rank);
-  return m[static_cast<std::size_t>(((idx + op.peer) % n + n) % n)];
 }
 
 namespace {
@@ -375,7 +362,7 @@ Plan build_plan(const std::shared_ptr<const StepGraph>& graph, int rank, profile
     r.bytes = op.bytes;
     r.flops = op.flops;
     r.expert = op.expert;
-    if (op.kind == OpKind::send || op.kind == OpKind::recv) r.peer = p2p_peer_rank(g, rank, op);
+    if (op.kind == OpKind::send || op.kind == OpKind::recv) r.peer = g.layout.peer_of(op, rank);
     if (op.is_comm() && sink != nullptr && sink->enabled()) r.group = sink->group_id(scenarios::to_string(op.group));
     if (op.kind == OpKind::collective && op.group != Group::none) {
       const std::vector<int> members = g.layout.group_members(op.group, rank);  // ordered: the first is the lowest

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "threewalls/scenarios/scenario.hpp"
+#include "threewalls/scenarios/step_graph.hpp"
 
 namespace threewalls::scenarios {
 
@@ -136,6 +137,12 @@ int Layout::group_index(Group g, int rank) const {
 int Layout::rank_at_stage(int rank, int stage) const {
   const Coords c = coords(rank);
   return dense_rank(c.tp, c.cp, c.dp, stage, tp_, cp_, dp_);
+}
+
+int Layout::peer_of(const Op& op, int rank) const {
+  const int n = group_size(op.group);
+  const int target = ((group_index(op.group, rank) + op.peer) % n + n) % n;
+  return group_members(op.group, rank)[static_cast<std::size_t>(target)];
 }
 
 bool Layout::group_within_node(Group g, int rank) const {

@@ -920,30 +920,11 @@ class StepRun {
     }
   }
 
-  int peer_rank(std::uint32_t c, const Op& op, std::uint32_t i) {
-    const ClassState& s = classes_[c];
-    const scenarios::Layout& L = g_.layout;
-    if (op.group == Group::pp) {
-      const int pp = L.group_size(Group::pp);
-      const int stage = L.stage_of(s.rep);
-      const int target = ((stage + op.peer) % pp + pp) % pp;
-      return L.rank_at_stage(s.rep, target);
-    }
-    if (op.group == Group::cp) {
-      const auto& m = group_members(c, Group::cp);
-      const int n = static_cast<int>(m.size());
-      const int idx = L.group_index(Group::cp, s.rep);
-      return m[static_cast<std::size_t>(((idx + op.peer) % n + n) % n)];
-    }
-    throw InputError(describe_op(g_, *s.rc, i) + ": point-to-point ops are supported in groups pp and cp, not " +
-                     scenarios::to_string(op.group));
-  }
-
   void arrive_p2p(std::uint32_t c, std::uint32_t i) {
     const ClassState& s = classes_[c];
     const Op& op = s.rc->ops[i];
     if (op.peer == 0) throw InputError(describe_op(g_, *s.rc, i) + ": point-to-point op without a peer direction");
-    const int peer = peer_rank(c, op, i);
+    const int peer = g_.layout.peer_of(op, s.rep);
     const auto peer_class = static_cast<std::uint32_t>(g_.class_of_rank.at(static_cast<std::size_t>(peer)));
     const bool send = op.kind == OpKind::send;
     const std::uint32_t sender = send ? c : peer_class;
@@ -1119,7 +1100,7 @@ class StepRun {
     const Member& sm = inst.members[0];
     const ClassState& s = classes_[sm.cls];
     const Op& op = s.rc->ops[sm.op];
-    const int dst = peer_rank(sm.cls, op, sm.op);
+    const int dst = g_.layout.peer_of(op, s.rep);
     Plan plan;
     const bool same_node = platform_.node_of(s.rep) == platform_.node_of(dst);
     const CommParams p = coster_.comm_params(CommKind::send_recv, Bytes(op.bytes), 2,

@@ -65,20 +65,6 @@ RecordTables intern_graph(const StepGraph& g, profiler::Names& names) {
   return t;
 }
 
-int peer_of(const StepGraph& g, int rank, const Op& op) {
-  const scenarios::Layout& L = g.layout;
-  if (op.group == Group::pp) {
-    const int pp = L.group_size(Group::pp);
-    return L.rank_at_stage(rank, ((L.stage_of(rank) + op.peer) % pp + pp) % pp);
-  }
-  if (op.group == Group::cp) {
-    const auto m = L.group_members(Group::cp, rank);
-    const int n = static_cast<int>(m.size());
-    return m[static_cast<std::size_t>(((L.group_index(Group::cp, rank) + op.peer) % n + n) % n)];
-  }
-  return profiler::kAbsent;
-}
-
 // Appends the records of `rank` (a member of class c) for one step.
 void add_records(const StepGraph& g, const RecordTables& t, const StepResult& r, std::size_t c, int step, int rank,
                  const std::function<void(const profiler::StepRecord&)>& on_step,
@@ -120,7 +106,7 @@ void add_records(const StepGraph& g, const RecordTables& t, const StepResult& r,
     p.bytes = op.bytes;
     p.flops = op.flops;
     p.expert = op.expert;
-    if (op.kind == OpKind::send || op.kind == OpKind::recv) p.peer = peer_of(g, rank, op);
+    if (op.kind == OpKind::send || op.kind == OpKind::recv) p.peer = g.layout.peer_of(op, rank);
     if (op.is_comm()) p.group = t.group[static_cast<std::size_t>(op.group)];
     if (op.kind == OpKind::collective && op.group != Group::none) p.group_id = instance_of(op.group);
     p.tokens = op.tokens;

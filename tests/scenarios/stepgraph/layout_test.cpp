@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "threewalls/scenarios/layout.hpp"
+#include "threewalls/scenarios/step_graph.hpp"
 
 using namespace threewalls::scenarios;
 
@@ -22,6 +23,28 @@ TEST(Layout, ExpertGroupsFollowEtpEpEdpPpOrder) {
   EXPECT_EQ(l.group_index(Group::ep, 6), 2);
   EXPECT_TRUE(l.group_within_node(Group::ep, 5));
   EXPECT_FALSE(l.group_within_node(Group::pp, 5));
+}
+
+// The peer of a send/recv is the group member at (own index + peer) modulo the group size: the next or
+// previous pipeline stage with the same dense coordinates, the CP ring neighbour, wrapping at both ends.
+TEST(Layout, PeerOfWrapsInsideTheOpsGroup) {
+  Layout l(2, 2, 1, 4, 1, 1, 4, 8);  // tp2 cp2 pp4 = 16 ranks
+  Op op;
+  op.kind = OpKind::send;
+  op.group = Group::pp;
+  op.peer = 1;
+  EXPECT_EQ(l.peer_of(op, 5), l.rank_at_stage(5, 2));
+  EXPECT_EQ(l.peer_of(op, l.rank_at_stage(5, 3)), l.rank_at_stage(5, 0));  // last stage wraps to the first
+  op.peer = -1;
+  EXPECT_EQ(l.peer_of(op, 1), l.rank_at_stage(1, 3));  // first stage wraps to the last
+  op.group = Group::cp;
+  EXPECT_EQ(l.group_members(Group::cp, 1), (std::vector<int>{1, 3}));
+  EXPECT_EQ(l.peer_of(op, 1), 3);
+  op.peer = 1;
+  EXPECT_EQ(l.peer_of(op, 3), 1);
+  op.group = Group::tp;  // any group: the same index rule
+  EXPECT_EQ(l.peer_of(op, 4), 5);
+  EXPECT_EQ(l.peer_of(op, 5), 4);
 }
 
 TEST(Layout, RoutingModelSharesSumToOne) {

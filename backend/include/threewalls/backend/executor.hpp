@@ -144,7 +144,5 @@ std::vector<CommSpec> comm_specs(const std::vector<CommInstance>& instances, con
 // balanced bytes), rounded down to whole bf16 elements per peer so both sides agree.
 void all_to_all_split(const scenarios::Op& op, int group_size, int own_index, double imbalance,
                       std::vector<std::size_t>& send_bytes, std::vector<std::size_t>& recv_bytes);
-// The global rank of a send/recv op's peer (the simulator's rule: pipeline stages and the CP ring wrap).
-int p2p_peer_rank(const scenarios::StepGraph& g, int rank, const scenarios::Op& op);
 
 }  // namespace threewalls::backend

@@ -7,6 +7,7 @@
 namespace threewalls::scenarios {
 
 struct Scenario;
+struct Op;
 
 enum class Group : std::uint8_t {
   none,
@@ -44,6 +45,11 @@ class Layout {
   // The rank with the same dense coordinates at pipeline stage `stage`.
   [[nodiscard]] int rank_at_stage(int rank, int stage) const;
   [[nodiscard]] int stage_of(int rank) const { return coords(rank).pp; }
+  // The rank that `rank` exchanges point-to-point op `op` (send or recv) with: the member of its group
+  // `op.group` at index (own index + op.peer) modulo the group size. Pipeline stages (group pp, whose
+  // index is the stage) and the context-parallel ring wrap. The one rule both executors and the run
+  // records use.
+  [[nodiscard]] int peer_of(const Op& op, int rank) const;
   [[nodiscard]] int node_of(int rank) const { return rank / gpus_per_node_; }
   [[nodiscard]] int gpus_per_node() const { return gpus_per_node_; }
   // Whether every member of `rank`'s group `g` sits on `rank`'s node.
