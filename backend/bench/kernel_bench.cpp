@@ -1,6 +1,8 @@
 // kernel_bench: figures of the backend's kernels on the GPU it runs on.
 //
 //   kernel_bench [--quick] [--only gemm,grouped,attention,memory,copy,nccl,scenario] [--scenario FILE]
+//                [--reference TORCH_SDPA_JSON]
+//   kernel_bench --attention-shapes      (the attention cases as JSON, for scripts/torch_sdpa_reference.py)
 //
 // Prints one line per measurement: name, shape, median time and the rate (TFLOP/s for compute,
 // GB/s for memory and copies, bus GB/s for collectives), the spread of the samples, and for the
@@ -10,8 +12,11 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -20,13 +25,17 @@
 #include "threewalls/backend/attention.hpp"
 #include "threewalls/backend/blas.hpp"
 #include "threewalls/backend/copies.hpp"
+#include "threewalls/backend/decode_attention.hpp"
 #include "threewalls/backend/error.hpp"
+#include "threewalls/backend/fused_attention.hpp"
 #include "threewalls/backend/handles.hpp"
 #include "threewalls/backend/kernels.hpp"
 #include "threewalls/backend/nccl.hpp"
 #include "threewalls/backend/op_runner.hpp"
 #include "threewalls/backend/timing.hpp"
 #include "threewalls/scenarios/loader.hpp"
+
+#include <nlohmann/json.hpp>
 
 namespace tw = threewalls::backend;
 
@@ -172,16 +181,123 @@ void bench_grouped(tw::CublasLt& lt, tw::Stream& s) {
 }
 
 // ---- attention ----
-void bench_attention(tw::CublasLt& lt, tw::Stream& s) {
-  std::printf("\n# attention (unfused: cuBLASLt batched GEMMs + masked softmax kernels; model FLOPs)\n");
-  tw::Attention att(lt);
-  std::vector<tw::AttentionShape> shapes{{2, 4096, 4096, 16, 128, 128, true},
-                                         {1, 8192, 8192, 16, 128, 128, true},
-                                         {2, 4096, 4096, 16, 128, 128, false},
-                                         {32, 1, 4096, 32, 128, 128, true},
-                                         {8, 1, 32768, 32, 128, 128, true}};
-  if (g_quick) shapes.resize(2);
-  for (const auto& sh : shapes) {
+// The attention cases: one list, printed as JSON by --attention-shapes for
+// scripts/torch_sdpa_reference.py, so the reference measures exactly these shapes.
+struct AttentionCase {
+  const char* name;
+  tw::AttentionShape shape;
+  bool decode;  // one query per sequence over a KV cache (forward only)
+};
+
+std::vector<AttentionCase> attention_cases() {
+  auto gqa = [](tw::AttentionShape s, std::int64_t kv) {
+    s.kv_heads = kv;
+    return s;
+  };
+  std::vector<AttentionCase> c{
+      {"mha causal", {2, 4096, 4096, 16, 128, 128, true}, false},
+      {"gqa causal", gqa({2, 4096, 4096, 32, 128, 128, true}, 8), false},
+      {"mla causal", {2, 4096, 4096, 16, 192, 128, true}, false},
+      {"mha full", {2, 4096, 4096, 16, 128, 128, false}, false},
+      {"decode gqa", gqa({32, 1, 4096, 32, 128, 128, true}, 8), true},
+      {"decode mha long", {8, 1, 32768, 32, 128, 128, true}, true},
+  };
+  if (g_quick) c.erase(c.begin() + 3, c.begin() + 4);
+  return c;
+}
+
+void print_attention_cases() {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& c : attention_cases()) {
+    const auto& s = c.shape;
+    out.push_back({{"name", c.name},
+                   {"key", tw::describe(s)},
+                   {"batch", s.batch},
+                   {"seq_q", s.seq_q},
+                   {"seq_kv", s.seq_kv},
+                   {"heads", s.heads},
+                   {"kv_heads", s.kv_head_count()},
+                   {"head_dim_qk", s.head_dim_qk},
+                   {"head_dim_v", s.head_dim_v},
+                   {"causal", s.causal},
+                   {"directions", c.decode ? nlohmann::json{"fwd"} : nlohmann::json{"fwd", "bwd"}}});
+  }
+  std::printf("%s\n", out.dump(1).c_str());
+}
+
+// PyTorch's best time per (shape key, direction) from scripts/torch_sdpa_reference.py's JSON.
+struct Reference {
+  std::map<std::pair<std::string, std::string>, std::pair<double, std::string>> best;  // -> (ms, backend)
+  std::string source;
+};
+
+Reference load_reference(const std::string& path) {
+  Reference r;
+  if (path.empty()) return r;
+  std::ifstream in(path);
+  if (!in) throw threewalls::InputError(path + ": cannot open the --reference file");
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const std::exception& e) {
+    throw threewalls::InputError(path + ": not JSON: " + e.what());
+  }
+  r.source = path + " (torch " + j.value("torch", std::string("?")) + ", " + j.value("device", std::string("?")) + ")";
+  for (const auto& e : j.at("results")) {
+    if (!e.contains("median_ms")) continue;  // a backend that could not run the shape
+    const auto key = std::make_pair(e.at("key").get<std::string>(), e.at("direction").get<std::string>());
+    const double ms = e.at("median_ms").get<double>();
+    auto it = r.best.find(key);
+    if (it == r.best.end() || ms < it->second.first) r.best[key] = {ms, e.at("backend").get<std::string>()};
+  }
+  return r;
+}
+
+tw::TimingOptions attention_opts() {
+  tw::TimingOptions o;  // CUDA events, warm-up, median of at least 20 (5 with --quick)
+  o.warmup = g_quick ? 2 : 5;
+  o.min_reps = g_quick ? 5 : 20;
+  o.max_reps = g_quick ? 10 : 40;
+  o.max_seconds = g_quick ? 0.5 : 3.0;
+  return o;
+}
+
+struct AttentionRun {
+  tw::TimingResult fwd, bwd;
+  bool has_bwd = false;
+};
+
+void compare_to_reference(const Reference& ref, const AttentionCase& c, const char* direction, double ours_ms) {
+  if (ref.source.empty()) return;
+  const auto it = ref.best.find({tw::describe(c.shape), direction});
+  if (it == ref.best.end()) {
+    std::printf("  vs torch %-4s %-18s no reference time for this shape\n", direction, c.name);
+    return;
+  }
+  std::printf("  vs torch %-4s %-18s ours %.4f ms, torch %s %.4f ms: ratio %.3f (ours / max(flash, cudnn) by speed)\n",
+              direction, c.name, ours_ms, it->second.second.c_str(), it->second.first, it->second.first / ours_ms);
+}
+
+void bench_attention(tw::CublasLt& lt, tw::Stream& s, const std::string& reference) {
+  std::printf(
+      "\n# attention: fused (cuDNN SDPA graph) vs unfused (cuBLASLt batched GEMMs + masked softmax), decode\n"
+      "# (split-KV kernel); model FLOPs (causal: visible pairs); decode rate = K/V bytes read / time\n");
+  const Reference ref = load_reference(reference);
+  if (!ref.source.empty()) std::printf("# reference: %s\n", ref.source.c_str());
+  tw::Attention unfused(lt);
+  std::unique_ptr<tw::FusedAttention> fused;
+  std::string why;
+  if (tw::fused_attention_built(&why)) {
+    fused = std::make_unique<tw::FusedAttention>();
+  } else {
+    std::printf("# fused attention not measured: %s\n", why.c_str());
+  }
+  tw::DecodeAttention decode;
+  for (const AttentionCase& c : attention_cases()) {
+    const tw::AttentionShape& sh = c.shape;
+    // The unfused path reads one K/V head per query head: GQA runs it with K/V expanded.
+    tw::AttentionShape expanded = sh;
+    expanded.kv_heads = 0;
     const std::int64_t bh = sh.batch * sh.heads;
     tw::DeviceBuffer q = random_bf16(static_cast<std::size_t>(bh * sh.seq_q * sh.head_dim_qk), 6);
     tw::DeviceBuffer k = random_bf16(static_cast<std::size_t>(bh * sh.seq_kv * sh.head_dim_qk), 7);
@@ -190,28 +306,70 @@ void bench_attention(tw::CublasLt& lt, tw::Stream& s) {
     tw::DeviceBuffer d_o = random_bf16(static_cast<std::size_t>(bh * sh.seq_q * sh.head_dim_v), 9);
     tw::DeviceBuffer lse(static_cast<std::size_t>(bh * sh.seq_q) * 4);
     tw::DeviceBuffer dq(q.size()), dk(k.size()), dv(v.size());
-    att.reserve(sh);
-    const std::string shape = "b" + std::to_string(sh.batch) + " sq" + std::to_string(sh.seq_q) + " skv" +
-                              std::to_string(sh.seq_kv) + " h" + std::to_string(sh.heads) + " d" +
-                              std::to_string(sh.head_dim_qk) + (sh.causal ? " causal" : "");
-    const auto tf = tw::time_device(
-        [&](cudaStream_t st) {
-          att.forward(sh, q.as<tw::bf16>(), k.as<tw::bf16>(), v.as<tw::bf16>(), o.as<tw::bf16>(), lse.as<float>(), st);
-        },
-        s, opts());
-    if (sh.seq_q == 1) {  // decode is memory bound: report the K/V read rate
-      const double bytes = 2.0 * bh * sh.seq_kv * (sh.head_dim_qk + sh.head_dim_v);
-      row("attention decode fwd", shape, tf, gbps(bytes, tf.median_ms()), "GB/s(KV)");
-    } else {
-      row("attention fwd", shape, tf, tflops(tw::attention_flops(sh, false), tf.median_ms()), "TFLOP/s");
+    const std::string shape = tw::describe(sh);
+    const bool gqa = sh.kv_head_count() != sh.heads;
+    const std::string unfused_label = std::string(c.name) + (gqa ? " unfused (kv expanded)" : " unfused");
+    auto rate = [&](const tw::TimingResult& t, bool backward, const tw::AttentionShape& as) {
+      return c.decode ? gbps(tw::decode_kv_bytes(as), t.median_ms())
+                      : tflops(tw::attention_flops(as, backward), t.median_ms());
+    };
+    const char* unit = c.decode ? "GB/s(KV)" : "TFLOP/s";
+    auto fwd = [&](auto&& impl, const tw::AttentionShape& as) {
+      return tw::time_device(
+          [&](cudaStream_t st) {
+            impl.forward(as, q.as<tw::bf16>(), k.as<tw::bf16>(), v.as<tw::bf16>(), o.as<tw::bf16>(), lse.as<float>(),
+                         st);
+          },
+          s, attention_opts());
+    };
+    auto bwd = [&](auto&& impl, const tw::AttentionShape& as) {
+      return tw::time_device(
+          [&](cudaStream_t st) {
+            impl.backward(as, q.as<tw::bf16>(), k.as<tw::bf16>(), v.as<tw::bf16>(), o.as<tw::bf16>(),
+                          d_o.as<tw::bf16>(), lse.as<float>(), dq.as<tw::bf16>(), dk.as<tw::bf16>(), dv.as<tw::bf16>(),
+                          st);
+          },
+          s, attention_opts());
+    };
+    // Unfused: forward, then backward (which consumes the forward's lse).
+    unfused.reserve(expanded);
+    const auto uf = fwd(unfused, expanded);
+    row(unfused_label + " fwd", shape, uf, rate(uf, false, c.decode ? sh : expanded), unit);
+    std::optional<tw::TimingResult> ub;
+    if (!c.decode) {
+      ub = bwd(unfused, expanded);
+      row(unfused_label + " bwd", shape, *ub, rate(*ub, true, expanded), unit);
     }
-    const auto tb = tw::time_device(
-        [&](cudaStream_t st) {
-          att.backward(sh, q.as<tw::bf16>(), k.as<tw::bf16>(), v.as<tw::bf16>(), o.as<tw::bf16>(), d_o.as<tw::bf16>(),
-                       lse.as<float>(), dq.as<tw::bf16>(), dk.as<tw::bf16>(), dv.as<tw::bf16>(), st);
-        },
-        s, opts());
-    row("attention bwd", shape, tb, tflops(tw::attention_flops(sh, true), tb.median_ms()), "TFLOP/s");
+    if (c.decode) {
+      decode.reserve(sh);
+      const auto t = tw::time_device(
+          [&](cudaStream_t st) {
+            decode.forward(sh, q.as<tw::bf16>(), k.as<tw::bf16>(), v.as<tw::bf16>(), o.as<tw::bf16>(), lse.as<float>(),
+                           st);
+          },
+          s, attention_opts());
+      char extra[96];
+      std::snprintf(extra, sizeof extra, "%.2fx unfused, %d splits", uf.median_ms() / t.median_ms(), decode.splits(sh));
+      row(std::string(c.name) + " split-kv", shape, t, rate(t, false, sh), unit, extra);
+      compare_to_reference(ref, c, "fwd", t.median_ms());
+    }
+    if (!fused) continue;
+    try {
+      fused->reserve(sh, !c.decode);
+      const auto ff = fwd(*fused, sh);
+      char extra[64];
+      std::snprintf(extra, sizeof extra, "%.2fx unfused", uf.median_ms() / ff.median_ms());
+      row(std::string(c.name) + " fused fwd", shape, ff, rate(ff, false, sh), unit, extra);
+      if (!c.decode) compare_to_reference(ref, c, "fwd", ff.median_ms());
+      if (!c.decode) {
+        const auto fb = bwd(*fused, sh);
+        std::snprintf(extra, sizeof extra, "%.2fx unfused", ub->median_ms() / fb.median_ms());
+        row(std::string(c.name) + " fused bwd", shape, fb, rate(fb, true, sh), unit, extra);
+        compare_to_reference(ref, c, "bwd", fb.median_ms());
+      }
+    } catch (const std::exception& e) {
+      std::printf("%s fused: FAILED: %s\n", c.name, e.what());
+    }
   }
 }
 
@@ -410,11 +568,16 @@ void bench_nccl(int gpus) {
 
 int main(int argc, char** argv) {
   std::set<std::string> only;
-  std::string scenario;
+  std::string scenario, reference;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--scenario" && i + 1 < argc) {
       scenario = argv[++i];
+    } else if (a == "--reference" && i + 1 < argc) {
+      reference = argv[++i];
+    } else if (a == "--attention-shapes") {
+      print_attention_cases();
+      return 0;
     } else if (a == "--quick") {
       g_quick = true;
     } else if (a == "--only" && i + 1 < argc) {
@@ -426,7 +589,11 @@ int main(int argc, char** argv) {
         pos = next == std::string::npos ? next : next + 1;
       }
     } else {
-      std::fprintf(stderr, "kernel_bench: unknown argument '%s'\nusage: kernel_bench [--quick] [--only gemm,grouped,attention,memory,copy,nccl,scenario] [--scenario FILE]\n", a.c_str());
+      std::fprintf(stderr,
+                   "kernel_bench: unknown argument '%s'\nusage: kernel_bench [--quick] [--only "
+                   "gemm,grouped,attention,memory,copy,nccl,scenario] [--scenario FILE] [--reference TORCH_SDPA_JSON] "
+                   "| --attention-shapes\n",
+                   a.c_str());
       return threewalls::kExitInputError;
     }
   }
@@ -452,7 +619,7 @@ int main(int argc, char** argv) {
     tw::Stream s;
     if (want("gemm")) bench_gemm(lt, s);
     if (want("grouped")) bench_grouped(lt, s);
-    if (want("attention")) bench_attention(lt, s);
+    if (want("attention")) bench_attention(lt, s, reference);
     if (want("memory")) bench_memory(s);
     if (want("copy")) bench_copies(s);
     if (want("nccl")) bench_nccl(gpus);

@@ -10,12 +10,11 @@ namespace threewalls::backend {
 namespace {
 
 void validate(const AttentionShape& s) {
-  if (s.batch <= 0 || s.seq_q <= 0 || s.seq_kv <= 0 || s.heads <= 0 || s.head_dim_qk <= 0 || s.head_dim_v <= 0) {
-    throw InputError(rank_prefix() + "attention: batch, seq_q, seq_kv, heads, head_dim_qk, head_dim_v must be positive");
-  }
-  if (s.causal && s.seq_kv < s.seq_q) {
-    throw InputError(rank_prefix() + "attention: causal with seq_kv (" + std::to_string(s.seq_kv) + ") < seq_q (" +
-                     std::to_string(s.seq_q) + ") leaves queries without keys");
+  validate_attention(s, "attention");
+  if (s.kv_head_count() != s.heads) {
+    throw InputError(rank_prefix() + "attention (unfused): kv_heads (" + std::to_string(s.kv_heads) + ") != heads (" +
+                     std::to_string(s.heads) +
+                     ") is not supported; expand K and V to every query head, or use fused attention");
   }
 }
 
@@ -28,6 +27,22 @@ std::int64_t kv_len_for(const AttentionShape& s, std::int64_t q1) {
 constexpr std::int64_t kCausalBlock = 512;
 
 }  // namespace
+
+void validate_attention(const AttentionShape& s, const char* who) {
+  if (s.batch <= 0 || s.seq_q <= 0 || s.seq_kv <= 0 || s.heads <= 0 || s.head_dim_qk <= 0 || s.head_dim_v <= 0 ||
+      s.kv_heads < 0) {
+    throw InputError(rank_prefix() + who +
+                     ": batch, seq_q, seq_kv, heads, head_dim_qk, head_dim_v must be positive (kv_heads >= 0)");
+  }
+  if (s.heads % s.kv_head_count() != 0) {
+    throw InputError(rank_prefix() + who + ": heads (" + std::to_string(s.heads) + ") is not a multiple of kv_heads (" +
+                     std::to_string(s.kv_heads) + ")");
+  }
+  if (s.causal && s.seq_kv < s.seq_q) {
+    throw InputError(rank_prefix() + who + ": causal with seq_kv (" + std::to_string(s.seq_kv) + ") < seq_q (" +
+                     std::to_string(s.seq_q) + ") leaves queries without keys");
+  }
+}
 
 double attention_flops(const AttentionShape& s, bool backward) {
   // Visible (query, key) pairs per head.

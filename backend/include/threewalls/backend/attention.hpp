@@ -29,7 +29,15 @@ namespace threewalls::backend {
 struct AttentionShape {
   std::int64_t batch = 1, seq_q = 1, seq_kv = 1, heads = 1, head_dim_qk = 64, head_dim_v = 64;
   bool causal = false;
+  // Key/value heads; 0 means `heads` (MHA). Fewer (GQA) only in FusedAttention and decode attention:
+  // Attention (unfused) reads one key/value head per query head.
+  std::int64_t kv_heads = 0;
+  [[nodiscard]] std::int64_t kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
 };
+
+// Throws InputError (message prefixed with `who`) for non-positive dimensions, heads not a
+// multiple of kv_heads, or causal with seq_kv < seq_q.
+void validate_attention(const AttentionShape& s, const char* who);
 
 // Model FLOPs of the attention products (the convention of FlashAttention's benchmarks):
 // forward 2 * b * h * sq * skv * (dqk + dv), halved (about) for causal masks by counting only the
