@@ -9,7 +9,8 @@
 #include <cmath>
 #include <optional>
 
-#include "codec.hpp"
+#include "families/decoded.hpp"
+#include "families/module.hpp"
 #include "threewalls/calibration/kernel_terms.hpp"
 #include "threewalls/calibration/models.hpp"
 #include "threewalls/calibration/profile.hpp"
@@ -20,16 +21,8 @@ namespace threewalls::calibration {
 
 namespace {
 
-constexpr std::array<std::string_view, 16> kHostNames = {
-    "kernel_launch", "framework_op",     "event_record",  "stream_sync",         "gpu_read",
-    "graph_launch",  "graph_node",       "collective_launch", "timing_marker",   "gemm_launch",
-    "grouped_gemm_launch", "attention_launch", "attention_bwd_launch", "op_dispatch", "record_op",
-    "stream_wait"};
-
-template <class E>
-std::size_t idx(E e) {
-  return static_cast<std::size_t>(e);
-}
+using detail::HostCost;
+using detail::idx;
 
 void require_non_negative(std::int64_t v, const char* call, const char* what) {
   if (v < 0)
@@ -44,27 +37,11 @@ void require_bytes(Bytes b, const char* call) {
 
 }  // namespace
 
-struct CostModel::Impl {
+struct CostModel::Impl : detail::DecodedModels {
   std::string id;
   std::string description;
   std::vector<std::string> have;
   Hardware hardware;
-  std::array<std::optional<GemmModel>, 3> gemm;
-  std::array<std::optional<GroupedGemmModel>, 3> grouped;
-  std::array<std::optional<AttentionModel>, 2> attention;
-  std::optional<LinearModel> elementwise;
-  std::optional<LinearModel> norm;
-  std::map<std::string, LinearModel, std::less<>> kernels;  // per-kernel memory-bound fits (optional)
-  std::map<std::string, KernelTermsModel, std::less<>> kernel_terms;  // per-kernel shape fits (optional)
-  std::array<std::optional<LinearModel>, 6> copy;
-  std::array<std::array<std::optional<CollectiveModel>, 2>, 6> collective;
-  std::array<std::optional<ConstantModel>, kHostNames.size()> host;
-  std::optional<ConcurrencyModel> concurrency;
-  std::optional<NcclInterferenceModel> nccl_interference;  // optional family (absent: no slowdown)
-  std::optional<NcclMemoryModel> nccl_memory;              // optional family (absent: sim constants)
-  std::optional<GemmCallModel> gemm_call;                  // optional: host.gemm_call
-  std::optional<GroupedCallModel> grouped_call;            // optional: host.grouped_gemm_call
-  std::optional<StreamCycleModel> stream_cycle;            // optional: host.stream_cycle
 
   [[noreturn]] void missing(const std::string& family) const {
     throw InputError(description + " has no model '" + family +
@@ -72,8 +49,14 @@ struct CostModel::Impl {
                      "); measure it with `threewalls calibrate` or use a profile that has it");
   }
 
-  Seconds host_cost(std::size_t i) const {
-    return Seconds(need(host[i], [&] { return host_family(kHostNames[i]); }).time_s());
+  Seconds host_cost(HostCost c) const {
+    return Seconds(need(host[idx(c)], [&] { return host_family(detail::host_cost_name(c)); }).time_s());
+  }
+  [[nodiscard]] bool has(HostCost c) const { return host[idx(c)].has_value(); }
+  // An optional host cost: the family's median when the profile has it, else `fallback()`.
+  template <class Fallback>
+  Seconds host_cost_or(HostCost c, Fallback fallback) const {
+    return has(c) ? host_cost(c) : fallback();
   }
 
   // `family` is a callable giving the family's name, built only when it is missing (hot path).
@@ -92,62 +75,7 @@ CostModel::CostModel(const Profile& profile) : impl_(std::make_unique<Impl>()) {
   const Hardware& hw = m.hardware;
   for (const auto& f : profile.families()) {
     m.have.push_back(f.name);
-    const FamilySpec& s = f.spec();
-    switch (s.kind) {
-      case ModelKind::gemm:
-        m.gemm[idx(s.dtype)] = detail::decode_gemm(f, hw);
-        break;
-      case ModelKind::grouped_gemm:
-        m.grouped[idx(s.dtype)] = detail::decode_grouped_gemm(f, hw);
-        break;
-      case ModelKind::attention:
-        m.attention[s.backward ? 1 : 0] = detail::decode_attention(f, hw);
-        break;
-      case ModelKind::linear: {
-        auto lin = detail::decode_linear(f);
-        if (f.name == kElementwiseFamily)
-          m.elementwise = lin;
-        else if (f.name == kNormFamily)
-          m.norm = lin;
-        else if (is_memory_kernel_family(f.name))
-          m.kernels.insert_or_assign(f.name, lin);
-        else {
-          for (std::size_t d = 0; d < m.copy.size(); ++d) {
-            if (f.name == copy_family(static_cast<CopyDirection>(d))) m.copy[d] = lin;
-          }
-        }
-        break;
-      }
-      case ModelKind::kernel_terms:
-        m.kernel_terms.insert_or_assign(f.name, detail::decode_kernel_terms(f));
-        break;
-      case ModelKind::collective:
-        m.collective[idx(s.collective)][idx(s.scope)] = detail::decode_collective(f);
-        break;
-      case ModelKind::constant:
-        for (std::size_t h = 0; h < kHostNames.size(); ++h) {
-          if (f.name == host_family(kHostNames[h])) m.host[h] = detail::decode_constant(f);
-        }
-        break;
-      case ModelKind::concurrency:
-        m.concurrency = detail::decode_concurrency(f);
-        break;
-      case ModelKind::nccl_interference:
-        m.nccl_interference = detail::decode_nccl_interference(f, hw);
-        break;
-      case ModelKind::nccl_memory:
-        m.nccl_memory = detail::decode_nccl_memory(f);
-        break;
-      case ModelKind::gemm_call:
-        m.gemm_call = detail::decode_gemm_call(f);
-        break;
-      case ModelKind::grouped_call:
-        m.grouped_call = detail::decode_grouped_call(f);
-        break;
-      case ModelKind::stream_cycle:
-        m.stream_cycle = detail::decode_stream_cycle(f);
-        break;
-    }
+    detail::store_model(f, hw, m);
   }
 }
 
@@ -273,22 +201,32 @@ Seconds CostModel::collective(CollectiveKind kind, Bytes bytes, int group_size, 
 }
 
 // t = median of the measured points   (ConstantModel), one family per host cost.
-Seconds CostModel::kernel_launch() const { return impl_->host_cost(0); }
-Seconds CostModel::framework_op() const { return impl_->host_cost(1); }
-Seconds CostModel::event_record() const { return impl_->host_cost(2); }
-Seconds CostModel::stream_sync() const { return impl_->host_cost(3); }
-Seconds CostModel::gpu_read() const { return impl_->host_cost(4); }
-Seconds CostModel::graph_launch() const { return impl_->host_cost(5); }
-Seconds CostModel::graph_node() const { return impl_->host_cost(6); }
-Seconds CostModel::collective_launch() const { return impl_->host_cost(7); }
+Seconds CostModel::kernel_launch() const { return impl_->host_cost(HostCost::kernel_launch); }
+Seconds CostModel::framework_op() const { return impl_->host_cost(HostCost::framework_op); }
+Seconds CostModel::event_record() const { return impl_->host_cost(HostCost::event_record); }
+Seconds CostModel::stream_sync() const { return impl_->host_cost(HostCost::stream_sync); }
+Seconds CostModel::gpu_read() const { return impl_->host_cost(HostCost::gpu_read); }
+Seconds CostModel::graph_launch() const { return impl_->host_cost(HostCost::graph_launch); }
+Seconds CostModel::graph_node() const { return impl_->host_cost(HostCost::graph_node); }
+Seconds CostModel::collective_launch() const { return impl_->host_cost(HostCost::collective_launch); }
 // Optional: 0 when the profile lacks it.
-Seconds CostModel::timing_marker() const { return impl_->host[8] ? impl_->host_cost(8) : Seconds(0.0); }
+Seconds CostModel::timing_marker() const {
+  return impl_->host_cost_or(HostCost::timing_marker, [&] { return Seconds(0.0); });
+}
 // Library calls (optional families): the family's median when the profile has it, else
 // kernel_launch.
-Seconds CostModel::gemm_launch() const { return impl_->host[9] ? impl_->host_cost(9) : kernel_launch(); }
-Seconds CostModel::grouped_gemm_launch() const { return impl_->host[10] ? impl_->host_cost(10) : kernel_launch(); }
-Seconds CostModel::attention_launch() const { return impl_->host[11] ? impl_->host_cost(11) : kernel_launch(); }
-Seconds CostModel::attention_bwd_launch() const { return impl_->host[12] ? impl_->host_cost(12) : kernel_launch(); }
+Seconds CostModel::gemm_launch() const {
+  return impl_->host_cost_or(HostCost::gemm_launch, [&] { return kernel_launch(); });
+}
+Seconds CostModel::grouped_gemm_launch() const {
+  return impl_->host_cost_or(HostCost::grouped_gemm_launch, [&] { return kernel_launch(); });
+}
+Seconds CostModel::attention_launch() const {
+  return impl_->host_cost_or(HostCost::attention_launch, [&] { return kernel_launch(); });
+}
+Seconds CostModel::attention_bwd_launch() const {
+  return impl_->host_cost_or(HostCost::attention_bwd_launch, [&] { return kernel_launch(); });
+}
 // Shape-aware forms (host.gemm_call: split-K predicted from k per output tile; host.grouped_gemm_call:
 // one matmul per run of equal rows); the median families above when the profile lacks them.
 Seconds CostModel::gemm_launch(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch) const {
@@ -300,18 +238,23 @@ Seconds CostModel::grouped_gemm_launch(std::int64_t groups, std::int64_t total_r
   return grouped_gemm_launch();
 }
 // The executor's per-op path (optional families): 0 / empty when the profile lacks them.
-Seconds CostModel::op_dispatch() const { return impl_->host[13] ? impl_->host_cost(13) : Seconds(0.0); }
-std::optional<Seconds> CostModel::record_op() const {
-  if (!impl_->host[14]) return std::nullopt;
-  return impl_->host_cost(14);
+Seconds CostModel::op_dispatch() const {
+  return impl_->host_cost_or(HostCost::op_dispatch, [&] { return Seconds(0.0); });
 }
-Seconds CostModel::stream_wait() const { return impl_->host[15] ? impl_->host_cost(15) : event_record(); }
+std::optional<Seconds> CostModel::record_op() const {
+  if (!impl_->has(HostCost::record_op)) return std::nullopt;
+  return impl_->host_cost(HostCost::record_op);
+}
+Seconds CostModel::stream_wait() const {
+  return impl_->host_cost_or(HostCost::stream_wait, [&] { return event_record(); });
+}
 // extra(N) of host.stream_cycle (StreamCycleModel); 0 when the profile lacks it.
 Seconds CostModel::stream_cycle_extra(int streams) const {
   return Seconds(impl_->stream_cycle ? impl_->stream_cycle->extra(streams) : 0.0);
 }
 bool CostModel::has_library_launch_costs() const {
-  return impl_->host[9] || impl_->host[10] || impl_->host[11] || impl_->host[12] || impl_->gemm_call ||
+  return impl_->has(HostCost::gemm_launch) || impl_->has(HostCost::grouped_gemm_launch) ||
+         impl_->has(HostCost::attention_launch) || impl_->has(HostCost::attention_bwd_launch) || impl_->gemm_call ||
          impl_->grouped_call;
 }
 

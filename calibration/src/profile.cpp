@@ -14,7 +14,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "codec.hpp"
+#include "families/module.hpp"
 #include "threewalls/core/error.hpp"
 #include "threewalls/core/hash.hpp"
 #include "threewalls/core/strings.hpp"

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "codec.hpp"
+#include "families/module.hpp"
 #include "threewalls/calibration/fit.hpp"
 #include "threewalls/core/error.hpp"
 #include "threewalls/core/strings.hpp"
@@ -20,20 +20,6 @@ const FamilySpec& spec_or_throw(std::string_view family) {
   if (auto near = nearest(family, names)) msg += " (did you mean '" + *near + "'?)";
   msg += "; known: " + join(names);
   throw InputError(msg);
-}
-
-// Fit order: what other fits read comes first.
-int fit_stage(const FamilySpec& s) {
-  switch (s.kind) {
-    case ModelKind::linear:
-      return 0;
-    case ModelKind::gemm:
-      return 1;
-    case ModelKind::grouped_gemm:
-      return 2;
-    default:
-      return 3;
-  }
 }
 
 // Errors are kept to 1e-6 (absolute) and 4 significant digits: below that they are floating-point
@@ -141,8 +127,9 @@ Profile ProfileBuilder::build() const {
   for (const auto& s : family_specs()) {
     if (points_.count(s.name)) order.push_back(&s);
   }
-  std::stable_sort(order.begin(), order.end(),
-                   [](const FamilySpec* a, const FamilySpec* b) { return fit_stage(*a) < fit_stage(*b); });
+  std::stable_sort(order.begin(), order.end(), [](const FamilySpec* a, const FamilySpec* b) {
+    return detail::module_of(*a).fit_stage < detail::module_of(*b).fit_stage;
+  });
   if (order.empty()) throw InputError("calibration profile " + info_.name + ": no points were added");
 
   std::vector<Family> fitted;

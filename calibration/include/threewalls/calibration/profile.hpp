@@ -8,6 +8,7 @@
 // to_toml() formats it (load -> save of a saved file reproduces it exactly), id() names it for
 // output headers. Profiles are built by ProfileBuilder (profile_builder.hpp), which runs the fits;
 // the CostModel (cost_model.hpp) evaluates them.
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <limits>
@@ -22,21 +23,18 @@ namespace threewalls::calibration {
 
 // ---- what a family is ------------------------------------------------------------------------
 
+// The model family modules, one per row of families.def (in table order): what a family's
+// registry entry, fit, prediction, checks and decoding belong to (calibration/src/families/).
 enum class ModelKind : std::uint8_t {
-  gemm,
-  grouped_gemm,
-  attention,
-  linear,
-  collective,
-  constant,
-  concurrency,
-  nccl_interference,  // compute beside a resident NCCL kernel (models.hpp, NcclInterferenceModel)
-  nccl_memory,        // NCCL device memory by stage (models.hpp, NcclMemoryModel)
-  kernel_terms,       // t0 + sum of per-unit terms of a kernel's shape (kernel_terms.hpp)
-  gemm_call,          // host time of one cuBLASLt GEMM call, split-K aware (models.hpp, GemmCallModel)
-  grouped_call,       // host time of one grouped-GEMM call by runs of equal rows (GroupedCallModel)
-  stream_cycle,       // host time per launch rotating over N streams (StreamCycleModel)
+#define THREEWALLS_CALIBRATION_FAMILY(module, group) module,
+#include "threewalls/calibration/families.def"
+#undef THREEWALLS_CALIBRATION_FAMILY
 };
+inline constexpr std::size_t kModelKinds = 0
+#define THREEWALLS_CALIBRATION_FAMILY(module, group) +1
+#include "threewalls/calibration/families.def"
+#undef THREEWALLS_CALIBRATION_FAMILY
+    ;
 
 // One input column of a family's points (all numbers; `integer` ones are written without a point).
 struct InputSpec {
@@ -62,7 +60,7 @@ struct ParamSpec {
 struct FamilySpec {
   std::string name;
   std::string model;
-  ModelKind kind = ModelKind::constant;
+  ModelKind kind = ModelKind::host;  // set by the family table
   std::vector<InputSpec> inputs;
   std::vector<ParamSpec> params;
   std::string description;

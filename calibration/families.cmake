@@ -1,0 +1,20 @@
+# Reads the family table (include/threewalls/calibration/families.def): the modules in table order
+# and the calibrate groups of their benchmarks (distinct, in order of first appearance). A change
+# of the table reconfigures.
+function(threewalls_calibration_family_rows modules_var groups_var)
+  set(_table ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/include/threewalls/calibration/families.def)
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${_table})
+  file(STRINGS ${_table} _rows REGEX "^THREEWALLS_CALIBRATION_FAMILY\\(")
+  set(_modules)
+  set(_groups)
+  foreach(_row IN LISTS _rows)
+    if(NOT _row MATCHES "^THREEWALLS_CALIBRATION_FAMILY\\( *([a-z0-9_]+) *, *([a-z0-9_]+) *\\)")
+      message(FATAL_ERROR "${_table}: cannot read the row '${_row}' (THREEWALLS_CALIBRATION_FAMILY(module, group))")
+    endif()
+    list(APPEND _modules ${CMAKE_MATCH_1})
+    list(APPEND _groups ${CMAKE_MATCH_2})
+  endforeach()
+  list(REMOVE_DUPLICATES _groups)
+  set(${modules_var} ${_modules} PARENT_SCOPE)
+  set(${groups_var} ${_groups} PARENT_SCOPE)
+endfunction()

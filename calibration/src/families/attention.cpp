@@ -1,0 +1,131 @@
+// Family module: attention, attention.fwd / attention.bwd, model attention_wave_v1 (models.hpp
+// AttentionModel), in its v1 form or the blocked form of the backend's unfused attention (pair_s).
+#include "decoded.hpp"
+#include "module.hpp"
+#include "threewalls/calibration/fit.hpp"
+
+namespace threewalls::calibration::detail {
+
+namespace {
+
+AttentionModel attention_of(const FamilySpec& s, const Params& p, const Hardware& hw) {
+  AttentionModel m;
+  m.tile_q = static_cast<int>(as_int(scalar(s, p, "tile_q")));
+  m.efficiency_max = scalar(s, p, "efficiency_max");
+  m.s_half = scalar(s, p, "s_half");
+  m.d_half = scalar(s, p, "d_half");
+  m.overhead_s = scalar(s, p, "overhead_s");
+  m.memory_bandwidth_bytes_per_s = scalar(s, p, "memory_bandwidth_bytes_per_s");
+  m.backward = s.backward;
+  m.device = device_of(hw, Dtype::bf16);
+  // Optional: present = blocked form (the backend's unfused attention); absent (older profiles) = v1.
+  if (const auto& ps = array(s, p, "pair_s"); !ps.empty()) {
+    m.blocked = true;
+    m.pair_s = ps.at(0);
+  }
+  return m;
+}
+
+AttentionShape attention_shape(const Point& p) {
+  AttentionShape s;
+  s.batch = as_int(p.inputs[0]);
+  s.seq_q = as_int(p.inputs[1]);
+  s.seq_kv = as_int(p.inputs[2]);
+  s.heads = as_int(p.inputs[3]);
+  s.kv_heads = as_int(p.inputs[4]);
+  s.head_dim_qk = as_int(p.inputs[5]);
+  s.head_dim_v = as_int(p.inputs[6]);
+  s.causal = as_int(p.inputs[7]) != 0;
+  return s;
+}
+
+void add_specs(std::vector<FamilySpec>& out) {
+  for (bool bwd : {false, true}) {
+    FamilySpec s;
+    s.name = attention_family(bwd);
+    s.model = "attention_wave_v1";
+    s.backward = bwd;
+    s.description = std::string("attention ") + (bwd ? "backward" : "forward") +
+                    " (bf16): t = max(F / (P e_max L/(L+s_half) d/(d+d_half) q) [+ b h pairs pair_s], B / BW) + t0";
+    s.inputs = {{"batch", true, "sequences"},
+                {"seq_q", true, "query length"},
+                {"seq_kv", true, "key/value length"},
+                {"heads", true, "query heads"},
+                {"kv_heads", true, "key/value heads (GQA: fewer than heads)"},
+                {"head_dim_qk", true, "head dimension of Q and K"},
+                {"head_dim_v", true, "head dimension of V"},
+                {"causal", true, "1 for a causal (bottom-right aligned) mask, 0 for none"}};
+    s.params = {
+        {"tile_q", true, false, "query rows per CTA"},
+        {"efficiency_max", false, false, "e_max: fraction of the bf16 peak at long sequences and large head dims"},
+        {"s_half", false, false, "keys per query row at which the sequence efficiency is half"},
+        {"d_half", false, false, "head dimension at which the head-dim efficiency is half"},
+        {"overhead_s", false, false, "t0: fixed time per kernel, seconds"},
+        {"memory_bandwidth_bytes_per_s", false, false, "HBM read+write bandwidth of the memory-bound limit"},
+        {"pair_s", false, true,
+         "blocked form (optional, one number): seconds per computed (query, key) pair and head, the score matrix's "
+         "passes through memory in the backend's unfused attention; with it, pairs are whole 512-row causal blocks",
+         true}};
+    out.push_back(s);
+  }
+}
+
+Params fit(const FamilySpec& spec, const std::vector<Point>& points, const FitContext& ctx) {
+  const Hardware& hw = *ctx.hardware;
+  std::vector<AttentionModel::Sample> s;
+  for (const auto& p : points) s.push_back({attention_shape(p), p.time.median_s});
+  // Both forms; the blocked one (the backend's unfused attention, one more parameter) only where it
+  // fits the points better: a measured calibration of threewalls' kernel, not the fused curve the
+  // default profiles are generated from (docs/calibration.md, "Attention").
+  const auto v1 = AttentionModel::fit(s, spec.backward, device_of(hw, Dtype::bf16), memory_bandwidth(ctx), false);
+  const std::vector<double> measured = measured_medians(points);
+  auto median_error = [&](const AttentionModel& m) {
+    std::vector<double> predicted;
+    for (const auto& x : s) predicted.push_back(m.time_s(x.shape));
+    return fit::relative_error_stats(predicted, measured).median;
+  };
+  AttentionModel m = v1;
+  if (s.size() >= 5) {
+    const auto blocked = AttentionModel::fit(s, spec.backward, device_of(hw, Dtype::bf16), memory_bandwidth(ctx), true);
+    if (median_error(blocked) < median_error(v1)) m = blocked;
+  }
+  Params out{{static_cast<double>(m.tile_q)},
+             {m.efficiency_max},
+             {m.s_half},
+             {m.d_half},
+             {m.overhead_s},
+             {m.memory_bandwidth_bytes_per_s},
+             {}};
+  if (m.blocked) out[6] = {m.pair_s};
+  return round_all(out);
+}
+
+double predict_point(const FamilySpec& spec, const Params& params, const Point& p, const Hardware& hw) {
+  return attention_of(spec, params, hw).time_s(attention_shape(p));
+}
+
+std::optional<std::string> check(const FamilySpec& spec, const Params& params) {
+  auto s = [&](std::string_view k) { return scalar(spec, params, k); };
+  if (s("tile_q") < 1) return "'tile_q' must be at least 1";
+  if (!(s("efficiency_max") > 0)) return "'efficiency_max' must be > 0";
+  if (s("s_half") < 0 || s("d_half") < 0) return "'s_half' and 'd_half' must be >= 0";
+  if (s("overhead_s") < 0) return "'overhead_s' must be >= 0";
+  if (!(s("memory_bandwidth_bytes_per_s") > 0)) return "'memory_bandwidth_bytes_per_s' must be > 0";
+  if (const auto& ps = array(spec, params, "pair_s"); ps.size() > 1 || (!ps.empty() && ps[0] < 0)) {
+    return "'pair_s' is optional: absent, or one number >= 0 in [ ]";
+  }
+  return std::nullopt;
+}
+
+void store(const Family& f, const Hardware& hw, DecodedModels& models) {
+  models.attention[f.spec().backward ? 1 : 0] = attention_of(f.spec(), f.params, hw);
+}
+
+}  // namespace
+
+const FamilyModule& attention_module() {
+  static const FamilyModule m{3, add_specs, fit, predict_point, check, store, nullptr};
+  return m;
+}
+
+}  // namespace threewalls::calibration::detail
