@@ -5,7 +5,8 @@
 # LD_LIBRARY_PATH, as often as new ones turn up missing: the machine's own copies stay in charge.
 # Sets CARRIED_LIBS to that folder.
 link_carried_libs() {
-  local bin=$1 missing l
+  local bin missing l
+  bin=$(cd "$1" && pwd)  # absolute: the links live in a temporary folder
   shift
   CARRIED_LIBS=$(mktemp -d)
   export LD_LIBRARY_PATH="$CARRIED_LIBS:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"

@@ -407,12 +407,14 @@ class Model:
         else:
             dev_counts = torch.bincount(idx.reshape(-1), minlength=E)
             offs = torch.cumsum(dev_counts, 0).to(torch.int32)
-        if self.s.step["sync_routing_stats"] or (counts is None and not _grouped_on_device(y)):
+        # The per-expert loop (eager or streams, one EP rank) slices rows on the host: it always needs them.
+        per_expert_loop = not (self.expert_kind == "grouped" or self.ep > 1)
+        if self.s.step["sync_routing_stats"] or (counts is None and (per_expert_loop or not _grouped_on_device(y))):
             with c.prof.host_phase(c.info("moe_routing_stats_read_fwd", wall="host", nbytes=E * 8.0, host=True)):
                 counts = torch.bincount(idx.reshape(-1), minlength=E).tolist()
         self._dev_offs = offs
         shared_out = self._shared(c, y) if self._shared_stream is not None else None
-        if self.expert_kind == "grouped" or self.ep > 1:
+        if not per_expert_loop:
             combined = self._moe_permuted(c, y, idx, weights, counts)
         else:
             combined = self._moe_per_expert_local(c, y, idx, weights, counts)
