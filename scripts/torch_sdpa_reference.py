@@ -34,7 +34,10 @@ def attention_flops(c, backward):
     return 2.5 * fwd if backward else fwd
 
 
-def time_ms(torch, fn, warmup, reps):
+def time_ms(torch, fn, warmup, reps, inner):
+    """Each sample is `inner` back-to-back calls between two events, divided by `inner`: the GPU's time
+    per call with Python's dispatch hidden behind the queued work (one call between events would add
+    the host's launch latency to a kernel of a fraction of a millisecond)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -43,10 +46,11 @@ def time_ms(torch, fn, warmup, reps):
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(inner):
+            fn()
         end.record()
         end.synchronize()
-        samples.append(start.elapsed_time(end))
+        samples.append(start.elapsed_time(end) / inner)
     return samples
 
 
@@ -70,12 +74,12 @@ def measure(torch, F, backend, c, direction, expand, args):
 
     with sdpa_kernel([backend]):
         if direction == "fwd":
-            samples = time_ms(torch, forward, args.warmup, args.reps)
+            samples = time_ms(torch, forward, args.warmup, args.reps, args.inner)
         else:
             out = forward()
             grad = torch.randn_like(out)
             samples = time_ms(
-                torch, lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True), args.warmup, args.reps)
+                torch, lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True), args.warmup, args.reps, args.inner)
     del q, k, v
     torch.cuda.empty_cache()
     return samples
@@ -86,6 +90,7 @@ def main():
     p.add_argument("--shapes", required=True, help="JSON from kernel_bench --attention-shapes")
     p.add_argument("--out", required=True, help="where to write the results (JSON)")
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--inner", type=int, default=10, help="back-to-back calls per timed sample")
     p.add_argument("--reps", type=int, default=30)
     args = p.parse_args()
     if args.reps < 20:
@@ -138,6 +143,7 @@ def main():
         "cudnn": torch.backends.cudnn.version(),
         "device": torch.cuda.get_device_name(0),
         "warmup": args.warmup,
+        "inner": args.inner,
         "reps": args.reps,
         "results": results,
     }
