@@ -17,6 +17,7 @@
 #include "expand_internal.hpp"
 #include "threewalls/core/error.hpp"
 #include "threewalls/scenarios/routing.hpp"
+#include "threewalls/scenarios/stages.hpp"
 #include "threewalls/scenarios/step_graph.hpp"
 #include "threewalls/scenarios/stepper.hpp"
 
@@ -173,8 +174,7 @@ struct Ctx {
   const TrainSpec* train;  // null for inference
   bool tp_comm_overlap;
   bool shared_overlap;
-  std::vector<int> vstage_first;  // first layer of each virtual stage
-  std::vector<int> vstage_count;  // layers of each virtual stage
+  const StageSplit stages;
 
   // Training step.
   explicit Ctx(const Scenario& sc) : Ctx(sc, sc.train->micro_batch_size, sc.train->seq_length, sc.train->seq_length, true) {
@@ -182,64 +182,20 @@ struct Ctx {
   }
 
   Ctx(const Scenario& sc, int batch, int seq_q, std::int64_t kv, bool is_training)
-      : s(sc),
-        layout(sc),
-        tp(sc.parallel.tp),
-        cp(sc.parallel.cp),
-        pp(sc.parallel.pp),
-        vpp(sc.parallel.vpp),
-        dp(sc.parallel.dp),
-        ep(sc.parallel.ep),
-        etp(sc.parallel.etp),
-        edp(sc.parallel.edp),
-        sp(sc.parallel.sequence_parallel),
-        mbs(batch),
-        seq(seq_q),
-        seq_kv(kv),
-        num_mb(1),
-        training(is_training),
-        causal(seq_q == kv),
-        h(sc.model.hidden_size),
-        T(static_cast<std::int64_t>(batch) * seq_q / sc.parallel.cp),
-        Tsp(0),
-        vocab(sc.model.padded_vocab_size(sc.parallel.tp)),
-        E(sc.model.num_experts),
-        E_loc(sc.model.is_moe() ? sc.model.num_experts / sc.parallel.ep : 0),
-        topk(sc.model.moe_router_topk),
-        ffn(sc.model.ffn_hidden_size),
-        ffn_e(sc.model.is_moe() ? sc.model.moe_ffn_hidden_size / sc.parallel.etp : 0),
-        ffn_shared(sc.model.moe_shared_expert_intermediate_size),
-        swiglu(sc.model.swiglu),
+      : s(sc), layout(sc), tp(sc.parallel.tp), cp(sc.parallel.cp), pp(sc.parallel.pp), vpp(sc.parallel.vpp),
+        dp(sc.parallel.dp), ep(sc.parallel.ep), etp(sc.parallel.etp), edp(sc.parallel.edp),
+        sp(sc.parallel.sequence_parallel), mbs(batch), seq(seq_q), seq_kv(kv), num_mb(1), training(is_training),
+        causal(seq_q == kv), h(sc.model.hidden_size), T(static_cast<std::int64_t>(batch) * seq_q / sc.parallel.cp),
+        Tsp(0), vocab(sc.model.padded_vocab_size(sc.parallel.tp)), E(sc.model.num_experts),
+        E_loc(sc.model.is_moe() ? sc.model.num_experts / sc.parallel.ep : 0), topk(sc.model.moe_router_topk),
+        ffn(sc.model.ffn_hidden_size), ffn_e(sc.model.is_moe() ? sc.model.moe_ffn_hidden_size / sc.parallel.etp : 0),
+        ffn_shared(sc.model.moe_shared_expert_intermediate_size), swiglu(sc.model.swiglu),
         gemm_elt(sc.exec().precision == Precision::fp8 ? 1.0 : 2.0),
-        gemm_dtype(sc.exec().precision == Precision::fp8 ? DType::fp8 : DType::bf16),
-        exec(sc.exec()),
-        train(sc.train ? &*sc.train : nullptr),
-        tp_comm_overlap(sc.train && sc.train->tp_comm_overlap),
-        shared_overlap(sc.train && sc.train->moe_shared_expert_overlap) {
+        gemm_dtype(sc.exec().precision == Precision::fp8 ? DType::fp8 : DType::bf16), exec(sc.exec()),
+        train(sc.train ? &*sc.train : nullptr), tp_comm_overlap(sc.train && sc.train->tp_comm_overlap),
+        shared_overlap(sc.train && sc.train->moe_shared_expert_overlap), stages(sc) {
     Tsp = sp ? T / tp : T;
-    const int vstages = pp * vpp;
-    vstage_count.assign(static_cast<std::size_t>(vstages), 0);
-    const auto& p = sc.parallel;
-    if (!p.layers_per_stage.empty()) {
-      for (int v = 0; v < vstages; ++v) vstage_count[static_cast<std::size_t>(v)] = p.layers_per_stage[static_cast<std::size_t>(v)];
-    } else if (p.first_stage_layers || p.last_stage_layers) {
-      int rest_stages = pp - (p.first_stage_layers ? 1 : 0) - (p.last_stage_layers ? 1 : 0);
-      int rest = sc.model.num_layers - p.first_stage_layers - p.last_stage_layers;
-      for (int v = 0; v < vstages; ++v) vstage_count[static_cast<std::size_t>(v)] = rest_stages > 0 ? rest / rest_stages : 0;
-      if (p.first_stage_layers) vstage_count.front() = p.first_stage_layers;
-      if (p.last_stage_layers) vstage_count.back() = p.last_stage_layers;
-    } else {
-      for (auto& c : vstage_count) c = sc.model.num_layers / vstages;
-    }
-    vstage_first.assign(static_cast<std::size_t>(vstages), 0);
-    for (int v = 1; v < vstages; ++v) {
-      vstage_first[static_cast<std::size_t>(v)] = vstage_first[static_cast<std::size_t>(v - 1)] + vstage_count[static_cast<std::size_t>(v - 1)];
-    }
   }
-
-  [[nodiscard]] int vstage(int stage, int chunk) const { return chunk * pp + stage; }
-  [[nodiscard]] bool is_first_vstage(int stage, int chunk) const { return vstage(stage, chunk) == 0; }
-  [[nodiscard]] bool is_last_vstage(int stage, int chunk) const { return vstage(stage, chunk) == pp * vpp - 1; }
 };
 
 // Per-class information (routing load, stage).
@@ -1056,15 +1012,10 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
 
   // Layers of each chunk on this stage, and parameters.
   std::vector<std::vector<int>> chunk_layers(static_cast<std::size_t>(c.vpp));
-  for (int ch = 0; ch < c.vpp; ++ch) {
-    int v = c.vstage(stage, ch);
-    for (int l = 0; l < c.vstage_count[static_cast<std::size_t>(v)]; ++l) {
-      chunk_layers[static_cast<std::size_t>(ch)].push_back(c.vstage_first[static_cast<std::size_t>(v)] + l);
-      rc.layers.push_back(c.vstage_first[static_cast<std::size_t>(v)] + l);
-    }
-  }
-  const bool has_embedding = c.is_first_vstage(stage, 0);
-  const bool has_head = c.is_last_vstage(stage, c.vpp - 1);
+  for (int ch = 0; ch < c.vpp; ++ch) chunk_layers[static_cast<std::size_t>(ch)] = c.stages.chunk_layers(stage, ch);
+  rc.layers = c.stages.stage_layers(stage);
+  const bool has_embedding = c.stages.is_first_vstage(stage, 0);
+  const bool has_head = c.stages.is_last_vstage(stage, c.vpp - 1);
   const double emb_params = static_cast<double>(c.vocab) / c.tp * c.h;
   double head_params = c.h + (c.s.model.untie_embeddings_and_output_weights || c.pp > 1 ? emb_params : 0.0);
   rc.dense_params = 0;
@@ -1251,8 +1202,8 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
     const int ch = item.chunk;
     const int mb = item.mb;
     const auto& ls = chunk_layers[static_cast<std::size_t>(ch)];
-    const bool first_v = c.is_first_vstage(stage, ch);
-    const bool last_v = c.is_last_vstage(stage, ch);
+    const bool first_v = c.stages.is_first_vstage(stage, ch);
+    const bool last_v = c.stages.is_last_vstage(stage, ch);
     const int first_layer = ls.empty() ? -1 : ls.front();
     const int last_layer = ls.empty() ? -1 : ls.back();
     if (item.forward) {

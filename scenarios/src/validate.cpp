@@ -8,6 +8,7 @@
 
 #include "threewalls/core/strings.hpp"
 #include "threewalls/scenarios/rules.hpp"
+#include "threewalls/scenarios/stages.hpp"
 
 namespace threewalls::scenarios {
 namespace {
@@ -183,22 +184,16 @@ void check_model(Scenario& s, Reporter& r) {
   }
 }
 
+// The fewest layers of any pipeline stage (needs a split that satisfies rule pp-layers).
 int stage_layers_min(const Scenario& s) {
-  const auto& p = s.parallel;
-  if (!p.layers_per_stage.empty() && static_cast<long long>(p.layers_per_stage.size()) == mul(p.pp, p.vpp)) {
-    // layers of a pipeline rank = sum over its chunks (in 64 bits: up to 10^6 per entry, any number of entries)
-    long long best = std::numeric_limits<int>::max();
-    for (int st = 0; st < p.pp; ++st) {
-      long long sum = 0;
-      for (int c = 0; c < p.vpp; ++c) sum += p.layers_per_stage[static_cast<std::size_t>(c * p.pp + st)];
-      best = std::min(best, sum);
-    }
-    return static_cast<int>(best);
-  }
-  return s.model.num_layers / p.pp;
+  const StageSplit split(s);
+  auto fewest = std::numeric_limits<std::size_t>::max();
+  for (int st = 0; st < s.parallel.pp; ++st) fewest = std::min(fewest, split.stage_layers(st).size());
+  return static_cast<int>(fewest);
 }
 
-void check_parallel(Scenario& s, Reporter& r) {
+// Checks the parallel layout; returns whether the layer-to-stage split satisfies rule pp-layers.
+bool check_parallel(Scenario& s, Reporter& r) {
   auto& p = s.parallel;
   const auto& m = s.model;
   const int world = s.world_size();
@@ -258,6 +253,7 @@ void check_parallel(Scenario& s, Reporter& r) {
            "ep = " + num(p.ep) + ", etp = " + num(p.etp) + " but the model has no experts (num_experts = 0)");
   }
   // pp-layers
+  const int failures_before_split = r.count();
   const long long vstages = mul(p.pp, p.vpp);
   if (!p.layers_per_stage.empty()) {
     if (p.first_stage_layers || p.last_stage_layers) {
@@ -292,12 +288,14 @@ void check_parallel(Scenario& s, Reporter& r) {
            "num_layers = " + num(m.num_layers) + " is not divisible by pp x vpp = " + num(p.pp) + " x " + num(p.vpp) +
                "; use layers_per_stage or first/last_stage_layers for an uneven split");
   }
+  const bool split_ok = r.count() == failures_before_split;
   if (p.vpp > 1 && p.pp == 1) r.fail("vpp-pp", "parallel.vpp", "vpp = " + num(p.vpp) + " needs pp > 1");
   if (p.sequence_parallel && p.tp == 1) r.fail("sp-tp", "parallel.sequence_parallel", "sequence_parallel needs tp > 1");
   if (m.is_moe() && p.tp > 1 && p.ep > 1 && !p.sequence_parallel) {
     r.fail("moe-tp-sp", "parallel.sequence_parallel",
            "an MoE model with tp = " + num(p.tp) + " and ep = " + num(p.ep) + " needs sequence_parallel = true");
   }
+  return split_ok;
 }
 
 void check_exec(const Scenario& s, const ExecOptions& e, const std::string& t, Reporter& r) {
@@ -330,7 +328,7 @@ void check_exec(const Scenario& s, const ExecOptions& e, const std::string& t, R
   }
 }
 
-void check_train(Scenario& s, Reporter& r) {
+void check_train(Scenario& s, Reporter& r, bool split_ok) {
   auto& t = *s.train;
   const auto& p = s.parallel;
   const auto& m = s.model;
@@ -381,7 +379,7 @@ void check_train(Scenario& s, Reporter& r) {
     r.fail("recompute", "train.recompute_modules", "recompute_modules only apply to recompute_granularity = \"selective\"");
   }
   if (t.recompute_granularity == RecomputeGranularity::full && t.recompute_method == RecomputeMethod::block &&
-      p.pp > 0 && s.model.num_layers > 0) {
+      split_ok) {
     int per_stage = stage_layers_min(s);
     if (t.recompute_num_layers > per_stage) {
       r.fail("recompute", "train.recompute_num_layers",
@@ -493,8 +491,8 @@ void validate_and_derive(Scenario& s, const KeyLocations& where, const std::stri
     s.cluster.gpu_memory = s.cluster.gpu == GpuKind::h100 ? gibibytes(79.6) : gibibytes(140.4);
   }
   check_model(s, r);
-  check_parallel(s, r);
-  if (s.train) check_train(s, r);
+  const bool split_ok = check_parallel(s, r);
+  if (s.train) check_train(s, r, split_ok);
   if (s.infer) check_infer(s, r);
   check_run(s, r, file);
 }

@@ -16,6 +16,7 @@
 #include "threewalls/core/strings.hpp"
 #include "threewalls/scenarios/layout.hpp"
 #include "threewalls/scenarios/registry.hpp"
+#include "threewalls/scenarios/stages.hpp"
 #include "threewalls/scenarios/step_graph.hpp"
 #include "threewalls/sim/executor.hpp"
 #include "threewalls/sim/platform.hpp"
@@ -155,36 +156,6 @@ std::vector<T> parse_list(const std::string& text, F parse_one) {
   for (const auto& raw : split(text, ',')) {
     T v = parse_one(trim(raw));
     if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
-  }
-  return out;
-}
-
-// The layers of each virtual stage (in Megatron's numbering: chunk c of stage s is entry c pp + s).
-std::vector<int> vstage_counts(const Scenario& s) {
-  const auto& p = s.parallel;
-  const int V = p.pp * p.vpp;
-  std::vector<int> count(static_cast<std::size_t>(V), 0);
-  if (!p.layers_per_stage.empty()) return p.layers_per_stage;
-  if (p.first_stage_layers || p.last_stage_layers) {
-    const int rest_stages = p.pp - (p.first_stage_layers ? 1 : 0) - (p.last_stage_layers ? 1 : 0);
-    const int rest = s.model.num_layers - p.first_stage_layers - p.last_stage_layers;
-    for (auto& c : count) c = rest_stages > 0 ? rest / rest_stages : 0;
-    if (p.first_stage_layers) count.front() = p.first_stage_layers;
-    if (p.last_stage_layers) count.back() = p.last_stage_layers;
-    return count;
-  }
-  for (auto& c : count) c = s.model.num_layers / V;
-  return count;
-}
-
-// Layers of pipeline stage `stage`, in chunk order.
-std::vector<int> stage_layers(const std::vector<int>& counts, int pp, int vpp, int stage) {
-  std::vector<int> first(counts.size(), 0);
-  for (std::size_t v = 1; v < counts.size(); ++v) first[v] = first[v - 1] + counts[v - 1];
-  std::vector<int> out;
-  for (int c = 0; c < vpp; ++c) {
-    const auto v = static_cast<std::size_t>(c * pp + stage);
-    for (int l = 0; l < counts[v]; ++l) out.push_back(first[v] + l);
   }
   return out;
 }
@@ -685,7 +656,7 @@ PlanRow PlanEstimator::evaluate(const Candidate& c) {
   const int pp = c.pp, vpp = c.vpp, m = t.num_microbatches;
 
   // ---- memory first: the memory model on a skeleton StepGraph (classes, stages, layers) ----
-  const std::vector<int> counts = vstage_counts(s);
+  const scenarios::StageSplit split(s);
   scenarios::StepGraph skel;
   skel.layout = scenarios::Layout(s);
   const scenarios::RoutingModel routing(c.ep, t.routing_imbalance);
@@ -699,7 +670,7 @@ PlanRow PlanEstimator::evaluate(const Candidate& c) {
       rc.label = "stage " + std::to_string(st);
       rc.ranks = {st * per_stage + (cold ? c.etp : 0)};
       rc.expert_load = split_hot ? routing.load(cold) : 1.0;
-      rc.layers = stage_layers(counts, pp, vpp, st);
+      rc.layers = split.stage_layers(st);
       skel.classes.push_back(std::move(rc));
     }
   }
@@ -720,7 +691,7 @@ PlanRow PlanEstimator::evaluate(const Candidate& c) {
   int crit = 0;
   for (int st = 0; st < pp; ++st) {
     Span sp;
-    for (int l : stage_layers(counts, pp, vpp, st)) {
+    for (int l : split.stage_layers(st)) {
       const int kind = s.model.layer_is_moe(l) ? 1 : 0;
       sp += red.fwd[kind];
       sp += red.bwd[kind];
@@ -740,7 +711,7 @@ PlanRow PlanEstimator::evaluate(const Candidate& c) {
   const Span& cs = stage[static_cast<std::size_t>(crit)];
   // Backward of the critical stage, one micro-batch (the window the last gradient buckets overlap).
   double crit_bwd = 0.0;
-  for (int l : stage_layers(counts, pp, vpp, crit)) crit_bwd += red.bwd[s.model.layer_is_moe(l) ? 1 : 0].span;
+  for (int l : split.stage_layers(crit)) crit_bwd += red.bwd[s.model.layer_is_moe(l) ? 1 : 0].span;
 
   PlanWalls w;
   w.compute_us = m * cs.compute;
