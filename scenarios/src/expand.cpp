@@ -914,7 +914,9 @@ LayerParams layer_params(const Ctx& c, int layer) {
   } else {
     lp.dense += h * (heads + 2.0 * m.num_query_groups) * m.kv_channels / c.tp + heads * m.kv_channels * h / c.tp;
   }
-  lp.dense += 2 * h;  // two norms
+  // Two norms: RMSNorm has a weight (h), LayerNorm a weight and a bias (2h).
+  const double norm = m.normalization == Normalization::layernorm ? 2.0 * h : h;
+  lp.dense += 2 * norm;
   const double mats = c.swiglu ? 3.0 : 2.0;
   if (m.layer_is_moe(layer)) {
     lp.dense += h * c.E;  // router
@@ -1017,7 +1019,8 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
   const bool has_embedding = c.stages.is_first_vstage(stage, 0);
   const bool has_head = c.stages.is_last_vstage(stage, c.vpp - 1);
   const double emb_params = static_cast<double>(c.vocab) / c.tp * c.h;
-  double head_params = c.h + (c.s.model.untie_embeddings_and_output_weights || c.pp > 1 ? emb_params : 0.0);
+  const double final_norm = c.s.model.normalization == Normalization::layernorm ? 2.0 * c.h : c.h;
+  double head_params = final_norm + (c.s.model.untie_embeddings_and_output_weights || c.pp > 1 ? emb_params : 0.0);
   rc.dense_params = 0;
   rc.expert_params = 0;
   std::unordered_map<int, LayerParams> params;

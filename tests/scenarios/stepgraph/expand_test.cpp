@@ -393,3 +393,34 @@ nodes = 1
   EXPECT_EQ(count_phase(g, g.classes[0], "expert_fetch_h2d"), 0);
   EXPECT_EQ(count_phase(g, g.classes[0], "expert_wait"), 0);
 }
+
+// LayerNorm has a weight and a bias (2h per norm), as the memory model counts it: the dense
+// parameters that size the gradient buckets and the optimizer step count both.
+TEST(StepGraph, LayerNormParametersCountWeightAndBias) {
+  const Scenario s = test::scenario_from(R"(schema_version = 1
+[model]
+num_layers = 4
+hidden_size = 1024
+num_attention_heads = 16
+ffn_hidden_size = 4096
+vocab_size = 32000
+swiglu = false
+normalization = "layernorm"
+untie_embeddings_and_output_weights = false
+[train]
+micro_batch_size = 1
+global_batch_size = 8
+seq_length = 1024
+[cluster]
+gpu = "h100"
+gpus_per_node = 1
+nodes = 1
+)");
+  const double h = 1024;
+  const double layer = 4 * h * h + 2 * h * 4 * h + 2 * (2 * h);  // Q, K, V, O; fc1, fc2; two norms
+  const double emb = 32000 * h;                                  // 32000 is a multiple of 128: not padded
+  const StepGraph g = expand(s, 0);
+  ASSERT_EQ(g.classes.size(), 1U);
+  EXPECT_EQ(g.classes[0].dense_params, 4 * layer + emb + 2 * h);  // tied output layer, final norm
+  EXPECT_EQ(g.classes[0].expert_params, 0.0);
+}
