@@ -1,6 +1,6 @@
 #pragma once
-// Internals shared by the GPU runner's files: the batch timer (events + blocking kernel), device
-// downloads for the correctness checks, and the collective team.
+// Internals shared by the GPU runner's files: the batch timer (events + blocking kernel), the
+// sampling loops, and device downloads for the correctness checks.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime_api.h>
@@ -88,52 +88,5 @@ class CheckLog {
 
 // Relative L2 error of two vectors (inf when `got` has a non-finite entry).
 double rel_l2(const std::vector<double>& got, const std::vector<double>& want);
-
-// ---- collectives ----
-class CollectiveBench {
- public:
-  CollectiveBench(std::uint64_t seed, Clock clock);
-  ~CollectiveBench();
-  CollectiveBench(const CollectiveBench&) = delete;
-  CollectiveBench& operator=(const CollectiveBench&) = delete;
-  // Sets up the team for the point's group size if needed (communicators, buffers of `max_bytes`),
-  // then measures and checks the point.
-  void measure(const StopRule& rule, double max_bytes, Record& r);
-
- private:
-  struct Team;
-  std::unique_ptr<Team> team_;
-  std::uint64_t seed_;
-  Clock clock_;
-};
-
-// ---- compute beside resident NCCL kernels; NCCL memory (gpu_interference.cpp) ----
-// GPU 0 measured, GPU 1 the NCCL peer (a thread of its own). Construction measures the NCCL memory
-// stages on a fresh communicator pair (cudaMemGetInfo on both GPUs) and keeps the pair.
-class InterferenceBench {
- public:
-  struct MemoryStage {
-    std::string what;
-    double bytes = 0.0;       // allocated on GPU 0 (the measured rank) by the stage
-    double peer_bytes = 0.0;  // allocated on GPU 1
-    double seconds = 0.0;     // host time of the stage
-  };
-  // Throws when fewer than 2 GPUs are visible or a stage fails.
-  InterferenceBench(std::uint64_t seed, Clock clock);
-  ~InterferenceBench();
-  InterferenceBench(const InterferenceBench&) = delete;
-  InterferenceBench& operator=(const InterferenceBench&) = delete;
-  // Stage 0 communicator init, 1 first collectives, 2 first send/recv both directions.
-  [[nodiscard]] const MemoryStage& stage(int i) const;
-  // Samples of `work` (one run of the kernel on the given stream, GPU 0) while an NCCL kernel is
-  // resident (kase 0: pending receive, 1: 1 GiB all-reduce transferring), each paired with a sample
-  // alone. Fills r.samples_s (with NCCL), reps, stop, rel_ci and r.check; returns the alone median
-  // (seconds per run).
-  double measure(const StopRule& rule, int kase, const Work& work, Record& r);
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-};
 
 }  // namespace threewalls::calibration::bench::detail

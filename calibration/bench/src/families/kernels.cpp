@@ -1,7 +1,7 @@
 // The calibrate group "kernels": OpRunner's launch sequences of softmax_topk, permute, unpermute,
 // embedding, cross_entropy and optimizer ops (backend/src/op_runner.cpp, OpRunner::run), on buffers
 // of each point's shape, each checked against a CPU reference after timing.
-#include "gpu_kernels.hpp"
+#include "bench.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -21,15 +21,15 @@ namespace be = threewalls::backend;
 
 namespace {
 
-std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(std::max<std::int64_t>(v, 1)); }
+std::size_t at_least_one(std::int64_t v) { return static_cast<std::size_t>(std::max<std::int64_t>(v, 1)); }
 
 be::DeviceBuffer bf16_random(std::int64_t n, std::uint64_t seed, float scale, cudaStream_t s) {
-  be::DeviceBuffer b(sz(n) * 2);
+  be::DeviceBuffer b(at_least_one(n) * 2);
   be::fill_random(b.as<be::bf16>(), n, seed, scale, s);
   return b;
 }
 be::DeviceBuffer f32_random(std::int64_t n, std::uint64_t seed, bool positive, cudaStream_t s) {
-  be::DeviceBuffer b(sz(n) * 4);
+  be::DeviceBuffer b(at_least_one(n) * 4);
   if (positive) {
     be::fill_random_positive(b.as<float>(), n, seed, 1.0F, s);
   } else {
@@ -39,7 +39,7 @@ be::DeviceBuffer f32_random(std::int64_t n, std::uint64_t seed, bool positive, c
 }
 
 std::vector<std::int32_t> download_i32(const void* base, std::int64_t first, std::int64_t count) {
-  std::vector<std::int32_t> h(sz(count));
+  std::vector<std::int32_t> h(at_least_one(count));
   TW_CUDA_CHECK(cudaMemcpy(h.data(), static_cast<const std::int32_t*>(base) + first,
                            static_cast<std::size_t>(count) * sizeof(std::int32_t), cudaMemcpyDeviceToHost));
   return h;
@@ -51,12 +51,12 @@ struct Routing {
   be::DeviceBuffer ids, probs, counts, offsets, cursor, row_map;
   Routing(std::int64_t tokens, int k, std::uint64_t seed, cudaStream_t s) {
     const int e = be::OpRunnerConfig{}.route_experts;
-    ids = be::DeviceBuffer(sz(tokens * k) * 4);
-    probs = be::DeviceBuffer(sz(tokens * k) * 4);
-    counts = be::DeviceBuffer(sz(e) * 4);
-    offsets = be::DeviceBuffer(sz(e + 1) * 4);
-    cursor = be::DeviceBuffer(sz(e) * 4);
-    row_map = be::DeviceBuffer(sz(tokens * k) * 4);
+    ids = be::DeviceBuffer(at_least_one(tokens * k) * 4);
+    probs = be::DeviceBuffer(at_least_one(tokens * k) * 4);
+    counts = be::DeviceBuffer(at_least_one(e) * 4);
+    offsets = be::DeviceBuffer(at_least_one(e + 1) * 4);
+    cursor = be::DeviceBuffer(at_least_one(e) * 4);
+    row_map = be::DeviceBuffer(at_least_one(tokens * k) * 4);
     const be::DeviceBuffer logits = bf16_random(tokens * e, seed, 2.0F, s);
     be::softmax_topk(logits.as<be::bf16>(), ids.as<std::int32_t>(), probs.as<float>(), counts.as<std::int32_t>(),
                      tokens, e, k, true, s);
@@ -88,15 +88,10 @@ TopK topk_of(const std::vector<double>& logits, int k) {
 
 std::vector<std::int64_t> check_tokens(std::int64_t tokens) { return {0, tokens / 2, tokens - 1}; }
 
-}  // namespace
-
-bool is_kernel_op(std::string_view op) {
-  for (const auto& k : kernel_terms_families()) {
-    if (k.op == op && k.points_of.empty()) return true;
-  }
-  return false;
-}
-
+// Measures one point of the group: allocates its buffers, fills them with seeded random data, runs
+// the launch sequence OpRunner runs for the op (the routing of permute / unpermute built as
+// OpRunner::routing builds it), times it with measure_device and checks the output. Fills the
+// record's samples, reps, stop, rel_ci and check.
 void measure_kernel_point(const StopRule& rule, const Clock& clock, Timer& timer, cudaStream_t s, std::uint64_t seed,
                           Record& r) {
   const PointSpec& p = r.point;
@@ -109,7 +104,7 @@ void measure_kernel_point(const StopRule& rule, const Clock& clock, Timer& timer
     const int e = static_cast<int>(p.iparam("experts"));
     const int k = static_cast<int>(p.iparam("topk"));
     const be::DeviceBuffer logits = bf16_random(t * e, seed + 1, 2.0F, s);
-    be::DeviceBuffer ids(sz(t * k) * 4), probs(sz(t * k) * 4), counts(sz(e) * 4);
+    be::DeviceBuffer ids(at_least_one(t * k) * 4), probs(at_least_one(t * k) * 4), counts(at_least_one(e) * 4);
     auto* L = logits.as<be::bf16>();
     auto* I = ids.as<std::int32_t>();
     auto* P = probs.as<float>();
@@ -117,8 +112,9 @@ void measure_kernel_point(const StopRule& rule, const Clock& clock, Timer& timer
     if (op == "softmax_topk_fwd") {
       device([&](cudaStream_t st) { be::softmax_topk(L, I, P, C, t, e, k, true, st); });
       sync();
-      CheckLog log("top-k ids (ties: lower id) and renormalised probabilities of rows against a CPU softmax; "
-                   "expert counts sum to tokens x topk");
+      CheckLog log(
+          "top-k ids (ties: lower id) and renormalised probabilities of rows against a CPU softmax; "
+          "expert counts sum to tokens x topk");
       for (const auto row : check_tokens(t)) {
         const TopK ref = topk_of(download_bf16(L, row * e, e), k);
         const auto got_ids = download_i32(I, row * k, k);
@@ -129,7 +125,8 @@ void measure_kernel_point(const StopRule& rule, const Clock& clock, Timer& timer
           const auto iu = static_cast<std::size_t>(i);
           log.expect_near(got_ids[iu], ref.ids[iu], 0.5, "row " + std::to_string(row) + " id " + std::to_string(i));
           const double want = ref.p[static_cast<std::size_t>(ref.ids[iu])] / chosen;
-          log.expect_near(got_p[iu], want, 1e-3 * want + 1e-6, "row " + std::to_string(row) + " prob " + std::to_string(i));
+          log.expect_near(got_p[iu], want, 1e-3 * want + 1e-6,
+                          "row " + std::to_string(row) + " prob " + std::to_string(i));
         }
       }
       const auto cnt = download_i32(C, 0, e);
@@ -138,7 +135,7 @@ void measure_kernel_point(const StopRule& rule, const Clock& clock, Timer& timer
       r.check = log.passed();
     } else {
       const be::DeviceBuffer dprobs = f32_random(t * k, seed + 2, false, s);
-      be::DeviceBuffer dlogits(sz(t * e) * 2);
+      be::DeviceBuffer dlogits(at_least_one(t * e) * 2);
       be::softmax_topk(L, I, P, C, t, e, k, true, s);  // the ids the backward follows
       auto* D = dprobs.as<float>();
       auto* G = dlogits.as<be::bf16>();
@@ -175,7 +172,7 @@ void measure_kernel_point(const StopRule& rule, const Clock& clock, Timer& timer
     const std::int64_t rows = t * k;
     const be::DeviceBuffer a = bf16_random(rows * h, seed + 4, 1.0F, s);  // x / dout / expert_out
     const be::DeviceBuffer dy = bf16_random(t * h, seed + 5, 1.0F, s);    // unpermute_bwd's dy
-    be::DeviceBuffer out(sz(rows * h) * 2), dprobs(sz(rows) * 4);
+    be::DeviceBuffer out(at_least_one(rows * h) * 2), dprobs(at_least_one(rows) * 4);
     const auto* A = a.as<be::bf16>();
     auto* O = out.as<be::bf16>();
     const std::vector<std::int64_t> cols{0, h / 2, h - 1};
@@ -241,13 +238,13 @@ void measure_kernel_point(const StopRule& rule, const Clock& clock, Timer& timer
     const std::int64_t t = p.iparam("tokens");
     const std::int64_t h = p.iparam("hidden");
     const std::int64_t vocab = be::OpRunnerConfig{}.embedding_rows;
-    be::DeviceBuffer ids(sz(t) * 4);
+    be::DeviceBuffer ids(at_least_one(t) * 4);
     be::fill_random_ids(ids.as<std::int32_t>(), t, seed + 6, static_cast<std::int32_t>(vocab), s);
     const auto* I = ids.as<std::int32_t>();
     const be::DeviceBuffer rows = bf16_random(t * h, seed + 7, 1.0F, s);  // dout (bwd)
     if (op == "embedding_fwd") {
       const be::DeviceBuffer table = bf16_random(vocab * h, seed + 8, 1.0F, s);
-      be::DeviceBuffer out(sz(t * h) * 2);
+      be::DeviceBuffer out(at_least_one(t * h) * 2);
       device([&](cudaStream_t st) { be::embedding_fwd(I, table.as<be::bf16>(), out.as<be::bf16>(), t, h, vocab, st); });
       sync();
       CheckLog log("out[t] = table[ids[t]]");
@@ -260,7 +257,7 @@ void measure_kernel_point(const StopRule& rule, const Clock& clock, Timer& timer
       }
       r.check = log.passed();
     } else {
-      be::DeviceBuffer dtable(sz(vocab * h) * 4);
+      be::DeviceBuffer dtable(at_least_one(vocab * h) * 4);
       TW_CUDA_CHECK(cudaMemsetAsync(dtable.data(), 0, dtable.size(), s));
       auto* D = dtable.as<float>();
       device([&](cudaStream_t st) { be::embedding_bwd(I, rows.as<be::bf16>(), D, t, h, vocab, st); });
@@ -291,8 +288,8 @@ void measure_kernel_point(const StopRule& rule, const Clock& clock, Timer& timer
     const std::int64_t t = p.iparam("tokens");
     const std::int64_t v = p.iparam("shard");
     const be::DeviceBuffer logits = bf16_random(t * v, seed + 9, 4.0F, s);
-    be::DeviceBuffer targets(sz(t) * 4), row_max(sz(t) * 4), sum_exp(sz(t) * 4), target_logit(sz(t) * 4),
-        loss(sz(t) * 4);
+    be::DeviceBuffer targets(at_least_one(t) * 4), row_max(at_least_one(t) * 4), sum_exp(at_least_one(t) * 4),
+        target_logit(at_least_one(t) * 4), loss(at_least_one(t) * 4);
     be::fill_random_ids(targets.as<std::int32_t>(), t, seed + 10, static_cast<std::int32_t>(v), s);
     const auto* L = logits.as<be::bf16>();
     const auto* T = targets.as<std::int32_t>();
@@ -327,9 +324,10 @@ void measure_kernel_point(const StopRule& rule, const Clock& clock, Timer& timer
       r.check = log.passed();
     } else {
       const be::DeviceBuffer dloss = f32_random(t, seed + 11, false, s);
-      be::DeviceBuffer dlogits(sz(t * v) * 2);
+      be::DeviceBuffer dlogits(at_least_one(t * v) * 2);
       fwd(s);  // the statistics the backward reads
-      device([&](cudaStream_t st) { be::xent_bwd(L, M, S, T, 0, dloss.as<float>(), dlogits.as<be::bf16>(), t, v, st); });
+      device(
+          [&](cudaStream_t st) { be::xent_bwd(L, M, S, T, 0, dloss.as<float>(), dlogits.as<be::bf16>(), t, v, st); });
       sync();
       CheckLog log("dlogits = dloss (softmax - onehot(target)) of rows (relative L2)");
       for (const auto tok : check_tokens(t)) {
@@ -338,7 +336,8 @@ void measure_kernel_point(const StopRule& rule, const Clock& clock, Timer& timer
         const double g = download_f32(dloss.data(), tok, 1)[0];
         const auto target = static_cast<std::size_t>(download_i32(T, tok, 1)[0]);
         std::vector<double> want(row.size());
-        for (std::size_t j = 0; j < row.size(); ++j) want[j] = g * (std::exp(row[j] - mx) / sum - (j == target ? 1.0 : 0.0));
+        for (std::size_t j = 0; j < row.size(); ++j)
+          want[j] = g * (std::exp(row[j] - mx) / sum - (j == target ? 1.0 : 0.0));
         log.expect_near(rel_l2(download_bf16(dlogits.data(), tok * v, v), want), 0.0, 0.02,
                         "token " + std::to_string(tok));
       }
@@ -351,7 +350,7 @@ void measure_kernel_point(const StopRule& rule, const Clock& clock, Timer& timer
     const std::int64_t n = p.iparam("parameters");
     const be::DeviceBuffer master = f32_random(n, seed + 12, false, s), grad = f32_random(n, seed + 13, false, s);
     const be::DeviceBuffer m = f32_random(n, seed + 14, false, s), v = f32_random(n, seed + 15, true, s);
-    be::DeviceBuffer weight(sz(n) * 2);
+    be::DeviceBuffer weight(at_least_one(n) * 2);
     auto* W = master.as<float>();
     auto* G = grad.as<float>();
     auto* Mm = m.as<float>();
@@ -367,8 +366,8 @@ void measure_kernel_point(const StopRule& rule, const Clock& clock, Timer& timer
     };
     std::vector<State> before;
     for (const auto i : at) {
-      before.push_back({download_f32(W, i, 1)[0], download_f32(G, i, 1)[0], download_f32(Mm, i, 1)[0],
-                        download_f32(V, i, 1)[0]});
+      before.push_back(
+          {download_f32(W, i, 1)[0], download_f32(G, i, 1)[0], download_f32(Mm, i, 1)[0], download_f32(V, i, 1)[0]});
     }
     be::adam_step(W, G, Mm, V, B, n, ap, s);
     sync();
@@ -383,12 +382,27 @@ void measure_kernel_point(const StopRule& rule, const Clock& clock, Timer& timer
       const double want = b.w - lr * ((mi / bc1) / (std::sqrt(vi / bc2) + eps) + wd * b.w);
       const std::string where = "parameter " + std::to_string(at[i]);
       log.expect_near(download_f32(W, at[i], 1)[0], want, 1e-5 * std::fabs(want) + 1e-7, where);
-      log.expect_near(download_bf16(B, at[i], 1)[0], bf16_round(want), 0.01 * std::fabs(want) + 1e-6, where + " (bf16)");
+      log.expect_near(download_bf16(B, at[i], 1)[0], bf16_round(want), 0.01 * std::fabs(want) + 1e-6,
+                      where + " (bf16)");
     }
     r.check = log.passed();
     return;
   }
   throw std::logic_error("kernels group: no handler for op " + op);
 }
+
+class KernelsBench final : public GroupBench {
+ public:
+  using GroupBench::GroupBench;
+  // Every point allocates its own buffers (shapes differ too much to share them).
+  void begin(const std::vector<PointSpec>& /*points*/) override {}
+  void measure(const StopRule& rule, Record& r) override {
+    measure_kernel_point(rule, ctx_.clock, *ctx_.timer, s(), opt().seed + 91, r);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<GroupBench> make_kernels_bench(const BenchContext& ctx) { return std::make_unique<KernelsBench>(ctx); }
 
 }  // namespace threewalls::calibration::bench::detail

@@ -14,7 +14,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include "gpu_internal.hpp"
+#include "bench.hpp"
 #include "threewalls/backend/error.hpp"
 #include "threewalls/backend/kernels.hpp"
 #include "threewalls/backend/nccl.hpp"
@@ -22,6 +22,23 @@
 namespace threewalls::calibration::bench::detail {
 
 namespace be = threewalls::backend;
+
+class CollectiveBench {
+ public:
+  CollectiveBench(std::uint64_t seed, Clock clock);
+  ~CollectiveBench();
+  CollectiveBench(const CollectiveBench&) = delete;
+  CollectiveBench& operator=(const CollectiveBench&) = delete;
+  // Sets up the team for the point's group size if needed (communicators, buffers of `max_bytes`),
+  // then measures and checks the point.
+  void measure(const StopRule& rule, double max_bytes, Record& r);
+
+ private:
+  struct Team;
+  std::unique_ptr<Team> team_;
+  std::uint64_t seed_;
+  Clock clock_;
+};
 
 namespace {
 constexpr auto kCommTimeout = std::chrono::seconds(30);
@@ -81,13 +98,8 @@ struct CollectiveBench::Team {
   std::string broken;  // why the team can no longer be used
 
   Team(int size, double bytes, std::uint64_t base_seed)
-      : n(size),
-        max_bytes(bytes),
-        seed(base_seed),
-        meet(size),
-        times(static_cast<std::size_t>(size)),
-        errors(static_cast<std::size_t>(size)),
-        checks(static_cast<std::size_t>(size)) {}
+      : n(size), max_bytes(bytes), seed(base_seed), meet(size), times(static_cast<std::size_t>(size)),
+        errors(static_cast<std::size_t>(size)), checks(static_cast<std::size_t>(size)) {}
 
   std::uint64_t rank_seed(int r) const { return seed + 1000 + static_cast<std::uint64_t>(r); }
   double value(int r, std::size_t i) const {
@@ -308,6 +320,28 @@ void CollectiveBench::measure(const StopRule& rule, double max_bytes, Record& r)
     if (!c.empty()) all += (all.empty() ? "" : "; ") + c;
   }
   r.check = all;
+}
+
+namespace {
+
+class CollectiveGroupBench final : public GroupBench {
+ public:
+  using GroupBench::GroupBench;
+  void begin(const std::vector<PointSpec>& points) override {
+    for (const auto& p : points) max_bytes_ = std::max(max_bytes_, p.bytes);
+    collectives_ = std::make_unique<CollectiveBench>(opt().seed, ctx_.clock);
+  }
+  void measure(const StopRule& rule, Record& r) override { collectives_->measure(rule, max_bytes_, r); }
+
+ private:
+  double max_bytes_ = 0.0;  // the largest point of the section: every team's buffers hold it
+  std::unique_ptr<CollectiveBench> collectives_;
+};
+
+}  // namespace
+
+std::unique_ptr<GroupBench> make_collective_bench(const BenchContext& ctx) {
+  return std::make_unique<CollectiveGroupBench>(ctx);
 }
 
 }  // namespace threewalls::calibration::bench::detail

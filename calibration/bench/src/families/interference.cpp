@@ -30,24 +30,54 @@
 #include <condition_variable>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
-#include "gpu_internal.hpp"
+#include "bench.hpp"
 #include "threewalls/backend/error.hpp"
 #include "threewalls/backend/handles.hpp"
 #include "threewalls/backend/kernels.hpp"
 #include "threewalls/backend/nccl.hpp"
+#include "threewalls/backend/op_runner.hpp"
 #include "threewalls/calibration/fit.hpp"
 
 namespace threewalls::calibration::bench::detail {
 
 namespace be = threewalls::backend;
 
+// GPU 0 measured, GPU 1 the NCCL peer (a thread of its own). Construction measures the NCCL memory
+// stages on a fresh communicator pair (cudaMemGetInfo on both GPUs) and keeps the pair.
+class InterferenceBench {
+ public:
+  struct MemoryStage {
+    std::string what;
+    double bytes = 0.0;       // allocated on GPU 0 (the measured rank) by the stage
+    double peer_bytes = 0.0;  // allocated on GPU 1
+    double seconds = 0.0;     // host time of the stage
+  };
+  // Throws when fewer than 2 GPUs are visible or a stage fails.
+  InterferenceBench(std::uint64_t seed, Clock clock);
+  ~InterferenceBench();
+  InterferenceBench(const InterferenceBench&) = delete;
+  InterferenceBench& operator=(const InterferenceBench&) = delete;
+  // Stage 0 communicator init, 1 first collectives, 2 first send/recv both directions.
+  [[nodiscard]] const MemoryStage& stage(int i) const;
+  // Samples of `work` (one run of the kernel on the given stream, GPU 0) while an NCCL kernel is
+  // resident (kase 0: pending receive, 1: 1 GiB all-reduce transferring), each paired with a sample
+  // alone. Fills r.samples_s (with NCCL), reps, stop, rel_ci and r.check; returns the alone median
+  // (seconds per run).
+  double measure(const StopRule& rule, int kase, const Work& work, Record& r);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 namespace {
 
 constexpr auto kCommTimeout = std::chrono::seconds(30);
-constexpr auto kPeerTimeout = std::chrono::seconds(90);  // longer than a communicator's own timeout
+constexpr auto kPeerTimeout = std::chrono::seconds(90);               // longer than a communicator's own timeout
 constexpr std::size_t kBigElements = std::size_t{512} * 1024 * 1024;  // 1 GiB of bf16: the all-reduce
 constexpr std::size_t kSmallElements = std::size_t{512} * 1024;       // 1 MiB of bf16
 constexpr std::size_t kP2pElements = std::size_t{4} * 1024 * 1024;    // 8 MiB: a pipeline activation
@@ -399,6 +429,163 @@ double InterferenceBench::measure(const StopRule& rule, int kase, const Work& wo
             " in " + std::to_string(held) + " of " + std::to_string(taken) + " samples; alone median " +
             std::to_string(alone_s * 1e6) + " us";
   return alone_s;
+}
+
+namespace {
+
+class InterferenceGroupBench final : public GroupBench {
+ public:
+  using GroupBench::GroupBench;
+
+  void begin(const std::vector<PointSpec>& points) override {
+    // GEMM operands of at least kRotationBytes (cold L2, as in the gemm section); the residual add
+    // uses the same buffers; attention has its own (the attention section's layout).
+    double a = 1, b = 1, c = 1, attn = 1, rows = 1;
+    for (const auto& p : points) {
+      if (p.op != "nccl_interference") continue;
+      const auto kind = p.iparam("kernel");
+      if (kind == 0) {
+        a = std::max(a, p.param("m") * p.param("k"));
+        b = std::max(b, p.param("k") * p.param("n"));
+        c = std::max(c, p.param("m") * p.param("n"));
+      } else if (kind == 1) {
+        attn = std::max(attn, p.param("batch") * p.param("heads") * p.param("seq") * p.param("head_dim"));
+        rows = std::max(rows, p.param("batch") * p.param("heads") * p.param("seq"));
+      } else {
+        a = std::max(a, p.param("elements"));
+        b = std::max(b, p.param("elements"));
+        c = std::max(c, p.param("elements"));
+      }
+    }
+    const double floor_elems = static_cast<double>(kRotationBytes) / 2.0;
+    buf_[0] = random_bf16(sz(std::max(a, floor_elems)), opt().seed + 81, s());
+    buf_[1] = random_bf16(sz(std::max(b, floor_elems)), opt().seed + 82, s());
+    buf_[2] = be::DeviceBuffer(sz(std::max(c, floor_elems)) * 2);
+    buf_[3] = random_bf16(sz(attn), opt().seed + 83, s());  // Q
+    buf_[4] = random_bf16(sz(attn), opt().seed + 84, s());  // K
+    buf_[5] = random_bf16(sz(attn), opt().seed + 85, s());  // V
+    buf_[6] = be::DeviceBuffer(sz(attn) * 2 * 4);           // O, dQ, dK, dV
+    buf_[7] = random_bf16(sz(attn), opt().seed + 86, s());  // dO
+    buf_[8] = be::DeviceBuffer(sz(rows) * 4);               // lse
+    attention_ = std::make_unique<be::Attention>(*ctx_.lt, be::OpRunnerConfig{}.attention_workspace);
+    TW_CUDA_CHECK(cudaStreamSynchronize(s()));
+    interference_ = std::make_unique<InterferenceBench>(opt().seed + 87, ctx_.clock);
+  }
+
+  void measure(const StopRule& rule, Record& r) override {
+    if (r.point.op == "nccl_memory") return measure_nccl_memory(r);
+    if (r.point.op == "nccl_interference") return measure_interference(rule, r);
+    throw std::logic_error("calibrate group interference: no benchmark for op " + r.point.op);
+  }
+
+ private:
+  void measure_nccl_memory(Record& r) {
+    if (!interference_) throw std::logic_error("nccl_memory outside the interference section");
+    const auto& st = interference_->stage(static_cast<int>(r.point.iparam("stage")));
+    r.point.inputs[2] = std::max(0.0, st.bytes);  // cudaMemGetInfo deltas; a release reads as 0
+    r.point.params.push_back({"peer_gpu_bytes", st.peer_bytes});
+    r.samples_s = {std::max(st.seconds, 1e-9)};
+    r.reps = 1;
+    r.stop = "one observation: the stage happens once on a fresh communicator pair";
+    r.rel_ci = 0.0;
+    r.check = "passed: " + st.what + ": GPU 0 " + std::to_string(st.bytes / 1048576.0) + " MiB, GPU 1 " +
+              std::to_string(st.peer_bytes / 1048576.0) +
+              " MiB (cudaMemGetInfo); the send/recv stage checked the "
+              "received data";
+  }
+
+  void measure_interference(const StopRule& rule, Record& r) {
+    if (!interference_) throw std::logic_error("nccl_interference outside the interference section");
+    const auto& p = r.point;
+    const int kase = static_cast<int>(p.iparam("case"));
+    const auto kind = p.iparam("kernel");
+    Work w;
+    std::function<std::string()> check;
+    std::optional<Rotation> ra, rb, rc;
+    be::GemmShape g{};
+    std::size_t run = 0;
+    if (kind == 0) {
+      g = be::linear_gemm(be::GemmLayout::forward, p.iparam("m"), p.iparam("n"), p.iparam("k"));
+      const std::size_t a_bytes = sz(g.m * g.k) * 2, b_bytes = sz(g.k * g.n) * 2, c_bytes = sz(g.m * g.n) * 2;
+      const std::size_t run_bytes = a_bytes + b_bytes + c_bytes;
+      ra.emplace(buf_[0], a_bytes, run_bytes);
+      rb.emplace(buf_[1], b_bytes, run_bytes);
+      rc.emplace(buf_[2], c_bytes, run_bytes);
+      w = [&](cudaStream_t st) {
+        ctx_.lt->gemm(g, ra->at(run), rb->at(run), rc->at(run), st);
+        ++run;
+      };
+      check = [&] {
+        const std::size_t last = run - 1;
+        return check_gemm(g, ra->at(last), rb->at(last), rc->at(last), false) + rotation_note(*ra, *rb, *rc);
+      };
+    } else if (kind == 1) {
+      const be::AttentionShape sh{p.iparam("batch"),    p.iparam("seq"),      p.iparam("seq"),        p.iparam("heads"),
+                                  p.iparam("head_dim"), p.iparam("head_dim"), p.iparam("causal") != 0};
+      const bool bwd = p.iparam("backward") != 0;
+      auto* q = buf_[3].as<be::bf16>();
+      auto* k = buf_[4].as<be::bf16>();
+      auto* v = buf_[5].as<be::bf16>();
+      auto* o = buf_[6].as<be::bf16>();
+      const std::size_t n = buf_[3].size() / 2;
+      auto* dq = o + n;
+      auto* dk = dq + n;
+      auto* dv = dk + n;
+      auto* d_o = buf_[7].as<be::bf16>();
+      auto* lse = buf_[8].as<float>();
+      attention_->reserve(sh);
+      attention_->forward(sh, q, k, v, o, lse, s());  // backward consumes a real O and log-sum-exp
+      // The measured batches run on the interference bench's own stream and share the attention
+      // workspace with this forward: let it finish first (a backward racing it corrupted O).
+      TW_CUDA_CHECK(cudaStreamSynchronize(s()));
+      if (bwd) {
+        w = [=, this](cudaStream_t st) { attention_->backward(sh, q, k, v, o, d_o, lse, dq, dk, dv, st); };
+      } else {
+        w = [=, this](cudaStream_t st) { attention_->forward(sh, q, k, v, o, lse, st); };
+      }
+      check = [=] {
+        TW_CUDA_CHECK(cudaDeviceSynchronize());
+        CheckLog log("attention forward rows of (batch 0, head 0) against a CPU reference (relative L2)" +
+                     std::string(bwd ? "; the backward's dQ is checked in the attention section" : ""));
+        const std::int64_t row = sh.seq_q - 1;
+        const AttnRef ref = attention_row(sh, q, k, v, row);
+        log.expect_near(rel_l2(download_bf16(o, row * sh.head_dim_v, sh.head_dim_v), ref.o), 0.0, 0.03,
+                        "row " + std::to_string(row));
+        return log.passed();
+      };
+    } else {
+      const std::int64_t e = p.iparam("elements");
+      auto* a = buf_[0].as<be::bf16>();
+      auto* b = buf_[1].as<be::bf16>();
+      auto* c = buf_[2].as<be::bf16>();
+      w = [=](cudaStream_t st) { be::add(a, b, c, e, st); };
+      check = [=] {
+        TW_CUDA_CHECK(cudaDeviceSynchronize());
+        CheckLog log("out = a + b");
+        for (const std::int64_t i : {std::int64_t{0}, e / 2, e - 1}) {
+          const double want = bf16_round(download_bf16(a, i, 1)[0] + download_bf16(b, i, 1)[0]);
+          log.expect_near(download_bf16(c, i, 1)[0], want, 0.01 * std::fabs(want) + 1e-6,
+                          "element " + std::to_string(i));
+        }
+        return log.passed();
+      };
+    }
+    const double alone_s = interference_->measure(rule, kase, w, r);
+    r.point.inputs[3] = alone_s;
+    TW_CUDA_CHECK(cudaDeviceSynchronize());
+    r.check += "; " + check();
+  }
+
+  // Released in reverse order: the buffers, attention, the NCCL pair.
+  std::unique_ptr<InterferenceBench> interference_;
+  std::unique_ptr<be::Attention> attention_;
+  be::DeviceBuffer buf_[9];  // GEMM / add operands 0-2; attention Q, K, V, O+dQ+dK+dV, dO, lse 3-8
+};
+
+}  // namespace
+
+std::unique_ptr<GroupBench> make_interference_bench(const BenchContext& ctx) {
+  return std::make_unique<InterferenceGroupBench>(ctx);
 }
 
 }  // namespace threewalls::calibration::bench::detail
