@@ -281,6 +281,20 @@ int CostModel::sm_count() const { return impl_->hardware.sm_count; }
 
 const std::string& CostModel::profile_id() const { return impl_->id; }
 
+std::optional<Seconds> CostModel::predict_point(std::string_view family, const std::vector<double>& inputs) const {
+  const FamilySpec* spec = find_family_spec(family);
+  if (!spec) throw InputError("CostModel::predict_point: unknown calibration family '" + std::string(family) + "'");
+  if (inputs.size() != spec->inputs.size()) {
+    throw InputError("CostModel::predict_point: " + spec->name + " takes " + std::to_string(spec->inputs.size()) +
+                     " inputs, " + std::to_string(inputs.size()) + " given");
+  }
+  const auto cost = detail::module_of(*spec).cost;
+  if (!cost) return std::nullopt;
+  const std::optional<double> t = cost(*this, *spec, inputs);
+  if (!t) return std::nullopt;
+  return Seconds(*t);
+}
+
 // t_with / t_alone = g_c ceil(T/(S-H_c))/ceil(T/S) (GEMM), a_c (attention), b_c (memory-bound)
 // (NcclInterferenceModel, "nccl_resident_v1"); 1 without the family.
 double CostModel::nccl_resident_slowdown(int nccl_case, int compute_class, double tiles) const {

@@ -127,9 +127,8 @@ Profile ProfileBuilder::build() const {
   for (const auto& s : family_specs()) {
     if (points_.count(s.name)) order.push_back(&s);
   }
-  std::stable_sort(order.begin(), order.end(), [](const FamilySpec* a, const FamilySpec* b) {
-    return detail::module_of(*a).fit_stage < detail::module_of(*b).fit_stage;
-  });
+  std::stable_sort(order.begin(), order.end(),
+                   [](const FamilySpec* a, const FamilySpec* b) { return a->fit_stage < b->fit_stage; });
   if (order.empty()) throw InputError("calibration profile " + info_.name + ": no points were added");
 
   std::vector<Family> fitted;

@@ -292,3 +292,22 @@ TEST(CostModel, MovesWithoutLosingTheProfile) {
   CostModel b(std::move(a));
   EXPECT_EQ(b.gemm(4096, 4096, 4096, Dtype::bf16).value, t);
 }
+
+TEST(CostModel, PredictPointIsTheSimulatorsCallForTheFamily) {
+  const CostModel cm(default_profile("h200"));
+  EXPECT_EQ(cm.predict_point("gemm.fp8", {1000, 2048, 7168, 1})->value, cm.gemm(1000, 2048, 7168, Dtype::fp8).value);
+  EXPECT_EQ(cm.predict_point("grouped_gemm.bf16", {16, 4096, 512, 1408, 2048})->value,
+            cm.grouped_gemm(16, 4096, 512, 1408, 2048, Dtype::bf16).value);
+  AttentionShape s{2, 4096, 4096, 32, 8, 128, 128, true};
+  EXPECT_EQ(cm.predict_point("attention.bwd", {2, 4096, 4096, 32, 8, 128, 128, 1})->value, cm.attention(s, true).value);
+  EXPECT_EQ(cm.predict_point("collective.all_gather.network", {16, 3e7})->value,
+            cm.collective(CollectiveKind::all_gather, Bytes(3e7), 16, Scope::network).value);
+  EXPECT_EQ(cm.predict_point("norm", {5e6})->value, cm.norm(Bytes(5e6)).value);
+  EXPECT_EQ(cm.predict_point("elementwise_swiglu", {5e6})->value,
+            cm.memory_kernel("elementwise_swiglu", Bytes(5e6)).value);
+  // Families the simulator costs otherwise have no point prediction.
+  EXPECT_FALSE(cm.predict_point("host.kernel_launch", {}).has_value());
+  EXPECT_FALSE(cm.predict_point("copy.d2d", {1e6}).has_value());
+  EXPECT_THROW((void)cm.predict_point("gemm.bf17", {1, 2, 3, 1}), InputError);
+  EXPECT_THROW((void)cm.predict_point("gemm.bf16", {1, 2, 3}), InputError);
+}

@@ -491,3 +491,26 @@ TEST(ProfileReader, ShippedProfilesCarryTheCorrectionWhereItIsFitted) {
     EXPECT_EQ(p.to_toml(), read_text(dir / name)) << name;
   }
 }
+
+TEST(FamilyTable, ModulesOwnContiguousRunsOfTheFileOrder) {
+  // The table's rows are the file order: a module's families stand together, rows in table order.
+  std::size_t last = 0;
+  for (const auto& s : family_specs()) {
+    const auto row = static_cast<std::size_t>(s.kind);
+    ASSERT_LT(row, kModelKinds) << s.name;
+    EXPECT_GE(row, last) << s.name << " comes after a family of a later row";
+    last = row;
+  }
+  EXPECT_EQ(last + 1, kModelKinds);  // every row has families
+}
+
+TEST(FamilyTable, WhatAFitReadsIsFittedBeforeIt) {
+  for (const auto& s : family_specs()) {
+    for (const auto& r : s.reads) {
+      const FamilySpec* read = find_family_spec(r);
+      ASSERT_NE(read, nullptr) << s.name << " reads the unknown family " << r;
+      EXPECT_LT(read->fit_stage, s.fit_stage) << s.name << " reads " << r;
+    }
+  }
+  EXPECT_EQ(find_family_spec("grouped_gemm.fp8")->reads, (std::vector<std::string>{"copy.d2d", "gemm.fp8"}));
+}

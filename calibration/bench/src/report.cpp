@@ -34,24 +34,6 @@ std::string fixed(double v, int digits) {
 
 bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
 
-Dtype dtype_of_family(const std::string& family) {
-  if (family.size() >= 3 && family.compare(family.size() - 3, 3, "fp8") == 0) return Dtype::fp8;
-  if (family.size() >= 4 && family.compare(family.size() - 4, 4, "fp32") == 0) return Dtype::fp32;
-  return Dtype::bf16;
-}
-
-// Families a family's fit reads (ProfileBuilder's order): compute models read copy.d2d's bandwidth,
-// grouped GEMM the dense GEMM of its dtype.
-std::vector<std::string> dependencies(const std::string& family) {
-  std::vector<std::string> deps;
-  if (starts_with(family, "gemm.") || starts_with(family, "grouped_gemm.") || starts_with(family, "attention.")) {
-    deps.push_back("copy.d2d");
-  }
-  if (starts_with(family, "grouped_gemm."))
-    deps.push_back("gemm." + family.substr(std::string("grouped_gemm.").size()));
-  return deps;
-}
-
 // The inputs family `f` fits and predicts a record by: its point's inputs, except for the norm
 // kernel_terms families, which read rows and hidden from the parameters of the `norm` family's points
 // (whose inputs are bytes; their raw records carry rows and hidden as parameters).
@@ -68,34 +50,9 @@ std::vector<double> inputs_for(const Record& r, const std::string& f) {
 
 // The prediction the simulator would make for a point (through CostModel).
 double predict(const CostModel& cm, const Record& r, const std::string& f) {
-  const std::vector<double> in = inputs_for(r, f);
-  auto i64 = [](double v) { return static_cast<std::int64_t>(std::llround(v)); };
-  if (starts_with(f, "gemm.")) return cm.gemm(i64(in[0]), i64(in[1]), i64(in[2]), dtype_of_family(f), i64(in[3])).value;
-  if (starts_with(f, "grouped_gemm.")) {
-    return cm.grouped_gemm(i64(in[0]), i64(in[1]), i64(in[2]), i64(in[3]), i64(in[4]), dtype_of_family(f)).value;
-  }
-  if (starts_with(f, "attention.")) {
-    AttentionShape s{i64(in[0]), i64(in[1]), i64(in[2]), i64(in[3]), i64(in[4]), i64(in[5]), i64(in[6]), in[7] > 0.5};
-    return cm.attention(s, f == "attention.bwd").value;
-  }
-  if (starts_with(f, "collective.")) {
-    for (const auto kind : {CollectiveKind::all_reduce, CollectiveKind::all_gather, CollectiveKind::reduce_scatter,
-                            CollectiveKind::all_to_all, CollectiveKind::broadcast, CollectiveKind::send_recv}) {
-      for (const auto scope : {Scope::nvlink, Scope::network}) {
-        if (collective_family(kind, scope) == f) {
-          return cm.collective(kind, Bytes(in[1]), static_cast<int>(i64(in[0])), scope).value;
-        }
-      }
-    }
-  }
-  if (f == "elementwise") return cm.elementwise(Bytes(in[0])).value;
-  if (f == "norm") return cm.norm(Bytes(in[0])).value;
-  if (is_memory_kernel_family(f)) return cm.memory_kernel(f, Bytes(in[0])).value;
-  if (find_kernel_terms_family(f)) {
-    const auto t = cm.fitted_kernel(f, in);
-    if (t) return t->value;
-  }
-  throw std::logic_error("no held-out prediction for family " + f);
+  const std::optional<Seconds> t = cm.predict_point(f, inputs_for(r, f));
+  if (!t) throw std::logic_error("no held-out prediction for family " + f);
+  return t->value;
 }
 
 void add_points(ProfileBuilder& b, const std::map<std::string, std::vector<const Record*>>& fit,
@@ -325,17 +282,11 @@ CalibrationReport build_report(const std::vector<Record>& records, const BuildOp
     std::vector<std::string> kept;
     std::vector<std::string> order = families;
     std::stable_sort(order.begin(), order.end(), [](const std::string& a, const std::string& b) {
-      auto stage = [](const std::string& f) {
-        return starts_with(f, "copy.") || f == "elementwise" || f == "norm" || is_memory_kernel_family(f) ? 0
-               : starts_with(f, "gemm.")                                    ? 1
-               : starts_with(f, "grouped_gemm.")                            ? 2
-                                                                            : 3;
-      };
-      return stage(a) < stage(b);
+      return find_family_spec(a)->fit_stage < find_family_spec(b)->fit_stage;
     });
     for (const auto& f : order) {
       std::vector<std::string> trial{f};
-      for (const auto& d : dependencies(f)) {
+      for (const auto& d : find_family_spec(f)->reads) {
         if (std::find(kept.begin(), kept.end(), d) != kept.end()) trial.push_back(d);
       }
       try {

@@ -26,16 +26,16 @@ AttentionModel attention_of(const FamilySpec& s, const Params& p, const Hardware
   return m;
 }
 
-AttentionShape attention_shape(const Point& p) {
+AttentionShape attention_shape(const std::vector<double>& in) {
   AttentionShape s;
-  s.batch = as_int(p.inputs[0]);
-  s.seq_q = as_int(p.inputs[1]);
-  s.seq_kv = as_int(p.inputs[2]);
-  s.heads = as_int(p.inputs[3]);
-  s.kv_heads = as_int(p.inputs[4]);
-  s.head_dim_qk = as_int(p.inputs[5]);
-  s.head_dim_v = as_int(p.inputs[6]);
-  s.causal = as_int(p.inputs[7]) != 0;
+  s.batch = as_int(in[0]);
+  s.seq_q = as_int(in[1]);
+  s.seq_kv = as_int(in[2]);
+  s.heads = as_int(in[3]);
+  s.kv_heads = as_int(in[4]);
+  s.head_dim_qk = as_int(in[5]);
+  s.head_dim_v = as_int(in[6]);
+  s.causal = as_int(in[7]) != 0;
   return s;
 }
 
@@ -66,6 +66,7 @@ void add_specs(std::vector<FamilySpec>& out) {
          "blocked form (optional, one number): seconds per computed (query, key) pair and head, the score matrix's "
          "passes through memory in the backend's unfused attention; with it, pairs are whole 512-row causal blocks",
          true}};
+    s.reads = {copy_family(CopyDirection::d2d)};
     out.push_back(s);
   }
 }
@@ -73,7 +74,7 @@ void add_specs(std::vector<FamilySpec>& out) {
 Params fit(const FamilySpec& spec, const std::vector<Point>& points, const FitContext& ctx) {
   const Hardware& hw = *ctx.hardware;
   std::vector<AttentionModel::Sample> s;
-  for (const auto& p : points) s.push_back({attention_shape(p), p.time.median_s});
+  for (const auto& p : points) s.push_back({attention_shape(p.inputs), p.time.median_s});
   // Both forms; the blocked one (the backend's unfused attention, one more parameter) only where it
   // fits the points better: a measured calibration of threewalls' kernel, not the fused curve the
   // default profiles are generated from (docs/calibration.md, "Attention").
@@ -101,7 +102,7 @@ Params fit(const FamilySpec& spec, const std::vector<Point>& points, const FitCo
 }
 
 double predict_point(const FamilySpec& spec, const Params& params, const Point& p, const Hardware& hw) {
-  return attention_of(spec, params, hw).time_s(attention_shape(p));
+  return attention_of(spec, params, hw).time_s(attention_shape(p.inputs));
 }
 
 std::optional<std::string> check(const FamilySpec& spec, const Params& params) {
@@ -121,10 +122,14 @@ void store(const Family& f, const Hardware& hw, DecodedModels& models) {
   models.attention[f.spec().backward ? 1 : 0] = attention_of(f.spec(), f.params, hw);
 }
 
+std::optional<double> cost(const CostModel& cm, const FamilySpec& spec, const std::vector<double>& in) {
+  return cm.attention(attention_shape(in), spec.backward).value;
+}
+
 }  // namespace
 
 const FamilyModule& attention_module() {
-  static const FamilyModule m{3, add_specs, fit, predict_point, check, store, nullptr};
+  static const FamilyModule m{3, add_specs, fit, predict_point, check, store, nullptr, cost};
   return m;
 }
 

@@ -126,10 +126,14 @@ void store(const Family& f, const Hardware& /*hw*/, DecodedModels& models) {
   models.collective[idx(s.collective)][idx(s.scope)] = collective_of(s, f.params);
 }
 
+std::optional<double> cost(const CostModel& cm, const FamilySpec& spec, const std::vector<double>& in) {
+  return cm.collective(spec.collective, Bytes(in[1]), static_cast<int>(as_int(in[0])), spec.scope).value;
+}
+
 }  // namespace
 
 const FamilyModule& collective_module() {
-  static const FamilyModule m{3, add_specs, fit, predict_point, check, store, nullptr};
+  static const FamilyModule m{3, add_specs, fit, predict_point, check, store, nullptr, cost};
   return m;
 }
 

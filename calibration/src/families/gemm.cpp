@@ -129,6 +129,7 @@ void add_specs(std::vector<FamilySpec>& out) {
                 {"k", true, "inner dimension"},
                 {"batch", true, "independent products in one call"}};
     s.params = params;
+    s.reads = {copy_family(CopyDirection::d2d)};
     out.push_back(s);
   }
 }
@@ -178,12 +179,16 @@ void store(const Family& f, const Hardware& hw, DecodedModels& models) {
   models.gemm[idx(f.spec().dtype)] = gemm_of(f.spec(), f.params, hw);
 }
 
+std::optional<double> cost(const CostModel& cm, const FamilySpec& spec, const std::vector<double>& in) {
+  return cm.gemm(as_int(in[0]), as_int(in[1]), as_int(in[2]), spec.dtype, as_int(in[3])).value;
+}
+
 }  // namespace
 
 GemmModel decode_gemm(const Family& f, const Hardware& hw) { return gemm_of(f.spec(), f.params, hw); }
 
 const FamilyModule& gemm_module() {
-  static const FamilyModule m{1, add_specs, fit, predict_point, check, store, nullptr};
+  static const FamilyModule m{1, add_specs, fit, predict_point, check, store, nullptr, cost};
   return m;
 }
 

@@ -58,6 +58,7 @@ void add_specs(std::vector<FamilySpec>& out) {
              {{"groups", "groups"}, {"total_rows", "total_rows"}, {"max_rows", "max_rows"}, {"n", "n"}, {"k", "k"}})) {
       s.params.push_back(p);
     }
+    s.reads = {copy_family(CopyDirection::d2d), gemm_family(dt)};
     out.push_back(s);
   }
 }
@@ -127,10 +128,14 @@ void store(const Family& f, const Hardware& hw, DecodedModels& models) {
   models.grouped[idx(f.spec().dtype)] = grouped_of(f.spec(), f.params, hw);
 }
 
+std::optional<double> cost(const CostModel& cm, const FamilySpec& spec, const std::vector<double>& in) {
+  return cm.grouped_gemm(as_int(in[0]), as_int(in[1]), as_int(in[2]), as_int(in[3]), as_int(in[4]), spec.dtype).value;
+}
+
 }  // namespace
 
 const FamilyModule& grouped_gemm_module() {
-  static const FamilyModule m{2, add_specs, fit, predict_point, check, store, nullptr};
+  static const FamilyModule m{2, add_specs, fit, predict_point, check, store, nullptr, cost};
   return m;
 }
 

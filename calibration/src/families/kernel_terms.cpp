@@ -62,10 +62,16 @@ void store(const Family& f, const Hardware& /*hw*/, DecodedModels& models) {
   models.kernel_terms.insert_or_assign(f.name, kernel_terms_of(f.spec(), f.params));
 }
 
+std::optional<double> cost(const CostModel& cm, const FamilySpec& spec, const std::vector<double>& in) {
+  const auto t = cm.fitted_kernel(spec.name, in);
+  if (!t) return std::nullopt;
+  return t->value;
+}
+
 }  // namespace
 
 const FamilyModule& kernel_terms_module() {
-  static const FamilyModule m{3, add_specs, fit, predict_point, check, store, nullptr};
+  static const FamilyModule m{3, add_specs, fit, predict_point, check, store, nullptr, cost};
   return m;
 }
 

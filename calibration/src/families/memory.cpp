@@ -30,10 +30,16 @@ void store(const Family& f, const Hardware& /*hw*/, DecodedModels& models) {
   }
 }
 
+std::optional<double> cost(const CostModel& cm, const FamilySpec& spec, const std::vector<double>& in) {
+  if (spec.name == kElementwiseFamily) return cm.elementwise(Bytes(in[0])).value;
+  if (spec.name == kNormFamily) return cm.norm(Bytes(in[0])).value;
+  return cm.memory_kernel(spec.name, Bytes(in[0])).value;
+}
+
 }  // namespace
 
 const FamilyModule& memory_module() {
-  static const FamilyModule m{0, add_specs, fit_linear, predict_linear, check_linear, store, nullptr};
+  static const FamilyModule m{0, add_specs, fit_linear, predict_linear, check_linear, store, nullptr, cost};
   return m;
 }
 

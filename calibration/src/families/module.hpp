@@ -49,6 +49,10 @@ struct FamilyModule {
   void (*store)(const Family& family, const Hardware& hw, DecodedModels& models) = nullptr;
   // What a point measures when it is not its median time (nullptr: the median time).
   double (*measured)(const Point& point) = nullptr;
+  // The CostModel calls the simulator makes for a point of the family (CostModel::predict_point);
+  // nullptr when the simulator costs the family otherwise.
+  std::optional<double> (*cost)(const CostModel& cm, const FamilySpec& spec,
+                                const std::vector<double>& inputs) = nullptr;
 };
 
 // The module of each row of families.def, in table order (index = ModelKind).

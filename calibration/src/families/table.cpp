@@ -37,7 +37,10 @@ std::vector<FamilySpec> table_specs() {
   for (std::size_t row = 0; row < table().size(); ++row) {
     const std::size_t first = specs.size();
     table()[row]->add_specs(specs);
-    for (std::size_t i = first; i < specs.size(); ++i) specs[i].kind = static_cast<ModelKind>(row);
+    for (std::size_t i = first; i < specs.size(); ++i) {
+      specs[i].kind = static_cast<ModelKind>(row);
+      specs[i].fit_stage = table()[row]->fit_stage;
+    }
   }
   return specs;
 }

@@ -162,6 +162,13 @@ class CostModel {
   [[nodiscard]] BytesPerSecond hbm_bandwidth() const;       // measured copy bandwidth (read + write)
   [[nodiscard]] int sm_count() const;
 
+  // ---- a calibration point ----
+  // What the calls above give for a point of `family` (a FamilySpec name, its inputs in the
+  // registry's order), exactly as the simulator asks for that op: held-out points are scored
+  // through it. Empty for a family the simulator costs otherwise (host costs, concurrency, NCCL
+  // interference and memory, copies) and for a kernel_terms family the profile lacks.
+  [[nodiscard]] std::optional<Seconds> predict_point(std::string_view family, const std::vector<double>& inputs) const;
+
   // ---- identity ----
   // Profile::id() of the profile this model was built from, for run headers.
   [[nodiscard]] const std::string& profile_id() const;

@@ -64,6 +64,11 @@ struct FamilySpec {
   std::vector<InputSpec> inputs;
   std::vector<ParamSpec> params;
   std::string description;
+  // Fit order (set by the family table from the module): 0 for what other fits read (copies and
+  // memory-bound kernels), 1 dense GEMMs, 2 grouped GEMMs, 3 the rest. ProfileBuilder fits in this
+  // order; `reads` names the families whose fitted parameters the fit uses when present.
+  int fit_stage = 3;
+  std::vector<std::string> reads;
   // Set where meaningful for the kind.
   Dtype dtype = Dtype::bf16;
   bool backward = false;
