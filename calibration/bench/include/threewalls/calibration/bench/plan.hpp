@@ -5,8 +5,9 @@
 //
 // Shape of the benchmark (nccl-tests / nvbench style): one driver (driver.hpp) walks a list of
 // points; every point names the op of the table that measures it, the profile family its result
-// feeds, the op's parameters and the family's inputs. The GPU side (gpu_runner.hpp) has, per op, a
-// setup, a run and a correctness check; this file has what needs no GPU.
+// feeds, the op's parameters and the family's inputs. The GPU side (gpu_runner.hpp, one benchmark
+// file per op group in src/families/) has, per op, a setup, a run and a correctness check; this file
+// has what needs no GPU.
 //
 // Grids are deterministic functions of (mode, GPU count). They sample shapes on grids that cover
 // and exceed the example scenarios (GEMM m 64..32768, n/k 256..16384); they never look at a
