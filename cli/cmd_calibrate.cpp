@@ -17,6 +17,7 @@
 #include <set>
 #include <sstream>
 
+#include "args.hpp"
 #include "command.hpp"
 #include "default_profiles.hpp"
 #include "threewalls/backend/handles.hpp"
@@ -47,7 +48,7 @@ struct Options {
   double budget_s = 0.0;  // 0: the mode's default
   bool no_fill = false;
   std::string fill_from;
-  bool force = false;
+  bool overwrite = false;
   int host_processes = -1;  // -1: the mode's default (full 5, quick 1)
   std::vector<std::string> argv;
 };
@@ -136,9 +137,22 @@ void measure_host_processes(const Options& o, int n, const cb::RawHeader& header
   for (int i = 1; i < n; ++i) {
     const fs::path dir = base / ("host_process_" + std::to_string(i));
     fs::create_directories(dir.parent_path());
-    std::vector<std::string> args{"--only", "host", "--gpus", "1", "--gpu-kind", header.hardware.gpu_kind,
-                                  "--no-fill", "--force", "--host-processes", "1", "--scratch-dir", o.scratch_dir,
-                                  "--raw-out", dir.string(), "--out", (base / ("host_process_" + std::to_string(i) + ".toml")).string()};
+    std::vector<std::string> args{"--only",
+                                  "host",
+                                  "--gpus",
+                                  "1",
+                                  "--gpu-kind",
+                                  header.hardware.gpu_kind,
+                                  "--no-fill",
+                                  "--overwrite",
+                                  "--host-processes",
+                                  "1",
+                                  "--scratch-dir",
+                                  o.scratch_dir,
+                                  "--raw-out",
+                                  dir.string(),
+                                  "--out",
+                                  (base / ("host_process_" + std::to_string(i) + ".toml")).string()};
     if (o.quick) args.push_back("--quick");
     try {
       run_child_calibration(args, base / ("host_process_" + std::to_string(i) + ".log"));
@@ -159,9 +173,9 @@ void measure_host_processes(const Options& o, int n, const cb::RawHeader& header
 
 int run(const Options& o) {
   const auto t_start = std::chrono::steady_clock::now();
-  if (fs::exists(o.out) && !o.force) {
+  if (fs::exists(o.out) && !o.overwrite) {
     throw InputError("--out " + o.out +
-                     ": the file exists; pass --force to replace it (profiles are not overwritten silently)");
+                     ": the file exists; pass --overwrite to replace it (profiles are not overwritten silently)");
   }
   const cb::Mode mode = o.quick ? cb::Mode::quick : cb::Mode::full;
   const std::set<std::string> only = parse_only(o.only);
@@ -306,7 +320,7 @@ void register_calibrate(CLI::App& app, Commands& cmds) {
       "every "
       "group size, host overheads, stream concurrency), fit the cost models and write a calibration profile.");
   sub->add_flag("--quick", o->quick, "Smaller grids and looser noise target (<= 90 s); default: full (<= 5 minutes)");
-  sub->add_option("--out", o->out, "Profile to write (TOML); refused if it exists, unless --force")->required();
+  sub->add_option("--out", o->out, "Profile to write (TOML); refused if it exists, unless --overwrite")->required();
   sub->add_option("--gpus", o->gpus, "GPUs to use (collectives on group sizes 2..N); 0 = all visible")
       ->check(CLI::Range(0, 1024));
   sub->add_option("--raw-out", o->raw_out,
@@ -330,7 +344,7 @@ void register_calibrate(CLI::App& app, Commands& cmds) {
                   "families fill what this machine cannot measure, ahead of the default profile, and whose collective "
                   "points of group sizes larger than this machine's are fitted with its own; each note names its source")
       ->check(CLI::ExistingFile);
-  sub->add_flag("--force", o->force, "Replace an existing --out file");
+  add_overwrite_flag(sub, o->overwrite, "Replace an existing --out file");
   sub->add_option("--host-processes", o->host_processes,
                   "Measure the host group (launches, library calls, syncs) in this many processes in all and keep, "
                   "point by point, the median process's: a process's host speed differs from another's on some "
@@ -357,7 +371,7 @@ void register_calibrate(CLI::App& app, Commands& cmds) {
       o->argv.push_back("--budget-seconds");
       o->argv.push_back(std::to_string(o->budget_s));
     }
-    if (o->force) o->argv.push_back("--force");
+    if (o->overwrite) o->argv.push_back("--overwrite");
     if (o->host_processes >= 1) {
       o->argv.push_back("--host-processes");
       o->argv.push_back(std::to_string(o->host_processes));

@@ -1,6 +1,7 @@
 // threewalls export RUN... --format perfetto|csv|notebook|html --out PATH (docs/compare_analyze_export.md).
 #include <iostream>
 
+#include "args.hpp"
 #include "command.hpp"
 #include "threewalls/core/error.hpp"
 #include "threewalls/notebooks_export/export.hpp"
@@ -14,14 +15,14 @@ void register_export(CLI::App& app, Commands& cmds) {
   static std::vector<std::string> runs;
   static std::string format;
   static std::string out;
-  static bool force = false;
+  static bool overwrite = false;
   static bool allow_incomplete = false;
   sub->add_option("RUN", runs, "Run directories (several: side by side; the first is the reference)")->required();
   sub->add_option("--format", format, "perfetto (trace JSON), csv (a directory of CSVs), notebook (.ipynb and its "
                                       "CSVs), html (one self-contained file)")
       ->required();
   sub->add_option("--out", out, "Output file (perfetto, notebook, html) or directory (csv)")->required();
-  sub->add_flag("--force", force, "Replace existing output files");
+  add_overwrite_flag(sub, overwrite, "Replace existing output files");
   sub->add_flag("--allow-incomplete", allow_incomplete,
                 "Read runs that were cut short (no footer); what is dropped is reported");
   cmds.add(sub, [] {
@@ -37,7 +38,7 @@ void register_export(CLI::App& app, Commands& cmds) {
     std::vector<const profiler::RunData*> ptrs;
     for (const auto& d : data) ptrs.push_back(&d);
     notebooks_export::ExportOptions o;
-    o.force = force;
+    o.force = overwrite;
     switch (fmt) {
       case notebooks_export::ExportFormat::perfetto: notebooks_export::write_perfetto(ptrs, out, o); break;
       case notebooks_export::ExportFormat::csv: notebooks_export::write_csv(ptrs, out, o); break;

@@ -3,6 +3,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "args.hpp"
 #include "command.hpp"
 #include "threewalls/core/error.hpp"
 #include "threewalls/scenarios/import.hpp"
@@ -15,7 +16,7 @@ struct Common {
   std::string cluster;
   int gpus = 0;
   std::string out;
-  bool force = false;
+  bool overwrite = false;
   bool strict = false;
   bool model_only = false;
   std::string name;
@@ -27,7 +28,7 @@ void add_common(CLI::App* sub, Common& c) {
   sub->add_option("--gpus", c.gpus, "Total GPUs: sets cluster.nodes = GPUS / gpus_per_node (must divide); dp is derived")
       ->check(CLI::Range(1, 10000000));
   sub->add_option("--out", c.out, "Write the scenario here instead of stdout");
-  sub->add_flag("--force", c.force, "Replace an existing --out file");
+  add_overwrite_flag(sub, c.overwrite, "Replace an existing --out file");
   sub->add_flag("--strict", c.strict, "Refuse the import when any argument or field is not understood");
   sub->add_flag("--model-only", c.model_only, "Write only the [model] table (no cluster, layout or batch needed)");
   sub->add_option("--name", c.name, "Scenario (and model) name");
@@ -57,8 +58,8 @@ int finish(scenarios::ScenarioDraft& d, const Common& c) {
     scenarios::add_cluster_table(d, c.cluster, c.gpus > 0 ? std::optional<int>(c.gpus) : std::nullopt);
   }
   const std::string text = d.to_toml(c.model_only);
-  if (!c.out.empty() && std::filesystem::exists(c.out) && !c.force) {
-    throw InputError(c.out + ": exists; pass --force to replace it");
+  if (!c.out.empty() && std::filesystem::exists(c.out) && !c.overwrite) {
+    throw InputError(c.out + ": exists; pass --overwrite to replace it");
   }
   int rc = kExitOk;
   if (!c.model_only) {

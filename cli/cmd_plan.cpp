@@ -11,8 +11,7 @@
 #include <sstream>
 #include <string>
 
-#include <unistd.h>
-
+#include "args.hpp"
 #include "command.hpp"
 #include "threewalls/calibration/cost_model.hpp"
 #include "threewalls/calibration/profile.hpp"
@@ -39,7 +38,7 @@ struct PlanArgs {
   int resim = -1;  // -1: every top row (unsharded); shards never re-simulate
   int losers = 5;
   bool overwrite = false;
-  bool quiet = false;
+  ProgressArg progress;
 };
 
 struct MergeArgs {
@@ -49,7 +48,7 @@ struct MergeArgs {
   std::string out;
   int resim = 0;
   bool overwrite = false;
-  bool quiet = false;
+  ProgressArg progress;
 };
 
 // The profile the planner costs with (as `threewalls sim` resolves it), kept alive with its model.
@@ -113,12 +112,12 @@ class Progress {
 
 // Re-simulates the first `k` top rows with flow fidelity, then prints and writes the outputs.
 int finish(sim::PlanResult& r, const scenarios::LoadedScenario& base, const Costing& cost, int resim,
-           const std::string& format, const std::string& out, bool quiet) {
-  const bool tty = isatty(STDERR_FILENO) != 0 && !quiet;
+           const std::string& format, const std::string& out, bool progress) {
   sim::PlanEstimator est(base, cost.coster, r.gpus);
   const int k = std::min<int>(resim, static_cast<int>(r.top.size()));
   for (int i = 0; i < k; ++i) {
-    if (tty) std::fprintf(stderr, "plan: flow re-simulation %d/%d (%s)\n", i + 1, k, r.top[i].cand.layout().c_str());
+    if (progress)
+      std::fprintf(stderr, "plan: flow re-simulation %d/%d (%s)\n", i + 1, k, r.top[i].cand.layout().c_str());
     sim::resimulate_flow(est.scenario_of(r.top[static_cast<std::size_t>(i)].cand), cost.coster,
                          r.top[static_cast<std::size_t>(i)]);
   }
@@ -187,25 +186,26 @@ void register_plan(CLI::App& app, Commands& cmds) {
                   "ep, etp, mbs, recompute, dispatcher, cuda_graphs, precision, pp, vpp; a..b is a range (powers of "
                   "two, every integer for pp and vpp); keys not given keep their defaults (docs/planner.md)");
   sub->add_option("--calibration", a.calibration,
-                  "Calibration profile: a path, or \"auto\" (default: the scenario's [calibration] profile)");
+                  "Calibration profile: a path, or \"auto\" (default: the scenario's [calibration] profile); " +
+                      std::string(kProfilePathHelp));
   sub->add_option("--top", a.top, "Rows to rank and write as scenario files (default 10)")->check(CLI::Range(1, 1000));
   sub->add_option("--losers", a.losers, "Losers shown per reason (default 5)")->check(CLI::Range(0, 1000));
   sub->add_option("--format", a.format, "Output on stdout: text, csv or json")
       ->check(CLI::IsMember({"text", "csv", "json"}));
   sub->add_option("--out", a.out, "Directory for plan.json, plan.csv, plan.txt and top_<i>.toml");
-  sub->add_flag("--overwrite", a.overwrite, "Replace the plan files of an existing --out directory");
+  add_overwrite_flag(sub, a.overwrite, "Replace the plan files of an existing --out directory");
   sub->add_option("--shard", a.shard,
                   "Plan only shard i of N (i/N, 0-based; a deterministic split of the enumeration); join the shards' "
                   "plan.json with plan-merge");
   sub->add_option("--resim", a.resim,
                   "Top rows re-simulated with flow fidelity (default: all --top rows; 0: none; shards: none)")
       ->check(CLI::Range(0, 1000));
-  sub->add_flag("--quiet", a.quiet, "No progress on stderr (it is shown only on a terminal anyway)");
+  add_progress_option(sub, a.progress);
   cmds.add(sub, [] {
     const auto [si, sn] = parse_shard(a.shard);
     check_out_dir(a.out, a.overwrite);
     const scenarios::LoadedScenario base = scenarios::load_scenario_file(a.scenario);
-    const auto cost = load_costing(base.scenario, a.calibration);
+    const auto cost = load_costing(base.scenario, profile_arg_from_cwd(a.calibration));
     sim::PlanOptions o;
     o.gpus = a.gpus;
     o.search = sim::default_search(base.scenario, a.gpus);
@@ -214,14 +214,14 @@ void register_plan(CLI::App& app, Commands& cmds) {
     o.losers_per_reason = a.losers;
     o.shard_index = si;
     o.shard_count = sn;
-    const bool tty = isatty(STDERR_FILENO) != 0 && !a.quiet;
-    Progress progress(tty);
-    if (tty) o.progress = [&progress](std::uint64_t d, std::uint64_t t) { progress(d, t); };
+    const bool show = a.progress.on();
+    Progress progress(show);
+    if (show) o.progress = [&progress](std::uint64_t d, std::uint64_t t) { progress(d, t); };
     sim::PlanResult r = sim::run_plan(base, cost->coster, o);
     r.profile_id = cost->profile.id();
     r.profile_path = cost->resolved.path.string();
     const int resim = sn > 1 ? 0 : (a.resim < 0 ? a.top : a.resim);
-    return finish(r, base, *cost, resim, a.format, a.out, a.quiet);
+    return finish(r, base, *cost, resim, a.format, a.out, show);
   });
 
   auto* merge = app.add_subcommand(
@@ -229,14 +229,15 @@ void register_plan(CLI::App& app, Commands& cmds) {
                     "plan (same outputs as an unsharded plan).");
   static MergeArgs m;
   merge->add_option("shards", m.files, "plan.json of every shard")->required();
-  merge->add_option("--calibration", m.calibration,
-                    "Calibration profile for --resim (default: the one the shards used)");
+  merge->add_option(
+      "--calibration", m.calibration,
+      "Calibration profile for --resim (default: the one the shards used); " + std::string(kProfilePathHelp));
   merge->add_option("--format", m.format, "Output on stdout: text, csv or json")
       ->check(CLI::IsMember({"text", "csv", "json"}));
   merge->add_option("--out", m.out, "Directory for plan.json, plan.csv, plan.txt and top_<i>.toml");
-  merge->add_flag("--overwrite", m.overwrite, "Replace the plan files of an existing --out directory");
+  add_overwrite_flag(merge, m.overwrite, "Replace the plan files of an existing --out directory");
   merge->add_option("--resim", m.resim, "Top rows re-simulated with flow fidelity (default 0)")->check(CLI::Range(0, 1000));
-  merge->add_flag("--quiet", m.quiet, "No progress on stderr");
+  add_progress_option(merge, m.progress);
   cmds.add(merge, [] {
     check_out_dir(m.out, m.overwrite);
     std::vector<sim::PlanResult> shards;
@@ -248,8 +249,10 @@ void register_plan(CLI::App& app, Commands& cmds) {
       throw InputError(r.scenario_path + ": the scenario file changed since the shards were planned (hash " +
                        base.scenario.content_hash + ", shards " + r.scenario_hash + ")");
     }
-    const auto cost = load_costing(base.scenario, m.calibration.empty() ? r.profile_path : m.calibration);
-    return finish(r, base, *cost, m.resim, m.format, m.out, m.quiet);
+    // The shards recorded the path their profile was read from (relative to their working directory).
+    const auto cost =
+        load_costing(base.scenario, profile_arg_from_cwd(m.calibration.empty() ? r.profile_path : m.calibration));
+    return finish(r, base, *cost, m.resim, m.format, m.out, m.progress.on());
   });
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "args.hpp"
 #include "command.hpp"
 #include "threewalls/backend/launch.hpp"
 #include "threewalls/core/error.hpp"
@@ -123,7 +124,7 @@ void register_run(CLI::App& app, Commands& cmds) {
                   "Override the scenario's run.profiler.record_every_n_steps")
       ->check(CLI::Range(1, 1000000));
   sub->add_flag("--no-profiler", a.no_profiler, "Record nothing and write no run directory (the loop is still timed)");
-  sub->add_flag("--overwrite", a.overwrite, "Replace an existing run directory");
+  add_overwrite_flag(sub, a.overwrite, "Replace an existing run directory");
   sub->add_option("--inject-fault", a.inject_fault,
                   "Testing aid: KIND:RANK:STEP with KIND fail (the rank raises an error) or hang (the rank stops "
                   "issuing work, as a stuck process); halfway through measured step STEP. Shows that the other "
@@ -204,7 +205,7 @@ void register_run(CLI::App& app, Commands& cmds) {
     } catch (const Error& e) {
       if (mpi) {
         // Every process of the job must stop, not wait for this one.
-        std::cerr << "threewalls run: " << e.what() << "\n";
+        std::cerr << error_line("run", e.what()) << "\n";
         backend::abort_mpi_job(dynamic_cast<const InputError*>(&e) != nullptr ? kExitInputError : kExitSystemError);
       }
       throw;

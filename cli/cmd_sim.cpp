@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 
+#include "args.hpp"
 #include "command.hpp"
 #include "threewalls/core/error.hpp"
 #include "threewalls/core/units.hpp"
@@ -28,6 +29,7 @@ struct SimArgs {
   double disk_scale = 1.0;
   bool overwrite = false;
   bool no_run_dir = false;
+  bool fail_on_oom = false;
 };
 
 std::string fixed(double v, int digits) {
@@ -85,10 +87,14 @@ void register_sim(CLI::App& app, Commands& cmds) {
   sub->add_option("scenario", a.scenario, "Scenario file (TOML)")->required();
   sub->add_option("--calibration", a.calibration,
                   "Calibration profile: a path, or \"auto\" for the shipped profile of the cluster's GPU "
-                  "(default: the scenario's [calibration] profile)");
+                  "(default: the scenario's [calibration] profile); " +
+                      std::string(kProfilePathHelp));
   sub->add_option("--out", a.out, "Run directory to write (default: out/sim/<scenario name>)");
-  sub->add_flag("--overwrite", a.overwrite, "Replace an existing run directory");
+  add_overwrite_flag(sub, a.overwrite, "Replace an existing run directory");
   sub->add_flag("--no-run-dir", a.no_run_dir, "Print the summary only; write no files");
+  sub->add_flag("--fail-on-oom", a.fail_on_oom,
+                "Exit 1 (after the summary) when the verdict is out of memory: a rank class's peak exceeds the GPU's "
+                "memory");
   sub->add_option("--fidelity", a.fidelity, "flow: SimGrid flows with link sharing; analytic: closed forms (sweeps)")
       ->check(CLI::IsMember({"flow", "analytic"}));
   sub->add_option("--allreduce", a.allreduce, "All-reduce algorithm: auto (NCCL's rule of thumb), ring or tree")
@@ -130,9 +136,14 @@ void register_sim(CLI::App& app, Commands& cmds) {
                        "or --out to choose another");
     }
     const auto t0 = std::chrono::steady_clock::now();
-    const sim::SimResult r = sim::simulate(s, a.calibration, opt);
+    const sim::SimResult r = sim::simulate(s, profile_arg_from_cwd(a.calibration), opt);
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     print_summary(s, r, wall);
+    if (a.fail_on_oom && r.memory.oom()) {
+      std::cerr << "threewalls sim: out of memory (--fail-on-oom): a rank class's peak exceeds the GPU's "
+                << format_bytes(r.memory.gpu_memory) << " (see the memory lines above)\n";
+      return kExitFailure;
+    }
     return kExitOk;
   });
 }

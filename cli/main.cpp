@@ -1,6 +1,10 @@
 // threewalls: one binary, one subcommand per cmd_<name>.cpp.
+#include <algorithm>
 #include <iostream>
+#include <string>
+#include <vector>
 
+#include "args.hpp"
 #include "command.hpp"
 #include "threewalls/core/error.hpp"
 #include "threewalls/core/version.hpp"
@@ -29,6 +33,14 @@ int main(int argc, char** argv) {
 #ifdef THREEWALLS_HAVE_CALIBRATE
   cli::register_calibrate(app, cmds);
 #endif
+  if (argc > 1 && argv[1][0] != '-') {
+    std::vector<std::string> names;
+    for (const auto* sub : app.get_subcommands({})) names.push_back(sub->get_name());
+    if (std::find(names.begin(), names.end(), argv[1]) == names.end()) {
+      std::cerr << "threewalls: " << cli::unknown_command_message(argv[1], names) << "\n";
+      return kExitInputError;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -40,10 +52,10 @@ int main(int argc, char** argv) {
     try {
       return run();
     } catch (const InputError& e) {
-      std::cerr << "threewalls " << sub->get_name() << ": " << e.what() << "\n";
+      std::cerr << cli::error_line(sub->get_name(), e.what()) << "\n";
       return kExitInputError;
     } catch (const SystemError& e) {
-      std::cerr << "threewalls " << sub->get_name() << ": " << e.what() << "\n";
+      std::cerr << cli::error_line(sub->get_name(), e.what()) << "\n";
       return kExitSystemError;
     } catch (const std::exception& e) {
       std::cerr << "threewalls " << sub->get_name() << ": internal error: " << e.what() << "\n";

@@ -213,7 +213,7 @@ def main():
         out = os.path.join(a.out, "real" if a.repeat == 1 else "real_repeats", tag(s, rep))
         if a.recalibrate:
             hp = os.path.join(host_dir, tag(s, rep) + ".toml")
-            cmd = [a.bin, "calibrate", "--only", a.recalibrate, "--fill-from", profile, "--force", "--out", hp,
+            cmd = [a.bin, "calibrate", "--only", a.recalibrate, "--fill-from", profile, "--overwrite", "--out", hp,
                    "--raw-out", os.path.join(host_dir, tag(s, rep) + "_raw")] + ([] if a.recalibrate_full else ["--quick"])
             try:
                 rc, so, se, dt = run(cmd, env=env, logfile=logfile, timeout=180)

@@ -17,7 +17,7 @@ namespace threewalls::notebooks_export::detail {
 inline void check_output(const std::filesystem::path& p, bool force) {
   std::error_code ec;
   if (std::filesystem::exists(p, ec) && !force) {
-    throw InputError(p.string() + ": exists; outputs are never overwritten (pass --force to replace it)");
+    throw InputError(p.string() + ": exists; outputs are never overwritten (pass --overwrite to replace it)");
   }
   if (p.has_parent_path() && !std::filesystem::exists(p.parent_path(), ec)) {
     std::filesystem::create_directories(p.parent_path(), ec);

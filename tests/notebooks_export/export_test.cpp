@@ -209,7 +209,8 @@ TEST(Export, ExistingOutputsAreNotOverwrittenWithoutForce) {
     write_html(runs.both(), dir / "r.html");
     FAIL() << "no error";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("r.html: exists; outputs are never overwritten (pass --force"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("r.html: exists; outputs are never overwritten (pass --overwrite"),
+              std::string::npos);
   }
   ExportOptions force;
   force.force = true;

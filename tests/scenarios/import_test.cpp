@@ -361,8 +361,12 @@ TEST(ImportCli, WritesValidScenarioAndRefusesOverwrite) {
   EXPECT_NO_THROW(load_scenario(out));
   r = testing::run_command(cmd, true);
   EXPECT_EQ(r.exit_code, 2) << r.out;
-  EXPECT_NE(r.out.find("--force"), std::string::npos) << r.out;
-  EXPECT_EQ(testing::run_command(cmd + " --force", true).exit_code, 0);
+  EXPECT_NE(r.out.find("pass --overwrite"), std::string::npos) << r.out;
+  EXPECT_EQ(testing::run_command(cmd + " --overwrite", true).exit_code, 0);
+  // The older name still works and says it is deprecated.
+  r = testing::run_command(cmd + " --force", true);
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("--force is deprecated; use --overwrite"), std::string::npos) << r.out;
 }
 
 TEST(ImportCli, StrictRefusesUnknownArguments) {
