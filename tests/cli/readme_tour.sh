@@ -3,12 +3,14 @@
 # "## A quick tour", in order, in one shell, in a fresh copy of the repository's tracked files, with
 # the built binary at build/cli/threewalls. A line "# -> TEXT" after a command is the output to expect:
 # TEXT must appear in that command's stdout+stderr (runs of blanks compare equal). Lines "# GPU: ..."
-# need a GPU and are not run. Fails with the README line that failed.
-# Usage: readme_tour.sh SOURCE_DIR THREEWALLS_BINARY [WORK_DIR]
+# need a GPU and are not run. Fails with the README line that failed. With DOC, the same for another
+# document (docs/walkthrough_megatron.md), whose output blocks are expectations too (below).
+# Usage: readme_tour.sh SOURCE_DIR THREEWALLS_BINARY [WORK_DIR [DOC]]   (DOC: default README.md)
 set -uo pipefail
 src=$(cd "$1" && pwd) || exit 2
 bin=$2
 work=${3:-$(mktemp -d)}
+doc=${4:-README.md}
 [[ -x $bin ]] || { echo "readme_tour: $bin: not an executable" >&2; exit 2; }
 bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
 
@@ -25,27 +27,34 @@ else
 fi
 mkdir -p "$work/repo/build/cli" && ln -s "$bin" "$work/repo/build/cli/threewalls"
 
-# The tour block.
-mapfile -t block < <(awk '/^## A quick tour/{t=1; next} t && /^```sh/{b=1; next} b && /^```/{exit} b{print}' \
-                     "$src/README.md")
-start=$(grep -n '^## A quick tour' "$src/README.md" | head -1 | cut -d: -f1)
-fence=$(awk -v s="$start" 'NR>s && /^```sh/{print NR; exit}' "$src/README.md")
-[[ ${#block[@]} -gt 0 ]] || { echo "readme_tour: no \`\`\`sh block under '## A quick tour' in README.md" >&2; exit 1; }
+# The lines to run, as "LINE_NUMBER<TAB>TEXT". README.md: the ```sh block under "## A quick tour".
+# Another document (DOC, a path relative to SOURCE_DIR): every ```sh block in order, and each line of a
+# plain ``` block right after one is output to expect from that block's last command.
+if [[ $doc == README.md ]]; then
+  mapfile -t block < <(awk '/^## A quick tour/{t=1; next} t && /^```sh/{b=1; next} b && /^```/{exit} b{print NR "\t" $0}' \
+                       "$src/$doc")
+else
+  mapfile -t block < <(awk '/^```sh/{b=1; next} b && /^```/{b=0; after=1; next}
+                            after && /^```$/{o=1; after=0; next} o && /^```/{o=0; next}
+                            /^[^`]/ && !b && !o && NF{after=0}
+                            b{print NR "\t" $0} o && NF{print NR "\t# -> " $0}' "$src/$doc")
+fi
+[[ ${#block[@]} -gt 0 ]] || { echo "readme_tour: no command lines found in $doc" >&2; exit 1; }
 
 squeeze() { tr -s ' \t' '  '; }
 cd "$work/repo" || exit 2
 echo "readme_tour: ${#block[@]} lines, in a copy of $how at $work/repo"
 ran=0 skipped=0 checked=0
 last_out="" last_line="" last_no=0
-for i in "${!block[@]}"; do
-  line=${block[$i]}
-  no=$((fence + 1 + i))
+for entry in "${block[@]}"; do
+  no=${entry%%$'\t'*}
+  line=${entry#*$'\t'}
   if [[ $line =~ ^#\ -\>\ (.*)$ ]]; then
     [[ -n $last_line ]] || continue  # the expectation of a skipped (GPU) line
     want=$(printf '%s' "${BASH_REMATCH[1]}" | squeeze)
     if ! squeeze <"$last_out" | grep -F -- "$want" >/dev/null; then
-      echo "README.md:$last_no: the output of: $last_line" >&2
-      echo "  lacks (README.md:$no): $want" >&2
+      echo "$doc:$last_no: the output of: $last_line" >&2
+      echo "  lacks ($doc:$no): $want" >&2
       echo "  output (last 20 lines):" >&2; tail -20 "$last_out" | sed 's/^/    /' >&2
       exit 1
     fi
@@ -58,13 +67,13 @@ for i in "${!block[@]}"; do
   t0=$(date +%s)
   eval "$line" >"$last_out" 2>&1
   rc=$?
-  echo "README.md:$no ($(( $(date +%s) - t0 )) s, exit $rc): $line"
+  echo "$doc:$no ($(( $(date +%s) - t0 )) s, exit $rc): $line"
   if [[ $rc -ne 0 ]]; then
-    echo "README.md:$no: exit $rc: $line" >&2
+    echo "$doc:$no: exit $rc: $line" >&2
     echo "  output (last 20 lines):" >&2; tail -20 "$last_out" | sed 's/^/    /' >&2
     exit 1
   fi
   ran=$((ran + 1))
 done
-echo "readme_tour: $ran lines ran, $checked outputs as the README says, $skipped GPU lines skipped"
+echo "readme_tour: $ran lines ran, $checked outputs as $doc says, $skipped GPU lines skipped"
 cd / && rm -rf "$work/repo"  # passed: the copy and its runs (a trace of ~100 MB) are not kept
