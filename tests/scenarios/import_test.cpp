@@ -1,6 +1,6 @@
 // threewalls import (docs/import.md): the public Megatron-MoE launches and Hugging Face configs in
-// tests/scenarios/fixtures/import/ become scenarios whose model, layout and FLOPs per iteration match
-// the hand-written examples; every argument is accounted for; bad input is refused by name.
+// tests/scenarios/fixtures/import/ and scenarios/inputs/ become scenarios whose model, layout and FLOPs per iteration
+// match the hand-written examples; every argument is accounted for; bad input is refused by name.
 #include <algorithm>
 #include <fstream>
 
@@ -18,6 +18,9 @@ namespace {
 std::filesystem::path fixture(const std::string& name) {
   return testing::source_dir() / "tests/scenarios/fixtures/import" / name;
 }
+
+// The sample inputs the documentation names (scenarios/inputs/), tested where they ship.
+std::filesystem::path sample(const std::string& name) { return testing::source_dir() / "scenarios/inputs" / name; }
 
 Scenario example(const std::string& name) { return load_scenario(testing::source_dir() / "scenarios/examples" / name); }
 
@@ -93,7 +96,7 @@ TEST(ImportMegatron, MixtralExampleScriptMatchesTheExample) {
   MegatronImportOptions o;
   o.vocab_size = 32000;  // Llama2Tokenizer file: Mixtral's vocabulary (HF config vocab_size)
   o.name = "Mixtral-8x7B";
-  auto d = import_megatron_file(fixture("megatron_mixtral_8x7b.sh"), o);
+  auto d = import_megatron_file(sample("megatron_mixtral_8x7b.sh"), o);
   EXPECT_TRUE(d.report.not_understood.empty()) << d.to_toml();
   EXPECT_TRUE(reported(d.report.ignored, "--lr"));
   EXPECT_TRUE(reported(d.report.ignored, "--save")) << "paths from unset variables are ignored, not refused";
@@ -234,7 +237,7 @@ TEST(ImportHf, DeepSeekV2LiteMatchesTheExampleModel) {
 }
 
 TEST(ImportHf, MixtralMatchesTheExampleModel) {
-  auto d = import_hf_file(fixture("hf_mixtral_8x7b.json"));
+  auto d = import_hf_file(sample("hf_mixtral_8x7b.json"));
   EXPECT_TRUE(d.report.not_understood.empty()) << d.to_toml(true);
   d.set("train", "micro_batch_size", 1);
   d.set("train", "global_batch_size", 256);
@@ -248,7 +251,7 @@ TEST(ImportHf, MixtralMatchesTheExampleModel) {
 }
 
 TEST(ImportHf, Qwen3_30B_A3B_Dimensions) {
-  auto d = import_hf_file(fixture("hf_qwen3_30b_a3b.json"));
+  auto d = import_hf_file(sample("hf_qwen3_30b_a3b.json"));
   EXPECT_TRUE(d.report.not_understood.empty()) << d.to_toml(true);
   d.set("train", "micro_batch_size", 1);
   d.set("train", "global_batch_size", 8);
@@ -353,8 +356,9 @@ TEST(ImportCli, WritesValidScenarioAndRefusesOverwrite) {
   testing::TempDir tmp;
   const auto out = tmp.path() / "mixtral.toml";
   const std::string cmd = std::string(THREEWALLS_CLI_PATH) + " import megatron " +
-                          testing::shell_quote(fixture("megatron_mixtral_8x7b.sh").string()) +
-                          " --vocab-size 32000 --cluster h100-dgx --gpus 64 --out " + testing::shell_quote(out.string());
+                          testing::shell_quote(sample("megatron_mixtral_8x7b.sh").string()) +
+                          " --vocab-size 32000 --cluster h100-dgx --gpus 64 --out " +
+                          testing::shell_quote(out.string());
   auto r = testing::run_command(cmd, true);
   EXPECT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find(" --lr, "), std::string::npos) << r.out;  // grouped by reason on one "ignored:" line
@@ -381,14 +385,14 @@ TEST(ImportCli, StrictRefusesUnknownArguments) {
 TEST(ImportCli, InvalidResultPrintsTheValidatorsErrors) {
   // ep = 3 does not divide 8 experts: the validator's rule is printed, exit 2.
   const std::string cmd = std::string(THREEWALLS_CLI_PATH) + " import hf " +
-                          testing::shell_quote(fixture("hf_mixtral_8x7b.json").string()) +
+                          testing::shell_quote(sample("hf_mixtral_8x7b.json").string()) +
                           " --cluster h100-dgx --gpus 24 --ep 3 --seq-length 4096 --global-batch-size 24";
   auto r = testing::run_command(cmd, true);
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("does not validate"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("[rule "), std::string::npos) << r.out;
   const auto model_only = testing::run_command(std::string(THREEWALLS_CLI_PATH) + " import hf --model-only " +
-                                                   testing::shell_quote(fixture("hf_qwen3_30b_a3b.json").string()),
+                                                   testing::shell_quote(sample("hf_qwen3_30b_a3b.json").string()),
                                                false);
   EXPECT_EQ(model_only.exit_code, 0);
   EXPECT_NE(model_only.out.find("[model]"), std::string::npos);
@@ -405,7 +409,7 @@ namespace {
 // empty launch, and the message points to `import hf`.
 TEST(ImportMegatron, FileWithoutArgumentsIsRefused) {
   try {
-    static_cast<void>(import_megatron_file(testing::source_dir() / "tests/scenarios/fixtures/import/hf_mixtral_8x7b.json", {}));
+    static_cast<void>(import_megatron_file(sample("hf_mixtral_8x7b.json"), {}));
     FAIL() << "expected an InputError";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("no Megatron-LM argument found"), std::string::npos) << e.what();
