@@ -178,8 +178,7 @@ void register_run(CLI::App& app, Commands& cmds) {
       c.record_every_n_steps = a.record_every > 0 ? a.record_every : ps.record_every_n_steps;
       c.flush_every_n_steps = ps.flush_every_n_steps;
       c.ranks = ps.ranks;
-      c.granularity = ps.granularity == scenarios::Granularity::coarse ? profiler::Granularity::coarse
-                                                                        : profiler::Granularity::layer;
+      c.granularity = ps.granularity;
       if (ps.representatives) {
         const scenarios::StepGraph g = scenarios::expand(s, 0);
         c.ranks.clear();

@@ -165,16 +165,6 @@ class StoppedByPeer : public SystemError {
   using SystemError::SystemError;
 };
 
-profiler::Wall record_wall(scenarios::Wall w) {
-  switch (w) {
-    case scenarios::Wall::compute: return profiler::Wall::compute;
-    case scenarios::Wall::memory: return profiler::Wall::memory;
-    case scenarios::Wall::communication: return profiler::Wall::communication;
-    case scenarios::Wall::host: return profiler::Wall::host;
-  }
-  return profiler::Wall::compute;
-}
-
 profiler::CoarseView coarse_view(const Op& op) {
   if ((op.flags & scenarios::kDataLoad) != 0) return profiler::CoarseView::host_to_device;
   if ((op.flags & scenarios::kMetrics) != 0) return profiler::CoarseView::training_metrics;
@@ -189,8 +179,7 @@ profiler::SamplingConfig scenario_sampling(const scenarios::Scenario& s, const S
   c.end_step = ps.end_step;
   c.record_every_n_steps = ps.record_every_n_steps;
   c.flush_every_n_steps = ps.flush_every_n_steps;
-  c.granularity = ps.granularity == scenarios::Granularity::coarse ? profiler::Granularity::coarse
-                                                                    : profiler::Granularity::layer;
+  c.granularity = ps.granularity;
   if (ps.representatives) {
     for (const auto& rc : g.classes) c.ranks.push_back(rc.representative());
     std::sort(c.ranks.begin(), c.ranks.end());
@@ -369,7 +358,7 @@ Plan build_plan(const std::shared_ptr<const StepGraph>& graph, int rank, profile
       if (!members.empty()) r.group_id = *std::min_element(members.begin(), members.end());
     }
     r.tokens = op.tokens;
-    r.wall = record_wall(op.wall);
+    r.wall = op.wall;
     r.coarse = coarse_view(op);
   }
   for (std::size_t ri = 0; ri < rc.graph_runs.size(); ++ri) {

@@ -10,64 +10,6 @@
 
 namespace threewalls::calibration {
 
-const char* to_string(Dtype v) {
-  switch (v) {
-    case Dtype::bf16:
-      return "bf16";
-    case Dtype::fp8:
-      return "fp8";
-    case Dtype::fp32:
-      return "fp32";
-  }
-  return "?";
-}
-
-const char* to_string(CopyDirection v) {
-  switch (v) {
-    case CopyDirection::h2d_pinned:
-      return "h2d_pinned";
-    case CopyDirection::h2d_pageable:
-      return "h2d_pageable";
-    case CopyDirection::d2h_pinned:
-      return "d2h_pinned";
-    case CopyDirection::d2h_pageable:
-      return "d2h_pageable";
-    case CopyDirection::d2d:
-      return "d2d";
-    case CopyDirection::disk_read:
-      return "disk_read";
-  }
-  return "?";
-}
-
-const char* to_string(CollectiveKind v) {
-  switch (v) {
-    case CollectiveKind::all_reduce:
-      return "all_reduce";
-    case CollectiveKind::all_gather:
-      return "all_gather";
-    case CollectiveKind::reduce_scatter:
-      return "reduce_scatter";
-    case CollectiveKind::all_to_all:
-      return "all_to_all";
-    case CollectiveKind::broadcast:
-      return "broadcast";
-    case CollectiveKind::send_recv:
-      return "send_recv";
-  }
-  return "?";
-}
-
-const char* to_string(Scope v) {
-  switch (v) {
-    case Scope::nvlink:
-      return "nvlink";
-    case Scope::network:
-      return "network";
-  }
-  return "?";
-}
-
 std::string gemm_family(Dtype dt) { return std::string("gemm.") + to_string(dt); }
 std::string grouped_gemm_family(Dtype dt) { return std::string("grouped_gemm.") + to_string(dt); }
 std::string attention_family(bool backward) { return backward ? "attention.bwd" : "attention.fwd"; }

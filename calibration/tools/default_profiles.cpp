@@ -19,29 +19,24 @@ constexpr double kKiB = 1024.0;
 constexpr double kMiB = 1024.0 * kKiB;
 constexpr double kGiB = 1024.0 * kMiB;
 
-// Per-GPU facts and datasheet values.
+// Per-GPU measured facts; the datasheet values are the core GPU spec table (core/vocabulary.hpp).
 struct Facts {
   std::string kind;
-  std::string gpu_name;
-  double memory_clock_mhz;
-  std::int64_t memory_bytes;
-  double hbm_datasheet;  // bytes/s
-  double hbm_copy_rw;    // measured HBM copy bandwidth, read + write, bytes/s (docs/architecture.md)
+  const GpuSpec* spec;
+  double hbm_copy_rw;  // measured HBM copy bandwidth, read + write, bytes/s (docs/architecture.md)
   // Throughput of this GPU relative to the H200 on compute-bound kernels: 1 for the H200; for the
   // H100 the ratio of the middles of the large-shape GEMM ranges, (670+740)/2 / ((770+890)/2).
   double compute_ratio;
 };
 
 Facts facts_for(std::string_view kind) {
-  if (kind == "h200") return {"h200", "NVIDIA H200", 3201.0, 141'000'000'000, 4.8e12, 4.0e12, 1.0};
-  if (kind == "h100") return {"h100", "NVIDIA H100 80GB HBM3", 2619.0, 80'000'000'000, 3.35e12, 3.0e12, 705.0 / 830.0};
-  throw InputError("no default calibration profile for GPU kind '" + std::string(kind) + "'; known: h100, h200");
+  const std::optional<GpuKind> g = parse_gpu_kind(kind);
+  if (!g)
+    throw InputError("no default calibration profile for GPU kind '" + std::string(kind) + "'; known: h100, h200");
+  if (*g == GpuKind::h200) return {"h200", &gpu_spec(*g), 4.0e12, 1.0};
+  return {"h100", &gpu_spec(*g), 3.0e12, 705.0 / 830.0};
 }
 
-constexpr double kPeakBf16 = 989e12;  // datasheet, H100/H200 SXM dense
-constexpr double kPeakFp8 = 1979e12;
-constexpr double kPeakFp32 = 67e12;
-constexpr int kSmCount = 132;
 // fp8: no facts. Assumed: fp8 kernels reach 80% of the bf16 kernels' fraction of peak (on the
 // doubled fp8 peak), with the same tile, K-loop and fixed overheads.
 constexpr double kFp8EfficiencyFactor = 0.8;
@@ -52,22 +47,22 @@ double gemm_seconds(double m, double n, double k, double tflops) { return 2.0 * 
 
 Hardware hardware_for(const Facts& f) {
   Hardware hw;
-  hw.gpu_name = f.gpu_name;
+  hw.gpu_name = f.spec->product;
   hw.gpu_kind = f.kind;
-  hw.sm_count = kSmCount;
-  hw.sm_clock_mhz = 1980.0;
-  hw.memory_clock_mhz = f.memory_clock_mhz;
-  hw.memory_bytes = f.memory_bytes;
+  hw.sm_count = f.spec->sm_count;
+  hw.sm_clock_mhz = f.spec->sm_clock_mhz;
+  hw.memory_clock_mhz = f.spec->memory_clock_mhz;
+  hw.memory_bytes = static_cast<std::int64_t>(f.spec->memory.value);
   hw.driver_version = "unknown";
   hw.cuda_version = "unknown";
   hw.nccl_version = "unknown";
   hw.gpus_seen = 0;
   hw.machine = "none: synthetic profile, no machine was measured";
   hw.date = "2026-11";
-  hw.peak_bf16_flop_per_s = kPeakBf16;
-  hw.peak_fp8_flop_per_s = kPeakFp8;
-  hw.peak_fp32_flop_per_s = kPeakFp32;
-  hw.hbm_bandwidth_datasheet_bytes_per_s = f.hbm_datasheet;
+  hw.peak_bf16_flop_per_s = f.spec->peak_bf16.value;
+  hw.peak_fp8_flop_per_s = f.spec->peak_fp8.value;
+  hw.peak_fp32_flop_per_s = f.spec->peak_fp32.value;
+  hw.hbm_bandwidth_datasheet_bytes_per_s = f.spec->hbm_bandwidth.value;
   return hw;
 }
 

@@ -8,16 +8,6 @@
 
 namespace threewalls::profiler {
 
-const char* to_string(Wall w) {
-  switch (w) {
-    case Wall::compute: return "compute";
-    case Wall::memory: return "memory";
-    case Wall::communication: return "communication";
-    case Wall::host: return "host";
-  }
-  return "?";
-}
-
 const char* to_string(CoarseView v) {
   switch (v) {
     case CoarseView::none: return "none";
@@ -25,14 +15,6 @@ const char* to_string(CoarseView v) {
     case CoarseView::training_metrics: return "training_metrics";
   }
   return "?";
-}
-
-std::optional<Wall> parse_wall(std::string_view s) {
-  if (s == "compute") return Wall::compute;
-  if (s == "memory") return Wall::memory;
-  if (s == "communication") return Wall::communication;
-  if (s == "host") return Wall::host;
-  return std::nullopt;
 }
 
 std::optional<CoarseView> parse_coarse_view(std::string_view s) {

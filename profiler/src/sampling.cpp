@@ -6,14 +6,6 @@
 
 namespace threewalls::profiler {
 
-const char* to_string(Granularity g) {
-  switch (g) {
-    case Granularity::layer: return "layer";
-    case Granularity::coarse: return "coarse";
-  }
-  return "?";
-}
-
 SamplingPolicy::SamplingPolicy(SamplingConfig config, int world_size)
     : config_(std::move(config)), world_size_(world_size) {
   auto bad = [](const std::string& knob, const std::string& what) {

@@ -94,39 +94,6 @@ const char* to_string(OpKind k) {
   return "?";
 }
 
-const char* to_string(Wall w) {
-  switch (w) {
-    case Wall::compute: return "compute";
-    case Wall::memory: return "memory";
-    case Wall::communication: return "communication";
-    case Wall::host: return "host";
-  }
-  return "?";
-}
-
-const char* to_string(Collective c) {
-  switch (c) {
-    case Collective::all_reduce: return "all_reduce";
-    case Collective::all_gather: return "all_gather";
-    case Collective::reduce_scatter: return "reduce_scatter";
-    case Collective::all_to_all: return "all_to_all";
-    case Collective::broadcast: return "broadcast";
-  }
-  return "?";
-}
-
-const char* to_string(CopyKind c) {
-  switch (c) {
-    case CopyKind::h2d_pinned: return "h2d_pinned";
-    case CopyKind::h2d_pageable: return "h2d_pageable";
-    case CopyKind::d2h_pinned: return "d2h_pinned";
-    case CopyKind::d2h_pageable: return "d2h_pageable";
-    case CopyKind::d2d: return "d2d";
-    case CopyKind::disk_read: return "disk_read";
-  }
-  return "?";
-}
-
 const char* to_string(HostKind h) {
   switch (h) {
     case HostKind::stream_sync: return "stream_sync";

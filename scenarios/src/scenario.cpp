@@ -39,7 +39,6 @@ const char* name_of(const char* key_path, E v) {
 
 const char* to_string(AttentionKind v) { return name_of("model.attention", v); }
 const char* to_string(Precision v) { return name_of("train.precision", v); }
-const char* to_string(GpuKind v) { return name_of("cluster.gpu", v); }
 const char* to_string(Dispatcher v) { return name_of("train.token_dispatcher", v); }
 const char* to_string(RecomputeGranularity v) { return name_of("train.recompute_granularity", v); }
 const char* to_string(OffloadTier v) { return name_of("infer.expert_offload.tier", v); }

@@ -488,7 +488,7 @@ void validate_and_derive(Scenario& s, const KeyLocations& where, const std::stri
   // gpu_memory default by kind: usable memory as CUDA reports it (81559 MiB on H100 80GB HBM3,
   // 143771 MiB on H200), rounded down to 0.1 GiB.
   if (!r.given("cluster.gpu_memory")) {
-    s.cluster.gpu_memory = s.cluster.gpu == GpuKind::h100 ? gibibytes(79.6) : gibibytes(140.4);
+    s.cluster.gpu_memory = gpu_spec(s.cluster.gpu).usable_memory;
   }
   check_model(s, r);
   const bool split_ok = check_parallel(s, r);

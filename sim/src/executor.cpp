@@ -31,17 +31,6 @@ using scenarios::StepGraph;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr std::uint32_t kNone = std::numeric_limits<std::uint32_t>::max();
 
-CommKind comm_kind(Collective c) {
-  switch (c) {
-    case Collective::all_reduce: return CommKind::all_reduce;
-    case Collective::all_gather: return CommKind::all_gather;
-    case Collective::reduce_scatter: return CommKind::reduce_scatter;
-    case Collective::all_to_all: return CommKind::all_to_all;
-    case Collective::broadcast: return CommKind::broadcast;
-  }
-  return CommKind::all_reduce;
-}
-
 bool is_kernel(const Op& op) {
   switch (op.kind) {
     case OpKind::collective:
@@ -1140,7 +1129,7 @@ class StepRun {
                          " but the layout's group has " + std::to_string(n) + " members");
       }
       if (n <= 1) continue;
-      const CommKind kind = comm_kind(op.collective());
+      const CommKind kind = op.collective();
       const Split split = split_for(op, members.size());
       // by_src splits are given the balanced size (shape[0]); other kinds use the op's bytes.
       const double size = split.kind == SplitKind::uniform ? op.bytes : static_cast<double>(op.shape[0]);

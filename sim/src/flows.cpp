@@ -9,18 +9,6 @@
 
 namespace threewalls::sim {
 
-const char* to_string(CommKind k) {
-  switch (k) {
-    case CommKind::all_reduce: return "all_reduce";
-    case CommKind::all_gather: return "all_gather";
-    case CommKind::reduce_scatter: return "reduce_scatter";
-    case CommKind::all_to_all: return "all_to_all";
-    case CommKind::broadcast: return "broadcast";
-    case CommKind::send_recv: return "send_recv";
-  }
-  return "?";
-}
-
 const char* to_string(Algorithm a) {
   switch (a) {
     case Algorithm::ring: return "ring";

@@ -17,39 +17,6 @@ using scenarios::CopyKind;
 using scenarios::Op;
 using scenarios::OpKind;
 
-calibration::Dtype dtype_of(const Op& op) {
-  switch (op.dtype) {
-    case scenarios::DType::bf16: return calibration::Dtype::bf16;
-    case scenarios::DType::fp8: return calibration::Dtype::fp8;
-    case scenarios::DType::fp32: return calibration::Dtype::fp32;
-  }
-  return calibration::Dtype::bf16;
-}
-
-calibration::CopyDirection direction_of(CopyKind k) {
-  switch (k) {
-    case CopyKind::h2d_pinned: return calibration::CopyDirection::h2d_pinned;
-    case CopyKind::h2d_pageable: return calibration::CopyDirection::h2d_pageable;
-    case CopyKind::d2h_pinned: return calibration::CopyDirection::d2h_pinned;
-    case CopyKind::d2h_pageable: return calibration::CopyDirection::d2h_pageable;
-    case CopyKind::d2d: return calibration::CopyDirection::d2d;
-    case CopyKind::disk_read: return calibration::CopyDirection::disk_read;
-  }
-  return calibration::CopyDirection::d2d;
-}
-
-calibration::CollectiveKind kind_of(CommKind k) {
-  switch (k) {
-    case CommKind::all_reduce: return calibration::CollectiveKind::all_reduce;
-    case CommKind::all_gather: return calibration::CollectiveKind::all_gather;
-    case CommKind::reduce_scatter: return calibration::CollectiveKind::reduce_scatter;
-    case CommKind::all_to_all: return calibration::CollectiveKind::all_to_all;
-    case CommKind::broadcast: return calibration::CollectiveKind::broadcast;
-    case CommKind::send_recv: return calibration::CollectiveKind::send_recv;
-  }
-  return calibration::CollectiveKind::all_reduce;
-}
-
 std::int64_t at_least_1(std::int64_t v) { return v < 1 ? 1 : v; }
 
 // The kernel threewalls run launches for an element-wise op (backend/src/op_runner.cpp,
@@ -150,7 +117,7 @@ Seconds CostModelCoster::kernel_time(const Op& op) const {
   const auto& s = op.shape;
   switch (op.kind) {
     case OpKind::gemm:
-      return model_.gemm(at_least_1(s[0]), at_least_1(s[1]), at_least_1(s[2]), dtype_of(op), at_least_1(s[3]));
+      return model_.gemm(at_least_1(s[0]), at_least_1(s[1]), at_least_1(s[2]), op.dtype, at_least_1(s[3]));
     case OpKind::grouped_gemm: {
       const std::int64_t total = s[0];
       const std::int64_t n = at_least_1(s[1]);
@@ -161,9 +128,9 @@ Seconds CostModelCoster::kernel_time(const Op& op) const {
         // wgrad: group g computes dW_g (n x k) reducing over its r_g rows. Same FLOPs as groups GEMMs
         // of n rows, k columns and a reduction of the mean rows per group.
         const std::int64_t mean_rows = at_least_1(total / groups);
-        return model_.grouped_gemm(groups, n * groups, n, k, mean_rows, dtype_of(op));
+        return model_.grouped_gemm(groups, n * groups, n, k, mean_rows, op.dtype);
       }
-      return model_.grouped_gemm(groups, total, at_least_1(s[4]), n, k, dtype_of(op));
+      return model_.grouped_gemm(groups, total, at_least_1(s[4]), n, k, op.dtype);
     }
     case OpKind::attention:
       return model_.attention(at_least_1(s[0]), at_least_1(s[1]), at_least_1(s[2]), at_least_1(s[3]),
@@ -191,7 +158,7 @@ Seconds CostModelCoster::kernel_time(const Op& op) const {
       if (const auto t = model_.fitted_kernel(fk.family, fk.inputs)) return *t;
       return model_.elementwise(Bytes(op.bytes));
     }
-    case OpKind::copy: return model_.copy(direction_of(op.copy_kind()), Bytes(op.bytes));
+    case OpKind::copy: return model_.copy(op.copy_kind(), Bytes(op.bytes));
     case OpKind::collective:
     case OpKind::send:
     case OpKind::recv:
@@ -201,14 +168,12 @@ Seconds CostModelCoster::kernel_time(const Op& op) const {
 }
 
 Seconds CostModelCoster::copy_time(CopyKind kind, Bytes bytes) const {
-  const Seconds t = model_.copy(direction_of(kind), bytes);
+  const Seconds t = model_.copy(kind, bytes);
   return kind == CopyKind::disk_read ? t * disk_scale_ : t;
 }
 
 CommParams CostModelCoster::comm_params(CommKind kind, Bytes bytes, int group_size, CommScope scope) const {
-  const auto p = model_.collective_params(kind_of(kind), bytes, group_size,
-                                          scope == CommScope::nvlink ? calibration::Scope::nvlink
-                                                                     : calibration::Scope::network);
+  const auto p = model_.collective_params(kind, bytes, group_size, scope);
   return CommParams{p.latency, p.bus_bandwidth};
 }
 

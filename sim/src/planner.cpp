@@ -33,9 +33,6 @@ using scenarios::Precision;
 using scenarios::RecomputeGranularity;
 using scenarios::Scenario;
 
-// Dense bf16 peak of H100 and H200 SXM, as the simulator's summary uses for MFU (run_dir.md, mfu).
-constexpr double kGpuPeakBf16 = 989e12;
-
 std::vector<std::string> split(std::string_view s, char sep) {
   std::vector<std::string> out;
   std::size_t start = 0;
@@ -760,7 +757,7 @@ PlanRow PlanEstimator::evaluate(const Candidate& c) {
   const double step_s = row.step_time_us * 1e-6;
   row.tokens_per_s = step_s > 0 ? impl_->tokens / step_s : 0.0;
   row.tflops_per_gpu = step_s > 0 ? impl_->model_flops / impl_->gpus / step_s / 1e12 : 0.0;
-  row.mfu = row.tflops_per_gpu * 1e12 / kGpuPeakBf16;
+  row.mfu = row.tflops_per_gpu * 1e12 / gpu_spec(s.cluster.gpu).peak_bf16.value;  // as the summary's mfu
   // Dominant overhead: the largest wall besides compute, unless the overheads are under 10%.
   const double over[3] = {w.exposed_comm_us, w.bubble_us, w.host_us};
   const char* names[3] = {"exposed_comm", "bubble", "launch_bound"};

@@ -27,16 +27,6 @@ using scenarios::Op;
 using scenarios::OpKind;
 using scenarios::StepGraph;
 
-profiler::Wall record_wall(scenarios::Wall w) {
-  switch (w) {
-    case scenarios::Wall::compute: return profiler::Wall::compute;
-    case scenarios::Wall::memory: return profiler::Wall::memory;
-    case scenarios::Wall::communication: return profiler::Wall::communication;
-    case scenarios::Wall::host: return profiler::Wall::host;
-  }
-  return profiler::Wall::compute;
-}
-
 profiler::CoarseView coarse_view(const Op& op) {
   if (op.flags & scenarios::kDataLoad) return profiler::CoarseView::host_to_device;
   if (op.flags & scenarios::kMetrics) return profiler::CoarseView::training_metrics;
@@ -110,7 +100,7 @@ void add_records(const StepGraph& g, const RecordTables& t, const StepResult& r,
     if (op.is_comm()) p.group = t.group[static_cast<std::size_t>(op.group)];
     if (op.kind == OpKind::collective && op.group != Group::none) p.group_id = instance_of(op.group);
     p.tokens = op.tokens;
-    p.wall = record_wall(op.wall);
+    p.wall = op.wall;
     p.coarse = coarse_view(op);
     on_phase(p);
   }
@@ -124,8 +114,7 @@ profiler::SamplingConfig sampling_config(const scenarios::Scenario& s, const Ste
   c.end_step = ps.end_step;
   c.record_every_n_steps = ps.record_every_n_steps;
   c.flush_every_n_steps = ps.flush_every_n_steps;
-  c.granularity = ps.granularity == scenarios::Granularity::coarse ? profiler::Granularity::coarse
-                                                                    : profiler::Granularity::layer;
+  c.granularity = ps.granularity;
   if (ps.representatives) {
     for (const auto& rc : g.classes) c.ranks.push_back(rc.representative());
     std::sort(c.ranks.begin(), c.ranks.end());
@@ -133,11 +122,6 @@ profiler::SamplingConfig sampling_config(const scenarios::Scenario& s, const Ste
     c.ranks = ps.ranks;
   }
   return c;
-}
-
-double gpu_peak_bf16(scenarios::GpuKind) {
-  // Dense bf16 peak of H100 and H200 SXM (docs/formats/run_dir.md, mfu).
-  return 989e12;
 }
 
 }  // namespace
@@ -355,7 +339,7 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   in.model_flops_per_step = Flops(result.model_flops_per_step);
   in.tokens_per_step = result.tokens_per_step;
   in.gpu = scenarios::to_string(s.cluster.gpu);
-  in.gpu_peak = FlopsPerSecond(gpu_peak_bf16(s.cluster.gpu));
+  in.gpu_peak = gpu_spec(s.cluster.gpu).peak_bf16;
   in.gpu_memory = s.cluster.gpu_memory;
   for (const ClassMemory& cm : result.memory.classes) {
     profiler::MemoryClass mc;

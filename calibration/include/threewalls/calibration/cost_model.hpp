@@ -14,16 +14,19 @@
 #include <vector>
 
 #include "threewalls/core/units.hpp"
+#include "threewalls/core/vocabulary.hpp"
 
 namespace threewalls::calibration {
 
 class Profile;
 
-enum class Dtype : std::uint8_t { bf16, fp8, fp32 };
-enum class CopyDirection : std::uint8_t { h2d_pinned, h2d_pageable, d2h_pinned, d2h_pageable, d2d, disk_read };
-enum class CollectiveKind : std::uint8_t { all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send_recv };
-// Where a collective's traffic flows: inside one NVLink domain, or across nodes through the NICs.
-enum class Scope : std::uint8_t { nvlink, network };
+// Element types, copy kinds, collectives and link scopes are the core vocabulary
+// (core/vocabulary.hpp); these are the calibration's names for the same types.
+using Dtype = threewalls::DType;
+using CopyDirection = threewalls::CopyKind;
+using CollectiveKind = threewalls::Collective;
+using Scope = threewalls::LinkScope;  // inside one NVLink domain, or across nodes through the NICs
+using threewalls::to_string;
 
 // Effective parameters of a collective for the flow-level simulator: latency term and the bus
 // bandwidth (nccl-tests definition) it reaches alone at that size and group size.

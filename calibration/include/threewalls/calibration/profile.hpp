@@ -114,11 +114,6 @@ inline constexpr std::string_view kStreamCycleFamily = "host.stream_cycle";
 // "host.gpu_read", "host.graph_launch", "host.graph_node", "host.collective_launch".
 std::string host_family(std::string_view what);
 
-const char* to_string(Dtype v);
-const char* to_string(CopyDirection v);
-const char* to_string(CollectiveKind v);
-const char* to_string(Scope v);
-
 // GPU kinds that have a shipped profile: "h100", "h200".
 const std::vector<std::string>& known_gpu_kinds();
 

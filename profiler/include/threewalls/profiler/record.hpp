@@ -15,20 +15,21 @@
 #include <vector>
 
 #include "threewalls/core/jsonl.hpp"
+#include "threewalls/core/vocabulary.hpp"
 
 namespace threewalls::profiler {
 
-// What an op was bound by. The names are frozen in the file format.
-enum class Wall : std::uint8_t { compute, memory, communication, host };
-inline constexpr int kNumWalls = 4;
+// What an op was bound by: the core vocabulary's Wall (its names are frozen in the file format).
+using threewalls::kNumWalls;
+using threewalls::parse_wall;
+using threewalls::to_string;
+using threewalls::Wall;
 
 // Membership of an op in the coarse view (run_dir.md, `coarse` phase field): the input copies
 // (`host_to_device`) and the loss reduction with its host read (`training_metrics`).
 enum class CoarseView : std::uint8_t { none, host_to_device, training_metrics };
 
-const char* to_string(Wall w);
 const char* to_string(CoarseView v);
-std::optional<Wall> parse_wall(std::string_view s);
 std::optional<CoarseView> parse_coarse_view(std::string_view s);  // "host_to_device", "training_metrics"
 
 // "absent" for the optional integer fields (written as null or left out).

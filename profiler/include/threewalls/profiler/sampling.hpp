@@ -11,11 +11,9 @@
 
 namespace threewalls::profiler {
 
-enum class Granularity : std::uint8_t {
-  layer,   // one phase record per op (phase, layer, micro-batch, expert)
-  coarse,  // only ops of the coarse view (PhaseRecord::coarse != none), plus step records
-};
-const char* to_string(Granularity g);
+// Granularity (core vocabulary): layer = one phase record per op (phase, layer, micro-batch, expert);
+// coarse = only ops of the coarse view (PhaseRecord::coarse != none), plus step records.
+using threewalls::Granularity;
 
 struct SamplingConfig {
   bool enabled = true;            // false: no files at all, nothing recorded

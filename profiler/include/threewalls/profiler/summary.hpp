@@ -133,7 +133,7 @@ struct SummaryInputs {
   Flops model_flops_per_step;              // Megatron-LM's formula, all ranks, no recomputation
   double tokens_per_step = 0.0;
   std::string gpu;                         // "h100", "h200", or the device name
-  FlopsPerSecond gpu_peak{989e12};         // dense bf16 peak of one GPU (989 TFLOP/s H100/H200 SXM)
+  FlopsPerSecond gpu_peak = gpu_spec(GpuKind::h100).peak_bf16;  // dense bf16 peak of one GPU
   std::optional<Bytes> gpu_memory;         // memory of one GPU
   std::vector<MemoryClass> memory_classes; // simulator's memory model per rank class
   bool oom = false;

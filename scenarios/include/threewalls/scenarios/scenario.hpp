@@ -8,8 +8,14 @@
 #include <vector>
 
 #include "threewalls/core/units.hpp"
+#include "threewalls/core/vocabulary.hpp"
 
 namespace threewalls::scenarios {
+
+// GPU kinds and record granularity are the core vocabulary (core/vocabulary.hpp).
+using threewalls::GpuKind;
+using threewalls::Granularity;
+using threewalls::to_string;
 
 enum class AttentionKind : std::uint8_t { mha, gqa, mla };
 enum class Normalization : std::uint8_t { rmsnorm, layernorm };
@@ -18,13 +24,11 @@ enum class RecomputeGranularity : std::uint8_t { none, selective, full };
 enum class RecomputeMethod : std::uint8_t { uniform, block };
 enum class Dispatcher : std::uint8_t { alltoall, allgather, flex };
 enum class ExpertExecutionKind : std::uint8_t { sequential, streams, grouped };
-enum class GpuKind : std::uint8_t { h100, h200 };
 enum class Topology : std::uint8_t { fat_tree, rail_optimized };
 enum class OffloadTier : std::uint8_t { hbm, host_pinned, nvme };
 enum class CachePolicy : std::uint8_t { lru, lfu };
 enum class Prefetch : std::uint8_t { none, next_layer, all_predicted };
 enum class ExpertSync : std::uint8_t { barrier, per_expert };
-enum class Granularity : std::uint8_t { layer, coarse };
 enum class SlowLink : std::uint8_t { none, nvlink, pcie, nic };
 
 struct ModelSpec {
@@ -235,7 +239,6 @@ struct Scenario {
 
 const char* to_string(AttentionKind v);
 const char* to_string(Precision v);
-const char* to_string(GpuKind v);
 const char* to_string(Dispatcher v);
 const char* to_string(RecomputeGranularity v);
 const char* to_string(OffloadTier v);

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "threewalls/core/vocabulary.hpp"
 #include "threewalls/scenarios/layout.hpp"
 #include "threewalls/scenarios/scenario.hpp"
 
@@ -49,22 +50,24 @@ enum class OpKind : std::uint8_t {
   host,           // host-only work; `sub` = HostKind; shape {duration_ns hint or 0}
 };
 
-enum class CopyKind : std::uint8_t { h2d_pinned, h2d_pageable, d2h_pinned, d2h_pageable, d2d, disk_read };
+// Walls, element types, copy kinds and collectives are the core vocabulary (core/vocabulary.hpp).
+using threewalls::Collective;
+using threewalls::CopyKind;
+using threewalls::DType;
+using threewalls::to_string;
+using threewalls::Wall;
 // For collectives `bytes` follows nccl-tests: all_reduce, broadcast: the buffer size; all_gather: the
 // gathered output size; reduce_scatter: the input size; all_to_all: the bytes this rank sends in total
-// (including its own share). MoE all-to-alls carry shape {balanced bytes B, routed}: routed = 0: every
-// peer pair exchanges B / n; routed = 1 (dispatch): rank i sends B * share(ep_rank(j)) to peer j;
-// routed = 2 (combine): rank i sends B * share(ep_rank(i)) to every peer j, with share() from
-// RoutingModel (layout.hpp). `bytes` is then this rank's total send.
-enum class Collective : std::uint8_t { all_reduce, all_gather, reduce_scatter, all_to_all, broadcast };
+// (including its own share); a collective op is never Collective::send_recv (send and recv are ops). MoE all-to-alls
+// carry shape {balanced bytes B, routed}: routed = 0: every peer pair exchanges B / n; routed = 1 (dispatch): rank i
+// sends B * share(ep_rank(j)) to peer j; routed = 2 (combine): rank i sends B * share(ep_rank(i)) to every peer j, with
+// share() from RoutingModel (layout.hpp). `bytes` is then this rank's total send.
 enum class HostKind : std::uint8_t { stream_sync, gpu_read, framework, barrier, graph_launch };
 // What an element-wise op computes. swiglu: y[r, j] = silu(x[r, j]) x[r, f + j] (reads 2 f, writes f
 // per row); add: residual/bias-dropout-add (reads 2, writes 1); copy: kv-cache append; reduce: a
 // read-mostly reduction (gradient norm); the _bwd kinds are the matching backward kernels.
 enum class ElementwiseKind : std::uint8_t { add, copy, swiglu, swiglu_bwd, gelu, gelu_bwd, reduce };
 enum class NormKind : std::uint8_t { rmsnorm, layernorm };
-enum class Wall : std::uint8_t { compute, memory, communication, host };
-enum class DType : std::uint8_t { bf16, fp8, fp32 };
 enum class StreamKind : std::uint8_t { compute, communication, copy, host };
 
 // Op flags.
@@ -182,9 +185,6 @@ double megatron_flops_per_iteration(const Scenario& s);
 double sm_fraction(const Op& op, int sm_count);
 
 const char* to_string(OpKind k);
-const char* to_string(Wall w);
-const char* to_string(Collective c);
-const char* to_string(CopyKind c);
 const char* to_string(HostKind h);
 const char* to_string(ElementwiseKind e);
 const char* to_string(StreamKind s);

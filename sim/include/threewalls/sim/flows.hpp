@@ -21,15 +21,17 @@
 #include <vector>
 
 #include "threewalls/core/units.hpp"
+#include "threewalls/core/vocabulary.hpp"
 #include "threewalls/sim/platform.hpp"
 
 namespace threewalls::sim {
 
-enum class CommKind : std::uint8_t { all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send_recv };
+// The NCCL operation a flow set carries: the core vocabulary's Collective.
+using CommKind = threewalls::Collective;
+using threewalls::to_string;
 enum class Algorithm : std::uint8_t { ring, tree, chain, pairwise, p2p };
 // The user's choice for all-reduce; auto = NCCL's rule of thumb (docs/simulator.md).
 enum class AllReduceChoice : std::uint8_t { automatic, ring, tree };
-const char* to_string(CommKind k);
 const char* to_string(Algorithm a);
 const char* to_string(AllReduceChoice a);
 

@@ -34,7 +34,8 @@ class CostModel;
 
 namespace threewalls::sim {
 
-enum class CommScope : std::uint8_t { nvlink, network };
+// Where a collective's traffic flows (core vocabulary).
+using CommScope = threewalls::LinkScope;
 
 // Latency term and bus bandwidth (nccl-tests) of a collective alone at its size and group size.
 struct CommParams {
