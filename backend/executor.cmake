@@ -10,6 +10,6 @@ add_library(threewalls_executor
 add_library(threewalls::executor ALIAS threewalls_executor)
 target_include_directories(threewalls_executor PUBLIC ${CMAKE_CURRENT_LIST_DIR}/include)
 target_link_libraries(threewalls_executor
-  PUBLIC threewalls::scenarios threewalls::profiler threewalls::profiler_recorder threewalls::core
+  PUBLIC threewalls::scenarios threewalls::profiler threewalls::profiler_recorder threewalls::records threewalls::core
   PRIVATE Threads::Threads)
 threewalls_warnings(threewalls_executor)

@@ -14,6 +14,7 @@
 #include "threewalls/backend/launch.hpp"
 #include "threewalls/core/error.hpp"
 #include "threewalls/core/units.hpp"
+#include "threewalls/records/records.hpp"
 #include "threewalls/scenarios/loader.hpp"
 
 namespace threewalls::cli {
@@ -170,21 +171,10 @@ void register_run(CLI::App& app, Commands& cmds) {
       throw InputError("run: --no-profiler and --record-every-n-steps contradict each other");
     }
     if (a.no_profiler || a.record_every > 0) {
-      profiler::SamplingConfig c;
       const scenarios::ProfilerSpec& ps = s.run.profiler;
-      c.enabled = !a.no_profiler && ps.enabled;
-      c.start_step = ps.start_step;
-      c.end_step = ps.end_step;
-      c.record_every_n_steps = a.record_every > 0 ? a.record_every : ps.record_every_n_steps;
-      c.flush_every_n_steps = ps.flush_every_n_steps;
-      c.ranks = ps.ranks;
-      c.granularity = ps.granularity;
-      if (ps.representatives) {
-        const scenarios::StepGraph g = scenarios::expand(s, 0);
-        c.ranks.clear();
-        for (const auto& rc : g.classes) c.ranks.push_back(rc.representative());
-        std::sort(c.ranks.begin(), c.ranks.end());
-      }
+      profiler::SamplingConfig c =
+          records::sampling_config(ps, ps.representatives ? scenarios::expand(s, 0) : scenarios::StepGraph());
+      if (a.record_every > 0) c.record_every_n_steps = a.record_every;
       if (a.no_profiler) c.enabled = false;
       eo.sampling = c;
     }

@@ -10,9 +10,10 @@ declare -A allowed=(
   [core]="core"
   [scenarios]="core scenarios"
   [profiler]="core profiler"
+  [records]="core scenarios profiler records"
   [calibration]="core calibration backend scenarios"
-  [sim]="core scenarios calibration profiler sim"
-  [backend]="core scenarios profiler backend"
+  [sim]="core scenarios calibration profiler records sim"
+  [backend]="core scenarios profiler records backend"
   [notebooks_export]="core profiler notebooks_export export"
 )
 for folder in "${!allowed[@]}"; do
@@ -41,7 +42,7 @@ check_only_in() {  # pattern, description, allowed path regex
       echo "dependency violation: $file includes $what (only $allow may)"
       fail=1
     fi
-  done < <(grep -rnE "$pattern" core scenarios profiler calibration sim backend notebooks_export cli \
+  done < <(grep -rnE "$pattern" core scenarios profiler records calibration sim backend notebooks_export cli \
              --include='*.hpp' --include='*.cpp' --include='*.cu' --include='*.cuh' 2>/dev/null || true)
 }
 check_only_in '#include [<"]simgrid/' "SimGrid" '^sim/'

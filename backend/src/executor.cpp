@@ -20,6 +20,7 @@
 #include "threewalls/profiler/record_sink.hpp"
 #include "threewalls/profiler/run_dir.hpp"
 #include "threewalls/profiler/step_recorder.hpp"
+#include "threewalls/records/records.hpp"
 #include "threewalls/scenarios/stepper.hpp"
 
 namespace threewalls::backend {
@@ -165,30 +166,6 @@ class StoppedByPeer : public SystemError {
   using SystemError::SystemError;
 };
 
-profiler::CoarseView coarse_view(const Op& op) {
-  if ((op.flags & scenarios::kDataLoad) != 0) return profiler::CoarseView::host_to_device;
-  if ((op.flags & scenarios::kMetrics) != 0) return profiler::CoarseView::training_metrics;
-  return profiler::CoarseView::none;
-}
-
-profiler::SamplingConfig scenario_sampling(const scenarios::Scenario& s, const StepGraph& g) {
-  const scenarios::ProfilerSpec& ps = s.run.profiler;
-  profiler::SamplingConfig c;
-  c.enabled = ps.enabled;
-  c.start_step = ps.start_step;
-  c.end_step = ps.end_step;
-  c.record_every_n_steps = ps.record_every_n_steps;
-  c.flush_every_n_steps = ps.flush_every_n_steps;
-  c.granularity = ps.granularity;
-  if (ps.representatives) {
-    for (const auto& rc : g.classes) c.ranks.push_back(rc.representative());
-    std::sort(c.ranks.begin(), c.ranks.end());
-  } else {
-    c.ranks = ps.ranks;
-  }
-  return c;
-}
-
 // FNV-1a over the bytes of trivially copyable values.
 struct Fnv {
   std::uint64_t h = 1469598103934665603ULL;
@@ -330,36 +307,17 @@ Plan build_plan(const std::shared_ptr<const StepGraph>& graph, int rank, profile
   p.rc = &rc;
   const std::size_t n = rc.ops.size();
   p.ops.resize(n);
-  std::vector<std::uint32_t> phase_ids(g.phases.size(), 0);
-  std::vector<std::uint32_t> stream_ids(g.streams.size(), 0);
-  if (sink != nullptr && sink->enabled()) {
-    for (std::size_t i = 0; i < g.phases.size(); ++i) phase_ids[i] = sink->phase_id(g.phases[i]);
-    for (std::size_t i = 0; i < g.streams.size(); ++i) stream_ids[i] = sink->stream_id(g.streams[i].name);
-  }
+  // The records owner's templates (a disabled sink interns nothing; without a sink the names go nowhere).
+  profiler::Names unrecorded;
+  const std::vector<profiler::PhaseRecord> templates =
+      sink != nullptr ? records::OpRecords(g, *sink).of_rank(rank) : records::OpRecords(g, unrecorded).of_rank(rank);
   std::set<int> used;
   for (std::size_t i = 0; i < n; ++i) {
     const Op& op = rc.ops[i];
     OpInfo& info = p.ops[i];
     info.host = op.kind == OpKind::host || dev.blocks_host(op);
     if (op.kind != OpKind::host && !dev.blocks_host(op)) used.insert(op.stream);
-    profiler::PhaseRecord& r = info.tmpl;
-    r.rank = rank;
-    r.phase = phase_ids[op.phase];
-    r.stream = stream_ids[op.stream];
-    r.layer = op.layer;
-    r.microbatch = op.microbatch;
-    r.bytes = op.bytes;
-    r.flops = op.flops;
-    r.expert = op.expert;
-    if (op.kind == OpKind::send || op.kind == OpKind::recv) r.peer = g.layout.peer_of(op, rank);
-    if (op.is_comm() && sink != nullptr && sink->enabled()) r.group = sink->group_id(scenarios::to_string(op.group));
-    if (op.kind == OpKind::collective && op.group != Group::none) {
-      const std::vector<int> members = g.layout.group_members(op.group, rank);  // ordered: the first is the lowest
-      if (!members.empty()) r.group_id = *std::min_element(members.begin(), members.end());
-    }
-    r.tokens = op.tokens;
-    r.wall = op.wall;
-    r.coarse = coarse_view(op);
+    info.tmpl = templates[i];
   }
   for (std::size_t ri = 0; ri < rc.graph_runs.size(); ++ri) {
     const scenarios::GraphRun& gr = rc.graph_runs[ri];
@@ -1160,7 +1118,8 @@ RunResult execute(const scenarios::Scenario& s, const ProcessContext& process, c
   result.warmup_steps = warmup;
 
   // Sampling.
-  profiler::SamplingConfig sampling = options.sampling ? *options.sampling : scenario_sampling(s, *g0);
+  profiler::SamplingConfig sampling =
+      options.sampling ? *options.sampling : records::sampling_config(s.run.profiler, *g0);
   if (options.out_dir.empty()) sampling.enabled = false;  // nowhere to write: nothing is recorded
   st->policy = profiler::SamplingPolicy(sampling, world);
 
@@ -1205,12 +1164,10 @@ RunResult execute(const scenarios::Scenario& s, const ProcessContext& process, c
   }
   if (!st->stop.load()) {
     try {
-      profiler::RunHeader header = profiler::make_header(options.source, world);
-      header.scenario = {s.name, s.source_path, s.content_hash};
+      profiler::RunHeader header = records::run_header(options.source, s, *g0);
       header.device = st->device_name;
       header.argv = options.argv;
       if (!process.start_time.empty()) header.start_time = process.start_time;
-      header.seed = s.run.seed;
       OrderedJson ex = OrderedJson::object();
       ex["threads"] = "one per local rank (GPU)";
       ex["local_ranks"] = process.local_ranks;
@@ -1228,7 +1185,6 @@ RunResult execute(const scenarios::Scenario& s, const ProcessContext& process, c
       header.settings["steps"] = steps;
       header.settings["warmup_steps"] = warmup;
       header.settings["executor"] = ex;
-      for (const auto& rc : g0->classes) header.rank_classes.push_back({rc.id, rc.label, rc.ranks, rc.pp_stage});
       if (st->policy.enabled()) {
         profiler::WriterOptions wo;
         wo.overwrite = options.overwrite;
@@ -1335,22 +1291,12 @@ RunResult execute(const scenarios::Scenario& s, const ProcessContext& process, c
     writer->close();
     if (process.barrier) process.barrier();
     if (process.creator) {
-      profiler::SummaryInputs in;
-      in.model_flops_per_step = Flops(g0->model_flops);
-      in.tokens_per_step = g0->tokens;
+      profiler::SummaryInputs in = records::summary_inputs(s, *g0);
       // Inference: each measured step's kind, tokens, FLOPs and expert activations / cache hits from
       // its own StepGraph (as the simulator's summary), or tokens/s would use the prefill's tokens.
       for (int k = 0; k < steps; ++k) {
         const StepGraph& g = *st->graphs[static_cast<std::size_t>(st->graph_of_iteration[static_cast<std::size_t>(warmup + k)])];
-        if (g.step_kind != "prefill" && g.step_kind != "decode") continue;
-        profiler::InferenceStepInput& step_in = in.inference_steps[k];
-        step_in.kind = g.step_kind;
-        step_in.tokens = g.tokens;
-        step_in.model_flops = g.model_flops;
-        for (int r = 0; r < g.layout.world(); ++r) {
-          const RankClass& rc = g.class_of(r);
-          step_in.by_rank[r] = {rc.experts_activated, rc.experts_cache_hits};
-        }
+        if (auto step_in = records::inference_step(g)) in.inference_steps[k] = std::move(*step_in);
       }
       in.gpu = st->device_name;
       in.measured_peak_by_rank = peaks;

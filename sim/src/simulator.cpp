@@ -14,6 +14,7 @@
 #include "threewalls/core/error.hpp"
 #include "threewalls/profiler/run_dir.hpp"
 #include "threewalls/profiler/sampling.hpp"
+#include "threewalls/records/records.hpp"
 #include "threewalls/scenarios/layout.hpp"
 #include "threewalls/scenarios/stepper.hpp"
 #include "threewalls/sim/simgrid_network.hpp"
@@ -27,39 +28,16 @@ using scenarios::Op;
 using scenarios::OpKind;
 using scenarios::StepGraph;
 
-profiler::CoarseView coarse_view(const Op& op) {
-  if (op.flags & scenarios::kDataLoad) return profiler::CoarseView::host_to_device;
-  if (op.flags & scenarios::kMetrics) return profiler::CoarseView::training_metrics;
-  return profiler::CoarseView::none;
-}
-
 // Step-ranged slowdowns active in `step`.
 bool active(const scenarios::Slowdown& d, int step) {
   return step >= d.from_step && (d.to_step < 0 || step <= d.to_step);
 }
 
-// Interned names and per-op record templates of one StepGraph.
-struct RecordTables {
-  std::vector<std::uint32_t> phase, stream;
-  std::vector<std::uint32_t> group;  // by Group value
-};
-
-RecordTables intern_graph(const StepGraph& g, profiler::Names& names) {
-  RecordTables t;
-  for (const std::string& p : g.phases) t.phase.push_back(names.phases.intern(p));
-  for (const auto& s : g.streams) t.stream.push_back(names.streams.intern(s.name));
-  for (int v = 0; v <= static_cast<int>(Group::embedding); ++v) {
-    const auto grp = static_cast<Group>(v);
-    t.group.push_back(grp == Group::none ? profiler::kNoName : names.groups.intern(scenarios::to_string(grp)));
-  }
-  return t;
-}
-
-// Appends the records of `rank` (a member of class c) for one step.
-void add_records(const StepGraph& g, const RecordTables& t, const StepResult& r, std::size_t c, int step, int rank,
+// Appends the records of `rank` (a member of class c) for one step: the records owner's templates
+// with this step's times.
+void add_records(const records::OpRecords& templates, const StepResult& r, std::size_t c, int step, int rank,
                  const std::function<void(const profiler::StepRecord&)>& on_step,
                  const std::function<void(const profiler::PhaseRecord&)>& on_phase) {
-  const scenarios::RankClass& rc = g.classes[c];
   const ClassTimeline& tl = r.classes[c];
   profiler::StepRecord sr;
   sr.step = step;
@@ -67,61 +45,18 @@ void add_records(const StepGraph& g, const RecordTables& t, const StepResult& r,
   sr.epoch_us = r.epoch * 1e6;
   sr.dur_us = tl.step_end * 1e6;
   on_step(sr);
-  // group_id (run_dir.md): which instance of a group a collective runs in, its lowest global rank.
-  std::array<std::int32_t, static_cast<std::size_t>(Group::embedding) + 1> group_id;
-  group_id.fill(profiler::kAbsent - 1);
-  auto instance_of = [&](Group grp) {
-    std::int32_t& id = group_id[static_cast<std::size_t>(grp)];
-    if (id == profiler::kAbsent - 1) {
-      const std::vector<int> members = g.layout.group_members(grp, rank);
-      id = members.empty() ? profiler::kAbsent : *std::min_element(members.begin(), members.end());
-    }
-    return id;
-  };
-  for (std::size_t i = 0; i < rc.ops.size(); ++i) {
-    const Op& op = rc.ops[i];
-    profiler::PhaseRecord p;
+  const bool marked = tl.record_start.size() == tl.start.size() && tl.record_end.size() == tl.end.size();
+  std::vector<profiler::PhaseRecord> ops = templates.of_rank(rank);
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    profiler::PhaseRecord& p = ops[i];
     p.step = step;
-    p.rank = rank;
-    p.phase = t.phase[op.phase];
-    p.stream = t.stream[op.stream];
-    p.layer = op.layer;
-    p.microbatch = op.microbatch;
-    const bool marked = tl.record_start.size() == tl.start.size() && tl.record_end.size() == tl.end.size();
     const double t0 = marked ? tl.record_start[i] : tl.start[i];
     const double t1 = marked ? tl.record_end[i] : tl.end[i];
     p.start_us = t0 * 1e6;
     p.dur_us = (t1 - t0) * 1e6;
     if (marked && i < tl.launch_wait.size()) p.launch_wait_us = static_cast<float>(tl.launch_wait[i] * 1e6);
-    p.bytes = op.bytes;
-    p.flops = op.flops;
-    p.expert = op.expert;
-    if (op.kind == OpKind::send || op.kind == OpKind::recv) p.peer = g.layout.peer_of(op, rank);
-    if (op.is_comm()) p.group = t.group[static_cast<std::size_t>(op.group)];
-    if (op.kind == OpKind::collective && op.group != Group::none) p.group_id = instance_of(op.group);
-    p.tokens = op.tokens;
-    p.wall = op.wall;
-    p.coarse = coarse_view(op);
     on_phase(p);
   }
-}
-
-profiler::SamplingConfig sampling_config(const scenarios::Scenario& s, const StepGraph& g) {
-  const scenarios::ProfilerSpec& ps = s.run.profiler;
-  profiler::SamplingConfig c;
-  c.enabled = ps.enabled;
-  c.start_step = ps.start_step;
-  c.end_step = ps.end_step;
-  c.record_every_n_steps = ps.record_every_n_steps;
-  c.flush_every_n_steps = ps.flush_every_n_steps;
-  c.granularity = ps.granularity;
-  if (ps.representatives) {
-    for (const auto& rc : g.classes) c.ranks.push_back(rc.representative());
-    std::sort(c.ranks.begin(), c.ranks.end());
-  } else {
-    c.ranks = ps.ranks;
-  }
-  return c;
 }
 
 }  // namespace
@@ -173,13 +108,11 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   const Executor exec(coster, eo);
 
   // Run header and writer.
-  profiler::RunHeader header = profiler::make_header("sim", s.world_size());
-  header.scenario = {s.name, s.source_path, s.content_hash};
+  profiler::RunHeader header = records::run_header("sim", s, first);
   header.calibration_profile = profiler::ProfileId{profile.id, profile.path, profile.gpu};
   header.device = std::string("simulated ") + scenarios::to_string(s.cluster.gpu);
   header.argv = opt.argv;
   header.start_time = opt.start_time;
-  header.seed = s.run.seed;
   OrderedJson simj;
   simj["fidelity"] = to_string(opt.fidelity);
   simj["network"] = SimGridEngine::settings();
@@ -200,12 +133,11 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   header.settings["steps"] = steps;
   header.settings["warmup_steps_simulated"] = 0;
   header.settings["simulator"] = simj;
-  for (const auto& rc : first.classes) header.rank_classes.push_back({rc.id, rc.label, rc.ranks, rc.pp_stage});
 
   // The profiler's timing markers cost host time in a real run's recorded steps (docs/simulator.md,
   // "Host lane"): the scenario's sampling decides which steps and classes carry them, whether or not
   // this simulation writes a run directory.
-  const profiler::SamplingPolicy timing_policy(sampling_config(s, first), s.world_size());
+  const profiler::SamplingPolicy timing_policy(records::sampling_config(s.run.profiler, first), s.world_size());
   auto timing_of = [&](const StepGraph& g, int step) {
     std::vector<Timing> t(g.classes.size(), Timing::none);
     if (!timing_policy.enabled() || !timing_policy.records(step)) return t;
@@ -228,8 +160,9 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
     profiler::WriterOptions wo;
     wo.overwrite = opt.overwrite;
     wo.keep_records = false;
-    writer = std::make_unique<profiler::RunDirWriter>(opt.out_dir, header,
-                                                      profiler::SamplingPolicy(sampling_config(s, first), s.world_size()), wo);
+    writer = std::make_unique<profiler::RunDirWriter>(
+        opt.out_dir, header, profiler::SamplingPolicy(records::sampling_config(s.run.profiler, first), s.world_size()),
+        wo);
     result.run_dir = opt.out_dir;
   }
   profiler::Names& names = writer ? writer->names() : local_names;
@@ -242,27 +175,21 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
 
   // Records of one simulated step: the summary's (representatives) and the files' (recording ranks).
   auto emit = [&](const StepGraph& g, const StepResult& r, int step) {
-    const RecordTables tables = intern_graph(g, names);
-    if (g.step_kind == "prefill" || g.step_kind == "decode") {
-      profiler::InferenceStepInput& in = inference_steps[step];
-      in.kind = g.step_kind;
-      in.tokens = g.tokens;
-      in.model_flops = g.model_flops;
-      for (const auto& rc : g.classes) {
-        in.by_rank[rc.representative()] = {rc.experts_activated, rc.experts_cache_hits};
-      }
-    }
+    const records::OpRecords templates(g, names);
+    if (auto in = records::inference_step(g)) inference_steps[step] = std::move(*in);
     for (std::size_t c = 0; c < g.classes.size(); ++c) {
-      add_records(g, tables, r, c, step, g.classes[c].representative(),
-                  [&](const profiler::StepRecord& x) { sum_steps.push_back(x); },
-                  [&](const profiler::PhaseRecord& x) { sum_phases.push_back(x); });
+      add_records(
+          templates, r, c, step, g.classes[c].representative(),
+          [&](const profiler::StepRecord& x) { sum_steps.push_back(x); },
+          [&](const profiler::PhaseRecord& x) { sum_phases.push_back(x); });
     }
     if (writer && writer->policy().records(step)) {
       for (int rank : writer->policy().recording_ranks()) {
         if (!writer->records(step, rank)) continue;
         const auto c = static_cast<std::size_t>(g.class_of_rank.at(static_cast<std::size_t>(rank)));
-        add_records(g, tables, r, c, step, rank, [&](const profiler::StepRecord& x) { writer->add(x); },
-                    [&](const profiler::PhaseRecord& x) { writer->add(x); });
+        add_records(
+            templates, r, c, step, rank, [&](const profiler::StepRecord& x) { writer->add(x); },
+            [&](const profiler::PhaseRecord& x) { writer->add(x); });
       }
     }
     if (writer) writer->end_step(step);
@@ -335,11 +262,7 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   }
 
   // Summary.
-  profiler::SummaryInputs in;
-  in.model_flops_per_step = Flops(result.model_flops_per_step);
-  in.tokens_per_step = result.tokens_per_step;
-  in.gpu = scenarios::to_string(s.cluster.gpu);
-  in.gpu_peak = gpu_spec(s.cluster.gpu).peak_bf16;
+  profiler::SummaryInputs in = records::summary_inputs(s, first);
   in.gpu_memory = s.cluster.gpu_memory;
   for (const ClassMemory& cm : result.memory.classes) {
     profiler::MemoryClass mc;

@@ -1,0 +1,125 @@
+#include "threewalls/records/records.hpp"
+
+#include <algorithm>
+#include <array>
+
+namespace threewalls::records {
+
+using scenarios::Group;
+using scenarios::Op;
+using scenarios::OpKind;
+using scenarios::StepGraph;
+
+namespace {
+constexpr int kGroups = static_cast<int>(Group::embedding) + 1;
+}  // namespace
+
+profiler::RunHeader run_header(std::string_view source, const scenarios::Scenario& s, const StepGraph& g) {
+  profiler::RunHeader header = profiler::make_header(std::string(source), s.world_size());
+  header.scenario = {s.name, s.source_path, s.content_hash};
+  header.seed = s.run.seed;
+  for (const auto& rc : g.classes) header.rank_classes.push_back({rc.id, rc.label, rc.ranks, rc.pp_stage});
+  return header;
+}
+
+profiler::SamplingConfig sampling_config(const scenarios::ProfilerSpec& ps, const StepGraph& g) {
+  profiler::SamplingConfig c;
+  c.enabled = ps.enabled;
+  c.start_step = ps.start_step;
+  c.end_step = ps.end_step;
+  c.record_every_n_steps = ps.record_every_n_steps;
+  c.flush_every_n_steps = ps.flush_every_n_steps;
+  c.granularity = ps.granularity;
+  if (ps.representatives) {
+    for (const auto& rc : g.classes) c.ranks.push_back(rc.representative());
+    std::sort(c.ranks.begin(), c.ranks.end());
+  } else {
+    c.ranks = ps.ranks;
+  }
+  return c;
+}
+
+profiler::CoarseView coarse_view(const Op& op) {
+  if ((op.flags & scenarios::kDataLoad) != 0) return profiler::CoarseView::host_to_device;
+  if ((op.flags & scenarios::kMetrics) != 0) return profiler::CoarseView::training_metrics;
+  return profiler::CoarseView::none;
+}
+
+OpRecords::OpRecords(const StepGraph& g, profiler::Names& names) : g_(&g) {
+  for (const std::string& p : g.phases) phase_.push_back(names.phases.intern(p));
+  for (const auto& s : g.streams) stream_.push_back(names.streams.intern(s.name));
+  for (int v = 0; v < kGroups; ++v) {
+    const auto grp = static_cast<Group>(v);
+    group_.push_back(grp == Group::none ? profiler::kNoName : names.groups.intern(scenarios::to_string(grp)));
+  }
+}
+
+OpRecords::OpRecords(const StepGraph& g, profiler::RecordSink& sink) : g_(&g) {
+  phase_.assign(g.phases.size(), 0);
+  stream_.assign(g.streams.size(), 0);
+  group_.assign(kGroups, profiler::kNoName);
+  if (!sink.enabled()) return;
+  for (std::size_t i = 0; i < g.phases.size(); ++i) phase_[i] = sink.phase_id(g.phases[i]);
+  for (std::size_t i = 0; i < g.streams.size(); ++i) stream_[i] = sink.stream_id(g.streams[i].name);
+  for (int v = 1; v < kGroups; ++v)
+    group_[static_cast<std::size_t>(v)] = sink.group_id(scenarios::to_string(static_cast<Group>(v)));
+}
+
+std::vector<profiler::PhaseRecord> OpRecords::of_rank(int rank) const {
+  const StepGraph& g = *g_;
+  const scenarios::RankClass& rc = g.class_of(rank);
+  // group_id (run_dir.md): which instance of a group a collective runs in, its lowest global rank.
+  std::array<std::int32_t, kGroups> group_id;
+  group_id.fill(profiler::kAbsent - 1);
+  auto instance_of = [&](Group grp) {
+    std::int32_t& id = group_id[static_cast<std::size_t>(grp)];
+    if (id == profiler::kAbsent - 1) {
+      const std::vector<int> members = g.layout.group_members(grp, rank);
+      id = members.empty() ? profiler::kAbsent : *std::min_element(members.begin(), members.end());
+    }
+    return id;
+  };
+  std::vector<profiler::PhaseRecord> out(rc.ops.size());
+  for (std::size_t i = 0; i < rc.ops.size(); ++i) {
+    const Op& op = rc.ops[i];
+    profiler::PhaseRecord& r = out[i];
+    r.rank = rank;
+    r.phase = phase_[op.phase];
+    r.stream = stream_[op.stream];
+    r.layer = op.layer;
+    r.microbatch = op.microbatch;
+    r.bytes = op.bytes;
+    r.flops = op.flops;
+    r.expert = op.expert;
+    if (op.kind == OpKind::send || op.kind == OpKind::recv) r.peer = g.layout.peer_of(op, rank);
+    if (op.is_comm()) r.group = group_[static_cast<std::size_t>(op.group)];
+    if (op.kind == OpKind::collective && op.group != Group::none) r.group_id = instance_of(op.group);
+    r.tokens = op.tokens;
+    r.wall = op.wall;
+    r.coarse = coarse_view(op);
+  }
+  return out;
+}
+
+profiler::SummaryInputs summary_inputs(const scenarios::Scenario& s, const StepGraph& g) {
+  profiler::SummaryInputs in;
+  in.model_flops_per_step = Flops(g.model_flops);
+  in.tokens_per_step = g.tokens;
+  in.gpu = to_string(s.cluster.gpu);
+  in.gpu_peak = gpu_spec(s.cluster.gpu).peak_bf16;
+  return in;
+}
+
+std::optional<profiler::InferenceStepInput> inference_step(const StepGraph& g) {
+  if (g.step_kind != "prefill" && g.step_kind != "decode") return std::nullopt;
+  profiler::InferenceStepInput in;
+  in.kind = g.step_kind;
+  in.tokens = g.tokens;
+  in.model_flops = g.model_flops;
+  for (const auto& rc : g.classes) {
+    for (int r : rc.ranks) in.by_rank[r] = {rc.experts_activated, rc.experts_cache_hits};
+  }
+  return in;
+}
+
+}  // namespace threewalls::records
