@@ -1,11 +1,8 @@
 // threewalls compare A B: run B against run A (the reference), record for record (docs/compare_analyze_export.md).
-#include <filesystem>
 #include <iostream>
 
 #include "command.hpp"
-#include "threewalls/calibration/cost_model.hpp"
 #include "threewalls/calibration/host_probe_scale.hpp"
-#include "threewalls/calibration/profile.hpp"
 #include "threewalls/core/error.hpp"
 #include "threewalls/notebooks_export/compare.hpp"
 
@@ -13,44 +10,20 @@ namespace threewalls::cli {
 
 namespace {
 
-// The real run's host probe against the simulation's profile, when one side is each and the
-// profile file is there to read (calibration::host_probe_scale); empty otherwise.
+// The real run's host probe against the simulation's profile, when one side is each and the profile
+// still loads; empty otherwise (a profile that broke since the simulation is a warning).
 std::optional<notebooks_export::HostProbeLine> host_probe_line(const profiler::RunData& a, const profiler::RunData& b) {
-  for (const bool real_is_a : {true, false}) {
-    const profiler::RunHeader& real = real_is_a ? a.header : b.header;
-    const profiler::RunHeader& sim = real_is_a ? b.header : a.header;
-    if (real.source != "real" || sim.source != "sim" || !sim.calibration_profile) continue;
-    const auto& settings = real.settings;
-    if (!settings.contains("executor") || !settings["executor"].contains("device") ||
-        !settings["executor"]["device"].contains("host_probe")) {
-      continue;
-    }
-    const std::filesystem::path path = sim.calibration_profile->path;
-    std::error_code ec;
-    if (path.empty() || !std::filesystem::is_regular_file(path, ec)) continue;
-    double sim_scale = 1.0;
-    if (sim.settings.contains("simulator") && sim.settings["simulator"].contains("host_scale") &&
-        sim.settings["simulator"]["host_scale"].is_number()) {
-      sim_scale = sim.settings["simulator"]["host_scale"].get<double>();
-    }
-    std::optional<calibration::HostProbeScale> hs;
-    try {
-      const calibration::Profile profile = calibration::Profile::load(path);
-      const calibration::CostModel model(profile);
-      hs = calibration::host_probe_scale(settings["executor"]["device"]["host_probe"], model, sim_scale);
-    } catch (const Error& e) {  // the profile changed or broke since the simulation: compare without it
-      std::cerr << "warning: host probe not compared with the simulation's profile: " << e.what() << "\n";
-      continue;
-    }
-    if (!hs) continue;
-    notebooks_export::HostProbeLine line;
-    line.real_side = real_is_a ? 'A' : 'B';
-    line.probe = *hs;
-    line.sim_host_scale = sim_scale;
-    line.profile = path.string();
-    return line;
+  const auto pair = notebooks_export::find_host_probe_pair(a, b);
+  if (!pair) return std::nullopt;
+  std::optional<calibration::HostProbeScale> hs;
+  try {
+    hs = calibration::host_probe_scale_from_profile(pair->probe, pair->profile, pair->sim_host_scale);
+  } catch (const Error& e) {
+    std::cerr << "warning: host probe not compared with the simulation's profile: " << e.what() << "\n";
+    return std::nullopt;
   }
-  return std::nullopt;
+  if (!hs) return std::nullopt;
+  return notebooks_export::HostProbeLine{pair->real_side, *hs, pair->sim_host_scale, pair->profile};
 }
 
 }  // namespace

@@ -51,6 +51,16 @@ check_only_in '#include [<"]toml\+\+/' "toml++" '^(scenarios|calibration)/'
 # e.g. timed_op_gap.cu), part of its GPU bench side like calibration/bench/.
 check_only_in '#include [<"](cuda_runtime|cuda\.h|cublas|nccl|nvtx3|cuda_bf16|cuda_fp8)' "CUDA/NCCL/NVTX" \
   '^(backend/|profiler/cuda/|profiler/examples/cuda|calibration/bench/|calibration/tools/[^/]*\.cu$|cli/cmd_(run|calibrate))'
+# Sub-targets sit above their parent library: the simulator never includes the planner, the scenario
+# library never includes the importers.
+while IFS= read -r line; do
+  echo "dependency violation: $line (sim/planner/ is a sub-target over sim; sim itself may not use it)"
+  fail=1
+done < <(grep -rnE '#include [<"]threewalls/sim/planner' sim/src sim/include 2>/dev/null || true)
+while IFS= read -r line; do
+  echo "dependency violation: $line (scenarios/import/ is a sub-target over scenarios; scenarios may not use it)"
+  fail=1
+done < <(grep -rnE '#include [<"]threewalls/scenarios/import' scenarios/src scenarios/include 2>/dev/null || true)
 # sim/ and backend/ never include each other (covered above), and no folder includes cli/.
 if [ $fail -eq 0 ]; then echo "check_deps: library graph OK"; fi
 exit $fail

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "threewalls/calibration/profile.hpp"
 #include "threewalls/core/host_probe.hpp"
 
 namespace threewalls::calibration {
@@ -33,6 +34,14 @@ std::optional<HostProbeScale> host_probe_scale(const OrderedJson& probe, const C
   if (!(charged > 0.0)) return std::nullopt;
   out.scale = measured / charged;
   return out;
+}
+
+std::optional<HostProbeScale> host_probe_scale_from_profile(const OrderedJson& probe,
+                                                            const std::filesystem::path& profile_path,
+                                                            double host_scale) {
+  const Profile profile = Profile::load(profile_path);
+  const CostModel model(profile);
+  return host_probe_scale(probe, model, host_scale);
 }
 
 }  // namespace threewalls::calibration

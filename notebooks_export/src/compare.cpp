@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <unordered_map>
 
@@ -544,6 +545,32 @@ OrderedJson compare_json(const CompareResult& r) {
   j["checks"] = std::move(checks);
   j["failed"] = r.failed();
   return j;
+}
+
+std::optional<HostProbePair> find_host_probe_pair(const profiler::RunData& a, const profiler::RunData& b) {
+  for (const bool real_is_a : {true, false}) {
+    const profiler::RunHeader& real = real_is_a ? a.header : b.header;
+    const profiler::RunHeader& sim = real_is_a ? b.header : a.header;
+    if (real.source != "real" || sim.source != "sim" || !sim.calibration_profile) continue;
+    const auto& settings = real.settings;
+    if (!settings.contains("executor") || !settings["executor"].contains("device") ||
+        !settings["executor"]["device"].contains("host_probe")) {
+      continue;
+    }
+    const std::filesystem::path path = sim.calibration_profile->path;
+    std::error_code ec;
+    if (path.empty() || !std::filesystem::is_regular_file(path, ec)) continue;
+    HostProbePair pair;
+    pair.real_side = real_is_a ? 'A' : 'B';
+    pair.probe = settings["executor"]["device"]["host_probe"];
+    pair.profile = path.string();
+    if (sim.settings.contains("simulator") && sim.settings["simulator"].contains("host_scale") &&
+        sim.settings["simulator"]["host_scale"].is_number()) {
+      pair.sim_host_scale = sim.settings["simulator"]["host_scale"].get<double>();
+    }
+    return pair;
+  }
+  return std::nullopt;
 }
 
 }  // namespace threewalls::notebooks_export
