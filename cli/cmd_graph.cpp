@@ -19,7 +19,8 @@ void register_graph(CLI::App& app, Commands& cmds) {
   static scenarios::GraphSelection sel;
   sub->add_option("scenario", scenario, "Scenario file")->required();
   sub->add_option("--format", format, "text, json or dot")->check(CLI::IsMember({"text", "json", "dot"}));
-  sub->add_option("--step", step, "Step index (inference steps differ: prefill, decode)")->check(CLI::NonNegativeNumber);
+  sub->add_option("--step", step, "Step index (inference steps differ: prefill, decode)")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--class", sel.cls, "Only this rank class (dot: default 0)");
   sub->add_option("--layer", sel.layer, "Only ops of this layer (-1: ops outside layers)");
   sub->add_option("--microbatch", sel.microbatch, "Only ops of this micro-batch");

@@ -70,8 +70,13 @@ OrderedJson class_json(const StepGraph& g, const RankClass& rc, const GraphSelec
   j["cuda_graph_runs"] = rc.graph_runs.size();
   OrderedJson ph = OrderedJson::array();
   for (const auto& [name, a] : phases) {
-    ph.push_back({{"phase", name}, {"kind", a.kind}, {"wall", a.wall}, {"stream", a.stream}, {"count", a.count},
-                  {"flops", a.flops}, {"bytes", a.bytes}});
+    ph.push_back({{"phase", name},
+                  {"kind", a.kind},
+                  {"wall", a.wall},
+                  {"stream", a.stream},
+                  {"count", a.count},
+                  {"flops", a.flops},
+                  {"bytes", a.bytes}});
   }
   j["phases"] = ph;
   OrderedJson layers = OrderedJson::object();

@@ -49,10 +49,9 @@ CalibrationReport fit_and_write(const std::vector<Record>& records, const RawHea
   bo.gpus_used = header.gpus_used;
   bo.info.name = o.name.empty() ? header.hardware.gpu_kind : o.name;
   bo.info.source = "measured";
-  bo.info.generator = "threewalls " + std::string(tool_version()) + " (" + std::string(git_sha()) + ") calibrate " +
-                      header.mode +
-                      (refit ? " (refit from raw output of threewalls " + header.tool_version + " " + header.git_sha + ")"
-                             : "");
+  bo.info.generator =
+      "threewalls " + std::string(tool_version()) + " (" + std::string(git_sha()) + ") calibrate " + header.mode +
+      (refit ? " (refit from raw output of threewalls " + header.tool_version + " " + header.git_sha + ")" : "");
   if (!o.fill_from.empty()) {
     // An earlier calibration of the same GPU kind (typically a multi-GPU machine's: collectives, NCCL
     // interference) fills what this machine cannot measure, ahead of the kind's default profile.

@@ -79,10 +79,10 @@ void run_child_calibration(const std::vector<std::string>& command, const std::v
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    throw SystemError("calibrate --host-processes: the host calibration in a child process failed (" +
-                      (WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status))
-                                         : std::string("killed by a signal")) +
-                      "); its output: " + log.string());
+    throw SystemError(
+        "calibrate --host-processes: the host calibration in a child process failed (" +
+        (WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status)) : std::string("killed by a signal")) +
+        "); its output: " + log.string());
   }
 }
 
@@ -100,9 +100,22 @@ void measure_host_processes(const CalibrateOptions& o, int n, const RawHeader& h
   for (int i = 1; i < n; ++i) {
     const fs::path dir = base / ("host_process_" + std::to_string(i));
     fs::create_directories(dir.parent_path());
-    std::vector<std::string> args{"--only", "host", "--gpus", "1", "--gpu-kind", header.hardware.gpu_kind,
-                                  "--no-fill", "--overwrite", "--host-processes", "1", "--scratch-dir", o.scratch_dir,
-                                  "--raw-out", dir.string(), "--out", (base / ("host_process_" + std::to_string(i) + ".toml")).string()};
+    std::vector<std::string> args{"--only",
+                                  "host",
+                                  "--gpus",
+                                  "1",
+                                  "--gpu-kind",
+                                  header.hardware.gpu_kind,
+                                  "--no-fill",
+                                  "--overwrite",
+                                  "--host-processes",
+                                  "1",
+                                  "--scratch-dir",
+                                  o.scratch_dir,
+                                  "--raw-out",
+                                  dir.string(),
+                                  "--out",
+                                  (base / ("host_process_" + std::to_string(i) + ".toml")).string()};
     if (o.quick) args.push_back("--quick");
     try {
       run_child_calibration(o.child_command, args, base / ("host_process_" + std::to_string(i) + ".log"));
@@ -172,8 +185,7 @@ int calibrate(const CalibrateOptions& o) {
     po.only = only;
     const std::vector<PointSpec> plan = make_plan(po);
     const auto [min_point, max_point] = point_bounds(mode);
-    Budget budget(o.budget_s > 0.0 ? o.budget_s : default_budget_s(mode), sections_of(plan), min_point,
-                      max_point);
+    Budget budget(o.budget_s > 0.0 ? o.budget_s : default_budget_s(mode), sections_of(plan), min_point, max_point);
     std::printf("# %zu points, measurement budget %.0f s\n", plan.size(), budget.total());
     std::fflush(stdout);
 
@@ -190,13 +202,13 @@ int calibrate(const CalibrateOptions& o) {
     ro.scratch_dir = o.scratch_dir;
     auto runner = make_gpu_runner(ro);
     records = run_points(plan, *runner, budget, default_stop_rule(mode), steady_clock(),
-                             [&](const Record& r, std::size_t i, std::size_t total) {
-                               print_record(r, i, total);
-                               if (raw) {
-                                 raw->write(to_json(r));  // as it comes: a crash keeps what was measured
-                                 raw->flush();
-                               }
-                             });
+                         [&](const Record& r, std::size_t i, std::size_t total) {
+                           print_record(r, i, total);
+                           if (raw) {
+                             raw->write(to_json(r));  // as it comes: a crash keeps what was measured
+                             raw->flush();
+                           }
+                         });
     const int host_processes = o.host_processes >= 1 ? o.host_processes : (mode == Mode::full ? 5 : 1);
     if (host_processes > 1 && std::any_of(records.begin(), records.end(), is_host_point)) {
       // The children meet the GPU as a `threewalls run` process does, with no other context on it:

@@ -82,9 +82,9 @@ struct HostProbeLine {
 // scale, ready to be scored against that profile (calibration::host_probe_scale_from_profile).
 struct HostProbePair {
   char real_side = 'A';
-  OrderedJson probe;                 // the real run's settings.executor.device.host_probe
-  std::string profile;               // the simulation's calibration profile path (a regular file)
-  double sim_host_scale = 1.0;       // the simulation's settings.simulator.host_scale, else 1
+  OrderedJson probe;            // the real run's settings.executor.device.host_probe
+  std::string profile;          // the simulation's calibration profile path (a regular file)
+  double sim_host_scale = 1.0;  // the simulation's settings.simulator.host_scale, else 1
 };
 
 // The pair when one run is real with a host probe and the other simulated with a profile file that is

@@ -15,9 +15,9 @@ namespace threewalls::scenarios {
 // Which ops a report covers. cls < 0: every rank class (dot draws class 0 then).
 struct GraphSelection {
   int cls = -1;
-  std::optional<int> layer;       // -1 selects the ops outside layers
+  std::optional<int> layer;  // -1 selects the ops outside layers
   std::optional<int> microbatch;
-  std::size_t max_ops = 2000;     // dot only: more selected ops than this is an InputError
+  std::size_t max_ops = 2000;  // dot only: more selected ops than this is an InputError
 };
 
 // The report as JSON: scenario, step, streams, CUDA graph scopes and one entry per selected class with

@@ -16,20 +16,20 @@ namespace threewalls::calibration::bench {
 
 struct CalibrateOptions {
   bool quick = false;
-  std::string out;                  // the profile to write (TOML)
-  int gpus = 0;                     // 0: every visible GPU
-  std::string raw_out;              // folder for points.jsonl, summary.json, summary.txt; empty: none
-  std::string only;                 // comma-separated groups; empty: all
-  std::string gpu_kind;             // when the device name does not say it
-  std::string name;                 // [profile] name; empty: the GPU kind
-  std::string from_raw;             // refit this raw folder or points.jsonl instead of measuring
+  std::string out;       // the profile to write (TOML)
+  int gpus = 0;          // 0: every visible GPU
+  std::string raw_out;   // folder for points.jsonl, summary.json, summary.txt; empty: none
+  std::string only;      // comma-separated groups; empty: all
+  std::string gpu_kind;  // when the device name does not say it
+  std::string name;      // [profile] name; empty: the GPU kind
+  std::string from_raw;  // refit this raw folder or points.jsonl instead of measuring
   std::string scratch_dir = "/tmp";
-  double budget_s = 0.0;            // 0: the mode's default
-  bool no_fill = false;             // do not fill unmeasured families from the kind's default profile
-  std::string fill_from;            // a measured profile of the same kind, ahead of the default
-  bool overwrite = false;           // replace an existing `out`
-  int host_processes = -1;          // -1: the mode's default (full 5, quick 1)
-  std::vector<std::string> argv;    // the command line that reproduces these settings (raw header)
+  double budget_s = 0.0;          // 0: the mode's default
+  bool no_fill = false;           // do not fill unmeasured families from the kind's default profile
+  std::string fill_from;          // a measured profile of the same kind, ahead of the default
+  bool overwrite = false;         // replace an existing `out`
+  int host_processes = -1;        // -1: the mode's default (full 5, quick 1)
+  std::vector<std::string> argv;  // the command line that reproduces these settings (raw header)
   // How a child process re-runs the host group: this binary followed by these arguments (e.g.
   // {"calibrate"}) and then the child's own flags.
   std::vector<std::string> child_command{"calibrate"};
@@ -49,7 +49,7 @@ CalibrationReport fit_and_write(const std::vector<Record>& records, const RawHea
                                 bool refit, std::chrono::steady_clock::time_point started);
 
 // The whole calibration (GPU builds; the measuring part is in the GPU library): refuses an existing
-// out without force and a raw_out that already holds points, measures or refits, fits and writes.
+// out without overwrite and a raw_out that already holds points, measures or refits, fits and writes.
 // Returns 0.
 int calibrate(const CalibrateOptions& o);
 
