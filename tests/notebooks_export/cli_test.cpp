@@ -1,10 +1,9 @@
 // The compare / analyze / export subcommands of the threewalls binary: exit codes, outputs, errors.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <fstream>
 
+#include "../support/shell.hpp"
 #include "test_util.hpp"
 #include "threewalls/core/jsonl.hpp"
 #include "threewalls/notebooks_export/analyze.hpp"
@@ -16,18 +15,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kBinary = std::string(THREEWALLS_BINARY_DIR) + "/cli/threewalls";
-
-int threewalls_cli(const std::string& args, std::string& output) {
-  output.clear();
-  std::FILE* p = popen((kBinary + " " + args + " 2>&1").c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  std::size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) output.append(buf, n);
-  int status = pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+using test::threewalls_cli;
+const std::string kBinary = test::threewalls_binary();
 
 fs::path make_run(const std::string& suffix, double scale, int slow_rank = -1) {
   SyntheticSpec s;

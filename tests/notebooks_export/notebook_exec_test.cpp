@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "../support/shell.hpp"
 #include "test_util.hpp"
 #include "threewalls/notebooks_export/export.hpp"
 
@@ -18,16 +19,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // Runs a shell command; returns its exit status and puts stdout+stderr into `output`.
-int run(const std::string& cmd, std::string& output) {
-  output.clear();
-  std::FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  std::size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) output.append(buf, n);
-  int status = pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+int run(const std::string& cmd, std::string& output) { return threewalls::test::run_shell(cmd + " 2>&1", output); }
 
 }  // namespace
 

@@ -14,6 +14,8 @@
 
 #include <gtest/gtest.h>
 
+#include "../support/shell.hpp"
+
 namespace threewalls::scenarios::testing {
 
 inline std::filesystem::path source_dir() { return std::filesystem::path(THREEWALLS_SOURCE_DIR); }
@@ -70,15 +72,8 @@ struct CommandResult {
 // Runs `command` through the shell and returns its exit code and what it wrote to stderr
 // (stdout discarded) or to stdout (stderr discarded).
 inline CommandResult run_command(const std::string& command, bool capture_stderr) {
-  const std::string redirected = command + (capture_stderr ? " 2>&1 1>/dev/null" : " 2>/dev/null");
   CommandResult r;
-  FILE* pipe = ::popen(redirected.c_str(), "r");
-  if (!pipe) return r;
-  char buf[4096];
-  std::size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  r.exit_code = threewalls::test::run_shell(command + (capture_stderr ? " 2>&1 1>/dev/null" : " 2>/dev/null"), r.out);
   return r;
 }
 

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "../support/shell.hpp"
 #include "threewalls/calibration/cost_model.hpp"
 #include "threewalls/calibration/profile.hpp"
 #include "threewalls/calibration/resolve.hpp"
@@ -215,18 +216,9 @@ TEST(PlanSweep, ShardsMergeIntoTheUnshardedPlan) {
 
 // ---- the CLI ----
 
-const std::string kBinary = std::string(THREEWALLS_BINARY_DIR) + "/cli/threewalls";
+const std::string kBinary = test::threewalls_binary();
 
-int cli(const std::string& args, std::string& output) {
-  output.clear();
-  std::FILE* p = popen((kBinary + " " + args + " 2>&1").c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  std::size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) output.append(buf, n);
-  const int status = pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+int cli(const std::string& args, std::string& output) { return test::threewalls_cli(args, output); }
 
 fs::path fresh(const std::string& name) {
   const fs::path d = fs::temp_directory_path() / ("threewalls_plan_test_" + name + "_" + std::to_string(getpid()));
