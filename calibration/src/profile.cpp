@@ -16,6 +16,7 @@
 
 #include "families/module.hpp"
 #include "threewalls/core/error.hpp"
+#include "threewalls/core/toml_text.hpp"
 #include "threewalls/core/hash.hpp"
 #include "threewalls/core/strings.hpp"
 #include "threewalls/core/version.hpp"
@@ -67,38 +68,7 @@ std::string fmt_number(double v, bool integer) {
   return integer ? fmt_int(static_cast<std::int64_t>(std::llround(v))) : fmt_real(v);
 }
 
-std::string fmt_str(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += '"';
-  return out;
-}
+std::string fmt_str(std::string_view s) { return toml_basic_string(s); }
 
 std::string fmt_array(const std::vector<double>& v, bool integer) {
   std::string out = "[";

@@ -136,9 +136,13 @@ void append_json_number(std::string& out, double v, int digits) {
   out.append(buf, p);
 }
 
-void append_json_string(std::string& out, std::string_view s) {
+namespace {
+
+// A double-quoted string literal with quote, backslash, \n, \t, \r and the other control characters
+// escaped (\uXXXX); `escape_del` also escapes DEL (0x7f), which TOML requires and JSON allows.
+void append_quoted(std::string& out, std::string_view s, bool escape_del) {
   out += '"';
-  for (char c : s) {
+  for (const char c : s) {
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -146,9 +150,9 @@ void append_json_string(std::string& out, std::string_view s) {
       case '\t': out += "\\t"; break;
       case '\r': out += "\\r"; break;
       default:
-        if (static_cast<unsigned char>(c) < 0x20) {
+        if (static_cast<unsigned char>(c) < 0x20 || (escape_del && c == 0x7f)) {
           char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
           out += buf;
         } else {
           out += c;
@@ -156,6 +160,16 @@ void append_json_string(std::string& out, std::string_view s) {
     }
   }
   out += '"';
+}
+
+}  // namespace
+
+void append_json_string(std::string& out, std::string_view s) { append_quoted(out, s, false); }
+
+std::string toml_basic_string(std::string_view s) {
+  std::string out;
+  append_quoted(out, s, true);
+  return out;
 }
 
 }  // namespace threewalls

@@ -4,11 +4,11 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <cstdio>
 #include <map>
 #include <sstream>
 #include <stdexcept>
 
+#include "threewalls/core/toml_text.hpp"
 #include "threewalls/core/units.hpp"
 #include "threewalls/scenarios/loader.hpp"
 
@@ -19,28 +19,7 @@ namespace {
   throw std::logic_error("scenario writer: the value given for '" + p.path + "' is not a " + to_string(p.type));
 }
 
-// A TOML basic string: quotes, backslashes and control characters escaped.
-std::string basic_string(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
+std::string basic_string(const std::string& s) { return toml_basic_string(s); }
 
 // The shortest decimal text that reads back to `d` (whole numbers below 10^15 without exponent).
 std::string real_text(double d) {
