@@ -15,6 +15,16 @@ constexpr int kBlocksPerSm = 4;
 
 }  // namespace
 
+bool decode_attention_supports(const AttentionShape& s, std::string* why) {
+  try {
+    validate_decode_attention(s);
+  } catch (const InputError& e) {
+    if (why != nullptr) *why = e.what();
+    return false;
+  }
+  return true;
+}
+
 void validate_decode_attention(const AttentionShape& s, std::int64_t capacity) {
   validate_attention(s, "decode attention");
   const std::string shape = " (" + std::to_string(s.batch) + " x " + std::to_string(s.heads) + " heads, kv_heads " +

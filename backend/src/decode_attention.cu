@@ -57,6 +57,32 @@ __device__ inline float warp_allsum(float v) {
   return v;
 }
 
+// One key/value row into the online softmax of each of the `group` query heads (log2 domain).
+template <int QK, int VD, int G>
+__device__ __forceinline__ void attend(const float (&q)[G][QK], const float (&kf)[QK], const float (&vf)[VD], int group,
+                                       float (&m)[G], float (&sum)[G], float (&acc)[G][VD]) {
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    if (g < group) {
+      float dot = 0.0F;
+#pragma unroll
+      for (int i = 0; i < QK; ++i) dot += q[g][i] * kf[i];
+      const float s = warp_allsum(dot);
+      const float mn = fmaxf(m[g], s);
+      const float c = exp2f(m[g] - mn);
+      const float p = exp2f(s - mn);
+      sum[g] = sum[g] * c + p;
+#pragma unroll
+      for (int i = 0; i < VD; ++i) acc[g][i] = acc[g][i] * c + p * vf[i];
+      m[g] = mn;
+    }
+  }
+}
+
+// Rows a warp loads before using them (memory-level parallelism: a bandwidth-bound kernel needs
+// several row reads in flight per warp).
+constexpr int kUnroll = 4;
+
 // QK = dqk / 32, VD = dv / 32 elements per lane; G >= heads / kv_heads query heads per kv head.
 template <int QK, int VD, int G>
 __global__ void __launch_bounds__(kWarps * 32) decode_split_kernel(DecodeLaunch l, float scale_log2) {
@@ -91,26 +117,24 @@ __global__ void __launch_bounds__(kWarps * 32) decode_split_kernel(DecodeLaunch 
   }
   const bf16* kbase = l.k + (b * l.kv_heads + kvh) * l.capacity * l.dqk + lane * QK;
   const bf16* vbase = l.v + (b * l.kv_heads + kvh) * l.capacity * l.dv + lane * VD;
-  for (std::int64_t j = j0 + warp; j < j1; j += kWarps) {
+  // Fewer rows in flight where the per-head state already takes most registers.
+  constexpr int kRows = G * (QK + VD) > 64 ? 2 : kUnroll;
+  std::int64_t j = j0 + warp;
+  for (; j + (kRows - 1) * kWarps < j1; j += kRows * kWarps) {
+    float kf[kRows][QK], vf[kRows][VD];
+#pragma unroll
+    for (int u = 0; u < kRows; ++u) {
+      load_row<QK>(kbase + (j + u * kWarps) * l.dqk, kf[u]);
+      load_row<VD>(vbase + (j + u * kWarps) * l.dv, vf[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kRows; ++u) attend<QK, VD, G>(q, kf[u], vf[u], group, m, sum, acc);
+  }
+  for (; j < j1; j += kWarps) {
     float kf[QK], vf[VD];
     load_row<QK>(kbase + j * l.dqk, kf);
     load_row<VD>(vbase + j * l.dv, vf);
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      if (g < group) {
-        float dot = 0.0F;
-#pragma unroll
-        for (int i = 0; i < QK; ++i) dot += q[g][i] * kf[i];
-        const float s = warp_allsum(dot);
-        const float mn = fmaxf(m[g], s);
-        const float c = exp2f(m[g] - mn);
-        const float p = exp2f(s - mn);
-        sum[g] = sum[g] * c + p;
-#pragma unroll
-        for (int i = 0; i < VD; ++i) acc[g][i] = acc[g][i] * c + p * vf[i];
-        m[g] = mn;
-      }
-    }
+    attend<QK, VD, G>(q, kf, vf, group, m, sum, acc);
   }
   // Combine the warps.
   const int row = 2 + static_cast<int>(l.dv);

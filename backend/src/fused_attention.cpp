@@ -6,6 +6,7 @@
 #include <initializer_list>
 #include <limits>
 #include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -338,6 +339,10 @@ struct FusedAttention::Impl {
     std::size_t row_dot_bytes = 0, dq_accum_bytes = 0;
     std::int64_t uid[kSlots] = {};
     std::vector<ByValue> by_value;
+    // The variant pack of the last call, reused while the pointers stay the same (the steady state
+    // of a run: a variant pack costs host time to build).
+    std::vector<void*> pack_ptrs;
+    std::unique_ptr<Descriptor> pack;
     [[nodiscard]] std::size_t workspace() const {
       return align(plan_workspace) + align(row_dot_bytes) + align(dq_accum_bytes);
     }
@@ -551,15 +556,21 @@ struct FusedAttention::Impl {
       uids.push_back(v.uid);
       ptrs.push_back(&v.value);
     }
-    Descriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-    pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, static_cast<std::int64_t>(uids.size()), uids.data());
-    pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, static_cast<std::int64_t>(ptrs.size()),
-             ptrs.data());
-    void* ws_ptr = ws;
-    pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws_ptr);
-    pack.finalize();
+    ptrs.push_back(ws);  // last: the workspace (part of the reuse key, not of the data pointers)
+    if (!p.pack || p.pack_ptrs != ptrs) {
+      auto pack = std::make_unique<Descriptor>(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+      pack->set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, static_cast<std::int64_t>(uids.size()),
+                uids.data());
+      pack->set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, static_cast<std::int64_t>(uids.size()),
+                ptrs.data());
+      void* ws_ptr = ws;
+      pack->set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws_ptr);
+      pack->finalize();
+      p.pack = std::move(pack);
+      p.pack_ptrs = std::move(ptrs);
+    }
     TW_CUDNN_CHECK(cudnnSetStream(handle, stream));
-    TW_CUDNN_CHECK(cudnnBackendExecute(handle, p.plan, pack.get()));
+    TW_CUDNN_CHECK(cudnnBackendExecute(handle, p.plan, p.pack->get()));
   }
 };
 

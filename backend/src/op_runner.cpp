@@ -56,6 +56,21 @@ std::string describe(const Op& op) {
   throw InputError(rank_prefix() + describe(op) + ": " + why);
 }
 
+AttentionShape attention_shape(const Op& op) {
+  const auto& s = op.shape;
+  return {s[0], s[1], s[2], s[3], s[4], s[5], (op.flags & scenarios::kCausal) != 0};
+}
+
+// The kernel an attention op runs on: scenarios::attention_kernel, except that a decode shape the
+// split-KV kernel does not take (head dims) runs on the fused kernel.
+scenarios::AttentionKernel kernel_of(const Op& op) {
+  const scenarios::AttentionKernel k = scenarios::attention_kernel(op);
+  if (k == scenarios::AttentionKernel::decode && !decode_attention_supports(attention_shape(op))) {
+    return scenarios::AttentionKernel::fused;
+  }
+  return k;
+}
+
 bool backward(const Op& op) { return (op.flags & scenarios::kBackward) != 0; }
 
 GemmLayout layout_of(const Op& op) {
@@ -130,8 +145,7 @@ void OpRunner::Need::merge(const Need& o) {
 }
 
 OpRunner::OpRunner(OpRunnerConfig config, CommTable* comms)
-    : cfg_(std::move(config)), comms_(comms), lt_(std::make_unique<CublasLt>()),
-      attention_(std::make_unique<Attention>(*lt_, cfg_.attention_workspace)), read_flag_(64) {
+    : cfg_(std::move(config)), comms_(comms), lt_(std::make_unique<CublasLt>()), read_flag_(64) {
   char name[64];
   std::snprintf(name, sizeof name, "/threewalls_disk_tier_%d_%d.bin", static_cast<int>(::getpid()), thread_rank());
   disk_path_ = cfg_.scratch_dir + name;
@@ -180,6 +194,12 @@ OpRunner::Need OpRunner::need_of(const Op& op, const OpRunnerConfig& config) {
       require_positive(op, 6);
       const std::int64_t b = s[0], sq = s[1], skv = s[2], h = s[3], dqk = s[4], dv = s[5];
       if ((op.flags & scenarios::kCausal) != 0 && skv < sq) unsupported(op, "causal attention needs seq_kv >= seq_q");
+      if (scenarios::attention_kernel(op) != scenarios::AttentionKernel::unfused) {
+        std::string why;
+        if (!fused_attention_built(&why)) {
+          unsupported(op, "fused attention is not available: " + why + "; set model.attention_impl = \"unfused\"");
+        }
+      }
       n.bf16[0] = b16(b * h * sq * dqk);
       n.bf16[1] = b16(b * h * skv * dqk);
       n.bf16[2] = b16(b * h * skv * dv);
@@ -458,12 +478,16 @@ void OpRunner::prepare_op(const Op& op) {
       break;
     }
     case OpKind::attention: {
-      const auto& sh = op.shape;
-      const AttentionShape as{sh[0], sh[1], sh[2], sh[3], sh[4], sh[5], (op.flags & scenarios::kCausal) != 0};
-      attention_->reserve(as);
+      const AttentionShape as = attention_shape(op);
+      switch (kernel_of(op)) {
+        case scenarios::AttentionKernel::unfused: unfused_attention().reserve(as); break;
+        case scenarios::AttentionKernel::fused: fused_attention().reserve(as, backward(op)); break;
+        case scenarios::AttentionKernel::decode: decode_attention().reserve(as); break;
+      }
       if (backward(op)) {  // real O and log-sum-exp for the backward to consume
-        attention_->forward(as, bf16_[0].as<bf16>(), bf16_[1].as<bf16>(), bf16_[2].as<bf16>(), bf16_[3].as<bf16>(),
-                            f32_[0].as<float>(), s);
+        Op fwd = op;
+        fwd.flags = static_cast<std::uint8_t>(op.flags & ~scenarios::kBackward);
+        run_attention(fwd, s);
         TW_CUDA_CHECK(cudaStreamSynchronize(s));
       }
       break;
@@ -488,12 +512,57 @@ void OpRunner::prepare(const std::vector<Op>& ops) {
 }
 
 std::size_t OpRunner::device_bytes() const {
-  std::size_t total = lt_->workspace_size() + cfg_.attention_workspace;
+  std::size_t total = lt_->workspace_size() + (attention_ ? cfg_.attention_workspace : 0) +
+                      (fused_ ? fused_->workspace_bytes() : 0) + (decode_ ? decode_->workspace_bytes() : 0);
   for (const auto& b : bf16_) total += b.size();
   for (const auto& b : f32_) total += b.size();
   for (const auto& b : i32_) total += b.size();
   for (const auto& b : f8_) total += b.size();
   return total + weight_bytes_;
+}
+
+Attention& OpRunner::unfused_attention() {
+  if (!attention_) attention_ = std::make_unique<Attention>(*lt_, cfg_.attention_workspace);
+  return *attention_;
+}
+
+FusedAttention& OpRunner::fused_attention() {
+  if (!fused_) fused_ = std::make_unique<FusedAttention>();
+  return *fused_;
+}
+
+DecodeAttention& OpRunner::decode_attention() {
+  if (!decode_) decode_ = std::make_unique<DecodeAttention>();
+  return *decode_;
+}
+
+// q, k, v, o, dO in bf16 slots 0-4, dQ, dK, dV in 5-7, the log-sum-exp in f32 slot 0.
+void OpRunner::run_attention(const Op& op, cudaStream_t stream) {
+  const AttentionShape as = attention_shape(op);
+  const auto* q = bf16_[0].as<bf16>();
+  const auto* k = bf16_[1].as<bf16>();
+  const auto* v = bf16_[2].as<bf16>();
+  auto* o = bf16_[3].as<bf16>();
+  auto* lse = f32_[0].as<float>();
+  switch (kernel_of(op)) {
+    case scenarios::AttentionKernel::unfused:
+      if (backward(op)) {
+        unfused_attention().backward(as, q, k, v, o, bf16_[4].as<bf16>(), lse, bf16_[5].as<bf16>(), bf16_[6].as<bf16>(),
+                                     bf16_[7].as<bf16>(), stream);
+      } else {
+        unfused_attention().forward(as, q, k, v, o, lse, stream);
+      }
+      break;
+    case scenarios::AttentionKernel::fused:
+      if (backward(op)) {
+        fused_attention().backward(as, q, k, v, o, bf16_[4].as<bf16>(), lse, bf16_[5].as<bf16>(), bf16_[6].as<bf16>(),
+                                   bf16_[7].as<bf16>(), stream);
+      } else {
+        fused_attention().forward(as, q, k, v, o, lse, stream);
+      }
+      break;
+    case scenarios::AttentionKernel::decode: decode_attention().forward(as, q, k, v, o, lse, stream); break;
+  }
 }
 
 void* OpRunner::weight_ptr(const Op& op) const {
@@ -621,18 +690,7 @@ void OpRunner::run(const Op& op, cudaStream_t stream) {
     case OpKind::grouped_gemm:
       grouped(op, weight_for(op)).run(stream);
       break;
-    case OpKind::attention: {
-      const AttentionShape as{s[0], s[1], s[2], s[3], s[4], s[5], (op.flags & scenarios::kCausal) != 0};
-      if (backward(op)) {
-        attention_->backward(as, bf16_[0].as<bf16>(), bf16_[1].as<bf16>(), bf16_[2].as<bf16>(), bf16_[3].as<bf16>(),
-                             bf16_[4].as<bf16>(), f32_[0].as<float>(), bf16_[5].as<bf16>(), bf16_[6].as<bf16>(),
-                             bf16_[7].as<bf16>(), stream);
-      } else {
-        attention_->forward(as, bf16_[0].as<bf16>(), bf16_[1].as<bf16>(), bf16_[2].as<bf16>(), bf16_[3].as<bf16>(),
-                            f32_[0].as<float>(), stream);
-      }
-      break;
-    }
+    case OpKind::attention: run_attention(op, stream); break;
     case OpKind::elementwise: {
       const std::int64_t e = s[0];
       switch (elementwise_of(op)) {

@@ -303,6 +303,7 @@ Spec attention_spec(const Ctx& c, std::string name, std::int64_t seq_q, std::int
                     std::int64_t heads, std::int64_t kv_heads, std::int64_t dqk, std::int64_t dv) {
   Spec sp;
   sp.kind = OpKind::attention;
+  sp.sub = static_cast<std::uint8_t>(c.s.model.attention_impl);
   sp.name = std::move(name);
   sp.shape = {c.mbs, seq_q, seq_kv, heads, dqk, dv};
   // Causal: half of the score matrix (Megatron's accounting); QK^T and PV.

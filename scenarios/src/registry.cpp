@@ -440,6 +440,18 @@ Registry::Registry() {
         .doc("Attention kind: multi-head, grouped-query or multi-latent (DeepSeek).")
         .bind(kModel, &ModelSpec::attention);
   }
+  {
+    static const std::vector<std::string> kImpl = {"fused", "unfused"};
+    // Written only when not the default, so that scenarios written before the key read back the same.
+    Decl(r, "model.attention_impl", ParamType::choice).def("\"fused\"").choices(kImpl)
+        .doc("How attention runs: \"fused\" (flash-style: cuDNN's SDPA graph, a split-KV kernel for decode) or "
+             "\"unfused\" (batched GEMMs with the scores in memory and a softmax kernel between them, as eager "
+             "frameworks run it). threewalls run runs the chosen kernels; the simulator costs each from its "
+             "calibration family, and costs fused attention from the unfused fits (with a warning) when the "
+             "profile has no fused attention family.")
+        .bind(kModel, &ModelSpec::attention_impl)
+        .written_when([](const Scenario& s) { return s.model.attention_impl != AttentionImpl::fused; });
+  }
   Decl(r, "model.q_lora_rank", ParamType::integer).def("0").min(0)
       .doc("mla: rank of the query down-projection; 0 = queries are not compressed.")
       .bind(kModel, &ModelSpec::q_lora_rank);

@@ -38,6 +38,7 @@ const char* name_of(const char* key_path, E v) {
 }  // namespace
 
 const char* to_string(AttentionKind v) { return name_of("model.attention", v); }
+const char* to_string(AttentionImpl v) { return name_of("model.attention_impl", v); }
 const char* to_string(Precision v) { return name_of("train.precision", v); }
 const char* to_string(Dispatcher v) { return name_of("train.token_dispatcher", v); }
 const char* to_string(RecomputeGranularity v) { return name_of("train.recompute_granularity", v); }

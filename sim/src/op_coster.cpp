@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <stdexcept>
+#include <string>
 #include <string_view>
 
 #include "threewalls/calibration/cost_model.hpp"
@@ -133,6 +135,8 @@ Seconds CostModelCoster::kernel_time(const Op& op) const {
       return model_.grouped_gemm(groups, total, at_least_1(s[4]), n, k, op.dtype);
     }
     case OpKind::attention:
+      // Every kernel (scenarios::attention_kernel) from the attention fits: profiles have no fused or
+      // decode attention family yet (substitution() says so for the fused kernels).
       return model_.attention(at_least_1(s[0]), at_least_1(s[1]), at_least_1(s[2]), at_least_1(s[3]),
                               at_least_1(s[4]), at_least_1(s[5]), (op.flags & scenarios::kCausal) != 0,
                               (op.flags & scenarios::kBackward) != 0);
@@ -165,6 +169,22 @@ Seconds CostModelCoster::kernel_time(const Op& op) const {
     case OpKind::host: break;
   }
   throw std::logic_error(std::string("kernel_time asked for a ") + scenarios::to_string(op.kind) + " op");
+}
+
+std::optional<std::string> CostModelCoster::substitution(const Op& op) const {
+  if (op.kind != OpKind::attention) return std::nullopt;
+  switch (scenarios::attention_kernel(op)) {
+    case scenarios::AttentionKernel::unfused: return std::nullopt;
+    case scenarios::AttentionKernel::fused:
+      return std::string(
+          "fused attention (model.attention_impl = \"fused\") is costed from the unfused attention "
+          "fits (attention.fwd, attention.bwd): the profile has no fused attention family");
+    case scenarios::AttentionKernel::decode:
+      return std::string(
+          "decode attention (fused, one query per sequence) is costed from the unfused attention "
+          "fit (attention.fwd): the profile has no decode attention family");
+  }
+  return std::nullopt;
 }
 
 Seconds CostModelCoster::copy_time(CopyKind kind, Bytes bytes) const {

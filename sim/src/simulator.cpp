@@ -7,6 +7,8 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
+#include <string>
 
 #include "threewalls/calibration/cost_model.hpp"
 #include "threewalls/calibration/profile.hpp"
@@ -100,6 +102,17 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
     result.warnings.push_back("calibration profile " + profile.id + " is for " + profile.gpu + " but the cluster is " +
                               scenarios::to_string(s.cluster.gpu));
   }
+
+  // Ops the coster prices with another kernel's fit than the one they run on, once per sentence.
+  std::set<std::string> substitutions;
+  auto note_substitutions = [&](const StepGraph& g) {
+    for (const auto& rc : g.classes) {
+      for (const Op& op : rc.ops) {
+        if (auto w = coster.substitution(op); w && substitutions.insert(*w).second) result.warnings.push_back(*w);
+      }
+    }
+  };
+  note_substitutions(first);
 
   ExecutorOptions eo;
   eo.fidelity = opt.fidelity;
@@ -221,6 +234,7 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
       if (per_step && step > 0) {
         expanded = stepper.expand(step);
         g = &expanded;
+        note_substitutions(expanded);
       }
       // Slowdowns of this step.
       Platform platform = base;

@@ -43,9 +43,16 @@ std::vector<Op> one_of_each_kind() {
   ops.push_back(make(OpKind::grouped_gemm, {1000, 256, 128, 8, 300, 0}));
   ops.push_back(make(OpKind::grouped_gemm, {1000, 128, 256, 8, 300, 0}, kBackward));
   ops.push_back(make(OpKind::grouped_gemm, {1000, 256, 128, 8, 300, 1}, kBackward | kWgrad));
-  ops.push_back(make(OpKind::attention, {2, 256, 256, 4, 64, 64}, kCausal));
-  ops.push_back(make(OpKind::attention, {2, 256, 256, 4, 64, 64}, kCausal | kBackward));
-  ops.push_back(make(OpKind::attention, {4, 1, 2048, 8, 128, 128}, kCausal));
+  // Attention on each of its kernels (scenarios::attention_kernel): fused (the default), the
+  // split-KV decode kernel (one query), and unfused.
+  for (const auto impl : {scenarios::AttentionImpl::fused, scenarios::AttentionImpl::unfused}) {
+    for (Op a : {make(OpKind::attention, {2, 256, 256, 4, 64, 64}, kCausal),
+                 make(OpKind::attention, {2, 256, 256, 4, 64, 64}, kCausal | kBackward),
+                 make(OpKind::attention, {4, 1, 2048, 8, 128, 128}, kCausal)}) {
+      a.sub = static_cast<std::uint8_t>(impl);
+      ops.push_back(a);
+    }
+  }
   ops.push_back(make(OpKind::elementwise, {100000, 0, 0, 0, 0, 0}, 0, 3 * 2 * 100000.0));
   ops.push_back(make(OpKind::elementwise, {100000, 0, 0, 0, 0, 0}, 0, 2 * 2 * 100000.0));
   ops.push_back(make(OpKind::elementwise, {100000, 0, 0, 0, 0, 0}, kBackward, 5 * 2 * 100000.0));

@@ -64,6 +64,7 @@ TEST(ScenarioLoader, MinimalScenarioGetsRegistryDefaults) {
   EXPECT_EQ(s.name, "minimal");  // derived: file name without .toml
   EXPECT_EQ(s.description, "");
   EXPECT_EQ(s.model.attention, AttentionKind::mha);
+  EXPECT_EQ(s.model.attention_impl, AttentionImpl::fused);
   EXPECT_TRUE(s.model.swiglu);
   EXPECT_TRUE(s.model.untie_embeddings_and_output_weights);
   EXPECT_EQ(s.model.normalization, Normalization::rmsnorm);
@@ -118,6 +119,16 @@ TEST(ScenarioLoader, MinimalScenarioGetsRegistryDefaults) {
   EXPECT_TRUE(s.run.profiler.ranks.empty());
   EXPECT_FALSE(s.run.profiler.representatives);
   EXPECT_EQ(s.run.profiler.granularity, Granularity::layer);
+}
+
+TEST(ScenarioLoader, AttentionImplIsReadAndABadValueNamesTheAllowedOnes) {
+  const Scenario s = load_ok(with(kMinimal, "vocab_size = 32000\n", "attention_impl = \"unfused\"\n"));
+  EXPECT_EQ(s.model.attention_impl, AttentionImpl::unfused);
+  EXPECT_STREQ(to_string(s.model.attention_impl), "unfused");
+  const std::string msg = load_error(with(kMinimal, "vocab_size = 32000\n", "attention_impl = \"flash\"\n")).what();
+  EXPECT_NE(msg.find("attention_impl"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("\"fused\""), std::string::npos) << msg;
+  EXPECT_NE(msg.find("\"unfused\""), std::string::npos) << msg;
 }
 
 TEST(ScenarioLoader, InferenceDefaultsAndOffloadOnlyWhenWritten) {

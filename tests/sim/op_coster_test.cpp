@@ -3,9 +3,11 @@
 // it, with OpRunner's shape mapping, and by the pooled elementwise(bytes) fit otherwise.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <string>
 
 #include "threewalls/calibration/cost_model.hpp"
 #include "threewalls/calibration/kernel_terms.hpp"
@@ -227,4 +229,41 @@ TEST(OpCosterDiskScale, ScalesDiskReadsOnly) {
   for (const double bad : {0.0, -2.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
     EXPECT_THROW(CostModelCoster(model, 1.0, bad), InputError) << bad;
   }
+}
+
+// Attention runs on the kernel scenarios::attention_kernel names (the op's sub = model.attention_impl).
+// Profiles have no fused or decode attention family yet: every kernel is costed from the unfused
+// attention fits, and the coster says so for the fused ones (the simulator prints it as a warning).
+TEST(OpCosterAttention, FusedAndDecodeAreCostedFromTheUnfusedFitsAndSaySo) {
+  const calibration::CostModel model(shipped_default());
+  const CostModelCoster coster(model);
+  auto attention = [](std::array<std::int64_t, 6> shape, scenarios::AttentionImpl impl, bool backward) {
+    Op op;
+    op.kind = OpKind::attention;
+    op.shape = shape;
+    op.sub = static_cast<std::uint8_t>(impl);
+    op.flags = static_cast<std::uint8_t>(scenarios::kCausal | (backward ? scenarios::kBackward : 0));
+    return op;
+  };
+  using scenarios::AttentionImpl;
+  using scenarios::AttentionKernel;
+  for (const bool bwd : {false, true}) {
+    const Op fused = attention({2, 4096, 4096, 16, 128, 128}, AttentionImpl::fused, bwd);
+    const Op unfused = attention({2, 4096, 4096, 16, 128, 128}, AttentionImpl::unfused, bwd);
+    EXPECT_EQ(scenarios::attention_kernel(fused), AttentionKernel::fused);
+    EXPECT_EQ(scenarios::attention_kernel(unfused), AttentionKernel::unfused);
+    EXPECT_DOUBLE_EQ(coster.kernel_time(fused).value, coster.kernel_time(unfused).value);
+    EXPECT_FALSE(coster.substitution(unfused).has_value());
+    ASSERT_TRUE(coster.substitution(fused).has_value());
+    EXPECT_NE(coster.substitution(fused)->find("fused attention"), std::string::npos) << *coster.substitution(fused);
+  }
+  const Op decode = attention({8, 1, 4096, 32, 128, 128}, AttentionImpl::fused, false);
+  EXPECT_EQ(scenarios::attention_kernel(decode), AttentionKernel::decode);
+  ASSERT_TRUE(coster.substitution(decode).has_value());
+  EXPECT_NE(coster.substitution(decode)->find("decode attention"), std::string::npos);
+  // One query per sequence, backward: the fused kernel, not the decode one.
+  EXPECT_EQ(scenarios::attention_kernel(attention({8, 1, 4096, 32, 128, 128}, AttentionImpl::fused, true)),
+            AttentionKernel::fused);
+  EXPECT_EQ(scenarios::attention_kernel(attention({8, 1, 4096, 32, 128, 128}, AttentionImpl::unfused, false)),
+            AttentionKernel::unfused);
 }

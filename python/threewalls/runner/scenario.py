@@ -38,6 +38,7 @@ _MODEL = {
     "num_query_groups": ("num_attention_heads", _ANY, int),
     "kv_channels": ("hidden_size / num_attention_heads", _ANY, int),
     "attention": ("mha", ("mha", "gqa", "mla"), str),
+    "attention_impl": ("fused", ("fused",), str),
     "q_lora_rank": (0, _ANY, int),
     "kv_lora_rank": (0, _ANY, int),
     "qk_head_dim": (0, _ANY, int),
@@ -153,6 +154,7 @@ _REASONS = {
     "train.tp_comm_overlap": "tensor-parallel communication overlap",
     "train.routing_imbalance": "imbalanced routing (the runner routes every EP rank the balanced share)",
     "infer.kv_cache_precision": "an fp8 KV cache", "cluster.gpu": "other GPU kinds",
+    "model.attention_impl": "unfused attention (the runner runs scaled_dot_product_attention)",
 }
 
 

@@ -424,3 +424,18 @@ nodes = 1
   EXPECT_EQ(g.classes[0].dense_params, 4 * layer + emb + 2 * h);  // tied output layer, final norm
   EXPECT_EQ(g.classes[0].expert_params, 0.0);
 }
+
+TEST(StepGraph, AttentionOpsCarryTheScenariosAttentionImpl) {
+  Scenario s = test::scenario_from(test::small_moe("", "", 1));
+  for (const AttentionImpl impl : {AttentionImpl::fused, AttentionImpl::unfused}) {
+    s.model.attention_impl = impl;
+    const StepGraph g = expand(s);
+    int attention = 0;
+    for (const auto& op : g.classes.front().ops) {
+      if (op.kind != OpKind::attention) continue;
+      ++attention;
+      EXPECT_EQ(op.attention_impl(), impl);  // forward and backward alike
+    }
+    EXPECT_GT(attention, 0);
+  }
+}

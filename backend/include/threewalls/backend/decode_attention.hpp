@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "threewalls/backend/attention.hpp"
 #include "threewalls/backend/handles.hpp"
@@ -35,6 +36,7 @@ class DecodeAttention {
   void reserve(const AttentionShape& s);
   // Splits along the cache that forward uses for `s` (exposed for tests and the bench).
   [[nodiscard]] int splits(const AttentionShape& s) const;
+  [[nodiscard]] std::size_t workspace_bytes() const { return partial_.size(); }
 
  private:
   int sm_count_ = 0;
@@ -43,6 +45,8 @@ class DecodeAttention {
 
 // Throws InputError naming the shape when DecodeAttention cannot run it (see forward). Needs no GPU.
 void validate_decode_attention(const AttentionShape& s, std::int64_t capacity = 0);
+// Whether DecodeAttention runs `s` (a cache filled to its end); when not, `why` says why.
+[[nodiscard]] bool decode_attention_supports(const AttentionShape& s, std::string* why = nullptr);
 
 // Bytes of K and V a decode step reads: batch * kv_heads * seq_kv * (dqk + dv) * 2.
 [[nodiscard]] double decode_kv_bytes(const AttentionShape& s);

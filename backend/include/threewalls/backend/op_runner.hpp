@@ -32,6 +32,8 @@
 
 #include "threewalls/backend/attention.hpp"
 #include "threewalls/backend/blas.hpp"
+#include "threewalls/backend/decode_attention.hpp"
+#include "threewalls/backend/fused_attention.hpp"
 #include "threewalls/backend/handles.hpp"
 #include "threewalls/backend/nccl.hpp"
 #include "threewalls/backend/weights.hpp"
@@ -42,7 +44,7 @@ namespace threewalls::backend {
 struct OpRunnerConfig {
   std::uint64_t seed = 1;                 // run.seed: every buffer's random content derives from it
   GroupedImpl grouped_impl = GroupedImpl::lt_batched;
-  std::size_t attention_workspace = Attention::kDefaultWorkspace;
+  std::size_t attention_workspace = Attention::kDefaultWorkspace;  // of the unfused attention, when it runs
   int route_experts = 64;                 // experts of the routing that permute/unpermute ops follow
   std::int64_t embedding_rows = 32768;    // rows of the embedding table (vocabulary shard) to gather from
   std::string scratch_dir = "/tmp";       // where the disk-tier file for disk_read copies is written
@@ -111,7 +113,15 @@ class OpRunner {
   CommTable* comms_;
   AllToAllSplit a2a_split_;
   std::unique_ptr<CublasLt> lt_;
+  // The attention implementations, created when an op first needs one (scenarios::attention_kernel):
+  // an unfused-only run holds no cuDNN handle, a fused-only run no unfused score workspace.
+  Attention& unfused_attention();
+  FusedAttention& fused_attention();
+  DecodeAttention& decode_attention();
+  void run_attention(const scenarios::Op& op, cudaStream_t stream);
   std::unique_ptr<Attention> attention_;
+  std::unique_ptr<FusedAttention> fused_;
+  std::unique_ptr<DecodeAttention> decode_;
   Need have_;
   DeviceBuffer bf16_[kBf16Slots];
   DeviceBuffer f32_[kF32Slots];

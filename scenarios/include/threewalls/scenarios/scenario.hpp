@@ -18,6 +18,9 @@ using threewalls::Granularity;
 using threewalls::to_string;
 
 enum class AttentionKind : std::uint8_t { mha, gqa, mla };
+// How attention runs: fused (flash-style: cuDNN's SDPA graph, split-KV decode) or unfused (batched
+// GEMMs with the scores in memory and a softmax kernel between them, as eager frameworks run it).
+enum class AttentionImpl : std::uint8_t { fused, unfused };
 enum class Normalization : std::uint8_t { rmsnorm, layernorm };
 enum class Precision : std::uint8_t { bf16, fp8 };
 enum class RecomputeGranularity : std::uint8_t { none, selective, full };
@@ -40,6 +43,7 @@ struct ModelSpec {
   int num_query_groups = 0;  // defaults to num_attention_heads (MHA)
   int kv_channels = 0;       // head dim; defaults to hidden_size / num_attention_heads
   AttentionKind attention = AttentionKind::mha;
+  AttentionImpl attention_impl = AttentionImpl::fused;
   // Multi-latent attention (DeepSeek-V2/V3); used only when attention = mla.
   int q_lora_rank = 0;  // 0: queries are not compressed
   int kv_lora_rank = 0;
@@ -238,6 +242,7 @@ struct Scenario {
 };
 
 const char* to_string(AttentionKind v);
+const char* to_string(AttentionImpl v);
 const char* to_string(Precision v);
 const char* to_string(Dispatcher v);
 const char* to_string(RecomputeGranularity v);

@@ -34,7 +34,8 @@ enum class OpKind : std::uint8_t {
   grouped_gemm,   // shape: {total rows m, n, k, groups, max rows in a group, varying}; one GEMM per local
                   // expert: varying = 0: group g computes (r_g x k)(k x n); varying = 1 (wgrad): group g
                   // computes (n x r_g)(r_g x k) = dW_g, i.e. the group's rows are the reduction dimension
-  attention,      // shape: {batch, seq_q, seq_kv, heads, head_dim_qk, head_dim_v}; flag kCausal; bwd when kBackward
+  attention,      // shape: {batch, seq_q, seq_kv, heads, head_dim_qk, head_dim_v}; flag kCausal; bwd when kBackward;
+                  // `sub` = AttentionImpl (scenario.hpp)
   elementwise,    // shape: {output elements}; bytes = bytes read + written; `sub` = ElementwiseKind
   norm,           // shape: {rows, hidden}; bytes read + written; `sub` = NormKind
   softmax_topk,   // router scores -> top-k: shape {tokens, experts, topk}
@@ -47,7 +48,7 @@ enum class OpKind : std::uint8_t {
   collective,     // `sub` = Collective; bytes = nccl-tests "size" (see below); group, group_size
   send,           // pipeline / context-parallel point-to-point; bytes; peer; tag
   recv,
-  host,           // host-only work; `sub` = HostKind; shape {duration_ns hint or 0}
+  host,  // host-only work; `sub` = HostKind; shape {duration_ns hint or 0}
 };
 
 // Walls, element types, copy kinds and collectives are the core vocabulary (core/vocabulary.hpp).
@@ -107,8 +108,18 @@ struct Op {
   [[nodiscard]] HostKind host_kind() const { return static_cast<HostKind>(sub); }
   [[nodiscard]] ElementwiseKind elementwise_kind() const { return static_cast<ElementwiseKind>(sub); }
   [[nodiscard]] NormKind norm_kind() const { return static_cast<NormKind>(sub); }
+  [[nodiscard]] AttentionImpl attention_impl() const { return static_cast<AttentionImpl>(sub); }
   [[nodiscard]] bool is_comm() const { return kind == OpKind::collective || kind == OpKind::send || kind == OpKind::recv; }
 };
+
+// The kernels an attention op runs on (threewalls run) and is costed as (the simulator): `decode`,
+// the split-KV kernel, for a fused forward with one query per sequence (seq_q = 1); `fused`, a
+// flash-style fused kernel; `unfused`, batched GEMMs with the scores in memory.
+enum class AttentionKernel : std::uint8_t { fused, unfused, decode };
+[[nodiscard]] inline AttentionKernel attention_kernel(const Op& op) {
+  if (op.attention_impl() == AttentionImpl::unfused) return AttentionKernel::unfused;
+  return op.shape[1] == 1 && (op.flags & kBackward) == 0 ? AttentionKernel::decode : AttentionKernel::fused;
+}
 
 struct StreamInfo {
   std::string name;  // "compute", "dp_comm", "pp_fwd", "pp_bwd", "copy", "expert_1", ...

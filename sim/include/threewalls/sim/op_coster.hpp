@@ -116,6 +116,12 @@ class OpCoster {
   // streams (each with its own OpRunner), over launching on one (calibration host.stream_cycle);
   // 0 for costers without it.
   [[nodiscard]] virtual Seconds stream_cycle_extra(int /*streams*/) const { return Seconds(0.0); }
+  // When kernel_time prices `op` with the fit of another kernel than the one the op runs on (fused
+  // attention from the unfused attention fits, for a profile without fused attention families), the
+  // sentence the simulator prints as a warning; empty otherwise.
+  [[nodiscard]] virtual std::optional<std::string> substitution(const scenarios::Op& /*op*/) const {
+    return std::nullopt;
+  }
 };
 
 // The CostModel-backed coster. Keeps a reference: `model` must outlive it. `host_scale` multiplies
@@ -138,6 +144,7 @@ class CostModelCoster final : public OpCoster {
   [[nodiscard]] std::optional<NcclMemoryParams> nccl_memory() const override;
   [[nodiscard]] std::optional<Seconds> library_launch(const scenarios::Op& op) const override;
   [[nodiscard]] Seconds stream_cycle_extra(int streams) const override;
+  [[nodiscard]] std::optional<std::string> substitution(const scenarios::Op& op) const override;
 
  private:
   const calibration::CostModel& model_;
