@@ -454,8 +454,7 @@ void CudaDevice::poll() {
 }
 
 void CudaDevice::abort() noexcept {
-  if (aborted_) return;
-  aborted_ = true;
+  if (aborted_.exchange(true)) return;
   for (auto& [key, comm] : p2p_comms_) comm.abort();
   for (auto& [s, ps] : streams_) {
     if (ps.comms) ps.comms->abort_all();

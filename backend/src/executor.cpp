@@ -8,6 +8,7 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -244,7 +245,9 @@ struct RunState {
     cv.notify_all();
   }
   // Local ranks wait for each other; a stop releases everyone.
-  void barrier(int rank) {
+  // `alive` is called while waiting (the watchdog sees a waiting rank as alive).
+  template <class Alive>
+  void barrier(int rank, Alive&& alive) {
     std::unique_lock<std::mutex> lock(mu);
     const int gen = barrier_gen;
     if (++barrier_count == local_count) {
@@ -253,7 +256,9 @@ struct RunState {
       cv.notify_all();
       return;
     }
-    cv.wait(lock, [&] { return gen != barrier_gen || stop.load(); });
+    while (!cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return gen != barrier_gen || stop.load(); })) {
+      alive();
+    }
     if (gen == barrier_gen) throw StoppedByPeer("rank " + std::to_string(rank) + ": stopped while waiting for the other ranks");
   }
 };
@@ -461,8 +466,31 @@ class RankWorker {
   void teardown() {
     recorder_.reset();
     captured_.clear();
+    {
+      // After this the watchdog cannot reach the device (it holds dev_mu_ while it aborts).
+      std::lock_guard<std::mutex> lock(dev_mu_);
+      published_dev_ = nullptr;
+    }
     dev_.reset();
   }
+
+ public:
+  // For the main thread's watchdog. progress() changes whenever the thread issues an op or polls in a
+  // wait; a thread whose count stands still is inside one device call.
+  [[nodiscard]] std::uint64_t progress() const { return progress_.load(std::memory_order_relaxed); }
+  [[nodiscard]] bool started() const { return started_.load(); }
+  [[nodiscard]] int rank() const { return rank_; }
+  // Aborts the device's communicators from another thread: a thread blocked in a device call behind a
+  // collective that can no longer complete (a launch waiting for room in a full launch queue, an
+  // enqueue) returns once the collective's kernel sees the abort. Idempotent; never blocks on the
+  // thread itself.
+  void abort_from_watchdog() noexcept {
+    std::lock_guard<std::mutex> lock(dev_mu_);
+    if (published_dev_ != nullptr) published_dev_->abort();
+  }
+
+ private:
+  void beat() noexcept { progress_.fetch_add(1, std::memory_order_relaxed); }
 
   void check_stop(const char* where) const {
     if (!st_->stop.load()) return;
@@ -490,6 +518,7 @@ class RankWorker {
   void wait_host(std::uint32_t event, What&& what) {
     const auto start = SteadyClock::now();
     while (!dev_->wait_event_host(event, kPollSlice)) {
+      beat();
       if (st_->stop.load()) check_stop(("waiting for " + what() + " in " + step_text()).c_str());
       dev_->poll();
       if (SteadyClock::now() - start > st_->options.timeout) {
@@ -504,6 +533,10 @@ class RankWorker {
   void run() {
     dev_ = st_->factory(rank_, local_index_);
     if (!dev_) throw SystemError(who() + "the device factory returned no device");
+    {
+      std::lock_guard<std::mutex> lock(dev_mu_);
+      published_dev_ = dev_.get();
+    }
     clock_.dev = dev_.get();
     const auto& g0 = st_->graphs.front();
     DeviceSetup setup;
@@ -544,6 +577,8 @@ class RankWorker {
       std::unique_lock<std::mutex> lock(st_->mu);
       st_->cv.wait(lock, [&] { return st_->go || st_->stop.load(); });
     }
+    beat();
+    started_.store(true);
     check_stop("before the first step");
     recorder_ = std::make_unique<Recorder>(clock_, st_->policy, rank_, st_->sink.get());
     annotate_ = st_->policy.enabled();
@@ -567,7 +602,7 @@ class RankWorker {
         current_graph = gi;
       }
       if (measured_ == 0) {
-        st_->barrier(rank_);  // measured steps start together on every local rank
+        st_->barrier(rank_, [this] { beat(); });  // measured steps start together on every local rank
         if (recorder_->enabled()) align();
         loop_start = st_->host_now_us();
       }
@@ -577,6 +612,7 @@ class RankWorker {
     wait_previous_steps();
     const double loop_end = st_->host_now_us();
     recorder_->drain([&] {
+      beat();
       check_stop("while collecting the last records");
       dev_->poll();
       std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -655,6 +691,9 @@ class RankWorker {
     const bool inject = st_->options.fault != ExecutorOptions::Fault::none && st_->options.fault_rank == rank_ &&
                         st_->options.fault_step == measured_;
     for (std::uint32_t i = 0; i < n;) {
+      beat();
+      // A stop between two ops: never issue more work behind a collective whose peer is gone.
+      if (st_->stop.load(std::memory_order_relaxed)) check_stop(("issuing the ops of " + step_text()).c_str());
       if (inject && i >= n / 2) inject_fault(i);
       const OpInfo& info = plan_.ops[i];
       if (info.starts_run >= 0) {
@@ -708,6 +747,7 @@ class RankWorker {
     const auto start = SteadyClock::now();
     const auto give_up = 2 * st_->options.timeout;
     while (!st_->stop.load()) {
+      beat();  // a host loop that polls the stop flag, not a device call
       if (SteadyClock::now() - start > give_up) {
         throw SystemError(who() + "injected hang (--inject-fault) in " + where + ": nobody stopped the run within " +
                           seconds_text(give_up));
@@ -1030,6 +1070,10 @@ class RankWorker {
   int rank_;
   int local_index_;
   std::unique_ptr<Device> dev_;
+  std::mutex dev_mu_;                // guards published_dev_
+  Device* published_dev_ = nullptr;  // dev_ while the watchdog may abort it
+  std::atomic<std::uint64_t> progress_{0};
+  std::atomic<bool> started_{false};  // past the start gate: the watchdog watches from here
   DeviceClock clock_;
   std::unique_ptr<Recorder> recorder_;
   bool annotate_ = false;
@@ -1056,6 +1100,70 @@ std::string combined_message(const std::vector<Failure>& failures, std::size_t r
 }
 
 }  // namespace
+
+// The main thread's watchdog while the rank threads run. A rank thread can block inside one device
+// call that polls nothing: a kernel launch waiting for room in the stream's launch queue behind a
+// collective whose peer is gone, or an enqueue. Such a thread neither notices the stop flag nor its own
+// timeout, so the main thread watches each thread's progress count:
+//  - a count that stood still for the timeout (plus a second, so that a rank's own, more precise
+//    timeout in a host wait fires first) fails that rank ("no progress ... inside a device call") and
+//    stops the run;
+//  - once the run is stopped, every thread that has not finished after kAbortAfterStop has its
+//    device's communicators aborted from here (ncclCommAbort): the collective's kernel sees the abort
+//    and ends, the blocked call returns and the thread stops at its next check;
+//  - a thread that still has not finished stop_grace after the stop is given up on.
+// Returns false when it gave up on a thread.
+bool watch_ranks(RunState& st, const std::vector<std::shared_ptr<RankWorker>>& workers,
+                 const ExecutorOptions& options) {
+  using std::chrono::milliseconds;
+  constexpr milliseconds kTick{50};
+  constexpr milliseconds kAbortAfterStop{1000};
+  const auto stuck_after = options.timeout + milliseconds(1000);
+  const int n = st.local_count;
+  std::vector<std::uint64_t> last(workers.size(), 0);
+  std::vector<SteadyClock::time_point> since(workers.size(), SteadyClock::now());
+  std::vector<bool> aborted(workers.size(), false);
+  std::optional<SteadyClock::time_point> stopped_at;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(st.mu);
+      if (st.cv.wait_for(lock, kTick, [&] { return st.finished == n; })) return true;
+    }
+    const auto now = SteadyClock::now();
+    if (st.stop.load() && !stopped_at) stopped_at = now;
+    for (std::size_t i = 0; i < workers.size(); ++i) {
+      RankWorker& w = *workers[i];
+      const std::uint64_t p = w.progress();
+      if (p != last[i] || !w.started()) {
+        last[i] = p;
+        since[i] = now;
+        continue;
+      }
+      if (!st.stop.load() && now - since[i] > stuck_after) {
+        st.fail(w.rank(),
+                "rank " + std::to_string(w.rank()) + ": no progress for " + seconds_text(stuck_after) +
+                    " inside a device call (a launch or an enqueue blocked behind a collective that cannot "
+                    "complete: a peer rank may have died or hung); this rank's communicators are aborted",
+                false, false);
+        stopped_at = now;
+      }
+    }
+    if (!stopped_at) continue;
+    if (now - *stopped_at > kAbortAfterStop) {
+      for (std::size_t i = 0; i < workers.size(); ++i) {
+        if (aborted[i]) continue;
+        // Only a thread standing still: one that moves will see the stop flag at its next op or wait.
+        if (now - since[i] < kAbortAfterStop) continue;
+        workers[i]->abort_from_watchdog();
+        aborted[i] = true;
+      }
+    }
+    if (now - *stopped_at > options.stop_grace) {
+      std::lock_guard<std::mutex> lock(st.mu);
+      return st.finished == n;
+    }
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // execute
@@ -1209,16 +1317,8 @@ RunResult execute(const scenarios::Scenario& s, const ProcessContext& process, c
   }
   st->cv.notify_all();
 
-  // Wait for the rank threads; after a failure give them stop_grace to stop.
-  bool gave_up = false;
-  {
-    std::unique_lock<std::mutex> lock(st->mu);
-    const int n = st->local_count;
-    st->cv.wait(lock, [&] { return st->finished == n || st->stop.load(); });
-    if (st->finished != n) {
-      if (!st->cv.wait_for(lock, options.stop_grace, [&] { return st->finished == n; })) gave_up = true;
-    }
-  }
+  // Wait for the rank threads, watching them (watch_ranks); after a failure give them stop_grace to stop.
+  const bool gave_up = !watch_ranks(*st, workers, options);
   std::vector<std::string> stuck;
   for (std::size_t i = 0; i < threads.size(); ++i) {
     if (gave_up) {

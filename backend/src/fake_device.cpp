@@ -202,6 +202,7 @@ void FakeDevice::open(const DeviceSetup& setup, const scenarios::RankClass& cls)
           c = wp->queue.front();
           wp->queue.pop_front();
         }
+        wp->cv.notify_all();  // a launch waiting for room in the queue
         bool broken = false;
         {
           std::lock_guard<std::mutex> lock(mu_);
@@ -317,11 +318,20 @@ void FakeDevice::enqueue(int stream, Cmd c) {
     if (c.kind == CmdKind::wait) c.generation = slots_[c.slot].recorded;
   }
   StreamWorker& w = worker(stream);
+  const auto depth = static_cast<std::size_t>(std::max(0, fabric_.options().launch_queue_depth));
   {
-    std::lock_guard<std::mutex> lock(w.mu);
+    std::unique_lock<std::mutex> lock(w.mu);
+    while (depth > 0 && w.queue.size() >= depth) {
+      w.cv.wait_for(lock, std::chrono::milliseconds(5));
+      if (w.queue.size() < depth) break;
+      lock.unlock();
+      const bool stop = stopping();
+      lock.lock();
+      if (stop) return;  // an aborted device runs nothing more: the launch returns, dropped
+    }
     w.queue.push_back(c);
   }
-  w.cv.notify_one();
+  w.cv.notify_all();
 }
 
 void FakeDevice::count_launch(const scenarios::StepGraph& graph, const Op& op) {

@@ -47,7 +47,7 @@ NcclComm::~NcclComm() {
 
 NcclComm::NcclComm(NcclComm&& o) noexcept
     : comm_(std::exchange(o.comm_, nullptr)), group_(o.group_), index_(o.index_), size_(o.size_), timeout_(o.timeout_),
-      aborted_(o.aborted_) {}
+      aborted_(o.aborted_.load()) {}
 
 NcclComm& NcclComm::operator=(NcclComm&& o) noexcept {
   if (this != &o) {
@@ -57,16 +57,21 @@ NcclComm& NcclComm::operator=(NcclComm&& o) noexcept {
     index_ = o.index_;
     size_ = o.size_;
     timeout_ = o.timeout_;
-    aborted_ = o.aborted_;
+    aborted_.store(o.aborted_.load());
   }
   return *this;
 }
 
 void NcclComm::abort() noexcept {
-  if (comm_ != nullptr && !aborted_) {
-    static_cast<void>(ncclCommAbort(comm_));
-    aborted_ = true;
+  if (comm_ != nullptr && !aborted_.exchange(true)) static_cast<void>(ncclCommAbort(comm_));
+}
+
+ncclComm_t NcclComm::live() const {
+  if (aborted_.load()) {
+    throw DeviceError(rank_prefix() + "NCCL communicator of group " + group_ + " (member " + std::to_string(index_) +
+                      " of " + std::to_string(size_) + "): aborted (the run is stopping); nothing more is enqueued");
   }
+  return comm_;
 }
 
 void NcclComm::fail(const std::string& why) {
@@ -206,19 +211,19 @@ void CommTable::abort_all() noexcept {
 // ---- collectives ----
 void all_reduce(const void* send_buf, void* recv_buf, std::size_t count, NcclComm& comm, cudaStream_t stream,
                 ncclDataType_t type) {
-  TW_NCCL_ENQUEUE(comm, ncclAllReduce(send_buf, recv_buf, count, type, ncclSum, comm.get(), stream));
+  TW_NCCL_ENQUEUE(comm, ncclAllReduce(send_buf, recv_buf, count, type, ncclSum, comm.live(), stream));
 }
 void all_gather(const void* send_buf, void* recv_buf, std::size_t send_count, NcclComm& comm, cudaStream_t stream,
                 ncclDataType_t type) {
-  TW_NCCL_ENQUEUE(comm, ncclAllGather(send_buf, recv_buf, send_count, type, comm.get(), stream));
+  TW_NCCL_ENQUEUE(comm, ncclAllGather(send_buf, recv_buf, send_count, type, comm.live(), stream));
 }
 void reduce_scatter(const void* send_buf, void* recv_buf, std::size_t recv_count, NcclComm& comm, cudaStream_t stream,
                     ncclDataType_t type) {
-  TW_NCCL_ENQUEUE(comm, ncclReduceScatter(send_buf, recv_buf, recv_count, type, ncclSum, comm.get(), stream));
+  TW_NCCL_ENQUEUE(comm, ncclReduceScatter(send_buf, recv_buf, recv_count, type, ncclSum, comm.live(), stream));
 }
 void broadcast(const void* send_buf, void* recv_buf, std::size_t count, int root, NcclComm& comm, cudaStream_t stream,
                ncclDataType_t type) {
-  TW_NCCL_ENQUEUE(comm, ncclBroadcast(send_buf, recv_buf, count, type, root, comm.get(), stream));
+  TW_NCCL_ENQUEUE(comm, ncclBroadcast(send_buf, recv_buf, count, type, root, comm.live(), stream));
 }
 
 namespace {
@@ -252,26 +257,29 @@ void all_to_all_v(const void* send_buf, const std::vector<std::size_t>& send_cou
     throw InputError(rank_prefix() + "all_to_all_v on group " + comm.group_name() + ": counts/displacements need " +
                      std::to_string(n) + " entries (one per member)");
   }
+  static_cast<void>(comm.live());  // before the group: an aborted communicator leaves no group open
   const std::size_t es = type_size(type);
   const auto* s = static_cast<const char*>(send_buf);
   auto* r = static_cast<char*>(recv_buf);
   TW_NCCL_ENQUEUE(comm, ncclGroupStart());
   for (std::size_t p = 0; p < n; ++p) {
     if (send_counts[p] > 0) {
-      TW_NCCL_ENQUEUE(comm, ncclSend(s + send_displs[p] * es, send_counts[p], type, static_cast<int>(p), comm.get(), stream));
+      TW_NCCL_ENQUEUE(
+          comm, ncclSend(s + send_displs[p] * es, send_counts[p], type, static_cast<int>(p), comm.live(), stream));
     }
     if (recv_counts[p] > 0) {
-      TW_NCCL_ENQUEUE(comm, ncclRecv(r + recv_displs[p] * es, recv_counts[p], type, static_cast<int>(p), comm.get(), stream));
+      TW_NCCL_ENQUEUE(
+          comm, ncclRecv(r + recv_displs[p] * es, recv_counts[p], type, static_cast<int>(p), comm.live(), stream));
     }
   }
   TW_NCCL_ENQUEUE(comm, ncclGroupEnd());
 }
 
 void send(const void* buf, std::size_t count, int peer, NcclComm& comm, cudaStream_t stream, ncclDataType_t type) {
-  TW_NCCL_ENQUEUE(comm, ncclSend(buf, count, type, peer, comm.get(), stream));
+  TW_NCCL_ENQUEUE(comm, ncclSend(buf, count, type, peer, comm.live(), stream));
 }
 void recv(void* buf, std::size_t count, int peer, NcclComm& comm, cudaStream_t stream, ncclDataType_t type) {
-  TW_NCCL_ENQUEUE(comm, ncclRecv(buf, count, type, peer, comm.get(), stream));
+  TW_NCCL_ENQUEUE(comm, ncclRecv(buf, count, type, peer, comm.live(), stream));
 }
 
 }  // namespace threewalls::backend

@@ -423,6 +423,60 @@ TEST(Executor, AHungPeerMakesTheOthersTimeOutInsteadOfHanging) {
   fs::remove_all(dir);
 }
 
+// A rank thread blocked inside a device call polls nothing: here every launch waits for room in a
+// four-command launch queue (as CUDA's bounded launch queue does) behind a collective that cannot
+// complete. The main thread's watchdog finds the thread that stands still, stops the run and aborts
+// the blocked devices' communicators, so every rank stops well within the timeout plus 5 s and none
+// is given up on.
+TEST(Executor, RanksBlockedInALaunchBehindAHungCollectiveAreFoundAndStopped) {
+  const fs::path dir = temp_dir("blocked_hang");
+  const Scenario s = scenario_from(small_moe("ep = 2", "", 2, "[run.profiler]\nrecord_every_n_steps = 1\n"));
+  FakeDeviceOptions fo = quick();
+  fo.hang_rank = 1;
+  fo.hang_at_comm = 5;
+  fo.launch_queue_depth = 4;
+  ExecutorOptions eo = options_for(dir, 2, 1);
+  eo.timeout = std::chrono::milliseconds(400);
+  eo.stop_grace = std::chrono::seconds(20);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    run_fake(s, eo, fo);
+    FAIL() << "expected a failure";
+  } catch (const SystemError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("no progress for 1.4"), std::string::npos) << m;
+    EXPECT_NE(m.find("inside a device call"), std::string::npos) << m;
+    EXPECT_EQ(m.find("did not stop"), std::string::npos) << m;
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.4);
+  fs::remove_all(dir);
+}
+
+TEST(Executor, ARankBlockedInALaunchStopsSoonAfterItsPeerFails) {
+  const fs::path dir = temp_dir("blocked_fail");
+  const Scenario s = scenario_from(small_moe("ep = 2", "", 2, "[run.profiler]\nrecord_every_n_steps = 1\n"));
+  FakeDeviceOptions fo = quick();
+  fo.fail_rank = 1;
+  fo.fail_at_launch = 220;  // rank 1's dispatch of layer 1, which rank 0's stream then waits on for ever
+  fo.launch_queue_depth = 4;
+  ExecutorOptions eo = options_for(dir, 3, 1);
+  eo.timeout = std::chrono::seconds(60);  // the others must stop because rank 1 failed, not time out
+  eo.stop_grace = std::chrono::seconds(20);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    run_fake(s, eo, fo);
+    FAIL() << "expected a failure";
+  } catch (const SystemError& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.rfind("rank 1: fake device: injected failure at launch 220", 0), 0U) << m;
+    EXPECT_NE(m.find("rank 0: stopped"), std::string::npos) << m;
+    EXPECT_EQ(m.find("did not stop"), std::string::npos) << m;
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0)
+      << "a blocked rank is aborted 1 s after the stop, not given up on after 20 s";
+  fs::remove_all(dir);
+}
+
 TEST(Executor, InjectedFaultsStopTheRunWithAClearError) {
   const Scenario s = scenario_from(small_moe("ep = 2", "", 2));
   for (const auto fault : {ExecutorOptions::Fault::fail, ExecutorOptions::Fault::hang}) {

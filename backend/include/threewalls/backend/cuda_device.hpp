@@ -12,6 +12,7 @@
 // and pipeline direction (CommSpec), so a rank's sends never queue behind its receives.
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -98,7 +99,7 @@ class CudaDevice : public Device {
   std::vector<CudaGraph> graphs_;
   std::vector<GraphExec> execs_;
   bool capturing_ = false;
-  bool aborted_ = false;
+  std::atomic<bool> aborted_{false};  // abort() may come from the executor's watchdog thread
   OrderedJson host_probe_;  // settings()["host_probe"]: this process's host costs, measured at open()
 };
 

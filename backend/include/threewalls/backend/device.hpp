@@ -125,7 +125,8 @@ class Device {
 
   // Raises an asynchronous failure (collective error) if there is one.
   virtual void poll() = 0;
-  // Stops all communication (idempotent, from the rank's thread).
+  // Stops all communication (idempotent). Called from the rank's thread, or from the executor's
+  // watchdog thread while the rank's thread is blocked inside a device call: thread-safe for that.
   virtual void abort() noexcept = 0;
   // Device memory in use now, bytes (the executor keeps the high-water mark).
   [[nodiscard]] virtual std::size_t memory_in_use() = 0;

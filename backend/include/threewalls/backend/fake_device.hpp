@@ -54,6 +54,10 @@ struct FakeDeviceOptions {
   int fail_at_launch = 0;
   int hang_rank = -1;
   int hang_at_comm = 0;
+  // > 0: a launch blocks the calling thread while its stream already holds this many queued commands,
+  // until one is taken or the device is aborted, as a launch into CUDA's bounded launch queue does
+  // (the thread polls nothing meanwhile). 0 = unbounded.
+  int launch_queue_depth = 0;
 };
 
 // One op the fake device executed (for tests: ordering, overlap, durations).

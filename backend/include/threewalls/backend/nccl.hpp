@@ -5,7 +5,8 @@
 // a rank thread: every wait polls ncclCommGetAsyncError against a timeout and, on error or timeout,
 // aborts the communicator (ncclCommAbort) and throws DeviceError. A rank that fails aborts its
 // communicators; its peers then see an error or their own timeout instead of hanging. The executor
-// may also call CommTable::abort_all() from a watchdog when any rank failed.
+// aborts a rank's communicators from its watchdog thread when the rank thread is blocked in a device call
+// after a failure (CudaDevice::abort, thread-safe).
 //
 // Creation (one process, one thread per GPU): one thread builds a UniqueIdTable for the layout
 // (one ncclUniqueId per group instance), then every rank thread, with its device current, calls
@@ -13,6 +14,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -43,10 +45,14 @@ class NcclComm {
   [[nodiscard]] int index() const { return index_; }
   [[nodiscard]] int size() const { return size_; }
   [[nodiscard]] const char* group_name() const { return group_; }
-  [[nodiscard]] bool aborted() const { return aborted_; }
+  [[nodiscard]] bool aborted() const { return aborted_.load(); }
+  // The communicator for an enqueue; throws DeviceError once it was aborted (by this thread or by the
+  // executor's watchdog on another thread: a freed communicator must never reach NCCL).
+  [[nodiscard]] ncclComm_t live() const;
   [[nodiscard]] milliseconds timeout() const { return timeout_; }
 
-  // ncclCommAbort (idempotent): frees the communicator without waiting for peers.
+  // ncclCommAbort (idempotent, callable from another thread): frees the communicator without waiting
+  // for peers; its kernels still in flight see the abort and end.
   void abort() noexcept;
   // Polls until no operation of this communicator is in progress (after a non-blocking init or an
   // enqueue that returned ncclInProgress). Aborts and throws DeviceError on error or timeout;
@@ -67,7 +73,7 @@ class NcclComm {
   int index_ = 0;
   int size_ = 0;
   milliseconds timeout_ = kDefaultNcclTimeout;
-  bool aborted_ = false;
+  std::atomic<bool> aborted_{false};
 };
 
 // One ncclUniqueId per instance of each group of a layout (keyed by the group and its first member).
