@@ -11,6 +11,7 @@
 #include <set>
 
 #include "sim_test_support.hpp"
+#include "threewalls/core/jsonl.hpp"
 #include "threewalls/profiler/run_dir.hpp"
 #include "threewalls/profiler/walls.hpp"
 #include "threewalls/scenarios/loader.hpp"
@@ -591,6 +592,37 @@ TEST(OffloadStudy, ExpansionCountsActivationsAndHitsAndNamesFetchesByLocalExpert
       }
     }
   }
+}
+
+// ------------------------------------------------------------------ published Megatron-Core rows
+
+TEST(ScaleValidation, PublishedRowsNameEveryScenarioOfTheFolderAndEachLoads) {
+  const Json j = read_json_file(testing::source_dir() / "scenarios/validation/scale/published.json");
+  std::set<std::string> named;
+  for (const auto& row : j.at("rows")) {
+    named.insert(row.at("scenario").get<std::string>());
+    EXPECT_GT(row.at("published_tflops_per_gpu").get<double>(), 0.0);
+  }
+  std::set<std::string> files;
+  for (const fs::path& f : suite_files("scale")) {
+    files.insert(f.stem().string());
+    const scenarios::Scenario s = scenarios::load_scenario(f);
+    ASSERT_TRUE(s.train.has_value()) << f;
+    EXPECT_EQ(s.train->seq_length, 4096) << f;
+    EXPECT_EQ(s.cluster.gpu, scenarios::GpuKind::h100) << f;
+  }
+  EXPECT_EQ(named, files);
+}
+
+TEST(ScaleValidation, TflopsPerGpuIsMegatronsFormulaOverTheSimulatedStep) {
+  const scenarios::Scenario s = validation("scale", "qwen3_30b_16gpu_h100_fp8");
+  SimOptions o;
+  o.fidelity = Fidelity::analytic;
+  const SimResult r = simulate(s, "auto", o);
+  const auto& step = r.summary.steps.at(0);
+  const double expected = scenarios::megatron_flops_per_iteration(s) / (step.step_time_us * 1e-6) /
+                          static_cast<double>(s.cluster.world_size()) / 1e12;
+  EXPECT_NEAR(step.tflops_per_gpu, expected, 1e-9 * expected);
 }
 
 }  // namespace
