@@ -16,6 +16,7 @@
 
 #include "expand_internal.hpp"
 #include "threewalls/core/error.hpp"
+#include "threewalls/scenarios/parameters.hpp"
 #include "threewalls/scenarios/routing.hpp"
 #include "threewalls/scenarios/stages.hpp"
 #include "threewalls/scenarios/step_graph.hpp"
@@ -891,44 +892,6 @@ class Emitter {
   std::vector<std::uint32_t> deps_;
 };
 
-// ---------------------------------------------------------------------------------------------
-// Parameters per rank (for buckets, the optimizer and the memory model)
-// ---------------------------------------------------------------------------------------------
-
-struct LayerParams {
-  double dense = 0;   // attention, norms, dense MLP, router, shared experts (this rank's TP shard)
-  double expert = 0;  // this rank's routed experts
-};
-
-LayerParams layer_params(const Ctx& c, int layer) {
-  const auto& m = c.s.model;
-  LayerParams lp;
-  const double h = static_cast<double>(c.h);
-  const double heads = m.num_attention_heads;
-  if (m.attention == AttentionKind::mla) {
-    const double dqk = m.qk_head_dim + m.qk_pos_emb_head_dim;
-    double q = m.q_lora_rank > 0 ? h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * heads * dqk / c.tp
-                                 : h * heads * dqk / c.tp;
-    double kv = h * (m.kv_lora_rank + m.qk_pos_emb_head_dim) + m.kv_lora_rank +
-                m.kv_lora_rank * heads * (m.qk_head_dim + m.v_head_dim) / c.tp;
-    lp.dense += q + kv + heads * m.v_head_dim * h / c.tp;
-  } else {
-    lp.dense += h * (heads + 2.0 * m.num_query_groups) * m.kv_channels / c.tp + heads * m.kv_channels * h / c.tp;
-  }
-  // Two norms: RMSNorm has a weight (h), LayerNorm a weight and a bias (2h).
-  const double norm = m.normalization == Normalization::layernorm ? 2.0 * h : h;
-  lp.dense += 2 * norm;
-  const double mats = c.swiglu ? 3.0 : 2.0;
-  if (m.layer_is_moe(layer)) {
-    lp.dense += h * c.E;  // router
-    lp.dense += mats * h * static_cast<double>(c.ffn_shared) / c.tp;
-    lp.expert += static_cast<double>(c.E_loc) * mats * h * static_cast<double>(c.ffn_e);
-  } else {
-    lp.dense += mats * h * static_cast<double>(c.ffn) / c.tp;
-  }
-  return lp;
-}
-
 // A data-parallel gradient bucket (Megatron's DDP): consecutive layers in backward order.
 struct Bucket {
   bool expert = false;
@@ -1019,19 +982,13 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
   rc.layers = c.stages.stage_layers(stage);
   const bool has_embedding = c.stages.is_first_vstage(stage, 0);
   const bool has_head = c.stages.is_last_vstage(stage, c.vpp - 1);
-  const double emb_params = static_cast<double>(c.vocab) / c.tp * c.h;
-  const double final_norm = c.s.model.normalization == Normalization::layernorm ? 2.0 * c.h : c.h;
-  double head_params = final_norm + (c.s.model.untie_embeddings_and_output_weights || c.pp > 1 ? emb_params : 0.0);
-  rc.dense_params = 0;
-  rc.expert_params = 0;
-  std::unordered_map<int, LayerParams> params;
-  for (int l : rc.layers) {
-    params[l] = layer_params(c, l);
-    rc.dense_params += params[l].dense;
-    rc.expert_params += params[l].expert;
-  }
-  if (has_embedding) rc.dense_params += emb_params;
-  if (has_head) rc.dense_params += head_params;
+  const double emb_params = embedding_parameters(c.s);
+  const double head_params = head_parameters(c.s, has_embedding);
+  const ParameterCount rank_params = rank_parameters(c.s, rc.layers, has_embedding, has_head);
+  rc.dense_params = rank_params.dense;
+  rc.expert_params = rank_params.expert;
+  std::unordered_map<int, ParameterCount> params;
+  for (int l : rc.layers) params[l] = layer_parameters(c.s, l);
 
   // Programs per layer (shapes only depend on the layer's kind).
   std::unordered_map<int, Program> programs;

@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "threewalls/scenarios/layout.hpp"
+#include "threewalls/scenarios/parameters.hpp"
 
 namespace threewalls::sim {
 
@@ -19,108 +20,10 @@ using scenarios::OpKind;
 using scenarios::ModelSpec;
 using scenarios::Scenario;
 
-struct Dims {
-  double h, a, g, dh, f, fe, fs, E, k;
-  double q_lora, kv_lora, dqk, drope, dv;
-  double mult;      // weight matrices per MLP: 3 (SwiGLU) or 2
-  double act_in;    // activation-function input width factor: 2 (SwiGLU: gate and up) or 1
-  double norm;      // parameters per norm: h (RMSNorm) or 2h (LayerNorm)
-  bool mla;
-};
-
-Dims dims(const ModelSpec& m) {
-  Dims d{};
-  d.h = m.hidden_size;
-  d.a = m.num_attention_heads;
-  d.g = m.num_query_groups > 0 ? m.num_query_groups : m.num_attention_heads;
-  d.dh = m.kv_channels > 0 ? m.kv_channels : (m.num_attention_heads > 0 ? d.h / d.a : 0.0);
-  d.f = m.ffn_hidden_size;
-  d.fe = m.moe_ffn_hidden_size;
-  d.fs = m.moe_shared_expert_intermediate_size;
-  d.E = m.num_experts;
-  d.k = m.moe_router_topk;
-  d.q_lora = m.q_lora_rank;
-  d.kv_lora = m.kv_lora_rank;
-  d.dqk = m.qk_head_dim;
-  d.drope = m.qk_pos_emb_head_dim;
-  d.dv = m.v_head_dim;
-  d.mult = m.swiglu ? 3.0 : 2.0;
-  d.act_in = m.swiglu ? 2.0 : 1.0;
-  d.norm = m.normalization == scenarios::Normalization::layernorm ? 2.0 * d.h : d.h;
-  d.mla = m.attention == AttentionKind::mla;
-  return d;
-}
-
-// Attention parameters of one layer: {replicated over TP, sharded over TP} (docs: "Parameters").
-std::pair<double, double> attention_params(const Dims& d) {
-  if (d.mla) {
-    double repl = d.norm;                               // input norm
-    double shard = 0.0;
-    if (d.q_lora > 0) {
-      repl += d.h * d.q_lora + d.q_lora;                // W_DQ, q norm (RMSNorm)
-      shard += d.q_lora * d.a * (d.dqk + d.drope);      // W_UQ
-    } else {
-      shard += d.h * d.a * (d.dqk + d.drope);           // W_Q
-    }
-    repl += d.h * (d.kv_lora + d.drope) + d.kv_lora;    // W_DKV, kv norm
-    shard += d.kv_lora * d.a * (d.dqk + d.dv);          // W_UKV
-    shard += d.a * d.dv * d.h;                          // W_O
-    return {repl, shard};
-  }
-  const double shard = d.h * d.a * d.dh + 2.0 * d.h * d.g * d.dh + d.a * d.dh * d.h;  // Q, K, V, O
-  return {d.norm, shard};
-}
+using Dims = scenarios::ModelDims;
+using scenarios::model_dims;
 
 }  // namespace
-
-double model_parameters(const ModelSpec& m) {
-  const Dims d = dims(m);
-  const auto [arepl, ashard] = attention_params(d);
-  double total = 0.0;
-  for (int l = 0; l < m.num_layers; ++l) {
-    total += arepl + ashard + d.norm;  // attention, MLP norm
-    if (m.layer_is_moe(l)) {
-      total += d.h * d.E + d.E * d.mult * d.h * d.fe + d.mult * d.h * d.fs;
-    } else {
-      total += d.mult * d.h * d.f;
-    }
-  }
-  const double emb = static_cast<double>(m.vocab_size) * d.h;
-  total += emb + d.norm;  // embedding, final norm
-  if (m.untie_embeddings_and_output_weights) total += emb;
-  return total;
-}
-
-ParameterCount rank_parameters(const Scenario& s, const std::vector<int>& layers, bool first_stage, bool last_stage) {
-  const ModelSpec& m = s.model;
-  const Dims d = dims(m);
-  const double t = s.parallel.tp;
-  const double ep = s.parallel.ep;
-  const double etp = s.parallel.etp;
-  const auto [arepl, ashard] = attention_params(d);
-  ParameterCount p;
-  for (int l : layers) {
-    p.dense += arepl + ashard / t + d.norm;
-    if (m.layer_is_moe(l)) {
-      p.dense += d.h * d.E + d.mult * d.h * d.fs / t;  // router (replicated), shared experts
-      p.expert += (d.E / ep) * d.mult * d.h * d.fe / etp;
-    } else {
-      p.dense += d.mult * d.h * d.f / t;
-    }
-  }
-  const double vocab = static_cast<double>(m.padded_vocab_size(s.parallel.tp));
-  const double emb = vocab * d.h / t;
-  if (first_stage) p.dense += emb;
-  if (last_stage) {
-    p.dense += d.norm;
-    if (m.untie_embeddings_and_output_weights) {
-      p.dense += emb;
-    } else if (!first_stage) {
-      p.dense += emb;  // the last stage's copy of the tied embedding
-    }
-  }
-  return p;
-}
 
 double training_bytes_per_parameter(bool distributed_optimizer, int dp) {
   // bf16 weight 2 + fp32 gradient 4 + fp32 master weight, Adam m and v 4 + 4 + 4.
@@ -133,7 +36,7 @@ double layer_activation_bytes(const Scenario& s, int layer, double expert_load, 
   // (before sequence parallelism), 2-byte activations; `rep` divides tensors outside the TP region
   // (sequence parallel), t those inside it.
   const ModelSpec& m = s.model;
-  const Dims d = dims(m);
+  const Dims d = model_dims(m);
   const double t = s.parallel.tp;
   const double rep = s.parallel.sequence_parallel ? t : 1.0;
   double T = 0.0;
@@ -367,7 +270,7 @@ MemoryReport memory_model(const Scenario& s, const scenarios::StepGraph& graph, 
     cm.ranks = static_cast<int>(rc.ranks.size());
     const bool first = rc.pp_stage == 0;
     const bool last = rc.pp_stage == pp - 1;
-    cm.params = rank_parameters(s, rc.layers, first, last);
+    cm.params = scenarios::rank_parameters(s, rc.layers, first, last);
     const int rep_rank = rc.representative();
     MemoryBreakdown& b = cm.breakdown;
     double act_per_mb = 0.0;  // all layers of the stage, one micro-batch
@@ -434,7 +337,7 @@ MemoryReport memory_model(const Scenario& s, const scenarios::StepGraph& graph, 
       double expert_params = cm.params.expert;
       if (inf.expert_offload.enabled && inf.expert_offload.tier != scenarios::OffloadTier::hbm && s.model.is_moe()) {
         // Only the expert cache lives in HBM.
-        const Dims d = dims(s.model);
+        const Dims d = model_dims(s.model);
         int moe_layers = 0;
         for (int l : rc.layers) moe_layers += s.model.layer_is_moe(l) ? 1 : 0;
         const double per_expert = d.mult * d.h * d.fe / s.parallel.etp;
@@ -445,7 +348,7 @@ MemoryReport memory_model(const Scenario& s, const scenarios::StepGraph& graph, 
       b.weights = Bytes(wbytes * (cm.params.dense + expert_params));
       // KV cache (docs: "Inference").
       const double kv_bytes = inf.kv_cache_precision == scenarios::Precision::fp8 ? 1.0 : 2.0;
-      const Dims d = dims(s.model);
+      const Dims d = model_dims(s.model);
       const double per_token_layer =
           d.mla ? (d.kv_lora + d.drope) : 2.0 * (d.g / s.parallel.tp) * d.dh;
       const double positions = static_cast<double>(inf.prompt_length) + inf.generate_tokens;

@@ -10,6 +10,7 @@
 
 #include "threewalls/core/jsonl.hpp"
 #include "threewalls/core/units.hpp"
+#include "threewalls/scenarios/parameters.hpp"
 #include "threewalls/scenarios/scenario.hpp"
 #include "threewalls/scenarios/step_graph.hpp"
 #include "threewalls/sim/op_coster.hpp"
@@ -30,20 +31,6 @@ struct MemoryOptions {
   // kNcclBytesPerPeer below (docs/memory_model.md, "Buffers").
   std::optional<NcclMemoryParams> nccl{};
 };
-
-// Parameters held by one rank.
-struct ParameterCount {
-  double dense = 0.0;   // reduced over dp x cp
-  double expert = 0.0;  // reduced over edp
-  [[nodiscard]] double total() const { return dense + expert; }
-};
-
-// Whole-model parameter count (no parallelism): embedding, layers, output layer.
-double model_parameters(const scenarios::ModelSpec& m);
-// Parameters of one rank of pipeline stage holding `layers` (global indices), with the embedding on
-// the first stage and the output layer (or the tied embedding copy) on the last.
-ParameterCount rank_parameters(const scenarios::Scenario& s, const std::vector<int>& layers, bool first_stage,
-                               bool last_stage);
 
 // Bytes per parameter of weights + gradients + optimizer (bf16 weights, fp32 gradients, fp32 master
 // weights and two Adam moments): 18 without the distributed optimizer, 6 + 12/d with it over d ranks.
@@ -77,7 +64,7 @@ struct ClassMemory {
   std::string label;
   int ranks = 0;
   MemoryBreakdown breakdown;
-  ParameterCount params;
+  scenarios::ParameterCount params;
   int inflight = 0;                  // chunk-micro-batches (training) or 1 (inference)
   double activation_per_microbatch = 0.0;  // bytes of one micro-batch of the stage (all its layers)
   [[nodiscard]] Bytes peak() const { return breakdown.total(); }

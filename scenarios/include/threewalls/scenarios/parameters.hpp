@@ -1,0 +1,46 @@
+#pragma once
+// Parameter counts: of the whole model, and of the shard one rank holds. The expansion (gradient
+// buckets, the optimizer step) and the memory model (weights, gradients, optimizer state) both count
+// through these functions. The formulas are in docs/memory_model.md ("Parameters").
+#include <vector>
+
+#include "threewalls/scenarios/scenario.hpp"
+
+namespace threewalls::scenarios {
+
+// Parameters held by one rank.
+struct ParameterCount {
+  double dense = 0.0;   // reduced over dp x cp
+  double expert = 0.0;  // reduced over edp
+  [[nodiscard]] double total() const { return dense + expert; }
+};
+
+// A model's dimensions as doubles, in the symbols of docs/memory_model.md: the counting formulas of
+// the parameters here and of the memory model's activations read them.
+struct ModelDims {
+  double h, a, g, dh, f, fe, fs, E,
+      k;  // hidden, heads, query groups, head dim, FFN, expert FFN, shared FFN, experts, top-k
+  double q_lora, kv_lora, dqk, drope, dv;  // MLA
+  double mult;                             // weight matrices per MLP: 3 (SwiGLU) or 2
+  double act_in;                           // activation-function input width factor: 2 (SwiGLU: gate and up) or 1
+  double norm;                             // parameters per norm: h (RMSNorm) or 2h (LayerNorm)
+  bool mla;
+};
+ModelDims model_dims(const ModelSpec& m);
+
+// Whole-model parameter count (no parallelism): embedding, layers, output layer.
+double model_parameters(const ModelSpec& m);
+// One rank's share of layer `layer`: dense = attention, both norms, the dense MLP or the router and
+// shared experts (TP-sharded where Megatron-Core shards them); expert = the rank's routed experts
+// (num_experts / ep of them, each sharded over etp).
+ParameterCount layer_parameters(const Scenario& s, int layer);
+// One rank's shard of the embedding (the padded vocabulary split over TP), on the first stage.
+double embedding_parameters(const Scenario& s);
+// One rank's share of the last stage's head: the final norm, and the output layer (untied) or the
+// last stage's copy of the tied embedding (none when the last stage is also the first).
+double head_parameters(const Scenario& s, bool first_stage);
+// Parameters of one rank of the pipeline stage holding `layers` (global indices), with the embedding
+// on the first stage and the head on the last.
+ParameterCount rank_parameters(const Scenario& s, const std::vector<int>& layers, bool first_stage, bool last_stage);
+
+}  // namespace threewalls::scenarios

@@ -1,0 +1,109 @@
+#include "threewalls/scenarios/parameters.hpp"
+
+#include <utility>
+
+namespace threewalls::scenarios {
+namespace {
+
+// Attention parameters of one layer: {replicated over TP, sharded over TP}.
+std::pair<double, double> attention_params(const ModelDims& d) {
+  if (d.mla) {
+    double repl = d.norm;  // input norm
+    double shard = 0.0;
+    if (d.q_lora > 0) {
+      repl += d.h * d.q_lora + d.q_lora;            // W_DQ, q norm (RMSNorm)
+      shard += d.q_lora * d.a * (d.dqk + d.drope);  // W_UQ
+    } else {
+      shard += d.h * d.a * (d.dqk + d.drope);  // W_Q
+    }
+    repl += d.h * (d.kv_lora + d.drope) + d.kv_lora;  // W_DKV, kv norm
+    shard += d.kv_lora * d.a * (d.dqk + d.dv);        // W_UKV
+    shard += d.a * d.dv * d.h;                        // W_O
+    return {repl, shard};
+  }
+  const double shard = d.h * d.a * d.dh + 2.0 * d.h * d.g * d.dh + d.a * d.dh * d.h;  // Q, K, V, O
+  return {d.norm, shard};
+}
+
+}  // namespace
+
+ModelDims model_dims(const ModelSpec& m) {
+  ModelDims d{};
+  d.h = m.hidden_size;
+  d.a = m.num_attention_heads;
+  d.g = m.num_query_groups > 0 ? m.num_query_groups : m.num_attention_heads;
+  d.dh = m.kv_channels > 0 ? m.kv_channels : (m.num_attention_heads > 0 ? d.h / d.a : 0.0);
+  d.f = m.ffn_hidden_size;
+  d.fe = m.moe_ffn_hidden_size;
+  d.fs = m.moe_shared_expert_intermediate_size;
+  d.E = m.num_experts;
+  d.k = m.moe_router_topk;
+  d.q_lora = m.q_lora_rank;
+  d.kv_lora = m.kv_lora_rank;
+  d.dqk = m.qk_head_dim;
+  d.drope = m.qk_pos_emb_head_dim;
+  d.dv = m.v_head_dim;
+  d.mult = m.swiglu ? 3.0 : 2.0;
+  d.act_in = m.swiglu ? 2.0 : 1.0;
+  d.norm = m.normalization == Normalization::layernorm ? 2.0 * d.h : d.h;
+  d.mla = m.attention == AttentionKind::mla;
+  return d;
+}
+
+double model_parameters(const ModelSpec& m) {
+  const ModelDims d = model_dims(m);
+  const auto [arepl, ashard] = attention_params(d);
+  double total = 0.0;
+  for (int l = 0; l < m.num_layers; ++l) {
+    total += arepl + ashard + d.norm;  // attention, MLP norm
+    if (m.layer_is_moe(l)) {
+      total += d.h * d.E + d.E * d.mult * d.h * d.fe + d.mult * d.h * d.fs;
+    } else {
+      total += d.mult * d.h * d.f;
+    }
+  }
+  const double emb = static_cast<double>(m.vocab_size) * d.h;
+  total += emb + d.norm;  // embedding, final norm
+  if (m.untie_embeddings_and_output_weights) total += emb;
+  return total;
+}
+
+ParameterCount layer_parameters(const Scenario& s, int layer) {
+  const ModelSpec& m = s.model;
+  const ModelDims d = model_dims(m);
+  const double t = s.parallel.tp;
+  const auto [arepl, ashard] = attention_params(d);
+  ParameterCount p;
+  p.dense = arepl + ashard / t + d.norm;
+  if (m.layer_is_moe(layer)) {
+    p.dense += d.h * d.E + d.mult * d.h * d.fs / t;  // router (replicated), shared experts
+    p.expert = (d.E / s.parallel.ep) * d.mult * d.h * d.fe / s.parallel.etp;
+  } else {
+    p.dense += d.mult * d.h * d.f / t;
+  }
+  return p;
+}
+
+double embedding_parameters(const Scenario& s) {
+  return static_cast<double>(s.model.padded_vocab_size(s.parallel.tp)) * s.model.hidden_size / s.parallel.tp;
+}
+
+double head_parameters(const Scenario& s, bool first_stage) {
+  const double norm = model_dims(s.model).norm;
+  const bool output_layer = s.model.untie_embeddings_and_output_weights || !first_stage;
+  return norm + (output_layer ? embedding_parameters(s) : 0.0);
+}
+
+ParameterCount rank_parameters(const Scenario& s, const std::vector<int>& layers, bool first_stage, bool last_stage) {
+  ParameterCount p;
+  for (int l : layers) {
+    const ParameterCount lp = layer_parameters(s, l);
+    p.dense += lp.dense;
+    p.expert += lp.expert;
+  }
+  if (first_stage) p.dense += embedding_parameters(s);
+  if (last_stage) p.dense += head_parameters(s, first_stage);
+  return p;
+}
+
+}  // namespace threewalls::scenarios
