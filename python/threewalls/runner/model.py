@@ -3,7 +3,7 @@
 One rank's part of the model: the embedding, every layer (attention, then a dense MLP or an MoE
 block with its local experts), the final norm, the output head and the loss. Each op is timed as the
 StepGraph op of the same name (threewalls.runner.ops); ops are issued in the StepGraph's order
-(docs/stepgraph.md, scenarios/src/expand.cpp), so `threewalls compare` lines a run of this model up
+(docs/stepgraph.md, scenarios/src/programs.cpp), so `threewalls compare` lines a run of this model up
 with `threewalls sim` of the same scenario record for record.
 
 Implementation choices (each recorded in the run header's settings.runner):

@@ -99,7 +99,7 @@ double bus_bandwidth(std::string_view collective_op, int group_size, double size
 // The ops of a concurrency_section point: the expert ops of a Switch-like layer (kConcurrencySection-
 // Experts experts, top-1, non-gated, `rows` tokens per expert, d_model `hidden`, FFN `ffn`) as the
 // step graph expands it with sequential experts: per expert a gather, fc1, the activation, fc2 and a
-// scatter-add (scenarios/src/expand.cpp), in issue order, each with its expert index. Throws
+// scatter-add (scenarios/src/programs.cpp), in issue order, each with its expert index. Throws
 // InputError for shapes the layer cannot have (rows x experts not a multiple of 128, hidden not a
 // multiple of 64).
 std::vector<scenarios::Op> concurrency_section_ops(std::int64_t rows, std::int64_t hidden, std::int64_t ffn);

@@ -1,0 +1,274 @@
+#include "emit.hpp"
+
+#include <algorithm>
+
+#include "threewalls/core/error.hpp"
+
+namespace threewalls::scenarios {
+
+std::size_t StepGraph::total_ops() const {
+  std::size_t n = 0;
+  for (const auto& c : classes) n += c.ops.size();
+  return n;
+}
+
+namespace detail {
+
+std::uint16_t GraphTables::phase(std::string_view name) {
+  auto it = phase_ids_.find(std::string(name));
+  if (it != phase_ids_.end()) return it->second;
+  if (graph_.phases.size() >= std::numeric_limits<std::uint16_t>::max()) {
+    throw Error("StepGraph: too many distinct phase names");
+  }
+  auto id = static_cast<std::uint16_t>(graph_.phases.size());
+  graph_.phases.emplace_back(name);
+  phase_ids_.emplace(std::string(name), id);
+  return id;
+}
+
+std::uint8_t GraphTables::stream(std::string_view name, StreamKind kind) {
+  for (std::size_t i = 0; i < graph_.streams.size(); ++i) {
+    if (graph_.streams[i].name == name) return static_cast<std::uint8_t>(i);
+  }
+  if (graph_.streams.size() >= 255) throw Error("StepGraph: too many streams");
+  graph_.streams.push_back({std::string(name), kind});
+  return static_cast<std::uint8_t>(graph_.streams.size() - 1);
+}
+
+std::uint8_t GraphTables::graph_scope(std::string_view name) {
+  for (std::size_t i = 0; i < graph_.graphs.size(); ++i) {
+    if (graph_.graphs[i] == name) return static_cast<std::uint8_t>(i + 1);
+  }
+  graph_.graphs.emplace_back(name);
+  return static_cast<std::uint8_t>(graph_.graphs.size());
+}
+
+std::uint32_t ClassBuilder::emit(Op op, std::initializer_list<std::uint32_t> deps) {
+  return emit(op, deps.begin(), deps.end());
+}
+
+std::uint32_t ClassBuilder::emit(Op op, const std::uint32_t* deps_begin, const std::uint32_t* deps_end) {
+  op.deps_begin = static_cast<std::uint32_t>(rc_.deps.size());
+  for (const auto* d = deps_begin; d != deps_end; ++d) {
+    if (*d == kNoOp) continue;
+    // Same-stream order is implied (FIFO); keep only cross-stream edges.
+    if (rc_.ops[*d].stream == op.stream) continue;
+    if (std::find(rc_.deps.begin() + op.deps_begin, rc_.deps.end(), *d) != rc_.deps.end()) continue;
+    rc_.deps.push_back(*d);
+  }
+  op.deps_end = static_cast<std::uint32_t>(rc_.deps.size());
+  rc_.ops.push_back(op);
+  return static_cast<std::uint32_t>(rc_.ops.size() - 1);
+}
+
+void ClassBuilder::add_dep(std::uint32_t op_index, std::uint32_t dep) {
+  if (dep == kNoOp) return;
+  Op& op = rc_.ops[op_index];
+  if (rc_.ops[dep].stream == op.stream) return;
+  for (auto i = op.deps_begin; i < op.deps_end; ++i) {
+    if (rc_.deps[i] == dep) return;
+  }
+  if (op.deps_end != rc_.deps.size()) {
+    std::vector<std::uint32_t> copy(rc_.deps.begin() + op.deps_begin, rc_.deps.begin() + op.deps_end);
+    op.deps_begin = static_cast<std::uint32_t>(rc_.deps.size());
+    rc_.deps.insert(rc_.deps.end(), copy.begin(), copy.end());
+  }
+  rc_.deps.push_back(dep);
+  op.deps_end = static_cast<std::uint32_t>(rc_.deps.size());
+}
+
+void mark_graph_runs(RankClass& rc) {
+  for (std::uint32_t i = 0; i < rc.ops.size();) {
+    const std::uint8_t g = rc.ops[i].graph;
+    std::uint32_t j = i + 1;
+    while (j < rc.ops.size() && rc.ops[j].graph == g && g != 0) ++j;
+    if (g != 0) rc.graph_runs.push_back({i, j, g});
+    i = j;
+  }
+}
+
+Emitter::Emitter(const Ctx& c, const ClassInfo& ci, GraphTables& tables, ClassBuilder& b)
+    : c_(c), ci_(ci), t_(tables), b_(b) {
+  compute_ = t_.stream("compute", StreamKind::compute);
+}
+
+std::uint8_t Emitter::stream_for(const Spec& sp) {
+  switch (sp.role) {
+    case Role::compute: return compute_;
+    case Role::tp_comm: return t_.stream("tp_comm", StreamKind::communication);
+    case Role::cp_comm: return t_.stream("cp_comm", StreamKind::communication);
+    case Role::shared: return t_.stream("shared_expert", StreamKind::compute);
+    case Role::expert: return t_.stream("expert_" + std::to_string(sp.stream_slot), StreamKind::compute);
+  }
+  return compute_;
+}
+
+std::uint8_t Emitter::graph_of(const Spec& sp, bool dense_layer) {
+  const auto& e = c_.exec;
+  if (e.cuda_graph_scope.empty() || sp.kind == OpKind::host) return 0;
+  if (e.graph_scope("full_iteration")) return t_.graph_scope("full_iteration");
+  switch (sp.module) {
+    case Module::attn_norm:
+    case Module::attn_proj_in:
+    case Module::mla_up:
+    case Module::attn_core:
+    case Module::attn_out: return e.graph_scope("attn") ? t_.graph_scope("attn") : 0;
+    case Module::mlp_norm:
+      if (dense_layer) return e.graph_scope("mlp") ? t_.graph_scope("mlp") : 0;
+      return e.graph_scope("moe_router")       ? t_.graph_scope("moe_router")
+             : e.graph_scope("moe_preprocess") ? t_.graph_scope("moe_preprocess")
+                                               : 0;
+    case Module::mlp: return e.graph_scope("mlp") ? t_.graph_scope("mlp") : 0;
+    case Module::router:
+      if (e.graph_scope("moe_router")) return t_.graph_scope("moe_router");
+      return e.graph_scope("moe_preprocess") ? t_.graph_scope("moe_preprocess") : 0;
+    case Module::moe_pre: return e.graph_scope("moe_preprocess") ? t_.graph_scope("moe_preprocess") : 0;
+    default: return 0;
+  }
+}
+
+Op Emitter::base_op(const Spec& sp, const std::string& phase, int layer, int mb, int chunk, std::uint8_t flags,
+                    bool dense_layer) {
+  Op op;
+  op.kind = sp.kind;
+  op.shape = sp.shape;
+  op.flops = sp.flops;
+  op.bytes = sp.bytes;
+  op.phase = t_.phase(phase);
+  op.layer = static_cast<std::int16_t>(layer);
+  op.microbatch = static_cast<std::int16_t>(mb);
+  op.expert = static_cast<std::int16_t>(sp.expert);
+  op.chunk = static_cast<std::int16_t>(chunk);
+  op.stream = stream_for(sp);
+  op.wall = sp.wall;
+  op.sub = sp.sub;
+  op.group = sp.group;
+  op.group_size = static_cast<std::int16_t>(c_.layout.group_size(sp.group));
+  op.dtype = sp.dtype;
+  op.tokens = sp.tokens;
+  op.flags = static_cast<std::uint8_t>(sp.flags | flags);
+  op.graph = graph_of(sp, dense_layer);
+  if (sp.kind == OpKind::norm) {
+    op.sub = static_cast<std::uint8_t>(c_.s.model.normalization == Normalization::layernorm ? NormKind::layernorm
+                                                                                            : NormKind::rmsnorm);
+  }
+  if (sp.kind == OpKind::host) op.stream = t_.stream("host", StreamKind::host);
+  return op;
+}
+
+std::vector<std::uint32_t> Emitter::forward(const Program& p, int layer, int mb, int chunk, std::uint32_t input,
+                                            bool recompute, const std::vector<bool>* subset, bool dense_layer) {
+  std::vector<std::uint32_t> ids(p.specs.size(), kNoOp);
+  const char* suffix = recompute ? "_recompute" : "_fwd";
+  for (std::size_t i = 0; i < p.specs.size(); ++i) {
+    if (subset && !(*subset)[i]) continue;
+    const Spec& sp = p.specs[i];
+    if (recompute && sp.kind == OpKind::host) continue;
+    deps_.clear();
+    for (int a : sp.after) {
+      if (a < 0)
+        deps_.push_back(input);
+      else
+        deps_.push_back(ids[static_cast<std::size_t>(a)]);
+    }
+    Op op = base_op(sp, sp.name + suffix, layer, mb, chunk, recompute ? kRecompute : 0, dense_layer);
+    ids[i] = b_.emit(op, deps_.data(), deps_.data() + deps_.size());
+  }
+  return ids;
+}
+
+std::uint32_t Emitter::backward(const Program& p, int layer, int mb, int chunk, std::uint32_t grad_in,
+                                const std::vector<std::uint32_t>& recomputed, bool dense_layer) {
+  const std::size_t n = p.specs.size();
+  // Consumers of each spec.
+  std::vector<std::vector<int>> consumers(n);
+  for (std::size_t j = 0; j < n; ++j) {
+    for (int a : p.specs[j].after) {
+      if (a >= 0) consumers[static_cast<std::size_t>(a)].push_back(static_cast<int>(j));
+    }
+  }
+  std::vector<std::uint32_t> grad_of(n, kNoOp);  // op producing d(input of spec) ... i.e. the spec's dgrad
+  std::uint32_t last = grad_in;
+  std::uint32_t input_grad = kNoOp;
+  for (std::size_t ii = n; ii-- > 0;) {
+    const Spec& sp = p.specs[ii];
+    if (sp.bwd == Bwd::none) continue;
+    deps_.clear();
+    if (consumers[ii].empty() || ii == n - 1) deps_.push_back(grad_in);
+    for (int j : consumers[ii]) {
+      if (grad_of[static_cast<std::size_t>(j)] != kNoOp) deps_.push_back(grad_of[static_cast<std::size_t>(j)]);
+    }
+    if (recomputed.size() == n && recomputed[ii] != kNoOp) deps_.push_back(recomputed[ii]);
+    std::uint32_t id = kNoOp;
+    const std::uint8_t fl = kBackward;
+    switch (sp.bwd) {
+      case Bwd::gemm: {
+        Op d = base_op(sp, sp.name + "_dgrad", layer, mb, chunk, fl, dense_layer);
+        d.shape = {sp.shape[0], sp.shape[2], sp.shape[1], sp.shape[3], 0, 0};
+        d.bytes = gemm_bytes(sp.shape[0], sp.shape[2], sp.shape[1], sp.dtype == DType::fp8 ? 1.0 : 2.0);
+        id = b_.emit(d, deps_.data(), deps_.data() + deps_.size());
+        Op w = base_op(sp, sp.name + "_wgrad", layer, mb, chunk, fl | kWgrad, dense_layer);
+        w.shape = {sp.shape[2], sp.shape[1], sp.shape[0], sp.shape[3], 0, 0};
+        w.bytes = gemm_bytes(sp.shape[2], sp.shape[1], sp.shape[0], sp.dtype == DType::fp8 ? 1.0 : 2.0);
+        b_.emit(w, {id});
+        break;
+      }
+      case Bwd::grouped: {
+        Op d = base_op(sp, sp.name + "_dgrad", layer, mb, chunk, fl, dense_layer);
+        d.shape = {sp.shape[0], sp.shape[2], sp.shape[1], sp.shape[3], sp.shape[4], 0};
+        id = b_.emit(d, deps_.data(), deps_.data() + deps_.size());
+        Op w = base_op(sp, sp.name + "_wgrad", layer, mb, chunk, fl | kWgrad, dense_layer);
+        // dW_g [k x n] = X_g^T [k x r_g] dY_g [r_g x n]: the rows are the reduction dimension.
+        w.shape = {sp.shape[0], sp.shape[1], sp.shape[2], sp.shape[3], sp.shape[4], 1};
+        b_.emit(w, {id});
+        break;
+      }
+      case Bwd::attention: {
+        Op a = base_op(sp, sp.name + "_bwd", layer, mb, chunk, fl, dense_layer);
+        a.flops = 2.0 * sp.flops;
+        a.bytes = sp.bwd_bytes;
+        id = b_.emit(a, deps_.data(), deps_.data() + deps_.size());
+        break;
+      }
+      case Bwd::same_kind:
+      case Bwd::swap_permute: {
+        Op e = base_op(sp, sp.name + "_bwd", layer, mb, chunk, fl, dense_layer);
+        e.bytes = sp.bwd_bytes;
+        e.flops = 0;
+        if (sp.bwd == Bwd::swap_permute) e.kind = sp.kind == OpKind::permute ? OpKind::unpermute : OpKind::permute;
+        if (sp.kind == OpKind::elementwise) {
+          auto k = static_cast<ElementwiseKind>(sp.sub);
+          if (k == ElementwiseKind::swiglu) e.sub = static_cast<std::uint8_t>(ElementwiseKind::swiglu_bwd);
+          if (k == ElementwiseKind::gelu) e.sub = static_cast<std::uint8_t>(ElementwiseKind::gelu_bwd);
+        }
+        id = b_.emit(e, deps_.data(), deps_.data() + deps_.size());
+        break;
+      }
+      case Bwd::collective: {
+        Op cl = base_op(sp, sp.name + "_bwd", layer, mb, chunk, fl, dense_layer);
+        auto kind = static_cast<Collective>(sp.sub);
+        if (kind == Collective::all_gather) cl.sub = static_cast<std::uint8_t>(Collective::reduce_scatter);
+        if (kind == Collective::reduce_scatter) cl.sub = static_cast<std::uint8_t>(Collective::all_gather);
+        if (kind == Collective::all_to_all && sp.shape[1] != 0) {
+          // The gradient of a dispatch travels like a combine and vice versa.
+          const std::int64_t routed = sp.shape[1] == 1 ? 2 : 1;
+          cl.shape[1] = routed;
+          cl.bytes = static_cast<double>(sp.shape[0]) * (routed == 2 ? ci_.load : 1.0);
+        }
+        id = b_.emit(cl, deps_.data(), deps_.data() + deps_.size());
+        break;
+      }
+      case Bwd::none: break;
+    }
+    grad_of[ii] = id;
+    if (id != kNoOp) last = id;
+    // The program input's gradient comes from the specs that read the input.
+    for (int a : sp.after) {
+      if (a < 0) input_grad = id;
+    }
+  }
+  return input_grad != kNoOp ? input_grad : last;
+}
+
+}  // namespace detail
+}  // namespace threewalls::scenarios

@@ -1,0 +1,78 @@
+#pragma once
+// Emission helpers shared by the training and inference expansions: interning a StepGraph's names
+// (GraphTables), appending ops to a rank class in host issue order (ClassBuilder), instantiating a
+// program's forward, recompute and backward ops (Emitter) and marking CUDA-graph runs.
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "program.hpp"
+#include "threewalls/scenarios/step_graph.hpp"
+
+namespace threewalls::scenarios::detail {
+
+inline constexpr std::uint32_t kNoOp = std::numeric_limits<std::uint32_t>::max();
+
+// Interns phase, stream and CUDA-graph scope names of one StepGraph.
+class GraphTables {
+ public:
+  explicit GraphTables(StepGraph& g) : graph_(g) {}
+  std::uint16_t phase(std::string_view name);
+  std::uint8_t stream(std::string_view name, StreamKind kind);
+  std::uint8_t graph_scope(std::string_view name);
+
+ private:
+  StepGraph& graph_;
+  std::unordered_map<std::string, std::uint16_t> phase_ids_;
+};
+
+// Appends ops to a rank class in host issue order, keeping only cross-stream dependencies.
+class ClassBuilder {
+ public:
+  explicit ClassBuilder(RankClass& rc) : rc_(rc) {}
+  std::uint32_t emit(Op op, std::initializer_list<std::uint32_t> deps);
+  std::uint32_t emit(Op op, const std::uint32_t* deps_begin, const std::uint32_t* deps_end);
+  // Adds a dependency to an already emitted op (copies its dependency list when it is not last).
+  void add_dep(std::uint32_t op, std::uint32_t dep);
+  [[nodiscard]] RankClass& rank_class() { return rc_; }
+
+ private:
+  RankClass& rc_;
+};
+
+// Records the CUDA-graph runs of a class: maximal runs of consecutive ops captured in the same scope.
+void mark_graph_runs(RankClass& rc);
+
+// Instantiates programs into the ops of one rank class.
+class Emitter {
+ public:
+  Emitter(const Ctx& c, const ClassInfo& ci, GraphTables& tables, ClassBuilder& b);
+  [[nodiscard]] std::uint8_t compute_stream() const { return compute_; }
+  // Forward (or recompute when `recompute`): returns the op id of each spec (kNoOp when skipped).
+  std::vector<std::uint32_t> forward(const Program& p, int layer, int mb, int chunk, std::uint32_t input,
+                                     bool recompute, const std::vector<bool>* subset, bool dense_layer);
+  // Backward: returns the op id that produces the program input's gradient (or the last op).
+  std::uint32_t backward(const Program& p, int layer, int mb, int chunk, std::uint32_t grad_in,
+                         const std::vector<std::uint32_t>& recomputed, bool dense_layer);
+
+ private:
+  std::uint8_t stream_for(const Spec& sp);
+  // The CUDA-graph scope that captures `sp` (0: none), from the scenario's cuda_graph_scope.
+  std::uint8_t graph_of(const Spec& sp, bool dense_layer);
+  // The op of `sp` under phase name `phase`, before its dependencies.
+  Op base_op(const Spec& sp, const std::string& phase, int layer, int mb, int chunk, std::uint8_t flags,
+             bool dense_layer);
+
+  const Ctx& c_;
+  const ClassInfo& ci_;
+  GraphTables& t_;
+  ClassBuilder& b_;
+  std::uint8_t compute_;
+  std::vector<std::uint32_t> deps_;
+};
+
+}  // namespace threewalls::scenarios::detail

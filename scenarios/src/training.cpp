@@ -1,0 +1,503 @@
+// The training class: the schedule's forward and backward items of every micro-batch on one pipeline
+// stage (Megatron-Core's 1F1B and interleaved schedules, schedule.hpp), pipeline sends and receives,
+// input copies, selective and full recomputation, data-parallel gradient buckets (overlapped
+// reduction, the distributed optimizer's parameter all-gather), and the step's epilogue (gradient
+// norm, optimizer, training metrics).
+#include "training.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "emit.hpp"
+#include "program.hpp"
+#include "schedule.hpp"
+#include "threewalls/scenarios/parameters.hpp"
+#include "threewalls/scenarios/routing.hpp"
+
+namespace threewalls::scenarios::detail {
+namespace {
+
+// A data-parallel gradient bucket (Megatron's DDP): consecutive layers in backward order.
+struct Bucket {
+  bool expert = false;
+  double params = 0;
+  int chunk = 0;
+  int closing_layer = 0;  // the layer whose backward completes the bucket (lowest layer); -1 embedding
+  std::vector<int> layers;
+};
+
+bool recompute_selected(const TrainSpec& t, const Spec& sp, bool moe_layer) {
+  if (t.recompute_granularity != RecomputeGranularity::selective) return false;
+  switch (sp.module) {
+    case Module::attn_core: return t.recompute_module("core_attn") && sp.kind == OpKind::attention;
+    case Module::attn_norm: return t.recompute_module("layernorm");
+    case Module::mlp_norm: return t.recompute_module("layernorm") || (moe_layer && t.recompute_module("moe"));
+    case Module::mla_up: return t.recompute_module("mla_up_proj");
+    case Module::mlp: return t.recompute_module("mlp");
+    case Module::moe_act: return t.recompute_module("moe_act") || t.recompute_module("moe");
+    case Module::shared: return t.recompute_module("shared_experts") || t.recompute_module("moe");
+    case Module::router:
+    case Module::moe_pre:
+    case Module::moe_comm:
+    case Module::moe_expert:
+    case Module::moe_post: return moe_layer && t.recompute_module("moe");
+    default: return false;
+  }
+}
+
+void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankClass& rc) {
+  ClassBuilder b(rc);
+  Emitter em(c, ci, tables, b);
+  const int stage = ci.stage;
+  const auto& t = *c.train;
+
+  // Layers of each chunk on this stage, and parameters.
+  std::vector<std::vector<int>> chunk_layers(static_cast<std::size_t>(c.vpp));
+  for (int ch = 0; ch < c.vpp; ++ch) chunk_layers[static_cast<std::size_t>(ch)] = c.stages.chunk_layers(stage, ch);
+  rc.layers = c.stages.stage_layers(stage);
+  const bool has_embedding = c.stages.is_first_vstage(stage, 0);
+  const bool has_head = c.stages.is_last_vstage(stage, c.vpp - 1);
+  const double emb_params = embedding_parameters(c.s);
+  const double head_params = head_parameters(c.s, has_embedding);
+  const ParameterCount rank_params = rank_parameters(c.s, rc.layers, has_embedding, has_head);
+  rc.dense_params = rank_params.dense;
+  rc.expert_params = rank_params.expert;
+  std::unordered_map<int, ParameterCount> params;
+  for (int l : rc.layers) params[l] = layer_parameters(c.s, l);
+
+  // Programs per layer (shapes only depend on the layer's kind).
+  std::unordered_map<int, Program> programs;
+  for (int l : rc.layers) programs.emplace(l, layer_program(c, ci, l));
+  const Program emb = embedding_program(c);
+  const Program head = head_program(c);
+
+  // Gradient buckets, in backward order per chunk (dense and expert separately).
+  std::vector<Bucket> buckets;
+  const int dense_group = c.layout.group_size(Group::dp_cp);
+  const int expert_group = c.layout.group_size(Group::edp);
+  {
+    for (int ch = c.vpp - 1; ch >= 0; --ch) {
+      Bucket dense;
+      dense.chunk = ch;
+      Bucket expert;
+      expert.chunk = ch;
+      expert.expert = true;
+      auto close = [&](Bucket& bk, int layer) {
+        if (bk.params > 0) {
+          bk.closing_layer = layer;
+          buckets.push_back(bk);
+        }
+        bk.params = 0;
+        bk.layers.clear();
+      };
+      const auto& ls = chunk_layers[static_cast<std::size_t>(ch)];
+      const bool head_here = has_head && ch == c.vpp - 1;
+      const bool emb_here = has_embedding && ch == 0;
+      if (head_here) {
+        dense.params += head_params;
+        dense.layers.push_back(c.s.model.num_layers);
+      }
+      for (auto it = ls.rbegin(); it != ls.rend(); ++it) {
+        const auto& lp = params[*it];
+        dense.params += lp.dense;
+        dense.layers.push_back(*it);
+        if (lp.expert > 0) {
+          expert.params += lp.expert;
+          expert.layers.push_back(*it);
+        }
+        if (dense.params >= t.grad_bucket_size_params) close(dense, *it);
+        if (expert.params >= t.grad_bucket_size_params) close(expert, *it);
+      }
+      if (emb_here) {
+        dense.params += emb_params;
+        dense.layers.push_back(-1);
+      }
+      int lowest = ls.empty() ? (emb_here ? -1 : c.s.model.num_layers) : ls.front();
+      close(dense, emb_here ? -1 : lowest);
+      close(expert, lowest);
+    }
+  }
+
+  const std::uint8_t dp_stream = tables.stream("dp_comm", StreamKind::communication);
+  auto bucket_op = [&](const Bucket& bk, bool grad) {
+    const int gsize = bk.expert ? expert_group : dense_group;
+    Op op;
+    op.kind = OpKind::collective;
+    op.wall = Wall::communication;
+    op.group = bk.expert ? Group::edp : Group::dp_cp;
+    op.group_size = static_cast<std::int16_t>(gsize);
+    op.stream = dp_stream;
+    op.layer = static_cast<std::int16_t>(bk.closing_layer);
+    op.chunk = static_cast<std::int16_t>(bk.chunk);
+    const std::string pre = bk.expert ? "edp" : "dp";
+    if (grad) {
+      const bool rs = t.use_distributed_optimizer;
+      op.sub = static_cast<std::uint8_t>(rs ? Collective::reduce_scatter : Collective::all_reduce);
+      op.bytes = bk.params * kFp32Bytes;
+      op.phase = tables.phase(pre + (rs ? "_grad_reduce_scatter" : "_grad_allreduce"));
+    } else {
+      op.sub = static_cast<std::uint8_t>(Collective::all_gather);
+      op.bytes = bk.params * kBf16Bytes;
+      op.phase = tables.phase(pre + "_param_allgather");
+    }
+    op.shape = {static_cast<std::int64_t>(op.bytes), 0, 0, 0, 0, 0};
+    return op;
+  };
+  auto bucket_needs_comm = [&](const Bucket& bk) { return (bk.expert ? expert_group : dense_group) > 1; };
+
+  // Step prologue: overlapped parameter all-gather of the distributed optimizer (for this step's
+  // forward; Megatron launches it as the previous step's optimizer finishes).
+  std::unordered_map<int, std::uint32_t> param_ag_of_layer;  // layer -> all-gather op
+  if (t.use_distributed_optimizer && t.overlap_param_gather) {
+    for (auto it = buckets.rbegin(); it != buckets.rend(); ++it) {
+      if (!bucket_needs_comm(*it)) continue;
+      std::uint32_t id = b.emit(bucket_op(*it, false), {});
+      for (int l : it->layers) param_ag_of_layer[l] = id;
+    }
+  }
+
+  // Last backward item of each chunk (when its gradient buckets become ready).
+  const auto items = schedule(c.pp, c.vpp, c.num_mb, stage);
+  std::vector<int> last_bwd_item(static_cast<std::size_t>(c.vpp), -1);
+  std::vector<bool> first_fwd_done(static_cast<std::size_t>(c.vpp), false);
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (!items[i].forward) last_bwd_item[static_cast<std::size_t>(items[i].chunk)] = static_cast<int>(i);
+  }
+
+  const std::uint8_t copy_stream = tables.stream("copy", StreamKind::copy);
+  // One stream per direction of travel and role, so that a strict FIFO per stream cannot deadlock
+  // (the interleaved warm-up sends to the next stage before it receives from the previous one).
+  const std::uint8_t pp_fwd_send = tables.stream("pp_fwd_send", StreamKind::communication);
+  const std::uint8_t pp_fwd_recv = tables.stream("pp_fwd_recv", StreamKind::communication);
+  const std::uint8_t pp_bwd_send = tables.stream("pp_bwd_send", StreamKind::communication);
+  const std::uint8_t pp_bwd_recv = tables.stream("pp_bwd_recv", StreamKind::communication);
+  const double p2p_bytes = static_cast<double>(c.Tsp) * c.h * kBf16Bytes;
+  // Input of one micro-batch: tokens, labels, loss mask, position ids (int64 each).
+  const double input_bytes = static_cast<double>(c.mbs) * c.seq / c.cp * 4 * 8;
+
+  auto emit_copy = [&](int mb, std::uint32_t* out) {
+    Op cp;
+    cp.kind = OpKind::copy;
+    cp.sub = static_cast<std::uint8_t>(CopyKind::h2d_pinned);
+    cp.wall = Wall::memory;
+    cp.bytes = input_bytes;
+    cp.shape = {static_cast<std::int64_t>(input_bytes), 0, 0, 0, 0, 0};
+    cp.stream = copy_stream;
+    cp.microbatch = static_cast<std::int16_t>(mb);
+    cp.phase = tables.phase("host_to_device");
+    cp.flags = kDataLoad;
+    *out = b.emit(cp, {});
+    if (c.exec.sync_after_copy) {
+      Op sy;
+      sy.kind = OpKind::host;
+      sy.sub = static_cast<std::uint8_t>(HostKind::stream_sync);
+      sy.wall = Wall::host;
+      sy.stream = tables.stream("host", StreamKind::host);
+      sy.microbatch = static_cast<std::int16_t>(mb);
+      sy.phase = tables.phase("host_to_device_sync");
+      sy.flags = kDataLoad;
+      b.emit(sy, {*out});
+    }
+  };
+
+  auto p2p = [&](bool send, bool fwd_dir, int mb, int recv_chunk, int layer, std::uint32_t dep) {
+    Op op;
+    op.kind = send ? OpKind::send : OpKind::recv;
+    op.wall = Wall::communication;
+    op.group = Group::pp;
+    op.group_size = static_cast<std::int16_t>(c.pp);
+    op.bytes = p2p_bytes;
+    op.shape = {static_cast<std::int64_t>(p2p_bytes), 0, 0, 0, 0, 0};
+    op.stream = fwd_dir ? (send ? pp_fwd_send : pp_fwd_recv) : (send ? pp_bwd_send : pp_bwd_recv);
+    op.microbatch = static_cast<std::int16_t>(mb);
+    op.layer = static_cast<std::int16_t>(layer);
+    op.tag = mb * c.vpp + recv_chunk;
+    // Forward activations travel to the next stage, gradients to the previous one.
+    op.peer = static_cast<std::int8_t>((fwd_dir == send) ? +1 : -1);
+    op.phase = tables.phase(std::string("pp_") + (send ? "send" : "recv") + (fwd_dir ? "_fwd" : "_bwd"));
+    return b.emit(op, {dep});
+  };
+
+  // Full recompute groups.
+  auto full_recompute = [&](int chunk, int idx_in_chunk) -> std::pair<int, int> {
+    // returns [first, last] index range of the checkpoint group containing idx, or {-1,-1}
+    if (t.recompute_granularity != RecomputeGranularity::full) return {-1, -1};
+    const int n = t.recompute_num_layers;
+    const int count = static_cast<int>(chunk_layers[static_cast<std::size_t>(chunk)].size());
+    if (t.recompute_method == RecomputeMethod::block) {
+      if (idx_in_chunk < n) return {idx_in_chunk, idx_in_chunk};
+      return {-1, -1};
+    }
+    int first = (idx_in_chunk / n) * n;
+    return {first, std::min(first + n, count) - 1};
+  };
+
+  std::vector<std::uint32_t> copy_of_mb(static_cast<std::size_t>(c.num_mb), kNoOp);
+  for (std::size_t it = 0; it < items.size(); ++it) {
+    const SchedItem& item = items[it];
+    const int ch = item.chunk;
+    const int mb = item.mb;
+    const auto& ls = chunk_layers[static_cast<std::size_t>(ch)];
+    const bool first_v = c.stages.is_first_vstage(stage, ch);
+    const bool last_v = c.stages.is_last_vstage(stage, ch);
+    const int first_layer = ls.empty() ? -1 : ls.front();
+    const int last_layer = ls.empty() ? -1 : ls.back();
+    if (item.forward) {
+      std::uint32_t input = kNoOp;
+      if (first_v || last_v) {
+        emit_copy(mb, &copy_of_mb[static_cast<std::size_t>(mb)]);
+        if (first_v) input = copy_of_mb[static_cast<std::size_t>(mb)];
+      }
+      if (!first_v) input = p2p(false, true, mb, ch, first_layer, kNoOp);
+      if (first_v) {
+        std::uint32_t ag = kNoOp;
+        if (auto f = param_ag_of_layer.find(-1); f != param_ag_of_layer.end() && !first_fwd_done[0]) ag = f->second;
+        auto ids = em.forward(emb, -1, mb, ch, input, false, nullptr, false);
+        b.add_dep(ids.front(), ag);
+        input = ids.back();
+      }
+      for (int l : ls) {
+        std::uint32_t in = input;
+        auto f = param_ag_of_layer.find(l);
+        const Program& p = programs.at(l);
+        auto ids = em.forward(p, l, mb, ch, in, false, nullptr, !c.s.model.layer_is_moe(l));
+        if (f != param_ag_of_layer.end() && !first_fwd_done[static_cast<std::size_t>(ch)]) {
+          b.add_dep(ids.front(), f->second);  // the layer's parameters, first micro-batch only
+        }
+        input = ids.back();
+      }
+      if (last_v) {
+        auto ids = em.forward(head, -1, mb, ch, input, false, nullptr, false);
+        input = ids.back();
+      } else {
+        const int recv_chunk = (stage == c.pp - 1) ? ch + 1 : ch;
+        p2p(true, true, mb, recv_chunk, last_layer, input);
+      }
+      first_fwd_done[static_cast<std::size_t>(ch)] = true;
+    } else {
+      std::uint32_t grad = kNoOp;
+      if (last_v) {
+        auto ids = std::vector<std::uint32_t>{};
+        grad = em.backward(head, -1, mb, ch, static_cast<std::uint32_t>(rc.ops.size() - 1), ids, false);
+      } else {
+        grad = p2p(false, false, mb, ch, last_layer, kNoOp);
+      }
+      const int count = static_cast<int>(ls.size());
+      for (int idx = count - 1; idx >= 0; --idx) {
+        const int l = ls[static_cast<std::size_t>(idx)];
+        const Program& p = programs.at(l);
+        const bool moe = c.s.model.layer_is_moe(l);
+        std::vector<std::uint32_t> rec;
+        auto [g0, g1] = full_recompute(ch, idx);
+        if (g0 >= 0 && idx == g1) {
+          // Re-run the forward of the whole checkpoint group, then go backward through it.
+          std::uint32_t in = kNoOp;
+          for (int j = g0; j <= g1; ++j) {
+            const int lj = ls[static_cast<std::size_t>(j)];
+            auto ids = em.forward(programs.at(lj), lj, mb, ch, in, true, nullptr, !c.s.model.layer_is_moe(lj));
+            in = ids.back();
+          }
+        } else if (t.recompute_granularity == RecomputeGranularity::selective) {
+          std::vector<bool> subset(p.specs.size(), false);
+          bool any = false;
+          for (std::size_t i = 0; i < p.specs.size(); ++i) {
+            subset[i] = recompute_selected(t, p.specs[i], moe);
+            any = any || subset[i];
+          }
+          if (any) rec = em.forward(p, l, mb, ch, kNoOp, true, &subset, !moe);
+        }
+        grad = em.backward(p, l, mb, ch, grad, rec, !moe);
+        // Overlapped gradient reduction: buckets close as the last micro-batch's backward passes.
+        if (t.overlap_grad_reduce && static_cast<int>(it) == last_bwd_item[static_cast<std::size_t>(ch)]) {
+          for (const auto& bk : buckets) {
+            if (bk.chunk == ch && bk.closing_layer == l && bucket_needs_comm(bk)) {
+              b.emit(bucket_op(bk, true), {static_cast<std::uint32_t>(rc.ops.size() - 1)});
+            }
+          }
+        }
+      }
+      if (first_v) {
+        std::vector<std::uint32_t> none;
+        grad = em.backward(emb, -1, mb, ch, grad, none, false);
+        if (t.overlap_grad_reduce && static_cast<int>(it) == last_bwd_item[static_cast<std::size_t>(ch)]) {
+          for (const auto& bk : buckets) {
+            if (bk.chunk == ch && bk.closing_layer == -1 && bucket_needs_comm(bk)) {
+              b.emit(bucket_op(bk, true), {static_cast<std::uint32_t>(rc.ops.size() - 1)});
+            }
+          }
+        }
+      } else {
+        const int recv_chunk = (stage == 0) ? ch - 1 : ch;
+        p2p(true, false, mb, recv_chunk, first_layer, grad);
+      }
+    }
+  }
+
+  // ---- epilogue: gradient reduction, optimizer, parameter all-gather, metrics ----
+  const std::uint32_t last_compute = static_cast<std::uint32_t>(rc.ops.size() - 1);
+  std::vector<std::uint32_t> reductions;
+  if (!t.overlap_grad_reduce) {
+    for (const auto& bk : buckets) {
+      if (bucket_needs_comm(bk)) reductions.push_back(b.emit(bucket_op(bk, true), {last_compute}));
+    }
+  } else {
+    for (std::size_t i = 0; i < rc.ops.size(); ++i) {
+      const auto& op = rc.ops[i];
+      if (op.stream == dp_stream && op.sub != static_cast<std::uint8_t>(Collective::all_gather)) {
+        reductions.push_back(static_cast<std::uint32_t>(i));
+      }
+    }
+  }
+  if (!c.s.model.untie_embeddings_and_output_weights && c.pp > 1 && (has_embedding || has_head)) {
+    Op op;
+    op.kind = OpKind::collective;
+    op.wall = Wall::communication;
+    op.sub = static_cast<std::uint8_t>(Collective::all_reduce);
+    op.group = Group::embedding;
+    op.group_size = 2;
+    op.bytes = emb_params * kFp32Bytes;
+    op.shape = {static_cast<std::int64_t>(op.bytes), 0, 0, 0, 0, 0};
+    op.stream = dp_stream;
+    op.phase = tables.phase("embedding_grad_allreduce");
+    reductions.push_back(b.emit(op, {last_compute}));
+  }
+  const double dense_shard = t.use_distributed_optimizer ? rc.dense_params / dense_group : rc.dense_params;
+  const double expert_shard = t.use_distributed_optimizer ? rc.expert_params / expert_group : rc.expert_params;
+  const double shard = dense_shard + expert_shard;
+  {
+    // Gradient norm (clipping): read the local gradient shard, then one float reduced over all ranks.
+    Op norm;
+    norm.kind = OpKind::elementwise;
+    norm.sub = static_cast<std::uint8_t>(ElementwiseKind::reduce);
+    norm.wall = Wall::memory;
+    norm.bytes = shard * kFp32Bytes;
+    norm.shape = {static_cast<std::int64_t>(shard), 0, 0, 0, 0, 0};
+    norm.stream = em.compute_stream();
+    norm.phase = tables.phase("optimizer_grad_norm");
+    std::uint32_t n = b.emit(norm, reductions.data(), reductions.data() + reductions.size());
+    std::uint32_t prev = n;
+    if (c.layout.world() > 1) {
+      Op ar;
+      ar.kind = OpKind::collective;
+      ar.wall = Wall::communication;
+      ar.sub = static_cast<std::uint8_t>(Collective::all_reduce);
+      ar.group = Group::world;
+      ar.group_size = static_cast<std::int16_t>(std::min(c.layout.world(), 32767));
+      ar.bytes = kFp32Bytes;
+      ar.shape = {4, 0, 0, 0, 0, 0};
+      ar.stream = em.compute_stream();
+      ar.phase = tables.phase("optimizer_grad_norm_allreduce");
+      prev = b.emit(ar, {n});
+    }
+    Op adam;
+    adam.kind = OpKind::optimizer;
+    adam.wall = Wall::memory;
+    // Adam with fp32 master weights: read param, grad, m, v (16 B), write param, m, v (12 B) and the
+    // bf16 model weight (2 B).
+    adam.bytes = shard * 30.0;
+    adam.shape = {static_cast<std::int64_t>(shard), 0, 0, 0, 0, 0};
+    adam.stream = em.compute_stream();
+    adam.phase = tables.phase("optimizer_step");
+    prev = b.emit(adam, {prev});
+    if (t.use_distributed_optimizer && !t.overlap_param_gather) {
+      for (auto it = buckets.rbegin(); it != buckets.rend(); ++it) {
+        if (bucket_needs_comm(*it)) b.emit(bucket_op(*it, false), {prev});
+      }
+    }
+  }
+  if (has_head) {
+    std::uint32_t dep = static_cast<std::uint32_t>(rc.ops.size() - 1);
+    if (c.layout.group_size(Group::dp_cp) > 1) {
+      Op ar;
+      ar.kind = OpKind::collective;
+      ar.wall = Wall::communication;
+      ar.sub = static_cast<std::uint8_t>(Collective::all_reduce);
+      ar.group = Group::dp_cp;
+      ar.group_size = static_cast<std::int16_t>(c.layout.group_size(Group::dp_cp));
+      ar.bytes = 2 * kFp32Bytes;
+      ar.shape = {8, 0, 0, 0, 0, 0};
+      ar.stream = em.compute_stream();
+      ar.phase = tables.phase("training_metrics_allreduce");
+      ar.flags = kMetrics;
+      dep = b.emit(ar, {dep});
+    }
+    Op rd;
+    rd.kind = OpKind::host;
+    rd.sub = static_cast<std::uint8_t>(HostKind::gpu_read);
+    rd.wall = Wall::host;
+    rd.bytes = 2 * kFp32Bytes;
+    rd.stream = tables.stream("host", StreamKind::host);
+    rd.phase = tables.phase("training_metrics_read");
+    rd.flags = kMetrics;
+    b.emit(rd, {dep});
+  }
+
+  mark_graph_runs(rc);
+}
+
+}  // namespace
+
+StepGraph expand_training(const Scenario& s) {
+  const Ctx c(s);
+  StepGraph g;
+  g.step = 0;
+  g.step_kind = "train";
+  g.layout = c.layout;
+  g.tokens = static_cast<double>(s.train->global_batch_size) * s.train->seq_length;
+  g.model_flops = megatron_flops_per_iteration(s);
+  GraphTables tables(g);
+  // Fixed stream order so stream ids are stable across classes.
+  tables.stream("compute", StreamKind::compute);
+
+  // Rank classes: pipeline stage x (hot / cold EP rank) x (a slow rank on its own).
+  const int world = s.world_size();
+  const RoutingModel routing(c.ep, s.train->routing_imbalance);
+  std::vector<int> slow_ranks;
+  for (const auto& sd : s.cluster.slowdowns) slow_ranks.push_back(sd.rank);
+  std::sort(slow_ranks.begin(), slow_ranks.end());
+  slow_ranks.erase(std::unique(slow_ranks.begin(), slow_ranks.end()), slow_ranks.end());
+
+  struct Key {
+    int stage;
+    bool hot;
+    int slow;  // rank or -1
+    bool operator==(const Key& o) const { return stage == o.stage && hot == o.hot && slow == o.slow; }
+  };
+  std::vector<Key> keys;
+  g.class_of_rank.assign(static_cast<std::size_t>(world), -1);
+  for (int r = 0; r < world; ++r) {
+    const Coords co = c.layout.coords(r);
+    Key k{co.pp, !routing.balanced() && s.model.is_moe() && co.ep == 0,
+          std::binary_search(slow_ranks.begin(), slow_ranks.end(), r) ? r : -1};
+    auto it = std::find(keys.begin(), keys.end(), k);
+    int id = static_cast<int>(it - keys.begin());
+    if (it == keys.end()) keys.push_back(k);
+    g.class_of_rank[static_cast<std::size_t>(r)] = id;
+  }
+  g.classes.resize(keys.size());
+  for (int r = 0; r < world; ++r)
+    g.classes[static_cast<std::size_t>(g.class_of_rank[static_cast<std::size_t>(r)])].ranks.push_back(r);
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    auto& rc = g.classes[i];
+    rc.id = static_cast<int>(i);
+    rc.pp_stage = keys[i].stage;
+    rc.label = "stage " + std::to_string(keys[i].stage);
+    ClassInfo ci;
+    ci.stage = keys[i].stage;
+    ci.load = 1.0;
+    if (!routing.balanced() && s.model.is_moe()) {
+      ci.load = routing.load(keys[i].hot ? 0 : 1);
+      rc.label += keys[i].hot ? " / hot EP rank" : " / cold EP rank";
+    }
+    if (keys[i].slow >= 0) rc.label += " / slow rank " + std::to_string(keys[i].slow);
+    rc.expert_load = ci.load;
+    ci.expert_rows = static_cast<std::int64_t>(std::llround(static_cast<double>(c.Tsp) * c.topk * ci.load)) * c.etp;
+    build_class(c, ci, tables, rc);
+  }
+  return g;
+}
+
+}  // namespace threewalls::scenarios::detail
