@@ -123,6 +123,50 @@ TEST(PlanEstimator, LayoutRulesPruneWithTheRuleId) {
   EXPECT_EQ(est.evaluate(c).outcome, Outcome::estimated);
 }
 
+// The planner prunes a layout exactly when `threewalls sim` refuses it: a scenario's own explicit
+// split with empty stages (more virtual stages than layers) is kept and estimated, as sim runs it;
+// the same pipeline without an explicit split is pruned by the loader's rule pp-layers.
+TEST(PlanEstimator, ExplicitEmptyStagesAreKeptAsSimKeepsThem) {
+  const auto loaded = scenarios::load_scenario_text(R"(schema_version = 1
+[model]
+num_layers = 2
+hidden_size = 512
+num_attention_heads = 8
+ffn_hidden_size = 2048
+vocab_size = 32000
+[parallel]
+pp = 4
+layers_per_stage = [0, 1, 1, 0]
+[train]
+micro_batch_size = 1
+global_batch_size = 8
+seq_length = 1024
+[cluster]
+gpu = "h100"
+gpus_per_node = 4
+nodes = 1
+)",
+                                                    "empty_stages.toml");
+  PlanEstimator est(loaded, h100().coster, 4);
+  Candidate c;
+  c.pp = 4;
+  const PlanRow r = est.evaluate(c);
+  EXPECT_EQ(r.outcome, Outcome::estimated) << r.rule;
+  scenarios::Scenario s = est.scenario_of(c);
+  EXPECT_EQ(s.parallel.layers_per_stage, (std::vector<int>{0, 1, 1, 0}));
+  s.run.profiler.enabled = false;
+  SimOptions opt;
+  opt.fidelity = Fidelity::analytic;
+  opt.steps = 1;
+  const SimResult sim = simulate(s, h100().coster, ProfileInfoForHeader{"test", "", "h100", "test"}, opt);
+  EXPECT_GT(sim.summary.steps.back().step_time_us, 0.0);
+  // Another pipeline (vpp 2: 8 virtual stages) has no split of the scenario's: the rule prunes it.
+  c.vpp = 2;
+  const PlanRow pruned = est.evaluate(c);
+  EXPECT_EQ(pruned.outcome, Outcome::rule);
+  EXPECT_EQ(pruned.rule, "pp-layers");
+}
+
 TEST(PlanEstimator, MemoryPrunesBeforeTiming) {
   const auto loaded = scenarios::load_scenario_file(example("deepseek_v3_1024gpu"));
   PlanEstimator est(loaded, h100().coster, 1024);

@@ -474,11 +474,9 @@ Scenario PlanEstimator::Impl::candidate_scenario(const Candidate& c, scenarios::
 Scenario PlanEstimator::scenario_of(const Candidate& c) const {
   scenarios::KeyLocations where;
   Scenario s = impl_->candidate_scenario(c, where);
-  if (s.model.num_layers < c.pp * c.vpp) {
-    throw scenarios::ScenarioError({s.source_path + ":1:1: [parallel] pp x vpp = " + std::to_string(c.pp * c.vpp) +
-                                    " virtual stages exceed num_layers = " + std::to_string(s.model.num_layers) +
-                                    " [rule pp-layers]"});
-  }
+  // The layout rules are the loader's own: a candidate is pruned exactly when `threewalls sim` would
+  // refuse its scenario (more virtual stages than layers only with an explicit split that leaves
+  // stages empty, which sim accepts).
   scenarios::recheck_scenario(s, where);
   return s;
 }
