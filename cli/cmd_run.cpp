@@ -4,6 +4,7 @@
 // simulator writes (docs/backend.md). Registered only in builds with the GPU parts.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -192,6 +193,15 @@ void register_run(CLI::App& app, Commands& cmds) {
     try {
       r = backend::run_real(s, lo);
     } catch (const Error& e) {
+      if (backend::rank_threads_abandoned()) {
+        // A rank thread is stuck in a device call: report and end now (a normal exit would wait on it).
+        std::cerr << error_line("run", e.what()) << "\n";
+        std::cout.flush();
+        std::cerr.flush();
+        if (mpi)
+          backend::abort_mpi_job(dynamic_cast<const InputError*>(&e) != nullptr ? kExitInputError : kExitSystemError);
+        std::_Exit(dynamic_cast<const InputError*>(&e) != nullptr ? kExitInputError : kExitSystemError);
+      }
       if (mpi) {
         // Every process of the job must stop, not wait for this one.
         std::cerr << error_line("run", e.what()) << "\n";

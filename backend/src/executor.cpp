@@ -1099,7 +1099,7 @@ std::string combined_message(const std::vector<Failure>& failures, std::size_t r
   return msg;
 }
 
-}  // namespace
+std::atomic<bool> g_threads_abandoned{false};  // rank_threads_abandoned()
 
 // The main thread's watchdog while the rank threads run. A rank thread can block inside one device
 // call that polls nothing: a kernel launch waiting for room in the stream's launch queue behind a
@@ -1165,9 +1165,13 @@ bool watch_ranks(RunState& st, const std::vector<std::shared_ptr<RankWorker>>& w
   }
 }
 
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
 // execute
 // ---------------------------------------------------------------------------------------------
+
+bool rank_threads_abandoned() { return g_threads_abandoned.load(); }
 
 RunResult execute(const scenarios::Scenario& s, const ProcessContext& process, const DeviceFactory& make_device,
                   const ExecutorOptions& options) {
@@ -1319,6 +1323,7 @@ RunResult execute(const scenarios::Scenario& s, const ProcessContext& process, c
 
   // Wait for the rank threads, watching them (watch_ranks); after a failure give them stop_grace to stop.
   const bool gave_up = !watch_ranks(*st, workers, options);
+  if (gave_up) g_threads_abandoned.store(true);
   std::vector<std::string> stuck;
   for (std::size_t i = 0; i < threads.size(); ++i) {
     if (gave_up) {

@@ -53,7 +53,10 @@ struct ExecutorOptions {
   // No progress for this long in a host wait (a stuck peer, a hung collective): abort and fail.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   // After a failure, how long other ranks get to stop before execute() gives up on them.
-  std::chrono::milliseconds stop_grace{std::chrono::seconds(30)};
+  // The executor's watchdog aborts a standing-still thread's communicators 1 s after the stop; a thread
+  // that has not returned 2 s later will not (it waits on something no abort reaches), so a failed run
+  // ends within the timeout plus a few seconds.
+  std::chrono::milliseconds stop_grace{std::chrono::seconds(3)};
   int max_steps_in_flight = 2;     // host run-ahead, in steps
   // Re-anchor device time on the host clock this often (when the device is idle between steps): GPU
   // event time and the host's steady clock drift apart by ~17 ppm on the H100 (host sync records of
@@ -119,6 +122,11 @@ struct RunResult {
 // directory), SystemError/DeviceError (device or communication failure of any rank).
 RunResult execute(const scenarios::Scenario& s, const ProcessContext& process, const DeviceFactory& make_device,
                   const ExecutorOptions& options);
+
+// True once execute() gave up on a rank thread stuck inside a device call (its error says which). The
+// process must then end with std::_Exit after reporting: static destruction and the CUDA runtime's
+// teardown would wait on that thread for ever.
+[[nodiscard]] bool rank_threads_abandoned();
 
 // ---- building blocks, exposed for tests ----
 
