@@ -22,31 +22,8 @@ using scenarios::OpKind;
 
 namespace {
 
-// Local names (the backend does not depend on scenarios' string tables being linked).
-const char* kind_name(OpKind k) {
-  switch (k) {
-    case OpKind::gemm: return "gemm";
-    case OpKind::grouped_gemm: return "grouped_gemm";
-    case OpKind::attention: return "attention";
-    case OpKind::elementwise: return "elementwise";
-    case OpKind::norm: return "norm";
-    case OpKind::softmax_topk: return "softmax_topk";
-    case OpKind::permute: return "permute";
-    case OpKind::unpermute: return "unpermute";
-    case OpKind::embedding: return "embedding";
-    case OpKind::cross_entropy: return "cross_entropy";
-    case OpKind::optimizer: return "optimizer";
-    case OpKind::copy: return "copy";
-    case OpKind::collective: return "collective";
-    case OpKind::send: return "send";
-    case OpKind::recv: return "recv";
-    case OpKind::host: return "host";
-  }
-  return "unknown";
-}
-
 std::string describe(const Op& op) {
-  std::string s = std::string("op ") + kind_name(op.kind) + " (phase " + std::to_string(op.phase) + ", layer " +
+  std::string s = std::string("op ") + scenarios::to_string(op.kind) + " (phase " + std::to_string(op.phase) + ", layer " +
                   std::to_string(op.layer) + ", microbatch " + std::to_string(op.microbatch) + ", shape [";
   for (std::size_t i = 0; i < op.shape.size(); ++i) s += (i ? "," : "") + std::to_string(op.shape[i]);
   return s + "], flags " + std::to_string(op.flags) + ")";
