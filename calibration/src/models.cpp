@@ -350,6 +350,21 @@ double GroupedGemmModel::parametric_time_s(std::int64_t groups, std::int64_t tot
   return std::max(t_compute, t_memory) + overhead_s;
 }
 
+namespace {
+
+// (model time - measured time) / measured time at each point: the residuals both grouped-GEMM
+// forms are fitted by.
+std::vector<double> relative_residuals(const GroupedGemmModel& m, const std::vector<GroupedGemmModel::Sample>& samples) {
+  std::vector<double> r(samples.size());
+  for (std::size_t i = 0; i < samples.size(); ++i) {
+    const auto& s = samples[i];
+    r[i] = (m.parametric_time_s(s.groups, s.total_rows, s.max_rows, s.n, s.k) - s.seconds) / s.seconds;
+  }
+  return r;
+}
+
+}  // namespace
+
 GroupedGemmModel GroupedGemmModel::fit(const std::vector<Sample>& samples, const GemmModel& dense,
                                        bool batched_calls_form) {
   if (samples.empty()) throw FitImpossible("grouped_gemm: needs at least 1 point");
@@ -382,15 +397,7 @@ GroupedGemmModel GroupedGemmModel::fit(const std::vector<Sample>& samples, const
       c.overhead_s = std::exp(theta[0]);
       return c;
     };
-    auto residuals = [&](const std::vector<double>& theta) {
-      const auto c = make_calls(theta);
-      std::vector<double> r(samples.size());
-      for (std::size_t i = 0; i < samples.size(); ++i) {
-        const auto& s = samples[i];
-        r[i] = (c.parametric_time_s(s.groups, s.total_rows, s.max_rows, s.n, s.k) - s.seconds) / s.seconds;
-      }
-      return r;
-    };
+    auto residuals = [&](const std::vector<double>& theta) { return relative_residuals(make_calls(theta), samples); };
     std::vector<std::vector<double>> starts;
     for (double t0 : {1e-6, std::max(dense.overhead_s, 1e-7), 2e-5}) starts.push_back({std::log(t0)});
     const auto res = fit::levenberg_marquardt_multistart(residuals, starts);
@@ -403,15 +410,7 @@ GroupedGemmModel GroupedGemmModel::fit(const std::vector<Sample>& samples, const
     if (fit_overhead) c.overhead_s = std::exp(theta[1]);
     return c;
   };
-  auto residuals = [&](const std::vector<double>& theta) {
-    const auto c = make(theta);
-    std::vector<double> r(samples.size());
-    for (std::size_t i = 0; i < samples.size(); ++i) {
-      const auto& s = samples[i];
-      r[i] = (c.parametric_time_s(s.groups, s.total_rows, s.max_rows, s.n, s.k) - s.seconds) / s.seconds;
-    }
-    return r;
-  };
+  auto residuals = [&](const std::vector<double>& theta) { return relative_residuals(make(theta), samples); };
   std::vector<std::vector<double>> starts;
   for (double e : {0.3, 0.7, 0.95}) {
     if (fit_overhead) {
