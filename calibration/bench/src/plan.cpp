@@ -10,6 +10,7 @@
 #include "threewalls/calibration/profile.hpp"
 #include "threewalls/core/error.hpp"
 #include "threewalls/core/strings.hpp"
+#include "threewalls/core/vocabulary.hpp"
 #include "threewalls/scenarios/loader.hpp"
 
 namespace threewalls::calibration::bench {
@@ -477,22 +478,21 @@ void plan_kernels(Plan& p) {
 
 void plan_copies(Plan& p) {
   struct C {
-    const char* op;
-    const char* family;
+    CopyKind kind;
     double max_bytes;
   };
   const double pageable_max = p.full() ? 256 * kMiB : 128 * kMiB;
-  const std::vector<C> copies{{"copy_h2d_pinned", "copy.h2d_pinned", kGiB},
-                              {"copy_d2h_pinned", "copy.d2h_pinned", kGiB},
-                              {"copy_h2d_pageable", "copy.h2d_pageable", pageable_max},
-                              {"copy_d2h_pageable", "copy.d2h_pageable", pageable_max},
-                              {"copy_d2d", "copy.d2d", kGiB}};
+  const std::vector<C> copies{{CopyKind::h2d_pinned, kGiB},
+                              {CopyKind::d2h_pinned, kGiB},
+                              {CopyKind::h2d_pageable, pageable_max},
+                              {CopyKind::d2h_pageable, pageable_max},
+                              {CopyKind::d2d, kGiB}};
   for (const auto& c : copies) {
     for (const double pow2 : sizes(4 * kKiB, c.max_bytes, p.full() ? 4.0 : 8.0)) {
       const double bytes = pow2 + 512;  // off the powers of two (no validation scenario's exact size)
       PointSpec s;
-      s.op = c.op;
-      s.family = c.family;
+      s.op = copy_op_name(c.kind);
+      s.family = copy_family(c.kind);
       s.params = {{"bytes", bytes}};
       s.bytes = bytes;
       s.inputs = {bytes};
@@ -505,8 +505,8 @@ void plan_copies(Plan& p) {
     for (const double pow2 : sizes(kMiB, 64 * kMiB, 2.0)) {
       const double bytes = pow2 + 4096;  // O_DIRECT needs 4 KiB multiples
       PointSpec s;
-      s.op = "copy_disk_read";
-      s.family = "copy.disk_read";
+      s.op = copy_op_name(CopyKind::disk_read);
+      s.family = copy_family(CopyKind::disk_read);
       s.params = {{"bytes", bytes}};
       s.bytes = bytes;
       s.inputs = {bytes};
@@ -794,14 +794,18 @@ const std::vector<OpInfo>& op_table() {
         {"norm_rmsnorm_bwd", "memory", "norm", "backend::rmsnorm_bwd", "bytes 3 x 2 x rows x hidden"},
         {"norm_layernorm_fwd", "memory", "norm", "backend::layernorm_fwd", "bytes 2 x 2 x rows x hidden"},
         {"norm_layernorm_bwd", "memory", "norm", "backend::layernorm_bwd", "bytes 3 x 2 x rows x hidden"},
-        {"copy_h2d_pinned", "copy", "copy.h2d_pinned", "backend::copy_h2d from pinned memory", "bytes copied"},
-        {"copy_d2h_pinned", "copy", "copy.d2h_pinned", "backend::copy_d2h to pinned memory", "bytes copied"},
-        {"copy_h2d_pageable", "copy", "copy.h2d_pageable", "backend::copy_h2d from pageable memory", "bytes copied"},
-        {"copy_d2h_pageable", "copy", "copy.d2h_pageable", "backend::copy_d2h to pageable memory", "bytes copied"},
-        {"copy_d2d", "copy", "copy.d2d", "backend::copy_d2d", "bytes copied (HBM traffic is twice that)"},
-        {"copy_disk_read", "copy", "copy.disk_read", "backend::read_file_into a pinned buffer (O_DIRECT when possible)",
-         "bytes read (host time of the synchronous read)"},
     };
+    // The copies, named after their kind (op_name "copy_h2d_pinned", family "copy.h2d_pinned").
+    const auto copy_row = [&t](CopyKind k, const char* what, const char* definition) {
+      t.push_back({copy_op_name(k), "copy", copy_family(k), what, definition});
+    };
+    copy_row(CopyKind::h2d_pinned, "backend::copy_h2d from pinned memory", "bytes copied");
+    copy_row(CopyKind::d2h_pinned, "backend::copy_d2h to pinned memory", "bytes copied");
+    copy_row(CopyKind::h2d_pageable, "backend::copy_h2d from pageable memory", "bytes copied");
+    copy_row(CopyKind::d2h_pageable, "backend::copy_d2h to pageable memory", "bytes copied");
+    copy_row(CopyKind::d2d, "backend::copy_d2d", "bytes copied (HBM traffic is twice that)");
+    copy_row(CopyKind::disk_read, "backend::read_file_into a pinned buffer (O_DIRECT when possible)",
+             "bytes read (host time of the synchronous read)");
     for (const auto& k : kernel_terms_families()) {
       if (!k.points_of.empty()) continue;  // its points are another family's (the norms: "norm" above)
       t.push_back({k.op, "kernels", k.name, k.what,

@@ -9,9 +9,11 @@
 #include "threewalls/calibration/cost_model.hpp"
 #include "threewalls/calibration/fit.hpp"
 #include "threewalls/calibration/kernel_terms.hpp"
+#include "threewalls/calibration/profile.hpp"
 #include "threewalls/calibration/profile_builder.hpp"
 #include "threewalls/core/error.hpp"
 #include "threewalls/core/strings.hpp"
+#include "threewalls/core/vocabulary.hpp"
 
 namespace threewalls::calibration::bench {
 
@@ -103,7 +105,7 @@ Ref reference_for(const std::string& kind) {
 }  // namespace
 
 std::string why_not_measured(const std::string& family, int gpus_used, const std::string& mode) {
-  if (family == "copy.disk_read" && mode == "quick") return "the quick mode does not measure the disk tier";
+  if (family == copy_family(CopyKind::disk_read) && mode == "quick") return "the quick mode does not measure the disk tier";
   if (family == "host.framework_op") return "an eager framework's per-op dispatch (PyTorch) is not run by threewalls";
   if (starts_with(family, "collective.") && family.size() > 8 &&
       family.compare(family.size() - 8, 8, ".network") == 0) {
@@ -166,14 +168,14 @@ std::vector<PeakFigure> peak_figures(const std::vector<Record>& records, const s
   if (auto [r, v] = best("gemm_fp8", [](const Record& x) { return x.point.flops / x.median_s() / 1e12; }); r) {
     out.push_back({"fp8 GEMM, best grid point", "TFLOP/s", v, r->point.label(), 0.0, 0.0, refs(0.0, "")});
   }
-  if (const Record* r = largest("copy_d2d")) {
+  if (const Record* r = largest(copy_op_name(CopyKind::d2d))) {
     out.push_back({"HBM copy (read + write)", "TB/s", 2.0 * r->point.bytes / r->median_s() / 1e12, r->point.label(),
                    ref.hbm_tb_per_s, 0.0, refs(ref.hbm_tb_per_s, fixed(ref.hbm_tb_per_s, 1))});
   }
-  for (const char* op : {"copy_h2d_pinned", "copy_d2h_pinned", "copy_h2d_pageable", "copy_d2h_pageable"}) {
-    if (const Record* r = largest(op)) {
-      const bool pinned = std::string(op).find("pinned") != std::string::npos;
-      const bool h2d = std::string(op).find("h2d") != std::string::npos;
+  for (const CopyKind k : {CopyKind::h2d_pinned, CopyKind::d2h_pinned, CopyKind::h2d_pageable, CopyKind::d2h_pageable}) {
+    if (const Record* r = largest(copy_op_name(k))) {
+      const bool pinned = k == CopyKind::h2d_pinned || k == CopyKind::d2h_pinned;
+      const bool h2d = k == CopyKind::h2d_pinned || k == CopyKind::h2d_pageable;
       const double rv = pinned ? ref.pinned_gb_per_s : (h2d ? ref.pageable_h2d_gb_per_s : 0.0);
       out.push_back({std::string(h2d ? "H2D " : "D2H ") + (pinned ? "pinned" : "pageable") + ", largest size", "GB/s",
                      r->point.bytes / r->median_s() / 1e9, r->point.label(), rv, 0.0, refs(rv, fixed(rv, 0))});
