@@ -72,6 +72,23 @@ class HostBench final : public GroupBench {
     int* cnt = counter_.device();
     const int before = counter();
     long long launched = 0;
+    // Host time of `call` right after launching a (counting, empty) kernel, the mean of 20 such pairs
+    // per sample; `check` runs after each timed call, outside the timing.
+    const auto time_after_launch = [&](const auto& call, const auto& check) {
+      const Sampling smp = sample_until(rule, ctx_.clock, [&] {
+        double t = 0.0;
+        for (int i = 0; i < 20; ++i) {
+          kernels::launch_count(cnt, s());
+          ++launched;
+          const auto t0 = std::chrono::steady_clock::now();
+          call();
+          t += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          check();
+        }
+        return t / 20.0;
+      });
+      r.samples_s = smp.samples, r.reps = 20, r.stop = to_string(smp.reason), r.rel_ci = smp.rel_ci;
+    };
     if (what == "kernel_launch") {
       // Host time per launch over 100 launches; the device drains the queue outside the timing.
       measure_host(
@@ -92,38 +109,19 @@ class HostBench final : public GroupBench {
     } else if (what == "stream_sync") {
       // Host time of cudaStreamSynchronize right after launching a (counting, empty) kernel: the wait
       // for a trivial kernel plus the wake-up (the reference fact "stream sync after launch", docs/architecture.md).
-      const Sampling smp = sample_until(rule, ctx_.clock, [&] {
-        double t = 0.0;
-        for (int i = 0; i < 20; ++i) {
-          kernels::launch_count(cnt, s());
-          ++launched;
-          const auto t0 = std::chrono::steady_clock::now();
-          TW_CUDA_CHECK(cudaStreamSynchronize(s()));
-          t += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        }
-        return t / 20.0;
-      });
-      r.samples_s = smp.samples, r.reps = 20, r.stop = to_string(smp.reason), r.rel_ci = smp.rel_ci;
+      time_after_launch([&] { TW_CUDA_CHECK(cudaStreamSynchronize(s())); }, [] {});
       r.check = expect_count(before, launched, "sync after each launch");
     } else if (what == "gpu_read") {
       // OpRunner::gpu_read (a 4-byte device-to-host read that blocks until the stream reaches it),
       // right after a kernel launch, as a routing-statistics read after the router kernel.
       be::OpRunner runner(be::OpRunnerConfig{});
-      const Sampling smp = sample_until(rule, ctx_.clock, [&] {
-        double t = 0.0;
-        for (int i = 0; i < 20; ++i) {
-          kernels::launch_count(cnt, s());
-          ++launched;
-          const auto t0 = std::chrono::steady_clock::now();
-          runner.gpu_read(s());
-          t += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          if (cudaStreamQuery(s()) != cudaSuccess) {
-            throw std::runtime_error("correctness check failed: gpu_read returned before the stream drained");
-          }
-        }
-        return t / 20.0;
-      });
-      r.samples_s = smp.samples, r.reps = 20, r.stop = to_string(smp.reason), r.rel_ci = smp.rel_ci;
+      time_after_launch([&] { runner.gpu_read(s()); },
+                        [&] {
+                          if (cudaStreamQuery(s()) != cudaSuccess) {
+                            throw std::runtime_error(
+                                "correctness check failed: gpu_read returned before the stream drained");
+                          }
+                        });
       r.check = expect_count(before, launched, "each read returned after the kernel before it");
     } else if (what == "graph_launch" || what == "graph_node") {
       auto capture = [&](int nodes) {
