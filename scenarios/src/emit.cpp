@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "threewalls/core/error.hpp"
+#include "threewalls/scenarios/graph_scopes.hpp"
 
 namespace threewalls::scenarios {
 
@@ -106,23 +107,23 @@ std::uint8_t Emitter::stream_for(const Spec& sp) {
 std::uint8_t Emitter::graph_of(const Spec& sp, bool dense_layer) {
   const auto& e = c_.exec;
   if (e.cuda_graph_scope.empty() || sp.kind == OpKind::host) return 0;
-  if (e.graph_scope("full_iteration")) return t_.graph_scope("full_iteration");
+  if (e.graph_scope(graph_scopes::kFullIteration)) return t_.graph_scope(graph_scopes::kFullIteration);
   switch (sp.module) {
     case Module::attn_norm:
     case Module::attn_proj_in:
     case Module::mla_up:
     case Module::attn_core:
-    case Module::attn_out: return e.graph_scope("attn") ? t_.graph_scope("attn") : 0;
+    case Module::attn_out: return e.graph_scope(graph_scopes::kAttn) ? t_.graph_scope(graph_scopes::kAttn) : 0;
     case Module::mlp_norm:
-      if (dense_layer) return e.graph_scope("mlp") ? t_.graph_scope("mlp") : 0;
-      return e.graph_scope("moe_router")       ? t_.graph_scope("moe_router")
-             : e.graph_scope("moe_preprocess") ? t_.graph_scope("moe_preprocess")
+      if (dense_layer) return e.graph_scope(graph_scopes::kMlp) ? t_.graph_scope(graph_scopes::kMlp) : 0;
+      return e.graph_scope(graph_scopes::kMoeRouter)       ? t_.graph_scope(graph_scopes::kMoeRouter)
+             : e.graph_scope(graph_scopes::kMoePreprocess) ? t_.graph_scope(graph_scopes::kMoePreprocess)
                                                : 0;
-    case Module::mlp: return e.graph_scope("mlp") ? t_.graph_scope("mlp") : 0;
+    case Module::mlp: return e.graph_scope(graph_scopes::kMlp) ? t_.graph_scope(graph_scopes::kMlp) : 0;
     case Module::router:
-      if (e.graph_scope("moe_router")) return t_.graph_scope("moe_router");
-      return e.graph_scope("moe_preprocess") ? t_.graph_scope("moe_preprocess") : 0;
-    case Module::moe_pre: return e.graph_scope("moe_preprocess") ? t_.graph_scope("moe_preprocess") : 0;
+      if (e.graph_scope(graph_scopes::kMoeRouter)) return t_.graph_scope(graph_scopes::kMoeRouter);
+      return e.graph_scope(graph_scopes::kMoePreprocess) ? t_.graph_scope(graph_scopes::kMoePreprocess) : 0;
+    case Module::moe_pre: return e.graph_scope(graph_scopes::kMoePreprocess) ? t_.graph_scope(graph_scopes::kMoePreprocess) : 0;
     default: return 0;
   }
 }

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "threewalls/core/strings.hpp"
+#include "threewalls/scenarios/graph_scopes.hpp"
 
 namespace threewalls::scenarios {
 namespace {
@@ -153,8 +154,7 @@ class Decl {
 template <class Exec>
 void add_exec_options(Registry& r, const std::string& table, Exec exec) {
   static const std::vector<std::string> kPrecision = {"bf16", "fp8"};
-  static const std::vector<std::string> kGraphScopes = {"attn", "mlp", "moe_router", "moe_preprocess",
-                                                        "full_iteration"};
+  static const std::vector<std::string> kGraphScopes(graph_scopes::kAll.begin(), graph_scopes::kAll.end());
   static const std::vector<std::string> kDispatcher = {"alltoall", "allgather", "flex"};
   Decl(r, table + ".precision", ParamType::choice)
       .def("\"bf16\"")

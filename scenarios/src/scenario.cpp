@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "threewalls/scenarios/graph_scopes.hpp"
 #include "threewalls/scenarios/registry.hpp"
 
 namespace threewalls::scenarios {
@@ -19,7 +20,7 @@ std::int64_t ModelSpec::padded_vocab_size(int tp) const {
 
 bool ExecOptions::graph_scope(const std::string& s) const {
   return std::find(cuda_graph_scope.begin(), cuda_graph_scope.end(), s) != cuda_graph_scope.end() ||
-         std::find(cuda_graph_scope.begin(), cuda_graph_scope.end(), "full_iteration") != cuda_graph_scope.end();
+         std::find(cuda_graph_scope.begin(), cuda_graph_scope.end(), graph_scopes::kFullIteration) != cuda_graph_scope.end();
 }
 
 bool TrainSpec::recompute_module(const std::string& m) const {

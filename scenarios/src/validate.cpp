@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "threewalls/core/strings.hpp"
+#include "threewalls/scenarios/graph_scopes.hpp"
 #include "threewalls/scenarios/rules.hpp"
 #include "threewalls/scenarios/stages.hpp"
 
@@ -307,13 +308,13 @@ void check_exec(const Scenario& s, const ExecOptions& e, const std::string& t, R
   }
   const auto& scopes = e.cuda_graph_scope;
   auto has = [&](const char* x) { return std::find(scopes.begin(), scopes.end(), x) != scopes.end(); };
-  if ((has("moe_router") || has("moe_preprocess")) && !m.is_moe()) {
+  if ((has(graph_scopes::kMoeRouter) || has(graph_scopes::kMoePreprocess)) && !m.is_moe()) {
     r.fail("graph-scope", t + ".cuda_graph_scope", "cuda_graph_scope moe_router/moe_preprocess need an MoE model");
   }
-  if (has("full_iteration") && scopes.size() > 1) {
+  if (has(graph_scopes::kFullIteration) && scopes.size() > 1) {
     r.fail("graph-scope", t + ".cuda_graph_scope", "full_iteration captures everything; list it alone");
   }
-  if (m.is_moe() && e.sync_routing_stats && (has("full_iteration") || has("moe_preprocess"))) {
+  if (m.is_moe() && e.sync_routing_stats && (has(graph_scopes::kFullIteration) || has(graph_scopes::kMoePreprocess))) {
     r.fail("graph-scope", t + ".sync_routing_stats",
            "sync_routing_stats reads routing statistics on the host, which cannot happen inside a captured "
            "CUDA graph (cuda_graph_scope " + join(scopes, ", ", true) + ")");

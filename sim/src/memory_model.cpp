@@ -7,6 +7,7 @@
 #include <set>
 #include <tuple>
 
+#include "threewalls/scenarios/graph_scopes.hpp"
 #include "threewalls/scenarios/layout.hpp"
 #include "threewalls/scenarios/parameters.hpp"
 
@@ -251,7 +252,7 @@ double dispatcher_bytes(const Scenario& s, double expert_load, const scenarios::
 
 int captured_scopes(const scenarios::ExecOptions& e) {
   int n = 0;
-  for (const char* scope : {"attn", "mlp", "moe_router", "moe_preprocess"}) n += e.graph_scope(scope) ? 1 : 0;
+  for (const char* scope : scenarios::graph_scopes::kPerLayer) n += e.graph_scope(scope) ? 1 : 0;
   return n;
 }
 
@@ -325,7 +326,7 @@ MemoryReport memory_model(const Scenario& s, const scenarios::StepGraph& graph, 
       cm.activation_per_microbatch = stored_per_mb + edge_per_mb;
       // CUDA-graph pools (docs: "CUDA-graph pools").
       const scenarios::ExecOptions& e = s.exec();
-      if (e.graph_scope("full_iteration")) {
+      if (e.graph_scope(scenarios::graph_scopes::kFullIteration)) {
         b.graph_pools = Bytes(2.0 * 2.0 * resid);
       } else {
         const int scopes = captured_scopes(e);
