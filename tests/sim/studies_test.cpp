@@ -37,6 +37,13 @@ scenarios::Scenario validation(const std::string& suite, const std::string& name
   return scenarios::load_scenario(testing::source_dir() / "scenarios/validation" / suite / (name + ".toml"));
 }
 
+// The executor of the host-overhead studies: analytic fidelity (no SimGrid flows).
+Executor analytic_executor(const OpCoster& coster) {
+  ExecutorOptions eo;
+  eo.fidelity = Fidelity::analytic;
+  return Executor(coster, eo);
+}
+
 std::vector<fs::path> suite_files(const std::string& suite) {
   std::vector<fs::path> out;
   for (const auto& e : fs::directory_iterator(testing::source_dir() / "scenarios/validation" / suite)) {
@@ -229,9 +236,7 @@ TEST(HostOverheadStudy, GraphScopesReplaceTheirOpsLaunchesWithOneGraphLaunch) {
   // For each strategy: the attn + moe_router graphs save one launch per captured op but the first of
   // each run; in a launch-bound step that is exactly the step time saved, all of it host wall.
   const FixedCoster coster = launch_bound_coster();
-  ExecutorOptions eo;
-  eo.fidelity = Fidelity::analytic;
-  const Executor exec(coster, eo);
+  const Executor exec = analytic_executor(coster);
   for (const char* strategy : {"sequential", "streams64", "grouped"}) {
     const std::string base = std::string("switch_d768_t1k_") + strategy;
     const scenarios::Scenario eager = validation("host_overhead", base + "_none");
@@ -270,9 +275,7 @@ TEST(HostOverheadStudy, EveryEagerOpCostsOneLaunchAndStreamsAddTheirEventsOnTheH
   // op, an event wait per cross-stream dependency, an event behind every op waited for across
   // streams, the join (two events per stream but one). Count them on the expansion.
   const FixedCoster coster(0.1, host_costs(10, 2));
-  ExecutorOptions eo;
-  eo.fidelity = Fidelity::analytic;
-  const Executor exec(coster, eo);
+  const Executor exec = analytic_executor(coster);
   for (const char* strategy : {"sequential", "streams64"}) {
     const scenarios::Scenario s = validation("host_overhead", std::string("switch_d768_t1k_") + strategy + "_none");
     const scenarios::StepGraph g = scenarios::expand(s, 0);
@@ -314,9 +317,7 @@ TEST(HostOverheadStudy, ATimedOpsRecordRunsFromItsStartMarkerToItsEndMarkerAsThr
   // (backend/src/executor.cpp, issue_op): on an idle, launch-bound stream the record includes the
   // launch (10 us here) and ends no earlier than the end marker's record (one event, 2 us, later).
   const FixedCoster coster(0.1, host_costs(10, 2));
-  ExecutorOptions eo;
-  eo.fidelity = Fidelity::analytic;
-  const Executor exec(coster, eo);
+  const Executor exec = analytic_executor(coster);
   for (const char* strategy : {"sequential", "streams64"}) {
     const scenarios::Scenario s = validation("host_overhead", std::string("switch_d768_t1k_") + strategy + "_none");
     const scenarios::StepGraph g = scenarios::expand(s, 0);
@@ -368,9 +369,7 @@ TEST(HostOverheadStudy, ATimedGraphReplayCarriesAMarkerNodeBeforeAndAfterEveryRe
   h.graph_node = microseconds(1);
   h.timing_marker = microseconds(2);
   const FixedCoster coster(5, h);
-  ExecutorOptions eo;
-  eo.fidelity = Fidelity::analytic;
-  const Executor exec(coster, eo);
+  const Executor exec = analytic_executor(coster);
   const scenarios::Scenario s = validation("host_overhead", "switch_d768_t1k_sequential_full_iteration");
   const scenarios::StepGraph g = scenarios::expand(s, 0);
   const auto& rc = g.classes[0];
