@@ -23,8 +23,8 @@ using scenarios::OpKind;
 namespace {
 
 std::string describe(const Op& op) {
-  std::string s = std::string("op ") + scenarios::to_string(op.kind) + " (phase " + std::to_string(op.phase) + ", layer " +
-                  std::to_string(op.layer) + ", microbatch " + std::to_string(op.microbatch) + ", shape [";
+  std::string s = std::string("op ") + scenarios::to_string(op.kind) + " (phase " + std::to_string(op.phase) +
+                  ", layer " + std::to_string(op.layer) + ", microbatch " + std::to_string(op.microbatch) + ", shape [";
   for (std::size_t i = 0; i < op.shape.size(); ++i) s += (i ? "," : "") + std::to_string(op.shape[i]);
   return s + "], flags " + std::to_string(op.flags) + ")";
 }

@@ -354,7 +354,8 @@ namespace {
 
 // (model time - measured time) / measured time at each point: the residuals both grouped-GEMM
 // forms are fitted by.
-std::vector<double> relative_residuals(const GroupedGemmModel& m, const std::vector<GroupedGemmModel::Sample>& samples) {
+std::vector<double> relative_residuals(const GroupedGemmModel& m,
+                                       const std::vector<GroupedGemmModel::Sample>& samples) {
   std::vector<double> r(samples.size());
   for (std::size_t i = 0; i < samples.size(); ++i) {
     const auto& s = samples[i];

@@ -118,12 +118,13 @@ std::uint8_t Emitter::graph_of(const Spec& sp, bool dense_layer) {
       if (dense_layer) return e.graph_scope(graph_scopes::kMlp) ? t_.graph_scope(graph_scopes::kMlp) : 0;
       return e.graph_scope(graph_scopes::kMoeRouter)       ? t_.graph_scope(graph_scopes::kMoeRouter)
              : e.graph_scope(graph_scopes::kMoePreprocess) ? t_.graph_scope(graph_scopes::kMoePreprocess)
-                                               : 0;
+                                                           : 0;
     case Module::mlp: return e.graph_scope(graph_scopes::kMlp) ? t_.graph_scope(graph_scopes::kMlp) : 0;
     case Module::router:
       if (e.graph_scope(graph_scopes::kMoeRouter)) return t_.graph_scope(graph_scopes::kMoeRouter);
       return e.graph_scope(graph_scopes::kMoePreprocess) ? t_.graph_scope(graph_scopes::kMoePreprocess) : 0;
-    case Module::moe_pre: return e.graph_scope(graph_scopes::kMoePreprocess) ? t_.graph_scope(graph_scopes::kMoePreprocess) : 0;
+    case Module::moe_pre:
+      return e.graph_scope(graph_scopes::kMoePreprocess) ? t_.graph_scope(graph_scopes::kMoePreprocess) : 0;
     default: return 0;
   }
 }

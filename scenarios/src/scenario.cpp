@@ -20,7 +20,8 @@ std::int64_t ModelSpec::padded_vocab_size(int tp) const {
 
 bool ExecOptions::graph_scope(const std::string& s) const {
   return std::find(cuda_graph_scope.begin(), cuda_graph_scope.end(), s) != cuda_graph_scope.end() ||
-         std::find(cuda_graph_scope.begin(), cuda_graph_scope.end(), graph_scopes::kFullIteration) != cuda_graph_scope.end();
+         std::find(cuda_graph_scope.begin(), cuda_graph_scope.end(), graph_scopes::kFullIteration) !=
+             cuda_graph_scope.end();
 }
 
 bool TrainSpec::recompute_module(const std::string& m) const {

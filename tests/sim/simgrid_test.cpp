@@ -16,10 +16,10 @@
 namespace threewalls::sim {
 namespace {
 
-using testing::FakeCoster;
-using testing::GraphBuilder;
 using scenarios::Collective;
 using scenarios::Group;
+using testing::FakeCoster;
+using testing::GraphBuilder;
 using testing::in_child;
 using testing::pack;
 using testing::unpack;

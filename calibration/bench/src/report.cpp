@@ -105,7 +105,8 @@ Ref reference_for(const std::string& kind) {
 }  // namespace
 
 std::string why_not_measured(const std::string& family, int gpus_used, const std::string& mode) {
-  if (family == copy_family(CopyKind::disk_read) && mode == "quick") return "the quick mode does not measure the disk tier";
+  if (family == copy_family(CopyKind::disk_read) && mode == "quick")
+    return "the quick mode does not measure the disk tier";
   if (family == "host.framework_op") return "an eager framework's per-op dispatch (PyTorch) is not run by threewalls";
   if (starts_with(family, "collective.") && family.size() > 8 &&
       family.compare(family.size() - 8, 8, ".network") == 0) {
@@ -172,7 +173,8 @@ std::vector<PeakFigure> peak_figures(const std::vector<Record>& records, const s
     out.push_back({"HBM copy (read + write)", "TB/s", 2.0 * r->point.bytes / r->median_s() / 1e12, r->point.label(),
                    ref.hbm_tb_per_s, 0.0, refs(ref.hbm_tb_per_s, fixed(ref.hbm_tb_per_s, 1))});
   }
-  for (const CopyKind k : {CopyKind::h2d_pinned, CopyKind::d2h_pinned, CopyKind::h2d_pageable, CopyKind::d2h_pageable}) {
+  for (const CopyKind k :
+       {CopyKind::h2d_pinned, CopyKind::d2h_pinned, CopyKind::h2d_pageable, CopyKind::d2h_pageable}) {
     if (const Record* r = largest(copy_op_name(k))) {
       const bool pinned = k == CopyKind::h2d_pinned || k == CopyKind::d2h_pinned;
       const bool h2d = k == CopyKind::h2d_pinned || k == CopyKind::h2d_pageable;

@@ -115,13 +115,13 @@ class HostBench final : public GroupBench {
       // OpRunner::gpu_read (a 4-byte device-to-host read that blocks until the stream reaches it),
       // right after a kernel launch, as a routing-statistics read after the router kernel.
       be::OpRunner runner(be::OpRunnerConfig{});
-      time_after_launch([&] { runner.gpu_read(s()); },
-                        [&] {
-                          if (cudaStreamQuery(s()) != cudaSuccess) {
-                            throw std::runtime_error(
-                                "correctness check failed: gpu_read returned before the stream drained");
-                          }
-                        });
+      time_after_launch(
+          [&] { runner.gpu_read(s()); },
+          [&] {
+            if (cudaStreamQuery(s()) != cudaSuccess) {
+              throw std::runtime_error("correctness check failed: gpu_read returned before the stream drained");
+            }
+          });
       r.check = expect_count(before, launched, "each read returned after the kernel before it");
     } else if (what == "graph_launch" || what == "graph_node") {
       auto capture = [&](int nodes) {
