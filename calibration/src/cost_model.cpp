@@ -124,14 +124,35 @@ Seconds CostModel::attention(std::int64_t batch, std::int64_t seq_q, std::int64_
   return attention(s, backward);
 }
 
-// t = max(F / (P e_max L/(L+s_half) d/(d+d_half) q), B / BW) + t0   (AttentionModel)
-Seconds CostModel::attention(const AttentionShape& s, bool backward) const {
+namespace {
+void require_attention_shape(const AttentionShape& s) {
   for (auto [v, name] : {std::pair{s.batch, "batch"}, std::pair{s.seq_q, "seq_q"}, std::pair{s.seq_kv, "seq_kv"},
                          std::pair{s.heads, "heads"}, std::pair{s.kv_heads, "kv_heads"},
                          std::pair{s.head_dim_qk, "head_dim_qk"}, std::pair{s.head_dim_v, "head_dim_v"}}) {
     require_non_negative(v, "attention", name);
   }
+}
+}  // namespace
+
+// t = max(F / (P e_max L/(L+s_half) d/(d+d_half) q), B / BW) + t0   (AttentionModel)
+Seconds CostModel::attention(const AttentionShape& s, bool backward) const {
+  require_attention_shape(s);
   return Seconds(impl_->need(impl_->attention[backward ? 1 : 0], [&] { return attention_family(backward); }).time_s(s));
+}
+
+// attention_wave_v1 in its v1 form (AttentionModel)
+std::optional<Seconds> CostModel::fused_attention(const AttentionShape& s, bool backward) const {
+  require_attention_shape(s);
+  const auto& m = impl_->attention_fused[backward ? 1 : 0];
+  if (!m) return std::nullopt;
+  return Seconds(m->time_s(s));
+}
+
+// t = t0 + B per_byte + F per_flop   (DecodeAttentionModel)
+std::optional<Seconds> CostModel::decode_attention(const AttentionShape& s) const {
+  require_attention_shape(s);
+  if (!impl_->attention_decode) return std::nullopt;
+  return Seconds(impl_->attention_decode->time_s(s));
 }
 
 // t = alpha + bytes / beta (piecewise)   (LinearModel)

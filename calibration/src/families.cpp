@@ -13,6 +13,7 @@ namespace threewalls::calibration {
 std::string gemm_family(Dtype dt) { return std::string("gemm.") + to_string(dt); }
 std::string grouped_gemm_family(Dtype dt) { return std::string("grouped_gemm.") + to_string(dt); }
 std::string attention_family(bool backward) { return backward ? "attention.bwd" : "attention.fwd"; }
+std::string attention_fused_family(bool backward) { return backward ? "attention_fused.bwd" : "attention_fused.fwd"; }
 std::string copy_family(CopyDirection dir) { return std::string("copy.") + to_string(dir); }
 std::string collective_family(CollectiveKind kind, Scope scope) {
   return std::string("collective.") + to_string(kind) + "." + to_string(scope);

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "threewalls/calibration/fit.hpp"
+#include "threewalls/calibration/kernel_terms.hpp"
 
 namespace threewalls::calibration {
 
@@ -543,6 +544,56 @@ AttentionModel AttentionModel::fit(const std::vector<Sample>& samples, bool back
   const auto res = fit::levenberg_marquardt_multistart(residuals, starts);
   if (!std::isfinite(res.cost)) throw FitImpossible(std::string(what) + ": no parameters reproduce the points");
   return make(res.theta);
+}
+
+// ------------------------------------------------------------------------------ decode attention
+
+double decode_attention_kv_bytes(const AttentionShape& s) {
+  const double kv = static_cast<double>(s.kv_heads > 0 ? s.kv_heads : s.heads);
+  return 2.0 * static_cast<double>(s.batch) * kv * static_cast<double>(s.seq_kv) *
+         static_cast<double>(s.head_dim_qk + s.head_dim_v);
+}
+
+double decode_attention_flops(const AttentionShape& s) {
+  return 2.0 * static_cast<double>(s.batch) * static_cast<double>(s.heads) * static_cast<double>(s.seq_kv) *
+         static_cast<double>(s.head_dim_qk + s.head_dim_v);
+}
+
+double DecodeAttentionModel::time_s(const AttentionShape& s) const {
+  if (s.batch <= 0 || s.heads <= 0 || s.seq_kv <= 0) return overhead_s;
+  return overhead_s + decode_attention_kv_bytes(s) * per_byte_s + decode_attention_flops(s) * per_flop_s;
+}
+
+DecodeAttentionModel DecodeAttentionModel::fit(const std::vector<Sample>& samples) {
+  const char* what = "attention_decode";
+  for (const auto& s : samples) {
+    require_positive_time(s.seconds, what);
+    if (s.shape.batch <= 0 || s.shape.heads <= 0 || s.shape.kv_heads <= 0 || s.shape.seq_kv <= 0 ||
+        s.shape.head_dim_qk <= 0 || s.shape.head_dim_v <= 0) {
+      throw FitImpossible(std::string(what) + ": every dimension of a point must be positive");
+    }
+  }
+  // The terms' solver (kernel_terms.hpp): t = t0 + c_1 x_1 + c_2 x_2 with x = (B, F).
+  std::vector<KernelTermsModel::Sample> rows;
+  for (const auto& s : samples) {
+    rows.push_back({{decode_attention_kv_bytes(s.shape), decode_attention_flops(s.shape)}, s.seconds});
+  }
+  KernelTermsModel k;
+  try {
+    k = KernelTermsModel::fit({{0}, {1}}, rows);
+  } catch (const FitImpossible& e) {
+    throw FitImpossible(std::string(what) + ": " + e.what());
+  }
+  if (!(k.coefficients_s[0] > 0)) {
+    throw FitImpossible(std::string(what) +
+                        ": the points do not determine the time per byte of K and V (fitted 0): "
+                        "measure caches of several lengths");
+  }
+  DecodeAttentionModel m;
+  m.overhead_s = k.overhead_s;
+  m.per_byte_s = k.coefficients_s[0];
+  m.per_flop_s = k.coefficients_s[1];
+  return m;
 }
 
 // ---------------------------------------------------------------------------------------- linear

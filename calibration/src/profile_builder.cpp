@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "families/module.hpp"
 #include "threewalls/calibration/fit.hpp"
@@ -190,6 +191,51 @@ Profile ProfileBuilder::build() const {
   // What we hand out must be what a reader accepts: check it through the reader itself.
   (void)Profile::parse(built.to_toml(), "<profile " + info_.name + " being built>");
   return built;
+}
+
+Profile merge_families(const Profile& into, const Profile& from, const std::vector<std::string>& names) {
+  if (into.hardware().gpu_kind != from.hardware().gpu_kind) {
+    throw InputError("merge: " + from.describe() + " is of GPU kind '" + from.hardware().gpu_kind + "', " +
+                     into.describe() + " of '" + into.hardware().gpu_kind + "'; allowed: profiles of one GPU kind");
+  }
+  if (names.empty()) throw InputError("merge: no family named; allowed: families of " + from.describe());
+  ProfileBuilder b(into.info(), into.hardware());
+  std::set<std::string> added;
+  for (const auto& name : names) {
+    if (!find_family_spec(name)) {
+      std::vector<std::string> known;
+      for (const auto& s : family_specs()) known.push_back(s.name);
+      std::string msg = "merge: unknown family '" + name + "'";
+      if (auto near = nearest(name, known)) msg += " (did you mean '" + *near + "'?)";
+      throw InputError(msg);
+    }
+    const Family& f = from.family(name);  // InputError naming `from` and what it has
+    if (!added.insert(name).second) throw InputError("merge: family '" + name + "' named twice");
+    for (const Point& pt : f.points) b.add_point(name, pt.inputs, pt.time);
+    b.set_note(name, f.note + (f.note.empty() ? "" : "; ") + "merged from " + from.id() +
+                         (from.path().empty() ? "" : " (" + from.path() + ")"));
+  }
+  for (const auto& name : names) {
+    for (const auto& r : find_family_spec(name)->reads) {
+      if (added.count(r)) continue;
+      if (const Family* dep = into.find(r)) {
+        for (const Point& pt : dep->points) b.add_point(r, pt.inputs, pt.time);
+        added.insert(r);
+      }
+    }
+  }
+  Profile built;
+  try {
+    built = b.build();
+  } catch (const InputError& e) {
+    throw InputError("merge into " + into.describe() + ": " + e.what());
+  }
+  std::vector<Family> families;
+  for (const Family& f : into.families()) {
+    if (std::find(names.begin(), names.end(), f.name) == names.end()) families.push_back(f);
+  }
+  for (const auto& name : names) families.push_back(built.family(name));
+  return Profile(into.info(), into.hardware(), std::move(families));
 }
 
 }  // namespace threewalls::calibration

@@ -134,12 +134,27 @@ Seconds CostModelCoster::kernel_time(const Op& op) const {
       }
       return model_.grouped_gemm(groups, total, at_least_1(s[4]), n, k, op.dtype);
     }
-    case OpKind::attention:
-      // Every kernel (scenarios::attention_kernel) from the attention fits: profiles have no fused or
-      // decode attention family yet (substitution() says so for the fused kernels).
-      return model_.attention(at_least_1(s[0]), at_least_1(s[1]), at_least_1(s[2]), at_least_1(s[3]),
-                              at_least_1(s[4]), at_least_1(s[5]), (op.flags & scenarios::kCausal) != 0,
-                              (op.flags & scenarios::kBackward) != 0);
+    case OpKind::attention: {
+      // The kernel the op runs on (scenarios::attention_kernel) by its own fit when the profile has
+      // it; else, and for the unfused kernel, by the attention fits (substitution() says so).
+      calibration::AttentionShape a;
+      a.batch = at_least_1(s[0]);
+      a.seq_q = at_least_1(s[1]);
+      a.seq_kv = at_least_1(s[2]);
+      a.heads = at_least_1(s[3]);
+      a.kv_heads = a.heads;
+      a.head_dim_qk = at_least_1(s[4]);
+      a.head_dim_v = at_least_1(s[5]);
+      a.causal = (op.flags & scenarios::kCausal) != 0;
+      const bool backward = (op.flags & scenarios::kBackward) != 0;
+      std::optional<Seconds> own;
+      switch (scenarios::attention_kernel(op)) {
+        case scenarios::AttentionKernel::fused: own = model_.fused_attention(a, backward); break;
+        case scenarios::AttentionKernel::decode: own = model_.decode_attention(a); break;
+        case scenarios::AttentionKernel::unfused: break;
+      }
+      return own ? *own : model_.attention(a, backward);
+    }
     case OpKind::elementwise: return model_.memory_kernel(elementwise_kernel(op), Bytes(op.bytes));
     case OpKind::norm: {
       // threewalls run's RMSNorm or LayerNorm kernel, forward or backward: by its rows x hidden fit
@@ -173,16 +188,27 @@ Seconds CostModelCoster::kernel_time(const Op& op) const {
 
 std::optional<std::string> CostModelCoster::substitution(const Op& op) const {
   if (op.kind != OpKind::attention) return std::nullopt;
+  // Whether the profile has the kernel's family does not depend on the shape: ask with a unit one.
+  calibration::AttentionShape unit;
+  unit.seq_q = 1;
+  unit.seq_kv = 1;
+  unit.head_dim_qk = 1;
+  unit.head_dim_v = 1;
   switch (scenarios::attention_kernel(op)) {
     case scenarios::AttentionKernel::unfused: return std::nullopt;
-    case scenarios::AttentionKernel::fused:
+    case scenarios::AttentionKernel::fused: {
+      const bool backward = (op.flags & scenarios::kBackward) != 0;
+      if (model_.fused_attention(unit, backward)) return std::nullopt;
       return std::string(
           "fused attention (model.attention_impl = \"fused\") is costed from the unfused attention "
-          "fits (attention.fwd, attention.bwd): the profile has no fused attention family");
+          "fits (attention.fwd, attention.bwd): the profile has no fused attention family (attention_fused.fwd, "
+          "attention_fused.bwd)");
+    }
     case scenarios::AttentionKernel::decode:
+      if (model_.decode_attention(unit)) return std::nullopt;
       return std::string(
           "decode attention (fused, one query per sequence) is costed from the unfused attention "
-          "fit (attention.fwd): the profile has no decode attention family");
+          "fit (attention.fwd): the profile has no decode attention family (attention_decode)");
   }
   return std::nullopt;
 }

@@ -177,6 +177,43 @@ TEST(CalibrationPlan, AttentionCoversSequenceHeadsHeadDimCausalAndDecode) {
   for (const auto& p : bwd) EXPECT_GT(p.param("seq_q"), 1) << "no backward of decode: " << p.label();
 }
 
+// Fused attention over MHA, GQA and MLA-like head layouts, short to long sequences, causal and not;
+// decode over cache lengths, batches and query heads per KV head; each with held-out shapes.
+TEST(CalibrationPlan, FusedAndDecodeAttentionCoverHeadLayoutsSequencesAndCaches) {
+  for (const Mode mode : {Mode::quick, Mode::full}) {
+    const auto points = plan(mode, 1);
+    for (const char* op : {"attention_fused_fwd", "attention_fused_bwd"}) {
+      const auto pts = of_op(points, op);
+      std::set<double> ratios, dims, causal;
+      int held_out = 0;
+      for (const auto& p : pts) {
+        ratios.insert(p.param("heads") / p.param("kv_heads"));
+        dims.insert(p.param("head_dim_qk") * 1000 + p.param("head_dim_v"));
+        causal.insert(p.param("causal"));
+        held_out += p.held_out ? 1 : 0;
+        EXPECT_EQ(p.param("seq_q"), p.param("seq_kv")) << p.label();
+      }
+      EXPECT_GE(ratios.size(), 3U) << op;
+      EXPECT_GE(dims.size(), 3U) << op;
+      EXPECT_EQ(causal.size(), 2U) << op;
+      EXPECT_GE(held_out, 1) << op;
+      EXPECT_LE(min_param(pts, "seq_q"), 128) << op;
+      EXPECT_GE(max_param(pts, "seq_q"), 16384) << op;
+    }
+    const auto decode = of_op(points, "attention_decode");
+    std::set<double> caches, ratios, batches;
+    for (const auto& p : decode) {
+      caches.insert(p.param("seq_kv"));
+      ratios.insert(p.param("heads") / p.param("kv_heads"));
+      batches.insert(p.param("batch"));
+      EXPECT_LE(p.param("heads") / p.param("kv_heads"), p.param("head_dim_qk") > 128 ? 8 : 16) << p.label();
+    }
+    EXPECT_GE(caches.size(), 2U);
+    EXPECT_GE(ratios.size(), 3U);
+    EXPECT_GE(batches.size(), 2U);
+  }
+}
+
 TEST(CalibrationPlan, CollectivesCoverOneKiBToOneGiBForEveryGroupSize) {
   const auto points = plan(Mode::full, 4);
   for (const auto& op : collective_ops()) {
@@ -424,10 +461,14 @@ std::set<Key> validation_shapes() {
               out.insert({"grouped_gemm." + dt, {d(s[3]), d(s[0]), d(s[4]), d(s[1]), d(s[2])}});
               break;
             case OpKind::attention: {
-              const std::string f = (op.flags & kBackward) ? "attention.bwd" : "attention.fwd";
-              out.insert(
-                  {f,
-                   {d(s[0]), d(s[1]), d(s[2]), d(s[3]), d(s[3]), d(s[4]), d(s[5]), (op.flags & kCausal) ? 1.0 : 0.0}});
+              // Whatever kernel the scenario picks: its shape as a point of every attention family.
+              const bool bwd = (op.flags & kBackward) != 0;
+              const std::vector<double> in{d(s[0]), d(s[1]), d(s[2]), d(s[3]),
+                                           d(s[3]), d(s[4]), d(s[5]), (op.flags & kCausal) ? 1.0 : 0.0};
+              out.insert({bwd ? "attention.bwd" : "attention.fwd", in});
+              out.insert({bwd ? "attention_fused.bwd" : "attention_fused.fwd", in});
+              if (s[1] == 1 && !bwd)
+                out.insert({"attention_decode", {d(s[0]), d(s[3]), d(s[3]), d(s[2]), d(s[4]), d(s[5])}});
               break;
             }
             case OpKind::collective: {
@@ -581,6 +622,9 @@ TEST(CalibrationPlan, EveryModeHasEnoughFitPointsForEveryModel) {
     EXPECT_GE(fit["grouped_gemm.bf16"], 3) << to_string(mode);
     EXPECT_GE(fit["attention.fwd"], 5) << to_string(mode);  // 4 parameters, and leave-one-out
     EXPECT_GE(fit["attention.bwd"], 5) << to_string(mode);
+    EXPECT_GE(fit["attention_fused.fwd"], 5) << to_string(mode);
+    EXPECT_GE(fit["attention_fused.bwd"], 5) << to_string(mode);
+    EXPECT_GE(fit["attention_decode"], 4) << to_string(mode);  // 3 parameters, and leave-one-out
     EXPECT_GE(fit["copy.d2d"], 5) << to_string(mode);
     EXPECT_GE(fit["collective.all_reduce.nvlink"], 5) << to_string(mode);  // the ramp needs 5 sizes
     EXPECT_GE(fit["concurrency"], 6) << to_string(mode);

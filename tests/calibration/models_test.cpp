@@ -246,6 +246,61 @@ TEST(AttentionModel, FitRecoversParametersFromNoisyPoints) {
   EXPECT_NEAR(fit.overhead_s, 5e-6, 5e-6 * 0.4);
 }
 
+// Decode attention: t = t0 + B per_byte + F per_flop over caches, batches and GQA group sizes.
+TEST(DecodeAttentionModel, FitRecoversTheBandwidthAndTheFlopTermAndScalesToLongerCaches) {
+  DecodeAttentionModel truth;
+  truth.overhead_s = 6e-6;
+  truth.per_byte_s = 1.0 / 2.8e12;
+  truth.per_flop_s = 1.0 / 40e12;
+  Noise noise(7, 0.01);
+  std::vector<DecodeAttentionModel::Sample> samples;
+  for (std::int64_t skv : {512, 2048, 8192, 32768}) {
+    for (std::int64_t b : {1, 16, 64}) {
+      for (auto [h, kv] : {std::pair<std::int64_t, std::int64_t>{32, 32}, {32, 8}, {64, 4}}) {
+        AttentionShape s;
+        s.batch = b;
+        s.seq_q = 1;
+        s.seq_kv = skv;
+        s.heads = h;
+        s.kv_heads = kv;
+        s.head_dim_qk = s.head_dim_v = 128;
+        s.causal = true;
+        samples.push_back({s, noise(truth.time_s(s))});
+      }
+    }
+  }
+  const auto fit = DecodeAttentionModel::fit(samples);
+  EXPECT_NEAR(fit.per_byte_s, truth.per_byte_s, truth.per_byte_s * 0.05);
+  EXPECT_NEAR(fit.per_flop_s, truth.per_flop_s, truth.per_flop_s * 0.3);
+  EXPECT_NEAR(fit.overhead_s, truth.overhead_s, truth.overhead_s * 0.2);
+  // A cache 32 times the longest measured: priced at the fitted rates (within the fit's noise).
+  AttentionShape big = samples.back().shape;
+  big.seq_kv = 1 << 20;
+  big.heads = big.kv_heads = 32;
+  EXPECT_NEAR(fit.time_s(big) / truth.time_s(big), 1.0, 0.05);
+  // Bytes follow the KV heads, FLOPs the query heads.
+  AttentionShape gqa = big;
+  gqa.kv_heads = gqa.heads / 8;
+  EXPECT_DOUBLE_EQ(decode_attention_kv_bytes(gqa) * 8, decode_attention_kv_bytes(big));
+  EXPECT_DOUBLE_EQ(decode_attention_flops(gqa), decode_attention_flops(big));
+}
+
+TEST(DecodeAttentionModel, NeedsThreePointsAndTimesThatGrowWithTheCache) {
+  std::vector<DecodeAttentionModel::Sample> samples;
+  AttentionShape s;
+  s.seq_q = 1;
+  s.heads = s.kv_heads = 8;
+  s.head_dim_qk = s.head_dim_v = 128;
+  // Longer caches measured faster: no positive time per byte.
+  for (const auto& [skv, t] : {std::pair<std::int64_t, double>{1024, 3e-5}, {4096, 2e-5}, {16384, 1e-5}}) {
+    s.seq_kv = skv;
+    samples.push_back({s, t});
+  }
+  EXPECT_THROW((void)DecodeAttentionModel::fit(samples), FitImpossible);
+  samples.resize(2);
+  EXPECT_THROW((void)DecodeAttentionModel::fit(samples), FitImpossible);
+}
+
 TEST(AttentionModel, ComputedPairsAreWholeCausalBlocks) {
   // Non-causal: every pair. Causal: 512-row blocks up to their last row (s_q = 512: all of them).
   EXPECT_DOUBLE_EQ(attention_computed_pairs(1000, 700, false), 700000.0);

@@ -514,3 +514,51 @@ TEST(FamilyTable, WhatAFitReadsIsFittedBeforeIt) {
   }
   EXPECT_EQ(find_family_spec("grouped_gemm.fp8")->reads, (std::vector<std::string>{"copy.d2d", "gemm.fp8"}));
 }
+
+// merge_families: the named families come from the other calibration, refitted with this profile's
+// copy.d2d; every other family, [profile] and [hardware] stay as they were.
+TEST(ProfileMerge, TakesTheNamedFamiliesAndKeepsEverythingElse) {
+  const Profile into = small_profile();
+  ProfileBuilder b({"attention_run", "measured", "tests/calibration"}, test_hardware());
+  for (const double skv : {1024.0, 8192.0, 32768.0}) {
+    for (const double kv : {8.0, 32.0}) {
+      b.add_point(kAttentionDecodeFamily, {4, 32, kv, skv, 128, 128},
+                  Measurement::single(6e-6 + 2.0 * 4 * kv * skv * 256 / 2.5e12));
+    }
+  }
+  b.set_note(kAttentionDecodeFamily, "measured by a test");
+  const Profile from = b.build();
+  const Profile merged = merge_families(into, from, {"attention_decode"});
+  EXPECT_EQ(merged.info().name, into.info().name);
+  EXPECT_EQ(merged.hardware().date, into.hardware().date);
+  ASSERT_EQ(merged.families().size(), into.families().size() + 1);
+  for (const Family& f : into.families()) {
+    const Family* m = merged.find(f.name);
+    ASSERT_NE(m, nullptr) << f.name;
+    EXPECT_EQ(m->points, f.points) << f.name;
+    EXPECT_EQ(m->params, f.params) << f.name;
+    EXPECT_EQ(m->note, f.note) << f.name;
+  }
+  const Family& d = merged.family("attention_decode");
+  EXPECT_EQ(d.points, from.family("attention_decode").points);
+  EXPECT_EQ(d.params, from.family("attention_decode").params);
+  EXPECT_NE(d.note.find("measured by a test"), std::string::npos) << d.note;
+  EXPECT_NE(d.note.find("merged from " + from.id()), std::string::npos) << d.note;
+  // Saved and reloaded: the canonical text.
+  EXPECT_EQ(Profile::parse(merged.to_toml(), "merged").to_toml(), merged.to_toml());
+  // Merging again replaces the family instead of adding a second one.
+  EXPECT_EQ(merge_families(merged, from, {"attention_decode"}).families().size(), merged.families().size());
+}
+
+TEST(ProfileMerge, RefusesOtherGpuKindsUnknownAndMissingFamilies) {
+  const Profile into = small_profile();
+  Hardware other = test_hardware();
+  other.gpu_kind = "h100";
+  ProfileBuilder b({"other", "measured", "tests/calibration"}, other);
+  b.add_host("kernel_launch", Measurement::single(4e-6));
+  const Profile h100 = b.build();
+  EXPECT_THROW((void)merge_families(into, h100, {"host.kernel_launch"}), InputError);
+  EXPECT_THROW((void)merge_families(into, into, {"attention_decod"}), InputError);
+  EXPECT_THROW((void)merge_families(into, into, {"attention_decode"}), InputError);  // `from` lacks it
+  EXPECT_THROW((void)merge_families(into, into, {}), InputError);
+}

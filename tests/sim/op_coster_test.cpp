@@ -3,6 +3,7 @@
 // it, with OpRunner's shape mapping, and by the pooled elementwise(bytes) fit otherwise.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <filesystem>
@@ -232,8 +233,9 @@ TEST(OpCosterDiskScale, ScalesDiskReadsOnly) {
 }
 
 // Attention runs on the kernel scenarios::attention_kernel names (the op's sub = model.attention_impl).
-// Profiles have no fused or decode attention family yet: every kernel is costed from the unfused
-// attention fits, and the coster says so for the fused ones (the simulator prints it as a warning).
+// The default profiles have no fused or decode attention family: every kernel is costed from the
+// unfused attention fits, and the coster says so for the fused ones (the simulator prints it as a
+// warning).
 TEST(OpCosterAttention, FusedAndDecodeAreCostedFromTheUnfusedFitsAndSaySo) {
   const calibration::CostModel model(shipped_default());
   const CostModelCoster coster(model);
@@ -266,4 +268,88 @@ TEST(OpCosterAttention, FusedAndDecodeAreCostedFromTheUnfusedFitsAndSaySo) {
             AttentionKernel::fused);
   EXPECT_EQ(scenarios::attention_kernel(attention({8, 1, 4096, 32, 128, 128}, AttentionImpl::unfused, false)),
             AttentionKernel::unfused);
+}
+
+namespace {
+
+// The default profile with fused and decode attention families merged in, from exact points of
+// closed forms (fused: 60% of the peak with a sequence ramp; decode: 6 us + KV bytes at 2.5 TB/s).
+calibration::Profile default_with_attention_families() {
+  const calibration::Profile base = shipped_default();
+  calibration::ProfileBuilder b(base.info(), base.hardware());
+  calibration::AttentionModel fused;
+  fused.efficiency_max = 0.6;
+  fused.s_half = 200.0;
+  fused.d_half = 16.0;
+  fused.overhead_s = 5e-6;
+  fused.memory_bandwidth_bytes_per_s = 6e12;
+  fused.device = {base.hardware().sm_count, base.hardware().peak_bf16_flop_per_s};
+  for (const bool bwd : {false, true}) {
+    fused.backward = bwd;
+    for (const std::int64_t seq : {256, 1024, 4096, 16384}) {
+      for (const bool causal : {false, true}) {
+        calibration::AttentionShape a;
+        a.batch = std::max<std::int64_t>(1, 16384 / seq);
+        a.seq_q = a.seq_kv = seq;
+        a.heads = 16;
+        a.kv_heads = causal ? 4 : 16;
+        a.head_dim_qk = a.head_dim_v = seq == 1024 ? 64 : 128;
+        a.causal = causal;
+        b.add_point(calibration::attention_fused_family(bwd),
+                    {double(a.batch), double(a.seq_q), double(a.seq_kv), double(a.heads), double(a.kv_heads),
+                     double(a.head_dim_qk), double(a.head_dim_v), causal ? 1.0 : 0.0},
+                    calibration::Measurement::single(fused.time_s(a)));
+      }
+    }
+  }
+  for (const double skv : {1024.0, 8192.0, 32768.0}) {
+    for (const double kv : {8.0, 32.0}) {
+      const double bytes = 2.0 * 4 * kv * skv * 256;
+      b.add_point(calibration::kAttentionDecodeFamily, {4, 32, kv, skv, 128, 128},
+                  calibration::Measurement::single(6e-6 + bytes / 2.5e12));
+    }
+  }
+  return calibration::merge_families(base, b.build(),
+                                     {"attention_fused.fwd", "attention_fused.bwd", "attention_decode"});
+}
+
+}  // namespace
+
+// With the families in the profile, fused and decode attention are costed by them, without a
+// warning; unfused attention keeps the attention fits.
+TEST(OpCosterAttention, FusedAndDecodeUseTheirOwnFamiliesWhenTheProfileHasThem) {
+  const calibration::Profile base = shipped_default();
+  const calibration::CostModel before(base);
+  const calibration::CostModel model(default_with_attention_families());
+  const CostModelCoster coster(model);
+  const CostModelCoster old_coster(before);
+  auto attention = [](std::array<std::int64_t, 6> shape, scenarios::AttentionImpl impl, bool backward) {
+    Op op;
+    op.kind = OpKind::attention;
+    op.shape = shape;
+    op.sub = static_cast<std::uint8_t>(impl);
+    op.flags = static_cast<std::uint8_t>(scenarios::kCausal | (backward ? scenarios::kBackward : 0));
+    return op;
+  };
+  using scenarios::AttentionImpl;
+  for (const bool bwd : {false, true}) {
+    const Op fused = attention({2, 4096, 4096, 16, 128, 128}, AttentionImpl::fused, bwd);
+    const Op unfused = attention({2, 4096, 4096, 16, 128, 128}, AttentionImpl::unfused, bwd);
+    calibration::AttentionShape a;
+    a.batch = 2;
+    a.seq_q = a.seq_kv = 4096;
+    a.heads = a.kv_heads = 16;
+    a.head_dim_qk = a.head_dim_v = 128;
+    a.causal = true;
+    ASSERT_TRUE(model.fused_attention(a, bwd).has_value());
+    EXPECT_DOUBLE_EQ(coster.kernel_time(fused).value, model.fused_attention(a, bwd)->value);
+    EXPECT_FALSE(coster.substitution(fused).has_value()) << *coster.substitution(fused);
+    EXPECT_DOUBLE_EQ(coster.kernel_time(unfused).value, old_coster.kernel_time(unfused).value);
+    EXPECT_FALSE(before.fused_attention(a, bwd).has_value());
+  }
+  const Op decode = attention({8, 1, 4096, 32, 128, 128}, AttentionImpl::fused, false);
+  EXPECT_FALSE(coster.substitution(decode).has_value());
+  // 8 sequences x 32 KV heads x 4096 keys x 256 x 2 bytes at 2.5 TB/s + 6 us (the decode points' law).
+  EXPECT_NEAR(coster.kernel_time(decode).value, 6e-6 + 2.0 * 8 * 32 * 4096 * 256 / 2.5e12, 1e-8);
+  EXPECT_TRUE(old_coster.substitution(decode).has_value());
 }

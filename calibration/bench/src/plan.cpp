@@ -28,6 +28,8 @@ constexpr double kMaxGemmFlopsFull = 4.5e12;  // ~6 ms of bf16 at 750 TFLOP/s
 constexpr double kMaxGemmFlopsQuick = 1.2e12;
 constexpr double kMaxGroupedWeightBytes = 2.0 * kGiB;
 constexpr double kMaxAttentionFlops = 4.0e11;  // forward FLOPs (backward is 2.5x)
+// Fused attention runs 5-7 times as fast as the unfused kernel: the same milliseconds allow more.
+constexpr double kMaxFusedAttentionFlops = 2.5e12;
 constexpr double kMaxKvBytes = 4.0 * kGiB;
 
 // Deterministic uniform numbers in [0, 1): splitmix64. (std:: distributions are not specified
@@ -286,6 +288,99 @@ void plan_attention(Plan& p, bool backward) {
       for (const std::int64_t b : {8, 32}) add_attention(p, false, b, 1, skv, 32, 128, 128, true);
     }
   }
+}
+
+// Fused attention (FusedAttention, cuDNN's flash-attention graph): MHA, GQA and MLA-like head
+// layouts over sequences of 128 to 32768 (latency-bound short rows to compute-bound long ones),
+// causal and not, with a few off-grid held-out shapes.
+void add_fused_attention(Plan& p, bool backward, std::int64_t b, std::int64_t sq, std::int64_t h, std::int64_t kv,
+                         std::int64_t dqk, std::int64_t dv, bool causal, bool held_out = false) {
+  const double pairs = attention_pairs(sq, sq, causal);
+  const double fwd_flops = 2.0 * d(b) * d(h) * pairs * d(dqk + dv);
+  if (fwd_flops > kMaxFusedAttentionFlops || d(b) * d(kv) * d(sq) * d(dqk + dv) * 2.0 > kMaxKvBytes) return;
+  PointSpec s;
+  s.op = backward ? "attention_fused_bwd" : "attention_fused_fwd";
+  s.family = backward ? "attention_fused.bwd" : "attention_fused.fwd";
+  s.params = {{"batch", d(b)},     {"seq_q", d(sq)},        {"seq_kv", d(sq)},     {"heads", d(h)},
+              {"kv_heads", d(kv)}, {"head_dim_qk", d(dqk)}, {"head_dim_v", d(dv)}, {"causal", causal ? 1.0 : 0.0}};
+  s.inputs = {d(b), d(sq), d(sq), d(h), d(kv), d(dqk), d(dv), causal ? 1.0 : 0.0};
+  s.held_out = held_out;
+  s.flops = backward ? 2.0 * d(b) * d(h) * pairs * d(3 * dqk + 2 * dv) : fwd_flops;
+  // Q, O (query heads) and K, V (key/value heads) read or written once (backward: their gradients too).
+  s.bytes = (backward ? 2.0 : 1.0) * 2.0 * d(b) * d(sq) * (d(h) + d(kv)) * d(dqk + dv);
+  p.points.push_back(std::move(s));
+}
+
+void plan_attention_fused(Plan& p, bool backward) {
+  struct Heads {
+    std::int64_t h, kv, dqk, dv;
+  };
+  // MHA, GQA 4 and 8, MLA-like (d_qk 192, d_v 128), small heads.
+  const std::vector<Heads> layouts{
+      {16, 16, 128, 128}, {32, 8, 128, 128}, {16, 16, 192, 128}, {32, 32, 64, 64}, {64, 8, 128, 128}};
+  const std::vector<std::int64_t> seqs = p.full() ? std::vector<std::int64_t>{256, 512, 1024, 2048, 4096, 8192, 16384}
+                                                  : std::vector<std::int64_t>{1024, 2048, 4096};
+  std::size_t i = 0;
+  for (const auto sq : seqs) {
+    for (const bool causal : {true, false}) {
+      const Heads l = layouts[i++ % layouts.size()];
+      add_fused_attention(p, backward, std::max<std::int64_t>(1, 16384 / sq), sq, l.h, l.kv, l.dqk, l.dv, causal);
+    }
+  }
+  // Short rows (latency-bound) and one long sequence (compute-bound), in both modes.
+  add_fused_attention(p, backward, 64, 128, 16, 16, 128, 128, true);
+  add_fused_attention(p, backward, 1, 16384, 16, 4, 128, 128, true);
+  add_fused_attention(p, backward, 2, 4096, 16, 16, 128, 128, true);  // the reference shape of kernel_bench
+  if (p.full()) {  // other token counts, so the fit sees batch and sequence apart
+    add_fused_attention(p, backward, 1, 32768, 8, 8, 128, 128, true);
+    add_fused_attention(p, backward, 32, 256, 32, 8, 128, 128, false);
+    add_fused_attention(p, backward, 1, 3072, 16, 4, 128, 128, true);
+    add_fused_attention(p, backward, 16, 768, 32, 32, 96, 96, false);
+    add_fused_attention(p, backward, 3, 3000, 24, 8, 128, 128, true, true);
+    add_fused_attention(p, backward, 8, 1536, 16, 16, 192, 128, false, true);
+  } else {
+    add_fused_attention(p, backward, 3, 3000, 24, 8, 128, 128, true, true);
+  }
+}
+
+// Decode attention (DecodeAttention, split-KV): one query per sequence against caches of 512 to
+// 32768 keys, batches 1 to 64, over the head layouts the kernel takes (query heads per KV head 1 to
+// 16; up to 8 for d_qk 192).
+void add_decode_attention(Plan& p, std::int64_t b, std::int64_t h, std::int64_t kv, std::int64_t skv, std::int64_t dqk,
+                          std::int64_t dv, bool held_out = false) {
+  const double kv_bytes = 2.0 * d(b) * d(kv) * d(skv) * d(dqk + dv);
+  if (kv_bytes > kMaxKvBytes / 2.0) return;
+  PointSpec s;
+  s.op = "attention_decode";
+  s.family = "attention_decode";
+  s.params = {{"batch", d(b)},    {"heads", d(h)},         {"kv_heads", d(kv)},
+              {"seq_kv", d(skv)}, {"head_dim_qk", d(dqk)}, {"head_dim_v", d(dv)}};
+  s.inputs = {d(b), d(h), d(kv), d(skv), d(dqk), d(dv)};
+  s.held_out = held_out;
+  s.flops = 2.0 * d(b) * d(h) * d(skv) * d(dqk + dv);
+  s.bytes = kv_bytes;
+  p.points.push_back(std::move(s));
+}
+
+void plan_attention_decode(Plan& p) {
+  struct Heads {
+    std::int64_t h, kv, dqk, dv;
+  };
+  const std::vector<Heads> layouts{
+      {32, 8, 128, 128}, {32, 32, 128, 128}, {64, 4, 128, 128}, {16, 2, 192, 128}, {32, 8, 64, 64}};
+  const std::vector<std::int64_t> kvs =
+      p.full() ? std::vector<std::int64_t>{512, 2048, 8192, 32768} : std::vector<std::int64_t>{1024, 8192};
+  const std::vector<std::int64_t> batches =
+      p.full() ? std::vector<std::int64_t>{1, 16, 64} : std::vector<std::int64_t>{1, 32};
+  std::size_t i = 0;
+  for (const auto skv : kvs) {
+    for (const auto b : batches) {
+      const Heads l = layouts[i++ % layouts.size()];
+      add_decode_attention(p, b, l.h, l.kv, skv, l.dqk, l.dv);
+    }
+  }
+  add_decode_attention(p, 8, 64, 4, 4096, 128, 128);  // 16 query heads per KV head: the FLOP term
+  add_decode_attention(p, 24, 32, 8, 6000, 128, 128, true);
 }
 
 // ---- memory-bound kernels and copies ------------------------------------------------------------
@@ -783,6 +878,14 @@ const std::vector<OpInfo>& op_table() {
          "FLOPs 2 b h pairs (dqk + dv), pairs = visible (query, key) pairs; decode rows report KV bytes / time"},
         {"attention_bwd", "attention", "attention.bwd", "Attention::backward after one forward",
          "FLOPs 2 b h pairs (3 dqk + 2 dv)"},
+        {"attention_fused_fwd", "attention", "attention_fused.fwd",
+         "FusedAttention::forward (cuDNN's flash-attention graph; kv_heads < heads for GQA)",
+         "FLOPs 2 b h pairs (dqk + dv), pairs = visible (query, key) pairs; bytes Q, K, V, O once"},
+        {"attention_fused_bwd", "attention", "attention_fused.bwd", "FusedAttention::backward after one forward",
+         "FLOPs 2 b h pairs (3 dqk + 2 dv); bytes Q, K, V, O, dO, dQ, dK, dV once"},
+        {"attention_decode", "attention", "attention_decode",
+         "DecodeAttention::forward (split-KV, one query per sequence, the cache filled to seq_kv)",
+         "bytes K and V read: 2 b kv_heads seq_kv (dqk + dv); FLOPs 2 b h seq_kv (dqk + dv)"},
         {"elementwise_add", "memory", "elementwise", "backend::add (residual add)", "bytes 3 x 2 per element"},
         {"elementwise_swiglu", "memory", "elementwise", "backend::swiglu_fwd (1 row of e)",
          "bytes 3 x 2 per output element"},
@@ -988,6 +1091,9 @@ std::vector<PointSpec> make_plan(const PlanOptions& options) {
   if (p.wants("attention")) {
     plan_attention(p, false);
     plan_attention(p, true);
+    plan_attention_fused(p, false);
+    plan_attention_fused(p, true);
+    plan_attention_decode(p);
   }
   if (p.wants("host")) plan_host(p);
   if (p.wants("kernels")) plan_kernels(p);

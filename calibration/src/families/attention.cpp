@@ -6,24 +6,26 @@
 
 namespace threewalls::calibration::detail {
 
-namespace {
+// ---- shared with attention_fused (the same equation, v1 form only) ----
 
-AttentionModel attention_of(const FamilySpec& s, const Params& p, const Hardware& hw) {
-  AttentionModel m;
-  m.tile_q = static_cast<int>(as_int(scalar(s, p, "tile_q")));
-  m.efficiency_max = scalar(s, p, "efficiency_max");
-  m.s_half = scalar(s, p, "s_half");
-  m.d_half = scalar(s, p, "d_half");
-  m.overhead_s = scalar(s, p, "overhead_s");
-  m.memory_bandwidth_bytes_per_s = scalar(s, p, "memory_bandwidth_bytes_per_s");
-  m.backward = s.backward;
-  m.device = device_of(hw, Dtype::bf16);
-  // Optional: present = blocked form (the backend's unfused attention); absent (older profiles) = v1.
-  if (const auto& ps = array(s, p, "pair_s"); !ps.empty()) {
-    m.blocked = true;
-    m.pair_s = ps.at(0);
-  }
-  return m;
+std::vector<InputSpec> attention_inputs() {
+  return {{"batch", true, "sequences"},
+          {"seq_q", true, "query length"},
+          {"seq_kv", true, "key/value length"},
+          {"heads", true, "query heads"},
+          {"kv_heads", true, "key/value heads (GQA: fewer than heads)"},
+          {"head_dim_qk", true, "head dimension of Q and K"},
+          {"head_dim_v", true, "head dimension of V"},
+          {"causal", true, "1 for a causal (bottom-right aligned) mask, 0 for none"}};
+}
+
+std::vector<ParamSpec> attention_wave_params() {
+  return {{"tile_q", true, false, "query rows per CTA"},
+          {"efficiency_max", false, false, "e_max: fraction of the bf16 peak at long sequences and large head dims"},
+          {"s_half", false, false, "keys per query row at which the sequence efficiency is half"},
+          {"d_half", false, false, "head dimension at which the head-dim efficiency is half"},
+          {"overhead_s", false, false, "t0: fixed time per kernel, seconds"},
+          {"memory_bandwidth_bytes_per_s", false, false, "HBM read+write bandwidth of the memory-bound limit"}};
 }
 
 AttentionShape attention_shape(const std::vector<double>& in) {
@@ -39,6 +41,46 @@ AttentionShape attention_shape(const std::vector<double>& in) {
   return s;
 }
 
+AttentionModel attention_wave_of(const FamilySpec& s, const Params& p, const Hardware& hw) {
+  AttentionModel m;
+  m.tile_q = static_cast<int>(as_int(scalar(s, p, "tile_q")));
+  m.efficiency_max = scalar(s, p, "efficiency_max");
+  m.s_half = scalar(s, p, "s_half");
+  m.d_half = scalar(s, p, "d_half");
+  m.overhead_s = scalar(s, p, "overhead_s");
+  m.memory_bandwidth_bytes_per_s = scalar(s, p, "memory_bandwidth_bytes_per_s");
+  m.backward = s.backward;
+  m.device = device_of(hw, Dtype::bf16);
+  return m;
+}
+
+Params attention_wave_params_of(const AttentionModel& m) {
+  return {{static_cast<double>(m.tile_q)}, {m.efficiency_max}, {m.s_half}, {m.d_half}, {m.overhead_s},
+          {m.memory_bandwidth_bytes_per_s}};
+}
+
+std::optional<std::string> check_attention_wave(const FamilySpec& spec, const Params& params) {
+  auto s = [&](std::string_view k) { return scalar(spec, params, k); };
+  if (s("tile_q") < 1) return "'tile_q' must be at least 1";
+  if (!(s("efficiency_max") > 0)) return "'efficiency_max' must be > 0";
+  if (s("s_half") < 0 || s("d_half") < 0) return "'s_half' and 'd_half' must be >= 0";
+  if (s("overhead_s") < 0) return "'overhead_s' must be >= 0";
+  if (!(s("memory_bandwidth_bytes_per_s") > 0)) return "'memory_bandwidth_bytes_per_s' must be > 0";
+  return std::nullopt;
+}
+
+namespace {
+
+AttentionModel attention_of(const FamilySpec& s, const Params& p, const Hardware& hw) {
+  AttentionModel m = attention_wave_of(s, p, hw);
+  // Optional: present = blocked form (the backend's unfused attention); absent (older profiles) = v1.
+  if (const auto& ps = array(s, p, "pair_s"); !ps.empty()) {
+    m.blocked = true;
+    m.pair_s = ps.at(0);
+  }
+  return m;
+}
+
 void add_specs(std::vector<FamilySpec>& out) {
   for (bool bwd : {false, true}) {
     FamilySpec s;
@@ -47,25 +89,13 @@ void add_specs(std::vector<FamilySpec>& out) {
     s.backward = bwd;
     s.description = std::string("attention ") + (bwd ? "backward" : "forward") +
                     " (bf16): t = max(F / (P e_max L/(L+s_half) d/(d+d_half) q) [+ b h pairs pair_s], B / BW) + t0";
-    s.inputs = {{"batch", true, "sequences"},
-                {"seq_q", true, "query length"},
-                {"seq_kv", true, "key/value length"},
-                {"heads", true, "query heads"},
-                {"kv_heads", true, "key/value heads (GQA: fewer than heads)"},
-                {"head_dim_qk", true, "head dimension of Q and K"},
-                {"head_dim_v", true, "head dimension of V"},
-                {"causal", true, "1 for a causal (bottom-right aligned) mask, 0 for none"}};
-    s.params = {
-        {"tile_q", true, false, "query rows per CTA"},
-        {"efficiency_max", false, false, "e_max: fraction of the bf16 peak at long sequences and large head dims"},
-        {"s_half", false, false, "keys per query row at which the sequence efficiency is half"},
-        {"d_half", false, false, "head dimension at which the head-dim efficiency is half"},
-        {"overhead_s", false, false, "t0: fixed time per kernel, seconds"},
-        {"memory_bandwidth_bytes_per_s", false, false, "HBM read+write bandwidth of the memory-bound limit"},
-        {"pair_s", false, true,
-         "blocked form (optional, one number): seconds per computed (query, key) pair and head, the score matrix's "
-         "passes through memory in the backend's unfused attention; with it, pairs are whole 512-row causal blocks",
-         true}};
+    s.inputs = attention_inputs();
+    s.params = attention_wave_params();
+    s.params.push_back({"pair_s", false, true,
+                        "blocked form (optional, one number): seconds per computed (query, key) pair and head, the "
+                        "score matrix's passes through memory in the backend's unfused attention; with it, pairs are "
+                        "whole 512-row causal blocks",
+                        true});
     s.reads = {copy_family(CopyDirection::d2d)};
     out.push_back(s);
   }
@@ -90,13 +120,8 @@ Params fit(const FamilySpec& spec, const std::vector<Point>& points, const FitCo
     const auto blocked = AttentionModel::fit(s, spec.backward, device_of(hw, Dtype::bf16), memory_bandwidth(ctx), true);
     if (median_error(blocked) < median_error(v1)) m = blocked;
   }
-  Params out{{static_cast<double>(m.tile_q)},
-             {m.efficiency_max},
-             {m.s_half},
-             {m.d_half},
-             {m.overhead_s},
-             {m.memory_bandwidth_bytes_per_s},
-             {}};
+  Params out = attention_wave_params_of(m);
+  out.emplace_back();
   if (m.blocked) out[6] = {m.pair_s};
   return round_all(out);
 }
@@ -106,12 +131,7 @@ double predict_point(const FamilySpec& spec, const Params& params, const Point& 
 }
 
 std::optional<std::string> check(const FamilySpec& spec, const Params& params) {
-  auto s = [&](std::string_view k) { return scalar(spec, params, k); };
-  if (s("tile_q") < 1) return "'tile_q' must be at least 1";
-  if (!(s("efficiency_max") > 0)) return "'efficiency_max' must be > 0";
-  if (s("s_half") < 0 || s("d_half") < 0) return "'s_half' and 'd_half' must be >= 0";
-  if (s("overhead_s") < 0) return "'overhead_s' must be >= 0";
-  if (!(s("memory_bandwidth_bytes_per_s") > 0)) return "'memory_bandwidth_bytes_per_s' must be > 0";
+  if (auto why = check_attention_wave(spec, params)) return why;
   if (const auto& ps = array(spec, params, "pair_s"); ps.size() > 1 || (!ps.empty() && ps[0] < 0)) {
     return "'pair_s' is optional: absent, or one number >= 0 in [ ]";
   }

@@ -43,6 +43,8 @@ struct DecodedModels {
   std::array<std::optional<GemmModel>, 3> gemm;            // by Dtype
   std::array<std::optional<GroupedGemmModel>, 3> grouped;  // by Dtype
   std::array<std::optional<AttentionModel>, 2> attention;  // forward, backward
+  std::array<std::optional<AttentionModel>, 2> attention_fused;  // optional: forward, backward
+  std::optional<DecodeAttentionModel> attention_decode;          // optional
   std::optional<LinearModel> elementwise;
   std::optional<LinearModel> norm;
   std::map<std::string, LinearModel, std::less<>> kernels;                  // per-kernel memory-bound fits (optional)

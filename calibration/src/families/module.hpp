@@ -108,6 +108,16 @@ double memory_bandwidth(const FitContext& ctx);
 GemmModel decode_gemm(const Family& f, const Hardware& hw);
 LinearModel decode_linear(const Family& f);
 
+// attention_wave_v1 (attention and attention_fused modules): the point columns (batch, seq_q,
+// seq_kv, heads, kv_heads, head_dim_qk, head_dim_v, causal), the parameters of the v1 form, the
+// shape of a point, and the v1 model of a family (attention adds its optional blocked form).
+std::vector<InputSpec> attention_inputs();
+std::vector<ParamSpec> attention_wave_params();
+AttentionShape attention_shape(const std::vector<double>& inputs);
+AttentionModel attention_wave_of(const FamilySpec& spec, const Params& params, const Hardware& hw);
+Params attention_wave_params_of(const AttentionModel& m);
+std::optional<std::string> check_attention_wave(const FamilySpec& spec, const Params& params);
+
 // linear_v1 (memory and copy modules): t = alpha + bytes / beta, piecewise by size.
 FamilySpec linear_spec(std::string name, std::string what, std::string input_description);
 Params fit_linear(const FamilySpec& spec, const std::vector<Point>& points, const FitContext& ctx);

@@ -1,10 +1,14 @@
-// Calibrate group "attention" (families attention.fwd, attention.bwd): Attention::forward and
-// backward (the backend's unfused attention), checked at rows of (batch 0, head 0) against a CPU
-// softmax(Q K^T) V, and the backward's dQ rows.
+// Calibrate group "attention": Attention::forward and backward (the backend's unfused attention;
+// families attention.fwd, attention.bwd), FusedAttention::forward and backward (attention_fused.fwd,
+// attention_fused.bwd) and DecodeAttention::forward (attention_decode), each checked at rows of
+// (batch 0, head 0) against a CPU softmax(Q K^T) V, and the backwards' dQ rows.
 #include <cmath>
+#include <string>
 
 #include "bench.hpp"
+#include "threewalls/backend/decode_attention.hpp"
 #include "threewalls/backend/error.hpp"
+#include "threewalls/backend/fused_attention.hpp"
 #include "threewalls/backend/op_runner.hpp"
 
 namespace threewalls::calibration::bench::detail {
@@ -13,6 +17,42 @@ namespace {
 
 namespace be = threewalls::backend;
 
+enum class Kernel { unfused, fused, decode };
+
+Kernel kernel_of(const PointSpec& p) {
+  if (p.op == "attention_decode") return Kernel::decode;
+  if (p.op == "attention_fused_fwd" || p.op == "attention_fused_bwd") return Kernel::fused;
+  return Kernel::unfused;
+}
+
+// The backend shape of a point: the unfused ops have one key/value head per query head (no
+// kv_heads parameter), decode points one query per sequence (every cached key visible).
+be::AttentionShape shape_of(const PointSpec& p) {
+  be::AttentionShape sh;
+  sh.batch = p.iparam("batch");
+  sh.heads = p.iparam("heads");
+  sh.seq_kv = p.iparam("seq_kv");
+  sh.head_dim_qk = p.iparam("head_dim_qk");
+  sh.head_dim_v = p.iparam("head_dim_v");
+  switch (kernel_of(p)) {
+    case Kernel::decode:
+      sh.seq_q = 1;
+      sh.causal = true;
+      sh.kv_heads = p.iparam("kv_heads");
+      break;
+    case Kernel::fused:
+      sh.seq_q = p.iparam("seq_q");
+      sh.causal = p.iparam("causal") != 0;
+      sh.kv_heads = p.iparam("kv_heads");
+      break;
+    case Kernel::unfused:
+      sh.seq_q = p.iparam("seq_q");
+      sh.causal = p.iparam("causal") != 0;
+      break;
+  }
+  return sh;
+}
+
 class AttentionBench final : public GroupBench {
  public:
   using GroupBench::GroupBench;
@@ -20,12 +60,14 @@ class AttentionBench final : public GroupBench {
   void begin(const std::vector<PointSpec>& points) override {
     double q = 1, kv_qk = 1, kv_v = 1, o = 1, rows = 1;
     for (const auto& p : points) {
-      const double bh = p.param("batch") * p.param("heads");
-      q = std::max(q, bh * p.param("seq_q") * p.param("head_dim_qk"));
-      kv_qk = std::max(kv_qk, bh * p.param("seq_kv") * p.param("head_dim_qk"));
-      kv_v = std::max(kv_v, bh * p.param("seq_kv") * p.param("head_dim_v"));
-      o = std::max(o, bh * p.param("seq_q") * p.param("head_dim_v"));
-      rows = std::max(rows, bh * p.param("seq_q"));
+      const be::AttentionShape sh = shape_of(p);
+      const double bh = static_cast<double>(sh.batch * sh.heads);
+      const double bkv = static_cast<double>(sh.batch * sh.kv_head_count());
+      q = std::max(q, bh * static_cast<double>(sh.seq_q * sh.head_dim_qk));
+      kv_qk = std::max(kv_qk, bkv * static_cast<double>(sh.seq_kv * sh.head_dim_qk));
+      kv_v = std::max(kv_v, bkv * static_cast<double>(sh.seq_kv * sh.head_dim_v));
+      o = std::max(o, bh * static_cast<double>(sh.seq_q * sh.head_dim_v));
+      rows = std::max(rows, bh * static_cast<double>(sh.seq_q));
     }
     buf_[0] = random_bf16(sz(q), opt().seed + 51, s());
     buf_[1] = random_bf16(sz(kv_qk), opt().seed + 52, s());
@@ -36,39 +78,64 @@ class AttentionBench final : public GroupBench {
     buf_[6] = be::DeviceBuffer(sz(q) * 2);               // dQ
     buf_[7] = be::DeviceBuffer(sz(kv_qk) * 2);           // dK
     buf_[8] = be::DeviceBuffer(sz(kv_v) * 2);            // dV
-    attention_ = std::make_unique<be::Attention>(*ctx_.lt, be::OpRunnerConfig{}.attention_workspace);
   }
 
   void measure(const StopRule& rule, Record& r) override {
     const auto& p = r.point;
-    const be::AttentionShape sh{p.iparam("batch"),      p.iparam("seq_q"),       p.iparam("seq_kv"),
-                                p.iparam("heads"),      p.iparam("head_dim_qk"), p.iparam("head_dim_v"),
-                                p.iparam("causal") != 0};
+    const be::AttentionShape sh = shape_of(p);
+    const Kernel kernel = kernel_of(p);
     auto* q = buf_[0].as<be::bf16>();
     auto* k = buf_[1].as<be::bf16>();
     auto* v = buf_[2].as<be::bf16>();
     auto* o = buf_[3].as<be::bf16>();
     auto* d_o = buf_[4].as<be::bf16>();
     auto* lse = buf_[5].as<float>();
-    attention_->reserve(sh);
-    attention_->forward(sh, q, k, v, o, lse, s());  // backward consumes a real O and log-sum-exp
-    const bool bwd = p.op == "attention_bwd";
-    if (bwd) {
-      device(
-          [&](cudaStream_t st) {
-            attention_->backward(sh, q, k, v, o, d_o, lse, buf_[6].as<be::bf16>(), buf_[7].as<be::bf16>(),
-                                 buf_[8].as<be::bf16>(), st);
-          },
-          true, rule, r);
-    } else {
-      device([&](cudaStream_t st) { attention_->forward(sh, q, k, v, o, lse, st); }, true, rule, r);
+    auto* dq = buf_[6].as<be::bf16>();
+    auto* dk = buf_[7].as<be::bf16>();
+    auto* dv = buf_[8].as<be::bf16>();
+    const bool bwd = p.op == "attention_bwd" || p.op == "attention_fused_bwd";
+    // Each kernel is created when a point first needs it (no cuDNN handle for unfused points).
+    switch (kernel) {
+      case Kernel::unfused: {
+        if (!unfused_) unfused_ = std::make_unique<be::Attention>(*ctx_.lt, be::OpRunnerConfig{}.attention_workspace);
+        unfused_->reserve(sh);
+        unfused_->forward(sh, q, k, v, o, lse, s());  // backward consumes a real O and log-sum-exp
+        if (bwd) {
+          device([&](cudaStream_t st) { unfused_->backward(sh, q, k, v, o, d_o, lse, dq, dk, dv, st); }, true, rule, r);
+        } else {
+          device([&](cudaStream_t st) { unfused_->forward(sh, q, k, v, o, lse, st); }, true, rule, r);
+        }
+        break;
+      }
+      case Kernel::fused: {
+        if (!fused_) fused_ = std::make_unique<be::FusedAttention>();
+        fused_->reserve(sh, bwd);
+        fused_->forward(sh, q, k, v, o, lse, s());
+        if (bwd) {
+          device([&](cudaStream_t st) { fused_->backward(sh, q, k, v, o, d_o, lse, dq, dk, dv, st); }, true, rule, r);
+        } else {
+          device([&](cudaStream_t st) { fused_->forward(sh, q, k, v, o, lse, st); }, true, rule, r);
+        }
+        break;
+      }
+      case Kernel::decode: {
+        if (!decode_) decode_ = std::make_unique<be::DecodeAttention>();
+        decode_->reserve(sh);
+        device([&](cudaStream_t st) { decode_->forward(sh, q, k, v, o, lse, st); }, true, rule, r);
+        break;
+      }
     }
     TW_CUDA_CHECK(cudaStreamSynchronize(s()));
-    CheckLog log(bwd ? "attention backward dQ rows of (batch 0, head 0) against a CPU reference (relative L2)"
-                     : "attention forward rows of (batch 0, head 0) against a CPU reference (relative L2)");
+    const std::string what = kernel == Kernel::fused    ? "fused attention"
+                             : kernel == Kernel::decode ? "decode attention"
+                                                        : "attention";
+    CheckLog log(what + (bwd ? " backward dQ rows of (batch 0, head 0) against a CPU reference (relative L2)"
+                             : " forward rows of (batch 0, head 0) against a CPU reference (relative L2)"));
     const auto kv = download_bf16(k, 0, sh.seq_kv * sh.head_dim_qk);
     const auto vv = download_bf16(v, 0, sh.seq_kv * sh.head_dim_v);
-    for (const std::int64_t row : {sh.seq_q - 1, sh.seq_q / 2}) {
+    std::vector<std::int64_t> check_rows{sh.seq_q - 1};
+    if (sh.seq_q > 1) check_rows.push_back(sh.seq_q / 2);
+    for (const std::int64_t row : check_rows) {
       const AttnRef ref = attention_row(sh, q, k, v, row);
       if (!bwd) {
         log.expect_near(rel_l2(download_bf16(o, row * sh.head_dim_v, sh.head_dim_v), ref.o), 0.0, 0.03,
@@ -80,23 +147,25 @@ class AttentionBench final : public GroupBench {
       const auto ov = download_bf16(o, row * sh.head_dim_v, sh.head_dim_v);
       double dd = 0.0;
       for (std::int64_t t = 0; t < sh.head_dim_v; ++t) dd += dov[sz(t)] * ov[sz(t)];
-      std::vector<double> dq(sz(sh.head_dim_qk), 0.0);
+      std::vector<double> dq_ref(sz(sh.head_dim_qk), 0.0);
       const double scale = 1.0 / std::sqrt(static_cast<double>(sh.head_dim_qk));
       for (std::int64_t j = 0; j < sh.seq_kv; ++j) {
         if (ref.p[sz(j)] == 0.0) continue;
         double dp = 0.0;
         for (std::int64_t t = 0; t < sh.head_dim_v; ++t) dp += dov[sz(t)] * vv[sz(j * sh.head_dim_v + t)];
         const double ds = ref.p[sz(j)] * (dp - dd);
-        for (std::int64_t t = 0; t < sh.head_dim_qk; ++t) dq[sz(t)] += scale * ds * kv[sz(j * sh.head_dim_qk + t)];
+        for (std::int64_t t = 0; t < sh.head_dim_qk; ++t) dq_ref[sz(t)] += scale * ds * kv[sz(j * sh.head_dim_qk + t)];
       }
-      log.expect_near(rel_l2(download_bf16(buf_[6].data(), row * sh.head_dim_qk, sh.head_dim_qk), dq), 0.0, 0.1,
+      log.expect_near(rel_l2(download_bf16(dq, row * sh.head_dim_qk, sh.head_dim_qk), dq_ref), 0.0, 0.1,
                       "dQ row " + std::to_string(row));
     }
     r.check = log.passed();
   }
 
  private:
-  std::unique_ptr<be::Attention> attention_;
+  std::unique_ptr<be::Attention> unfused_;
+  std::unique_ptr<be::FusedAttention> fused_;
+  std::unique_ptr<be::DecodeAttention> decode_;
   be::DeviceBuffer buf_[9];  // Q, K, V, O, dO, lse, dQ, dK, dV
 };
 

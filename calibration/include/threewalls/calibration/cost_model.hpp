@@ -72,6 +72,12 @@ class CostModel {
                                   std::int64_t head_dim_qk, std::int64_t head_dim_v, bool causal, bool backward) const;
   // The same with K/V heads given (GQA/MQA); the call above is this one with kv_heads = heads.
   [[nodiscard]] Seconds attention(const AttentionShape& shape, bool backward) const;
+  // Fused attention (flash-style, the scores never in memory) by its own fit, attention_fused.fwd /
+  // attention_fused.bwd; the split-KV decode attention (one query per sequence, shape.seq_q = 1) by
+  // attention_decode. Empty when the profile lacks the family (profiles calibrated before them): the
+  // caller then costs the kernel with attention() and says so. InputError for negative dimensions.
+  [[nodiscard]] std::optional<Seconds> fused_attention(const AttentionShape& shape, bool backward) const;
+  [[nodiscard]] std::optional<Seconds> decode_attention(const AttentionShape& shape) const;
   // Memory-bound kernels by bytes read + written (element-wise, activation, residual, permute, loss).
   [[nodiscard]] Seconds elementwise(Bytes bytes) const;
   // Normalisation kernels (rows x hidden, bytes read + written).

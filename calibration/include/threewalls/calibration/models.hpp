@@ -243,6 +243,35 @@ struct AttentionModel {
 };
 
 // ---------------------------------------------------------------------------------------------
+// Decode attention ("attention_decode_v1"): one new query per sequence against a KV cache of
+// seq_kv rows (the backend's split-KV kernel; every cached key visible).
+//
+//   B = 2 b kv_heads seq_kv (d_qk + d_v)       bytes of K and V read (bf16), once per KV head
+//   F = 2 b heads seq_kv (d_qk + d_v)          FLOPs (scores and the weighted sum)
+//   t = t0 + B per_byte + F per_flop
+// Memory bound: each KV row is read once and shared by the heads / kv_heads query heads of its
+// group (GQA); the FLOP term is what each extra query head of a group costs the kernel on top of the
+// read. Linear in (1, B, F): non-negative weighted least squares with weights 1/t^2 (relative
+// error); exact scaling for caches longer than the measured ones. Needs >= 3 points and a
+// positive per_byte.
+double decode_attention_kv_bytes(const AttentionShape& s);
+double decode_attention_flops(const AttentionShape& s);
+
+struct DecodeAttentionModel {
+  double overhead_s = 0.0;  // t0
+  double per_byte_s = 0.0;  // seconds per byte of K and V read (1 / bandwidth)
+  double per_flop_s = 0.0;  // seconds per FLOP beyond the read
+
+  [[nodiscard]] double time_s(const AttentionShape& s) const;
+
+  struct Sample {
+    AttentionShape shape;
+    double seconds;
+  };
+  static DecodeAttentionModel fit(const std::vector<Sample>& samples);
+};
+
+// ---------------------------------------------------------------------------------------------
 // Latency + bandwidth, piecewise by size ("linear_v1"): element-wise, norm and copy kernels.
 //
 //   t(S) = alpha + sum_j |[x_{j-1}, x_j) ∩ [0, S)| / beta_j        x_0 = 0, x_J = inf

@@ -84,6 +84,10 @@ const FamilySpec* find_family_spec(std::string_view name);
 std::string gemm_family(Dtype dt);                                // "gemm.bf16"
 std::string grouped_gemm_family(Dtype dt);                        // "grouped_gemm.bf16"
 std::string attention_family(bool backward);                      // "attention.fwd" / "attention.bwd"
+// Fused (flash-style, through cuDNN) attention and the split-KV decode attention; optional families:
+// a profile without them costs those kernels from attention.fwd / attention.bwd, with a warning.
+std::string attention_fused_family(bool backward);  // "attention_fused.fwd" / ".bwd"
+inline constexpr std::string_view kAttentionDecodeFamily = "attention_decode";
 std::string copy_family(CopyDirection dir);                       // "copy.h2d_pinned"
 std::string collective_family(CollectiveKind kind, Scope scope);  // "collective.all_reduce.nvlink"
 inline constexpr std::string_view kElementwiseFamily = "elementwise";

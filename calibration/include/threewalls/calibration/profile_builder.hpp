@@ -54,4 +54,13 @@ class ProfileBuilder {
   std::map<std::string, std::string> notes_;
 };
 
+// `into` with the families `names` taken from `from` (a calibration of the same GPU kind that
+// measured them, e.g. `threewalls calibrate --only attention`): each is refitted from `from`'s points
+// with `into`'s hardware and the families its fit reads (FamilySpec::reads: copy.d2d) taken from
+// `into`, exactly as a calibration that measured all of them would have fitted it, and replaces or
+// joins `into`'s family of that name (its note: `from`'s, naming where it came from). Every other
+// family, [profile] and [hardware] stay `into`'s. InputError naming both profiles when the GPU kinds
+// differ, a name is unknown or `from` lacks it, or its points cannot be fitted.
+[[nodiscard]] Profile merge_families(const Profile& into, const Profile& from, const std::vector<std::string>& names);
+
 }  // namespace threewalls::calibration

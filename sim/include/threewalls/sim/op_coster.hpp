@@ -8,7 +8,11 @@
 //                                            wgrad (shape[5] = 1) swaps the roles: per group n x k
 //                                            outputs with the group's rows as the reduction, costed
 //                                            as grouped_gemm(groups, n * groups, n, k, max rows)
-//   attention                             -> attention(..., causal, backward)
+//   attention                             -> by scenarios::attention_kernel: fused -> fused_attention
+//                                            (attention_fused.fwd/.bwd), decode -> decode_attention
+//                                            (attention_decode), unfused -> attention(shape, backward);
+//                                            a profile without the kernel's family: attention()
+//                                            with a warning (substitution)
 //   elementwise                           -> memory_kernel(kernel run launches, bytes)
 //   softmax_topk, permute, unpermute,
 //   embedding, cross_entropy, optimizer   -> fitted_kernel(family, shape) (fitted_kernel_of below);

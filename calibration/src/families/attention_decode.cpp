@@ -1,0 +1,87 @@
+// Family module: attention_decode, model attention_decode_v1 (models.hpp DecodeAttentionModel): the
+// backend's split-KV decode attention (DecodeAttention), one query per sequence against a KV cache,
+// costed by the K and V bytes it reads and the FLOPs of its query heads.
+#include "decoded.hpp"
+#include "module.hpp"
+
+namespace threewalls::calibration::detail {
+
+namespace {
+
+// Point columns: batch, heads, kv_heads, seq_kv, head_dim_qk, head_dim_v.
+AttentionShape decode_shape(const std::vector<double>& in) {
+  AttentionShape s;
+  s.batch = as_int(in[0]);
+  s.seq_q = 1;
+  s.heads = as_int(in[1]);
+  s.kv_heads = as_int(in[2]);
+  s.seq_kv = as_int(in[3]);
+  s.head_dim_qk = as_int(in[4]);
+  s.head_dim_v = as_int(in[5]);
+  s.causal = true;
+  return s;
+}
+
+DecodeAttentionModel decode_of(const FamilySpec& s, const Params& p) {
+  DecodeAttentionModel m;
+  m.overhead_s = scalar(s, p, "overhead_s");
+  m.per_byte_s = scalar(s, p, "per_byte_s");
+  m.per_flop_s = scalar(s, p, "per_flop_s");
+  return m;
+}
+
+void add_specs(std::vector<FamilySpec>& out) {
+  FamilySpec s;
+  s.name = std::string(kAttentionDecodeFamily);
+  s.model = "attention_decode_v1";
+  s.description =
+      "decode attention (bf16, split-KV, one query per sequence): t = t0 + B per_byte + F per_flop, "
+      "B = 2 b kv_heads seq_kv (dqk + dv), F = 2 b heads seq_kv (dqk + dv)";
+  s.inputs = {{"batch", true, "sequences (one new query each)"},
+              {"heads", true, "query heads"},
+              {"kv_heads", true, "key/value heads (GQA: fewer than heads)"},
+              {"seq_kv", true, "cached keys per sequence (KV length)"},
+              {"head_dim_qk", true, "head dimension of Q and K"},
+              {"head_dim_v", true, "head dimension of V"}};
+  s.params = {{"overhead_s", false, false, "t0: fixed time per call (the split and combine kernels), seconds"},
+              {"per_byte_s", false, false, "seconds per byte of K and V read (1 / the kernel's bandwidth)"},
+              {"per_flop_s", false, false, "seconds per FLOP of the query heads beyond the read"}};
+  out.push_back(s);
+}
+
+Params fit(const FamilySpec& /*spec*/, const std::vector<Point>& points, const FitContext& /*ctx*/) {
+  std::vector<DecodeAttentionModel::Sample> s;
+  for (const auto& p : points) s.push_back({decode_shape(p.inputs), p.time.median_s});
+  const auto m = DecodeAttentionModel::fit(s);
+  return round_all({{m.overhead_s}, {m.per_byte_s}, {m.per_flop_s}});
+}
+
+double predict_point(const FamilySpec& spec, const Params& params, const Point& p, const Hardware& /*hw*/) {
+  return decode_of(spec, params).time_s(decode_shape(p.inputs));
+}
+
+std::optional<std::string> check(const FamilySpec& spec, const Params& params) {
+  auto s = [&](std::string_view k) { return scalar(spec, params, k); };
+  if (s("overhead_s") < 0) return "'overhead_s' must be >= 0";
+  if (!(s("per_byte_s") > 0)) return "'per_byte_s' must be > 0";
+  if (s("per_flop_s") < 0) return "'per_flop_s' must be >= 0";
+  return std::nullopt;
+}
+
+void store(const Family& f, const Hardware& /*hw*/, DecodedModels& models) {
+  models.attention_decode = decode_of(f.spec(), f.params);
+}
+
+std::optional<double> cost(const CostModel& cm, const FamilySpec& /*spec*/, const std::vector<double>& in) {
+  if (const auto t = cm.decode_attention(decode_shape(in))) return t->value;
+  return std::nullopt;
+}
+
+}  // namespace
+
+const FamilyModule& attention_decode_module() {
+  static const FamilyModule m{3, add_specs, fit, predict_point, check, store, nullptr, cost};
+  return m;
+}
+
+}  // namespace threewalls::calibration::detail
