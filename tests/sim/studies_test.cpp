@@ -44,6 +44,23 @@ Executor analytic_executor(const OpCoster& coster) {
   return Executor(coster, eo);
 }
 
+// The eager (no CUDA graphs) host-overhead scenarios, sequential experts and 64 expert streams, each
+// with its first step's graph.
+struct EagerStep {
+  std::string strategy;
+  scenarios::Scenario s;
+  scenarios::StepGraph g;
+};
+std::vector<EagerStep> eager_host_overhead_steps() {
+  std::vector<EagerStep> out;
+  for (const std::string strategy : {"sequential", "streams64"}) {
+    scenarios::Scenario s = validation("host_overhead", "switch_d768_t1k_" + strategy + "_none");
+    scenarios::StepGraph g = scenarios::expand(s, 0);
+    out.push_back({strategy, std::move(s), std::move(g)});
+  }
+  return out;
+}
+
 std::vector<fs::path> suite_files(const std::string& suite) {
   std::vector<fs::path> out;
   for (const auto& e : fs::directory_iterator(testing::source_dir() / "scenarios/validation" / suite)) {
@@ -276,9 +293,7 @@ TEST(HostOverheadStudy, EveryEagerOpCostsOneLaunchAndStreamsAddTheirEventsOnTheH
   // streams, the join (two events per stream but one). Count them on the expansion.
   const FixedCoster coster(0.1, host_costs(10, 2));
   const Executor exec = analytic_executor(coster);
-  for (const char* strategy : {"sequential", "streams64"}) {
-    const scenarios::Scenario s = validation("host_overhead", std::string("switch_d768_t1k_") + strategy + "_none");
-    const scenarios::StepGraph g = scenarios::expand(s, 0);
+  for (const auto& [strategy, s, g] : eager_host_overhead_steps()) {
     const auto& rc = g.classes[0];
     std::size_t launches = 0, waits = 0, events = 0, reads = 0;
     std::set<std::uint8_t> streams;
@@ -305,7 +320,7 @@ TEST(HostOverheadStudy, EveryEagerOpCostsOneLaunchAndStreamsAddTheirEventsOnTheH
                                2.0 * static_cast<double>(waits + events + reads + streams.size() + 2 * (streams.size() - 1));
     const StepResult r = exec.run_step(g, Platform(s.cluster), {}, 0.0, nullptr);
     EXPECT_NEAR(r.duration * 1e6, expected_us, 1.0) << strategy;
-    if (std::string(strategy) == "streams64") {
+    if (strategy == "streams64") {
       EXPECT_EQ(streams.size(), 64U + 1U);  // compute, expert_1..63 and the input's copy stream
       EXPECT_GE(waits, 2U * 63U);           // into each expert stream and back
     }
@@ -318,9 +333,7 @@ TEST(HostOverheadStudy, ATimedOpsRecordRunsFromItsStartMarkerToItsEndMarkerAsThr
   // launch (10 us here) and ends no earlier than the end marker's record (one event, 2 us, later).
   const FixedCoster coster(0.1, host_costs(10, 2));
   const Executor exec = analytic_executor(coster);
-  for (const char* strategy : {"sequential", "streams64"}) {
-    const scenarios::Scenario s = validation("host_overhead", std::string("switch_d768_t1k_") + strategy + "_none");
-    const scenarios::StepGraph g = scenarios::expand(s, 0);
+  for (const auto& [strategy, s, g] : eager_host_overhead_steps()) {
     const auto& rc = g.classes[0];
     const std::vector<Timing> timing{Timing::every_op};
     const StepResult r = exec.run_step(g, Platform(s.cluster), {}, 0.0, nullptr, timing);
