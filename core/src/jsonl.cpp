@@ -6,6 +6,8 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <unordered_set>
+#include <vector>
 
 #include "threewalls/core/error.hpp"
 
@@ -62,6 +64,33 @@ void JsonlWriter::close() {
   }
 }
 
+Json parse_json(std::string_view text, const std::string& where) {
+  std::vector<std::unordered_set<std::string>> keys;  // per open object
+  std::string duplicate;
+  bool found = false;
+  const Json::parser_callback_t check = [&](int /*depth*/, Json::parse_event_t event, Json& parsed) {
+    if (event == Json::parse_event_t::object_start) {
+      keys.emplace_back();
+    } else if (event == Json::parse_event_t::object_end) {
+      keys.pop_back();
+    } else if (event == Json::parse_event_t::key && !keys.empty() && !found) {
+      const auto& k = parsed.get_ref<const std::string&>();
+      if (!keys.back().insert(k).second) {
+        found = true;
+        duplicate = k;
+      }
+    }
+    return true;
+  };
+  Json j = Json::parse(text.begin(), text.end(), check);
+  if (found) {
+    std::string quoted;
+    append_json_string(quoted, duplicate);
+    throw InputError(where + ": duplicate key " + quoted + " in one JSON object (each key may appear once)");
+  }
+  return j;
+}
+
 void read_jsonl(const std::filesystem::path& path, const std::function<void(Json&&, std::size_t)>& visit) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(SourceLocation{path.string(), 0, 0}, "cannot open for reading");
@@ -72,7 +101,7 @@ void read_jsonl(const std::filesystem::path& path, const std::function<void(Json
     if (line.empty() || line == "\r") continue;
     Json value;
     try {
-      value = Json::parse(line);
+      value = parse_json(line, SourceLocation{path.string(), static_cast<int>(n), 0}.str());
     } catch (const Json::parse_error& e) {
       throw InputError(SourceLocation{path.string(), static_cast<int>(n), static_cast<int>(e.byte)},
                        "corrupt or truncated JSON line: " + std::string(e.what()));
@@ -89,7 +118,7 @@ Json read_json_file(const std::filesystem::path& path) {
   ss << in.rdbuf();
   std::string text = ss.str();
   try {
-    return Json::parse(text);
+    return parse_json(text, path.string());
   } catch (const Json::parse_error& e) {
     // Translate the byte offset into line:col.
     int line = 1;

@@ -44,7 +44,12 @@ class JsonlWriter {
 // A line that is not valid JSON throws InputError("file:line: ...") naming the line.
 void read_jsonl(const std::filesystem::path& path, const std::function<void(Json&&, std::size_t)>& visit);
 
-// Reads a whole JSON file; throws InputError with file:line:col on a parse error.
+// Parses one JSON text as Json::parse does (Json::parse_error on malformed text), but refuses an
+// object that names a key twice, which Json::parse accepts keeping the last value: InputError
+// "WHERE: duplicate key "k" in one JSON object". Every reader of the project's JSON files uses it.
+Json parse_json(std::string_view text, const std::string& where);
+
+// Reads a whole JSON file (parse_json); throws InputError with file:line:col on a parse error.
 Json read_json_file(const std::filesystem::path& path);
 // Writes pretty JSON (2-space indent) atomically (write to temp, rename).
 void write_json_file(const std::filesystem::path& path, const OrderedJson& value);
