@@ -11,6 +11,7 @@
 #include "command.hpp"
 #include "threewalls/core/error.hpp"
 #include "threewalls/core/units.hpp"
+#include "threewalls/profiler/run_dir.hpp"
 #include "threewalls/scenarios/loader.hpp"
 #include "threewalls/sim/simulator.hpp"
 
@@ -89,7 +90,9 @@ void register_sim(CLI::App& app, Commands& cmds) {
                   "Calibration profile: a path, or \"auto\" for the shipped profile of the cluster's GPU "
                   "(default: the scenario's [calibration] profile); " +
                       std::string(kProfilePathHelp));
-  sub->add_option("--out", a.out, "Run directory to write (default: out/sim/<scenario name>)");
+  sub->add_option("--out", a.out,
+                  "Run directory to write (default: out/sim/<scenario name>, the name reduced to letters, digits, '.', "
+                  "'-' and '_')");
   add_overwrite_flag(sub, a.overwrite, "Replace an existing run directory");
   sub->add_flag("--no-run-dir", a.no_run_dir, "Print the summary only; write no files");
   sub->add_flag("--fail-on-oom", a.fail_on_oom,
@@ -121,7 +124,9 @@ void register_sim(CLI::App& app, Commands& cmds) {
     opt.host_scale = a.host_scale;
     opt.disk_scale = a.disk_scale;
     opt.overwrite = a.overwrite;
-    if (!a.no_run_dir) opt.out_dir = a.out.empty() ? std::filesystem::path("out") / "sim" / s.name : std::filesystem::path(a.out);
+    if (!a.no_run_dir)
+      opt.out_dir = a.out.empty() ? std::filesystem::path("out") / "sim" / profiler::run_dir_name(s.name)
+                                  : std::filesystem::path(a.out);
     if (a.no_run_dir && !a.out.empty()) throw InputError("sim: --out and --no-run-dir contradict each other");
     opt.argv = {"threewalls", "sim", a.scenario, "--fidelity", a.fidelity, "--allreduce", a.allreduce};
     if (!a.calibration.empty()) opt.argv.insert(opt.argv.end(), {"--calibration", a.calibration});
@@ -130,10 +135,10 @@ void register_sim(CLI::App& app, Commands& cmds) {
     if (a.disk_scale != 1.0) opt.argv.insert(opt.argv.end(), {"--disk-scale", fixed(a.disk_scale, 4)});
     if (!opt.out_dir.empty()) opt.argv.insert(opt.argv.end(), {"--out", opt.out_dir.string()});
     if (a.overwrite) opt.argv.push_back("--overwrite");
-    if (!opt.out_dir.empty() && !a.overwrite && std::filesystem::exists(opt.out_dir) &&
-        !std::filesystem::is_empty(opt.out_dir)) {
-      throw InputError(opt.out_dir.string() + ": run directory exists and is not empty; pass --overwrite to replace it, "
-                       "or --out to choose another");
+    // Refused before the simulation rather than after it (the writer checks again, under its lock).
+    if (!opt.out_dir.empty()) {
+      profiler::check_run_dir_target(opt.out_dir, a.overwrite,
+                                     "pass --overwrite to replace it, or --out to choose another");
     }
     const auto t0 = std::chrono::steady_clock::now();
     const sim::SimResult r = sim::simulate(s, profile_arg_from_cwd(a.calibration), opt);

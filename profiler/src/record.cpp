@@ -1,7 +1,11 @@
 #include "threewalls/profiler/record.hpp"
 
 #include <algorithm>
+#include <array>
+#include <charconv>
+#include <cstdio>
 #include <ctime>
+#include <random>
 
 #include "threewalls/core/error.hpp"
 #include "threewalls/core/version.hpp"
@@ -57,9 +61,21 @@ std::string iso8601_utc_now() {
   return buf;
 }
 
+std::string new_run_id() {
+  std::random_device rd;
+  std::string id;
+  for (int i = 0; i < 4; ++i) {
+    char buf[9];
+    std::snprintf(buf, sizeof buf, "%08x", static_cast<unsigned>(rd()));
+    id += buf;
+  }
+  return id;
+}
+
 RunHeader make_header(std::string source, int world_size) {
   RunHeader h;
   h.schema_version = std::to_string(kRunDirSchemaMajor) + "." + std::to_string(kRunDirSchemaMinor);
+  h.run_id = new_run_id();
   h.source = std::move(source);
   h.tool_version = std::string(tool_version());
   h.git_sha = std::string(git_sha());
@@ -75,6 +91,7 @@ void common_fields(OrderedJson& j, const RunHeader& h) {
   j["schema_version"] = h.schema_version.empty()
                             ? std::to_string(kRunDirSchemaMajor) + "." + std::to_string(kRunDirSchemaMinor)
                             : h.schema_version;
+  if (!h.run_id.empty()) j["run_id"] = h.run_id;
   j["source"] = h.source;
   j["tool_version"] = h.tool_version;
   j["git_sha"] = h.git_sha;
@@ -110,20 +127,42 @@ std::string str_field(const Json& j, const char* key, const std::string& where) 
   return v.get<std::string>();
 }
 
-std::int64_t int_field(const Json& j, const char* key, const std::string& where) {
-  const Json& v = field(j, key, where);
-  if (!v.is_number_integer()) throw InputError(where + ": field '" + key + "' must be an integer, not " + v.dump());
-  return v.get<std::int64_t>();
+// An integer that fits an int (ranks, sizes, ids): a larger one is an error, never truncated.
+int int32_value(const Json& v, const std::string& what, const std::string& where) {
+  if (!v.is_number_integer()) throw InputError(where + ": field '" + what + "' must hold integers, not " + v.dump());
+  const bool too_big = v.is_number_unsigned() ? v.get<std::uint64_t>() > 0x7fffffffU : false;
+  const auto x = too_big ? std::int64_t{0} : v.get<std::int64_t>();
+  if (too_big || x < -0x7fffffffLL - 1 || x > 0x7fffffffLL) {
+    throw InputError(where + ": field '" + what + "' is " + v.dump() + "; allowed: -2147483648..2147483647");
+  }
+  return static_cast<int>(x);
+}
+
+int int32_field(const Json& j, const char* key, const std::string& where) {
+  return int32_value(field(j, key, where), key, where);
 }
 
 std::vector<int> int_list(const Json& v, const std::string& what, const std::string& where) {
   if (!v.is_array()) throw InputError(where + ": field '" + what + "' must be an array of integers");
   std::vector<int> out;
-  for (const auto& e : v) {
-    if (!e.is_number_integer()) throw InputError(where + ": field '" + what + "' must hold integers, not " + e.dump());
-    out.push_back(e.get<int>());
-  }
+  for (const auto& e : v) out.push_back(int32_value(e, what, where));
   return out;
+}
+
+// The fields a header (a phases file's line 1, or run.json) of this build's versions may hold.
+constexpr std::array<std::string_view, 19> kHeaderFields = {
+    "record",      "schema",   "schema_version",      "run_id", "source",     "tool_version",
+    "git_sha",     "scenario", "calibration_profile", "device", "world_size", "rank",
+    "rank_class",  "argv",     "start_time",          "seed",   "settings",   "ranks",
+    "rank_classes"};
+
+// The minor version of "MAJOR.MINOR" (check_schema has accepted it), or -1.
+int minor_of(const std::string& version) {
+  const auto dot = version.find('.');
+  int minor = -1;
+  if (dot == std::string::npos) return -1;
+  std::from_chars(version.data() + dot + 1, version.data() + version.size(), minor);
+  return minor;
 }
 
 }  // namespace
@@ -160,6 +199,23 @@ RunHeader header_from_json(const Json& j, const std::string& where) {
   if (!j.is_object()) throw InputError(where + ": the header must be a JSON object");
   RunHeader h;
   h.schema_version = str_field(j, "schema_version", where);
+  const int minor = minor_of(h.schema_version);
+  if (minor >= 0 && minor <= kRunDirSchemaMinor) {
+    // A file of a version this build knows: an unknown field is a typo or a corruption, not data.
+    for (const auto& [key, value] : j.items()) {
+      if (std::find(kHeaderFields.begin(), kHeaderFields.end(), key) == kHeaderFields.end()) {
+        throw InputError(where + ": unknown field '" + key + "' in a version " + h.schema_version + " header");
+      }
+    }
+  }
+  if (auto it = j.find("run_id"); it != j.end()) {
+    if (minor >= 0 && minor < 2)
+      throw InputError(where + ": field 'run_id' is new in schema 1.2; this file says " + h.schema_version);
+    h.run_id = str_field(j, "run_id", where);
+    if (h.run_id.empty()) throw InputError(where + ": field 'run_id' is empty");
+  } else if (minor >= 2) {
+    throw InputError(where + ": missing field 'run_id' (schema 1.2 and later name the run in every file)");
+  }
   h.source = str_field(j, "source", where);
   if (h.source != "sim" && h.source != "real") {
     throw InputError(where + ": field 'source' is \"" + h.source + "\"; allowed: \"sim\", \"real\"");
@@ -180,7 +236,7 @@ RunHeader header_from_json(const Json& j, const std::string& where) {
     throw InputError(where + ": field 'calibration_profile' must be an object or null");
   }
   h.device = str_field(j, "device", where);
-  h.world_size = static_cast<int>(int_field(j, "world_size", where));
+  h.world_size = int32_field(j, "world_size", where);
   if (h.world_size <= 0) throw InputError(where + ": field 'world_size' must be positive, not " + std::to_string(h.world_size));
   const Json& argv = field(j, "argv", where);
   if (!argv.is_array()) throw InputError(where + ": field 'argv' must be an array of strings");
@@ -208,10 +264,10 @@ RunHeader header_from_json(const Json& j, const std::string& where) {
     if (!it->is_array()) throw InputError(where + ": field 'rank_classes' must be an array");
     for (const auto& c : *it) {
       RankClassInfo info;
-      info.id = static_cast<int>(int_field(c, "id", where + ": rank_classes"));
+      info.id = int32_field(c, "id", where + ": rank_classes");
       info.label = str_field(c, "label", where + ": rank_classes");
       info.ranks = int_list(field(c, "ranks", where + ": rank_classes"), "rank_classes[].ranks", where);
-      info.pp_stage = static_cast<int>(int_field(c, "pp_stage", where + ": rank_classes"));
+      info.pp_stage = int32_field(c, "pp_stage", where + ": rank_classes");
       h.rank_classes.push_back(std::move(info));
     }
   }

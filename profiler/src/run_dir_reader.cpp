@@ -1,10 +1,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <regex>
 #include <set>
 #include <thread>
@@ -164,6 +166,71 @@ std::uint32_t field_bit(std::string_view k) {
   return 0;
 }
 
+// Why header `h` (a phases file's) cannot belong to the run of run.json `run`, or "" when it can:
+// the run id (schema 1.2), the executor, the scenario's name and hash, the world size, the device.
+std::string differs_from_run(const RunHeader& h, const RunHeader& run) {
+  auto differ = [](const char* what, const std::string& a, const std::string& b) {
+    return std::string(what) + " \"" + a + "\" differs from run.json's \"" + b + "\"";
+  };
+  if (h.run_id != run.run_id) return differ("run_id", h.run_id, run.run_id);
+  if (h.source != run.source) return differ("source", h.source, run.source);
+  if (h.scenario.name != run.scenario.name) return differ("scenario name", h.scenario.name, run.scenario.name);
+  if (h.scenario.hash != run.scenario.hash) return differ("scenario hash", h.scenario.hash, run.scenario.hash);
+  if (h.world_size != run.world_size) {
+    return differ("world_size", std::to_string(h.world_size), std::to_string(run.world_size));
+  }
+  if (h.device != run.device) return differ("device", h.device, run.device);
+  return "";
+}
+
+// summary.json against run.json and its own layout: the same run (run id, executor, scenario, world
+// size), the fields every reader uses present, and every number finite and non-negative (times,
+// counts, rates, ratios and ranks are).
+void check_summary(const Json& s, const RunHeader& run, const std::string& where) {
+  const char* required[] = {"source", "scenario", "world_size", "gpu", "steps", "step_time_us", "memory"};
+  for (const char* key : required) {
+    if (s.find(key) == s.end()) throw InputError(where + ": missing field '" + key + "'");
+  }
+  auto mixed = [&](const std::string& why) {
+    throw InputError(where + ": belongs to another run than run.json: " + why +
+                     " (files of different runs mixed in one directory)");
+  };
+  auto text = [](const Json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); };
+  const std::string id = s.contains("run_id") ? text(s["run_id"]) : std::string();
+  if (id != run.run_id) mixed("run_id \"" + id + "\" differs from run.json's \"" + run.run_id + "\"");
+  if (text(s["source"]) != run.source)
+    mixed("source " + s["source"].dump() + " differs from run.json's \"" + run.source + "\"");
+  const Json& sc = s["scenario"];
+  if (!sc.is_object() || !sc.contains("name") || !sc.contains("hash")) {
+    throw InputError(where + ": field 'scenario' must be an object with 'name' and 'hash'");
+  }
+  if (text(sc["name"]) != run.scenario.name) {
+    mixed("scenario name " + sc["name"].dump() + " differs from run.json's \"" + run.scenario.name + "\"");
+  }
+  if (text(sc["hash"]) != run.scenario.hash) {
+    mixed("scenario hash " + sc["hash"].dump() + " differs from run.json's \"" + run.scenario.hash + "\"");
+  }
+  if (!s["world_size"].is_number_integer() || s["world_size"].get<std::int64_t>() != run.world_size) {
+    mixed("world_size " + s["world_size"].dump() + " differs from run.json's " + std::to_string(run.world_size));
+  }
+  if (!s["steps"].is_array()) throw InputError(where + ": field 'steps' must be an array");
+  if (!s["step_time_us"].is_object()) throw InputError(where + ": field 'step_time_us' must be an object");
+  if (!s["memory"].is_object()) throw InputError(where + ": field 'memory' must be an object");
+  // Every number: finite (the writer never writes NaN or infinity; JSON has none) and >= 0.
+  std::vector<std::pair<const Json*, std::string>> todo{{&s, ""}};
+  while (!todo.empty()) {
+    auto [v, path] = todo.back();
+    todo.pop_back();
+    if (v->is_object()) {
+      for (const auto& [k, x] : v->items()) todo.emplace_back(&x, path.empty() ? k : path + "." + k);
+    } else if (v->is_array()) {
+      for (std::size_t i = 0; i < v->size(); ++i) todo.emplace_back(&(*v)[i], path + "[" + std::to_string(i) + "]");
+    } else if (v->is_number() && !(v->get<double>() >= 0.0)) {
+      throw InputError(where + ": field '" + path + "' is " + v->dump() + "; allowed: >= 0");
+    }
+  }
+}
+
 struct FileResult {
   int rank = 0;
   fs::path path;
@@ -172,6 +239,8 @@ struct FileResult {
   std::vector<StepRecord> steps;
   std::vector<PhaseRecord> phases;
   std::vector<std::string> warnings;
+  std::vector<int> dropped_steps;  // cut short (allow_incomplete)
+  bool cut_short = false;          // no footer (allow_incomplete)
   std::exception_ptr error;
 };
 
@@ -241,6 +310,8 @@ class FileParser {
                          msg + "; read it anyway with --allow-incomplete");
       }
       out_.warnings.push_back(out_.path.string() + ": " + msg);
+      out_.cut_short = true;
+      drop_unfinished();
     }
     // Every step with phase records has a step record. In a file cut short, the step in progress
     // has none yet: its records are dropped with a warning (allow_incomplete only).
@@ -270,7 +341,7 @@ class FileParser {
 
   Json full_parse(std::string_view text) {
     try {
-      return Json::parse(text);
+      return parse_json(text, loc(0));
     } catch (const Json::parse_error& e) {
       corrupt_ = true;
       fail(static_cast<int>(e.byte), "corrupt or truncated JSON line: " + std::string(e.what()));
@@ -284,7 +355,7 @@ class FileParser {
     auto [major, minor] = check_schema(j, loc(0));
     minor_ = minor;
     auto rank = j.find("rank");
-    if (rank == j.end() || !rank->is_number_integer() || rank->get<int>() != out_.rank) {
+    if (rank == j.end() || !rank->is_number_integer() || rank->get<std::int64_t>() != out_.rank) {
       fail(0, "header rank " + (rank == j.end() ? std::string("missing") : rank->dump()) + " does not match the file name (rank " +
                   std::to_string(out_.rank) + ")");
     }
@@ -292,6 +363,11 @@ class FileParser {
     if (h.world_size != run_.world_size) {
       fail(0, "world_size " + std::to_string(h.world_size) + " differs from run.json's " + std::to_string(run_.world_size));
     }
+    if (const std::string why = differs_from_run(h, run_); !why.empty()) {
+      fail(0, "this file belongs to another run than run.json: " + why +
+                  " (files of different runs mixed in one directory)");
+    }
+    run_id_ = h.run_id;
     out_.header = std::move(j);
     header_seen_ = true;
   }
@@ -301,6 +377,26 @@ class FileParser {
     if (rec == j.end() || !rec->is_string()) fail(0, "a record with nested values must be the footer record");
     if (*rec == "header") fail(0, "a second header record");
     if (*rec != "footer") fail(0, "unknown record kind " + rec->dump() + "; allowed: \"step\", \"footer\" (phase lines have no 'record')");
+    for (const auto& [key, value] : j.items()) {
+      if (key != "record" && key != "records" && key != "steps" && !(key == "run_id" && minor_ >= 2) &&
+          minor_ <= kRunDirSchemaMinor) {
+        fail(0, "footer: unknown field '" + key + "' in a version 1." + std::to_string(minor_) + " file");
+      }
+    }
+    if (minor_ >= 2) {
+      auto id = j.find("run_id");
+      if (id == j.end() || !id->is_string()) fail(0, "footer: missing string field 'run_id'");
+      if (*id != run_id_) {
+        fail(0, "footer: run_id " + id->dump() + " differs from the header's \"" + run_id_ +
+                    "\" (lines of different runs mixed in one file)");
+      }
+      for (const auto& [step, count] : phase_count_) {
+        if (ended_.count(step) == 0) fail(0, "footer: step " + std::to_string(step) + " has no step_end record");
+      }
+      for (const auto& [step, unused] : step_records_) {
+        if (ended_.count(step) == 0) fail(0, "footer: step " + std::to_string(step) + " has no step_end record");
+      }
+    }
     auto n = j.find("records");
     if (n == j.end() || !n->is_number_integer()) fail(0, "footer: missing integer field 'records'");
     auto steps = j.find("steps");
@@ -355,6 +451,78 @@ class FileParser {
   std::string_view string(const detail::FlatValue& v, std::uint32_t bit) {
     if (v.kind != detail::FlatValue::Kind::string) fail(0, std::string("field '") + field_name(bit) + "' must be a string");
     return v.text;
+  }
+
+  // A file cut short (read with allow_incomplete): only whole steps are kept. Schema 1.2: a step is
+  // whole once its step_end line is read. Older files cannot tell: the step of the last record read
+  // is dropped, as it may have been cut anywhere.
+  void drop_unfinished() {
+    std::set<int> cut;
+    if (minor_ >= 2) {
+      for (const auto& [step, count] : phase_count_) {
+        if (ended_.count(step) == 0) cut.insert(step);
+      }
+      for (const auto& [step, unused] : step_records_) {
+        if (ended_.count(step) == 0) cut.insert(step);
+      }
+    } else if (last_record_step_ >= 0) {
+      cut.insert(last_record_step_);
+    }
+    for (int step : cut) {
+      const auto n =
+          std::count_if(out_.phases.begin(), out_.phases.end(), [&](const PhaseRecord& p) { return p.step == step; });
+      out_.phases.erase(
+          std::remove_if(out_.phases.begin(), out_.phases.end(), [&](const PhaseRecord& p) { return p.step == step; }),
+          out_.phases.end());
+      const bool had_step = step_records_.erase(step) > 0;
+      out_.steps.erase(
+          std::remove_if(out_.steps.begin(), out_.steps.end(), [&](const StepRecord& r) { return r.step == step; }),
+          out_.steps.end());
+      phase_steps_.erase(std::remove(phase_steps_.begin(), phase_steps_.end(), step), phase_steps_.end());
+      out_.warnings.push_back(
+          out_.path.string() + ": step " + std::to_string(step) +
+          (minor_ >= 2
+               ? " was cut short (no step_end record)"
+               : " is the last of a schema 1." + std::to_string(minor_) + " file cut short and cannot be told whole") +
+          ": its " + (had_step ? "step record and " : "") + std::to_string(n) + " phase records dropped");
+      out_.dropped_steps.push_back(step);
+    }
+  }
+
+  // A record of a step whose step_end line came already (schema 1.2).
+  void not_ended(int step) {
+    if (ended_.count(step) != 0) fail(0, "a record of step " + std::to_string(step) + " after its step_end record");
+  }
+
+  // {"record": "step_end", "step": S, "records": N} (schema 1.2): every record of step S in this file
+  // precedes it, N of them phase records.
+  void parse_step_end(const Json& j) {
+    for (const auto& [key, value] : j.items()) {
+      if (key != "record" && key != "step" && key != "records" && minor_ <= kRunDirSchemaMinor) {
+        fail(0, "step_end: unknown field '" + key + "' in a version 1." + std::to_string(minor_) + " file");
+      }
+    }
+    auto st = j.find("step");
+    auto n = j.find("records");
+    if (st == j.end() || !st->is_number_integer() || st->get<std::int64_t>() < 0 ||
+        st->get<std::int64_t>() > 0x7fffffff) {
+      fail(0, "step_end: missing or bad field 'step' (an integer 0..2147483647)");
+    }
+    if (n == j.end() || !n->is_number_integer() || n->get<std::int64_t>() < 0) {
+      fail(0, "step_end: missing or bad field 'records' (an integer >= 0)");
+    }
+    const int step = st->get<int>();
+    not_ended(step);
+    if (step_records_.count(step) == 0)
+      fail(0, "step_end of step " + std::to_string(step) + " without its step record");
+    const auto it = phase_count_.find(step);
+    const std::int64_t have = it == phase_count_.end() ? 0 : static_cast<std::int64_t>(it->second);
+    if (n->get<std::int64_t>() != have) {
+      fail(0, "step_end of step " + std::to_string(step) + " says " + n->dump() + " phase records, the file holds " +
+                  std::to_string(have));
+    }
+    ended_.insert(step);
+    last_phase_step_ = -1;
   }
 
   void parse_record(std::string_view text) {
@@ -427,6 +595,10 @@ class FileParser {
           }
           case kRecord:
             record_kind = string(v, bit);
+            if (record_kind == "step_end" && minor_ >= 2) {
+              parse_step_end(full_parse(text));
+              return;
+            }
             if (record_kind != "step") {
               // Footer (nested values) or an unexpected kind: parse the whole line.
               Json j = full_parse(text);
@@ -452,6 +624,9 @@ class FileParser {
       if (record_kind == "step") {
         if ((seen & kStepRequired) != kStepRequired) missing(seen, kStepRequired, "step record");
         StepRecord s{p.step, p.rank, epoch_us, p.dur_us};
+        if (!(s.dur_us > 0.0)) fail(0, "step record: field 'dur_us' is 0; allowed: > 0 (a step takes time)");
+        not_ended(s.step);
+        last_record_step_ = s.step;
         if (!step_records_.emplace(s.step, true).second) fail(0, "a second step record for step " + std::to_string(s.step));
         out_.steps.push_back(s);
         return;
@@ -466,6 +641,10 @@ class FileParser {
     }
     if ((seen & kPhaseRequired) != kPhaseRequired) missing(seen, kPhaseRequired, "phase record");
     if (seen & kEpochUs) fail(0, "field 'epoch_us' belongs to step records, not phase records");
+    if (p.step != last_phase_step_) not_ended(p.step);
+    last_record_step_ = p.step;
+    last_phase_step_ = p.step;
+    ++phase_count_[p.step];
     if (phase_steps_.empty() || phase_steps_.back() != p.step) {
       if (std::find(phase_steps_.begin(), phase_steps_.end(), p.step) == phase_steps_.end()) phase_steps_.push_back(p.step);
     }
@@ -491,6 +670,11 @@ class FileParser {
   bool corrupt_ = false;
   std::vector<int> phase_steps_;
   std::unordered_map<int, bool> step_records_;
+  std::map<int, std::size_t> phase_count_;  // phase records per step
+  std::set<int> ended_;                     // steps whose step_end line was read (1.2)
+  int last_phase_step_ = -1;
+  int last_record_step_ = -1;
+  std::string run_id_;
   Cached phase_cache_;
   Cached stream_cache_;
   Cached group_cache_;
@@ -518,7 +702,11 @@ RunData RunDirReader::read(const fs::path& dir, const ReadOptions& options) {
     std::string name = e.path().filename().string();
     if (!std::regex_match(name, m, kPhases)) continue;
     FileResult f;
-    f.rank = std::stoi(m[1].str());
+    const std::string digits = m[1].str();
+    const auto [end, err] = std::from_chars(digits.data(), digits.data() + digits.size(), f.rank);
+    if (err != std::errc() || end != digits.data() + digits.size()) {
+      throw InputError(e.path().string() + ": rank " + digits + " in the file name is out of range (0..2147483647)");
+    }
     f.path = e.path();
     files.push_back(std::move(f));
   }
@@ -562,6 +750,48 @@ RunData RunDirReader::read(const fs::path& dir, const ReadOptions& options) {
   for (auto& f : files) {
     if (f.error) std::rethrow_exception(f.error);
   }
+  // Only whole steps are kept: a step cut short on one rank is dropped on every rank.
+  std::string dropped_note;
+  std::set<int> dropped;
+  for (const auto& f : files) dropped.insert(f.dropped_steps.begin(), f.dropped_steps.end());
+  if (std::any_of(files.begin(), files.end(), [](const FileResult& f) { return f.cut_short; })) {
+    // Every recording rank records the same steps: a step that a file cut short does not hold (it
+    // died before writing it) is not whole either.
+    std::map<int, std::size_t> holders;
+    for (const auto& f : files) {
+      std::set<int> held;
+      for (const auto& r : f.steps) held.insert(r.step);
+      for (int step : held) ++holders[step];
+    }
+    for (const auto& [step, n] : holders) {
+      if (n != files.size()) dropped.insert(step);
+    }
+  }
+  if (!dropped.empty()) {
+    std::set<int> kept;
+    for (auto& f : files) {
+      auto cut = [&](int step) { return dropped.count(step) != 0; };
+      const auto phases =
+          std::count_if(f.phases.begin(), f.phases.end(), [&](const PhaseRecord& p) { return cut(p.step); });
+      const auto steps =
+          std::count_if(f.steps.begin(), f.steps.end(), [&](const StepRecord& r) { return cut(r.step); });
+      if (phases + steps > 0) {
+        f.phases.erase(
+            std::remove_if(f.phases.begin(), f.phases.end(), [&](const PhaseRecord& p) { return cut(p.step); }),
+            f.phases.end());
+        f.steps.erase(std::remove_if(f.steps.begin(), f.steps.end(), [&](const StepRecord& r) { return cut(r.step); }),
+                      f.steps.end());
+        f.warnings.push_back(f.path.string() + ": " + std::to_string(steps) + " step record(s) and " +
+                             std::to_string(phases) + " phase records of steps cut short on another rank dropped");
+      }
+      for (const auto& r : f.steps) kept.insert(r.step);
+    }
+    data.dropped_steps.assign(dropped.begin(), dropped.end());
+    std::string list;
+    for (int step : dropped) list += (list.empty() ? "" : ", ") + std::to_string(step);
+    dropped_note = dir.string() + ": kept " + std::to_string(kept.size()) + " whole step(s); dropped " +
+                   std::to_string(dropped.size()) + " step(s) cut short (" + list + ")";
+  }
 
   // Merge, remapping each file's name ids into the run's tables.
   std::size_t total_phases = 0;
@@ -592,12 +822,14 @@ RunData RunDirReader::read(const fs::path& dir, const ReadOptions& options) {
     for (auto& w : f.warnings) data.warnings.push_back(std::move(w));
     std::vector<PhaseRecord>().swap(f.phases);
   }
+  if (!dropped_note.empty()) data.warnings.push_back(dropped_note);
 
   if (options.read_summary) {
     const fs::path sp = dir / "summary.json";
     if (fs::exists(sp, ec)) {
       Json s = read_json_file(sp);
       check_schema(s, sp.string());
+      check_summary(s, data.header, sp.string());
       data.summary = std::move(s);
     }
   }

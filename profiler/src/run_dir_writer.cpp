@@ -1,9 +1,15 @@
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstring>
 #include <regex>
+#include <set>
 #include <string_view>
 #include <vector>
 
@@ -109,7 +115,101 @@ bool is_run_dir_file(const fs::path& p) {
   return name == "run.json" || name == "summary.json" || std::regex_match(name, kPhases);
 }
 
+// A path as error messages show it: whole up to 160 bytes, else its start, its end and its length.
+std::string shown(const fs::path& p) {
+  const std::string s = p.string();
+  if (s.size() <= 160) return s;
+  return s.substr(0, 60) + "..." + s.substr(s.size() - 40) + " (a path of " + std::to_string(s.size()) + " bytes)";
+}
+
+// Whether `dir` holds anything but the lock file.
+bool has_entries(const fs::path& dir) {
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->path().filename() != kRunDirLockFile) return true;
+  }
+  if (ec) throw InputError(shown(dir) + ": cannot list the run directory: " + ec.message());
+  return false;
+}
+
+// Takes the lock file of `dir` (kRunDirLockFile) and returns its descriptor. The file is removed by
+// its holder when done; a writer that locked a file which was removed meanwhile locks again.
+int lock_run_dir(const fs::path& dir) {
+  const fs::path path = dir / std::string(kRunDirLockFile);
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) throw SystemError(shown(path) + ": cannot create the lock file: " + std::strerror(errno));
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      ::close(fd);
+      if (err == EWOULDBLOCK) {
+        throw InputError(shown(dir) + ": another threewalls process is writing this run directory (it holds " +
+                         std::string(kRunDirLockFile) + "); wait for it to finish or choose another directory");
+      }
+      throw SystemError(shown(path) + ": cannot lock: " + std::strerror(err));
+    }
+    struct stat held {};
+    struct stat named {};
+    if (::fstat(fd, &held) == 0 && ::stat(path.c_str(), &named) == 0 && held.st_ino == named.st_ino &&
+        held.st_dev == named.st_dev) {
+      return fd;
+    }
+    ::close(fd);  // the previous holder removed this file after we opened it: lock the new one
+  }
+  throw SystemError(shown(path) + ": could not take the lock file (it kept being replaced)");
+}
+
 }  // namespace
+
+std::string run_dir_name(std::string_view scenario_name) {
+  constexpr std::size_t kMaxName = 96;
+  std::string out;
+  for (char c : scenario_name) {
+    const bool keep =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '-' || c == '_';
+    if (out.empty() && c == '.') continue;
+    out += keep ? c : '_';
+    if (out.size() == kMaxName) break;
+  }
+  return out.empty() ? std::string("run") : out;
+}
+
+bool is_run_dir(const fs::path& dir) {
+  std::error_code ec;
+  const fs::path run = dir / "run.json";
+  if (!fs::is_regular_file(run, ec)) return false;
+  try {
+    const Json j = read_json_file(run);
+    const auto it = j.find("schema");
+    return j.is_object() && it != j.end() && *it == kRunDirSchemaName;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+void check_run_dir_target(const fs::path& dir, bool overwrite, std::string_view remedy) {
+  if (dir.empty()) throw InputError("run directory: the path is empty");
+  std::error_code ec;
+  const fs::file_status st = fs::status(dir, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    throw InputError(shown(dir) + ": cannot be used as a run directory: " + ec.message());
+  }
+  if (!fs::exists(st)) return;
+  if (!fs::is_directory(st)) {
+    throw InputError(shown(dir) + ": exists and is not a directory; a run directory is a directory (choose another)");
+  }
+  if (!has_entries(dir)) return;
+  if (!overwrite) {
+    throw InputError(shown(dir) + ": run directory exists and is not empty; results are never overwritten (" +
+                     std::string(remedy) + ")");
+  }
+  if (!is_run_dir(dir)) {
+    throw InputError(
+        shown(dir) + ": is not empty and is not a run directory (it has no run.json with \"schema\": \"" +
+        std::string(kRunDirSchemaName) +
+        "\"); overwriting replaces only run directories, so nothing was removed (choose another directory)");
+  }
+}
 
 void append_phase_line(std::string& out, const PhaseRecord& r, const Names& names) {
   const std::string& phase = names.phases.json(r.phase);
@@ -195,56 +295,71 @@ RunDirWriter::RunDirWriter(fs::path dir, RunHeader header, SamplingPolicy policy
   if (header_.schema_version.empty()) {
     header_.schema_version = std::to_string(kRunDirSchemaMajor) + "." + std::to_string(kRunDirSchemaMinor);
   }
+  if (header_.run_id.empty()) header_.run_id = new_run_id();
   header_.ranks = policy_.recording_ranks();
   header_.settings["profiler"] = policy_.to_json();
 
   std::error_code ec;
   if (options_.mode == WriterOptions::Mode::create) {
-    if (fs::exists(dir_, ec)) {
-      if (!fs::is_directory(dir_, ec)) throw InputError(dir_.string() + ": exists and is not a directory");
-      bool empty = fs::is_empty(dir_, ec);
-      if (!empty && !options_.overwrite) {
-        throw InputError(dir_.string() +
-                         ": run directory exists and is not empty; results are never overwritten (choose another "
-                         "directory, or overwrite it explicitly)");
-      }
-      if (!empty) {
-        for (const auto& e : fs::directory_iterator(dir_)) {
-          if (e.is_regular_file() && is_run_dir_file(e.path())) fs::remove(e.path());
+    check_run_dir_target(dir_, options_.overwrite);
+    fs::create_directories(dir_, ec);
+    if (ec) throw SystemError(shown(dir_) + ": cannot create directory: " + ec.message());
+    lock_fd_ = lock_run_dir(dir_);
+  }
+  try {
+    if (options_.mode == WriterOptions::Mode::create) {
+      // Checked again under the lock: another writer may have finished a run here meanwhile.
+      check_run_dir_target(dir_, options_.overwrite);
+      for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
+        if (it->is_regular_file() && is_run_dir_file(it->path())) {
+          fs::remove(it->path(), ec);
+          if (ec) throw SystemError(shown(it->path()) + ": cannot remove: " + ec.message());
         }
       }
+      if (ec) throw SystemError(shown(dir_) + ": cannot list the run directory: " + ec.message());
+    } else if (!fs::is_directory(dir_, ec)) {
+      throw InputError(shown(dir_) + ": run directory to join does not exist (the creating process makes it first)");
     } else {
-      fs::create_directories(dir_, ec);
-      if (ec) throw SystemError(dir_.string() + ": cannot create directory: " + ec.message());
+      // One run, one id: a joining process takes the creator's from run.json.
+      const fs::path run = dir_ / "run.json";
+      if (!fs::exists(run, ec))
+        throw InputError(shown(run) + ": missing; the creating process writes it before others join");
+      header_.run_id = header_from_json(read_json_file(run), run.string()).run_id;
+      if (header_.run_id.empty()) throw InputError(shown(run) + ": has no run_id; it was not written by this build");
     }
-  } else if (!fs::is_directory(dir_, ec)) {
-    throw InputError(dir_.string() + ": run directory to join does not exist (the creating process makes it first)");
-  }
 
-  if (options_.write_run_json) write_json_file(dir_ / "run.json", run_json(header_));
+    if (options_.write_run_json) write_json_file(dir_ / "run.json", run_json(header_));
 
-  file_of_rank_.assign(static_cast<std::size_t>(policy_.world_size()), -1);
-  std::vector<int> local = options_.local_ranks.empty() ? policy_.recording_ranks() : options_.local_ranks;
-  for (int r : local) {
-    if (r < 0 || r >= policy_.world_size()) {
-      throw InputError("writer: local rank " + std::to_string(r) + " is outside the world (0.." +
-                       std::to_string(policy_.world_size() - 1) + ")");
+    file_of_rank_.assign(static_cast<std::size_t>(policy_.world_size()), -1);
+    std::vector<int> local = options_.local_ranks.empty() ? policy_.recording_ranks() : options_.local_ranks;
+    for (int r : local) {
+      if (r < 0 || r >= policy_.world_size()) {
+        throw InputError("writer: local rank " + std::to_string(r) + " is outside the world (0.." +
+                         std::to_string(policy_.world_size() - 1) + ")");
+      }
+      if (!policy_.records_rank(r)) continue;  // a local rank that does not record writes nothing
+      if (file_of_rank_[static_cast<std::size_t>(r)] >= 0) continue;
+      RankFile f;
+      f.rank = r;
+      f.path = dir_ / ("phases_rank_" + std::to_string(r) + ".jsonl");
+      if (options_.mode == WriterOptions::Mode::join && fs::exists(f.path, ec) && !options_.overwrite) {
+        throw InputError(f.path.string() + ": exists; results are never overwritten");
+      }
+      f.file = std::fopen(f.path.c_str(), "wb");
+      if (!f.file) throw SystemError(f.path.string() + ": cannot open for writing: " + std::strerror(errno));
+      f.buffer = header_line_json(header_, r).dump();
+      f.buffer += '\n';
+      file_of_rank_[static_cast<std::size_t>(r)] = static_cast<int>(files_.size());
+      files_.push_back(std::move(f));
+      write_out(files_.back());  // the header reaches the disk at once
     }
-    if (!policy_.records_rank(r)) continue;  // a local rank that does not record writes nothing
-    if (file_of_rank_[static_cast<std::size_t>(r)] >= 0) continue;
-    RankFile f;
-    f.rank = r;
-    f.path = dir_ / ("phases_rank_" + std::to_string(r) + ".jsonl");
-    if (options_.mode == WriterOptions::Mode::join && fs::exists(f.path, ec) && !options_.overwrite) {
-      throw InputError(f.path.string() + ": exists; results are never overwritten");
+  } catch (...) {
+    for (auto& f : files_) {
+      if (f.file != nullptr) std::fclose(f.file);
+      f.file = nullptr;
     }
-    f.file = std::fopen(f.path.c_str(), "wb");
-    if (!f.file) throw SystemError(f.path.string() + ": cannot open for writing: " + std::strerror(errno));
-    f.buffer = header_line_json(header_, r).dump();
-    f.buffer += '\n';
-    file_of_rank_[static_cast<std::size_t>(r)] = static_cast<int>(files_.size());
-    files_.push_back(std::move(f));
-    write_out(files_.back());  // the header reaches the disk at once
+    release_lock();
+    throw;
   }
 }
 
@@ -258,6 +373,15 @@ RunDirWriter::~RunDirWriter() {
     std::fclose(f.file);
     f.file = nullptr;
   }
+  release_lock();
+}
+
+void RunDirWriter::release_lock() {
+  if (lock_fd_ < 0) return;
+  // Removed while held: a writer that opened this file meanwhile sees it replaced and locks anew.
+  ::unlink((dir_ / std::string(kRunDirLockFile)).c_str());
+  ::close(lock_fd_);
+  lock_fd_ = -1;
 }
 
 void RunDirWriter::write_out(RankFile& f) {
@@ -270,15 +394,31 @@ void RunDirWriter::write_out(RankFile& f) {
 
 void RunDirWriter::note_step(RankFile& f, int step) {
   if (f.steps.empty() || f.steps.back() != step) f.steps.push_back(step);
+  if (f.open_steps.find(step) != f.open_steps.end()) return;
+  if (std::find(f.ended_steps.begin(), f.ended_steps.end(), step) != f.ended_steps.end()) {
+    throw SystemError(f.path.string() + ": a record of step " + std::to_string(step) + " after the step ended");
+  }
+  f.open_steps.emplace(step, 0);
+}
+
+void RunDirWriter::end_step_lines(int step) {
+  for (auto& f : files_) {
+    const auto it = f.open_steps.find(step);
+    if (it == f.open_steps.end()) continue;
+    f.buffer += "{\"record\":\"step_end\",\"step\":" + std::to_string(step) +
+                ",\"records\":" + std::to_string(it->second) + "}\n";
+    f.open_steps.erase(it);
+    f.ended_steps.push_back(step);
+  }
 }
 
 bool RunDirWriter::add(const StepRecord& r) {
   if (!policy_.records(r.step) || !is_local(r.rank)) return false;
   if (closed_) throw SystemError(dir_.string() + ": record added after close()");
   RankFile& f = file_of(r.rank);
+  note_step(f, r.step);
   append_step_line(f.buffer, r);
   f.buffer += '\n';
-  note_step(f, r.step);
   if (options_.keep_records) kept_steps_.push_back(r);
   if (f.buffer.size() > kMaxBuffer) write_out(f);
   return true;
@@ -288,17 +428,20 @@ bool RunDirWriter::add(const PhaseRecord& r) {
   if (!policy_.records(r.step) || !is_local(r.rank) || !policy_.records_phase(r.coarse)) return false;
   if (closed_) throw SystemError(dir_.string() + ": record added after close()");
   RankFile& f = file_of(r.rank);
+  note_step(f, r.step);
   append_phase_line(f.buffer, r, names_);
   f.buffer += '\n';
   ++f.phase_records;
-  note_step(f, r.step);
+  ++f.open_steps[r.step];
   if (options_.keep_records) kept_phases_.push_back(r);
   if (f.buffer.size() > kMaxBuffer) write_out(f);
   return true;
 }
 
 void RunDirWriter::end_step(int step) {
-  if (closed_ || !policy_.flush_after(step)) return;
+  if (closed_) return;
+  end_step_lines(step);
+  if (!policy_.flush_after(step)) return;
   for (auto& f : files_) write_out(f);
 }
 
@@ -309,12 +452,18 @@ void RunDirWriter::write_summary(const OrderedJson& summary) {
 
 void RunDirWriter::close() {
   if (closed_) return;
+  std::set<int> open;
+  for (const auto& f : files_) {
+    for (const auto& [step, unused] : f.open_steps) open.insert(step);
+  }
+  for (int step : open) end_step_lines(step);
   closed_ = true;
   for (auto& f : files_) {
     std::sort(f.steps.begin(), f.steps.end());
     f.steps.erase(std::unique(f.steps.begin(), f.steps.end()), f.steps.end());
     OrderedJson footer = OrderedJson::object();
     footer["record"] = "footer";
+    footer["run_id"] = header_.run_id;
     footer["records"] = f.phase_records;
     footer["steps"] = f.steps;
     f.buffer += footer.dump();

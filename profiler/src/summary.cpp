@@ -477,6 +477,7 @@ OrderedJson SummaryBuilder::to_json(const Summary& s) const {
   OrderedJson j = OrderedJson::object();
   j["schema"] = std::string(kRunDirSchemaName);
   j["schema_version"] = std::to_string(kRunDirSchemaMajor) + "." + std::to_string(kRunDirSchemaMinor);
+  if (!header_.run_id.empty()) j["run_id"] = header_.run_id;
   j["source"] = header_.source;
   j["scenario"] = OrderedJson{{"name", header_.scenario.name}, {"path", header_.scenario.path}, {"hash", header_.scenario.hash}};
   j["world_size"] = header_.world_size;

@@ -96,6 +96,9 @@ class RecordsTest(unittest.TestCase):
                     if line.get("record") == "step":
                         self.assertEqual(keys, list(rec.STEP_KEYS))
                         continue
+                    if line.get("record") == "step_end":
+                        self.assertEqual(keys, list(rec.STEP_END_KEYS))
+                        continue
                     self.assertEqual(keys[:len(rec.PHASE_REQUIRED)], list(rec.PHASE_REQUIRED))
                     self.assertEqual(keys, sorted(keys, key=order.index))  # a subsequence of the writer's order
                     seen.update(keys)

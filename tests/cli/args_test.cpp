@@ -149,5 +149,40 @@ TEST(CliArgs, PlanProgressAlwaysNeverAndAuto) {
   EXPECT_EQ(r.exit_code, 2) << r.out;
 }
 
+TEST(CliArgs, AScenarioNameNeverPlacesTheRunOutsideOutSim) {
+  st::TempDir tmp;
+  const fs::path cwd = tmp.path() / "w1" / "w2";
+  fs::create_directories(cwd);
+  std::ifstream in(kSource / "scenarios/examples/small_moe_1gpu.toml");
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string scenario = text.str();
+  const std::string name_line = "name = \"small_moe_1gpu\"";
+  ASSERT_NE(scenario.find(name_line), std::string::npos);
+  scenario.replace(scenario.find(name_line), name_line.size(), "name = \"../../../../escaped\"");
+  std::ofstream(cwd / "s.toml") << scenario;
+  const std::string sim =
+      "cd " + st::shell_quote(cwd.string()) + " && " + kCli + " sim s.toml --steps 1 --fidelity analytic";
+  auto r = st::run_command("(" + sim + " 2>&1)", false);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(cwd / "out" / "sim" / "_.._.._.._escaped" / "run.json")) << r.out;
+  EXPECT_FALSE(fs::exists(tmp.path() / "escaped"));
+  // --overwrite of a directory that is not a run directory removes nothing.
+  fs::create_directories(cwd / "mine");
+  std::ofstream(cwd / "mine" / "summary.json") << "{\"keep\": true}";
+  r = st::run_command("(" + sim + " --out mine --overwrite 2>&1)", false);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("mine: is not empty and is not a run directory"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(cwd / "mine" / "summary.json"));
+  // Paths the system refuses: clear errors, not "internal error".
+  r = st::run_command("(" + sim + " --out /dev/null --overwrite 2>&1)", false);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("/dev/null: exists and is not a directory"), std::string::npos) << r.out;
+  r = st::run_command("(" + sim + " --out " + std::string(100000, 'n') + " 2>&1)", false);
+  EXPECT_EQ(r.exit_code, 2) << r.out.substr(0, 400);
+  EXPECT_NE(r.out.find("File name too long"), std::string::npos) << r.out.substr(0, 400);
+  EXPECT_EQ(r.out.find("internal error"), std::string::npos) << r.out.substr(0, 400);
+}
+
 }  // namespace
 }  // namespace threewalls::cli

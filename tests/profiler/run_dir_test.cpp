@@ -118,6 +118,55 @@ void replace_in(const fs::path& p, const std::string& from, const std::string& t
   spit(p, s);
 }
 
+// `dir` rewritten as a file of an older schema `version` ("1.0", "1.1"): no run_id, no step_end lines.
+fs::path as_version(const fs::path& dir, const std::string& version) {
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name != "run.json" && name.rfind("phases_rank_", 0) != 0) continue;
+    std::string text = slurp(e.path());
+    std::string out;
+    std::size_t pos = 0;
+    while (pos < text.size()) {
+      std::size_t nl = text.find('\n', pos);
+      if (nl == std::string::npos) nl = text.size();
+      std::string line = text.substr(pos, nl - pos);
+      pos = nl + 1;
+      if (line.find("\"record\":\"step_end\"") != std::string::npos) continue;
+      for (const std::string key : {"\"run_id\":\"", "\"run_id\": \""}) {
+        const auto at = line.find(key);
+        if (at == std::string::npos) continue;
+        const auto end = line.find('"', at + key.size());
+        std::size_t stop = end + 1;
+        if (stop < line.size() && line[stop] == ',') ++stop;
+        line.erase(at, stop - at);
+      }
+      for (const std::string key : {"\"schema_version\":\"1.2\"", "\"schema_version\": \"1.2\""}) {
+        const auto at = line.find(key);
+        if (at != std::string::npos) line.replace(at, key.size(), key.substr(0, key.size() - 4) + version + "\"");
+      }
+      out += line + "\n";
+    }
+    spit(e.path(), out);
+  }
+  return dir;
+}
+
+// The least summary.json a reader accepts for the run of `h`.
+OrderedJson minimal_summary(const RunHeader& h) {
+  OrderedJson s = OrderedJson::object();
+  s["schema"] = "threewalls.run_dir";
+  s["schema_version"] = "1.2";
+  s["run_id"] = h.run_id;
+  s["source"] = h.source;
+  s["scenario"] = OrderedJson{{"name", h.scenario.name}, {"path", h.scenario.path}, {"hash", h.scenario.hash}};
+  s["world_size"] = h.world_size;
+  s["gpu"] = "h100";
+  s["steps"] = OrderedJson::array({OrderedJson{{"step", 0}, {"step_time_us", 160.0}}});
+  s["step_time_us"] = OrderedJson{{"median", 160.0}};
+  s["memory"] = OrderedJson{{"classes", OrderedJson::array({OrderedJson{{"peak_bytes", 1e9}}})}};
+  return s;
+}
+
 }  // namespace
 
 TEST(RunDir, WriterReaderRoundTripKeepsEveryField) {
@@ -256,7 +305,7 @@ TEST(RunDir, SamplingDropsUnselectedStepsRanksAndGranularity) {
   EXPECT_EQ(d.phases.size(), 1U);
   EXPECT_EQ(d.steps.size(), 1U);
   EXPECT_EQ(d.header.settings["profiler"]["granularity"], "coarse");
-  EXPECT_NE(slurp(dir / "phases_rank_2.jsonl").find(R"({"record":"footer","records":1,"steps":[1]})"), std::string::npos);
+  EXPECT_NE(slurp(dir / "phases_rank_2.jsonl").find(R"("records":1,"steps":[1]})"), std::string::npos);
 }
 
 TEST(RunDir, FlushWritesBufferedRecordsAfterTheFlushStep) {
@@ -273,12 +322,12 @@ TEST(RunDir, FlushWritesBufferedRecordsAfterTheFlushStep) {
   EXPECT_EQ(lines(), 1);  // the header reaches the disk at once
   fill(w, 1);             // step 0: not a flush step
   EXPECT_EQ(lines(), 1);
-  fill(w, 1, 1);          // step 1: flushes steps 0 and 1
-  EXPECT_EQ(lines(), 1 + 2 * 4);
+  fill(w, 1, 1);  // step 1: flushes steps 0 and 1 (4 records and a step_end line each)
+  EXPECT_EQ(lines(), 1 + 2 * 5);
   fill(w, 1, 2);
-  EXPECT_EQ(lines(), 1 + 2 * 4);
+  EXPECT_EQ(lines(), 1 + 2 * 5);
   w.close();
-  EXPECT_EQ(lines(), 1 + 3 * 4 + 1);
+  EXPECT_EQ(lines(), 1 + 3 * 5 + 1);
 }
 
 TEST(RunDir, DestructorWithoutCloseKeepsRecordsButWritesNoFooter) {
@@ -296,9 +345,11 @@ TEST(RunDir, DestructorWithoutCloseKeepsRecordsButWritesNoFooter) {
   ReadOptions o;
   o.allow_incomplete = true;
   RunData d = RunDirReader::read(dir, o);
-  EXPECT_EQ(d.phases.size(), 1U);
-  ASSERT_EQ(d.warnings.size(), 1U);
+  EXPECT_EQ(d.phases.size(), 0U);  // the step never ended: not kept as whole
+  ASSERT_EQ(d.warnings.size(), 3U);
   EXPECT_NE(d.warnings[0].find("no footer"), std::string::npos);
+  EXPECT_NE(d.warnings[1].find("step 0 was cut short"), std::string::npos) << d.warnings[1];
+  EXPECT_NE(d.warnings[2].find("kept 0 whole step(s); dropped 1"), std::string::npos) << d.warnings[2];
 }
 
 TEST(RunDir, TruncatedLineIsReportedWithFileAndLine) {
@@ -332,14 +383,21 @@ TEST(RunDir, TruncatedLastLineOfACrashedRunIsDroppedOnlyWhenAllowed) {
   ReadOptions o;
   o.allow_incomplete = true;
   RunData d = RunDirReader::read(dir, o);
-  // Rank 0 keeps step 0 only (step 1 never finished); rank 1 is complete.
-  EXPECT_EQ(d.phases.size(), 3U + 6U);
-  ASSERT_EQ(d.warnings.size(), 3U);
+  // Step 1 never finished on rank 0: only step 0 is kept, on both ranks.
+  EXPECT_EQ(d.phases.size(), 3U + 3U);
+  ASSERT_EQ(d.warnings.size(), 5U);
   EXPECT_NE(d.warnings[0].find("phases_rank_0.jsonl:"), std::string::npos) << d.warnings[0];
   EXPECT_NE(d.warnings[0].find("corrupt last line dropped"), std::string::npos) << d.warnings[0];
   EXPECT_NE(d.warnings[1].find("no footer"), std::string::npos) << d.warnings[1];
-  EXPECT_NE(d.warnings[2].find("step 1 did not finish (no step record): 3 phase records dropped"), std::string::npos)
+  EXPECT_NE(d.warnings[2].find("step 1 was cut short (no step_end record): its 3 phase records dropped"),
+            std::string::npos)
       << d.warnings[2];
+  EXPECT_NE(d.warnings[3].find("phases_rank_1.jsonl: 1 step record(s) and 3 phase records of steps cut short on "
+                               "another rank dropped"),
+            std::string::npos)
+      << d.warnings[3];
+  EXPECT_NE(d.warnings[4].find("kept 1 whole step(s); dropped 1 step(s) cut short (1)"), std::string::npos)
+      << d.warnings[4];
 }
 
 TEST(RunDir, MissingFooterIsReported) {
@@ -354,14 +412,14 @@ TEST(RunDir, MissingFooterIsReported) {
 
 TEST(RunDir, UnknownMajorVersionIsRefusedByName) {
   auto dir = write_run(fresh_dir());
-  replace_in(dir / "run.json", "\"schema_version\": \"1.1\"", "\"schema_version\": \"2.0\"");
+  replace_in(dir / "run.json", "\"schema_version\": \"1.2\"", "\"schema_version\": \"2.0\"");
   auto err = read_error(dir);
   EXPECT_NE(err.find("run.json: schema threewalls.run_dir version 2.0 is newer than this threewalls reads (1.x)"),
             std::string::npos)
       << err;
   // Same for a phases file header.
   dir = write_run(fresh_dir("_rank"));
-  replace_in(dir / "phases_rank_0.jsonl", "\"schema_version\":\"1.1\"", "\"schema_version\":\"3.1\"");
+  replace_in(dir / "phases_rank_0.jsonl", "\"schema_version\":\"1.2\"", "\"schema_version\":\"3.1\"");
   err = read_error(dir);
   EXPECT_NE(err.find("phases_rank_0.jsonl:1: schema threewalls.run_dir version 3.1 is newer"), std::string::npos) << err;
   // And a file that is not a run directory at all.
@@ -372,9 +430,9 @@ TEST(RunDir, UnknownMajorVersionIsRefusedByName) {
 
 TEST(RunDir, NewerMinorVersionIsReadAndItsNewFieldsIgnored) {
   auto dir = write_run(fresh_dir());
-  replace_in(dir / "run.json", "\"schema_version\": \"1.1\"", "\"schema_version\": \"1.7\"");
+  replace_in(dir / "run.json", "\"schema_version\": \"1.2\"", "\"schema_version\": \"1.7\"");
   auto p = dir / "phases_rank_0.jsonl";
-  replace_in(p, "\"schema_version\":\"1.1\"", "\"schema_version\":\"1.7\"");
+  replace_in(p, "\"schema_version\":\"1.2\"", "\"schema_version\":\"1.7\"");
   replace_in(p, "\"flops\":", "\"sm_occupancy_pct\":87.5,\"flops\":");
   RunData d = RunDirReader::read(dir);
   EXPECT_EQ(d.schema_minor, 7);
@@ -385,7 +443,7 @@ TEST(RunDir, UnknownFieldInACurrentVersionFileIsAnError) {
   auto dir = write_run(fresh_dir());
   replace_in(dir / "phases_rank_0.jsonl", "\"flops\":", "\"flop\":1,\"flops\":");
   auto err = read_error(dir);
-  EXPECT_NE(err.find("phases_rank_0.jsonl:2: unknown field 'flop' in a version 1.1 file"), std::string::npos) << err;
+  EXPECT_NE(err.find("phases_rank_0.jsonl:2: unknown field 'flop' in a version 1.2 file"), std::string::npos) << err;
 }
 
 TEST(RunDir, LaunchWaitIsASchema11FieldWrittenOnlyWhereNonZero) {
@@ -394,8 +452,7 @@ TEST(RunDir, LaunchWaitIsASchema11FieldWrittenOnlyWhereNonZero) {
   EXPECT_NE(text.find("\"launch_wait_us\":12.5"), std::string::npos);
   EXPECT_EQ(text.find("\"launch_wait_us\":0"), std::string::npos) << "zero waits are left out";
   // A 1.0 file (written before the field existed) that carries it is refused, by name.
-  replace_in(dir / "run.json", "\"schema_version\": \"1.1\"", "\"schema_version\": \"1.0\"");
-  replace_in(dir / "phases_rank_0.jsonl", "\"schema_version\":\"1.1\"", "\"schema_version\":\"1.0\"");
+  dir = as_version(dir, "1.0");
   auto err = read_error(dir);
   EXPECT_NE(err.find("phases_rank_0.jsonl:2: field 'launch_wait_us' is new in schema 1.1; this file says 1.0"),
             std::string::npos)
@@ -466,7 +523,10 @@ TEST(RunDir, SummaryJsonIsReadAndVersionChecked) {
   RunDirWriter w(dir, header(4), every_step(4, {0}));
   fill(w, 1);
   w.close();
-  w.write_summary(OrderedJson{{"schema", "threewalls.run_dir"}, {"schema_version", "1.0"}, {"x", 1}});
+  OrderedJson summary = minimal_summary(w.header());
+  summary["schema_version"] = "1.0";
+  summary["x"] = 1;
+  w.write_summary(summary);
   RunData d = RunDirReader::read(dir);
   ASSERT_TRUE(d.summary.has_value());
   EXPECT_EQ((*d.summary)["x"], 1);
@@ -549,4 +609,273 @@ TEST(RunDir, LongNamesAndExtremeValuesRoundTrip) {
   EXPECT_NEAR(q.flops, 9.1e15, 1e7);
   EXPECT_EQ(q.tokens, 1LL << 52);
   EXPECT_DOUBLE_EQ(d.steps[0].epoch_us, 1e14);
+}
+
+TEST(RunDirPaths, ScenarioNameBecomesOneSafePathComponent) {
+  EXPECT_EQ(run_dir_name("mixtral_8x7b-v1.2"), "mixtral_8x7b-v1.2");
+  EXPECT_EQ(run_dir_name("../../../../tmp/x"), "_.._.._.._tmp_x");
+  EXPECT_EQ(run_dir_name(".."), "run");
+  EXPECT_EQ(run_dir_name(""), "run");
+  EXPECT_EQ(run_dir_name("/etc/passwd"), "_etc_passwd");
+  EXPECT_EQ(run_dir_name("a b\\c\nd"), "a_b_c_d");
+  EXPECT_EQ(run_dir_name(std::string(100000, 'n')), std::string(96, 'n'));
+  const fs::path under = fs::path("out") / "sim" / run_dir_name("../../x");
+  EXPECT_EQ(under.parent_path(), fs::path("out") / "sim");
+}
+
+TEST(RunDirPaths, OverwriteRefusesADirectoryThatIsNotARunDirectory) {
+  auto dir = fresh_dir();
+  fs::create_directories(dir);
+  spit(dir / "thesis.tex", "mine");
+  spit(dir / "summary.json", "{}");  // a run file's name alone does not make a run directory
+  WriterOptions o;
+  o.overwrite = true;
+  try {
+    RunDirWriter w(dir, header(4), every_step(4), o);
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("is not a run directory (it has no run.json"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("nothing was removed"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(slurp(dir / "summary.json"), "{}");
+  EXPECT_TRUE(fs::exists(dir / "thesis.tex"));
+  EXPECT_FALSE(is_run_dir(dir));
+  EXPECT_TRUE(is_run_dir(write_run(fresh_dir("_run"))));
+}
+
+TEST(RunDirPaths, ASecondWriterIsRefusedWhileTheFirstHoldsTheLock) {
+  auto dir = fresh_dir();
+  WriterOptions o;
+  o.overwrite = true;
+  {
+    RunDirWriter first(dir, header(4), every_step(4), o);
+    EXPECT_TRUE(fs::exists(dir / std::string(kRunDirLockFile)));
+    fill(first, 1);
+    try {
+      RunDirWriter second(dir, header(4), every_step(4), o);
+      FAIL() << "no error";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("another threewalls process is writing this run directory"),
+                std::string::npos)
+          << e.what();
+    }
+    fill(first, 1, 1);
+    first.close();
+  }
+  // The holder removed the lock file; the run it wrote is whole, and a later writer may replace it.
+  EXPECT_FALSE(fs::exists(dir / std::string(kRunDirLockFile)));
+  EXPECT_EQ(RunDirReader::read(dir).steps.size(), 8U);
+  RunDirWriter later(dir, header(4), every_step(4), o);
+  later.close();
+}
+
+TEST(RunDirPaths, AFileOrANameTheSystemRefusesIsAClearError) {
+  auto message = [](const fs::path& p) {
+    try {
+      check_run_dir_target(p, true);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message("/dev/null").find("/dev/null: exists and is not a directory"), std::string::npos);
+  const fs::path longest = fresh_dir() / std::string(100000, 'n');
+  const std::string m = message(longest);
+  EXPECT_NE(m.find("cannot be used as a run directory: File name too long"), std::string::npos) << m.substr(0, 300);
+  EXPECT_NE(m.find("(a path of "), std::string::npos) << m.substr(0, 300);
+  EXPECT_LT(m.size(), 400U);
+  EXPECT_THROW(RunDirWriter(longest, header(4), every_step(4)), InputError);
+}
+
+TEST(RunDirSteps, EveryStepEndsWithItsRecordCountAndFilesNameTheirRun) {
+  auto dir = write_run(fresh_dir());
+  const std::string text = slurp(dir / "phases_rank_0.jsonl");
+  EXPECT_NE(text.find("{\"record\":\"step_end\",\"step\":0,\"records\":3}\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("{\"record\":\"step_end\",\"step\":1,\"records\":3}\n"), std::string::npos) << text;
+  RunData d = RunDirReader::read(dir);
+  ASSERT_EQ(d.header.run_id.size(), 32U);
+  EXPECT_NE(
+      text.find("\"record\":\"header\",\"schema\":\"threewalls.run_dir\",\"schema_version\":\"1.2\",\"run_id\":\"" +
+                d.header.run_id + "\""),
+      std::string::npos);
+  EXPECT_NE(text.find("{\"record\":\"footer\",\"run_id\":\"" + d.header.run_id + "\",\"records\":6"),
+            std::string::npos);
+  EXPECT_NE(RunDirReader::read(write_run(fresh_dir("_other"))).header.run_id, d.header.run_id);
+  // A count that disagrees, a missing step_end in a closed file, a record after its step's end.
+  replace_in(dir / "phases_rank_0.jsonl", "\"step\":1,\"records\":3}", "\"step\":1,\"records\":2}");
+  EXPECT_NE(read_error(dir).find("step_end of step 1 says 2 phase records, the file holds 3"), std::string::npos)
+      << read_error(dir);
+  replace_in(dir / "phases_rank_0.jsonl", "{\"record\":\"step_end\",\"step\":1,\"records\":2}\n", "");
+  EXPECT_NE(read_error(dir).find("footer: step 1 has no step_end record"), std::string::npos) << read_error(dir);
+  dir = write_run(fresh_dir("_after"));
+  replace_in(dir / "phases_rank_1.jsonl", "{\"step\":1,\"rank\":1,", "{\"step\":0,\"rank\":1,");
+  EXPECT_NE(read_error(dir).find("phases_rank_1.jsonl:7: a record of step 0 after its step_end record"),
+            std::string::npos)
+      << read_error(dir);
+}
+
+TEST(RunDirSteps, APartialStepIsNeverKeptEvenWithAllowIncomplete) {
+  auto dir = fresh_dir();
+  {
+    RunDirWriter w(dir, header(4), every_step(4, {0, 1}));
+    fill(w, 2);
+    // Step 2 starts as a simulator writes it (step record first), then the process dies mid-step.
+    w.add(StepRecord{2, 0, 3e9, 160.0});
+    PhaseRecord p;
+    p.step = 2;
+    p.rank = 0;
+    p.phase = w.phase_id("attn_qkv_fwd");
+    p.stream = w.stream_id("compute");
+    p.dur_us = 1;
+    w.add(p);
+    w.end_step(1);  // flushes what is buffered
+  }
+  EXPECT_NE(read_error(dir).find("no footer record"), std::string::npos);
+  ReadOptions o;
+  o.allow_incomplete = true;
+  RunData d = RunDirReader::read(dir, o);
+  EXPECT_EQ(d.steps.size(), 4U);  // steps 0 and 1 of both ranks
+  EXPECT_EQ(d.phases.size(), 12U);
+  EXPECT_EQ(d.dropped_steps, (std::vector<int>{2}));
+  std::string all;
+  for (const auto& w : d.warnings) all += w + "\n";
+  EXPECT_NE(all.find("step 2 was cut short (no step_end record): its step record and 1 phase records dropped"),
+            std::string::npos)
+      << all;
+  EXPECT_NE(all.find("kept 2 whole step(s); dropped 1 step(s) cut short (2)"), std::string::npos) << all;
+
+  // A file cut inside a step: that step is dropped on every rank, not only on the rank cut short.
+  dir = write_run(fresh_dir("_cut"), 3);
+  std::string t = slurp(dir / "phases_rank_1.jsonl");
+  t = t.substr(0, t.find("{\"step\":1,") + 40);  // a torn line inside step 1
+  spit(dir / "phases_rank_1.jsonl", t);
+  d = RunDirReader::read(dir, o);
+  EXPECT_EQ(d.dropped_steps, (std::vector<int>{1, 2}));
+  for (const auto& s : d.steps) EXPECT_EQ(s.step, 0) << s.rank;
+  for (const auto& p : d.phases) EXPECT_EQ(p.step, 0) << p.rank;
+
+  // A schema 1.1 file cannot tell whether its last step is whole: that step is dropped.
+  dir = as_version(write_run(fresh_dir("_old"), 3), "1.1");
+  t = slurp(dir / "phases_rank_0.jsonl");
+  spit(dir / "phases_rank_0.jsonl", t.substr(0, t.find("{\"record\":\"footer\"")));
+  d = RunDirReader::read(dir, o);
+  EXPECT_EQ(d.dropped_steps, (std::vector<int>{2}));
+}
+
+TEST(RunDirCorruption, AStepRecordWithZeroDurationIsAnError) {
+  auto dir = write_run(fresh_dir());
+  replace_in(dir / "phases_rank_0.jsonl", ",\"dur_us\":160}", ",\"dur_us\":0}");
+  EXPECT_NE(read_error(dir).find("phases_rank_0.jsonl:5: step record: field 'dur_us' is 0; allowed: > 0"),
+            std::string::npos)
+      << read_error(dir);
+}
+
+TEST(RunDirCorruption, RanksBeyondAnIntAreErrorsNotTruncated) {
+  auto dir = write_run(fresh_dir());
+  replace_in(dir / "phases_rank_0.jsonl", "\"rank\":0,\"rank_class\"", "\"rank\":4294967296,\"rank_class\"");
+  EXPECT_NE(read_error(dir).find("header rank 4294967296 does not match the file name (rank 0)"), std::string::npos)
+      << read_error(dir);
+  dir = write_run(fresh_dir("_name"));
+  fs::copy_file(dir / "phases_rank_0.jsonl", dir / "phases_rank_4294967296.jsonl");
+  EXPECT_NE(read_error(dir).find("phases_rank_4294967296.jsonl: rank 4294967296 in the file name is out of range"),
+            std::string::npos)
+      << read_error(dir);
+  dir = write_run(fresh_dir("_list"));
+  std::string run = slurp(dir / "run.json");
+  const auto at = run.find("\n  \"ranks\": [");  // run.json's own, not the profiler settings'
+  ASSERT_NE(at, std::string::npos);
+  run.insert(at + 13, "4294967296, ");
+  spit(dir / "run.json", run);
+  EXPECT_NE(read_error(dir).find("field 'ranks' is 4294967296; allowed: -2147483648..2147483647"), std::string::npos)
+      << read_error(dir);
+}
+
+TEST(RunDirCorruption, AnUnknownHeaderFieldInAKnownVersionIsAnError) {
+  auto dir = write_run(fresh_dir());
+  replace_in(dir / "phases_rank_1.jsonl", "\"device\":", "\"colour\":\"red\",\"device\":");
+  EXPECT_NE(read_error(dir).find("phases_rank_1.jsonl:1: unknown field 'colour' in a version 1.2 header"),
+            std::string::npos)
+      << read_error(dir);
+  dir = write_run(fresh_dir("_run"));
+  replace_in(dir / "run.json", "\"device\":", "\"colour\": 1, \"device\":");
+  EXPECT_NE(read_error(dir).find("run.json: unknown field 'colour' in a version 1.2 header"), std::string::npos)
+      << read_error(dir);
+  // Also in a 1.1 file, as the format promised.
+  dir = as_version(write_run(fresh_dir("_11")), "1.1");
+  EXPECT_EQ(read_error(dir), "");
+  replace_in(dir / "phases_rank_0.jsonl", "\"device\":", "\"colour\":\"red\",\"device\":");
+  EXPECT_NE(read_error(dir).find("unknown field 'colour' in a version 1.1 header"), std::string::npos)
+      << read_error(dir);
+}
+
+TEST(RunDirCorruption, ADuplicateKeyIsAnErrorNotTheLastValue) {
+  auto dir = write_run(fresh_dir());
+  replace_in(dir / "run.json", "\"world_size\": 4", "\"world_size\": 4, \"world_size\": 2");
+  EXPECT_NE(read_error(dir).find("run.json: duplicate key \"world_size\" in one JSON object"), std::string::npos)
+      << read_error(dir);
+  dir = write_run(fresh_dir("_line"));
+  replace_in(dir / "phases_rank_0.jsonl", "\"seed\":42", "\"seed\":42,\"seed\":43");
+  EXPECT_NE(read_error(dir).find("phases_rank_0.jsonl:1: duplicate key \"seed\""), std::string::npos)
+      << read_error(dir);
+  dir = write_run(fresh_dir("_phase"));
+  replace_in(dir / "phases_rank_0.jsonl", "\"bytes\":1500000000,", "\"bytes\":1500000000,\"bytes\":1,");
+  EXPECT_NE(read_error(dir).find("field 'bytes' appears twice"), std::string::npos) << read_error(dir);
+}
+
+TEST(RunDirMixed, FilesOfAnotherRunAreRefused) {
+  const auto a = write_run(fresh_dir("_a"));
+  const auto b = write_run(fresh_dir("_b"));
+  auto dir = write_run(fresh_dir());
+  fs::copy_file(b / "phases_rank_1.jsonl", dir / "phases_rank_1.jsonl", fs::copy_options::overwrite_existing);
+  EXPECT_NE(read_error(dir).find("phases_rank_1.jsonl:1: this file belongs to another run than run.json: run_id"),
+            std::string::npos)
+      << read_error(dir);
+  // summary.json of another run, and of another scenario.
+  dir = fresh_dir("_summary");
+  {
+    RunDirWriter w(dir, header(4), every_step(4, {0, 1}));
+    fill(w, 1);
+    w.close();
+    w.write_summary(minimal_summary(w.header()));
+    EXPECT_EQ(read_error(dir), "");
+    OrderedJson other = minimal_summary(RunDirReader::read(a).header);
+    w.write_summary(other);
+    EXPECT_NE(read_error(dir).find("summary.json: belongs to another run than run.json: run_id"), std::string::npos)
+        << read_error(dir);
+    other = minimal_summary(w.header());
+    other["scenario"]["hash"] = "fedcba9876543210";
+    w.write_summary(other);
+    EXPECT_NE(
+        read_error(dir).find("summary.json: belongs to another run than run.json: scenario hash \"fedcba9876543210\""),
+        std::string::npos)
+        << read_error(dir);
+    other = minimal_summary(w.header());
+    other["world_size"] = 8;
+    w.write_summary(other);
+    EXPECT_NE(read_error(dir).find("world_size 8 differs from run.json's 4"), std::string::npos) << read_error(dir);
+  }
+  // Files without a run id (schema 1.1) are told apart by their scenario.
+  dir = as_version(write_run(fresh_dir("_11")), "1.1");
+  const auto other = as_version(write_run(fresh_dir("_11b")), "1.1");
+  replace_in(other / "phases_rank_1.jsonl", "\"hash\":\"0123456789abcdef\"", "\"hash\":\"0000000000000000\"");
+  fs::copy_file(other / "phases_rank_1.jsonl", dir / "phases_rank_1.jsonl", fs::copy_options::overwrite_existing);
+  EXPECT_NE(read_error(dir).find("scenario hash \"0000000000000000\" differs from run.json's"), std::string::npos)
+      << read_error(dir);
+}
+
+TEST(RunDirCorruption, MissingOrNegativeSummaryValuesAreErrors) {
+  auto dir = fresh_dir();
+  RunDirWriter w(dir, header(4), every_step(4, {0}));
+  fill(w, 1);
+  w.close();
+  OrderedJson s = minimal_summary(w.header());
+  s["memory"]["classes"][0]["peak_bytes"] = -1.0;
+  w.write_summary(s);
+  EXPECT_NE(read_error(dir).find("summary.json: field 'memory.classes[0].peak_bytes' is -1.0; allowed: >= 0"),
+            std::string::npos)
+      << read_error(dir);
+  s = minimal_summary(w.header());
+  s.erase("memory");
+  w.write_summary(s);
+  EXPECT_NE(read_error(dir).find("summary.json: missing field 'memory'"), std::string::npos) << read_error(dir);
 }

@@ -138,7 +138,7 @@ TEST(Summary, JsonFollowsTheRunDirFormat) {
   SummaryBuilder sb(h, in);
   OrderedJson j = sb.json(b.steps, b.phases, b.names);
   EXPECT_EQ(j["schema"], "threewalls.run_dir");
-  EXPECT_EQ(j["schema_version"], "1.1");
+  EXPECT_EQ(j["schema_version"], "1.2");
   EXPECT_EQ(j["source"], "real");
   EXPECT_EQ(j["scenario"]["name"], "tiny");
   EXPECT_EQ(j["steps"][0]["walls_us"]["compute"], 100.0);

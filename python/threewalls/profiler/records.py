@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
 SCHEMA_NAME = "threewalls.run_dir"
 SCHEMA_MAJOR = 1
-SCHEMA_MINOR = 1
+SCHEMA_MINOR = 2
 SCHEMA_VERSION = f"{SCHEMA_MAJOR}.{SCHEMA_MINOR}"
 
 WALLS = ("compute", "memory", "communication", "host")
@@ -30,10 +31,11 @@ PHASE_REQUIRED = ("step", "rank", "phase", "layer", "microbatch", "stream", "sta
                   "bytes", "flops")
 PHASE_OPTIONAL = ("expert", "peer", "group", "group_id", "tokens", "launch_wait_us", "coarse")
 STEP_KEYS = ("record", "step", "rank", "epoch_us", "dur_us")
-FOOTER_KEYS = ("record", "records", "steps")
+STEP_END_KEYS = ("record", "step", "records")
+FOOTER_KEYS = ("record", "run_id", "records", "steps")
 # Header line of a phases file; run.json is the same object without record, rank and rank_class,
 # plus ranks and rank_classes.
-HEADER_KEYS = ("record", "schema", "schema_version", "source", "tool_version", "git_sha", "scenario",
+HEADER_KEYS = ("record", "schema", "schema_version", "run_id", "source", "tool_version", "git_sha", "scenario",
                "calibration_profile", "device", "world_size", "rank", "rank_class", "argv", "start_time",
                "seed", "settings")
 RUN_JSON_KEYS = tuple(k for k in HEADER_KEYS if k not in ("record", "rank", "rank_class")) + ("ranks",
@@ -131,8 +133,18 @@ def step_line(step: int, rank: int, epoch_us: float, dur_us: float) -> str:
             f'"dur_us":{format_time_us(dur_us)}}}')
 
 
-def footer_line(records: int, steps: Sequence[int]) -> str:
-    return dumps({"record": "footer", "records": records, "steps": sorted(set(steps))})
+def step_end_line(step: int, records: int) -> str:
+    """Closes step `step` in a phases file: its records precede this line, `records` of them phase records."""
+    return f'{{"record":"step_end","step":{step},"records":{records}}}'
+
+
+def footer_line(run_id: str, records: int, steps: Sequence[int]) -> str:
+    return dumps({"record": "footer", "run_id": run_id, "records": records, "steps": sorted(set(steps))})
+
+
+def new_run_id() -> str:
+    """128 random bits as 32 lowercase hex digits: the id every file of one run directory carries."""
+    return secrets.token_hex(16)
 
 
 def iso8601_utc(t: float) -> str:
@@ -164,6 +176,7 @@ def make_header(*, source: str = "real", world_size: int, tool_version: str, git
     return {
         "schema": SCHEMA_NAME,
         "schema_version": SCHEMA_VERSION,
+        "run_id": new_run_id(),
         "source": source,
         "tool_version": tool_version,
         "git_sha": git_sha,
@@ -180,8 +193,8 @@ def make_header(*, source: str = "real", world_size: int, tool_version: str, git
 
 
 def _common(header: Dict[str, Any]) -> Dict[str, Any]:
-    return {k: header[k] for k in ("schema", "schema_version", "source", "tool_version", "git_sha", "scenario",
-                                   "calibration_profile", "device", "world_size")}
+    return {k: header[k] for k in ("schema", "schema_version", "run_id", "source", "tool_version", "git_sha",
+                                   "scenario", "calibration_profile", "device", "world_size")}
 
 
 def _tail(header: Dict[str, Any]) -> Dict[str, Any]:

@@ -134,7 +134,8 @@ def build_summary(run_dir: str, *, model_flops_per_step: Optional[float] = None,
         phases_json.append({"phase": name, "wall": e["wall"], "count": len(d), "total_us": sum(d),
                             "median_us": quantile(d, 0.5), "p95_us": quantile(d, 0.95)})
     return {
-        "schema": rec.SCHEMA_NAME, "schema_version": rec.SCHEMA_VERSION, "source": run["source"],
+        "schema": rec.SCHEMA_NAME, "schema_version": rec.SCHEMA_VERSION, "run_id": run.get("run_id", ""),
+        "source": run["source"],
         "scenario": run["scenario"], "world_size": world, "gpu": gpu,
         "gpu_peak_flops": gpu_peak_flops or 0.0,
         "model_flops_per_step": (model_flops_per_step or 0.0) if not model_flops_from_records or not steps_json

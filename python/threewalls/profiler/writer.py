@@ -19,6 +19,7 @@ with --allow-incomplete.
 """
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import re
@@ -30,6 +31,16 @@ from threewalls.profiler.sampling import SamplingPolicy
 
 _MAX_BUFFER = 8 << 20
 _RUN_DIR_FILE = re.compile(r"^(run\.json|summary\.json|phases_rank_[0-9]+\.jsonl)$")
+
+
+def _is_run_dir(path: str) -> bool:
+    """Whether `path` holds a run directory: a run.json whose "schema" is the run-directory schema."""
+    try:
+        with open(os.path.join(path, "run.json"), encoding="utf-8") as fh:
+            j = json.load(fh)
+    except (OSError, ValueError):
+        return False
+    return isinstance(j, dict) and j.get("schema") == rec.SCHEMA_NAME
 
 
 def write_json_file(path: str, obj: Any) -> None:
@@ -75,7 +86,7 @@ def _write_pages(fd: int, data: bytes, pos: int, path: str) -> None:
 
 
 class _RankFile:
-    __slots__ = ("rank", "path", "fd", "pos", "lines", "size", "phase_records", "steps")
+    __slots__ = ("rank", "path", "fd", "pos", "lines", "size", "phase_records", "steps", "open_steps")
 
     def __init__(self, rank: int, path: str, fd: int):
         self.rank = rank
@@ -86,6 +97,7 @@ class _RankFile:
         self.size = 0
         self.phase_records = 0
         self.steps: List[int] = []
+        self.open_steps: Dict[int, int] = {}  # steps without their step_end line yet: phase records
 
 
 class RunDirWriter:
@@ -127,6 +139,10 @@ class RunDirWriter:
                 if entries and not overwrite:
                     raise InputError(f"{self.dir}: run directory exists and is not empty; results are never "
                                      "overwritten (choose another directory, or overwrite it explicitly)")
+                if entries and not _is_run_dir(self.dir):
+                    raise InputError(f"{self.dir}: is not empty and is not a run directory (it has no run.json with "
+                                     f'"schema": "{rec.SCHEMA_NAME}"); overwriting replaces only run directories, so '
+                                     "nothing was removed (choose another directory)")
                 for name in entries:
                     p = os.path.join(self.dir, name)
                     if _RUN_DIR_FILE.match(name) and os.path.isfile(p):
@@ -139,6 +155,14 @@ class RunDirWriter:
         elif not os.path.isdir(self.dir):
             raise InputError(f"{self.dir}: run directory to join does not exist (the creating process makes it "
                              "first)")
+        else:
+            # One run, one id: a joining process takes the creator's from run.json.
+            try:
+                with open(os.path.join(self.dir, "run.json"), encoding="utf-8") as fh:
+                    self.header["run_id"] = json.load(fh)["run_id"]
+            except (OSError, ValueError, KeyError) as e:
+                raise InputError(f"{self.dir}/run.json: no run_id to join ({e})") from e
+        self.header.setdefault("run_id", rec.new_run_id())
         if write_run_json if write_run_json is not None else mode == "create":
             write_json_file(os.path.join(self.dir, "run.json"), rec.run_json(self.header, policy.recording_ranks))
 
@@ -193,6 +217,7 @@ class RunDirWriter:
             return False
         f.phase_records += 1
         self._append(f, line, step)
+        f.open_steps[step] = f.open_steps.get(step, 0) + 1
         return True
 
     def add_phase_lines(self, step: int, rank: int, lines: List[str]) -> None:
@@ -202,6 +227,7 @@ class RunDirWriter:
         if f is None:
             return
         f.phase_records += len(lines)
+        f.open_steps[step] = f.open_steps.get(step, 0) + len(lines)
         f.lines.extend(lines)
         f.size += sum(len(x) for x in lines) + len(lines)
         if not f.steps or f.steps[-1] != step:
@@ -221,6 +247,7 @@ class RunDirWriter:
         return self.add_phase_line(step, rank, line, coarse)
 
     def _append(self, f: _RankFile, line: str, step: int) -> None:
+        f.open_steps.setdefault(step, 0)
         f.lines.append(line)
         f.size += len(line) + 1
         if not f.steps or f.steps[-1] != step:
@@ -239,11 +266,23 @@ class RunDirWriter:
 
     def end_step(self, step: int) -> None:
         """Call after every step (recorded or not, in step order): writes buffered records out when the
-        policy says flush_after(step)."""
-        if self._closed or not self.policy.flush_after(step):
+        policy says flush_after(step). Every record of `step` must be added by then: each file that holds
+        records of it gets the step's step_end line (docs/formats/run_dir.md)."""
+        if self._closed:
+            return
+        self._end_step_lines(step)
+        if not self.policy.flush_after(step):
             return
         for f in self._files:
             self._write_out(f)
+
+    def _end_step_lines(self, step: int) -> None:
+        for f in self._files:
+            n = f.open_steps.pop(step, None)
+            if n is not None:
+                line = rec.step_end_line(step, n)
+                f.lines.append(line)
+                f.size += len(line) + 1
 
     def flush(self) -> None:
         for f in self._files:
@@ -258,9 +297,11 @@ class RunDirWriter:
         """Writes buffered records, a footer on every file, and closes them. Idempotent."""
         if self._closed:
             return
+        for step in sorted({s for f in self._files for s in f.open_steps}):
+            self._end_step_lines(step)
         self._closed = True
         for f in self._files:
-            f.lines.append(rec.footer_line(f.phase_records, f.steps))
+            f.lines.append(rec.footer_line(self.header["run_id"], f.phase_records, f.steps))
             self._write_out(f)
             os.close(f.fd)
             f.fd = -1

@@ -14,7 +14,7 @@ inline constexpr int kScenarioSchemaVersion = 1;
 // Run directories (header record of every phases_rank_<r>.jsonl, run.json, summary.json).
 inline constexpr std::string_view kRunDirSchemaName = "threewalls.run_dir";
 inline constexpr int kRunDirSchemaMajor = 1;
-inline constexpr int kRunDirSchemaMinor = 1;  // 1.1: phase field launch_wait_us
+inline constexpr int kRunDirSchemaMinor = 2;  // 1.1: phase field launch_wait_us; 1.2: run_id, step_end
 
 // Calibration profiles ([profile] format_version = "1.0").
 inline constexpr std::string_view kProfileFormatName = "threewalls.calibration_profile";

@@ -124,6 +124,7 @@ struct RankClassInfo {
 // Header of a run: run.json, and (with rank and rank_class) line 1 of every phases file.
 struct RunHeader {
   std::string schema_version;                   // "MAJOR.MINOR"; the writer sets the current one
+  std::string run_id;                           // 32 hex digits, new per run (1.2); empty in older files
   std::string source;                           // "sim" or "real"
   std::string tool_version;                     // filled by make_header()
   std::string git_sha;
@@ -142,8 +143,12 @@ struct RunHeader {
   [[nodiscard]] int rank_class_of(int rank) const;
 };
 
-// A header with tool version, git sha, schema version and start time (now) filled in.
+// A header with tool version, git sha, schema version, a new run id and start time (now) filled in.
 RunHeader make_header(std::string source, int world_size);
+// A new run id: 128 random bits as 32 lowercase hex digits. Every file of a run directory carries it
+// (run.json, each phases file's header and footer, summary.json), so readers tell files of one run
+// from files of another.
+std::string new_run_id();
 // The current UTC time as "2026-11-03T14:05:09Z".
 std::string iso8601_utc_now();
 

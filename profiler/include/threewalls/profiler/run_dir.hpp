@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "threewalls/core/jsonl.hpp"
@@ -14,6 +15,29 @@
 #include "threewalls/profiler/sampling.hpp"
 
 namespace threewalls::profiler {
+
+// The directory name a scenario name gives when no output directory is chosen (`out/sim/<name>`): one
+// path component of ASCII letters, digits, '.', '-' and '_' (every other byte becomes '_'), without
+// leading dots (so never "." or ".."), at most 96 bytes; "run" when nothing is left. A scenario name
+// therefore never places a run outside the directory it is put under.
+std::string run_dir_name(std::string_view scenario_name);
+
+// The lock file of a run directory: the writer that creates a run holds an exclusive flock on it
+// from before it removes an old run until its destructor, and removes it then. A second writer into
+// the same directory is refused while the first runs.
+inline constexpr std::string_view kRunDirLockFile = ".threewalls.lock";
+
+// Whether `dir` holds a run directory: a run.json whose "schema" is "threewalls.run_dir". Only such
+// a directory is ever emptied by `overwrite`.
+bool is_run_dir(const std::filesystem::path& dir);
+
+// Checks that a new run may be written to `dir` (writer mode create), before any work: throws
+// InputError naming the path when it cannot be used (a name the system refuses, e.g. too long; an
+// existing file that is not a directory), when it exists and is not empty (unless `overwrite`), and
+// when `overwrite` is asked for a non-empty directory that is not a run directory (is_run_dir).
+// `remedy` ends the refusal of a non-empty directory (a command line names its own flags).
+void check_run_dir_target(const std::filesystem::path& dir, bool overwrite,
+                          std::string_view remedy = "choose another directory, or overwrite it explicitly");
 
 struct WriterOptions {
   enum class Mode : std::uint8_t {
@@ -23,7 +47,8 @@ struct WriterOptions {
   Mode mode = Mode::create;
   // Replace an existing run directory: its run.json, summary.json and phases_rank_*.jsonl are removed
   // first (other files are left alone). Without it an existing non-empty directory is an InputError,
-  // as nccl-tests never overwrites results.
+  // as nccl-tests never overwrites results; with it a non-empty directory that is not a run directory
+  // (is_run_dir) is still one.
   bool overwrite = false;
   // Ranks whose phases files this writer owns; empty = every recording rank of the policy (one
   // process writing for all ranks, as the simulator does). A multi-process run gives its own rank.
@@ -45,9 +70,10 @@ struct WriterOptions {
 // called, so a run that dies by an exception leaves files that readers report as cut short.
 class RunDirWriter {
  public:
-  // Creates `dir` (mode create) and run.json, and opens phases_rank_<r>.jsonl with its header line for
-  // every local recording rank. Throws InputError for an existing non-empty directory without
-  // `overwrite` or a missing one in `join` mode, SystemError for I/O failures.
+  // Creates `dir` (mode create; check_run_dir_target, then the lock file) and run.json, and opens
+  // phases_rank_<r>.jsonl with its header line for every local recording rank. Throws InputError for
+  // what check_run_dir_target refuses, a directory another writer holds locked, or a missing one in
+  // `join` mode; SystemError for I/O failures.
   RunDirWriter(std::filesystem::path dir, RunHeader header, SamplingPolicy policy, WriterOptions options = {});
   ~RunDirWriter();
   RunDirWriter(const RunDirWriter&) = delete;
@@ -75,11 +101,15 @@ class RunDirWriter {
   bool add(const StepRecord& r);
   bool add(const PhaseRecord& r);
 
-  // Call after every step (recorded or not): writes buffered records out when the policy says so.
+  // Call after every step (recorded or not), once every record of `step` is added: ends the step in
+  // each file that holds records of it with a step_end line (the step's phase record count; a
+  // reader keeps a step only with it), then writes buffered records out when the policy says so. A
+  // record of a step that has ended is a SystemError.
   void end_step(int step);
   // Writes summary.json (nothing when disabled).
   void write_summary(const OrderedJson& summary);
-  // Writes buffered records, a footer on every file, and closes them. Idempotent.
+  // Ends the steps still open (the run is whole), writes buffered records, a footer on every file,
+  // and closes them. Idempotent.
   void close();
 
   [[nodiscard]] const std::vector<StepRecord>& kept_steps() const { return kept_steps_; }
@@ -94,6 +124,8 @@ class RunDirWriter {
     std::string buffer;
     std::size_t phase_records = 0;
     std::vector<int> steps;  // steps covered, in arrival order (deduplicated at close)
+    std::map<int, std::size_t> open_steps;  // steps with records but no step_end line yet: phase records
+    std::vector<int> ended_steps;           // steps whose step_end line is written
   };
   [[nodiscard]] bool is_local(int rank) const {
     return rank >= 0 && static_cast<std::size_t>(rank) < file_of_rank_.size() &&
@@ -102,6 +134,8 @@ class RunDirWriter {
   RankFile& file_of(int rank) { return files_[static_cast<std::size_t>(file_of_rank_[static_cast<std::size_t>(rank)])]; }
   void write_out(RankFile& f);
   void note_step(RankFile& f, int step);
+  void end_step_lines(int step);
+  void release_lock();
 
   std::filesystem::path dir_;
   RunHeader header_;
@@ -112,6 +146,7 @@ class RunDirWriter {
   std::vector<int> file_of_rank_;  // world-sized; -1 = not written here
   std::vector<StepRecord> kept_steps_;
   std::vector<PhaseRecord> kept_phases_;
+  int lock_fd_ = -1;  // the lock file's descriptor while this writer holds it (mode create)
   bool closed_ = false;
 };
 
@@ -121,8 +156,11 @@ void append_step_line(std::string& out, const StepRecord& r);
 
 struct ReadOptions {
   // false (default): a phases file without footer is an InputError. true: it is read, a warning is
-  // added to RunData::warnings, and a corrupt *last* line of such a file (the write the crash cut
-  // short) is dropped with a warning. A corrupt line anywhere else is always an error.
+  // added to RunData::warnings, a corrupt *last* line of such a file (the write the crash cut short)
+  // is dropped with a warning, and only whole steps are kept: a step without its step_end line (an
+  // older file: the step of its last record) is dropped on every rank, and a warning says how many
+  // steps were kept and dropped (RunData::dropped_steps). A corrupt line anywhere else is always an
+  // error.
   bool allow_incomplete = false;
   // Read summary.json when present.
   bool read_summary = true;
@@ -143,6 +181,7 @@ struct RunData {
   std::vector<PhaseRecord> phases;  // by rank, then file order
   std::optional<Json> summary;      // summary.json, when present and asked for
   std::vector<std::string> warnings;  // "phases_rank_3.jsonl: no footer: ..." (allow_incomplete only)
+  std::vector<int> dropped_steps;     // steps cut short on some rank, dropped on all (allow_incomplete only)
 
   [[nodiscard]] const std::vector<int>& ranks() const { return header.ranks; }
   [[nodiscard]] std::string label() const;  // "sim:mixtral_8x7b (out/run1)"
