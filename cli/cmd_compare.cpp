@@ -62,6 +62,8 @@ void register_compare(CLI::App& app, Commands& cmds) {
     notebooks_export::CompareOptions o;
     if (fail_above >= 0) o.fail_above_pct = fail_above;
     auto result = notebooks_export::compare_runs(ra, rb, o);
+    for (const auto& d : result.different_scenarios)
+      std::cerr << "warning: A and B are different scenarios: " << d << "\n";
     result.host_probe = host_probe_line(ra, rb);
     std::cout << notebooks_export::format_compare_text(result, top);
     if (!json_path.empty()) write_json_file(json_path, notebooks_export::compare_json(result));

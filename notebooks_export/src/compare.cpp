@@ -169,6 +169,18 @@ CompareResult compare_runs(const RunData& a, const RunData& b, const CompareOpti
   CompareResult r;
   r.label_a = a.label();
   r.label_b = b.label();
+  const auto& scen_a = a.header.scenario;
+  const auto& scen_b = b.header.scenario;
+  if (scen_a.name != scen_b.name) {
+    r.different_scenarios.push_back("scenario names differ: A \"" + scen_a.name + "\", B \"" + scen_b.name + "\"");
+  }
+  if (scen_a.hash != scen_b.hash) {
+    r.different_scenarios.push_back("scenario files differ: A hash " + scen_a.hash + ", B hash " + scen_b.hash);
+  }
+  if (a.header.world_size != b.header.world_size) {
+    r.different_scenarios.push_back("world sizes differ: A " + std::to_string(a.header.world_size) + " GPUs, B " +
+                                    std::to_string(b.header.world_size));
+  }
   r.fail_above_pct = options.fail_above_pct;
 
   // Shared phase ids: A's ids, then names only B has.
@@ -352,6 +364,12 @@ std::vector<const CompareRow*> largest_errors(const std::vector<CompareRow>& row
 std::string format_compare_text(const CompareResult& r, std::size_t top) {
   using detail::duration_us;
   std::string out;
+  if (!r.different_scenarios.empty()) {
+    const std::string rule(72, '!');
+    out += rule + "\nWARNING: A and B are NOT runs of the same scenario; the errors below compare unlike runs:\n";
+    for (const auto& d : r.different_scenarios) out += "  - " + d + "\n";
+    out += rule + "\n";
+  }
   out += "A (reference): " + r.label_a + "\n";
   out += "B:             " + r.label_b + "\n";
   out += "matched records: " + std::to_string(r.matched) + " over " + std::to_string(r.matched_steps.size()) +
@@ -478,6 +496,7 @@ OrderedJson compare_json(const CompareResult& r) {
   OrderedJson j = OrderedJson::object();
   j["a"] = r.label_a;
   j["b"] = r.label_b;
+  j["different_scenarios"] = r.different_scenarios;
   j["error_definition"] = "100 * (B - A) / A";
   j["matched_records"] = r.matched;
   j["matched_steps"] = r.matched_steps;

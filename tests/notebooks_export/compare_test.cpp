@@ -157,3 +157,21 @@ TEST(Compare, ErrorIsUndefinedWhenTheReferenceIsZero) {
   EXPECT_DOUBLE_EQ(*signed_error_pct(2.0, 3.0), 50.0);
   EXPECT_DOUBLE_EQ(*signed_error_pct(2.0, 1.0), -50.0);
 }
+
+TEST(Compare, RunsOfDifferentScenariosGetAWarningBanner) {
+  auto a = synthetic(small(), "_a");
+  auto b = synthetic(small(), "_b");
+  EXPECT_TRUE(compare_runs(a, b).different_scenarios.empty());
+  EXPECT_EQ(format_compare_text(compare_runs(a, b), 5).find("WARNING"), std::string::npos);
+  b.header.scenario.name = "another";
+  b.header.scenario.hash = "00000000000000ff";
+  const auto r = compare_runs(a, b);
+  ASSERT_EQ(r.different_scenarios.size(), 2U);
+  const std::string text = format_compare_text(r, 5);
+  EXPECT_EQ(text.rfind("!!!!", 0), 0U) << text.substr(0, 300);
+  EXPECT_NE(text.find("WARNING: A and B are NOT runs of the same scenario"), std::string::npos);
+  EXPECT_NE(text.find("scenario names differ: A \"" + a.header.scenario.name + "\", B \"another\""), std::string::npos)
+      << text.substr(0, 400);
+  EXPECT_NE(text.find("B hash 00000000000000ff"), std::string::npos);
+  EXPECT_EQ(compare_json(r)["different_scenarios"].size(), 2U);
+}

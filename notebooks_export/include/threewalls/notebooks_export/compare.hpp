@@ -94,6 +94,10 @@ std::optional<HostProbePair> find_host_probe_pair(const profiler::RunData& a, co
 struct CompareResult {
   std::string label_a;
   std::string label_b;
+  // How A and B are not runs of one scenario (its name, its file's hash, the world size); empty when
+  // they are. The text starts with a warning banner listing them, the JSON has them as
+  // "different_scenarios", and the command line prints them on stderr.
+  std::vector<std::string> different_scenarios;
   profiler::Aggregate step_time_a;  // critical-rank step time over the matched steps
   profiler::Aggregate step_time_b;
   std::optional<double> step_time_error_pct;  // of the medians
