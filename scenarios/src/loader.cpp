@@ -450,6 +450,12 @@ class Loader {
         }
         const auto* a = node.as_array();
         if (!a) return type_error("\"all\", \"representatives\" or an array of ranks");
+        if (a->empty()) {
+          errors_.add(where, label +
+                                 " = [] names no rank; allowed: \"all\", \"representatives\" or a non-empty array "
+                                 "of ranks (to record nothing, set run.profiler.enabled = false)");
+          return false;
+        }
         std::vector<std::int64_t> items;
         for (const auto& e : *a) {
           const auto* i = e.as_integer();

@@ -760,7 +760,7 @@ Registry::Registry() {
       .doc("Write buffered records to disk every n steps.")
       .bind(kProfiler, &ProfilerSpec::flush_every_n_steps);
   Decl(r, "run.profiler.ranks", ParamType::rank_list).def("\"all\"")
-      .doc("Ranks that record: all, one representative of each rank class, or a list.")
+      .doc("Ranks that record: all, one representative of each rank class, or a non-empty list ([] is an error).")
       .set([](Scenario& s, const Value& v, std::size_t) {
         auto& p = s.run.profiler;
         p.ranks.clear();

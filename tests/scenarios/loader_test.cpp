@@ -121,6 +121,14 @@ TEST(ScenarioLoader, MinimalScenarioGetsRegistryDefaults) {
   EXPECT_EQ(s.run.profiler.granularity, Granularity::layer);
 }
 
+TEST(ScenarioLoader, AnEmptyProfilerRankListIsAnErrorNotEveryRank) {
+  const std::string text = std::string(kMinimal) + "\n[run.profiler]\nranks = []\n";
+  const std::string msg = load_error(text).what();
+  EXPECT_NE(msg.find("run.profiler.ranks = [] names no rank"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("run.profiler.enabled = false"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("broken.toml:"), std::string::npos) << msg;
+}
+
 TEST(ScenarioLoader, AttentionImplIsReadAndABadValueNamesTheAllowedOnes) {
   const Scenario s = load_ok(with(kMinimal, "vocab_size = 32000\n", "attention_impl = \"unfused\"\n"));
   EXPECT_EQ(s.model.attention_impl, AttentionImpl::unfused);
