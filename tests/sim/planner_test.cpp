@@ -258,6 +258,36 @@ TEST(PlanSweep, ShardsMergeIntoTheUnshardedPlan) {
   EXPECT_THROW(merge_plans({shards[0], shards[1], shards[1]}), InputError);
 }
 
+TEST(PlanSweep, ACorruptShardIsRefusedNeverRanked) {
+  const auto loaded = scenarios::load_scenario_file(example("mixtral_8x7b_64gpu"));
+  PlanOptions o = mixtral_options(loaded.scenario, kSmall);
+  o.shard_index = 0;
+  o.shard_count = 3;
+  const Json good = Json::parse(plan_to_json(run_plan(loaded, h100().coster, o)).dump());
+  ASSERT_FALSE(good.at("top").empty());
+  auto error = [](const Json& j) {
+    try {
+      (void)plan_from_json(j, "shard.json");
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  Json j = good;
+  j["top"][0]["step_time_us"] = -5.0;  // would rank first
+  EXPECT_NE(error(j).find("shard.json: row "), std::string::npos) << error(j);
+  EXPECT_NE(error(j).find("'step_time_us' is -5.0; allowed: a finite number > 0"), std::string::npos) << error(j);
+  j = good;
+  j["top"][0]["mfu"] = -0.5;
+  EXPECT_NE(error(j).find("'mfu' is -0.5; allowed: a finite number >= 0"), std::string::npos) << error(j);
+  j = good;
+  j["format"] = nullptr;  // once a raw JSON type error
+  EXPECT_NE(error(j).find("shard.json: not a threewalls plan"), std::string::npos) << error(j);
+  j = good;
+  j["format_version"] = 7;
+  EXPECT_NE(error(j).find("plan format_version '' is not supported"), std::string::npos) << error(j);
+}
+
 // ---- the CLI ----
 
 const std::string kBinary = test::threewalls_binary();

@@ -133,6 +133,22 @@ PlanRow row_from(const Json& j, const std::string& where) {
   r.peak_bytes = j.at("peak_bytes").get<double>();
   r.capacity_bytes = j.at("capacity_bytes").get<double>();
   r.walls = walls_from(j.at("walls"));
+  // A row's figures are finite and non-negative, its step time positive: a corrupt row must not rank.
+  const std::pair<const char*, double> figures[] = {{"tokens_per_s", r.tokens_per_s},
+                                                    {"tflops_per_gpu", r.tflops_per_gpu},
+                                                    {"mfu", r.mfu},
+                                                    {"peak_bytes", r.peak_bytes},
+                                                    {"capacity_bytes", r.capacity_bytes}};
+  for (const auto& [key, v] : figures) {
+    if (!(v >= 0.0) || !std::isfinite(v)) {
+      throw InputError(where + ": row " + std::to_string(c.index) + ": '" + key + "' is " + j.at(key).dump() +
+                       "; allowed: a finite number >= 0");
+    }
+  }
+  if (r.outcome == Outcome::estimated && (!(r.step_time_us > 0.0) || !std::isfinite(r.step_time_us))) {
+    throw InputError(where + ": row " + std::to_string(c.index) + ": 'step_time_us' is " + j.at("step_time_us").dump() +
+                     "; allowed: a finite number > 0");
+  }
   r.dominant = j.at("dominant").get<std::string>();
   r.why = j.value("why", "");
   if (j.contains("flow")) {
@@ -198,10 +214,15 @@ OrderedJson plan_to_json(const PlanResult& r) {
 }
 
 PlanResult plan_from_json(const Json& j, const std::string& source) {
-  if (!j.is_object() || j.value("format", "") != kPlanFormat) {
+  // A string field or "" (absent, null or another type): never a raw JSON type error.
+  auto text = [&](const char* key) {
+    const auto it = j.find(key);
+    return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  if (!j.is_object() || text("format") != kPlanFormat) {
     throw InputError(source + ": not a threewalls plan (format \"" + std::string(kPlanFormat) + "\" expected)");
   }
-  const std::string ver = j.value("format_version", "");
+  const std::string ver = text("format_version");
   if (ver.empty() || std::atoi(ver.c_str()) != kPlanMajor) {
     throw InputError(source + ": plan format_version '" + ver + "' is not supported (this tool reads " +
                      std::to_string(kPlanMajor) + ".x)");
