@@ -33,6 +33,12 @@ class WriterTest(unittest.TestCase):
         pol = SamplingPolicy(SamplingConfig(record_every_n_steps=1), 1)
         with self.assertRaisesRegex(InputError, "results are never overwritten"):
             RunDirWriter(d, header(), pol)
+        with self.assertRaisesRegex(InputError, "is not a run directory"):  # no run.json: not ours to empty
+            RunDirWriter(d, header(), pol, overwrite=True)
+        RunDirWriter(os.path.join(d, "run"), header(), pol).close()
+        d = os.path.join(d, "run")
+        with open(os.path.join(d, "keep.txt"), "w") as f:
+            f.write("x")
         w = RunDirWriter(d, header(), pol, overwrite=True)
         w.close()
         self.assertTrue(os.path.exists(os.path.join(d, "keep.txt")))  # other files are left alone
@@ -58,11 +64,11 @@ class WriterTest(unittest.TestCase):
             if step == 2:
                 self.assertEqual(n, 1)  # only the header: steps 0-2 are buffered
             if step == 3:
-                self.assertEqual(n, 1 + 4)  # flush after step 3: steps 0 and 2, a phase and a step record each
+                self.assertEqual(n, 1 + 6)  # flush after step 3: steps 0 and 2, a phase, a step and a step_end each
         self.assertFalse(w.add_phase(step=9, rank=1, phase="p", stream="c", start_us=0, dur_us=1, wall="compute"))
         w.close()
         last = json.loads(lines_of(path)[-2])
-        self.assertEqual(last, {"record": "footer", "records": 4, "steps": [0, 2, 4, 6]})
+        self.assertEqual(last, {"record": "footer", "run_id": w.header["run_id"], "records": 4, "steps": [0, 2, 4, 6]})
         with self.assertRaisesRegex(InputError, "wall 'gpu'; allowed: compute, memory, communication, host"):
             RunDirWriter(os.path.join(tempdir(self), "r"), header(), SamplingPolicy(None, 1)).add_phase(
                 step=0, rank=0, phase="p", stream="c", start_us=0, dur_us=1, wall="gpu")

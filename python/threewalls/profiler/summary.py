@@ -61,6 +61,8 @@ def read_records(run_dir: str) -> Dict[str, Any]:
                 out["footers"][rank] = j
             elif kind == "step":
                 out["steps"].append(j)
+            elif kind == "step_end":
+                continue  # closes a step (its counts are the C++ reader's to check)
             else:
                 out["phases"].append(j)
     return out
