@@ -58,7 +58,8 @@ class ProfilerCpuTest(unittest.TestCase):
                                                                                      "compute"))
         read = [p for p in recs["phases"] if p["phase"] == "training_metrics_read"][0]
         self.assertEqual((read["stream"], read["wall"], read["coarse"]), ("host", "host", "training_metrics"))
-        self.assertEqual(recs["footers"][0], {"record": "footer", "records": 18, "steps": [0, 2, 4]})
+        self.assertEqual(recs["footers"][0], {"record": "footer", "run_id": recs["headers"][0]["run_id"], "records": 18,
+                                              "steps": [0, 2, 4]})
         with open(os.path.join(d, "summary.json")) as f:
             summ = json.load(f)
         self.assertEqual([s["step"] for s in summ["steps"]], [0, 2, 4])
