@@ -170,8 +170,10 @@ void add_exec_options(Registry& r, const std::string& table, Exec exec) {
   Decl(r, table + ".token_dispatcher", ParamType::choice)
       .def("\"alltoall\"")
       .choices(kDispatcher)
-      .doc("MoE token dispatcher: all-to-all over the EP group, all-gather of all tokens, or flex "
-           "(DeepEP-style fused dispatch).")
+      .doc("MoE token dispatcher (Megatron's --moe-token-dispatcher-type): all-to-all over the EP group (NCCL: "
+           "peers in the node over NVLink, others over the network), all-gather of all tokens, or flex "
+           "(DeepEP-style, --moe-enable-deepep: one network copy per token and destination node, forwarded over "
+           "NVLink there; docs/simulator.md, \"Expert dispatch across nodes\").")
       .bind(exec, &ExecOptions::token_dispatcher);
   Decl(r, table + ".expert_execution", ParamType::choice)
       .def("\"grouped\"")
@@ -495,6 +497,15 @@ Registry::Registry() {
   Decl(r, "model.moe_router_topk", ParamType::integer).def("0").min(0)
       .doc("Experts each token is routed to; required when num_experts > 0.")
       .bind(kModel, &ModelSpec::moe_router_topk);
+  Decl(r, "model.moe_router_num_groups", ParamType::integer).def("0").min(0)
+      .doc("Group-limited routing (Megatron's --moe-router-num-groups; DeepSeek-V3: 8): the experts form this many "
+           "contiguous groups and each token's experts come from moe_router_group_topk of them; with expert "
+           "parallelism across nodes this bounds the nodes a token is sent to. 0 = no group limit.")
+      .bind(kModel, &ModelSpec::moe_router_num_groups);
+  Decl(r, "model.moe_router_group_topk", ParamType::integer).def("0").min(0)
+      .doc("Groups each token's experts may come from (Megatron's --moe-router-group-topk; DeepSeek-V3: 4); "
+           "required with moe_router_num_groups.")
+      .bind(kModel, &ModelSpec::moe_router_group_topk);
   Decl(r, "model.moe_shared_expert_intermediate_size", ParamType::integer).def("0").min(0)
       .doc("Total hidden size of the shared experts of an MoE layer; 0 = no shared expert.")
       .bind(kModel, &ModelSpec::moe_shared_expert_intermediate_size);

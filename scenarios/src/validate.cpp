@@ -16,24 +16,30 @@ namespace {
 
 // The rules, in the order they are checked. Ids are stable: tests and users grep for them.
 const std::vector<RuleInfo> kRules = {
-    {"attention-kind", "mha needs num_query_groups = num_attention_heads; gqa needs num_query_groups; mla needs "
-                       "kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim and v_head_dim, which only mla may set."},
+    {"attention-kind",
+     "mha needs num_query_groups = num_attention_heads; gqa needs num_query_groups; mla needs "
+     "kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim and v_head_dim, which only mla may set."},
     {"head-dim", "Without kv_channels, hidden_size must be divisible by num_attention_heads."},
     {"query-groups", "num_attention_heads must be divisible by num_query_groups."},
     {"dense-ffn", "A model with any dense layer needs ffn_hidden_size > 0."},
     {"moe-keys", "num_experts > 0 needs moe_ffn_hidden_size and moe_router_topk; a dense model must not set MoE keys."},
     {"moe-topk", "moe_router_topk must not exceed num_experts."},
+    {"moe-router-groups",
+     "moe_router_num_groups and moe_router_group_topk come together: num_experts divisible by "
+     "the groups, group_topk at most the groups, and topk at most the experts of group_topk groups."},
     {"moe-layers", "first_dense_layers must leave at least one MoE layer in an MoE model."},
     {"world-size", "world = nodes x gpus_per_node must equal tp x cp x pp x dp."},
     {"expert-world", "world must be divisible by etp x ep x pp (edp = world / (etp x ep x pp))."},
     {"tp-heads", "num_attention_heads must be divisible by tp."},
     {"tp-query-groups", "num_query_groups must be divisible by tp."},
-    {"tp-ffn", "ffn_hidden_size must be divisible by tp, moe_ffn_hidden_size by etp, and the shared expert size by tp."},
+    {"tp-ffn",
+     "ffn_hidden_size must be divisible by tp, moe_ffn_hidden_size by etp, and the shared expert size by tp."},
     {"ep-experts", "num_experts must be divisible by ep."},
     {"ep-dense", "ep > 1 or etp > 1 needs an MoE model."},
-    {"pp-layers", "Layers must split across pp x vpp virtual stages: num_layers divisible by pp x vpp, or the "
-                  "explicit layers_per_stage (pp x vpp entries summing to num_layers), or first/last_stage_layers "
-                  "leaving a remainder divisible by the other stages."},
+    {"pp-layers",
+     "Layers must split across pp x vpp virtual stages: num_layers divisible by pp x vpp, or the "
+     "explicit layers_per_stage (pp x vpp entries summing to num_layers), or first/last_stage_layers "
+     "leaving a remainder divisible by the other stages."},
     {"vpp-pp", "vpp > 1 (interleaved schedule) needs pp > 1."},
     {"batch-divisible", "global_batch_size must be divisible by micro_batch_size x dp."},
     {"vpp-microbatches", "With vpp > 1 the number of micro-batches must be a multiple of pp (interleaved schedule)."},
@@ -43,14 +49,17 @@ const std::vector<RuleInfo> kRules = {
     {"moe-tp-sp", "An MoE model with tp > 1 and ep > 1 needs sequence_parallel (Megatron-Core)."},
     {"fp8-dims", "fp8 needs hidden_size and every FFN size divisible by 16."},
     {"overlap-param-gather", "overlap_param_gather needs use_distributed_optimizer and overlap_grad_reduce."},
-    {"recompute", "selective recompute needs recompute_modules that exist in the model (moe*, shared_experts, "
-                  "mla_up_proj); full/block recompute_num_layers must not exceed the layers of a stage."},
-    {"graph-scope", "CUDA-graph scopes moe_router and moe_preprocess need an MoE model; full_iteration excludes the "
-                    "other scopes; captured MoE scopes cannot contain the host read of sync_routing_stats."},
+    {"recompute",
+     "selective recompute needs recompute_modules that exist in the model (moe*, shared_experts, "
+     "mla_up_proj); full/block recompute_num_layers must not exceed the layers of a stage."},
+    {"graph-scope",
+     "CUDA-graph scopes moe_router and moe_preprocess need an MoE model; full_iteration excludes the "
+     "other scopes; captured MoE scopes cannot contain the host read of sync_routing_stats."},
     {"expert-streams", "expert_execution = \"streams:N\" needs 1 <= N <= local experts (num_experts / ep)."},
     {"routing-imbalance", "routing_imbalance > 1 needs ep > 1 and must not exceed ep."},
-    {"offload", "expert_offload needs an MoE model, cache_experts_per_layer <= num_experts / ep, nvme_path exactly "
-                "when tier = \"nvme\"."},
+    {"offload",
+     "expert_offload needs an MoE model, cache_experts_per_layer <= num_experts / ep, nvme_path exactly "
+     "when tier = \"nvme\"."},
     {"infer-layout", "Inference scenarios run without pipeline or context parallelism (pp = cp = 1)."},
     {"profiler-steps", "Profiler steps must lie in 0 .. steps-1 and end_step >= start_step; ranks must exist."},
     {"slowdown-rank", "A slowdown must name an existing rank."},
@@ -165,13 +174,33 @@ void check_model(Scenario& s, Reporter& r) {
       r.fail("moe-topk", "model.moe_router_topk",
              "moe_router_topk = " + num(m.moe_router_topk) + " exceeds num_experts = " + num(m.num_experts));
     }
+    if (m.moe_router_num_groups > 0 || m.moe_router_group_topk > 0) {
+      const std::string key =
+          m.moe_router_num_groups > 0 ? "model.moe_router_group_topk" : "model.moe_router_num_groups";
+      if (m.moe_router_num_groups == 0 || m.moe_router_group_topk == 0) {
+        r.fail("moe-router-groups", key, "moe_router_num_groups and moe_router_group_topk must be set together");
+      } else if (m.num_experts % m.moe_router_num_groups != 0) {
+        r.fail("moe-router-groups", "model.moe_router_num_groups",
+               "num_experts = " + num(m.num_experts) +
+                   " is not divisible by moe_router_num_groups = " + num(m.moe_router_num_groups));
+      } else if (m.moe_router_group_topk > m.moe_router_num_groups) {
+        r.fail("moe-router-groups", "model.moe_router_group_topk",
+               "moe_router_group_topk = " + num(m.moe_router_group_topk) +
+                   " exceeds moe_router_num_groups = " + num(m.moe_router_num_groups));
+      } else if (m.moe_router_topk > m.num_experts / m.moe_router_num_groups * m.moe_router_group_topk) {
+        r.fail("moe-router-groups", "model.moe_router_group_topk",
+               "moe_router_topk = " + num(m.moe_router_topk) + " exceeds the " +
+                   num(m.num_experts / m.moe_router_num_groups * m.moe_router_group_topk) + " experts of " +
+                   num(m.moe_router_group_topk) + " groups");
+      }
+    }
     if (m.num_moe_layers() == 0) {
       r.fail("moe-layers", "model.first_dense_layers",
              "first_dense_layers = " + num(m.first_dense_layers) + " leaves no MoE layer of " + num(m.num_layers));
     }
   } else {
-    for (const char* k : {"moe_ffn_hidden_size", "moe_router_topk", "moe_shared_expert_intermediate_size",
-                          "first_dense_layers", "moe_layer_freq"}) {
+    for (const char* k : {"moe_ffn_hidden_size", "moe_router_topk", "moe_router_num_groups", "moe_router_group_topk",
+                          "moe_shared_expert_intermediate_size", "first_dense_layers", "moe_layer_freq"}) {
       if (r.given(std::string("model.") + k)) {
         r.fail("moe-keys", std::string("model.") + k,
                std::string(k) + " only applies to MoE models (num_experts > 0)");

@@ -17,6 +17,18 @@ namespace threewalls::sim {
 
 const char* to_string(Fidelity f) { return f == Fidelity::flow ? "flow" : "analytic"; }
 
+ExpertDispatch expert_dispatch_of(const scenarios::Scenario& s) {
+  ExpertDispatch d;
+  const scenarios::ExecOptions* exec = s.train ? &s.train->exec : (s.infer ? &s.infer->exec : nullptr);
+  d.kind = exec != nullptr && exec->token_dispatcher == scenarios::Dispatcher::flex ? DispatchKind::flex
+                                                                                    : DispatchKind::alltoall;
+  d.num_experts = s.model.num_experts;
+  d.topk = s.model.moe_router_topk;
+  d.num_groups = s.model.moe_router_num_groups;
+  d.group_topk = s.model.moe_router_group_topk;
+  return d;
+}
+
 namespace {
 
 using scenarios::Collective;
@@ -1114,6 +1126,49 @@ class StepRun {
     return split;
   }
 
+  // Bus-bandwidth time of an all-to-all whose group spans nodes (docs/simulator.md, "Expert dispatch
+  // across nodes"): the bytes each member sends or receives within its node on the NVLink curve (group
+  // size: the members of its node), the bytes to and from other nodes on the network curve (group size:
+  // all members), both at once; the slower member and link sets the time. A flex dispatch or combine
+  // de-duplicates the network bytes per destination node and forwards them over NVLink; the flows of
+  // `raw` to other nodes are scaled by the same factor.
+  double a2a_across_nodes(const Op& op, std::span<const int> members, double size, const Split& split, int rep,
+                          std::vector<RankFlow>& raw) const {
+    const int n = static_cast<int>(members.size());
+    const bool flex = opt_.dispatch.kind == DispatchKind::flex && op.group == scenarios::Group::ep && op.shape[1] != 0;
+    std::vector<double> dedup;
+    if (flex) {
+      const A2aByLink nodes = a2a_by_link(members, size, split, platform_);
+      std::vector<int> experts(nodes.members_per_node.size());
+      for (std::size_t m = 0; m < experts.size(); ++m)
+        experts[m] = nodes.members_per_node[m] * opt_.dispatch.num_experts / n;
+      for (std::size_t m = 0; m < experts.size(); ++m) dedup.push_back(dedup_factor(opt_.dispatch, experts, m));
+    }
+    const A2aByLink by_link = a2a_by_link(members, size, split, platform_, dedup);
+    double t = 0.0;
+    for (std::size_t i = 0; i < by_link.members.size(); ++i) {
+      const A2aLinkBytes& b = by_link.members[i];
+      const int local = by_link.members_per_node[static_cast<std::size_t>(b.node)];
+      if (local > 1 && b.nvlink > 0.0) {
+        const CommParams nv =
+            coster_.comm_params(CommKind::all_to_all, Bytes(op.bytes * local / n), local, CommScope::nvlink);
+        if (nv.bus_bandwidth.value > 0.0) t = std::max(t, b.nvlink / nv.bus_bandwidth.value);
+      }
+      if (b.network > 0.0) {
+        const CommParams net = coster_.comm_params(CommKind::all_to_all, Bytes(op.bytes), n, CommScope::network);
+        if (net.bus_bandwidth.value > 0.0) t = std::max(t, b.network / net.bus_bandwidth.value);
+      }
+    }
+    if (flex) {
+      const auto it = std::find(members.begin(), members.end(), rep);
+      const int own = by_link.members[static_cast<std::size_t>(it - members.begin())].node;
+      for (RankFlow& f : raw) {
+        if (platform_.node_of(f.dst) != platform_.node_of(f.src)) f.bytes *= dedup[static_cast<std::size_t>(own)];
+      }
+    }
+    return t;
+  }
+
   Plan plan_collective(const Instance& inst) {
     Plan plan;
     double t_bw = 0.0;
@@ -1135,10 +1190,15 @@ class StepRun {
       const double size = split.kind == SplitKind::uniform ? op.bytes : static_cast<double>(op.shape[0]);
       const bool spans = !g_.layout.group_within_node(op.group, s.rep);
       const Algorithm algo = choose_algorithm(kind, opt_.allreduce, spans, op.bytes, n);
-      const CommParams p = coster_.comm_params(kind, Bytes(op.bytes), n, spans ? CommScope::network : CommScope::nvlink);
-      const double traffic = bus_traffic_bytes(kind, members, size, split);
-      if (p.bus_bandwidth.value > 0.0) t_bw = std::max(t_bw, traffic / p.bus_bandwidth.value);
+      const CommParams p =
+          coster_.comm_params(kind, Bytes(op.bytes), n, spans ? CommScope::network : CommScope::nvlink);
       std::vector<RankFlow> raw = collective_flows(kind, algo, members, size, split, s.rep);
+      if (kind == CommKind::all_to_all && spans) {
+        t_bw = std::max(t_bw, a2a_across_nodes(op, members, size, split, s.rep, raw));
+      } else {
+        const double traffic = bus_traffic_bytes(kind, members, size, split);
+        if (p.bus_bandwidth.value > 0.0) t_bw = std::max(t_bw, traffic / p.bus_bandwidth.value);
+      }
       double path_latency = 0.0;
       for (const RankFlow& f : raw) {
         const auto [a, b] = platform_.gpu_endpoints(f.src, f.dst);

@@ -159,6 +159,96 @@ double bus_traffic_bytes(CommKind kind, std::span<const int> members, double siz
   return worst;
 }
 
+namespace {
+
+// Probability that none of k draws without replacement from `total` items hits one of `marked`.
+double none_drawn(double total, double marked, int k) {
+  double p = 1.0;
+  for (int t = 0; t < k; ++t) {
+    const double left = total - t;
+    if (left <= 0.0) return 0.0;
+    p *= std::max(0.0, left - marked) / left;
+  }
+  return p;
+}
+
+}  // namespace
+
+double node_use_probability(const ExpertDispatch& d, int node_experts) {
+  const double e = d.num_experts;
+  const double m = node_experts;
+  if (!(e > 0.0) || m <= 0 || d.topk <= 0) return 0.0;
+  if (m >= e) return 1.0;
+  const int groups = d.num_groups;
+  if (groups > 1 && d.group_topk > 0 && d.num_experts % groups == 0) {
+    const int per_group = d.num_experts / groups;
+    if (node_experts % per_group == 0) {
+      return 1.0 - none_drawn(groups, static_cast<double>(node_experts / per_group), d.group_topk);
+    }
+    if (per_group % node_experts == 0) {
+      const double candidates = static_cast<double>(d.group_topk) * per_group;
+      return static_cast<double>(d.group_topk) / groups * (1.0 - none_drawn(candidates, m, d.topk));
+    }
+  }
+  return 1.0 - none_drawn(e, m, d.topk);
+}
+
+double dedup_factor(const ExpertDispatch& d, std::span<const int> experts_per_node, std::size_t own) {
+  if (d.num_experts <= 0 || d.topk <= 0) return 1.0;
+  double nodes = 0.0;
+  double copies = 0.0;
+  for (std::size_t m = 0; m < experts_per_node.size(); ++m) {
+    if (m == own) continue;
+    nodes += node_use_probability(d, experts_per_node[m]);
+    copies += static_cast<double>(d.topk) * experts_per_node[m] / d.num_experts;
+  }
+  if (!(copies > 0.0)) return 1.0;
+  return std::clamp(nodes / copies, 0.0, 1.0);
+}
+
+A2aByLink a2a_by_link(std::span<const int> members, double size, const Split& split, const Platform& platform,
+                      std::span<const double> dedup) {
+  const std::size_t n = members.size();
+  check_split(split, n);
+  A2aByLink out;
+  out.members.resize(n);
+  std::map<int, int> index;  // platform node -> node index in member order
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto [it, added] = index.try_emplace(platform.node_of(members[i]), static_cast<int>(index.size()));
+    if (added) out.members_per_node.push_back(0);
+    out.members[i].node = it->second;
+    ++out.members_per_node[static_cast<std::size_t>(it->second)];
+  }
+  if (!dedup.empty() && dedup.size() != out.members_per_node.size()) {
+    throw std::logic_error("a2a_by_link: " + std::to_string(dedup.size()) + " dedup factors for " +
+                           std::to_string(out.members_per_node.size()) + " nodes");
+  }
+  const bool flex = !dedup.empty();
+  std::vector<double> intra_out(n, 0.0), intra_in(n, 0.0), net_out(n, 0.0), net_in(n, 0.0), raw_in(n, 0.0);
+  for (std::size_t i = 0; i < n; ++i) {
+    const int ni = out.members[i].node;
+    const double f = flex ? dedup[static_cast<std::size_t>(ni)] : 1.0;
+    for (std::size_t j = 0; j < n; ++j) {
+      if (j == i) continue;
+      const double b = a2a_bytes(i, j, n, size, split);
+      if (out.members[j].node == ni) {
+        intra_out[i] += b;
+        intra_in[j] += b;
+      } else {
+        net_out[i] += b * f;
+        net_in[j] += b * f;
+        raw_in[j] += b;
+      }
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    const double fwd = flex ? raw_in[i] : 0.0;
+    out.members[i].nvlink = std::max(intra_out[i] + fwd, intra_in[i] + fwd);
+    out.members[i].network = std::max(net_out[i], net_in[i]);
+  }
+  return out;
+}
+
 std::vector<RankFlow> aggregate_flows(std::span<const RankFlow> flows, std::span<const int> members,
                                       const Platform& platform) {
   // Position of each member in the group order, for "the first destination after the source".

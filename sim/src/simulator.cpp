@@ -118,6 +118,7 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   eo.fidelity = opt.fidelity;
   eo.allreduce = opt.allreduce;
   eo.routing_imbalance = s.train ? s.train->routing_imbalance : 1.0;
+  eo.dispatch = expert_dispatch_of(s);
   const Executor exec(coster, eo);
 
   // Run header and writer.

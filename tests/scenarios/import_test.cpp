@@ -61,6 +61,8 @@ void expect_same_model(const ModelSpec& a, const ModelSpec& b) {
   EXPECT_EQ(a.num_experts, b.num_experts);
   EXPECT_EQ(a.moe_ffn_hidden_size, b.moe_ffn_hidden_size);
   EXPECT_EQ(a.moe_router_topk, b.moe_router_topk);
+  EXPECT_EQ(a.moe_router_num_groups, b.moe_router_num_groups);
+  EXPECT_EQ(a.moe_router_group_topk, b.moe_router_group_topk);
   EXPECT_EQ(a.moe_shared_expert_intermediate_size, b.moe_shared_expert_intermediate_size);
   EXPECT_EQ(a.first_dense_layers, b.first_dense_layers);
   EXPECT_EQ(a.moe_layer_freq, b.moe_layer_freq);
@@ -146,6 +148,8 @@ TEST(ImportMegatron, DeepSeekV3RunMatchesTheExample) {
   const Scenario s = load_draft(d, "h100-dgx", 1024);
   const Scenario ex = example("deepseek_v3_1024gpu.toml");
   expect_same_model(s.model, ex.model);
+  EXPECT_EQ(s.model.moe_router_num_groups, 8);
+  EXPECT_EQ(s.model.moe_router_group_topk, 4);
   // The published layout "Et|(tt|)*30mL" leaves the last virtual stage to the MTP layer and the loss;
   // threewalls does not model MTP, so the example gives that stage one layer (its own split).
   expect_same_layout(s, ex, /*compare_split=*/false);

@@ -127,6 +127,60 @@ TEST(Flows, AggregationMergesBySameNodeSameLeafOtherLeafAndKeepsBytes) {
   EXPECT_DOUBLE_EQ(to.at(9), 2100.0);  // other rails: 21 peers
 }
 
+TEST(Flows, AllToAllAcrossNodesSplitsEachMembersBytesIntoNvlinkAndNetwork) {
+  const Platform p(testing::cluster(8, 4));
+  const auto m = iota(32);
+  const A2aByLink b = a2a_by_link(m, 3200.0, Split{}, p);
+  ASSERT_EQ(b.members_per_node, (std::vector<int>{8, 8, 8, 8}));
+  for (const auto& x : b.members) {
+    EXPECT_DOUBLE_EQ(x.nvlink, 7 * 100.0);    // 7 peers in the node
+    EXPECT_DOUBLE_EQ(x.network, 24 * 100.0);  // 24 peers in other nodes
+  }
+  EXPECT_EQ(b.members[9].node, 1);
+}
+
+TEST(Flows, FlexDedupSendsOneCopyPerDestinationNodeAndForwardsOverNvlink) {
+  const Platform p(testing::cluster(8, 4));
+  const auto m = iota(32);
+  const std::vector<double> dedup{0.25, 0.25, 0.25, 0.25};
+  const A2aByLink b = a2a_by_link(m, 3200.0, Split{}, p, dedup);
+  for (const auto& x : b.members) {
+    EXPECT_DOUBLE_EQ(x.network, 0.25 * 2400.0);
+    EXPECT_DOUBLE_EQ(x.nvlink, 700.0 + 2400.0);  // own node's bytes + what it forwards / receives for other nodes
+  }
+  EXPECT_THROW((void)a2a_by_link(m, 3200.0, Split{}, p, std::vector<double>{1.0}), std::logic_error);
+}
+
+TEST(Flows, NodeUseProbabilityFollowsDrawsWithoutReplacementAndRouterGroups) {
+  // 2 experts of 4 on the node, top-1: half the tokens.
+  EXPECT_DOUBLE_EQ(node_use_probability({DispatchKind::flex, 4, 1, 0, 0}, 2), 0.5);
+  // top-2 of 4, node holds 2: 1 - C(2,2)/C(4,2) = 5/6.
+  EXPECT_NEAR(node_use_probability({DispatchKind::flex, 4, 2, 0, 0}, 2), 5.0 / 6.0, 1e-12);
+  // A node holding every expert is always used; none never.
+  EXPECT_DOUBLE_EQ(node_use_probability({DispatchKind::flex, 4, 2, 0, 0}, 4), 1.0);
+  EXPECT_DOUBLE_EQ(node_use_probability({DispatchKind::flex, 4, 2, 0, 0}, 0), 0.0);
+  // DeepSeek-V3 on 8 nodes: 256 experts in 8 groups, 4 groups per token; a node holds one group.
+  EXPECT_NEAR(node_use_probability({DispatchKind::flex, 256, 8, 8, 4}, 32), 0.5, 1e-12);
+  // A node holding half a group: the group is chosen (4/8), then 1 - C(96, 8)/C(128, 8) of the top-8
+  // drawn from the 4 chosen groups' 128 experts land on its 16.
+  double none = 1.0;
+  for (int t = 0; t < 8; ++t) none *= (112.0 - t) / (128.0 - t);
+  EXPECT_NEAR(node_use_probability({DispatchKind::flex, 256, 8, 8, 4}, 16), 0.5 * (1.0 - none), 1e-12);
+}
+
+TEST(Flows, DedupFactorIsNodesUsedOverCopiesToOtherNodes) {
+  // DeepSeek-V3, EP64 over 8 nodes, 4 of 8 groups: 7 x 0.5 nodes over 8 x 7/8 copies.
+  const std::vector<int> experts(8, 32);
+  EXPECT_NEAR(dedup_factor({DispatchKind::flex, 256, 8, 8, 4}, experts, 0), 3.5 / 7.0, 1e-12);
+  // Qwen3-30B, EP16 over 2 nodes, no groups: the other node is used unless all 8 experts are local.
+  double none = 1.0;
+  for (int t = 0; t < 8; ++t) none *= (64.0 - t) / (128.0 - t);
+  const std::vector<int> two(2, 64);
+  EXPECT_NEAR(dedup_factor({DispatchKind::flex, 128, 8, 0, 0}, two, 1), (1.0 - none) / 4.0, 1e-12);
+  // One node: nothing leaves it.
+  EXPECT_DOUBLE_EQ(dedup_factor({DispatchKind::flex, 128, 8, 0, 0}, std::vector<int>{128}, 0), 1.0);
+}
+
 TEST(Flows, AggregatedDestinationsAreDistinctInASymmetricPattern) {
   const Platform p(testing::cluster(8, 2));
   const auto m = iota(16);

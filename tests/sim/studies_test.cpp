@@ -637,5 +637,28 @@ TEST(ScaleValidation, TflopsPerGpuIsMegatronsFormulaOverTheSimulatedStep) {
   EXPECT_NEAR(step.tflops_per_gpu, expected, 1e-9 * expected);
 }
 
+TEST(ScaleValidation, FlexDispatchAcrossNodesSendsOneCopyPerNodeOverTheNetwork) {
+  // Qwen3-30B on two nodes (EP16): a token's 8 of 128 experts use the other node almost always, so
+  // flex sends about one network copy where NCCL's all-to-all sends four.
+  scenarios::Scenario flex = validation("scale", "qwen3_30b_16gpu_h100_fp8");
+  flex.train->global_batch_size = 16;
+  scenarios::Scenario a2a = flex;
+  a2a.train->exec.token_dispatcher = scenarios::Dispatcher::alltoall;
+  SimOptions o;
+  o.fidelity = Fidelity::analytic;
+  auto dispatch_us = [&](const scenarios::Scenario& s) {
+    const SimResult r = simulate(s, "auto", o);
+    for (const auto& p : r.summary.phases) {
+      if (p.phase == "moe_dispatch_fwd") return p.dur_us.median;
+    }
+    return -1.0;
+  };
+  const double f = dispatch_us(flex);
+  const double a = dispatch_us(a2a);
+  ASSERT_GT(f, 0.0);
+  ASSERT_GT(a, 0.0);
+  EXPECT_LT(f, 0.4 * a) << "flex " << f << " us, alltoall " << a << " us";
+}
+
 }  // namespace
 }  // namespace threewalls::sim

@@ -789,13 +789,16 @@ class MegatronImporter {
       }
       if (moe_ffn) set_int("model", "moe_ffn_hidden_size", *moe_ffn);
       copy_int("--moe-shared-expert-intermediate-size", "model", "moe_shared_expert_intermediate_size");
+      copy_int("--moe-router-num-groups", "model", "moe_router_num_groups");
+      copy_int("--moe-router-group-topk", "model", "moe_router_group_topk");
       if (auto freq = str("--moe-layer-freq"); freq && layers) {
         pattern = expand_moe_layer_freq(*freq, *layers);
         map_layer_pattern(pattern);
       }
     } else {
-      for (const char* f : {"--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
-                            "--moe-layer-freq", "--moe-token-dispatcher-type", "--moe-grouped-gemm"}) {
+      for (const char* f : {"--moe-router-topk", "--moe-router-num-groups", "--moe-router-group-topk",
+                            "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--moe-layer-freq",
+                            "--moe-token-dispatcher-type", "--moe-grouped-gemm"}) {
         if (has(f)) d_.report.ignored.push_back({f, "no --num-experts: a dense model"});
       }
     }
@@ -1022,7 +1025,9 @@ class MegatronImporter {
       }
       d_.set("train", "token_dispatcher", disp);
       if (auto backend = str("--moe-flex-dispatcher-backend")) {
-        note("--moe-flex-dispatcher-backend " + *backend + ": flex is modelled as one DeepEP-style fused dispatch");
+        note("--moe-flex-dispatcher-backend " + *backend +
+             ": flex is modelled as a DeepEP-style dispatch (one network copy per token and destination node, "
+             "forwarded over NVLink)");
       }
       if (has("--moe-grouped-gemm")) {
         d_.set("train", "expert_execution", "grouped");

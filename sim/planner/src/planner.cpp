@@ -551,6 +551,7 @@ Reduced PlanEstimator::Impl::run_reduced(const Scenario& cand, const Candidate& 
   ExecutorOptions eo;
   eo.fidelity = Fidelity::analytic;
   eo.routing_imbalance = t.routing_imbalance;
+  eo.dispatch = expert_dispatch_of(r);
   const Executor ex(coster, eo);
   const StepResult res = ex.run_step(g, platform, {}, 0.0, nullptr);
 

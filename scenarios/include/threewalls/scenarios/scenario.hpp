@@ -58,6 +58,8 @@ struct ModelSpec {
   int num_experts = 0;
   int moe_ffn_hidden_size = 0;
   int moe_router_topk = 0;
+  int moe_router_num_groups = 0;                // group-limited routing: expert groups (0 = none)
+  int moe_router_group_topk = 0;                // groups each token's experts may come from
   int moe_shared_expert_intermediate_size = 0;  // total size of the shared experts, 0 = none
   int first_dense_layers = 0;                   // layers [0, first_dense_layers) use the dense MLP
   int moe_layer_freq = 1;                       // after those, every n-th layer is MoE

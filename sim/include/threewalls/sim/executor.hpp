@@ -54,12 +54,18 @@ struct ExecutorOptions {
   AllReduceChoice allreduce = AllReduceChoice::automatic;
   // Routing imbalance of MoE all-to-alls (train.routing_imbalance): RoutingModel(ep, imbalance).
   double routing_imbalance = 1.0;
+  // How MoE dispatch and combine reach other nodes (flows.hpp, ExpertDispatch); expert_dispatch_of.
+  ExpertDispatch dispatch;
   // Hardware work queues per GPU (CUDA_DEVICE_MAX_CONNECTIONS of the real run; CUDA's default 8, and
   // threewalls run does not set it). Streams map onto them round-robin in creation order and each
   // queue dispatches in issue order (docs/simulator.md, "Hardware work queues"). 0: one queue per
   // stream.
   int hardware_queues = 8;
 };
+
+// The scenario's expert dispatch: train or infer token_dispatcher (flex, else alltoall), the model's
+// routed experts, top-k and router groups.
+ExpertDispatch expert_dispatch_of(const scenarios::Scenario& s);
 
 // Which ops of a class carry the profiler's timing markers in a step (a real run records two CUDA
 // events around every timed op: docs/simulator.md, "Host lane"). By class: none, every op (layer

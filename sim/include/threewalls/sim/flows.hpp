@@ -59,6 +59,57 @@ struct Split {
   std::vector<double> share;  // per member position; empty for uniform; sums to 1
 };
 
+// How a token reaches its top-k experts' GPUs when the expert-parallel group spans nodes
+// (docs/simulator.md, "Expert dispatch across nodes"). Megatron's --moe-token-dispatcher-type:
+//   alltoall  NCCL all-to-all: every copy of a token goes straight to its expert's GPU, bytes to peers
+//             in the node over NVLink and bytes to peers in other nodes over the network, both at once;
+//   flex      DeepEP-style (--moe-enable-deepep / --moe-flex-dispatcher-backend): a token crosses the
+//             network once per destination node (to the GPU of the same local index there) and is
+//             forwarded over NVLink to its experts' GPUs in that node.
+// Routing is node-limited when the router picks groups first (--moe-router-num-groups G,
+// --moe-router-group-topk g): a token's experts lie in g of G contiguous expert groups.
+enum class DispatchKind : std::uint8_t { alltoall, flex };
+struct ExpertDispatch {
+  DispatchKind kind = DispatchKind::alltoall;
+  int num_experts = 0;  // routed experts, spread evenly over the EP group in member order
+  int topk = 0;
+  int num_groups = 0;  // 0 or 1: no group-limited routing
+  int group_topk = 0;
+};
+
+// Probability that a token's experts include at least one of `node_experts` experts held by one node
+// (a contiguous run of the expert order), for balanced routing over `d.num_experts` experts: top-k
+// drawn without replacement; with router groups, a node holding whole groups is used when one of its
+// groups is chosen, a node holding part of one group when that group is chosen and one of the top-k
+// (drawn from the chosen groups' experts) lands on it. Other group shapes are treated as ungrouped.
+double node_use_probability(const ExpertDispatch& d, int node_experts);
+
+// For a flex dispatch from a member of node `own`: bytes the network carries over the bytes a
+// pairwise all-to-all sends to other nodes, E[distinct other nodes a token uses] / E[copies of a token
+// to other nodes], in (0, 1]; 1 when no copy leaves the node. `experts_per_node[m]` is the experts of
+// node m (members of the node x experts per member).
+double dedup_factor(const ExpertDispatch& d, std::span<const int> experts_per_node, std::size_t own);
+
+// An all-to-all over a group that spans nodes, by the links its bytes cross. Per member position:
+// its node's index among the group's nodes, the bytes it sends or receives (the larger) over NVLink
+// and over the network. alltoall: bytes to and from peers of the same node over NVLink, the others
+// over the network. flex (`dedup` non-empty: the factor of each node index, dedup_factor): the network
+// carries a sender's bytes to other nodes times its node's factor, and NVLink carries, beside the bytes
+// within the node, the bytes the member forwards to and receives from its node's GPUs for peers of
+// other nodes (the bytes destined to it from other nodes before de-duplication; balanced routing
+// spreads the forwarding evenly over a node's GPUs).
+struct A2aLinkBytes {
+  int node = 0;
+  double nvlink = 0.0;
+  double network = 0.0;
+};
+struct A2aByLink {
+  std::vector<A2aLinkBytes> members;
+  std::vector<int> members_per_node;  // by node index
+};
+A2aByLink a2a_by_link(std::span<const int> members, double size, const Split& split, const Platform& platform,
+                      std::span<const double> dedup = {});
+
 // A GPU-to-GPU flow of nccl traffic (bytes as sent, before any efficiency scaling).
 struct RankFlow {
   int src = 0;
