@@ -1,11 +1,13 @@
 // threewalls sim SCENARIO [--calibration PROFILE] [--out DIR] [--fidelity flow|analytic] [--steps N]
 // Predicts the scenario's steps on SimGrid and writes a run directory (docs/simulator.md).
 #include <chrono>
-#include <filesystem>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "args.hpp"
 #include "command.hpp"
@@ -13,6 +15,8 @@
 #include "threewalls/core/units.hpp"
 #include "threewalls/profiler/run_dir.hpp"
 #include "threewalls/scenarios/loader.hpp"
+#include "threewalls/scenarios/parameters.hpp"
+#include "threewalls/sim/memory_model.hpp"
 #include "threewalls/sim/simulator.hpp"
 
 namespace threewalls::cli {
@@ -39,39 +43,174 @@ std::string fixed(double v, int digits) {
   return buf;
 }
 
+// "235 B", "47.3 M": a parameter count.
+std::string count_text(double n) {
+  if (n >= 1e9) return fixed(n / 1e9, n >= 1e11 ? 0 : 1) + " B";
+  if (n >= 1e6) return fixed(n / 1e6, n >= 1e8 ? 0 : 1) + " M";
+  return fixed(n, 0);
+}
+
+std::string model_line(const scenarios::Scenario& s) {
+  const auto& m = s.model;
+  std::string out = count_text(scenarios::model_parameters(m)) + " parameters";
+  if (m.is_moe()) {
+    out += ", " + count_text(scenarios::active_parameters(m)) + " active per token (" + std::to_string(m.num_layers) +
+           " layers, " + std::to_string(m.num_experts) + " experts, top-" + std::to_string(m.moe_router_topk) + ")";
+  } else {
+    out += " (" + std::to_string(m.num_layers) + " layers, dense)";
+  }
+  return out;
+}
+
+// The parallel layout and the batch of one step, in Megatron-LM's terms.
+std::string layout_line(const scenarios::Scenario& s) {
+  const auto& p = s.parallel;
+  std::string out = "TP " + std::to_string(p.tp) + ", CP " + std::to_string(p.cp) + ", PP " + std::to_string(p.pp) +
+                    ", VPP " + std::to_string(p.vpp) + ", DP " + std::to_string(p.dp);
+  if (s.model.is_moe()) {
+    out += "; EP " + std::to_string(p.ep) + ", ETP " + std::to_string(p.etp) + " (expert DP " + std::to_string(p.edp) +
+           ")";
+  }
+  if (s.train) {
+    const auto& t = *s.train;
+    out += "; " + std::to_string(t.num_microbatches) + " micro-batch" + (t.num_microbatches == 1 ? "" : "es") + " of " +
+           std::to_string(t.micro_batch_size) + " x " + std::to_string(t.seq_length) +
+           " tokens per DP rank (global batch " + std::to_string(t.global_batch_size) + ")";
+  } else if (s.infer) {
+    const auto& i = *s.infer;
+    out += "; batch " + std::to_string(i.batch_size) + ", prompt " + std::to_string(i.prompt_length) + " tokens, " +
+           std::to_string(i.generate_tokens) + " generated";
+  }
+  return out;
+}
+
+// Wall names as the summary prints them: the time wall "memory" is memory-bound time, which the
+// capacity lines below must not be confused with.
+std::string wall_label(int i) {
+  const std::string name = profiler::kWallNames[i];
+  return name == "memory" ? "memory-bound" : name;
+}
+
+// The largest wall of a breakdown: "communication 51.9%".
+std::string dominant_wall(const profiler::WallBreakdown& w) {
+  int best = 0;
+  for (int i = 1; i < 5; ++i) {
+    if (profiler::wall_value(w, i) > profiler::wall_value(w, best)) best = i;
+  }
+  const double total = w.total_us() > 0.0 ? w.total_us() : 1.0;
+  return wall_label(best) + " " + fixed(100.0 * profiler::wall_value(w, best) / total, 1) + "%";
+}
+
+std::string pad(const std::string& s, std::size_t width) {
+  return s.size() >= width ? s + " " : s + std::string(width - s.size(), ' ');
+}
+
+void print_line(std::string line) {
+  while (!line.empty() && line.back() == ' ') line.pop_back();
+  std::cout << line << "\n";
+}
+
+// Wall breakdowns side by side: one column per (title, breakdown).
+void print_walls(const std::vector<std::pair<std::string, profiler::WallBreakdown>>& cols) {
+  std::string line = "walls (critical path, mean per step)";
+  if (cols.size() > 1) {
+    line += "  ";
+    for (const auto& [title, w] : cols) line += pad(title, 20);
+  }
+  print_line(line);
+  for (int i = 0; i < 5; ++i) {
+    line = "  " + pad(wall_label(i), 36);
+    for (const auto& [title, w] : cols) {
+      const double total = w.total_us() > 0.0 ? w.total_us() : 1.0;
+      const double v = profiler::wall_value(w, i);
+      line += pad(format_duration(microseconds(v)) + "  " + fixed(100.0 * v / total, 1) + "%", 20);
+    }
+    print_line(line);
+  }
+  line = "  " + pad("communication exposed / overlapped", 36);
+  for (const auto& [title, w] : cols) {
+    line += pad(
+        format_duration(microseconds(w.exposed_comm_us)) + " / " + format_duration(microseconds(w.overlapped_comm_us)),
+        20);
+  }
+  print_line(line);
+  std::cout << "dominant wall  ";
+  for (std::size_t c = 0; c < cols.size(); ++c) {
+    std::cout << (c ? "; " : "") << (cols.size() > 1 ? cols[c].first + ": " : "") << dominant_wall(cols[c].second);
+  }
+  std::cout << "\n";
+}
+
+std::string throughput_text(const profiler::StepSummary& st, double tokens_per_s, int gpus) {
+  return fixed(tokens_per_s, tokens_per_s >= 100.0 ? 0 : 1) + " tokens/s (" +
+         fixed(tokens_per_s / gpus, tokens_per_s / gpus >= 100.0 ? 0 : 1) + " per GPU), " +
+         fixed(st.tflops_per_gpu, 1) + " TFLOP/s per GPU, MFU " + fixed(100.0 * st.mfu, 1) + "%";
+}
+
+void print_training_steps(const scenarios::Scenario& s, const sim::SimResult& r) {
+  const auto& steps = r.summary.steps;
+  const auto& agg = r.summary.step_time_us;
+  const auto& last = steps.back();
+  std::cout << "step time      " << format_duration(microseconds(agg.median)) << " (median of " << steps.size()
+            << " step" << (steps.size() > 1 ? "s" : "") << "; critical rank " << last.critical_rank << ")\n";
+  std::cout << "throughput     " << throughput_text(last, last.tokens_per_s, s.world_size()) << "\n";
+  if (r.summary.walls_mean) print_walls({{"", *r.summary.walls_mean}});
+}
+
+// Inference: prefill and decode steps differ by orders of magnitude, so each kind has its own step
+// time, throughput and walls (means over the steps of that kind).
+void print_inference_steps(const scenarios::Scenario& s, const sim::SimResult& r) {
+  std::vector<std::pair<std::string, profiler::WallBreakdown>> cols;
+  for (const auto& [kind, a] : r.summary.inference) {
+    if (kind == "all") continue;
+    std::vector<double> times;
+    const profiler::StepSummary* last = nullptr;
+    for (const auto& st : r.summary.steps) {
+      if (st.inference && st.inference->kind == kind) {
+        times.push_back(st.step_time_us);
+        last = &st;
+      }
+    }
+    if (!last) continue;
+    const profiler::Aggregate t = profiler::aggregate(times);
+    std::cout << pad(kind, 15) << format_duration(microseconds(t.median)) << " per step ("
+              << (t.count > 1 ? "median of " : "") << t.count << " step" << (t.count > 1 ? "s" : "")
+              << "; critical rank " << last->critical_rank << "), "
+              << throughput_text(*last, a.tokens_per_s, s.world_size()) << "\n";
+    if (auto w = profiler::mean_walls(r.summary.steps, kind)) cols.emplace_back(kind, *w);
+  }
+  if (!cols.empty()) print_walls(cols);
+}
+
 void print_summary(const scenarios::Scenario& s, const sim::SimResult& r, double wall_s) {
   std::cout << "scenario " << s.name << ": " << s.world_size() << " x simulated " << scenarios::to_string(s.cluster.gpu)
             << ", " << r.classes.size() << " rank classes, " << r.ops_per_step << " ops per step\n";
   for (const auto& w : r.warnings) std::cout << "warning: " << w << "\n";
-  const auto& steps = r.summary.steps;
-  if (!steps.empty()) {
-    const auto& agg = r.summary.step_time_us;
-    const auto& last = steps.back();
-    std::cout << "step time      " << format_duration(microseconds(agg.median)) << " (median of " << steps.size()
-              << " step" << (steps.size() > 1 ? "s" : "") << "; critical rank " << last.critical_rank << ")\n";
-    std::cout << "throughput     " << fixed(last.tokens_per_s, 0) << " tokens/s, " << fixed(last.tflops_per_gpu, 1)
-              << " TFLOP/s per GPU, MFU " << fixed(100.0 * last.mfu, 1) << "%\n";
-    if (r.summary.walls_mean) {
-      const auto& w = *r.summary.walls_mean;
-      const double total = w.total_us() > 0.0 ? w.total_us() : 1.0;
-      std::cout << "walls (critical path, mean over steps)\n";
-      for (int i = 0; i < 5; ++i) {
-        const double v = profiler::wall_value(w, i);
-        std::cout << "  " << profiler::kWallNames[i] << std::string(15 - std::string(profiler::kWallNames[i]).size(), ' ')
-                  << format_duration(microseconds(v)) << "  " << fixed(100.0 * v / total, 1) << "%\n";
-      }
-      std::cout << "communication  exposed " << format_duration(microseconds(w.exposed_comm_us)) << ", overlapped "
-                << format_duration(microseconds(w.overlapped_comm_us)) << "\n";
+  std::cout << "model          " << model_line(s) << "\n";
+  std::cout << "layout         " << layout_line(s) << "\n";
+  if (!r.summary.steps.empty()) {
+    if (r.summary.inference.empty()) {
+      print_training_steps(s, r);
+    } else {
+      print_inference_steps(s, r);
     }
   }
-  std::cout << "memory (peak per rank class, GPU " << format_bytes(r.memory.gpu_memory) << ")\n";
+  std::cout << "memory capacity (peak per rank class, GPU " << format_bytes(r.memory.gpu_memory) << ")\n";
+  const sim::ClassMemory* largest = nullptr;
   for (const auto& c : r.memory.classes) {
     const auto& b = c.breakdown;
-    std::cout << "  class " << c.id << " (" << c.label << ", " << c.ranks << " ranks): " << format_bytes(c.peak())
-              << (c.peak() > r.memory.gpu_memory ? "  OOM" : "") << "  [weights " << format_bytes(b.weights)
-              << ", gradients " << format_bytes(b.gradients) << ", optimizer " << format_bytes(b.optimizer)
-              << ", activations " << format_bytes(b.activations) << ", buffers " << format_bytes(b.buffers)
-              << ", graph pools " << format_bytes(b.graph_pools) << "]\n";
+    if (!largest || c.peak() > largest->peak()) largest = &c;
+    std::cout << "  class " << c.id << " (" << c.label << ", " << c.ranks << " rank" << (c.ranks == 1 ? "" : "s")
+              << "): " << format_bytes(c.peak()) << (c.peak() > r.memory.gpu_memory ? "  OOM" : "") << "  [weights "
+              << format_bytes(b.weights) << ", gradients " << format_bytes(b.gradients) << ", optimizer "
+              << format_bytes(b.optimizer) << ", activations " << format_bytes(b.activations) << ", buffers "
+              << format_bytes(b.buffers) << ", graph pools " << format_bytes(b.graph_pools) << "]\n";
+  }
+  if (largest) {
+    std::cout << "max memory     " << format_bytes(largest->peak()) << " per GPU of "
+              << format_bytes(r.memory.gpu_memory) << " ("
+              << fixed(100.0 * largest->peak().value / r.memory.gpu_memory.value, 1) << "%; class " << largest->id
+              << ", " << largest->label << ")\n";
   }
   std::cout << "verdict        " << (r.memory.oom() ? "OUT OF MEMORY" : "fits in memory") << "\n";
   if (!r.run_dir.empty()) std::cout << "run directory  " << r.run_dir.string() << "\n";

@@ -198,6 +198,20 @@ InferenceStep inference_step(const std::vector<const PhaseRecord*>& recs, const 
 
 }  // namespace
 
+std::optional<WallBreakdown> mean_walls(std::span<const StepSummary> steps, std::string_view kind) {
+  WallBreakdown sum;
+  std::size_t n = 0;
+  for (const StepSummary& s : steps) {
+    if (!kind.empty() && (!s.inference || s.inference->kind != kind)) continue;
+    if (!s.walls) return std::nullopt;
+    sum += *s.walls;
+    ++n;
+  }
+  if (n == 0) return std::nullopt;
+  sum *= 1.0 / static_cast<double>(n);
+  return sum;
+}
+
 Summary summarize(std::span<const StepRecord> steps, std::span<const PhaseRecord> phases, const Names& names,
                   bool phase_stats) {
   Summary out;
@@ -310,7 +324,6 @@ Summary summarize(std::span<const StepRecord> steps, std::span<const PhaseRecord
   const InferencePhases ip = inference_phases(names);
 
   std::vector<double> step_times;
-  WallBreakdown sum;
   for (const auto& [step, rec] : critical) {
     StepSummary s;
     s.step = step;
@@ -324,7 +337,6 @@ Summary summarize(std::span<const StepRecord> steps, std::span<const PhaseRecord
         tl.push_back(timeline_op(*p, pp, p->wall == Wall::communication ? wait_of(*p) : -1.0));
       }
       s.walls = sweep_walls(tl, rec.dur_us);
-      sum += *s.walls;
       if (ip.present()) s.inference = inference_step(recs, ip, rec.dur_us);
     }
     s.coarse.training_step_ms = rec.dur_us * 1e-3;
@@ -336,10 +348,7 @@ Summary summarize(std::span<const StepRecord> steps, std::span<const PhaseRecord
     out.steps.push_back(s);
   }
   out.step_time_us = aggregate(step_times);
-  if (detailed && !out.steps.empty()) {
-    sum *= 1.0 / static_cast<double>(out.steps.size());
-    out.walls_mean = sum;
-  }
+  if (detailed) out.walls_mean = mean_walls(out.steps);
   for (auto id : order) {
     PhaseSummary ps;
     ps.phase = names.phases.name(id);

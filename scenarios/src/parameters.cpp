@@ -68,6 +68,15 @@ double model_parameters(const ModelSpec& m) {
   return total;
 }
 
+double active_parameters(const ModelSpec& m) {
+  const ModelDims d = model_dims(m);
+  double idle = 0.0;  // routed experts a token does not pass through
+  for (int l = 0; l < m.num_layers; ++l) {
+    if (m.layer_is_moe(l)) idle += (d.E - d.k) * d.mult * d.h * d.fe;
+  }
+  return model_parameters(m) - idle;
+}
+
 ParameterCount layer_parameters(const Scenario& s, int layer) {
   const ModelSpec& m = s.model;
   const ModelDims d = model_dims(m);

@@ -58,4 +58,7 @@ TEST(Units, TypedArithmetic) {
   EXPECT_DOUBLE_EQ(t2.value, 1.0);
   EXPECT_EQ(format_bytes(gibibytes(80)), "80 GiB");
   EXPECT_EQ(format_duration(microseconds(3.5)), "3.5 us");
+  EXPECT_EQ(format_duration(Seconds(9.78e-18)), "0 ns");  // round-off of a sum, not a duration
+  EXPECT_EQ(format_duration(Seconds(-2e-15)), "0 ns");
+  EXPECT_EQ(format_duration(Seconds(2.5e-12)), "0.0025 ns");
 }

@@ -6,6 +6,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "threewalls/core/jsonl.hpp"
@@ -150,6 +151,11 @@ struct Summary {
   // Inference runs: over all recorded steps and per step kind ("prefill", "decode"), in that order.
   std::vector<std::pair<std::string, InferenceAggregate>> inference;
 };
+
+// The mean wall breakdown of the steps whose inference kind is `kind` ("prefill", "decode"; empty:
+// every step), summed in step order then scaled by 1 / count. Null when no step matches or one of
+// them has no walls (coarse records).
+std::optional<WallBreakdown> mean_walls(std::span<const StepSummary> steps, std::string_view kind = {});
 
 // Per-step walls and step times from records (shared by SummaryBuilder, compare and analyze).
 // tflops/mfu/tokens are left 0; SummaryBuilder fills them (and the inference fields that come from

@@ -30,6 +30,9 @@ ModelDims model_dims(const ModelSpec& m);
 
 // Whole-model parameter count (no parallelism): embedding, layers, output layer.
 double model_parameters(const ModelSpec& m);
+// Parameters one token passes through: model_parameters with moe_router_topk of the num_experts
+// routed experts of each MoE layer (shared experts, router, embedding and output layer included).
+double active_parameters(const ModelSpec& m);
 // One rank's share of layer `layer`: dense = attention, both norms, the dense MLP or the router and
 // shared experts (TP-sharded where Megatron-Core shards them); expert = the rank's routed experts
 // (num_experts / ep of them, each sharded over etp).
