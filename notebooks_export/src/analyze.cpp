@@ -273,10 +273,21 @@ Analysis analyze_run(const RunData& run, const AnalyzeOptions& options) {
     median_own[r] = rs.median_own_us;
     out.ranks.push_back(rs);
   }
+  // One recorded rank per stage (a simulation's class representatives): compare across stages.
+  const bool across_stages =
+      stage_ranks.size() >= 2 &&
+      std::all_of(stage_ranks.begin(), stage_ranks.end(), [](const auto& kv) { return kv.second.size() == 1; });
+  if (across_stages) out.peers = "other stages";
   for (auto& rs : out.ranks) {
     std::vector<double> peers;
-    for (int q : stage_ranks[rs.stage]) {
-      if (q != rs.rank) peers.push_back(median_own[q]);
+    if (across_stages) {
+      for (int q : ranks_with_steps) {
+        if (q != rs.rank) peers.push_back(median_own[q]);
+      }
+    } else {
+      for (int q : stage_ranks[rs.stage]) {
+        if (q != rs.rank) peers.push_back(median_own[q]);
+      }
     }
     if (peers.empty()) continue;
     auto [m, mad] = median_mad(peers);
@@ -355,8 +366,14 @@ Analysis analyze_run(const RunData& run, const AnalyzeOptions& options) {
 
   // ---- what could not be analysed ----
   if (ranks_with_steps.size() <= 1) out.notes.push_back("one rank recorded: no peers to compare it with");
+  if (across_stages) {
+    out.notes.push_back(
+        "each pipeline stage has one recorded rank (a simulation records one representative per rank class): "
+        "'own vs peers' compares each stage with the other stages (pipeline balance); finding a slow rank needs two "
+        "or more recorded ranks of one stage");
+  }
   for (const auto& [st, rs] : stage_ranks) {
-    if (rs.size() == 1 && ranks_with_steps.size() > 1) {
+    if (!across_stages && rs.size() == 1 && ranks_with_steps.size() > 1) {
       out.notes.push_back("stage " + std::to_string(st) + " has one recorded rank (" + std::to_string(rs.front()) +
                           "): no peers to compare it with");
     }
@@ -433,27 +450,29 @@ std::string format_analysis_text(const Analysis& a) {
     }
   }
 
-  out += "\nstep time per rank (median over recorded steps; own = step - wait in collectives)\n";
-  detail::TextTable t({"rank", "stage", "steps", "step us", "own us", "wait us", "own vs peers", "robust z", "slow steps"});
+  out += "\nstep time per rank (median over recorded steps; own = step - wait in collectives; peers = " +
+         std::string(a.peers == "other stages" ? "the other pipeline stages" : "the ranks of the same pipeline stage") +
+         ")\n";
+  detail::TextTable t({"rank", "stage", "steps", "step", "own", "wait", "own vs peers", "robust z", "slow steps"});
   for (const auto& r : a.ranks) {
-    t.add({std::to_string(r.rank), std::to_string(r.stage), std::to_string(r.steps), detail::fixed(r.median_step_us, 1),
-           detail::fixed(r.median_own_us, 1), detail::fixed(r.median_wait_us, 1), detail::pct(r.own_vs_peers_pct),
+    t.add({std::to_string(r.rank), std::to_string(r.stage), std::to_string(r.steps), duration_us(r.median_step_us),
+           duration_us(r.median_own_us), duration_us(r.median_wait_us), detail::pct(r.own_vs_peers_pct),
            r.robust_z ? detail::fixed(*r.robust_z, 1) : "n/a", std::to_string(r.slow_steps)});
   }
   out += t.str();
 
   if (!a.waits.empty()) {
     out += "\nwho waits in collectives (wait = last member's arrival - own arrival)\n";
-    detail::TextTable w({"rank", "collectives", "total wait us", "mean wait us", "arrived last"});
+    detail::TextTable w({"rank", "collectives", "total wait", "mean wait", "arrived last"});
     for (const auto& r : a.waits) {
-      w.add({std::to_string(r.rank), std::to_string(r.collectives), detail::fixed(r.total_wait_us, 1),
-             detail::fixed(r.mean_wait_us, 2), std::to_string(r.last_arrivals)});
+      w.add({std::to_string(r.rank), std::to_string(r.collectives), duration_us(r.total_wait_us),
+             duration_us(r.mean_wait_us), std::to_string(r.last_arrivals)});
     }
     out += w.str();
     out += "\nper group\n";
-    detail::TextTable g({"group", "instances", "total wait us", "most waiting rank", "most waited-for rank"});
+    detail::TextTable g({"group", "instances", "total wait", "most waiting rank", "most waited-for rank"});
     for (const auto& gw : a.groups) {
-      g.add({gw.group, std::to_string(gw.instances), detail::fixed(gw.total_wait_us, 1),
+      g.add({gw.group, std::to_string(gw.instances), duration_us(gw.total_wait_us),
              gw.ranks.empty() || !(gw.ranks.front().total_wait_us > 0) ? "-" : std::to_string(gw.ranks.front().rank),
              gw.most_waited_for ? std::to_string(*gw.most_waited_for) : "-"});
     }
@@ -495,6 +514,7 @@ OrderedJson analysis_json(const Analysis& a) {
   j["ranks_recorded"] = a.ranks_recorded;
   j["steps"] = a.steps;
   j["collective_pairing"] = a.collective_pairing;
+  j["peers"] = a.peers;
   OrderedJson slow = OrderedJson::array();
   for (const auto& s : a.slow_ranks) {
     OrderedJson phases = OrderedJson::array();

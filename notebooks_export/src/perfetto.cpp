@@ -2,13 +2,18 @@
 // https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU
 // "X" complete events need name, ph, ts, dur, pid, tid (ts and dur in microseconds); "M" metadata
 // events process_name / thread_name / *_sort_index carry their value in args.
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "output.hpp"
 #include "threewalls/core/error.hpp"
 #include "threewalls/notebooks_export/export.hpp"
+#include "threewalls/profiler/summary.hpp"
 
 namespace threewalls::notebooks_export {
 
@@ -57,6 +62,64 @@ void metadata(std::string& out, bool& first, const char* name, long long pid, lo
   out += "}}";
 }
 
+// An op's span on the trace's clock in whole nanoseconds: both ends rounded from microseconds.
+struct Span {
+  long long start = 0;
+  long long end = 0;
+};
+Span span_ns(double start_us, double dur_us) {
+  return Span{std::llround(start_us * 1000.0), std::llround((start_us + dur_us) * 1000.0)};
+}
+
+// Nanoseconds written as microseconds with three decimals: exact, so ts + dur of one event equals
+// the ts of the event that starts where it ends.
+void append_ns_as_us(std::string& out, long long ns) {
+  if (ns < 0) {
+    out += '-';
+    ns = -ns;
+  }
+  detail::append_int(out, ns / 1000);
+  const int frac = static_cast<int>(ns % 1000);
+  if (frac == 0) return;
+  char f[4] = {'.', static_cast<char>('0' + frac / 100), static_cast<char>('0' + frac / 10 % 10),
+               static_cast<char>('0' + frac % 10)};
+  int len = 4;
+  while (f[len - 1] == '0') --len;
+  out.append(f, static_cast<std::size_t>(len));
+}
+
+// Peak memory of each recorded rank from summary.json, as (part, bytes): the memory model's
+// breakdown of the rank's class (simulated runs), or the measured peak (real runs). Empty without a
+// summary.
+std::map<int, std::vector<std::pair<std::string, double>>> memory_peaks(const profiler::RunData& run) {
+  std::map<int, std::vector<std::pair<std::string, double>>> out;
+  if (!run.summary || !run.summary->contains("memory") || !run.summary->at("memory").is_object()) return out;
+  const Json& mem = run.summary->at("memory");
+  if (mem.contains("measured_peak_bytes_by_rank") && mem.at("measured_peak_bytes_by_rank").is_object()) {
+    for (const auto& [rank, bytes] : mem.at("measured_peak_bytes_by_rank").items()) {
+      if (bytes.is_number()) out[std::stoi(rank)].emplace_back("measured peak", bytes.get<double>());
+    }
+  }
+  if (!out.empty() || !mem.contains("classes") || !mem.at("classes").is_array()) return out;
+  std::map<int, const Json*> by_class;
+  for (const Json& c : mem.at("classes")) {
+    if (c.contains("class") && c.at("class").is_number_integer()) by_class[c.at("class").get<int>()] = &c;
+  }
+  for (int rank : run.header.ranks) {
+    const auto c = by_class.find(run.header.rank_class_of(rank));
+    if (c == by_class.end()) continue;
+    const Json& cls = *c->second;
+    if (cls.contains("breakdown_bytes") && cls.at("breakdown_bytes").is_object()) {
+      for (const auto& [part, bytes] : cls.at("breakdown_bytes").items()) {
+        if (bytes.is_number()) out[rank].emplace_back(part, bytes.get<double>());
+      }
+    } else if (cls.contains("peak_bytes") && cls.at("peak_bytes").is_number()) {
+      out[rank].emplace_back("peak", cls.at("peak_bytes").get<double>());
+    }
+  }
+  return out;
+}
+
 std::string json_str(const std::string& s) {
   std::string out;
   append_json_string(out, s);
@@ -83,6 +146,9 @@ void write_perfetto(const std::vector<const profiler::RunData*>& runs, const std
   }
   out += "]},\n\"traceEvents\":[\n";
   bool first = true;
+  long long trimmed = 0;
+  long long trimmed_max_ns = 0;
+  long long flow_id = 0;
   for (std::size_t ri = 0; ri < runs.size(); ++ri) {
     const profiler::RunData& run = *runs[ri];
     const long long base = static_cast<long long>(ri) * kPidStride;
@@ -106,13 +172,14 @@ void write_perfetto(const std::vector<const profiler::RunData*>& runs, const std
     std::unordered_map<std::uint64_t, double> epoch;
     for (const auto& s : run.steps) {
       epoch[(static_cast<std::uint64_t>(s.rank) << 32U) | static_cast<std::uint32_t>(s.step)] = s.epoch_us;
+      const Span sp = span_ns(s.epoch_us, s.dur_us);
       begin_event(out, first);
       out += "{\"name\":\"step ";
       detail::append_int(out, s.step);
       out += "\",\"cat\":\"step\",\"ph\":\"X\",\"ts\":";
-      detail::append_us(out, s.epoch_us);
+      append_ns_as_us(out, sp.start);
       out += ",\"dur\":";
-      detail::append_us(out, s.dur_us);
+      append_ns_as_us(out, sp.end - sp.start);
       out += ",\"pid\":";
       detail::append_int(out, base + s.rank);
       out += ",\"tid\":0,\"args\":{\"step\":";
@@ -120,18 +187,48 @@ void write_perfetto(const std::vector<const profiler::RunData*>& runs, const std
       out += "}}";
       f.maybe_flush();
     }
-    for (const auto& p : run.phases) {
+    // Every op's span in whole nanoseconds (both ends rounded, so ops that follow each other in the
+    // records still do), then per track in start order: an op that begins inside the previous one
+    // and ends after it starts where the previous ends (records round start and duration separately,
+    // so neighbours can overlap by a nanosecond; Perfetto nests slices and cannot show an overlap).
+    std::vector<Span> spans(run.phases.size());
+    std::vector<std::size_t> order(run.phases.size());
+    for (std::size_t i = 0; i < run.phases.size(); ++i) {
+      const auto& p = run.phases[i];
       auto it = epoch.find((static_cast<std::uint64_t>(p.rank) << 32U) | static_cast<std::uint32_t>(p.step));
       const double e = it == epoch.end() ? 0.0 : it->second;  // readers guarantee a step record
+      spans[i] = span_ns(e + p.start_us, p.dur_us);
+      order[i] = i;
+    }
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      const auto& pa = run.phases[a];
+      const auto& pb = run.phases[b];
+      if (pa.rank != pb.rank) return pa.rank < pb.rank;
+      if (pa.stream != pb.stream) return pa.stream < pb.stream;
+      if (spans[a].start != spans[b].start) return spans[a].start < spans[b].start;
+      return spans[a].end > spans[b].end;  // an enclosing op before the ops it encloses
+    });
+    long long track_end = 0;
+    for (std::size_t k = 0; k < order.size(); ++k) {
+      const auto& p = run.phases[order[k]];
+      Span& sp = spans[order[k]];
+      const bool same_track =
+          k > 0 && run.phases[order[k - 1]].rank == p.rank && run.phases[order[k - 1]].stream == p.stream;
+      if (same_track && sp.start < track_end && sp.end > track_end) {
+        trimmed_max_ns = std::max(trimmed_max_ns, track_end - sp.start);
+        ++trimmed;
+        sp.start = track_end;
+      }
+      track_end = same_track ? std::max(track_end, sp.end) : sp.end;
       begin_event(out, first);
       out += "{\"name\":";
       out += run.names.phases.json(p.phase);
       out += ",\"cat\":\"";
       out += profiler::to_string(p.wall);
       out += "\",\"ph\":\"X\",\"ts\":";
-      detail::append_us(out, e + p.start_us);
+      append_ns_as_us(out, sp.start);
       out += ",\"dur\":";
-      detail::append_us(out, p.dur_us);
+      append_ns_as_us(out, sp.end - sp.start);
       out += ",\"pid\":";
       detail::append_int(out, base + p.rank);
       out += ",\"tid\":";
@@ -177,8 +274,58 @@ void write_perfetto(const std::vector<const profiler::RunData*>& runs, const std
       out += "}}";
       f.maybe_flush();
     }
+    // Flows: each pipeline send to the receive it delivers to (profiler::p2p_pairs). A flow starts in
+    // the middle of the send's slice and ends in the middle of the receive's ("bp":"e": bound to the
+    // enclosing slice), so both ends bind to their slice whatever Perfetto's rounding.
+    for (const auto& [send, recv] : profiler::p2p_pairs(run.steps, run.phases, run.names)) {
+      ++flow_id;
+      for (const std::size_t i : {send, recv}) {
+        const auto& p = run.phases[i];
+        begin_event(out, first);
+        out += i == send ? "{\"name\":\"send -> recv\",\"cat\":\"p2p\",\"ph\":\"s\",\"id\":"
+                         : "{\"name\":\"send -> recv\",\"cat\":\"p2p\",\"ph\":\"f\",\"bp\":\"e\",\"id\":";
+        detail::append_int(out, flow_id);
+        out += ",\"ts\":";
+        append_ns_as_us(out, spans[i].start + (spans[i].end - spans[i].start) / 2);
+        out += ",\"pid\":";
+        detail::append_int(out, base + p.rank);
+        out += ",\"tid\":";
+        detail::append_int(out, 1 + static_cast<long long>(p.stream));
+        out += "}";
+      }
+      f.maybe_flush();
+    }
+    // Memory: a counter per rank at each of its steps, in GiB: the peak of summary.json (the memory
+    // model's breakdown of the rank's class for a simulation, the allocator's peak for a real run).
+    // Records hold no memory over time, so the track is the step's peak, not a timeline.
+    for (const auto& [rank, parts] : memory_peaks(run)) {
+      for (const auto& s : run.steps) {
+        if (s.rank != rank) continue;
+        begin_event(out, first);
+        out += "{\"name\":\"peak memory GiB\",\"ph\":\"C\",\"ts\":";
+        append_ns_as_us(out, span_ns(s.epoch_us, 0.0).start);
+        out += ",\"pid\":";
+        detail::append_int(out, base + rank);
+        out += ",\"tid\":0,\"args\":{";
+        bool first_arg = true;
+        for (const auto& [name, bytes] : parts) {
+          if (!first_arg) out += ',';
+          first_arg = false;
+          out += json_str(name);
+          out += ':';
+          append_json_number(out, bytes / (1024.0 * 1024.0 * 1024.0));
+        }
+        out += "}}";
+      }
+      f.maybe_flush();
+    }
   }
-  out += "\n]}\n";
+  out += "\n],\n\"threewallsTrimmed\":{\"overlaps_trimmed\":";
+  detail::append_int(out, trimmed);
+  out += ",\"max_trimmed_ns\":";
+  detail::append_int(out, trimmed_max_ns);
+  out += "}";
+  out += "}\n";
   f.close();
 }
 

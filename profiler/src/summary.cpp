@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <string>
 #include <unordered_map>
 
 #include "threewalls/core/version.hpp"
@@ -355,6 +356,43 @@ Summary summarize(std::span<const StepRecord> steps, std::span<const PhaseRecord
     ps.wall = phase_wall[id];
     ps.dur_us = aggregate(durations[id]);
     out.phases.push_back(std::move(ps));
+  }
+  return out;
+}
+
+std::vector<P2pPair> p2p_pairs(std::span<const StepRecord> steps, std::span<const PhaseRecord> phases,
+                               const Names& names) {
+  const std::vector<std::uint32_t> partner = p2p_partners(names);
+  std::unordered_map<std::uint64_t, double> epoch;
+  const auto rank_step = [](std::int32_t rank, std::int32_t step) {
+    return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(rank)) << 32U) | static_cast<std::uint32_t>(step);
+  };
+  for (const auto& s : steps) epoch[rank_step(s.rank, s.step)] = s.epoch_us;
+  // Records of one key, by arrival; keys in order of first appearance (deterministic output).
+  std::unordered_map<P2pKey, std::vector<std::pair<double, std::size_t>>, P2pKeyHash> by_key;
+  std::vector<P2pKey> order;
+  for (std::size_t i = 0; i < phases.size(); ++i) {
+    const PhaseRecord& p = phases[i];
+    if (!is_p2p(p) || p.phase >= partner.size() || partner[p.phase] == kNoName) continue;
+    const auto e = epoch.find(rank_step(p.rank, p.step));
+    if (e == epoch.end()) continue;
+    const P2pKey k{p.step, p.rank, p.peer, p.microbatch, p.phase};
+    auto [it, fresh] = by_key.try_emplace(k);
+    if (fresh) order.push_back(k);
+    it->second.emplace_back(e->second + p.start_us, i);
+  }
+  for (auto& [k, v] : by_key)
+    std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<P2pPair> out;
+  for (const P2pKey& k : order) {
+    const std::string& name = names.phases.name(k.phase);
+    if (name.find("send") > name.find("recv")) continue;  // a receive: paired from its send
+    const auto theirs = by_key.find(P2pKey{k.step, k.peer, k.rank, k.microbatch, partner[k.phase]});
+    if (theirs == by_key.end()) continue;
+    const auto& mine = by_key.at(k);
+    for (std::size_t j = 0; j < mine.size() && j < theirs->second.size(); ++j) {
+      out.push_back(P2pPair{mine[j].second, theirs->second[j].second});
+    }
   }
   return out;
 }

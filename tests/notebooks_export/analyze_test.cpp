@@ -126,6 +126,36 @@ TEST(Analyze, PeersAreTheRanksOfTheSamePipelineStage) {
   for (const auto& r : a.ranks) EXPECT_EQ(r.stage, r.rank / 4);
 }
 
+TEST(Analyze, OneRecordedRankPerStageIsComparedAcrossStages) {
+  auto spec = slow_spec();
+  spec.ranks = 4;
+  spec.stages = 4;  // one recorded rank per stage, as a simulation records its class representatives
+  spec.slow_rank = 2;
+  spec.slow_from = 0;
+  spec.slow_to = 9;
+  Analysis a = analyze_run(synthetic(spec, ""));
+  EXPECT_EQ(a.peers, "other stages");
+  EXPECT_TRUE(a.slow_ranks.empty());  // a stage is not a slow GPU: no finding without a same-stage peer
+  ASSERT_EQ(a.ranks.size(), 4U);
+  for (const auto& r : a.ranks) ASSERT_TRUE(r.own_vs_peers_pct.has_value()) << r.rank;
+  for (const auto& r : a.ranks) {
+    if (r.rank != 2) {
+      EXPECT_LT(*r.own_vs_peers_pct, *a.ranks[2].own_vs_peers_pct) << r.rank;
+    }
+  }
+  bool noted = false;
+  for (const auto& n : a.notes) {
+    EXPECT_EQ(n.find("no peers to compare"), std::string::npos) << n;
+    noted |= n.find("compares each stage with the other stages") != std::string::npos;
+  }
+  EXPECT_TRUE(noted);
+  const std::string text = format_analysis_text(a);
+  EXPECT_NE(text.find("peers = the other pipeline stages"), std::string::npos) << text;
+  // Durations carry units: no bare microsecond counts such as 19133547.1 in the tables.
+  EXPECT_EQ(text.find("step us"), std::string::npos) << text;
+  EXPECT_NE(text.find(" ms"), std::string::npos) << text;
+}
+
 TEST(Analyze, ASingleRankRunSaysItHasNoPeers) {
   SyntheticSpec spec;
   spec.ranks = 1;

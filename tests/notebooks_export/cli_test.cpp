@@ -215,3 +215,95 @@ record_every_n_steps = 1
   ASSERT_FALSE(s->phases.empty());
   EXPECT_NEAR(*s->phases.front().excess_pct, 50.0, 1.0);  // the factor 1.5 on that GPU's kernels
 }
+
+// The Perfetto export of a simulated pipeline: no two slices of one track overlap (in the file's
+// integer nanoseconds), every recorded send has a flow to the receive it delivers to, and each
+// recorded rank has a memory counter.
+TEST(RunCommandsCli, PerfettoOfASimulatedPipelineHasNoOverlapsAndAFlowPerSend) {
+  const fs::path dir = fresh_dir("_perfetto_pp");
+  fs::create_directories(dir);
+  {
+    std::ofstream f(dir / "pp.toml");
+    f << R"TOML(schema_version = 1
+name = "perfetto_pp"
+[model]
+num_layers = 4
+hidden_size = 1024
+num_attention_heads = 8
+vocab_size = 32000
+num_experts = 8
+moe_ffn_hidden_size = 512
+moe_router_topk = 2
+[parallel]
+pp = 2
+[train]
+micro_batch_size = 1
+global_batch_size = 4
+seq_length = 1024
+[cluster]
+gpu = "h100"
+gpus_per_node = 2
+nodes = 1
+[run]
+steps = 2
+warmup_steps = 0
+[run.profiler]
+record_every_n_steps = 1
+)TOML";
+  }
+  std::string out;
+  ASSERT_EQ(threewalls_cli("sim " + (dir / "pp.toml").string() + " --out " + (dir / "run").string(), out), 0) << out;
+  ASSERT_EQ(threewalls_cli(
+                "export " + (dir / "run").string() + " --format perfetto --out " + (dir / "trace.json").string(), out),
+            0)
+      << out;
+  const Json j = read_json_file(dir / "trace.json");
+  struct Slice {
+    long long start, end;
+    std::string name;
+  };
+  const auto ns = [](const Json& v) { return std::llround(v.get<double>() * 1000.0); };
+  std::map<std::pair<long long, long long>, std::vector<Slice>> tracks;
+  std::map<long long, std::pair<const Json*, const Json*>> flows;  // id -> (s, f)
+  std::set<long long> counter_pids;
+  for (const auto& e : j.at("traceEvents")) {
+    const std::string ph = e.at("ph");
+    const auto track = std::make_pair(e.at("pid").get<long long>(), e.at("tid").get<long long>());
+    if (ph == "X") tracks[track].push_back({ns(e.at("ts")), ns(e.at("ts")) + ns(e.at("dur")), e.at("name")});
+    if (ph == "s") flows[e.at("id").get<long long>()].first = &e;
+    if (ph == "f") flows[e.at("id").get<long long>()].second = &e;
+    if (ph == "C") counter_pids.insert(track.first);
+  }
+  // Slices of one track nest or follow each other.
+  std::size_t sends = 0;
+  for (auto& [track, slices] : tracks) {
+    std::sort(slices.begin(), slices.end(),
+              [](const Slice& a, const Slice& b) { return a.start != b.start ? a.start < b.start : a.end > b.end; });
+    std::vector<long long> open;  // ends of the enclosing slices
+    for (const Slice& s : slices) {
+      while (!open.empty() && open.back() <= s.start) open.pop_back();
+      ASSERT_TRUE(open.empty() || s.end <= open.back())
+          << "pid " << track.first << " tid " << track.second << ": " << s.name << " [" << s.start << ", " << s.end
+          << ") overlaps a slice ending at " << open.back();
+      open.push_back(s.end);
+      if (s.name.rfind("pp_send", 0) == 0) ++sends;
+    }
+  }
+  // Each flow starts inside a send and ends inside a receive of the peer's process.
+  const auto inside = [&](const Json& e, const std::string& prefix) {
+    const auto& slices = tracks[{e.at("pid").get<long long>(), e.at("tid").get<long long>()}];
+    const long long t = ns(e.at("ts"));
+    return std::any_of(slices.begin(), slices.end(),
+                       [&](const Slice& s) { return s.start <= t && t <= s.end && s.name.rfind(prefix, 0) == 0; });
+  };
+  ASSERT_GT(sends, 0U);
+  EXPECT_EQ(flows.size(), sends);
+  for (const auto& [id, sf] : flows) {
+    ASSERT_NE(sf.first, nullptr) << id;
+    ASSERT_NE(sf.second, nullptr) << id;
+    EXPECT_TRUE(inside(*sf.first, "pp_send")) << sf.first->dump();
+    EXPECT_TRUE(inside(*sf.second, "pp_recv")) << sf.second->dump();
+    EXPECT_NE(sf.first->at("pid"), sf.second->at("pid")) << id;
+  }
+  EXPECT_EQ(counter_pids, (std::set<long long>{0, 1}));
+}

@@ -108,6 +108,14 @@ TEST(Perfetto, FollowsTheTraceEventFormatRules) {
       } else {
         ASSERT_TRUE(e["args"]["sort_index"].is_number_integer());
       }
+    } else if (ph == "C") {  // the memory counter: numeric args
+      ASSERT_TRUE(e.contains("ts") && e["ts"].is_number()) << e.dump();
+      ASSERT_TRUE(e["args"].is_object() && !e["args"].empty()) << e.dump();
+      for (const auto& [k, v] : e["args"].items()) ASSERT_TRUE(v.is_number()) << e.dump();
+    } else if (ph == "s" || ph == "f") {  // flows: an id and a time
+      ASSERT_TRUE(e.contains("id") && e["id"].is_number_integer()) << e.dump();
+      ASSERT_TRUE(e.contains("ts") && e["ts"].is_number()) << e.dump();
+      ASSERT_TRUE(e.contains("cat") && e["cat"].is_string()) << e.dump();
     } else {
       ASSERT_EQ(ph, "X") << e.dump();
       ASSERT_TRUE(e.contains("ts") && e["ts"].is_number()) << e.dump();

@@ -13,7 +13,10 @@
 //    itself needed. Collectives make every member's step time equal to the slowest member's, so a slow
 //    rank shows in its own time, not in its step time.
 //  * peers of a rank: the recorded ranks of the same pipeline stage (run.json rank_classes; all ranks
-//    when the run has no classes).
+//    when the run has no classes). When every stage has exactly one recorded rank and there are two
+//    or more stages (a simulation records one representative per rank class), the table's "own vs
+//    peers" and robust z compare each stage's rank with the other stages' ranks instead: pipeline
+//    balance, not a slow GPU; slow-rank detection still needs two recorded ranks of one stage.
 //  * slow in step s: own(r, s) > (1 + min_excess) m and, when the peers spread, 0.6745 (own - m) / MAD >
 //    outlier_z, where m and MAD are the median and the median absolute deviation of own(p, s) over the
 //    peers p != r (the robust z-score of Iglewicz and Hoaglin).
@@ -100,6 +103,8 @@ struct Analysis {
   std::size_t ranks_recorded = 0;
   std::vector<int> steps;  // recorded steps
   std::string collective_pairing;  // "group_id", "end time", "none" (no collectives recorded)
+  // What "own vs peers" compares a rank with: "same stage" or "other stages" (one rank per stage).
+  std::string peers = "same stage";
   std::vector<RankStat> ranks;
   // own(rank, step) against its peers' median in percent: [index in `ranks`][index in `steps`];
   // NaN where the rank recorded no such step or has no peers.

@@ -175,6 +175,17 @@ std::optional<WallBreakdown> mean_walls(std::span<const StepSummary> steps, std:
 Summary summarize(std::span<const StepRecord> steps, std::span<const PhaseRecord> phases, const Names& names,
                   bool phase_stats = true);
 
+// A pipeline send and the receive it delivers to: indices into the records given to p2p_pairs.
+struct P2pPair {
+  std::size_t send = 0;
+  std::size_t recv = 0;
+};
+// Every send whose receive is among `phases`, paired by summarize's rule (above): rank and peer
+// swapped, step, micro-batch, phases that differ by "send" <-> "recv", k-th by arrival with k-th.
+// In send order of `phases`' ranks, then arrival.
+std::vector<P2pPair> p2p_pairs(std::span<const StepRecord> steps, std::span<const PhaseRecord> phases,
+                               const Names& names);
+
 class SummaryBuilder {
  public:
   SummaryBuilder(const RunHeader& header, SummaryInputs inputs);
