@@ -14,11 +14,7 @@ namespace threewalls::cli {
 
 void register_calibrate(CLI::App& app, Commands& cmds) {
   auto o = std::make_shared<calibration::bench::CalibrateOptions>();
-  CLI::App* sub = app.add_subcommand(
-      "calibrate",
-      "Measure this machine's GPUs (GEMM, grouped GEMM, attention, memory-bound kernels, copies, NCCL collectives on "
-      "every "
-      "group size, host overheads, stream concurrency), fit the cost models and write a calibration profile.");
+  CLI::App* sub = app.add_subcommand("calibrate", kCalibrateSummary);
   sub->add_flag("--quick", o->quick, "Smaller grids and looser noise target (<= 90 s); default: full (<= 5 minutes)");
   sub->add_option("--out", o->out, "Profile to write (TOML); refused if it exists, unless --overwrite")->required();
   sub->add_option("--gpus", o->gpus, "GPUs to use (collectives on group sizes 2..N); 0 = all visible")

@@ -108,9 +108,7 @@ void print_summary(const scenarios::Scenario& s, const backend::RunResult& r) {
 }  // namespace
 
 void register_run(CLI::App& app, Commands& cmds) {
-  auto* sub = app.add_subcommand(
-      "run", "Execute a scenario's steps for real on GPUs (CUDA, cuBLASLt, NCCL; one thread per GPU, or one process "
-             "per GPU under mpirun) and write a run directory in the schema of a simulated run.");
+  auto* sub = app.add_subcommand("run", kRunSummary);
   static RunArgs a;
   sub->add_option("scenario", a.scenario, "Scenario file (TOML)")->required();
   sub->add_option("--out", a.out, "Run directory to write (refused when it exists and is not empty)")->required();

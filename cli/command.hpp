@@ -31,8 +31,18 @@ void register_compare(CLI::App& app, Commands& cmds);
 void register_analyze(CLI::App& app, Commands& cmds);
 void register_export(CLI::App& app, Commands& cmds);
 void register_import(CLI::App& app, Commands& cmds);
-void register_run(CLI::App& app, Commands& cmds);  // GPU builds only (THREEWALLS_HAVE_RUN)
-// GPU builds only (THREEWALLS_HAVE_CALIBRATE).
+// The commands that need a GPU, in threewalls-gpu (builds with the GPU parts only).
+void register_run(CLI::App& app, Commands& cmds);
 void register_calibrate(CLI::App& app, Commands& cmds);
+inline constexpr const char* kRunSummary =
+    "Execute a scenario's steps for real on GPUs (CUDA, cuBLASLt, NCCL; one thread per GPU, or one process per GPU "
+    "under mpirun) and write a run directory in the schema of a simulated run.";
+inline constexpr const char* kCalibrateSummary =
+    "Measure this machine's GPUs (GEMM, grouped GEMM, attention, memory-bound kernels, copies, NCCL collectives on "
+    "every group size, host overheads, stream concurrency), fit the cost models and write a calibration profile.";
+// In threewalls: run and calibrate as listed commands that exec threewalls-gpu, found beside the
+// running executable, with the same arguments (`argv`: main's), so that no other command loads the
+// CUDA libraries.
+void register_gpu_commands(CLI::App& app, Commands& cmds, char** argv);
 
 }  // namespace threewalls::cli

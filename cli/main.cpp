@@ -1,4 +1,6 @@
-// threewalls: one binary, one subcommand per cmd_<name>.cpp.
+// threewalls: one subcommand per cmd_<name>.cpp. Built twice: as threewalls (every command that needs
+// no GPU) and, in builds with the GPU parts, as threewalls-gpu (THREEWALLS_GPU_EXECUTABLE: run and
+// calibrate, the commands that load the CUDA libraries), which threewalls execs for them.
 #include <algorithm>
 #include <iostream>
 #include <string>
@@ -18,6 +20,10 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string(tool_version()) + " (" + std::string(git_sha()) + ")");
   cli::Commands cmds;
+#ifdef THREEWALLS_GPU_EXECUTABLE
+  cli::register_run(app, cmds);
+  cli::register_calibrate(app, cmds);
+#else
   cli::register_validate(app, cmds);
   cli::register_describe(app, cmds);
   cli::register_graph(app, cmds);
@@ -27,11 +33,9 @@ int main(int argc, char** argv) {
   cli::register_analyze(app, cmds);
   cli::register_export(app, cmds);
   cli::register_import(app, cmds);
-#ifdef THREEWALLS_HAVE_RUN
-  cli::register_run(app, cmds);
+#ifdef THREEWALLS_HAVE_GPU_COMMANDS
+  cli::register_gpu_commands(app, cmds, argv);
 #endif
-#ifdef THREEWALLS_HAVE_CALIBRATE
-  cli::register_calibrate(app, cmds);
 #endif
   if (argc > 1 && argv[1][0] != '-') {
     std::vector<std::string> names;

@@ -2,7 +2,8 @@
 # Calibration on a GPU machine from binaries built elsewhere (docs/calibration.md, "Running a calibration").
 #
 #   scripts/calibrate_on_gpu.sh pack BUILD_DIR CARRY_DIR
-#       Copies threewalls and calibration_bench_gpu_tests from BUILD_DIR into CARRY_DIR (and backend_tests,
+#       Copies threewalls, threewalls-gpu (which threewalls execs for run and calibrate) and
+#       calibration_bench_gpu_tests from BUILD_DIR into CARRY_DIR (and backend_tests,
 #       kernel_bench and profiler_overhead where built, for scripts/gpu_batch.sh), with the shared
 #       libraries they need that a bare GPU machine may lack (everything `ldd` resolves outside the CUDA
 #       toolkit, the driver and glibc) in CARRY_DIR/lib. Run on the build machine.
@@ -22,12 +23,12 @@ if [ "$mode" = pack ]; then
   build=${1:?BUILD_DIR}
   carry=${2:?CARRY_DIR}
   mkdir -p "$carry/lib"
-  # The two the calibration needs, then those scripts/gpu_batch.sh also runs where they were built.
-  for b in cli/threewalls tests/calibration/calibration_bench_gpu_tests \
+  # The three the calibration needs, then those scripts/gpu_batch.sh also runs where they were built.
+  for b in cli/threewalls cli/threewalls-gpu tests/calibration/calibration_bench_gpu_tests \
            tests/backend/backend_tests backend/kernel_bench bench/profiler_overhead; do
     case "$b" in
       cli/*|tests/calibration/*)
-        [ -x "$build/$b" ] || { echo "missing $build/$b (build targets threewalls and calibration_bench_gpu_tests)"; exit 2; } ;;
+        [ -x "$build/$b" ] || { echo "missing $build/$b (build targets threewalls, threewalls-gpu and calibration_bench_gpu_tests)"; exit 2; } ;;
       *) [ -x "$build/$b" ] || continue ;;
     esac
     cp "$build/$b" "$carry/"
@@ -51,7 +52,7 @@ refuse_tracked_out "$out"
 shift 2
 export NCCL_NVLS_ENABLE=0   # NVLink multicast off (see the device notes); recorded in env.txt
 . "$(dirname "$0")/carried_libs.sh"
-link_carried_libs "$carry" "$carry/threewalls" "$carry/calibration_bench_gpu_tests"
+link_carried_libs "$carry" "$carry/threewalls" "$carry/threewalls-gpu" "$carry/calibration_bench_gpu_tests"
 export THREEWALLS_SOURCE_DIR="$PWD"
 mkdir -p "$out"
 {
@@ -60,7 +61,7 @@ mkdir -p "$out"
   echo "NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE"
   nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.max.mem --format=csv 2>&1
   nvidia-smi topo -m 2>&1
-  ldd "$carry/threewalls" | grep -E "not found|cublas|nccl|cudart|toml|simgrid"
+  ldd "$carry/threewalls" "$carry/threewalls-gpu" | grep -E "not found|cublas|nccl|cudart|toml|simgrid"
 } > "$out/env.txt" 2>&1
 cat "$out/env.txt"
 if [ -x "$carry/calibration_bench_gpu_tests" ]; then

@@ -24,7 +24,7 @@ UNPINNED=${5:-8}
 refuse_tracked_out "$OUT"
 mkdir -p "$OUT"
 . "$(dirname "$0")/carried_libs.sh"
-link_carried_libs "$BIN" "$BIN"/threewalls
+link_carried_libs "$BIN" "$BIN"/threewalls "$BIN"/threewalls-gpu
 report() {  # run dir, label
   python3 - "$1" "$2" <<'PY'
 import json, statistics, sys

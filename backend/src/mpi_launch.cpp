@@ -31,8 +31,9 @@ void mpi_check(int rc, const char* call) {
 }
 
 // The library MPI_Init_thread resolved to. A binary that also links SimGrid (whose SMPI exports
-// MPI_* too) must have the MPI library first in its load order (cli/CMakeLists.txt); otherwise SMPI's
-// MPI_Init aborts the process. Refuse with the reason instead.
+// MPI_* too) resolves it to SMPI unless the MPI library comes first in its load order, and SMPI's
+// MPI_Init aborts the process; threewalls-gpu, which runs `run`, does not link SimGrid
+// (cli/CMakeLists.txt). Refuse with the reason instead.
 std::string mpi_library_if_smpi() {
   Dl_info info{};
   const auto fn = &MPI_Init_thread;
@@ -49,7 +50,7 @@ void check_mpi_is_not_smpi() {
   if (!lib.empty()) {
     throw SystemError("run: MPI_Init_thread resolves to " + lib +
                       " (SimGrid's SMPI), not to the MPI library: this binary was linked with SimGrid ahead of "
-                      "MPI; rebuild it (cli/CMakeLists.txt puts MPI first)");
+                      "MPI; link MPI first, or run the command through threewalls-gpu (cli/CMakeLists.txt)");
   }
 }
 
