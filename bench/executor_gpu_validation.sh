@@ -15,7 +15,7 @@ export NCCL_NVLS_ENABLE=0
 LIBS=$(mktemp -d)
 export LD_LIBRARY_PATH="$LIBS:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 for _ in 1 2 3 4 5 6; do
-  missing=$(ldd "$BIN/threewalls" "$BIN/threewalls-gpu" "$BIN/profiler_overhead" "$BIN/threewalls_cuda_loop_example" 2>/dev/null |
+  missing=$(ldd "$BIN/threewalls" "$BIN/threewalls-gpu" "$BIN/libthreewalls_simgrid.so" "$BIN/profiler_overhead" "$BIN/threewalls_cuda_loop_example" 2>/dev/null |
             awk '/not found/ {print $1}' | sort -u)
   [ -z "$missing" ] && break
   for l in $missing; do [ -e "$BIN/lib/$l" ] && ln -sf "$BIN/lib/$l" "$LIBS/$l"; done

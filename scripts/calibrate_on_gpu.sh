@@ -2,8 +2,8 @@
 # Calibration on a GPU machine from binaries built elsewhere (docs/calibration.md, "Running a calibration").
 #
 #   scripts/calibrate_on_gpu.sh pack BUILD_DIR CARRY_DIR
-#       Copies threewalls, threewalls-gpu (which threewalls execs for run and calibrate) and
-#       calibration_bench_gpu_tests from BUILD_DIR into CARRY_DIR (and backend_tests,
+#       Copies threewalls, threewalls-gpu (which threewalls execs for run and calibrate),
+#       libthreewalls_simgrid.so (which flow-fidelity simulations load) and calibration_bench_gpu_tests from BUILD_DIR into CARRY_DIR (and backend_tests,
 #       kernel_bench and profiler_overhead where built, for scripts/gpu_batch.sh), with the shared
 #       libraries they need that a bare GPU machine may lack (everything `ldd` resolves outside the CUDA
 #       toolkit, the driver and glibc) in CARRY_DIR/lib. Run on the build machine.
@@ -23,12 +23,12 @@ if [ "$mode" = pack ]; then
   build=${1:?BUILD_DIR}
   carry=${2:?CARRY_DIR}
   mkdir -p "$carry/lib"
-  # The three the calibration needs, then those scripts/gpu_batch.sh also runs where they were built.
-  for b in cli/threewalls cli/threewalls-gpu tests/calibration/calibration_bench_gpu_tests \
+  # Those the calibration needs, then those scripts/gpu_batch.sh also runs where they were built.
+  for b in cli/threewalls cli/threewalls-gpu cli/libthreewalls_simgrid.so tests/calibration/calibration_bench_gpu_tests \
            tests/backend/backend_tests backend/kernel_bench bench/profiler_overhead; do
     case "$b" in
       cli/*|tests/calibration/*)
-        [ -x "$build/$b" ] || { echo "missing $build/$b (build targets threewalls, threewalls-gpu and calibration_bench_gpu_tests)"; exit 2; } ;;
+        [ -x "$build/$b" ] || { echo "missing $build/$b (build targets threewalls and calibration_bench_gpu_tests)"; exit 2; } ;;
       *) [ -x "$build/$b" ] || continue ;;
     esac
     cp "$build/$b" "$carry/"

@@ -38,7 +38,7 @@ export NCCL_NVLS_ENABLE=0
 export THREEWALLS_SOURCE_DIR="$PWD"
 # Carried libraries only where the machine lacks them (system copies stay in charge).
 . "$(dirname "$0")/carried_libs.sh"
-link_carried_libs "$BIN" "$BIN"/threewalls "$BIN"/threewalls-gpu "$BIN"/backend_tests
+link_carried_libs "$BIN" "$BIN"/threewalls "$BIN"/threewalls-gpu "$BIN"/libthreewalls_simgrid.so "$BIN"/backend_tests
 LIBS=$CARRIED_LIBS
 TW="$BIN/threewalls"
 NGPU=$(nvidia-smi -L | grep -c '^GPU ')
