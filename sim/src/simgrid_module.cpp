@@ -18,7 +18,10 @@
 #include "simgrid_module.hpp"
 #include "threewalls/sim/simgrid_network.hpp"  // kNetworkModelSettings
 
+#include <simgrid/kernel/resource/Model.hpp>
+#include <simgrid/kernel/resource/NetworkModelIntf.hpp>
 #include <simgrid/s4u.hpp>
+#include <xbt/config.hpp>
 
 #include <cmath>
 #include <exception>
@@ -43,6 +46,13 @@ class SimGridFlows final : public Engine {
     engine_ = std::make_unique<sg::Engine>(&argc, argv);
     for (const char* setting : kNetworkModelSettings) sg::Engine::set_config(setting);
     build();
+    // The network model's action heap, when it updates lazily: then, once a round of the engine has
+    // solved the sharing after the last change of the live flows, the heap's top is the date of the
+    // next flow completion, and advance() can answer without entering SimGrid (see there).
+    auto* model = dynamic_cast<simgrid::kernel::resource::Model*>(engine_->get_netzone_root()->get_network_model());
+    if (model != nullptr && model->is_update_lazy()) network_model_ = model;
+    // SimGrid completes an action whose date is within surf/precision of the instant it stops at.
+    completion_margin_s_ = 2.0 * simgrid::config::get_value<double>("surf/precision");
   }
 
   void run(const std::function<void()>& body) override {
@@ -63,9 +73,25 @@ class SimGridFlows final : public Engine {
     if (error) std::rethrow_exception(error);
   }
 
-  [[nodiscard]] double now() const override { return sg::Engine::get_clock(); }
+  [[nodiscard]] double now() const override { return std::max(sg::Engine::get_clock(), ahead_); }
 
+  // Between changes of the set of live flows their rates are constant, and SimGrid (lazy update) has
+  // the date each one finishes in its action heap: while no flow completes before `until`, entering
+  // SimGrid would only move its clock. advance() then moves a clock of its own (ahead_) instead and
+  // enters SimGrid again when the live flows change (start_group), when a completion is due, or when
+  // the sharing has not been solved since the last change (fresh_). Completion dates do not depend on
+  // the clock instants SimGrid stops at in between (lazy update), so the flows' times are the same.
   double advance(double until, std::vector<std::uint64_t>& completed) override {
+    if (network_model_ != nullptr && !live_.empty() && !fresh_ && std::isfinite(until)) {
+      const auto& heap = network_model_->get_action_heap();
+      // A flow may have finished in SimGrid's last round without being reported yet (a timeout at
+      // the same instant): its action has then left the model's started set.
+      if (!heap.empty() && heap.top_date() > until + completion_margin_s_ &&
+          network_model_->get_started_action_set()->size() == live_.size()) {
+        ahead_ = std::max(ahead_, until);
+        return now();
+      }
+    }
     const double now = sg::Engine::get_clock();
     if (live_.empty()) {
       if (std::isfinite(until) && until > now) sg::this_actor::sleep_until(until);
@@ -73,7 +99,11 @@ class SimGridFlows final : public Engine {
     }
     const double timeout = std::isfinite(until) ? std::max(0.0, until - now) : -1.0;
     const ssize_t i = sg::Comm::wait_any_for(live_, timeout);
+    // A round of the engine that moved its clock solved the sharing of the flows live before it (a
+    // round that did not may not have).
+    if (sg::Engine::get_clock() > now) fresh_ = false;
     if (i < 0) return sg::Engine::get_clock();
+    fresh_ = true;  // the sharing changes: solved in the next round
     finish(static_cast<std::size_t>(i), completed);
     // Others that finished at the same instant.
     while (!live_.empty()) {
@@ -87,6 +117,8 @@ class SimGridFlows final : public Engine {
   void start_group(std::uint64_t id, std::span<const PlacedFlow> flows) override {
     if (flows.empty()) throw std::logic_error("start_group: a group without flows");
     if (remaining_.count(id) != 0) throw std::logic_error("start_group: group id already running");
+    catch_up();
+    fresh_ = true;
     remaining_[id] = flows.size();
     for (const PlacedFlow& f : flows) {
       // Validate before SimGrid sees it: a missing route or a zero-byte comm would abort or hang.
@@ -106,6 +138,8 @@ class SimGridFlows final : public Engine {
 
   void set_link_bandwidth(std::uint32_t link, double bytes_per_s) override {
     if (!(bytes_per_s > 0.0)) throw std::logic_error("set_link_bandwidth: bandwidth must be positive");
+    catch_up();
+    fresh_ = true;
     links_.at(link)->set_bandwidth(bytes_per_s);
   }
 
@@ -124,6 +158,16 @@ class SimGridFlows final : public Engine {
   }
 
  private:
+  // Brings SimGrid's clock to the one advance() moved ahead (no flow completes before it).
+  void catch_up() {
+    if (ahead_ > sg::Engine::get_clock()) {
+      std::vector<std::uint64_t> completed;
+      fresh_ = true;  // enter SimGrid
+      advance(ahead_, completed);
+      if (!completed.empty()) throw std::logic_error("flow engine: a flow completed before the date SimGrid gave");
+    }
+  }
+
   sg::Host* host_of(Endpoint e) const {
     const auto i = static_cast<std::size_t>(e.index);
     switch (e.kind) {
@@ -219,6 +263,12 @@ class SimGridFlows final : public Engine {
   std::vector<sg::CommPtr> live_;
   std::vector<std::uint64_t> live_group_;
   std::unordered_map<std::uint64_t, std::size_t> remaining_;  // flows left per group
+  // Lazy network model (nullptr: advance() always enters SimGrid).
+  simgrid::kernel::resource::Model* network_model_ = nullptr;
+  bool fresh_ = true;   // live flows changed since SimGrid last solved the sharing
+  double ahead_ = 0.0;  // the clock advance() reached without SimGrid
+  // A completion this close after `until` is left to SimGrid (it compares dates with a precision).
+  double completion_margin_s_ = 0.0;
 };
 
 }  // namespace
