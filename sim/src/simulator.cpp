@@ -14,6 +14,7 @@
 #include "threewalls/calibration/profile.hpp"
 #include "threewalls/calibration/resolve.hpp"
 #include "threewalls/core/error.hpp"
+#include "threewalls/core/hash.hpp"
 #include "threewalls/profiler/run_dir.hpp"
 #include "threewalls/profiler/sampling.hpp"
 #include "threewalls/records/records.hpp"
@@ -147,6 +148,15 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   header.settings["steps"] = steps;
   header.settings["warmup_steps_simulated"] = 0;
   header.settings["simulator"] = simj;
+  // A simulation is a function of its inputs: its run id is derived from them (scenario, profile,
+  // settings, seed), so the same inputs give byte-identical run directories, while files of runs with
+  // different inputs still carry different ids.
+  {
+    const std::string inputs = header.scenario.hash + "|" + header.scenario.name + "|" + profile.id + "|" +
+                               std::to_string(header.world_size) + "|" + std::to_string(header.seed) + "|" +
+                               header.tool_version + "|" + header.settings.dump();
+    header.run_id = hex64(fnv1a64(inputs)) + hex64(fnv1a64(inputs, 0x9e3779b97f4a7c15ULL));
+  }
 
   // The profiler's timing markers cost host time in a real run's recorded steps (docs/simulator.md,
   // "Host lane"): the scenario's sampling decides which steps and classes carry them, whether or not

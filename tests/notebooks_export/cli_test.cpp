@@ -157,7 +157,7 @@ TEST(RunCommandsCli, ACorruptRunIsReportedByFileAndLine) {
     std::ifstream in(future / "run.json");
     text.assign(std::istreambuf_iterator<char>(in), {});
   }
-  text.replace(text.find("\"1.1\""), 5, "\"2.0\"");
+  text.replace(text.find("\"1.2\""), 5, "\"2.0\"");
   std::ofstream(future / "run.json") << text;
   EXPECT_EQ(threewalls_cli("compare " + future.string() + " " + run.string(), out), 2);
   EXPECT_NE(out.find("version 2.0 is newer than this threewalls reads (1.x)"), std::string::npos) << out;

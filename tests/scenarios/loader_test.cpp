@@ -124,7 +124,7 @@ TEST(ScenarioLoader, MinimalScenarioGetsRegistryDefaults) {
 TEST(ScenarioLoader, AnEmptyProfilerRankListIsAnErrorNotEveryRank) {
   const std::string text = std::string(kMinimal) + "\n[run.profiler]\nranks = []\n";
   const std::string msg = load_error(text).what();
-  EXPECT_NE(msg.find("run.profiler.ranks = [] names no rank"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'ranks' = [] names no rank"), std::string::npos) << msg;
   EXPECT_NE(msg.find("run.profiler.enabled = false"), std::string::npos) << msg;
   EXPECT_NE(msg.find("broken.toml:"), std::string::npos) << msg;
 }

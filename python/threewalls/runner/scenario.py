@@ -54,6 +54,8 @@ _MODEL = {
     "moe_shared_expert_intermediate_size": (0, _ANY, int),
     "first_dense_layers": (0, _ANY, int),
     "moe_layer_freq": (1, _ANY, int),
+    "moe_router_num_groups": (0, (0,), int),
+    "moe_router_group_topk": (0, (0,), int),
 }
 _PARALLEL = {
     "tp": (1, (1,), int),
@@ -152,6 +154,7 @@ _REASONS = {
     "train.overlap_grad_reduce": "overlapped gradient reduction",
     "train.overlap_param_gather": "overlapped parameter gathering",
     "train.tp_comm_overlap": "tensor-parallel communication overlap",
+    "model.moe_router_num_groups": "group-limited routing", "model.moe_router_group_topk": "group-limited routing",
     "train.routing_imbalance": "imbalanced routing (the runner routes every EP rank the balanced share)",
     "infer.kv_cache_precision": "an fp8 KV cache", "cluster.gpu": "other GPU kinds",
     "model.attention_impl": "unfused attention (the runner runs scaled_dot_product_attention)",

@@ -526,7 +526,11 @@ TEST(Executor, MismatchedCollectivesAreReportedNotHung) {
 TEST(Executor, RefusesAnExistingRunDirectoryBeforeUsingDevices) {
   const fs::path dir = temp_dir("exists");
   fs::create_directories(dir);
-  { std::FILE* f = std::fopen((dir / "run.json").c_str(), "w"); std::fputs("{}", f); std::fclose(f); }
+  {
+    std::FILE* f = std::fopen((dir / "run.json").c_str(), "w");
+    std::fputs("{\"schema\": \"threewalls.run_dir\"}", f);
+    std::fclose(f);
+  }
   const Scenario s = scenario_from(small_moe("tp = 1", "", 1));
   try {
     run_fake(s, options_for(dir, 1, 0));

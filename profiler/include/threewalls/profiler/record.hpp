@@ -124,7 +124,7 @@ struct RankClassInfo {
 // Header of a run: run.json, and (with rank and rank_class) line 1 of every phases file.
 struct RunHeader {
   std::string schema_version;                   // "MAJOR.MINOR"; the writer sets the current one
-  std::string run_id;                           // 32 hex digits, new per run (1.2); empty in older files
+  std::string run_id;                           // 32 hex digits (1.2); empty in older files; sim: from its inputs
   std::string source;                           // "sim" or "real"
   std::string tool_version;                     // filled by make_header()
   std::string git_sha;
