@@ -163,9 +163,138 @@ void peak_memory(const RunData& run, std::optional<double>& out, std::string& ki
   if (peak >= 0) out = peak;
 }
 
+// Megatron-LM's timers as spans of a fine-grained run's records on one rank and step:
+//   forward-backward: every record but the optimizer's and the training metrics';
+//   forward-compute / backward-compute: per micro-batch, the span of its forward (`_fwd`, the input
+//     copy) / backward (`_bwd`, `_dgrad`, `_wgrad`) records, pipeline transfers excluded, summed;
+//   all-grads-sync: the data-parallel gradient reduction (`dp_grad_*`);
+//   params-all-gather: `dp_param_allgather`; optimizer: `optimizer_*` and `dp_param_allgather`.
+struct Span {
+  double start = 0.0;
+  double end = 0.0;
+  bool any = false;
+  void add(const PhaseRecord& p) {
+    start = any ? std::min(start, p.start_us) : p.start_us;
+    end = any ? std::max(end, p.end_us()) : p.end_us();
+    any = true;
+  }
+  [[nodiscard]] double dur() const { return any ? end - start : 0.0; }
+};
+
+bool starts_with(const std::string& s, std::string_view p) { return s.compare(0, p.size(), p) == 0; }
+bool ends_with(const std::string& s, std::string_view p) {
+  return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
+}
+
+struct TimerSpans {
+  Span forward_backward, grads_sync, params_gather, optimizer;
+  std::map<int, Span> fwd, bwd;  // by micro-batch
+  void add(const std::string& name, const PhaseRecord& p) {
+    const bool opt = starts_with(name, "optimizer") || name == "dp_param_allgather";
+    if (opt) optimizer.add(p);
+    if (name == "dp_param_allgather") params_gather.add(p);
+    if (starts_with(name, "dp_grad_")) grads_sync.add(p);
+    if (opt || starts_with(name, "training_metrics")) return;
+    forward_backward.add(p);
+    if (p.microbatch == kAbsent || starts_with(name, "pp_")) return;
+    if (ends_with(name, "_fwd") || starts_with(name, "host_to_device")) fwd[p.microbatch].add(p);
+    if (ends_with(name, "_bwd") || ends_with(name, "_dgrad") || ends_with(name, "_wgrad")) bwd[p.microbatch].add(p);
+  }
+  [[nodiscard]] std::vector<std::pair<std::string, double>> timers() const {
+    std::vector<std::pair<std::string, double>> out;
+    auto put = [&](const char* n, double d, bool any) {
+      if (any) out.emplace_back(n, d);
+    };
+    double f = 0.0;
+    double b = 0.0;
+    for (const auto& [mb, sp] : fwd) f += sp.dur();
+    for (const auto& [mb, sp] : bwd) b += sp.dur();
+    put("forward-backward", forward_backward.dur(), forward_backward.any);
+    put("forward-compute", f, !fwd.empty());
+    put("backward-compute", b, !bwd.empty());
+    put("all-grads-sync", grads_sync.dur(), grads_sync.any);
+    put("params-all-gather", params_gather.dur(), params_gather.any);
+    put("optimizer", optimizer.dur(), optimizer.any);
+    return out;
+  }
+};
+
+bool is_timer_run(const RunData& run) {
+  const auto s = run.run_json.find("settings");
+  if (s == run.run_json.end() || !s->is_object()) return false;
+  const auto i = s->find("import");
+  if (i == s->end() || !i->is_object()) return false;
+  const auto f = i->find("format");
+  return f != i->end() && f->is_string() && f->get<std::string>() == "megatron-log";
+}
+
+// The run as Megatron's timers on rank 0, each timer and the step time the largest over the ranks
+// (what Megatron logs with --timing-log-option minmax or max). A run of timers keeps its records;
+// any other run's records are rolled up into timers (TimerSpans).
+RunData timer_view(const RunData& run, bool timers) {
+  RunData v;
+  v.dir = run.dir;
+  v.header = run.header;
+  v.run_json = run.run_json;
+  v.summary = run.summary;
+  v.schema_major = run.schema_major;
+  v.schema_minor = run.schema_minor;
+  const std::uint32_t host = v.names.streams.intern("host");
+  std::map<int, double> step_dur;
+  std::map<int, double> step_epoch;
+  for (const auto& s : run.steps) {
+    step_dur[s.step] = std::max(step_dur[s.step], s.dur_us);
+    if (!step_epoch.count(s.step) || s.epoch_us < step_epoch[s.step]) step_epoch[s.step] = s.epoch_us;
+  }
+  std::map<std::pair<int, std::string>, double> value;  // (step, timer) -> largest over ranks
+  if (timers) {
+    for (const auto& p : run.phases) {
+      double& x = value[{p.step, run.names.phases.name(p.phase)}];
+      x = std::max(x, p.dur_us);
+    }
+  } else {
+    std::map<std::pair<int, int>, TimerSpans> spans;
+    for (const auto& p : run.phases) spans[{p.step, p.rank}].add(run.names.phases.name(p.phase), p);
+    for (const auto& [key, sp] : spans) {
+      for (const auto& [name, d] : sp.timers()) {
+        double& x = value[{key.first, name}];
+        x = std::max(x, d);
+      }
+    }
+  }
+  for (const auto& [step, dur] : step_dur) v.steps.push_back({step, 0, step_epoch[step], dur});
+  for (const auto& [key, d] : value) {
+    PhaseRecord p;
+    p.step = key.first;
+    p.rank = 0;
+    p.phase = v.names.phases.intern(key.second);
+    p.stream = host;
+    p.dur_us = d;
+    p.wall = profiler::Wall::host;
+    v.phases.push_back(p);
+  }
+  v.header.ranks = {0};
+  return v;
+}
+
+CompareResult compare_records(const RunData& a, const RunData& b, const CompareOptions& options);
+
 }  // namespace
 
 CompareResult compare_runs(const RunData& a, const RunData& b, const CompareOptions& options) {
+  const bool ta = is_timer_run(a);
+  const bool tb = is_timer_run(b);
+  if (!ta && !tb) return compare_records(a, b, options);
+  CompareResult r = compare_records(timer_view(a, ta), timer_view(b, tb), options);
+  r.timer_view = true;
+  r.walls_a.reset();  // timers overlap (forward-backward holds the others): no wall breakdown
+  r.walls_b.reset();
+  return r;
+}
+
+namespace {
+
+CompareResult compare_records(const RunData& a, const RunData& b, const CompareOptions& options) {
   CompareResult r;
   r.label_a = a.label();
   r.label_b = b.label();
@@ -325,8 +454,6 @@ CompareResult compare_runs(const RunData& a, const RunData& b, const CompareOpti
   return r;
 }
 
-namespace {
-
 std::vector<std::string> row_cells(const CompareRow& row) {
   std::string name = row.phase;
   if (row.layer) name += " L" + std::to_string(*row.layer);
@@ -375,6 +502,12 @@ std::string format_compare_text(const CompareResult& r, std::size_t top) {
   out += "matched records: " + std::to_string(r.matched) + " over " + std::to_string(r.matched_steps.size()) +
          " step(s); only in A: " + std::to_string(r.only_in_a.size()) + "; only in B: " + std::to_string(r.only_in_b.size()) +
          "\n";
+  if (r.timer_view) {
+    out +=
+        "Megatron-LM timers: a run of imported timers on one side, so both runs are compared as timers on rank "
+        "0 (each the largest over the ranks; a simulation's records rolled up into forward-backward, "
+        "forward-compute, backward-compute, all-grads-sync, params-all-gather and optimizer)\n";
+  }
   out += "error = (B - A) / A\n\n";
   out += "step time (critical rank)  A median " + duration_us(r.step_time_a.median) + " p95 " +
          duration_us(r.step_time_a.p95) + "   B median " + duration_us(r.step_time_b.median) + " p95 " +
@@ -417,7 +550,8 @@ std::string format_compare_text(const CompareResult& r, std::size_t top) {
            detail::pct(signed_error_pct(r.walls_a->overlapped_comm_us, r.walls_b->overlapped_comm_us))});
     out += t.str();
   } else {
-    out += "\nwalls: not available (a run holds only the coarse view)\n";
+    out += r.timer_view ? "\nwalls: not available (Megatron timers overlap)\n"
+                        : "\nwalls: not available (a run holds only the coarse view)\n";
   }
   out += "\nper phase (matched records; sorted by A's time)\n";
   detail::TextTable t(kRowHeader);
@@ -497,6 +631,7 @@ OrderedJson compare_json(const CompareResult& r) {
   j["a"] = r.label_a;
   j["b"] = r.label_b;
   j["different_scenarios"] = r.different_scenarios;
+  j["megatron_timers"] = r.timer_view;
   j["error_definition"] = "100 * (B - A) / A";
   j["matched_records"] = r.matched;
   j["matched_steps"] = r.matched_steps;

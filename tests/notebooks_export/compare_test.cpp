@@ -175,3 +175,80 @@ TEST(Compare, RunsOfDifferentScenariosGetAWarningBanner) {
   EXPECT_NE(text.find("B hash 00000000000000ff"), std::string::npos);
   EXPECT_EQ(compare_json(r)["different_scenarios"].size(), 2U);
 }
+
+namespace {
+
+// One record of a hand-made run: `phase` on `rank`, micro-batch `mb` (kAbsent: none), [start, end) us.
+void add(profiler::RunData& run, int rank, const std::string& phase, int mb, double start, double end) {
+  profiler::PhaseRecord p;
+  p.step = 0;
+  p.rank = rank;
+  p.phase = run.names.phases.intern(phase);
+  p.stream = run.names.streams.intern("compute");
+  p.microbatch = mb;
+  p.start_us = start;
+  p.dur_us = end - start;
+  run.phases.push_back(p);
+}
+
+profiler::RunData megatron_timers(const std::vector<std::pair<std::string, double>>& timers, double step_us) {
+  profiler::RunData t;
+  t.header.scenario.name = "timers";
+  t.header.world_size = 2;
+  t.run_json = Json{{"settings", {{"import", {{"format", "megatron-log"}}}}}};
+  t.steps.push_back({0, 0, 0.0, step_us});
+  for (const auto& [name, us] : timers) add(t, 0, name, profiler::kAbsent, 0.0, us);
+  return t;
+}
+
+}  // namespace
+
+TEST(Compare, MegatronTimersAreComparedWithTheRecordsRolledUpIntoThem) {
+  profiler::RunData sim;
+  sim.header.scenario.name = "timers";
+  sim.header.world_size = 2;
+  sim.steps = {{0, 0, 0.0, 100.0}, {0, 1, 0.0, 120.0}};
+  // Rank 0: two micro-batches, a pipeline send between forward and backward (not forward-compute).
+  add(sim, 0, "host_to_device", 0, 0, 2);
+  add(sim, 0, "attn_qkv_fwd", 0, 2, 10);
+  add(sim, 0, "pp_fwd_send", 0, 10, 30);
+  add(sim, 0, "attn_qkv_fwd", 1, 30, 35);
+  add(sim, 0, "attn_qkv_dgrad", 0, 40, 50);
+  add(sim, 0, "attn_qkv_wgrad", 1, 50, 52);
+  add(sim, 0, "dp_grad_reduce_scatter", profiler::kAbsent, 55, 70);
+  add(sim, 0, "optimizer_step", profiler::kAbsent, 70, 80);
+  add(sim, 0, "dp_param_allgather", profiler::kAbsent, 80, 95);
+  add(sim, 0, "training_metrics_read", profiler::kAbsent, 95, 100);
+  // Rank 1: a longer forward; each timer is the largest over the ranks.
+  add(sim, 1, "attn_qkv_fwd", 0, 0, 40);
+  auto timers = megatron_timers({{"forward-backward", 80.0},
+                                 {"forward-compute", 40.0},
+                                 {"backward-compute", 10.0},
+                                 {"all-grads-sync", 15.0},
+                                 {"optimizer", 20.0},
+                                 {"batch-generator", 1.0}},
+                                120.0);
+  auto r = compare_runs(timers, sim);
+  EXPECT_TRUE(r.timer_view);
+  EXPECT_FALSE(r.walls_a || r.walls_b);
+  auto b_of = [&](const std::string& n) {
+    const auto* x = row(r.by_phase, n);
+    return x == nullptr ? -1.0 : x->b.median_us;
+  };
+  EXPECT_DOUBLE_EQ(b_of("forward-backward"), 70.0);  // 0 .. 70 on rank 0 (optimizer and metrics left out)
+  EXPECT_DOUBLE_EQ(b_of("forward-compute"), 40.0);   // rank 1's 40 over rank 0's (0..10) + (30..35)
+  EXPECT_DOUBLE_EQ(b_of("backward-compute"), 12.0);  // (40..50) + (50..52)
+  EXPECT_DOUBLE_EQ(b_of("all-grads-sync"), 15.0);
+  EXPECT_DOUBLE_EQ(b_of("optimizer"), 25.0);  // optimizer_step and the parameter all-gather
+  EXPECT_EQ(r.matched, 5U);
+  ASSERT_EQ(r.only_in_a.size(), 1U);
+  EXPECT_EQ(r.only_in_a[0].phase, "batch-generator");
+  ASSERT_EQ(r.only_in_b.size(), 1U);
+  EXPECT_EQ(r.only_in_b[0].phase, "params-all-gather");
+  EXPECT_DOUBLE_EQ(r.step_time_b.median, 120.0);  // the slowest rank's step
+  EXPECT_NEAR(*r.step_time_error_pct, 0.0, 1e-9);
+  EXPECT_TRUE(compare_json(r)["megatron_timers"].get<bool>());
+  EXPECT_NE(format_compare_text(r).find("Megatron-LM timers"), std::string::npos);
+  // Without a run of timers on either side, records are compared as records.
+  EXPECT_FALSE(compare_runs(sim, sim).timer_view);
+}

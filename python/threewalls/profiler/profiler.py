@@ -97,7 +97,7 @@ class _NvtxOnly:
 class PhaseInfo:
     """What a phase record carries besides its times. Build one per (phase, layer, ...) and reuse it
     (Profiler.info) to keep the hot path short; phase() builds one per call otherwise."""
-    __slots__ = ("name", "prefix", "suffix", "wall", "bytes", "flops", "coarse", "host")
+    __slots__ = ("name", "prefix", "suffix", "wall", "bytes", "flops", "coarse", "host", "annotation")
 
     def __init__(self, prof: "Profiler", name: str, layer: Optional[int], microbatch: Optional[int], wall: str,
                  bytes: float, flops: float, expert: Optional[int], peer: Optional[int], group: Optional[str],
@@ -118,11 +118,15 @@ class PhaseInfo:
         self.prefix = rec.phase_prefix(prof._json(name), layer, microbatch)
         self.suffix = rec.phase_suffix(wall, bytes, flops, expert, peer, None if group is None else prof._json(group),
                                        group_id, tokens, coarse)
+        self.annotation = rec.annotation_name(name, {
+            "layer": layer, "microbatch": microbatch, "wall": wall, "bytes": bytes, "flops": flops, "expert": expert,
+            "peer": peer, "group": group, "group_id": group_id, "tokens": tokens, "coarse": coarse}) \
+            if prof._annotate else None
 
 
 class _Phase:
     """A phase on a recorded step (context manager); also the token of begin_phase/end_phase."""
-    __slots__ = ("prof", "info", "stream", "a", "b", "h0", "h1", "nvtx", "sync")
+    __slots__ = ("prof", "info", "stream", "a", "b", "h0", "h1", "nvtx", "sync", "rf")
 
     def __init__(self, prof: "Profiler", info: PhaseInfo, stream, sync: bool = False):
         self.prof = prof
@@ -132,6 +136,7 @@ class _Phase:
         self.h0 = self.h1 = 0
         self.nvtx = False
         self.sync = sync
+        self.rf = None
 
     def __enter__(self):
         self.prof._open(self)
@@ -204,6 +209,9 @@ class Profiler:
     torch.distributed initialised rank 0 creates it and broadcasts its start time (or its error) to
     the others; without it the others wait for run.json.
     nvtx: "sampled", "all" or "off". use_cuda: default torch.cuda.is_available().
+    annotate: on recorded steps, also open a torch.profiler record_function range around each step
+    and phase, named so that `python3 -m threewalls.importers kineto` rebuilds the records from a
+    PyTorch profiler trace (records.annotation_name); off by default (a few microseconds a phase).
     Not thread-safe, except that phases may be opened and closed from autograd's backward threads
     while the thread that drives the steps waits in backward().
     """
@@ -214,7 +222,7 @@ class Profiler:
                  settings: Optional[Dict[str, Any]] = None, rank_classes: Optional[List[Dict[str, Any]]] = None,
                  creator: Optional[bool] = None, overwrite: bool = False, nvtx: str = "sampled",
                  use_cuda: Optional[bool] = None, source: str = "real", git_sha: str = "unknown",
-                 join_timeout_s: float = 120.0):
+                 join_timeout_s: float = 120.0, annotate: bool = False):
         d = _dist()
         if rank is None:
             rank = d.get_rank() if d else 0
@@ -232,6 +240,8 @@ class Profiler:
         self.cuda = bool(use_cuda)
         self._nvtx_rec = self.cuda and nvtx != "off"
         self._nvtx_all = self.cuda and nvtx == "all"
+        self._annotate = bool(annotate) and torch is not None
+        self._step_rf = None
         self.out_dir = str(out_dir)
         self._names: Dict[str, str] = {}
         self._kw_infos: Dict[tuple, PhaseInfo] = {}
@@ -362,6 +372,9 @@ class Profiler:
             s.epoch.record(stream)
             s.ends.append(stream)
         s.epoch_host_ns = time.time_ns()
+        if self._annotate:
+            self._step_rf = torch.autograd.profiler.record_function(rec.step_annotation_name(step))
+            self._step_rf.__enter__()
         self._cur = s
 
     def end_step(self) -> None:
@@ -384,6 +397,9 @@ class Profiler:
                     ends.append(e)
                 s.ends = ends
             s.end_host_ns = time.time_ns()
+            if self._step_rf is not None:
+                self._step_rf.__exit__(None, None, None)
+                self._step_rf = None
             self._pending.append(s)
         if self.writer is not None and self.policy.flush_after(step):
             self._pending.append(step)  # a flush point, reached once every earlier step is harvested
@@ -484,6 +500,9 @@ class Profiler:
         if self._nvtx_rec:
             torch.cuda.nvtx.range_push(info.name)
             p.nvtx = True
+        if info.annotation is not None:
+            p.rf = torch.autograd.profiler.record_function(info.annotation)
+            p.rf.__enter__()
         if info.host or not self.cuda:
             if p.sync and self.cuda:
                 torch.cuda.current_stream().synchronize()
@@ -500,6 +519,9 @@ class Profiler:
             p.b.record(p.stream)
         else:
             p.h1 = time.time_ns()
+        if p.rf is not None:
+            p.rf.__exit__(None, None, None)
+            p.rf = None
         if p.nvtx:
             torch.cuda.nvtx.range_pop()
         s = self._cur

@@ -128,6 +128,64 @@ def phase_line(step: int, rank: int, phase_json: str, layer: Optional[int], micr
                            phase_suffix(wall, nbytes, flops, expert, peer, group_json, group_id, tokens, coarse))
 
 
+ANNOTATION_PREFIX = "threewalls:"
+# Characters a trace writer may not escape (PyTorch 1.13's Chrome trace writes names unescaped) or
+# that separate the fields: percent-encoded in annotation names.
+_ANNOTATION_QUOTE = {c: f"%{ord(c):02X}" for c in '%";=\\\n\t'}
+_ANNOTATION_INT_FIELDS = ("layer", "microbatch", "expert", "peer", "group_id", "tokens")
+
+
+def _quote(v: Any) -> str:
+    return "".join(_ANNOTATION_QUOTE.get(c, c) for c in str(v))
+
+
+def annotation_name(phase: str, fields: Dict[str, Any]) -> str:
+    """The name of a phase's torch.profiler range (Profiler(annotate=True)):
+    "threewalls:<phase>;layer=3;microbatch=0;wall=compute;bytes=...;flops=..." with the phase record's
+    fields other than step, rank, stream and times (absent and None fields left out), so an importer
+    of a profiler trace (threewalls.importers.kineto) reads back the record's fields with
+    parse_annotation. No quotes: trace writers do not all escape names."""
+    parts = [_quote(phase)]
+    for k, v in fields.items():
+        if v is not None:
+            parts.append(f"{k}={_quote(format_count(v) if k in ('bytes', 'flops') else v)}")
+    return ANNOTATION_PREFIX + ";".join(parts)
+
+
+def step_annotation_name(step: int) -> str:
+    """The name of a recorded step's torch.profiler range: "threewalls:step=<step>"."""
+    return f"{ANNOTATION_PREFIX}step={int(step)}"
+
+
+def parse_annotation(name: str) -> Optional[Dict[str, Any]]:
+    """{"phase": ..., "layer": ..., "microbatch": ..., "wall": ... and the other fields given} of an
+    annotation_name, {"step": k} of a step_annotation_name, None for a name without the prefix.
+    Raises ValueError for a name that has the prefix but is neither."""
+    if not name.startswith(ANNOTATION_PREFIX):
+        return None
+    from urllib.parse import unquote
+    body = name[len(ANNOTATION_PREFIX):]
+    if body.startswith("step="):
+        try:
+            return {"step": int(body[5:])}
+        except ValueError:
+            raise ValueError(f"annotation {name!r}: step is not an integer") from None
+    parts = body.split(";")
+    out: Dict[str, Any] = {"phase": unquote(parts[0]), "layer": None, "microbatch": None}
+    for item in parts[1:]:
+        k, sep, v = item.partition("=")
+        if not sep:
+            raise ValueError(f"annotation {name!r}: field {item!r} is not key=value")
+        v = unquote(v)
+        try:
+            out[k] = int(v) if k in _ANNOTATION_INT_FIELDS else float(v) if k in ("bytes", "flops") else v
+        except ValueError:
+            raise ValueError(f"annotation {name!r}: field {k} = {v!r} is not a number") from None
+    if not out["phase"] or "wall" not in out:
+        raise ValueError(f"annotation {name!r}: not a threewalls phase (no phase name or wall)")
+    return out
+
+
 def step_line(step: int, rank: int, epoch_us: float, dur_us: float) -> str:
     return (f'{{"record":"step","step":{step},"rank":{rank},"epoch_us":{format_time_us(epoch_us)},'
             f'"dur_us":{format_time_us(dur_us)}}}')

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from typing import Dict, List, Optional
@@ -138,6 +139,10 @@ def run(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--record-every", type=int, default=None,
                     help="profiler.record_every_n_steps (default: the scenario's run.profiler)")
     ap.add_argument("--nvtx", choices=["sampled", "all", "off"], default="sampled")
+    ap.add_argument("--torch-profile", metavar="TRACE_JSON",
+                    help="also run the steps under torch.profiler (CPU and CUDA activity) with the profiler's "
+                         "record_function ranges on, and write its Chrome trace here (rank r > 0: TRACE_JSON "
+                         "with .rank<r> before .json); python3 -m threewalls.importers kineto reads it back")
     args = ap.parse_args(argv)
     try:
         return _run(args)
@@ -193,6 +198,7 @@ def _run(args) -> int:
     prof = Profiler(args.out, rank=rank, world_size=world, sampling=sampling_of(s, args.record_every),
                     scenario={"name": s.name, "path": args.scenario, "hash": s.hash}, seed=s.run["seed"],
                     settings=settings, overwrite=args.overwrite, nvtx=args.nvtx, use_cuda=device_kind == "cuda",
+                    annotate=bool(args.torch_profile),
                     rank_classes=[{"id": 0, "label": "stage 0", "ranks": list(range(world)), "pp_stage": 0}])
     model.name_streams(prof)
     c = Ctx(prof, rank)
@@ -201,13 +207,14 @@ def _run(args) -> int:
         prof.name_stream(copy_stream, "copy")
     gen = torch.Generator().manual_seed(s.run["seed"] * 1000 + rank)
     try:
-        if s.training:
-            step_inputs = None
-            _train(s, model, prof, c, device, copy_stream, gen, steps, warmup, dist, dp_group, edp_group)
-            tokens = s.step["global_batch_size"] * s.step["seq_length"]
-        else:
-            step_inputs = _infer(s, model, prof, c, device, copy_stream, gen, steps, warmup)
-            tokens = None
+        with _torch_profile(args.torch_profile, rank, device_kind):
+            if s.training:
+                step_inputs = None
+                _train(s, model, prof, c, device, copy_stream, gen, steps, warmup, dist, dp_group, edp_group)
+                tokens = s.step["global_batch_size"] * s.step["seq_length"]
+            else:
+                step_inputs = _infer(s, model, prof, c, device, copy_stream, gen, steps, warmup)
+                tokens = None
         if device_kind == "cuda":
             torch.cuda.synchronize()
         prof.finish(tokens_per_step=tokens, gpu=s.cluster["gpu"], gpu_peak_flops=scen.calibration_peak_flops(s),
@@ -221,6 +228,30 @@ def _run(args) -> int:
     if rank == 0:
         print(f"run directory {args.out}: {steps} step(s) of {s.name} on {world} rank(s) ({device})")
     return 0
+
+
+class _torch_profile:
+    """torch.profiler around the steps when a trace path is given, exported as a Chrome trace."""
+
+    def __init__(self, path: Optional[str], rank: int, device_kind: str):
+        self.path = path if not path or rank == 0 else re.sub(r"(\.json)?$", f".rank{rank}.json", path, count=1)
+        self.device_kind = device_kind
+        self.prof = None
+
+    def __enter__(self):
+        if self.path:
+            from torch.profiler import ProfilerActivity, profile
+            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device_kind == "cuda" else [])
+            self.prof = profile(activities=acts)
+            self.prof.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.prof is not None:
+            self.prof.__exit__(*exc)
+            if exc[0] is None:
+                self.prof.export_chrome_trace(self.path)
+        return False
 
 
 def _has_device_id() -> bool:

@@ -261,6 +261,33 @@ def _read_table(path: str, table: str, data: Dict[str, Any], spec: Dict[str, tup
     return out
 
 
+def scenario_name(path: str, name_key: Any) -> str:
+    """A scenario's name: its top-level `name`, else the file name without .toml (the registry's default)."""
+    if isinstance(name_key, str) and name_key and name_key != "the file name without .toml":
+        return name_key
+    return os.path.splitext(os.path.basename(path))[0]
+
+
+def identity(path: str) -> Dict[str, Any]:
+    """What a run header says of scenario `path` without executing it: name, path, hash (FNV-1a 64 of
+    the file) and world size (cluster.gpus_per_node x nodes, None when the file has no [cluster]).
+    For importers of runs made elsewhere, which need the scenario only to line the run up with
+    `threewalls sim` of it."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+        doc = tomllib.loads(raw.decode("utf-8"))
+    except OSError as e:
+        raise InputError(f"{path}: cannot read: {e.strerror}") from e
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: not valid TOML: {e}") from e
+    cluster = doc.get("cluster", {})
+    world = None
+    if isinstance(cluster, dict) and isinstance(cluster.get("gpus_per_node"), int):
+        world = cluster["gpus_per_node"] * int(cluster.get("nodes", 1))
+    return {"name": scenario_name(path, doc.get("name")), "path": path, "hash": fnv1a64_hex(raw), "world_size": world}
+
+
 def load(path: str) -> Scenario:
     """Reads and checks scenario `path`. Raises InputError (bad file) or UnsupportedError (a valid
     feature the runner does not execute), each naming the file and the key."""
@@ -319,7 +346,7 @@ def load(path: str) -> Scenario:
     if world % parallel["ep"] != 0:
         raise InputError(f"{path}: [parallel] ep = {parallel['ep']}: must divide the world size {world}")
 
-    name = top["name"] if top["name"] != "the file name without .toml" else os.path.splitext(os.path.basename(path))[0]
+    name = scenario_name(path, top["name"])
     s = Scenario(path=path, name=name, hash=fnv1a64_hex(raw), model=model, parallel=parallel, step=step,
                  training=training, cluster=cluster, run=run, profiler=profiler, calibration=calibration,
                  world_size=world)

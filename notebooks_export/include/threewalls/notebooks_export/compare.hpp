@@ -117,11 +117,15 @@ struct CompareResult {
   std::optional<HostProbeLine> host_probe;
   std::vector<Check> checks;  // what --fail-above looks at, with verdicts
   std::optional<double> fail_above_pct;
+  // One run is Megatron-LM timers (settings.import.format "megatron-log", python/threewalls/importers):
+  // both runs were compared as timers on rank 0, the other run's records rolled up into them.
+  bool timer_view = false;
   [[nodiscard]] bool failed() const;
 };
 
-// Compares two runs. Throws InputError when a run holds a duplicate record key (naming the run and
-// key) or when the two runs share no record at all.
+// Compares two runs. When one of them holds Megatron-LM timers (an imported training log), both are
+// compared as those timers (docs/compare_analyze_export.md, "Megatron-LM timers"). Throws InputError when a run holds a
+// duplicate record key (naming the run and key) or when the two runs share no record at all.
 CompareResult compare_runs(const profiler::RunData& a, const profiler::RunData& b, const CompareOptions& options = {});
 
 // Text report: summary lines, walls side by side, the per-phase table, the largest per-layer and
