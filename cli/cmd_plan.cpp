@@ -37,6 +37,7 @@ struct PlanArgs {
   int top = 10;
   int resim = -1;  // -1: every top row (unsharded); shards never re-simulate
   int losers = 5;
+  int jobs = 0;  // 0: the CPUs available
   bool overwrite = false;
   ProgressArg progress;
 };
@@ -47,6 +48,7 @@ struct MergeArgs {
   std::string format = "text";
   std::string out;
   int resim = 0;
+  int jobs = 0;  // 0: the CPUs available
   bool overwrite = false;
   ProgressArg progress;
 };
@@ -110,17 +112,22 @@ class Progress {
   double last_ = -1.0;
 };
 
-// Re-simulates the first `k` top rows with flow fidelity, then prints and writes the outputs.
-int finish(sim::PlanResult& r, const scenarios::LoadedScenario& base, const Costing& cost, int resim,
+// Re-simulates the first `resim` top rows with flow fidelity (`jobs` processes at once), then prints
+// and writes the outputs.
+int finish(sim::PlanResult& r, const scenarios::LoadedScenario& base, const Costing& cost, int resim, int jobs,
            const std::string& format, const std::string& out, bool progress) {
   sim::PlanEstimator est(base, cost.coster, r.gpus);
-  const int k = std::min<int>(resim, static_cast<int>(r.top.size()));
-  for (int i = 0; i < k; ++i) {
-    if (progress)
-      std::fprintf(stderr, "plan: flow re-simulation %d/%d (%s)\n", i + 1, k, r.top[i].cand.layout().c_str());
-    sim::resimulate_flow(est.scenario_of(r.top[static_cast<std::size_t>(i)].cand), cost.coster,
-                         r.top[static_cast<std::size_t>(i)]);
+  const auto k = static_cast<std::size_t>(std::min<int>(resim, static_cast<int>(r.top.size())));
+  std::vector<scenarios::Scenario> scenarios;
+  std::vector<sim::PlanRow*> rows;
+  for (std::size_t i = 0; i < k; ++i) {
+    scenarios.push_back(est.scenario_of(r.top[i].cand));
+    rows.push_back(&r.top[i]);
   }
+  sim::resimulate_flow(scenarios, cost.coster, rows, jobs, [&](std::size_t i) {
+    if (progress)
+      std::fprintf(stderr, "plan: flow re-simulation %zu/%zu (%s)\n", i + 1, k, r.top[i].cand.layout().c_str());
+  });
   const std::string text = sim::plan_to_text(r);
   const OrderedJson json = sim::plan_to_json(r);
   const std::string csv = sim::plan_to_csv(r);
@@ -152,6 +159,15 @@ int finish(sim::PlanResult& r, const scenarios::LoadedScenario& base, const Cost
   }
   return kExitOk;
 }
+
+void add_jobs_option(CLI::App* sub, int& jobs) {
+  sub->add_option("--jobs", jobs,
+                  "Flow re-simulations run at once, each in a process of its own (default: the CPUs available); the "
+                  "results do not depend on it")
+      ->check(CLI::Range(1, 1024));
+}
+
+int jobs_or_cpus(int jobs) { return jobs > 0 ? jobs : sim::available_cpus(); }
 
 std::pair<int, int> parse_shard(const std::string& s) {
   const auto slash = s.find('/');
@@ -200,6 +216,7 @@ void register_plan(CLI::App& app, Commands& cmds) {
   sub->add_option("--resim", a.resim,
                   "Top rows re-simulated with flow fidelity (default: all --top rows; 0: none; shards: none)")
       ->check(CLI::Range(0, 1000));
+  add_jobs_option(sub, a.jobs);
   add_progress_option(sub, a.progress);
   cmds.add(sub, [] {
     const auto [si, sn] = parse_shard(a.shard);
@@ -221,7 +238,7 @@ void register_plan(CLI::App& app, Commands& cmds) {
     r.profile_id = cost->profile.id();
     r.profile_path = cost->resolved.path.string();
     const int resim = sn > 1 ? 0 : (a.resim < 0 ? a.top : a.resim);
-    return finish(r, base, *cost, resim, a.format, a.out, show);
+    return finish(r, base, *cost, resim, jobs_or_cpus(a.jobs), a.format, a.out, show);
   });
 
   auto* merge = app.add_subcommand(
@@ -237,6 +254,7 @@ void register_plan(CLI::App& app, Commands& cmds) {
   merge->add_option("--out", m.out, "Directory for plan.json, plan.csv, plan.txt and top_<i>.toml");
   add_overwrite_flag(merge, m.overwrite, "Replace the plan files of an existing --out directory");
   merge->add_option("--resim", m.resim, "Top rows re-simulated with flow fidelity (default 0)")->check(CLI::Range(0, 1000));
+  add_jobs_option(merge, m.jobs);
   add_progress_option(merge, m.progress);
   cmds.add(merge, [] {
     check_out_dir(m.out, m.overwrite);
@@ -252,7 +270,7 @@ void register_plan(CLI::App& app, Commands& cmds) {
     // The shards recorded the path their profile was read from (relative to their working directory).
     const auto cost =
         load_costing(base.scenario, profile_arg_from_cwd(m.calibration.empty() ? r.profile_path : m.calibration));
-    return finish(r, base, *cost, m.resim, m.format, m.out, m.progress.on());
+    return finish(r, base, *cost, m.resim, jobs_or_cpus(m.jobs), m.format, m.out, m.progress.on());
   });
 }
 

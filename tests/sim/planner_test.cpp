@@ -287,6 +287,63 @@ TEST(PlanSweep, ACorruptShardIsRefusedNeverRanked) {
   j["format_version"] = 7;
   EXPECT_NE(error(j).find("plan format_version '' is not supported"), std::string::npos) << error(j);
 }
+TEST(PlanSweep, ShardsInterleaveBlocksOfOneReducedKey) {
+  // Each candidate in exactly one shard; a shard's candidates come in whole pp x vpp blocks (one
+  // reduced-scenario key each), and the blocks alternate between shards, so no shard gets only the
+  // costly (estimated) or only the cheap (pruned) part of the enumeration.
+  const auto loaded = scenarios::load_scenario_file(example("mixtral_8x7b_64gpu"));
+  PlanOptions o = mixtral_options(loaded.scenario, kSmall);
+  const std::uint64_t block = o.search.pp.size() * o.search.vpp.size();
+  const PlanResult whole = run_plan(loaded, h100().coster, o);
+  std::uint64_t total = 0, reduced = 0, estimated_min = ~0ULL, estimated_max = 0;
+  for (int i = 0; i < 2; ++i) {
+    o.shard_index = i;
+    o.shard_count = 2;
+    const PlanResult r = run_plan(loaded, h100().coster, o);
+    EXPECT_EQ(r.counters.total % block, 0U);
+    for (const auto& row : r.top)
+      EXPECT_EQ(row.cand.index / block % 2, static_cast<std::uint64_t>(i)) << row.cand.index;
+    total += r.counters.total;
+    reduced += r.counters.reduced_simulations;
+    estimated_min = std::min(estimated_min, r.counters.estimated);
+    estimated_max = std::max(estimated_max, r.counters.estimated);
+  }
+  EXPECT_EQ(total, o.search.size());
+  EXPECT_EQ(reduced, whole.counters.reduced_simulations);  // no reduced simulation runs in two shards
+  EXPECT_GT(estimated_min, 0U);
+  EXPECT_LE(estimated_max, 2 * estimated_min);
+}
+
+TEST(PlanSweep, ParallelReSimulationsGiveTheSequentialRows) {
+  const auto loaded = scenarios::load_scenario_file(example("mixtral_8x7b_64gpu"));
+  PlanOptions o = mixtral_options(loaded.scenario, kSmall);
+  o.top_k = 3;
+  const PlanResult r = run_plan(loaded, h100().coster, o);
+  ASSERT_EQ(r.top.size(), 3U);
+  PlanEstimator est(loaded, h100().coster, o.gpus);
+  std::vector<scenarios::Scenario> scenarios;
+  for (const auto& row : r.top) scenarios.push_back(est.scenario_of(row.cand));
+  std::vector<PlanRow> one = r.top, three = r.top;
+  std::vector<PlanRow*> one_rows, three_rows;
+  for (std::size_t i = 0; i < r.top.size(); ++i) {
+    one_rows.push_back(&one[i]);
+    three_rows.push_back(&three[i]);
+  }
+  std::vector<std::size_t> started;
+  resimulate_flow(scenarios, h100().coster, one_rows, 1, [&](std::size_t i) { started.push_back(i); });
+  resimulate_flow(scenarios, h100().coster, three_rows, 3);
+  EXPECT_EQ(started, (std::vector<std::size_t>{0, 1, 2}));
+  for (std::size_t i = 0; i < r.top.size(); ++i) {
+    EXPECT_EQ(one[i].flow_error, "");
+    EXPECT_EQ(three[i].flow_error, "");
+    ASSERT_TRUE(one[i].flow_step_time_us && three[i].flow_step_time_us) << i;
+    EXPECT_EQ(*one[i].flow_step_time_us, *three[i].flow_step_time_us) << i;  // bit for bit
+    EXPECT_EQ(*one[i].flow_peak_bytes, *three[i].flow_peak_bytes) << i;
+    EXPECT_EQ(one[i].flow_walls->exposed_comm_us, three[i].flow_walls->exposed_comm_us) << i;
+  }
+  // Different layouts get different flow results: the rows are not mixed up between processes.
+  EXPECT_NE(*three[0].flow_step_time_us, *three[1].flow_step_time_us);
+}
 
 // ---- the CLI ----
 

@@ -835,6 +835,27 @@ class TopK {
 
 }  // namespace
 
+// The candidates of shard i of N. The enumeration's fastest digits are pp and vpp, so it is a run of
+// blocks of pp x vpp candidates, each block one reduced-scenario key (every other knob fixed); the
+// shard takes blocks i, i + N, i + 2N, ... Neighbouring blocks differ in the fast knobs
+// (precision, CUDA graphs, dispatcher, recompute, mbs), so each shard gets a like mix of cheap
+// (pruned) and costly (estimated) blocks, while a block's reduced simulation stays in one shard.
+class ShardBlocks {
+ public:
+  ShardBlocks(const SearchSpace& space, int shard_index, int shard_count)
+      : block_(static_cast<std::uint64_t>(space.pp.size() * space.vpp.size())),
+        i_(static_cast<std::uint64_t>(shard_index)), n_(static_cast<std::uint64_t>(shard_count)) {
+    const std::uint64_t blocks = space.size() / block_;  // the size is a multiple of the block size
+    blocks_ = blocks / n_ + (i_ < blocks % n_ ? 1 : 0);
+  }
+  [[nodiscard]] std::uint64_t size() const { return blocks_ * block_; }
+  // The enumeration index of this shard's j-th candidate (0 <= j < size()).
+  [[nodiscard]] std::uint64_t index(std::uint64_t j) const { return ((j / block_) * n_ + i_) * block_ + j % block_; }
+
+ private:
+  std::uint64_t block_, i_, n_, blocks_ = 0;
+};
+
 PlanResult run_plan(const scenarios::LoadedScenario& base, const OpCoster& coster, const PlanOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   if (o.shard_count < 1 || o.shard_index < 0 || o.shard_index >= o.shard_count) {
@@ -854,15 +875,12 @@ PlanResult run_plan(const scenarios::LoadedScenario& base, const OpCoster& coste
   r.shard_count = o.shard_count;
   r.top_k = o.top_k;
   r.losers_per_reason = o.losers_per_reason;
-  const auto n = static_cast<std::uint64_t>(o.shard_count);
-  const auto i = static_cast<std::uint64_t>(o.shard_index);
-  const std::uint64_t begin = i * (S / n) + std::min(i, S % n);
-  const std::uint64_t end = begin + S / n + (i < S % n ? 1 : 0);
-  r.counters.total = end - begin;
+  const ShardBlocks shard(o.search, o.shard_index, o.shard_count);
+  r.counters.total = shard.size();
   LoserSample losers(o.losers_per_reason);
   TopK top(o.top_k, losers);
-  for (std::uint64_t idx = begin; idx < end; ++idx) {
-    PlanRow row = est.evaluate(candidate_at(o.search, o.gpus, idx));
+  for (std::uint64_t j = 0; j < r.counters.total; ++j) {
+    PlanRow row = est.evaluate(candidate_at(o.search, o.gpus, shard.index(j)));
     ++r.counters.enumerated;
     switch (row.outcome) {
       case Outcome::rule: ++r.counters.rule[row.rule.substr(0, row.rule.find('+'))]; break;

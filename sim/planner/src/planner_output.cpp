@@ -7,8 +7,10 @@
 #include <cstring>
 #include <filesystem>
 #include <sstream>
+#include <stdexcept>
 
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -346,67 +348,48 @@ std::string candidate_toml(const scenarios::Scenario& base, const scenarios::Sce
   return scenarios::write_scenario(out, {comment});
 }
 
-void resimulate_flow(const scenarios::Scenario& s, const OpCoster& coster, PlanRow& row) {
-  int fds[2];
-  if (pipe(fds) != 0) {
-    row.flow_error = std::string("pipe: ") + std::strerror(errno);
-    return;
-  }
-  std::fflush(nullptr);
-  const pid_t pid = fork();
-  if (pid < 0) {
-    row.flow_error = std::string("fork: ") + std::strerror(errno);
-    close(fds[0]);
-    close(fds[1]);
-    return;
-  }
-  if (pid == 0) {
-    // Child: one SimGrid engine, then _exit (no destructors of the parent's state).
-    close(fds[0]);
-    std::string msg;
-    try {
-      scenarios::Scenario one = s;
-      one.run.profiler.enabled = false;
-      SimOptions opt;
-      opt.fidelity = Fidelity::flow;
-      opt.steps = 1;
-      const SimResult r = simulate(one, coster, ProfileInfoForHeader{"plan", "", "", "planner re-simulation"}, opt);
-      OrderedJson j;
-      j["step_time_us"] = r.summary.steps.empty() ? 0.0 : r.summary.steps.back().step_time_us;
-      if (r.summary.walls_mean) {
-        const auto& w = *r.summary.walls_mean;
-        j["walls"] = {{"compute_us", w.compute_us + w.memory_us}, {"exposed_comm_us", w.communication_us},
-                      {"bubble_us", w.bubble_us}, {"host_us", w.host_us}};
-      }
-      double peak = 0.0;
-      for (const auto& c : r.memory.classes) peak = std::max(peak, c.peak().value);
-      j["peak_bytes"] = peak;
-      msg = j.dump();
-    } catch (const std::exception& e) {
-      msg = OrderedJson{{"error", e.what()}}.dump();
+namespace {
+
+// The child of one re-simulation: one SimGrid engine, the result as JSON on `fd`, then _exit (no
+// destructors of the parent's state).
+[[noreturn]] void resimulate_child(const scenarios::Scenario& s, const OpCoster& coster, int fd) {
+  std::string msg;
+  try {
+    scenarios::Scenario one = s;
+    one.run.profiler.enabled = false;
+    SimOptions opt;
+    opt.fidelity = Fidelity::flow;
+    opt.steps = 1;
+    const SimResult r = simulate(one, coster, ProfileInfoForHeader{"plan", "", "", "planner re-simulation"}, opt);
+    OrderedJson j;
+    j["step_time_us"] = r.summary.steps.empty() ? 0.0 : r.summary.steps.back().step_time_us;
+    if (r.summary.walls_mean) {
+      const auto& w = *r.summary.walls_mean;
+      j["walls"] = {{"compute_us", w.compute_us + w.memory_us},
+                    {"exposed_comm_us", w.communication_us},
+                    {"bubble_us", w.bubble_us},
+                    {"host_us", w.host_us}};
     }
-    std::size_t off = 0;
-    while (off < msg.size()) {
-      const ssize_t n = write(fds[1], msg.data() + off, msg.size() - off);
-      if (n <= 0) break;
-      off += static_cast<std::size_t>(n);
-    }
-    close(fds[1]);
-    _exit(0);
+    double peak = 0.0;
+    for (const auto& c : r.memory.classes) peak = std::max(peak, c.peak().value);
+    j["peak_bytes"] = peak;
+    msg = j.dump();
+  } catch (const std::exception& e) {
+    msg = OrderedJson{{"error", e.what()}}.dump();
   }
-  close(fds[1]);
-  std::string buf;
-  char chunk[4096];
-  while (true) {
-    const ssize_t n = read(fds[0], chunk, sizeof chunk);
+  std::size_t off = 0;
+  while (off < msg.size()) {
+    const ssize_t n = write(fd, msg.data() + off, msg.size() - off);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
-    buf.append(chunk, static_cast<std::size_t>(n));
+    off += static_cast<std::size_t>(n);
   }
-  close(fds[0]);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  close(fd);
+  _exit(0);
+}
+
+// The row of a finished child: its exit status and what it wrote.
+void read_resimulation(const std::string& buf, int status, PlanRow& row) {
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || buf.empty()) {
     row.flow_error = "the simulation process ended abnormally" +
                      (WIFSIGNALED(status) ? " (signal " + std::to_string(WTERMSIG(status)) + ")" : std::string());
@@ -423,6 +406,83 @@ void resimulate_flow(const scenarios::Scenario& s, const OpCoster& coster, PlanR
     row.flow_peak_bytes = j.at("peak_bytes").get<double>();
   } catch (const Json::exception& e) {
     row.flow_error = std::string("unreadable result: ") + e.what();
+  }
+}
+
+struct ResimChild {
+  pid_t pid = -1;
+  int fd = -1;
+  std::size_t index = 0;
+  std::string buf;
+};
+
+}  // namespace
+
+int available_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  const long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+void resimulate_flow(const std::vector<scenarios::Scenario>& scenarios, const OpCoster& coster,
+                     const std::vector<PlanRow*>& rows, int jobs, const std::function<void(std::size_t)>& started) {
+  if (scenarios.size() != rows.size()) throw std::logic_error("resimulate_flow: one row per scenario");
+  const std::size_t limit = static_cast<std::size_t>(std::max(1, jobs));
+  std::vector<ResimChild> running;
+  std::size_t next = 0;
+  auto start = [&](std::size_t i) {
+    PlanRow& row = *rows[i];
+    int fds[2];
+    if (pipe(fds) != 0) {
+      row.flow_error = std::string("pipe: ") + std::strerror(errno);
+      return;
+    }
+    if (started) started(i);
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    if (pid < 0) {
+      row.flow_error = std::string("fork: ") + std::strerror(errno);
+      close(fds[0]);
+      close(fds[1]);
+      return;
+    }
+    if (pid == 0) {
+      close(fds[0]);
+      for (const auto& c : running) close(c.fd);
+      resimulate_child(scenarios[i], coster, fds[1]);
+    }
+    close(fds[1]);
+    running.push_back(ResimChild{pid, fds[0], i, {}});
+  };
+  while (next < scenarios.size() || !running.empty()) {
+    while (next < scenarios.size() && running.size() < limit) start(next++);
+    if (running.empty()) continue;
+    std::vector<pollfd> pfds;
+    for (const auto& c : running) pfds.push_back(pollfd{c.fd, POLLIN, 0});
+    if (poll(pfds.data(), pfds.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      throw SystemError(std::string("plan: poll on the re-simulation processes: ") + std::strerror(errno));
+    }
+    // Back to front, so that erasing a finished child keeps the indices of the others.
+    for (std::size_t k = pfds.size(); k-- > 0;) {
+      if (pfds[k].revents == 0) continue;
+      ResimChild& c = running[k];
+      char chunk[4096];
+      const ssize_t n = read(c.fd, chunk, sizeof chunk);
+      if (n < 0 && errno == EINTR) continue;
+      if (n > 0) {
+        c.buf.append(chunk, static_cast<std::size_t>(n));
+        continue;
+      }
+      close(c.fd);
+      int status = 0;
+      while (waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      read_resimulation(c.buf, status, *rows[c.index]);
+      running.erase(running.begin() + static_cast<std::ptrdiff_t>(k));
+    }
   }
 }
 

@@ -118,7 +118,7 @@ struct PlanOptions {
   SearchSpace search;
   int top_k = 10;
   int losers_per_reason = 5;    // best losers kept per dominant wall / outcome
-  int shard_index = 0;          // --shard i/N: candidates [i S / N, (i + 1) S / N)
+  int shard_index = 0;          // --shard i/N: blocks i, i + N, ... of pp x vpp candidates (run_plan)
   int shard_count = 1;
   MemoryOptions memory;
   std::size_t cache_entries = 4096;  // reduced-scenario results kept (bounded)
@@ -198,8 +198,14 @@ std::string plan_to_text(const PlanResult& r);
 std::string candidate_toml(const scenarios::Scenario& base, const scenarios::Scenario& candidate,
                            const std::string& name, const std::string& comment);
 
-// Flow-fidelity re-simulation of `s` in a child process (SimGrid allows one engine per process).
-// Fills the row's flow_* fields, or flow_error.
-void resimulate_flow(const scenarios::Scenario& s, const OpCoster& coster, PlanRow& row);
+// Flow-fidelity re-simulation of scenarios[i] into *rows[i], each in a child process of its own
+// (SimGrid allows one engine per process), at most `jobs` at once. The children share nothing, so the
+// rows are the same for every `jobs`. `started(i)`, when given, is called as re-simulation i starts.
+// Fills each row's flow_* fields, or flow_error.
+void resimulate_flow(const std::vector<scenarios::Scenario>& scenarios, const OpCoster& coster,
+                     const std::vector<PlanRow*>& rows, int jobs, const std::function<void(std::size_t)>& started = {});
+
+// The CPUs this process may run on (its affinity mask): the default number of re-simulation processes.
+int available_cpus();
 
 }  // namespace threewalls::sim
