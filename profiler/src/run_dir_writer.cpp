@@ -23,7 +23,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr std::size_t kMaxBuffer = 8U << 20U;  // write out a rank's buffer beyond 8 MiB
+// Every buffer is written out when the buffers of all ranks together hold more than this: one
+// writer for 256 simulated ranks holds 8 MiB, not 8 MiB per rank.
+constexpr std::size_t kMaxBuffered = 8U << 20U;
+// A buffer keeps at most this much storage once written out.
+constexpr std::size_t kKeptCapacity = 64U << 10U;
 
 constexpr int kCountDigits = 9;
 
@@ -349,6 +353,7 @@ RunDirWriter::RunDirWriter(fs::path dir, RunHeader header, SamplingPolicy policy
       if (!f.file) throw SystemError(f.path.string() + ": cannot open for writing: " + std::strerror(errno));
       f.buffer = header_line_json(header_, r).dump();
       f.buffer += '\n';
+      buffered_ += f.buffer.size();
       file_of_rank_[static_cast<std::size_t>(r)] = static_cast<int>(files_.size());
       files_.push_back(std::move(f));
       write_out(files_.back());  // the header reaches the disk at once
@@ -389,7 +394,15 @@ void RunDirWriter::write_out(RankFile& f) {
   if (std::fwrite(f.buffer.data(), 1, f.buffer.size(), f.file) != f.buffer.size() || std::fflush(f.file) != 0) {
     throw SystemError(f.path.string() + ": write failed: " + std::strerror(errno));
   }
+  buffered_ -= f.buffer.size();
   f.buffer.clear();
+  if (f.buffer.capacity() > kKeptCapacity) std::string().swap(f.buffer);
+}
+
+void RunDirWriter::appended(std::size_t bytes) {
+  buffered_ += bytes;
+  if (buffered_ <= kMaxBuffered) return;
+  for (auto& f : files_) write_out(f);
 }
 
 void RunDirWriter::note_step(RankFile& f, int step) {
@@ -405,8 +418,10 @@ void RunDirWriter::end_step_lines(int step) {
   for (auto& f : files_) {
     const auto it = f.open_steps.find(step);
     if (it == f.open_steps.end()) continue;
+    const std::size_t before = f.buffer.size();
     f.buffer += "{\"record\":\"step_end\",\"step\":" + std::to_string(step) +
                 ",\"records\":" + std::to_string(it->second) + "}\n";
+    buffered_ += f.buffer.size() - before;
     f.open_steps.erase(it);
     f.ended_steps.push_back(step);
   }
@@ -417,10 +432,11 @@ bool RunDirWriter::add(const StepRecord& r) {
   if (closed_) throw SystemError(dir_.string() + ": record added after close()");
   RankFile& f = file_of(r.rank);
   note_step(f, r.step);
+  const std::size_t before = f.buffer.size();
   append_step_line(f.buffer, r);
   f.buffer += '\n';
   if (options_.keep_records) kept_steps_.push_back(r);
-  if (f.buffer.size() > kMaxBuffer) write_out(f);
+  appended(f.buffer.size() - before);
   return true;
 }
 
@@ -429,12 +445,13 @@ bool RunDirWriter::add(const PhaseRecord& r) {
   if (closed_) throw SystemError(dir_.string() + ": record added after close()");
   RankFile& f = file_of(r.rank);
   note_step(f, r.step);
+  const std::size_t before = f.buffer.size();
   append_phase_line(f.buffer, r, names_);
   f.buffer += '\n';
   ++f.phase_records;
   ++f.open_steps[r.step];
   if (options_.keep_records) kept_phases_.push_back(r);
-  if (f.buffer.size() > kMaxBuffer) write_out(f);
+  appended(f.buffer.size() - before);
   return true;
 }
 
@@ -466,8 +483,10 @@ void RunDirWriter::close() {
     footer["run_id"] = header_.run_id;
     footer["records"] = f.phase_records;
     footer["steps"] = f.steps;
+    const std::size_t before = f.buffer.size();
     f.buffer += footer.dump();
     f.buffer += '\n';
+    buffered_ += f.buffer.size() - before;
     write_out(f);
     if (std::fclose(f.file) != 0) {
       f.file = nullptr;

@@ -61,7 +61,8 @@ struct WriterOptions {
 
 // Writes one run directory. Records are formatted by hand into a per-rank buffer as they arrive
 // (about 0.2 us per record) and written to disk when the policy says flush_after(step), at close(),
-// or when a buffer exceeds 8 MiB.
+// or when the buffers of all its ranks together exceed 8 MiB (a file's bytes do not depend on when
+// they are written out; a simulation writing for every rank holds 8 MiB, not 8 MiB per rank).
 //
 // Not thread-safe: one thread adds records to one writer. With a disabled policy it creates nothing
 // (no directory, no file) and every call returns at once.
@@ -133,6 +134,8 @@ class RunDirWriter {
   }
   RankFile& file_of(int rank) { return files_[static_cast<std::size_t>(file_of_rank_[static_cast<std::size_t>(rank)])]; }
   void write_out(RankFile& f);
+  // `bytes` were appended to a buffer: writes every buffer out when they hold more than the bound.
+  void appended(std::size_t bytes);
   void note_step(RankFile& f, int step);
   void end_step_lines(int step);
   void release_lock();
@@ -143,6 +146,7 @@ class RunDirWriter {
   WriterOptions options_;
   Names names_;
   std::vector<RankFile> files_;
+  std::size_t buffered_ = 0;       // bytes in the buffers of files_, together
   std::vector<int> file_of_rank_;  // world-sized; -1 = not written here
   std::vector<StepRecord> kept_steps_;
   std::vector<PhaseRecord> kept_phases_;
