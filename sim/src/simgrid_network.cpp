@@ -21,6 +21,8 @@ namespace threewalls::sim {
 namespace {
 
 std::atomic<bool> g_engine_created{false};
+// The process's SimGrid engine once its SimGridEngine is gone (never destroyed: see ~SimGridEngine).
+simgrid_module::Engine* g_kept_engine = nullptr;
 
 // The folder of the running executable, with a trailing '/' ("" when unknown).
 std::string executable_folder() {
@@ -92,7 +94,12 @@ SimGridEngine::SimGridEngine(const Platform& platform) {
   impl_ = std::make_unique<Impl>(Impl{platform, std::move(engine)});
 }
 
-SimGridEngine::~SimGridEngine() = default;
+SimGridEngine::~SimGridEngine() {
+  // A process runs one SimGrid engine, and the engine's platform (hosts, links, zones, the sharing
+  // system: time and memory in proportion to the GPUs) would be freed here only for the process to
+  // end: it is kept instead, reachable from g_kept_engine, and the operating system takes it back.
+  if (impl_) g_kept_engine = impl_->engine.release();
+}
 
 void SimGridEngine::run(const std::function<void()>& body) { impl_->engine->run(body); }
 

@@ -4,7 +4,8 @@
 // network model settings of kNetworkModelSettings (docs/simulator.md, "Network model").
 //
 // SimGrid keeps global state: one engine per process. Constructing a second SimGridEngine in a
-// process throws SystemError; tests fork a child per simulation.
+// process throws SystemError; tests fork a child per simulation. Destroying a SimGridEngine leaves
+// SimGrid's engine and platform to the end of the process (no teardown work per GPU).
 #include <functional>
 #include <memory>
 #include <span>
