@@ -33,9 +33,14 @@ int exec_gpu_executable(char** argv) {
   const std::string path = own_folder() + kGpuExecutable;
   ::execv(path.c_str(), argv);
   const int err = errno;
+  if (err == ENOENT) {
+    throw SystemError("this command runs in " + path + ", which is not built: build it with `cmake --build " +
+                      "<build dir> --target " + kGpuExecutable + "` (the default target builds it too; " +
+                      "`--target threewalls` builds the GPU-free commands only)");
+  }
   throw SystemError("this command runs in " + path + ", which could not be started (" +
                     std::generic_category().message(err) + "); build the target " + kGpuExecutable +
-                    " (building threewalls builds it) and keep it beside threewalls");
+                    " and keep it beside threewalls");
 }
 
 void add_forwarder(CLI::App& app, Commands& cmds, const char* name, const char* summary, char** argv) {

@@ -28,7 +28,7 @@ if [ "$mode" = pack ]; then
            tests/backend/backend_tests backend/kernel_bench bench/profiler_overhead; do
     case "$b" in
       cli/*|tests/calibration/*)
-        [ -x "$build/$b" ] || { echo "missing $build/$b (build targets threewalls and calibration_bench_gpu_tests)"; exit 2; } ;;
+        [ -x "$build/$b" ] || { echo "missing $build/$b (build targets threewalls, threewalls-gpu and calibration_bench_gpu_tests)"; exit 2; } ;;
       *) [ -x "$build/$b" ] || continue ;;
     esac
     cp "$build/$b" "$carry/"
