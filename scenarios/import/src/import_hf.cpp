@@ -1,10 +1,11 @@
 // Hugging Face config.json -> the [model] table (docs/import.md). Field names are those of the
 // transformers configuration classes (MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig, DeepseekV2Config,
-// DeepseekV3Config, GptOssConfig, LlamaConfig, MistralConfig, Qwen2Config).
+// DeepseekV3Config, DeepseekConfig, OlmoeConfig, GptOssConfig, LlamaConfig, MistralConfig, Qwen2Config).
 #include <algorithm>
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -16,7 +17,7 @@ namespace {
 
 using nlohmann::json;
 
-enum class Family { mixtral, qwen2_moe, qwen3_moe, deepseek, gpt_oss, dense };
+enum class Family { mixtral, qwen2_moe, qwen3_moe, deepseek, deepseek_moe, olmoe, gpt_oss, dense };
 
 struct Arch {
   const char* architecture;
@@ -30,6 +31,8 @@ constexpr Arch kArchs[] = {
     {"Qwen3MoeForCausalLM", "qwen3_moe", Family::qwen3_moe},
     {"DeepseekV2ForCausalLM", "deepseek_v2", Family::deepseek},
     {"DeepseekV3ForCausalLM", "deepseek_v3", Family::deepseek},
+    {"DeepseekForCausalLM", "deepseek", Family::deepseek_moe},
+    {"OlmoeForCausalLM", "olmoe", Family::olmoe},
     {"GptOssForCausalLM", "gpt_oss", Family::gpt_oss},
     {"LlamaForCausalLM", "llama", Family::dense},
     {"MistralForCausalLM", "mistral", Family::dense},
@@ -37,24 +40,90 @@ constexpr Arch kArchs[] = {
     {"Qwen3ForCausalLM", "qwen3", Family::dense},
 };
 
+// Architectures whose layers threewalls cannot express: refused with the feature named, never
+// imported as something else.
+constexpr std::pair<const char*, const char*> kRefused[] = {
+    {"Qwen3NextForCausalLM",
+     "linear-attention (Gated DeltaNet) layers between the full-attention ones "
+     "(full_attention_interval, linear_* fields)"},
+};
+
 // Every field the importer knows: the ones it maps and the ones that describe nothing threewalls
 // times (token ids, numerics, rotary scaling, dtypes). Others are reported as not understood.
 const std::set<std::string>& known_fields() {
-  static const std::set<std::string> k = {
-      "_name_or_path", "transformers_version", "torch_dtype", "dtype", "bos_token_id", "eos_token_id",
-      "pad_token_id", "initializer_range", "rms_norm_eps", "rope_theta", "rope_scaling", "max_position_embeddings",
-      "use_cache", "attention_dropout", "attention_bias", "mlp_bias", "hidden_act", "output_router_logits",
-      "router_aux_loss_coef", "aux_loss_alpha", "seq_aux", "norm_topk_prob", "scoring_func", "topk_method",
-      "n_group", "topk_group", "routed_scaling_factor", "pretraining_tp", "auto_map", "quantization_config",
-      "max_window_layers", "use_sliding_window", "sliding_window", "router_jitter_noise", "rope_type",
-      "ep_size", "num_nextn_predict_layers", "architectures", "model_type", "head_dim", "layer_types",
-      "swiglu_limit", "initial_context_length", "use_qk_norm", "qkv_bias", "use_mla", "tie_word_embeddings",
-      "vocab_size", "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
-      "num_key_value_heads", "num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
-      "shared_expert_intermediate_size", "decoder_sparse_step", "mlp_only_layers", "n_routed_experts",
-      "n_shared_experts", "first_k_dense_replace", "moe_layer_freq", "q_lora_rank", "kv_lora_rank",
-      "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "experts_per_token", "rope_interleave",
-      "partial_rotary_factor"};
+  static const std::set<std::string> k = {"_name_or_path",
+                                          "transformers_version",
+                                          "torch_dtype",
+                                          "dtype",
+                                          "bos_token_id",
+                                          "eos_token_id",
+                                          "pad_token_id",
+                                          "initializer_range",
+                                          "rms_norm_eps",
+                                          "rope_theta",
+                                          "rope_scaling",
+                                          "max_position_embeddings",
+                                          "use_cache",
+                                          "attention_dropout",
+                                          "attention_bias",
+                                          "mlp_bias",
+                                          "hidden_act",
+                                          "output_router_logits",
+                                          "router_aux_loss_coef",
+                                          "aux_loss_alpha",
+                                          "seq_aux",
+                                          "norm_topk_prob",
+                                          "scoring_func",
+                                          "topk_method",
+                                          "n_group",
+                                          "topk_group",
+                                          "routed_scaling_factor",
+                                          "pretraining_tp",
+                                          "auto_map",
+                                          "quantization_config",
+                                          "max_window_layers",
+                                          "use_sliding_window",
+                                          "sliding_window",
+                                          "router_jitter_noise",
+                                          "rope_type",
+                                          "ep_size",
+                                          "num_nextn_predict_layers",
+                                          "architectures",
+                                          "model_type",
+                                          "head_dim",
+                                          "layer_types",
+                                          "swiglu_limit",
+                                          "initial_context_length",
+                                          "use_qk_norm",
+                                          "qkv_bias",
+                                          "use_mla",
+                                          "tie_word_embeddings",
+                                          "vocab_size",
+                                          "num_hidden_layers",
+                                          "hidden_size",
+                                          "intermediate_size",
+                                          "num_attention_heads",
+                                          "num_key_value_heads",
+                                          "num_local_experts",
+                                          "num_experts",
+                                          "num_experts_per_tok",
+                                          "moe_intermediate_size",
+                                          "shared_expert_intermediate_size",
+                                          "decoder_sparse_step",
+                                          "mlp_only_layers",
+                                          "n_routed_experts",
+                                          "n_shared_experts",
+                                          "first_k_dense_replace",
+                                          "moe_layer_freq",
+                                          "q_lora_rank",
+                                          "kv_lora_rank",
+                                          "qk_rope_head_dim",
+                                          "qk_nope_head_dim",
+                                          "v_head_dim",
+                                          "experts_per_token",
+                                          "rope_interleave",
+                                          "partial_rotary_factor",
+                                          "clip_qkv"};
   return k;
 }
 
@@ -64,6 +133,7 @@ class HfImporter {
 
   ScenarioDraft run() {
     if (!j_.is_object()) throw InputError(file_ + ": not a JSON object (a Hugging Face config.json)");
+    refuse_unsupported_layers();
     const Arch& a = architecture();
     d_.name = "imported_hf";
     d_.header.push_back("Generated by `threewalls import hf` from " + file_ + " (" + a.architecture +
@@ -89,7 +159,9 @@ class HfImporter {
       case Family::mixtral: map_mixtral(); break;
       case Family::qwen2_moe:
       case Family::qwen3_moe: map_qwen_moe(a.family == Family::qwen2_moe); break;
-      case Family::deepseek: map_deepseek(); break;
+      case Family::deepseek:
+      case Family::deepseek_moe: map_deepseek(); break;
+      case Family::olmoe: set_experts(req("num_experts"), req("num_experts_per_tok"), req("intermediate_size")); break;
       case Family::gpt_oss: map_gpt_oss(); break;
       case Family::dense: d_.set("model", "ffn_hidden_size", req("intermediate_size")); break;
     }
@@ -102,6 +174,7 @@ class HfImporter {
         d_.report.not_understood.push_back({it.key(), "unknown config field"});
       }
     }
+    map_quantization();
     d_.report.ignored.push_back({"rope, norm epsilon, token ids, dtype, router numerics",
                                  "no effect on what threewalls times"});
     return std::move(d_);
@@ -129,6 +202,55 @@ class HfImporter {
     msg += " is not supported (supported:";
     for (const auto& a : kArchs) msg += std::string(" ") + a.architecture;
     throw InputError(msg + ")");
+  }
+
+  // Layers other than (sliding-window) softmax attention: refused by name.
+  void refuse_unsupported_layers() {
+    std::vector<std::string> names;
+    if (auto it = j_.find("architectures"); it != j_.end() && it->is_array()) {
+      for (const auto& n : *it) {
+        if (n.is_string()) names.push_back(n.get<std::string>());
+      }
+    }
+    for (const auto& [arch, feature] : kRefused) {
+      if (std::find(names.begin(), names.end(), arch) != names.end()) {
+        throw InputError(file_ + ": " + arch + " is refused: " + feature +
+                         " are not supported by threewalls, and importing them as attention layers would be "
+                         "silently wrong");
+      }
+    }
+    if (auto it = j_.find("layer_types"); it != j_.end() && it->is_array()) {
+      for (const auto& t : *it) {
+        if (!t.is_string()) throw InputError(file_ + ": layer_types must hold layer kinds (strings)");
+        const std::string kind = t.get<std::string>();
+        if (kind != "full_attention" && kind != "sliding_attention") {
+          throw InputError(file_ + ": layer_types holds '" + kind +
+                           "' layers, which threewalls does not support "
+                           "(supported: full_attention, sliding_attention)");
+        }
+      }
+    }
+  }
+
+  // quantization_config: the checkpoint's storage format, reported (the scenario's precision is the
+  // computation's: bf16 or fp8 GEMMs, [exec] precision).
+  void map_quantization() {
+    auto it = j_.find("quantization_config");
+    if (it == j_.end() || it->is_null()) return;
+    std::string method = "unknown method";
+    if (it->is_object() && it->contains("quant_method") && it->at("quant_method").is_string()) {
+      method = it->at("quant_method").get<std::string>();
+    }
+    std::string detail;
+    if (it->is_object() && it->contains("fmt") && it->at("fmt").is_string())
+      detail += ", " + it->at("fmt").get<std::string>();
+    if (it->is_object() && it->contains("weight_block_size"))
+      detail += ", blocks " + it->at("weight_block_size").dump();
+    d_.report.not_represented.push_back(
+        {"quantization_config", method + detail +
+                                    " weights: threewalls sizes and times weights in bf16 (or fp8 "
+                                    "GEMMs with [exec] precision = \"fp8\"); the quantized checkpoint's memory and "
+                                    "dequantization are not modelled"});
   }
 
   int req(const std::string& key) {
@@ -235,6 +357,14 @@ class HfImporter {
     if (auto f = opt_int("moe_layer_freq"); f && *f > 1) {
       d_.set("model", "moe_layer_freq", *f);
       d_.set("model", "ffn_hidden_size", req("intermediate_size"));
+    }
+    // Group-limited routing (DeepSeek-V3's n_group / topk_group): 1 group is no limit.
+    const auto groups = opt_int("n_group");
+    const auto group_topk = opt_int("topk_group");
+    if (groups && *groups > 1) {
+      if (!group_topk) throw InputError(file_ + ": n_group = " + std::to_string(*groups) + " without topk_group");
+      d_.set("model", "moe_router_num_groups", *groups);
+      d_.set("model", "moe_router_group_topk", *group_topk);
     }
     if (auto mtp = opt_int("num_nextn_predict_layers"); mtp && *mtp > 0) {
       d_.report.not_represented.push_back({"num_nextn_predict_layers", std::to_string(*mtp) + " multi-token "

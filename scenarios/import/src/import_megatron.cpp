@@ -183,9 +183,24 @@ std::string substitute(const std::string& s, const Vars& vars) {
   return out;
 }
 
+// The variable a reference `$NAME` or `${NAME}` at s[i] == '$' names, or "" for any other form.
+std::string plain_reference(const std::string& s, std::size_t i) {
+  std::size_t b = i + 1;
+  const bool braced = b < s.size() && s[b] == '{';
+  if (braced) ++b;
+  std::size_t e = b;
+  while (e < s.size() && is_name_char(s[e])) ++e;
+  if (e == b || (braced && (e >= s.size() || s[e] != '}'))) return "";
+  return s.substr(b, e - b);
+}
+
+// Variables that hold Megatron flags in a quoted string (MODEL_ARGS="--num-layers 24 ..."): their
+// flags are taken where they are assigned, so a later $MODEL_ARGS adds nothing.
+using FlagVars = std::set<std::string>;
+
 // Shell words of one logical line: quotes removed, variables substituted outside single quotes,
-// a '#' at the start of a word begins a comment.
-std::vector<std::string> shell_words(const std::string& line, const Vars& vars) {
+// a '#' at the start of a word begins a comment. A reference to one of `flag_vars` is dropped.
+std::vector<std::string> shell_words(const std::string& line, const Vars& vars, const FlagVars* flag_vars = nullptr) {
   std::vector<std::string> words;
   std::string cur;
   bool in_word = false;
@@ -218,6 +233,10 @@ std::vector<std::string> shell_words(const std::string& line, const Vars& vars) 
       in_word = true;
       i += 2;
     } else if (c == '$') {
+      if (flag_vars != nullptr && flag_vars->count(plain_reference(line, i)) > 0) {
+        expand_reference(line, i, vars);  // only to step over it
+        continue;
+      }
       cur += expand_reference(line, i, vars);
       in_word = true;
     } else {
@@ -237,12 +256,53 @@ std::string normalize_flag(std::string f) {
   return f;
 }
 
+// Commands whose own flags come before the program they start (`srun --mpi=pmix ... bash -c "..."`):
+// their flags are the launcher's, not Megatron-LM's.
+bool is_launcher(const std::string& w) {
+  static const std::set<std::string> k = {"srun",   "sbatch", "salloc",    "mpirun",      "mpiexec", "docker",
+                                          "podman", "enroot", "apptainer", "singularity", "nsys",    "numactl"};
+  return k.count(w) > 0;
+}
+
+// A word that starts a program after a launcher's flags (`bash`, `python`, `pretrain_gpt.py`).
+bool is_program(const std::string& w) {
+  static const std::set<std::string> k = {"bash", "sh", "python", "python3", "torchrun", "env", "uv"};
+  const auto slash = w.rfind('/');
+  const std::string base = slash == std::string::npos ? w : w.substr(slash + 1);
+  return k.count(base) > 0 || (base.size() > 3 && (base.ends_with(".py") || base.ends_with(".sh")));
+}
+
 // Appends the arguments found in `words` (one logical line) to `out`; records VAR=value assignments.
+// A quoted array element or string holding several words ("--fp8-format hybrid") is split as the
+// shell splits an unquoted expansion. An assignment whose value holds flags (MODEL_ARGS="--num-layers
+// 24 ...") contributes them here, at its line, and its name joins `flag_vars`. The flags of a launcher
+// (srun, mpirun, docker, ...) up to the program it starts are kept apart as one "LAUNCHER:<name>"
+// argument; echo/printf lines and case patterns (`--tokenizer)`) hold no arguments.
 void collect_args(const std::vector<std::string>& words, int line, Vars& script_vars, const Vars& forced,
-                  std::vector<MegatronArg>& out) {
+                  std::vector<MegatronArg>& out, FlagVars* flag_vars = nullptr) {
   bool seen_flag = false;
+  bool seen_command = false;
+  std::string launcher;  // the launcher whose flags are being skipped
   for (std::size_t k = 0; k < words.size(); ++k) {
     const std::string& w = words[k];
+    if (!launcher.empty()) {
+      if (w.size() > 1 && w[0] == '-') {
+        MegatronArg& a = out.back();
+        a.values.push_back(w.substr(0, w.find('=')));
+        continue;
+      }
+      if (!is_program(w)) continue;  // a flag's value or a subcommand (`nsys profile`, `docker run`)
+      launcher.clear();
+      continue;  // the program itself
+    }
+    if (is_flag(w) && w.find_first_of(" \t\n") != std::string::npos) {
+      std::vector<MegatronArg> inner;
+      collect_args(shell_words(w, {}), line, script_vars, forced, inner);
+      for (auto& a : inner) out.push_back(std::move(a));
+      seen_flag = seen_flag || !inner.empty();
+      continue;
+    }
+    if (is_flag(w) && w.back() == ')') continue;  // a case pattern
     if (is_flag(w)) {
       seen_flag = true;
       MegatronArg a;
@@ -256,12 +316,32 @@ void collect_args(const std::vector<std::string>& words, int line, Vars& script_
     if (!seen_flag) {
       // Leading NAME=value words (with or without `export`) set variables for later lines.
       const auto eq = w.find('=');
-      if (eq != std::string::npos && eq > 0 &&
+      if (!seen_command && eq != std::string::npos && eq > 0 &&
           std::all_of(w.begin(), w.begin() + static_cast<std::ptrdiff_t>(eq), is_name_char) &&
           !std::isdigit(static_cast<unsigned char>(w[0]))) {
         const std::string name = w.substr(0, eq);
         const std::string value = w.substr(eq + 1);
         if (value != "(" && forced.count(name) == 0) script_vars[name] = value;
+        if (flag_vars != nullptr && value.find("--") != std::string::npos) {
+          const std::vector<std::string> pieces = shell_words(value, {});
+          if (std::any_of(pieces.begin(), pieces.end(), is_flag)) {
+            collect_args(pieces, line, script_vars, forced, out);
+            flag_vars->insert(name);
+          }
+        }
+        continue;
+      }
+      if (w == "export" || w == "local" || w == "declare" || w == "readonly") continue;
+      if (!seen_command) {
+        seen_command = true;
+        if (w == "echo" || w == "printf") return;
+        if (is_launcher(w)) {
+          launcher = w;
+          MegatronArg a;
+          a.flag = "LAUNCHER:" + w;
+          a.line = line;
+          out.push_back(std::move(a));
+        }
       }
       continue;
     }
@@ -269,7 +349,9 @@ void collect_args(const std::vector<std::string>& words, int line, Vars& script_
         w == "&&" || w == "||" || w == ";" || w == "|") {
       continue;
     }
-    if (!out.empty() && out.back().line == line) out.back().values.push_back(w);
+    if (!out.empty() && out.back().line == line && out.back().flag.rfind("LAUNCHER:", 0) != 0) {
+      out.back().values.push_back(w);
+    }
   }
 }
 
@@ -282,6 +364,7 @@ Vars merged(const Vars& forced, const Vars& script) {
 std::vector<MegatronArg> parse_shell(const std::string& text, const Vars& forced) {
   std::vector<MegatronArg> out;
   Vars script_vars;
+  FlagVars flag_vars;
   std::istringstream in(text);
   std::string raw;
   std::string logical;
@@ -299,11 +382,13 @@ std::vector<MegatronArg> parse_shell(const std::string& text, const Vars& forced
       continue;
     }
     logical += t;
-    collect_args(shell_words(logical, merged(forced, script_vars)), start_line, script_vars, forced, out);
+    collect_args(shell_words(logical, merged(forced, script_vars), &flag_vars), start_line, script_vars, forced, out,
+                 &flag_vars);
     logical.clear();
   }
   if (!logical.empty()) {
-    collect_args(shell_words(logical, merged(forced, script_vars)), start_line, script_vars, forced, out);
+    collect_args(shell_words(logical, merged(forced, script_vars), &flag_vars), start_line, script_vars, forced, out,
+                 &flag_vars);
   }
   return out;
 }
@@ -316,6 +401,8 @@ std::vector<MegatronArg> parse_yaml(const std::string& text, const Vars& vars) {
   std::string section;
   int env_vars = 0;
   int env_line = 0;
+  std::string harness_keys;
+  int harness_line = 0;
   while (std::getline(in, raw)) {
     ++line_no;
     // Comments: '#' at the start or after whitespace, outside quotes.
@@ -342,6 +429,15 @@ std::vector<MegatronArg> parse_yaml(const std::string& text, const Vars& vars) {
     std::string value = trim(body.substr(colon + 1));
     if (value.empty()) {
       if (top) section = key;
+      continue;
+    }
+    // Upper-case top-level keys with a value (TEST_TYPE, MODE, LAUNCHER) belong to Megatron-LM's
+    // functional-test harness, not to the training script.
+    if (top && std::all_of(key.begin(), key.end(), [](char c) {
+          return std::isupper(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)) || c == '_';
+        })) {
+      harness_keys += harness_keys.empty() ? key : ", " + key;
+      harness_line = harness_line ? harness_line : line_no;
       continue;
     }
     if (section == "ENV_VARS") {
@@ -374,6 +470,13 @@ std::vector<MegatronArg> parse_yaml(const std::string& text, const Vars& vars) {
         while (words >> w) a.values.push_back(strip_quotes(w));
       }
     }
+    out.push_back(std::move(a));
+  }
+  if (!harness_keys.empty()) {
+    MegatronArg a;
+    a.flag = "HARNESS";
+    a.values.push_back(harness_keys);
+    a.line = harness_line;
     out.push_back(std::move(a));
   }
   if (env_vars > 0) {
@@ -519,54 +622,144 @@ namespace {
 
 const std::vector<std::pair<std::vector<std::string>, std::string>>& ignored_flags() {
   static const std::vector<std::pair<std::vector<std::string>, std::string>> k = {
-      {{"--lr", "--min-lr", "--lr-decay-style", "--lr-decay-iters", "--lr-decay-samples", "--lr-warmup-iters",
-        "--lr-warmup-samples", "--lr-warmup-fraction", "--lr-warmup-init", "--weight-decay", "--clip-grad",
-        "--adam-beta1", "--adam-beta2", "--adam-eps", "--init-method-std", "--seed", "--loss-scale",
-        "--initial-loss-scale", "--min-loss-scale", "--start-weight-decay", "--end-weight-decay",
-        "--weight-decay-incr-style", "--optimizer"},
+      {{"--lr",
+        "--min-lr",
+        "--lr-decay-style",
+        "--lr-decay-iters",
+        "--lr-decay-samples",
+        "--lr-warmup-iters",
+        "--lr-warmup-samples",
+        "--lr-warmup-fraction",
+        "--lr-warmup-init",
+        "--weight-decay",
+        "--clip-grad",
+        "--adam-beta1",
+        "--adam-beta2",
+        "--adam-eps",
+        "--init-method-std",
+        "--seed",
+        "--loss-scale",
+        "--initial-loss-scale",
+        "--min-loss-scale",
+        "--start-weight-decay",
+        "--end-weight-decay",
+        "--weight-decay-incr-style",
+        "--optimizer",
+        "--decoupled-min-lr",
+        "--decoupled-lr"},
        "optimizer hyper-parameters and learning-rate schedule: no effect on step time"},
       {{"--train-iters", "--train-samples", "--exit-duration-in-mins", "--exit-interval", "--eval-iters",
         "--eval-interval", "--skip-train"},
        "run length and evaluation: threewalls times single steps ([run] steps)"},
-      {{"--log-interval", "--log-throughput", "--log-timers-to-tensorboard", "--log-memory-to-tensorboard",
-        "--log-num-zeros-in-grad", "--log-params-norm", "--log-validation-ppl-to-tensorboard", "--logging-level",
-        "--tensorboard-dir", "--tensorboard-log-interval", "--wandb-project", "--wandb-exp-name", "--wandb-save-dir",
-        "--timing-log-level", "--timing-log-option", "--log-progress", "--profile", "--profile-step-start",
-        "--profile-step-end", "--profile-ranks", "--use-pytorch-profiler", "--record-memory-history"},
+      {{"--log-interval",
+        "--log-throughput",
+        "--log-timers-to-tensorboard",
+        "--log-memory-to-tensorboard",
+        "--log-num-zeros-in-grad",
+        "--log-params-norm",
+        "--log-validation-ppl-to-tensorboard",
+        "--logging-level",
+        "--tensorboard-dir",
+        "--tensorboard-log-interval",
+        "--wandb-project",
+        "--wandb-exp-name",
+        "--wandb-save-dir",
+        "--timing-log-level",
+        "--timing-log-option",
+        "--log-progress",
+        "--profile",
+        "--profile-step-start",
+        "--profile-step-end",
+        "--profile-ranks",
+        "--use-pytorch-profiler",
+        "--record-memory-history"},
        "logging and profiling of the training script"},
-      {{"--save", "--load", "--save-interval", "--no-save-optim", "--no-save-rng", "--no-load-optim",
-        "--no-load-rng", "--finetune", "--auto-detect-ckpt-format", "--dist-ckpt-strictness", "--ckpt-format",
-        "--pretrained-checkpoint", "--use-checkpoint-args", "--async-save", "--ckpt-fully-parallel-save",
-        "--ckpt-fully-parallel-load"},
+      {{"--save", "--load", "--save-interval", "--no-save-optim", "--no-save-rng", "--no-load-optim", "--no-load-rng",
+        "--finetune", "--auto-detect-ckpt-format", "--dist-ckpt-strictness", "--ckpt-format", "--pretrained-checkpoint",
+        "--use-checkpoint-args", "--async-save", "--ckpt-fully-parallel-save", "--ckpt-fully-parallel-load"},
        "checkpointing: not part of a step"},
       {{"--data-path", "--data-cache-path", "--split", "--mock-data", "--num-workers", "--no-mmap-bin-files",
         "--no-create-attention-mask-in-dataloader", "--train-data-path", "--valid-data-path", "--test-data-path",
         "--tokenizer-type", "--tokenizer-model", "--vocab-file", "--merge-file", "--dataloader-type",
         "--reset-position-ids", "--reset-attention-mask", "--eod-mask-loss"},
        "data and tokenizer files: the tokenizer's size is what matters (--vocab-size)"},
-      {{"--attention-dropout", "--hidden-dropout", "--norm-epsilon", "--rotary-base", "--rotary-percent",
-        "--rotary-scaling-factor", "--rotary-seq-len-interpolation-factor", "--mscale", "--mscale-all-dim",
-        "--position-embedding-type", "--no-position-embedding", "--max-position-embeddings", "--qk-layernorm",
-        "--disable-bias-linear", "--apply-layernorm-1p", "--no-rope-fusion", "--use-rotary-position-embeddings"},
+      {{"--attention-dropout",
+        "--hidden-dropout",
+        "--norm-epsilon",
+        "--rotary-base",
+        "--rotary-percent",
+        "--rotary-scaling-factor",
+        "--rotary-seq-len-interpolation-factor",
+        "--mscale",
+        "--mscale-all-dim",
+        "--position-embedding-type",
+        "--no-position-embedding",
+        "--max-position-embeddings",
+        "--qk-layernorm",
+        "--disable-bias-linear",
+        "--apply-layernorm-1p",
+        "--no-rope-fusion",
+        "--use-rotary-position-embeddings",
+        "--rope-type",
+        "--yarn-original-max-position-embeddings",
+        "--yarn-beta-fast",
+        "--yarn-beta-slow",
+        "--no-yarn-correction-range-round-to-int",
+        "--glu-linear-offset",
+        "--activation-func-clamp-value",
+        "--calculate-per-token-loss"},
        "numerics of layers threewalls models by shape only (biases, dropout, rotary and QK norms are not timed)"},
-      {{"--moe-router-load-balancing-type", "--moe-aux-loss-coeff", "--moe-z-loss-coeff",
-        "--moe-router-score-function", "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate",
-        "--moe-router-topk-scaling-factor", "--moe-router-group-topk", "--moe-router-num-groups",
-        "--moe-router-dtype", "--moe-router-pre-softmax", "--moe-router-force-load-balancing",
-        "--moe-token-drop-policy", "--moe-router-padding-for-fp8", "--moe-router-padding-for-quantization",
-        "--moe-hybridep-num-sms", "--moe-input-jitter-eps"},
+      {{"--moe-router-load-balancing-type", "--moe-aux-loss-coeff", "--moe-z-loss-coeff", "--moe-router-score-function",
+        "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", "--moe-router-topk-scaling-factor",
+        "--moe-router-group-topk", "--moe-router-num-groups", "--moe-router-dtype", "--moe-router-pre-softmax",
+        "--moe-router-force-load-balancing", "--moe-token-drop-policy", "--moe-router-padding-for-fp8",
+        "--moe-router-padding-for-quantization", "--moe-hybridep-num-sms", "--moe-input-jitter-eps"},
        "router numerics: threewalls routes with its seeded model ([train] routing_imbalance)"},
-      {{"--moe-permute-fusion", "--moe-router-fusion", "--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl",
-        "--use-flash-attn", "--transformer-impl", "--use-mcore-models", "--no-masked-softmax-fusion",
-        "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion", "--no-gradient-accumulation-fusion",
-        "--attention-backend", "--enable-experimental", "--bias-swiglu-fusion", "--moe-use-legacy-grouped-gemm",
-        "--use-legacy-models", "--cuda-graph-warmup-steps"},
+      {{"--moe-permute-fusion",
+        "--moe-router-fusion",
+        "--cross-entropy-loss-fusion",
+        "--cross-entropy-fusion-impl",
+        "--use-flash-attn",
+        "--transformer-impl",
+        "--use-mcore-models",
+        "--no-masked-softmax-fusion",
+        "--no-bias-swiglu-fusion",
+        "--no-bias-dropout-fusion",
+        "--no-gradient-accumulation-fusion",
+        "--attention-backend",
+        "--enable-experimental",
+        "--bias-swiglu-fusion",
+        "--moe-use-legacy-grouped-gemm",
+        "--use-legacy-models",
+        "--cuda-graph-warmup-steps",
+        "--no-bias-gelu-fusion",
+        "--export-force-local-attention",
+        "--no-persist-layer-norm"},
        "kernel implementation choices: the calibration profile holds what the kernels cost"},
       {{"--distributed-timeout-minutes", "--distributed-backend", "--no-check-for-nan-in-loss-and-grad",
-        "--check-for-nan-in-loss-and-grad", "--use-cpu-initialization",
-        "--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--rdzv-backend",
-        "--rdzv-endpoint", "--rdzv-id", "--mtp-loss-scaling-factor"},
+        "--check-for-nan-in-loss-and-grad", "--use-cpu-initialization", "--nproc-per-node", "--nnodes", "--node-rank",
+        "--master-addr", "--master-port", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--mtp-loss-scaling-factor",
+        "--empty-unused-memory-level", "--enable-gpt-oss"},
        "launcher and process settings (the cluster comes from --cluster/--gpus)"},
+      {{"--tiktoken-pattern", "--null-tokenizer-vocab-size"},
+       "data and tokenizer files: the tokenizer's size is what matters (--vocab-size)"},
+      {{"--fp8-amax-history-len", "--fp8-amax-compute-algo", "--fp8-margin"},
+       "fp8 scaling numerics: the calibration profile holds what fp8 GEMMs cost"},
+      {{"--temperature", "--top-k", "--top-p", "--return-log-probs", "--num-tokens-to-generate"},
+       "sampling settings of text generation: no effect on the modelled step"},
+      {{"--fsdp-double-buffer", "--megatron-fsdp-grad-comm-dtype", "--megatron-fsdp-main-grads-dtype", "--use-nccl-ub",
+        "--init-model-with-meta-device"},
+       "Megatron-FSDP buffer and communication settings (Megatron-FSDP itself is reported as not represented)"},
+      {{"--attention-softmax-in-fp32", "--disable-bf16-reduced-precision-matmul", "--deterministic-mode"},
+       "numerics and kernel choices: the calibration profile holds what the kernels cost"},
+      {{"--moe-per-layer-logging"}, "logging and profiling of the training script"},
+      {{"--inference-ckpt-non-strict", "--no-use-tokenizer-model-from-checkpoint-args"},
+       "checkpointing: not part of a step"},
+      {{"--prompts", "--output-path", "--incoming-requests-per-step", "--inference-repeat-n",
+        "--inference-logging-step-interval", "--inference-max-seq-length",
+        "--inference-dynamic-batching-buffer-size-gb", "--max-tokens-to-oom"},
+       "settings of Megatron-LM's inference scripts (prompts, outputs, request batching): a threewalls inference "
+       "step comes from [infer]"},
       {{"--manual-gc", "--manual-gc-interval"},
        "Python garbage collection at fixed steps: threewalls models no GC pauses, which is what manual-gc aims at"},
   };
@@ -591,6 +784,15 @@ const std::vector<std::pair<std::vector<std::string>, std::string>>& unrepresent
       {{"--context-parallel-size-for-experts", "--cp-comm-type", "--hierarchical-context-parallel-sizes"},
        "context-parallel details: only the cp size is modelled"},
       {{"--expert-data-parallel-size"}, "edp is derived: world / (etp x ep x pp)"},
+      {{"--use-megatron-fsdp", "--data-parallel-sharding-strategy"},
+       "Megatron-FSDP (parameters and gradients sharded over the data-parallel ranks, gathered per layer) has "
+       "no registry key: the step is modelled with the distributed optimizer only, so weight and gradient "
+       "memory is overstated and the per-layer parameter all-gathers are missing"},
+      {{"--window-size", "--window-attn-skip-freq"},
+       "sliding-window attention: modelled as full causal attention in every layer"},
+      {{"--softmax-type"}, "learnable softmax offsets (attention sinks): not modelled"},
+      {{"--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32"},
+       "gradient reduction precision: the modelled gradient communication is fixed"},
   };
   return k;
 }
@@ -750,8 +952,13 @@ class MegatronImporter {
       note("vocab_size: the arguments name no size" + tok + "; give the tokenizer's size with --vocab-size N");
     }
     // Megatron's defaults differ from the registry's: write them explicitly.
-    const bool swiglu = has("--swiglu");
+    // --quick-geglu (GPT-OSS) is gated like --swiglu: the same three weight matrices per MLP, with a
+    // QuickGELU gate instead of SiLU, which the model times alike.
+    const bool quick_geglu = has("--quick-geglu");
+    const bool swiglu = has("--swiglu") || quick_geglu;
     set_bool("model", "swiglu", swiglu);
+    if (quick_geglu)
+      note("--quick-geglu: a gated MLP (swiglu = true: the same shapes, a QuickGELU gate instead of SiLU)");
     if (!swiglu) note("no --swiglu: Megatron's default GeLU MLP (swiglu = false)");
     const bool untie = has("--untie-embeddings-and-output-weights");
     set_bool("model", "untie_embeddings_and_output_weights", untie);
@@ -1081,6 +1288,16 @@ class MegatronImporter {
         unrepresented(flag, *u);
       } else if (flag == "ENV_VARS") {
         d_.report.ignored.push_back({"ENV_VARS", a.values.front() + " environment variables of the launch"});
+      } else if (flag == "HARNESS") {
+        d_.report.ignored.push_back({a.values.front(), "keys of Megatron-LM's functional-test harness"});
+      } else if (flag.rfind("LAUNCHER:", 0) == 0) {
+        if (a.values.empty()) continue;
+        std::vector<std::string> names = a.values;
+        std::sort(names.begin(), names.end());
+        names.erase(std::unique(names.begin(), names.end()), names.end());
+        d_.report.ignored.push_back(
+            {flag.substr(9) + " " + join(names), "flags of the " + flag.substr(9) + " launcher (" + where(a) +
+                                                     "before the program it starts), not of Megatron-LM"});
       } else {
         d_.report.not_understood.push_back({flag, where(a) + "unknown to the importer"});
       }

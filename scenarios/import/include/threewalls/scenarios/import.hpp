@@ -110,7 +110,9 @@ PipelineLayout parse_pipeline_layout(const std::string& layout);
 // ---- Hugging Face config.json ----
 
 // The [model] table of a Hugging Face config (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3,
-// GPT-OSS, dense Llama/Mistral/Qwen2). Unknown architectures are refused by name (InputError).
+// DeepSeekMoE, OLMoE, GPT-OSS, dense Llama/Mistral/Qwen2). Unknown architectures, and layers other
+// than (sliding-window) softmax attention such as Qwen3-Next's linear attention, are refused by name
+// (InputError).
 ScenarioDraft import_hf_config(const std::string& json_text, const std::string& file);
 ScenarioDraft import_hf_file(const std::filesystem::path& path);
 
