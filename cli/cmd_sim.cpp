@@ -15,7 +15,7 @@
 #include "threewalls/core/units.hpp"
 #include "threewalls/profiler/run_dir.hpp"
 #include "threewalls/scenarios/loader.hpp"
-#include "threewalls/scenarios/parameters.hpp"
+#include "threewalls/scenarios/summary_lines.hpp"
 #include "threewalls/sim/memory_model.hpp"
 #include "threewalls/sim/simulator.hpp"
 
@@ -41,47 +41,6 @@ std::string fixed(double v, int digits) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", digits, v);
   return buf;
-}
-
-// "235 B", "47.3 M": a parameter count.
-std::string count_text(double n) {
-  if (n >= 1e9) return fixed(n / 1e9, n >= 1e11 ? 0 : 1) + " B";
-  if (n >= 1e6) return fixed(n / 1e6, n >= 1e8 ? 0 : 1) + " M";
-  return fixed(n, 0);
-}
-
-std::string model_line(const scenarios::Scenario& s) {
-  const auto& m = s.model;
-  std::string out = count_text(scenarios::model_parameters(m)) + " parameters";
-  if (m.is_moe()) {
-    out += ", " + count_text(scenarios::active_parameters(m)) + " active per token (" + std::to_string(m.num_layers) +
-           " layers, " + std::to_string(m.num_experts) + " experts, top-" + std::to_string(m.moe_router_topk) + ")";
-  } else {
-    out += " (" + std::to_string(m.num_layers) + " layers, dense)";
-  }
-  return out;
-}
-
-// The parallel layout and the batch of one step, in Megatron-LM's terms.
-std::string layout_line(const scenarios::Scenario& s) {
-  const auto& p = s.parallel;
-  std::string out = "TP " + std::to_string(p.tp) + ", CP " + std::to_string(p.cp) + ", PP " + std::to_string(p.pp) +
-                    ", VPP " + std::to_string(p.vpp) + ", DP " + std::to_string(p.dp);
-  if (s.model.is_moe()) {
-    out += "; EP " + std::to_string(p.ep) + ", ETP " + std::to_string(p.etp) + " (expert DP " + std::to_string(p.edp) +
-           ")";
-  }
-  if (s.train) {
-    const auto& t = *s.train;
-    out += "; " + std::to_string(t.num_microbatches) + " micro-batch" + (t.num_microbatches == 1 ? "" : "es") + " of " +
-           std::to_string(t.micro_batch_size) + " x " + std::to_string(t.seq_length) +
-           " tokens per DP rank (global batch " + std::to_string(t.global_batch_size) + ")";
-  } else if (s.infer) {
-    const auto& i = *s.infer;
-    out += "; batch " + std::to_string(i.batch_size) + ", prompt " + std::to_string(i.prompt_length) + " tokens, " +
-           std::to_string(i.generate_tokens) + " generated";
-  }
-  return out;
 }
 
 // Wall names as the summary prints them: the time wall "memory" is memory-bound time, which the
@@ -186,8 +145,8 @@ void print_summary(const scenarios::Scenario& s, const sim::SimResult& r, double
   std::cout << "scenario " << s.name << ": " << s.world_size() << " x simulated " << scenarios::to_string(s.cluster.gpu)
             << ", " << r.classes.size() << " rank classes, " << r.ops_per_step << " ops per step\n";
   for (const auto& w : r.warnings) std::cout << "warning: " << w << "\n";
-  std::cout << "model          " << model_line(s) << "\n";
-  std::cout << "layout         " << layout_line(s) << "\n";
+  std::cout << "model          " << scenarios::model_line(s) << "\n";
+  std::cout << "layout         " << scenarios::layout_line(s) << "\n";
   if (!r.summary.steps.empty()) {
     if (r.summary.inference.empty()) {
       print_training_steps(s, r);

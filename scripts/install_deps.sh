@@ -8,6 +8,7 @@ packages=(
   libsimgrid-dev libeigen3-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libgtest-dev
   jupyter-nbconvert python3-nbformat python3-ipykernel python3-pandas python3-matplotlib
   python3-torch python3-numpy python3-pip python3-setuptools
+  chromium
 )
 missing=()
 for p in "${packages[@]}"; do

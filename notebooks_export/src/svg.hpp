@@ -144,7 +144,7 @@ inline std::string stacked_columns(const std::string& title, const std::vector<s
   }
   c.y_axis(max, unit);
   double slot = c.plot_w() / static_cast<double>(std::max<std::size_t>(1, categories.size()));
-  double bw = std::max(0.5, slot * 0.8);
+  double bw = std::clamp(slot * 0.8, 0.5, 48.0);  // a few categories: columns, not walls of colour
   for (std::size_t i = 0; i < categories.size(); ++i) {
     double x = Chart::kLeft + slot * static_cast<double>(i) + (slot - bw) / 2;
     double acc = 0;
@@ -201,7 +201,8 @@ inline std::string lines(const std::string& title, const std::vector<std::string
   return c.finish();
 }
 
-// Horizontal bars, one per label, each with its own colour; labels left of the bars.
+// Horizontal bars, one per label, each with its own colour; labels left of the bars. With a negative
+// value the axis is symmetric around 0 (bars left of the zero line are negative).
 inline std::string hbars(const std::string& title, const std::vector<std::string>& labels, const std::vector<double>& values,
                          const std::vector<std::string>& colors, const std::string& unit,
                          const std::vector<std::pair<std::string, std::string>>& legend) {
@@ -221,24 +222,42 @@ inline std::string hbars(const std::string& title, const std::vector<std::string
     x_leg += 18 + 6.2 * static_cast<double>(name.size());
   }
   double max = 0;
-  for (double v : values) max = std::max(max, v);
-  auto ticks = nice_ticks(max);
+  double min = 0;
+  for (double v : values) {
+    if (!std::isfinite(v)) continue;
+    max = std::max(max, v);
+    min = std::min(min, v);
+  }
+  const bool has_negative = min < 0;
+  auto ticks = nice_ticks(has_negative ? std::max(max, -min) : max);
   const double span = ticks.back();
+  const double lo = has_negative ? -span : 0.0;
   const double plot_w = Chart::kW - label_w - 20;
+  auto x_of = [&](double v) { return label_w + plot_w * (v - lo) / (span - lo); };
+  if (has_negative) {
+    std::vector<double> both;
+    for (auto it = ticks.rbegin(); it != ticks.rend(); ++it) {
+      if (*it > 0) both.push_back(-*it);
+    }
+    both.insert(both.end(), ticks.begin(), ticks.end());
+    ticks = std::move(both);
+  }
   for (double t : ticks) {
-    double x = label_w + plot_w * t / span;
+    double x = x_of(t);
     out += "<line x1=\"" + num(x) + "\" y1=\"" + num(top) + "\" x2=\"" + num(x) + "\" y2=\"" + num(h - 30) +
-           "\" stroke=\"#e0e0e0\"/>\n";
+           "\" stroke=\"" + (t == 0 && has_negative ? "#444444" : "#e0e0e0") + "\"/>\n";
     out += "<text x=\"" + num(x) + "\" y=\"" + num(h - 18) + "\" text-anchor=\"middle\">" + tick_label(t) + "</text>\n";
   }
   out += "<text x=\"" + num(label_w + plot_w / 2) + "\" y=\"" + num(h - 4) + "\" text-anchor=\"middle\">" + xml(unit) +
          "</text>\n";
   for (std::size_t i = 0; i < labels.size(); ++i) {
     double y = top + row * static_cast<double>(i);
-    double w = span > 0 ? plot_w * values[i] / span : 0;
+    const double v = std::isfinite(values[i]) ? values[i] : 0.0;
+    const double x0 = x_of(std::min(0.0, v));
+    const double w = x_of(std::max(0.0, v)) - x0;
     std::string name = labels[i].size() > 30 ? labels[i].substr(0, 29) + "~" : labels[i];
     out += "<text x=\"" + num(label_w - 6) + "\" y=\"" + num(y + 12) + "\" text-anchor=\"end\">" + xml(name) + "</text>\n";
-    out += "<rect x=\"" + num(label_w) + "\" y=\"" + num(y + 2) + "\" width=\"" + fixed(std::max(0.0, w), 2) +
+    out += "<rect x=\"" + fixed(x0, 2) + "\" y=\"" + num(y + 2) + "\" width=\"" + fixed(std::max(0.0, w), 2) +
            "\" height=\"" + num(row - 4) + "\" fill=\"" + (i < colors.size() ? colors[i] : "#888") + "\"><title>" +
            xml(labels[i] + ": " + tick_label(values[i]) + " " + unit) + "</title></rect>\n";
   }

@@ -360,6 +360,8 @@ Summary summarize(std::span<const StepRecord> steps, std::span<const PhaseRecord
   return out;
 }
 
+bool is_receive_phase(std::string_view phase) { return phase.find("recv") < phase.find("send"); }
+
 std::vector<P2pPair> p2p_pairs(std::span<const StepRecord> steps, std::span<const PhaseRecord> phases,
                                const Names& names) {
   const std::vector<std::uint32_t> partner = p2p_partners(names);
@@ -385,8 +387,7 @@ std::vector<P2pPair> p2p_pairs(std::span<const StepRecord> steps, std::span<cons
     std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<P2pPair> out;
   for (const P2pKey& k : order) {
-    const std::string& name = names.phases.name(k.phase);
-    if (name.find("send") > name.find("recv")) continue;  // a receive: paired from its send
+    if (is_receive_phase(names.phases.name(k.phase))) continue;  // paired from its send
     const auto theirs = by_key.find(P2pKey{k.step, k.peer, k.rank, k.microbatch, partner[k.phase]});
     if (theirs == by_key.end()) continue;
     const auto& mine = by_key.at(k);

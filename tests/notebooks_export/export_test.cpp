@@ -168,9 +168,10 @@ TEST(Csv, OneRowPerRecordWithAHeaderRow) {
   auto ph = lines(slurp(dir / "phases.csv"));
   ASSERT_EQ(ph.size(), 1 + runs.sim.phases.size() + runs.real.phases.size());
   auto header = split(ph[0]);
-  EXPECT_EQ(header, (std::vector<std::string>{"run", "step", "rank", "phase", "layer", "microbatch", "expert", "stream",
-                                              "wall", "start_us", "dur_us", "epoch_us", "bytes", "flops", "peer", "group",
-                                              "group_id", "tokens", "coarse", "launch_wait_us"}));
+  EXPECT_EQ(header, (std::vector<std::string>{
+                        "run",    "step",  "rank",     "phase",  "layer",    "microbatch",     "expert",
+                        "stream", "wall",  "start_us", "dur_us", "epoch_us", "bytes",          "flops",
+                        "peer",   "group", "group_id", "tokens", "coarse",   "launch_wait_us", "posted_receive"}));
   for (std::size_t i = 1; i < ph.size(); ++i) ASSERT_EQ(split(ph[i]).size(), header.size()) << ph[i];
   // Row 2 is the sim run's second record: every field as in the run directory.
   auto row = split(ph[2]);
@@ -183,6 +184,8 @@ TEST(Csv, OneRowPerRecordWithAHeaderRow) {
   EXPECT_NEAR(std::stod(row[10]), p.dur_us, 1e-3);
   // The collective rows carry their group; the input copy its coarse view.
   EXPECT_EQ(split(ph[1])[18], "host_to_device");
+  EXPECT_EQ(row[18], "none");  // a word in every row: pandas reads the column as text, without a DtypeWarning
+  EXPECT_EQ(row[20], "0");     // not a posted receive
   bool ep = false;
   for (std::size_t i = 1; i < ph.size(); ++i) ep |= split(ph[i])[15] == "ep";
   EXPECT_TRUE(ep);
@@ -196,6 +199,23 @@ TEST(Csv, OneRowPerRecordWithAHeaderRow) {
   auto r = lines(slurp(dir / "runs.csv"));
   ASSERT_EQ(r.size(), 3U);
   EXPECT_EQ(split(r[2])[1], "real");
+  // memory.csv: the simulation's rank classes (the model's breakdown), the real run's measured peaks.
+  auto mem = lines(slurp(dir / "memory.csv"));
+  ASSERT_GE(mem.size(), 3U);
+  const auto mh = split(mem[0]);
+  EXPECT_EQ(std::vector<std::string>(mh.begin(), mh.begin() + 9),
+            (std::vector<std::string>{"run", "kind", "class", "label", "ranks", "rank", "peak_bytes",
+                                      "gpu_memory_bytes", "oom"}));
+  bool model = false;
+  bool measured = false;
+  for (std::size_t i = 1; i < mem.size(); ++i) {
+    const auto m = split(mem[i]);
+    ASSERT_EQ(m.size(), mh.size()) << mem[i];
+    model |= m[0] == "0" && m[1] == "model" && std::stod(m[6]) > 0;
+    measured |= m[0] == "1" && m[1] == "measured" && std::stod(m[6]) > 0;
+  }
+  EXPECT_TRUE(model);
+  EXPECT_TRUE(measured);
 }
 
 TEST(Csv, FieldsWithCommasOrQuotesAreQuoted) {
@@ -255,13 +275,42 @@ TEST(Html, IsSelfContainedWithItsChartsAndFindings) {
   std::size_t svgs = 0;
   for (std::size_t p = 0; (p = html.find("<svg", p)) != std::string::npos; ++p) ++svgs;
   EXPECT_GE(svgs, 2U * 5U + 2U);
-  for (const char* title : {"Step time (critical rank)", "Walls per step (critical rank)", "Phase breakdown (15 largest)",
-                            "Per rank: mean own time + wait", "Per rank and step: own time vs peers",
-                            "run 1 against run 0"}) {
+  for (const char* title :
+       {"Step time (critical rank)", "Walls per step (critical rank)", "Phase breakdown (15 largest",
+        "Per rank: mean own time + wait", "Per rank and step: own time vs peers", "run 1 against run 0"}) {
     EXPECT_NE(html.find(title), std::string::npos) << title;
   }
   EXPECT_NE(html.find("rank 2 is slow"), std::string::npos);
   EXPECT_NE(html.find("mostly in attn_core_fwd"), std::string::npos);
+  EXPECT_NE(html.find("<h3>memory</h3>"), std::string::npos);
+  EXPECT_NE(html.find("Median error of the 15 largest phases"), std::string::npos);
+}
+
+// One recorded step: that step's walls as bars instead of a line through one point and one column.
+TEST(Html, OneRecordedStepShowsItsWallsAsBars) {
+  auto s = spec("sim", 1.0);
+  s.steps = 1;
+  profiler::RunData one = synthetic(s, "_one");
+  auto out = fresh_dir() / "report.html";
+  write_html({&one}, out);
+  const std::string html = slurp(out);
+  EXPECT_NE(html.find("Walls of step 0 (critical rank; step time"), std::string::npos);
+  EXPECT_EQ(html.find("Step time (critical rank)"), std::string::npos);
+  EXPECT_EQ(html.find("Walls per step"), std::string::npos);
+}
+
+// Run 1 faster than run 0: the error plot is signed, with negative errors left of a zero line.
+TEST(Html, ErrorPlotIsSigned) {
+  profiler::RunData a = synthetic(spec("sim", 1.0), "_a");
+  profiler::RunData b = synthetic(spec("real", 0.8), "_b");
+  auto out = fresh_dir() / "report.html";
+  write_html({&a, &b}, out);
+  const std::string html = slurp(out);
+  const auto at = html.find("Median error of the 15 largest phases");
+  ASSERT_NE(at, std::string::npos);
+  const std::string plot = html.substr(at, html.find("</svg>", at) - at);
+  EXPECT_NE(plot.find(">-20.0<"), std::string::npos) << plot;
+  EXPECT_NE(plot.find("stroke=\"#444444\""), std::string::npos) << plot;  // the zero line
 }
 
 TEST(Notebook, IsANotebookWithTheRunPathsAndItsData) {

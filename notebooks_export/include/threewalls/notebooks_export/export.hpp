@@ -4,6 +4,7 @@
 // report. Formats: docs/compare_analyze_export.md.
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "threewalls/profiler/run_dir.hpp"
@@ -19,6 +20,9 @@ struct ExportOptions {
   // Replace existing output files. Without it an existing output is an InputError (outputs, like
   // run directories, are never overwritten silently).
   bool force = false;
+  // The HTML report: per run (in the order of the runs), rows of the run's table that need its scenario
+  // (the model, the parallel layout), which the run directory does not hold; empty or shorter: none.
+  std::vector<std::vector<std::pair<std::string, std::string>>> scenario_facts;
 };
 
 // Chrome Trace Event Format JSON (opens in https://ui.perfetto.dev and chrome://tracing):
@@ -43,8 +47,11 @@ void write_csv(const std::vector<const profiler::RunData*>& runs, const std::fil
 void write_notebook(const std::vector<const profiler::RunData*>& runs, const std::filesystem::path& out,
                     const ExportOptions& options = {});
 
-// A self-contained HTML report (inline SVG, no scripts, no external fonts): step time, walls, phase
-// breakdown and a per-rank view for each run, analyze's findings, and compare's headline when two runs.
+// A self-contained HTML report (inline SVG, no scripts, no external fonts): for each run its scenario's
+// model and layout (ExportOptions::scenario_facts), step time and walls per step (one recorded step: that
+// step's walls), the phase breakdown (posted receives, which mostly wait for their peer, reported as
+// waits and not ranked), a per-rank view, peak memory per rank class or rank against the GPU's memory,
+// analyze's findings; with two runs compare's headline and the signed error of the largest phases.
 void write_html(const std::vector<const profiler::RunData*>& runs, const std::filesystem::path& out,
                 const ExportOptions& options = {});
 

@@ -175,6 +175,11 @@ std::optional<WallBreakdown> mean_walls(std::span<const StepSummary> steps, std:
 Summary summarize(std::span<const StepRecord> steps, std::span<const PhaseRecord> phases, const Names& names,
                   bool phase_stats = true);
 
+// A posted receive: a point-to-point phase whose name says "recv" before any "send" (`pp_recv_fwd`).
+// It is posted before its data can arrive, so most of its duration is a wait for the peer, not work:
+// reports rank it apart from phase time.
+bool is_receive_phase(std::string_view phase);
+
 // A pipeline send and the receive it delivers to: indices into the records given to p2p_pairs.
 struct P2pPair {
   std::size_t send = 0;
