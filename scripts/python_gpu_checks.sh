@@ -9,7 +9,16 @@
 #   3. runs the reference runner on the GPU scenarios (scenarios/examples/small_moe_1gpu.toml and
 #      python/scenarios/*.toml; small_moe_ep2 too with 2 or more GPUs) -> OUT/runs/<name>/;
 #   4. with THREEWALLS=<threewalls binary>, simulates each scenario and compares:
-#      OUT/sim/<name>/, OUT/compare/<name>.{txt,json}.
+#      OUT/sim/<name>/, OUT/compare/<name>.{txt,json};
+#   5. measures PyTorch's host costs (python3 -m threewalls.bench.framework) against the shipped
+#      profile of the GPU (PROFILE=<profile.toml> to choose another) -> OUT/framework/framework.json and
+#      framework_families.toml; with threewalls_merge_families beside THREEWALLS (or MERGE=<binary>)
+#      refits host.framework_op into OUT/framework/profile_pytorch.toml, and the runs of scenarios
+#      with run.framework = "pytorch_eager" are simulated again with it: OUT/sim_pytorch/<name>/,
+#      OUT/compare_pytorch/<name>.{txt,json};
+#   6. profiles the first python/scenarios run with torch.profiler (--torch-profile) and imports
+#      the trace (python3 -m threewalls.importers kineto) -> OUT/kineto/<name>.json, OUT/kineto/<name>_run/,
+#      and compares it with the runner's own records and with the simulation.
 # Prints a summary and writes OUT/checks.json. The CUDA runs keep NVLink multicast off.
 #
 #   scripts/python_gpu_checks.sh OUT_DIR            # on the GPU machine
@@ -74,6 +83,28 @@ else
   "$python" -m threewalls.bench.overhead --out "$out/overhead" --experts eager --repeats 3 --steps 8 --warmup 2
 fi
 
+# 5. (first: the runs below use it) PyTorch's host costs, as profile families.
+mkdir -p "$out/framework"
+gpu_kind=$("$python" -c 'import torch; n = torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""; print("h200" if "H200" in n else "h100")')
+profile=${PROFILE:-$repo/calibration/profiles/$gpu_kind.toml}
+if [ "$smoke" = 1 ]; then
+  "$python" -m threewalls.bench.framework --out "$out/framework" --profile "$profile" --device cpu --ops 100 --repeats 3
+else
+  "$python" -m threewalls.bench.framework --out "$out/framework" --profile "$profile"
+fi
+merge=${MERGE:-}
+if [ -z "$merge" ] && [ -n "${THREEWALLS:-}" ]; then
+  for m in "$(dirname "$THREEWALLS")/threewalls_merge_families" "$(dirname "$THREEWALLS")/../calibration/threewalls_merge_families"; do
+    [ -x "$m" ] && { merge=$m; break; }
+  done
+fi
+pytorch_profile=
+if [ -n "$merge" ]; then
+  "$merge" "$profile" "$out/framework/framework_families.toml" "$out/framework/profile_pytorch.toml" host.framework_op \
+    > "$out/logs/merge_families.log" 2>&1 && pytorch_profile=$out/framework/profile_pytorch.toml ||
+    { echo "threewalls_merge_families failed (logs/merge_families.log)" >&2; cat "$out/logs/merge_families.log" >&2; }
+fi
+
 # 3. and 4. The reference runner (and the simulator when THREEWALLS is given).
 if [ "$smoke" = 1 ]; then
   scenarios=("$repo/python/tests/scenarios/tiny_moe.toml" "$repo/python/tests/scenarios/tiny_mla_infer.toml")
@@ -106,6 +137,18 @@ run_one() {  # NAME SCENARIO NPROC
       note="$note; sim/compare failed (logs/$name.sim.log, compare/$name.txt)"
     fi
   fi
+  if [ "$rc" -eq 0 ] && [ -n "${THREEWALLS:-}" ] && [ -n "$pytorch_profile" ] &&
+     grep -Eq '^[[:space:]]*framework[[:space:]]*=[[:space:]]*"pytorch_eager"' "$sc"; then
+    mkdir -p "$out/sim_pytorch" "$out/compare_pytorch"
+    if "$THREEWALLS" sim "$sc" --calibration "$pytorch_profile" --out "$out/sim_pytorch/$name" \
+         > "$out/logs/$name.sim_pytorch.log" 2>&1 &&
+       "$THREEWALLS" compare "$out/runs/$name" "$out/sim_pytorch/$name" --json "$out/compare_pytorch/$name.json" \
+         > "$out/compare_pytorch/$name.txt" 2>&1; then
+      note="$note; with the measured host.framework_op: $(grep -m1 '^step time' "$out/compare_pytorch/$name.txt" | sed 's/  */ /g')"
+    else
+      note="$note; sim/compare with profile_pytorch.toml failed (logs/$name.sim_pytorch.log)"
+    fi
+  fi
   status+=("$name: $note")
   echo "$name: $note"
 }
@@ -116,10 +159,41 @@ if [ "$ngpu" -ge 2 ]; then
   run_one small_moe_ep2 "$repo/scenarios/examples/small_moe_ep2.toml" 2
 fi
 
+# 6. A PyTorch profiler trace of one runner scenario, imported as a run directory.
+if [ "$smoke" = 1 ]; then
+  ksc="$repo/python/tests/scenarios/tiny_moe.toml"
+  kargs=(--device cpu --steps 2 --warmup-steps 1)
+else
+  ksc="$repo/python/scenarios/deepseek_v2_lite_4l.toml"
+  kargs=(--steps 2 --warmup-steps 2)
+fi
+kname=$(basename "$ksc" .toml)
+mkdir -p "$out/kineto"
+krc=0
+"$python" -m threewalls.runner "$ksc" --out "$out/kineto/${kname}_runner" --record-every 1 --torch-profile \
+  "$out/kineto/$kname.json" "${kargs[@]}" > "$out/logs/kineto_$kname.log" 2>&1 &&
+"$python" -m threewalls.importers kineto "$out/kineto/$kname.json" --scenario "$ksc" --out "$out/kineto/${kname}_run" \
+  >> "$out/logs/kineto_$kname.log" 2>&1 || krc=$?
+knote="kineto $kname: rc=$krc"
+if [ "$krc" -eq 0 ] && [ -n "${THREEWALLS:-}" ]; then
+  "$THREEWALLS" compare "$out/kineto/${kname}_runner" "$out/kineto/${kname}_run" --json "$out/kineto/runner_vs_import.json" \
+    > "$out/kineto/runner_vs_import.txt" 2>&1 || knote="$knote; compare with the runner's records failed"
+  "$THREEWALLS" sim "$ksc" ${pytorch_profile:+--calibration "$pytorch_profile"} --out "$out/kineto/${kname}_sim" \
+    > "$out/logs/kineto_sim.log" 2>&1 &&
+  "$THREEWALLS" compare "$out/kineto/${kname}_run" "$out/kineto/${kname}_sim" --json "$out/kineto/import_vs_sim.json" \
+    > "$out/kineto/import_vs_sim.txt" 2>&1 || knote="$knote; sim/compare of the import failed"
+fi
+[ "$krc" -ne 0 ] && tail -20 "$out/logs/kineto_$kname.log" >&2
+echo "$knote"
+status+=("$knote")
+
 "$python" - "$out" "$(($(date +%s) - t_start))" "${status[@]}" <<'EOF'
 import glob, json, os, sys
 out, seconds, status = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 res = {"seconds": seconds, "runs": status, "overhead": {}}
+fw = os.path.join(out, "framework", "framework.json")
+if os.path.exists(fw):
+    res["framework"] = json.load(open(fw))
 for f in sorted(glob.glob(os.path.join(out, "overhead", "overhead_*.json"))):
     j = json.load(open(f))
     res["overhead"][os.path.basename(f)[9:-5]] = {"device": j["device"], "overhead_pct": j["overhead_pct"],
@@ -130,6 +204,10 @@ print(f"python_gpu_checks: {seconds} s")
 for k, v in res["overhead"].items():
     print(f"  overhead ({k}): " + ", ".join(f"{m} {p:+.3f}%" for m, p in v["overhead_pct"].items()) +
           f" (within target: {v['within_target']})")
+if "framework" in res:
+    figs = res["framework"]["figures"]
+    print("  framework: " + ", ".join(f"{k} {v['median_us'] if isinstance(v, dict) else v}" for k, v in figs.items()
+                                      if v is not None))
 failed = [s for s in status if "rc=0" not in s]
 print(f"  runner: {len(status) - len(failed)} of {len(status)} runs finished")
 sys.exit(1 if failed else 0)

@@ -19,7 +19,7 @@ class GpuChecksScriptTest(unittest.TestCase):
         r = subprocess.run([os.path.join(REPO, "scripts", "python_gpu_checks.sh"), out, "--cpu-smoke"], env=env,
                            capture_output=True, text=True, timeout=600)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        self.assertIn("runner: 2 of 2 runs finished", r.stdout)
+        self.assertIn("runner: 3 of 3 runs finished", r.stdout)  # two scenarios and the Kineto trace
         with open(os.path.join(out, "checks.json")) as f:
             checks = json.load(f)
         self.assertEqual(sorted(checks["overhead"]), ["eager", "grouped"])
@@ -32,6 +32,22 @@ class GpuChecksScriptTest(unittest.TestCase):
             self.assertTrue(os.path.exists(os.path.join(out, "runs", name, "summary.json")), name)
             with open(os.path.join(out, "compare", name + ".json")) as f:
                 self.assertGreater(json.load(f)["matched_records"], 100)
+        # PyTorch's host costs as profile families, refitted into a profile by the C++ tool.
+        with open(os.path.join(out, "framework", "framework.json")) as f:
+            fw = json.load(f)
+        self.assertGreater(fw["figures"]["eager_op_us"]["median_us"], 0)
+        self.assertTrue(os.path.exists(os.path.join(out, "framework", "framework_families.toml")))
+        merged = os.path.join(out, "framework", "profile_pytorch.toml")
+        if os.path.exists(os.path.join(os.path.dirname(b), "..", "calibration", "threewalls_merge_families")):
+            with open(merged) as f:
+                self.assertIn("measured: python3 -m threewalls.bench.framework", f.read())
+        # The runner's torch.profiler trace, imported, lines up with the runner's own records.
+        with open(os.path.join(out, "kineto", "runner_vs_import.json")) as f:
+            c = json.load(f)
+        self.assertGreater(c["matched_records"], 100)
+        self.assertEqual((len(c["only_in_a"]), len(c["only_in_b"])), (0, 0))
+        with open(os.path.join(out, "kineto", "import_vs_sim.json")) as f:
+            self.assertGreater(json.load(f)["matched_records"], 100)
         # Results are never overwritten.
         r = subprocess.run([os.path.join(REPO, "scripts", "python_gpu_checks.sh"), out, "--cpu-smoke"], env=env,
                            capture_output=True, text=True, timeout=60)

@@ -747,6 +747,14 @@ Registry::Registry() {
 
   // ---- [run] ----
   r.add_table({"run", "Steps to execute and what the profiler records.", false, false, {}, {}, {}});
+  {
+    static const std::vector<std::string> kFramework = {"cpp", "pytorch_eager"};
+    Decl(r, "run.framework", ParamType::choice).def("\"cpp\"").choices(kFramework)
+        .doc("What drives the GPU: cpp (threewalls run's C++ executor) or pytorch_eager (a PyTorch eager "
+             "program such as the reference runner: every op launched outside a CUDA graph also pays "
+             "host.framework_op, PyTorch's per-op dispatch).")
+        .bind(kRun, &RunSpec::framework);
+  }
   Decl(r, "run.steps", ParamType::integer).def("3").min(1).doc("Measured steps (after warm-up).")
       .bind(kRun, &RunSpec::steps);
   Decl(r, "run.warmup_steps", ParamType::integer).def("1").min(0).doc("Unrecorded steps before the measured ones.")

@@ -44,6 +44,7 @@ const char* to_string(AttentionImpl v) { return name_of("model.attention_impl", 
 const char* to_string(Precision v) { return name_of("train.precision", v); }
 const char* to_string(Dispatcher v) { return name_of("train.token_dispatcher", v); }
 const char* to_string(RecomputeGranularity v) { return name_of("train.recompute_granularity", v); }
+const char* to_string(Framework v) { return name_of("run.framework", v); }
 const char* to_string(OffloadTier v) { return name_of("infer.expert_offload.tier", v); }
 std::string to_string(const ExpertExecution& v) {
   switch (v.kind) {

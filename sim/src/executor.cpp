@@ -457,6 +457,8 @@ class StepRun {
     int rotating = 0;
     for (const std::uint8_t u : launch_streams) rotating += u;
     const double cycle_extra = rotating > 1 ? coster_.stream_cycle_extra(rotating).value : 0.0;
+    // A framework's dispatch per eager launch (PyTorch: Python, the dispatcher, autograd recording).
+    const double framework_op = opt_.framework == scenarios::Framework::pytorch_eager ? host_.framework_op.value : 0.0;
     for (std::uint32_t i = 0; i < n; ++i) {
       const Op& op = rc.ops[i];
       if (op.kind == OpKind::host) {
@@ -476,7 +478,8 @@ class StepRun {
       } else if (is_disk_read(op)) {
         s.host_cost[i] = coster_.copy_time(op.copy_kind(), Bytes(op.bytes)).value;
       } else if (in_run[i] < 0) {
-        const double launch = launch_cost(op) + (rotates(op) ? cycle_extra : 0.0) + host_.op_dispatch.value;
+        const double launch =
+            launch_cost(op) + (rotates(op) ? cycle_extra : 0.0) + host_.op_dispatch.value + framework_op;
         // A recorded op: the start marker before the launch (e), the rest of the recording path after
         // it (host.record_op less that marker; e for the end marker without the family).
         const double record_after = host_.record_op ? std::max(0.0, host_.record_op->value - e) : e;

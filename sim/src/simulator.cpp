@@ -120,6 +120,7 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   eo.allreduce = opt.allreduce;
   eo.routing_imbalance = s.train ? s.train->routing_imbalance : 1.0;
   eo.dispatch = expert_dispatch_of(s);
+  eo.framework = s.run.framework;
   const Executor exec(coster, eo);
 
   // Run header and writer.
@@ -141,6 +142,10 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
       "run: graph_launch + graph_node per op; per step: stream fence and join; recorded steps: two timing events per op; "
       "disk reads on the host thread";
   simj["hardware_queues"] = eo.hardware_queues;
+  if (eo.framework != scenarios::Framework::cpp) {
+    simj["framework"] = std::string(scenarios::to_string(eo.framework)) +
+                        ": every launch outside a CUDA-graph run also pays host.framework_op";
+  }
   simj["memory"] = OrderedJson{{"fused_attention", opt.memory.fused_attention}, {"dropout", opt.memory.dropout}};
   simj["profile_reason"] = profile.reason;
   simj["host_scale"] = opt.host_scale;

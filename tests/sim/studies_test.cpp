@@ -327,6 +327,42 @@ TEST(HostOverheadStudy, EveryEagerOpCostsOneLaunchAndStreamsAddTheirEventsOnTheH
   }
 }
 
+TEST(HostOverheadStudy, PyTorchEagerPaysTheFrameworkOpOnEveryLaunchOutsideAGraphRun) {
+  // Launch-bound, run.framework = "pytorch_eager" adds host.framework_op (here 5 us) to every eager
+  // launch and to none of the ops of a CUDA-graph run; "cpp" adds nothing.
+  HostCosts h = host_costs(10);
+  h.collective_launch = microseconds(10);
+  h.graph_launch = microseconds(10);
+  h.framework_op = microseconds(5);
+  const FixedCoster coster(0.1, h);
+  ExecutorOptions cpp;
+  cpp.fidelity = Fidelity::analytic;
+  ExecutorOptions torch = cpp;
+  torch.framework = scenarios::Framework::pytorch_eager;
+  const Executor ec(coster, cpp);
+  const Executor et(coster, torch);
+  std::map<std::string, std::size_t> eager_of;
+  for (const std::string graphs : {"none", "attn_router"}) {
+    const scenarios::Scenario s = validation("host_overhead", "switch_d768_t1k_sequential_" + graphs);
+    const scenarios::StepGraph g = scenarios::expand(s, 0);
+    const auto& rc = g.classes[0];
+    std::vector<bool> in_run(rc.ops.size(), false);
+    for (const auto& run : rc.graph_runs) {
+      for (auto i = run.first_op; i < run.end_op; ++i) in_run[i] = true;
+    }
+    std::size_t eager = 0;
+    for (std::size_t i = 0; i < rc.ops.size(); ++i) {
+      eager += rc.ops[i].kind != scenarios::OpKind::host && !in_run[i] ? 1 : 0;
+    }
+    const Platform p(s.cluster);
+    const StepResult rcpp = ec.run_step(g, p, {}, 0.0, nullptr);
+    const StepResult rtorch = et.run_step(g, p, {}, 0.0, nullptr);
+    EXPECT_NEAR((rtorch.duration - rcpp.duration) * 1e6, 5.0 * static_cast<double>(eager), 0.5) << graphs;
+    eager_of[graphs] = eager;
+  }
+  EXPECT_LT(eager_of["attn_router"], eager_of["none"]);  // the graph runs' ops pay no framework op
+}
+
 TEST(HostOverheadStudy, ATimedOpsRecordRunsFromItsStartMarkerToItsEndMarkerAsThreewallsRunMeasuresIt) {
   // threewalls run records an event on the op's stream just before the launch and one just after
   // (backend/src/executor.cpp, issue_op): on an idle, launch-bound stream the record includes the

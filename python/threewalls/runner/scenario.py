@@ -121,7 +121,8 @@ _CLUSTER = {
     "switch_latency": ("1us", _ANY, str),
 }
 _CALIBRATION = {"profile": ("auto", _ANY, str)}
-_RUN = {"steps": (3, _ANY, int), "warmup_steps": (1, _ANY, int), "seed": (1234, _ANY, int)}
+_RUN = {"framework": ("cpp", ("cpp", "pytorch_eager"), str), "steps": (3, _ANY, int),
+        "warmup_steps": (1, _ANY, int), "seed": (1234, _ANY, int)}
 _PROFILER = {
     "enabled": (True, _ANY, bool),
     "start_step": (0, _ANY, int),

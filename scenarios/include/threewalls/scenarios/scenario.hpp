@@ -24,6 +24,9 @@ enum class AttentionImpl : std::uint8_t { fused, unfused };
 enum class Normalization : std::uint8_t { rmsnorm, layernorm };
 enum class Precision : std::uint8_t { bf16, fp8 };
 enum class RecomputeGranularity : std::uint8_t { none, selective, full };
+// What drives the GPU (run.framework): the C++ executor (threewalls run), or PyTorch eager, whose
+// every op also pays the framework's host dispatch (host.framework_op).
+enum class Framework : std::uint8_t { cpp, pytorch_eager };
 enum class RecomputeMethod : std::uint8_t { uniform, block };
 enum class Dispatcher : std::uint8_t { alltoall, allgather, flex };
 enum class ExpertExecutionKind : std::uint8_t { sequential, streams, grouped };
@@ -212,6 +215,7 @@ struct ProfilerSpec {
 };
 
 struct RunSpec {
+  Framework framework = Framework::cpp;
   int steps = 3;
   int warmup_steps = 1;
   std::uint64_t seed = 1234;
@@ -248,6 +252,7 @@ const char* to_string(AttentionImpl v);
 const char* to_string(Precision v);
 const char* to_string(Dispatcher v);
 const char* to_string(RecomputeGranularity v);
+const char* to_string(Framework v);
 const char* to_string(OffloadTier v);
 std::string to_string(const ExpertExecution& v);
 

@@ -61,6 +61,8 @@ struct ExecutorOptions {
   // queue dispatches in issue order (docs/simulator.md, "Hardware work queues"). 0: one queue per
   // stream.
   int hardware_queues = 8;
+  // run.framework: pytorch_eager adds host.framework_op to every launch outside a CUDA-graph run.
+  scenarios::Framework framework = scenarios::Framework::cpp;
 };
 
 // The scenario's expert dispatch: train or infer token_dispatcher (flex, else alltoall), the model's
