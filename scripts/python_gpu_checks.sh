@@ -165,7 +165,7 @@ if [ "$smoke" = 1 ]; then
   kargs=(--device cpu --steps 2 --warmup-steps 1)
 else
   ksc="$repo/python/scenarios/deepseek_v2_lite_4l.toml"
-  kargs=(--steps 2 --warmup-steps 2)
+  kargs=(--steps 2 --warmup-steps 1)
 fi
 kname=$(basename "$ksc" .toml)
 mkdir -p "$out/kineto"
@@ -184,6 +184,7 @@ if [ "$krc" -eq 0 ] && [ -n "${THREEWALLS:-}" ]; then
     > "$out/kineto/import_vs_sim.txt" 2>&1 || knote="$knote; sim/compare of the import failed"
 fi
 [ "$krc" -ne 0 ] && tail -20 "$out/logs/kineto_$kname.log" >&2
+[ -f "$out/kineto/$kname.json" ] && gzip -9 "$out/kineto/$kname.json"  # the importer reads TRACE.json.gz too
 echo "$knote"
 status+=("$knote")
 

@@ -81,6 +81,11 @@ class KinetoFromTheRunner(unittest.TestCase):
         self.assertLess(sum(p["dur_us"] for p in theirs.values()), 1.5 * total_mine)
         c = compare_json(self, run, imp)
         self.assertEqual(c["matched_records"], len(mine))
+        import gzip  # a compressed trace reads the same
+        with open(trace, "rb") as f, gzip.open(trace + ".gz", "wb") as g:
+            g.write(f.read())
+        importer(self, "kineto", trace + ".gz", "--out", imp + "_gz", "--scenario", TINY)
+        self.assertEqual(keyed(imp + "_gz")[0].keys(), theirs.keys())
         self.assertEqual((len(c["only_in_a"]), len(c["only_in_b"])), (0, 0))
         self.assertFalse(c["megatron_timers"])
         self.assertEqual(c["different_scenarios"], [])

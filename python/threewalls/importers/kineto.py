@@ -1,6 +1,7 @@
 """PyTorch profiler (Kineto) Chrome trace -> run directory.
 
-Reads what `torch.profiler.profile(...).export_chrome_trace(PATH)` writes: a JSON object with
+Reads what `torch.profiler.profile(...).export_chrome_trace(PATH)` writes (PATH.gz: gzip-compressed,
+as PyTorch writes it for a name ending in .gz): a JSON object with
 `traceEvents` (Kineto builds), or a bare list of events (builds without Kineto, such as Debian's
 CPU-only PyTorch). Complete events (`"ph": "X"`) are used:
 
@@ -31,6 +32,7 @@ settings.import.unattributed_device_us and printed.
 from __future__ import annotations
 
 import bisect
+import gzip
 import json
 import re
 from typing import Any, Dict, List, Optional, Tuple
@@ -47,10 +49,10 @@ _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
 def _load(path: str) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
     try:
-        with open(path, encoding="utf-8") as f:
+        with (gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz") else open(path, encoding="utf-8")) as f:
             doc = json.load(f)
-    except OSError as e:
-        raise InputError(f"{path}: cannot read: {e.strerror}") from e
+    except (OSError, EOFError) as e:
+        raise InputError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from e
     except json.JSONDecodeError as e:
         raise InputError(f"{path}:{e.lineno}:{e.colno}: not a JSON trace ({e.msg}); a PyTorch profiler Chrome "
                          "trace is a JSON object with traceEvents (or a list of events)") from e
