@@ -52,7 +52,7 @@ refuse_tracked_out "$out"
 shift 2
 export NCCL_NVLS_ENABLE=0   # NVLink multicast off (see the device notes); recorded in env.txt
 . "$(dirname "$0")/carried_libs.sh"
-link_carried_libs "$carry" "$carry/threewalls" "$carry/threewalls-gpu" "$carry/calibration_bench_gpu_tests"
+link_carried_libs "$carry" "$carry/threewalls" "$carry/threewalls-gpu" "$carry/libthreewalls_simgrid.so" "$carry/calibration_bench_gpu_tests"
 export THREEWALLS_SOURCE_DIR="$PWD"
 mkdir -p "$out"
 {

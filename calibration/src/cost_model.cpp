@@ -316,8 +316,8 @@ std::optional<Seconds> CostModel::predict_point(std::string_view family, const s
   return Seconds(*t);
 }
 
-// t_with / t_alone = g_c ceil(T/(S-H_c))/ceil(T/S) (GEMM), a_c (attention), b_c (memory-bound)
-// (NcclInterferenceModel, "nccl_resident_v1"); 1 without the family.
+// t_with / t_alone = G_c(T) (GEMM), a_c (attention), b_c (memory-bound) (NcclInterferenceModel,
+// "nccl_resident_v2"); 1 without the family.
 double CostModel::nccl_resident_slowdown(int nccl_case, int compute_class, double tiles) const {
   if (nccl_case < 0 || nccl_case > 1) {
     throw InputError("CostModel::nccl_resident_slowdown: case = " + std::to_string(nccl_case) +

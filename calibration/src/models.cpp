@@ -1087,14 +1087,9 @@ ConcurrencyModel ConcurrencyModel::fit(const std::vector<Sample>& samples) {
   return m;
 }
 
-// ---- NCCL-resident slowdown ("nccl_resident_v1") ----
-// t = alone * g_c * W(T, S - H_c) / W(T, S) for GEMMs, alone * a_c / alone * b_c otherwise (models.hpp).
-
-double NcclInterferenceModel::wave_ratio(double tiles, int sm_count, double held_sms) {
-  if (!(tiles > 0) || !(held_sms > 0) || sm_count <= 0) return 1.0;
-  const double left = std::max(1.0, static_cast<double>(sm_count) - held_sms);
-  return std::ceil(tiles / left) / std::ceil(tiles / static_cast<double>(sm_count));
-}
+// ---- NCCL-resident slowdown ("nccl_resident_v2") ----
+// GEMM t = alone * G_c(T) (measured curve, linear in ln T between knots), alone * a_c / alone * b_c
+// otherwise (models.hpp).
 
 bool NcclInterferenceModel::has(NcclResidentCase c) const {
   return std::find(cases.begin(), cases.end(), static_cast<int>(c)) != cases.end();
@@ -1105,8 +1100,18 @@ double NcclInterferenceModel::factor(NcclResidentCase c, ComputeClass kind, doub
   if (it == cases.end()) return 1.0;
   const auto i = static_cast<std::size_t>(it - cases.begin());
   switch (kind) {
-    case ComputeClass::gemm:
-      return gemm_factor[i] * wave_ratio(tiles, sm_count, held_sms[i]);
+    case ComputeClass::gemm: {
+      const std::size_t k = gemm_tiles.size();
+      const auto g = gemm_factor.begin() + static_cast<std::ptrdiff_t>(i * k);
+      if (!(tiles > 0)) return fit::median(std::vector<double>(g, g + static_cast<std::ptrdiff_t>(k)));
+      if (tiles <= gemm_tiles.front()) return g[0];
+      if (tiles >= gemm_tiles.back()) return g[static_cast<std::ptrdiff_t>(k - 1)];
+      const auto hi =
+          static_cast<std::size_t>(std::upper_bound(gemm_tiles.begin(), gemm_tiles.end(), tiles) - gemm_tiles.begin());
+      const std::size_t lo = hi - 1;
+      const double w = std::log(tiles / gemm_tiles[lo]) / std::log(gemm_tiles[hi] / gemm_tiles[lo]);
+      return g[static_cast<std::ptrdiff_t>(lo)] * (1.0 - w) + g[static_cast<std::ptrdiff_t>(hi)] * w;
+    }
     case ComputeClass::attention:
       return attention_factor[i];
     case ComputeClass::memory:
@@ -1115,8 +1120,7 @@ double NcclInterferenceModel::factor(NcclResidentCase c, ComputeClass kind, doub
   return 1.0;
 }
 
-NcclInterferenceModel NcclInterferenceModel::fit(const std::vector<Sample>& samples, int sm_count) {
-  if (sm_count <= 0) throw FitImpossible("nccl interference: the profile's hardware needs sm_count > 0");
+NcclInterferenceModel NcclInterferenceModel::fit(const std::vector<Sample>& samples) {
   std::map<int, std::array<std::vector<const Sample*>, 3>> by_case;
   for (const auto& s : samples) {
     require_positive_time(s.seconds, "nccl interference");
@@ -1125,12 +1129,12 @@ NcclInterferenceModel NcclInterferenceModel::fit(const std::vector<Sample>& samp
     if (s.kind < 0 || s.kind > 2) {
       throw FitImpossible("nccl interference: kernel must be 0 (gemm), 1 (attention) or 2 (memory)");
     }
+    if (s.kind == 0 && !(s.tiles > 0)) throw FitImpossible("nccl interference: a GEMM point needs tiles > 0");
     if (s.tiles < 0) throw FitImpossible("nccl interference: tiles must be >= 0");
     by_case[s.kase][static_cast<std::size_t>(s.kind)].push_back(&s);
   }
   if (by_case.empty()) throw FitImpossible("nccl interference: no points");
   NcclInterferenceModel m;
-  m.sm_count = sm_count;
   const char* names[3] = {"GEMM", "attention", "memory-bound"};
   for (const auto& [c, kinds] : by_case) {
     for (std::size_t k = 0; k < 3; ++k) {
@@ -1138,25 +1142,20 @@ NcclInterferenceModel NcclInterferenceModel::fit(const std::vector<Sample>& samp
         throw FitImpossible("nccl interference: case " + std::to_string(c) + " has no " + names[k] + " point");
       }
     }
-    // H and g by exhaustive search (S/2 + 1 candidates): smallest mean relative error, ties to the
-    // smaller H. The mean, not the median: only the few GEMMs near a wave boundary tell H apart,
-    // and a median would ignore them.
-    double best_h = 0.0, best_g = 1.0, best_err = std::numeric_limits<double>::infinity();
-    for (int h = 0; h <= sm_count / 2; ++h) {
-      std::vector<double> r;
-      for (const Sample* s : kinds[0]) {
-        r.push_back(s->seconds / (s->alone_s * wave_ratio(s->tiles, sm_count, h)));
-      }
-      const double g = fit::median(r);
-      std::vector<double> e;
-      for (const double x : r) e.push_back(std::fabs(g / x - 1.0));
-      double err = 0.0;
-      for (const double x : e) err += x / static_cast<double>(e.size());
-      if (err < best_err - 1e-12) {
-        best_err = err;
-        best_h = h;
-        best_g = g;
-      }
+    // The case's GEMM curve: the median slowdown at each measured tile count.
+    std::map<double, std::vector<double>> at;
+    for (const Sample* s : kinds[0]) at[s->tiles].push_back(s->seconds / s->alone_s);
+    std::vector<double> tiles;
+    for (const auto& [t, r] : at) {
+      tiles.push_back(t);
+      m.gemm_factor.push_back(fit::median(r));
+    }
+    if (m.cases.empty()) {
+      m.gemm_tiles = tiles;
+    } else if (tiles != m.gemm_tiles) {
+      throw FitImpossible("nccl interference: case " + std::to_string(c) +
+                          " measured GEMMs of other tile counts than case " + std::to_string(m.cases.front()) +
+                          "; every case must measure the same GEMMs");
     }
     auto ratio_median = [](const std::vector<const Sample*>& v) {
       std::vector<double> r;
@@ -1164,8 +1163,6 @@ NcclInterferenceModel NcclInterferenceModel::fit(const std::vector<Sample>& samp
       return fit::median(r);
     };
     m.cases.push_back(c);
-    m.held_sms.push_back(best_h);
-    m.gemm_factor.push_back(best_g);
     m.attention_factor.push_back(ratio_median(kinds[1]));
     m.memory_factor.push_back(ratio_median(kinds[2]));
   }

@@ -1,4 +1,4 @@
-// Compute beside resident NCCL kernels (nccl.interference, "nccl_resident_v1") and NCCL device
+// Compute beside resident NCCL kernels (nccl.interference, "nccl_resident_v2") and NCCL device
 // memory (nccl.memory, "nccl_memory_v1"): the fits recover synthetic parameters, the profile keeps
 // them through save/load, the CostModel applies them and behaves as before without them.
 #include <gtest/gtest.h>
@@ -16,29 +16,25 @@ using namespace threewalls::calibration;
 
 namespace {
 
-constexpr int kSms = 132;
-
-// Synthetic truth: pending holds 24 SMs, GEMMs otherwise 1.05x slower; attention 1.6x, memory 1.1x;
-// transfer holds 16 SMs, GEMM 1.2x, attention 1.3x, memory 1.4x. 1% alternating noise.
+// Synthetic truth: a GEMM slowdown curve per case (pending: 1.8x up to one wave falling to 1.2x at
+// 2048 tiles, as measured on H200; transfer: flat 1.3x), attention 1.6x / 1.3x, memory 1.1x / 1.4x.
+// 1% alternating noise, two samples per GEMM so the median per tile count is the truth.
+constexpr double kTiles[] = {88.0, 112.0, 192.0, 308.0, 1024.0, 2048.0};
 struct Truth {
-  double held[2] = {24, 16};
-  double gemm[2] = {1.05, 1.2};
+  double gemm[2][6] = {{1.8, 1.8, 1.75, 1.7, 1.45, 1.2}, {1.3, 1.3, 1.3, 1.3, 1.3, 1.3}};
   double attention[2] = {1.6, 1.3};
   double memory[2] = {1.1, 1.4};
 };
 
 std::vector<NcclInterferenceModel::Sample> synthetic_samples(const Truth& t) {
   std::vector<NcclInterferenceModel::Sample> out;
-  int i = 0;
-  auto noise = [&] { return 1.0 + ((i++ % 2) ? 0.01 : -0.01); };
   for (int c = 0; c <= 1; ++c) {
-    for (const double tiles : {88.0, 112.0, 120.0, 192.0, 308.0, 1024.0, 2048.0}) {
-      const double alone = 1e-6 * tiles;
-      const double with = alone * t.gemm[c] * NcclInterferenceModel::wave_ratio(tiles, kSms, t.held[c]) * noise();
-      out.push_back({c, 0, tiles, alone, with});
+    for (std::size_t j = 0; j < 6; ++j) {
+      const double alone = 1e-7 * kTiles[j];
+      for (const double noise : {0.99, 1.01}) out.push_back({c, 0, kTiles[j], alone, alone * t.gemm[c][j] * noise});
     }
-    for (const double alone : {300e-6, 700e-6}) out.push_back({c, 1, 0.0, alone, alone * t.attention[c] * noise()});
-    for (const double alone : {20e-6, 150e-6}) out.push_back({c, 2, 0.0, alone, alone * t.memory[c] * noise()});
+    for (const double alone : {300e-6, 700e-6}) out.push_back({c, 1, 0.0, alone, alone * t.attention[c]});
+    for (const double alone : {20e-6, 150e-6}) out.push_back({c, 2, 0.0, alone, alone * t.memory[c]});
   }
   return out;
 }
@@ -62,53 +58,64 @@ void add_memory(ProfileBuilder& b) {
 
 }  // namespace
 
-TEST(NcclInterferenceModel, WaveRatioCountsTheSecondWaveOfAOneWaveGemm) {
-  EXPECT_DOUBLE_EQ(NcclInterferenceModel::wave_ratio(112, 132, 24), 2.0);  // 112 > 108 SMs left
-  EXPECT_DOUBLE_EQ(NcclInterferenceModel::wave_ratio(88, 132, 24), 1.0);   // still one wave
-  EXPECT_DOUBLE_EQ(NcclInterferenceModel::wave_ratio(1024, 132, 24), 10.0 / 8.0);
-  EXPECT_DOUBLE_EQ(NcclInterferenceModel::wave_ratio(0, 132, 24), 1.0);    // not a tiled kernel
-  EXPECT_DOUBLE_EQ(NcclInterferenceModel::wave_ratio(112, 132, 0), 1.0);
-}
-
-TEST(NcclInterferenceModel, FitRecoversHeldSmsAndFactorsFromNoisyPoints) {
+TEST(NcclInterferenceModel, FitKeepsTheMeasuredGemmCurveAndMedianFactors) {
   const Truth t;
-  const auto m = NcclInterferenceModel::fit(synthetic_samples(t), kSms);
+  const auto m = NcclInterferenceModel::fit(synthetic_samples(t));
   ASSERT_EQ(m.cases, (std::vector<int>{0, 1}));
+  ASSERT_EQ(m.gemm_tiles, std::vector<double>(std::begin(kTiles), std::end(kTiles)));
+  ASSERT_EQ(m.gemm_factor.size(), 12U);
   for (int c = 0; c <= 1; ++c) {
-    const auto i = static_cast<std::size_t>(c);
-    // Any H that puts the same tiles into the same waves explains the points equally: check the
-    // predictions, and that the fitted H lies in the band of such H.
-    for (const double tiles : {88.0, 112.0, 192.0, 308.0, 1024.0, 2048.0}) {
-      const double want = t.gemm[c] * NcclInterferenceModel::wave_ratio(tiles, kSms, t.held[c]);
-      EXPECT_NEAR(m.factor(static_cast<NcclResidentCase>(c), ComputeClass::gemm, tiles), want, 0.02 * want)
-          << "case " << c << " tiles " << tiles;
+    const auto kase = static_cast<NcclResidentCase>(c);
+    for (std::size_t j = 0; j < 6; ++j) {
+      EXPECT_NEAR(m.factor(kase, ComputeClass::gemm, kTiles[j]), t.gemm[c][j], 1e-9) << c << " " << kTiles[j];
     }
-    EXPECT_GT(m.held_sms[i], 0.0) << c;
-    EXPECT_NEAR(m.gemm_factor[i], t.gemm[c], 0.015) << c;
-    EXPECT_NEAR(m.attention_factor[i], t.attention[c], 0.02) << c;
-    EXPECT_NEAR(m.memory_factor[i], t.memory[c], 0.02) << c;
+    EXPECT_NEAR(m.factor(kase, ComputeClass::attention, 0), t.attention[c], 1e-9);
+    EXPECT_NEAR(m.factor(kase, ComputeClass::memory, 0), t.memory[c], 1e-9);
   }
 }
 
-TEST(NcclInterferenceModel, NoWaveEffectGivesZeroHeldSmsAndAPlainFactor) {
+TEST(NcclInterferenceModel, GemmSlowdownIsLinearInLogTilesBetweenKnotsAndFlatBeyond) {
+  const auto m = NcclInterferenceModel::fit(synthetic_samples(Truth{}));
+  const auto pending = NcclResidentCase::pending;
+  // Halfway between 1024 and 2048 tiles in ln T: sqrt(1024 * 2048).
+  EXPECT_NEAR(m.factor(pending, ComputeClass::gemm, std::sqrt(1024.0 * 2048.0)), (1.45 + 1.2) / 2, 1e-9);
+  EXPECT_NEAR(m.factor(pending, ComputeClass::gemm, 700.0),
+              1.7 + (1.45 - 1.7) * std::log(700.0 / 308) / std::log(1024.0 / 308), 1e-9);
+  EXPECT_DOUBLE_EQ(m.factor(pending, ComputeClass::gemm, 8), 1.8);       // below the first knot
+  EXPECT_DOUBLE_EQ(m.factor(pending, ComputeClass::gemm, 100000), 1.2);  // beyond the last
+  // Unknown tiles: the median of the curve's knots.
+  EXPECT_NEAR(m.factor(pending, ComputeClass::gemm, 0), (1.75 + 1.7) / 2, 1e-9);
+}
+
+TEST(NcclInterferenceModel, AnUnmeasuredCaseSlowsNothing) {
   std::vector<NcclInterferenceModel::Sample> s;
   for (const double tiles : {88.0, 112.0, 192.0, 1024.0}) s.push_back({0, 0, tiles, 1e-4, 1.3e-4});
   s.push_back({0, 1, 0, 1e-4, 1.2e-4});
   s.push_back({0, 2, 0, 1e-4, 1.0e-4});
-  const auto m = NcclInterferenceModel::fit(s, kSms);
-  EXPECT_EQ(m.held_sms[0], 0.0);
-  EXPECT_NEAR(m.gemm_factor[0], 1.3, 1e-12);
+  const auto m = NcclInterferenceModel::fit(s);
+  EXPECT_NEAR(m.factor(NcclResidentCase::pending, ComputeClass::gemm, 500), 1.3, 1e-12);
   EXPECT_FALSE(m.has(NcclResidentCase::transfer));
   EXPECT_EQ(m.factor(NcclResidentCase::transfer, ComputeClass::gemm, 112), 1.0);  // not measured
 }
 
-TEST(NcclInterferenceModel, FitRefusesACaseWithoutEveryKernelClass) {
+TEST(NcclInterferenceModel, FitRefusesIncompleteOrMismatchedPoints) {
   std::vector<NcclInterferenceModel::Sample> s{{0, 0, 112, 1e-4, 2e-4}, {0, 1, 0, 1e-4, 1.5e-4}};
-  EXPECT_THROW((void)NcclInterferenceModel::fit(s, kSms), FitImpossible);  // no memory-bound point
+  EXPECT_THROW((void)NcclInterferenceModel::fit(s), FitImpossible);  // no memory-bound point
   s.push_back({0, 2, 0, 1e-4, 1.1e-4});
-  EXPECT_NO_THROW((void)NcclInterferenceModel::fit(s, kSms));
-  s.push_back({3, 2, 0, 1e-4, 1.1e-4});
-  EXPECT_THROW((void)NcclInterferenceModel::fit(s, kSms), FitImpossible);  // unknown case
+  EXPECT_NO_THROW((void)NcclInterferenceModel::fit(s));
+  auto other = s;
+  other.push_back({3, 2, 0, 1e-4, 1.1e-4});
+  EXPECT_THROW((void)NcclInterferenceModel::fit(other), FitImpossible);  // unknown case
+  other = s;
+  other.push_back({0, 0, 0, 1e-4, 1.1e-4});
+  EXPECT_THROW((void)NcclInterferenceModel::fit(other), FitImpossible);  // a GEMM without tiles
+  // A second case measured at other GEMMs than the first: no common curve knots.
+  other = s;
+  for (const auto& x : std::vector<NcclInterferenceModel::Sample>{
+           {1, 0, 224, 1e-4, 1.2e-4}, {1, 1, 0, 1e-4, 1.2e-4}, {1, 2, 0, 1e-4, 1.2e-4}}) {
+    other.push_back(x);
+  }
+  EXPECT_THROW((void)NcclInterferenceModel::fit(other), FitImpossible);
 }
 
 TEST(NcclMemoryModel, FitTakesTheMedianOfEachStage) {
@@ -131,7 +138,8 @@ TEST(CostModel, NcclFamiliesSurviveSaveAndLoadAndApply) {
   EXPECT_LT(mem.quality.rel_err_max, 0.02);  // errors over bytes, not over the stages' seconds
   const CostModel cm(p);
   EXPECT_TRUE(cm.has_nccl_interference());
-  EXPECT_GT(cm.nccl_resident_slowdown(0, 0, 112), 1.9);  // a one-wave GEMM needs a second wave
+  EXPECT_NEAR(cm.nccl_resident_slowdown(0, 0, 112), 1.8, 0.02);
+  EXPECT_NEAR(cm.nccl_resident_slowdown(0, 0, 2048), 1.2, 0.02);
   EXPECT_NEAR(cm.nccl_resident_slowdown(0, 1, 0), 1.6, 0.02);
   EXPECT_NEAR(cm.nccl_resident_slowdown(1, 2, 0), 1.4, 0.02);
   ASSERT_TRUE(cm.nccl_memory().has_value());

@@ -476,31 +476,30 @@ struct ConcurrencyModel {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Compute kernels beside a resident NCCL kernel ("nccl_resident_v1", family nccl.interference).
+// Compute kernels beside a resident NCCL kernel ("nccl_resident_v2", family nccl.interference).
 //
 // An NCCL kernel holds SMs (one CTA per channel) from the moment its stream reaches it until it
 // completes, including the time it spins waiting for its peer. Compute kernels launched on other
 // streams meanwhile get the remaining SMs. Two cases are measured (calibrate, group "interference"):
 //   case 0 "pending":  a receive whose peer posts the send only after the compute finished (spinning);
 //   case 1 "transfer": a large all-reduce actually moving data (also competes for HBM and L2).
-// Per case c, with S the profile's SM count and alone_s the kernel's time without NCCL:
-//   GEMM (T = 128 x 128 output tiles of the call, 0 if unknown):
-//     t = alone_s * g_c * W(T, S - H_c) / W(T, S),   W(T, s) = ceil(T / s)  (waves; W = 1 for T = 0)
-//   attention: t = alone_s * a_c;   memory-bound kernel: t = alone_s * b_c
-// H_c (SMs held by NCCL) and g_c are fitted on the GEMM points: for every H in [0, S/2] g is the
-// median of measured / (alone * wave ratio) and the H with the smallest mean relative error wins
-// (ties: the smaller H). H_c = 0 means wave quantisation does not explain the measurements and g_c
-// is then the plain median slowdown of the GEMMs. a_c and b_c are median slowdowns of their points.
-// A case that was not measured has no entry (the caller decides; the simulator then uses no
-// slowdown for it and says so).
+// Per case c, with alone_s the kernel's time without NCCL:
+//   GEMM with T 128 x 128 output tiles: t = alone_s * G_c(T), where G_c is the measured slowdown
+//     at the calibration's GEMMs (gemm_tiles, ascending; the median where a tile count repeats),
+//     piecewise linear in ln T between them and constant beyond the first and the last; a GEMM of
+//     unknown tiles (T <= 0) takes the median of G_c's knots;
+//   attention: t = alone_s * a_c;   memory-bound kernel: t = alone_s * b_c.
+// The slowdown of a GEMM depends on its size in a way no single factor or wave count describes
+// (measured on H200: 1.7-1.8x for GEMMs of one wave or less, 1.4x at 8 waves, 1.2x at 16), so the
+// GEMM side is the measured curve itself. a_c and b_c are the median slowdowns of their points.
+// A case that was not measured has no entry (the simulator then uses no slowdown for it).
 enum class NcclResidentCase : std::uint8_t { pending = 0, transfer = 1 };
 enum class ComputeClass : std::uint8_t { gemm = 0, attention = 1, memory = 2 };
 
 struct NcclInterferenceModel {
-  int sm_count = 0;
   std::vector<int> cases;               // measured cases (NcclResidentCase values), increasing
-  std::vector<double> held_sms;         // H_c per entry of `cases`
-  std::vector<double> gemm_factor;      // g_c
+  std::vector<double> gemm_tiles;       // knots of G_c: tiles of the measured GEMMs, ascending, > 0
+  std::vector<double> gemm_factor;      // G_c at the knots, case-major (cases.size() x gemm_tiles.size())
   std::vector<double> attention_factor; // a_c
   std::vector<double> memory_factor;    // b_c
 
@@ -508,8 +507,6 @@ struct NcclInterferenceModel {
   // t_with / t_alone for a kernel of `kind` with `tiles` 128 x 128 output tiles (GEMM only); 1 for a
   // case that was not measured.
   [[nodiscard]] double factor(NcclResidentCase c, ComputeClass kind, double tiles) const;
-  // W(T, S - H) / W(T, S) (1 when T <= 0 or H <= 0).
-  [[nodiscard]] static double wave_ratio(double tiles, int sm_count, double held_sms);
 
   struct Sample {
     int kase;  // NcclResidentCase
@@ -518,9 +515,9 @@ struct NcclInterferenceModel {
     double alone_s;
     double seconds;  // with the NCCL kernel resident
   };
-  // Throws FitImpossible when a measured case lacks GEMM, attention or memory points, or for a
-  // non-positive time.
-  static NcclInterferenceModel fit(const std::vector<Sample>& samples, int sm_count);
+  // Throws FitImpossible when a measured case lacks GEMM, attention or memory points, when the cases
+  // measured GEMMs of different tile counts, for a GEMM point without tiles, or for a non-positive time.
+  static NcclInterferenceModel fit(const std::vector<Sample>& samples);
 };
 
 // ---------------------------------------------------------------------------------------------
