@@ -62,9 +62,12 @@ int finish(scenarios::ScenarioDraft& d, const Common& c) {
     throw InputError(c.out + ": exists; pass --overwrite to replace it");
   }
   int rc = kExitOk;
-  if (!c.model_only) {
+  {
+    // A model-only draft is checked as the [model] of a one-GPU training scenario, so every value and
+    // model rule is checked the same way as in a full scenario.
+    const std::string checked = c.model_only ? scenarios::ScenarioDraft::model_check_scenario(text) : text;
     try {
-      scenarios::load_scenario_text(text, c.out.empty() ? "<imported>" : c.out);
+      scenarios::load_scenario_text(checked, c.out.empty() ? "<imported>" : c.out);
     } catch (const scenarios::ScenarioError& e) {
       std::cerr << "the imported scenario does not validate:\n";
       for (const auto& m : e.messages()) std::cerr << "  " << m << "\n";

@@ -16,9 +16,10 @@
 
 #include "families/module.hpp"
 #include "threewalls/core/error.hpp"
-#include "threewalls/core/toml_text.hpp"
 #include "threewalls/core/hash.hpp"
+#include "threewalls/core/input_file.hpp"
 #include "threewalls/core/strings.hpp"
+#include "threewalls/core/toml_text.hpp"
 #include "threewalls/core/version.hpp"
 
 namespace threewalls::calibration {
@@ -51,6 +52,9 @@ const std::vector<std::string> kHardwareKeys = {"gpu_name",
 constexpr std::string_view kSyntheticPrefix = "synthetic: ";
 
 // ---------------------------------------------------------------------------------------- writer
+
+// The largest magnitude a profile value may have (FLOP/s and bytes/s peaks are below 1e17).
+constexpr double kMaxProfileMagnitude = 1e18;
 
 std::string fmt_real(double v) {
   if (std::isnan(v)) return "nan";
@@ -251,6 +255,13 @@ class Reader {
     if (std::isinf(d) || (std::isnan(d) && !allow_nan)) {
       error(node_loc(*n, tloc), label + " '" + std::string(key) + "' must be a finite number" +
                                     (allow_nan ? " or nan (not available)" : ""));
+      return std::nullopt;
+    }
+    // Times, rates and coefficients computed from a value past this bound (or a subnormal one) can
+    // overflow to infinity or lose all precision.
+    if (!std::isnan(d) && (std::fabs(d) > kMaxProfileMagnitude || (d != 0 && !std::isnormal(d)))) {
+      error(node_loc(*n, tloc), label + " '" + std::string(key) + "' = " + fmt_real(d) +
+                                    " is out of range; allowed: 0 or a normal number of magnitude up to 1e18");
       return std::nullopt;
     }
     return d;
@@ -630,15 +641,7 @@ Profile Profile::parse(std::string_view toml_text, const std::string& file) {
 }
 
 Profile Profile::load(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw InputError(SourceLocation{path.string(), 0, 0},
-                     std::string("cannot open calibration profile (") +
-                         (std::filesystem::exists(path) ? "permission denied or not a file" : "no such file") + ")");
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse(ss.str(), path.string());
+  return parse(read_input_file(path, "calibration profile"), path.string());
 }
 
 std::string Profile::to_toml() const {

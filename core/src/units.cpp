@@ -82,7 +82,7 @@ std::pair<double, std::string> strip_prefix(const std::string& unit) {
 
 std::string fmt(double v, const char* unit) {
   char buf[64];
-  if (v != 0.0 && (std::fabs(v) >= 100.0 || std::fabs(v - std::round(v)) < 1e-9)) {
+  if (std::fabs(v) >= 1e-9 && std::fabs(v) < 1e15 && (std::fabs(v) >= 100.0 || std::fabs(v - std::round(v)) < 1e-9)) {
     std::snprintf(buf, sizeof buf, "%.0f %s", v, unit);
   } else {
     std::snprintf(buf, sizeof buf, "%.3g %s", v, unit);

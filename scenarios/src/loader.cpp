@@ -9,6 +9,7 @@
 #include <toml++/toml.h>
 
 #include "threewalls/core/hash.hpp"
+#include "threewalls/core/input_file.hpp"
 #include "threewalls/core/strings.hpp"
 #include "threewalls/core/units.hpp"
 #include "threewalls/core/version.hpp"
@@ -55,14 +56,6 @@ const char* toml_type_name(toml::node_type t) {
     case toml::node_type::date_time: return "a date-time";
     default: return "nothing";
   }
-}
-
-// A number as the user wrote it: integers in full (not "2.14748e+09"), other values to 6 digits.
-std::string format_number(double d) {
-  std::ostringstream os;
-  if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 1e18) os << static_cast<long long>(d);
-  else os << d;
-  return os.str();
 }
 
 std::string table_label(const std::string& table) { return table.empty() ? "[top level]" : "[" + table + "]"; }
@@ -332,10 +325,13 @@ class Loader {
     auto range_check = [&](double d) {
       if ((p.min && d < *p.min) || (p.max && d > *p.max)) {
         std::ostringstream os;
-        os << label << " = " << format_number(d) << " is out of range; allowed: ";
-        if (p.min && p.max) os << format_number(*p.min) << " to " << format_number(*p.max);
-        else if (p.min) os << ">= " << format_number(*p.min);
-        else os << "<= " << format_number(*p.max);
+        os << label << " = " << p.format_value(d) << " is out of range; allowed: ";
+        if (p.min && p.max)
+          os << p.format_value(*p.min) << " to " << p.format_value(*p.max);
+        else if (p.min)
+          os << ">= " << p.format_value(*p.min);
+        else
+          os << "<= " << p.format_value(*p.max);
         errors_.add(where, os.str());
         return false;
       }
@@ -463,6 +459,10 @@ class Loader {
             errors_.add(loc_of(file_, e.source()), label + " elements must be ranks (non-negative integers)");
             return false;
           }
+          if (std::find(items.begin(), items.end(), i->get()) != items.end()) {
+            errors_.add(loc_of(file_, e.source()), label + " lists rank " + std::to_string(i->get()) + " twice");
+            return false;
+          }
           items.push_back(i->get());
         }
         out = items;
@@ -489,10 +489,22 @@ class Loader {
             case ParamType::duration: d = parse_duration(s->get()).value; break;
             default: d = parse_flop_rate(s->get()).value; break;
           }
+          // The unit's multiplier can take a finite number past the double range ("1e308PBps") or
+          // below its normal range ("4e-320Bps"); neither is a value anything can be computed with.
+          if (!std::isfinite(d)) {
+            errors_.add(where, label + " = " + threewalls::quoted(s->get()) + " is too large to represent");
+            return false;
+          }
+          if (d != 0 && !std::isnormal(d)) {
+            errors_.add(where, label + " = " + threewalls::quoted(s->get()) +
+                                   " is too small to represent (a subnormal number); write 0 or a larger value");
+            return false;
+          }
           if ((p.type == ParamType::bytes || p.type == ParamType::bandwidth) && d <= 0) {
             errors_.add(where, label + " must be greater than zero");
             return false;
           }
+          if (!range_check(d)) return false;
           out = d;
           return true;
         } catch (const std::invalid_argument& e) {
@@ -550,14 +562,13 @@ LoadedScenario load_scenario_text(std::string_view text, const std::string& file
 }
 
 LoadedScenario load_scenario_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw ScenarioError({SourceLocation{path.string(), 0, 0}.str() + ": cannot open scenario file (" +
-                         (std::filesystem::exists(path) ? "permission or type" : "no such file") + ")"});
+  std::string text;
+  try {
+    text = read_input_file(path, "scenario file");
+  } catch (const InputError& e) {
+    throw ScenarioError({e.what()});
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return load_scenario_text(ss.str(), path.string());
+  return load_scenario_text(text, path.string());
 }
 
 Scenario load_scenario(const std::filesystem::path& path) { return load_scenario_file(path).scenario; }

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "threewalls/core/strings.hpp"
+#include "threewalls/core/units.hpp"
 #include "threewalls/scenarios/graph_scopes.hpp"
 
 namespace threewalls::scenarios {
@@ -254,6 +255,22 @@ std::string ParamSpec::unit_hint() const {
   return "";
 }
 
+std::string ParamSpec::format_value(double v) const {
+  switch (type) {
+    case ParamType::bytes: return format_bytes(Bytes(v));
+    case ParamType::bandwidth: return format_bandwidth(BytesPerSecond(v));
+    case ParamType::duration: return format_duration(Seconds(v));
+    case ParamType::flop_rate: return format_flop_rate(FlopsPerSecond(v));
+    default: break;
+  }
+  std::ostringstream os;
+  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e18)
+    os << static_cast<long long>(v);
+  else
+    os << v;
+  return os.str();
+}
+
 const Registry& Registry::instance() {
   static const Registry r;
   return r;
@@ -306,15 +323,12 @@ std::string default_column(const ParamSpec& p) {
 
 std::string range_text(const ParamSpec& p) {
   std::ostringstream os;
-  auto num = [](double d) {
-    std::ostringstream s;
-    if (d == std::floor(d) && std::fabs(d) < 1e15) s << static_cast<long long>(d);
-    else s << d;
-    return s.str();
-  };
-  if (p.min && p.max) os << num(*p.min) << " to " << num(*p.max);
-  else if (p.min) os << ">= " << num(*p.min);
-  else if (p.max) os << "<= " << num(*p.max);
+  if (p.min && p.max)
+    os << p.format_value(*p.min) << " to " << p.format_value(*p.max);
+  else if (p.min)
+    os << ">= " << p.format_value(*p.min);
+  else if (p.max)
+    os << "<= " << p.format_value(*p.max);
   return os.str();
 }
 
@@ -393,6 +407,28 @@ const ParamSpec& choice_param(const std::string& path) {
 // The declarations. Names follow Megatron-Core's arguments where one exists.
 // ----------------------------------------------------------------------------------------------
 // clang-format off
+// Allowed ranges of the cluster's sizes, rates and latencies: wide enough for any real machine, narrow
+// enough that every time and rate computed from them stays a finite, normal double.
+constexpr double kMinGpuMemoryBytes = 1024.0 * 1024.0;                        // 1 MiB
+constexpr double kMaxGpuMemoryBytes = 1024.0 * 1024.0 * 1024.0 * 1024.0 * 1024.0;  // 1 PiB
+constexpr double kMinLinkBandwidth = 1e6;   // 1 MB/s
+constexpr double kMaxLinkBandwidth = 1e15;  // 1 PB/s
+constexpr double kMaxLatencySeconds = 1.0;
+// Integer keys: at least 10x past today's largest models and runs; each bound keeps the products the
+// expansion forms (tokens x width, experts x layers) inside 64-bit integers and doubles.
+constexpr double kMaxLayers = 100000;
+constexpr double kMaxWidth = 1 << 20;         // hidden size, LoRA ranks
+constexpr double kMaxFfnWidth = 1 << 22;      // FFN and expert FFN sizes
+constexpr double kMaxHeads = 1 << 16;
+constexpr double kMaxHeadDim = 1 << 16;
+constexpr double kMaxVocab = 1 << 24;
+constexpr double kMaxExperts = 1 << 20;
+constexpr double kMaxTopk = 1024;
+constexpr double kMaxSequences = 1 << 20;     // sequences per micro-batch or inference batch
+constexpr double kMaxSequenceTokens = 1 << 24;  // tokens of one sequence
+constexpr double kMaxSwitchPorts = 1 << 16;
+constexpr double kMaxSteps = 1000000;
+
 Registry::Registry() {
   Registry& r = *this;
   const auto is_mla = [](const Scenario& s) { return s.model.attention == AttentionKind::mla; };
@@ -418,21 +454,21 @@ Registry::Registry() {
       .bind(kModel, &ModelSpec::name);
   // Upper bounds below keep derived arithmetic in range (world = nodes x gpus_per_node fits an int; per-layer
   // loops stay short); both are far beyond any real model or cluster.
-  Decl(r, "model.num_layers", ParamType::integer).required().min(1).max(100000).doc("Number of transformer layers.")
+  Decl(r, "model.num_layers", ParamType::integer).required().min(1).max(kMaxLayers).doc("Number of transformer layers.")
       .bind(kModel, &ModelSpec::num_layers);
-  Decl(r, "model.hidden_size", ParamType::integer).required().min(1).doc("Model (embedding) dimension.")
+  Decl(r, "model.hidden_size", ParamType::integer).required().min(1).max(kMaxWidth).doc("Model (embedding) dimension.")
       .bind(kModel, &ModelSpec::hidden_size);
-  Decl(r, "model.ffn_hidden_size", ParamType::integer).def("0").min(0)
+  Decl(r, "model.ffn_hidden_size", ParamType::integer).def("0").min(0).max(kMaxFfnWidth)
       .doc("Hidden size of the dense MLP; required when any layer is dense.")
       .bind(kModel, &ModelSpec::ffn_hidden_size);
-  Decl(r, "model.num_attention_heads", ParamType::integer).required().min(1).doc("Number of query heads.")
+  Decl(r, "model.num_attention_heads", ParamType::integer).required().min(1).max(kMaxHeads).doc("Number of query heads.")
       .bind(kModel, &ModelSpec::num_attention_heads);
   // Written for gqa only: mha derives it (= num_attention_heads) and mla refuses it.
-  Decl(r, "model.num_query_groups", ParamType::integer).derived("num_attention_heads").min(1)
+  Decl(r, "model.num_query_groups", ParamType::integer).derived("num_attention_heads").min(1).max(kMaxHeads)
       .doc("Key/value head groups for grouped-query attention (gqa).")
       .bind(kModel, &ModelSpec::num_query_groups)
       .written_when([](const Scenario& s) { return s.model.attention == AttentionKind::gqa; });
-  Decl(r, "model.kv_channels", ParamType::integer).derived("hidden_size / num_attention_heads").min(1)
+  Decl(r, "model.kv_channels", ParamType::integer).derived("hidden_size / num_attention_heads").min(1).max(kMaxHeadDim)
       .doc("Head dimension of mha/gqa attention.")
       .bind(kModel, &ModelSpec::kv_channels)
       .written_when([is_mla](const Scenario& s) { return !is_mla(s); });
@@ -454,27 +490,27 @@ Registry::Registry() {
         .bind(kModel, &ModelSpec::attention_impl)
         .written_when([](const Scenario& s) { return s.model.attention_impl != AttentionImpl::fused; });
   }
-  Decl(r, "model.q_lora_rank", ParamType::integer).def("0").min(0)
+  Decl(r, "model.q_lora_rank", ParamType::integer).def("0").min(0).max(kMaxWidth)
       .doc("mla: rank of the query down-projection; 0 = queries are not compressed.")
       .bind(kModel, &ModelSpec::q_lora_rank);
   // The other MLA dimensions have no default: attention = "mla" needs each of them, others none.
-  Decl(r, "model.kv_lora_rank", ParamType::integer).derived("none; required by attention = \"mla\"").min(0)
+  Decl(r, "model.kv_lora_rank", ParamType::integer).derived("none; required by attention = \"mla\"").min(0).max(kMaxWidth)
       .doc("mla: rank of the joint key/value down-projection.")
       .bind(kModel, &ModelSpec::kv_lora_rank)
       .written_when(is_mla);
-  Decl(r, "model.qk_head_dim", ParamType::integer).derived("none; required by attention = \"mla\"").min(0)
+  Decl(r, "model.qk_head_dim", ParamType::integer).derived("none; required by attention = \"mla\"").min(0).max(kMaxHeadDim)
       .doc("mla: query/key head dimension without the rotary part.")
       .bind(kModel, &ModelSpec::qk_head_dim)
       .written_when(is_mla);
-  Decl(r, "model.qk_pos_emb_head_dim", ParamType::integer).derived("none; required by attention = \"mla\"").min(0)
+  Decl(r, "model.qk_pos_emb_head_dim", ParamType::integer).derived("none; required by attention = \"mla\"").min(0).max(kMaxHeadDim)
       .doc("mla: rotary (decoupled) query/key head dimension.")
       .bind(kModel, &ModelSpec::qk_pos_emb_head_dim)
       .written_when(is_mla);
-  Decl(r, "model.v_head_dim", ParamType::integer).derived("none; required by attention = \"mla\"").min(0)
+  Decl(r, "model.v_head_dim", ParamType::integer).derived("none; required by attention = \"mla\"").min(0).max(kMaxHeadDim)
       .doc("mla: value head dimension.")
       .bind(kModel, &ModelSpec::v_head_dim)
       .written_when(is_mla);
-  Decl(r, "model.vocab_size", ParamType::integer).required().min(1)
+  Decl(r, "model.vocab_size", ParamType::integer).required().min(1).max(kMaxVocab)
       .doc("Vocabulary size (padded to a multiple of 128 x tp as Megatron does).")
       .bind(kModel, &ModelSpec::vocab_size);
   Decl(r, "model.swiglu", ParamType::boolean).def("true").doc("Gated linear unit (SwiGLU) in MLPs and experts.")
@@ -488,31 +524,31 @@ Registry::Registry() {
     Decl(r, "model.normalization", ParamType::choice).def("\"rmsnorm\"").choices(kNorm).doc("Normalization layer.")
         .bind(kModel, &ModelSpec::normalization);
   }
-  Decl(r, "model.num_experts", ParamType::integer).def("0").min(0)
+  Decl(r, "model.num_experts", ParamType::integer).def("0").min(0).max(kMaxExperts)
       .doc("Routed experts per MoE layer; 0 = dense model.")
       .bind(kModel, &ModelSpec::num_experts);
-  Decl(r, "model.moe_ffn_hidden_size", ParamType::integer).def("0").min(0)
+  Decl(r, "model.moe_ffn_hidden_size", ParamType::integer).def("0").min(0).max(kMaxFfnWidth)
       .doc("Hidden size of each routed expert; required when num_experts > 0.")
       .bind(kModel, &ModelSpec::moe_ffn_hidden_size);
-  Decl(r, "model.moe_router_topk", ParamType::integer).def("0").min(0)
+  Decl(r, "model.moe_router_topk", ParamType::integer).def("0").min(0).max(kMaxTopk)
       .doc("Experts each token is routed to; required when num_experts > 0.")
       .bind(kModel, &ModelSpec::moe_router_topk);
-  Decl(r, "model.moe_router_num_groups", ParamType::integer).def("0").min(0)
+  Decl(r, "model.moe_router_num_groups", ParamType::integer).def("0").min(0).max(kMaxExperts)
       .doc("Group-limited routing (Megatron's --moe-router-num-groups; DeepSeek-V3: 8): the experts form this many "
            "contiguous groups and each token's experts come from moe_router_group_topk of them; with expert "
            "parallelism across nodes this bounds the nodes a token is sent to. 0 = no group limit.")
       .bind(kModel, &ModelSpec::moe_router_num_groups);
-  Decl(r, "model.moe_router_group_topk", ParamType::integer).def("0").min(0)
+  Decl(r, "model.moe_router_group_topk", ParamType::integer).def("0").min(0).max(kMaxExperts)
       .doc("Groups each token's experts may come from (Megatron's --moe-router-group-topk; DeepSeek-V3: 4); "
            "required with moe_router_num_groups.")
       .bind(kModel, &ModelSpec::moe_router_group_topk);
-  Decl(r, "model.moe_shared_expert_intermediate_size", ParamType::integer).def("0").min(0)
+  Decl(r, "model.moe_shared_expert_intermediate_size", ParamType::integer).def("0").min(0).max(kMaxFfnWidth)
       .doc("Total hidden size of the shared experts of an MoE layer; 0 = no shared expert.")
       .bind(kModel, &ModelSpec::moe_shared_expert_intermediate_size);
-  Decl(r, "model.first_dense_layers", ParamType::integer).def("0").min(0)
+  Decl(r, "model.first_dense_layers", ParamType::integer).def("0").min(0).max(kMaxLayers)
       .doc("The first layers use the dense MLP instead of experts (DeepSeek: 3; V2-Lite: 1).")
       .bind(kModel, &ModelSpec::first_dense_layers);
-  Decl(r, "model.moe_layer_freq", ParamType::integer).def("1").min(1)
+  Decl(r, "model.moe_layer_freq", ParamType::integer).def("1").min(1).max(kMaxLayers)
       .doc("After the first dense layers, every n-th layer is an MoE layer, the others dense.")
       .bind(kModel, &ModelSpec::moe_layer_freq);
 
@@ -554,12 +590,12 @@ Registry::Registry() {
   r.add_table({"train", "Training step options.", false, false, [](Scenario& s) { s.train.emplace(); }, {"infer"},
                [](const Scenario& s) -> std::size_t { return s.train ? 1 : 0; }});
   add_exec_options(r, "train", [](auto& s, std::size_t) -> auto& { return s.train->exec; });
-  Decl(r, "train.micro_batch_size", ParamType::integer).required().min(1).doc("Sequences per micro-batch.")
+  Decl(r, "train.micro_batch_size", ParamType::integer).required().min(1).max(kMaxSequences).doc("Sequences per micro-batch.")
       .bind(kTrain, &TrainSpec::micro_batch_size);
   Decl(r, "train.global_batch_size", ParamType::integer).required().min(1)
       .doc("Sequences per optimizer step over all data-parallel ranks.")
       .bind(kTrain, &TrainSpec::global_batch_size);
-  Decl(r, "train.seq_length", ParamType::integer).required().min(1).doc("Sequence length in tokens.")
+  Decl(r, "train.seq_length", ParamType::integer).required().min(1).max(kMaxSequenceTokens).doc("Sequence length in tokens.")
       .bind(kTrain, &TrainSpec::seq_length);
   {
     static const std::vector<std::string> kGran = {"none", "selective", "full"};
@@ -572,7 +608,7 @@ Registry::Registry() {
              "recompute_num_layers layers of each stage).")
         .bind(kTrain, &TrainSpec::recompute_method);
   }
-  Decl(r, "train.recompute_num_layers", ParamType::integer).def("1").min(1)
+  Decl(r, "train.recompute_num_layers", ParamType::integer).def("1").min(1).max(kMaxLayers)
       .doc("full recompute: layers per checkpoint group (uniform) or layers recomputed per stage (block).")
       .bind(kTrain, &TrainSpec::recompute_num_layers);
   // Written for selective recompute only: the rules refuse the key with any other granularity.
@@ -602,7 +638,7 @@ Registry::Registry() {
       .doc("Load imbalance of the routing: tokens received by the busiest EP rank over the mean (1 = "
            "balanced). > 1 splits the ranks into hot and cold rank classes.")
       .bind(kTrain, &TrainSpec::routing_imbalance);
-  Decl(r, "train.grad_bucket_size", ParamType::real).def("40000000").min(1)
+  Decl(r, "train.grad_bucket_size", ParamType::real).def("40000000").min(1).max(1e15)
       .doc("Parameters per data-parallel gradient bucket (Megatron's DDP bucket_size).")
       .bind(kTrain, &TrainSpec::grad_bucket_size_params);
 
@@ -611,11 +647,11 @@ Registry::Registry() {
                [](Scenario& s) { s.infer.emplace(); }, {"train"},
                [](const Scenario& s) -> std::size_t { return s.infer ? 1 : 0; }});
   add_exec_options(r, "infer", [](auto& s, std::size_t) -> auto& { return s.infer->exec; });
-  Decl(r, "infer.batch_size", ParamType::integer).required().min(1).doc("Sequences decoded together.")
+  Decl(r, "infer.batch_size", ParamType::integer).required().min(1).max(kMaxSequences).doc("Sequences decoded together.")
       .bind(kInfer, &InferSpec::batch_size);
-  Decl(r, "infer.prompt_length", ParamType::integer).required().min(1).doc("Prompt tokens per sequence.")
+  Decl(r, "infer.prompt_length", ParamType::integer).required().min(1).max(kMaxSequenceTokens).doc("Prompt tokens per sequence.")
       .bind(kInfer, &InferSpec::prompt_length);
-  Decl(r, "infer.generate_tokens", ParamType::integer).required().min(0)
+  Decl(r, "infer.generate_tokens", ParamType::integer).required().min(0).max(kMaxSequenceTokens)
       .doc("Tokens generated per sequence (decode steps after each prefill); 0 = every step is a prefill.")
       .bind(kInfer, &InferSpec::generate_tokens);
   {
@@ -624,7 +660,7 @@ Registry::Registry() {
         .doc("Element type of the KV cache.")
         .bind(kInfer, &InferSpec::kv_cache_precision);
   }
-  Decl(r, "infer.routing_skew", ParamType::real).def("0.0").min(0.0)
+  Decl(r, "infer.routing_skew", ParamType::real).def("0.0").min(0.0).max(100.0)
       .doc("Zipf exponent of expert popularity in the seeded routing model (0 = uniform).")
       .bind(kInfer, &InferSpec::routing_skew);
   Decl(r, "infer.routing_locality", ParamType::real).def("0.0").min(0.0).max(1.0)
@@ -643,7 +679,7 @@ Registry::Registry() {
   Decl(r, "infer.expert_offload.nvme_path", ParamType::string).def("\"\"")
       .doc("nvme tier: file holding the expert weights (created if missing).")
       .bind(kOffload, &ExpertOffloadSpec::nvme_path);
-  Decl(r, "infer.expert_offload.cache_experts_per_layer", ParamType::integer).required().min(0)
+  Decl(r, "infer.expert_offload.cache_experts_per_layer", ParamType::integer).required().min(0).max(kMaxExperts)
       .doc("Experts of each layer kept in the GPU expert cache.")
       .bind(kOffload, &ExpertOffloadSpec::cache_experts_per_layer);
   {
@@ -678,22 +714,29 @@ Registry::Registry() {
   Decl(r, "cluster.nodes", ParamType::integer).required().min(1).max(100000).doc("Number of nodes.")
       .bind(kCluster, &ClusterSpec::nodes);
   Decl(r, "cluster.gpu_memory", ParamType::bytes).derived("by GPU kind: h100 \"79.6GiB\", h200 \"140.4GiB\"")
+      .min(kMinGpuMemoryBytes).max(kMaxGpuMemoryBytes)
       .doc("Usable device memory per GPU, for the OOM verdict.")
       .bind(kCluster, &ClusterSpec::gpu_memory);
   Decl(r, "cluster.nvlink_bandwidth", ParamType::bandwidth).def("\"450GBps\"")
+      .min(kMinLinkBandwidth).max(kMaxLinkBandwidth)
       .doc("NVLink bandwidth per GPU and direction into the node's NVSwitch.")
       .bind(kCluster, &ClusterSpec::nvlink_bandwidth);
-  Decl(r, "cluster.nvlink_latency", ParamType::duration).def("\"1us\"").doc("NVLink hop latency.")
+  Decl(r, "cluster.nvlink_latency", ParamType::duration).def("\"1us\"")
+      .min(0).max(kMaxLatencySeconds).doc("NVLink hop latency.")
       .bind(kCluster, &ClusterSpec::nvlink_latency);
   Decl(r, "cluster.pcie_bandwidth", ParamType::bandwidth).def("\"64GBps\"")
+      .min(kMinLinkBandwidth).max(kMaxLinkBandwidth)
       .doc("PCIe bandwidth per GPU and direction to its host (Gen5 x16).")
       .bind(kCluster, &ClusterSpec::pcie_bandwidth);
-  Decl(r, "cluster.pcie_latency", ParamType::duration).def("\"1us\"").doc("PCIe latency.")
+  Decl(r, "cluster.pcie_latency", ParamType::duration).def("\"1us\"")
+      .min(0).max(kMaxLatencySeconds).doc("PCIe latency.")
       .bind(kCluster, &ClusterSpec::pcie_latency);
   Decl(r, "cluster.nic_bandwidth", ParamType::bandwidth).def("\"400Gbps\"")
+      .min(kMinLinkBandwidth).max(kMaxLinkBandwidth)
       .doc("Bandwidth of each GPU's NIC per direction.")
       .bind(kCluster, &ClusterSpec::nic_bandwidth);
-  Decl(r, "cluster.nic_latency", ParamType::duration).def("\"2us\"").doc("NIC-to-leaf link latency.")
+  Decl(r, "cluster.nic_latency", ParamType::duration).def("\"2us\"")
+      .min(0).max(kMaxLatencySeconds).doc("NIC-to-leaf link latency.")
       .bind(kCluster, &ClusterSpec::nic_latency);
   {
     static const std::vector<std::string> kTopo = {"fat_tree", "rail_optimized"};
@@ -702,13 +745,14 @@ Registry::Registry() {
              "on leaf switch i).")
         .bind(kCluster, &ClusterSpec::topology);
   }
-  Decl(r, "cluster.leaf_switch_ports", ParamType::integer).def("64").min(2)
+  Decl(r, "cluster.leaf_switch_ports", ParamType::integer).def("64").min(2).max(kMaxSwitchPorts)
       .doc("NIC-facing ports per leaf switch.")
       .bind(kCluster, &ClusterSpec::leaf_switch_ports);
-  Decl(r, "cluster.oversubscription", ParamType::real).def("1.0").min(1.0)
+  Decl(r, "cluster.oversubscription", ParamType::real).def("1.0").min(1.0).max(1000.0)
       .doc("Leaf downlink to uplink bandwidth ratio (1 = non-blocking).")
       .bind(kCluster, &ClusterSpec::oversubscription);
-  Decl(r, "cluster.switch_latency", ParamType::duration).def("\"1us\"").doc("Latency through one switch.")
+  Decl(r, "cluster.switch_latency", ParamType::duration).def("\"1us\"")
+      .min(0).max(kMaxLatencySeconds).doc("Latency through one switch.")
       .bind(kCluster, &ClusterSpec::switch_latency);
 
   r.add_table({"cluster.slowdown", "A slow GPU or link, for what-if and straggler studies (simulator only).",
@@ -716,7 +760,7 @@ Registry::Registry() {
                [](const Scenario& s) { return s.cluster.slowdowns.size(); }});
   Decl(r, "cluster.slowdown.rank", ParamType::integer).required().min(0).doc("The slow rank.")
       .bind(kSlowdown, &Slowdown::rank);
-  Decl(r, "cluster.slowdown.factor", ParamType::real).required().min(1.0)
+  Decl(r, "cluster.slowdown.factor", ParamType::real).required().min(1.0).max(1000.0)
       .doc("Durations on that GPU (or bandwidth-bound time on that link) are multiplied by this.")
       .bind(kSlowdown, &Slowdown::factor);
   {
@@ -725,9 +769,9 @@ Registry::Registry() {
         .doc("none: the GPU's kernels are slow; otherwise that rank's link of this kind is slow.")
         .bind(kSlowdown, &Slowdown::link);
   }
-  Decl(r, "cluster.slowdown.from_step", ParamType::integer).def("0").min(0).doc("First affected step.")
+  Decl(r, "cluster.slowdown.from_step", ParamType::integer).def("0").min(0).max(kMaxSteps).doc("First affected step.")
       .bind(kSlowdown, &Slowdown::from_step);
-  Decl(r, "cluster.slowdown.to_step", ParamType::integer).def("-1").min(-1)
+  Decl(r, "cluster.slowdown.to_step", ParamType::integer).def("-1").min(-1).max(kMaxSteps)
       .doc("Last affected step (inclusive); -1 = until the end.")
       .bind(kSlowdown, &Slowdown::to_step);
 
@@ -755,9 +799,9 @@ Registry::Registry() {
              "host.framework_op, PyTorch's per-op dispatch).")
         .bind(kRun, &RunSpec::framework);
   }
-  Decl(r, "run.steps", ParamType::integer).def("3").min(1).doc("Measured steps (after warm-up).")
+  Decl(r, "run.steps", ParamType::integer).def("3").min(1).max(kMaxSteps).doc("Measured steps (after warm-up).")
       .bind(kRun, &RunSpec::steps);
-  Decl(r, "run.warmup_steps", ParamType::integer).def("1").min(0).doc("Unrecorded steps before the measured ones.")
+  Decl(r, "run.warmup_steps", ParamType::integer).def("1").min(0).max(kMaxSteps).doc("Unrecorded steps before the measured ones.")
       .bind(kRun, &RunSpec::warmup_steps);
   Decl(r, "run.seed", ParamType::integer).def("1234").min(0)
       .doc("Seed of every random choice (data, routing); recorded in the output header.")
@@ -767,15 +811,15 @@ Registry::Registry() {
   Decl(r, "run.profiler.enabled", ParamType::boolean).def("true")
       .doc("false: no phase files are written and nothing is timed.")
       .bind(kProfiler, &ProfilerSpec::enabled);
-  Decl(r, "run.profiler.start_step", ParamType::integer).def("0").min(0).doc("First step that may be recorded.")
+  Decl(r, "run.profiler.start_step", ParamType::integer).def("0").min(0).max(kMaxSteps).doc("First step that may be recorded.")
       .bind(kProfiler, &ProfilerSpec::start_step);
-  Decl(r, "run.profiler.end_step", ParamType::integer).def("-1").min(-1)
+  Decl(r, "run.profiler.end_step", ParamType::integer).def("-1").min(-1).max(kMaxSteps)
       .doc("Last step that may be recorded (inclusive); -1 = the last step.")
       .bind(kProfiler, &ProfilerSpec::end_step);
-  Decl(r, "run.profiler.record_every_n_steps", ParamType::integer).def("10").min(1)
+  Decl(r, "run.profiler.record_every_n_steps", ParamType::integer).def("10").min(1).max(kMaxSteps)
       .doc("Record one step in n, counted from start_step.")
       .bind(kProfiler, &ProfilerSpec::record_every_n_steps);
-  Decl(r, "run.profiler.flush_every_n_steps", ParamType::integer).def("10").min(1)
+  Decl(r, "run.profiler.flush_every_n_steps", ParamType::integer).def("10").min(1).max(kMaxSteps)
       .doc("Write buffered records to disk every n steps.")
       .bind(kProfiler, &ProfilerSpec::flush_every_n_steps);
   Decl(r, "run.profiler.ranks", ParamType::rank_list).def("\"all\"")

@@ -42,14 +42,14 @@ RoutingSampler::RoutingSampler(const Scenario& s)
     : RoutingSampler(s.model.num_layers, std::max(1, s.model.num_experts), std::max(1, s.model.moe_router_topk),
                      s.infer ? s.infer->routing_skew : 0.0, s.infer ? s.infer->routing_locality : 0.0, s.run.seed) {}
 
-void RoutingSampler::draw(int layer, std::int16_t* out) {
+void RoutingSampler::draw(int layer, ExpertId* out) {
   const auto& cdf = cdf_[static_cast<std::size_t>(layer)];
   for (int j = 0; j < topk_; ++j) {
     // Rejection of already chosen experts keeps it simple and exact for top-k << experts.
     for (int attempt = 0;; ++attempt) {
       double u = rng_.uniform() * cdf.back();
-      auto e = static_cast<std::int16_t>(std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin());
-      if (e >= experts_) e = static_cast<std::int16_t>(experts_ - 1);
+      auto e = static_cast<ExpertId>(std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin());
+      if (e >= experts_) e = static_cast<ExpertId>(experts_ - 1);
       bool dup = std::find(out, out + j, e) != out + j;
       if (!dup) {
         out[j] = e;
@@ -57,7 +57,7 @@ void RoutingSampler::draw(int layer, std::int16_t* out) {
       }
       if (attempt > 64) {
         // Extremely skewed: take the first expert not chosen yet.
-        for (std::int16_t f = 0; f < experts_; ++f) {
+        for (ExpertId f = 0; f < experts_; ++f) {
           if (std::find(out, out + j, f) == out + j) {
             out[j] = f;
             break;
@@ -79,7 +79,7 @@ RoutingSampler::StepChoices RoutingSampler::next_step(int tokens, int sequences,
     auto& last = last_[static_cast<std::size_t>(l)];
     const bool have_last = last.size() == static_cast<std::size_t>(sequences) * topk_;
     for (int t = 0; t < tokens; ++t) {
-      std::int16_t* dst = out.data() + static_cast<std::size_t>(t) * topk_;
+      ExpertId* dst = out.data() + static_cast<std::size_t>(t) * topk_;
       const int seq_index = t - (tokens - sequences);
       if (decode && have_last && seq_index >= 0 && rng_.uniform() < locality_) {
         std::copy_n(last.data() + static_cast<std::size_t>(seq_index) * topk_, topk_, dst);

@@ -64,6 +64,11 @@ const std::vector<RuleInfo> kRules = {
     {"profiler-steps", "Profiler steps must lie in 0 .. steps-1 and end_step >= start_step; ranks must exist."},
     {"slowdown-rank", "A slowdown must name an existing rank."},
     {"calibration-profile", "calibration.profile must be \"auto\" or an existing file."},
+    {"work-size",
+     "A step must stay within what one process can expand, simulate and record: at most 2^31 - 1 "
+     "tokens per micro-batch (or inference prefill), about 20 million ops per rank per step, 1 GiB of "
+     "inference routing choices per step, 500 million simulated inference ops per run and 32 GiB of "
+     "records per run."},
 };
 
 class Reporter {
@@ -498,6 +503,97 @@ void check_run(Scenario& s, Reporter& r, const std::string& file) {
   }
 }
 
+// ---- work-size: how big a step and a run would get, estimated from the keys before anything is expanded ----
+constexpr long long kMaxTokensPerMicrobatch = 2147483647LL;  // Op::tokens is 32-bit
+constexpr long long kMaxOpsPerRankStep = 20000000LL;         // ~2 GiB of ops per rank class
+constexpr long long kMaxRoutingChoiceBytes = 1LL << 30;      // sampled expert ids of one step
+constexpr long long kMaxInferenceOpsPerRun = 500000000LL;    // inference re-expands every step
+constexpr long long kMaxRecordBytes = 32LL << 30;            // phases files of one run
+constexpr long long kRecordBytes = 100;       // per estimated op: ~200 B a record, and fewer records than ops
+constexpr long long kOpsPerLayer = 48;        // fwd + bwd ops of one layer and micro-batch
+constexpr long long kOpsPerLocalExpert = 10;  // when experts run one by one
+
+std::string gib(long long bytes) {
+  std::ostringstream os;
+  os.precision(3);
+  os << static_cast<double>(bytes) / static_cast<double>(1LL << 30) << " GiB";
+  return os.str();
+}
+
+void check_work_size(const Scenario& s, Reporter& r) {
+  const auto& m = s.model;
+  const auto& p = s.parallel;
+  const long long local_experts = m.is_moe() ? m.num_experts / std::max(1, p.ep) : 0;
+  const ExecOptions& exec = s.train ? s.train->exec : s.infer->exec;
+  const bool per_expert_ops =
+      exec.expert_execution.kind != ExpertExecutionKind::grouped || (s.infer && s.infer->expert_offload.enabled);
+  const long long layer_ops = kOpsPerLayer + (per_expert_ops ? kOpsPerLocalExpert * local_experts : 0);
+  const long long stage_layers = (m.num_layers + p.pp - 1) / p.pp;
+  long long ops_per_step = 0;  // of the busiest rank
+  std::string ops_keys;
+  if (s.train) {
+    const auto& t = *s.train;
+    const long long tokens = 1LL * t.micro_batch_size * t.seq_length;
+    if (tokens > kMaxTokensPerMicrobatch) {
+      r.fail("work-size", "train.seq_length",
+             "micro_batch_size x seq_length = " + num(t.micro_batch_size) + " x " + num(t.seq_length) + " = " +
+                 num(tokens) + " tokens per micro-batch; at most " + num(kMaxTokensPerMicrobatch) +
+                 ": lower train.micro_batch_size or train.seq_length");
+    }
+    ops_per_step = mul(mul(stage_layers, std::max(1, t.num_microbatches)), layer_ops);
+    ops_keys = "lower train.global_batch_size (" + num(t.num_microbatches) +
+               " micro-batches per step), model.num_layers or raise parallel.pp";
+  } else {
+    const auto& inf = *s.infer;
+    const long long tokens = 1LL * inf.batch_size * inf.prompt_length;
+    if (tokens > kMaxTokensPerMicrobatch) {
+      r.fail("work-size", "infer.prompt_length",
+             "batch_size x prompt_length = " + num(inf.batch_size) + " x " + num(inf.prompt_length) + " = " +
+                 num(tokens) + " prefill tokens; at most " + num(kMaxTokensPerMicrobatch) +
+                 ": lower infer.batch_size or infer.prompt_length");
+    }
+    const long long choice_bytes = mul(mul(mul(tokens, std::max(1, m.moe_router_topk)), m.num_moe_layers()), 4);
+    if (m.is_moe() && choice_bytes > kMaxRoutingChoiceBytes) {
+      r.fail("work-size", "infer.batch_size",
+             "the prefill step routes " + num(tokens) + " tokens x top-" + num(m.moe_router_topk) + " x " +
+                 num(m.num_moe_layers()) + " MoE layers = " + gib(choice_bytes) + " of expert choices; at most " +
+                 gib(kMaxRoutingChoiceBytes) + ": lower infer.batch_size or infer.prompt_length");
+    }
+    ops_per_step = mul(m.num_layers, layer_ops);
+    ops_keys = "lower model.num_layers or the experts per rank (model.num_experts / parallel.ep)";
+    const long long run_ops = mul(ops_per_step, 1LL * s.run.steps + s.run.warmup_steps);
+    if (ops_per_step <= kMaxOpsPerRankStep && run_ops > kMaxInferenceOpsPerRun) {
+      r.fail("work-size", "run.steps",
+             "the run would simulate about " + num_product(run_ops) + " ops (" + num(s.run.warmup_steps + s.run.steps) +
+                 " steps of about " + num(ops_per_step) + "); at most " + num(kMaxInferenceOpsPerRun) +
+                 ": lower run.steps");
+    }
+  }
+  if (ops_per_step > kMaxOpsPerRankStep) {
+    r.fail("work-size", s.train ? "train.global_batch_size" : "model.num_layers",
+           "a step would expand to about " + num_product(ops_per_step) + " ops per rank; at most " +
+               num(kMaxOpsPerRankStep) + ": " + ops_keys);
+    return;
+  }
+  // Records: recorded steps x recording ranks x records per rank and step.
+  const auto& pr = s.run.profiler;
+  if (!pr.enabled) return;
+  const int last = pr.end_step >= 0 ? std::min(pr.end_step, s.run.steps - 1) : s.run.steps - 1;
+  const long long steps = last < pr.start_step ? 0 : (last - pr.start_step) / pr.record_every_n_steps + 1;
+  const long long ranks = pr.representatives ? std::min<long long>(s.world_size(), mul(p.pp, 8))
+                          : pr.ranks.empty() ? s.world_size()
+                                             : static_cast<long long>(pr.ranks.size());
+  const long long per_step = pr.granularity == Granularity::coarse ? 3 : ops_per_step;
+  const long long bytes = mul(mul(mul(steps, ranks), per_step), kRecordBytes);
+  if (bytes > kMaxRecordBytes) {
+    r.fail("work-size", "run.profiler",
+           "the run would write about " + gib(bytes) + " of records (" + num(steps) + " recorded steps x " +
+               num(ranks) + " ranks x about " + num(per_step) + " records); at most " + gib(kMaxRecordBytes) +
+               ": record fewer ranks (run.profiler.ranks = \"representatives\" or a list), fewer steps "
+               "(run.profiler.record_every_n_steps, end_step) or granularity = \"coarse\"");
+  }
+}
+
 }  // namespace
 
 const std::vector<RuleInfo>& consistency_rules() { return kRules; }
@@ -525,6 +621,8 @@ void validate_and_derive(Scenario& s, const KeyLocations& where, const std::stri
   if (s.train) check_train(s, r, split_ok);
   if (s.infer) check_infer(s, r);
   check_run(s, r, file);
+  // Sizes are estimated only for a consistent layout (derived dp, micro-batches and stage split).
+  if (r.count() == 0) check_work_size(s, r);
 }
 
 void recheck_scenario(Scenario& s, const KeyLocations& locations) {

@@ -91,6 +91,19 @@ std::string describe_op(const StepGraph& g, const RankClass& rc, std::uint32_t i
   return os.str();
 }
 
+// A duration or rate the coster gives for op i, checked: a NaN or infinity (from a calibration
+// profile value or a scenario rate past what the checks allow) would otherwise reach every output.
+double checked_cost(double v, const StepGraph& g, const RankClass& rc, std::uint32_t i, const char* what) {
+  if (std::isfinite(v) && v >= 0.0) return v;
+  const Op& op = rc.ops[i];
+  std::ostringstream os;
+  os << describe_op(g, rc, i) << ": the cost model gives a " << what << " of " << v << " (bytes " << op.bytes
+     << ", FLOPs " << op.flops << ", shape [";
+  for (std::size_t k = 0; k < op.shape.size(); ++k) os << (k ? ", " : "") << op.shape[k];
+  os << "]); a calibration profile value or a cluster rate or latency is out of range";
+  throw InputError(os.str());
+}
+
 enum class EventType : std::uint8_t { host_resume, op_ready, op_done, gpu_done, instance_post, instance_done };
 
 struct Event {
@@ -476,7 +489,7 @@ class StepRun {
           s.host_arrive[i] = static_cast<double>(k) * e;
         }
       } else if (is_disk_read(op)) {
-        s.host_cost[i] = coster_.copy_time(op.copy_kind(), Bytes(op.bytes)).value;
+        s.host_cost[i] = checked_cost(coster_.copy_time(op.copy_kind(), Bytes(op.bytes)).value, g_, rc, i, "copy time");
       } else if (in_run[i] < 0) {
         const double launch =
             launch_cost(op) + (rotates(op) ? cycle_extra : 0.0) + host_.op_dispatch.value + framework_op;
@@ -720,7 +733,8 @@ class StepRun {
       }
     }
     if (is_kernel(op)) {
-      const double work = coster_.kernel_time(op).value * s.compute_factor + s.device_extra[i];
+      const double work = checked_cost(coster_.kernel_time(op).value * s.compute_factor + s.device_extra[i], g_, *s.rc,
+                                       i, "kernel time");
       gpu_add(c, i, work);
       return;
     }
@@ -1084,7 +1098,9 @@ class StepRun {
     const ClassState& s = classes_[inst.members[0].cls];
     const Op& op = s.rc->ops[inst.members[0].op];
     Plan plan;
-    const double t = coster_.copy_time(op.copy_kind(), Bytes(op.bytes)).value + s.device_extra[inst.members[0].op];
+    const double t =
+        checked_cost(coster_.copy_time(op.copy_kind(), Bytes(op.bytes)).value + s.device_extra[inst.members[0].op], g_,
+                     *s.rc, inst.members[0].op, "copy time");
     if (!(op.bytes > 0.0)) {
       plan.latency = t;
       plan.lone = t;
@@ -1109,6 +1125,8 @@ class StepRun {
     const bool same_node = platform_.node_of(s.rep) == platform_.node_of(dst);
     const CommParams p = coster_.comm_params(CommKind::send_recv, Bytes(op.bytes), 2,
                                              same_node ? CommScope::nvlink : CommScope::network);
+    checked_cost(p.latency.value, g_, *s.rc, sm.op, "latency");
+    checked_cost(p.bus_bandwidth.value, g_, *s.rc, sm.op, "bus bandwidth");
     const auto [a, b] = platform_.gpu_endpoints(s.rep, dst);
     plan.latency = std::max(p.latency.value, s.rep == dst ? 0.0 : platform_.route_latency(a, b).value);
     const double t_bw = p.bus_bandwidth.value > 0.0 ? op.bytes / p.bus_bandwidth.value : 0.0;
@@ -1195,6 +1213,8 @@ class StepRun {
       const Algorithm algo = choose_algorithm(kind, opt_.allreduce, spans, op.bytes, n);
       const CommParams p =
           coster_.comm_params(kind, Bytes(op.bytes), n, spans ? CommScope::network : CommScope::nvlink);
+      checked_cost(p.latency.value, g_, *s.rc, m.op, "latency");
+      checked_cost(p.bus_bandwidth.value, g_, *s.rc, m.op, "bus bandwidth");
       std::vector<RankFlow> raw = collective_flows(kind, algo, members, size, split, s.rep);
       if (kind == CommKind::all_to_all && spans) {
         t_bw = std::max(t_bw, a2a_across_nodes(op, members, size, split, s.rep, raw));

@@ -274,6 +274,12 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
       }
       const std::vector<Timing> timing = per_step ? timing_of(*g, step) : now_timing;
       const StepResult r = exec.run_step(*g, platform, factor, epoch, engine, timing);
+      if (!std::isfinite(r.duration) || !std::isfinite(r.epoch + r.duration)) {
+        throw InputError(s.source_path + ": step " + std::to_string(step) + " would take " +
+                         std::to_string(r.duration) +
+                         " s, which is not a finite time; the cluster's rates and latencies or the calibration "
+                         "profile's values are out of range");
+      }
       result.collectives += r.collectives;
       result.flows += r.flows_started;
       epoch = r.epoch + r.duration;

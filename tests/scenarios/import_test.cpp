@@ -2,6 +2,7 @@
 // tests/scenarios/fixtures/import/ and scenarios/inputs/ become scenarios whose model, layout and FLOPs per iteration
 // match the hand-written examples; every argument is accounted for; bad input is refused by name.
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 
 #include <gtest/gtest.h>
@@ -419,6 +420,86 @@ TEST(ImportMegatron, FileWithoutArgumentsIsRefused) {
     EXPECT_NE(std::string(e.what()).find("no Megatron-LM argument found"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("import hf"), std::string::npos) << e.what();
   }
+}
+
+}  // namespace
+}  // namespace threewalls::scenarios
+
+// Importer bounds: nesting is limited (no stack overflow), time is linear in the input, arithmetic
+// errors are named, and every accepted value goes through the scenario checks.
+namespace threewalls::scenarios {
+namespace {
+
+std::string import_error(const std::string& script) {
+  try {
+    static_cast<void>(parse_megatron_launch(script, false, {}));
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(ImportMegatron, DeeplyNestedArithmeticIsAnErrorNotAStackOverflow) {
+  const std::string deep = "X=$((" + std::string(20000, '(') + "1" + std::string(20000, ')') + "))\n--num-layers $X\n";
+  const std::string err = import_error(deep);
+  EXPECT_NE(err.find("line 1: $(("), std::string::npos) << err.substr(0, 200);
+  EXPECT_NE(err.find("parentheses nested more than 200 deep"), std::string::npos) << err.substr(0, 200);
+  // Nesting within the limit still evaluates.
+  const auto args = parse_megatron_launch(
+      "python x.py --num-layers $((" + std::string(50, '(') + "6" + std::string(50, ')') + "))\n", false, {});
+  ASSERT_EQ(args.size(), 1U);
+  EXPECT_EQ(args[0].values, std::vector<std::string>{"6"});
+}
+
+TEST(ImportMegatron, NestedDefaultsAreBounded) {
+  std::string ref = "1";
+  for (int i = 0; i < 1000; ++i) ref = "${U" + std::to_string(i) + ":-" + ref + "}";
+  const std::string err = import_error("python x.py --num-layers " + ref + "\n");
+  EXPECT_NE(err.find("nested more than 200 deep"), std::string::npos) << err.substr(0, 200);
+}
+
+TEST(ImportMegatron, DivisionByZeroAndOverflowAreNamed) {
+  EXPECT_NE(import_error("python x.py --num-layers $((4/0))\n").find("line 1: $((4/0)): division by zero"),
+            std::string::npos)
+      << import_error("python x.py --num-layers $((4/0))\n");
+  EXPECT_NE(import_error("A=$((9223372036854775807 + 1))\n").find("overflows 64 bits"), std::string::npos);
+  EXPECT_NE(import_error("A=$((4294967296 * 4294967296))\n").find("overflows 64 bits"), std::string::npos);
+}
+
+TEST(ImportMegatron, ManyVariableLinesParseInLinearTime) {
+  // 20,000 assignments, each using the previous one: once quadratic or worse (79 s); now well under
+  // a second of work, checked with a generous bound for loaded machines.
+  std::string script;
+  for (int i = 0; i < 20000; ++i) {
+    script += "V" + std::to_string(i) + "=" + (i == 0 ? std::string("1") : "$V" + std::to_string(i - 1)) + "\n";
+  }
+  script += "python x.py --num-layers $V19999\n";
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto args = parse_megatron_launch(script, false, {});
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(args.size(), 1U);
+  EXPECT_EQ(args[0].values, std::vector<std::string>{"1"});
+  EXPECT_LT(s, 10.0);
+}
+
+TEST(ImportCli, ModelOnlyValuesAreChecked) {
+  testing::TempDir tmp;
+  const auto cfg = tmp.path() / "config.json";
+  std::ofstream(cfg) << R"({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64,
+    "num_attention_heads": 0, "intermediate_size": 128, "vocab_size": 100})";
+  const auto r = testing::run_command(std::string(THREEWALLS_CLI_PATH) + " import hf --model-only " +
+                                          testing::shell_quote(cfg.string()) + " --out " +
+                                          testing::shell_quote((tmp.path() / "m.toml").string()),
+                                      true);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("'num_attention_heads' = 0 is out of range"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("(valid)"), std::string::npos) << r.out;
+}
+
+TEST(ImportCli, NonRegularInputsAreRefused) {
+  const auto r = testing::run_command(std::string(THREEWALLS_CLI_PATH) + " import hf --model-only /dev/zero", true);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("/dev/zero: cannot read Hugging Face config (not a regular file"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -1,10 +1,15 @@
 // Loader behaviour beyond the broken corpus: defaults from the registry, derived values, units,
 // error ordering and batching, arrays of tables, paths relative to the scenario file.
 #include <cmath>
+#include <fstream>
+
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include "test_support.hpp"
+#include "threewalls/core/input_file.hpp"
 #include "threewalls/core/units.hpp"
 #include "threewalls/scenarios/loader.hpp"
 
@@ -450,6 +455,59 @@ TEST(ScenarioLoader, ScenarioErrorIsAnInputError) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("empty.toml:1:1: the file is empty"), std::string::npos);
   }
+}
+
+// The loader reads only regular files of bounded size: a FIFO would block forever, /dev/zero never
+// ends, a directory is not "an empty file", and a path the file system rejects is a clear error.
+std::string file_error(const std::filesystem::path& path) {
+  try {
+    (void)load_scenario_file(path);
+  } catch (const ScenarioError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(ScenarioLoader, RefusesADirectory) {
+  const auto dir = std::filesystem::temp_directory_path();
+  EXPECT_NE(file_error(dir).find(": cannot read scenario file (a directory; give a file)"), std::string::npos)
+      << file_error(dir);
+}
+
+TEST(ScenarioLoader, RefusesAFifoWithoutBlocking) {
+  const auto fifo = std::filesystem::temp_directory_path() / ("threewalls_fifo_" + std::to_string(::getpid()));
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string err = file_error(fifo);
+  std::filesystem::remove(fifo);
+  EXPECT_NE(err.find("not a regular file but a FIFO, socket or device"), std::string::npos) << err;
+}
+
+TEST(ScenarioLoader, RefusesAnEndlessDevice) {
+  const std::string err = file_error("/dev/zero");
+  EXPECT_NE(err.find("/dev/zero: cannot read scenario file (not a regular file"), std::string::npos) << err;
+}
+
+TEST(ScenarioLoader, RefusesAFileLargerThanTheInputLimit) {
+  const auto big = std::filesystem::temp_directory_path() / ("threewalls_big_" + std::to_string(::getpid()) + ".toml");
+  {
+    std::ofstream out(big, std::ios::binary);
+    out.seekp(static_cast<std::streamoff>(kMaxInputFileBytes));
+    out.put('\n');  // sparse: takes no disk space
+  }
+  const std::string err = file_error(big);
+  std::filesystem::remove(big);
+  EXPECT_NE(err.find("bytes; input files are at most " + std::to_string(kMaxInputFileBytes) + " bytes"),
+            std::string::npos)
+      << err;
+}
+
+TEST(ScenarioLoader, AVeryLongNameIsAClearErrorWithTheNameShortened) {
+  const std::string name(100000, 'x');
+  const std::string err = file_error(name + ".toml");
+  EXPECT_NE(err.find("cannot open scenario file ("), std::string::npos) << err.substr(0, 400);
+  EXPECT_NE(err.find("(a path of 100005 characters)"), std::string::npos) << err.substr(0, 400);
+  EXPECT_LT(err.size(), 500U);
 }
 
 }  // namespace

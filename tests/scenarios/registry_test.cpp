@@ -70,8 +70,14 @@ TEST(Registry, RangesAreOrderedAndOnlyOnNumbers) {
     if (p.min && p.max) {
       EXPECT_LE(*p.min, *p.max) << p.path;
     }
+    const bool quantity = p.type == ParamType::bytes || p.type == ParamType::bandwidth ||
+                          p.type == ParamType::duration || p.type == ParamType::flop_rate;
     if (p.min || p.max) {
-      EXPECT_TRUE(p.type == ParamType::integer || p.type == ParamType::real) << p.path;
+      EXPECT_TRUE(p.type == ParamType::integer || p.type == ParamType::real || quantity) << p.path;
+    }
+    // Every size, rate and duration has both bounds, so every value computed from one stays finite.
+    if (quantity) {
+      EXPECT_TRUE(p.min && p.max) << p.path << " declares no allowed range";
     }
   }
 }

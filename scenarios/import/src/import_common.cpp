@@ -1,6 +1,6 @@
 // The scenario draft shared by the importers, and the [cluster] presets (docs/import.md).
 #include <algorithm>
-#include <fstream>
+#include <filesystem>
 #include <sstream>
 #include <stdexcept>
 
@@ -8,6 +8,7 @@
 
 #include "cluster_presets.hpp"
 #include "threewalls/core/error.hpp"
+#include "threewalls/core/input_file.hpp"
 #include "threewalls/core/strings.hpp"
 #include "threewalls/core/version.hpp"
 #include "threewalls/scenarios/import.hpp"
@@ -65,6 +66,13 @@ std::string ScenarioDraft::to_toml(bool model_only) const {
   return os.str();
 }
 
+std::string ScenarioDraft::model_check_scenario(const std::string& model_toml) {
+  // Top-level keys must come before the first table header.
+  return "schema_version = " + std::to_string(kScenarioSchemaVersion) + "\n" + model_toml +
+         "\n[train]\nmicro_batch_size = 1\nglobal_batch_size = 1\nseq_length = 1\n"
+         "\n[cluster]\ngpu = \"h100\"\ngpus_per_node = 1\nnodes = 1\n";
+}
+
 namespace {
 
 // The keys of a [cluster] table (and its arrays of tables) read into the draft with the loader's
@@ -119,8 +127,8 @@ void add_cluster_table(ScenarioDraft& d, const std::string& preset_or_path, std:
     }
   }
   if (file.empty()) {
-    std::ifstream in(preset_or_path, std::ios::binary);
-    if (!in) {
+    std::error_code ec;
+    if (!std::filesystem::exists(preset_or_path, ec)) {
       std::string msg = "--cluster '" + preset_or_path + "' is neither a preset (";
       const auto names = cluster_preset_names();
       for (std::size_t i = 0; i < names.size(); ++i) msg += (i ? ", " : "") + names[i];
@@ -128,9 +136,7 @@ void add_cluster_table(ScenarioDraft& d, const std::string& preset_or_path, std:
       if (auto near = nearest(preset_or_path, names)) msg += "; did you mean '" + *near + "'?";
       throw InputError(msg);
     }
-    std::stringstream ss;
-    ss << in.rdbuf();
-    text = ss.str();
+    text = read_input_file(preset_or_path, "cluster file");
     file = preset_or_path;
   }
   toml::table root;

@@ -10,7 +10,9 @@
 #include <nlohmann/json.hpp>
 
 #include "threewalls/core/error.hpp"
+#include "threewalls/core/input_file.hpp"
 #include "threewalls/scenarios/import.hpp"
+#include "threewalls/scenarios/registry.hpp"
 
 namespace threewalls::scenarios {
 namespace {
@@ -317,6 +319,11 @@ class HfImporter {
       }
     }
     const int layers = req("num_hidden_layers");
+    const double max_layers = Registry::instance().find_param("model.num_layers")->max.value_or(1e9);
+    if (layers > max_layers) {
+      throw InputError(file_ + ": num_hidden_layers = " + std::to_string(layers) + " exceeds the scenario limit of " +
+                       std::to_string(static_cast<long long>(max_layers)) + " layers (model.num_layers)");
+    }
     const int step = std::max(1, opt_int("decoder_sparse_step").value_or(1));
     std::set<int> dense_only;
     if (auto it = j_.find("mlp_only_layers"); it != j_.end() && it->is_array()) {
@@ -347,7 +354,7 @@ class HfImporter {
     const int moe_ffn = req("moe_intermediate_size");
     set_experts(req("n_routed_experts"), req("num_experts_per_tok"), moe_ffn);
     if (auto s = opt_int("n_shared_experts"); s && *s > 0) {
-      d_.set("model", "moe_shared_expert_intermediate_size", *s * moe_ffn);
+      d_.set("model", "moe_shared_expert_intermediate_size", std::int64_t{*s} * moe_ffn);
     }
     const int first = opt_int("first_k_dense_replace").value_or(0);
     if (first > 0) {
@@ -402,11 +409,7 @@ ScenarioDraft import_hf_config(const std::string& json_text, const std::string& 
 }
 
 ScenarioDraft import_hf_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path.string() + ": cannot read the Hugging Face config");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return import_hf_config(ss.str(), path.string());
+  return import_hf_config(read_input_file(path, "Hugging Face config"), path.string());
 }
 
 }  // namespace threewalls::scenarios

@@ -3,12 +3,14 @@
 // registry's, and each such choice is written into the report's notes.
 #include <algorithm>
 #include <cctype>
+#include <climits>
 #include <fstream>
 #include <functional>
 #include <set>
 #include <sstream>
 
 #include "threewalls/core/error.hpp"
+#include "threewalls/core/input_file.hpp"
 #include "threewalls/core/strings.hpp"
 #include "threewalls/scenarios/import.hpp"
 #include "threewalls/scenarios/registry.hpp"
@@ -41,7 +43,12 @@ std::string strip_quotes(std::string s) {
 
 using Vars = std::map<std::string, std::string>;
 
-// Integer arithmetic of $((...)): + - * / and parentheses over integers and variable names.
+// How deeply parentheses of $((...)) and ${VAR:-default} references may nest (the parsers recurse).
+constexpr int kMaxNesting = 200;
+
+// Integer arithmetic of $((...)): + - * / and parentheses over integers and variable names. An
+// unresolvable name leaves the reference as written; division by zero, overflow and nesting past
+// kMaxNesting are InputErrors.
 class Arith {
  public:
   Arith(const std::string& s, const Vars& vars) : s_(s), vars_(vars) {}
@@ -60,7 +67,9 @@ class Arith {
     skip();
     if (p_ < s_.size() && s_[p_] == '(') {
       ++p_;
+      if (++depth_ > kMaxNesting) fail("parentheses nested more than " + std::to_string(kMaxNesting) + " deep");
       auto v = sum();
+      --depth_;
       skip();
       if (p_ >= s_.size() || s_[p_] != ')') return std::nullopt;
       ++p_;
@@ -93,8 +102,11 @@ class Arith {
       if (!v || p_ >= s_.size() || (s_[p_] != '*' && s_[p_] != '/')) return v;
       const char op = s_[p_++];
       auto r = atom();
-      if (!r || (op == '/' && *r == 0)) return std::nullopt;
-      v = op == '*' ? *v * *r : *v / *r;
+      if (!r) return std::nullopt;
+      if (op == '/' && *r == 0) fail("division by zero");
+      long long out = 0;
+      if (op == '*' ? __builtin_mul_overflow(*v, *r, &out) : (*r == -1 && *v == LLONG_MIN)) fail("overflows 64 bits");
+      v = op == '*' ? out : *v / *r;
     }
   }
   std::optional<long long> sum() {
@@ -105,20 +117,39 @@ class Arith {
       const char op = s_[p_++];
       auto r = product();
       if (!r) return std::nullopt;
-      v = op == '+' ? *v + *r : *v - *r;
+      long long out = 0;
+      if (op == '+' ? __builtin_add_overflow(*v, *r, &out) : __builtin_sub_overflow(*v, *r, &out)) {
+        fail("overflows 64 bits");
+      }
+      v = out;
     }
+  }
+  [[noreturn]] void fail(const std::string& why) const {
+    throw InputError("$((" + (s_.size() > 60 ? s_.substr(0, 60) + "..." : s_) + ")): " + why);
   }
   const std::string& s_;
   const Vars& vars_;
   std::size_t p_ = 0;
+  int depth_ = 0;
 };
 
 // Expands the variable reference starting at s[i] == '$'; advances i past it. Unresolvable references
 // are returned as written (the importer reports arguments whose values still hold a '$').
-std::string expand_reference(const std::string& s, std::size_t& i, const Vars& vars) {
+std::string expand_reference(const std::string& s, std::size_t& i, const Vars& vars, int nesting = 0) {
+  if (nesting > kMaxNesting) {
+    throw InputError("${...:-default} references nested more than " + std::to_string(kMaxNesting) + " deep");
+  }
   const std::size_t start = i;
   if (s.compare(i, 3, "$((") == 0) {
-    const auto end = s.find("))", i + 3);
+    // The "))" that closes this reference: parentheses inside the expression nest.
+    auto end = std::string::npos;
+    for (std::size_t j = i + 3, open = 2; j < s.size(); ++j) {
+      if (s[j] == '(') ++open;
+      if (s[j] == ')' && --open == 0) {
+        if (s[j - 1] == ')') end = j - 1;
+        break;
+      }
+    }
     if (end != std::string::npos) {
       i = end + 2;
       if (auto v = Arith(s.substr(start + 3, end - start - 3), vars).eval()) return std::to_string(*v);
@@ -150,7 +181,7 @@ std::string expand_reference(const std::string& s, std::size_t& i, const Vars& v
       std::string out;
       for (std::size_t k = 0; k < def.size(); ++k) {
         if (def[k] == '$') {
-          out += expand_reference(def, k, vars);
+          out += expand_reference(def, k, vars, nesting + 1);
           --k;
         } else {
           out += def[k];
@@ -272,7 +303,8 @@ bool is_program(const std::string& w) {
   return k.count(base) > 0 || (base.size() > 3 && (base.ends_with(".py") || base.ends_with(".sh")));
 }
 
-// Appends the arguments found in `words` (one logical line) to `out`; records VAR=value assignments.
+// Appends the arguments found in `words` (one logical line) to `out`; records VAR=value assignments
+// in `script_vars` unless `forced` (the --var values) names the variable.
 // A quoted array element or string holding several words ("--fp8-format hybrid") is split as the
 // shell splits an unquoted expansion. An assignment whose value holds flags (MODEL_ARGS="--num-layers
 // 24 ...") contributes them here, at its line, and its name joins `flag_vars`. The flags of a launcher
@@ -355,16 +387,19 @@ void collect_args(const std::vector<std::string>& words, int line, Vars& script_
   }
 }
 
-Vars merged(const Vars& forced, const Vars& script) {
-  Vars v = script;
-  for (const auto& [k, x] : forced) v[k] = x;
-  return v;
-}
-
 std::vector<MegatronArg> parse_shell(const std::string& text, const Vars& forced) {
   std::vector<MegatronArg> out;
-  Vars script_vars;
+  // The script's assignments over the forced values: collect_args never overwrites a forced one, so
+  // one map serves every line (a merged copy per line made the parse quadratic or worse).
+  Vars vars = forced;
   FlagVars flag_vars;
+  const auto words_of = [&](const std::string& logical, int line) {
+    try {
+      return shell_words(logical, vars, &flag_vars);
+    } catch (const InputError& e) {
+      throw InputError("line " + std::to_string(line) + ": " + e.what());
+    }
+  };
   std::istringstream in(text);
   std::string raw;
   std::string logical;
@@ -382,13 +417,11 @@ std::vector<MegatronArg> parse_shell(const std::string& text, const Vars& forced
       continue;
     }
     logical += t;
-    collect_args(shell_words(logical, merged(forced, script_vars), &flag_vars), start_line, script_vars, forced, out,
-                 &flag_vars);
+    collect_args(words_of(logical, start_line), start_line, vars, forced, out, &flag_vars);
     logical.clear();
   }
   if (!logical.empty()) {
-    collect_args(shell_words(logical, merged(forced, script_vars), &flag_vars), start_line, script_vars, forced, out,
-                 &flag_vars);
+    collect_args(words_of(logical, start_line), start_line, vars, forced, out, &flag_vars);
   }
   return out;
 }
@@ -1319,14 +1352,11 @@ ScenarioDraft import_megatron(const std::vector<MegatronArg>& args, const Megatr
 }
 
 ScenarioDraft import_megatron_file(const std::filesystem::path& path, MegatronImportOptions options) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path.string() + ": cannot read the Megatron arguments file");
-  std::stringstream ss;
-  ss << in.rdbuf();
+  const std::string text = read_input_file(path, "Megatron arguments file");
   const std::string ext = path.extension().string();
   const bool yaml = ext == ".yaml" || ext == ".yml";
   if (options.source.empty()) options.source = path.string();
-  std::vector<MegatronArg> args = parse_megatron_launch(ss.str(), yaml, options.vars);
+  std::vector<MegatronArg> args = parse_megatron_launch(text, yaml, options.vars);
   if (args.empty()) {
     throw InputError(path.string() + ": no Megatron-LM argument found (expected a launch script or argument list with "
                      "--flag [value] words, or Megatron YAML with key: value lines" +

@@ -48,11 +48,27 @@ TEST(RoutingSampler, LocalityKeepsPreviousDecodeChoices) {
   auto d2 = keep.next_step(8, 8, true);
   EXPECT_EQ(d1.choices, d2.choices);
   // The first decode step continues from each sequence's last prompt token.
-  std::vector<std::int16_t> last(prefill.choices[0].end() - 8 * 4, prefill.choices[0].end());
+  std::vector<ExpertId> last(prefill.choices[0].end() - 8 * 4, prefill.choices[0].end());
   EXPECT_EQ(d1.choices[0], last);
   RoutingSampler fresh(1, 64, 4, 0.0, 0.0, 3);
   fresh.next_step(8 * 16, 8, false);
   auto f1 = fresh.next_step(8, 8, true);
   auto f2 = fresh.next_step(8, 8, true);
   EXPECT_NE(f1.choices, f2.choices);
+}
+
+TEST(RoutingSampler, ExpertIdsAboveThe16BitRangeAreKept) {
+  // 40,000 experts: ids past 32,767 must come back as drawn (they once wrapped negative and
+  // indexed out of bounds in tokens_per_expert).
+  constexpr int kExperts = 40000;
+  RoutingSampler r(1, kExperts, 3, 0.0, 0.0, 11);
+  auto s = r.next_step(4000, 4000, false);
+  const auto& layer = s.choices[0];
+  EXPECT_GE(*std::min_element(layer.begin(), layer.end()), 0);
+  EXPECT_LT(*std::max_element(layer.begin(), layer.end()), kExperts);
+  EXPECT_GT(*std::max_element(layer.begin(), layer.end()), 32767);
+  auto counts = s.tokens_per_expert(0, kExperts);
+  long total = 0;
+  for (int c : counts) total += c;
+  EXPECT_EQ(total, 4000L * 3);
 }

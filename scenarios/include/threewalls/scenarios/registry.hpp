@@ -51,7 +51,7 @@ struct ParamSpec {
   std::string default_note;   // for defaults derived from other keys, in words
   std::string description;
   std::vector<std::string> choices;
-  std::optional<double> min;
+  std::optional<double> min;  // allowed range, in SI units for sizes, rates and durations
   std::optional<double> max;
   Setter set;
   Getter get;
@@ -59,6 +59,9 @@ struct ParamSpec {
   [[nodiscard]] std::string table() const;  // "train"
   [[nodiscard]] std::string key() const;    // "micro_batch_size"
   [[nodiscard]] std::string unit_hint() const;
+  // A value of this key as messages and the reference show it: with its unit for sizes, rates and
+  // durations ("1 MB/s"), integers in full.
+  [[nodiscard]] std::string format_value(double v) const;
   // Position of `text` among `choices` (exact names; "name:N" patterns are not matched), or nothing.
   [[nodiscard]] std::optional<std::size_t> choice_index(std::string_view text) const;
 };

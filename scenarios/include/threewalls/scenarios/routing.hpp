@@ -25,6 +25,10 @@ class Rng {
   std::uint64_t state_;
 };
 
+// An expert's index within a layer (0 .. num_experts - 1); 32-bit, so any expert count the scenario
+// language accepts is representable.
+using ExpertId = std::int32_t;
+
 class RoutingSampler {
  public:
   RoutingSampler(int num_layers, int num_experts, int topk, double skew, double locality, std::uint64_t seed);
@@ -35,7 +39,7 @@ class RoutingSampler {
   // newest position; locality applies to them in decode steps.
   struct StepChoices {
     int tokens = 0;
-    std::vector<std::vector<std::int16_t>> choices;  // per layer
+    std::vector<std::vector<ExpertId>> choices;  // per layer
     // Tokens routed to each expert, per layer.
     [[nodiscard]] std::vector<int> tokens_per_expert(int layer, int num_experts) const;
   };
@@ -44,14 +48,14 @@ class RoutingSampler {
   StepChoices next_step(int tokens, int sequences, bool decode);
 
  private:
-  void draw(int layer, std::int16_t* out);
+  void draw(int layer, ExpertId* out);
   int layers_;
   int experts_;
   int topk_;
   double locality_;
   Rng rng_;
   std::vector<std::vector<double>> cdf_;  // per layer, cumulative popularity over experts
-  std::vector<std::vector<std::int16_t>> last_;  // per layer: previous step's choices per sequence
+  std::vector<std::vector<ExpertId>> last_;  // per layer: previous step's choices per sequence
 };
 
 }  // namespace threewalls::scenarios

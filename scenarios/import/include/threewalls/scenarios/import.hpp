@@ -57,6 +57,9 @@ class ScenarioDraft {
   // The scenario file: header comments, the report as comments, then the tables written through the
   // registry. With model_only only the [model] table (plus its comments) is written.
   [[nodiscard]] std::string to_toml(bool model_only = false) const;
+  // The model-only text `model_toml` (to_toml(true)) completed into a scenario of one GPU and one
+  // short micro-batch, for checking the model's values and rules with the loader.
+  [[nodiscard]] static std::string model_check_scenario(const std::string& model_toml);
 
  private:
   ScenarioText tables_;
