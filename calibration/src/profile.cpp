@@ -53,8 +53,9 @@ constexpr std::string_view kSyntheticPrefix = "synthetic: ";
 
 // ---------------------------------------------------------------------------------------- writer
 
-// The largest magnitude a profile value may have (FLOP/s and bytes/s peaks are below 1e17).
-constexpr double kMaxProfileMagnitude = 1e18;
+// The largest magnitude a profile value may have: far past any real one (fitted saturation sizes reach
+// 1e25), small enough that times and rates computed from it stay finite.
+constexpr double kMaxProfileMagnitude = 1e100;
 
 std::string fmt_real(double v) {
   if (std::isnan(v)) return "nan";
@@ -261,7 +262,7 @@ class Reader {
     // overflow to infinity or lose all precision.
     if (!std::isnan(d) && (std::fabs(d) > kMaxProfileMagnitude || (d != 0 && !std::isnormal(d)))) {
       error(node_loc(*n, tloc), label + " '" + std::string(key) + "' = " + fmt_real(d) +
-                                    " is out of range; allowed: 0 or a normal number of magnitude up to 1e18");
+                                    " is out of range; allowed: 0 or a normal number of magnitude up to 1e100");
       return std::nullopt;
     }
     return d;
