@@ -244,7 +244,7 @@ TEST(ScenarioWriter, QuantitiesAreWrittenInUnitsThatReadBackExactly) {
     const std::string literal = toml_literal(lat, v);
     EXPECT_EQ(std::get<double>(parse_literal(lat, literal, {"<test>", 1, 1})), v) << literal;
   }
-  for (const double v : {1.0 / 3.0 * 1e9, 85469531750.4, 3.0}) {
+  for (const double v : {1.0 / 3.0 * 1e9, 85469531750.4, 3221225475.0}) {  // within the key's range (1 MiB to 1 PiB)
     const std::string literal = toml_literal(mem, v);
     EXPECT_EQ(std::get<double>(parse_literal(mem, literal, {"<test>", 1, 1})), v) << literal;
   }
