@@ -66,7 +66,7 @@ const std::vector<RuleInfo> kRules = {
     {"calibration-profile", "calibration.profile must be \"auto\" or an existing file."},
     {"work-size",
      "A step must stay within what one process can expand, simulate and record: at most 2^31 - 1 "
-     "tokens per micro-batch (or inference prefill), about 20 million ops per rank per step, 1 GiB of "
+     "tokens per micro-batch (or inference prefill), about 1 million ops per rank per step, 1 GiB of "
      "inference routing choices per step, 500 million simulated inference ops per run and 32 GiB of "
      "records per run."},
 };
@@ -505,7 +505,7 @@ void check_run(Scenario& s, Reporter& r, const std::string& file) {
 
 // ---- work-size: how big a step and a run would get, estimated from the keys before anything is expanded ----
 constexpr long long kMaxTokensPerMicrobatch = 2147483647LL;  // Op::tokens is 32-bit
-constexpr long long kMaxOpsPerRankStep = 20000000LL;         // ~2 GiB of ops per rank class
+constexpr long long kMaxOpsPerRankStep = 1000000LL;          // ~1 GiB and about a minute of simulation per step
 constexpr long long kMaxRoutingChoiceBytes = 1LL << 30;      // sampled expert ids of one step
 constexpr long long kMaxInferenceOpsPerRun = 500000000LL;    // inference re-expands every step
 constexpr long long kMaxRecordBytes = 32LL << 30;            // phases files of one run
