@@ -334,7 +334,7 @@ TEST(Notebook, IsANotebookWithTheRunPathsAndItsData) {
   EXPECT_EQ(ids.size(), nb["cells"].size());  // unique cell ids (nbformat 4.5)
   EXPECT_NE(code.find(fs::absolute(runs.sim.dir).string()), std::string::npos);
   EXPECT_NE(code.find(fs::absolute(runs.real.dir).string()), std::string::npos);
-  EXPECT_NE(code.find("pd.read_csv(DATA / \"phases.csv\")"), std::string::npos);
+  EXPECT_NE(code.find("pd.read_csv(DATA / \"phases.csv\""), std::string::npos);  // with its column dtypes
   for (const char* f : {"runs.csv", "phases.csv", "steps.csv", "walls.csv"}) {
     EXPECT_TRUE(fs::exists(dir / "report_data" / f)) << f;
   }
