@@ -1350,6 +1350,39 @@ class StepRun {
 
 Executor::Executor(const OpCoster& coster, ExecutorOptions options) : coster_(coster), options_(options) {}
 
+std::vector<int> Executor::flow_ranks(const StepGraph& graph) const {
+  // Mirrors the flows StepRun places (plan_copy, plan_p2p, plan_collective): each from the
+  // representative of the class whose op it is. Ops the executor refuses are left to it.
+  std::vector<int> ranks;
+  std::unordered_map<std::uint64_t, std::uint8_t> seen;  // (class, group, kind, algorithm) done
+  for (std::size_t c = 0; c < graph.classes.size(); ++c) {
+    const RankClass& rc = graph.classes[c];
+    const int rep = rc.representative();
+    if (rep < 0) continue;
+    ranks.push_back(rep);
+    for (const Op& op : rc.ops) {
+      if (op.kind == OpKind::send || op.kind == OpKind::recv) {
+        if (op.peer != 0) ranks.push_back(graph.layout.peer_of(op, rep));
+        continue;
+      }
+      if (op.kind != OpKind::collective || op.group == Group::none) continue;
+      const std::vector<int> members = graph.layout.group_members(op.group, rep);
+      const int n = static_cast<int>(members.size());
+      if (n <= 1) continue;
+      const CommKind kind = op.collective();
+      const bool spans = !graph.layout.group_within_node(op.group, rep);
+      const Algorithm algo = choose_algorithm(kind, options_.allreduce, spans, op.bytes, n);
+      const std::uint64_t key = (static_cast<std::uint64_t>(c) << 24) | (static_cast<std::uint64_t>(op.group) << 16) |
+                                (static_cast<std::uint64_t>(kind) << 8) | static_cast<std::uint64_t>(algo);
+      if (!seen.emplace(key, 1).second) continue;
+      for (const RankFlow& f : collective_flows(kind, algo, members, 1.0, Split{}, rep)) ranks.push_back(f.dst);
+    }
+  }
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  return ranks;
+}
+
 StepResult Executor::run_step(const StepGraph& graph, const Platform& platform, std::span<const double> compute_factor,
                               double epoch, FlowEngine* engine, std::span<const Timing> timing) const {
   if (!compute_factor.empty() && compute_factor.size() != graph.classes.size()) {

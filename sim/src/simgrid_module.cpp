@@ -2,11 +2,12 @@
 // platform of platform.hpp in SimGrid and runs groups of flows on it.
 //
 // Zones (docs/simulator.md, "SimGrid platform"): a root zone without routes holds four star zones,
-// one per kind of port, each with one host per GPU whose split-duplex link(s) are that GPU's port:
+// one per kind of port, each with one host per GPU of PlatformSpec::ranks (the GPUs whose ports the
+// simulation's flows can use; no other GPU costs anything) whose split-duplex link(s) are that GPU's port:
 //   nvlink  gpu.<r>, link nvlink.<r> (UP = nvlink_up, DOWN = nvlink_down); the star's centre is the
 //           NVSwitch of a node (transfers between nodes never use these hosts);
 //   pcie    pcie_port.<r>, link pcie.<r> (UP = device to host, DOWN = host to device), and
-//           host_memory.<n> per node without a link;
+//           host_memory.<n> per node of those GPUs, without a link;
 //   nic     nic.<r>, link nic.<r> (UP = nic_up, DOWN = nic_down): transfers under one leaf switch;
 //   spine   nic_spine.<r> routed through nic.<r> and its spine port spine.<r> (UP = spine_up, DOWN =
 //           spine_down): transfers across leaves.
@@ -140,7 +141,8 @@ class SimGridFlows final : public Engine {
     if (!(bytes_per_s > 0.0)) throw std::logic_error("set_link_bandwidth: bandwidth must be positive");
     catch_up();
     fresh_ = true;
-    links_.at(link)->set_bandwidth(bytes_per_s);
+    // A link of a rank the platform was not built for: no flow can use it.
+    if (sg::Link* l = links_.at(link)) l->set_bandwidth(bytes_per_s);
   }
 
   [[nodiscard]] std::vector<std::uint32_t> route(Endpoint src, Endpoint dst) const override {
@@ -170,25 +172,32 @@ class SimGridFlows final : public Engine {
 
   sg::Host* host_of(Endpoint e) const {
     const auto i = static_cast<std::size_t>(e.index);
+    sg::Host* h = nullptr;
     switch (e.kind) {
-      case PortKind::gpu: return gpu_hosts_.at(i);
-      case PortKind::nic: return nic_hosts_.at(i);
-      case PortKind::nic_spine: return spine_hosts_.at(i);
-      case PortKind::gpu_pcie: return pcie_hosts_.at(i);
-      case PortKind::host: return node_hosts_.at(i);
+      case PortKind::gpu: h = gpu_hosts_.at(i); break;
+      case PortKind::nic: h = nic_hosts_.at(i); break;
+      case PortKind::nic_spine: h = spine_hosts_.at(i); break;
+      case PortKind::gpu_pcie: h = pcie_hosts_.at(i); break;
+      case PortKind::host: h = node_hosts_.at(i); break;
     }
-    return nullptr;
+    if (h == nullptr) {
+      throw std::logic_error("flow engine: a flow's end point (port kind " + std::to_string(static_cast<int>(e.kind)) +
+                             ", index " + std::to_string(e.index) +
+                             ") belongs to a rank or node the platform was not built for");
+    }
+    return h;
   }
 
   void build() {
     const int world = spec_.world;
     const auto ranks = static_cast<std::size_t>(world);
     links_.assign(spec_.bandwidth_bytes_per_s.size(), nullptr);
-    gpu_hosts_.resize(ranks);
-    nic_hosts_.resize(ranks);
-    spine_hosts_.resize(ranks);
-    pcie_hosts_.resize(ranks);
-    node_hosts_.resize(static_cast<std::size_t>(spec_.nodes));
+    gpu_hosts_.assign(ranks, nullptr);
+    nic_hosts_.assign(ranks, nullptr);
+    spine_hosts_.assign(ranks, nullptr);
+    pcie_hosts_.assign(ranks, nullptr);
+    node_hosts_.assign(static_cast<std::size_t>(spec_.nodes), nullptr);
+    if (spec_.node_of_rank.size() != spec_.ranks.size()) throw std::logic_error("PlatformSpec: one node per rank");
     auto duplex = [&](sg::NetZone* z, const std::string& name, LinkKind up, LinkKind down, std::size_t rank) {
       const std::uint32_t up_id = spec_.rank_links[rank][static_cast<std::size_t>(up)];
       const std::uint32_t down_id = spec_.rank_links[rank][static_cast<std::size_t>(down)];
@@ -209,12 +218,18 @@ class SimGridFlows final : public Engine {
     nic->set_parent(root);
     auto* spine = sg::create_star_zone("spine");
     spine->set_parent(root);
-    for (int n = 0; n < spec_.nodes; ++n) {
+    for (std::size_t k = 0; k < spec_.ranks.size(); ++k) {
+      const int n = spec_.node_of_rank[k];
+      if (n < 0 || n >= spec_.nodes) throw std::logic_error("PlatformSpec: a node out of range");
+      if (node_hosts_[static_cast<std::size_t>(n)] != nullptr) continue;
       sg::Host* mem = pcie->create_host("host_memory." + std::to_string(n), 1e9);
       pcie->add_route(mem->get_netpoint(), nullptr, nullptr, nullptr, {}, true);
       node_hosts_[static_cast<std::size_t>(n)] = mem;
     }
-    for (std::size_t ri = 0; ri < ranks; ++ri) {
+    for (const int rank : spec_.ranks) {
+      if (rank < 0 || rank >= world) throw std::logic_error("PlatformSpec: a rank out of range");
+      const auto ri = static_cast<std::size_t>(rank);
+      if (gpu_hosts_[ri] != nullptr) throw std::logic_error("PlatformSpec: a rank listed twice");
       const std::string rs = std::to_string(ri);
       sg::Host* g = nvlink->create_host("gpu." + rs, 1e9);
       auto* nv = duplex(nvlink, "nvlink." + rs, LinkKind::nvlink_up, LinkKind::nvlink_down, ri);

@@ -16,13 +16,17 @@
 
 namespace threewalls::sim::simgrid_module {
 
-// What the module builds: Platform's links, as numbers.
+// What the module builds: Platform's links, as numbers, for the ranks listed.
 struct PlatformSpec {
   int world = 0;
   int nodes = 0;
   std::vector<double> bandwidth_bytes_per_s;  // by platform link id
   // By rank: the platform link id of each LinkKind (index = the LinkKind's value).
   std::vector<std::array<std::uint32_t, kLinkKinds>> rank_links;
+  // The ranks whose ports (hosts and links) are built, each with its node (whose host memory is
+  // built); a flow between other ports is a caller's bug (std::logic_error).
+  std::vector<int> ranks;
+  std::vector<int> node_of_rank;  // parallel to ranks
 };
 
 // The flow engine the module implements (SimGridEngine's contract, simgrid_network.hpp).

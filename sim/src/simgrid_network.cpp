@@ -6,7 +6,10 @@
 
 #include <simgrid/version.h>  // macros only: the version the module is built against
 
+#include <algorithm>
 #include <atomic>
+#include <numeric>
+#include <stdexcept>
 #include <string>
 
 #include "simgrid_module.hpp"
@@ -60,7 +63,7 @@ simgrid_module::CreateFn load_module() {
                     " (build target threewalls_simgrid; keep it beside threewalls); tried:" + tried);
 }
 
-simgrid_module::PlatformSpec spec_of(const Platform& platform) {
+simgrid_module::PlatformSpec spec_of(const Platform& platform, std::vector<int> ranks) {
   simgrid_module::PlatformSpec spec;
   spec.world = platform.world();
   spec.nodes = platform.nodes();
@@ -73,6 +76,16 @@ simgrid_module::PlatformSpec spec_of(const Platform& platform) {
           platform.link_id(static_cast<LinkKind>(k), r);
     }
   }
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  for (const int r : ranks) {
+    if (r < 0 || r >= spec.world) {
+      throw std::logic_error("SimGridEngine: rank " + std::to_string(r) + " is outside the platform's " +
+                             std::to_string(spec.world) + " GPUs");
+    }
+    spec.node_of_rank.push_back(platform.node_of(r));
+  }
+  spec.ranks = std::move(ranks);
   return spec;
 }
 
@@ -83,13 +96,23 @@ struct SimGridEngine::Impl {
   std::unique_ptr<simgrid_module::Engine> engine;
 };
 
-SimGridEngine::SimGridEngine(const Platform& platform) {
+namespace {
+std::vector<int> every_rank(const Platform& platform) {
+  std::vector<int> ranks(static_cast<std::size_t>(platform.world()));
+  std::iota(ranks.begin(), ranks.end(), 0);
+  return ranks;
+}
+}  // namespace
+
+SimGridEngine::SimGridEngine(const Platform& platform) : SimGridEngine(platform, every_rank(platform)) {}
+
+SimGridEngine::SimGridEngine(const Platform& platform, std::vector<int> ranks) {
   if (g_engine_created.exchange(true)) {
     throw SystemError("SimGrid runs one simulation per process: a second SimGrid engine was requested");
   }
   const simgrid_module::CreateFn create = load_module();
   std::string error;
-  std::unique_ptr<simgrid_module::Engine> engine(create(spec_of(platform), error));
+  std::unique_ptr<simgrid_module::Engine> engine(create(spec_of(platform, std::move(ranks)), error));
   if (!engine) throw SystemError("SimGrid could not build the platform: " + error);
   impl_ = std::make_unique<Impl>(Impl{platform, std::move(engine)});
 }

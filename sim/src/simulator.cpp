@@ -291,7 +291,8 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   };
 
   if (opt.fidelity == Fidelity::flow) {
-    SimGridEngine engine(base);
+    // A step graph that is the same every step: the platform holds the GPUs its flows reach only.
+    SimGridEngine engine = per_step ? SimGridEngine(base) : SimGridEngine(base, exec.flow_ranks(first));
     engine.run([&]() { run_all(&engine); });
   } else {
     run_all(nullptr);

@@ -26,8 +26,9 @@ using testing::unpack;
 
 // Runs one step of `b` with flow fidelity in a child; returns the class timelines flattened as
 // {duration, start/end of every op of class 0, ...}.
+// flow_ranks_only: the SimGrid platform holds the ports of Executor::flow_ranks only.
 std::vector<double> flow_step(const GraphBuilder& b, const OpCoster& coster, const scenarios::ClusterSpec& cl,
-                              Fidelity fidelity = Fidelity::flow) {
+                              Fidelity fidelity = Fidelity::flow, bool flow_ranks_only = false) {
   return unpack(in_child([&]() {
     const Platform p(cl);
     ExecutorOptions o;
@@ -35,7 +36,7 @@ std::vector<double> flow_step(const GraphBuilder& b, const OpCoster& coster, con
     const Executor ex(coster, o);
     StepResult r;
     if (fidelity == Fidelity::flow) {
-      SimGridEngine engine(p);
+      SimGridEngine engine = flow_ranks_only ? SimGridEngine(p, ex.flow_ranks(b.g)) : SimGridEngine(p);
       engine.run([&]() { r = ex.run_step(b.g, p, {}, engine.now(), &engine); });
     } else {
       r = ex.run_step(b.g, p, {}, 0.0, nullptr);
@@ -156,6 +157,59 @@ TEST(SimGridEngine, ExpertAndDataParallelTrafficContendForTheNic) {
   const int k = one.add_class(all);
   one.add(k, one.collective(Collective::all_reduce, Group::dp, 800e6, "ar", "dp"));
   EXPECT_NEAR(flow_step(one, f, cl)[0], flow_step(one, f, cl, Fidelity::analytic)[0], 1e-6 * 800e6 / 45e9);
+}
+
+TEST(SimGridEngine, APlatformOfTheFlowRanksOnlyGivesTheSameTimes) {
+  // 2 nodes x 8 GPUs, one class for all (representative rank 0): a ring all-reduce inside the node
+  // reaches rank 1 only, the data-parallel one rank 8, the all-to-all over the 16 every rank.
+  std::vector<int> all;
+  for (int r = 0; r < 16; ++r) all.push_back(r);
+  GraphBuilder ring(8, 1, 2, 1, 16, 8);
+  const int c = ring.add_class(all);
+  ring.add(c, ring.collective(Collective::all_reduce, Group::tp, 800e6, "ar_tp", "tp"));
+  ring.add(c, ring.collective(Collective::all_reduce, Group::dp, 800e6, "ar_dp", "dp"));
+  FakeCoster f;
+  f.busbw = BytesPerSecond(45e9);
+  const Executor ex(f, ExecutorOptions{});
+  EXPECT_EQ(ex.flow_ranks(ring.g), (std::vector<int>{0, 1, 8}));
+  GraphBuilder a2a = ring;
+  a2a.add(c, a2a.collective(Collective::all_to_all, Group::ep, 800e6, "a2a", "ep"));
+  EXPECT_EQ(ex.flow_ranks(a2a.g), all);
+  const auto cl = testing::cluster(8, 2, 450, 50);
+  for (const GraphBuilder* b : {&ring, &a2a}) {
+    EXPECT_EQ(flow_step(*b, f, cl, Fidelity::flow, true), flow_step(*b, f, cl, Fidelity::flow, false));
+  }
+}
+
+TEST(SimGridEngine, AFlowOutsideThePlatformsRanksIsALogicError) {
+  const auto out = in_child([]() {
+    const Platform p(testing::cluster(4, 1));
+    SimGridEngine engine(p, {1, 0});
+    std::string s;
+    // A link of a rank left out: nothing can use it, nothing to change.
+    engine.set_link_bandwidth(p.link_id(LinkKind::nvlink_up, 3), BytesPerSecond(1e9));
+    engine.run([&]() {
+      std::vector<std::uint32_t> links;
+      p.route({PortKind::gpu, 0}, {PortKind::gpu, 1}, links);
+      const PlacedFlow inside{{PortKind::gpu, 0}, {PortKind::gpu, 1}, 1e6, links};
+      engine.start_group(1, std::span<const PlacedFlow>(&inside, 1));
+      std::vector<std::uint64_t> done;
+      while (done.empty()) engine.advance(1.0, done);
+      s += "inside ok;";
+      links.clear();
+      p.route({PortKind::gpu, 0}, {PortKind::gpu, 2}, links);
+      const PlacedFlow outside{{PortKind::gpu, 0}, {PortKind::gpu, 2}, 1e6, links};
+      try {
+        engine.start_group(2, std::span<const PlacedFlow>(&outside, 1));
+        s += " outside started";
+      } catch (const std::logic_error& e) {
+        s += std::string(" logic error: ") + e.what();
+      }
+    });
+    return s;
+  });
+  EXPECT_EQ(out.rfind("inside ok; logic error: ", 0), 0U) << out;
+  EXPECT_NE(out.find("not built for"), std::string::npos) << out;
 }
 
 TEST(SimGridEngine, LoneCollectiveReproducesTheProfilesCurve) {

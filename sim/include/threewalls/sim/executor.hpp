@@ -117,6 +117,12 @@ class Executor {
                       std::span<const double> compute_factor, double epoch, FlowEngine* engine,
                       std::span<const Timing> timing = {}) const;
 
+  // The ranks whose ports the flows of a step of `graph` can use (sorted, unique): each rank
+  // class's representative, and the destinations of the flows its collectives, sends and copies
+  // start (a superset: every destination the op's algorithm has, whatever the bytes). A flow
+  // platform built for these ranks only (SimGridEngine) holds everything the step reaches.
+  [[nodiscard]] std::vector<int> flow_ranks(const scenarios::StepGraph& graph) const;
+
   [[nodiscard]] const ExecutorOptions& options() const { return options_; }
 
  private:

@@ -26,9 +26,13 @@ inline constexpr const char* kNetworkModelSettings[] = {"network/model:CM02", "n
 
 class SimGridEngine final : public FlowEngine {
  public:
-  // Builds the SimGrid platform. Throws SystemError when a SimGrid engine already exists in this
-  // process.
+  // Builds the SimGrid platform: the ports of every GPU, or of the GPUs `ranks` only (any order,
+  // repeats allowed; e.g. Executor::flow_ranks), whose hosts and links are then all the platform
+  // holds, so that a GPU no flow can reach costs nothing. A flow to or from another GPU's port is a
+  // caller's bug (std::logic_error). Throws SystemError when a SimGrid engine already exists in
+  // this process.
   explicit SimGridEngine(const Platform& platform);
+  SimGridEngine(const Platform& platform, std::vector<int> ranks);
   ~SimGridEngine() override;
   SimGridEngine(const SimGridEngine&) = delete;
   SimGridEngine& operator=(const SimGridEngine&) = delete;
