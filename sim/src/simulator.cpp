@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -36,20 +35,18 @@ bool active(const scenarios::Slowdown& d, int step) {
   return step >= d.from_step && (d.to_step < 0 || step <= d.to_step);
 }
 
-// Appends the records of `rank` (a member of class c) for one step: the records owner's templates
-// with this step's times.
-void add_records(const records::OpRecords& templates, const StepResult& r, std::size_t c, int step, int rank,
-                 const std::function<void(const profiler::StepRecord&)>& on_step,
-                 const std::function<void(const profiler::PhaseRecord&)>& on_phase) {
+// The records of `rank` (a member of class c) for one step: the records owner's templates with this
+// step's times, and the step's record.
+profiler::StepRecord step_records(const records::OpRecords& templates, const StepResult& r, std::size_t c, int step,
+                                  int rank, std::vector<profiler::PhaseRecord>& ops) {
   const ClassTimeline& tl = r.classes[c];
   profiler::StepRecord sr;
   sr.step = step;
   sr.rank = rank;
   sr.epoch_us = r.epoch * 1e6;
   sr.dur_us = tl.step_end * 1e6;
-  on_step(sr);
   const bool marked = tl.record_start.size() == tl.start.size() && tl.record_end.size() == tl.end.size();
-  std::vector<profiler::PhaseRecord> ops = templates.of_rank(rank);
+  ops = templates.of_rank(rank);
   for (std::size_t i = 0; i < ops.size(); ++i) {
     profiler::PhaseRecord& p = ops[i];
     p.step = step;
@@ -58,8 +55,8 @@ void add_records(const records::OpRecords& templates, const StepResult& r, std::
     p.start_us = t0 * 1e6;
     p.dur_us = (t1 - t0) * 1e6;
     if (marked && i < tl.launch_wait.size()) p.launch_wait_us = static_cast<float>(tl.launch_wait[i] * 1e6);
-    on_phase(p);
   }
+  return sr;
 }
 
 }  // namespace
@@ -206,19 +203,17 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   auto emit = [&](const StepGraph& g, const StepResult& r, int step) {
     const records::OpRecords templates(g, names);
     if (auto in = records::inference_step(g)) inference_steps[step] = std::move(*in);
+    std::vector<profiler::PhaseRecord> ops;
     for (std::size_t c = 0; c < g.classes.size(); ++c) {
-      add_records(
-          templates, r, c, step, g.classes[c].representative(),
-          [&](const profiler::StepRecord& x) { sum_steps.push_back(x); },
-          [&](const profiler::PhaseRecord& x) { sum_phases.push_back(x); });
+      sum_steps.push_back(step_records(templates, r, c, step, g.classes[c].representative(), ops));
+      sum_phases.insert(sum_phases.end(), ops.begin(), ops.end());
     }
     if (writer && writer->policy().records(step)) {
       for (int rank : writer->policy().recording_ranks()) {
         if (!writer->records(step, rank)) continue;
         const auto c = static_cast<std::size_t>(g.class_of_rank.at(static_cast<std::size_t>(rank)));
-        add_records(
-            templates, r, c, step, rank, [&](const profiler::StepRecord& x) { writer->add(x); },
-            [&](const profiler::PhaseRecord& x) { writer->add(x); });
+        writer->add(step_records(templates, r, c, step, rank, ops));
+        for (const profiler::PhaseRecord& p : ops) writer->add(p);
       }
     }
     if (writer) writer->end_step(step);
