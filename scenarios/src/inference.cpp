@@ -40,7 +40,7 @@ void build_inference_class(const Ctx& c, int ep_rank, const RoutingSampler::Step
     op.sub = static_cast<std::uint8_t>(k);
     op.wall = Wall::host;
     op.stream = host;
-    op.layer = static_cast<std::int16_t>(layer);
+    op.layer = static_cast<std::int32_t>(layer);
     op.phase = tables.phase(phase);
     return b.emit(op, deps.data(), deps.data() + deps.size());
   };
@@ -76,8 +76,8 @@ void build_inference_class(const Ctx& c, int ep_rank, const RoutingSampler::Step
         d.bytes = expert_bytes;
         d.shape = {static_cast<std::int64_t>(expert_bytes), 0, 0, 0, 0, 0};
         d.stream = tables.stream("disk", StreamKind::copy);
-        d.layer = static_cast<std::int16_t>(layer);
-        d.expert = static_cast<std::int16_t>(e - first_local);  // local index, as the expert ops
+        d.layer = static_cast<std::int32_t>(layer);
+        d.expert = static_cast<std::int32_t>(e - first_local);  // local index, as the expert ops
         d.phase = tables.phase("expert_fetch_disk");
         dep = b.emit(d, {});
       }
@@ -89,8 +89,8 @@ void build_inference_class(const Ctx& c, int ep_rank, const RoutingSampler::Step
       h2d.shape = {static_cast<std::int64_t>(expert_bytes), 0, 0, 0, 0, 0};
       const int s = copy_rr++ % off.copy_streams;
       h2d.stream = s == 0 ? copy0 : tables.stream("copy_" + std::to_string(s), StreamKind::copy);
-      h2d.layer = static_cast<std::int16_t>(layer);
-      h2d.expert = static_cast<std::int16_t>(e - first_local);
+      h2d.layer = static_cast<std::int32_t>(layer);
+      h2d.expert = static_cast<std::int32_t>(e - first_local);
       h2d.phase = tables.phase("expert_fetch_h2d");
       std::uint32_t id = b.emit(h2d, {dep});
       if (c.exec.sync_after_copy) {
@@ -99,8 +99,8 @@ void build_inference_class(const Ctx& c, int ep_rank, const RoutingSampler::Step
         sy.sub = static_cast<std::uint8_t>(HostKind::stream_sync);
         sy.wall = Wall::host;
         sy.stream = host;
-        sy.layer = static_cast<std::int16_t>(layer);
-        sy.expert = static_cast<std::int16_t>(e - first_local);
+        sy.layer = static_cast<std::int32_t>(layer);
+        sy.expert = static_cast<std::int32_t>(e - first_local);
         sy.phase = tables.phase("expert_fetch_sync");
         b.emit(sy, {id});
       }

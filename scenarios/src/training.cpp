@@ -128,10 +128,10 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
     op.kind = OpKind::collective;
     op.wall = Wall::communication;
     op.group = bk.expert ? Group::edp : Group::dp_cp;
-    op.group_size = static_cast<std::int16_t>(gsize);
+    op.group_size = static_cast<std::int32_t>(gsize);
     op.stream = dp_stream;
-    op.layer = static_cast<std::int16_t>(bk.closing_layer);
-    op.chunk = static_cast<std::int16_t>(bk.chunk);
+    op.layer = static_cast<std::int32_t>(bk.closing_layer);
+    op.chunk = static_cast<std::int32_t>(bk.chunk);
     const std::string pre = bk.expert ? "edp" : "dp";
     if (grad) {
       const bool rs = t.use_distributed_optimizer;
@@ -186,7 +186,7 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
     cp.bytes = input_bytes;
     cp.shape = {static_cast<std::int64_t>(input_bytes), 0, 0, 0, 0, 0};
     cp.stream = copy_stream;
-    cp.microbatch = static_cast<std::int16_t>(mb);
+    cp.microbatch = static_cast<std::int32_t>(mb);
     cp.phase = tables.phase("host_to_device");
     cp.flags = kDataLoad;
     *out = b.emit(cp, {});
@@ -196,7 +196,7 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
       sy.sub = static_cast<std::uint8_t>(HostKind::stream_sync);
       sy.wall = Wall::host;
       sy.stream = tables.stream("host", StreamKind::host);
-      sy.microbatch = static_cast<std::int16_t>(mb);
+      sy.microbatch = static_cast<std::int32_t>(mb);
       sy.phase = tables.phase("host_to_device_sync");
       sy.flags = kDataLoad;
       b.emit(sy, {*out});
@@ -208,12 +208,12 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
     op.kind = send ? OpKind::send : OpKind::recv;
     op.wall = Wall::communication;
     op.group = Group::pp;
-    op.group_size = static_cast<std::int16_t>(c.pp);
+    op.group_size = static_cast<std::int32_t>(c.pp);
     op.bytes = p2p_bytes;
     op.shape = {static_cast<std::int64_t>(p2p_bytes), 0, 0, 0, 0, 0};
     op.stream = fwd_dir ? (send ? pp_fwd_send : pp_fwd_recv) : (send ? pp_bwd_send : pp_bwd_recv);
-    op.microbatch = static_cast<std::int16_t>(mb);
-    op.layer = static_cast<std::int16_t>(layer);
+    op.microbatch = static_cast<std::int32_t>(mb);
+    op.layer = static_cast<std::int32_t>(layer);
     op.tag = mb * c.vpp + recv_chunk;
     // Forward activations travel to the next stage, gradients to the previous one.
     op.peer = static_cast<std::int8_t>((fwd_dir == send) ? +1 : -1);
@@ -385,7 +385,7 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
       ar.wall = Wall::communication;
       ar.sub = static_cast<std::uint8_t>(Collective::all_reduce);
       ar.group = Group::world;
-      ar.group_size = static_cast<std::int16_t>(std::min(c.layout.world(), 32767));
+      ar.group_size = c.layout.world();
       ar.bytes = kFp32Bytes;
       ar.shape = {4, 0, 0, 0, 0, 0};
       ar.stream = em.compute_stream();
@@ -416,7 +416,7 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
       ar.wall = Wall::communication;
       ar.sub = static_cast<std::uint8_t>(Collective::all_reduce);
       ar.group = Group::dp_cp;
-      ar.group_size = static_cast<std::int16_t>(c.layout.group_size(Group::dp_cp));
+      ar.group_size = static_cast<std::int32_t>(c.layout.group_size(Group::dp_cp));
       ar.bytes = 2 * kFp32Bytes;
       ar.shape = {8, 0, 0, 0, 0, 0};
       ar.stream = em.compute_stream();

@@ -125,7 +125,7 @@ TEST(OpRunner, EveryExpertReadsItsOwnWeights) {
   TW_REQUIRE_GPU();
   OpRunner runner(OpRunnerConfig{});
   std::vector<Op> ops;
-  for (std::int16_t e = 0; e < 4; ++e) {
+  for (std::int32_t e = 0; e < 4; ++e) {
     Op fwd = make(OpKind::gemm, {16, 4096, 1024, 1, 0, 0});
     fwd.expert = e;
     ops.push_back(fwd);

@@ -84,7 +84,7 @@ TEST(Weights, EveryExpertOfTheSwitchLayerHasItsOwnWeights) {
   const auto path = root / "scenarios/validation/host_overhead/switch_d1024_t1k_sequential_none.toml";
   ASSERT_TRUE(std::filesystem::exists(path)) << path;
   const scenarios::StepGraph g = scenarios::expand(scenarios::load_scenario(path), 0);
-  std::map<std::int16_t, std::set<WeightKey>> by_expert;
+  std::map<std::int32_t, std::set<WeightKey>> by_expert;
   for (const Op& op : g.classes.at(0).ops) {
     if (op.expert < 0) continue;
     if (const auto u = weight_of(op)) by_expert[op.expert].insert(u->key);

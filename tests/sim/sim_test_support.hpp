@@ -133,7 +133,7 @@ class GraphBuilder {
     op.flops = us;
     op.phase = phase(ph);
     op.stream = stream(st);
-    op.microbatch = static_cast<std::int16_t>(mb);
+    op.microbatch = static_cast<std::int32_t>(mb);
     return op;
   }
   Op collective(Collective c, Group grp, double bytes, const std::string& ph, const std::string& st = "comm") {
@@ -142,7 +142,7 @@ class GraphBuilder {
     op.sub = static_cast<std::uint8_t>(c);
     op.wall = scenarios::Wall::communication;
     op.group = grp;
-    op.group_size = static_cast<std::int16_t>(g.layout.group_size(grp));
+    op.group_size = static_cast<std::int32_t>(g.layout.group_size(grp));
     op.bytes = bytes;
     op.shape = {static_cast<std::int64_t>(bytes), 0, 0, 0, 0, 0};
     op.phase = phase(ph);
@@ -154,13 +154,13 @@ class GraphBuilder {
     op.kind = send ? OpKind::send : OpKind::recv;
     op.wall = scenarios::Wall::communication;
     op.group = Group::pp;
-    op.group_size = static_cast<std::int16_t>(g.layout.group_size(Group::pp));
+    op.group_size = static_cast<std::int32_t>(g.layout.group_size(Group::pp));
     op.peer = static_cast<std::int8_t>(peer);
     op.tag = tag;
     op.bytes = bytes;
     op.phase = phase(ph);
     op.stream = stream(st, StreamKind::communication);
-    op.microbatch = static_cast<std::int16_t>(mb);
+    op.microbatch = static_cast<std::int32_t>(mb);
     return op;
   }
   Op host(HostKind k, const std::string& ph) {

@@ -34,9 +34,9 @@ namespace threewalls::backend {
 // local experts (count 0 in the key): inference runs only the activated ones, a different number
 // each step, so its bytes are the op's and the runner sizes the tensor for the most it has seen.
 struct WeightKey {
-  std::int16_t layer = -1;
-  std::int16_t chunk = -1;
-  std::int16_t expert = -1;
+  std::int32_t layer = -1;
+  std::int32_t chunk = -1;
+  std::int32_t expert = -1;
   std::int64_t out = 0;
   std::int64_t in = 0;
   std::int64_t count = 1;  // batch of a batched GEMM; 0 for grouped GEMMs (see above)

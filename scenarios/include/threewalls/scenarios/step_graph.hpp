@@ -87,12 +87,12 @@ struct Op {
   std::uint32_t deps_end = 0;
   std::int32_t tag = -1;                // send/recv matching tag
   std::int32_t tokens = -1;             // tokens handled (MoE ops), -1 = not applicable
+  std::int32_t layer = -1;              // global layer index, -1 = none (embedding, loss, optimizer)
+  std::int32_t microbatch = -1;         // -1 = not per micro-batch
+  std::int32_t expert = -1;             // local expert index for per-expert ops
+  std::int32_t chunk = -1;              // model chunk (virtual stage) for interleaved schedules
+  std::int32_t group_size = 1;          // members of `group` (collectives)
   std::uint16_t phase = 0;              // index into StepGraph::phases
-  std::int16_t layer = -1;              // global layer index, -1 = none (embedding, loss, optimizer)
-  std::int16_t microbatch = -1;         // -1 = not per micro-batch
-  std::int16_t expert = -1;             // local expert index for per-expert ops
-  std::int16_t chunk = -1;              // model chunk (virtual stage) for interleaved schedules
-  std::int16_t group_size = 1;          // members of `group` (collectives)
   std::uint8_t stream = 0;              // index into StepGraph::streams
   OpKind kind = OpKind::gemm;
   Wall wall = Wall::compute;
@@ -111,6 +111,8 @@ struct Op {
   [[nodiscard]] AttentionImpl attention_impl() const { return static_cast<AttentionImpl>(sub); }
   [[nodiscard]] bool is_comm() const { return kind == OpKind::collective || kind == OpKind::send || kind == OpKind::recv; }
 };
+// A step graph holds millions of ops: the fields are ordered so that an Op packs into 112 bytes.
+static_assert(sizeof(Op) <= 112, "Op grew: check the field order and widths");
 
 // The kernels an attention op runs on (threewalls run) and is costed as (the simulator): `decode`,
 // the split-KV kernel, for a fused forward with one query per sequence (seq_q = 1); `fused`, a
