@@ -1,6 +1,9 @@
 #include "threewalls/scenarios/layout.hpp"
 
 #include <algorithm>
+#include <map>
+#include <stdexcept>
+#include <tuple>
 
 #include "threewalls/scenarios/scenario.hpp"
 #include "threewalls/scenarios/step_graph.hpp"
@@ -152,6 +155,82 @@ bool Layout::group_within_node(Group g, int rank) const {
     if (node_of(m) != node) return false;
   }
   return true;
+}
+
+std::vector<int> refine_rank_classes(const Layout& layout, std::vector<int> color) {
+  const auto n = static_cast<std::size_t>(layout.world());
+  if (color.size() != n) throw std::invalid_argument("refine_rank_classes: one class id per rank expected");
+  // Ids numbered by first rank: the fixed point of the loop below keeps them.
+  auto renumber = [n](const std::vector<std::vector<int>>& sig) {
+    std::map<std::vector<int>, int> ids;
+    std::vector<int> out(n);
+    for (std::size_t r = 0; r < n; ++r) out[r] = ids.emplace(sig[r], static_cast<int>(ids.size())).first->second;
+    return std::pair{out, ids.size()};
+  };
+  std::size_t classes = 0;
+  {
+    std::vector<std::vector<int>> sig(n);
+    for (std::size_t r = 0; r < n; ++r) sig[r] = {color[r]};
+    std::tie(color, classes) = renumber(sig);
+  }
+  constexpr Group kSets[] = {Group::tp, Group::dp, Group::dp_cp, Group::ep, Group::etp, Group::edp};
+  constexpr Group kRings[] = {Group::pp, Group::cp};
+  while (true) {
+    std::vector<std::vector<int>> sig(n);
+    for (std::size_t r = 0; r < n; ++r) sig[r] = {color[r]};
+    std::map<std::vector<int>, int> ids;  // a group's view, interned
+    auto intern = [&ids](std::vector<int> v) {
+      return ids.emplace(std::move(v), static_cast<int>(ids.size())).first->second;
+    };
+    for (const Group g : kSets) {
+      if (layout.group_size(g) <= 1) continue;
+      std::vector<char> seen(n, 0);
+      for (std::size_t r = 0; r < n; ++r) {
+        if (seen[r] != 0) continue;
+        const std::vector<int> members = layout.group_members(g, static_cast<int>(r));
+        std::vector<int> view;
+        for (int m : members) view.push_back(color[static_cast<std::size_t>(m)]);
+        std::sort(view.begin(), view.end());
+        view.erase(std::unique(view.begin(), view.end()), view.end());
+        view.insert(view.begin(), static_cast<int>(g));
+        const int id = intern(std::move(view));
+        for (int m : members) {
+          seen[static_cast<std::size_t>(m)] = 1;
+          sig[static_cast<std::size_t>(m)].push_back(id);
+        }
+      }
+    }
+    for (const Group g : kRings) {
+      const int size = layout.group_size(g);
+      if (size <= 1) continue;
+      std::vector<char> seen(n, 0);
+      for (std::size_t r = 0; r < n; ++r) {
+        if (seen[r] != 0) continue;
+        const std::vector<int> members = layout.group_members(g, static_cast<int>(r));
+        for (int i = 0; i < size; ++i) {
+          std::vector<int> view{static_cast<int>(g)};
+          for (int k = 0; k < size; ++k)
+            view.push_back(color[static_cast<std::size_t>(members[static_cast<std::size_t>((i + k) % size)])]);
+          const auto m = static_cast<std::size_t>(members[static_cast<std::size_t>(i)]);
+          seen[m] = 1;
+          sig[m].push_back(intern(std::move(view)));
+        }
+      }
+    }
+    if (layout.group_size(Group::embedding) > 1) {
+      for (std::size_t r = 0; r < n; ++r) {
+        std::vector<int> view{static_cast<int>(Group::embedding)};
+        for (int m : layout.group_members(Group::embedding, static_cast<int>(r)))
+          view.push_back(color[static_cast<std::size_t>(m)]);
+        std::sort(view.begin() + 1, view.end());
+        sig[r].push_back(intern(std::move(view)));
+      }
+    }
+    auto [next, count] = renumber(sig);
+    color = std::move(next);
+    if (count == classes) return color;
+    classes = count;
+  }
 }
 
 double RoutingModel::share(int ep_rank) const {

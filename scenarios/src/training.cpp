@@ -477,12 +477,34 @@ StepGraph expand_training(const Scenario& s) {
     if (it == keys.end()) keys.push_back(k);
     g.class_of_rank[static_cast<std::size_t>(r)] = id;
   }
-  g.classes.resize(keys.size());
+  // A slow rank's class of its own leaves the ranks of its groups unlike the other ranks of their
+  // classes (their collectives wait for it): those are split off too, until every class's members see
+  // the same classes in their groups (refine_rank_classes), so every class's representative issues
+  // collectives that the other member classes issue alike.
+  std::vector<int> key_of_class(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) key_of_class[i] = static_cast<int>(i);
+  std::vector<int> part_of_class(keys.size(), 0);
+  if (!slow_ranks.empty()) {
+    const std::vector<int> refined = refine_rank_classes(c.layout, g.class_of_rank);
+    const int classes = *std::max_element(refined.begin(), refined.end()) + 1;
+    key_of_class.assign(static_cast<std::size_t>(classes), -1);
+    part_of_class.assign(static_cast<std::size_t>(classes), 0);
+    std::vector<int> parts(keys.size(), 0);
+    for (int r = 0; r < world; ++r) {
+      const auto cls = static_cast<std::size_t>(refined[static_cast<std::size_t>(r)]);
+      if (key_of_class[cls] >= 0) continue;
+      key_of_class[cls] = g.class_of_rank[static_cast<std::size_t>(r)];
+      part_of_class[cls] = parts[static_cast<std::size_t>(key_of_class[cls])]++;
+    }
+    g.class_of_rank = refined;
+  }
+  g.classes.resize(key_of_class.size());
   for (int r = 0; r < world; ++r)
     g.classes[static_cast<std::size_t>(g.class_of_rank[static_cast<std::size_t>(r)])].ranks.push_back(r);
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    auto& rc = g.classes[i];
-    rc.id = static_cast<int>(i);
+  for (std::size_t cls = 0; cls < key_of_class.size(); ++cls) {
+    const auto i = static_cast<std::size_t>(key_of_class[cls]);
+    auto& rc = g.classes[cls];
+    rc.id = static_cast<int>(cls);
     rc.pp_stage = keys[i].stage;
     rc.label = "stage " + std::to_string(keys[i].stage);
     ClassInfo ci;
@@ -493,6 +515,7 @@ StepGraph expand_training(const Scenario& s) {
       rc.label += keys[i].hot ? " / hot EP rank" : " / cold EP rank";
     }
     if (keys[i].slow >= 0) rc.label += " / slow rank " + std::to_string(keys[i].slow);
+    if (part_of_class[cls] > 0) rc.label += " / beside a slow rank (" + std::to_string(part_of_class[cls]) + ")";
     rc.expert_load = ci.load;
     ci.expert_rows = static_cast<std::int64_t>(std::llround(static_cast<double>(c.Tsp) * c.topk * ci.load)) * c.etp;
     build_class(c, ci, tables, rc);

@@ -2,6 +2,7 @@
 // inputs give byte-identical output; OOM and slowdowns show in the summary.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -198,6 +199,77 @@ to_step = 1
   EXPECT_NEAR(gemm.at({1, 0}), gemm.at({0, 0}), 1e-3);
   fs::remove_all(dir);
 }
+
+// A slow GPU in every layout kind: its class of its own used to leave the ranks of its groups matching
+// collectives against different member classes than the slow rank (a deadlock in every layout with
+// more than one group kind). Rank 5 of 8 is three times slower; every layout completes, its step is
+// longer than without the slowdown, and rank 5's own compute is three times as long.
+class SlowRankLayout : public ::testing::TestWithParam<std::pair<std::string, std::string>> {};
+
+std::string eight_gpus(const std::string& parallel, const std::string& cluster_extra) {
+  return R"(schema_version = 1
+name = "slow_rank_layout"
+[model]
+num_layers = 4
+hidden_size = 1024
+num_attention_heads = 8
+vocab_size = 32000
+num_experts = 8
+moe_ffn_hidden_size = 512
+moe_router_topk = 2
+[parallel]
+)" + parallel +
+         R"(
+[train]
+micro_batch_size = 1
+global_batch_size = 16
+seq_length = 1024
+)" + (parallel.find("ep = ") != std::string::npos ? "routing_imbalance = 1.5\n" : "") +
+         R"(
+[cluster]
+gpu = "h100"
+gpus_per_node = 8
+nodes = 1
+)" + cluster_extra +
+         R"(
+[run]
+steps = 1
+)";
+}
+
+TEST_P(SlowRankLayout, CompletesAndTheSlowRankStretchesTheStep) {
+  const std::string parallel = GetParam().second;
+  const scenarios::Scenario fast = from_text(eight_gpus(parallel, ""));
+  const scenarios::Scenario slow = from_text(eight_gpus(parallel, "[[cluster.slowdown]]\nrank = 5\nfactor = 3.0\n"));
+  SimOptions o;
+  o.fidelity = Fidelity::analytic;
+  const SimResult a = simulate(fast, "auto", o);
+  const SimResult b = simulate(slow, "auto", o);
+  const double t_fast = a.summary.step_time_us.median;
+  const double t_slow = b.summary.step_time_us.median;
+  ASSERT_TRUE(std::isfinite(t_slow));
+  EXPECT_GT(t_slow, 1.3 * t_fast) << GetParam().first << ": " << t_fast << " us -> " << t_slow << " us";
+  // The slow rank has a class of its own whose label names it.
+  bool named = false;
+  for (const auto& c : b.classes)
+    named = named || (c.ranks == std::vector<int>{5} && c.label.find("slow rank 5") != std::string::npos);
+  EXPECT_TRUE(named) << GetParam().first;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, SlowRankLayout,
+    ::testing::Values(
+        std::pair<std::string, std::string>{"DP", ""},
+        std::pair<std::string, std::string>{"TP", "tp = 2\nsequence_parallel = true"},
+        std::pair<std::string, std::string>{"PP", "pp = 2"},
+        std::pair<std::string, std::string>{"VPP", "pp = 2\nvpp = 2"},
+        std::pair<std::string, std::string>{"CP", "cp = 2"}, std::pair<std::string, std::string>{"EP", "ep = 8"},
+        std::pair<std::string, std::string>{"TP_EP", "tp = 2\nep = 2\nsequence_parallel = true"},
+        std::pair<std::string, std::string>{"PP_EP", "pp = 2\nep = 2"},
+        std::pair<std::string, std::string>{"TP_PP_EP", "tp = 2\npp = 2\nep = 2\nsequence_parallel = true"},
+        std::pair<std::string, std::string>{"ETP_EP", "tp = 2\netp = 2\nep = 2\nsequence_parallel = true"},
+        std::pair<std::string, std::string>{"CP_EP", "cp = 2\nep = 4"}),
+    [](const auto& p) { return p.param.first; });
 
 TEST(Simulator, AnExistingRunDirectoryIsNotOverwrittenUnlessAsked) {
   const scenarios::Scenario s = from_text(small_moe(""));

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <tuple>
@@ -50,7 +51,7 @@ void check_invariants(const Scenario& s, const StepGraph& g) {
           << op.expert << " in " << rc.label;
       if (op.kind == OpKind::collective) {
         ASSERT_GT(op.group_size, 1) << g.phase_name(op) << ": a collective over one rank should not exist";
-        ASSERT_EQ(op.group_size, std::min(g.layout.group_size(op.group), 32767));
+        ASSERT_EQ(op.group_size, g.layout.group_size(op.group));
       }
       ASSERT_GE(op.flops, 0.0);
       ASSERT_GE(op.bytes, 0.0);
@@ -248,9 +249,47 @@ TEST(StepGraph, SlowRankGetsItsOwnClass) {
   std::string text = test::small_moe("ep = 2", "", 4) + "\n[[cluster.slowdown]]\nrank = 3\nfactor = 1.5\n";
   Scenario s = test::scenario_from(text);
   StepGraph g = expand(s);
-  ASSERT_EQ(g.classes.size(), 2U);
+  // ep2 edp2 on 4 ranks: rank 2 shares rank 3's EP group, rank 1 its expert-data-parallel group, rank 0
+  // neither; each waits for the slow rank in different collectives, so each is a class of its own.
+  ASSERT_EQ(g.classes.size(), 4U);
   EXPECT_EQ(g.class_of(3).ranks, std::vector<int>{3});
   EXPECT_NE(g.class_of(3).label.find("slow rank 3"), std::string::npos);
+  EXPECT_EQ(g.class_of(0).label, "stage 0");
+  EXPECT_NE(g.class_of(2).label.find("beside a slow rank"), std::string::npos);
+}
+
+// Op indices are 32-bit: layers, micro-batches and group sizes past 32,767 keep their values (they
+// once wrapped negative in 16-bit fields).
+TEST(StepGraph, LayerIndicesPast32767AreKept) {
+  const Scenario s = test::scenario_from(
+      "schema_version = 1\n[model]\nnum_layers = 32770\nhidden_size = 256\nnum_attention_heads = 4\n"
+      "ffn_hidden_size = 512\nvocab_size = 1024\n[parallel]\npp = 2\n[train]\nmicro_batch_size = 1\n"
+      "global_batch_size = 1\nseq_length = 128\n[cluster]\ngpu = \"h100\"\ngpus_per_node = 2\nnodes = 1\n");
+  const StepGraph g = expand(s);
+  int top = -1;
+  for (const auto& rc : g.classes) {
+    for (const Op& op : rc.ops) {
+      ASSERT_GE(op.layer, -1);
+      top = std::max(top, op.layer);
+    }
+  }
+  EXPECT_EQ(top, 32769);
+}
+
+TEST(StepGraph, GroupsOf32768RanksKeepTheirSize) {
+  const Scenario s = test::scenario_from(
+      "schema_version = 1\n[model]\nnum_layers = 2\nhidden_size = 256\nnum_attention_heads = 4\n"
+      "ffn_hidden_size = 512\nvocab_size = 1024\n[train]\nmicro_batch_size = 1\n"
+      "global_batch_size = 32768\nseq_length = 128\n[cluster]\ngpu = \"h100\"\ngpus_per_node = 8\nnodes = 4096\n");
+  const StepGraph g = expand(s);
+  ASSERT_EQ(g.classes.size(), 1U);
+  std::set<Group> seen;
+  for (const Op& op : g.classes.at(0).ops) {
+    if (op.kind != OpKind::collective) continue;
+    EXPECT_EQ(op.group_size, 32768) << g.phase_name(op);
+    seen.insert(op.group);
+  }
+  EXPECT_TRUE(seen.count(Group::dp_cp) == 1 && seen.count(Group::world) == 1);
 }
 
 TEST(StepGraph, ExpertExecutionStrategies) {

@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <set>
+#include <stdexcept>
+
 #include "threewalls/scenarios/layout.hpp"
 #include "threewalls/scenarios/step_graph.hpp"
 
@@ -55,4 +58,38 @@ TEST(Layout, RoutingModelSharesSumToOne) {
   EXPECT_DOUBLE_EQ(sum, 1.0);
   EXPECT_DOUBLE_EQ(hot.load(0), 2.5);
   EXPECT_DOUBLE_EQ(balanced.load(3), 1.0);
+}
+
+// A slow rank alone in its class: its tensor-parallel partner and its data-parallel peers see it in
+// their groups and the other ranks do not, so they become classes of their own; then every class's
+// members see the same classes in each group and the refinement stops.
+TEST(Layout, RefiningRankClassesSplitsTheGroupsOfASlowRank) {
+  const Layout l(2, 1, 4, 1, 1, 1, 8, 8);  // tp2 dp4: tp groups {0,1} {2,3} {4,5} {6,7}, dp {0,2,4,6} {1,3,5,7}
+  std::vector<int> color(8, 0);
+  color[5] = 1;
+  EXPECT_EQ(refine_rank_classes(l, color), (std::vector<int>{0, 1, 0, 1, 2, 3, 0, 1}));
+}
+
+TEST(Layout, RefiningKeepsAPartitionWhoseClassesLookAlike) {
+  const Layout l(2, 1, 2, 2, 1, 2, 2, 8);  // tp2 dp2 pp2, ep2 edp2
+  std::vector<int> stage(8);
+  for (int r = 0; r < 8; ++r) stage[static_cast<std::size_t>(r)] = l.stage_of(r);
+  EXPECT_EQ(refine_rank_classes(l, stage), stage);
+  // Ids are renumbered by first rank.
+  std::vector<int> reversed(8);
+  for (int r = 0; r < 8; ++r) reversed[static_cast<std::size_t>(r)] = 7 - l.stage_of(r);
+  EXPECT_EQ(refine_rank_classes(l, reversed), stage);
+  EXPECT_THROW((void)refine_rank_classes(l, std::vector<int>(3, 0)), std::invalid_argument);
+}
+
+// With dp2 pp4 and one slow rank at stage 1, the ranks of its pipeline split from their stage peers:
+// every rank ends in a class of its own.
+TEST(Layout, RefiningFollowsThePipeline) {
+  const Layout l(1, 1, 2, 4, 1, 1, 2, 8);  // dp2 pp4: pp groups {0,2,4,6} {1,3,5,7}
+  std::vector<int> color(8);
+  for (int r = 0; r < 8; ++r) color[static_cast<std::size_t>(r)] = l.stage_of(r);
+  color[3] = 9;
+  const std::vector<int> refined = refine_rank_classes(l, color);
+  std::set<int> distinct(refined.begin(), refined.end());
+  EXPECT_EQ(distinct.size(), 8U);
 }

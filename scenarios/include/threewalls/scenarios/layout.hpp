@@ -59,6 +59,14 @@ class Layout {
   int tp_ = 1, cp_ = 1, dp_ = 1, pp_ = 1, etp_ = 1, ep_ = 1, edp_ = 1, gpus_per_node_ = 1;
 };
 
+// The coarsest refinement of the rank partition `color` (class id per rank, any integers) in which the
+// ranks of one class cannot be told apart by their groups: for every group kind they see the same set
+// of classes among their group's members, and along the point-to-point rings (pp, cp) the same classes
+// at each offset from themselves. A simulator that runs one representative per class then matches the
+// same collective and point-to-point instances from every member class. Returns class ids numbered by
+// their first rank; a partition that already has the property keeps its classes and their order.
+[[nodiscard]] std::vector<int> refine_rank_classes(const Layout& layout, std::vector<int> color);
+
 // How routed tokens spread over the EP ranks. With imbalance f (train.routing_imbalance) EP rank 0 of
 // every EP group receives f times the mean and the others share the rest evenly:
 //   share(0) = f / ep,   share(i > 0) = (ep - f) / (ep (ep - 1)).
