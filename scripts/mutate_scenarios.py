@@ -14,12 +14,15 @@ scenario_sim_runner (tests/fuzz/) under a wall-clock and an address-space limit.
   sim-rejected  the loader accepted the scenario but the simulation refused it
 
 Usage: scripts/mutate_scenarios.py RUNNER [--count N] [--seed S] [--minutes M] [--small] [--keep DIR]
-RUNNER is build/tests/fuzz/scenario_sim_runner. Exit status 1 when there is any finding; each
+       [--report FILE]
+RUNNER is build/tests/fuzz/scenario_sim_runner. --report writes the counts by outcome, the 20 slowest
+mutants and every finding as JSON (scripts/mutation_campaign.sh joins the reports of parallel jobs). Exit status 1 when there is any finding; each
 finding's mutant is kept in --keep (default build/mutations) with its seed and edits in a comment.
 docs/fuzzing.md records the campaigns run.
 """
 import argparse
 import glob
+import json
 import os
 import random
 import re
@@ -135,6 +138,7 @@ def main():
     ap.add_argument("--mem-mb", type=int, default=4096)
     ap.add_argument("--batch", type=int, default=25)
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--report", default=None, help="JSON report: counts, slowest mutants, findings")
     a = ap.parse_args()
     runner = os.path.abspath(a.runner)
     seeds = sorted(glob.glob(os.path.join(ROOT, "scenarios/examples/*.toml")) +
@@ -145,6 +149,8 @@ def main():
     rng = random.Random(a.seed)
     os.makedirs(a.keep, exist_ok=True)
     counts = {}
+    slowest = []  # (seconds, seed, edits), the 20 slowest
+    found = []
     start = time.time()
     work = tempfile.mkdtemp(prefix="threewalls_mutants_")
     made = 0
@@ -167,11 +173,15 @@ def main():
                 path, _, verdict = line.partition(": ")
                 if path not in batch:
                     continue
+                took = re.search(r"\[([\d.]+) s\]$", verdict)
                 verdict = verdict.split(" ")[0]
                 counts[verdict] = counts.get(verdict, 0) + 1
+                seed, edits, text = batch[path]
+                if took:
+                    slowest = sorted(slowest + [(float(took.group(1)), os.path.relpath(seed, ROOT), "; ".join(edits),
+                                                 verdict)], reverse=True)[:20]
                 if verdict in ("ok", "rejected"):
                     continue
-                seed, edits, text = batch[path]
                 keep = os.path.join(a.keep, "%s_%s" % (verdict, os.path.basename(path)))
                 detail = [l for l in errs.splitlines() if l.startswith(path)]
                 with open(keep, "w") as f:
@@ -179,6 +189,8 @@ def main():
                     for l in detail[:3]:
                         f.write("# %s\n" % l[len(path):][:300])
                     f.write(text)
+                found.append({"verdict": verdict, "kept": keep, "seed": os.path.relpath(seed, ROOT),
+                              "edits": edits, "detail": [l[len(path):][:300] for l in detail[:3]]})
                 if not a.quiet:
                     print("%s: %s (%s)" % (verdict, keep, "; ".join(edits)), flush=True)
             for path in batch:
@@ -190,6 +202,11 @@ def main():
     print("mutants %d in %.1f min: rejected by the loader %d, simulated %d; findings: %s" %
           (made, minutes, counts.get("rejected", 0), counts.get("ok", 0),
            ", ".join("%s %d" % kv for kv in sorted(findings.items())) or "none"), flush=True)
+    if a.report:
+        with open(a.report, "w") as f:
+            json.dump({"mutants": made, "minutes": minutes, "seed": a.seed, "counts": counts,
+                       "slowest": [{"seconds": t, "seed": sd, "edits": e, "verdict": v} for t, sd, e, v in slowest],
+                       "findings": found}, f, indent=1)
     return 1 if findings else 0
 
 

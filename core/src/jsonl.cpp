@@ -82,7 +82,13 @@ Json parse_json(std::string_view text, const std::string& where) {
     }
     return true;
   };
-  Json j = Json::parse(text.begin(), text.end(), check);
+  Json j;
+  try {
+    j = Json::parse(text.begin(), text.end(), check);
+  } catch (const Json::out_of_range& e) {
+    // A number too large for a double (1e309): valid JSON syntax, but no value to read.
+    throw InputError(where + ": a number out of range (" + std::string(e.what()) + ")");
+  }
   if (found) {
     std::string quoted;
     append_json_string(quoted, duplicate);

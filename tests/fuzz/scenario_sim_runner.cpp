@@ -1,21 +1,35 @@
-// Runs scenario files through the loader (what `threewalls validate` checks) and, when accepted,
-// through expansion and simulation (what `threewalls sim` does), each file in a forked child under
-// a wall-clock limit (alarm) and an address-space limit, and prints one verdict line per file:
+// Runs inputs of one surface through the code that reads them, each input in a forked child under a
+// wall-clock limit (alarm) and an address-space limit, and prints one verdict line per input:
 //
-//   FILE: rejected        the loader refused it with an InputError (the expected outcome for bad input)
-//   FILE: ok              loaded, expanded and simulated; every number of the summary is finite
-//   FILE: sim-rejected    loaded, but the simulation refused it (validate accepted what sim rejects)
-//   FILE: nan             a NaN or infinity in the summary or a null duration in the run directory
-//   FILE: crash           another exception, or a signal
-//   FILE: hang            past the time limit
-//   FILE: memory          past the memory limit (std::bad_alloc)
+//   INPUT: rejected        refused with an InputError (the expected outcome for bad input)
+//   INPUT: ok              accepted, and everything made from it checks out (below)
+//   INPUT: sim-rejected    scenario surface: loaded, but the simulation refused it (validate accepted
+//                          what sim rejects)
+//   INPUT: nan             a NaN or infinity in the summary or a null duration in the run directory
+//   INPUT: crash           another exception, or a signal
+//   INPUT: hang            past the time limit
+//   INPUT: memory          past the memory limit (std::bad_alloc)
 //
-// Usage: scenario_sim_runner [--timeout S] [--mem-mb M] [--steps N] FILE...   (exit 1 on any finding)
-// The mutation campaign (scripts/mutate_scenarios.py) and the property test drive it; docs/fuzzing.md.
+// Each line ends with the child's wall time, "[1.234 s]".
+//
+// Surfaces (--surface, default scenario):
+//   scenario    a scenario file: load (what `threewalls validate` checks), then expand and simulate
+//               (what `threewalls sim` does) with a run directory written
+//   rundir      a run directory: read strictly and with --allow-incomplete (RunDirReader)
+//   profile     a calibration profile file (Profile::load)
+//   megatron    a Megatron launch script or YAML: imported, its [model] checked by the loader
+//   hf          a Hugging Face config.json: imported, its [model] checked by the loader
+//   plan-merge  a directory of plan.json shards: each read (plan_from_json), then merged
+//
+// Usage: scenario_sim_runner [--surface S] [--timeout S] [--mem-mb M] [--steps N] INPUT...
+// (exit 1 on any finding). The mutation campaigns (scripts/mutate_scenarios.py for scenarios,
+// scripts/mutate_inputs.py for the other surfaces) and the robustness tests drive it; docs/fuzzing.md.
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -26,11 +40,17 @@
 #include <new>
 #include <regex>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "threewalls/calibration/profile.hpp"
 #include "threewalls/core/error.hpp"
+#include "threewalls/core/jsonl.hpp"
+#include "threewalls/profiler/run_dir.hpp"
+#include "threewalls/scenarios/import.hpp"
 #include "threewalls/scenarios/loader.hpp"
+#include "threewalls/sim/planner.hpp"
 #include "threewalls/sim/simulator.hpp"
 
 namespace {
@@ -65,7 +85,62 @@ bool null_duration_in(const fs::path& dir) {
   return false;
 }
 
-int run_one(const fs::path& file, int steps, const fs::path& run_dir) {
+// The surfaces other than scenario: reads `input`; returns normally when it was accepted.
+void read_input(const std::string& surface, const fs::path& input) {
+  namespace sc = threewalls::scenarios;
+  // An imported draft's [model] goes through the loader like any scenario: accepted values are checked.
+  auto check_model = [&](const sc::ScenarioDraft& d) {
+    (void)sc::load_scenario_text(sc::ScenarioDraft::model_check_scenario(d.to_toml(true)), input.string() + ".toml");
+  };
+  if (surface == "rundir") {
+    threewalls::profiler::ReadOptions strict;
+    strict.threads = 1;
+    try {
+      (void)threewalls::profiler::RunDirReader::read(input, strict);
+    } catch (const threewalls::InputError&) {
+      threewalls::profiler::ReadOptions lenient = strict;
+      lenient.allow_incomplete = true;
+      (void)threewalls::profiler::RunDirReader::read(input, lenient);
+    }
+  } else if (surface == "profile") {
+    (void)threewalls::calibration::Profile::load(input);
+  } else if (surface == "megatron") {
+    sc::MegatronImportOptions o;
+    o.vocab_size = 32000;  // as --vocab-size: the sample launch names a tokenizer file, not a size
+    check_model(sc::import_megatron_file(input, o));
+  } else if (surface == "hf") {
+    check_model(sc::import_hf_file(input));
+  } else if (surface == "plan-merge") {
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(input)) files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+    std::vector<threewalls::sim::PlanResult> shards;
+    for (const auto& f : files)
+      shards.push_back(threewalls::sim::plan_from_json(threewalls::read_json_file(f), f.string()));
+    const auto merged = threewalls::sim::merge_plans(shards);
+    if (!all_finite(threewalls::sim::plan_to_json(merged)))
+      throw std::runtime_error("a NaN or infinity in the merged plan");
+    (void)threewalls::sim::plan_to_csv(merged);
+    (void)threewalls::sim::plan_to_text(merged);
+  } else {
+    throw std::invalid_argument("unknown surface " + surface);
+  }
+}
+
+int run_one(const std::string& surface, const fs::path& file, int steps, const fs::path& run_dir) {
+  if (surface != "scenario") {
+    try {
+      read_input(surface, file);
+      return kOk;
+    } catch (const threewalls::InputError&) {
+      return kRejected;
+    } catch (const std::bad_alloc&) {
+      return kMemory;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s: crash: %s\n", file.c_str(), e.what());
+      return kCrash;
+    }
+  }
   threewalls::scenarios::Scenario s;
   try {
     s = threewalls::scenarios::load_scenario(file);
@@ -97,6 +172,7 @@ int main(int argc, char** argv) {
   int timeout_s = 60;
   long mem_mb = 4096;
   int steps = 2;
+  std::string surface = "scenario";
   std::vector<fs::path> files;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -106,6 +182,8 @@ int main(int argc, char** argv) {
       mem_mb = std::atol(argv[++i]);
     else if (a == "--steps" && i + 1 < argc)
       steps = std::atoi(argv[++i]);
+    else if (a == "--surface" && i + 1 < argc)
+      surface = argv[++i];
     else
       files.emplace_back(a);
   }
@@ -113,6 +191,7 @@ int main(int argc, char** argv) {
   int findings = 0;
   for (const auto& file : files) {
     std::cout.flush();
+    const auto started = std::chrono::steady_clock::now();
     const pid_t pid = ::fork();
     if (pid < 0) {
       std::perror("fork");
@@ -122,7 +201,7 @@ int main(int argc, char** argv) {
       const rlimit mem{static_cast<rlim_t>(mem_mb) << 20, static_cast<rlim_t>(mem_mb) << 20};
       ::setrlimit(RLIMIT_AS, &mem);
       ::alarm(static_cast<unsigned>(timeout_s));
-      const int v = run_one(file, steps, scratch);
+      const int v = run_one(surface, file, steps, scratch);
       std::fflush(nullptr);
       ::_exit(v);
     }
@@ -142,8 +221,11 @@ int main(int argc, char** argv) {
       }
     }
     if (verdict != "ok" && verdict != "rejected") ++findings;
+    const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    char took[32];
+    std::snprintf(took, sizeof took, " [%.3f s]", wall_s);
     std::cout << file.string() << ": " << verdict
-              << (WIFSIGNALED(status) ? " (signal " + std::to_string(WTERMSIG(status)) + ")" : "") << "\n";
+              << (WIFSIGNALED(status) ? " (signal " + std::to_string(WTERMSIG(status)) + ")" : "") << took << "\n";
     std::error_code ec;
     fs::remove_all(scratch, ec);
   }

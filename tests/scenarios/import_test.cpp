@@ -276,6 +276,24 @@ TEST(ImportHf, Qwen3_30B_A3B_Dimensions) {
   EXPECT_TRUE(s.model.untie_embeddings_and_output_weights);
 }
 
+// Found by the importer mutation campaign (docs/fuzzing.md): a number too large for a double escaped
+// as a raw JSON library exception; a duplicate key kept its last value.
+TEST(ImportHf, NumbersOutOfRangeAndDuplicateKeysAreInputErrors) {
+  const std::string head = R"({"architectures": ["MixtralForCausalLM"], "num_hidden_layers": 2, )";
+  try {
+    (void)import_hf_config(head + R"("rms_norm_eps": 1e309})", "big.json");
+    FAIL() << "1e309 accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("big.json: a number out of range"), std::string::npos) << e.what();
+  }
+  try {
+    (void)import_hf_config(head + R"("num_hidden_layers": 4})", "dup.json");
+    FAIL() << "duplicate key accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("duplicate key \"num_hidden_layers\""), std::string::npos) << e.what();
+  }
+}
+
 TEST(ImportHf, QwenSparseStepAndDenseLlama) {
   auto d = import_hf_config(R"({"architectures": ["Qwen2MoeForCausalLM"], "num_hidden_layers": 6,
       "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 1000,

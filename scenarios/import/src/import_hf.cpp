@@ -11,6 +11,7 @@
 
 #include "threewalls/core/error.hpp"
 #include "threewalls/core/input_file.hpp"
+#include "threewalls/core/jsonl.hpp"
 #include "threewalls/scenarios/import.hpp"
 #include "threewalls/scenarios/registry.hpp"
 
@@ -401,7 +402,7 @@ class HfImporter {
 ScenarioDraft import_hf_config(const std::string& json_text, const std::string& file) {
   json j;
   try {
-    j = json::parse(json_text);
+    j = parse_json(json_text, file);  // refuses duplicate keys and numbers out of range
   } catch (const json::parse_error& e) {
     throw InputError(file + ": not valid JSON: " + e.what());
   }
