@@ -5,13 +5,17 @@
 # counts by outcome, the slowest mutants and every finding (crash, hang, memory, nan, sim-rejected).
 #
 # Usage: scripts/mutation_campaign.sh BUILD_DIR [--jobs N] [--count C] [--seed S] [--out DIR]
-#                                     [--timeout S] [--mem-mb M]
+#                                     [--timeout S] [--mem-mb M] [--minutes M]
 #   BUILD_DIR  a build with tests/fuzz/scenario_sim_runner (cmake --build BUILD_DIR --target scenario_sim_runner)
 #   --jobs     parallel jobs (default: the CPUs of the affinity mask); each child sim is single-threaded
 #   --count    mutants in all (default 5000)
 #   --out      where reports, logs and kept findings go (default BUILD_DIR/mutation-campaign)
 #   --timeout  seconds per mutant (default 60); --mem-mb address-space limit per mutant (default 4096)
+#   --minutes  each job stops making mutants after this long (0, the default: no limit) and still
+#              writes its report: for machines that limit a command's time (run the rest with other seeds)
 # Exit status 1 when any job found something; the summary is OUT/summary.txt and OUT/summary.json.
+# Reports are named by seed (OUT/job<seed>.json), and the summary joins every report in OUT: calls
+# with other --seed values into the same --out add up to one campaign.
 # With 16 jobs, keep --jobs x --mem-mb within the machine's memory (16 x 4096 MiB = 64 GiB).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -22,6 +26,7 @@ seed=20261127
 out=""
 timeout=60
 mem=4096
+minutes=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --jobs) jobs="$2"; shift 2 ;;
@@ -30,8 +35,9 @@ while [ $# -gt 0 ]; do
     --out) out="$2"; shift 2 ;;
     --timeout) timeout="$2"; shift 2 ;;
     --mem-mb) mem="$2"; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
-    -*) echo "mutation_campaign: unknown option $1 (allowed: --jobs --count --seed --out --timeout --mem-mb)" >&2; exit 2 ;;
+    --minutes) minutes="$2"; shift 2 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -*) echo "mutation_campaign: unknown option $1 (allowed: --jobs --count --seed --out --timeout --mem-mb --minutes)" >&2; exit 2 ;;
     *) if [ -z "$build" ]; then build="$1"; shift; else echo "mutation_campaign: one build directory expected, got also $1" >&2; exit 2; fi ;;
   esac
 done
@@ -51,8 +57,10 @@ for ((i = 0; i < jobs; i++)); do
   n=$per
   if [ $(( (i + 1) * per )) -gt "$count" ]; then n=$(( count - i * per )); fi
   [ "$n" -gt 0 ] || continue
-  python3 "$root/scripts/mutate_scenarios.py" "$runner" --count "$n" --seed $((seed + i)) --timeout "$timeout" \
-    --mem-mb "$mem" --keep "$out/job$i" --report "$out/job$i.json" --quiet > "$out/job$i.log" 2>&1 &
+  j=$((seed + i))
+  python3 "$root/scripts/mutate_scenarios.py" "$runner" --count "$n" --seed "$j" --timeout "$timeout" \
+    --mem-mb "$mem" --minutes "$minutes" --batch 5 --keep "$out/job$j" --report "$out/job$j.json" --quiet \
+    > "$out/job$j.log" 2>&1 &
   pids+=($!)
 done
 status=0
@@ -82,7 +90,8 @@ for s in slowest[:10]:
     print("  %7.2f s  %-12s %s: %s" % (s["seconds"], s["verdict"], s["seed"], s["edits"][:160]))
 for f in findings:
     print("FINDING %s: %s (%s; %s)" % (f["verdict"], f["kept"], f["seed"], "; ".join(f["edits"])[:200]))
-if len(reports) < jobs:
-    print("WARNING: %d of %d jobs wrote no report (see %s/job*.log)" % (jobs - len(reports), jobs, out))
+logs = len(glob.glob(os.path.join(out, "job*.log")))
+if len(reports) < logs:
+    print("WARNING: %d of %d jobs wrote no report (see %s/job*.log)" % (logs - len(reports), logs, out))
 EOF
 exit $status
