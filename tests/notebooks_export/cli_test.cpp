@@ -216,6 +216,47 @@ record_every_n_steps = 1
   EXPECT_NEAR(*s->phases.front().excess_pct, 50.0, 1.0);  // the factor 1.5 on that GPU's kernels
 }
 
+// A slow rank in a layout of several group kinds (TP2 PP2 EP2 on 8 GPUs, where the expansion refines
+// the classes of the ranks that wait for it): the step completes and analyze names that rank first.
+TEST(RunCommandsCli, AnalyzeNamesASlowRankOfATensorPipelineExpertLayout) {
+  const fs::path dir = fresh_dir("_slow_tp_pp_ep");
+  fs::create_directories(dir);
+  std::ofstream(dir / "slow.toml") << R"TOML(schema_version = 1
+name = "slow_tp_pp_ep"
+[model]
+num_layers = 4
+hidden_size = 1024
+num_attention_heads = 8
+vocab_size = 32000
+num_experts = 8
+moe_ffn_hidden_size = 512
+moe_router_topk = 2
+[parallel]
+tp = 2
+pp = 2
+ep = 2
+sequence_parallel = true
+[train]
+micro_batch_size = 1
+global_batch_size = 16
+seq_length = 1024
+[cluster]
+gpu = "h100"
+gpus_per_node = 8
+nodes = 1
+[[cluster.slowdown]]
+rank = 5
+factor = 3.0
+[run]
+steps = 1
+)TOML";
+  std::string out;
+  ASSERT_EQ(threewalls_cli("sim " + (dir / "slow.toml").string() + " --out " + (dir / "run").string(), out), 0) << out;
+  const Analysis a = analyze_run(profiler::RunDirReader::read(dir / "run"));
+  ASSERT_FALSE(a.slow_ranks.empty()) << format_analysis_text(a);
+  EXPECT_EQ(a.slow_ranks.front().rank, 5) << format_analysis_text(a);
+}
+
 // The Perfetto export of a simulated pipeline: no two slices of one track overlap (in the file's
 // integer nanoseconds), every recorded send has a flow to the receive it delivers to, and each
 // recorded rank has a memory counter.
