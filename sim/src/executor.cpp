@@ -144,6 +144,20 @@ double gemm_tiles(const Op& op) {
   return op.kind == OpKind::gemm ? t * static_cast<double>(std::max<std::int64_t>(s[3], 1)) : t;
 }
 
+}  // namespace
+
+double nccl_resident_factor(const OpCoster& coster, const Op& op, bool pending, bool transferring) {
+  if ((!pending && !transferring) || !coster.models_nccl_residency()) return 1.0;
+  const int k = compute_class(op);
+  const double tiles = gemm_tiles(op);
+  double f = 0.0;
+  if (pending) f = std::max(f, coster.nccl_resident_slowdown(0, k, tiles));
+  if (transferring) f = std::max(f, coster.nccl_resident_slowdown(1, k, tiles));
+  return f > 0.0 ? f : 1.0;
+}
+
+namespace {
+
 struct ClassState {
   const RankClass* rc = nullptr;
   int rep = -1;
@@ -819,13 +833,9 @@ class StepRun {
   // Slowdown of a kernel of class c's GPU for the NCCL kernels resident now: the larger of the
   // profile's factors of the cases present (pending, transferring); 1 with none resident.
   double nccl_slowdown(const ClassState& s, const Op& op) const {
-    if (!nccl_residency_ || (s.nccl_pending == 0 && s.nccl_transfer == 0)) return 1.0;
-    const int k = compute_class(op);
-    const double tiles = gemm_tiles(op);
-    double f = 0.0;
-    if (s.nccl_pending > 0) f = std::max(f, coster_.nccl_resident_slowdown(0, k, tiles));
-    if (s.nccl_transfer > 0) f = std::max(f, coster_.nccl_resident_slowdown(1, k, tiles));
-    return f > 0.0 ? f : 1.0;
+    if (!nccl_residency_) return 1.0;
+    return nccl_resident_factor(coster_, op, s.nccl_pending > 0 || opt_.pending_receive_throughout,
+                                s.nccl_transfer > 0);
   }
 
   // Moves op i of class c to residency phase `phase` (0 none, 1 pending, 2 transferring); when the

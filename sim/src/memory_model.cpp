@@ -184,48 +184,88 @@ double nccl_bytes(const Scenario& s, const scenarios::Layout& L) {
   return bytes;
 }
 
+// Device bytes of the p2p connections with one peer (docs/memory_model.md, "NCCL buffers per peer").
+// NCCL connects a peer on the first send or receive with it, over p2pnChannelsPerPeer channels, the
+// smallest channel count of any peer of the communicator (src/graph/paths.cc). An NVLink peer of a
+// communicator within one node: the measured p2p_peer_bytes (that many channels, each a 4 MiB
+// SIMPLE send buffer and the LL + LL128 receive buffers, each rounded up to 2 MiB: 12 MiB). An NVLink
+// peer of a communicator that spans nodes gets the network peers' channel count
+// (kNcclNetChannelsPerPeer, halved while channels x ceil(ranks / 8) exceed kNcclP2pChannels) at 12
+// MiB each, at most the measured bytes. A network peer: its SIMPLE traffic goes through the
+// communicator's shared pool (kNcclNetSharedPoolBytes, counted once per communicator) and its
+// per-connection structures live in host memory: no device bytes per peer.
+double nccl_p2p_peer_bytes(const NcclMemoryParams& m, bool network_peer, bool communicator_spans_nodes,
+                           int communicator_ranks) {
+  if (network_peer) return 0.0;
+  if (!communicator_spans_nodes) return m.p2p_peer.value;
+  int channels = kNcclNetChannelsPerPeer;
+  const int batches = (communicator_ranks + 7) / 8;
+  while (channels > 1 && channels * batches > kNcclP2pChannels) channels /= 2;
+  return std::min(m.p2p_peer.value, channels * kNcclP2pChannelBytes);
+}
+
 // NCCL memory from the calibration's nccl.memory points (docs/memory_model.md, "Buffers"), counted
 // the way threewalls run creates communicators (backend/cuda_device.hpp): one per (group, stream)
 // of the class's collectives, each communicator_bytes + collective_bytes; one two-rank communicator
 // per directed pair (peer, send or receive) of its send/recv ops, communicator_bytes each; and the
-// p2p connection buffers, p2p_peer_bytes per (group, peer) the class sends to or receives from,
-// all-to-all peers included (NCCL runs all-to-all over the same p2p connections): n - 1 per
-// all-to-all group of n ranks.
-double nccl_bytes_measured(const scenarios::StepGraph& graph, const scenarios::RankClass& rc,
-                           const NcclMemoryParams& m) {
-  const scenarios::Layout& L = graph.layout;
-  const int rep = rc.representative();
-  std::set<std::pair<int, int>> coll_comms;         // (group, stream)
-  std::set<std::tuple<int, int, bool>> p2p_comms;   // (group, peer rank, send)
-  std::set<std::pair<int, int>> peers;              // (group, peer rank)
-  for (const auto& op : rc.ops) {
+// p2p connection buffers of every (group, peer) the class sends to or receives from, all-to-all
+// peers included (NCCL runs all-to-all over the same p2p connections: n - 1 peers per all-to-all
+// group of n ranks), by where the peer is (nccl_p2p_peer_bytes).
+double nccl_bytes_measured(const scenarios::Layout& L, int rep, const std::vector<Op>& ops, const NcclMemoryParams& m) {
+  // The distinct communication ops first: a class repeats each per layer and micro-batch.
+  std::set<std::pair<int, int>> coll_comms;      // (group, stream)
+  std::set<int> a2a_groups;                      // groups of all-to-alls
+  std::set<std::tuple<int, int, bool>> p2p_ops;  // (group, peer offset, send)
+  for (const auto& op : ops) {
     if (op.kind == OpKind::collective && op.group != scenarios::Group::none && L.group_size(op.group) > 1) {
       coll_comms.insert({static_cast<int>(op.group), op.stream});
-      if (op.collective() == scenarios::Collective::all_to_all) {
-        for (int r : L.group_members(op.group, rep)) {
-          if (r != rep) peers.insert({static_cast<int>(op.group), r});
-        }
-      }
+      if (op.collective() == scenarios::Collective::all_to_all) a2a_groups.insert(static_cast<int>(op.group));
     } else if ((op.kind == OpKind::send || op.kind == OpKind::recv) && op.peer != 0 &&
                (op.group == scenarios::Group::pp || op.group == scenarios::Group::cp)) {
-      int peer = rep;
-      if (op.group == scenarios::Group::pp) {
-        const int pp = L.group_size(scenarios::Group::pp);
-        peer = L.rank_at_stage(rep, ((L.stage_of(rep) + op.peer) % pp + pp) % pp);
-      } else {
-        const auto members = L.group_members(scenarios::Group::cp, rep);
-        const int n = static_cast<int>(members.size());
-        const int idx = L.group_index(scenarios::Group::cp, rep);
-        peer = members[static_cast<std::size_t>(((idx + op.peer) % n + n) % n)];
-      }
-      if (peer == rep) continue;
-      p2p_comms.insert({static_cast<int>(op.group), peer, op.kind == OpKind::send});
-      peers.insert({static_cast<int>(op.group), peer});
+      p2p_ops.insert({static_cast<int>(op.group), op.peer, op.kind == OpKind::send});
     }
   }
+  // Communicators with their peers: (group, peer rank) -> whether its communicator spans nodes.
+  std::set<std::tuple<int, int, bool>> p2p_comms;  // (group, peer rank, send)
+  std::map<std::pair<int, int>, bool> peers;
+  std::set<std::pair<int, int>> network_comms;  // (group, peer rank or -1 for the group's): with network peers
+  for (const int g : a2a_groups) {
+    const auto group = static_cast<scenarios::Group>(g);
+    const bool spans = !L.group_within_node(group, rep);
+    for (int r : L.group_members(group, rep)) {
+      if (r == rep) continue;
+      peers[{g, r}] = peers[{g, r}] || spans;
+      if (L.node_of(r) != L.node_of(rep)) network_comms.insert({g, -1});
+    }
+  }
+  for (const auto& [g, offset, send] : p2p_ops) {
+    const auto group = static_cast<scenarios::Group>(g);
+    int peer = rep;
+    if (group == scenarios::Group::pp) {
+      const int pp = L.group_size(scenarios::Group::pp);
+      peer = L.rank_at_stage(rep, ((L.stage_of(rep) + offset) % pp + pp) % pp);
+    } else {
+      const auto members = L.group_members(scenarios::Group::cp, rep);
+      const int n = static_cast<int>(members.size());
+      const int idx = L.group_index(scenarios::Group::cp, rep);
+      peer = members[static_cast<std::size_t>(((idx + offset) % n + n) % n)];
+    }
+    if (peer == rep) continue;
+    p2p_comms.insert({g, peer, send});
+    const bool spans = L.node_of(peer) != L.node_of(rep);  // a two-rank communicator
+    peers[{g, peer}] = peers[{g, peer}] || spans;
+    if (spans) network_comms.insert({g, peer});
+  }
+  double peer_bytes = 0.0;
+  for (const auto& [key, spans] : peers) {
+    const auto group = static_cast<scenarios::Group>(key.first);
+    const bool network_peer = L.node_of(key.second) != L.node_of(rep);
+    const int comm_ranks = group == scenarios::Group::pp ? 2 : L.group_size(group);
+    peer_bytes += nccl_p2p_peer_bytes(m, network_peer, spans, comm_ranks);
+  }
   return static_cast<double>(coll_comms.size()) * (m.communicator.value + m.collective.value) +
-         static_cast<double>(p2p_comms.size()) * m.communicator.value +
-         static_cast<double>(peers.size()) * m.p2p_peer.value;
+         static_cast<double>(p2p_comms.size()) * m.communicator.value + peer_bytes +
+         static_cast<double>(network_comms.size()) * kNcclNetSharedPoolBytes;
 }
 
 // Largest transient buffer of the token dispatcher for one MoE layer.
@@ -248,6 +288,17 @@ double dispatcher_bytes(const Scenario& s, double expert_load, const scenarios::
     }
   }
   return 0.0;
+}
+
+// The ops that stand for `rc`'s (MemoryOptions::communication_ops): those of that graph's first class
+// on rc's pipeline stage; rc's own otherwise.
+const std::vector<Op>& communication_ops_of(const scenarios::RankClass& rc, const MemoryOptions& opt) {
+  if (opt.communication_ops != nullptr) {
+    for (const scenarios::RankClass& other : opt.communication_ops->classes) {
+      if (other.pp_stage == rc.pp_stage) return other.ops;
+    }
+  }
+  return rc.ops;
 }
 
 int captured_scopes(const scenarios::ExecOptions& e) {
@@ -360,7 +411,8 @@ MemoryReport memory_model(const Scenario& s, const scenarios::StepGraph& graph, 
       const int scopes = captured_scopes(inf.exec);
       b.graph_pools = Bytes(static_cast<double>(scopes) * rc.layers.size() * 2.0 * (2.0 * resid));
     }
-    const double nccl = opt.nccl ? nccl_bytes_measured(graph, rc, *opt.nccl) : nccl_bytes(s, L);
+    const double nccl =
+        opt.nccl ? nccl_bytes_measured(L, rep_rank, communication_ops_of(rc, opt), *opt.nccl) : nccl_bytes(s, L);
     b.buffers = Bytes(kCudaContextBytes + nccl + dispatcher_bytes(s, rc.expert_load, L, rep_rank) +
                       per_stream_runner_bytes(rc));
     report.classes.push_back(std::move(cm));

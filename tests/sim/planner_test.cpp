@@ -199,12 +199,15 @@ TEST(PlanEstimator, AgreesWithTheAnalyticSimulatorOnMixtral) {
   opt.steps = 1;
   const SimResult sim = simulate(s, h100().coster, ProfileInfoForHeader{"test", "", "h100", "test"}, opt);
   const double simulated = sim.summary.steps.back().step_time_us;
-  EXPECT_NEAR(r.step_time_us / simulated, 1.0, 0.05) << r.step_time_us << " vs " << simulated;
+  // A profile that models NCCL residency slows kernels beside the posted pipeline receives; the
+  // reduced runs charge them too (docs/planner.md).
+  EXPECT_NEAR(r.step_time_us / simulated, 1.0, 0.02) << r.step_time_us << " vs " << simulated;
   double peak = 0.0;
   for (const auto& cm : sim.memory.classes) peak = std::max(peak, cm.peak().value);
-  // The same memory model, on a skeleton graph: it lacks the ops, so not the per-stream OpRunner
-  // buffers of threewalls run (memory_model.cpp, per_stream_runner_bytes: a workspace and the largest
-  // op's bytes per further stream), under 2% of this layout's peak (docs/planner.md).
+  // The same memory model, on a skeleton graph with the NCCL communicators and peers of the
+  // candidate's own ops: it lacks only the per-stream OpRunner buffers of threewalls run
+  // (memory_model.cpp, per_stream_runner_bytes: a workspace and the largest op's bytes per further
+  // stream), under 2% of this layout's peak (docs/planner.md).
   EXPECT_LE(r.peak_bytes, peak);
   EXPECT_NEAR(r.peak_bytes / peak, 1.0, 0.02);
   const auto& w = r.walls;

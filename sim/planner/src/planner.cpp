@@ -229,6 +229,46 @@ bool dp_side_group(Group g) {
   return g == Group::dp || g == Group::dp_cp || g == Group::edp || g == Group::world || g == Group::embedding;
 }
 
+// The ops whose communicators, peers and streams size a stage's NCCL buffers (memory model,
+// MemoryOptions::communication_ops), for every candidate of one layout, dispatcher, CUDA-graph
+// scope set and precision: the candidate's own expansion, cut to what sets them apart. One layer per
+// virtual stage, an MoE layer in an MoE model (a dense layer's communicators are its attention's,
+// which an MoE layer has as well); one-row micro-batches without recomputation (a recomputed forward
+// runs on the forward's groups and streams); the micro-batches one pass of the schedule needs (1, or
+// pp for the interleaved schedule). Every stage keeps its pipeline peers and its data-parallel groups.
+scenarios::StepGraph communication_graph(const Scenario& s) {
+  Scenario r = s;
+  auto& p = r.parallel;
+  r.model.num_layers = p.pp * p.vpp;
+  r.model.first_dense_layers = 0;
+  r.model.moe_layer_freq = 1;
+  p.layers_per_stage.clear();
+  p.first_stage_layers = 0;
+  p.last_stage_layers = 0;
+  auto& t = *r.train;
+  const int m = p.vpp > 1 ? p.pp : 1;
+  t.global_batch_size = t.global_batch_size / (t.num_microbatches * t.micro_batch_size) * m;
+  t.micro_batch_size = 1;
+  t.num_microbatches = m;
+  t.recompute_granularity = RecomputeGranularity::none;
+  t.recompute_modules.clear();
+  scenarios::StepGraph g = scenarios::expand(r, 0);
+  // Only the distinct communication ops are read: keep one of each per class.
+  for (auto& rc : g.classes) {
+    std::set<std::tuple<int, int, int, int, int>> seen;
+    std::vector<Op> kept;
+    for (const Op& op : rc.ops) {
+      if (!op.is_comm()) continue;
+      if (seen.insert({static_cast<int>(op.kind), static_cast<int>(op.group), op.stream, op.sub, op.peer}).second) {
+        kept.push_back(op);
+      }
+    }
+    rc.ops = std::move(kept);
+    rc.deps.clear();
+  }
+  return g;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -394,12 +434,16 @@ struct PlanEstimator::Impl {
   // Bounded cache of reduced results: key -> (result, position in the LRU list).
   std::list<std::string> lru;
   std::unordered_map<std::string, std::pair<Reduced, std::list<std::string>::iterator>> cache;
+  // Communication graphs (communication_graph) of the layouts seen, bounded like the reduced cache.
+  std::list<std::string> comm_lru;
+  std::unordered_map<std::string, std::pair<scenarios::StepGraph, std::list<std::string>::iterator>> comm_cache;
 
   Impl(scenarios::LoadedScenario b, const OpCoster& c, int g, MemoryOptions m, std::size_t entries)
       : base(std::move(b)), coster(c), gpus(g), memory(m), cache_entries(std::max<std::size_t>(entries, 1)) {}
 
   Scenario candidate_scenario(const Candidate& c, scenarios::KeyLocations& where) const;
   Reduced reduced(const Scenario& s, const Candidate& c);
+  const scenarios::StepGraph& communication(const Scenario& s, const Candidate& c);
   Reduced run_reduced(const Scenario& s, const Candidate& c);
 };
 
@@ -484,7 +528,8 @@ Scenario PlanEstimator::scenario_of(const Candidate& c) const {
 Reduced PlanEstimator::Impl::reduced(const Scenario& s, const Candidate& c) {
   std::ostringstream key;
   key << c.tp << ' ' << c.cp << ' ' << c.ep << ' ' << c.etp << ' ' << c.mbs << ' ' << static_cast<int>(c.recompute)
-      << ' ' << static_cast<int>(c.dispatcher) << ' ' << c.cuda_graphs << ' ' << static_cast<int>(c.precision);
+      << ' ' << static_cast<int>(c.dispatcher) << ' ' << c.cuda_graphs << ' ' << static_cast<int>(c.precision) << ' '
+      << (c.pp > 1);
   const std::string k = key.str();
   auto it = cache.find(k);
   if (it != cache.end()) {
@@ -499,6 +544,24 @@ Reduced PlanEstimator::Impl::reduced(const Scenario& s, const Candidate& c) {
   lru.push_front(k);
   cache.emplace(k, std::make_pair(r, lru.begin()));
   return r;
+}
+
+const scenarios::StepGraph& PlanEstimator::Impl::communication(const Scenario& s, const Candidate& c) {
+  std::ostringstream key;
+  key << c.tp << ' ' << c.cp << ' ' << c.pp << ' ' << c.vpp << ' ' << c.ep << ' ' << c.etp << ' '
+      << static_cast<int>(c.dispatcher) << ' ' << c.cuda_graphs << ' ' << static_cast<int>(c.precision);
+  const std::string k = key.str();
+  auto it = comm_cache.find(k);
+  if (it != comm_cache.end()) {
+    comm_lru.splice(comm_lru.begin(), comm_lru, it->second.second);
+    return it->second.first;
+  }
+  if (comm_cache.size() >= std::min<std::size_t>(cache_entries, 64)) {
+    comm_cache.erase(comm_lru.back());
+    comm_lru.pop_back();
+  }
+  comm_lru.push_front(k);
+  return comm_cache.emplace(k, std::make_pair(communication_graph(s), comm_lru.begin())).first->second.first;
 }
 
 // The reduced scenario: the candidate without its pipeline, one micro-batch, 2 dense and 3 MoE
@@ -552,6 +615,9 @@ Reduced PlanEstimator::Impl::run_reduced(const Scenario& cand, const Candidate& 
   eo.fidelity = Fidelity::analytic;
   eo.routing_imbalance = t.routing_imbalance;
   eo.dispatch = expert_dispatch_of(r);
+  // A pipeline stage has a posted receive resident nearly all step (docs/planner.md): the reduced
+  // graph has no pipeline, so its kernels run beside one throughout.
+  eo.pending_receive_throughout = c.pp > 1;
   const Executor ex(coster, eo);
   const StepResult res = ex.run_step(g, platform, {}, 0.0, nullptr);
 
@@ -589,7 +655,9 @@ Reduced PlanEstimator::Impl::run_reduced(const Scenario& cand, const Candidate& 
       if (op.is_comm()) {
         sums[s].comm += tl.end[i] - tl.start[i];
       } else if (op.kind != OpKind::host && op.kind != OpKind::copy) {
-        sums[s].compute += coster.kernel_time(op).value + (op.graph ? hc.graph_node.value : 0.0);
+        sums[s].compute +=
+            coster.kernel_time(op).value * nccl_resident_factor(coster, op, eo.pending_receive_throughout, false) +
+            (op.graph ? hc.graph_node.value : 0.0);
       }
     }
     auto make = [](double span, const Span& sum) {
@@ -672,6 +740,7 @@ PlanRow PlanEstimator::evaluate(const Candidate& c) {
   }
   MemoryOptions memory = impl_->memory;
   if (!memory.nccl) memory.nccl = impl_->coster.nccl_memory();  // the profile's nccl.memory, when it has one
+  if (memory.nccl) memory.communication_ops = &impl_->communication(s, c);
   const MemoryReport mem = memory_model(s, skel, memory);
   for (const auto& cm : mem.classes) row.peak_bytes = std::max(row.peak_bytes, cm.peak().value);
   if (mem.oom()) {

@@ -63,7 +63,17 @@ struct ExecutorOptions {
   int hardware_queues = 8;
   // run.framework: pytorch_eager adds host.framework_op to every launch outside a CUDA-graph run.
   scenarios::Framework framework = scenarios::Framework::cpp;
+  // A pending NCCL kernel resident on every GPU for the whole step, besides the graph's own: the
+  // posted pipeline receive of a stage (a pipeline stage posts its receives ahead, each waits for
+  // its peer), for a graph that lacks the pipeline (the planner's reduced runs, docs/planner.md).
+  bool pending_receive_throughout = false;
 };
+
+// Slowdown (time with / time alone) of kernel op `op` while NCCL kernels are resident on its GPU:
+// the larger of the profile's factors (OpCoster::nccl_resident_slowdown) of the cases present, by
+// the op's compute class (GEMM with its 128 x 128 output tiles, attention, memory-bound); 1 when
+// none is resident or the coster does not model residency.
+double nccl_resident_factor(const OpCoster& coster, const scenarios::Op& op, bool pending, bool transferring);
 
 // The scenario's expert dispatch: train or infer token_dispatcher (flex, else alltoall), the model's
 // routed experts, top-k and router groups.

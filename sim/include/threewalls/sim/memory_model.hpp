@@ -30,6 +30,10 @@ struct MemoryOptions {
   // the planner fill it from their coster). Empty: the fixed constants kNcclBytesPerCommunicator /
   // kNcclBytesPerPeer below (docs/memory_model.md, "Buffers").
   std::optional<NcclMemoryParams> nccl{};
+  // Where the NCCL buffers of a class are counted (nccl measured): null, on the class's own ops;
+  // else on the ops of this graph's first class of the same pipeline stage, for a graph without
+  // ops (the planner's skeleton, docs/planner.md). Its layout must be the graph's.
+  const scenarios::StepGraph* communication_ops = nullptr;
 };
 
 // Bytes per parameter of weights + gradients + optimizer (bf16 weights, fp32 gradients, fp32 master
@@ -87,5 +91,18 @@ inline constexpr double kOpRunnerWorkspaceBytes = 32.0 * 1024 * 1024;  // per fu
 inline constexpr double kNcclBytesPerCommunicator = 64.0 * 1024 * 1024;
 inline constexpr double kNcclBytesPerPeer = 2.0 * 1024 * 1024;         // all-to-all peer buffers
 inline constexpr double kDeepEpBufferBytes = 1024.0 * 1024 * 1024;     // flex dispatcher, per buffer
+// NCCL's p2p buffers (docs/memory_model.md, "NCCL buffers per peer"; NVIDIA/nccl src/init.cc,
+// src/graph/paths.cc, src/transport/p2p.cc and net.cc, defaults of NCCL 2.19-2.28): one NVLink p2p
+// channel with a peer, both directions (a 4 MiB SIMPLE buffer and the 512 KiB LL + 4.7 MiB LL128
+// buffers, each allocation rounded up to CUDA_IPC_MIN, 2 MiB);
+inline constexpr double kNcclP2pChannelBytes = 12.0 * 1024 * 1024;
+// p2p channels of a communicator (MAXCHANNELS-bound p2pnChannels on H100 / H200 NVLink);
+inline constexpr int kNcclP2pChannels = 32;
+// channels per network peer: max(NICs, ceil(NIC bandwidth / NCCL_P2P_PER_CHANNEL_NET_BW 14 GB/s))
+// for one 400 Gb/s (50 GB/s) NIC per GPU;
+inline constexpr int kNcclNetChannelsPerPeer = 4;
+// a communicator's shared p2p network buffers (NCCL_NET_SHARED_BUFFERS, on by default), send and
+// receive: 2 x p2pnChannels x NCCL_SHARED_STEPS 16 x NCCL_P2P_NET_CHUNKSIZE 128 KiB.
+inline constexpr double kNcclNetSharedPoolBytes = 2.0 * kNcclP2pChannels * 16 * 128.0 * 1024;
 
 }  // namespace threewalls::sim
