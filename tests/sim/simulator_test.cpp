@@ -151,8 +151,11 @@ TEST(Simulator, OutOfMemoryIsReportedInTheSummaryWithItsBreakdown) {
   const Json sum = read_json_file(dir / "summary.json");
   const Json& mem = sum.at("memory");
   EXPECT_TRUE(mem.at("oom").get<bool>());
-  const auto graph = scenarios::expand(s, 0);
-  const MemoryReport model = memory_model(s, graph);
+  // The memory model with the options the simulator gives it (the profile's nccl.memory included).
+  SimOptions o;
+  o.fidelity = Fidelity::analytic;
+  o.steps = 1;
+  const MemoryReport model = simulate(s, "auto", o).memory;
   ASSERT_EQ(mem.at("classes").size(), model.classes.size());
   const Json& c = mem.at("classes").at(0);
   const auto& b = model.classes[0].breakdown;
@@ -311,7 +314,11 @@ steps = 1
   const SimResult r = simulate(s, "auto", o);
   const profiler::WallBreakdown& w = *r.summary.steps.at(0).walls;
   const double step = r.summary.steps.at(0).step_time_us;
-  EXPECT_NEAR(w.bubble_us / step, 3.0 / 11.0, 0.02);
+  // The 1F1B ideal assumes every micro-batch takes as long. With a profile that models NCCL
+  // residency (nccl.interference) kernels run slower beside a posted pipeline receive, and a stage's
+  // last micro-batches, after its last receive has arrived, run without one: not uniform, so the
+  // bubble share sits below the ideal (0.248 with the 4 x H100 profile; within 0.02 of it without).
+  EXPECT_NEAR(w.bubble_us / step, 3.0 / 11.0, 0.03);
   EXPECT_LT(w.communication_us / step, 0.01);
 }
 
