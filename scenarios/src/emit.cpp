@@ -154,53 +154,112 @@ Op Emitter::base_op(const Spec& sp, const std::string& phase, int layer, int mb,
     op.sub = static_cast<std::uint8_t>(c_.s.model.normalization == Normalization::layernorm ? NormKind::layernorm
                                                                                             : NormKind::rmsnorm);
   }
+  if (stream_override_ != kDefaultStream) op.stream = stream_override_;
   if (sp.kind == OpKind::host) op.stream = t_.stream("host", StreamKind::host);
   return op;
 }
 
+Emitter::Instance Emitter::begin_forward(const Program& p, int layer, int mb, int chunk, std::uint32_t input,
+                                         bool dense_layer) const {
+  Instance in;
+  in.p = &p;
+  in.layer = layer;
+  in.mb = mb;
+  in.chunk = chunk;
+  in.dense_layer = dense_layer;
+  in.input = input;
+  in.ids.assign(p.specs.size(), kNoOp);
+  return in;
+}
+
+Emitter::Instance Emitter::begin_backward(const Program& p, int layer, int mb, int chunk, std::uint32_t grad_in,
+                                          std::vector<std::uint32_t> recomputed, bool dense_layer) const {
+  Instance in;
+  in.p = &p;
+  in.layer = layer;
+  in.mb = mb;
+  in.chunk = chunk;
+  in.dense_layer = dense_layer;
+  in.grad_in = grad_in;
+  in.last = grad_in;
+  in.recomputed = std::move(recomputed);
+  const std::size_t n = p.specs.size();
+  in.grad_of.assign(n, kNoOp);
+  in.consumers.resize(n);
+  for (std::size_t j = 0; j < n; ++j) {
+    for (int a : p.specs[j].after) {
+      if (a >= 0) in.consumers[static_cast<std::size_t>(a)].push_back(static_cast<int>(j));
+    }
+  }
+  return in;
+}
+
 std::vector<std::uint32_t> Emitter::forward(const Program& p, int layer, int mb, int chunk, std::uint32_t input,
                                             bool recompute, const std::vector<bool>* subset, bool dense_layer) {
-  std::vector<std::uint32_t> ids(p.specs.size(), kNoOp);
+  Instance in = begin_forward(p, layer, mb, chunk, input, dense_layer);
+  forward_part(in, recompute, subset);
+  return std::move(in.ids);
+}
+
+std::size_t Emitter::forward_part(Instance& in, bool recompute, const std::vector<bool>* part, std::uint8_t stream) {
+  const Program& p = *in.p;
   const char* suffix = recompute ? "_recompute" : "_fwd";
+  stream_override_ = stream;
+  std::size_t emitted = 0;
   for (std::size_t i = 0; i < p.specs.size(); ++i) {
-    if (subset && !(*subset)[i]) continue;
+    if (part && !(*part)[i]) continue;
     const Spec& sp = p.specs[i];
     if (recompute && sp.kind == OpKind::host) continue;
     deps_.clear();
     for (int a : sp.after) {
       if (a < 0)
-        deps_.push_back(input);
+        deps_.push_back(in.input);
       else
-        deps_.push_back(ids[static_cast<std::size_t>(a)]);
+        deps_.push_back(in.ids[static_cast<std::size_t>(a)]);
     }
-    Op op = base_op(sp, sp.name + suffix, layer, mb, chunk, recompute ? kRecompute : 0, dense_layer);
-    ids[i] = b_.emit(op, deps_.data(), deps_.data() + deps_.size());
+    Op op = base_op(sp, sp.name + suffix, in.layer, in.mb, in.chunk, recompute ? kRecompute : 0, in.dense_layer);
+    in.ids[i] = b_.emit(op, deps_.data(), deps_.data() + deps_.size());
+    ++emitted;
   }
-  return ids;
+  stream_override_ = kDefaultStream;
+  return emitted;
 }
 
 std::uint32_t Emitter::backward(const Program& p, int layer, int mb, int chunk, std::uint32_t grad_in,
                                 const std::vector<std::uint32_t>& recomputed, bool dense_layer) {
+  Instance in = begin_backward(p, layer, mb, chunk, grad_in, recomputed, dense_layer);
+  backward_part(in, nullptr);
+  return in.backward_result();
+}
+
+std::size_t Emitter::backward_part(Instance& in, const std::vector<bool>* part, std::uint8_t stream,
+                                   std::vector<DeferredWgrad>* deferred) {
+  const Program& p = *in.p;
   const std::size_t n = p.specs.size();
-  // Consumers of each spec.
-  std::vector<std::vector<int>> consumers(n);
-  for (std::size_t j = 0; j < n; ++j) {
-    for (int a : p.specs[j].after) {
-      if (a >= 0) consumers[static_cast<std::size_t>(a)].push_back(static_cast<int>(j));
+  const int layer = in.layer;
+  const int mb = in.mb;
+  const int chunk = in.chunk;
+  const bool dense_layer = in.dense_layer;
+  stream_override_ = stream;
+  std::size_t emitted = 0;
+  auto emit_wgrad = [&](const Op& w, std::uint32_t dgrad) {
+    if (deferred) {
+      deferred->push_back({w, dgrad});
+    } else {
+      b_.emit(w, {dgrad});
+      ++emitted;
     }
-  }
-  std::vector<std::uint32_t> grad_of(n, kNoOp);  // op producing d(input of spec) ... i.e. the spec's dgrad
-  std::uint32_t last = grad_in;
-  std::uint32_t input_grad = kNoOp;
+  };
   for (std::size_t ii = n; ii-- > 0;) {
+    if (part && !(*part)[ii]) continue;
     const Spec& sp = p.specs[ii];
     if (sp.bwd == Bwd::none) continue;
     deps_.clear();
-    if (consumers[ii].empty() || ii == n - 1) deps_.push_back(grad_in);
-    for (int j : consumers[ii]) {
-      if (grad_of[static_cast<std::size_t>(j)] != kNoOp) deps_.push_back(grad_of[static_cast<std::size_t>(j)]);
+    if (in.consumers[ii].empty() || ii == n - 1) deps_.push_back(in.grad_in);
+    for (int j : in.consumers[ii]) {
+      if (in.grad_of[static_cast<std::size_t>(j)] != kNoOp) deps_.push_back(in.grad_of[static_cast<std::size_t>(j)]);
     }
-    if (recomputed.size() == n && recomputed[ii] != kNoOp) deps_.push_back(recomputed[ii]);
+    if (in.recomputed.size() == n && in.recomputed[ii] != kNoOp) deps_.push_back(in.recomputed[ii]);
     std::uint32_t id = kNoOp;
     const std::uint8_t fl = kBackward;
     switch (sp.bwd) {
@@ -212,7 +271,7 @@ std::uint32_t Emitter::backward(const Program& p, int layer, int mb, int chunk, 
         Op w = base_op(sp, sp.name + "_wgrad", layer, mb, chunk, fl | kWgrad, dense_layer);
         w.shape = {sp.shape[2], sp.shape[1], sp.shape[0], sp.shape[3], 0, 0};
         w.bytes = gemm_bytes(sp.shape[2], sp.shape[1], sp.shape[0], sp.dtype == DType::fp8 ? 1.0 : 2.0);
-        b_.emit(w, {id});
+        emit_wgrad(w, id);
         break;
       }
       case Bwd::grouped: {
@@ -222,7 +281,7 @@ std::uint32_t Emitter::backward(const Program& p, int layer, int mb, int chunk, 
         Op w = base_op(sp, sp.name + "_wgrad", layer, mb, chunk, fl | kWgrad, dense_layer);
         // dW_g [k x n] = X_g^T [k x r_g] dY_g [r_g x n]: the rows are the reduction dimension.
         w.shape = {sp.shape[0], sp.shape[1], sp.shape[2], sp.shape[3], sp.shape[4], 1};
-        b_.emit(w, {id});
+        emit_wgrad(w, id);
         break;
       }
       case Bwd::attention: {
@@ -262,14 +321,18 @@ std::uint32_t Emitter::backward(const Program& p, int layer, int mb, int chunk, 
       }
       case Bwd::none: break;
     }
-    grad_of[ii] = id;
-    if (id != kNoOp) last = id;
+    in.grad_of[ii] = id;
+    if (id != kNoOp) {
+      in.last = id;
+      ++emitted;
+    }
     // The program input's gradient comes from the specs that read the input.
     for (int a : sp.after) {
-      if (a < 0) input_grad = id;
+      if (a < 0) in.input_grad = id;
     }
   }
-  return input_grad != kNoOp ? input_grad : last;
+  stream_override_ = kDefaultStream;
+  return emitted;
 }
 
 }  // namespace detail

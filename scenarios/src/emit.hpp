@@ -59,6 +59,41 @@ class Emitter {
   std::uint32_t backward(const Program& p, int layer, int mb, int chunk, std::uint32_t grad_in,
                          const std::vector<std::uint32_t>& recomputed, bool dense_layer);
 
+  // A program instance emitted in parts (the nodes of a fine-grained schedule), each part a subset of
+  // its specs. Forward parts go in spec order and backward parts in reverse, so that every producer
+  // (forward) or consumer (backward) of a spec is emitted before it.
+  struct Instance {
+    const Program* p = nullptr;
+    int layer = 0, mb = 0, chunk = 0;
+    bool dense_layer = false;
+    std::uint32_t input = kNoOp;              // forward: the program's input
+    std::uint32_t grad_in = kNoOp;            // backward: gradient of the program's output
+    std::vector<std::uint32_t> ids;           // forward: op of each spec
+    std::vector<std::uint32_t> recomputed;    // backward: recomputed op of each spec (or empty)
+    std::vector<std::uint32_t> grad_of;       // backward: the op producing each spec's input gradient
+    std::vector<std::vector<int>> consumers;  // backward: consumers of each spec
+    std::uint32_t last = kNoOp;               // backward: the last op emitted
+    std::uint32_t input_grad = kNoOp;         // backward: the op producing the program input's gradient
+    [[nodiscard]] std::uint32_t backward_result() const { return input_grad != kNoOp ? input_grad : last; }
+  };
+  // A weight-gradient GEMM held back by backward_part, with the dgrad it follows.
+  struct DeferredWgrad {
+    Op op;
+    std::uint32_t after = kNoOp;
+  };
+  static constexpr std::uint8_t kDefaultStream = 0xFF;
+  Instance begin_forward(const Program& p, int layer, int mb, int chunk, std::uint32_t input, bool dense_layer) const;
+  Instance begin_backward(const Program& p, int layer, int mb, int chunk, std::uint32_t grad_in,
+                          std::vector<std::uint32_t> recomputed, bool dense_layer) const;
+  // Emits the forward ops of the specs in `part` (all when null), on `stream` unless kDefaultStream;
+  // returns the number of ops emitted.
+  std::size_t forward_part(Instance& in, bool recompute, const std::vector<bool>* part,
+                           std::uint8_t stream = kDefaultStream);
+  // Emits the backward ops of the specs in `part` (all when null), on `stream` unless kDefaultStream.
+  // With `deferred`, weight-gradient GEMMs are appended there instead of being emitted.
+  std::size_t backward_part(Instance& in, const std::vector<bool>* part, std::uint8_t stream = kDefaultStream,
+                            std::vector<DeferredWgrad>* deferred = nullptr);
+
  private:
   std::uint8_t stream_for(const Spec& sp);
   // The CUDA-graph scope that captures `sp` (0: none), from the scenario's cuda_graph_scope.
@@ -72,6 +107,7 @@ class Emitter {
   GraphTables& t_;
   ClassBuilder& b_;
   std::uint8_t compute_;
+  std::uint8_t stream_override_ = kDefaultStream;
   std::vector<std::uint32_t> deps_;
 };
 

@@ -157,6 +157,12 @@ void dense_mlp_block(const Ctx& c, Program& p, const std::string& prefix, std::i
 // experts, residual.
 void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input);
 Program layer_program(const Ctx& c, const ClassInfo& ci, int layer);
+// The nodes of a layer program in Megatron's fine-grained (combined 1F1B) schedule, as masks over its
+// specs: attention (everything before the token dispatch, the router and permute included), dispatch
+// (the dispatch all-to-all), experts (everything between dispatch and combine, and the shared experts)
+// and combine (the combine all-to-all and what follows it). A layer without a dispatch is one
+// attention node.
+std::array<std::vector<bool>, 4> fine_grained_nodes(const Program& p);
 Program embedding_program(const Ctx& c);
 Program head_program(const Ctx& c);
 

@@ -446,6 +446,31 @@ Program layer_program(const Ctx& c, const ClassInfo& ci, int layer) {
   return p;
 }
 
+std::array<std::vector<bool>, 4> fine_grained_nodes(const Program& p) {
+  const std::size_t n = p.specs.size();
+  std::array<std::vector<bool>, 4> nodes;
+  for (auto& m : nodes) m.assign(n, false);
+  std::size_t dispatch = n;
+  std::size_t combine = n;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (p.specs[i].name == "moe_dispatch" && dispatch == n) dispatch = i;
+    if (p.specs[i].name == "moe_combine" && combine == n) combine = i;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    std::size_t node = 0;
+    if (dispatch < n && i >= dispatch) {
+      if (i == dispatch)
+        node = 1;
+      else if (combine < n && i >= combine && p.specs[i].module != Module::shared)
+        node = 3;
+      else
+        node = 2;
+    }
+    nodes[node][i] = true;
+  }
+  return nodes;
+}
+
 Program embedding_program(const Ctx& c) {
   Program p;
   Spec emb = memory_op(OpKind::embedding, "embedding", {c.T, c.h, 0, 0, 0, 0}, 2.0 * c.T * c.h * kBf16Bytes + c.T * 8.0,

@@ -634,6 +634,18 @@ Registry::Registry() {
   Decl(r, "train.moe_shared_expert_overlap", ParamType::boolean).def("false")
       .doc("Run the shared experts on their own stream, overlapped with token dispatch and combine.")
       .bind(kTrain, &TrainSpec::moe_shared_expert_overlap);
+  Decl(r, "train.overlap_moe_expert_parallel_comm", ParamType::boolean).def("false")
+      .doc("Megatron's --overlap-moe-expert-parallel-comm (combined 1F1B): in the steady state the forward of one "
+           "micro-batch and the backward of another run layer by layer together, the dispatch and combine of "
+           "each on the expert-parallel communication stream while the other computes (docs/simulator.md, "
+           "\"Expert-parallel communication overlap\"). Needs ep > 1, the alltoall or flex dispatcher, no full "
+           "recompute, and pp = 1 or vpp > 1.")
+      .bind(kTrain, &TrainSpec::overlap_moe_expert_parallel_comm);
+  Decl(r, "train.delay_wgrad_compute", ParamType::boolean).def("false")
+      .doc("Megatron's --delay-wgrad-compute: with overlap_moe_expert_parallel_comm, the experts' weight-gradient "
+           "GEMMs are issued after the dispatch backward so that they overlap it, and a communication node waits "
+           "only for the data it moves, not for the weight gradients of the node before it.")
+      .bind(kTrain, &TrainSpec::delay_wgrad_compute);
   Decl(r, "train.routing_imbalance", ParamType::real).def("1.0").min(1.0)
       .doc("Load imbalance of the routing: tokens received by the busiest EP rank over the mean (1 = "
            "balanced). > 1 splits the ranks into hot and cold rank classes.")

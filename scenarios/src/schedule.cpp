@@ -5,7 +5,7 @@
 namespace threewalls::scenarios::detail {
 
 // Megatron-Core's order of forward and backward micro-batches on one pipeline rank.
-std::vector<SchedItem> schedule(int pp, int vpp, int microbatches, int stage) {
+std::vector<SchedItem> schedule(int pp, int vpp, int microbatches, int stage, int extra_warmup) {
   std::vector<SchedItem> out;
   const int M = microbatches;
   if (vpp == 1) {
@@ -21,7 +21,7 @@ std::vector<SchedItem> schedule(int pp, int vpp, int microbatches, int stage) {
   }
   // Interleaved (microbatch_group_size_per_vp_stage = pp).
   const int total = M * vpp;
-  int warmup = (pp - stage - 1) * 2 + (vpp - 1) * pp;
+  int warmup = (pp - stage - 1) * 2 + (vpp - 1) * pp + extra_warmup;
   warmup = std::min(warmup, total);
   const int remaining = total - warmup;
   auto chunk_of = [&](int k, bool fwd) {

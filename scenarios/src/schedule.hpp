@@ -11,7 +11,9 @@ struct SchedItem {
   int chunk;
 };
 
-// The items of pipeline stage `stage`, in issue order.
-std::vector<SchedItem> schedule(int pp, int vpp, int microbatches, int stage);
+// The items of pipeline stage `stage`, in issue order. `extra_warmup` adds forwards to the interleaved
+// schedule's warm-up (Megatron adds one with the expert-parallel overlap, so that the forward and the
+// backward it runs beside are independent).
+std::vector<SchedItem> schedule(int pp, int vpp, int microbatches, int stage, int extra_warmup = 0);
 
 }  // namespace threewalls::scenarios::detail

@@ -6,6 +6,7 @@
 #include "training.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <string>
 #include <unordered_map>
@@ -160,7 +161,7 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
   }
 
   // Last backward item of each chunk (when its gradient buckets become ready).
-  const auto items = schedule(c.pp, c.vpp, c.num_mb, stage);
+  const auto items = schedule(c.pp, c.vpp, c.num_mb, stage, t.overlap_moe_expert_parallel_comm && c.vpp > 1 ? 1 : 0);
   std::vector<int> last_bwd_item(static_cast<std::size_t>(c.vpp), -1);
   std::vector<bool> first_fwd_done(static_cast<std::size_t>(c.vpp), false);
   for (std::size_t i = 0; i < items.size(); ++i) {
@@ -236,103 +237,245 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
   };
 
   std::vector<std::uint32_t> copy_of_mb(static_cast<std::size_t>(c.num_mb), kNoOp);
-  for (std::size_t it = 0; it < items.size(); ++it) {
-    const SchedItem& item = items[it];
+
+  // ---- one forward item: input, embedding, layers, head or send ----
+  auto fwd_begin = [&](const SchedItem& item) {
     const int ch = item.chunk;
     const int mb = item.mb;
     const auto& ls = chunk_layers[static_cast<std::size_t>(ch)];
     const bool first_v = c.stages.is_first_vstage(stage, ch);
     const bool last_v = c.stages.is_last_vstage(stage, ch);
-    const int first_layer = ls.empty() ? -1 : ls.front();
-    const int last_layer = ls.empty() ? -1 : ls.back();
-    if (item.forward) {
-      std::uint32_t input = kNoOp;
-      if (first_v || last_v) {
-        emit_copy(mb, &copy_of_mb[static_cast<std::size_t>(mb)]);
-        if (first_v) input = copy_of_mb[static_cast<std::size_t>(mb)];
-      }
-      if (!first_v) input = p2p(false, true, mb, ch, first_layer, kNoOp);
-      if (first_v) {
-        std::uint32_t ag = kNoOp;
-        if (auto f = param_ag_of_layer.find(-1); f != param_ag_of_layer.end() && !first_fwd_done[0]) ag = f->second;
-        auto ids = em.forward(emb, -1, mb, ch, input, false, nullptr, false);
-        b.add_dep(ids.front(), ag);
-        input = ids.back();
-      }
-      for (int l : ls) {
-        std::uint32_t in = input;
-        auto f = param_ag_of_layer.find(l);
-        const Program& p = programs.at(l);
-        auto ids = em.forward(p, l, mb, ch, in, false, nullptr, !c.s.model.layer_is_moe(l));
-        if (f != param_ag_of_layer.end() && !first_fwd_done[static_cast<std::size_t>(ch)]) {
-          b.add_dep(ids.front(), f->second);  // the layer's parameters, first micro-batch only
-        }
-        input = ids.back();
-      }
-      if (last_v) {
-        auto ids = em.forward(head, -1, mb, ch, input, false, nullptr, false);
-        input = ids.back();
-      } else {
-        const int recv_chunk = (stage == c.pp - 1) ? ch + 1 : ch;
-        p2p(true, true, mb, recv_chunk, last_layer, input);
-      }
-      first_fwd_done[static_cast<std::size_t>(ch)] = true;
+    std::uint32_t input = kNoOp;
+    if (first_v || last_v) {
+      emit_copy(mb, &copy_of_mb[static_cast<std::size_t>(mb)]);
+      if (first_v) input = copy_of_mb[static_cast<std::size_t>(mb)];
+    }
+    if (!first_v) input = p2p(false, true, mb, ch, ls.empty() ? -1 : ls.front(), kNoOp);
+    if (first_v) {
+      std::uint32_t ag = kNoOp;
+      if (auto f = param_ag_of_layer.find(-1); f != param_ag_of_layer.end() && !first_fwd_done[0]) ag = f->second;
+      auto ids = em.forward(emb, -1, mb, ch, input, false, nullptr, false);
+      b.add_dep(ids.front(), ag);
+      input = ids.back();
+    }
+    return input;
+  };
+  // The layer's parameters gate the first op of its first micro-batch's forward.
+  auto param_gate = [&](int l, int ch, std::uint32_t first_op) {
+    auto f = param_ag_of_layer.find(l);
+    if (f != param_ag_of_layer.end() && !first_fwd_done[static_cast<std::size_t>(ch)]) b.add_dep(first_op, f->second);
+  };
+  auto fwd_end = [&](const SchedItem& item, std::uint32_t input) {
+    const int ch = item.chunk;
+    const auto& ls = chunk_layers[static_cast<std::size_t>(ch)];
+    if (c.stages.is_last_vstage(stage, ch)) {
+      auto ids = em.forward(head, -1, item.mb, ch, input, false, nullptr, false);
+      input = ids.back();
     } else {
-      std::uint32_t grad = kNoOp;
-      if (last_v) {
-        auto ids = std::vector<std::uint32_t>{};
-        grad = em.backward(head, -1, mb, ch, static_cast<std::uint32_t>(rc.ops.size() - 1), ids, false);
+      const int recv_chunk = (stage == c.pp - 1) ? ch + 1 : ch;
+      p2p(true, true, item.mb, recv_chunk, ls.empty() ? -1 : ls.back(), input);
+    }
+    first_fwd_done[static_cast<std::size_t>(ch)] = true;
+    return input;
+  };
+
+  // ---- one backward item: head or receive, layers in reverse, embedding or send ----
+  auto bwd_begin = [&](const SchedItem& item, std::uint32_t head_grad_in) {
+    const int ch = item.chunk;
+    const auto& ls = chunk_layers[static_cast<std::size_t>(ch)];
+    if (c.stages.is_last_vstage(stage, ch)) {
+      auto ids = std::vector<std::uint32_t>{};
+      return em.backward(head, -1, item.mb, ch, head_grad_in, ids, false);
+    }
+    return p2p(false, false, item.mb, ch, ls.empty() ? -1 : ls.back(), kNoOp);
+  };
+  // Overlapped gradient reduction: buckets close as the last micro-batch's backward passes.
+  auto close_buckets = [&](std::size_t it, int ch, int closing_layer) {
+    if (!t.overlap_grad_reduce || static_cast<int>(it) != last_bwd_item[static_cast<std::size_t>(ch)]) return;
+    for (const auto& bk : buckets) {
+      if (bk.chunk == ch && bk.closing_layer == closing_layer && bucket_needs_comm(bk)) {
+        b.emit(bucket_op(bk, true), {static_cast<std::uint32_t>(rc.ops.size() - 1)});
+      }
+    }
+  };
+  // Selective recompute of layer l ahead of its backward (empty when nothing is recomputed).
+  auto selective_recompute = [&](int l, int mb, int ch) {
+    std::vector<std::uint32_t> rec;
+    if (t.recompute_granularity != RecomputeGranularity::selective) return rec;
+    const Program& p = programs.at(l);
+    const bool moe = c.s.model.layer_is_moe(l);
+    std::vector<bool> subset(p.specs.size(), false);
+    bool any = false;
+    for (std::size_t i = 0; i < p.specs.size(); ++i) {
+      subset[i] = recompute_selected(t, p.specs[i], moe);
+      any = any || subset[i];
+    }
+    if (any) rec = em.forward(p, l, mb, ch, kNoOp, true, &subset, !moe);
+    return rec;
+  };
+  auto bwd_end = [&](std::size_t it, const SchedItem& item, std::uint32_t grad) {
+    const int ch = item.chunk;
+    const auto& ls = chunk_layers[static_cast<std::size_t>(ch)];
+    if (c.stages.is_first_vstage(stage, ch)) {
+      std::vector<std::uint32_t> none;
+      em.backward(emb, -1, item.mb, ch, grad, none, false);
+      close_buckets(it, ch, -1);
+    } else {
+      const int recv_chunk = (stage == 0) ? ch - 1 : ch;
+      p2p(true, false, item.mb, recv_chunk, ls.empty() ? -1 : ls.front(), grad);
+    }
+  };
+
+  auto emit_forward = [&](const SchedItem& item) {
+    std::uint32_t input = fwd_begin(item);
+    for (int l : chunk_layers[static_cast<std::size_t>(item.chunk)]) {
+      auto ids = em.forward(programs.at(l), l, item.mb, item.chunk, input, false, nullptr, !c.s.model.layer_is_moe(l));
+      param_gate(l, item.chunk, ids.front());
+      input = ids.back();
+    }
+    return fwd_end(item, input);
+  };
+  auto emit_backward = [&](std::size_t it, const SchedItem& item) {
+    const int ch = item.chunk;
+    const int mb = item.mb;
+    const auto& ls = chunk_layers[static_cast<std::size_t>(ch)];
+    std::uint32_t grad = bwd_begin(item, static_cast<std::uint32_t>(rc.ops.size() - 1));
+    const int count = static_cast<int>(ls.size());
+    for (int idx = count - 1; idx >= 0; --idx) {
+      const int l = ls[static_cast<std::size_t>(idx)];
+      std::vector<std::uint32_t> rec;
+      auto [g0, g1] = full_recompute(ch, idx);
+      if (g0 >= 0 && idx == g1) {
+        // Re-run the forward of the whole checkpoint group, then go backward through it.
+        std::uint32_t in = kNoOp;
+        for (int j = g0; j <= g1; ++j) {
+          const int lj = ls[static_cast<std::size_t>(j)];
+          auto ids = em.forward(programs.at(lj), lj, mb, ch, in, true, nullptr, !c.s.model.layer_is_moe(lj));
+          in = ids.back();
+        }
       } else {
-        grad = p2p(false, false, mb, ch, last_layer, kNoOp);
+        rec = selective_recompute(l, mb, ch);
       }
-      const int count = static_cast<int>(ls.size());
-      for (int idx = count - 1; idx >= 0; --idx) {
-        const int l = ls[static_cast<std::size_t>(idx)];
-        const Program& p = programs.at(l);
-        const bool moe = c.s.model.layer_is_moe(l);
-        std::vector<std::uint32_t> rec;
-        auto [g0, g1] = full_recompute(ch, idx);
-        if (g0 >= 0 && idx == g1) {
-          // Re-run the forward of the whole checkpoint group, then go backward through it.
-          std::uint32_t in = kNoOp;
-          for (int j = g0; j <= g1; ++j) {
-            const int lj = ls[static_cast<std::size_t>(j)];
-            auto ids = em.forward(programs.at(lj), lj, mb, ch, in, true, nullptr, !c.s.model.layer_is_moe(lj));
-            in = ids.back();
-          }
-        } else if (t.recompute_granularity == RecomputeGranularity::selective) {
-          std::vector<bool> subset(p.specs.size(), false);
-          bool any = false;
-          for (std::size_t i = 0; i < p.specs.size(); ++i) {
-            subset[i] = recompute_selected(t, p.specs[i], moe);
-            any = any || subset[i];
-          }
-          if (any) rec = em.forward(p, l, mb, ch, kNoOp, true, &subset, !moe);
-        }
-        grad = em.backward(p, l, mb, ch, grad, rec, !moe);
-        // Overlapped gradient reduction: buckets close as the last micro-batch's backward passes.
-        if (t.overlap_grad_reduce && static_cast<int>(it) == last_bwd_item[static_cast<std::size_t>(ch)]) {
-          for (const auto& bk : buckets) {
-            if (bk.chunk == ch && bk.closing_layer == l && bucket_needs_comm(bk)) {
-              b.emit(bucket_op(bk, true), {static_cast<std::uint32_t>(rc.ops.size() - 1)});
-            }
-          }
-        }
+      grad = em.backward(programs.at(l), l, mb, ch, grad, rec, !c.s.model.layer_is_moe(l));
+      close_buckets(it, ch, l);
+    }
+    bwd_end(it, item, grad);
+  };
+
+  // ---- expert-parallel communication overlap (Megatron's combined 1F1B) ----
+  // A forward item and an adjacent backward item of another micro-batch (or chunk) run together, layer
+  // by layer: forward layers in order paired with backward layers in reverse. Each layer is cut into
+  // four nodes, attention (A: up to the permute before the dispatch), dispatch (D), experts (M: with
+  // the shared experts) and combine (C: the combine, unpermute and residual); D and C run on the
+  // expert-parallel communication stream. Per layer pair the issue order is
+  //   B.C | F.A | F.D | B.M | B.D | [B.M weight gradients] | F.M | F.C | B.A
+  // so that the combine backward overlaps the forward attention, the forward dispatch and the backward
+  // dispatch the expert GEMMs, and the forward combine the backward attention. Without
+  // delay_wgrad_compute a node waits for the whole node issued before it in its own chain.
+  const bool ep_overlap = t.overlap_moe_expert_parallel_comm;
+  std::unordered_map<int, std::array<std::vector<bool>, 4>> nodes;  // layer -> A, D, M, C masks
+  std::unordered_map<int, std::uint32_t> head_fwd;                  // mb * vpp + chunk -> head output
+  std::uint8_t ep_stream = 0;
+  if (ep_overlap) {
+    ep_stream = tables.stream("ep_comm", StreamKind::communication);
+    for (int l : rc.layers) nodes.emplace(l, fine_grained_nodes(programs.at(l)));
+  }
+  auto emit_pair = [&](std::size_t it_f, const SchedItem& f, std::size_t it_b, const SchedItem& bw) {
+    enum { kA = 0, kD = 1, kM = 2, kC = 3 };
+    std::uint32_t f_in = fwd_begin(f);
+    std::uint32_t b_grad = kNoOp;
+    {
+      auto h = head_fwd.find(bw.mb * c.vpp + bw.chunk);
+      b_grad = bwd_begin(bw, h != head_fwd.end() ? h->second : static_cast<std::uint32_t>(rc.ops.size() - 1));
+    }
+    const auto& lf = chunk_layers[static_cast<std::size_t>(f.chunk)];
+    const auto& lb = chunk_layers[static_cast<std::size_t>(bw.chunk)];
+    const std::size_t nf = lf.size();
+    const std::size_t nb = lb.size();
+    std::uint32_t f_prev = f_in;    // last op of the forward's previous node
+    std::uint32_t b_prev = b_grad;  // last op of the backward's previous node
+    // Emits one node; a communication node waits for the chain's previous node unless weight
+    // gradients are delayed.
+    auto node = [&](auto&& emit_fn, std::uint32_t& prev, bool comm) {
+      const auto first = static_cast<std::uint32_t>(rc.ops.size());
+      if (emit_fn() == 0) return kNoOp;
+      if (comm && !t.delay_wgrad_compute) b.add_dep(first, prev);
+      prev = static_cast<std::uint32_t>(rc.ops.size() - 1);
+      return first;
+    };
+    std::vector<Emitter::DeferredWgrad> deferred;
+    for (std::size_t i = 0; i < std::max(nf, nb); ++i) {
+      const bool has_f = i < nf;
+      const bool has_b = i < nb;
+      Emitter::Instance fi;
+      Emitter::Instance bi;
+      const std::array<std::vector<bool>, 4>* fn = nullptr;
+      const std::array<std::vector<bool>, 4>* bn = nullptr;
+      int l_f = -1;
+      int l_b = -1;
+      if (has_b) {
+        l_b = lb[nb - 1 - i];
+        bn = &nodes.at(l_b);
+        auto rec = selective_recompute(l_b, bw.mb, bw.chunk);
+        bi = em.begin_backward(programs.at(l_b), l_b, bw.mb, bw.chunk, b_grad, std::move(rec),
+                               !c.s.model.layer_is_moe(l_b));
       }
-      if (first_v) {
-        std::vector<std::uint32_t> none;
-        grad = em.backward(emb, -1, mb, ch, grad, none, false);
-        if (t.overlap_grad_reduce && static_cast<int>(it) == last_bwd_item[static_cast<std::size_t>(ch)]) {
-          for (const auto& bk : buckets) {
-            if (bk.chunk == ch && bk.closing_layer == -1 && bucket_needs_comm(bk)) {
-              b.emit(bucket_op(bk, true), {static_cast<std::uint32_t>(rc.ops.size() - 1)});
-            }
-          }
-        }
-      } else {
-        const int recv_chunk = (stage == 0) ? ch - 1 : ch;
-        p2p(true, false, mb, recv_chunk, first_layer, grad);
+      if (has_f) {
+        l_f = lf[i];
+        fn = &nodes.at(l_f);
+        fi = em.begin_forward(programs.at(l_f), l_f, f.mb, f.chunk, f_in, !c.s.model.layer_is_moe(l_f));
       }
+      if (has_b) node([&] { return em.backward_part(bi, &(*bn)[kC], ep_stream); }, b_prev, true);
+      if (has_f) {
+        const std::uint32_t first = node([&] { return em.forward_part(fi, false, &(*fn)[kA]); }, f_prev, false);
+        if (first != kNoOp) param_gate(l_f, f.chunk, first);
+        node([&] { return em.forward_part(fi, false, &(*fn)[kD], ep_stream); }, f_prev, true);
+      }
+      if (has_b) {
+        deferred.clear();
+        node(
+            [&] {
+              return em.backward_part(bi, &(*bn)[kM], Emitter::kDefaultStream,
+                                      t.delay_wgrad_compute ? &deferred : nullptr);
+            },
+            b_prev, false);
+        node([&] { return em.backward_part(bi, &(*bn)[kD], ep_stream); }, b_prev, true);
+        for (const auto& w : deferred) b.emit(w.op, {w.after});
+      }
+      if (has_f) {
+        node([&] { return em.forward_part(fi, false, &(*fn)[kM]); }, f_prev, false);
+        node([&] { return em.forward_part(fi, false, &(*fn)[kC], ep_stream); }, f_prev, true);
+        f_in = fi.ids.back();
+      }
+      if (has_b) {
+        node([&] { return em.backward_part(bi, &(*bn)[kA]); }, b_prev, false);
+        b_grad = bi.backward_result();
+        close_buckets(it_b, bw.chunk, l_b);
+      }
+    }
+    head_fwd[f.mb * c.vpp + f.chunk] = fwd_end(f, f_in);
+    bwd_end(it_b, bw, b_grad);
+    (void)it_f;
+  };
+
+  for (std::size_t it = 0; it < items.size(); ++it) {
+    const SchedItem& item = items[it];
+    if (ep_overlap && it + 1 < items.size()) {
+      const SchedItem& next = items[it + 1];
+      if (item.forward != next.forward && !(item.mb == next.mb && item.chunk == next.chunk)) {
+        if (item.forward)
+          emit_pair(it, item, it + 1, next);
+        else
+          emit_pair(it + 1, next, it, item);
+        ++it;
+        continue;
+      }
+    }
+    if (item.forward) {
+      const std::uint32_t out = emit_forward(item);
+      if (ep_overlap) head_fwd[item.mb * c.vpp + item.chunk] = out;
+    } else {
+      emit_backward(it, item);
     }
   }
 

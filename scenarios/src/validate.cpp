@@ -49,6 +49,9 @@ const std::vector<RuleInfo> kRules = {
     {"moe-tp-sp", "An MoE model with tp > 1 and ep > 1 needs sequence_parallel (Megatron-Core)."},
     {"fp8-dims", "fp8 needs hidden_size and every FFN size divisible by 16."},
     {"overlap-param-gather", "overlap_param_gather needs use_distributed_optimizer and overlap_grad_reduce."},
+    {"ep-comm-overlap",
+     "overlap_moe_expert_parallel_comm needs ep > 1, token_dispatcher alltoall or flex, no full recompute, and "
+     "pp = 1 or vpp > 1 (Megatron-Core); delay_wgrad_compute needs overlap_moe_expert_parallel_comm."},
     {"recompute",
      "selective recompute needs recompute_modules that exist in the model (moe*, shared_experts, "
      "mla_up_proj); full/block recompute_num_layers must not exceed the layers of a stage."},
@@ -394,6 +397,26 @@ void check_train(Scenario& s, Reporter& r, bool split_ok) {
   if (t.overlap_param_gather && (!t.use_distributed_optimizer || !t.overlap_grad_reduce)) {
     r.fail("overlap-param-gather", "train.overlap_param_gather",
            "overlap_param_gather needs use_distributed_optimizer = true and overlap_grad_reduce = true");
+  }
+  if (t.overlap_moe_expert_parallel_comm) {
+    const std::string key = "train.overlap_moe_expert_parallel_comm";
+    if (p.ep <= 1) r.fail("ep-comm-overlap", key, "overlap_moe_expert_parallel_comm needs ep > 1");
+    if (t.exec.token_dispatcher == Dispatcher::allgather) {
+      r.fail("ep-comm-overlap", key,
+             "overlap_moe_expert_parallel_comm needs token_dispatcher = \"alltoall\" or \"flex\" (got \"allgather\")");
+    }
+    if (t.recompute_granularity == RecomputeGranularity::full) {
+      r.fail("ep-comm-overlap", key, "overlap_moe_expert_parallel_comm cannot be combined with full recompute");
+    }
+    if (p.pp > 1 && p.vpp <= 1) {
+      r.fail("ep-comm-overlap", key,
+             "overlap_moe_expert_parallel_comm with pp = " + num(p.pp) +
+                 " needs the interleaved schedule (vpp > 1), as Megatron-Core does");
+    }
+  }
+  if (t.delay_wgrad_compute && !t.overlap_moe_expert_parallel_comm) {
+    r.fail("ep-comm-overlap", "train.delay_wgrad_compute",
+           "delay_wgrad_compute needs overlap_moe_expert_parallel_comm = true");
   }
   if (t.recompute_granularity == RecomputeGranularity::selective) {
     if (t.recompute_modules.empty()) {

@@ -114,9 +114,13 @@ double layer_activation_bytes(const Scenario& s, int layer, double expert_load, 
   return bytes;
 }
 
-int inflight_chunk_microbatches(int pp, int vpp, int stage, int microbatches) {
-  if (vpp <= 1) return std::max(1, std::min(pp - stage, microbatches));
-  const int warmup = 2 * (pp - stage - 1) + (vpp - 1) * pp;
+int inflight_chunk_microbatches(int pp, int vpp, int stage, int microbatches, bool ep_overlap) {
+  // With the expert-parallel overlap (combined 1F1B) a forward runs beside the backward of an earlier
+  // micro-batch, before that backward frees its activations: one more chunk-micro-batch in flight
+  // (Megatron adds one warm-up micro-batch to the interleaved schedule for it).
+  const int extra = ep_overlap ? 1 : 0;
+  if (vpp <= 1) return std::max(1, std::min(pp - stage + extra, microbatches));
+  const int warmup = 2 * (pp - stage - 1) + (vpp - 1) * pp + extra;
   return std::max(1, std::min(warmup + 1, microbatches * vpp));
 }
 
@@ -367,7 +371,7 @@ MemoryReport memory_model(const Scenario& s, const scenarios::StepGraph& graph, 
       if (first) edge_per_mb += resid + (opt.dropout ? resid / 2.0 : 0.0);
       if (last) edge_per_mb += 2.0 * resid + 4.0 * Tmb * V / s.parallel.tp;
       const int m = tr.num_microbatches;
-      const int inflight = inflight_chunk_microbatches(pp, vpp, rc.pp_stage, m);
+      const int inflight = inflight_chunk_microbatches(pp, vpp, rc.pp_stage, m, tr.overlap_moe_expert_parallel_comm);
       cm.inflight = inflight;
       const double per_chunk_mb = stored_per_mb / vpp;
       // The embedding and output tensors belong to the first and last model chunk only: about one in

@@ -109,6 +109,10 @@ TEST(MemoryModel, MicroBatchesInFlightFollowTheSchedule) {
   // Interleaved: 2 (p - s - 1) + (v - 1) p + 1 chunks; for p 8, v 4 the first stage holds 39 chunks
   // = 9.75 stages' worth, the paper's p (1 + (p - 1) / (p v)).
   EXPECT_EQ(inflight_chunk_microbatches(8, 4, 0, 64), 39);
+  // The expert-parallel overlap keeps one more chunk-micro-batch (Megatron's extra warm-up step).
+  EXPECT_EQ(inflight_chunk_microbatches(8, 4, 0, 64, true), 40);
+  EXPECT_EQ(inflight_chunk_microbatches(1, 1, 0, 64, true), 2);
+  EXPECT_EQ(inflight_chunk_microbatches(1, 1, 0, 1, true), 1);
   EXPECT_DOUBLE_EQ(39.0 / 4.0, 8.0 * (1.0 + 7.0 / 32.0));
 }
 

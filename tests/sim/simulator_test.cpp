@@ -322,5 +322,54 @@ steps = 1
   EXPECT_LT(w.communication_us / step, 0.01);
 }
 
+TEST(Simulator, ExpertParallelOverlapHidesPartOfTheDispatchAndCombine) {
+  // An MoE model whose EP group spans two nodes (the all-to-all crosses the network): the combined
+  // 1F1B step hides dispatch and combine behind the other micro-batch's compute, and delaying the
+  // expert weight gradients hides the dispatch backward a little more. Neither can hide more than the
+  // communication the step exposes without overlap.
+  auto scenario = [](const std::string& train_extra) {
+    return from_text(R"(schema_version = 1
+name = "ep_overlap"
+[model]
+num_layers = 4
+hidden_size = 2048
+num_attention_heads = 16
+kv_channels = 128
+vocab_size = 50304
+num_experts = 64
+moe_ffn_hidden_size = 1024
+moe_router_topk = 8
+[parallel]
+ep = 4
+[train]
+micro_batch_size = 1
+global_batch_size = 16
+seq_length = 4096
+)" + train_extra + R"(
+[cluster]
+gpu = "h200"
+gpus_per_node = 2
+nodes = 2
+[run]
+steps = 1
+)");
+  };
+  auto run = [](const scenarios::Scenario& s) {
+    SimOptions o;
+    o.fidelity = Fidelity::analytic;
+    const SimResult r = simulate(s, "auto", o);
+    return std::make_pair(r.summary.steps.at(0).step_time_us, r.summary.steps.at(0).walls->communication_us);
+  };
+  const auto [base, base_comm] = run(scenario(""));
+  const auto [overlap, overlap_comm] = run(scenario("overlap_moe_expert_parallel_comm = true"));
+  const auto [delayed, delayed_comm] =
+      run(scenario("overlap_moe_expert_parallel_comm = true\ndelay_wgrad_compute = true"));
+  EXPECT_GT(base_comm / base, 0.4);  // the case is communication-bound without overlap
+  EXPECT_LT(overlap, 0.9 * base);
+  EXPECT_LE(delayed, overlap);
+  EXPECT_LT(overlap_comm, 0.7 * base_comm);
+  EXPECT_GT(overlap, base - base_comm);  // the hidden time is at most the exposed communication
+}
+
 }  // namespace
 }  // namespace threewalls::sim

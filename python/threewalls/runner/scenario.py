@@ -91,6 +91,8 @@ _TRAIN = dict(_COMMON_STEP, **{
     "overlap_param_gather": (False, (False,), bool),
     "tp_comm_overlap": (False, (False,), bool),
     "moe_shared_expert_overlap": (False, _ANY, bool),
+    "overlap_moe_expert_parallel_comm": (False, (False,), bool),
+    "delay_wgrad_compute": (False, (False,), bool),
     "routing_imbalance": (1.0, (1.0,), float),
     "grad_bucket_size": (40000000.0, _ANY, float),
 })

@@ -801,9 +801,6 @@ const std::vector<std::pair<std::vector<std::string>, std::string>>& ignored_fla
 
 const std::vector<std::pair<std::vector<std::string>, std::string>>& unrepresented_flags() {
   static const std::vector<std::pair<std::vector<std::string>, std::string>> k = {
-      {{"--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"},
-       "1F1B overlap of EP all-to-all with another micro-batch's compute: no registry key; the step is "
-       "modelled without it"},
       {{"--mtp-num-layers"}, "multi-token prediction layers: not modelled (no registry key)"},
       {{"--fp8-param-gather", "--reuse-grad-buf-for-mxfp8-param-ag"},
        "fp8 parameter all-gather: the distributed optimizer's all-gather is modelled in bf16"},
@@ -1277,6 +1274,15 @@ class MegatronImporter {
       }
     }
     if (has("--moe-shared-expert-overlap")) set_bool("train", "moe_shared_expert_overlap", true);
+    if (has("--overlap-moe-expert-parallel-comm")) set_bool("train", "overlap_moe_expert_parallel_comm", true);
+    if (has("--delay-wgrad-compute")) {
+      if (has("--overlap-moe-expert-parallel-comm")) {
+        set_bool("train", "delay_wgrad_compute", true);
+      } else {
+        unrepresented("--delay-wgrad-compute",
+                      "without --overlap-moe-expert-parallel-comm: weight gradients are not delayed");
+      }
+    }
     map_cuda_graphs();
     if (auto bucket = integer("--ddp-bucket-size")) {
       d_.set("train", "grad_bucket_size", *bucket);

@@ -165,6 +165,99 @@ TEST(StepGraph, InterleavedScheduleRunsEveryChunkOfEveryMicrobatch) {
   EXPECT_EQ(count_phase(g, first, "pp_recv_fwd"), M);
 }
 
+// Index of the first op of `phase` (layer, micro-batch) in issue order; -1 when absent.
+long op_index(const StepGraph& g, const RankClass& rc, const std::string& phase, int layer, int mb) {
+  for (std::size_t i = 0; i < rc.ops.size(); ++i) {
+    const Op& op = rc.ops[i];
+    if (g.phase_name(op) == phase && op.layer == layer && op.microbatch == mb) return static_cast<long>(i);
+  }
+  return -1;
+}
+
+TEST(StepGraph, ExpertParallelOverlapRunsAForwardBesideAnotherMicrobatchsBackward) {
+  // pp = 1, two micro-batches: forward 0 alone, then forward 1 beside backward 0, then backward 1.
+  const std::string overlap = "overlap_moe_expert_parallel_comm = true";
+  const Scenario base = test::scenario_from(test::small_moe("ep = 4", "", 4));
+  const Scenario s = test::scenario_from(test::small_moe("ep = 4", overlap, 4));
+  ASSERT_EQ(s.train->num_microbatches, 2);
+  const StepGraph gb = expand(base);
+  const StepGraph g = expand(s);
+  check_invariants(s, g);
+  ASSERT_EQ(g.classes.size(), 1U);
+  const RankClass& rc = g.classes[0];
+  // The same ops, issued in another order and on other streams.
+  EXPECT_EQ(rc.ops.size(), gb.classes[0].ops.size());
+  for (const auto& ph : {"attn_qkv_fwd", "moe_dispatch_fwd", "moe_combine_bwd", "expert_fc1_wgrad", "optimizer_step"}) {
+    EXPECT_EQ(count_phase(g, rc, ph), count_phase(gb, gb.classes[0], ph)) << ph;
+  }
+  // The paired items' dispatch and combine run on the expert-parallel communication stream; the
+  // unpaired first forward keeps its collectives on the compute stream.
+  EXPECT_EQ(g.stream_name(*find_op(g, rc, "moe_dispatch_fwd", 0, 1)), "ep_comm");
+  EXPECT_EQ(g.stream_name(*find_op(g, rc, "moe_combine_fwd", 3, 1)), "ep_comm");
+  EXPECT_EQ(g.stream_name(*find_op(g, rc, "moe_combine_bwd", 3, 0)), "ep_comm");
+  EXPECT_EQ(g.stream_name(*find_op(g, rc, "moe_dispatch_fwd", 0, 0)), "compute");
+  EXPECT_EQ(g.stream_name(*find_op(g, rc, "expert_fc1_fwd", 0, 1)), "compute");
+  // Layer pairs: forward layer i with backward layer 3 - i, in Megatron's node order
+  // B.combine | F.attention | F.dispatch | B.experts | B.dispatch | F.experts | F.combine | B.attention.
+  const long b_combine = op_index(g, rc, "moe_combine_bwd", 3, 0);
+  const long f_attn = op_index(g, rc, "attn_qkv_fwd", 0, 1);
+  const long f_dispatch = op_index(g, rc, "moe_dispatch_fwd", 0, 1);
+  const long b_experts = op_index(g, rc, "expert_fc2_dgrad", 3, 0);
+  const long b_dispatch = op_index(g, rc, "moe_dispatch_bwd", 3, 0);
+  const long f_experts = op_index(g, rc, "expert_fc1_fwd", 0, 1);
+  const long f_combine = op_index(g, rc, "moe_combine_fwd", 0, 1);
+  const long b_attn = op_index(g, rc, "attn_qkv_dgrad", 3, 0);
+  const long next_pair = op_index(g, rc, "moe_combine_bwd", 2, 0);
+  EXPECT_TRUE(b_combine >= 0 && b_combine < f_attn && f_attn < f_dispatch && f_dispatch < b_experts &&
+              b_experts < b_dispatch && b_dispatch < f_experts && f_experts < f_combine && f_combine < b_attn &&
+              b_attn < next_pair)
+      << b_combine << " " << f_attn << " " << f_dispatch << " " << b_experts << " " << b_dispatch << " " << f_experts
+      << " " << f_combine << " " << b_attn << " " << next_pair;
+  // Without the overlap, forward 1 is issued after the whole of backward 0.
+  EXPECT_LT(op_index(gb, gb.classes[0], "attn_qkv_dgrad", 0, 0), op_index(gb, gb.classes[0], "attn_qkv_fwd", 0, 1));
+}
+
+TEST(StepGraph, DelayedWeightGradientsFollowTheDispatchBackward) {
+  const std::string overlap = "overlap_moe_expert_parallel_comm = true";
+  const Scenario s = test::scenario_from(test::small_moe("ep = 4", overlap, 4));
+  const Scenario d = test::scenario_from(test::small_moe("ep = 4", overlap + "\ndelay_wgrad_compute = true", 4));
+  const StepGraph gs = expand(s);
+  const StepGraph gd = expand(d);
+  const RankClass& rs = gs.classes[0];
+  const RankClass& rd = gd.classes[0];
+  // Backward 0 runs beside forward 1: its expert weight gradients come before its dispatch backward,
+  // or after it when delayed.
+  EXPECT_LT(op_index(gs, rs, "expert_fc1_wgrad", 3, 0), op_index(gs, rs, "moe_dispatch_bwd", 3, 0));
+  EXPECT_GT(op_index(gd, rd, "expert_fc1_wgrad", 3, 0), op_index(gd, rd, "moe_dispatch_bwd", 3, 0));
+  EXPECT_GT(op_index(gd, rd, "expert_fc2_wgrad", 3, 0), op_index(gd, rd, "moe_dispatch_bwd", 3, 0));
+  // The unpaired backward 1 is not reordered.
+  EXPECT_LT(op_index(gd, rd, "expert_fc1_wgrad", 3, 1), op_index(gd, rd, "moe_dispatch_bwd", 3, 1));
+  EXPECT_EQ(rs.ops.size(), rd.ops.size());
+}
+
+TEST(StepGraph, ExpertParallelOverlapAddsAWarmupForwardToTheInterleavedSchedule) {
+  const std::string overlap = "overlap_moe_expert_parallel_comm = true";
+  const Scenario base = test::scenario_from(test::small_moe("pp = 2\nvpp = 2\nep = 2", "", 4));
+  const Scenario s = test::scenario_from(test::small_moe("pp = 2\nvpp = 2\nep = 2", overlap, 4));
+  const StepGraph gb = expand(base);
+  const StepGraph g = expand(s);
+  check_invariants(s, g);
+  for (std::size_t k = 0; k < g.classes.size(); ++k) {
+    auto forwards_before_first_backward = [](const StepGraph& gg, const RankClass& rc) {
+      int n = 0;
+      for (const auto& op : rc.ops) {
+        if (gg.phase_name(op) == "attn_qkv_dgrad") break;
+        n += gg.phase_name(op) == "attn_qkv_fwd" && op.layer >= 0 ? 1 : 0;
+      }
+      return n;
+    };
+    // Megatron's warm-up + 1, and then the first steady forward runs beside the first backward.
+    EXPECT_EQ(forwards_before_first_backward(g, g.classes[k]), forwards_before_first_backward(gb, gb.classes[k]) + 1)
+        << "stage " << g.classes[k].pp_stage;
+    EXPECT_EQ(g.classes[k].ops.size(), gb.classes[k].ops.size());
+  }
+}
+
 TEST(StepGraph, DistributedOptimizerReducesGradientsAndGathersParameters) {
   Scenario s = test::scenario_from(test::small_moe("ep = 2", "overlap_grad_reduce = true", 4));
   StepGraph g = expand(s);

@@ -133,6 +133,11 @@ struct TrainSpec {
   bool overlap_param_gather = false;
   bool tp_comm_overlap = false;
   bool moe_shared_expert_overlap = false;
+  // Megatron's combined 1F1B: the forward of one micro-batch and the backward of another run layer by
+  // layer together, each one's dispatch/combine on the expert-parallel communication stream while the
+  // other computes.
+  bool overlap_moe_expert_parallel_comm = false;
+  bool delay_wgrad_compute = false;  // expert weight-gradient GEMMs issued after the dispatch backward
   double routing_imbalance = 1.0;  // max / mean tokens received per EP rank (1 = balanced)
   double grad_bucket_size_params = 40e6;
 

@@ -48,8 +48,9 @@ double layer_activation_bytes(const scenarios::Scenario& s, int layer, double ex
                               bool apply_selective_recompute = true);
 
 // Micro-batches in flight on `stage`, in units of one model chunk (a stage's layers / vpp):
-// 1F1B min(pp - stage, m); interleaved min(2 (pp - stage - 1) + (vpp - 1) pp + 1, m vpp).
-int inflight_chunk_microbatches(int pp, int vpp, int stage, int microbatches);
+// 1F1B min(pp - stage, m); interleaved min(2 (pp - stage - 1) + (vpp - 1) pp + 1, m vpp); one more
+// with the expert-parallel overlap (train.overlap_moe_expert_parallel_comm).
+int inflight_chunk_microbatches(int pp, int vpp, int stage, int microbatches, bool ep_overlap = false);
 
 struct MemoryBreakdown {
   Bytes weights;
