@@ -84,7 +84,7 @@ CostModel::CostModel(CostModel&&) noexcept = default;
 CostModel& CostModel::operator=(CostModel&&) noexcept = default;
 
 // t = max((F + tail 2 k Tm Tn SMs) / (P e_max k/(k+k_half)), B / BW) + t0   (GemmModel, "gemm_roofline_v2")
-Seconds CostModel::gemm(std::int64_t m, std::int64_t n, std::int64_t k, Dtype dt, std::int64_t batch) const {
+Seconds CostModel::gemm(std::int64_t m, std::int64_t n, std::int64_t k, DType dt, std::int64_t batch) const {
   require_non_negative(m, "gemm", "m");
   require_non_negative(n, "gemm", "n");
   require_non_negative(k, "gemm", "k");
@@ -94,7 +94,7 @@ Seconds CostModel::gemm(std::int64_t m, std::int64_t n, std::int64_t k, Dtype dt
 
 // t = max(waves 2 Tm Tn (k+k_half) / (P_sm e_max), B / BW) + t0   (GroupedGemmModel)
 Seconds CostModel::grouped_gemm(std::int64_t groups, std::int64_t total_rows, std::int64_t max_rows, std::int64_t n,
-                                std::int64_t k, Dtype dt) const {
+                                std::int64_t k, DType dt) const {
   require_non_negative(groups, "grouped_gemm", "groups");
   require_non_negative(total_rows, "grouped_gemm", "total_rows");
   require_non_negative(max_rows, "grouped_gemm", "max_rows");
@@ -196,13 +196,13 @@ std::optional<Seconds> CostModel::fitted_kernel(std::string_view kernel_family, 
   return Seconds(it->second.time_s(inputs));
 }
 
-Seconds CostModel::copy(CopyDirection dir, Bytes bytes) const {
+Seconds CostModel::copy(CopyKind dir, Bytes bytes) const {
   require_bytes(bytes, "copy");
   return Seconds(impl_->need(impl_->copy[idx(dir)], [&] { return copy_family(dir); }).time_s(bytes.value));
 }
 
 // t = c(S) (alpha + (S f(n)) / beta_eff(S))   (CollectiveModel, c = 1 without correction knots)
-CollectiveParams CostModel::collective_params(CollectiveKind kind, Bytes bytes, int group_size, Scope scope) const {
+CollectiveParams CostModel::collective_params(Collective kind, Bytes bytes, int group_size, LinkScope scope) const {
   require_bytes(bytes, "collective_params");
   if (group_size < 1) {
     throw InputError("CostModel::collective_params: group_size = " + std::to_string(group_size) + " must be >= 1");
@@ -214,7 +214,7 @@ CollectiveParams CostModel::collective_params(CollectiveKind kind, Bytes bytes, 
                           BytesPerSecond(model.bus_bandwidth_bytes_per_s(bytes.value, group_size))};
 }
 
-Seconds CostModel::collective(CollectiveKind kind, Bytes bytes, int group_size, Scope scope) const {
+Seconds CostModel::collective(Collective kind, Bytes bytes, int group_size, LinkScope scope) const {
   const CollectiveParams p = collective_params(kind, bytes, group_size, scope);
   if (!(bytes.value > 0)) return p.latency;
   // The exact expression documented for flow simulators: alpha + (S * f) / beta_eff.
@@ -290,11 +290,11 @@ double CostModel::stream_concurrency(int streams, double sm_fraction) const {
   return impl_->need(impl_->concurrency, [&] { return std::string(kConcurrencyFamily); }).speedup(streams, sm_fraction);
 }
 
-FlopsPerSecond CostModel::peak_flops(Dtype dt) const { return FlopsPerSecond(impl_->hardware.peak_flop_per_s(dt)); }
+FlopsPerSecond CostModel::peak_flops(DType dt) const { return FlopsPerSecond(impl_->hardware.peak_flop_per_s(dt)); }
 
 // The measured copy bandwidth counted as read + write: twice the large-size rate of copy.d2d.
 BytesPerSecond CostModel::hbm_bandwidth() const {
-  const auto& d2d = impl_->need(impl_->copy[idx(CopyDirection::d2d)], [&] { return copy_family(CopyDirection::d2d); });
+  const auto& d2d = impl_->need(impl_->copy[idx(CopyKind::d2d)], [&] { return copy_family(CopyKind::d2d); });
   return BytesPerSecond(2.0 * d2d.asymptotic_bandwidth_bytes_per_s());
 }
 

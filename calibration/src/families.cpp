@@ -10,12 +10,12 @@
 
 namespace threewalls::calibration {
 
-std::string gemm_family(Dtype dt) { return std::string("gemm.") + to_string(dt); }
-std::string grouped_gemm_family(Dtype dt) { return std::string("grouped_gemm.") + to_string(dt); }
+std::string gemm_family(DType dt) { return std::string("gemm.") + to_string(dt); }
+std::string grouped_gemm_family(DType dt) { return std::string("grouped_gemm.") + to_string(dt); }
 std::string attention_family(bool backward) { return backward ? "attention.bwd" : "attention.fwd"; }
 std::string attention_fused_family(bool backward) { return backward ? "attention_fused.bwd" : "attention_fused.fwd"; }
-std::string copy_family(CopyDirection dir) { return std::string("copy.") + to_string(dir); }
-std::string collective_family(CollectiveKind kind, Scope scope) {
+std::string copy_family(CopyKind dir) { return std::string("copy.") + to_string(dir); }
+std::string collective_family(Collective kind, LinkScope scope) {
   return std::string("collective.") + to_string(kind) + "." + to_string(scope);
 }
 std::string host_family(std::string_view what) { return "host." + std::string(what); }
@@ -82,14 +82,11 @@ double Family::param(std::string_view key) const {
 
 const std::vector<double>& Family::param_array(std::string_view key) const { return params[param_index(*this, key)]; }
 
-double Hardware::peak_flop_per_s(Dtype dt) const {
+double Hardware::peak_flop_per_s(DType dt) const {
   switch (dt) {
-    case Dtype::bf16:
-      return peak_bf16_flop_per_s;
-    case Dtype::fp8:
-      return peak_fp8_flop_per_s;
-    case Dtype::fp32:
-      return peak_fp32_flop_per_s;
+    case DType::bf16: return peak_bf16_flop_per_s;
+    case DType::fp8: return peak_fp8_flop_per_s;
+    case DType::fp32: return peak_fp32_flop_per_s;
   }
   return 0.0;
 }

@@ -53,30 +53,24 @@ void require_device(const DeviceConstants& d, double bw, const char* what) {
 
 }  // namespace
 
-ElementBytes element_bytes(Dtype dt) {
+ElementBytes element_bytes(DType dt) {
   switch (dt) {
-    case Dtype::bf16:
-      return {2, 2};
-    case Dtype::fp8:
-      return {1, 2};
-    case Dtype::fp32:
-      return {4, 4};
+    case DType::bf16: return {2, 2};
+    case DType::fp8: return {1, 2};
+    case DType::fp32: return {4, 4};
   }
   return {2, 2};
 }
 
-double bus_bandwidth_factor(CollectiveKind kind, int group_size) {
+double bus_bandwidth_factor(Collective kind, int group_size) {
   const double n = static_cast<double>(group_size);
   switch (kind) {
-    case CollectiveKind::all_reduce:
-      return 2.0 * (n - 1.0) / n;
-    case CollectiveKind::all_gather:
-    case CollectiveKind::reduce_scatter:
-    case CollectiveKind::all_to_all:
-      return (n - 1.0) / n;
-    case CollectiveKind::broadcast:
-    case CollectiveKind::send_recv:
-      return 1.0;
+    case Collective::all_reduce: return 2.0 * (n - 1.0) / n;
+    case Collective::all_gather:
+    case Collective::reduce_scatter:
+    case Collective::all_to_all: return (n - 1.0) / n;
+    case Collective::broadcast:
+    case Collective::send_recv: return 1.0;
   }
   return 1.0;
 }
@@ -844,7 +838,7 @@ std::optional<CollectiveCandidate> fit_collective_candidate(const std::vector<Co
 
 }  // namespace
 
-CollectiveModel CollectiveModel::fit(CollectiveKind kind, const std::vector<Sample>& samples, bool with_correction) {
+CollectiveModel CollectiveModel::fit(Collective kind, const std::vector<Sample>& samples, bool with_correction) {
   std::map<int, std::vector<Sample>> by_n;
   for (const auto& s : samples) {
     require_positive_time(s.seconds, "collective");

@@ -67,14 +67,14 @@ void ProfileBuilder::add_point(std::string_view family, std::vector<double> inpu
   points_[spec.name].push_back(Point{std::move(inputs), std::move(time)});
 }
 
-void ProfileBuilder::add_gemm(Dtype dt, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch,
+void ProfileBuilder::add_gemm(DType dt, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch,
                               Measurement time) {
   add_point(gemm_family(dt),
             {static_cast<double>(m), static_cast<double>(n), static_cast<double>(k), static_cast<double>(batch)},
             std::move(time));
 }
 
-void ProfileBuilder::add_grouped_gemm(Dtype dt, std::int64_t groups, std::int64_t total_rows, std::int64_t max_rows,
+void ProfileBuilder::add_grouped_gemm(DType dt, std::int64_t groups, std::int64_t total_rows, std::int64_t max_rows,
                                       std::int64_t n, std::int64_t k, Measurement time) {
   add_point(grouped_gemm_family(dt),
             {static_cast<double>(groups), static_cast<double>(total_rows), static_cast<double>(max_rows),
@@ -98,11 +98,11 @@ void ProfileBuilder::add_norm(Bytes bytes, Measurement time) {
   add_point(kNormFamily, {std::round(bytes.value)}, std::move(time));
 }
 
-void ProfileBuilder::add_copy(CopyDirection dir, Bytes bytes, Measurement time) {
+void ProfileBuilder::add_copy(CopyKind dir, Bytes bytes, Measurement time) {
   add_point(copy_family(dir), {std::round(bytes.value)}, std::move(time));
 }
 
-void ProfileBuilder::add_collective(CollectiveKind kind, Scope scope, int group_size, Bytes bytes, Measurement time) {
+void ProfileBuilder::add_collective(Collective kind, LinkScope scope, int group_size, Bytes bytes, Measurement time) {
   add_point(collective_family(kind, scope), {static_cast<double>(group_size), std::round(bytes.value)},
             std::move(time));
 }

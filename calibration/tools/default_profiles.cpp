@@ -112,21 +112,21 @@ void add_copies(ProfileBuilder& b, const Facts& f) {
                       std::string("bandwidth: ") + std::to_string(k.fraction) + " x the HBM copy fact (" + k.source +
                           "); latency 2.5 us (assumption)");
   }
-  add_linear_family(b, copy_family(CopyDirection::d2d), 2.5e-6, f.hbm_copy_rw / 2.0, hbm_sizes,
+  add_linear_family(b, copy_family(CopyKind::d2d), 2.5e-6, f.hbm_copy_rw / 2.0, hbm_sizes,
                     "bytes copied at half the HBM copy read+write fact (a copy reads and writes each byte); latency "
                     "2.5 us (assumption)");
   const std::string pinned_note =
       "bandwidth: PCIe pinned 55 GB/s for >= 16 MiB (fact, docs/architecture.md); latency 3 us (assumption: DMA setup)";
-  add_linear_family(b, copy_family(CopyDirection::h2d_pinned), 3e-6, 55e9, pcie_sizes, pinned_note);
-  add_linear_family(b, copy_family(CopyDirection::d2h_pinned), 3e-6, 55e9, pcie_sizes, pinned_note);
+  add_linear_family(b, copy_family(CopyKind::h2d_pinned), 3e-6, 55e9, pcie_sizes, pinned_note);
+  add_linear_family(b, copy_family(CopyKind::d2h_pinned), 3e-6, 55e9, pcie_sizes, pinned_note);
   add_linear_family(
-      b, copy_family(CopyDirection::h2d_pageable), 10e-6, 16e9, pcie_sizes,
+      b, copy_family(CopyKind::h2d_pageable), 10e-6, 16e9, pcie_sizes,
       "bandwidth: pageable H2D ~16 GB/s (fact on H200, docs/architecture.md); latency 10 us (assumption: staging)");
   add_linear_family(
-      b, copy_family(CopyDirection::d2h_pageable), 10e-6, 16e9, pcie_sizes,
+      b, copy_family(CopyKind::d2h_pageable), 10e-6, 16e9, pcie_sizes,
       "no fact for D2H pageable: assumed equal to the H2D pageable fact (16 GB/s); latency 10 us (assumption)");
   add_linear_family(
-      b, copy_family(CopyDirection::disk_read), 80e-6, 6.5e9, sizes(64 * kKiB, 1 * kGiB, 4),
+      b, copy_family(CopyKind::disk_read), 80e-6, 6.5e9, sizes(64 * kKiB, 1 * kGiB, 4),
       "no fact: assumed a PCIe Gen4 NVMe SSD (datasheet ~7 GB/s sequential read; 6.5 GB/s effective, 80 us latency)");
 }
 
@@ -162,17 +162,17 @@ void add_gemm_bf16(ProfileBuilder& b, const Facts& f) {
         "middles)";
   }
   for (const auto& p : pts) {
-    b.add_gemm(Dtype::bf16, static_cast<std::int64_t>(p.m), static_cast<std::int64_t>(p.n),
+    b.add_gemm(DType::bf16, static_cast<std::int64_t>(p.m), static_cast<std::int64_t>(p.n),
                static_cast<std::int64_t>(p.k), 1, one(gemm_seconds(p.m, p.n, p.k, p.tflops)));
   }
-  b.set_note(gemm_family(Dtype::bf16), note);
+  b.set_note(gemm_family(DType::bf16), note);
 }
 
 void add_grouped_bf16(ProfileBuilder& b, const Facts& f) {
   const double t = 0.49e-3 / f.compute_ratio;
-  b.add_grouped_gemm(Dtype::bf16, 64, 64 * 768, 768, 1408, 2048, one(t));
+  b.add_grouped_gemm(DType::bf16, 64, 64 * 768, 768, 1408, 2048, one(t));
   b.set_note(
-      grouped_gemm_family(Dtype::bf16),
+      grouped_gemm_family(DType::bf16),
       f.kind == "h200"
           ? "fact (H200, docs/architecture.md): 64 experts x 768 tokens (torch._grouped_mm) 0.49 ms; taken as N=1408 "
             "K=2048 (the shape of the GEMM facts); one point, so only e_max is fitted and leave-one-out is not "
@@ -191,19 +191,19 @@ GemmModel fp8_truth(const Family& bf16, const Hardware& hw) {
   m.overhead_s = bf16.param("overhead_s");
   m.memory_bandwidth_bytes_per_s = bf16.param("memory_bandwidth_bytes_per_s");
   m.device = {hw.sm_count, hw.peak_fp8_flop_per_s};
-  m.elements = element_bytes(Dtype::fp8);
+  m.elements = element_bytes(DType::fp8);
   return m;
 }
 
 void add_gemm_fp8(ProfileBuilder& b, const Profile& stage1) {
-  const GemmModel truth = fp8_truth(stage1.family(gemm_family(Dtype::bf16)), stage1.hardware());
+  const GemmModel truth = fp8_truth(stage1.family(gemm_family(DType::bf16)), stage1.hardware());
   for (std::int64_t m : {1024, 4096, 16384}) {
     for (auto [n, k] : {std::pair<std::int64_t, std::int64_t>{1408, 2048}, {4096, 4096}, {8192, 8192}}) {
-      b.add_gemm(Dtype::fp8, m, n, k, 1, one(truth.time_s(m, n, k, 1)));
+      b.add_gemm(DType::fp8, m, n, k, 1, one(truth.time_s(m, n, k, 1)));
     }
   }
   b.set_note(
-      gemm_family(Dtype::fp8),
+      gemm_family(DType::fp8),
       "no fp8 facts: points generated from this profile's bf16 fit on the datasheet fp8 peak (1979 TFLOP/s) with "
       "e_max x 0.8 (assumption: fp8 kernels reach a lower fraction of their peak), fp8 inputs, same tile, k_half, wave "
       "tail, "
@@ -211,7 +211,7 @@ void add_gemm_fp8(ProfileBuilder& b, const Profile& stage1) {
 }
 
 void add_grouped_fp8(ProfileBuilder& b, const Profile& stage1) {
-  const Family& g = stage1.family(grouped_gemm_family(Dtype::bf16));
+  const Family& g = stage1.family(grouped_gemm_family(DType::bf16));
   const Hardware& hw = stage1.hardware();
   GroupedGemmModel truth;
   truth.tile_m = static_cast<int>(g.param("tile_m"));
@@ -221,7 +221,7 @@ void add_grouped_fp8(ProfileBuilder& b, const Profile& stage1) {
   truth.overhead_s = g.param("overhead_s");
   truth.memory_bandwidth_bytes_per_s = g.param("memory_bandwidth_bytes_per_s");
   truth.device = {hw.sm_count, hw.peak_fp8_flop_per_s};
-  truth.elements = element_bytes(Dtype::fp8);
+  truth.elements = element_bytes(DType::fp8);
   struct Shape {
     std::int64_t groups, rows, max_rows;
   };
@@ -231,10 +231,10 @@ void add_grouped_fp8(ProfileBuilder& b, const Profile& stage1) {
                                            {64, 64 * 768, 768},
                                            {64, 64 * 4096, 4096},
                                            {64, 64 * 768, 3072}}) {
-    b.add_grouped_gemm(Dtype::fp8, s.groups, s.rows, s.max_rows, 1408, 2048,
+    b.add_grouped_gemm(DType::fp8, s.groups, s.rows, s.max_rows, 1408, 2048,
                        one(truth.time_s(s.groups, s.rows, s.max_rows, 1408, 2048)));
   }
-  b.set_note(grouped_gemm_family(Dtype::fp8),
+  b.set_note(grouped_gemm_family(DType::fp8),
              "no fp8 facts: points generated from this profile's grouped bf16 fit on the fp8 peak with e_max x 0.8 "
              "(assumption, as for gemm.fp8)");
 }
@@ -251,7 +251,7 @@ void add_attention(ProfileBuilder& b, const Facts& f, const Profile& stage1, boo
   truth.d_half = 16.0;
   truth.overhead_s = backward ? 8e-6 : 5e-6;
   truth.memory_bandwidth_bytes_per_s =
-      2.0 * stage1.family(copy_family(CopyDirection::d2d)).param_array("bandwidths_bytes_per_s").back();
+      2.0 * stage1.family(copy_family(CopyKind::d2d)).param_array("bandwidths_bytes_per_s").back();
   truth.device = {stage1.hardware().sm_count, stage1.hardware().peak_bf16_flop_per_s};
   std::vector<AttentionShape> shapes;
   for (std::int64_t seq : {512, 1024, 2048, 4096, 8192, 16384}) {
@@ -315,7 +315,7 @@ void add_attention(ProfileBuilder& b, const Facts& f, const Profile& stage1, boo
 
 // Points on t = alpha + f S / beta_eff(S), beta_eff = beta_max / (1 + sqrt(S_half / S)), with beta_max
 // chosen so that beta_eff(1 GiB) equals the given bus bandwidth.
-void add_collective_curve(ProfileBuilder& b, CollectiveKind kind, Scope scope, int n, double busbw_at_1gib,
+void add_collective_curve(ProfileBuilder& b, Collective kind, LinkScope scope, int n, double busbw_at_1gib,
                           double alpha_s, double s_half) {
   CollectiveGroupParams p;
   p.group_size = n;
@@ -338,40 +338,40 @@ void add_collectives(ProfileBuilder& b, const Facts& f) {
       std::string(f.kind == "h100" ? " Used for the H100 too (the same NVLink4/NVSwitch fabric)." : "") +
       " Curve shape assumed: latency 6 us + 2 us log2 n, bandwidth ramp beta_max / (1 + sqrt(8 MiB / S)). Group sizes "
       "above 4 are extrapolated by the model (bus bandwidth held, latency growing with log2 n).";
-  for (CollectiveKind k : {CollectiveKind::all_reduce, CollectiveKind::all_gather, CollectiveKind::reduce_scatter,
-                           CollectiveKind::all_to_all, CollectiveKind::broadcast}) {
+  for (Collective k : {Collective::all_reduce, Collective::all_gather, Collective::reduce_scatter,
+                       Collective::all_to_all, Collective::broadcast}) {
     for (int i = 0; i < 2; ++i) {
-      const double busbw = k == CollectiveKind::all_to_all ? a2a[i] : ar[i];
-      add_collective_curve(b, k, Scope::nvlink, nv_n[i], busbw, 6e-6 + 2e-6 * std::log2(nv_n[i]), 8 * kMiB);
+      const double busbw = k == Collective::all_to_all ? a2a[i] : ar[i];
+      add_collective_curve(b, k, LinkScope::nvlink, nv_n[i], busbw, 6e-6 + 2e-6 * std::log2(nv_n[i]), 8 * kMiB);
     }
   }
-  add_collective_curve(b, CollectiveKind::send_recv, Scope::nvlink, 2, a2a[0], 8e-6, 8 * kMiB);
-  b.set_note(collective_family(CollectiveKind::all_reduce, Scope::nvlink),
+  add_collective_curve(b, Collective::send_recv, LinkScope::nvlink, 2, a2a[0], 8e-6, 8 * kMiB);
+  b.set_note(collective_family(Collective::all_reduce, LinkScope::nvlink),
              "bus bandwidth at 1 GiB: 321 GB/s (2 GPUs), 355 GB/s (4 GPUs) (facts, H200 NV18)." + nv_shape);
-  b.set_note(collective_family(CollectiveKind::all_to_all, Scope::nvlink),
+  b.set_note(collective_family(Collective::all_to_all, LinkScope::nvlink),
              "bus bandwidth at 1 GiB: 320 GB/s (2 GPUs), 336 GB/s (4 GPUs) (facts, H200 NV18)." + nv_shape);
-  for (CollectiveKind k : {CollectiveKind::all_gather, CollectiveKind::reduce_scatter, CollectiveKind::broadcast}) {
-    b.set_note(collective_family(k, Scope::nvlink),
+  for (Collective k : {Collective::all_gather, Collective::reduce_scatter, Collective::broadcast}) {
+    b.set_note(collective_family(k, LinkScope::nvlink),
                "no fact: bus bandwidth assumed equal to the all_reduce facts (321 / 355 GB/s at 1 GiB, 2 / 4 GPUs; the "
                "same ring "
                "algorithm)." +
                    nv_shape);
   }
-  b.set_note(collective_family(CollectiveKind::send_recv, Scope::nvlink),
+  b.set_note(collective_family(Collective::send_recv, LinkScope::nvlink),
              "no fact: one pair at the all_to_all 2-GPU fact (320 GB/s at 1 GiB); latency 8 us and the ramp assumed");
 
   // Network: one 400 Gb/s NIC per GPU (datasheet 50 GB/s, ~45 GB/s effective), latency a few us.
   const std::string net =
       "no measurement: one 400 Gb/s NIC per GPU (50 GB/s datasheet), bus bandwidth 45 GB/s at 1 GiB "
       "(assumed effective); latency 4 us + 3 us log2 n and ramp beta_max / (1 + sqrt(2 MiB / S)) assumed";
-  for (CollectiveKind k : {CollectiveKind::all_reduce, CollectiveKind::all_gather, CollectiveKind::reduce_scatter,
-                           CollectiveKind::all_to_all, CollectiveKind::broadcast}) {
+  for (Collective k : {Collective::all_reduce, Collective::all_gather, Collective::reduce_scatter,
+                       Collective::all_to_all, Collective::broadcast}) {
     for (int n : {2, 4, 8, 16})
-      add_collective_curve(b, k, Scope::network, n, 45e9, 4e-6 + 3e-6 * std::log2(n), 2 * kMiB);
-    b.set_note(collective_family(k, Scope::network), net);
+      add_collective_curve(b, k, LinkScope::network, n, 45e9, 4e-6 + 3e-6 * std::log2(n), 2 * kMiB);
+    b.set_note(collective_family(k, LinkScope::network), net);
   }
-  add_collective_curve(b, CollectiveKind::send_recv, Scope::network, 2, 45e9, 5e-6, 2 * kMiB);
-  b.set_note(collective_family(CollectiveKind::send_recv, Scope::network), net + "; one pair, latency 5 us");
+  add_collective_curve(b, Collective::send_recv, LinkScope::network, 2, 45e9, 5e-6, 2 * kMiB);
+  b.set_note(collective_family(Collective::send_recv, LinkScope::network), net + "; one pair, latency 5 us");
 }
 
 // ---- host ----------------------------------------------------------------------------------------

@@ -1133,8 +1133,8 @@ class StepRun {
     const int dst = g_.layout.peer_of(op, s.rep);
     Plan plan;
     const bool same_node = platform_.node_of(s.rep) == platform_.node_of(dst);
-    const CommParams p = coster_.comm_params(CommKind::send_recv, Bytes(op.bytes), 2,
-                                             same_node ? CommScope::nvlink : CommScope::network);
+    const CommParams p = coster_.comm_params(Collective::send_recv, Bytes(op.bytes), 2,
+                                             same_node ? LinkScope::nvlink : LinkScope::network);
     checked_cost(p.latency.value, g_, *s.rc, sm.op, "latency");
     checked_cost(p.bus_bandwidth.value, g_, *s.rc, sm.op, "bus bandwidth");
     const auto [a, b] = platform_.gpu_endpoints(s.rep, dst);
@@ -1182,11 +1182,11 @@ class StepRun {
       const int local = by_link.members_per_node[static_cast<std::size_t>(b.node)];
       if (local > 1 && b.nvlink > 0.0) {
         const CommParams nv =
-            coster_.comm_params(CommKind::all_to_all, Bytes(op.bytes * local / n), local, CommScope::nvlink);
+            coster_.comm_params(Collective::all_to_all, Bytes(op.bytes * local / n), local, LinkScope::nvlink);
         if (nv.bus_bandwidth.value > 0.0) t = std::max(t, b.nvlink / nv.bus_bandwidth.value);
       }
       if (b.network > 0.0) {
-        const CommParams net = coster_.comm_params(CommKind::all_to_all, Bytes(op.bytes), n, CommScope::network);
+        const CommParams net = coster_.comm_params(Collective::all_to_all, Bytes(op.bytes), n, LinkScope::network);
         if (net.bus_bandwidth.value > 0.0) t = std::max(t, b.network / net.bus_bandwidth.value);
       }
     }
@@ -1215,18 +1215,18 @@ class StepRun {
                          " but the layout's group has " + std::to_string(n) + " members");
       }
       if (n <= 1) continue;
-      const CommKind kind = op.collective();
+      const Collective kind = op.collective();
       const Split split = split_for(op, members.size());
       // by_src splits are given the balanced size (shape[0]); other kinds use the op's bytes.
       const double size = split.kind == SplitKind::uniform ? op.bytes : static_cast<double>(op.shape[0]);
       const bool spans = !g_.layout.group_within_node(op.group, s.rep);
       const Algorithm algo = choose_algorithm(kind, opt_.allreduce, spans, op.bytes, n);
       const CommParams p =
-          coster_.comm_params(kind, Bytes(op.bytes), n, spans ? CommScope::network : CommScope::nvlink);
+          coster_.comm_params(kind, Bytes(op.bytes), n, spans ? LinkScope::network : LinkScope::nvlink);
       checked_cost(p.latency.value, g_, *s.rc, m.op, "latency");
       checked_cost(p.bus_bandwidth.value, g_, *s.rc, m.op, "bus bandwidth");
       std::vector<RankFlow> raw = collective_flows(kind, algo, members, size, split, s.rep);
-      if (kind == CommKind::all_to_all && spans) {
+      if (kind == Collective::all_to_all && spans) {
         t_bw = std::max(t_bw, a2a_across_nodes(op, members, size, split, s.rep, raw));
       } else {
         const double traffic = bus_traffic_bytes(kind, members, size, split);
@@ -1379,7 +1379,7 @@ std::vector<int> Executor::flow_ranks(const StepGraph& graph) const {
       const std::vector<int> members = graph.layout.group_members(op.group, rep);
       const int n = static_cast<int>(members.size());
       if (n <= 1) continue;
-      const CommKind kind = op.collective();
+      const Collective kind = op.collective();
       const bool spans = !graph.layout.group_within_node(op.group, rep);
       const Algorithm algo = choose_algorithm(kind, options_.allreduce, spans, op.bytes, n);
       const std::uint64_t key = (static_cast<std::uint64_t>(c) << 24) | (static_cast<std::uint64_t>(op.group) << 16) |

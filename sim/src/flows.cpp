@@ -29,39 +29,39 @@ const char* to_string(AllReduceChoice a) {
   return "?";
 }
 
-double bus_factor(CommKind kind, int n) {
+double bus_factor(Collective kind, int n) {
   if (n <= 1) return 0.0;
   const double nn = n;
   switch (kind) {
-    case CommKind::all_reduce: return 2.0 * (nn - 1.0) / nn;
-    case CommKind::all_gather:
-    case CommKind::reduce_scatter:
-    case CommKind::all_to_all: return (nn - 1.0) / nn;
-    case CommKind::broadcast:
-    case CommKind::send_recv: return 1.0;
+    case Collective::all_reduce: return 2.0 * (nn - 1.0) / nn;
+    case Collective::all_gather:
+    case Collective::reduce_scatter:
+    case Collective::all_to_all: return (nn - 1.0) / nn;
+    case Collective::broadcast:
+    case Collective::send_recv: return 1.0;
   }
   return 1.0;
 }
 
-Algorithm choose_algorithm(CommKind kind, AllReduceChoice choice, bool spans_nodes, double bytes, int n) {
+Algorithm choose_algorithm(Collective kind, AllReduceChoice choice, bool spans_nodes, double bytes, int n) {
   switch (kind) {
-    case CommKind::all_reduce:
+    case Collective::all_reduce:
       if (choice == AllReduceChoice::ring || n <= 2) return Algorithm::ring;
       if (choice == AllReduceChoice::tree) return Algorithm::tree;
       return (spans_nodes && bytes / n <= kTreeMaxBytesPerMember) ? Algorithm::tree : Algorithm::ring;
-    case CommKind::all_gather:
-    case CommKind::reduce_scatter: return Algorithm::ring;
-    case CommKind::broadcast: return Algorithm::chain;
-    case CommKind::all_to_all: return Algorithm::pairwise;
-    case CommKind::send_recv: return Algorithm::p2p;
+    case Collective::all_gather:
+    case Collective::reduce_scatter: return Algorithm::ring;
+    case Collective::broadcast: return Algorithm::chain;
+    case Collective::all_to_all: return Algorithm::pairwise;
+    case Collective::send_recv: return Algorithm::p2p;
   }
   return Algorithm::ring;
 }
 
-int latency_hops(CommKind kind, Algorithm algo, int n) {
+int latency_hops(Collective kind, Algorithm algo, int n) {
   if (n <= 1) return 0;
   switch (algo) {
-    case Algorithm::ring: return kind == CommKind::all_reduce ? 2 * (n - 1) : n - 1;
+    case Algorithm::ring: return kind == Collective::all_reduce ? 2 * (n - 1) : n - 1;
     case Algorithm::chain: return n - 1;
     case Algorithm::tree: return 2 * static_cast<int>(std::ceil(std::log2(static_cast<double>(n))));
     case Algorithm::pairwise:
@@ -91,7 +91,7 @@ void check_split(const Split& split, std::size_t n) {
 
 }  // namespace
 
-std::vector<RankFlow> collective_flows(CommKind kind, Algorithm algo, std::span<const int> members, double size,
+std::vector<RankFlow> collective_flows(Collective kind, Algorithm algo, std::span<const int> members, double size,
                                        const Split& split, int only_src) {
   std::vector<RankFlow> out;
   const std::size_t n = members.size();
@@ -106,7 +106,7 @@ std::vector<RankFlow> collective_flows(CommKind kind, Algorithm algo, std::span<
   const double nn = static_cast<double>(n);
   switch (algo) {
     case Algorithm::ring: {
-      const double per = (kind == CommKind::all_reduce ? 2.0 : 1.0) * (nn - 1.0) / nn * size;
+      const double per = (kind == Collective::all_reduce ? 2.0 : 1.0) * (nn - 1.0) / nn * size;
       for (std::size_t i = 0; i < n; ++i) add(i, (i + 1) % n, per);
       break;
     }
@@ -138,10 +138,10 @@ std::vector<RankFlow> collective_flows(CommKind kind, Algorithm algo, std::span<
   return out;
 }
 
-double bus_traffic_bytes(CommKind kind, std::span<const int> members, double size, const Split& split) {
+double bus_traffic_bytes(Collective kind, std::span<const int> members, double size, const Split& split) {
   const std::size_t n = members.size();
   if (n <= 1) return 0.0;
-  if (kind != CommKind::all_to_all || split.kind == SplitKind::uniform) {
+  if (kind != Collective::all_to_all || split.kind == SplitKind::uniform) {
     return bus_factor(kind, static_cast<int>(n)) * size;
   }
   check_split(split, n);

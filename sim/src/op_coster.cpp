@@ -218,7 +218,7 @@ Seconds CostModelCoster::copy_time(CopyKind kind, Bytes bytes) const {
   return kind == CopyKind::disk_read ? t * disk_scale_ : t;
 }
 
-CommParams CostModelCoster::comm_params(CommKind kind, Bytes bytes, int group_size, CommScope scope) const {
+CommParams CostModelCoster::comm_params(Collective kind, Bytes bytes, int group_size, LinkScope scope) const {
   const auto p = model_.collective_params(kind, bytes, group_size, scope);
   return CommParams{p.latency, p.bus_bandwidth};
 }

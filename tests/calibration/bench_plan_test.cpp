@@ -415,10 +415,8 @@ TEST(BusBandwidth, FollowsNcclTestsDefinitions) {
   EXPECT_NEAR(bus_bandwidth("all_reduce", 4, gib, 5e-3) / 1e9, 322.123, 1e-3);
   EXPECT_THROW(bus_bandwidth_factor("allreduce", 4), std::invalid_argument);
   // The same factors as the CostModel's (what the simulator divides by).
-  EXPECT_DOUBLE_EQ(bus_bandwidth_factor("all_to_all", 4),
-                   calibration::bus_bandwidth_factor(calibration::CollectiveKind::all_to_all, 4));
-  EXPECT_DOUBLE_EQ(bus_bandwidth_factor("all_reduce", 8),
-                   calibration::bus_bandwidth_factor(calibration::CollectiveKind::all_reduce, 8));
+  EXPECT_DOUBLE_EQ(bus_bandwidth_factor("all_to_all", 4), calibration::bus_bandwidth_factor(Collective::all_to_all, 4));
+  EXPECT_DOUBLE_EQ(bus_bandwidth_factor("all_reduce", 8), calibration::bus_bandwidth_factor(Collective::all_reduce, 8));
 }
 
 TEST(CalibrationPlan, OpTableDocumentsEveryOp) {

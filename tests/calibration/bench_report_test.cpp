@@ -40,13 +40,13 @@ GemmModel true_gemm() {
   m.overhead_s = 4e-6;
   m.memory_bandwidth_bytes_per_s = 2.6e12;
   m.device = {132, 989e12};
-  m.elements = element_bytes(Dtype::bf16);
+  m.elements = element_bytes(DType::bf16);
   return m;
 }
 
 CollectiveModel true_all_reduce() {
   CollectiveModel m;
-  m.kind = CollectiveKind::all_reduce;
+  m.kind = Collective::all_reduce;
   m.groups = {{2, 9e-6, 3.3e11, 6e6, 0.55}, {3, 11e-6, 3.4e11, 8e6, 0.55}, {4, 13e-6, 3.5e11, 1e7, 0.5}};
   return m;
 }
@@ -187,7 +187,7 @@ TEST(CalibrationReport, FamiliesNotMeasuredAreCopiedFromTheDefaultAndSaySo) {
   // Everything the simulator asks for is there: a CostModel answers for every host cost.
   const CostModel cm(rep.profile);
   EXPECT_GT(cm.framework_op().value, 0.0);
-  EXPECT_GT(cm.collective(CollectiveKind::all_to_all, Bytes(1e6), 16, Scope::network).value, 0.0);
+  EXPECT_GT(cm.collective(Collective::all_to_all, Bytes(1e6), 16, LinkScope::network).value, 0.0);
   // The profile survives a write/read round trip.
   const Profile back = Profile::parse(rep.profile.to_toml(), "roundtrip");
   EXPECT_EQ(back.to_toml(), rep.profile.to_toml());
@@ -292,6 +292,7 @@ TEST(CalibrationReport, LargerGroupSizesComeFromAnEarlierMeasuredProfile) {
   const CollectiveModel truth = true_all_reduce();
   for (const int n : {2, 4}) {
     const double want = truth.time_s(256e6, n);
-    EXPECT_NEAR(cm.collective(CollectiveKind::all_reduce, Bytes(256e6), n, Scope::nvlink).value, want, 0.05 * want) << n;
+    EXPECT_NEAR(cm.collective(Collective::all_reduce, Bytes(256e6), n, LinkScope::nvlink).value, want, 0.05 * want)
+        << n;
   }
 }

@@ -14,14 +14,14 @@ using namespace threewalls::calibration;
 using namespace threewalls::calibration::testing;
 
 namespace {
-const CollectiveKind kKinds[] = {CollectiveKind::all_reduce, CollectiveKind::all_gather, CollectiveKind::reduce_scatter,
-                                 CollectiveKind::all_to_all, CollectiveKind::broadcast,  CollectiveKind::send_recv};
+const Collective kKinds[] = {Collective::all_reduce, Collective::all_gather, Collective::reduce_scatter,
+                             Collective::all_to_all, Collective::broadcast,  Collective::send_recv};
 }  // namespace
 
 TEST(CostModel, LoneCollectiveTakesAlphaPlusSizeTimesFactorOverEffectiveBandwidth) {
   const CostModel cm(default_profile("h200"));
-  for (CollectiveKind kind : kKinds) {
-    for (Scope scope : {Scope::nvlink, Scope::network}) {
+  for (Collective kind : kKinds) {
+    for (LinkScope scope : {LinkScope::nvlink, LinkScope::network}) {
       for (int n : {2, 3, 4, 8, 64}) {  // measured, interpolated and extrapolated group sizes
         for (double s : {1.0, 4096.0, 1.5e6, 3e8, 4.0 * (1 << 30)}) {
           const auto p = cm.collective_params(kind, Bytes(s), n, scope);
@@ -41,14 +41,14 @@ TEST(CostModel, LoneCollectiveTakesAlphaPlusSizeTimesFactorOverEffectiveBandwidt
 TEST(CostModel, CollectiveParamsFollowTheHillCurveOfTheProfile) {
   const Profile& p = default_profile("h200");
   const CostModel cm(p);
-  const Family& f = p.family(collective_family(CollectiveKind::all_reduce, Scope::nvlink));
+  const Family& f = p.family(collective_family(Collective::all_reduce, LinkScope::nvlink));
   const double alpha = f.param_array("alpha_s")[0];
   const double beta = f.param_array("beta_max_bytes_per_s")[0];
   const double s_half = f.param_array("s_half_bytes")[0];
   const double g = f.param_array("gamma")[0];
   ASSERT_EQ(f.param_array("group_size")[0], 2.0);
   for (double s : {1e3, 1e6, 1e9}) {
-    const auto cp = cm.collective_params(CollectiveKind::all_reduce, Bytes(s), 2, Scope::nvlink);
+    const auto cp = cm.collective_params(Collective::all_reduce, Bytes(s), 2, LinkScope::nvlink);
     EXPECT_EQ(cp.latency.value, alpha);
     EXPECT_NEAR(cp.bus_bandwidth.value / (beta * std::pow(s, g) / (std::pow(s, g) + std::pow(s_half, g))), 1.0, 1e-12);
   }
@@ -57,38 +57,38 @@ TEST(CostModel, CollectiveParamsFollowTheHillCurveOfTheProfile) {
 TEST(CostModel, DefaultH200ReproducesTheFactsItWasBuiltFrom) {
   const CostModel cm(default_profile("h200"));
   auto tflops = [&](std::int64_t m, std::int64_t n, std::int64_t k) {
-    return 2.0 * m * n * k / cm.gemm(m, n, k, Dtype::bf16).value / 1e12;
+    return 2.0 * m * n * k / cm.gemm(m, n, k, DType::bf16).value / 1e12;
   };
   EXPECT_NEAR(tflops(1024, 1408, 2048), 208, 208 * 0.05);
   EXPECT_NEAR(tflops(16384, 1408, 2048), 667, 667 * 0.05);
   EXPECT_GE(tflops(8192, 8192, 8192), 770 * 0.95);
   EXPECT_LE(tflops(8192, 8192, 8192), 890 * 1.05);
   // Grouped GEMM 64 experts x 768 tokens: 0.49 ms; the loop of 64 GEMMs: 1.85 ms.
-  EXPECT_NEAR(cm.grouped_gemm(64, 64 * 768, 768, 1408, 2048, Dtype::bf16).value, 0.49e-3, 0.49e-3 * 0.01);
-  EXPECT_NEAR(64 * cm.gemm(768, 1408, 2048, Dtype::bf16).value, 1.85e-3, 1.85e-3 * 0.1);
+  EXPECT_NEAR(cm.grouped_gemm(64, 64 * 768, 768, 1408, 2048, DType::bf16).value, 0.49e-3, 0.49e-3 * 0.01);
+  EXPECT_NEAR(64 * cm.gemm(768, 1408, 2048, DType::bf16).value, 1.85e-3, 1.85e-3 * 0.1);
   // Bus bandwidth at 1 GiB: all-reduce 321 / 355, all-to-all 320 / 336 GB/s for 2 / 4 GPUs.
   const Bytes gib = gibibytes(1);
-  auto busbw = [&](CollectiveKind k, int n) {
-    return gib.value * bus_bandwidth_factor(k, n) / cm.collective(k, gib, n, Scope::nvlink).value / 1e9;
+  auto busbw = [&](Collective k, int n) {
+    return gib.value * bus_bandwidth_factor(k, n) / cm.collective(k, gib, n, LinkScope::nvlink).value / 1e9;
   };
-  EXPECT_NEAR(busbw(CollectiveKind::all_reduce, 2), 321, 321 * 0.01);
-  EXPECT_NEAR(busbw(CollectiveKind::all_reduce, 4), 355, 355 * 0.01);
-  EXPECT_NEAR(busbw(CollectiveKind::all_to_all, 2), 320, 320 * 0.01);
-  EXPECT_NEAR(busbw(CollectiveKind::all_to_all, 4), 336, 336 * 0.01);
+  EXPECT_NEAR(busbw(Collective::all_reduce, 2), 321, 321 * 0.01);
+  EXPECT_NEAR(busbw(Collective::all_reduce, 4), 355, 355 * 0.01);
+  EXPECT_NEAR(busbw(Collective::all_to_all, 2), 320, 320 * 0.01);
+  EXPECT_NEAR(busbw(Collective::all_to_all, 4), 336, 336 * 0.01);
   // Copies and host costs.
   EXPECT_NEAR(cm.hbm_bandwidth().value, 4.0e12, 1e6);
-  EXPECT_NEAR(mebibytes(64).value / cm.copy(CopyDirection::h2d_pinned, mebibytes(64)).value, 55e9, 55e9 * 0.01);
+  EXPECT_NEAR(mebibytes(64).value / cm.copy(CopyKind::h2d_pinned, mebibytes(64)).value, 55e9, 55e9 * 0.01);
   EXPECT_NEAR(to_us(cm.kernel_launch()), 3.7, 1e-9);
   EXPECT_NEAR(to_us(cm.stream_sync()), 8.5, 1e-9);
   EXPECT_NEAR(to_us(cm.graph_node()), 1.0, 1e-9);
   EXPECT_NEAR(to_us(cm.kernel_launch() + cm.framework_op()), 15.5, 1e-9);
   EXPECT_EQ(cm.sm_count(), 132);
-  EXPECT_EQ(cm.peak_flops(Dtype::bf16).value, 989e12);
+  EXPECT_EQ(cm.peak_flops(DType::bf16).value, 989e12);
 }
 
 TEST(CostModel, DefaultH100ReproducesItsFacts) {
   const CostModel cm(default_profile("h100"));
-  const double t = cm.gemm(8192, 8192, 8192, Dtype::bf16).value;
+  const double t = cm.gemm(8192, 8192, 8192, DType::bf16).value;
   EXPECT_NEAR(2.0 * 8192 * 8192 * 8192 / t / 1e12, 740, 740 * 0.05);
   EXPECT_NEAR(cm.hbm_bandwidth().value, 3.0e12, 1e6);
   EXPECT_NEAR(to_us(cm.kernel_launch()), 3.7, 1e-9);
@@ -97,7 +97,7 @@ TEST(CostModel, DefaultH100ReproducesItsFacts) {
 TEST(CostModel, CostsGrowWithWorkOnEveryDefaultProfile) {
   for (const char* kind : {"h100", "h200"}) {
     const CostModel cm(default_profile(kind));
-    for (Dtype dt : {Dtype::bf16, Dtype::fp8}) {
+    for (DType dt : {DType::bf16, DType::fp8}) {
       double prev = 0;
       for (std::int64_t m = 1; m <= 65536; m *= 2) {
         const double t = cm.gemm(m, 4096, 4096, dt).value;
@@ -105,10 +105,10 @@ TEST(CostModel, CostsGrowWithWorkOnEveryDefaultProfile) {
         prev = t;
       }
       EXPECT_LT(cm.gemm(8192, 8192, 8192, dt).value,
-                cm.gemm(8192, 8192, 8192, Dtype::bf16).value * (dt == Dtype::fp8 ? 0.8 : 1.01));
+                cm.gemm(8192, 8192, 8192, DType::bf16).value * (dt == DType::fp8 ? 0.8 : 1.01));
     }
-    for (CollectiveKind k : kKinds) {
-      for (Scope sc : {Scope::nvlink, Scope::network}) {
+    for (Collective k : kKinds) {
+      for (LinkScope sc : {LinkScope::nvlink, LinkScope::network}) {
         double prev = 0;
         for (double s = 1; s <= 8.0 * (1 << 30); s *= 4) {
           const double t = cm.collective(k, Bytes(s), 8, sc).value;
@@ -118,8 +118,8 @@ TEST(CostModel, CostsGrowWithWorkOnEveryDefaultProfile) {
       }
     }
     // NVLink beats the network at every size.
-    EXPECT_LT(cm.collective(CollectiveKind::all_reduce, mebibytes(64), 8, Scope::nvlink).value,
-              cm.collective(CollectiveKind::all_reduce, mebibytes(64), 8, Scope::network).value);
+    EXPECT_LT(cm.collective(Collective::all_reduce, mebibytes(64), 8, LinkScope::nvlink).value,
+              cm.collective(Collective::all_reduce, mebibytes(64), 8, LinkScope::network).value);
     // Causal attention costs about half of full attention at long sequence lengths; backward more than forward.
     const double full = cm.attention(1, 8192, 8192, 32, 128, 128, false, false).value;
     const double causal = cm.attention(1, 8192, 8192, 32, 128, 128, true, false).value;
@@ -161,8 +161,8 @@ TEST(CostModel, MissingFamilyIsAnInputErrorNamingTheProfile) {
     EXPECT_NE(msg.find("calibration profile small@"), std::string::npos) << msg;
     EXPECT_NE(msg.find("has no model 'attention.fwd'"), std::string::npos) << msg;
   }
-  EXPECT_THROW((void)cm.gemm(16, 16, 16, Dtype::fp32), InputError);
-  EXPECT_THROW((void)cm.collective(CollectiveKind::all_reduce, mebibytes(1), 8, Scope::network), InputError);
+  EXPECT_THROW((void)cm.gemm(16, 16, 16, DType::fp32), InputError);
+  EXPECT_THROW((void)cm.collective(Collective::all_reduce, mebibytes(1), 8, LinkScope::network), InputError);
   EXPECT_THROW((void)cm.stream_sync(), InputError);
   EXPECT_EQ(cm.profile_id(), p.id());
 }
@@ -274,34 +274,34 @@ TEST(CostModel, StreamCycleExtraRoundTripsAndIsZeroOnOneStream) {
 
 TEST(CostModel, BadArgumentsAreInputErrors) {
   const CostModel cm(default_profile("h200"));
-  EXPECT_THROW((void)cm.gemm(-1, 16, 16, Dtype::bf16), InputError);
-  EXPECT_THROW((void)cm.copy(CopyDirection::d2d, Bytes(-1)), InputError);
-  EXPECT_THROW((void)cm.collective(CollectiveKind::all_reduce, Bytes(1), 0, Scope::nvlink), InputError);
-  EXPECT_THROW((void)cm.grouped_gemm(4, 100, 10, 128, 128, Dtype::bf16), InputError);   // max_rows < total/groups
-  EXPECT_THROW((void)cm.grouped_gemm(4, 100, 101, 128, 128, Dtype::bf16), InputError);  // max_rows > total
+  EXPECT_THROW((void)cm.gemm(-1, 16, 16, DType::bf16), InputError);
+  EXPECT_THROW((void)cm.copy(CopyKind::d2d, Bytes(-1)), InputError);
+  EXPECT_THROW((void)cm.collective(Collective::all_reduce, Bytes(1), 0, LinkScope::nvlink), InputError);
+  EXPECT_THROW((void)cm.grouped_gemm(4, 100, 10, 128, 128, DType::bf16), InputError);   // max_rows < total/groups
+  EXPECT_THROW((void)cm.grouped_gemm(4, 100, 101, 128, 128, DType::bf16), InputError);  // max_rows > total
   EXPECT_THROW((void)cm.stream_concurrency(0, 0.5), InputError);
   EXPECT_THROW((void)cm.stream_concurrency(2, 0.0), InputError);
   EXPECT_THROW((void)cm.stream_concurrency(2, 1.5), InputError);
   // Zero work: the fixed cost of issuing it, not a crash.
-  EXPECT_EQ(cm.gemm(0, 4096, 4096, Dtype::bf16).value, default_profile("h200").family("gemm.bf16").param("overhead_s"));
+  EXPECT_EQ(cm.gemm(0, 4096, 4096, DType::bf16).value, default_profile("h200").family("gemm.bf16").param("overhead_s"));
 }
 
 TEST(CostModel, MovesWithoutLosingTheProfile) {
   CostModel a(default_profile("h200"));
-  const double t = a.gemm(4096, 4096, 4096, Dtype::bf16).value;
+  const double t = a.gemm(4096, 4096, 4096, DType::bf16).value;
   CostModel b(std::move(a));
-  EXPECT_EQ(b.gemm(4096, 4096, 4096, Dtype::bf16).value, t);
+  EXPECT_EQ(b.gemm(4096, 4096, 4096, DType::bf16).value, t);
 }
 
 TEST(CostModel, PredictPointIsTheSimulatorsCallForTheFamily) {
   const CostModel cm(default_profile("h200"));
-  EXPECT_EQ(cm.predict_point("gemm.fp8", {1000, 2048, 7168, 1})->value, cm.gemm(1000, 2048, 7168, Dtype::fp8).value);
+  EXPECT_EQ(cm.predict_point("gemm.fp8", {1000, 2048, 7168, 1})->value, cm.gemm(1000, 2048, 7168, DType::fp8).value);
   EXPECT_EQ(cm.predict_point("grouped_gemm.bf16", {16, 4096, 512, 1408, 2048})->value,
-            cm.grouped_gemm(16, 4096, 512, 1408, 2048, Dtype::bf16).value);
+            cm.grouped_gemm(16, 4096, 512, 1408, 2048, DType::bf16).value);
   AttentionShape s{2, 4096, 4096, 32, 8, 128, 128, true};
   EXPECT_EQ(cm.predict_point("attention.bwd", {2, 4096, 4096, 32, 8, 128, 128, 1})->value, cm.attention(s, true).value);
   EXPECT_EQ(cm.predict_point("collective.all_gather.network", {16, 3e7})->value,
-            cm.collective(CollectiveKind::all_gather, Bytes(3e7), 16, Scope::network).value);
+            cm.collective(Collective::all_gather, Bytes(3e7), 16, LinkScope::network).value);
   EXPECT_EQ(cm.predict_point("norm", {5e6})->value, cm.norm(Bytes(5e6)).value);
   EXPECT_EQ(cm.predict_point("elementwise_swiglu", {5e6})->value,
             cm.memory_kernel("elementwise_swiglu", Bytes(5e6)).value);

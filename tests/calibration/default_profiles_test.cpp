@@ -48,7 +48,7 @@ TEST(DefaultProfiles, AreLabelledSyntheticAndCoverEveryFamilyTheSimulatorNeeds) 
     EXPECT_EQ(p.info().name, std::string("default_") + kind);
     for (const auto& spec : family_specs()) {
       if (spec.kind == ModelKind::gemm || spec.kind == ModelKind::grouped_gemm) {
-        if (spec.dtype == Dtype::fp32) continue;  // no facts for fp32 GEMMs: documented as absent
+        if (spec.dtype == DType::fp32) continue;  // no facts for fp32 GEMMs: documented as absent
       }
       // Measured only (no datasheet facts): without them the simulator uses the pooled elementwise fit.
       if (spec.kind == ModelKind::kernel_terms) continue;

@@ -12,6 +12,8 @@
 #include "threewalls/calibration/fit.hpp"
 
 using namespace threewalls::calibration;
+using threewalls::Collective;
+using threewalls::DType;
 
 namespace {
 
@@ -38,7 +40,7 @@ GemmModel truth_gemm() {
   m.overhead_s = 6e-6;
   m.memory_bandwidth_bytes_per_s = 4e12;
   m.device = kH200Bf16;
-  m.elements = element_bytes(Dtype::bf16);
+  m.elements = element_bytes(DType::bf16);
   return m;
 }
 
@@ -382,11 +384,11 @@ TEST(CollectiveModel, FitRecoversRampParametersFromNoisyPoints) {
   p.beta_max_bytes_per_s = 400e9;
   p.s_half_bytes = 4 << 20;
   p.gamma = 0.6;
-  CollectiveModel truth{CollectiveKind::all_reduce, {p}, {}};
+  CollectiveModel truth{Collective::all_reduce, {p}, {}};
   Noise noise(6, 0.01);
   std::vector<CollectiveModel::Sample> samples;
   for (double s = 1024; s <= 4.0 * (1 << 30); s *= 2) samples.push_back({8, s, noise(truth.time_s(s, 8))});
-  const auto fit = CollectiveModel::fit(CollectiveKind::all_reduce, samples);
+  const auto fit = CollectiveModel::fit(Collective::all_reduce, samples);
   ASSERT_EQ(fit.groups.size(), 1U);
   const auto& g = fit.groups[0];
   EXPECT_NEAR(g.alpha_s, 12e-6, 12e-6 * 0.1);
@@ -400,7 +402,7 @@ TEST(CollectiveModel, FewSizesFitLatencyAndBandwidthOnly) {
   std::vector<CollectiveModel::Sample> samples = {{2, 1 << 20, 10e-6 + (1 << 20) / 300e9},
                                                   {2, 1 << 28, 10e-6 + (1 << 28) / 300e9},
                                                   {2, 1 << 30, 10e-6 + double(1 << 30) / 300e9}};
-  const auto fit = CollectiveModel::fit(CollectiveKind::send_recv, samples);
+  const auto fit = CollectiveModel::fit(Collective::send_recv, samples);
   EXPECT_EQ(fit.groups[0].s_half_bytes, 0.0);
   EXPECT_EQ(fit.groups[0].gamma, 1.0);
   EXPECT_NEAR(fit.groups[0].beta_max_bytes_per_s, 300e9, 1e6);
@@ -408,13 +410,13 @@ TEST(CollectiveModel, FewSizesFitLatencyAndBandwidthOnly) {
 }
 
 TEST(CollectiveModel, FitRefusesGroupOfOneAndSingleSize) {
-  EXPECT_THROW(CollectiveModel::fit(CollectiveKind::all_reduce, {{1, 1024, 1e-5}, {1, 4096, 2e-5}}), FitImpossible);
-  EXPECT_THROW(CollectiveModel::fit(CollectiveKind::all_reduce, {{2, 1024, 1e-5}, {2, 1024, 2e-5}}), FitImpossible);
+  EXPECT_THROW(CollectiveModel::fit(Collective::all_reduce, {{1, 1024, 1e-5}, {1, 4096, 2e-5}}), FitImpossible);
+  EXPECT_THROW(CollectiveModel::fit(Collective::all_reduce, {{2, 1024, 1e-5}, {2, 1024, 2e-5}}), FitImpossible);
 }
 
 TEST(CollectiveModel, UnmeasuredGroupSizesFollowTheDocumentedRules) {
   CollectiveModel m;
-  m.kind = CollectiveKind::all_reduce;
+  m.kind = Collective::all_reduce;
   m.groups = {{2, 8e-6, 300e9, 8e6, 0.5}, {8, 14e-6, 400e9, 2e6, 0.7}};
   // Between: alpha and gamma linear in log2 n, beta_max and S_half geometric.
   const auto p4 = m.params_for(4);
@@ -539,7 +541,7 @@ namespace {
 // 257 at 256 MiB).
 double stepped_all_reduce_s(double bytes) {
   CollectiveGroupParams p{2, 9e-6, 320e9, 4 << 20, 0.6};
-  CollectiveModel smooth{CollectiveKind::all_reduce, {p}, {}};
+  CollectiveModel smooth{Collective::all_reduce, {p}, {}};
   const double x = std::log2(bytes);
   const double dip = std::max(0.0, 1.0 - std::fabs(x - 27.0));  // 64 MiB .. 128 MiB (deepest) .. 256 MiB
   return smooth.time_s(bytes, 2) * (1.0 + 0.25 * dip);
@@ -550,8 +552,8 @@ TEST(CollectiveModel, PerSizeCorrectionFollowsAProtocolStepBetweenMeasuredSizes)
   Noise noise(11, 0.003);
   std::vector<CollectiveModel::Sample> samples;
   for (double s = 1024; s <= 1 << 30; s *= 2) samples.push_back({2, s + 256, noise(stepped_all_reduce_s(s + 256))});
-  const auto smooth = CollectiveModel::fit(CollectiveKind::all_reduce, samples, false);
-  const auto fit = CollectiveModel::fit(CollectiveKind::all_reduce, samples);
+  const auto smooth = CollectiveModel::fit(Collective::all_reduce, samples, false);
+  const auto fit = CollectiveModel::fit(Collective::all_reduce, samples);
   EXPECT_TRUE(smooth.knots.empty());
   ASSERT_EQ(fit.knots.size(), samples.size());  // one knot per measured size
   // Held-out sizes half an octave between the measured ones: the knots follow the step (within the
@@ -572,17 +574,17 @@ TEST(CollectiveModel, PerSizeCorrectionFollowsAProtocolStepBetweenMeasuredSizes)
 
 TEST(CollectiveModel, NoCorrectionWhereTheSmoothCurveFits) {
   CollectiveGroupParams p{4, 12e-6, 350e9, 2 << 20, 0.5};
-  const CollectiveModel truth{CollectiveKind::all_gather, {p}, {}};
+  const CollectiveModel truth{Collective::all_gather, {p}, {}};
   std::vector<CollectiveModel::Sample> samples;
   for (double s = 4096; s <= 1 << 30; s *= 4) samples.push_back({4, s, truth.time_s(s, 4)});
-  const auto fit = CollectiveModel::fit(CollectiveKind::all_gather, samples);
+  const auto fit = CollectiveModel::fit(Collective::all_gather, samples);
   EXPECT_TRUE(fit.knots.empty());
   EXPECT_EQ(fit.correction(1e6, 4), 1.0);
 }
 
 TEST(CollectiveModel, CorrectionInterpolatesInLog2SizeHoldsOutsideAndBlendsGroupSizes) {
   CollectiveModel m;
-  m.kind = CollectiveKind::all_reduce;
+  m.kind = Collective::all_reduce;
   m.groups = {{2, 8e-6, 300e9, 8e6, 0.5}, {8, 14e-6, 400e9, 2e6, 0.7}};
   m.knots = {{2, 1024, 0.1}, {2, 4096, -0.1}, {8, 1024, 0.3}};
   EXPECT_NEAR(std::log(m.correction(2048, 2)), 0.0, 1e-12);  // halfway in log2 S
@@ -600,7 +602,7 @@ TEST(CollectiveModel, CorrectionInterpolatesInLog2SizeHoldsOutsideAndBlendsGroup
 
 TEST(CollectiveModel, CorrectedTimeIsLatencyPlusBytesOverBandwidth) {
   CollectiveModel m;
-  m.kind = CollectiveKind::reduce_scatter;
+  m.kind = Collective::reduce_scatter;
   m.groups = {{4, 10e-6, 300e9, 4e6, 0.6}};
   m.knots = {{4, 1e6, 0.2}, {4, 1e8, -0.15}};
   for (double s : {0.0, 1e3, 3e6, 5e9}) {

@@ -67,13 +67,13 @@ TEST(ProfileRoundTrip, SaveLoadSaveIsByteIdenticalAndPredictsIdentically) {
   const CostModel a(built);
   const CostModel b(loaded);
   for (std::int64_t m : {1, 100, 3000, 70000}) {
-    EXPECT_EQ(a.gemm(m, 5120, 1536, Dtype::bf16).value, b.gemm(m, 5120, 1536, Dtype::bf16).value);
+    EXPECT_EQ(a.gemm(m, 5120, 1536, DType::bf16).value, b.gemm(m, 5120, 1536, DType::bf16).value);
   }
   for (double s : {0.0, 1e3, 3e6, 5e9}) {
-    EXPECT_EQ(a.copy(CopyDirection::d2d, Bytes(s)).value, b.copy(CopyDirection::d2d, Bytes(s)).value);
+    EXPECT_EQ(a.copy(CopyKind::d2d, Bytes(s)).value, b.copy(CopyKind::d2d, Bytes(s)).value);
     for (int n : {1, 2, 3, 8}) {
-      EXPECT_EQ(a.collective(CollectiveKind::all_reduce, Bytes(s), n, Scope::nvlink).value,
-                b.collective(CollectiveKind::all_reduce, Bytes(s), n, Scope::nvlink).value);
+      EXPECT_EQ(a.collective(Collective::all_reduce, Bytes(s), n, LinkScope::nvlink).value,
+                b.collective(Collective::all_reduce, Bytes(s), n, LinkScope::nvlink).value);
     }
   }
   EXPECT_EQ(a.kernel_launch().value, b.kernel_launch().value);
@@ -82,10 +82,10 @@ TEST(ProfileRoundTrip, SaveLoadSaveIsByteIdenticalAndPredictsIdentically) {
 
 TEST(ProfileRoundTrip, RawSamplesAndNotesSurvive) {
   const Profile loaded = Profile::parse(small_profile().to_toml(), "small.toml");
-  const Family& d2d = loaded.family(copy_family(CopyDirection::d2d));
+  const Family& d2d = loaded.family(copy_family(CopyKind::d2d));
   ASSERT_EQ(d2d.points[0].time.samples_s.size(), 3U);
   EXPECT_EQ(d2d.points[0].time.count, 3);
-  EXPECT_EQ(loaded.family(gemm_family(Dtype::bf16)).note, "made up for a test, with a \"quote\" and a backslash \\");
+  EXPECT_EQ(loaded.family(gemm_family(DType::bf16)).note, "made up for a test, with a \"quote\" and a backslash \\");
   EXPECT_EQ(loaded.hardware().machine, "unit test \"with quotes\"\tand a tab");
   EXPECT_EQ(loaded.hardware().links_seen, std::vector<std::string>{"NVLink NV18"});
 }
@@ -263,9 +263,9 @@ TEST(ProfileBuilder, UnknownFamilyIsRefusedWithNearestName) {
 
 TEST(ProfileBuilder, FamilyThatCannotBeFittedIsNamed) {
   ProfileBuilder b({"x", "measured", "test"}, test_hardware());
-  b.add_gemm(Dtype::bf16, 1024, 1024, 1024, 1, Measurement::single(1e-5));
-  b.add_gemm(Dtype::bf16, 2048, 1024, 1024, 1, Measurement::single(2e-5));
-  b.add_gemm(Dtype::bf16, 4096, 1024, 1024, 1, Measurement::single(4e-5));
+  b.add_gemm(DType::bf16, 1024, 1024, 1024, 1, Measurement::single(1e-5));
+  b.add_gemm(DType::bf16, 2048, 1024, 1024, 1, Measurement::single(2e-5));
+  b.add_gemm(DType::bf16, 4096, 1024, 1024, 1, Measurement::single(4e-5));
   try {
     (void)b.build();
     FAIL() << "expected an InputError";
@@ -279,7 +279,7 @@ TEST(ProfileBuilder, FamilyThatCannotBeFittedIsNamed) {
 
 TEST(ProfileBuilder, GroupedGemmNeedsTheDenseFamily) {
   ProfileBuilder b({"x", "measured", "test"}, test_hardware());
-  b.add_grouped_gemm(Dtype::bf16, 64, 64 * 768, 768, 1408, 2048, Measurement::single(0.49e-3));
+  b.add_grouped_gemm(DType::bf16, 64, 64 * 768, 768, 1408, 2048, Measurement::single(0.49e-3));
   try {
     (void)b.build();
     FAIL() << "expected an InputError";
@@ -297,12 +297,12 @@ TEST(ProfileBuilder, LeaveOneOutErrorIsComputedAndSane) {
   for (std::int64_t m : {512, 2048, 8192, 32768}) {
     for (std::int64_t k : {1024, 4096, 8192}) {
       const double t = 5e-6 + 2.0 * m * 4096 * k / (700e12 * k / (k + 400.0));
-      b.add_gemm(Dtype::bf16, m, 4096, k, 1, Measurement::single(t * (1 + noise(rng))));
+      b.add_gemm(DType::bf16, m, 4096, k, 1, Measurement::single(t * (1 + noise(rng))));
       ++n;
     }
   }
   const Profile p = b.build();
-  const FitQuality& q = p.family(gemm_family(Dtype::bf16)).quality;
+  const FitQuality& q = p.family(gemm_family(DType::bf16)).quality;
   EXPECT_EQ(q.loo_points, n);
   EXPECT_TRUE(std::isfinite(q.loo_rel_err_median));
   EXPECT_GT(q.rel_err_median, 0.0);
@@ -311,7 +311,7 @@ TEST(ProfileBuilder, LeaveOneOutErrorIsComputedAndSane) {
   EXPECT_LT(q.loo_rel_err_median, 0.05);
   EXPECT_LT(q.loo_rel_err_max, 0.15);
   // The built profile says where its memory-bound limit came from: no copy.d2d, so the datasheet.
-  EXPECT_EQ(p.family(gemm_family(Dtype::bf16)).param("memory_bandwidth_bytes_per_s"), 4.8e12);
+  EXPECT_EQ(p.family(gemm_family(DType::bf16)).param("memory_bandwidth_bytes_per_s"), 4.8e12);
 }
 
 TEST(ProfileReader, IntegersOutOfRangeAreRefused) {
@@ -344,9 +344,9 @@ TEST(ProfileReader, DamagedFilesAreInputErrorsNeverCrashes) {
       const Profile p = Profile::parse(t, "damaged.toml");
       const CostModel cm(p);
       for (auto call :
-           {+[](const CostModel& c) { (void)c.gemm(1000, 1000, 1000, Dtype::bf16); },
-            +[](const CostModel& c) { (void)c.collective(CollectiveKind::all_reduce, mebibytes(8), 8, Scope::nvlink); },
-            +[](const CostModel& c) { (void)c.copy(CopyDirection::d2d, mebibytes(8)); },
+           {+[](const CostModel& c) { (void)c.gemm(1000, 1000, 1000, DType::bf16); },
+            +[](const CostModel& c) { (void)c.collective(Collective::all_reduce, mebibytes(8), 8, LinkScope::nvlink); },
+            +[](const CostModel& c) { (void)c.copy(CopyKind::d2d, mebibytes(8)); },
             +[](const CostModel& c) { (void)c.kernel_launch(); }}) {
         try {
           call(cm);
@@ -371,7 +371,7 @@ Profile stepped_collective_profile() {
   for (double s = 1024; s <= 1 << 30; s *= 2) {
     const double smooth = 9e-6 + s / (300e9 / (1 + std::sqrt(4e6 / s)));
     const double step = (s > 64e6 && s < 200e6) ? 1.25 : 1.0;
-    b.add_collective(CollectiveKind::send_recv, Scope::nvlink, 2, Bytes(s), Measurement::single(smooth * step));
+    b.add_collective(Collective::send_recv, LinkScope::nvlink, 2, Bytes(s), Measurement::single(smooth * step));
   }
   return b.build();
 }
@@ -384,7 +384,7 @@ TEST(ProfileReader, CollectiveCorrectionKnotsRoundTripAndAreOptional) {
   const Profile loaded = Profile::parse(text, "stepped.toml");
   EXPECT_EQ(loaded.to_toml(), text);
   const CostModel with(loaded);
-  EXPECT_NEAR(with.collective(CollectiveKind::send_recv, Bytes(134217728), 2, Scope::nvlink).value /
+  EXPECT_NEAR(with.collective(Collective::send_recv, Bytes(134217728), 2, LinkScope::nvlink).value /
                   (1.25 * (9e-6 + 134217728 / (300e9 / (1 + std::sqrt(4e6 / 134217728))))),
               1.0, 1e-5);
   // A profile written before the knots (no correction_* keys) loads and predicts with the smooth
@@ -392,7 +392,7 @@ TEST(ProfileReader, CollectiveCorrectionKnotsRoundTripAndAreOptional) {
   const std::string old_text = without_lines(text, "correction_");
   const Profile old = Profile::parse(old_text, "old.toml");
   EXPECT_EQ(old.to_toml(), old_text);
-  const Family& f = old.family(collective_family(CollectiveKind::send_recv, Scope::nvlink));
+  const Family& f = old.family(collective_family(Collective::send_recv, LinkScope::nvlink));
   EXPECT_TRUE(f.param_array("correction_bytes").empty());
   const CostModel without(old);
   const auto& g = f.param_array("alpha_s");
@@ -400,7 +400,7 @@ TEST(ProfileReader, CollectiveCorrectionKnotsRoundTripAndAreOptional) {
   const double smooth = g[0] + s / CollectiveGroupParams{2, g[0], f.param_array("beta_max_bytes_per_s")[0],
                                                           f.param_array("s_half_bytes")[0], f.param_array("gamma")[0]}
                                        .bus_bandwidth_bytes_per_s(s);
-  EXPECT_EQ(without.collective(CollectiveKind::send_recv, Bytes(s), 2, Scope::nvlink).value, smooth);
+  EXPECT_EQ(without.collective(Collective::send_recv, Bytes(s), 2, LinkScope::nvlink).value, smooth);
 }
 
 TEST(ProfileReader, CollectiveCorrectionKnotsAreChecked) {
@@ -421,7 +421,7 @@ Profile structured_fp8_profile() {
       for (std::int64_t k : {1024, 4096}) {
         const double roofline = 5e-6 + 2.0 * m * n * k / (1400e12 * k / (k + 300.0));
         const double r = 0.12 * std::sin(std::log2(static_cast<double>(m))) * std::cos(0.5 * std::log2(static_cast<double>(n)));
-        b.add_gemm(Dtype::fp8, m, n, k, 1, Measurement::single(roofline * std::exp(r)));
+        b.add_gemm(DType::fp8, m, n, k, 1, Measurement::single(roofline * std::exp(r)));
       }
     }
   }
@@ -434,7 +434,7 @@ TEST(ProfileReader, GemmResidualCorrectionRoundTripsAndIsOptional) {
   const std::string text = built.to_toml();
   ASSERT_NE(text.find("correction_log_factor = ["), std::string::npos);
   ASSERT_NE(text.find("correction_bandwidth = ["), std::string::npos);
-  const Family& f = built.family(gemm_family(Dtype::fp8));
+  const Family& f = built.family(gemm_family(DType::fp8));
   EXPECT_EQ(f.param_array("correction_m").size(), f.points.size());
   // Leave-one-out refits the whole procedure (roofline and correction) without each point.
   EXPECT_EQ(f.quality.loo_points, static_cast<std::int64_t>(f.points.size()));
@@ -442,14 +442,14 @@ TEST(ProfileReader, GemmResidualCorrectionRoundTripsAndIsOptional) {
   const Profile loaded = Profile::parse(text, "fp8.toml");
   EXPECT_EQ(loaded.to_toml(), text);
   const CostModel with(loaded);
-  const double corrected = with.gemm(3000, 5120, 1536, Dtype::fp8).value;
+  const double corrected = with.gemm(3000, 5120, 1536, DType::fp8).value;
 
   // The same file without the correction_* keys (a profile written before them): loads with no
   // correction, predicts with the roofline alone, and saves back unchanged.
   const std::string old_text = without_lines(text, "correction_");
   const Profile old = Profile::parse(old_text, "old.toml");
   EXPECT_EQ(old.to_toml(), old_text);
-  const Family& of = old.family(gemm_family(Dtype::fp8));
+  const Family& of = old.family(gemm_family(DType::fp8));
   EXPECT_TRUE(of.param_array("correction_log_factor").empty());
   const CostModel without(old);
   GemmModel roofline;
@@ -459,8 +459,8 @@ TEST(ProfileReader, GemmResidualCorrectionRoundTripsAndIsOptional) {
   roofline.overhead_s = of.param("overhead_s");
   roofline.memory_bandwidth_bytes_per_s = of.param("memory_bandwidth_bytes_per_s");
   roofline.device = {test_hardware().sm_count, test_hardware().peak_fp8_flop_per_s};
-  roofline.elements = element_bytes(Dtype::fp8);
-  EXPECT_EQ(without.gemm(3000, 5120, 1536, Dtype::fp8).value, roofline.time_s(3000, 5120, 1536));
+  roofline.elements = element_bytes(DType::fp8);
+  EXPECT_EQ(without.gemm(3000, 5120, 1536, DType::fp8).value, roofline.time_s(3000, 5120, 1536));
   EXPECT_NE(corrected, roofline.time_s(3000, 5120, 1536));
 }
 
@@ -482,8 +482,8 @@ TEST(ProfileReader, ShippedProfilesCarryTheCorrectionWhereItIsFitted) {
   for (const char* name : {"default_h100.toml", "default_h200.toml", "h100.toml", "h200.toml"}) {
     const Profile p = Profile::load(dir / name);
     const bool measured = std::string(name).rfind("default_", 0) != 0;
-    const Family* bf16 = p.find(gemm_family(Dtype::bf16));
-    const Family* fp8 = p.find(gemm_family(Dtype::fp8));
+    const Family* bf16 = p.find(gemm_family(DType::bf16));
+    const Family* fp8 = p.find(gemm_family(DType::fp8));
     ASSERT_NE(bf16, nullptr) << name;
     ASSERT_NE(fp8, nullptr) << name;
     EXPECT_TRUE(bf16->param_array("correction_log_factor").empty()) << name;

@@ -40,25 +40,25 @@ inline Hardware test_hardware() {
 inline Profile small_profile() {
   ProfileBuilder b({"small", "synthetic: unit test", "tests/calibration"}, test_hardware());
   for (double s = 65536; s <= 1 << 30; s *= 4) {
-    b.add_copy(CopyDirection::d2d, Bytes(s),
+    b.add_copy(CopyKind::d2d, Bytes(s),
                Measurement::from_samples({2.5e-6 + s / 2e12, 2.6e-6 + s / 1.9e12, 2.4e-6 + s / 2.1e12}));
   }
   for (std::int64_t m : {512, 2048, 8192}) {
     for (std::int64_t k : {1024, 4096}) {
-      b.add_gemm(Dtype::bf16, m, 4096, k, 1,
+      b.add_gemm(DType::bf16, m, 4096, k, 1,
                  Measurement::single(6e-6 + 2.0 * m * 4096 * k / (650e12 * k / (k + 300.0))));
     }
   }
   for (int n : {2, 4}) {
     for (double s = 1024; s <= 1 << 30; s *= 8) {
       b.add_collective(
-          CollectiveKind::all_reduce, Scope::nvlink, n, Bytes(s),
+          Collective::all_reduce, LinkScope::nvlink, n, Bytes(s),
           Measurement::single(8e-6 + n * 1e-6 + s * 2.0 * (n - 1) / n / (300e9 / (1 + std::sqrt(4e6 / s)))));
     }
   }
   b.add_host("kernel_launch", Measurement::from_samples({3.6e-6, 3.7e-6, 3.9e-6, 3.7e-6}));
   b.add_host("kernel_launch", Measurement::single(3.8e-6));
-  b.set_note(gemm_family(Dtype::bf16), "made up for a test, with a \"quote\" and a backslash \\");
+  b.set_note(gemm_family(DType::bf16), "made up for a test, with a \"quote\" and a backslash \\");
   return b.build();
 }
 

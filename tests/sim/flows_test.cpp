@@ -21,18 +21,18 @@ std::vector<int> iota(int n, int from = 0) {
 
 TEST(Flows, RingAllReduceSendsTwoNMinusOneOverNOfTheSizeToTheNextMember) {
   const auto m = iota(8);
-  const auto f = collective_flows(CommKind::all_reduce, Algorithm::ring, m, 800.0, Split{});
+  const auto f = collective_flows(Collective::all_reduce, Algorithm::ring, m, 800.0, Split{});
   ASSERT_EQ(f.size(), 8U);
   for (const auto& x : f) {
     EXPECT_EQ(x.dst, (x.src + 1) % 8);
     EXPECT_DOUBLE_EQ(x.bytes, 2.0 * 7.0 / 8.0 * 800.0);
   }
-  EXPECT_DOUBLE_EQ(bus_traffic_bytes(CommKind::all_reduce, m, 800.0, Split{}), 2.0 * 7.0 / 8.0 * 800.0);
+  EXPECT_DOUBLE_EQ(bus_traffic_bytes(Collective::all_reduce, m, 800.0, Split{}), 2.0 * 7.0 / 8.0 * 800.0);
 }
 
 TEST(Flows, RingAllGatherAndReduceScatterSendNMinusOneOverN) {
   const auto m = iota(4);
-  for (CommKind k : {CommKind::all_gather, CommKind::reduce_scatter}) {
+  for (Collective k : {Collective::all_gather, Collective::reduce_scatter}) {
     const auto f = collective_flows(k, Algorithm::ring, m, 400.0, Split{});
     ASSERT_EQ(f.size(), 4U);
     for (const auto& x : f) EXPECT_DOUBLE_EQ(x.bytes, 300.0);
@@ -40,20 +40,20 @@ TEST(Flows, RingAllGatherAndReduceScatterSendNMinusOneOverN) {
 }
 
 TEST(Flows, ChainBroadcastForwardsTheWholeBuffer) {
-  const auto f = collective_flows(CommKind::broadcast, Algorithm::chain, iota(4), 100.0, Split{});
+  const auto f = collective_flows(Collective::broadcast, Algorithm::chain, iota(4), 100.0, Split{});
   ASSERT_EQ(f.size(), 3U);
   for (const auto& x : f) EXPECT_DOUBLE_EQ(x.bytes, 100.0);
 }
 
 TEST(Flows, PairwiseAllToAllSendsSizeOverNToEveryOtherMember) {
   const auto m = iota(4);
-  const auto f = collective_flows(CommKind::all_to_all, Algorithm::pairwise, m, 400.0, Split{});
+  const auto f = collective_flows(Collective::all_to_all, Algorithm::pairwise, m, 400.0, Split{});
   ASSERT_EQ(f.size(), 12U);
   for (const auto& x : f) {
     EXPECT_NE(x.src, x.dst);
     EXPECT_DOUBLE_EQ(x.bytes, 100.0);
   }
-  EXPECT_DOUBLE_EQ(bus_traffic_bytes(CommKind::all_to_all, m, 400.0, Split{}), 300.0);
+  EXPECT_DOUBLE_EQ(bus_traffic_bytes(Collective::all_to_all, m, 400.0, Split{}), 300.0);
 }
 
 TEST(Flows, DispatchSplitFollowsRoutingSharesAndTheHotRankBoundsTheTime) {
@@ -61,23 +61,23 @@ TEST(Flows, DispatchSplitFollowsRoutingSharesAndTheHotRankBoundsTheTime) {
   const scenarios::RoutingModel rm(4, 2.0);
   Split split{SplitKind::by_dest, {rm.share(0), rm.share(1), rm.share(2), rm.share(3)}};
   const auto m = iota(4);
-  const auto f = collective_flows(CommKind::all_to_all, Algorithm::pairwise, m, 1200.0, split, 1);
+  const auto f = collective_flows(Collective::all_to_all, Algorithm::pairwise, m, 1200.0, split, 1);
   ASSERT_EQ(f.size(), 3U);
   std::map<int, double> to;
   for (const auto& x : f) to[x.dst] = x.bytes;
   EXPECT_DOUBLE_EQ(to[0], 600.0);
   EXPECT_DOUBLE_EQ(to[2], 200.0);
   // Rank 0 receives 3 x 600 bytes: the largest traffic of any member.
-  EXPECT_DOUBLE_EQ(bus_traffic_bytes(CommKind::all_to_all, m, 1200.0, split), 1800.0);
+  EXPECT_DOUBLE_EQ(bus_traffic_bytes(Collective::all_to_all, m, 1200.0, split), 1800.0);
   // Combine (by source): the hot rank sends its share to everyone.
   Split back{SplitKind::by_src, split.share};
-  const auto g = collective_flows(CommKind::all_to_all, Algorithm::pairwise, m, 1200.0, back, 0);
+  const auto g = collective_flows(Collective::all_to_all, Algorithm::pairwise, m, 1200.0, back, 0);
   for (const auto& x : g) EXPECT_DOUBLE_EQ(x.bytes, 600.0);
 }
 
 TEST(Flows, DoubleBinaryTreeEdgesCarryHalfTheBufferEachWay) {
   const int n = 8;
-  const auto f = collective_flows(CommKind::all_reduce, Algorithm::tree, iota(n), 100.0, Split{});
+  const auto f = collective_flows(Collective::all_reduce, Algorithm::tree, iota(n), 100.0, Split{});
   EXPECT_EQ(f.size(), static_cast<std::size_t>(4 * (n - 1)));
   std::map<std::pair<int, int>, double> edge;
   for (const auto& x : f) {
@@ -89,32 +89,32 @@ TEST(Flows, DoubleBinaryTreeEdgesCarryHalfTheBufferEachWay) {
 }
 
 TEST(Flows, OnlySourceFilterKeepsOneMembersFlows) {
-  const auto f = collective_flows(CommKind::all_to_all, Algorithm::pairwise, iota(8), 800.0, Split{}, 3);
+  const auto f = collective_flows(Collective::all_to_all, Algorithm::pairwise, iota(8), 800.0, Split{}, 3);
   ASSERT_EQ(f.size(), 7U);
   for (const auto& x : f) EXPECT_EQ(x.src, 3);
 }
 
 TEST(Flows, BusFactorsAreNcclTests) {
-  EXPECT_DOUBLE_EQ(bus_factor(CommKind::all_reduce, 4), 1.5);
-  EXPECT_DOUBLE_EQ(bus_factor(CommKind::all_gather, 4), 0.75);
-  EXPECT_DOUBLE_EQ(bus_factor(CommKind::all_to_all, 8), 7.0 / 8.0);
-  EXPECT_DOUBLE_EQ(bus_factor(CommKind::send_recv, 2), 1.0);
-  EXPECT_DOUBLE_EQ(latency_hops(CommKind::all_reduce, Algorithm::ring, 8), 14);
-  EXPECT_DOUBLE_EQ(latency_hops(CommKind::all_reduce, Algorithm::tree, 8), 6);
+  EXPECT_DOUBLE_EQ(bus_factor(Collective::all_reduce, 4), 1.5);
+  EXPECT_DOUBLE_EQ(bus_factor(Collective::all_gather, 4), 0.75);
+  EXPECT_DOUBLE_EQ(bus_factor(Collective::all_to_all, 8), 7.0 / 8.0);
+  EXPECT_DOUBLE_EQ(bus_factor(Collective::send_recv, 2), 1.0);
+  EXPECT_DOUBLE_EQ(latency_hops(Collective::all_reduce, Algorithm::ring, 8), 14);
+  EXPECT_DOUBLE_EQ(latency_hops(Collective::all_reduce, Algorithm::tree, 8), 6);
 }
 
 TEST(Flows, AutomaticAllReducePicksTreeOnlyForSmallInterNodeBuffers) {
-  EXPECT_EQ(choose_algorithm(CommKind::all_reduce, AllReduceChoice::automatic, true, 1e6, 16), Algorithm::tree);
-  EXPECT_EQ(choose_algorithm(CommKind::all_reduce, AllReduceChoice::automatic, true, 1e9, 16), Algorithm::ring);
-  EXPECT_EQ(choose_algorithm(CommKind::all_reduce, AllReduceChoice::automatic, false, 1e6, 8), Algorithm::ring);
-  EXPECT_EQ(choose_algorithm(CommKind::all_reduce, AllReduceChoice::tree, false, 1e9, 8), Algorithm::tree);
-  EXPECT_EQ(choose_algorithm(CommKind::all_to_all, AllReduceChoice::tree, true, 1e3, 8), Algorithm::pairwise);
+  EXPECT_EQ(choose_algorithm(Collective::all_reduce, AllReduceChoice::automatic, true, 1e6, 16), Algorithm::tree);
+  EXPECT_EQ(choose_algorithm(Collective::all_reduce, AllReduceChoice::automatic, true, 1e9, 16), Algorithm::ring);
+  EXPECT_EQ(choose_algorithm(Collective::all_reduce, AllReduceChoice::automatic, false, 1e6, 8), Algorithm::ring);
+  EXPECT_EQ(choose_algorithm(Collective::all_reduce, AllReduceChoice::tree, false, 1e9, 8), Algorithm::tree);
+  EXPECT_EQ(choose_algorithm(Collective::all_to_all, AllReduceChoice::tree, true, 1e3, 8), Algorithm::pairwise);
 }
 
 TEST(Flows, AggregationMergesBySameNodeSameLeafOtherLeafAndKeepsBytes) {
   const Platform p(testing::cluster(8, 4));  // rail optimised, one leaf per rail
   const auto m = iota(32);
-  const auto raw = collective_flows(CommKind::all_to_all, Algorithm::pairwise, m, 3200.0, Split{}, 0);
+  const auto raw = collective_flows(Collective::all_to_all, Algorithm::pairwise, m, 3200.0, Split{}, 0);
   const auto agg = aggregate_flows(raw, m, p);
   ASSERT_EQ(agg.size(), 3U);
   double total = 0.0;
@@ -184,7 +184,7 @@ TEST(Flows, DedupFactorIsNodesUsedOverCopiesToOtherNodes) {
 TEST(Flows, AggregatedDestinationsAreDistinctInASymmetricPattern) {
   const Platform p(testing::cluster(8, 2));
   const auto m = iota(16);
-  const auto raw = collective_flows(CommKind::all_to_all, Algorithm::pairwise, m, 1600.0, Split{});
+  const auto raw = collective_flows(Collective::all_to_all, Algorithm::pairwise, m, 1600.0, Split{});
   const auto agg = aggregate_flows(raw, m, p);
   std::map<int, int> received;
   for (const auto& x : agg) {

@@ -30,7 +30,7 @@ class NcclFake final : public OpCoster {
 
   [[nodiscard]] Seconds kernel_time(const scenarios::Op& op) const override { return Seconds(op.flops * 1e-6); }
   [[nodiscard]] Seconds copy_time(scenarios::CopyKind, Bytes b) const override { return Seconds(b.value / 50e9); }
-  [[nodiscard]] CommParams comm_params(CommKind, Bytes, int, CommScope) const override {
+  [[nodiscard]] CommParams comm_params(Collective, Bytes, int, LinkScope) const override {
     return {Seconds(0.0), BytesPerSecond(450e9)};
   }
   [[nodiscard]] HostCosts host_costs() const override { return {}; }

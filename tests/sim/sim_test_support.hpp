@@ -49,7 +49,7 @@ class FakeCoster final : public OpCoster {
 
   [[nodiscard]] Seconds kernel_time(const Op& op) const override { return Seconds(op.flops * 1e-6); }
   [[nodiscard]] Seconds copy_time(scenarios::CopyKind, Bytes bytes) const override { return bytes / copy_bw; }
-  [[nodiscard]] CommParams comm_params(CommKind, Bytes, int, CommScope) const override { return {alpha, busbw}; }
+  [[nodiscard]] CommParams comm_params(Collective, Bytes, int, LinkScope) const override { return {alpha, busbw}; }
   [[nodiscard]] HostCosts host_costs() const override { return host; }
   [[nodiscard]] double stream_concurrency(int streams, double) const override { return streams <= 1 ? 1.0 : concurrency; }
   [[nodiscard]] int sm_count() const override { return 132; }

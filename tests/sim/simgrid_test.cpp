@@ -220,16 +220,13 @@ TEST(SimGridEngine, LoneCollectiveReproducesTheProfilesCurve) {
   const CostModelCoster coster(model);
   struct Case {
     Collective kind;
-    calibration::CollectiveKind ck;
     int n, gpn, nodes;
     Group group;
   };
   const Case cases[] = {
-      {Collective::all_reduce, calibration::CollectiveKind::all_reduce, 8, 8, 1, Group::tp},
-      {Collective::all_gather, calibration::CollectiveKind::all_gather, 8, 8, 1, Group::tp},
-      {Collective::all_to_all, calibration::CollectiveKind::all_to_all, 8, 8, 1, Group::tp},
-      {Collective::all_to_all, calibration::CollectiveKind::all_to_all, 16, 8, 2, Group::tp},
-      {Collective::reduce_scatter, calibration::CollectiveKind::reduce_scatter, 16, 8, 2, Group::tp},
+      {Collective::all_reduce, 8, 8, 1, Group::tp},      {Collective::all_gather, 8, 8, 1, Group::tp},
+      {Collective::all_to_all, 8, 8, 1, Group::tp},      {Collective::all_to_all, 16, 8, 2, Group::tp},
+      {Collective::reduce_scatter, 16, 8, 2, Group::tp},
   };
   for (const Case& c : cases) {
     for (double S : {1e6, 64e6, 1e9}) {
@@ -245,12 +242,9 @@ TEST(SimGridEngine, LoneCollectiveReproducesTheProfilesCurve) {
       // time of that split, not one curve.
       const bool split = c.kind == Collective::all_to_all && c.nodes > 1;
       const auto a = split ? flow_step(b, coster, cl, Fidelity::analytic) : r;
-      const double want = split
-                              ? a[2] - a[1]
-                              : model
-                                    .collective(c.ck, Bytes(S), c.n,
-                                                c.nodes > 1 ? calibration::Scope::network : calibration::Scope::nvlink)
-                                    .value;
+      const double want =
+          split ? a[2] - a[1]
+                : model.collective(c.kind, Bytes(S), c.n, c.nodes > 1 ? LinkScope::network : LinkScope::nvlink).value;
       // The op's own duration (the step also holds its host launch).
       EXPECT_NEAR(r[2] - r[1], want, 1e-6 * want) << scenarios::to_string(c.kind) << " n " << c.n << " S " << S;
     }

@@ -190,7 +190,7 @@ class FixedCoster final : public OpCoster {
   FixedCoster(double op_us, HostCosts host, bool ideal = false) : op_(microseconds(op_us)), host_(host), ideal_(ideal) {}
   [[nodiscard]] Seconds kernel_time(const scenarios::Op&) const override { return op_; }
   [[nodiscard]] Seconds copy_time(scenarios::CopyKind, Bytes) const override { return op_; }
-  [[nodiscard]] CommParams comm_params(CommKind, Bytes, int, CommScope) const override {
+  [[nodiscard]] CommParams comm_params(Collective, Bytes, int, LinkScope) const override {
     return {Seconds(0.0), BytesPerSecond(1e15)};
   }
   [[nodiscard]] HostCosts host_costs() const override { return host_; }

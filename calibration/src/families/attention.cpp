@@ -50,7 +50,7 @@ AttentionModel attention_wave_of(const FamilySpec& s, const Params& p, const Har
   m.overhead_s = scalar(s, p, "overhead_s");
   m.memory_bandwidth_bytes_per_s = scalar(s, p, "memory_bandwidth_bytes_per_s");
   m.backward = s.backward;
-  m.device = device_of(hw, Dtype::bf16);
+  m.device = device_of(hw, DType::bf16);
   return m;
 }
 
@@ -96,7 +96,7 @@ void add_specs(std::vector<FamilySpec>& out) {
                         "score matrix's passes through memory in the backend's unfused attention; with it, pairs are "
                         "whole 512-row causal blocks",
                         true});
-    s.reads = {copy_family(CopyDirection::d2d)};
+    s.reads = {copy_family(CopyKind::d2d)};
     out.push_back(s);
   }
 }
@@ -108,7 +108,7 @@ Params fit(const FamilySpec& spec, const std::vector<Point>& points, const FitCo
   // Both forms; the blocked one (the backend's unfused attention, one more parameter) only where it
   // fits the points better: a measured calibration of threewalls' kernel, not the fused curve the
   // default profiles are generated from (docs/calibration.md, "Attention").
-  const auto v1 = AttentionModel::fit(s, spec.backward, device_of(hw, Dtype::bf16), memory_bandwidth(ctx), false);
+  const auto v1 = AttentionModel::fit(s, spec.backward, device_of(hw, DType::bf16), memory_bandwidth(ctx), false);
   const std::vector<double> measured = measured_medians(points);
   auto median_error = [&](const AttentionModel& m) {
     std::vector<double> predicted;
@@ -117,7 +117,7 @@ Params fit(const FamilySpec& spec, const std::vector<Point>& points, const FitCo
   };
   AttentionModel m = v1;
   if (s.size() >= 5) {
-    const auto blocked = AttentionModel::fit(s, spec.backward, device_of(hw, Dtype::bf16), memory_bandwidth(ctx), true);
+    const auto blocked = AttentionModel::fit(s, spec.backward, device_of(hw, DType::bf16), memory_bandwidth(ctx), true);
     if (median_error(blocked) < median_error(v1)) m = blocked;
   }
   Params out = attention_wave_params_of(m);

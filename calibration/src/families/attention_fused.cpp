@@ -21,7 +21,7 @@ void add_specs(std::vector<FamilySpec>& out) {
         " (bf16, flash-style through cuDNN): t = max(F / (P e_max L/(L+s_half) d/(d+d_half) q), B / BW) + t0";
     s.inputs = attention_inputs();
     s.params = attention_wave_params();
-    s.reads = {copy_family(CopyDirection::d2d)};
+    s.reads = {copy_family(CopyKind::d2d)};
     out.push_back(s);
   }
 }
@@ -30,7 +30,7 @@ Params fit(const FamilySpec& spec, const std::vector<Point>& points, const FitCo
   std::vector<AttentionModel::Sample> s;
   for (const auto& p : points) s.push_back({attention_shape(p.inputs), p.time.median_s});
   const auto m =
-      AttentionModel::fit(s, spec.backward, device_of(*ctx.hardware, Dtype::bf16), memory_bandwidth(ctx), false);
+      AttentionModel::fit(s, spec.backward, device_of(*ctx.hardware, DType::bf16), memory_bandwidth(ctx), false);
   return round_all(attention_wave_params_of(m));
 }
 

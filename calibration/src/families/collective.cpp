@@ -31,9 +31,9 @@ CollectiveModel collective_of(const FamilySpec& s, const Params& p) {
 }
 
 void add_specs(std::vector<FamilySpec>& out) {
-  for (Scope sc : {Scope::nvlink, Scope::network}) {
-    for (CollectiveKind k : {CollectiveKind::all_reduce, CollectiveKind::all_gather, CollectiveKind::reduce_scatter,
-                             CollectiveKind::all_to_all, CollectiveKind::broadcast, CollectiveKind::send_recv}) {
+  for (LinkScope sc : {LinkScope::nvlink, LinkScope::network}) {
+    for (Collective k : {Collective::all_reduce, Collective::all_gather, Collective::reduce_scatter,
+                         Collective::all_to_all, Collective::broadcast, Collective::send_recv}) {
       FamilySpec s;
       s.name = collective_family(k, sc);
       s.model = "collective_hill_v1";

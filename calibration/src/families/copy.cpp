@@ -8,15 +8,15 @@ namespace threewalls::calibration::detail {
 namespace {
 
 void add_specs(std::vector<FamilySpec>& out) {
-  for (CopyDirection d : {CopyDirection::h2d_pinned, CopyDirection::h2d_pageable, CopyDirection::d2h_pinned,
-                          CopyDirection::d2h_pageable, CopyDirection::d2d, CopyDirection::disk_read}) {
+  for (CopyKind d : {CopyKind::h2d_pinned, CopyKind::h2d_pageable, CopyKind::d2h_pinned, CopyKind::d2h_pageable,
+                     CopyKind::d2d, CopyKind::disk_read}) {
     out.push_back(linear_spec(copy_family(d), std::string("copy ") + to_string(d) + " (bytes copied)", "bytes copied"));
   }
 }
 
 void store(const Family& f, const Hardware& /*hw*/, DecodedModels& models) {
   for (std::size_t d = 0; d < models.copy.size(); ++d) {
-    if (f.name == copy_family(static_cast<CopyDirection>(d))) models.copy[d] = decode_linear(f);
+    if (f.name == copy_family(static_cast<CopyKind>(d))) models.copy[d] = decode_linear(f);
   }
 }
 

@@ -40,8 +40,8 @@ inline constexpr std::size_t kHostCosts = static_cast<std::size_t>(HostCost::str
 std::string_view host_cost_name(HostCost c);
 
 struct DecodedModels {
-  std::array<std::optional<GemmModel>, 3> gemm;            // by Dtype
-  std::array<std::optional<GroupedGemmModel>, 3> grouped;  // by Dtype
+  std::array<std::optional<GemmModel>, 3> gemm;            // by DType
+  std::array<std::optional<GroupedGemmModel>, 3> grouped;  // by DType
   std::array<std::optional<AttentionModel>, 2> attention;  // forward, backward
   std::array<std::optional<AttentionModel>, 2> attention_fused;  // optional: forward, backward
   std::optional<DecodeAttentionModel> attention_decode;          // optional
@@ -49,8 +49,8 @@ struct DecodedModels {
   std::optional<LinearModel> norm;
   std::map<std::string, LinearModel, std::less<>> kernels;                  // per-kernel memory-bound fits (optional)
   std::map<std::string, KernelTermsModel, std::less<>> kernel_terms;        // per-kernel shape fits (optional)
-  std::array<std::optional<LinearModel>, 6> copy;                           // by CopyDirection
-  std::array<std::array<std::optional<CollectiveModel>, 2>, 6> collective;  // by CollectiveKind, Scope
+  std::array<std::optional<LinearModel>, 6> copy;                           // by CopyKind
+  std::array<std::array<std::optional<CollectiveModel>, 2>, 6> collective;  // by Collective, LinkScope
   std::array<std::optional<ConstantModel>, kHostCosts> host;                // by HostCost
   std::optional<ConcurrencyModel> concurrency;
   std::optional<NcclInterferenceModel> nccl_interference;  // optional family (absent: no slowdown)

@@ -33,7 +33,7 @@ std::vector<ParamSpec> correction_params(const std::vector<std::pair<std::string
 }
 
 bool shape_correction_fitted(const FamilySpec& spec) {
-  return (spec.kind == ModelKind::gemm && spec.dtype == Dtype::fp8) || spec.kind == ModelKind::grouped_gemm;
+  return (spec.kind == ModelKind::gemm && spec.dtype == DType::fp8) || spec.kind == ModelKind::grouped_gemm;
 }
 
 std::optional<std::string> check_gemm_head(const FamilySpec& spec, const Params& params) {
@@ -115,7 +115,7 @@ void add_specs(std::vector<FamilySpec>& out) {
                 ParamSpec{"wave_tail", false, false,
                           "waves of tiles whose K loop every GEMM pays besides its FLOPs (fill and tail)"});
   for (const auto& p : correction_params({{"m", "m"}, {"n", "n"}, {"k", "k"}})) params.push_back(p);
-  for (Dtype dt : {Dtype::bf16, Dtype::fp8, Dtype::fp32}) {
+  for (DType dt : {DType::bf16, DType::fp8, DType::fp32}) {
     FamilySpec s;
     s.name = gemm_family(dt);
     s.model = "gemm_roofline_v2";
@@ -129,7 +129,7 @@ void add_specs(std::vector<FamilySpec>& out) {
                 {"k", true, "inner dimension"},
                 {"batch", true, "independent products in one call"}};
     s.params = params;
-    s.reads = {copy_family(CopyDirection::d2d)};
+    s.reads = {copy_family(CopyKind::d2d)};
     out.push_back(s);
   }
 }

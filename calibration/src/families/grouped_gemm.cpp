@@ -32,7 +32,7 @@ GroupedGemmModel grouped_of(const FamilySpec& s, const Params& p, const Hardware
 }
 
 void add_specs(std::vector<FamilySpec>& out) {
-  for (Dtype dt : {Dtype::bf16, Dtype::fp8, Dtype::fp32}) {
+  for (DType dt : {DType::bf16, DType::fp8, DType::fp32}) {
     FamilySpec s;
     s.name = grouped_gemm_family(dt);
     s.model = "grouped_gemm_wave_v1";
@@ -58,7 +58,7 @@ void add_specs(std::vector<FamilySpec>& out) {
              {{"groups", "groups"}, {"total_rows", "total_rows"}, {"max_rows", "max_rows"}, {"n", "n"}, {"k", "k"}})) {
       s.params.push_back(p);
     }
-    s.reads = {copy_family(CopyDirection::d2d), gemm_family(dt)};
+    s.reads = {copy_family(CopyKind::d2d), gemm_family(dt)};
     out.push_back(s);
   }
 }
@@ -77,7 +77,7 @@ Params fit(const FamilySpec& spec, const std::vector<Point>& points, const FitCo
                  as_int(p.inputs[4]), p.time.median_s});
   }
   // Batched-calls form for bf16 (the backend's lt_batched grouped GEMM); wave form otherwise.
-  const auto m = GroupedGemmModel::fit(s, decode_gemm(*dense, hw), spec.dtype == Dtype::bf16);
+  const auto m = GroupedGemmModel::fit(s, decode_gemm(*dense, hw), spec.dtype == DType::bf16);
   Params out{{static_cast<double>(m.tile_m)},
              {static_cast<double>(m.tile_n)},
              {m.efficiency_max},

@@ -86,7 +86,7 @@ std::int64_t as_int(double v);
 double scalar(const FamilySpec& spec, const Params& p, std::string_view key);
 const std::vector<double>& array(const FamilySpec& spec, const Params& p, std::string_view key);
 std::vector<double>& array_ref(const FamilySpec& spec, Params& p, std::string_view key);
-DeviceConstants device_of(const Hardware& hw, Dtype dt);
+DeviceConstants device_of(const Hardware& hw, DType dt);
 double round_param(double v);
 Params round_all(Params p);
 std::vector<double> measured_medians(const std::vector<Point>& pts);

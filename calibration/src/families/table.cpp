@@ -87,7 +87,7 @@ std::vector<double>& array_ref(const FamilySpec& spec, Params& p, std::string_vi
   return p.at(index_of(spec, key));
 }
 
-DeviceConstants device_of(const Hardware& hw, Dtype dt) { return {hw.sm_count, hw.peak_flop_per_s(dt)}; }
+DeviceConstants device_of(const Hardware& hw, DType dt) { return {hw.sm_count, hw.peak_flop_per_s(dt)}; }
 
 double round_param(double v) { return fit::round_significant(v, kParamDigits); }
 
@@ -119,7 +119,7 @@ bool increasing_counts(const std::vector<double>& n) {
 
 double memory_bandwidth(const FitContext& ctx) {
   if (ctx.find) {
-    if (const Family* d2d = ctx.find(copy_family(CopyDirection::d2d)); d2d && !d2d->params.empty()) {
+    if (const Family* d2d = ctx.find(copy_family(CopyKind::d2d)); d2d && !d2d->params.empty()) {
       return 2.0 * decode_linear(*d2d).asymptotic_bandwidth_bytes_per_s();
     }
   }

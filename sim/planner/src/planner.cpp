@@ -189,7 +189,7 @@ std::vector<std::string> default_selective_modules(const Scenario& s) {
 }
 
 // Time of a collective alone (nccl-tests convention): alpha + f(n) S / busbw.
-double comm_seconds(const OpCoster& coster, CommKind kind, double bytes, int n, CommScope scope) {
+double comm_seconds(const OpCoster& coster, Collective kind, double bytes, int n, LinkScope scope) {
   if (n <= 1 || bytes <= 0.0) return 0.0;
   const CommParams p = coster.comm_params(kind, Bytes(bytes), n, scope);
   return p.latency.value + bus_factor(kind, n) * bytes / p.bus_bandwidth.value;
@@ -787,17 +787,19 @@ PlanRow PlanEstimator::evaluate(const Candidate& c) {
   // Pipeline sends on the fill and drain path (they overlap compute in the steady state).
   if (pp > 1) {
     const double act = 1.0 * c.mbs * (t.seq_length / c.cp) * s.model.hidden_size * 2.0 / (c.tp > 1 ? c.tp : 1);
-    const CommScope scope = per_stage >= s.cluster.gpus_per_node ? CommScope::network : CommScope::nvlink;
-    const double hop = comm_seconds(coster, CommKind::send_recv, act, 2, scope);
+    const LinkScope scope = per_stage >= s.cluster.gpus_per_node ? LinkScope::network : LinkScope::nvlink;
+    const double hop = comm_seconds(coster, Collective::send_recv, act, 2, scope);
     w.exposed_comm_us += 2.0 * (pp * vpp - 1) * hop;
   }
   // Data-parallel gradient reduction and parameter gathering, the optimizer.
   const ClassMemory& cmem = mem.classes[static_cast<std::size_t>(crit * (split_hot ? 2 : 1))];
   const int rep = crit * per_stage;
-  auto scope_of = [&](Group grp) { return skel.layout.group_within_node(grp, rep) ? CommScope::nvlink : CommScope::network; };
+  auto scope_of = [&](Group grp) {
+    return skel.layout.group_within_node(grp, rep) ? LinkScope::nvlink : LinkScope::network;
+  };
   const int nd = c.dp * c.cp, ne = c.edp;
   const bool dist = t.use_distributed_optimizer;
-  const CommKind red_kind = dist ? CommKind::reduce_scatter : CommKind::all_reduce;
+  const Collective red_kind = dist ? Collective::reduce_scatter : Collective::all_reduce;
   const double bucket = t.grad_bucket_size_params;
   const double dense = cmem.params.dense, expert = cmem.params.expert;
   const double rs_all = comm_seconds(coster, red_kind, dense * 4.0, nd, scope_of(Group::dp_cp)) +
@@ -806,15 +808,16 @@ PlanRow PlanEstimator::evaluate(const Candidate& c) {
                                   comm_seconds(coster, red_kind, std::min(bucket, expert) * 4.0, ne, scope_of(Group::edp)));
   w.exposed_comm_us += t.overlap_grad_reduce ? std::max(rs_last, rs_all - crit_bwd) : rs_all;
   if (dist) {
-    const double ag_all = comm_seconds(coster, CommKind::all_gather, dense * 2.0, nd, scope_of(Group::dp_cp)) +
-                          comm_seconds(coster, CommKind::all_gather, expert * 2.0, ne, scope_of(Group::edp));
-    const double ag_first = comm_seconds(coster, CommKind::all_gather, std::min(bucket, dense) * 2.0, nd, scope_of(Group::dp_cp));
+    const double ag_all = comm_seconds(coster, Collective::all_gather, dense * 2.0, nd, scope_of(Group::dp_cp)) +
+                          comm_seconds(coster, Collective::all_gather, expert * 2.0, ne, scope_of(Group::edp));
+    const double ag_first =
+        comm_seconds(coster, Collective::all_gather, std::min(bucket, dense) * 2.0, nd, scope_of(Group::dp_cp));
     w.exposed_comm_us += t.overlap_param_gather ? ag_first : ag_all;
   }
   const double shard = dist ? dense / nd + expert / ne : dense + expert;
   w.compute_us += memory_kernel_seconds(coster, OpKind::elementwise, shard * 4.0, shard) +
                   memory_kernel_seconds(coster, OpKind::optimizer, shard * 30.0, shard);
-  w.exposed_comm_us += comm_seconds(coster, CommKind::all_reduce, 4.0, impl_->gpus, CommScope::network);
+  w.exposed_comm_us += comm_seconds(coster, Collective::all_reduce, 4.0, impl_->gpus, LinkScope::network);
   // Seconds so far; report microseconds.
   w.compute_us *= 1e6;
   w.exposed_comm_us *= 1e6;

@@ -20,12 +20,6 @@ namespace threewalls::calibration {
 
 class Profile;
 
-// Element types, copy kinds, collectives and link scopes are the core vocabulary
-// (core/vocabulary.hpp); these are the calibration's names for the same types.
-using Dtype = threewalls::DType;
-using CopyDirection = threewalls::CopyKind;
-using CollectiveKind = threewalls::Collective;
-using Scope = threewalls::LinkScope;  // inside one NVLink domain, or across nodes through the NICs
 using threewalls::to_string;
 
 // Effective parameters of a collective for the flow-level simulator: latency term and the bus
@@ -38,7 +32,7 @@ struct CollectiveParams {
 // nccl-tests bus-bandwidth factor f(n) of a collective over n ranks: all_reduce 2(n-1)/n;
 // all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast and send_recv 1. A lone collective of
 // S bytes takes latency + (S * f(n)) / bus_bandwidth (CollectiveParams at that S and n).
-double bus_bandwidth_factor(CollectiveKind kind, int group_size);
+double bus_bandwidth_factor(Collective kind, int group_size);
 
 // Shape of a fused attention call; kv_heads < heads for GQA/MQA (K and V are smaller to read).
 struct AttentionShape {
@@ -63,10 +57,10 @@ class CostModel {
 
   // ---- compute ----
   // C[m,n] = A[m,k] B[k,n] (times `batch` independent products).
-  [[nodiscard]] Seconds gemm(std::int64_t m, std::int64_t n, std::int64_t k, Dtype dt, std::int64_t batch = 1) const;
+  [[nodiscard]] Seconds gemm(std::int64_t m, std::int64_t n, std::int64_t k, DType dt, std::int64_t batch = 1) const;
   // One GEMM per group (local expert) with `total_rows` rows in all and at most `max_rows` in one group.
   [[nodiscard]] Seconds grouped_gemm(std::int64_t groups, std::int64_t total_rows, std::int64_t max_rows,
-                                     std::int64_t n, std::int64_t k, Dtype dt) const;
+                                     std::int64_t n, std::int64_t k, DType dt) const;
   // Fused attention over (batch, heads) with the given sequence lengths and head dims.
   [[nodiscard]] Seconds attention(std::int64_t batch, std::int64_t seq_q, std::int64_t seq_kv, std::int64_t heads,
                                   std::int64_t head_dim_qk, std::int64_t head_dim_v, bool causal, bool backward) const;
@@ -96,14 +90,14 @@ class CostModel {
                                                      const std::vector<double>& inputs) const;
 
   // ---- copies ----
-  [[nodiscard]] Seconds copy(CopyDirection dir, Bytes bytes) const;
+  [[nodiscard]] Seconds copy(CopyKind dir, Bytes bytes) const;
 
   // ---- communication ----
   // nccl-tests conventions: `bytes` is the "size" column (all_reduce: buffer; all_gather: output;
   // reduce_scatter: input; all_to_all: bytes each rank sends in total); bus bandwidth factors
   // 2(n-1)/n, (n-1)/n, (n-1)/n, (n-1)/n, 1 for send_recv.
-  [[nodiscard]] Seconds collective(CollectiveKind kind, Bytes bytes, int group_size, Scope scope) const;
-  [[nodiscard]] CollectiveParams collective_params(CollectiveKind kind, Bytes bytes, int group_size, Scope scope) const;
+  [[nodiscard]] Seconds collective(Collective kind, Bytes bytes, int group_size, LinkScope scope) const;
+  [[nodiscard]] CollectiveParams collective_params(Collective kind, Bytes bytes, int group_size, LinkScope scope) const;
 
   // ---- host ----
   [[nodiscard]] Seconds kernel_launch() const;     // host time of one eager kernel launch
@@ -167,7 +161,7 @@ class CostModel {
   [[nodiscard]] std::optional<NcclMemory> nccl_memory() const;
 
   // ---- hardware ----
-  [[nodiscard]] FlopsPerSecond peak_flops(Dtype dt) const;  // datasheet dense peak
+  [[nodiscard]] FlopsPerSecond peak_flops(DType dt) const;  // datasheet dense peak
   [[nodiscard]] BytesPerSecond hbm_bandwidth() const;       // measured copy bandwidth (read + write)
   [[nodiscard]] int sm_count() const;
 

@@ -36,7 +36,7 @@ struct ElementBytes {
   int input = 2;
   int output = 2;
 };
-ElementBytes element_bytes(Dtype dt);
+ElementBytes element_bytes(DType dt);
 
 // ---------------------------------------------------------------------------------------------
 // Residual correction in log-shape space (optional part of gemm.fp8 and grouped_gemm.*).
@@ -345,7 +345,7 @@ struct CollectiveCorrectionKnot {
 };
 
 struct CollectiveModel {
-  CollectiveKind kind = CollectiveKind::all_reduce;
+  Collective kind = Collective::all_reduce;
   std::vector<CollectiveGroupParams> groups;  // sorted by group_size, at least one
   // Sorted by (group_size, bytes); empty: no correction (collective_hill_v1 without knots).
   std::vector<CollectiveCorrectionKnot> knots;
@@ -367,7 +367,7 @@ struct CollectiveModel {
   };
   // Throws FitImpossible when a group size has fewer than 2 distinct sizes, a group size < 2 is
   // given, or the times do not grow with size. `with_correction = false`: the smooth curve alone.
-  static CollectiveModel fit(CollectiveKind kind, const std::vector<Sample>& samples, bool with_correction = true);
+  static CollectiveModel fit(Collective kind, const std::vector<Sample>& samples, bool with_correction = true);
 };
 
 // ---------------------------------------------------------------------------------------------

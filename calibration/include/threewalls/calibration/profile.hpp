@@ -70,10 +70,10 @@ struct FamilySpec {
   int fit_stage = 3;
   std::vector<std::string> reads;
   // Set where meaningful for the kind.
-  Dtype dtype = Dtype::bf16;
+  DType dtype = DType::bf16;
   bool backward = false;
-  CollectiveKind collective = CollectiveKind::all_reduce;
-  Scope scope = Scope::nvlink;
+  Collective collective = Collective::all_reduce;
+  LinkScope scope = LinkScope::nvlink;
 };
 
 // Every family this threewalls knows, in the canonical (file) order.
@@ -81,15 +81,15 @@ const std::vector<FamilySpec>& family_specs();
 const FamilySpec* find_family_spec(std::string_view name);
 
 // Family names.
-std::string gemm_family(Dtype dt);                                // "gemm.bf16"
-std::string grouped_gemm_family(Dtype dt);                        // "grouped_gemm.bf16"
+std::string gemm_family(DType dt);                                // "gemm.bf16"
+std::string grouped_gemm_family(DType dt);                        // "grouped_gemm.bf16"
 std::string attention_family(bool backward);                      // "attention.fwd" / "attention.bwd"
 // Fused (flash-style, through cuDNN) attention and the split-KV decode attention; optional families:
 // a profile without them costs those kernels from attention.fwd / attention.bwd, with a warning.
 std::string attention_fused_family(bool backward);  // "attention_fused.fwd" / ".bwd"
 inline constexpr std::string_view kAttentionDecodeFamily = "attention_decode";
-std::string copy_family(CopyDirection dir);                       // "copy.h2d_pinned"
-std::string collective_family(CollectiveKind kind, Scope scope);  // "collective.all_reduce.nvlink"
+std::string copy_family(CopyKind dir);                            // "copy.h2d_pinned"
+std::string collective_family(Collective kind, LinkScope scope);  // "collective.all_reduce.nvlink"
 inline constexpr std::string_view kElementwiseFamily = "elementwise";
 inline constexpr std::string_view kNormFamily = "norm";
 // Per-kernel fits of memory-bound kernels, named after the calibration benchmark that measures them
@@ -193,7 +193,7 @@ struct Hardware {
   double peak_fp32_flop_per_s = 0.0;
   double hbm_bandwidth_datasheet_bytes_per_s = 0.0;
 
-  [[nodiscard]] double peak_flop_per_s(Dtype dt) const;
+  [[nodiscard]] double peak_flop_per_s(DType dt) const;
 };
 
 class Profile {

@@ -24,14 +24,14 @@ class ProfileBuilder {
   void add_point(std::string_view family, std::vector<double> inputs, Measurement time);
 
   // Typed conveniences.
-  void add_gemm(Dtype dt, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch, Measurement time);
-  void add_grouped_gemm(Dtype dt, std::int64_t groups, std::int64_t total_rows, std::int64_t max_rows, std::int64_t n,
+  void add_gemm(DType dt, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch, Measurement time);
+  void add_grouped_gemm(DType dt, std::int64_t groups, std::int64_t total_rows, std::int64_t max_rows, std::int64_t n,
                         std::int64_t k, Measurement time);
   void add_attention(const AttentionShape& shape, bool backward, Measurement time);
   void add_elementwise(Bytes bytes, Measurement time);
   void add_norm(Bytes bytes, Measurement time);
-  void add_copy(CopyDirection dir, Bytes bytes, Measurement time);
-  void add_collective(CollectiveKind kind, Scope scope, int group_size, Bytes bytes, Measurement time);
+  void add_copy(CopyKind dir, Bytes bytes, Measurement time);
+  void add_collective(Collective kind, LinkScope scope, int group_size, Bytes bytes, Measurement time);
   // `what`: kernel_launch, framework_op, event_record, stream_sync, gpu_read, graph_launch,
   // graph_node, collective_launch.
   void add_host(std::string_view what, Measurement time);

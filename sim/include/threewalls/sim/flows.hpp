@@ -26,8 +26,6 @@
 
 namespace threewalls::sim {
 
-// The NCCL operation a flow set carries: the core vocabulary's Collective.
-using CommKind = threewalls::Collective;
 using threewalls::to_string;
 enum class Algorithm : std::uint8_t { ring, tree, chain, pairwise, p2p };
 // The user's choice for all-reduce; auto = NCCL's rule of thumb (docs/simulator.md).
@@ -36,18 +34,18 @@ const char* to_string(Algorithm a);
 const char* to_string(AllReduceChoice a);
 
 // nccl-tests bus-bandwidth factor f(n).
-double bus_factor(CommKind kind, int n);
+double bus_factor(Collective kind, int n);
 
 // Which algorithm carries a collective. all_reduce: `choice`; automatic picks tree when the group
 // spans nodes and the buffer is at most kTreeMaxBytes per member, ring otherwise (NCCL prefers
 // trees for small and medium inter-node all-reduces). all_gather, reduce_scatter: ring; broadcast:
 // chain; all_to_all: pairwise; send_recv: p2p.
 inline constexpr double kTreeMaxBytesPerMember = 4.0 * 1024 * 1024;
-Algorithm choose_algorithm(CommKind kind, AllReduceChoice choice, bool spans_nodes, double bytes, int n);
+Algorithm choose_algorithm(Collective kind, AllReduceChoice choice, bool spans_nodes, double bytes, int n);
 
 // Sequential latency steps of an algorithm over n members (ring all_reduce 2(n-1), ring all_gather /
 // reduce_scatter n-1, chain n-1, tree 2 ceil(log2 n), pairwise 1, p2p 1).
-int latency_hops(CommKind kind, Algorithm algo, int n);
+int latency_hops(Collective kind, Algorithm algo, int n);
 
 // How an all_to_all's S splits over peers (StepGraph shape[1], step_graph.hpp):
 //   uniform  every member sends S / n to every member;
@@ -120,11 +118,11 @@ struct RankFlow {
 // The flows of one collective over `members` (ranks in group order) whose source is `only_src` (all
 // sources when only_src < 0). `size` is the nccl-tests size S of the members' op (for by_src, the
 // balanced size). Self flows and zero-byte flows are left out.
-std::vector<RankFlow> collective_flows(CommKind kind, Algorithm algo, std::span<const int> members, double size,
+std::vector<RankFlow> collective_flows(Collective kind, Algorithm algo, std::span<const int> members, double size,
                                        const Split& split, int only_src = -1);
 
 // f(n) S, or for an all_to_all the largest bytes any member sends or receives (self excluded).
-double bus_traffic_bytes(CommKind kind, std::span<const int> members, double size, const Split& split);
+double bus_traffic_bytes(Collective kind, std::span<const int> members, double size, const Split& split);
 
 // Merges flows of one source by where they go: same node, another node under the same leaf, another
 // node under another leaf. Each merged flow goes to the first destination of its class after the

@@ -38,9 +38,6 @@ class CostModel;
 
 namespace threewalls::sim {
 
-// Where a collective's traffic flows (core vocabulary).
-using CommScope = threewalls::LinkScope;
-
 // Latency term and bus bandwidth (nccl-tests) of a collective alone at its size and group size.
 struct CommParams {
   Seconds latency;
@@ -94,7 +91,7 @@ class OpCoster {
   [[nodiscard]] virtual Seconds kernel_time(const scenarios::Op& op) const = 0;
   // Time of a host <-> device copy alone on its PCIe link (pinned or pageable).
   [[nodiscard]] virtual Seconds copy_time(scenarios::CopyKind kind, Bytes bytes) const = 0;
-  [[nodiscard]] virtual CommParams comm_params(CommKind kind, Bytes bytes, int group_size, CommScope scope) const = 0;
+  [[nodiscard]] virtual CommParams comm_params(Collective kind, Bytes bytes, int group_size, LinkScope scope) const = 0;
   [[nodiscard]] virtual HostCosts host_costs() const = 0;
   // Throughput of `streams` concurrent kernels of `sm_fraction` of the GPU each, relative to running
   // them back to back (1 = no gain).
@@ -139,7 +136,7 @@ class CostModelCoster final : public OpCoster {
   explicit CostModelCoster(const calibration::CostModel& model, double host_scale = 1.0, double disk_scale = 1.0);
   [[nodiscard]] Seconds kernel_time(const scenarios::Op& op) const override;
   [[nodiscard]] Seconds copy_time(scenarios::CopyKind kind, Bytes bytes) const override;
-  [[nodiscard]] CommParams comm_params(CommKind kind, Bytes bytes, int group_size, CommScope scope) const override;
+  [[nodiscard]] CommParams comm_params(Collective kind, Bytes bytes, int group_size, LinkScope scope) const override;
   [[nodiscard]] HostCosts host_costs() const override { return host_; }
   [[nodiscard]] double stream_concurrency(int streams, double sm_fraction) const override;
   [[nodiscard]] int sm_count() const override;
