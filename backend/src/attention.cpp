@@ -26,6 +26,27 @@ std::int64_t kv_len_for(const AttentionShape& s, std::int64_t q1) {
 // Causal masks: query blocks of this many rows skip the keys they cannot see.
 constexpr std::int64_t kCausalBlock = 512;
 
+// S = Q K^T / sqrt(head_dim_qk) for `qb` query rows against their `kv` visible keys, for `bc`
+// (batch, head) pairs at once: Q and K rows of head_dim_qk elements, one pair's Q every seq_q rows and
+// K every seq_kv rows; S packed, qb x kv per pair. The forward scores and the backward's
+// probabilities both start from it.
+GemmShape scores_gemm(const AttentionShape& s, std::int64_t bc, std::int64_t qb, std::int64_t kv) {
+  const std::int64_t dqk = s.head_dim_qk;
+  return GemmShape{.ta = Trans::n,
+                   .tb = Trans::t,
+                   .m = qb,
+                   .n = kv,
+                   .k = dqk,
+                   .batch = bc,
+                   .lda = dqk,
+                   .ldb = dqk,
+                   .ldc = kv,
+                   .stride_a = s.seq_q * dqk,
+                   .stride_b = s.seq_kv * dqk,
+                   .stride_c = qb * kv,
+                   .alpha = 1.0F / std::sqrt(static_cast<float>(dqk))};
+}
+
 }  // namespace
 
 void validate_attention(const AttentionShape& s, const char* who) {
@@ -90,7 +111,6 @@ void Attention::forward(const AttentionShape& s, const bf16* q, const bf16* k, c
   const std::int64_t bh = s.batch * s.heads;
   const std::int64_t dqk = s.head_dim_qk;
   const std::int64_t dv = s.head_dim_v;
-  const float scale = 1.0F / std::sqrt(static_cast<float>(dqk));
   auto* scores = workspace_.as<bf16>();
   for (std::int64_t h0 = 0; h0 < bh; h0 += p.bh_chunk) {
     const std::int64_t bc = std::min(p.bh_chunk, bh - h0);
@@ -98,37 +118,22 @@ void Attention::forward(const AttentionShape& s, const bf16* q, const bf16* k, c
       const std::int64_t qb = std::min(p.q_block, s.seq_q - q0);
       const std::int64_t kv = kv_len_for(s, q0 + qb);
       // S[bc, qb, kv] = scale * Q K^T
-      GemmShape g;
-      g.ta = Trans::n;
-      g.tb = Trans::t;
-      g.m = qb;
-      g.n = kv;
-      g.k = dqk;
-      g.batch = bc;
-      g.lda = dqk;
-      g.stride_a = s.seq_q * dqk;
-      g.ldb = dqk;
-      g.stride_b = s.seq_kv * dqk;
-      g.ldc = kv;
-      g.stride_c = qb * kv;
-      g.alpha = scale;
-      lt_->gemm(g, q + (h0 * s.seq_q + q0) * dqk, k + h0 * s.seq_kv * dqk, scores, stream);
+      lt_->gemm(scores_gemm(s, bc, qb, kv), q + (h0 * s.seq_q + q0) * dqk, k + h0 * s.seq_kv * dqk, scores, stream);
       const ScoreBlock blk{bc, qb, kv, q0, s.seq_kv - s.seq_q, s.seq_q, s.causal};
       attention_softmax_fwd(scores, lse + h0 * s.seq_q, blk, stream);
       // O[h, q0:q0+qb, :] = P V
-      GemmShape g2;
-      g2.ta = Trans::n;
-      g2.tb = Trans::n;
-      g2.m = qb;
-      g2.n = dv;
-      g2.k = kv;
-      g2.batch = bc;
-      g2.lda = kv;
-      g2.stride_a = qb * kv;
-      g2.ldb = dv;
-      g2.stride_b = s.seq_kv * dv;
-      g2.ldc = dv;
-      g2.stride_c = s.seq_q * dv;
+      const GemmShape g2{.ta = Trans::n,
+                         .tb = Trans::n,
+                         .m = qb,
+                         .n = dv,
+                         .k = kv,
+                         .batch = bc,
+                         .lda = kv,
+                         .ldb = dv,
+                         .ldc = dv,
+                         .stride_a = qb * kv,
+                         .stride_b = s.seq_kv * dv,
+                         .stride_c = s.seq_q * dv};
       lt_->gemm(g2, scores, v + h0 * s.seq_kv * dv, o + (h0 * s.seq_q + q0) * dv, stream);
     }
   }
@@ -160,87 +165,69 @@ void Attention::backward(const AttentionShape& s, const bf16* q, const bf16* k, 
       const bf16* dop = d_o + (h0 * s.seq_q + q0) * dv;
       const ScoreBlock blk{bc, qb, kv, q0, s.seq_kv - s.seq_q, s.seq_q, s.causal};
       // P = exp(scale Q K^T - lse)
-      GemmShape g;
-      g.ta = Trans::n;
-      g.tb = Trans::t;
-      g.m = qb;
-      g.n = kv;
-      g.k = dqk;
-      g.batch = bc;
-      g.lda = dqk;
-      g.stride_a = s.seq_q * dqk;
-      g.ldb = dqk;
-      g.stride_b = s.seq_kv * dqk;
-      g.ldc = kv;
-      g.stride_c = qb * kv;
-      g.alpha = scale;
-      lt_->gemm(g, qp, kp, probs, stream);
+      lt_->gemm(scores_gemm(s, bc, qb, kv), qp, kp, probs, stream);
       attention_probs_from_lse(probs, lse + h0 * s.seq_q, blk, stream);
       // dV[h, :kv] += P^T dO
-      GemmShape gv;
-      gv.ta = Trans::t;
-      gv.tb = Trans::n;
-      gv.m = kv;
-      gv.n = dv;
-      gv.k = qb;
-      gv.batch = bc;
-      gv.lda = kv;
-      gv.stride_a = qb * kv;
-      gv.ldb = dv;
-      gv.stride_b = s.seq_q * dv;
-      gv.ldc = dv;
-      gv.stride_c = s.seq_kv * dv;
-      gv.beta = 1.0F;
+      const GemmShape gv{.ta = Trans::t,
+                         .tb = Trans::n,
+                         .m = kv,
+                         .n = dv,
+                         .k = qb,
+                         .batch = bc,
+                         .lda = kv,
+                         .ldb = dv,
+                         .ldc = dv,
+                         .stride_a = qb * kv,
+                         .stride_b = s.seq_q * dv,
+                         .stride_c = s.seq_kv * dv,
+                         .beta = 1.0F};
       lt_->gemm(gv, probs, dop, dv_out + h0 * s.seq_kv * dv, stream);
       // dP = dO V^T
-      GemmShape gp;
-      gp.ta = Trans::n;
-      gp.tb = Trans::t;
-      gp.m = qb;
-      gp.n = kv;
-      gp.k = dv;
-      gp.batch = bc;
-      gp.lda = dv;
-      gp.stride_a = s.seq_q * dv;
-      gp.ldb = dv;
-      gp.stride_b = s.seq_kv * dv;
-      gp.ldc = kv;
-      gp.stride_c = qb * kv;
+      const GemmShape gp{.ta = Trans::n,
+                         .tb = Trans::t,
+                         .m = qb,
+                         .n = kv,
+                         .k = dv,
+                         .batch = bc,
+                         .lda = dv,
+                         .ldb = dv,
+                         .ldc = kv,
+                         .stride_a = s.seq_q * dv,
+                         .stride_b = s.seq_kv * dv,
+                         .stride_c = qb * kv};
       lt_->gemm(gp, dop, vp, dprobs, stream);
       // dS = P (dP - D)
       attention_dscores(probs, dprobs, row_dot_.as<float>() + h0 * s.seq_q, blk, stream);
       // dQ[h, q0:q0+qb] = scale dS K
-      GemmShape gq;
-      gq.ta = Trans::n;
-      gq.tb = Trans::n;
-      gq.m = qb;
-      gq.n = dqk;
-      gq.k = kv;
-      gq.batch = bc;
-      gq.lda = kv;
-      gq.stride_a = qb * kv;
-      gq.ldb = dqk;
-      gq.stride_b = s.seq_kv * dqk;
-      gq.ldc = dqk;
-      gq.stride_c = s.seq_q * dqk;
-      gq.alpha = scale;
+      const GemmShape gq{.ta = Trans::n,
+                         .tb = Trans::n,
+                         .m = qb,
+                         .n = dqk,
+                         .k = kv,
+                         .batch = bc,
+                         .lda = kv,
+                         .ldb = dqk,
+                         .ldc = dqk,
+                         .stride_a = qb * kv,
+                         .stride_b = s.seq_kv * dqk,
+                         .stride_c = s.seq_q * dqk,
+                         .alpha = scale};
       lt_->gemm(gq, dprobs, kp, dq + (h0 * s.seq_q + q0) * dqk, stream);
       // dK[h, :kv] += scale dS^T Q
-      GemmShape gk;
-      gk.ta = Trans::t;
-      gk.tb = Trans::n;
-      gk.m = kv;
-      gk.n = dqk;
-      gk.k = qb;
-      gk.batch = bc;
-      gk.lda = kv;
-      gk.stride_a = qb * kv;
-      gk.ldb = dqk;
-      gk.stride_b = s.seq_q * dqk;
-      gk.ldc = dqk;
-      gk.stride_c = s.seq_kv * dqk;
-      gk.alpha = scale;
-      gk.beta = 1.0F;
+      const GemmShape gk{.ta = Trans::t,
+                         .tb = Trans::n,
+                         .m = kv,
+                         .n = dqk,
+                         .k = qb,
+                         .batch = bc,
+                         .lda = kv,
+                         .ldb = dqk,
+                         .ldc = dqk,
+                         .stride_a = qb * kv,
+                         .stride_b = s.seq_q * dqk,
+                         .stride_c = s.seq_kv * dqk,
+                         .alpha = scale,
+                         .beta = 1.0F};
       lt_->gemm(gk, dprobs, qp, dk + h0 * s.seq_kv * dqk, stream);
     }
   }

@@ -120,14 +120,24 @@ __global__ void add_kernel(const bf16* a, const bf16* b, bf16* out, std::int64_t
   for (std::int64_t i = done + start; i < n; i += stride) out[i] = __hadd(a[i], b[i]);
 }
 
+// Element i of a SwiGLU output [rows, h] and its inputs in x [rows, 2h] (each row's gate columns,
+// then its up columns): the index of its gate input (its up input is h further), the gate and the up.
+struct SwigluInputs {
+  std::int64_t gate_index;
+  float gate;
+  float up;
+};
+__device__ inline SwigluInputs swiglu_inputs(const bf16* x, std::int64_t i, std::int64_t h) {
+  const std::int64_t r = i / h;
+  const std::int64_t gi = r * 2 * h + (i - r * h);
+  return {gi, __bfloat162float(x[gi]), __bfloat162float(x[gi + h])};
+}
+
 __global__ void swiglu_fwd_kernel(const bf16* x, bf16* y, std::int64_t rows, std::int64_t h) {
   const std::int64_t n = rows * h;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t r = i / h;
-    const std::int64_t j = i - r * h;
-    const float g = __bfloat162float(x[r * 2 * h + j]);
-    const float u = __bfloat162float(x[r * 2 * h + h + j]);
+    const auto [gi, g, u] = swiglu_inputs(x, i, h);
     const float silu = g / (1.0F + __expf(-g));
     y[i] = __float2bfloat16(silu * u);
   }
@@ -137,16 +147,13 @@ __global__ void swiglu_bwd_kernel(const bf16* dy, const bf16* x, bf16* dx, std::
   const std::int64_t n = rows * h;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t r = i / h;
-    const std::int64_t j = i - r * h;
-    const float g = __bfloat162float(x[r * 2 * h + j]);
-    const float u = __bfloat162float(x[r * 2 * h + h + j]);
+    const auto [gi, g, u] = swiglu_inputs(x, i, h);
     const float d = __bfloat162float(dy[i]);
     const float sig = 1.0F / (1.0F + __expf(-g));
     const float silu = g * sig;
     const float dsilu = sig * (1.0F + g * (1.0F - sig));
-    dx[r * 2 * h + j] = __float2bfloat16(d * u * dsilu);
-    dx[r * 2 * h + h + j] = __float2bfloat16(d * silu);
+    dx[gi] = __float2bfloat16(d * u * dsilu);
+    dx[gi + h] = __float2bfloat16(d * silu);
   }
 }
 
@@ -370,6 +377,15 @@ int norm_bwd_grid(std::int64_t rows) {
   return static_cast<int>(rows < g ? (rows < 1 ? 1 : rows) : g);
 }
 
+// Launches fill_random_kernel over x[0, n) on `s`; false (nothing launched) when n <= 0. The caller
+// checks the launch with its kernel's name.
+template <class T>
+bool launch_fill_random(T* x, std::int64_t n, std::uint64_t seed, float scale, bool positive, cudaStream_t s) {
+  if (n <= 0) return false;
+  fill_random_kernel<<<grid_for(n), kThreads, 0, s>>>(x, n, seed, scale, positive);
+  return true;
+}
+
 template <class Kernel>
 void set_smem(Kernel kernel, std::size_t bytes, const char* what) {
   if (bytes > 48U * 1024U) {
@@ -392,24 +408,16 @@ float random_value(std::uint64_t seed, std::int64_t i, float scale) {
 }
 
 void fill_random(bf16* x, std::int64_t n, std::uint64_t seed, float scale, cudaStream_t s) {
-  if (n <= 0) return;
-  fill_random_kernel<<<grid_for(n), kThreads, 0, s>>>(x, n, seed, scale, false);
-  TW_CUDA_CHECK_LAUNCH("fill_random_kernel<bf16>");
+  if (launch_fill_random(x, n, seed, scale, false, s)) TW_CUDA_CHECK_LAUNCH("fill_random_kernel<bf16>");
 }
 void fill_random(float* x, std::int64_t n, std::uint64_t seed, float scale, cudaStream_t s) {
-  if (n <= 0) return;
-  fill_random_kernel<<<grid_for(n), kThreads, 0, s>>>(x, n, seed, scale, false);
-  TW_CUDA_CHECK_LAUNCH("fill_random_kernel<float>");
+  if (launch_fill_random(x, n, seed, scale, false, s)) TW_CUDA_CHECK_LAUNCH("fill_random_kernel<float>");
 }
 void fill_random_positive(float* x, std::int64_t n, std::uint64_t seed, float scale, cudaStream_t s) {
-  if (n <= 0) return;
-  fill_random_kernel<<<grid_for(n), kThreads, 0, s>>>(x, n, seed, scale, true);
-  TW_CUDA_CHECK_LAUNCH("fill_random_kernel<float, positive>");
+  if (launch_fill_random(x, n, seed, scale, true, s)) TW_CUDA_CHECK_LAUNCH("fill_random_kernel<float, positive>");
 }
 void fill_random(fp8* x, std::int64_t n, std::uint64_t seed, float scale, cudaStream_t s) {
-  if (n <= 0) return;
-  fill_random_kernel<<<grid_for(n), kThreads, 0, s>>>(x, n, seed, scale, false);
-  TW_CUDA_CHECK_LAUNCH("fill_random_kernel<fp8>");
+  if (launch_fill_random(x, n, seed, scale, false, s)) TW_CUDA_CHECK_LAUNCH("fill_random_kernel<fp8>");
 }
 void fill_random_ids(std::int32_t* x, std::int64_t n, std::uint64_t seed, std::int32_t range, cudaStream_t s) {
   if (range <= 0) throw InputError(rank_prefix() + "fill_random_ids: range must be positive");

@@ -73,25 +73,30 @@ inline void append_int(std::string& out, long long v) {
   out.append(b, p);
 }
 
-// Microseconds rounded to the nanosecond, as the run directory writes them.
-inline void append_us(std::string& out, double us) {
-  if (!(std::fabs(us) < 9e12)) {
-    append_json_number(out, us, 15);
-    return;
-  }
-  long long ns = std::llround(us * 1000.0);
+// Whole nanoseconds written as microseconds with up to three decimals (no trailing zeros): exact,
+// so a Perfetto event's ts + dur equals the ts of the event that starts where it ends.
+inline void append_ns_as_us(std::string& out, long long ns) {
   if (ns < 0) {
     out += '-';
     ns = -ns;
   }
   append_int(out, ns / 1000);
-  int frac = static_cast<int>(ns % 1000);
+  const int frac = static_cast<int>(ns % 1000);
   if (frac == 0) return;
   char f[4] = {'.', static_cast<char>('0' + frac / 100), static_cast<char>('0' + frac / 10 % 10),
                static_cast<char>('0' + frac % 10)};
   int len = 4;
   while (f[len - 1] == '0') --len;
   out.append(f, static_cast<std::size_t>(len));
+}
+
+// Microseconds rounded to the nanosecond, as the run directory writes them.
+inline void append_us(std::string& out, double us) {
+  if (!(std::fabs(us) < 9e12)) {
+    append_json_number(out, us, 15);
+    return;
+  }
+  append_ns_as_us(out, std::llround(us * 1000.0));
 }
 
 }  // namespace threewalls::notebooks_export::detail

@@ -71,23 +71,6 @@ Span span_ns(double start_us, double dur_us) {
   return Span{std::llround(start_us * 1000.0), std::llround((start_us + dur_us) * 1000.0)};
 }
 
-// Nanoseconds written as microseconds with three decimals: exact, so ts + dur of one event equals
-// the ts of the event that starts where it ends.
-void append_ns_as_us(std::string& out, long long ns) {
-  if (ns < 0) {
-    out += '-';
-    ns = -ns;
-  }
-  detail::append_int(out, ns / 1000);
-  const int frac = static_cast<int>(ns % 1000);
-  if (frac == 0) return;
-  char f[4] = {'.', static_cast<char>('0' + frac / 100), static_cast<char>('0' + frac / 10 % 10),
-               static_cast<char>('0' + frac % 10)};
-  int len = 4;
-  while (f[len - 1] == '0') --len;
-  out.append(f, static_cast<std::size_t>(len));
-}
-
 // Peak memory of each recorded rank from summary.json, as (part, bytes): the memory model's
 // breakdown of the rank's class (simulated runs), or the measured peak (real runs). Empty without a
 // summary.
@@ -177,9 +160,9 @@ void write_perfetto(const std::vector<const profiler::RunData*>& runs, const std
       out += "{\"name\":\"step ";
       detail::append_int(out, s.step);
       out += "\",\"cat\":\"step\",\"ph\":\"X\",\"ts\":";
-      append_ns_as_us(out, sp.start);
+      detail::append_ns_as_us(out, sp.start);
       out += ",\"dur\":";
-      append_ns_as_us(out, sp.end - sp.start);
+      detail::append_ns_as_us(out, sp.end - sp.start);
       out += ",\"pid\":";
       detail::append_int(out, base + s.rank);
       out += ",\"tid\":0,\"args\":{\"step\":";
@@ -226,9 +209,9 @@ void write_perfetto(const std::vector<const profiler::RunData*>& runs, const std
       out += ",\"cat\":\"";
       out += profiler::to_string(p.wall);
       out += "\",\"ph\":\"X\",\"ts\":";
-      append_ns_as_us(out, sp.start);
+      detail::append_ns_as_us(out, sp.start);
       out += ",\"dur\":";
-      append_ns_as_us(out, sp.end - sp.start);
+      detail::append_ns_as_us(out, sp.end - sp.start);
       out += ",\"pid\":";
       detail::append_int(out, base + p.rank);
       out += ",\"tid\":";
@@ -286,7 +269,7 @@ void write_perfetto(const std::vector<const profiler::RunData*>& runs, const std
                          : "{\"name\":\"send -> recv\",\"cat\":\"p2p\",\"ph\":\"f\",\"bp\":\"e\",\"id\":";
         detail::append_int(out, flow_id);
         out += ",\"ts\":";
-        append_ns_as_us(out, spans[i].start + (spans[i].end - spans[i].start) / 2);
+        detail::append_ns_as_us(out, spans[i].start + (spans[i].end - spans[i].start) / 2);
         out += ",\"pid\":";
         detail::append_int(out, base + p.rank);
         out += ",\"tid\":";
@@ -303,7 +286,7 @@ void write_perfetto(const std::vector<const profiler::RunData*>& runs, const std
         if (s.rank != rank) continue;
         begin_event(out, first);
         out += "{\"name\":\"peak memory GiB\",\"ph\":\"C\",\"ts\":";
-        append_ns_as_us(out, span_ns(s.epoch_us, 0.0).start);
+        detail::append_ns_as_us(out, span_ns(s.epoch_us, 0.0).start);
         out += ",\"pid\":";
         detail::append_int(out, base + rank);
         out += ",\"tid\":0,\"args\":{";

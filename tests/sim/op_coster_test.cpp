@@ -69,6 +69,17 @@ Op memory_op(OpKind kind, std::vector<std::int64_t> shape, double bytes, bool ba
   return op;
 }
 
+// A causal attention op of `shape` (batch, seq_q, seq_kv, heads, head_dim_qk, head_dim_v) run by
+// `impl`, forward or backward.
+Op attention_op(std::array<std::int64_t, 6> shape, scenarios::AttentionImpl impl, bool backward) {
+  Op op;
+  op.kind = OpKind::attention;
+  op.shape = shape;
+  op.sub = static_cast<std::uint8_t>(impl);
+  op.flags = static_cast<std::uint8_t>(scenarios::kCausal | (backward ? scenarios::kBackward : 0));
+  return op;
+}
+
 }  // namespace
 
 TEST(OpCosterFittedKernel, UsesTheKernelFamilyWhenTheProfileHasIt) {
@@ -239,19 +250,11 @@ TEST(OpCosterDiskScale, ScalesDiskReadsOnly) {
 TEST(OpCosterAttention, FusedAndDecodeAreCostedFromTheUnfusedFitsAndSaySo) {
   const calibration::CostModel model(shipped_default());
   const CostModelCoster coster(model);
-  auto attention = [](std::array<std::int64_t, 6> shape, scenarios::AttentionImpl impl, bool backward) {
-    Op op;
-    op.kind = OpKind::attention;
-    op.shape = shape;
-    op.sub = static_cast<std::uint8_t>(impl);
-    op.flags = static_cast<std::uint8_t>(scenarios::kCausal | (backward ? scenarios::kBackward : 0));
-    return op;
-  };
   using scenarios::AttentionImpl;
   using scenarios::AttentionKernel;
   for (const bool bwd : {false, true}) {
-    const Op fused = attention({2, 4096, 4096, 16, 128, 128}, AttentionImpl::fused, bwd);
-    const Op unfused = attention({2, 4096, 4096, 16, 128, 128}, AttentionImpl::unfused, bwd);
+    const Op fused = attention_op({2, 4096, 4096, 16, 128, 128}, AttentionImpl::fused, bwd);
+    const Op unfused = attention_op({2, 4096, 4096, 16, 128, 128}, AttentionImpl::unfused, bwd);
     EXPECT_EQ(scenarios::attention_kernel(fused), AttentionKernel::fused);
     EXPECT_EQ(scenarios::attention_kernel(unfused), AttentionKernel::unfused);
     EXPECT_DOUBLE_EQ(coster.kernel_time(fused).value, coster.kernel_time(unfused).value);
@@ -259,14 +262,14 @@ TEST(OpCosterAttention, FusedAndDecodeAreCostedFromTheUnfusedFitsAndSaySo) {
     ASSERT_TRUE(coster.substitution(fused).has_value());
     EXPECT_NE(coster.substitution(fused)->find("fused attention"), std::string::npos) << *coster.substitution(fused);
   }
-  const Op decode = attention({8, 1, 4096, 32, 128, 128}, AttentionImpl::fused, false);
+  const Op decode = attention_op({8, 1, 4096, 32, 128, 128}, AttentionImpl::fused, false);
   EXPECT_EQ(scenarios::attention_kernel(decode), AttentionKernel::decode);
   ASSERT_TRUE(coster.substitution(decode).has_value());
   EXPECT_NE(coster.substitution(decode)->find("decode attention"), std::string::npos);
   // One query per sequence, backward: the fused kernel, not the decode one.
-  EXPECT_EQ(scenarios::attention_kernel(attention({8, 1, 4096, 32, 128, 128}, AttentionImpl::fused, true)),
+  EXPECT_EQ(scenarios::attention_kernel(attention_op({8, 1, 4096, 32, 128, 128}, AttentionImpl::fused, true)),
             AttentionKernel::fused);
-  EXPECT_EQ(scenarios::attention_kernel(attention({8, 1, 4096, 32, 128, 128}, AttentionImpl::unfused, false)),
+  EXPECT_EQ(scenarios::attention_kernel(attention_op({8, 1, 4096, 32, 128, 128}, AttentionImpl::unfused, false)),
             AttentionKernel::unfused);
 }
 
@@ -323,18 +326,10 @@ TEST(OpCosterAttention, FusedAndDecodeUseTheirOwnFamiliesWhenTheProfileHasThem) 
   const calibration::CostModel model(default_with_attention_families());
   const CostModelCoster coster(model);
   const CostModelCoster old_coster(before);
-  auto attention = [](std::array<std::int64_t, 6> shape, scenarios::AttentionImpl impl, bool backward) {
-    Op op;
-    op.kind = OpKind::attention;
-    op.shape = shape;
-    op.sub = static_cast<std::uint8_t>(impl);
-    op.flags = static_cast<std::uint8_t>(scenarios::kCausal | (backward ? scenarios::kBackward : 0));
-    return op;
-  };
   using scenarios::AttentionImpl;
   for (const bool bwd : {false, true}) {
-    const Op fused = attention({2, 4096, 4096, 16, 128, 128}, AttentionImpl::fused, bwd);
-    const Op unfused = attention({2, 4096, 4096, 16, 128, 128}, AttentionImpl::unfused, bwd);
+    const Op fused = attention_op({2, 4096, 4096, 16, 128, 128}, AttentionImpl::fused, bwd);
+    const Op unfused = attention_op({2, 4096, 4096, 16, 128, 128}, AttentionImpl::unfused, bwd);
     calibration::AttentionShape a;
     a.batch = 2;
     a.seq_q = a.seq_kv = 4096;
@@ -347,7 +342,7 @@ TEST(OpCosterAttention, FusedAndDecodeUseTheirOwnFamiliesWhenTheProfileHasThem) 
     EXPECT_DOUBLE_EQ(coster.kernel_time(unfused).value, old_coster.kernel_time(unfused).value);
     EXPECT_FALSE(before.fused_attention(a, bwd).has_value());
   }
-  const Op decode = attention({8, 1, 4096, 32, 128, 128}, AttentionImpl::fused, false);
+  const Op decode = attention_op({8, 1, 4096, 32, 128, 128}, AttentionImpl::fused, false);
   EXPECT_FALSE(coster.substitution(decode).has_value());
   // 8 sequences x 32 KV heads x 4096 keys x 256 x 2 bytes at 2.5 TB/s + 6 us (the decode points' law).
   EXPECT_NEAR(coster.kernel_time(decode).value, 6e-6 + 2.0 * 8 * 32 * 4096 * 256 / 2.5e12, 1e-8);

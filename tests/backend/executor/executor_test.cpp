@@ -380,47 +380,53 @@ TEST(Executor, LaunchBoundRecordsCarryTheirLaunchWaitAndTheHostWallShowsIt) {
   EXPECT_LT(host_busy, 0.3);
 }
 
+// The fault tests' run: expert parallelism over two ranks recording every step, with `eo` on the fake
+// device `fo`, expected to fail with a SystemError. The error's text and the seconds until it came
+// (the run directory eo.out_dir is removed); a run that succeeds is a test failure.
+struct Failure {
+  std::string message;
+  double seconds = 0.0;
+};
+Failure failed_run(const ExecutorOptions& eo, const FakeDeviceOptions& fo) {
+  const Scenario s = scenario_from(small_moe("ep = 2", "", 2, "[run.profiler]\nrecord_every_n_steps = 1\n"));
+  const auto t0 = std::chrono::steady_clock::now();
+  Failure f;
+  try {
+    run_fake(s, eo, fo);
+    ADD_FAILURE() << "expected a failure";
+  } catch (const SystemError& e) {
+    f.message = e.what();
+  }
+  f.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fs::remove_all(eo.out_dir);
+  return f;
+}
+
 TEST(Executor, AFailingRankStopsEveryRankWithAClearError) {
   const fs::path dir = temp_dir("fail");
-  const Scenario s = scenario_from(small_moe("ep = 2", "", 2, "[run.profiler]\nrecord_every_n_steps = 1\n"));
   FakeDeviceOptions fo = quick();
   fo.fail_rank = 1;
   fo.fail_at_launch = 150;
   ExecutorOptions eo = options_for(dir, 3, 1);
   eo.timeout = std::chrono::seconds(60);  // the others must stop because rank 1 failed, not time out
-  const auto t0 = std::chrono::steady_clock::now();
-  try {
-    run_fake(s, eo, fo);
-    FAIL() << "expected a failure";
-  } catch (const SystemError& e) {
-    const std::string m = e.what();
-    EXPECT_EQ(m.rfind("rank 1: fake device: injected failure at launch 150", 0), 0U) << m;
-    EXPECT_NE(m.find("rank 0: stopped"), std::string::npos) << m;
-    EXPECT_NE(m.find("after rank 1 failed"), std::string::npos) << m;
-  }
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
-  fs::remove_all(dir);
+  const auto [m, seconds] = failed_run(eo, fo);
+  EXPECT_EQ(m.rfind("rank 1: fake device: injected failure at launch 150", 0), 0U) << m;
+  EXPECT_NE(m.find("rank 0: stopped"), std::string::npos) << m;
+  EXPECT_NE(m.find("after rank 1 failed"), std::string::npos) << m;
+  EXPECT_LT(seconds, 20.0);
 }
 
 TEST(Executor, AHungPeerMakesTheOthersTimeOutInsteadOfHanging) {
   const fs::path dir = temp_dir("hang");
-  const Scenario s = scenario_from(small_moe("ep = 2", "", 2, "[run.profiler]\nrecord_every_n_steps = 1\n"));
   FakeDeviceOptions fo = quick();
   fo.hang_rank = 1;
   fo.hang_at_comm = 5;
   ExecutorOptions eo = options_for(dir, 2, 1);
   eo.timeout = std::chrono::milliseconds(400);
-  const auto t0 = std::chrono::steady_clock::now();
-  try {
-    run_fake(s, eo, fo);
-    FAIL() << "expected a timeout";
-  } catch (const SystemError& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("no progress for 0.4 s waiting for"), std::string::npos) << m;
-    EXPECT_NE(m.find("communicators are aborted"), std::string::npos) << m;
-  }
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 15.0);
-  fs::remove_all(dir);
+  const auto [m, seconds] = failed_run(eo, fo);
+  EXPECT_NE(m.find("no progress for 0.4 s waiting for"), std::string::npos) << m;
+  EXPECT_NE(m.find("communicators are aborted"), std::string::npos) << m;
+  EXPECT_LT(seconds, 15.0);
 }
 
 // A rank thread blocked inside a device call polls nothing: here every launch waits for room in a
@@ -430,7 +436,6 @@ TEST(Executor, AHungPeerMakesTheOthersTimeOutInsteadOfHanging) {
 // is given up on.
 TEST(Executor, RanksBlockedInALaunchBehindAHungCollectiveAreFoundAndStopped) {
   const fs::path dir = temp_dir("blocked_hang");
-  const Scenario s = scenario_from(small_moe("ep = 2", "", 2, "[run.profiler]\nrecord_every_n_steps = 1\n"));
   FakeDeviceOptions fo = quick();
   fo.hang_rank = 1;
   fo.hang_at_comm = 5;
@@ -438,23 +443,15 @@ TEST(Executor, RanksBlockedInALaunchBehindAHungCollectiveAreFoundAndStopped) {
   ExecutorOptions eo = options_for(dir, 2, 1);
   eo.timeout = std::chrono::milliseconds(400);
   eo.stop_grace = std::chrono::seconds(20);
-  const auto t0 = std::chrono::steady_clock::now();
-  try {
-    run_fake(s, eo, fo);
-    FAIL() << "expected a failure";
-  } catch (const SystemError& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("no progress for 1.4"), std::string::npos) << m;
-    EXPECT_NE(m.find("inside a device call"), std::string::npos) << m;
-    EXPECT_EQ(m.find("did not stop"), std::string::npos) << m;
-  }
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.4);
-  fs::remove_all(dir);
+  const auto [m, seconds] = failed_run(eo, fo);
+  EXPECT_NE(m.find("no progress for 1.4"), std::string::npos) << m;
+  EXPECT_NE(m.find("inside a device call"), std::string::npos) << m;
+  EXPECT_EQ(m.find("did not stop"), std::string::npos) << m;
+  EXPECT_LT(seconds, 5.4);
 }
 
 TEST(Executor, ARankBlockedInALaunchStopsSoonAfterItsPeerFails) {
   const fs::path dir = temp_dir("blocked_fail");
-  const Scenario s = scenario_from(small_moe("ep = 2", "", 2, "[run.profiler]\nrecord_every_n_steps = 1\n"));
   FakeDeviceOptions fo = quick();
   fo.fail_rank = 1;
   fo.fail_at_launch = 220;  // rank 1's dispatch of layer 1, which rank 0's stream then waits on for ever
@@ -462,19 +459,11 @@ TEST(Executor, ARankBlockedInALaunchStopsSoonAfterItsPeerFails) {
   ExecutorOptions eo = options_for(dir, 3, 1);
   eo.timeout = std::chrono::seconds(60);  // the others must stop because rank 1 failed, not time out
   eo.stop_grace = std::chrono::seconds(20);
-  const auto t0 = std::chrono::steady_clock::now();
-  try {
-    run_fake(s, eo, fo);
-    FAIL() << "expected a failure";
-  } catch (const SystemError& e) {
-    const std::string m = e.what();
-    EXPECT_EQ(m.rfind("rank 1: fake device: injected failure at launch 220", 0), 0U) << m;
-    EXPECT_NE(m.find("rank 0: stopped"), std::string::npos) << m;
-    EXPECT_EQ(m.find("did not stop"), std::string::npos) << m;
-  }
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0)
-      << "a blocked rank is aborted 1 s after the stop, not given up on after 20 s";
-  fs::remove_all(dir);
+  const auto [m, seconds] = failed_run(eo, fo);
+  EXPECT_EQ(m.rfind("rank 1: fake device: injected failure at launch 220", 0), 0U) << m;
+  EXPECT_NE(m.find("rank 0: stopped"), std::string::npos) << m;
+  EXPECT_EQ(m.find("did not stop"), std::string::npos) << m;
+  EXPECT_LT(seconds, 5.0) << "a blocked rank is aborted 1 s after the stop, not given up on after 20 s";
 }
 
 TEST(Executor, InjectedFaultsStopTheRunWithAClearError) {
