@@ -8,6 +8,7 @@
 #include <random>
 
 #include "threewalls/core/error.hpp"
+#include "threewalls/core/hash.hpp"
 #include "threewalls/core/version.hpp"
 
 namespace threewalls::profiler {
@@ -72,10 +73,14 @@ std::string new_run_id() {
   return id;
 }
 
-RunHeader make_header(std::string source, int world_size) {
+std::string content_run_id(std::string_view content_key) {
+  return hex64(fnv1a64(content_key)) + hex64(fnv1a64(content_key, 0x9e3779b97f4a7c15ULL));
+}
+
+RunHeader make_header(std::string source, int world_size, std::optional<std::string_view> content_key) {
   RunHeader h;
   h.schema_version = std::to_string(kRunDirSchemaMajor) + "." + std::to_string(kRunDirSchemaMinor);
-  h.run_id = new_run_id();
+  h.run_id = content_key ? content_run_id(*content_key) : new_run_id();
   h.source = std::move(source);
   h.tool_version = std::string(tool_version());
   h.git_sha = std::string(git_sha());

@@ -14,8 +14,9 @@ namespace {
 constexpr int kGroups = static_cast<int>(Group::embedding) + 1;
 }  // namespace
 
-profiler::RunHeader run_header(std::string_view source, const scenarios::Scenario& s, const StepGraph& g) {
-  profiler::RunHeader header = profiler::make_header(std::string(source), s.world_size());
+profiler::RunHeader run_header(std::string_view source, const scenarios::Scenario& s, const StepGraph& g,
+                               std::optional<std::string_view> content_key) {
+  profiler::RunHeader header = profiler::make_header(std::string(source), s.world_size(), content_key);
   header.scenario = {s.name, s.source_path, s.content_hash};
   header.seed = s.run.seed;
   for (const auto& rc : g.classes) header.rank_classes.push_back({rc.id, rc.label, rc.ranks, rc.pp_stage});

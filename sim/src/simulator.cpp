@@ -13,7 +13,7 @@
 #include "threewalls/calibration/profile.hpp"
 #include "threewalls/calibration/resolve.hpp"
 #include "threewalls/core/error.hpp"
-#include "threewalls/core/hash.hpp"
+#include "threewalls/core/version.hpp"
 #include "threewalls/profiler/run_dir.hpp"
 #include "threewalls/profiler/sampling.hpp"
 #include "threewalls/records/records.hpp"
@@ -121,11 +121,6 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   const Executor exec(coster, eo);
 
   // Run header and writer.
-  profiler::RunHeader header = records::run_header("sim", s, first);
-  header.calibration_profile = profiler::ProfileId{profile.id, profile.path, profile.gpu};
-  header.device = std::string("simulated ") + scenarios::to_string(s.cluster.gpu);
-  header.argv = opt.argv;
-  header.start_time = opt.start_time;
   OrderedJson simj;
   simj["fidelity"] = to_string(opt.fidelity);
   simj["network"] = SimGridEngine::settings();
@@ -147,18 +142,21 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   simj["profile_reason"] = profile.reason;
   simj["host_scale"] = opt.host_scale;
   simj["disk_scale"] = opt.disk_scale;
-  header.settings["steps"] = steps;
-  header.settings["warmup_steps_simulated"] = 0;
-  header.settings["simulator"] = simj;
-  // A simulation is a function of its inputs: its run id is derived from them (scenario, profile,
-  // settings, seed), so the same inputs give byte-identical run directories, while files of runs with
-  // different inputs still carry different ids.
-  {
-    const std::string inputs = header.scenario.hash + "|" + header.scenario.name + "|" + profile.id + "|" +
-                               std::to_string(header.world_size) + "|" + std::to_string(header.seed) + "|" +
-                               header.tool_version + "|" + header.settings.dump();
-    header.run_id = hex64(fnv1a64(inputs)) + hex64(fnv1a64(inputs, 0x9e3779b97f4a7c15ULL));
-  }
+  OrderedJson settings = OrderedJson::object();
+  settings["steps"] = steps;
+  settings["warmup_steps_simulated"] = 0;
+  settings["simulator"] = simj;
+  // A simulation is a function of its inputs (scenario, profile, settings, seed): its run id is
+  // derived from them, so the same inputs give byte-identical run directories.
+  const std::string inputs = s.content_hash + "|" + s.name + "|" + profile.id + "|" + std::to_string(s.world_size()) +
+                             "|" + std::to_string(s.run.seed) + "|" + std::string(tool_version()) + "|" +
+                             settings.dump();
+  profiler::RunHeader header = records::run_header("sim", s, first, inputs);
+  header.calibration_profile = profiler::ProfileId{profile.id, profile.path, profile.gpu};
+  header.device = std::string("simulated ") + scenarios::to_string(s.cluster.gpu);
+  header.argv = opt.argv;
+  header.start_time = opt.start_time;
+  header.settings = std::move(settings);
 
   // The profiler's timing markers cost host time in a real run's recorded steps (docs/simulator.md,
   // "Host lane"): the scenario's sampling decides which steps and classes carry them, whether or not

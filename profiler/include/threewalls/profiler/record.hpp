@@ -143,12 +143,18 @@ struct RunHeader {
   [[nodiscard]] int rank_class_of(int rank) const;
 };
 
-// A header with tool version, git sha, schema version, a new run id and start time (now) filled in.
-RunHeader make_header(std::string source, int world_size);
+// A header with tool version, git sha, schema version, a run id and start time (now) filled in. The
+// run id is new_run_id(), or content_run_id(*content_key) for a run that is a function of its inputs
+// (a simulation: the key names all of them).
+RunHeader make_header(std::string source, int world_size, std::optional<std::string_view> content_key = std::nullopt);
 // A new run id: 128 random bits as 32 lowercase hex digits. Every file of a run directory carries it
 // (run.json, each phases file's header and footer, summary.json), so readers tell files of one run
 // from files of another.
 std::string new_run_id();
+// The run id of a run whose inputs `content_key` names: 128 bits of hash of the key as 32 lowercase
+// hex digits. The same key gives the same id (byte-identical run directories for the same inputs),
+// different keys different ids.
+std::string content_run_id(std::string_view content_key);
 // The current UTC time as "2026-11-03T14:05:09Z".
 std::string iso8601_utc_now();
 

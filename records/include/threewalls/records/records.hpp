@@ -24,9 +24,11 @@
 
 namespace threewalls::records {
 
-// The header of a run of `s` whose first StepGraph is `g`: profiler::make_header(source, world) with
-// the scenario's name, path and hash, its seed and the rank classes of `g`.
-profiler::RunHeader run_header(std::string_view source, const scenarios::Scenario& s, const scenarios::StepGraph& g);
+// The header of a run of `s` whose first StepGraph is `g`: profiler::make_header(source, world,
+// content_key) with the scenario's name, path and hash, its seed and the rank classes of `g`. A real
+// run passes no key (a random run id); a simulation passes the key naming its inputs.
+profiler::RunHeader run_header(std::string_view source, const scenarios::Scenario& s, const scenarios::StepGraph& g,
+                               std::optional<std::string_view> content_key = std::nullopt);
 
 // The sampling config of run.profiler; "representatives" resolves to one rank per class of `g`
 // (sorted). `g` is read only for representatives.
