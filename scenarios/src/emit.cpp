@@ -78,6 +78,25 @@ void ClassBuilder::add_dep(std::uint32_t op_index, std::uint32_t dep) {
   op.deps_end = static_cast<std::uint32_t>(rc_.deps.size());
 }
 
+Op copy_op(CopyKind kind, double bytes) {
+  Op op;
+  op.kind = OpKind::copy;
+  op.sub = static_cast<std::uint8_t>(kind);
+  op.wall = Wall::memory;
+  op.bytes = bytes;
+  op.shape = {static_cast<std::int64_t>(bytes), 0, 0, 0, 0, 0};
+  return op;
+}
+
+Op host_op(HostKind kind, std::uint8_t stream) {
+  Op op;
+  op.kind = OpKind::host;
+  op.sub = static_cast<std::uint8_t>(kind);
+  op.wall = Wall::host;
+  op.stream = stream;
+  return op;
+}
+
 void mark_graph_runs(RankClass& rc) {
   for (std::uint32_t i = 0; i < rc.ops.size();) {
     const std::uint8_t g = rc.ops[i].graph;

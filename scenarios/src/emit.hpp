@@ -47,6 +47,12 @@ class ClassBuilder {
 // Records the CUDA-graph runs of a class: maximal runs of consecutive ops captured in the same scope.
 void mark_graph_runs(RankClass& rc);
 
+// A copy of `bytes` (its shape holds them) of kind `kind`, on the memory wall; the caller sets its
+// stream, phase, indices and flags.
+Op copy_op(CopyKind kind, double bytes);
+// A host op of kind `kind` on `stream`, on the host wall; the caller sets its phase, indices and flags.
+Op host_op(HostKind kind, std::uint8_t stream);
+
 // Instantiates programs into the ops of one rank class.
 class Emitter {
  public:

@@ -34,29 +34,20 @@ void build_inference_class(const Ctx& c, int ep_rank, const RoutingSampler::Step
   const std::uint8_t compute = em.compute_stream();
   for (int l = 0; l < m.num_layers; ++l) rc.layers.push_back(l);
 
-  auto host_op = [&](const std::string& phase, HostKind k, int layer, std::vector<std::uint32_t> deps) {
-    Op op;
-    op.kind = OpKind::host;
-    op.sub = static_cast<std::uint8_t>(k);
-    op.wall = Wall::host;
-    op.stream = host;
+  auto host_step = [&](const std::string& phase, HostKind k, int layer, std::vector<std::uint32_t> deps) {
+    Op op = host_op(k, host);
     op.layer = static_cast<std::int32_t>(layer);
     op.phase = tables.phase(phase);
     return b.emit(op, deps.data(), deps.data() + deps.size());
   };
 
   // Input tokens.
-  Op in;
-  in.kind = OpKind::copy;
-  in.sub = static_cast<std::uint8_t>(CopyKind::h2d_pinned);
-  in.wall = Wall::memory;
-  in.bytes = static_cast<double>(c.T) * 8;
-  in.shape = {static_cast<std::int64_t>(in.bytes), 0, 0, 0, 0, 0};
+  Op in = copy_op(CopyKind::h2d_pinned, static_cast<double>(c.T) * 8);
   in.stream = copy0;
   in.phase = tables.phase("host_to_device");
   in.flags = kDataLoad;
   std::uint32_t input = b.emit(in, {});
-  if (c.exec.sync_after_copy) host_op("host_to_device_sync", HostKind::stream_sync, -1, {input});
+  if (c.exec.sync_after_copy) host_step("host_to_device_sync", HostKind::stream_sync, -1, {input});
   input = em.forward(embedding_program(c), -1, -1, -1, input, false, nullptr, false).back();
 
   const int first_local = ep_rank * c.E_loc;
@@ -69,24 +60,14 @@ void build_inference_class(const Ctx& c, int ep_rank, const RoutingSampler::Step
       if (cache.contains(layer, e)) continue;
       std::uint32_t dep = kNoOp;
       if (off.tier == OffloadTier::nvme) {
-        Op d;
-        d.kind = OpKind::copy;
-        d.sub = static_cast<std::uint8_t>(CopyKind::disk_read);
-        d.wall = Wall::memory;
-        d.bytes = expert_bytes;
-        d.shape = {static_cast<std::int64_t>(expert_bytes), 0, 0, 0, 0, 0};
+        Op d = copy_op(CopyKind::disk_read, expert_bytes);
         d.stream = tables.stream("disk", StreamKind::copy);
         d.layer = static_cast<std::int32_t>(layer);
         d.expert = static_cast<std::int32_t>(e - first_local);  // local index, as the expert ops
         d.phase = tables.phase("expert_fetch_disk");
         dep = b.emit(d, {});
       }
-      Op h2d;
-      h2d.kind = OpKind::copy;
-      h2d.sub = static_cast<std::uint8_t>(CopyKind::h2d_pinned);
-      h2d.wall = Wall::memory;
-      h2d.bytes = expert_bytes;
-      h2d.shape = {static_cast<std::int64_t>(expert_bytes), 0, 0, 0, 0, 0};
+      Op h2d = copy_op(CopyKind::h2d_pinned, expert_bytes);
       const int s = copy_rr++ % off.copy_streams;
       h2d.stream = s == 0 ? copy0 : tables.stream("copy_" + std::to_string(s), StreamKind::copy);
       h2d.layer = static_cast<std::int32_t>(layer);
@@ -94,11 +75,7 @@ void build_inference_class(const Ctx& c, int ep_rank, const RoutingSampler::Step
       h2d.phase = tables.phase("expert_fetch_h2d");
       std::uint32_t id = b.emit(h2d, {dep});
       if (c.exec.sync_after_copy) {
-        Op sy;
-        sy.kind = OpKind::host;
-        sy.sub = static_cast<std::uint8_t>(HostKind::stream_sync);
-        sy.wall = Wall::host;
-        sy.stream = host;
+        Op sy = host_op(HostKind::stream_sync, host);
         sy.layer = static_cast<std::int32_t>(layer);
         sy.expert = static_cast<std::int32_t>(e - first_local);
         sy.phase = tables.phase("expert_fetch_sync");
@@ -159,7 +136,7 @@ void build_inference_class(const Ctx& c, int ep_rank, const RoutingSampler::Step
     auto pre_ids = em.forward(pre, l, -1, -1, input, false, nullptr, false);
     const std::uint32_t normed = pre_ids.front();
     std::uint32_t routed = pre_ids.back();
-    if (c.exec.sync_routing_stats) host_op("moe_routing_stats_read_fwd", HostKind::gpu_read, l, {routed});
+    if (c.exec.sync_routing_stats) host_step("moe_routing_stats_read_fwd", HostKind::gpu_read, l, {routed});
     // Fetches: this layer's (unless prefetched), then the next layer's when prefetching one ahead.
     if (offload && !fetched_done[static_cast<std::size_t>(l)]) {
       fetched[static_cast<std::size_t>(l)] = fetch_layer(l, act);
@@ -180,7 +157,7 @@ void build_inference_class(const Ctx& c, int ep_rank, const RoutingSampler::Step
     if (offload && off.sync == ExpertSync::barrier && !my_fetches.empty()) {
       std::vector<std::uint32_t> deps;
       for (const auto& [e, id] : my_fetches) deps.push_back(id);
-      barrier = host_op("expert_wait", HostKind::barrier, l, deps);
+      barrier = host_step("expert_wait", HostKind::barrier, l, deps);
     }
     // Permute, dispatch.
     Program moe;
@@ -316,7 +293,7 @@ void build_inference_class(const Ctx& c, int ep_rank, const RoutingSampler::Step
   // Output head on each sequence's newest token, sampling, and the host read of the sampled tokens.
   Ctx head_ctx(c.s, c.mbs, 1, 1, false);
   input = em.forward(head_program(head_ctx), -1, -1, -1, input, false, nullptr, false).back();
-  host_op("sampled_token_read", HostKind::gpu_read, -1, {input});
+  host_step("sampled_token_read", HostKind::gpu_read, -1, {input});
   (void)compute;
   (void)prefill;
 

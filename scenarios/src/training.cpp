@@ -180,23 +180,14 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
   const double input_bytes = static_cast<double>(c.mbs) * c.seq / c.cp * 4 * 8;
 
   auto emit_copy = [&](int mb, std::uint32_t* out) {
-    Op cp;
-    cp.kind = OpKind::copy;
-    cp.sub = static_cast<std::uint8_t>(CopyKind::h2d_pinned);
-    cp.wall = Wall::memory;
-    cp.bytes = input_bytes;
-    cp.shape = {static_cast<std::int64_t>(input_bytes), 0, 0, 0, 0, 0};
+    Op cp = copy_op(CopyKind::h2d_pinned, input_bytes);
     cp.stream = copy_stream;
     cp.microbatch = static_cast<std::int32_t>(mb);
     cp.phase = tables.phase("host_to_device");
     cp.flags = kDataLoad;
     *out = b.emit(cp, {});
     if (c.exec.sync_after_copy) {
-      Op sy;
-      sy.kind = OpKind::host;
-      sy.sub = static_cast<std::uint8_t>(HostKind::stream_sync);
-      sy.wall = Wall::host;
-      sy.stream = tables.stream("host", StreamKind::host);
+      Op sy = host_op(HostKind::stream_sync, tables.stream("host", StreamKind::host));
       sy.microbatch = static_cast<std::int32_t>(mb);
       sy.phase = tables.phase("host_to_device_sync");
       sy.flags = kDataLoad;
@@ -567,12 +558,8 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
       ar.flags = kMetrics;
       dep = b.emit(ar, {dep});
     }
-    Op rd;
-    rd.kind = OpKind::host;
-    rd.sub = static_cast<std::uint8_t>(HostKind::gpu_read);
-    rd.wall = Wall::host;
+    Op rd = host_op(HostKind::gpu_read, tables.stream("host", StreamKind::host));
     rd.bytes = 2 * kFp32Bytes;
-    rd.stream = tables.stream("host", StreamKind::host);
     rd.phase = tables.phase("training_metrics_read");
     rd.flags = kMetrics;
     b.emit(rd, {dep});
