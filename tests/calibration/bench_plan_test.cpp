@@ -428,6 +428,12 @@ TEST(CalibrationPlan, OpTableDocumentsEveryOp) {
     EXPECT_NE(std::find(op_groups().begin(), op_groups().end(), o.group), op_groups().end()) << o.name;
   }
   for (const auto& p : plan(Mode::full, 2)) EXPECT_TRUE(names.count(p.op)) << p.op;
+  // Every calibrate group of the family table measures something, once listed.
+  const std::set<std::string> groups(op_groups().begin(), op_groups().end());
+  EXPECT_EQ(groups.size(), op_groups().size());
+  for (const auto& g : op_groups()) {
+    EXPECT_TRUE(std::any_of(op_table().begin(), op_table().end(), [&](const OpInfo& o) { return o.group == g; })) << g;
+  }
 }
 
 // ---- the held-out validation scenarios are never measured ----

@@ -1001,9 +1001,17 @@ const OpInfo* find_op(std::string_view name) {
 }
 
 const std::vector<std::string>& op_groups() {
-  static const std::vector<std::string> groups{"gemm",       "grouped", "attention",   "memory",      "copy",
-                                               "collective", "host",    "concurrency", "interference",
-                                               "kernels"};
+  // The calibrate groups of the family table (families.def), each once, in the order of their first row.
+  static const std::vector<std::string> groups = [] {
+    std::vector<std::string> g;
+    auto add = [&g](const char* group) {
+      if (std::find(g.begin(), g.end(), group) == g.end()) g.emplace_back(group);
+    };
+#define THREEWALLS_CALIBRATION_FAMILY(module, group) add(#group);
+#include "threewalls/calibration/families.def"
+#undef THREEWALLS_CALIBRATION_FAMILY
+    return g;
+  }();
   return groups;
 }
 

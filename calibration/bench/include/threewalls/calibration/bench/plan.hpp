@@ -63,7 +63,8 @@ struct OpInfo {
 };
 const std::vector<OpInfo>& op_table();
 const OpInfo* find_op(std::string_view name);
-// The --only groups, in table order.
+// The --only groups: the calibrate groups of the family table (families.def), in the order of their
+// first row.
 const std::vector<std::string>& op_groups();
 
 struct PlanOptions {
