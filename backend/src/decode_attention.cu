@@ -1,12 +1,13 @@
 // Split-KV decode attention kernels (see decode_attention.hpp).
 //
-// Kernel 1, one block per (split, kv head, sequence): 4 warps take the split's keys in turn; a warp
-// reads a key row and a value row whole (each lane its dqk/32 and dv/32 contiguous elements,
-// coalesced), forms the scores of the kv head's query heads (a warp all-reduce per head) and keeps
-// an online softmax per head in the log2 domain (running max m, sum l, accumulator acc = sum p v).
-// The block combines its warps through shared memory and writes (m, l, acc) per query head.
-// Kernel 2, one block per (sequence, query head): combines the splits into O = sum acc e^(m - M) /
-// sum l e^(m - M) and lse = M + log(sum l e^(m - M)).
+// Kernel 1, one block per (split, kv head, sequence), 4 warps. The query heads that share the kv head
+// (GQA) are staged in shared memory (fp32, pre-scaled); the warps take the split's keys in chunks of
+// 32, one key per lane: a lane reads its key row whole and forms the scores of every query head of the
+// group (no cross-lane reduction per key), the warp then updates an online softmax per head in the log2
+// domain (one max and one sum across lanes per head and chunk) and accumulates sum p v with the lanes
+// owning the value dims (each value row read once, coalesced, for all the group's heads). Each K and V
+// row is read from memory once per kv head. The block combines its warps through shared memory and
+// writes (m, l, acc) per query head.
 #include <cstdint>
 
 #include "threewalls/backend/decode_attention.hpp"
@@ -57,36 +58,34 @@ __device__ inline float warp_allsum(float v) {
   return v;
 }
 
-// One key/value row into the online softmax of each of the `group` query heads (log2 domain).
-template <int QK, int VD, int G>
-__device__ __forceinline__ void attend(const float (&q)[G][QK], const float (&kf)[QK], const float (&vf)[VD], int group,
-                                       float (&m)[G], float (&sum)[G], float (&acc)[G][VD]) {
+__device__ inline float warp_allmax(float v) {
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
-    if (g < group) {
-      float dot = 0.0F;
-#pragma unroll
-      for (int i = 0; i < QK; ++i) dot += q[g][i] * kf[i];
-      const float s = warp_allsum(dot);
-      const float mn = fmaxf(m[g], s);
-      const float c = exp2f(m[g] - mn);
-      const float p = exp2f(s - mn);
-      sum[g] = sum[g] * c + p;
-#pragma unroll
-      for (int i = 0; i < VD; ++i) acc[g][i] = acc[g][i] * c + p * vf[i];
-      m[g] = mn;
-    }
-  }
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffU, v, o));
+  return v;
 }
 
-// Rows a warp loads before using them (memory-level parallelism: a bandwidth-bound kernel needs
-// several row reads in flight per warp).
-constexpr int kUnroll = 4;
+// Keys per chunk: one per lane.
+constexpr int kChunk = 32;
 
-// QK = dqk / 32, VD = dv / 32 elements per lane; G >= heads / kv_heads query heads per kv head.
+// Floats of dynamic shared memory the split kernel uses: the staged queries and each warp's chunk of
+// probabilities while the keys are read, then (reused) each warp's (m, l, acc) per head to combine.
+template <int QK, int VD, int G>
+constexpr std::size_t split_smem_floats() {
+  const std::size_t loop = static_cast<std::size_t>(G) * QK * 32 + static_cast<std::size_t>(kWarps) * kChunk * G;
+  const std::size_t combine = static_cast<std::size_t>(kWarps) * G * (2 + VD * 32);
+  return loop > combine ? loop : combine;
+}
+
+// QK = dqk / 32, VD = dv / 32 elements per lane of a value row; G >= heads / kv_heads query heads per kv
+// head (a multiple of 4 when above 2, so a chunk's probabilities of one key are read as float4s).
 template <int QK, int VD, int G>
 __global__ void __launch_bounds__(kWarps * 32) decode_split_kernel(DecodeLaunch l, float scale_log2) {
-  extern __shared__ float smem[];  // [kWarps][G][2 + dv]: m, l, acc
+  constexpr int kDqk = QK * 32;
+  constexpr int kDv = VD * 32;
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  float* sq = smem;             // [G][kDqk] scaled queries
+  float* sp = smem + G * kDqk;  // [kWarps][kChunk][G] probabilities of the warp's chunk
   const int split = static_cast<int>(blockIdx.x);
   const std::int64_t kvh = blockIdx.y;
   const std::int64_t b = blockIdx.z;
@@ -97,16 +96,12 @@ __global__ void __launch_bounds__(kWarps * 32) decode_split_kernel(DecodeLaunch 
   const std::int64_t j0 = split * chunk;
   const std::int64_t j1 = j0 + chunk < l.seq_kv ? j0 + chunk : l.seq_kv;
 
-  float q[G][QK];
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    if (g < group) {
-      const std::int64_t h = kvh * group + g;
-      load_row<QK>(l.q + (b * l.heads + h) * l.dqk + lane * QK, q[g]);
-#pragma unroll
-      for (int i = 0; i < QK; ++i) q[g][i] *= scale_log2;
-    }
+  const bf16* qbase = l.q + (b * l.heads + kvh * group) * kDqk;
+  for (int idx = static_cast<int>(threadIdx.x); idx < G * kDqk; idx += kWarps * 32) {
+    sq[idx] = idx < group * kDqk ? __bfloat162float(qbase[idx]) * scale_log2 : 0.0F;
   }
+  __syncthreads();
+
   float m[G], sum[G], acc[G][VD];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
@@ -115,27 +110,75 @@ __global__ void __launch_bounds__(kWarps * 32) decode_split_kernel(DecodeLaunch 
 #pragma unroll
     for (int i = 0; i < VD; ++i) acc[g][i] = 0.0F;
   }
-  const bf16* kbase = l.k + (b * l.kv_heads + kvh) * l.capacity * l.dqk + lane * QK;
-  const bf16* vbase = l.v + (b * l.kv_heads + kvh) * l.capacity * l.dv + lane * VD;
-  // Fewer rows in flight where the per-head state already takes most registers.
-  constexpr int kRows = G * (QK + VD) > 64 ? 2 : kUnroll;
-  std::int64_t j = j0 + warp;
-  for (; j + (kRows - 1) * kWarps < j1; j += kRows * kWarps) {
-    float kf[kRows][QK], vf[kRows][VD];
+  const bf16* kbase = l.k + (b * l.kv_heads + kvh) * l.capacity * kDqk;
+  const bf16* vbase = l.v + (b * l.kv_heads + kvh) * l.capacity * kDv + lane * VD;
+  float* wp = sp + warp * kChunk * G;
+  for (std::int64_t c0 = j0 + warp * kChunk; c0 < j1; c0 += kWarps * kChunk) {
+    const std::int64_t j = c0 + lane;
+    const bool valid = j < j1;
+    float s[G];
 #pragma unroll
-    for (int u = 0; u < kRows; ++u) {
-      load_row<QK>(kbase + (j + u * kWarps) * l.dqk, kf[u]);
-      load_row<VD>(vbase + (j + u * kWarps) * l.dv, vf[u]);
+    for (int g = 0; g < G; ++g) s[g] = 0.0F;
+    if (valid) {
+      const bf16* kr = kbase + j * kDqk;
+#pragma unroll
+      for (int d = 0; d < kDqk; d += 8) {
+        float kf[8];
+        load_row<8>(kr + d, kf);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          const float4 a = *reinterpret_cast<const float4*>(sq + g * kDqk + d);
+          const float4 c = *reinterpret_cast<const float4*>(sq + g * kDqk + d + 4);
+          s[g] += a.x * kf[0] + a.y * kf[1] + a.z * kf[2] + a.w * kf[3] + c.x * kf[4] + c.y * kf[5] + c.z * kf[6] +
+                  c.w * kf[7];
+        }
+      }
     }
 #pragma unroll
-    for (int u = 0; u < kRows; ++u) attend<QK, VD, G>(q, kf[u], vf[u], group, m, sum, acc);
+    for (int g = 0; g < G; ++g) {
+      if (g < group) {
+        const float sg = valid ? s[g] : -INFINITY;
+        const float mn = fmaxf(m[g], warp_allmax(sg));  // lane 0's key is valid: finite
+        const float c = exp2f(m[g] - mn);
+        const float p = valid ? exp2f(sg - mn) : 0.0F;
+        sum[g] = sum[g] * c + warp_allsum(p);
+#pragma unroll
+        for (int i = 0; i < VD; ++i) acc[g][i] *= c;
+        m[g] = mn;
+        wp[lane * G + g] = p;
+      }
+    }
+    __syncwarp();
+    const int n = j1 - c0 < kChunk ? static_cast<int>(j1 - c0) : kChunk;
+#pragma unroll 4
+    for (int t = 0; t < n; ++t) {
+      float vf[VD];
+      load_row<VD>(vbase + (c0 + t) * kDv, vf);
+      float p[G];
+      if constexpr (G >= 4) {
+#pragma unroll
+        for (int g = 0; g < G; g += 4) {
+          const float4 f = *reinterpret_cast<const float4*>(wp + t * G + g);
+          p[g] = f.x;
+          p[g + 1] = f.y;
+          p[g + 2] = f.z;
+          p[g + 3] = f.w;
+        }
+      } else {
+#pragma unroll
+        for (int g = 0; g < G; ++g) p[g] = wp[t * G + g];
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        if (g < group) {
+#pragma unroll
+          for (int i = 0; i < VD; ++i) acc[g][i] += p[g] * vf[i];
+        }
+      }
+    }
+    __syncwarp();
   }
-  for (; j < j1; j += kWarps) {
-    float kf[QK], vf[VD];
-    load_row<QK>(kbase + j * l.dqk, kf);
-    load_row<VD>(vbase + j * l.dv, vf);
-    attend<QK, VD, G>(q, kf, vf, group, m, sum, acc);
-  }
+  __syncthreads();  // the loop's shared memory is reused below
   // Combine the warps.
   const int row = 2 + static_cast<int>(l.dv);
 #pragma unroll
@@ -197,7 +240,8 @@ template <int QK, int VD, int G>
 void launch(const DecodeLaunch& l, cudaStream_t stream) {
   const float scale_log2 = kLog2e / sqrtf(static_cast<float>(l.dqk));
   const dim3 grid(static_cast<unsigned>(l.splits), static_cast<unsigned>(l.kv_heads), static_cast<unsigned>(l.batch));
-  const std::size_t smem = sizeof(float) * kWarps * G * (2 + static_cast<std::size_t>(l.dv));
+  constexpr std::size_t smem = sizeof(float) * split_smem_floats<QK, VD, G>();
+  static_assert(smem <= 48 * 1024, "the split kernel's shared memory fits the default limit");
   decode_split_kernel<QK, VD, G><<<grid, kWarps * 32, smem, stream>>>(l, scale_log2);
   TW_CUDA_CHECK_LAUNCH("decode_split_kernel");
 }
