@@ -201,6 +201,9 @@ std::vector<AttentionCase> attention_cases() {
       {"mha full", {2, 4096, 4096, 16, 128, 128, false}, false},
       {"decode gqa", gqa({32, 1, 4096, 32, 128, 128, true}, 8), true},
       {"decode mha long", {8, 1, 32768, 32, 128, 128, true}, true},
+      {"decode gqa16", gqa({16, 1, 8192, 64, 128, 128, true}, 4), true},
+      {"decode mla", gqa({64, 1, 8192, 16, 192, 128, true}, 2), true},
+      {"decode small", gqa({1, 1, 2048, 32, 128, 128, true}, 8), true},
   };
   if (g_quick) c.erase(c.begin() + 3, c.begin() + 4);
   return c;
