@@ -247,7 +247,11 @@ class Loader {
     // before guessing a typo (short keys such as 'tp' are otherwise "near" unrelated ones like 'gpu').
     std::vector<std::string> elsewhere;
     for (const auto& p : reg.params()) {
-      if (p.key() == key) elsewhere.push_back(p.table().empty() ? "the top level" : "[" + p.table() + "]");
+      if (p.key() != key) continue;
+      // Appended piece by piece: GCC 12's "literal" + string&& inlines a memcpy it then flags (-Wrestrict).
+      std::string where = "the top level";
+      if (!p.table().empty()) where.assign("[").append(p.table()).append("]");
+      elsewhere.push_back(std::move(where));
     }
     if (!elsewhere.empty()) {
       msg += " ('" + key + "' belongs in " + join(elsewhere, " or ") + ")";
