@@ -165,7 +165,8 @@ def main():
                     f.write(text)
                 batch[path] = (seed, edits, text)
                 made += 1
-            p = subprocess.run([runner, "--timeout", str(a.timeout), "--mem-mb", str(a.mem_mb)] + list(batch),
+            p = subprocess.run([runner, "--timeout", str(a.timeout), "--mem-mb", str(a.mem_mb),
+                                "--profile-dir", os.path.join(ROOT, "calibration", "profiles")] + list(batch),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
                                preexec_fn=lambda: os.nice(19))
             errs = p.stderr.decode("utf-8", "replace")

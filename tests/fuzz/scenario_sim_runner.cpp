@@ -21,7 +21,9 @@
 //   hf          a Hugging Face config.json: imported, its [model] checked by the loader
 //   plan-merge  a directory of plan.json shards: each read (plan_from_json), then merged
 //
-// Usage: scenario_sim_runner [--surface S] [--timeout S] [--mem-mb M] [--steps N] INPUT...
+// Usage: scenario_sim_runner [--surface S] [--timeout S] [--mem-mb M] [--steps N] [--profile-dir D] INPUT...
+// --profile-dir: where `calibration.profile = "auto"` finds the shipped profiles (default: the source tree
+// this runner was built from, which does not exist where a carried runner runs).
 // (exit 1 on any finding). The mutation campaigns (scripts/mutate_scenarios.py for scenarios,
 // scripts/mutate_inputs.py for the other surfaces) and the robustness tests drive it; docs/fuzzing.md.
 #include <sys/resource.h>
@@ -45,6 +47,7 @@
 #include <vector>
 
 #include "threewalls/calibration/profile.hpp"
+#include "threewalls/calibration/resolve.hpp"
 #include "threewalls/core/error.hpp"
 #include "threewalls/core/jsonl.hpp"
 #include "threewalls/profiler/run_dir.hpp"
@@ -127,7 +130,8 @@ void read_input(const std::string& surface, const fs::path& input) {
   }
 }
 
-int run_one(const std::string& surface, const fs::path& file, int steps, const fs::path& run_dir) {
+int run_one(const std::string& surface, const fs::path& file, int steps, const fs::path& run_dir,
+            const fs::path& profile_dir) {
   if (surface != "scenario") {
     try {
       read_input(surface, file);
@@ -152,7 +156,14 @@ int run_one(const std::string& surface, const fs::path& file, int steps, const f
     opt.steps = steps;
     opt.out_dir = run_dir;
     opt.overwrite = true;
-    const auto r = threewalls::sim::simulate(s, "", opt);
+    std::string profile;  // empty: the scenario's own, resolved by simulate()
+    if (!profile_dir.empty()) {
+      const fs::path scenario_dir = fs::path(s.source_path).parent_path();
+      profile = threewalls::calibration::resolve_profile(
+                    s.calibration_profile, threewalls::scenarios::to_string(s.cluster.gpu), scenario_dir, profile_dir)
+                    .path.string();
+    }
+    const auto r = threewalls::sim::simulate(s, profile, opt);
     if (!all_finite(r.summary_json) || null_duration_in(run_dir)) return kNan;
     return kOk;
   } catch (const threewalls::InputError& e) {
@@ -173,6 +184,7 @@ int main(int argc, char** argv) {
   long mem_mb = 4096;
   int steps = 2;
   std::string surface = "scenario";
+  fs::path profile_dir;
   std::vector<fs::path> files;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -184,6 +196,8 @@ int main(int argc, char** argv) {
       steps = std::atoi(argv[++i]);
     else if (a == "--surface" && i + 1 < argc)
       surface = argv[++i];
+    else if (a == "--profile-dir" && i + 1 < argc)
+      profile_dir = argv[++i];
     else
       files.emplace_back(a);
   }
@@ -201,7 +215,7 @@ int main(int argc, char** argv) {
       const rlimit mem{static_cast<rlim_t>(mem_mb) << 20, static_cast<rlim_t>(mem_mb) << 20};
       ::setrlimit(RLIMIT_AS, &mem);
       ::alarm(static_cast<unsigned>(timeout_s));
-      const int v = run_one(surface, file, steps, scratch);
+      const int v = run_one(surface, file, steps, scratch, profile_dir);
       std::fflush(nullptr);
       ::_exit(v);
     }

@@ -39,6 +39,8 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+from threewalls.bench.profile_text import replace_family
+
 FAMILY = "host.framework_op"
 
 
@@ -159,17 +161,7 @@ def families_toml(profile_text: str, path: str, eager_op: Dict[str, float], note
              f"count = {int(eager_op['repeats'])} }},\n]\n\n"
              f"[{FAMILY}.fit]\nvalue_s = {vals['median_us']:.6g}\nrel_err_median = 0.0\nrel_err_max = 0.0\n"
              f"loo_rel_err_median = nan\nloo_rel_err_max = nan\nloo_points = 0\n")
-    lines = profile_text.split("\n")
-    starts = [i for i, line in enumerate(lines) if line.strip() == f"[{FAMILY}]"]
-    if len(starts) != 1:
-        raise SystemExit(f"{path}: no single [{FAMILY}] family to replace")
-    end = starts[0] + 1
-    while end < len(lines):  # the family and its fit table, up to the next family's comment or table
-        stripped = lines[end].strip()
-        if (stripped.startswith("#") or stripped.startswith("[")) and stripped != f"[{FAMILY}.fit]":
-            break
-        end += 1
-    return "\n".join(lines[:starts[0]] + block.split("\n") + lines[end:])
+    return replace_family(profile_text, path, FAMILY, block)
 
 
 def main(argv=None) -> int:
