@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <vector>
 
 #include "../support/shell.hpp"
 #include "threewalls/calibration/cost_model.hpp"
@@ -180,6 +182,53 @@ TEST(PlanEstimator, MemoryPrunesBeforeTiming) {
   EXPECT_EQ(r.outcome, Outcome::oom);
   EXPECT_GT(r.peak_bytes, r.capacity_bytes);
   EXPECT_EQ(est.reduced_simulations(), 0U);  // no step time for a layout that does not fit
+}
+
+// The NCCL communicators and peers of a candidate's stages come from a communication graph shared
+// by every candidate with the same communication key (which groups have more than one rank,
+// pipeline depth 1, 2 or more, interleaving, options): every stage's buffers equal those counted on
+// the candidate's own graph (an estimator that has seen only that candidate).
+TEST(PlanEstimator, SharedCommunicationGraphsGiveEachCandidatesOwnMemory) {
+  const auto loaded = scenarios::load_scenario_file(example("mixtral_8x7b_64gpu"));
+  ASSERT_TRUE(h100().coster.nccl_memory().has_value());  // else the memory model counts no communicators
+  const SearchSpace sp =
+      parse_search("tp=1,2,8;cp=1,2;pp=1..4;vpp=1,2;ep=1,2,8;etp=1,2;mbs=1;recompute=full;dispatcher=alltoall,flex",
+                   default_search(loaded.scenario, 64));
+  // In both orders, so that each key's graph comes once from a shallower and once from a deeper pipeline.
+  PlanEstimator forward(loaded, h100().coster, 64);
+  PlanEstimator backward(loaded, h100().coster, 64);
+  const std::uint64_t n = sp.size();
+  std::vector<std::optional<scenarios::Scenario>> scenarios(n);
+  std::vector<MemoryReport> mem_forward(n), mem_backward(n);
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const Candidate c = candidate_at(sp, 64, i);
+    if (c.dp == 0 || c.edp == 0) continue;
+    try {
+      scenarios[i] = forward.scenario_of(c);
+    } catch (const scenarios::ScenarioError&) {
+      continue;  // pruned by a layout rule
+    }
+    mem_forward[i] = forward.memory(*scenarios[i], c);
+  }
+  for (std::uint64_t i = n; i-- > 0;) {
+    if (scenarios[i]) mem_backward[i] = backward.memory(*scenarios[i], candidate_at(sp, 64, i));
+  }
+  int compared = 0;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    if (!scenarios[i]) continue;
+    const Candidate c = candidate_at(sp, 64, i);
+    PlanEstimator own_estimator(loaded, h100().coster, 64);
+    const MemoryReport own = own_estimator.memory(*scenarios[i], c);
+    ASSERT_EQ(mem_forward[i].classes.size(), own.classes.size());
+    for (std::size_t k = 0; k < own.classes.size(); ++k) {
+      EXPECT_EQ(mem_forward[i].classes[k].breakdown.buffers.value, own.classes[k].breakdown.buffers.value)
+          << c.layout() << " class " << k;
+      EXPECT_EQ(mem_backward[i].classes[k].breakdown.buffers.value, own.classes[k].breakdown.buffers.value)
+          << c.layout() << " class " << k;
+    }
+    ++compared;
+  }
+  EXPECT_GE(compared, 40);
 }
 
 // The closed form against the analytic simulator on the example's own layout.

@@ -269,6 +269,75 @@ scenarios::StepGraph communication_graph(const Scenario& s) {
   return g;
 }
 
+// What sets a candidate's communication graph apart. The training expansion emits a group's
+// collectives only where the group has more than one rank, and the sends and receives of a stage
+// follow from its place in the pipeline: the first stage, a middle one, the last (with vpp > 1 every
+// stage has both neighbours). So the distinct communication ops of each stage (the only thing
+// communication_graph keeps) are one function of which groups have more than one rank, whether the
+// pipeline has 1, 2 or more stages, whether it is interleaved, and the candidate's dispatcher,
+// CUDA-graph scopes and precision; the NCCL rule reads the group sizes and spans from the candidate's
+// own layout (tests/sim/planner_test.cpp compares it with each candidate's own graph).
+std::string communication_key(const scenarios::Layout& L, const Candidate& c) {
+  std::string k;
+  for (Group g : {Group::tp, Group::cp, Group::dp, Group::dp_cp, Group::ep, Group::etp, Group::edp, Group::pp,
+                  Group::world, Group::embedding}) {
+    k += L.group_size(g) > 1 ? '1' : '0';
+  }
+  k += ' ';
+  k += std::to_string(std::min(c.pp, 3)) + (c.vpp > 1 ? " vpp " : " ") +
+       std::to_string(static_cast<int>(c.dispatcher)) + ' ' + c.cuda_graphs + ' ' +
+       std::to_string(static_cast<int>(c.precision));
+  return k;
+}
+
+// A graph of `pp` stages whose stage st has the ops of the first class of `g` at the same place in
+// the pipeline (first, middle or last): what MemoryOptions::communication_ops reads for a candidate
+// with `g`'s communication_key.
+scenarios::StepGraph stage_view(const scenarios::StepGraph& g, int pp) {
+  int stages = 0;
+  for (const auto& rc : g.classes) stages = std::max(stages, rc.pp_stage + 1);
+  scenarios::StepGraph v;
+  for (int st = 0; st < pp; ++st) {
+    const int at = st == 0 ? 0 : (st == pp - 1 ? stages - 1 : 1);
+    const auto it = std::find_if(g.classes.begin(), g.classes.end(),
+                                 [&](const scenarios::RankClass& rc) { return rc.pp_stage == at; });
+    scenarios::RankClass rc;
+    rc.id = st;
+    rc.pp_stage = st;
+    if (it != g.classes.end()) rc.ops = it->ops;
+    v.classes.push_back(std::move(rc));
+  }
+  return v;
+}
+
+// A bounded map from key to value that drops the least recently used entry when full.
+template <typename V>
+class LruCache {
+ public:
+  explicit LruCache(std::size_t entries) : entries_(entries) {}
+  // The value of `key`, made by `make()` when it is not held. The reference holds until the next get.
+  template <typename Make>
+  const V& get(const std::string& key, Make&& make) {
+    auto it = map_.find(key);
+    if (it != map_.end()) {
+      order_.splice(order_.begin(), order_, it->second.second);
+      return it->second.first;
+    }
+    V value = make();
+    if (map_.size() >= entries_) {
+      map_.erase(order_.back());
+      order_.pop_back();
+    }
+    order_.push_front(key);
+    return map_.emplace(key, std::make_pair(std::move(value), order_.begin())).first->second.first;
+  }
+
+ private:
+  std::size_t entries_;
+  std::list<std::string> order_;
+  std::unordered_map<std::string, std::pair<V, std::list<std::string>::iterator>> map_;
+};
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -427,23 +496,24 @@ struct PlanEstimator::Impl {
   const OpCoster& coster;
   int gpus;
   MemoryOptions memory;
-  std::size_t cache_entries;
   double model_flops = 0.0;
   double tokens = 0.0;
   std::uint64_t reduced_runs = 0;
-  // Bounded cache of reduced results: key -> (result, position in the LRU list).
-  std::list<std::string> lru;
-  std::unordered_map<std::string, std::pair<Reduced, std::list<std::string>::iterator>> cache;
-  // Communication graphs (communication_graph) of the layouts seen, bounded like the reduced cache.
-  std::list<std::string> comm_lru;
-  std::unordered_map<std::string, std::pair<scenarios::StepGraph, std::list<std::string>::iterator>> comm_cache;
+  // Reduced results by candidate key (Impl::reduced).
+  LruCache<Reduced> cache;
+  // Communication graphs (communication_graph) by communication_key, and the per-stage views of
+  // them that candidates with that key and a pipeline depth read (Impl::communication).
+  LruCache<scenarios::StepGraph> comm_graphs;
+  LruCache<scenarios::StepGraph> comm_views;
 
   Impl(scenarios::LoadedScenario b, const OpCoster& c, int g, MemoryOptions m, std::size_t entries)
-      : base(std::move(b)), coster(c), gpus(g), memory(m), cache_entries(std::max<std::size_t>(entries, 1)) {}
+      : base(std::move(b)), coster(c), gpus(g), memory(m), cache(std::max<std::size_t>(entries, 1)),
+        comm_graphs(std::min<std::size_t>(std::max<std::size_t>(entries, 1), 64)),
+        comm_views(std::min<std::size_t>(std::max<std::size_t>(entries, 1), 64)) {}
 
   Scenario candidate_scenario(const Candidate& c, scenarios::KeyLocations& where) const;
   Reduced reduced(const Scenario& s, const Candidate& c);
-  const scenarios::StepGraph& communication(const Scenario& s, const Candidate& c);
+  const scenarios::StepGraph& communication(const Scenario& s, const scenarios::Layout& L, const Candidate& c);
   Reduced run_reduced(const Scenario& s, const Candidate& c);
 };
 
@@ -530,38 +600,14 @@ Reduced PlanEstimator::Impl::reduced(const Scenario& s, const Candidate& c) {
   key << c.tp << ' ' << c.cp << ' ' << c.ep << ' ' << c.etp << ' ' << c.mbs << ' ' << static_cast<int>(c.recompute)
       << ' ' << static_cast<int>(c.dispatcher) << ' ' << c.cuda_graphs << ' ' << static_cast<int>(c.precision) << ' '
       << (c.pp > 1);
-  const std::string k = key.str();
-  auto it = cache.find(k);
-  if (it != cache.end()) {
-    lru.splice(lru.begin(), lru, it->second.second);
-    return it->second.first;
-  }
-  Reduced r = run_reduced(s, c);
-  if (cache.size() >= cache_entries) {
-    cache.erase(lru.back());
-    lru.pop_back();
-  }
-  lru.push_front(k);
-  cache.emplace(k, std::make_pair(r, lru.begin()));
-  return r;
+  return cache.get(key.str(), [&] { return run_reduced(s, c); });
 }
 
-const scenarios::StepGraph& PlanEstimator::Impl::communication(const Scenario& s, const Candidate& c) {
-  std::ostringstream key;
-  key << c.tp << ' ' << c.cp << ' ' << c.pp << ' ' << c.vpp << ' ' << c.ep << ' ' << c.etp << ' '
-      << static_cast<int>(c.dispatcher) << ' ' << c.cuda_graphs << ' ' << static_cast<int>(c.precision);
-  const std::string k = key.str();
-  auto it = comm_cache.find(k);
-  if (it != comm_cache.end()) {
-    comm_lru.splice(comm_lru.begin(), comm_lru, it->second.second);
-    return it->second.first;
-  }
-  if (comm_cache.size() >= std::min<std::size_t>(cache_entries, 64)) {
-    comm_cache.erase(comm_lru.back());
-    comm_lru.pop_back();
-  }
-  comm_lru.push_front(k);
-  return comm_cache.emplace(k, std::make_pair(communication_graph(s), comm_lru.begin())).first->second.first;
+const scenarios::StepGraph& PlanEstimator::Impl::communication(const Scenario& s, const scenarios::Layout& L,
+                                                               const Candidate& c) {
+  const std::string k = communication_key(L, c);
+  return comm_views.get(k + " pp" + std::to_string(c.pp),
+                        [&] { return stage_view(comm_graphs.get(k, [&] { return communication_graph(s); }), c.pp); });
 }
 
 // The reduced scenario: the candidate without its pipeline, one micro-batch, 2 dense and 3 MoE
@@ -690,6 +736,36 @@ Reduced PlanEstimator::Impl::run_reduced(const Scenario& cand, const Candidate& 
   return best;
 }
 
+// The memory model on a skeleton StepGraph: one class per pipeline stage (two with routing
+// imbalance: the hot EP rank and a cold one) with its layers and no ops; the NCCL buffers counted on
+// the candidate's communication graph (docs/planner.md).
+MemoryReport PlanEstimator::memory(const Scenario& s, const Candidate& c) {
+  const scenarios::StageSplit split(s);
+  const auto& t = *s.train;
+  const int pp = c.pp;
+  scenarios::StepGraph skel;
+  skel.layout = scenarios::Layout(s);
+  const scenarios::RoutingModel routing(c.ep, t.routing_imbalance);
+  const bool split_hot = !routing.balanced() && s.model.is_moe();
+  const int per_stage = impl_->gpus / pp;
+  for (int st = 0; st < pp; ++st) {
+    for (int cold = 0; cold < (split_hot ? 2 : 1); ++cold) {  // EP rank 0 is the hot one
+      scenarios::RankClass rc;
+      rc.id = static_cast<int>(skel.classes.size());
+      rc.pp_stage = st;
+      rc.label = "stage " + std::to_string(st);
+      rc.ranks = {st * per_stage + (cold ? c.etp : 0)};
+      rc.expert_load = split_hot ? routing.load(cold) : 1.0;
+      rc.layers = split.stage_layers(st);
+      skel.classes.push_back(std::move(rc));
+    }
+  }
+  MemoryOptions memory = impl_->memory;
+  if (!memory.nccl) memory.nccl = impl_->coster.nccl_memory();  // the profile's nccl.memory, when it has one
+  if (memory.nccl) memory.communication_ops = &impl_->communication(s, skel.layout, c);
+  return memory_model(s, skel, memory);
+}
+
 PlanRow PlanEstimator::evaluate(const Candidate& c) {
   PlanRow row;
   row.cand = c;
@@ -719,29 +795,12 @@ PlanRow PlanEstimator::evaluate(const Candidate& c) {
   row.microbatches = t.num_microbatches;
   const int pp = c.pp, vpp = c.vpp, m = t.num_microbatches;
 
-  // ---- memory first: the memory model on a skeleton StepGraph (classes, stages, layers) ----
+  // ---- memory first ----
   const scenarios::StageSplit split(s);
-  scenarios::StepGraph skel;
-  skel.layout = scenarios::Layout(s);
-  const scenarios::RoutingModel routing(c.ep, t.routing_imbalance);
-  const bool split_hot = !routing.balanced() && s.model.is_moe();
+  const scenarios::Layout layout(s);
+  const MemoryReport mem = memory(s, c);
   const int per_stage = impl_->gpus / pp;
-  for (int st = 0; st < pp; ++st) {
-    for (int cold = 0; cold < (split_hot ? 2 : 1); ++cold) {  // EP rank 0 is the hot one
-      scenarios::RankClass rc;
-      rc.id = static_cast<int>(skel.classes.size());
-      rc.pp_stage = st;
-      rc.label = "stage " + std::to_string(st);
-      rc.ranks = {st * per_stage + (cold ? c.etp : 0)};
-      rc.expert_load = split_hot ? routing.load(cold) : 1.0;
-      rc.layers = split.stage_layers(st);
-      skel.classes.push_back(std::move(rc));
-    }
-  }
-  MemoryOptions memory = impl_->memory;
-  if (!memory.nccl) memory.nccl = impl_->coster.nccl_memory();  // the profile's nccl.memory, when it has one
-  if (memory.nccl) memory.communication_ops = &impl_->communication(s, c);
-  const MemoryReport mem = memory_model(s, skel, memory);
+  const std::size_t classes_per_stage = mem.classes.size() / static_cast<std::size_t>(pp);  // hot and cold
   for (const auto& cm : mem.classes) row.peak_bytes = std::max(row.peak_bytes, cm.peak().value);
   if (mem.oom()) {
     row.outcome = Outcome::oom;
@@ -792,10 +851,10 @@ PlanRow PlanEstimator::evaluate(const Candidate& c) {
     w.exposed_comm_us += 2.0 * (pp * vpp - 1) * hop;
   }
   // Data-parallel gradient reduction and parameter gathering, the optimizer.
-  const ClassMemory& cmem = mem.classes[static_cast<std::size_t>(crit * (split_hot ? 2 : 1))];
+  const ClassMemory& cmem = mem.classes[static_cast<std::size_t>(crit) * classes_per_stage];
   const int rep = crit * per_stage;
   auto scope_of = [&](Group grp) {
-    return skel.layout.group_within_node(grp, rep) ? LinkScope::nvlink : LinkScope::network;
+    return layout.group_within_node(grp, rep) ? LinkScope::nvlink : LinkScope::network;
   };
   const int nd = c.dp * c.cp, ne = c.edp;
   const bool dist = t.use_distributed_optimizer;

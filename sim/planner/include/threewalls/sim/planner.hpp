@@ -169,6 +169,9 @@ class PlanEstimator {
   [[nodiscard]] scenarios::Scenario scenario_of(const Candidate& c) const;
   // Evaluates one candidate. Never throws for a candidate the rules reject (outcome rule).
   PlanRow evaluate(const Candidate& c);
+  // The memory verdict of `c` whose scenario is `s` (scenario_of(c)): one class per pipeline stage
+  // (two with routing imbalance), as evaluate prunes by it.
+  [[nodiscard]] MemoryReport memory(const scenarios::Scenario& s, const Candidate& c);
   [[nodiscard]] std::uint64_t reduced_simulations() const;
 
  private:
