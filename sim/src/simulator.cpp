@@ -284,8 +284,20 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   };
 
   if (opt.fidelity == Fidelity::flow) {
-    // A step graph that is the same every step: the platform holds the GPUs its flows reach only.
-    SimGridEngine engine = per_step ? SimGridEngine(base) : SimGridEngine(base, exec.flow_ranks(first));
+    // The platform holds the GPUs the flows reach only: those of the step graph, or, when the graph
+    // varies per step (inference), of every step's graph, expanded once more here in order by a
+    // stepper of its own (unless the first step's flows already reach every GPU).
+    std::vector<int> ranks = exec.flow_ranks(first);
+    if (per_step && static_cast<int>(ranks.size()) < base.world()) {
+      scenarios::Stepper scan(s);
+      for (int step = 1; step < steps; ++step) {
+        const std::vector<int> more = exec.flow_ranks(scan.expand(step));
+        ranks.insert(ranks.end(), more.begin(), more.end());
+      }
+      std::sort(ranks.begin(), ranks.end());
+      ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+    }
+    SimGridEngine engine(base, ranks);
     engine.run([&]() { run_all(&engine); });
   } else {
     run_all(nullptr);
