@@ -33,19 +33,28 @@ std::string describe(const Op& op) {
   throw InputError(rank_prefix() + describe(op) + ": " + why);
 }
 
-AttentionShape attention_shape(const Op& op) {
+// The op's attention shape with its key/value heads (GQA) for the fused and decode kernels; the
+// unfused kernel reads one key/value head per query head (a framework repeats K and V to GQA's heads).
+AttentionShape attention_shape(const Op& op, bool unfused) {
   const auto& s = op.shape;
-  return {s[0], s[1], s[2], s[3], s[4], s[5], (op.flags & scenarios::kCausal) != 0};
+  AttentionShape a{s[0], s[1], s[2], s[3], s[4], s[5], (op.flags & scenarios::kCausal) != 0};
+  a.kv_heads = unfused ? 0 : scenarios::attention_kv_heads(op);
+  return a;
 }
 
 // The kernel an attention op runs on: scenarios::attention_kernel, except that a decode shape the
 // split-KV kernel does not take (head dims) runs on the fused kernel.
 scenarios::AttentionKernel kernel_of(const Op& op) {
   const scenarios::AttentionKernel k = scenarios::attention_kernel(op);
-  if (k == scenarios::AttentionKernel::decode && !decode_attention_supports(attention_shape(op))) {
+  if (k == scenarios::AttentionKernel::decode && !decode_attention_supports(attention_shape(op, false))) {
     return scenarios::AttentionKernel::fused;
   }
   return k;
+}
+
+// The shape the op's kernel (kernel_of) runs.
+AttentionShape kernel_shape(const Op& op) {
+  return attention_shape(op, kernel_of(op) == scenarios::AttentionKernel::unfused);
 }
 
 bool backward(const Op& op) { return (op.flags & scenarios::kBackward) != 0; }
@@ -177,16 +186,17 @@ OpRunner::Need OpRunner::need_of(const Op& op, const OpRunnerConfig& config) {
           unsupported(op, "fused attention is not available: " + why + "; set model.attention_impl = \"unfused\"");
         }
       }
+      const std::int64_t kvh = kernel_shape(op).kv_head_count();  // K, V (and dK, dV) heads
       n.bf16[0] = b16(b * h * sq * dqk);
-      n.bf16[1] = b16(b * h * skv * dqk);
-      n.bf16[2] = b16(b * h * skv * dv);
+      n.bf16[1] = b16(b * kvh * skv * dqk);
+      n.bf16[2] = b16(b * kvh * skv * dv);
       n.bf16[3] = b16(b * h * sq * dv);
       n.f32[0] = b32(b * h * sq);
       if (backward(op)) {
         n.bf16[4] = b16(b * h * sq * dv);
         n.bf16[5] = b16(b * h * sq * dqk);
-        n.bf16[6] = b16(b * h * skv * dqk);
-        n.bf16[7] = b16(b * h * skv * dv);
+        n.bf16[6] = b16(b * kvh * skv * dqk);
+        n.bf16[7] = b16(b * kvh * skv * dv);
       }
       break;
     }
@@ -455,7 +465,7 @@ void OpRunner::prepare_op(const Op& op) {
       break;
     }
     case OpKind::attention: {
-      const AttentionShape as = attention_shape(op);
+      const AttentionShape as = kernel_shape(op);
       switch (kernel_of(op)) {
         case scenarios::AttentionKernel::unfused: unfused_attention().reserve(as); break;
         case scenarios::AttentionKernel::fused: fused_attention().reserve(as, backward(op)); break;
@@ -515,7 +525,7 @@ DecodeAttention& OpRunner::decode_attention() {
 
 // q, k, v, o, dO in bf16 slots 0-4, dQ, dK, dV in 5-7, the log-sum-exp in f32 slot 0.
 void OpRunner::run_attention(const Op& op, cudaStream_t stream) {
-  const AttentionShape as = attention_shape(op);
+  const AttentionShape as = kernel_shape(op);
   const auto* q = bf16_[0].as<bf16>();
   const auto* k = bf16_[1].as<bf16>();
   const auto* v = bf16_[2].as<bf16>();

@@ -48,7 +48,7 @@ enum class Bwd : std::uint8_t { gemm, grouped, attention, same_kind, swap_permut
 struct Spec {
   OpKind kind = OpKind::gemm;
   std::string name;  // phase base name; suffixes _fwd, _dgrad, _wgrad, _bwd, _recompute are added
-  std::array<std::int64_t, 6> shape{};
+  OpShape shape{};
   double flops = 0;
   double bytes = 0;
   double bwd_bytes = 0;  // bytes of the backward op (same_kind / swap_permute)
@@ -139,8 +139,8 @@ struct Program {
 double gemm_bytes(std::int64_t m, std::int64_t n, std::int64_t k, double elt);
 Spec gemm(const Ctx& c, std::string name, std::int64_t m, std::int64_t n, std::int64_t k, Module mod,
           std::vector<int> after = {});
-Spec memory_op(OpKind kind, std::string name, std::array<std::int64_t, 6> shape, double bytes, double bwd_bytes,
-               Module mod, std::vector<int> after = {});
+Spec memory_op(OpKind kind, std::string name, OpShape shape, double bytes, double bwd_bytes, Module mod,
+               std::vector<int> after = {});
 Spec norm_op(std::string name, std::int64_t rows, std::int64_t width, Module mod, std::vector<int> after = {});
 Spec collective(std::string name, Collective kind, Group g, double bytes, Role role, Module mod,
                 std::vector<int> after = {});

@@ -28,8 +28,8 @@ Spec gemm(const Ctx& c, std::string name, std::int64_t m, std::int64_t n, std::i
   return sp;
 }
 
-Spec memory_op(OpKind kind, std::string name, std::array<std::int64_t, 6> shape, double bytes, double bwd_bytes,
-               Module mod, std::vector<int> after) {
+Spec memory_op(OpKind kind, std::string name, OpShape shape, double bytes, double bwd_bytes, Module mod,
+               std::vector<int> after) {
   Spec sp;
   sp.kind = kind;
   sp.name = std::move(name);
@@ -99,7 +99,7 @@ Spec attention_spec(const Ctx& c, std::string name, std::int64_t seq_q, std::int
   sp.kind = OpKind::attention;
   sp.sub = static_cast<std::uint8_t>(c.s.model.attention_impl);
   sp.name = std::move(name);
-  sp.shape = {c.mbs, seq_q, seq_kv, heads, dqk, dv};
+  sp.shape = {c.mbs, seq_q, seq_kv, heads, dqk, dv, kv_heads};
   // Causal: half of the score matrix (Megatron's accounting); QK^T and PV.
   double pairs = static_cast<double>(seq_q) * seq_kv * (causal ? 0.5 : 1.0);
   sp.flops = 2.0 * c.mbs * heads * pairs * static_cast<double>(dqk + dv);

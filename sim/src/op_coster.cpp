@@ -142,7 +142,7 @@ Seconds CostModelCoster::kernel_time(const Op& op) const {
       a.seq_q = at_least_1(s[1]);
       a.seq_kv = at_least_1(s[2]);
       a.heads = at_least_1(s[3]);
-      a.kv_heads = a.heads;
+      a.kv_heads = at_least_1(scenarios::attention_kv_heads(op));
       a.head_dim_qk = at_least_1(s[4]);
       a.head_dim_v = at_least_1(s[5]);
       a.causal = (op.flags & scenarios::kCausal) != 0;

@@ -20,7 +20,7 @@ using namespace threewalls::backend::testing;
 using scenarios::Op;
 using scenarios::OpKind;
 
-Op make(OpKind kind, std::array<std::int64_t, 6> shape, std::uint8_t flags = 0, double bytes = 0.0) {
+Op make(OpKind kind, scenarios::OpShape shape, std::uint8_t flags = 0, double bytes = 0.0) {
   Op op;
   op.kind = kind;
   op.shape = shape;

@@ -18,7 +18,7 @@ using scenarios::kWgrad;
 using scenarios::Op;
 using scenarios::OpKind;
 
-Op gemm(std::array<std::int64_t, 6> shape, std::uint8_t flags = 0, OpKind kind = OpKind::gemm) {
+Op gemm(scenarios::OpShape shape, std::uint8_t flags = 0, OpKind kind = OpKind::gemm) {
   Op op;
   op.kind = kind;
   op.shape = shape;

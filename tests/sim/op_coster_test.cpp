@@ -71,7 +71,7 @@ Op memory_op(OpKind kind, std::vector<std::int64_t> shape, double bytes, bool ba
 
 // A causal attention op of `shape` (batch, seq_q, seq_kv, heads, head_dim_qk, head_dim_v) run by
 // `impl`, forward or backward.
-Op attention_op(std::array<std::int64_t, 6> shape, scenarios::AttentionImpl impl, bool backward) {
+Op attention_op(scenarios::OpShape shape, scenarios::AttentionImpl impl, bool backward) {
   Op op;
   op.kind = OpKind::attention;
   op.shape = shape;
@@ -347,4 +347,16 @@ TEST(OpCosterAttention, FusedAndDecodeUseTheirOwnFamiliesWhenTheProfileHasThem) 
   // 8 sequences x 32 KV heads x 4096 keys x 256 x 2 bytes at 2.5 TB/s + 6 us (the decode points' law).
   EXPECT_NEAR(coster.kernel_time(decode).value, 6e-6 + 2.0 * 8 * 32 * 4096 * 256 / 2.5e12, 1e-8);
   EXPECT_TRUE(old_coster.substitution(decode).has_value());
+  // GQA (shape[6]: 4 key/value heads for 32 query heads): an eighth of the K/V bytes.
+  const Op gqa = attention_op({8, 1, 4096, 32, 128, 128, 4}, AttentionImpl::fused, false);
+  EXPECT_NEAR(coster.kernel_time(gqa).value, 6e-6 + 2.0 * 8 * 4 * 4096 * 256 / 2.5e12, 1e-8);
+  calibration::AttentionShape g;
+  g.batch = 2;
+  g.seq_q = g.seq_kv = 4096;
+  g.heads = 16;
+  g.kv_heads = 2;
+  g.head_dim_qk = g.head_dim_v = 128;
+  g.causal = true;
+  const Op fused_gqa = attention_op({2, 4096, 4096, 16, 128, 128, 2}, AttentionImpl::fused, false);
+  EXPECT_DOUBLE_EQ(coster.kernel_time(fused_gqa).value, model.fused_attention(g, false)->value);
 }

@@ -457,6 +457,24 @@ TEST(StepGraph, TensorAndSequenceParallelCollectives) {
   EXPECT_EQ(find_op(g2, g2.classes[0], "attn_tp_allreduce_fwd", 0, 0)->collective(), Collective::all_reduce);
 }
 
+TEST(StepGraph, AttentionOpsCarryTheirKeyValueHeads) {
+  // GQA: 8 query heads over 2 key/value groups, split over tp = 2 -> 4 and 1 per rank.
+  Scenario gqa = test::scenario_from(test::small_moe("tp = 2", "", 2, "num_query_groups = 2\n"));
+  StepGraph g = expand(gqa);
+  const Op* a = find_op(g, g.classes[0], "attn_core_fwd", 0, 0);
+  const Op* b = find_op(g, g.classes[0], "attn_core_bwd", 0, 0);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->shape[3], 4);
+  EXPECT_EQ(scenarios::attention_kv_heads(*a), 1);
+  EXPECT_EQ(scenarios::attention_kv_heads(*b), 1);
+  // MHA: as many key/value heads as query heads.
+  Scenario mha = test::scenario_from(test::small_moe("", "", 1));
+  StepGraph g1 = expand(mha);
+  const Op* m = find_op(g1, g1.classes[0], "attn_core_fwd", 0, 0);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(scenarios::attention_kv_heads(*m), m->shape[3]);
+}
+
 TEST(StepGraph, ContextParallelSplitsAttentionIntoLocalAndRing) {
   Scenario s = test::scenario_from(test::small_moe("cp = 2", "", 2));
   StepGraph g = expand(s);

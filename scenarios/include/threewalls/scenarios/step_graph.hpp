@@ -34,7 +34,8 @@ enum class OpKind : std::uint8_t {
   grouped_gemm,   // shape: {total rows m, n, k, groups, max rows in a group, varying}; one GEMM per local
                   // expert: varying = 0: group g computes (r_g x k)(k x n); varying = 1 (wgrad): group g
                   // computes (n x r_g)(r_g x k) = dW_g, i.e. the group's rows are the reduction dimension
-  attention,      // shape: {batch, seq_q, seq_kv, heads, head_dim_qk, head_dim_v}; flag kCausal; bwd when kBackward;
+  attention,      // shape: {batch, seq_q, seq_kv, heads, head_dim_qk, head_dim_v, kv_heads (0: heads)}; flag kCausal;
+                  // bwd when kBackward;
                   // `sub` = AttentionImpl (scenario.hpp)
   elementwise,    // shape: {output elements}; bytes = bytes read + written; `sub` = ElementwiseKind
   norm,           // shape: {rows, hidden}; bytes read + written; `sub` = NormKind
@@ -79,8 +80,11 @@ inline constexpr std::uint8_t kWgrad = 1U << 3;       // weight-gradient GEMM
 inline constexpr std::uint8_t kDataLoad = 1U << 4;    // part of the coarse "host_to_device" view
 inline constexpr std::uint8_t kMetrics = 1U << 5;     // part of the coarse "training_metrics" view
 
+// An op's sizes, their meaning by kind (OpKind, above); trailing sizes a kind does not use are 0.
+using OpShape = std::array<std::int64_t, 7>;
+
 struct Op {
-  std::array<std::int64_t, 6> shape{};  // meaning by kind, above
+  OpShape shape{};                      // meaning by kind, above
   double flops = 0.0;                   // FLOPs executed on this rank
   double bytes = 0.0;                   // memory traffic, or payload for copies and communication
   std::uint32_t deps_begin = 0;         // [deps_begin, deps_end) in RankClass::deps
@@ -111,13 +115,17 @@ struct Op {
   [[nodiscard]] AttentionImpl attention_impl() const { return static_cast<AttentionImpl>(sub); }
   [[nodiscard]] bool is_comm() const { return kind == OpKind::collective || kind == OpKind::send || kind == OpKind::recv; }
 };
-// A step graph holds millions of ops: the fields are ordered so that an Op packs into 112 bytes.
-static_assert(sizeof(Op) <= 112, "Op grew: check the field order and widths");
+// A step graph holds millions of ops: the fields are ordered so that an Op packs into 120 bytes.
+static_assert(sizeof(Op) <= 120, "Op grew: check the field order and widths");
 
 // The kernels an attention op runs on (threewalls run) and is costed as (the simulator): `decode`,
 // the split-KV kernel, for a fused forward with one query per sequence (seq_q = 1); `fused`, a
 // flash-style fused kernel; `unfused`, batched GEMMs with the scores in memory.
 enum class AttentionKernel : std::uint8_t { fused, unfused, decode };
+// Key/value heads of an attention op (GQA: fewer than its query heads; MHA and MLA: as many).
+[[nodiscard]] inline std::int64_t attention_kv_heads(const Op& op) {
+  return op.shape[6] > 0 ? op.shape[6] : op.shape[3];
+}
 [[nodiscard]] inline AttentionKernel attention_kernel(const Op& op) {
   if (op.attention_impl() == AttentionImpl::unfused) return AttentionKernel::unfused;
   return op.shape[1] == 1 && (op.flags & kBackward) == 0 ? AttentionKernel::decode : AttentionKernel::fused;
