@@ -16,6 +16,8 @@ the same command run by another binary (e.g. the previous release's):
                                                     re-simulations per minute from --resim K against --resim 0
   plan --shard i/4                                  CPU and estimated configurations per shard, max / min
   sim with [run.profiler] ranks = "all", 256 GPUs   the Qwen3-235B example, run directory written
+  sim inference, 100,000 GPUs (flow, analytic)      the Switch-like host-overhead seed (one GPU per replica)
+                                                    on 100,000 nodes, ranks = "representatives"
 
   bench/speed.py [--bin build/cli/threewalls] [--baseline BIN] [--runs 3] [--tiny]
 
@@ -131,6 +133,18 @@ def with_all_ranks(src, work):
     return p
 
 
+def inference_world(work, nodes):
+    """The one-GPU Switch-like inference seed on `nodes` one-GPU nodes, recording one rank per class."""
+    src = HERE / "scenarios" / "validation" / "host_overhead" / "switch_d768_t4k_sequential_none.toml"
+    text = re.sub(r"^nodes = \d+\s*$", f"nodes = {nodes}", src.read_text(), flags=re.M)
+    if "[run.profiler]\n" not in text:
+        raise SystemExit(f"speed.py: {src} has no [run.profiler] table")
+    text = text.replace("[run.profiler]\n", '[run.profiler]\nranks = "representatives"\n')
+    p = work / f"{src.stem}_{nodes}.toml"
+    p.write_text(text)
+    return p
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin", default=str(HERE / "build" / "cli" / "threewalls"))
@@ -153,6 +167,7 @@ def main():
         plans = [(EXAMPLES / "small_moe_ep4.toml", 4, "tp=1,2;ep=1..4")]
         prof = EXAMPLES / "small_moe_ep4.toml"
         k = 2
+        replicas = 64
     else:
         big = EXAMPLES / "deepseek_v3_2048gpu.toml"
         mid = EXAMPLES / "deepseek_v3_1024gpu.toml"
@@ -160,6 +175,7 @@ def main():
         plans = [(EXAMPLES / "deepseek_v3_1024gpu.toml", 1024, None), (EXAMPLES / "qwen3_235b_256gpu.toml", 256, None)]
         prof = EXAMPLES / "qwen3_235b_256gpu.toml"
         k = 4
+        replicas = 100000
 
     load = os.getloadavg()[0]
     print(f"threewalls speed: {binary}" + (f" against {base}" if base else ""))
@@ -215,6 +231,8 @@ def main():
                 if not (m0 and mk):
                     continue
                 total = json.loads(mk.stdout)["counters"]["total"]
+                row(f"plan {path.stem} --gpus {gpus} --resim 0{who}", m0)
+                print(f"{'  configurations/min (CPU)':<50} {total / m0.cpu_s * 60:8.0f}")
                 row(f"plan {path.stem} --gpus {gpus} --resim {k}{who}", mk)
                 print(f"{'  configurations/min (wall, CPU)':<50} {total / mk.wall_s * 60:8.0f} {total / mk.cpu_s * 60:7.0f}")
                 dw, dc = mk.wall_s - m0.wall_s, mk.cpu_s - m0.cpu_s
@@ -239,6 +257,12 @@ def main():
                 print(f"plan --shard i/4{who}: CPU s " + " ".join(f"{c:.2f}" for c in cpu) +
                       f" (max/min {ratio(max(cpu), min(cpu))}); estimated " + " ".join(map(str, est)) +
                       f" (max/min {ratio(max(est), min(est))})")
+
+        world = inference_world(work, replicas)
+        an = measure(binary, sim + [world, "--fidelity", "analytic"], runs)
+        row(f"sim inference {replicas} GPUs analytic", an, None, measure(base, sim + [world, "--fidelity", "analytic"], runs))
+        fl = measure(binary, sim + [world, "--fidelity", "flow"], runs)
+        row(f"sim inference {replicas} GPUs flow", fl, an, measure(base, sim + [world, "--fidelity", "flow"], runs))
 
         all_ranks = with_all_ranks(prof, work)
         out = work / "run"
