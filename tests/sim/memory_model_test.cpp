@@ -62,13 +62,16 @@ const Shape kShapes[] = {
 TEST(MemoryModel, ActivationsPerLayerMatchKorthikantiOnTwoModelShapes) {
   for (const Shape& sh : kShapes) {
     SCOPED_TRACE(sh.name);
-    EXPECT_DOUBLE_EQ(layer_activation_bytes(gpt(1, sh.h, sh.a, 1, false), 0, 1.0, kPaper), sh.none_t1);
-    EXPECT_DOUBLE_EQ(layer_activation_bytes(gpt(1, sh.h, sh.a, 8, false), 0, 1.0, kPaper), sh.tp8);
-    EXPECT_DOUBLE_EQ(layer_activation_bytes(gpt(1, sh.h, sh.a, 8, true), 0, 1.0, kPaper), sh.tp8_sp);
+    EXPECT_DOUBLE_EQ(scenarios::layer_activation_bytes(gpt(1, sh.h, sh.a, 1, false), 0, 1.0, kPaper.activations()),
+                     sh.none_t1);
+    EXPECT_DOUBLE_EQ(scenarios::layer_activation_bytes(gpt(1, sh.h, sh.a, 8, false), 0, 1.0, kPaper.activations()),
+                     sh.tp8);
+    EXPECT_DOUBLE_EQ(scenarios::layer_activation_bytes(gpt(1, sh.h, sh.a, 8, true), 0, 1.0, kPaper.activations()),
+                     sh.tp8_sp);
     Scenario sel = gpt(1, sh.h, sh.a, 8, true);
     sel.train->recompute_granularity = RecomputeGranularity::selective;
     sel.train->recompute_modules = {"core_attn"};
-    EXPECT_DOUBLE_EQ(layer_activation_bytes(sel, 0, 1.0, kPaper), sh.tp8_sp_sel);
+    EXPECT_DOUBLE_EQ(scenarios::layer_activation_bytes(sel, 0, 1.0, kPaper.activations()), sh.tp8_sp_sel);
   }
 }
 
@@ -76,7 +79,8 @@ TEST(MemoryModel, FusedAttentionKeepsOnlyTheLogSumExpInsteadOfTheScores) {
   const Shape& sh = kShapes[0];
   const Scenario s = gpt(1, sh.h, sh.a, 8, true);
   const double lse = 4.0 * 2048 * (sh.a / 8.0);
-  EXPECT_DOUBLE_EQ(layer_activation_bytes(s, 0, 1.0, MemoryOptions{true, true}), sh.tp8_sp_sel + lse);
+  EXPECT_DOUBLE_EQ(scenarios::layer_activation_bytes(s, 0, 1.0, scenarios::ActivationOptions{true, true}),
+                   sh.tp8_sp_sel + lse);
 }
 
 TEST(MemoryModel, FullRecomputationStoresOnlyEachLayersInput) {
@@ -93,7 +97,7 @@ TEST(MemoryModel, FullRecomputationStoresOnlyEachLayersInput) {
   g.classes.push_back(rc);
   const MemoryReport r = memory_model(s, g, kPaper);
   const double sbh = 2048.0 * 12288;
-  const double per_layer = layer_activation_bytes(s, 0, 1.0, kPaper);
+  const double per_layer = scenarios::layer_activation_bytes(s, 0, 1.0, kPaper.activations());
   // 1F1B without pipeline: one micro-batch in flight; 8 inputs of 2sbh, one layer being recomputed,
   // and the output layer's tensors (final norm input, output input: 2sbh each; logits 4 s V / t).
   const double vocab = static_cast<double>(s.model.padded_vocab_size(8));

@@ -10,6 +10,7 @@
 
 #include "threewalls/core/jsonl.hpp"
 #include "threewalls/core/units.hpp"
+#include "threewalls/scenarios/activations.hpp"
 #include "threewalls/scenarios/parameters.hpp"
 #include "threewalls/scenarios/scenario.hpp"
 #include "threewalls/scenarios/step_graph.hpp"
@@ -17,15 +18,11 @@
 
 namespace threewalls::sim {
 
-// Modelling choices that the scenario language does not express.
+// Modelling choices that the scenario language does not express: those of the saved activations
+// (scenarios/activations.hpp) and these.
 struct MemoryOptions {
-  // Fused (flash) attention keeps the output and the log-sum-exp instead of the s x s scores,
-  // softmax and dropout tensors (Megatron-Core with Transformer Engine). false = the unfused
-  // attention of Korthikanti et al. (5 a s^2 b bytes per layer).
-  bool fused_attention = true;
-  // Dropout masks (1 byte per element) after attention and MLP. Modern MoE recipes train without
-  // dropout; the paper's GPT had it.
-  bool dropout = false;
+  bool fused_attention = true;  // scenarios::ActivationOptions::fused_attention
+  bool dropout = false;         // scenarios::ActivationOptions::dropout
   // NCCL device memory measured by the calibration (profile family nccl.memory; the simulator and
   // the planner fill it from their coster). Empty: the fixed constants kNcclBytesPerCommunicator /
   // kNcclBytesPerPeer below (docs/memory_model.md, "Buffers").
@@ -34,18 +31,12 @@ struct MemoryOptions {
   // else on the ops of this graph's first class of the same pipeline stage, for a graph without
   // ops (the planner's skeleton, docs/planner.md). Its layout must be the graph's.
   const scenarios::StepGraph* communication_ops = nullptr;
+  [[nodiscard]] scenarios::ActivationOptions activations() const { return {fused_attention, dropout}; }
 };
 
 // Bytes per parameter of weights + gradients + optimizer (bf16 weights, fp32 gradients, fp32 master
 // weights and two Adam moments): 18 without the distributed optimizer, 6 + 12/d with it over d ranks.
 double training_bytes_per_parameter(bool distributed_optimizer, int d);
-
-// Stored activations of one layer for one micro-batch on one rank, bytes, under the scenario's
-// parallelism (tp, cp, sequence parallel) and recomputation setting. `expert_load` scales the
-// routed-token tensors of an MoE layer (1 = balanced). Full recomputation is not applied here
-// (see activation_bytes_stored).
-double layer_activation_bytes(const scenarios::Scenario& s, int layer, double expert_load, const MemoryOptions& opt,
-                              bool apply_selective_recompute = true);
 
 // Micro-batches in flight on `stage`, in units of one model chunk (a stage's layers / vpp):
 // 1F1B min(pp - stage, m); interleaved min(2 (pp - stage - 1) + (vpp - 1) pp + 1, m vpp); one more

@@ -1,0 +1,102 @@
+// What a layer saves for its backward: docs/memory_model.md, "Activations of one layer".
+#include "threewalls/scenarios/activations.hpp"
+
+#include "threewalls/scenarios/parameters.hpp"
+
+namespace threewalls::scenarios {
+
+double tokens_per_microbatch(const Scenario& s) {
+  if (s.train) return static_cast<double>(s.train->micro_batch_size) * s.train->seq_length / s.parallel.cp;
+  return static_cast<double>(s.infer->batch_size) * s.infer->prompt_length;
+}
+
+double residual_bytes(const Scenario& s) {
+  const double t = s.parallel.tp;
+  const double rep = s.parallel.sequence_parallel ? t : 1.0;
+  return 2.0 * tokens_per_microbatch(s) * s.model.hidden_size / rep;
+}
+
+double layer_activation_bytes(const Scenario& s, int layer, double expert_load, const ActivationOptions& opt,
+                              bool apply_selective) {
+  // docs/memory_model.md, "Activations of one layer". T tokens of one micro-batch on this rank
+  // (before sequence parallelism), 2-byte activations; `rep` divides tensors outside the TP region
+  // (sequence parallel), t those inside it.
+  const ModelSpec& m = s.model;
+  const ModelDims d = model_dims(m);
+  const double t = s.parallel.tp;
+  const double rep = s.parallel.sequence_parallel ? t : 1.0;
+  double T = 0.0;
+  double seq = 0.0;
+  if (s.train) {
+    T = static_cast<double>(s.train->micro_batch_size) * s.train->seq_length / s.parallel.cp;
+    seq = static_cast<double>(s.train->seq_length) / s.parallel.cp;
+  } else {
+    T = static_cast<double>(s.infer->batch_size) * s.infer->prompt_length;
+    seq = s.infer->prompt_length;
+  }
+  auto sel = [&](const char* module) { return apply_selective && s.train && s.train->recompute_module(module); };
+  const double drop = opt.dropout ? 1.0 : 0.0;
+  const bool ln_recompute = sel("layernorm");
+  double bytes = 0.0;
+
+  // Attention block.
+  bytes += 2.0 * T * d.h / rep;                     // input norm's input (the residual)
+  if (!ln_recompute) bytes += 2.0 * T * d.h / rep;  // norm output = QKV / down-projection input
+  const double heads = d.a / t;
+  double core_in = 0.0;  // Q, K, V kept for the attention backward
+  double core_out_width = 0.0;
+  if (d.mla) {
+    if (d.q_lora > 0) {
+      bytes += 2.0 * T * d.q_lora / rep;                     // compressed query (q norm input)
+      if (!ln_recompute) bytes += 2.0 * T * d.q_lora / rep;  // q norm output = W_UQ input
+    }
+    bytes += 2.0 * T * (d.kv_lora + d.drope) / rep;                // compressed kv + rope key (kv norm input)
+    if (!ln_recompute) bytes += 2.0 * T * d.kv_lora / rep;         // kv norm output = W_UKV input
+    core_in = 2.0 * T * heads * (2.0 * (d.dqk + d.drope) + d.dv);  // up-projected Q, K, V
+    if (sel("mla_up_proj")) core_in = 0.0;                         // recomputed from the latents
+    core_out_width = heads * d.dv;
+  } else {
+    core_in = 2.0 * T * (heads * d.dh + 2.0 * (d.g / t) * d.dh);  // Q, K, V
+    core_out_width = heads * d.dh;
+  }
+  bytes += core_in;
+  if (!sel("core_attn")) {
+    if (opt.fused_attention) {
+      bytes += 4.0 * T * heads;  // log-sum-exp (fp32) per head and query
+    } else {
+      bytes += 5.0 * heads * seq * T;  // softmax output 2, dropout mask 1, dropout output 2
+    }
+  }
+  bytes += 2.0 * T * core_out_width;  // attention output = output projection input
+  bytes += drop * T * d.h / rep;      // attention dropout mask
+
+  // MLP block.
+  bytes += 2.0 * T * d.h / rep;  // MLP norm's input
+  const bool moe = m.layer_is_moe(layer);
+  const bool whole_moe = moe && sel("moe");
+  const bool mlp_norm_recompute = ln_recompute || whole_moe;
+  if (!mlp_norm_recompute) bytes += 2.0 * T * d.h / rep;  // norm output = fc1 / router input
+  if (!moe) {
+    if (!sel("mlp")) {
+      bytes += 2.0 * T * d.f * d.act_in / t;  // activation input
+      bytes += 2.0 * T * d.f / t;             // activation output = fc2 input
+    }
+  } else if (!whole_moe) {
+    const double tokens = T / rep;                                    // tokens entering the MoE layer on this rank
+    bytes += 4.0 * tokens * d.E;                                      // router logits (fp32)
+    const double rows = tokens * d.k * expert_load * s.parallel.etp;  // routed rows for the local experts
+    const double width = d.fe / s.parallel.etp;
+    bytes += 2.0 * rows * d.h;                         // permuted tokens = expert fc1 input
+    bytes += 2.0 * rows * width * d.act_in;            // activation input
+    if (!sel("moe_act")) bytes += 2.0 * rows * width;  // activation output = expert fc2 input
+    bytes += 2.0 * rows * d.h;                         // expert output = unpermute input
+    if (d.fs > 0 && !sel("shared_experts")) {
+      bytes += 2.0 * T * d.fs * d.act_in / t;
+      bytes += 2.0 * T * d.fs / t;
+    }
+  }
+  bytes += drop * T * d.h / rep;  // MLP dropout mask
+  return bytes;
+}
+
+}  // namespace threewalls::scenarios
