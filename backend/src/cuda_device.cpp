@@ -468,4 +468,17 @@ std::size_t CudaDevice::memory_in_use() {
   return total - free_bytes;
 }
 
+void* CudaDevice::allocate_segment(std::size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, bytes);
+  if (err == cudaErrorMemoryAllocation) {
+    static_cast<void>(cudaGetLastError());  // clear the sticky-free error state of this call
+    return nullptr;
+  }
+  TW_CUDA_CHECK(err);
+  return p;
+}
+
+void CudaDevice::free_segment(void* p, std::size_t /*bytes*/) { TW_CUDA_CHECK(cudaFree(p)); }
+
 }  // namespace threewalls::backend

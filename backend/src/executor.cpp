@@ -16,6 +16,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "threewalls/backend/caching_allocator.hpp"
+#include "threewalls/backend/saved_activations.hpp"
 #include "threewalls/core/error.hpp"
 #include "threewalls/core/version.hpp"
 #include "threewalls/profiler/record_sink.hpp"
@@ -466,6 +468,7 @@ class RankWorker {
   void teardown() {
     recorder_.reset();
     captured_.clear();
+    saved_alloc_.reset();  // gives its segments back to the device first
     {
       // After this the watchdog cannot reach the device (it holds dev_mu_ while it aborts).
       std::lock_guard<std::mutex> lock(dev_mu_);
@@ -562,6 +565,8 @@ class RankWorker {
       return !s || s->stop.load();
     };
     dev_->open(setup, g0->class_of(rank_));
+    saved_alloc_ = std::make_unique<CachingAllocator>([this](std::size_t b) { return dev_->allocate_segment(b); },
+                                                      [this](void* p, std::size_t b) { dev_->free_segment(p, b); });
     sample_memory();
     {
       std::lock_guard<std::mutex> lock(st_->mu);
@@ -598,6 +603,8 @@ class RankWorker {
           dev_->prepare(*g, g->class_of(rank_));
         }
         plan_ = build_plan(g, rank_, st_->sink.get(), *dev_);
+        saved_ = plan_saved_activations(st_->scenario, g->class_of(rank_));
+        saved_blocks_.assign(saved_.slots, {});
         events_.assign(plan_.ops.size(), kNone);
         current_graph = gi;
       }
@@ -625,6 +632,8 @@ class RankWorker {
     RankReport rep;
     rep.rank = rank_;
     rep.peak_bytes = peak_bytes_;
+    rep.peak_allocated_bytes = saved_alloc_->stats().peak_allocated;
+    rep.peak_reserved_bytes = saved_alloc_->stats().peak_reserved;
     rep.loop_us = st_->steps > 0 ? loop_end - loop_start : 0.0;
     std::lock_guard<std::mutex> lock(st_->mu);
     st_->reports.push_back(rep);
@@ -698,16 +707,21 @@ class RankWorker {
       const OpInfo& info = plan_.ops[i];
       if (info.starts_run >= 0) {
         const RunInfo& run = plan_.runs[static_cast<std::size_t>(info.starts_run)];
+        hold_saved(run.run.end_op);
         issue_run(run, rec);
         i = run.run.end_op;
+        release_saved(i);
         continue;
       }
       const Op& op = rc.ops[i];
       if (info.group_end > 0) {
+        hold_saved(info.group_end);
         issue_group(i, info.group_end, rec);
         i = info.group_end;
+        release_saved(i);
         continue;
       }
+      hold_saved(i + 1);
       if (op.kind == OpKind::host) {
         host_op(i, rec);
       } else if (info.host) {
@@ -716,7 +730,10 @@ class RankWorker {
         issue_op(i, rec);
       }
       ++i;
+      release_saved(i);
     }
+    hold_next_ = 0;
+    release_next_ = 0;
     forget_ends();
     // Join every stream into the anchor: the step ends when its last op does.
     for (int s : plan_.streams) {
@@ -730,6 +747,28 @@ class RankWorker {
     for (std::uint32_t e : step_events_) dev_->release_event(e);
     step_events_.clear();
     std::fill(events_.begin(), events_.end(), kNone);
+  }
+
+  // Saved activations (saved_activations.hpp), in host issue order: the holds of the ops before `end`
+  // are taken before those ops are issued, their releases after.
+  void hold_saved(std::uint32_t end) {
+    for (; hold_next_ < saved_.holds.size() && saved_.holds[hold_next_].op < end; ++hold_next_) {
+      const SavedActivationPlan::Hold& h = saved_.holds[hold_next_];
+      try {
+        saved_blocks_[h.slot].push_back(saved_alloc_->allocate(h.bytes));
+      } catch (const OutOfMemory& e) {
+        throw OutOfMemory(who() + "saved activations of " + describe_op(*plan_.graph, plan_.rc->ops[h.op]) + " in " +
+                          step_text() + ": " + e.what() + "; " + std::to_string(dev_->memory_in_use()) +
+                          " bytes in use on the device");
+      }
+    }
+  }
+  void release_saved(std::uint32_t end) {
+    for (; release_next_ < saved_.releases.size() && saved_.releases[release_next_].op < end; ++release_next_) {
+      std::vector<void*>& blocks = saved_blocks_[saved_.releases[release_next_].slot];
+      for (void* p : blocks) saved_alloc_->free(p);
+      blocks.clear();
+    }
   }
 
   // --inject-fault: fail now, or hang (issue nothing more, raise nothing) until the run is stopped.
@@ -1086,6 +1125,13 @@ class RankWorker {
   int iteration_ = 0;
   int measured_ = -1;
   std::size_t peak_bytes_ = 0;
+  // Saved activations: the allocator (after dev_: destroyed first), the plan of the current graph,
+  // the blocks each slot holds, and the next hold and release of the step being issued.
+  std::unique_ptr<CachingAllocator> saved_alloc_;
+  SavedActivationPlan saved_;
+  std::vector<std::vector<void*>> saved_blocks_;
+  std::size_t hold_next_ = 0;
+  std::size_t release_next_ = 0;
   double last_align_us_ = -1e300;
   std::unordered_map<std::uint64_t, Captured> captured_;
 };
@@ -1373,9 +1419,13 @@ RunResult execute(const scenarios::Scenario& s, const ProcessContext& process, c
   // Records, summary, measured peaks.
   st->sink->close();
   std::map<int, Bytes> peaks;
+  std::map<int, Bytes> allocated;
+  std::map<int, Bytes> reserved;
   double loop_us = 0.0;
   for (const RankReport& r : st->reports) {
     peaks[r.rank] = Bytes(static_cast<double>(r.peak_bytes));
+    allocated[r.rank] = Bytes(static_cast<double>(r.peak_allocated_bytes));
+    reserved[r.rank] = Bytes(static_cast<double>(r.peak_reserved_bytes));
     loop_us = std::max(loop_us, r.loop_us);
   }
   result.ranks = st->reports;
@@ -1383,13 +1433,19 @@ RunResult execute(const scenarios::Scenario& s, const ProcessContext& process, c
   result.mean_step_us = loop_us / steps;
   result.device = st->device_name;
   if (process.gather) {
-    std::vector<double> local;
-    for (const RankReport& r : result.ranks) local.push_back(static_cast<double>(r.peak_bytes));
-    const std::vector<double> all = process.gather(local);
-    if (process.creator) {
-      peaks.clear();
-      for (std::size_t r = 0; r < all.size(); ++r) peaks[static_cast<int>(r)] = Bytes(all[r]);
-    }
+    // Every process gathers the three peaks in the same order (gather is collective).
+    auto gather = [&](std::map<int, Bytes>& out, std::size_t RankReport::*field) {
+      std::vector<double> local;
+      for (const RankReport& r : result.ranks) local.push_back(static_cast<double>(r.*field));
+      const std::vector<double> all = process.gather(local);
+      if (process.creator) {
+        out.clear();
+        for (std::size_t r = 0; r < all.size(); ++r) out[static_cast<int>(r)] = Bytes(all[r]);
+      }
+    };
+    gather(peaks, &RankReport::peak_bytes);
+    gather(allocated, &RankReport::peak_allocated_bytes);
+    gather(reserved, &RankReport::peak_reserved_bytes);
   }
   if (writer) {
     result.phase_records = writer->phase_records_written();
@@ -1405,6 +1461,8 @@ RunResult execute(const scenarios::Scenario& s, const ProcessContext& process, c
       }
       in.gpu = st->device_name;
       in.measured_peak_by_rank = peaks;
+      in.peak_allocated_by_rank = allocated;
+      in.peak_reserved_by_rank = reserved;
       const profiler::SummaryBuilder builder(writer->header(), in);
       if (process.barrier) {
         const profiler::RunData data = profiler::RunDirReader::read(options.out_dir);

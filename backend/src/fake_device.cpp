@@ -250,7 +250,22 @@ std::size_t FakeDevice::memory_in_use() {
   std::lock_guard<std::mutex> lock(mu_);
   double total = 0.0;
   for (const auto& [s, b] : stream_bytes_) total += b;
-  return static_cast<std::size_t>(total);
+  return static_cast<std::size_t>(total) + segment_bytes_;
+}
+
+void* FakeDevice::allocate_segment(std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::size_t limit = fabric_.options().memory_bytes;
+  if (limit > 0 && segment_bytes_ + bytes > limit) return nullptr;
+  segment_bytes_ += bytes;
+  const std::uintptr_t at = next_segment_;
+  next_segment_ += bytes + 4096;
+  return reinterpret_cast<void*>(at);
+}
+
+void FakeDevice::free_segment(void* /*p*/, std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  segment_bytes_ -= bytes;
 }
 
 std::uint32_t FakeDevice::index_of(const scenarios::StepGraph& g, const Op& op) const {

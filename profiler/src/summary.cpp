@@ -582,6 +582,14 @@ OrderedJson SummaryBuilder::to_json(const Summary& s) const {
   OrderedJson measured = OrderedJson::object();
   for (const auto& [r, b] : inputs_.measured_peak_by_rank) measured[std::to_string(r)] = b.value;
   mem["measured_peak_bytes_by_rank"] = std::move(measured);
+  auto by_rank = [&](const char* key, const std::map<int, Bytes>& peaks) {
+    if (peaks.empty()) return;
+    OrderedJson o = OrderedJson::object();
+    for (const auto& [r, b] : peaks) o[std::to_string(r)] = b.value;
+    mem[key] = std::move(o);
+  };
+  by_rank("peak_allocated_bytes_by_rank", inputs_.peak_allocated_by_rank);
+  by_rank("peak_reserved_bytes_by_rank", inputs_.peak_reserved_by_rank);
   j["memory"] = std::move(mem);
   return j;
 }

@@ -99,4 +99,14 @@ double layer_activation_bytes(const Scenario& s, int layer, double expert_load, 
   return bytes;
 }
 
+double embedding_activation_bytes(const Scenario& s, const ActivationOptions& opt) {
+  const double resid = residual_bytes(s);
+  return resid + (opt.dropout ? resid / 2.0 : 0.0);
+}
+
+double head_activation_bytes(const Scenario& s) {
+  const double V = static_cast<double>(s.model.padded_vocab_size(s.parallel.tp));
+  return 2.0 * residual_bytes(s) + 4.0 * tokens_per_microbatch(s) * V / s.parallel.tp;
+}
+
 }  // namespace threewalls::scenarios

@@ -239,7 +239,6 @@ MemoryReport memory_model(const Scenario& s, const scenarios::StepGraph& graph, 
     }
     const double resid = residual_bytes(s);
     const double V = static_cast<double>(s.model.padded_vocab_size(s.parallel.tp));
-    const double Tmb = tokens_per_microbatch(s);
     if (s.train) {
       const scenarios::TrainSpec& tr = *s.train;
       // Weights, gradients, optimizer (docs: "Weights, gradients, optimizer state").
@@ -269,8 +268,8 @@ MemoryReport memory_model(const Scenario& s, const scenarios::StepGraph& graph, 
       }
       // Embedding output on the first stage; final norm, output input and fp32 logits on the last.
       double edge_per_mb = 0.0;
-      if (first) edge_per_mb += resid + (opt.dropout ? resid / 2.0 : 0.0);
-      if (last) edge_per_mb += 2.0 * resid + 4.0 * Tmb * V / s.parallel.tp;
+      if (first) edge_per_mb += scenarios::embedding_activation_bytes(s, opt.activations());
+      if (last) edge_per_mb += scenarios::head_activation_bytes(s);
       const int m = tr.num_microbatches;
       const int inflight = inflight_chunk_microbatches(pp, vpp, rc.pp_stage, m, tr.overlap_moe_expert_parallel_comm);
       cm.inflight = inflight;

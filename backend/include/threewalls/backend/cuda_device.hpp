@@ -60,6 +60,8 @@ class CudaDevice : public Device {
   void abort() noexcept override;
   [[nodiscard]] std::size_t memory_in_use() override;
   [[nodiscard]] std::string memory_method() const override;
+  [[nodiscard]] void* allocate_segment(std::size_t bytes) override;
+  void free_segment(void* p, std::size_t bytes) override;
 
  private:
   struct PerStream {

@@ -132,6 +132,11 @@ class Device {
   [[nodiscard]] virtual std::size_t memory_in_use() = 0;
   // How memory_in_use() measures ("cudaMemGetInfo ...").
   [[nodiscard]] virtual std::string memory_method() const = 0;
+  // A segment of device memory for the executor's caching allocator (saved activations,
+  // caching_allocator.hpp): nullptr when the device has no room for `bytes` (other failures throw).
+  // free_segment gives one back. Called on the rank's thread, never during a capture.
+  [[nodiscard]] virtual void* allocate_segment(std::size_t bytes) = 0;
+  virtual void free_segment(void* p, std::size_t bytes) = 0;
 };
 
 }  // namespace threewalls::backend

@@ -100,6 +100,9 @@ using DeviceFactory = std::function<std::unique_ptr<Device>(int rank, int local_
 struct RankReport {
   int rank = 0;
   std::size_t peak_bytes = 0;  // high-water mark of Device::memory_in_use()
+  // The caching allocator of the saved activations (caching_allocator.hpp): its peaks over the run.
+  std::size_t peak_allocated_bytes = 0;
+  std::size_t peak_reserved_bytes = 0;
   double loop_us = 0.0;        // host time of the measured steps (first measured step to all work done)
 };
 

@@ -58,6 +58,9 @@ struct FakeDeviceOptions {
   // until one is taken or the device is aborted, as a launch into CUDA's bounded launch queue does
   // (the thread polls nothing meanwhile). 0 = unbounded.
   int launch_queue_depth = 0;
+  // Device memory the segments of allocate_segment may total (0 = no limit); the ops' buffers are
+  // not counted against it.
+  std::size_t memory_bytes = 0;
 };
 
 // One op the fake device executed (for tests: ordering, overlap, durations).
@@ -155,7 +158,12 @@ class FakeDevice : public Device {
   void poll() override;
   void abort() noexcept override;
   [[nodiscard]] std::size_t memory_in_use() override;
-  [[nodiscard]] std::string memory_method() const override { return "fake: the largest op bytes per stream"; }
+  [[nodiscard]] std::string memory_method() const override {
+    return "fake: the largest op bytes per stream and the segments handed out";
+  }
+  // Fake addresses (never dereferenced); nullptr past FakeDeviceOptions::memory_bytes.
+  [[nodiscard]] void* allocate_segment(std::size_t bytes) override;
+  void free_segment(void* p, std::size_t bytes) override;
 
   // Events and markers ever created (tests: pools recycle).
   [[nodiscard]] std::size_t slots_created() const;
@@ -227,6 +235,8 @@ class FakeDevice : public Device {
   int launches_ = 0;
   int comm_ops_ = 0;
   std::map<int, double> stream_bytes_;
+  std::size_t segment_bytes_ = 0;             // handed out by allocate_segment, not yet freed
+  std::uintptr_t next_segment_ = 1ULL << 40;  // fake addresses, never dereferenced
 };
 
 }  // namespace threewalls::backend

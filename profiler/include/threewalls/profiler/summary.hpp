@@ -138,7 +138,11 @@ struct SummaryInputs {
   std::optional<Bytes> gpu_memory;         // memory of one GPU
   std::vector<MemoryClass> memory_classes; // simulator's memory model per rank class
   bool oom = false;
-  std::map<int, Bytes> measured_peak_by_rank;  // real runs: the allocator's peak per rank
+  std::map<int, Bytes> measured_peak_by_rank;  // real runs: device-wide peak per rank (cudaMemGetInfo)
+  // Real runs: the peaks of the backend's caching allocator per rank (saved activations; written
+  // only when given).
+  std::map<int, Bytes> peak_allocated_by_rank;
+  std::map<int, Bytes> peak_reserved_by_rank;
   // Inference runs: per recorded step (by step index); empty for training.
   std::map<int, InferenceStepInput> inference_steps;
 };

@@ -32,4 +32,10 @@ double residual_bytes(const Scenario& s);
 double layer_activation_bytes(const Scenario& s, int layer, double expert_load, const ActivationOptions& opt,
                               bool apply_selective_recompute = true);
 
+// What the first pipeline stage keeps per micro-batch outside its layers: the embedding output (and
+// its dropout mask); and the last stage: the final norm's input, the output layer's input and the fp32
+// logits.
+double embedding_activation_bytes(const Scenario& s, const ActivationOptions& opt);
+double head_activation_bytes(const Scenario& s);
+
 }  // namespace threewalls::scenarios
