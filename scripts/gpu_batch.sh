@@ -18,6 +18,9 @@
 #               before each host-overhead scenario; HO_REPEAT processes per host-overhead scenario,
 #               default 3 (launch-bound steps differ from process to process: host_overhead.md);
 #               HOST_OVERHEAD_TIMEOUT seconds for that suite, default 420)
+#   memory      scripts/memory_check.py on GPU 0: the one-GPU fidelity scenarios and the two memory-boundary
+#               scenarios (scenarios/validation/memory/), modelled peak against the caching allocator's
+#               allocated / reserved peaks and the device-wide peak, and the OOM verdict on both sides
 #   mpi         `mpirun -np N threewalls run` of small_moe_ep4 (ep2 on 2 GPUs) with a record-key check
 #               against `sim` on PROFILE, a wrong world size, and an injected failing rank
 #   nccl        kernel_bench's NCCL bus bandwidth (64 MiB-1 GiB) on 2 and on all GPUs, with NCCL's
@@ -115,6 +118,16 @@ validate)
   [ -d "$OUT/fidelity_$KIND" ] && cp "$OUT/fidelity_$KIND/fidelity.md" "$OUT/fidelity_$KIND.md" &&
     cp "$OUT/fidelity_$KIND/runs.tar.xz" "$OUT/fidelity_runs_$KIND.tar.xz" && cp "$OUT/fidelity_$KIND/results.json" "$OUT/fidelity_results_$KIND.json" &&
     rm -rf "$OUT/fidelity_$KIND"
+  ;;
+memory)
+  {
+    date -u +%Y-%m-%dT%H:%M:%SZ
+    step "peak memory: modelled against allocated, reserved and device-wide; the OOM verdict"
+    CUDA_VISIBLE_DEVICES=0 timeout 540 python3 scripts/memory_check.py --bin "$TW" --profile "$PROFILE" \
+      --out "$OUT/memory_$KIND"
+    echo "rc=$?"
+    step done
+  } 2>&1 | tee "$log"
   ;;
 studies)
   {

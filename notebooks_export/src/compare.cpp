@@ -163,6 +163,32 @@ void peak_memory(const RunData& run, std::optional<double>& out, std::string& ki
   if (peak >= 0) out = peak;
 }
 
+// Peak of the saved activations from summary.json: a real run's caching allocator (largest rank's
+// peak_allocated_bytes_by_rank) or else the memory model's activations (largest class).
+void activation_memory(const RunData& run, std::optional<double>& out, std::string& kind) {
+  if (!run.summary) return;
+  auto mem = run.summary->find("memory");
+  if (mem == run.summary->end() || !mem->is_object()) return;
+  double peak = -1;
+  if (auto m = mem->find("peak_allocated_bytes_by_rank"); m != mem->end() && m->is_object()) {
+    for (const auto& [r, v] : m->items()) {
+      if (v.is_number()) peak = std::max(peak, v.get<double>());
+    }
+    if (peak >= 0) kind = "allocated";
+  }
+  if (peak < 0) {
+    if (auto c = mem->find("classes"); c != mem->end() && c->is_array()) {
+      for (const auto& cls : *c) {
+        const auto b = cls.find("breakdown_bytes");
+        if (b == cls.end() || !b->is_object()) continue;
+        if (auto a = b->find("activations"); a != b->end() && a->is_number()) peak = std::max(peak, a->get<double>());
+      }
+      if (peak >= 0) kind = "model";
+    }
+  }
+  if (peak >= 0) out = peak;
+}
+
 // Megatron-LM's timers as spans of a fine-grained run's records on one rank and step:
 //   forward-backward: every record but the optimizer's and the training metrics';
 //   forward-compute / backward-compute: per micro-batch, the span of its forward (`_fwd`, the input
@@ -437,6 +463,8 @@ CompareResult compare_records(const RunData& a, const RunData& b, const CompareO
   }
   peak_memory(a, r.peak_memory_a, r.peak_memory_kind_a);
   peak_memory(b, r.peak_memory_b, r.peak_memory_kind_b);
+  activation_memory(a, r.activation_memory_a, r.activation_memory_kind_a);
+  activation_memory(b, r.activation_memory_b, r.activation_memory_kind_b);
 
   // What --fail-above checks: the step-time median, the median of every major phase, peak memory.
   auto check = [&](std::string what, double x, double y) {
@@ -451,6 +479,9 @@ CompareResult compare_records(const RunData& a, const RunData& b, const CompareO
     if (row.share_of_a >= options.major_phase_share) check("phase " + row.phase + " (median)", row.a.median_us, row.b.median_us);
   }
   if (r.peak_memory_a && r.peak_memory_b) check("peak memory", *r.peak_memory_a, *r.peak_memory_b);
+  if (r.activation_memory_a && r.activation_memory_b) {
+    check("saved activations (peak)", *r.activation_memory_a, *r.activation_memory_b);
+  }
   return r;
 }
 
@@ -516,6 +547,17 @@ std::string format_compare_text(const CompareResult& r, std::size_t top) {
     out += "peak memory                A " + (r.peak_memory_a ? detail::gib(*r.peak_memory_a) + " (" + r.peak_memory_kind_a + ")" : "n/a") +
            "   B " + (r.peak_memory_b ? detail::gib(*r.peak_memory_b) + " (" + r.peak_memory_kind_b + ")" : "n/a");
     if (r.peak_memory_a && r.peak_memory_b) out += "   error " + detail::pct(signed_error_pct(*r.peak_memory_a, *r.peak_memory_b));
+    out += "\n";
+  }
+  if (r.activation_memory_a || r.activation_memory_b) {
+    auto side = [](const std::optional<double>& v, const std::string& kind) {
+      return v ? detail::gib(*v) + " (" + kind + ")" : std::string("n/a");
+    };
+    out += "saved activations (peak)   A " + side(r.activation_memory_a, r.activation_memory_kind_a) + "   B " +
+           side(r.activation_memory_b, r.activation_memory_kind_b);
+    if (r.activation_memory_a && r.activation_memory_b) {
+      out += "   error " + detail::pct(signed_error_pct(*r.activation_memory_a, *r.activation_memory_b));
+    }
     out += "\n";
   }
   if (r.host_probe) {
@@ -663,6 +705,14 @@ OrderedJson compare_json(const CompareResult& r) {
                                        {"error_pct", r.peak_memory_a && r.peak_memory_b
                                                          ? opt_num(signed_error_pct(*r.peak_memory_a, *r.peak_memory_b))
                                                          : OrderedJson(nullptr)}};
+  j["activation_memory_bytes"] =
+      OrderedJson{{"a", opt_num(r.activation_memory_a)},
+                  {"a_kind", r.activation_memory_kind_a},
+                  {"b", opt_num(r.activation_memory_b)},
+                  {"b_kind", r.activation_memory_kind_b},
+                  {"error_pct", r.activation_memory_a && r.activation_memory_b
+                                    ? opt_num(signed_error_pct(*r.activation_memory_a, *r.activation_memory_b))
+                                    : OrderedJson(nullptr)}};
   if (r.host_probe) {
     const HostProbeLine& h = *r.host_probe;
     j["host_probe"] = OrderedJson{{"real_side", std::string(1, static_cast<char>(h.real_side + ('a' - 'A')))},

@@ -150,6 +150,9 @@ TEST(Compare, JsonHoldsEveryRowErrorsAndVerdict) {
   EXPECT_EQ(j["failed"], false);
   EXPECT_TRUE(j["walls_us"]["a"].contains("bubble"));
   EXPECT_EQ(j["peak_memory_bytes"]["a_kind"], "model");
+  // Saved activations: the memory model's `activations` of the largest class on a simulated side.
+  EXPECT_EQ(j["activation_memory_bytes"]["a_kind"], "model");
+  EXPECT_DOUBLE_EQ(j["activation_memory_bytes"]["a"].get<double>(), 8.0 * (1ULL << 30));
 }
 
 TEST(Compare, ErrorIsUndefinedWhenTheReferenceIsZero) {

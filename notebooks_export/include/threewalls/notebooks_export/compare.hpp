@@ -107,6 +107,13 @@ struct CompareResult {
   std::optional<double> peak_memory_b;
   std::string peak_memory_kind_a;       // "measured" or "model"
   std::string peak_memory_kind_b;
+  // bytes: the peak of the saved activations, as allocated by a real run's caching allocator
+  // (summary.json peak_allocated_bytes_by_rank, the largest rank) or as the memory model's
+  // `activations` (largest class); kind "allocated" or "model".
+  std::optional<double> activation_memory_a;
+  std::optional<double> activation_memory_b;
+  std::string activation_memory_kind_a;
+  std::string activation_memory_kind_b;
   std::size_t matched = 0;
   std::vector<int> matched_steps;
   std::vector<CompareRow> by_phase;             // one row per phase
