@@ -29,15 +29,10 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from validate_suite import world_size  # noqa: E402  (one reader of a scenario's world size)
+
 GIB = float(1 << 30)
-
-
-def world_size(toml_path):
-    text = open(toml_path, encoding="utf-8").read()
-    cluster = text.split("[cluster]", 1)[-1]
-    g = re.search(r"^\s*gpus_per_node\s*=\s*(\d+)", cluster, re.M)
-    n = re.search(r"^\s*nodes\s*=\s*(\d+)", cluster, re.M)
-    return int(g.group(1)) * int(n.group(1))
 
 
 def run(cmd, logfile, timeout):

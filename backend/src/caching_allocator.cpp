@@ -130,22 +130,22 @@ void CachingAllocator::free(void* p) {
   b->requested = 0;
   Pool& pool = pool_of(b->small);
   // Merge with free neighbours: the block absorbs a free next, a free previous absorbs the block.
-  if (Block* n = b->next; n != nullptr && !n->allocated) {
-    pool.erase(n);
-    b->size += n->size;
-    b->next = n->next;
-    if (n->next != nullptr) n->next->prev = b;
-    blocks_.erase(n->addr);
-  }
+  if (b->next != nullptr && !b->next->allocated) absorb_next(b, pool);
   if (Block* v = b->prev; v != nullptr && !v->allocated) {
-    pool.erase(v);
-    v->size += b->size;
-    v->next = b->next;
-    if (b->next != nullptr) b->next->prev = v;
-    blocks_.erase(b->addr);
+    pool.erase(v);  // keyed by size: out before it grows
+    absorb_next(v, pool);
     b = v;
   }
   pool.insert(b);
+}
+
+void CachingAllocator::absorb_next(Block* b, Pool& pool) {
+  Block* n = b->next;
+  pool.erase(n);  // a no-op for a block handed out (not in the pool)
+  b->size += n->size;
+  b->next = n->next;
+  if (n->next != nullptr) n->next->prev = b;
+  blocks_.erase(n->addr);  // destroys n
 }
 
 void CachingAllocator::release_cached() {

@@ -140,22 +140,33 @@ UnmatchedKey unmatched(const RunData& run, std::uint32_t index) {
   return UnmatchedKey{p.step, p.rank, run.names.phases.name(p.phase), p.layer, p.microbatch, p.expert};
 }
 
-// Peak memory from summary.json: the measured peak (real runs) or else the model's (simulator).
-void peak_memory(const RunData& run, std::optional<double>& out, std::string& kind) {
+// A peak from summary.json's memory: the largest rank's value under `measured_key` (real runs), kind
+// `measured_kind`; or else the largest class's `peak_bytes` (class_field null) or breakdown_bytes
+// entry `class_field` (the memory model), kind "model".
+void memory_peak(const RunData& run, const char* measured_key, const char* measured_kind, const char* class_field,
+                 std::optional<double>& out, std::string& kind) {
   if (!run.summary) return;
   auto mem = run.summary->find("memory");
   if (mem == run.summary->end() || !mem->is_object()) return;
   double peak = -1;
-  if (auto m = mem->find("measured_peak_bytes_by_rank"); m != mem->end() && m->is_object()) {
+  if (auto m = mem->find(measured_key); m != mem->end() && m->is_object()) {
     for (const auto& [r, v] : m->items()) {
       if (v.is_number()) peak = std::max(peak, v.get<double>());
     }
-    if (peak >= 0) kind = "measured";
+    if (peak >= 0) kind = measured_kind;
   }
   if (peak < 0) {
     if (auto c = mem->find("classes"); c != mem->end() && c->is_array()) {
       for (const auto& cls : *c) {
-        if (cls.contains("peak_bytes") && cls["peak_bytes"].is_number()) peak = std::max(peak, cls["peak_bytes"].get<double>());
+        const auto* from = &cls;
+        const char* field = "peak_bytes";
+        if (class_field != nullptr) {
+          const auto b = cls.find("breakdown_bytes");
+          if (b == cls.end() || !b->is_object()) continue;
+          from = &*b;
+          field = class_field;
+        }
+        if (auto v = from->find(field); v != from->end() && v->is_number()) peak = std::max(peak, v->get<double>());
       }
       if (peak >= 0) kind = "model";
     }
@@ -163,30 +174,15 @@ void peak_memory(const RunData& run, std::optional<double>& out, std::string& ki
   if (peak >= 0) out = peak;
 }
 
-// Peak of the saved activations from summary.json: a real run's caching allocator (largest rank's
-// peak_allocated_bytes_by_rank) or else the memory model's activations (largest class).
+// Peak memory: the device-wide measured peak (real runs) or else the model's peak (simulator).
+void peak_memory(const RunData& run, std::optional<double>& out, std::string& kind) {
+  memory_peak(run, "measured_peak_bytes_by_rank", "measured", nullptr, out, kind);
+}
+
+// Peak of the saved activations: a real run's caching allocator (peak_allocated_bytes_by_rank) or
+// else the memory model's activations.
 void activation_memory(const RunData& run, std::optional<double>& out, std::string& kind) {
-  if (!run.summary) return;
-  auto mem = run.summary->find("memory");
-  if (mem == run.summary->end() || !mem->is_object()) return;
-  double peak = -1;
-  if (auto m = mem->find("peak_allocated_bytes_by_rank"); m != mem->end() && m->is_object()) {
-    for (const auto& [r, v] : m->items()) {
-      if (v.is_number()) peak = std::max(peak, v.get<double>());
-    }
-    if (peak >= 0) kind = "allocated";
-  }
-  if (peak < 0) {
-    if (auto c = mem->find("classes"); c != mem->end() && c->is_array()) {
-      for (const auto& cls : *c) {
-        const auto b = cls.find("breakdown_bytes");
-        if (b == cls.end() || !b->is_object()) continue;
-        if (auto a = b->find("activations"); a != b->end() && a->is_number()) peak = std::max(peak, a->get<double>());
-      }
-      if (peak >= 0) kind = "model";
-    }
-  }
-  if (peak >= 0) out = peak;
+  memory_peak(run, "peak_allocated_bytes_by_rank", "allocated", "activations", out, kind);
 }
 
 // Megatron-LM's timers as spans of a fine-grained run's records on one rank and step:
@@ -698,21 +694,18 @@ OrderedJson compare_json(const CompareResult& r) {
   } else {
     j["walls_us"] = nullptr;
   }
-  j["peak_memory_bytes"] = OrderedJson{{"a", opt_num(r.peak_memory_a)},
-                                       {"a_kind", r.peak_memory_kind_a},
-                                       {"b", opt_num(r.peak_memory_b)},
-                                       {"b_kind", r.peak_memory_kind_b},
-                                       {"error_pct", r.peak_memory_a && r.peak_memory_b
-                                                         ? opt_num(signed_error_pct(*r.peak_memory_a, *r.peak_memory_b))
-                                                         : OrderedJson(nullptr)}};
+  // A memory figure of both sides: values, kinds and the error of B against A.
+  auto memory_pair = [](const std::optional<double>& a, const std::string& a_kind, const std::optional<double>& b,
+                        const std::string& b_kind) {
+    return OrderedJson{{"a", opt_num(a)},
+                       {"a_kind", a_kind},
+                       {"b", opt_num(b)},
+                       {"b_kind", b_kind},
+                       {"error_pct", a && b ? opt_num(signed_error_pct(*a, *b)) : OrderedJson(nullptr)}};
+  };
+  j["peak_memory_bytes"] = memory_pair(r.peak_memory_a, r.peak_memory_kind_a, r.peak_memory_b, r.peak_memory_kind_b);
   j["activation_memory_bytes"] =
-      OrderedJson{{"a", opt_num(r.activation_memory_a)},
-                  {"a_kind", r.activation_memory_kind_a},
-                  {"b", opt_num(r.activation_memory_b)},
-                  {"b_kind", r.activation_memory_kind_b},
-                  {"error_pct", r.activation_memory_a && r.activation_memory_b
-                                    ? opt_num(signed_error_pct(*r.activation_memory_a, *r.activation_memory_b))
-                                    : OrderedJson(nullptr)}};
+      memory_pair(r.activation_memory_a, r.activation_memory_kind_a, r.activation_memory_b, r.activation_memory_kind_b);
   if (r.host_probe) {
     const HostProbeLine& h = *r.host_probe;
     j["host_probe"] = OrderedJson{{"real_side", std::string(1, static_cast<char>(h.real_side + ('a' - 'A')))},

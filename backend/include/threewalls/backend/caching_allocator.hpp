@@ -94,6 +94,8 @@ class CachingAllocator {
   using Pool = std::set<Block*, BySize>;
   Pool& pool_of(bool small) { return small ? small_ : large_; }
   Block* new_segment(std::size_t rounded, bool small);
+  // `b` takes over its next neighbour (free, or being freed) within the segment.
+  void absorb_next(Block* b, Pool& pool);
   void note_peaks();
 
   SegmentAlloc alloc_;
