@@ -1,5 +1,6 @@
 #include "threewalls/scenarios/parameters.hpp"
 
+#include <algorithm>
 #include <utility>
 
 namespace threewalls::scenarios {
@@ -113,6 +114,22 @@ ParameterCount rank_parameters(const Scenario& s, const std::vector<int>& layers
   if (first_stage) p.dense += embedding_parameters(s);
   if (last_stage) p.dense += head_parameters(s, first_stage);
   return p;
+}
+
+double fsdp_gathered_parameters(const Scenario& s, const std::vector<int>& layers, bool first_stage, bool last_stage) {
+  if (!s.train || !s.train->shards_gradients()) return 0.0;
+  const TrainSpec& t = *s.train;
+  double unit = 0.0;
+  for (int l : layers) unit = std::max(unit, layer_parameters(s, l).total());
+  int layers_per_pass = 1;
+  if (t.recompute_granularity == RecomputeGranularity::full && t.recompute_method == RecomputeMethod::uniform) {
+    layers_per_pass = std::max(1, std::min(t.recompute_num_layers, static_cast<int>(layers.size())));
+  }
+  unit *= layers_per_pass;
+  if (first_stage) unit = std::max(unit, embedding_parameters(s));
+  if (last_stage) unit = std::max(unit, head_parameters(s, first_stage));
+  const int chains = t.overlap_moe_expert_parallel_comm ? 2 : 1;
+  return static_cast<double>(kFsdpPassesPerChain * chains) * unit;
 }
 
 }  // namespace threewalls::scenarios

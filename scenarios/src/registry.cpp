@@ -646,6 +646,19 @@ Registry::Registry() {
            "GEMMs are issued after the dispatch backward so that they overlap it, and a communication node waits "
            "only for the data it moves, not for the weight gradients of the node before it.")
       .bind(kTrain, &TrainSpec::delay_wgrad_compute);
+  {
+    static const std::vector<std::string> kSharding = {"none", "no_shard", "optim", "optim_grads",
+                                                       "optim_grads_params"};
+    Decl(r, "train.data_parallel_sharding_strategy", ParamType::choice).def("\"none\"").choices(kSharding)
+        .doc("Megatron-FSDP (--use-megatron-fsdp --data-parallel-sharding-strategy; PyTorch FSDP2's "
+             "--use-torch-fsdp2 is optim_grads_params): what the data-parallel ranks shard, the expert-data-parallel "
+             "ranks for expert parameters. none: no FSDP (use_distributed_optimizer decides); no_shard: nothing "
+             "(gradients all-reduced); optim: optimizer state; optim_grads: also gradients, reduce-scattered after "
+             "every backward of a layer; optim_grads_params: also parameters, all-gathered before every forward and "
+             "backward of a layer, the next layer's prefetched (docs/stepgraph.md, \"Megatron-FSDP\"). Not with "
+             "use_distributed_optimizer = false.")
+        .bind(kTrain, &TrainSpec::data_parallel_sharding_strategy);
+  }
   Decl(r, "train.routing_imbalance", ParamType::real).def("1.0").min(1.0)
       .doc("Load imbalance of the routing: tokens received by the busiest EP rank over the mean (1 = "
            "balanced). > 1 splits the ranks into hot and cold rank classes.")

@@ -29,6 +29,20 @@ bool TrainSpec::recompute_module(const std::string& m) const {
          std::find(recompute_modules.begin(), recompute_modules.end(), m) != recompute_modules.end();
 }
 
+bool TrainSpec::shards_optimizer_state() const {
+  if (data_parallel_sharding_strategy == DataParallelSharding::none) return use_distributed_optimizer;
+  return data_parallel_sharding_strategy != DataParallelSharding::no_shard;
+}
+
+bool TrainSpec::shards_gradients() const {
+  return data_parallel_sharding_strategy == DataParallelSharding::optim_grads ||
+         data_parallel_sharding_strategy == DataParallelSharding::optim_grads_params;
+}
+
+bool TrainSpec::shards_parameters() const {
+  return data_parallel_sharding_strategy == DataParallelSharding::optim_grads_params;
+}
+
 namespace {
 // The name of `v`: the registry's choices of the key that reads the enum (registry.hpp). Each enum is
 // read by one key (or keys sharing its choices), looked up once: the registry is immutable once built.
@@ -44,6 +58,7 @@ const char* to_string(AttentionImpl v) { return name_of("model.attention_impl", 
 const char* to_string(Precision v) { return name_of("train.precision", v); }
 const char* to_string(Dispatcher v) { return name_of("train.token_dispatcher", v); }
 const char* to_string(RecomputeGranularity v) { return name_of("train.recompute_granularity", v); }
+const char* to_string(DataParallelSharding v) { return name_of("train.data_parallel_sharding_strategy", v); }
 const char* to_string(Framework v) { return name_of("run.framework", v); }
 const char* to_string(OffloadTier v) { return name_of("infer.expert_offload.tier", v); }
 std::string to_string(const ExpertExecution& v) {

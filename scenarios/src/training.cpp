@@ -135,7 +135,7 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
     op.chunk = static_cast<std::int32_t>(bk.chunk);
     const std::string pre = bk.expert ? "edp" : "dp";
     if (grad) {
-      const bool rs = t.use_distributed_optimizer;
+      const bool rs = t.shards_optimizer_state();
       op.sub = static_cast<std::uint8_t>(rs ? Collective::reduce_scatter : Collective::all_reduce);
       op.bytes = bk.params * kFp32Bytes;
       op.phase = tables.phase(pre + (rs ? "_grad_reduce_scatter" : "_grad_allreduce"));
@@ -149,10 +149,99 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
   };
   auto bucket_needs_comm = [&](const Bucket& bk) { return (bk.expert ? expert_group : dense_group) > 1; };
 
+  // ---- Megatron-FSDP: per-unit parameter all-gather and gradient reduce-scatter ----
+  // An FSDP unit is one layer, the embedding (-1) or the head (num_layers). With sharded parameters
+  // every forward and backward pass of a unit waits for the all-gather of its dense parameters over
+  // dp x cp and of its experts over edp (bf16), on their own stream. A chain of passes keeps two units
+  // gathered (Megatron-FSDP's double buffer): a unit's all-gather waits for the end of the pass two
+  // units back in its chain, so the next unit's gather overlaps the current unit's compute. With
+  // sharded gradients every backward pass of a unit reduce-scatters its gradients (fp32) on dp_comm.
+  // The combined 1F1B schedule runs two chains (its forward and its backward).
+  const bool fsdp_params = t.shards_parameters();
+  const bool fsdp_grads = t.shards_gradients();
+  const std::uint8_t fsdp_ag_stream =
+      fsdp_params ? tables.stream("fsdp_param_gather", StreamKind::communication) : std::uint8_t{0};
+  std::array<std::vector<std::uint32_t>, 2> fsdp_released;  // per chain: the last passes' end ops
+  std::vector<std::uint32_t> fsdp_reductions;
+  auto unit_params = [&](int unit) {
+    if (unit < 0) return ParameterCount{emb_params, 0.0};
+    if (unit >= c.s.model.num_layers) return ParameterCount{head_params, 0.0};
+    return params.at(unit);
+  };
+  auto fsdp_op = [&](int unit, bool expert, bool grad, bool bwd, int mb, int ch) {
+    const double n = expert ? unit_params(unit).expert : unit_params(unit).dense;
+    Op op;
+    op.kind = OpKind::collective;
+    op.wall = Wall::communication;
+    op.group = expert ? Group::edp : Group::dp_cp;
+    op.group_size = static_cast<std::int32_t>(expert ? expert_group : dense_group);
+    op.sub = static_cast<std::uint8_t>(grad ? Collective::reduce_scatter : Collective::all_gather);
+    op.bytes = n * (grad ? kFp32Bytes : kBf16Bytes);
+    op.shape = {static_cast<std::int64_t>(op.bytes), 0, 0, 0, 0, 0};
+    op.stream = grad ? dp_stream : fsdp_ag_stream;
+    op.layer = static_cast<std::int32_t>(unit);
+    op.microbatch = static_cast<std::int32_t>(mb);
+    op.chunk = static_cast<std::int32_t>(ch);
+    const std::string pre = expert ? "edp" : "dp";
+    op.phase = tables.phase(
+        pre + (grad ? "_fsdp_grad_reduce_scatter" : (bwd ? "_fsdp_param_allgather_bwd" : "_fsdp_param_allgather_fwd")));
+    return op;
+  };
+  auto fsdp_needs = [&](int unit, bool expert) {
+    const ParameterCount pc = unit_params(unit);
+    return (expert ? pc.expert : pc.dense) > 0 && (expert ? expert_group : dense_group) > 1;
+  };
+  // The all-gathers of a unit before a pass over it.
+  auto fsdp_gather = [&](int unit, int mb, int ch, bool bwd, int chain) {
+    std::vector<std::uint32_t> ags;
+    if (!fsdp_params) return ags;
+    const auto& released = fsdp_released[static_cast<std::size_t>(chain)];
+    const std::uint32_t after = released.size() >= 2 ? released[released.size() - 2] : kNoOp;
+    for (bool expert : {false, true}) {
+      if (fsdp_needs(unit, expert)) ags.push_back(b.emit(fsdp_op(unit, expert, false, bwd, mb, ch), {after}));
+    }
+    return ags;
+  };
+  // The first op of each stream among the ops emitted since `first` waits for the gathers.
+  auto fsdp_gate = [&](std::size_t first, const std::vector<std::uint32_t>& ags) {
+    if (ags.empty()) return;
+    std::array<bool, 256> seen{};
+    for (std::size_t i = first; i < rc.ops.size(); ++i) {
+      auto& done = seen[rc.ops[i].stream];
+      if (done) continue;
+      done = true;
+      for (std::uint32_t ag : ags) b.add_dep(static_cast<std::uint32_t>(i), ag);
+    }
+  };
+  // End of a pass of the chain (the last op emitted): its gathered buffer may be reused.
+  auto fsdp_release = [&](int chain) {
+    if (!fsdp_params) return;
+    auto& released = fsdp_released[static_cast<std::size_t>(chain)];
+    released.push_back(static_cast<std::uint32_t>(rc.ops.size() - 1));
+    if (released.size() > 2) released.erase(released.begin());
+  };
+  // After the backward of a unit (the last op emitted): its gradients are reduce-scattered.
+  auto fsdp_reduce = [&](int unit, int mb, int ch) {
+    if (!fsdp_grads) return;
+    const auto last = static_cast<std::uint32_t>(rc.ops.size() - 1);
+    for (bool expert : {false, true}) {
+      if (fsdp_needs(unit, expert))
+        fsdp_reductions.push_back(b.emit(fsdp_op(unit, expert, true, true, mb, ch), {last}));
+    }
+  };
+  // End of a pass over one unit; `bwd`: its gradients are reduce-scattered.
+  auto fsdp_end = [&](int unit, int mb, int ch, bool bwd, int chain) {
+    fsdp_release(chain);
+    if (bwd) fsdp_reduce(unit, mb, ch);
+  };
+  int bwd_chain = 0;  // the chain of backward passes: 1 inside a combined 1F1B pair
+
   // Step prologue: overlapped parameter all-gather of the distributed optimizer (for this step's
-  // forward; Megatron launches it as the previous step's optimizer finishes).
+  // forward; Megatron launches it as the previous step's optimizer finishes). Sharded parameters
+  // (FSDP) are gathered per layer instead.
   std::unordered_map<int, std::uint32_t> param_ag_of_layer;  // layer -> all-gather op
-  if (t.use_distributed_optimizer && t.overlap_param_gather) {
+  const bool bucket_param_gather = t.shards_optimizer_state() && !t.shards_parameters();
+  if (bucket_param_gather && t.overlap_param_gather) {
     for (auto it = buckets.rbegin(); it != buckets.rend(); ++it) {
       if (!bucket_needs_comm(*it)) continue;
       std::uint32_t id = b.emit(bucket_op(*it, false), {});
@@ -245,8 +334,12 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
     if (first_v) {
       std::uint32_t ag = kNoOp;
       if (auto f = param_ag_of_layer.find(-1); f != param_ag_of_layer.end() && !first_fwd_done[0]) ag = f->second;
+      const auto gathers = fsdp_gather(-1, mb, ch, false, 0);
+      const std::size_t first = rc.ops.size();
       auto ids = em.forward(emb, -1, mb, ch, input, false, nullptr, false);
       b.add_dep(ids.front(), ag);
+      fsdp_gate(first, gathers);
+      fsdp_end(-1, mb, ch, false, 0);
       input = ids.back();
     }
     return input;
@@ -260,7 +353,12 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
     const int ch = item.chunk;
     const auto& ls = chunk_layers[static_cast<std::size_t>(ch)];
     if (c.stages.is_last_vstage(stage, ch)) {
+      const int unit = c.s.model.num_layers;
+      const auto gathers = fsdp_gather(unit, item.mb, ch, false, 0);
+      const std::size_t first = rc.ops.size();
       auto ids = em.forward(head, -1, item.mb, ch, input, false, nullptr, false);
+      fsdp_gate(first, gathers);
+      fsdp_end(unit, item.mb, ch, false, 0);
       input = ids.back();
     } else {
       const int recv_chunk = (stage == c.pp - 1) ? ch + 1 : ch;
@@ -275,14 +373,22 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
     const int ch = item.chunk;
     const auto& ls = chunk_layers[static_cast<std::size_t>(ch)];
     if (c.stages.is_last_vstage(stage, ch)) {
+      const int unit = c.s.model.num_layers;
+      const auto gathers = fsdp_gather(unit, item.mb, ch, true, bwd_chain);
+      const std::size_t first = rc.ops.size();
       auto ids = std::vector<std::uint32_t>{};
-      return em.backward(head, -1, item.mb, ch, head_grad_in, ids, false);
+      const std::uint32_t grad = em.backward(head, -1, item.mb, ch, head_grad_in, ids, false);
+      fsdp_gate(first, gathers);
+      fsdp_end(unit, item.mb, ch, true, bwd_chain);
+      return grad;
     }
     return p2p(false, false, item.mb, ch, ls.empty() ? -1 : ls.back(), kNoOp);
   };
   // Overlapped gradient reduction: buckets close as the last micro-batch's backward passes.
   auto close_buckets = [&](std::size_t it, int ch, int closing_layer) {
-    if (!t.overlap_grad_reduce || static_cast<int>(it) != last_bwd_item[static_cast<std::size_t>(ch)]) return;
+    if (!t.overlap_grad_reduce || fsdp_grads || static_cast<int>(it) != last_bwd_item[static_cast<std::size_t>(ch)]) {
+      return;
+    }
     for (const auto& bk : buckets) {
       if (bk.chunk == ch && bk.closing_layer == closing_layer && bucket_needs_comm(bk)) {
         b.emit(bucket_op(bk, true), {static_cast<std::uint32_t>(rc.ops.size() - 1)});
@@ -308,8 +414,12 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
     const int ch = item.chunk;
     const auto& ls = chunk_layers[static_cast<std::size_t>(ch)];
     if (c.stages.is_first_vstage(stage, ch)) {
+      const auto gathers = fsdp_gather(-1, item.mb, ch, true, bwd_chain);
+      const std::size_t first = rc.ops.size();
       std::vector<std::uint32_t> none;
       em.backward(emb, -1, item.mb, ch, grad, none, false);
+      fsdp_gate(first, gathers);
+      fsdp_end(-1, item.mb, ch, true, bwd_chain);
       close_buckets(it, ch, -1);
     } else {
       const int recv_chunk = (stage == 0) ? ch - 1 : ch;
@@ -320,8 +430,12 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
   auto emit_forward = [&](const SchedItem& item) {
     std::uint32_t input = fwd_begin(item);
     for (int l : chunk_layers[static_cast<std::size_t>(item.chunk)]) {
+      const auto gathers = fsdp_gather(l, item.mb, item.chunk, false, 0);
+      const std::size_t first = rc.ops.size();
       auto ids = em.forward(programs.at(l), l, item.mb, item.chunk, input, false, nullptr, !c.s.model.layer_is_moe(l));
       param_gate(l, item.chunk, ids.front());
+      fsdp_gate(first, gathers);
+      fsdp_end(l, item.mb, item.chunk, false, 0);
       input = ids.back();
     }
     return fwd_end(item, input);
@@ -336,6 +450,16 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
       const int l = ls[static_cast<std::size_t>(idx)];
       std::vector<std::uint32_t> rec;
       auto [g0, g1] = full_recompute(ch, idx);
+      // A checkpoint group is one FSDP pass: its layers stay gathered from its recompute to the end of
+      // the backward of its first layer.
+      std::vector<std::uint32_t> gathers;
+      if (g0 < 0 || idx == g1) {
+        for (int j = (g0 < 0 ? idx : g0); j <= idx; ++j) {
+          auto ag = fsdp_gather(ls[static_cast<std::size_t>(j)], mb, ch, true, bwd_chain);
+          gathers.insert(gathers.end(), ag.begin(), ag.end());
+        }
+      }
+      const std::size_t first = rc.ops.size();
       if (g0 >= 0 && idx == g1) {
         // Re-run the forward of the whole checkpoint group, then go backward through it.
         std::uint32_t in = kNoOp;
@@ -348,6 +472,9 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
         rec = selective_recompute(l, mb, ch);
       }
       grad = em.backward(programs.at(l), l, mb, ch, grad, rec, !c.s.model.layer_is_moe(l));
+      fsdp_gate(first, gathers);
+      if (g0 < 0 || idx == g0) fsdp_release(bwd_chain);
+      fsdp_reduce(l, mb, ch);
       close_buckets(it, ch, l);
     }
     bwd_end(it, item, grad);
@@ -373,6 +500,7 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
   }
   auto emit_pair = [&](std::size_t it_f, const SchedItem& f, std::size_t it_b, const SchedItem& bw) {
     enum { kA = 0, kD = 1, kM = 2, kC = 3 };
+    bwd_chain = 1;
     std::uint32_t f_in = fwd_begin(f);
     std::uint32_t b_grad = kNoOp;
     {
@@ -387,10 +515,12 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
     std::uint32_t b_prev = b_grad;  // last op of the backward's previous node
     // Emits one node; a communication node waits for the chain's previous node unless weight
     // gradients are delayed.
-    auto node = [&](auto&& emit_fn, std::uint32_t& prev, bool comm) {
+    // The node's ops wait for the FSDP gathers of their layer.
+    auto node = [&](auto&& emit_fn, std::uint32_t& prev, bool comm, const std::vector<std::uint32_t>& gathers) {
       const auto first = static_cast<std::uint32_t>(rc.ops.size());
       if (emit_fn() == 0) return kNoOp;
       if (comm && !t.delay_wgrad_compute) b.add_dep(first, prev);
+      fsdp_gate(first, gathers);
       prev = static_cast<std::uint32_t>(rc.ops.size() - 1);
       return first;
     };
@@ -404,23 +534,30 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
       const std::array<std::vector<bool>, 4>* bn = nullptr;
       int l_f = -1;
       int l_b = -1;
+      std::vector<std::uint32_t> f_gathers;
+      std::vector<std::uint32_t> b_gathers;
       if (has_b) {
         l_b = lb[nb - 1 - i];
         bn = &nodes.at(l_b);
+        b_gathers = fsdp_gather(l_b, bw.mb, bw.chunk, true, 1);
+        const std::size_t first = rc.ops.size();
         auto rec = selective_recompute(l_b, bw.mb, bw.chunk);
+        fsdp_gate(first, b_gathers);
         bi = em.begin_backward(programs.at(l_b), l_b, bw.mb, bw.chunk, b_grad, std::move(rec),
                                !c.s.model.layer_is_moe(l_b));
       }
       if (has_f) {
         l_f = lf[i];
         fn = &nodes.at(l_f);
+        f_gathers = fsdp_gather(l_f, f.mb, f.chunk, false, 0);
         fi = em.begin_forward(programs.at(l_f), l_f, f.mb, f.chunk, f_in, !c.s.model.layer_is_moe(l_f));
       }
-      if (has_b) node([&] { return em.backward_part(bi, &(*bn)[kC], ep_stream); }, b_prev, true);
+      if (has_b) node([&] { return em.backward_part(bi, &(*bn)[kC], ep_stream); }, b_prev, true, b_gathers);
       if (has_f) {
-        const std::uint32_t first = node([&] { return em.forward_part(fi, false, &(*fn)[kA]); }, f_prev, false);
+        const std::uint32_t first =
+            node([&] { return em.forward_part(fi, false, &(*fn)[kA]); }, f_prev, false, f_gathers);
         if (first != kNoOp) param_gate(l_f, f.chunk, first);
-        node([&] { return em.forward_part(fi, false, &(*fn)[kD], ep_stream); }, f_prev, true);
+        node([&] { return em.forward_part(fi, false, &(*fn)[kD], ep_stream); }, f_prev, true, f_gathers);
       }
       if (has_b) {
         deferred.clear();
@@ -429,23 +566,26 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
               return em.backward_part(bi, &(*bn)[kM], Emitter::kDefaultStream,
                                       t.delay_wgrad_compute ? &deferred : nullptr);
             },
-            b_prev, false);
-        node([&] { return em.backward_part(bi, &(*bn)[kD], ep_stream); }, b_prev, true);
+            b_prev, false, b_gathers);
+        node([&] { return em.backward_part(bi, &(*bn)[kD], ep_stream); }, b_prev, true, b_gathers);
         for (const auto& w : deferred) b.emit(w.op, {w.after});
       }
       if (has_f) {
-        node([&] { return em.forward_part(fi, false, &(*fn)[kM]); }, f_prev, false);
-        node([&] { return em.forward_part(fi, false, &(*fn)[kC], ep_stream); }, f_prev, true);
+        node([&] { return em.forward_part(fi, false, &(*fn)[kM]); }, f_prev, false, f_gathers);
+        node([&] { return em.forward_part(fi, false, &(*fn)[kC], ep_stream); }, f_prev, true, f_gathers);
+        fsdp_release(0);
         f_in = fi.ids.back();
       }
       if (has_b) {
-        node([&] { return em.backward_part(bi, &(*bn)[kA]); }, b_prev, false);
+        node([&] { return em.backward_part(bi, &(*bn)[kA]); }, b_prev, false, b_gathers);
+        fsdp_end(l_b, bw.mb, bw.chunk, true, 1);
         b_grad = bi.backward_result();
         close_buckets(it_b, bw.chunk, l_b);
       }
     }
     head_fwd[f.mb * c.vpp + f.chunk] = fwd_end(f, f_in);
     bwd_end(it_b, bw, b_grad);
+    bwd_chain = 0;
     (void)it_f;
   };
 
@@ -473,7 +613,10 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
   // ---- epilogue: gradient reduction, optimizer, parameter all-gather, metrics ----
   const std::uint32_t last_compute = static_cast<std::uint32_t>(rc.ops.size() - 1);
   std::vector<std::uint32_t> reductions;
-  if (!t.overlap_grad_reduce) {
+  if (fsdp_grads) {
+    // dp_comm runs them in order: the last one ends after every other.
+    if (!fsdp_reductions.empty()) reductions.push_back(fsdp_reductions.back());
+  } else if (!t.overlap_grad_reduce) {
     for (const auto& bk : buckets) {
       if (bucket_needs_comm(bk)) reductions.push_back(b.emit(bucket_op(bk, true), {last_compute}));
     }
@@ -498,8 +641,8 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
     op.phase = tables.phase("embedding_grad_allreduce");
     reductions.push_back(b.emit(op, {last_compute}));
   }
-  const double dense_shard = t.use_distributed_optimizer ? rc.dense_params / dense_group : rc.dense_params;
-  const double expert_shard = t.use_distributed_optimizer ? rc.expert_params / expert_group : rc.expert_params;
+  const double dense_shard = t.shards_optimizer_state() ? rc.dense_params / dense_group : rc.dense_params;
+  const double expert_shard = t.shards_optimizer_state() ? rc.expert_params / expert_group : rc.expert_params;
   const double shard = dense_shard + expert_shard;
   {
     // Gradient norm (clipping): read the local gradient shard, then one float reduced over all ranks.
@@ -536,7 +679,7 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
     adam.stream = em.compute_stream();
     adam.phase = tables.phase("optimizer_step");
     prev = b.emit(adam, {prev});
-    if (t.use_distributed_optimizer && !t.overlap_param_gather) {
+    if (bucket_param_gather && !t.overlap_param_gather) {
       for (auto it = buckets.rbegin(); it != buckets.rend(); ++it) {
         if (bucket_needs_comm(*it)) b.emit(bucket_op(*it, false), {prev});
       }

@@ -52,6 +52,9 @@ const std::vector<RuleInfo> kRules = {
     {"ep-comm-overlap",
      "overlap_moe_expert_parallel_comm needs ep > 1, token_dispatcher alltoall or flex, no full recompute, and "
      "pp = 1 or vpp > 1 (Megatron-Core); delay_wgrad_compute needs overlap_moe_expert_parallel_comm."},
+    {"fsdp",
+     "data_parallel_sharding_strategy other than none (Megatron-FSDP) needs use_distributed_optimizer = true, as "
+     "Megatron-FSDP sets it."},
     {"recompute",
      "selective recompute needs recompute_modules that exist in the model (moe*, shared_experts, "
      "mla_up_proj); full/block recompute_num_layers must not exceed the layers of a stage."},
@@ -397,6 +400,12 @@ void check_train(Scenario& s, Reporter& r, bool split_ok) {
   if (t.overlap_param_gather && (!t.use_distributed_optimizer || !t.overlap_grad_reduce)) {
     r.fail("overlap-param-gather", "train.overlap_param_gather",
            "overlap_param_gather needs use_distributed_optimizer = true and overlap_grad_reduce = true");
+  }
+  if (t.data_parallel_sharding_strategy != DataParallelSharding::none && !t.use_distributed_optimizer) {
+    r.fail("fsdp", "train.data_parallel_sharding_strategy",
+           std::string("data_parallel_sharding_strategy = \"") + to_string(t.data_parallel_sharding_strategy) +
+               "\" (Megatron-FSDP) needs use_distributed_optimizer = true (Megatron-FSDP turns it on; allowed with "
+               "use_distributed_optimizer = false: \"none\")");
   }
   if (t.overlap_moe_expert_parallel_comm) {
     const std::string key = "train.overlap_moe_expert_parallel_comm";

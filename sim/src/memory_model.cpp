@@ -244,11 +244,13 @@ MemoryReport memory_model(const Scenario& s, const scenarios::StepGraph& graph, 
       // Weights, gradients, optimizer (docs: "Weights, gradients, optimizer state").
       const int dp_dense = L.group_size(scenarios::Group::dp_cp);
       const int dp_expert = L.group_size(scenarios::Group::edp);
-      b.weights = Bytes(2.0 * cm.params.total());
-      b.gradients = Bytes(4.0 * cm.params.total());
-      b.optimizer = tr.use_distributed_optimizer
-                        ? Bytes(12.0 * (cm.params.dense / dp_dense + cm.params.expert / dp_expert))
-                        : Bytes(12.0 * cm.params.total());
+      // Sharded state (docs: "FSDP"): this rank's shard, plus the gathered parameters (bf16) and the
+      // gradients of the gathered units before their reduce-scatter (fp32).
+      const double shard = cm.params.dense / dp_dense + cm.params.expert / dp_expert;
+      const double gathered = scenarios::fsdp_gathered_parameters(s, rc.layers, first, last);
+      b.weights = Bytes(2.0 * (tr.shards_parameters() ? shard + gathered : cm.params.total()));
+      b.gradients = Bytes(4.0 * (tr.shards_gradients() ? shard + gathered : cm.params.total()));
+      b.optimizer = Bytes(12.0 * (tr.shards_optimizer_state() ? shard : cm.params.total()));
       // Activations (docs: "Micro-batches in flight", "Full recomputation").
       const int n_layers = static_cast<int>(rc.layers.size());
       double stored_per_mb = act_per_mb;

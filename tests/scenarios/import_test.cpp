@@ -194,6 +194,49 @@ TEST(ImportMegatron, CommandLineFormWithUnknownAndUnresolvedArguments) {
   EXPECT_EQ(s.cluster.gpu, GpuKind::h200);
 }
 
+TEST(ImportMegatron, MegatronFsdpAndTorchFsdp2) {
+  const std::vector<std::string> base = {"--num-layers",
+                                         "4",
+                                         "--hidden-size",
+                                         "256",
+                                         "--num-attention-heads",
+                                         "4",
+                                         "--vocab-size",
+                                         "1000",
+                                         "--seq-length",
+                                         "128",
+                                         "--micro-batch-size",
+                                         "1",
+                                         "--global-batch-size",
+                                         "8",
+                                         "--untie-embeddings-and-output-weights"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> argv = base;
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return import_megatron(parse_megatron_argv(argv, {}), {});
+  };
+  // Megatron-FSDP: its default strategy, and it turns on the distributed optimizer.
+  auto d = with({"--use-megatron-fsdp"});
+  EXPECT_EQ(d.get("train", "data_parallel_sharding_strategy"), Value("optim_grads_params"));
+  EXPECT_EQ(d.get("train", "use_distributed_optimizer"), Value(true));
+  EXPECT_FALSE(reported(d.report.not_represented, "--use-megatron-fsdp"));
+  const Scenario s = load_draft(d, "h100-dgx", 8);
+  EXPECT_TRUE(s.train->shards_parameters());
+  d = with({"--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads", "--use-distributed-optimizer"});
+  EXPECT_EQ(d.get("train", "data_parallel_sharding_strategy"), Value("optim_grads"));
+  EXPECT_THROW(with({"--use-megatron-fsdp", "--data-parallel-sharding-strategy", "zero3"}), InputError);
+  // Without --use-megatron-fsdp the strategy does nothing.
+  d = with({"--data-parallel-sharding-strategy", "optim"});
+  EXPECT_TRUE(reported(d.report.ignored, "--data-parallel-sharding-strategy"));
+  EXPECT_FALSE(d.get("train", "data_parallel_sharding_strategy").has_value());
+  // PyTorch FSDP2 shards everything; Megatron refuses it with pipeline or expert parallelism.
+  d = with({"--use-torch-fsdp2", "--torch-fsdp2-no-reshard-after-forward"});
+  EXPECT_EQ(d.get("train", "data_parallel_sharding_strategy"), Value("optim_grads_params"));
+  EXPECT_TRUE(reported(d.report.not_represented, "--torch-fsdp2-no-reshard-after-forward"));
+  EXPECT_THROW(with({"--use-torch-fsdp2", "--pipeline-model-parallel-size", "2"}), InputError);
+  EXPECT_THROW(with({"--use-torch-fsdp2", "--use-distributed-optimizer"}), InputError);
+}
+
 TEST(ImportMegatron, MoeLayerFreqExpressions) {
   EXPECT_EQ(expand_moe_layer_freq("2", 4), (std::vector<int>{1, 0, 1, 0}));
   EXPECT_EQ(expand_moe_layer_freq("'([0]*1+[1]*3)'", 4), (std::vector<int>{0, 1, 1, 1}));

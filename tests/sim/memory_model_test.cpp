@@ -3,6 +3,10 @@
 // parameter), published parameter counts, and an OOM verdict with its breakdown.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
 #include "sim_test_support.hpp"
 #include "threewalls/scenarios/layout.hpp"
 #include "threewalls/scenarios/loader.hpp"
@@ -138,6 +142,42 @@ TEST(MemoryModel, BytesPerParameterAreEighteenOrSixPlusTwelveOverD) {
     const double state = (c.breakdown.weights + c.breakdown.gradients + c.breakdown.optimizer).value;
     EXPECT_DOUBLE_EQ(state / c.params.total(), training_bytes_per_parameter(distributed, 8));
   }
+}
+
+// Megatron-FSDP: weights, gradients and optimizer state are the rank's shard (dense parameters over
+// dp x cp, experts over edp), plus the units gathered at once (two per chain of passes, the largest
+// unit counted for each) in bf16 weights and fp32 gradients. Mixtral-8x7B on 64 H100 without a
+// pipeline (EP 8, DP 64) is out of memory with the distributed optimizer and fits with FSDP.
+TEST(MemoryModel, FsdpShardsWeightsGradientsAndOptimizerState) {
+  std::ifstream in(testing::source_dir() / "scenarios/examples/mixtral_8x7b_64gpu.toml");
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string base = text.str();
+  base.replace(base.find("pp = 4"), 6, "pp = 1");
+  std::string fsdp = base;
+  fsdp.replace(fsdp.find("overlap_param_gather = true"), 27,
+               "data_parallel_sharding_strategy = \"optim_grads_params\"");
+  const Scenario sd = scenarios::load_scenario_text(base, "dist_opt.toml").scenario;
+  const Scenario sf = scenarios::load_scenario_text(fsdp, "fsdp.toml").scenario;
+  const MemoryReport rd = memory_model(sd, scenarios::expand(sd, 0));
+  const MemoryReport rf = memory_model(sf, scenarios::expand(sf, 0));
+  ASSERT_EQ(rf.classes.size(), 1U);
+  const ClassMemory& d = rd.classes[0];
+  const ClassMemory& f = rf.classes[0];
+  EXPECT_TRUE(rd.oom());
+  EXPECT_FALSE(rf.oom());
+  const double shard = f.params.dense / 64 + f.params.expert / 8;
+  double largest = 0.0;
+  for (int l = 0; l < 32; ++l) largest = std::max(largest, scenarios::layer_parameters(sf, l).total());
+  largest = std::max(largest, scenarios::embedding_parameters(sf));
+  EXPECT_DOUBLE_EQ(scenarios::fsdp_gathered_parameters(sf, {0, 1}, true, true), 2.0 * largest);
+  EXPECT_DOUBLE_EQ(scenarios::fsdp_gathered_parameters(sd, {0, 1}, true, true), 0.0);
+  EXPECT_DOUBLE_EQ(f.breakdown.weights.value, 2.0 * (shard + 2.0 * largest));
+  EXPECT_DOUBLE_EQ(f.breakdown.gradients.value, 4.0 * (shard + 2.0 * largest));
+  EXPECT_DOUBLE_EQ(f.breakdown.optimizer.value, 12.0 * shard);
+  EXPECT_DOUBLE_EQ(d.breakdown.optimizer.value, f.breakdown.optimizer.value);
+  EXPECT_DOUBLE_EQ(d.breakdown.weights.value, 2.0 * d.params.total());
+  EXPECT_DOUBLE_EQ(f.breakdown.activations.value, d.breakdown.activations.value);
 }
 
 TEST(MemoryModel, ParameterCountsOfPublishedModels) {

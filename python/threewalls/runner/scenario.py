@@ -93,6 +93,7 @@ _TRAIN = dict(_COMMON_STEP, **{
     "moe_shared_expert_overlap": (False, _ANY, bool),
     "overlap_moe_expert_parallel_comm": (False, (False,), bool),
     "delay_wgrad_compute": (False, (False,), bool),
+    "data_parallel_sharding_strategy": ("none", ("none",), str),
     "routing_imbalance": (1.0, (1.0,), float),
     "grad_bucket_size": (40000000.0, _ANY, float),
 })

@@ -781,8 +781,9 @@ const std::vector<std::pair<std::vector<std::string>, std::string>>& ignored_fla
       {{"--temperature", "--top-k", "--top-p", "--return-log-probs", "--num-tokens-to-generate"},
        "sampling settings of text generation: no effect on the modelled step"},
       {{"--fsdp-double-buffer", "--megatron-fsdp-grad-comm-dtype", "--megatron-fsdp-main-grads-dtype", "--use-nccl-ub",
-        "--init-model-with-meta-device"},
-       "Megatron-FSDP buffer and communication settings (Megatron-FSDP itself is reported as not represented)"},
+        "--init-model-with-meta-device", "--suggested-communication-unit-size"},
+       "Megatron-FSDP buffer and communication settings (the sharding itself is "
+       "train.data_parallel_sharding_strategy; two layers are gathered at once)"},
       {{"--attention-softmax-in-fp32", "--disable-bf16-reduced-precision-matmul", "--deterministic-mode"},
        "numerics and kernel choices: the calibration profile holds what the kernels cost"},
       {{"--moe-per-layer-logging"}, "logging and profiling of the training script"},
@@ -814,10 +815,6 @@ const std::vector<std::pair<std::vector<std::string>, std::string>>& unrepresent
       {{"--context-parallel-size-for-experts", "--cp-comm-type", "--hierarchical-context-parallel-sizes"},
        "context-parallel details: only the cp size is modelled"},
       {{"--expert-data-parallel-size"}, "edp is derived: world / (etp x ep x pp)"},
-      {{"--use-megatron-fsdp", "--data-parallel-sharding-strategy"},
-       "Megatron-FSDP (parameters and gradients sharded over the data-parallel ranks, gathered per layer) has "
-       "no registry key: the step is modelled with the distributed optimizer only, so weight and gradient "
-       "memory is overstated and the per-layer parameter all-gathers are missing"},
       {{"--window-size", "--window-attn-skip-freq"},
        "sliding-window attention: modelled as full causal attention in every layer"},
       {{"--softmax-type"}, "learnable softmax offsets (attention sinks): not modelled"},
@@ -911,6 +908,57 @@ class MegatronImporter {
   void set_bool(const std::string& t, const std::string& k, bool v) { d_.set(t, k, v); }
   void copy_int(const std::string& flag, const std::string& table, const std::string& key) {
     if (auto v = integer(flag)) set_int(table, key, *v);
+  }
+
+  // Megatron-FSDP (--use-megatron-fsdp, sharding by --data-parallel-sharding-strategy, Megatron's default
+  // optim_grads_params; it turns the distributed optimizer on) and PyTorch FSDP2 (--use-torch-fsdp2:
+  // parameters, gradients and optimizer state sharded, gathered per layer, as optim_grads_params).
+  void map_fsdp() {
+    const auto strategy = str("--data-parallel-sharding-strategy");
+    const bool fsdp2 = has("--use-torch-fsdp2");
+    const bool no_reshard = has("--torch-fsdp2-no-reshard-after-forward");
+    if (has("--use-megatron-fsdp")) {
+      const std::string st = strategy.value_or("optim_grads_params");
+      static const std::set<std::string> kAllowed = {"no_shard", "optim", "optim_grads", "optim_grads_params"};
+      if (kAllowed.count(st) == 0) {
+        throw InputError(src() + where(*arg("--data-parallel-sharding-strategy")) +
+                         "--data-parallel-sharding-strategy '" + st +
+                         "' (allowed: no_shard, optim, optim_grads, optim_grads_params)");
+      }
+      if (!strategy)
+        note("--use-megatron-fsdp without --data-parallel-sharding-strategy: Megatron's default optim_grads_params");
+      d_.set("train", "data_parallel_sharding_strategy", st);
+      if (!has("--use-distributed-optimizer")) {
+        set_bool("train", "use_distributed_optimizer", true);
+        note("--use-megatron-fsdp: Megatron-FSDP turns on the distributed optimizer");
+      }
+      if (fsdp2) d_.report.ignored.push_back({"--use-torch-fsdp2", "--use-megatron-fsdp is mapped"});
+      if (no_reshard)
+        d_.report.ignored.push_back({"--torch-fsdp2-no-reshard-after-forward", "only used with --use-torch-fsdp2"});
+      return;
+    }
+    if (fsdp2) {
+      auto refuse = [&](const std::string& why) {
+        throw InputError(src() + "--use-torch-fsdp2 with " + why + ": Megatron refuses it");
+      };
+      if (pp_ > 1) refuse("--pipeline-model-parallel-size " + std::to_string(pp_));
+      if (integer("--expert-model-parallel-size").value_or(1) > 1) refuse("--expert-model-parallel-size > 1");
+      if (has("--use-distributed-optimizer")) refuse("--use-distributed-optimizer");
+      d_.set("train", "data_parallel_sharding_strategy", "optim_grads_params");
+      set_bool("train", "use_distributed_optimizer", true);
+      note(
+          "--use-torch-fsdp2: modelled as data_parallel_sharding_strategy = \"optim_grads_params\" (FSDP2 shards the "
+          "optimizer state itself; the key reads use_distributed_optimizer = true)");
+      if (no_reshard) {
+        unrepresented("--torch-fsdp2-no-reshard-after-forward",
+                      "parameters kept gathered from the forward to the backward: modelled as gathered again before "
+                      "the backward");
+      }
+    } else if (no_reshard) {
+      d_.report.ignored.push_back({"--torch-fsdp2-no-reshard-after-forward", "only used with --use-torch-fsdp2"});
+    }
+    if (strategy)
+      d_.report.ignored.push_back({"--data-parallel-sharding-strategy", "only used with --use-megatron-fsdp"});
   }
 
   void map_model() {
@@ -1245,6 +1293,7 @@ class MegatronImporter {
     if (has("--recompute-activations")) d_.set("train", "recompute_granularity", "selective");
     // Optimizer and overlaps: Megatron's defaults are all off.
     set_bool("train", "use_distributed_optimizer", has("--use-distributed-optimizer"));
+    map_fsdp();
     if (has("--overlap-grad-reduce")) set_bool("train", "overlap_grad_reduce", true);
     if (has("--overlap-param-gather")) set_bool("train", "overlap_param_gather", true);
     if (has("--tp-comm-overlap")) set_bool("train", "tp_comm_overlap", true);

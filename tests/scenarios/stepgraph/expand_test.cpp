@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "test_util.hpp"
+#include "threewalls/scenarios/parameters.hpp"
 #include "threewalls/scenarios/step_graph.hpp"
 
 using namespace threewalls;
@@ -255,6 +256,107 @@ TEST(StepGraph, ExpertParallelOverlapAddsAWarmupForwardToTheInterleavedSchedule)
     EXPECT_EQ(forwards_before_first_backward(g, g.classes[k]), forwards_before_first_backward(gb, gb.classes[k]) + 1)
         << "stage " << g.classes[k].pp_stage;
     EXPECT_EQ(g.classes[k].ops.size(), gb.classes[k].ops.size());
+  }
+}
+
+// Megatron-FSDP, optim_grads_params: every forward and backward pass of a unit (layer, embedding,
+// head) gathers its parameters (dense over dp x cp, experts over edp, bf16) and every backward
+// reduce-scatters its gradients (fp32); no bucketed reduction, no step-end parameter gather.
+TEST(StepGraph, FsdpGathersEveryLayerBeforeEachPassAndReduceScattersAfterEachBackward) {
+  const Scenario s =
+      test::scenario_from(test::small_moe("ep = 2", "data_parallel_sharding_strategy = \"optim_grads_params\"", 4));
+  ASSERT_EQ(s.train->num_microbatches, 2);
+  const StepGraph g = expand(s);
+  check_invariants(s, g);
+  const RankClass& rc = g.classes[0];
+  const int M = 2;
+  const int units = 4 + 2;  // layers, embedding, head (untied)
+  EXPECT_EQ(count_phase(g, rc, "dp_fsdp_param_allgather_fwd"), units * M);
+  EXPECT_EQ(count_phase(g, rc, "dp_fsdp_param_allgather_bwd"), units * M);
+  EXPECT_EQ(count_phase(g, rc, "dp_fsdp_grad_reduce_scatter"), units * M);
+  EXPECT_EQ(count_phase(g, rc, "edp_fsdp_param_allgather_fwd"), 4 * M);  // expert parameters: MoE layers only
+  EXPECT_EQ(count_phase(g, rc, "edp_fsdp_grad_reduce_scatter"), 4 * M);
+  EXPECT_EQ(count_phase(g, rc, "dp_grad_reduce_scatter"), 0);
+  EXPECT_EQ(count_phase(g, rc, "edp_grad_reduce_scatter"), 0);
+  EXPECT_EQ(count_phase(g, rc, "dp_param_allgather"), 0);
+  // Bytes per layer: the layer's parameters on this rank, bf16 gathered and fp32 reduced, each over
+  // its group.
+  const scenarios::ParameterCount lp = scenarios::layer_parameters(s, 1);
+  const Op* ag = find_op(g, rc, "dp_fsdp_param_allgather_fwd", 1, 0);
+  const Op* eag = find_op(g, rc, "edp_fsdp_param_allgather_bwd", 1, 1);
+  const Op* rs = find_op(g, rc, "edp_fsdp_grad_reduce_scatter", 1, 1);
+  ASSERT_TRUE(ag != nullptr && eag != nullptr && rs != nullptr);
+  EXPECT_DOUBLE_EQ(ag->bytes, 2.0 * lp.dense);
+  EXPECT_EQ(ag->group, Group::dp_cp);
+  EXPECT_EQ(ag->group_size, 4);
+  EXPECT_EQ(g.stream_name(*ag), "fsdp_param_gather");
+  EXPECT_DOUBLE_EQ(eag->bytes, 2.0 * lp.expert);
+  EXPECT_EQ(eag->group, Group::edp);
+  EXPECT_EQ(eag->group_size, 2);
+  EXPECT_DOUBLE_EQ(rs->bytes, 4.0 * lp.expert);
+  EXPECT_EQ(rs->collective(), Collective::reduce_scatter);
+  EXPECT_EQ(g.stream_name(*rs), "dp_comm");
+  // Order: a layer's gather before its forward, its reduce-scatter after its backward.
+  EXPECT_LT(op_index(g, rc, "dp_fsdp_param_allgather_fwd", 2, 0), op_index(g, rc, "attn_qkv_fwd", 2, 0));
+  EXPECT_LT(op_index(g, rc, "dp_fsdp_param_allgather_bwd", 2, 0), op_index(g, rc, "attn_qkv_dgrad", 2, 0));
+  EXPECT_GT(op_index(g, rc, "dp_fsdp_grad_reduce_scatter", 2, 0), op_index(g, rc, "attn_qkv_wgrad", 2, 0));
+  // The first compute op of layer 2's forward waits for its gather; layer 3's gather (the prefetch)
+  // waits for the end of layer 1's forward, not for layer 2's.
+  const auto idx = [&](const char* ph, int l, int mb) {
+    return static_cast<std::uint32_t>(op_index(g, rc, ph, l, mb));
+  };
+  const Op& qkv2 = rc.ops[idx("attn_norm_fwd", 2, 0)];
+  const auto deps = [&](const Op& op) {
+    return std::vector<std::uint32_t>(rc.deps_of(op), rc.deps_of(op) + rc.num_deps(op));
+  };
+  const auto d2 = deps(qkv2);
+  EXPECT_NE(std::find(d2.begin(), d2.end(), idx("dp_fsdp_param_allgather_fwd", 2, 0)), d2.end());
+  const auto d3 = deps(rc.ops[idx("dp_fsdp_param_allgather_fwd", 3, 0)]);
+  ASSERT_EQ(d3.size(), 1U);
+  EXPECT_LT(d3[0], idx("attn_norm_fwd", 2, 0));
+  EXPECT_GT(d3[0], idx("attn_norm_fwd", 1, 0));
+  // The optimizer steps the shard.
+  const Op* adam = find_op(g, rc, "optimizer_step");
+  ASSERT_NE(adam, nullptr);
+  EXPECT_DOUBLE_EQ(adam->bytes, 30.0 * (rc.dense_params / 4 + rc.expert_params / 2));
+}
+
+TEST(StepGraph, FsdpShardingStrategiesShardWhatTheyName) {
+  auto graph = [](const char* strategy) {
+    return expand(test::scenario_from(test::small_moe(
+        "ep = 2", std::string("overlap_grad_reduce = true\ndata_parallel_sharding_strategy = \"") + strategy + "\"",
+        4)));
+  };
+  // no_shard: gradients all-reduced once, optimizer replicated; optim: the distributed optimizer's
+  // reduce-scatter and step-end gather; optim_grads: reduce-scatter after every backward of a layer,
+  // parameters gathered at the step's end.
+  const StepGraph none = graph("no_shard");
+  EXPECT_GT(count_phase(none, none.classes[0], "dp_grad_allreduce"), 0);
+  EXPECT_EQ(count_phase(none, none.classes[0], "dp_param_allgather"), 0);
+  const StepGraph optim = graph("optim");
+  EXPECT_GT(count_phase(optim, optim.classes[0], "dp_grad_reduce_scatter"), 0);
+  EXPECT_GT(count_phase(optim, optim.classes[0], "dp_param_allgather"), 0);
+  EXPECT_EQ(count_phase(optim, optim.classes[0], "dp_fsdp_grad_reduce_scatter"), 0);
+  const StepGraph grads = graph("optim_grads");
+  EXPECT_EQ(count_phase(grads, grads.classes[0], "dp_fsdp_grad_reduce_scatter"), 6 * 2);
+  EXPECT_EQ(count_phase(grads, grads.classes[0], "dp_grad_reduce_scatter"), 0);
+  EXPECT_EQ(count_phase(grads, grads.classes[0], "dp_fsdp_param_allgather_fwd"), 0);
+  EXPECT_GT(count_phase(grads, grads.classes[0], "dp_param_allgather"), 0);
+}
+
+TEST(StepGraph, FsdpWithRecomputeAndExpertOverlapGathersEveryPass) {
+  const std::string fsdp = "data_parallel_sharding_strategy = \"optim_grads_params\"\n";
+  for (const std::string& extra : {fsdp + "recompute_granularity = \"full\"\nrecompute_num_layers = 2",
+                                   fsdp + "recompute_granularity = \"selective\"\nrecompute_modules = [\"moe\"]",
+                                   fsdp + "overlap_moe_expert_parallel_comm = true\ndelay_wgrad_compute = true"}) {
+    const Scenario s = test::scenario_from(test::small_moe("ep = 2", extra, 4));
+    const StepGraph g = expand(s);
+    check_invariants(s, g);
+    const RankClass& rc = g.classes[0];
+    EXPECT_EQ(count_phase(g, rc, "edp_fsdp_param_allgather_fwd"), 4 * 2) << extra;
+    // Each layer once per backward (a checkpoint group's layers together, before its recompute).
+    EXPECT_EQ(count_phase(g, rc, "edp_fsdp_param_allgather_bwd"), 4 * 2) << extra;
+    EXPECT_EQ(count_phase(g, rc, "edp_fsdp_grad_reduce_scatter"), 4 * 2) << extra;
   }
 }
 

@@ -46,4 +46,12 @@ double head_parameters(const Scenario& s, bool first_stage);
 // on the first stage and the head on the last.
 ParameterCount rank_parameters(const Scenario& s, const std::vector<int>& layers, bool first_stage, bool last_stage);
 
+// Megatron-FSDP with sharded gradients (and parameters): parameters whose full gradients (and gathered
+// weights) are live at once on one rank of the stage holding `layers`. A chain of FSDP passes (forward and backward
+// passes over a unit: a layer, the embedding or the head; over a whole checkpoint group with full uniform recompute)
+// keeps kFsdpPassesPerChain passes gathered; the combined 1F1B schedule runs two chains. The largest unit counts for
+// each.
+inline constexpr int kFsdpPassesPerChain = 2;
+double fsdp_gathered_parameters(const Scenario& s, const std::vector<int>& layers, bool first_stage, bool last_stage);
+
 }  // namespace threewalls::scenarios

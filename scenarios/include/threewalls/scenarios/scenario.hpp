@@ -28,6 +28,8 @@ enum class RecomputeGranularity : std::uint8_t { none, selective, full };
 // every op also pays the framework's host dispatch (host.framework_op).
 enum class Framework : std::uint8_t { cpp, pytorch_eager };
 enum class RecomputeMethod : std::uint8_t { uniform, block };
+// Megatron-FSDP's --data-parallel-sharding-strategy; none = no FSDP (DDP or the distributed optimizer).
+enum class DataParallelSharding : std::uint8_t { none, no_shard, optim, optim_grads, optim_grads_params };
 enum class Dispatcher : std::uint8_t { alltoall, allgather, flex };
 enum class ExpertExecutionKind : std::uint8_t { sequential, streams, grouped };
 enum class Topology : std::uint8_t { fat_tree, rail_optimized };
@@ -138,10 +140,20 @@ struct TrainSpec {
   // other computes.
   bool overlap_moe_expert_parallel_comm = false;
   bool delay_wgrad_compute = false;  // expert weight-gradient GEMMs issued after the dispatch backward
+  // Megatron-FSDP: what is sharded over the data-parallel ranks (the expert-data-parallel ranks for
+  // expert parameters); with none the distributed optimizer decides.
+  DataParallelSharding data_parallel_sharding_strategy = DataParallelSharding::none;
   double routing_imbalance = 1.0;  // max / mean tokens received per EP rank (1 = balanced)
   double grad_bucket_size_params = 40e6;
 
   [[nodiscard]] bool recompute_module(const std::string& m) const;
+  // What the data-parallel ranks shard (the one owner of these rules): the optimizer state with the
+  // distributed optimizer or any FSDP strategy but no_shard; gradients (reduce-scattered after every
+  // backward of a layer) with optim_grads and optim_grads_params; parameters (all-gathered before
+  // every forward and backward of a layer) with optim_grads_params.
+  [[nodiscard]] bool shards_optimizer_state() const;
+  [[nodiscard]] bool shards_gradients() const;
+  [[nodiscard]] bool shards_parameters() const;
   // derived
   int num_microbatches = 0;
 
@@ -257,6 +269,7 @@ const char* to_string(AttentionImpl v);
 const char* to_string(Precision v);
 const char* to_string(Dispatcher v);
 const char* to_string(RecomputeGranularity v);
+const char* to_string(DataParallelSharding v);
 const char* to_string(Framework v);
 const char* to_string(OffloadTier v);
 std::string to_string(const ExpertExecution& v);
