@@ -561,7 +561,7 @@ TEST(StepGraph, TensorAndSequenceParallelCollectives) {
 
 TEST(StepGraph, AttentionOpsCarryTheirKeyValueHeads) {
   // GQA: 8 query heads over 2 key/value groups, split over tp = 2 -> 4 and 1 per rank.
-  Scenario gqa = test::scenario_from(test::small_moe("tp = 2", "", 2, "num_query_groups = 2\n"));
+  Scenario gqa = test::scenario_from(test::small_moe("tp = 2", "", 2, "attention = \"gqa\"\nnum_query_groups = 2\n"));
   StepGraph g = expand(gqa);
   const Op* a = find_op(g, g.classes[0], "attn_core_fwd", 0, 0);
   const Op* b = find_op(g, g.classes[0], "attn_core_bwd", 0, 0);
