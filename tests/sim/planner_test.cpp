@@ -82,6 +82,14 @@ TEST(PlanSearch, UnknownKeyNamesTheNearestAndTheKeys) {
   }
 }
 
+TEST(PlanSearch, DefaultsKeepTheScenariosDispatcherAndPrecision) {
+  auto s = scenarios::load_scenario(example("mixtral_8x7b_64gpu"));
+  EXPECT_EQ(default_search(s, 64).precision, std::vector<scenarios::Precision>{s.exec().precision});
+  s.train->exec.precision = scenarios::Precision::fp8;  // an FP8 recipe is planned in FP8 unless asked
+  EXPECT_EQ(default_search(s, 64).precision, std::vector<scenarios::Precision>{scenarios::Precision::fp8});
+  EXPECT_EQ(default_search(s, 64).dispatcher, std::vector<scenarios::Dispatcher>{s.exec().token_dispatcher});
+}
+
 TEST(PlanSearch, BadValuesListTheAllowedOnes) {
   const auto s = scenarios::load_scenario(example("mixtral_8x7b_64gpu"));
   const auto d = default_search(s, 64);

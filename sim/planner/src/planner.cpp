@@ -405,7 +405,7 @@ SearchSpace default_search(const Scenario& base, int gpus) {
   s.recompute = {RecomputeGranularity::none, RecomputeGranularity::selective, RecomputeGranularity::full};
   s.dispatcher = {base.exec().token_dispatcher};
   s.cuda_graphs = {"none"};
-  s.precision = {Precision::bf16};
+  s.precision = {base.exec().precision};
   return s;
 }
 

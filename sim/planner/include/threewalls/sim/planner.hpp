@@ -57,7 +57,7 @@ const std::vector<std::pair<std::string, std::string>>& search_keys();
 // The default search for `base` on `gpus` GPUs: powers of two for tp (up to gpus_per_node), cp 1
 // (2 too when seq_length >= 16384), pp and vpp that split the layers, ep up to num_experts, etp 1,
 // the scenario's mbs and 1, 2, its recompute and "selective" and "full", its dispatcher, CUDA graphs
-// none, precision bf16.
+// none, its precision.
 SearchSpace default_search(const scenarios::Scenario& base, int gpus);
 
 // Parses "key=v1,v2;key=a..b;..." (a..b: the integers, or for tp/cp/pp/vpp/ep/etp/mbs the powers of
