@@ -1,7 +1,12 @@
 #include "threewalls/backend/executor.hpp"
 
+#include <execinfo.h>
+#include <pthread.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <csignal>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -416,6 +421,7 @@ class RankWorker {
 
   // The whole life of the rank: open the device, run the steps, report. Never throws.
   void main() {
+    thread_ = pthread_self();
     try {
       run();
     } catch (const StoppedByPeer& e) {
@@ -433,12 +439,16 @@ class RankWorker {
     } catch (const std::exception& e) {
       st_->fail(rank_, who() + "teardown: " + e.what(), false, false);
     }
+    done_.store(true);
     {
       std::lock_guard<std::mutex> lock(st_->mu);
       ++st_->finished;
     }
     st_->cv.notify_all();
   }
+  // The thread that runs main(), once it started; whether main() has returned.
+  [[nodiscard]] pthread_t thread() const { return thread_; }
+  [[nodiscard]] bool done() const { return done_.load(); }
 
  private:
   using Recorder = profiler::StepRecorder<DeviceClock>;
@@ -1112,6 +1122,8 @@ class RankWorker {
   std::mutex dev_mu_;                // guards published_dev_
   Device* published_dev_ = nullptr;  // dev_ while the watchdog may abort it
   std::atomic<std::uint64_t> progress_{0};
+  pthread_t thread_{};
+  std::atomic<bool> done_{false};
   std::atomic<bool> started_{false};  // past the start gate: the watchdog watches from here
   DeviceClock clock_;
   std::unique_ptr<Recorder> recorder_;
@@ -1146,6 +1158,39 @@ std::string combined_message(const std::vector<Failure>& failures, std::size_t r
 }
 
 std::atomic<bool> g_threads_abandoned{false};  // rank_threads_abandoned()
+
+// The call stack of a rank thread that is given up on, written to stderr by the thread itself: the
+// watchdog sends it SIGUSR2, whose handler walks its own stack (backtrace, preloaded so that the
+// handler allocates nothing) and writes the frames (backtrace_symbols_fd: module(+offset) [address];
+// frames of a stripped binary resolve with `addr2line -e <unstripped build> <offset>`). It names the
+// device call the thread is blocked in.
+std::atomic<int> g_stack_written{0};
+
+extern "C" void write_own_stack(int /*sig*/) {
+  void* frames[64];
+  const int n = backtrace(frames, 64);
+  backtrace_symbols_fd(frames, n, STDERR_FILENO);
+  g_stack_written.store(1);
+}
+
+void dump_thread_stack(pthread_t thread, int rank) {
+  static const bool installed = [] {
+    void* warm[1];
+    backtrace(warm, 1);  // loads the unwinder now, outside the signal handler
+    struct sigaction sa {};
+    sa.sa_handler = write_own_stack;
+    sigemptyset(&sa.sa_mask);
+    return sigaction(SIGUSR2, &sa, nullptr) == 0;
+  }();
+  if (!installed) return;
+  std::fprintf(stderr, "threewalls run: rank %d is stuck; its thread's call stack:\n", rank);
+  std::fflush(stderr);
+  g_stack_written.store(0);
+  if (pthread_kill(thread, SIGUSR2) != 0) return;
+  for (int i = 0; i < 100 && g_stack_written.load() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
 
 // The main thread's watchdog while the rank threads run. A rank thread can block inside one device
 // call that polls nothing: a kernel launch waiting for room in the stream's launch queue behind a
@@ -1369,7 +1414,12 @@ RunResult execute(const scenarios::Scenario& s, const ProcessContext& process, c
 
   // Wait for the rank threads, watching them (watch_ranks); after a failure give them stop_grace to stop.
   const bool gave_up = !watch_ranks(*st, workers, options);
-  if (gave_up) g_threads_abandoned.store(true);
+  if (gave_up) {
+    g_threads_abandoned.store(true);
+    for (const auto& w : workers) {
+      if (w->started() && !w->done()) dump_thread_stack(w->thread(), w->rank());
+    }
+  }
   std::vector<std::string> stuck;
   for (std::size_t i = 0; i < threads.size(); ++i) {
     if (gave_up) {
@@ -1404,7 +1454,7 @@ RunResult execute(const scenarios::Scenario& s, const ProcessContext& process, c
       std::string list;
       for (const auto& r : stuck) list += (list.empty() ? "" : ", ") + r;
       msg += "\n  and rank(s) " + list + " did not stop within " + seconds_text(options.stop_grace) +
-             " (stuck in a device call); gave up on them";
+             " (stuck in a device call; its call stack is above); gave up on them";
     }
     if (st->sink) {
       try {
