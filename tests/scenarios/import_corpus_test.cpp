@@ -159,6 +159,47 @@ TEST(ImportCorpus, DeepSeekV3ConfigMapsGroupLimitedRoutingAndReportsItsQuantizat
   EXPECT_TRUE(reported(d.report.not_represented, "quantization_config")) << listed(d.report.not_represented);
 }
 
+TEST(ImportCorpus, GptOssConfigReportsMxfp4SlidingWindowAndSinks) {
+  const auto d = import_hf_file(corpus("hf/gpt_oss_20b.json"));
+  expect_model(d, {{"name", Value("GptOssForCausalLM")},
+                   {"num_layers", integer(24)},
+                   {"hidden_size", integer(2880)},
+                   {"num_attention_heads", integer(64)},
+                   {"attention", Value("gqa")},
+                   {"num_query_groups", integer(8)},
+                   {"kv_channels", integer(64)},
+                   {"num_experts", integer(32)},
+                   {"moe_router_topk", integer(4)},
+                   {"moe_ffn_hidden_size", integer(2880)},
+                   {"swiglu", Value(true)},
+                   {"vocab_size", integer(201088)}});
+  for (const char* feature : {"quantization_config", "sliding_window", "sinks"}) {
+    EXPECT_TRUE(reported(d.report.not_represented, feature)) << feature << listed(d.report.not_represented);
+  }
+}
+
+// The fixture spells one key "tie_word_embedding" (the published config.json has
+// "tie_word_embeddings"): it is reported as not understood, not silently dropped.
+TEST(ImportCorpus, DeepSeekMoeConfigByModelType) {
+  const auto d = import_hf_file(corpus("hf/deepseek_moe_16b.json"));
+  for (const auto& [key, value] : std::vector<std::pair<std::string, Value>>{
+           {"name", Value("DeepseekForCausalLM")},
+           {"num_layers", integer(28)},
+           {"hidden_size", integer(2048)},
+           {"num_attention_heads", integer(16)},
+           {"num_experts", integer(64)},
+           {"moe_router_topk", integer(6)},
+           {"moe_ffn_hidden_size", integer(1408)},
+           {"moe_shared_expert_intermediate_size", integer(2 * 1408)},
+           {"first_dense_layers", integer(1)},
+           {"ffn_hidden_size", integer(10944)},
+           {"vocab_size", integer(102400)}}) {
+    EXPECT_EQ(d.get("model", key), value) << "model." << key;
+  }
+  ASSERT_EQ(d.report.not_understood.size(), 1U) << listed(d.report.not_understood);
+  EXPECT_EQ(d.report.not_understood.front().name, "tie_word_embedding");
+}
+
 TEST(ImportCorpus, Qwen3NextLinearAttentionIsRefusedByName) {
   try {
     (void)import_hf_file(corpus("hf/qwen3_next_80b_a3b.json"));
