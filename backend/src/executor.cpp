@@ -6,9 +6,9 @@
 
 #include <algorithm>
 #include <atomic>
-#include <csignal>
 #include <cmath>
 #include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <map>

@@ -182,18 +182,18 @@ TEST(ImportCorpus, GptOssConfigReportsMxfp4SlidingWindowAndSinks) {
 // "tie_word_embeddings"): it is reported as not understood, not silently dropped.
 TEST(ImportCorpus, DeepSeekMoeConfigByModelType) {
   const auto d = import_hf_file(corpus("hf/deepseek_moe_16b.json"));
-  for (const auto& [key, value] : std::vector<std::pair<std::string, Value>>{
-           {"name", Value("DeepseekForCausalLM")},
-           {"num_layers", integer(28)},
-           {"hidden_size", integer(2048)},
-           {"num_attention_heads", integer(16)},
-           {"num_experts", integer(64)},
-           {"moe_router_topk", integer(6)},
-           {"moe_ffn_hidden_size", integer(1408)},
-           {"moe_shared_expert_intermediate_size", integer(2 * 1408)},
-           {"first_dense_layers", integer(1)},
-           {"ffn_hidden_size", integer(10944)},
-           {"vocab_size", integer(102400)}}) {
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, Value>>{{"name", Value("DeepseekForCausalLM")},
+                                                  {"num_layers", integer(28)},
+                                                  {"hidden_size", integer(2048)},
+                                                  {"num_attention_heads", integer(16)},
+                                                  {"num_experts", integer(64)},
+                                                  {"moe_router_topk", integer(6)},
+                                                  {"moe_ffn_hidden_size", integer(1408)},
+                                                  {"moe_shared_expert_intermediate_size", integer(2 * 1408)},
+                                                  {"first_dense_layers", integer(1)},
+                                                  {"ffn_hidden_size", integer(10944)},
+                                                  {"vocab_size", integer(102400)}}) {
     EXPECT_EQ(d.get("model", key), value) << "model." << key;
   }
   ASSERT_EQ(d.report.not_understood.size(), 1U) << listed(d.report.not_understood);
