@@ -455,6 +455,18 @@ void CudaDevice::poll() {
 
 void CudaDevice::abort() noexcept {
   if (aborted_.exchange(true)) return;
+  std::vector<NcclComm*> all;
+  bool collected = true;
+  try {
+    for (auto& [key, comm] : p2p_comms_) all.push_back(&comm);
+    for (auto& [s, ps] : streams_) {
+      if (ps.comms) ps.comms->collect(all);
+    }
+  } catch (...) {
+    collected = false;  // out of memory for a few pointers: those collected go first, the rest after
+  }
+  abort_together(all);  // every communicator of this GPU at once (abort_together says why)
+  if (collected) return;
   for (auto& [key, comm] : p2p_comms_) comm.abort();
   for (auto& [s, ps] : streams_) {
     if (ps.comms) ps.comms->abort_all();

@@ -205,7 +205,32 @@ NcclComm& CommTable::comm(scenarios::Group g) {
   return it->second;
 }
 void CommTable::abort_all() noexcept {
-  for (auto& [g, comm] : comms_) comm.abort();
+  std::vector<NcclComm*> all;
+  try {
+    collect(all);
+  } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory for a few pointers: abort one by one
+    for (auto& [g, comm] : comms_) comm.abort();
+    return;
+  }
+  abort_together(all);
+}
+void CommTable::collect(std::vector<NcclComm*>& out) {
+  for (auto& [g, comm] : comms_) out.push_back(&comm);
+}
+
+void abort_together(const std::vector<NcclComm*>& comms) noexcept {
+  if (comms.size() == 1) {
+    comms.front()->abort();
+    return;
+  }
+  std::vector<std::thread> threads;
+  try {
+    threads.reserve(comms.size());
+    for (NcclComm* c : comms) threads.emplace_back([c] { c->abort(); });
+  } catch (...) {  // NOLINT(bugprone-empty-catch): no thread to spare: the rest on this one
+    for (NcclComm* c : comms) c->abort();  // abort() is once per communicator
+  }
+  for (auto& t : threads) t.join();
 }
 
 // ---- collectives ----

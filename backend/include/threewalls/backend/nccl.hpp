@@ -102,10 +102,18 @@ class CommTable {
   // Throws InputError naming the group when this rank has no communicator for it.
   [[nodiscard]] NcclComm& comm(scenarios::Group g);
   void abort_all() noexcept;
+  // Appends a pointer to each of its communicators (for abort_together).
+  void collect(std::vector<NcclComm*>& out);
 
  private:
   std::map<scenarios::Group, NcclComm> comms_;
 };
+
+// Aborts every communicator of `comms` at once, one thread each, and returns when all are aborted.
+// All the communicators of one GPU must go together: ncclCommAbort frees pinned host memory, and
+// cuMemFreeHost waits for the device to be idle, which it is not while another communicator's kernel
+// still waits for a peer that is gone (aborted one by one, the first abort never returns).
+void abort_together(const std::vector<NcclComm*>& comms) noexcept;
 
 // ---- collectives (bf16 data unless a type is given; counts in elements) ----
 // All enqueue on `stream` and return; failures throw DeviceError after aborting the communicator.
