@@ -227,7 +227,7 @@ void abort_together(const std::vector<NcclComm*>& comms) noexcept {
   try {
     threads.reserve(comms.size());
     for (NcclComm* c : comms) threads.emplace_back([c] { c->abort(); });
-  } catch (...) {  // NOLINT(bugprone-empty-catch): no thread to spare: the rest on this one
+  } catch (...) {                          // NOLINT(bugprone-empty-catch): no thread to spare: the rest on this one
     for (NcclComm* c : comms) c->abort();  // abort() is once per communicator
   }
   for (auto& t : threads) t.join();
