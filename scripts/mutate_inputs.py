@@ -20,9 +20,15 @@ scripts/mutate_scenarios.py): crash, hang, memory, nan. `rejected` (a located In
 the expected outcomes.
 
 Usage: scripts/mutate_inputs.py BUILD_DIR --surface S [--count N] [--seed S] [--minutes M]
-       [--timeout S] [--mem-mb M] [--keep DIR] [--quiet]
+       [--timeout S] [--mem-mb M] [--keep DIR] [--report FILE] [--seeds DIR] [--quiet]
+       scripts/mutate_inputs.py BUILD_DIR --make-seeds DIR
 Exit status 1 when there is any finding; each finding's mutant is kept under --keep (default
-BUILD_DIR/mutations-<surface>) with its edits in edits.txt. docs/fuzzing.md records the campaigns run.
+BUILD_DIR/mutations-<surface>) with its edits in edits.txt. --report writes the counts by outcome,
+the slowest mutants and every finding as JSON (scripts/robustness_campaign.sh joins the reports).
+The rundir and plan-merge seeds are made with BUILD_DIR/cli/threewalls, which finds the calibration
+profiles in the source tree it was built from; on another machine, make them where it was built
+(--make-seeds DIR writes DIR/rundir and DIR/plan-merge) and pass --seeds DIR there.
+docs/fuzzing.md records the campaigns run.
 """
 import argparse
 import glob
@@ -38,6 +44,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SURFACES = ("rundir", "profile", "megatron", "hf", "plan-merge")
+SEEDED_SURFACES = ("rundir", "plan-merge")  # seeds made with the threewalls binary
 
 NUM_EDGES = ["0", "1", "-1", "2", "32767", "32768", "65536", "2147483647", "2147483648", "4294967296",
              "9223372036854775807", "18446744073709551616", "-2147483648", "1e308", "1e309", "-1e308", "1e-320",
@@ -108,9 +115,15 @@ def run(cmd, **kw):
     return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, **kw)
 
 
-def make_seeds(surface, build, work):
-    """Seed inputs: file paths (profile, megatron, hf) or directories (rundir, plan-merge)."""
+def make_seeds(surface, build, work, premade=None):
+    """Seed inputs: file paths (profile, megatron, hf) or directories (rundir, plan-merge); those two
+    are taken from premade/<surface>/ when given (--seeds)."""
     cli = os.path.join(build, "cli", "threewalls")
+    if premade and surface in SEEDED_SURFACES:
+        found = sorted(glob.glob(os.path.join(premade, surface, "seed_*")))
+        if not found:
+            sys.exit("mutate_inputs: no seeds %s/%s/seed_* (make them with --make-seeds %s)" % (premade, surface, premade))
+        return found
     if surface == "profile":
         return sorted(glob.glob(os.path.join(ROOT, "calibration/profiles/*.toml")))
     if surface == "megatron":
@@ -185,7 +198,7 @@ def make_mutant(surface, seeds, rng, path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("build")
-    ap.add_argument("--surface", required=True, choices=SURFACES)
+    ap.add_argument("--surface", choices=SURFACES)
     ap.add_argument("--count", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=20261127)
     ap.add_argument("--minutes", type=float, default=0, help="stop after this long (0: no limit)")
@@ -194,17 +207,30 @@ def main():
     ap.add_argument("--mem-mb", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=25)
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--report", default=None, help="JSON report: counts, slowest mutants, findings")
+    ap.add_argument("--seeds", default=None, help="premade rundir and plan-merge seeds (--make-seeds)")
+    ap.add_argument("--make-seeds", default=None, metavar="DIR", help="write the rundir and plan-merge seeds and exit")
     a = ap.parse_args()
     build = os.path.abspath(a.build)
+    if a.make_seeds:
+        for surface in SEEDED_SURFACES:
+            dest = os.path.join(a.make_seeds, surface)
+            shutil.rmtree(dest, ignore_errors=True)
+            os.makedirs(dest)
+            made_seeds = make_seeds(surface, build, dest)
+            print("mutate_inputs: %d %s seeds in %s" % (len(made_seeds), surface, dest))
+        return 0
+    if not a.surface:
+        ap.error("--surface is required (or --make-seeds DIR)")
     runner = os.path.join(build, "tests", "fuzz", "scenario_sim_runner")
     keep = a.keep or os.path.join(build, "mutations-" + a.surface)
     os.makedirs(keep, exist_ok=True)
     rng = random.Random(a.seed)
     work = tempfile.mkdtemp(prefix="threewalls_inputs_")
-    counts, made, slowest = {}, 0, []
+    counts, made, slowest, found = {}, 0, [], []
     start = time.time()
     try:
-        seeds = make_seeds(a.surface, build, work)
+        seeds = make_seeds(a.surface, build, work, a.seeds)
         ext = {"profile": ".toml", "megatron": ".sh", "hf": ".json"}.get(a.surface, "")
         while made < a.count and not (a.minutes and time.time() - start > a.minutes * 60):
             batch = {}
@@ -230,9 +256,11 @@ def main():
                 dest = os.path.join(keep, "%s_%s" % (verdict, os.path.basename(path)))
                 shutil.rmtree(dest, ignore_errors=True)
                 (shutil.copytree if os.path.isdir(path) else shutil.copy)(path, dest)
+                detail = [l[len(path):][:300] for l in errs.splitlines() if l.startswith(path)][:3]
                 with open(dest + ".edits.txt", "w") as f:
                     f.write("\n".join(batch[path]) + "\n")
-                    f.write("\n".join(l for l in errs.splitlines() if l.startswith(path))[:2000] + "\n")
+                    f.write("\n".join(detail) + "\n")
+                found.append({"verdict": verdict, "kept": dest, "edits": batch[path], "detail": detail})
                 if not a.quiet:
                     print("%s: %s (%s)" % (verdict, dest, "; ".join(batch[path])[:300]), flush=True)
             for path in batch:
@@ -246,6 +274,10 @@ def main():
            ", ".join("%s %d" % kv for kv in sorted(findings.items())) or "none"), flush=True)
     for t, what in slowest[:3]:
         print("  slowest %.2f s: %s" % (t, what[:200]), flush=True)
+    if a.report:
+        with open(a.report, "w") as f:
+            json.dump({"surface": a.surface, "mutants": made, "minutes": minutes, "seed": a.seed, "counts": counts,
+                       "slowest": [{"seconds": t, "edits": e} for t, e in slowest], "findings": found}, f, indent=1)
     return 1 if findings else 0
 
 
