@@ -73,8 +73,8 @@ const std::vector<RuleInfo> kRules = {
     {"work-size",
      "A step must stay within what one process can expand, simulate and record: at most 2^31 - 1 "
      "tokens per micro-batch (or inference prefill), about 1 million ops per rank per step, 1 GiB of "
-     "inference routing choices per step, 500 million simulated inference ops per run and 32 GiB of "
-     "records per run."},
+     "inference routing choices per step, 500 million simulated inference ops per run and a run "
+     "directory of 4 GiB (recorded steps x recorded ranks x records per rank and step x 190 bytes)."},
 };
 
 class Reporter {
@@ -540,8 +540,13 @@ constexpr long long kMaxTokensPerMicrobatch = 2147483647LL;  // Op::tokens is 32
 constexpr long long kMaxOpsPerRankStep = 1000000LL;          // ~1 GiB and about a minute of simulation per step
 constexpr long long kMaxRoutingChoiceBytes = 1LL << 30;      // sampled expert ids of one step
 constexpr long long kMaxInferenceOpsPerRun = 500000000LL;    // inference re-expands every step
-constexpr long long kMaxRecordBytes = 32LL << 30;            // phases files of one run
-constexpr long long kRecordBytes = 100;       // per estimated op: ~200 B a record, and fewer records than ops
+// The run directory of one run (its phases files): the largest shipped or validation scenario writes
+// well under 1 GiB; a run past 4 GiB records more ranks or steps than anyone reads.
+constexpr long long kMaxRunDirBytes = 4LL << 30;
+// Bytes of one phase record as the run-directory writer prints it (a JSONL line): measured with
+// `threewalls sim --steps 1` on the shipped examples, total bytes of the phases files / records:
+// 185 (small_moe_1gpu) to 191 (mixtral_8x7b_64gpu, 3,818,175 bytes / 19,976 records) bytes.
+constexpr long long kBytesPerRecord = 190;
 constexpr long long kOpsPerLayer = 48;        // fwd + bwd ops of one layer and micro-batch
 constexpr long long kOpsPerLocalExpert = 10;  // when experts run one by one
 
@@ -612,17 +617,23 @@ void check_work_size(const Scenario& s, Reporter& r) {
   if (!pr.enabled) return;
   const int last = pr.end_step >= 0 ? std::min(pr.end_step, s.run.steps - 1) : s.run.steps - 1;
   const long long steps = last < pr.start_step ? 0 : (last - pr.start_step) / pr.record_every_n_steps + 1;
-  const long long ranks = pr.representatives ? std::min<long long>(s.world_size(), mul(p.pp, 8))
+  // "representatives" records one rank per rank class. A training step without slow ranks has one
+  // class per pipeline stage, two with imbalanced MoE routing (the hot EP rank; expand_training); slow
+  // ranks split off more classes, and inference classes are not known before expansion: pp x 8 then.
+  const bool hot_rank = s.train && m.is_moe() && p.ep > 1 && s.train->routing_imbalance > 1.0;
+  const long long classes = s.train && s.cluster.slowdowns.empty() ? mul(p.pp, hot_rank ? 2 : 1) : mul(p.pp, 8);
+  const long long ranks = pr.representatives ? std::min<long long>(s.world_size(), classes)
                           : pr.ranks.empty() ? s.world_size()
                                              : static_cast<long long>(pr.ranks.size());
   const long long per_step = pr.granularity == Granularity::coarse ? 3 : ops_per_step;
-  const long long bytes = mul(mul(mul(steps, ranks), per_step), kRecordBytes);
-  if (bytes > kMaxRecordBytes) {
-    r.fail("work-size", "run.profiler",
-           "the run would write about " + gib(bytes) + " of records (" + num(steps) + " recorded steps x " +
-               num(ranks) + " ranks x about " + num(per_step) + " records); at most " + gib(kMaxRecordBytes) +
-               ": record fewer ranks (run.profiler.ranks = \"representatives\" or a list), fewer steps "
-               "(run.profiler.record_every_n_steps, end_step) or granularity = \"coarse\"");
+  const long long bytes = mul(mul(mul(steps, ranks), per_step), kBytesPerRecord);
+  if (bytes > kMaxRunDirBytes) {
+    r.fail("work-size", "run.profiler.ranks",
+           "the run directory would take about " + gib(bytes) + " (" + num(steps) + " recorded steps x " +
+               num(ranks) + " recorded ranks x about " + num(per_step) + " records per rank and step x " +
+               num(kBytesPerRecord) + " bytes per record); at most " + gib(kMaxRunDirBytes) +
+               ": record fewer ranks (run.profiler.ranks = \"representatives\" or a list of ranks), fewer steps "
+               "(run.steps, run.profiler.record_every_n_steps or end_step) or granularity = \"coarse\"");
   }
 }
 
