@@ -64,6 +64,7 @@ void register_compare(CLI::App& app, Commands& cmds) {
     auto result = notebooks_export::compare_runs(ra, rb, o);
     for (const auto& d : result.different_scenarios)
       std::cerr << "warning: A and B are different scenarios: " << d << "\n";
+    for (const auto& m : result.missing_summary) std::cerr << "warning: " << m << "\n";
     result.host_probe = host_probe_line(ra, rb);
     std::cout << notebooks_export::format_compare_text(result, top);
     if (!json_path.empty()) write_json_file(json_path, notebooks_export::compare_json(result));

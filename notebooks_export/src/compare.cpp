@@ -332,6 +332,12 @@ CompareResult compare_records(const RunData& a, const RunData& b, const CompareO
     r.different_scenarios.push_back("world sizes differ: A " + std::to_string(a.header.world_size) + " GPUs, B " +
                                     std::to_string(b.header.world_size));
   }
+  for (const auto& [side, run] : {std::pair{"A", &a}, std::pair{"B", &b}}) {
+    if (!run->summary) {
+      r.missing_summary.push_back(std::string(side) + " (" + run->label() +
+                                  ") has no summary.json: its peak memory and saved activations are n/a");
+    }
+  }
   r.fail_above_pct = options.fail_above_pct;
 
   // Shared phase ids: A's ids, then names only B has.
@@ -524,6 +530,7 @@ std::string format_compare_text(const CompareResult& r, std::size_t top) {
     for (const auto& d : r.different_scenarios) out += "  - " + d + "\n";
     out += rule + "\n";
   }
+  for (const auto& m : r.missing_summary) out += "warning: " + m + "\n";
   out += "A (reference): " + r.label_a + "\n";
   out += "B:             " + r.label_b + "\n";
   out += "matched records: " + std::to_string(r.matched) + " over " + std::to_string(r.matched_steps.size()) +
@@ -669,6 +676,7 @@ OrderedJson compare_json(const CompareResult& r) {
   j["a"] = r.label_a;
   j["b"] = r.label_b;
   j["different_scenarios"] = r.different_scenarios;
+  j["missing_summary"] = r.missing_summary;
   j["megatron_timers"] = r.timer_view;
   j["error_definition"] = "100 * (B - A) / A";
   j["matched_records"] = r.matched;

@@ -179,6 +179,22 @@ TEST(Compare, RunsOfDifferentScenariosGetAWarningBanner) {
   EXPECT_EQ(compare_json(r)["different_scenarios"].size(), 2U);
 }
 
+TEST(Compare, ARunWithoutSummaryJsonIsNamedNotSilentlyNa) {
+  auto a = synthetic(small(), "_a");
+  auto b = synthetic(small(), "_b");
+  ASSERT_TRUE(a.summary.has_value());
+  EXPECT_TRUE(compare_runs(a, b).missing_summary.empty());
+  b.summary.reset();  // summary.json deleted
+  const auto r = compare_runs(a, b);
+  ASSERT_EQ(r.missing_summary.size(), 1U);
+  EXPECT_EQ(r.missing_summary[0].rfind("B (", 0), 0U) << r.missing_summary[0];
+  EXPECT_NE(r.missing_summary[0].find("has no summary.json: its peak memory and saved activations are n/a"),
+            std::string::npos)
+      << r.missing_summary[0];
+  EXPECT_NE(format_compare_text(r, 5).find("warning: B ("), std::string::npos);
+  EXPECT_EQ(compare_json(r)["missing_summary"].size(), 1U);
+}
+
 namespace {
 
 // One record of a hand-made run: `phase` on `rank`, micro-batch `mb` (kAbsent: none), [start, end) us.

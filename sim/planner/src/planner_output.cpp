@@ -226,8 +226,9 @@ PlanResult plan_from_json(const Json& j, const std::string& source) {
   }
   const std::string ver = text("format_version");
   if (ver.empty() || std::atoi(ver.c_str()) != kPlanMajor) {
-    throw InputError(source + ": plan format_version '" + ver + "' is not supported (this tool reads " +
-                     std::to_string(kPlanMajor) + ".x)");
+    const auto given = j.find("format_version");
+    throw InputError(source + ": plan format_version " + (given == j.end() ? std::string("missing") : given->dump()) +
+                     " is not supported (this tool reads \"" + std::to_string(kPlanMajor) + ".x\")");
   }
   try {
     PlanResult r;

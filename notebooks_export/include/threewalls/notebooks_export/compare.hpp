@@ -98,6 +98,10 @@ struct CompareResult {
   // they are. The text starts with a warning banner listing them, the JSON has them as
   // "different_scenarios", and the command line prints them on stderr.
   std::vector<std::string> different_scenarios;
+  // A run without summary.json ("B (DIR) has no summary.json: ..."): the figures only it holds (peak
+  // memory, saved activations) show as n/a. Listed after the banner, in the JSON as "missing_summary",
+  // and on stderr.
+  std::vector<std::string> missing_summary;
   profiler::Aggregate step_time_a;  // critical-rank step time over the matched steps
   profiler::Aggregate step_time_b;
   std::optional<double> step_time_error_pct;  // of the medians
