@@ -322,6 +322,22 @@ TEST(ProfileReader, IntegersOutOfRangeAreRefused) {
   EXPECT_NE(big.find("'group_size' entries must be between 2 and 1048576"), std::string::npos) << big;
 }
 
+// A value of 1e300 once loaded and made step times "-nan" and infinite; a subnormal one loses all
+// precision. Both are refused where they are read, with their line.
+TEST(ProfileReader, HugeAndSubnormalValuesAreRefusedWithTheirLine) {
+  int line = 0;
+  const auto huge =
+      load_error(replaced(small_profile().to_toml(), "sm_clock_mhz = 1980.0", "sm_clock_mhz = 1e300"), &line);
+  EXPECT_NE(huge.find("'sm_clock_mhz' = 1e+300 is out of range; allowed: 0 or a normal number of magnitude up to 1e100"),
+            std::string::npos)
+      << huge;
+  EXPECT_GT(line, 0);
+  const auto tiny = load_error(replaced(small_profile().to_toml(), "sm_clock_mhz = 1980.0", "sm_clock_mhz = 4e-320"));
+  EXPECT_NE(tiny.find("'sm_clock_mhz' = 4e-320 is out of range"), std::string::npos) << tiny;
+  const auto inf = load_error(replaced(small_profile().to_toml(), "sm_clock_mhz = 1980.0", "sm_clock_mhz = inf"));
+  EXPECT_NE(inf.find("'sm_clock_mhz' must be a finite number"), std::string::npos) << inf;
+}
+
 TEST(ProfileReader, DamagedFilesAreInputErrorsNeverCrashes) {
   // Deterministic damage: drop a line, or overwrite one character. Whatever loads must also give a
   // working CostModel; whatever does not must fail with an InputError.

@@ -49,6 +49,27 @@ TEST(Executor, OpsOfOneStreamRunInFifoOrder) {
   EXPECT_NEAR(r.duration, 35 * kUs, 1e-12);
 }
 
+// A cost that is NaN or infinite (a profile value or a rate past what the readers allow) once reached
+// the output as "step time -nan" and "dur_us": null; it is an input error naming the op.
+TEST(Executor, ANonFiniteCostIsAnErrorNamingTheOp) {
+  for (const double bad : {std::nan(""), HUGE_VAL, -1.0}) {
+    GraphBuilder b(1, 1, 1, 1, 1, 1);
+    const int c = b.add_class({0});
+    b.add(c, b.kernel(10, "fine"));
+    b.add(c, b.kernel(bad, "broken"));
+    try {
+      (void)run(b, FakeCoster{}, testing::cluster(1, 1));
+      ADD_FAILURE() << "a cost of " << bad << " was accepted";
+    } catch (const InputError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("op 1 'broken' (gemm)"), std::string::npos) << what;
+      EXPECT_NE(what.find("the cost model gives a"), std::string::npos) << what;
+      EXPECT_NE(what.find("a calibration profile value or a cluster rate or latency is out of range"), std::string::npos)
+          << what;
+    }
+  }
+}
+
 TEST(Executor, CrossStreamDependencyDelaysTheStart) {
   GraphBuilder b(1, 1, 1, 1, 1, 1);
   const int c = b.add_class({0});
