@@ -5,7 +5,7 @@
 # counts by outcome, the slowest mutants and every finding (crash, hang, memory, nan, sim-rejected).
 #
 # Usage: scripts/mutation_campaign.sh BUILD_DIR [--jobs N] [--count C] [--seed S] [--out DIR]
-#                                     [--timeout S] [--mem-mb M] [--minutes M]
+#                                     [--timeout S] [--mem-mb M] [--minutes M] [--batch B]
 #   BUILD_DIR  a build with tests/fuzz/scenario_sim_runner (cmake --build BUILD_DIR --target scenario_sim_runner)
 #   --jobs     parallel jobs (default: the CPUs of the affinity mask); each child sim is single-threaded
 #   --count    mutants in all (default 5000)
@@ -13,6 +13,7 @@
 #   --timeout  seconds per mutant (default 60); --mem-mb address-space limit per mutant (default 4096)
 #   --minutes  each job stops making mutants after this long (0, the default: no limit) and still
 #              writes its report: for machines that limit a command's time (run the rest with other seeds)
+#   --batch    mutants per runner call (default 5); a job may overrun --minutes by a batch of --timeout each
 # Exit status 1 when any job found something; the summary is OUT/summary.txt and OUT/summary.json.
 # Reports are named by seed (OUT/job<seed>.json), and the summary joins every report in OUT: calls
 # with other --seed values into the same --out add up to one campaign.
@@ -27,6 +28,7 @@ out=""
 timeout=60
 mem=4096
 minutes=0
+batch=5
 while [ $# -gt 0 ]; do
   case "$1" in
     --jobs) jobs="$2"; shift 2 ;;
@@ -36,8 +38,9 @@ while [ $# -gt 0 ]; do
     --timeout) timeout="$2"; shift 2 ;;
     --mem-mb) mem="$2"; shift 2 ;;
     --minutes) minutes="$2"; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
-    -*) echo "mutation_campaign: unknown option $1 (allowed: --jobs --count --seed --out --timeout --mem-mb --minutes)" >&2; exit 2 ;;
+    --batch) batch="$2"; shift 2 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -*) echo "mutation_campaign: unknown option $1 (allowed: --jobs --count --seed --out --timeout --mem-mb --minutes --batch)" >&2; exit 2 ;;
     *) if [ -z "$build" ]; then build="$1"; shift; else echo "mutation_campaign: one build directory expected, got also $1" >&2; exit 2; fi ;;
   esac
 done
@@ -59,7 +62,7 @@ for ((i = 0; i < jobs; i++)); do
   [ "$n" -gt 0 ] || continue
   j=$((seed + i))
   python3 "$root/scripts/mutate_scenarios.py" "$runner" --count "$n" --seed "$j" --timeout "$timeout" \
-    --mem-mb "$mem" --minutes "$minutes" --batch 5 --keep "$out/job$j" --report "$out/job$j.json" --quiet \
+    --mem-mb "$mem" --minutes "$minutes" --batch "$batch" --keep "$out/job$j" --report "$out/job$j.json" --quiet \
     > "$out/job$j.log" 2>&1 &
   pids+=($!)
 done

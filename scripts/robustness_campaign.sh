@@ -18,8 +18,11 @@
 #       From the repository root (scenarios, calibration profiles and these scripts are read from the
 #       checkout; python3 with its standard library only): the five surfaces for M minutes each
 #       (default 9; a second call with another --seed tops them up), and C scenario mutants (default
-#       5000; each job stops after M minutes too) in N - 5 jobs (N: default the CPUs of the affinity
-#       mask; 1 job when N <= 6). --timeout: seconds per scenario mutant (default 30; input mutants get 20).
+#       5000) in N - 5 jobs (N: default the CPUs of the affinity mask; 1 job when N <= 6).
+#       --timeout: seconds per scenario mutant (default 180: a mutant of the largest validation seed,
+#       Qwen3-235B on 256 GPUs, simulates 2 steps in about 130 s on one core of a 2-core VM); input
+#       mutants get 20 s. Mutants run one per runner call, and the scenario jobs start their last
+#       mutant by M minutes less one --timeout, so the call ends within about M minutes + 30 s.
 #       Writes OUT_DIR/summary.txt and summary.json, the per-surface reports and logs, and the kept
 #       findings (OUT_DIR/<surface>/, OUT_DIR/scenario/job*/). Exit status 1 on any finding.
 # Memory: each input mutant runs under 2 GiB of address space and each scenario mutant under 4 GiB,
@@ -65,7 +68,7 @@ minutes=9
 count=5000
 jobs="$(nproc)"
 seed=20261128
-timeout=30
+timeout=180
 while [ $# -gt 0 ]; do
   case "$1" in
     --minutes) minutes="$2"; shift 2 ;;
@@ -96,17 +99,19 @@ seeds=()
 [ -d "$build/seeds" ] && seeds=(--seeds "$build/seeds")
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
-echo "robustness_campaign: surfaces ${surfaces[*]} for $minutes min each, $count scenario mutants in $scenario_jobs jobs (seed $seed); $out"
+# The scenario jobs stop starting mutants one --timeout (and 15 s) before the surfaces stop.
+scenario_minutes=$(awk -v m="$minutes" -v t="$timeout" 'BEGIN { s = m - (t + 15) / 60; if (s < 0.25) s = 0.25; printf "%.2f", s }')
+echo "robustness_campaign: surfaces ${surfaces[*]} for $minutes min each, $count scenario mutants in $scenario_jobs jobs for at most $scenario_minutes min (seed $seed); $out"
 start=$(date +%s)
 pids=()
 for s in "${surfaces[@]}"; do
   python3 "$root/scripts/mutate_inputs.py" "$build" --surface "$s" --minutes "$minutes" --count 100000000 \
-    --seed "$seed" --timeout 20 --mem-mb 2048 --batch 5 --keep "$out/$s" --report "$out/$s.seed$seed.json" \
+    --seed "$seed" --timeout 20 --mem-mb 2048 --batch 1 --keep "$out/$s" --report "$out/$s.seed$seed.json" \
     "${seeds[@]}" --quiet > "$out/$s.seed$seed.log" 2>&1 &
   pids+=($!)
 done
 "$root/scripts/mutation_campaign.sh" "$build" --jobs "$scenario_jobs" --count "$count" --seed "$seed" \
-  --minutes "$minutes" --timeout "$timeout" --out "$out/scenario" > "$out/scenario.seed$seed.log" 2>&1 &
+  --minutes "$scenario_minutes" --batch 1 --timeout "$timeout" --out "$out/scenario" > "$out/scenario.seed$seed.log" 2>&1 &
 pids+=($!)
 for p in "${pids[@]}"; do wait "$p" || true; done
 elapsed=$(( $(date +%s) - start ))
