@@ -629,9 +629,9 @@ void check_work_size(const Scenario& s, Reporter& r) {
   const long long bytes = mul(mul(mul(steps, ranks), per_step), kBytesPerRecord);
   if (bytes > kMaxRunDirBytes) {
     r.fail("work-size", "run.profiler.ranks",
-           "the run directory would take about " + gib(bytes) + " (" + num(steps) + " recorded steps x " +
-               num(ranks) + " recorded ranks x about " + num(per_step) + " records per rank and step x " +
-               num(kBytesPerRecord) + " bytes per record); at most " + gib(kMaxRunDirBytes) +
+           "the run directory would take about " + gib(bytes) + " (" + num(steps) + " recorded steps x " + num(ranks) +
+               " recorded ranks x about " + num(per_step) + " records per rank and step x " + num(kBytesPerRecord) +
+               " bytes per record); at most " + gib(kMaxRunDirBytes) +
                ": record fewer ranks (run.profiler.ranks = \"representatives\" or a list of ranks), fewer steps "
                "(run.steps, run.profiler.record_every_n_steps or end_step) or granularity = \"coarse\"");
   }

@@ -328,8 +328,9 @@ TEST(ProfileReader, HugeAndSubnormalValuesAreRefusedWithTheirLine) {
   int line = 0;
   const auto huge =
       load_error(replaced(small_profile().to_toml(), "sm_clock_mhz = 1980.0", "sm_clock_mhz = 1e300"), &line);
-  EXPECT_NE(huge.find("'sm_clock_mhz' = 1e+300 is out of range; allowed: 0 or a normal number of magnitude up to 1e100"),
-            std::string::npos)
+  EXPECT_NE(
+      huge.find("'sm_clock_mhz' = 1e+300 is out of range; allowed: 0 or a normal number of magnitude up to 1e100"),
+      std::string::npos)
       << huge;
   EXPECT_GT(line, 0);
   const auto tiny = load_error(replaced(small_profile().to_toml(), "sm_clock_mhz = 1980.0", "sm_clock_mhz = 4e-320"));

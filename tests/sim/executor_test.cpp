@@ -64,7 +64,8 @@ TEST(Executor, ANonFiniteCostIsAnErrorNamingTheOp) {
       const std::string what = e.what();
       EXPECT_NE(what.find("op 1 'broken' (gemm)"), std::string::npos) << what;
       EXPECT_NE(what.find("the cost model gives a"), std::string::npos) << what;
-      EXPECT_NE(what.find("a calibration profile value or a cluster rate or latency is out of range"), std::string::npos)
+      EXPECT_NE(what.find("a calibration profile value or a cluster rate or latency is out of range"),
+                std::string::npos)
           << what;
     }
   }

@@ -345,7 +345,8 @@ TEST(PlanSweep, ACorruptShardIsRefusedNeverRanked) {
   EXPECT_NE(error(j).find("shard.json: not a threewalls plan"), std::string::npos) << error(j);
   j = good;
   j["format_version"] = 7;
-  EXPECT_NE(error(j).find("plan format_version 7 is not supported (this tool reads \"1.x\")"), std::string::npos) << error(j);
+  EXPECT_NE(error(j).find("plan format_version 7 is not supported (this tool reads \"1.x\")"), std::string::npos)
+      << error(j);
 }
 TEST(PlanSweep, ShardsInterleaveBlocksOfOneReducedKey) {
   // Each candidate in exactly one shard; a shard's candidates come in whole pp x vpp blocks (one
