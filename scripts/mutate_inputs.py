@@ -33,6 +33,7 @@ docs/fuzzing.md records the campaigns run.
 import argparse
 import glob
 import json
+import math
 import os
 import random
 import re
@@ -56,6 +57,14 @@ NUM_RE = re.compile(r"(?<![A-Za-z_\d.])-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?![A-Za-
 STR_RE = re.compile(r'"(?:[^"\\\n]|\\.)*"')
 
 
+def negated(number_text):
+    """The negative of a number's integer part ("-1" for 0, and for a value too large for an int)."""
+    v = float(number_text)
+    if not math.isfinite(v) or abs(v) >= 2.0**63:
+        return "-1"
+    return str(-abs(int(v) or 1))
+
+
 def edit_text(text, rng, is_json):
     """One random edit of `text`; returns (text, description)."""
     kind = rng.random()
@@ -64,7 +73,7 @@ def edit_text(text, rng, is_json):
         nums = list(NUM_RE.finditer(text))
         if nums:
             m = rng.choice(nums)
-            new = rng.choice(NUM_EDGES + [m.group(0) + "0", str(-1 * abs(int(float(m.group(0)) or 1)))])
+            new = rng.choice(NUM_EDGES + [m.group(0) + "0", negated(m.group(0))])
             return text[:m.start()] + new + text[m.end():], "number %s -> %s at %d" % (m.group(0), new, m.start())
     if kind < 0.5:
         strs = list(STR_RE.finditer(text))
