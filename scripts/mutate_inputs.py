@@ -16,7 +16,8 @@ and an address-space limit):
 A mutant is 1 to 3 edits: a number replaced by an edge value (0, -1, 2^31, 1e308, 1e-320, NaN...), a
 string by an edge string, a line deleted, duplicated or swapped, a JSON value replaced by null, [], {}
 or another type, a key renamed, the file cut at a random byte, a long line inserted. Findings (as
-scripts/mutate_scenarios.py): crash, hang, memory, nan. `rejected` (a located InputError) and `ok` are
+scripts/mutate_scenarios.py): crash, hang, memory, nan; and mutator-error, an exception of this
+script while making a mutant (counted with its message, the campaign goes on). `rejected` (a located InputError) and `ok` are
 the expected outcomes.
 
 Usage: scripts/mutate_inputs.py BUILD_DIR --surface S [--count N] [--seed S] [--minutes M]
@@ -245,8 +246,19 @@ def main():
             batch = {}
             for _ in range(min(a.batch, a.count - made)):
                 path = os.path.join(work, "m%05d%s" % (made, ext))
-                batch[path] = make_mutant(a.surface, seeds, rng, path)
                 made += 1
+                try:
+                    batch[path] = make_mutant(a.surface, seeds, rng, path)
+                except Exception as e:  # a bug of this script: counted and kept, the campaign goes on
+                    counts["mutator-error"] = counts.get("mutator-error", 0) + 1
+                    found.append({"verdict": "mutator-error", "kept": "", "edits": ["%s: %s" % (type(e).__name__, e)],
+                                  "detail": []})
+                    if os.path.isdir(path):
+                        shutil.rmtree(path, ignore_errors=True)
+                    elif os.path.exists(path):
+                        os.remove(path)
+            if not batch:
+                continue
             p = subprocess.run([runner, "--surface", a.surface, "--timeout", str(a.timeout), "--mem-mb",
                                 str(a.mem_mb)] + list(batch), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                cwd=ROOT, preexec_fn=lambda: os.nice(19))

@@ -12,6 +12,7 @@ scenario_sim_runner (tests/fuzz/) under a wall-clock and an address-space limit.
   memory        past the memory limit
   nan           a NaN or infinity in the summary, or a null duration in the run directory
   sim-rejected  the loader accepted the scenario but the simulation refused it
+  mutator-error an exception of this script while making a mutant (counted, the campaign goes on)
 
 Usage: scripts/mutate_scenarios.py RUNNER [--count N] [--seed S] [--minutes M] [--small] [--keep DIR]
        [--report FILE]
@@ -159,12 +160,21 @@ def main():
             batch = {}
             for _ in range(min(a.batch, a.count - made)):
                 seed = rng.choice(seeds)
-                text, edits = mutate(open(seed).read(), rng)
+                try:
+                    text, edits = mutate(open(seed).read(), rng)
+                except Exception as e:  # a bug of this script: counted and kept, the campaign goes on
+                    made += 1
+                    counts["mutator-error"] = counts.get("mutator-error", 0) + 1
+                    found.append({"verdict": "mutator-error", "kept": "", "seed": os.path.relpath(seed, ROOT),
+                                  "edits": ["%s: %s" % (type(e).__name__, e)], "detail": []})
+                    continue
                 path = os.path.join(work, "m%05d.toml" % made)
                 with open(path, "w") as f:
                     f.write(text)
                 batch[path] = (seed, edits, text)
                 made += 1
+            if not batch:
+                continue
             p = subprocess.run([runner, "--timeout", str(a.timeout), "--mem-mb", str(a.mem_mb),
                                 "--profile-dir", os.path.join(ROOT, "calibration", "profiles")] + list(batch),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
