@@ -1,4 +1,5 @@
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -22,6 +23,22 @@ namespace threewalls::profiler {
 namespace fs = std::filesystem;
 
 namespace {
+
+// How many rank files a writer keeps open at once: half the process's limit of open files (the soft
+// RLIMIT_NOFILE, raised to the hard limit first), the rest left to the libraries (NCCL, CUDA). A writer
+// with more recorded ranks opens each file for each write instead (a world of 32,768 recorded ranks
+// on a machine that allows 20,000 open files).
+std::size_t max_files_kept_open() {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return 512;
+  if (lim.rlim_cur != RLIM_INFINITY && (lim.rlim_max == RLIM_INFINITY || lim.rlim_cur < lim.rlim_max)) {
+    rlimit raised = lim;
+    raised.rlim_cur = lim.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) lim = raised;
+  }
+  if (lim.rlim_cur == RLIM_INFINITY) return std::size_t{1} << 20;
+  return static_cast<std::size_t>(lim.rlim_cur) / 2;
+}
 
 // Every buffer is written out when the buffers of all ranks together hold more than this: one
 // writer for 256 simulated ranks holds 8 MiB, not 8 MiB per rank.
@@ -336,6 +353,7 @@ RunDirWriter::RunDirWriter(fs::path dir, RunHeader header, SamplingPolicy policy
 
     file_of_rank_.assign(static_cast<std::size_t>(policy_.world_size()), -1);
     std::vector<int> local = options_.local_ranks.empty() ? policy_.recording_ranks() : options_.local_ranks;
+    reopen_each_write_ = local.size() > max_files_kept_open();
     for (int r : local) {
       if (r < 0 || r >= policy_.world_size()) {
         throw InputError("writer: local rank " + std::to_string(r) + " is outside the world (0.." +
@@ -351,6 +369,10 @@ RunDirWriter::RunDirWriter(fs::path dir, RunHeader header, SamplingPolicy policy
       }
       f.file = std::fopen(f.path.c_str(), "wb");
       if (!f.file) throw SystemError(f.path.string() + ": cannot open for writing: " + std::strerror(errno));
+      if (reopen_each_write_) {
+        std::fclose(f.file);  // created empty; write_out appends and closes
+        f.file = nullptr;
+      }
       f.buffer = header_line_json(header_, r).dump();
       f.buffer += '\n';
       buffered_ += f.buffer.size();
@@ -370,6 +392,7 @@ RunDirWriter::RunDirWriter(fs::path dir, RunHeader header, SamplingPolicy policy
 
 RunDirWriter::~RunDirWriter() {
   for (auto& f : files_) {
+    if (!f.file && reopen_each_write_ && !f.buffer.empty()) f.file = std::fopen(f.path.c_str(), "ab");
     if (!f.file) continue;
     if (!f.buffer.empty()) {
       // Best effort: a destructor must not throw. No footer: the file reads as cut short.
@@ -391,8 +414,17 @@ void RunDirWriter::release_lock() {
 
 void RunDirWriter::write_out(RankFile& f) {
   if (f.buffer.empty()) return;
+  if (f.file == nullptr) {
+    f.file = std::fopen(f.path.c_str(), "ab");
+    if (!f.file) throw SystemError(f.path.string() + ": cannot open for writing: " + std::strerror(errno));
+  }
   if (std::fwrite(f.buffer.data(), 1, f.buffer.size(), f.file) != f.buffer.size() || std::fflush(f.file) != 0) {
     throw SystemError(f.path.string() + ": write failed: " + std::strerror(errno));
+  }
+  if (reopen_each_write_) {
+    const bool closed = std::fclose(f.file) == 0;
+    f.file = nullptr;
+    if (!closed) throw SystemError(f.path.string() + ": close failed: " + std::strerror(errno));
   }
   buffered_ -= f.buffer.size();
   f.buffer.clear();
@@ -488,7 +520,7 @@ void RunDirWriter::close() {
     f.buffer += '\n';
     buffered_ += f.buffer.size() - before;
     write_out(f);
-    if (std::fclose(f.file) != 0) {
+    if (f.file != nullptr && std::fclose(f.file) != 0) {
       f.file = nullptr;
       throw SystemError(f.path.string() + ": close failed: " + std::strerror(errno));
     }

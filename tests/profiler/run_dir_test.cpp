@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <filesystem>
 
 #include "test_util.hpp"
@@ -227,6 +231,36 @@ TEST(RunDir, WriterReaderRoundTripKeepsEveryField) {
     EXPECT_DOUBLE_EQ(s.epoch_us, 1e9 + s.step * 1000.0 + 0.125);
     EXPECT_DOUBLE_EQ(s.dur_us, 160.0 + s.rank);
   }
+}
+
+// More recorded ranks than the process may keep files open (here 300 ranks under a limit of 64 open
+// files, in a child process, whose limits are its own): every rank file is complete.
+TEST(RunDir, MoreRankFilesThanTheOpenFileLimitAreWrittenWhole) {
+  const fs::path dir = fresh_dir("_many_rank_files");
+  constexpr int kRanks = 300;
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    rlimit lim{64, 64};
+    if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) ::_exit(3);
+    try {
+      RunDirWriter w(dir, header(kRanks), every_step(kRanks));
+      fill(w, 2);
+      w.close();
+    } catch (...) {
+      ::_exit(2);
+    }
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0) << "the writer failed under a limit of 64 open files";
+  const RunData d = RunDirReader::read(dir);
+  EXPECT_TRUE(d.warnings.empty());
+  EXPECT_EQ(d.rank_headers.size(), static_cast<std::size_t>(kRanks));
+  EXPECT_EQ(d.phases.size(), 3U * 2U * kRanks);
+  EXPECT_EQ(d.steps.size(), 2U * kRanks);
 }
 
 TEST(RunDir, DisabledWritesNothing) {

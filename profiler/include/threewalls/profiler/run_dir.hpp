@@ -133,6 +133,8 @@ class RunDirWriter {
            file_of_rank_[static_cast<std::size_t>(rank)] >= 0;
   }
   RankFile& file_of(int rank) { return files_[static_cast<std::size_t>(file_of_rank_[static_cast<std::size_t>(rank)])]; }
+  // Writes f's buffer to its file. With more recorded ranks than the process may keep files open
+  // (reopen_each_write_), the file is opened for the write (append) and closed after it.
   void write_out(RankFile& f);
   // `bytes` were appended to a buffer: writes every buffer out when they hold more than the bound.
   void appended(std::size_t bytes);
@@ -141,6 +143,7 @@ class RunDirWriter {
   void release_lock();
 
   std::filesystem::path dir_;
+  bool reopen_each_write_ = false;
   RunHeader header_;
   SamplingPolicy policy_;
   WriterOptions options_;
