@@ -1,6 +1,7 @@
 // Family module: attention, attention.fwd / attention.bwd, model attention_wave_v1 (models.hpp
 // AttentionModel), in its v1 form or the blocked form of the backend's unfused attention (pair_s).
 #include "decoded.hpp"
+#include "grid_common.hpp"
 #include "module.hpp"
 #include "threewalls/calibration/fit.hpp"
 
@@ -151,6 +152,83 @@ std::optional<double> cost(const CostModel& cm, const FamilySpec& spec, const st
 const FamilyModule& attention_module() {
   static const FamilyModule m{3, add_specs, fit, predict_point, check, store, nullptr, cost};
   return m;
+}
+
+// ---- benchmark grid ------------------------------------------------------------------------------
+
+namespace {
+
+void add_attention(GridPlan& p, bool backward, std::int64_t b, std::int64_t sq, std::int64_t skv, std::int64_t h,
+                   std::int64_t dqk, std::int64_t dv, bool causal) {
+  const double pairs = attention_pairs(sq, skv, causal);
+  const double fwd_flops = 2.0 * d(b) * d(h) * pairs * d(dqk + dv);
+  if (fwd_flops > kMaxAttentionFlops || d(b) * d(h) * d(skv) * d(dqk + dv) * 2.0 > kMaxKvBytes) return;
+  PointSpec s;
+  s.op = backward ? "attention_bwd" : "attention_fwd";
+  s.family = backward ? "attention.bwd" : "attention.fwd";
+  s.params = {{"batch", d(b)},
+              {"seq_q", d(sq)},
+              {"seq_kv", d(skv)},
+              {"heads", d(h)},
+              {"head_dim_qk", d(dqk)},
+              {"head_dim_v", d(dv)},
+              {"causal", causal ? 1.0 : 0.0}};
+  s.inputs = {d(b), d(sq), d(skv), d(h), d(h), d(dqk), d(dv), causal ? 1.0 : 0.0};
+  // Model FLOPs (visible pairs only): forward 2 b h pairs (dqk + dv); backward 2 b h pairs (3 dqk + 2 dv).
+  s.flops = backward ? 2.0 * d(b) * d(h) * pairs * d(3 * dqk + 2 * dv) : fwd_flops;
+  // Q, K, V, O read/written once (backward: also dO, dQ, dK, dV).
+  s.bytes = (backward ? 2.0 : 1.0) * 2.0 * d(b) * d(h) * (d(sq) + d(skv)) * d(dqk + dv);
+  p.points.push_back(std::move(s));
+}
+
+void plan_attention(GridPlan& p, bool backward) {
+  struct Hd {
+    std::int64_t h, dqk, dv;
+  };
+  const std::vector<Hd> hds{{16, 128, 128}, {32, 64, 64}, {8, 192, 128}, {24, 128, 128}};
+  const std::vector<std::int64_t> seqs = p.full() ? std::vector<std::int64_t>{512, 1024, 2048, 4096, 8192, 16384}
+                                                  : std::vector<std::int64_t>{1024, 2048, 4096};
+  int i = 0;
+  for (const auto s : seqs) {
+    for (const bool causal : {true, false}) {
+      const Hd hd = hds[static_cast<std::size_t>(i % 4)];
+      const std::int64_t b = std::max<std::int64_t>(1, 8192 / s);  // 8k tokens (1 sequence from 8k up)
+      add_attention(p, backward, b, s, s, hd.h, hd.dqk, hd.dv, causal);
+      ++i;
+    }
+  }
+  if (p.full()) {  // a second token count, so the fit sees batch and sequence apart
+    add_attention(p, backward, 1, 3072, 3072, 16, 128, 128, true);
+    add_attention(p, backward, 2, 6144, 6144, 8, 128, 128, true);
+    add_attention(p, backward, 16, 768, 768, 32, 96, 96, false);
+  }
+  if (!backward) {  // decode: one query against a KV cache (memory bound); no backward exists
+    const std::vector<std::int64_t> kv =
+        p.full() ? std::vector<std::int64_t>{1024, 4096, 16384, 32768} : std::vector<std::int64_t>{4096, 32768};
+    for (const auto skv : kv) {
+      for (const std::int64_t b : {8, 32}) add_attention(p, false, b, 1, skv, 32, 128, 128, true);
+    }
+  }
+}
+
+void add_ops(std::vector<OpInfo>& out) {
+  out.push_back(
+      {"attention_fwd", "", "attention.fwd", "Attention::forward (unfused: cuBLASLt batched GEMMs + masked softmax)",
+       "FLOPs 2 b h pairs (dqk + dv), pairs = visible (query, key) pairs; decode rows report KV bytes / time"});
+  out.push_back({"attention_bwd", "", "attention.bwd", "Attention::backward after one forward",
+                 "FLOPs 2 b h pairs (3 dqk + 2 dv)"});
+}
+
+void plan(GridPlan& p, int /*part*/) {
+  plan_attention(p, false);
+  plan_attention(p, true);
+}
+
+}  // namespace
+
+const ModuleGrid& attention_grid() {
+  static const ModuleGrid g{add_ops, plan};
+  return g;
 }
 
 }  // namespace threewalls::calibration::detail

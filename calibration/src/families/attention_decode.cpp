@@ -2,6 +2,7 @@
 // backend's split-KV decode attention (DecodeAttention), one query per sequence against a KV cache,
 // costed by the K and V bytes it reads and the FLOPs of its query heads.
 #include "decoded.hpp"
+#include "grid_common.hpp"
 #include "module.hpp"
 
 namespace threewalls::calibration::detail {
@@ -82,6 +83,65 @@ std::optional<double> cost(const CostModel& cm, const FamilySpec& /*spec*/, cons
 const FamilyModule& attention_decode_module() {
   static const FamilyModule m{3, add_specs, fit, predict_point, check, store, nullptr, cost};
   return m;
+}
+
+// ---- benchmark grid ------------------------------------------------------------------------------
+
+namespace {
+
+// Decode attention (DecodeAttention, split-KV): one query per sequence against caches of 512 to
+// 32768 keys, batches 1 to 64, over the head layouts the kernel takes (query heads per KV head 1 to
+// 16; up to 8 for d_qk 192).
+void add_decode_attention(GridPlan& p, std::int64_t b, std::int64_t h, std::int64_t kv, std::int64_t skv,
+                          std::int64_t dqk, std::int64_t dv, bool held_out = false) {
+  const double kv_bytes = 2.0 * d(b) * d(kv) * d(skv) * d(dqk + dv);
+  if (kv_bytes > kMaxKvBytes / 2.0) return;
+  PointSpec s;
+  s.op = "attention_decode";
+  s.family = "attention_decode";
+  s.params = {{"batch", d(b)},    {"heads", d(h)},         {"kv_heads", d(kv)},
+              {"seq_kv", d(skv)}, {"head_dim_qk", d(dqk)}, {"head_dim_v", d(dv)}};
+  s.inputs = {d(b), d(h), d(kv), d(skv), d(dqk), d(dv)};
+  s.held_out = held_out;
+  s.flops = 2.0 * d(b) * d(h) * d(skv) * d(dqk + dv);
+  s.bytes = kv_bytes;
+  p.points.push_back(std::move(s));
+}
+
+void plan_attention_decode(GridPlan& p) {
+  struct Heads {
+    std::int64_t h, kv, dqk, dv;
+  };
+  const std::vector<Heads> layouts{
+      {32, 8, 128, 128}, {32, 32, 128, 128}, {64, 4, 128, 128}, {16, 2, 192, 128}, {32, 8, 64, 64}};
+  const std::vector<std::int64_t> kvs =
+      p.full() ? std::vector<std::int64_t>{512, 2048, 8192, 32768} : std::vector<std::int64_t>{1024, 8192};
+  const std::vector<std::int64_t> batches =
+      p.full() ? std::vector<std::int64_t>{1, 16, 64} : std::vector<std::int64_t>{1, 32};
+  std::size_t i = 0;
+  for (const auto skv : kvs) {
+    for (const auto b : batches) {
+      const Heads l = layouts[i++ % layouts.size()];
+      add_decode_attention(p, b, l.h, l.kv, skv, l.dqk, l.dv);
+    }
+  }
+  add_decode_attention(p, 8, 64, 4, 4096, 128, 128);  // 16 query heads per KV head: the FLOP term
+  add_decode_attention(p, 24, 32, 8, 6000, 128, 128, true);
+}
+
+void add_ops(std::vector<OpInfo>& out) {
+  out.push_back({"attention_decode", "", "attention_decode",
+                 "DecodeAttention::forward (split-KV, one query per sequence, the cache filled to seq_kv)",
+                 "bytes K and V read: 2 b kv_heads seq_kv (dqk + dv); FLOPs 2 b h seq_kv (dqk + dv)"});
+}
+
+void plan(GridPlan& p, int /*part*/) { plan_attention_decode(p); }
+
+}  // namespace
+
+const ModuleGrid& attention_decode_grid() {
+  static const ModuleGrid g{add_ops, plan};
+  return g;
 }
 
 }  // namespace threewalls::calibration::detail

@@ -4,6 +4,7 @@
 // fused attention (cuDNN's flash-attention graph, FusedAttention) costs; the scores never reach
 // memory, so the blocked form of the unfused kernel does not apply.
 #include "decoded.hpp"
+#include "grid_common.hpp"
 #include "module.hpp"
 
 namespace threewalls::calibration::detail {
@@ -52,6 +53,83 @@ std::optional<double> cost(const CostModel& cm, const FamilySpec& spec, const st
 const FamilyModule& attention_fused_module() {
   static const FamilyModule m{3, add_specs, fit, predict_point, check_attention_wave, store, nullptr, cost};
   return m;
+}
+
+// ---- benchmark grid ------------------------------------------------------------------------------
+
+namespace {
+
+// Fused attention (FusedAttention, cuDNN's flash-attention graph): MHA, GQA and MLA-like head
+// layouts over sequences of 128 to 32768 (latency-bound short rows to compute-bound long ones),
+// causal and not, with a few off-grid held-out shapes.
+void add_fused_attention(GridPlan& p, bool backward, std::int64_t b, std::int64_t sq, std::int64_t h, std::int64_t kv,
+                         std::int64_t dqk, std::int64_t dv, bool causal, bool held_out = false) {
+  const double pairs = attention_pairs(sq, sq, causal);
+  const double fwd_flops = 2.0 * d(b) * d(h) * pairs * d(dqk + dv);
+  if (fwd_flops > kMaxFusedAttentionFlops || d(b) * d(kv) * d(sq) * d(dqk + dv) * 2.0 > kMaxKvBytes) return;
+  PointSpec s;
+  s.op = backward ? "attention_fused_bwd" : "attention_fused_fwd";
+  s.family = backward ? "attention_fused.bwd" : "attention_fused.fwd";
+  s.params = {{"batch", d(b)},     {"seq_q", d(sq)},        {"seq_kv", d(sq)},     {"heads", d(h)},
+              {"kv_heads", d(kv)}, {"head_dim_qk", d(dqk)}, {"head_dim_v", d(dv)}, {"causal", causal ? 1.0 : 0.0}};
+  s.inputs = {d(b), d(sq), d(sq), d(h), d(kv), d(dqk), d(dv), causal ? 1.0 : 0.0};
+  s.held_out = held_out;
+  s.flops = backward ? 2.0 * d(b) * d(h) * pairs * d(3 * dqk + 2 * dv) : fwd_flops;
+  // Q, O (query heads) and K, V (key/value heads) read or written once (backward: their gradients too).
+  s.bytes = (backward ? 2.0 : 1.0) * 2.0 * d(b) * d(sq) * (d(h) + d(kv)) * d(dqk + dv);
+  p.points.push_back(std::move(s));
+}
+
+void plan_attention_fused(GridPlan& p, bool backward) {
+  struct Heads {
+    std::int64_t h, kv, dqk, dv;
+  };
+  // MHA, GQA 4 and 8, MLA-like (d_qk 192, d_v 128), small heads.
+  const std::vector<Heads> layouts{
+      {16, 16, 128, 128}, {32, 8, 128, 128}, {16, 16, 192, 128}, {32, 32, 64, 64}, {64, 8, 128, 128}};
+  const std::vector<std::int64_t> seqs = p.full() ? std::vector<std::int64_t>{256, 512, 1024, 2048, 4096, 8192, 16384}
+                                                  : std::vector<std::int64_t>{1024, 2048, 4096};
+  std::size_t i = 0;
+  for (const auto sq : seqs) {
+    for (const bool causal : {true, false}) {
+      const Heads l = layouts[i++ % layouts.size()];
+      add_fused_attention(p, backward, std::max<std::int64_t>(1, 16384 / sq), sq, l.h, l.kv, l.dqk, l.dv, causal);
+    }
+  }
+  // Short rows (latency-bound) and one long sequence (compute-bound), in both modes.
+  add_fused_attention(p, backward, 64, 128, 16, 16, 128, 128, true);
+  add_fused_attention(p, backward, 1, 16384, 16, 4, 128, 128, true);
+  add_fused_attention(p, backward, 2, 4096, 16, 16, 128, 128, true);  // the reference shape of kernel_bench
+  if (p.full()) {  // other token counts, so the fit sees batch and sequence apart
+    add_fused_attention(p, backward, 1, 32768, 8, 8, 128, 128, true);
+    add_fused_attention(p, backward, 32, 256, 32, 8, 128, 128, false);
+    add_fused_attention(p, backward, 1, 3072, 16, 4, 128, 128, true);
+    add_fused_attention(p, backward, 16, 768, 32, 32, 96, 96, false);
+    add_fused_attention(p, backward, 3, 3000, 24, 8, 128, 128, true, true);
+    add_fused_attention(p, backward, 8, 1536, 16, 16, 192, 128, false, true);
+  } else {
+    add_fused_attention(p, backward, 3, 3000, 24, 8, 128, 128, true, true);
+  }
+}
+
+void add_ops(std::vector<OpInfo>& out) {
+  out.push_back({"attention_fused_fwd", "", "attention_fused.fwd",
+                 "FusedAttention::forward (cuDNN's flash-attention graph; kv_heads < heads for GQA)",
+                 "FLOPs 2 b h pairs (dqk + dv), pairs = visible (query, key) pairs; bytes Q, K, V, O once"});
+  out.push_back({"attention_fused_bwd", "", "attention_fused.bwd", "FusedAttention::backward after one forward",
+                 "FLOPs 2 b h pairs (3 dqk + 2 dv); bytes Q, K, V, O, dO, dQ, dK, dV once"});
+}
+
+void plan(GridPlan& p, int /*part*/) {
+  plan_attention_fused(p, false);
+  plan_attention_fused(p, true);
+}
+
+}  // namespace
+
+const ModuleGrid& attention_fused_grid() {
+  static const ModuleGrid g{add_ops, plan};
+  return g;
 }
 
 }  // namespace threewalls::calibration::detail

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "decoded.hpp"
+#include "grid_common.hpp"
 #include "module.hpp"
 
 namespace threewalls::calibration::detail {
@@ -137,4 +138,88 @@ const FamilyModule& collective_module() {
   return m;
 }
 
+// ---- benchmark grid ------------------------------------------------------------------------------
+
+namespace {
+
+// The nccl-tests size actually moved for a requested size: bf16 elements, and for the kinds that
+// split the buffer over members a whole number of 16-byte units per member, so that every member's
+// chunk starts 16-byte aligned as a step's messages do (OpRunner then moves exactly this size). With
+// 2 or 4 members the grid's sizes are such already; with 3, 2^i + 768 bytes were not, and NCCL ran
+// those points on a slower path than the aligned held-out sizes (4 x H200: all-gather
+// held-out error 5.7% median, 50% max, docs/calibration.md).
+double collective_size(const std::string& op, int n, double requested) {
+  const bool split = op == "all_gather" || op == "reduce_scatter" || op == "all_to_all";
+  const double unit = split ? 16.0 * n : 2.0;
+  return std::max(unit, std::floor(requested / unit) * unit);
+}
+
+void add_collective(GridPlan& p, const std::string& op, int n, double requested, bool held_out) {
+  const double bytes = collective_size(op, n, requested);
+  PointSpec s;
+  s.op = op;
+  s.family = "collective." + op + ".nvlink";
+  s.params = {{"group_size", static_cast<double>(n)}, {"bytes", bytes}};
+  s.inputs = {static_cast<double>(n), bytes};
+  s.held_out = held_out;
+  s.group_size = n;
+  s.bytes = bytes;
+  p.points.push_back(std::move(s));
+}
+
+void plan_collectives(GridPlan& p) {
+  // 1 KiB to 1 GiB by factors of 2 (quick: 4), each size a power of two plus 128 bf16 elements
+  // (256 bytes) per member: model dimensions make power-of-two message sizes, and the calibration
+  // must not measure a validation scenario's exact size (a test checks). The offset keeps every
+  // member's chunk 16-byte aligned, as a step's messages are: with 7 extra elements per member each
+  // member's chunk of all-gather, reduce-scatter and all-to-all started misaligned and NCCL took about
+  // twice as long as for the aligned messages that threewalls run sends (all-to-all busbw 169 vs 296
+  // GB/s at 1 GiB on 2 H200). Held-out sizes sit between grid sizes (3 x 2^i).
+  const std::vector<double> grid = sizes(kKiB, kGiB, p.full() ? 2.0 : 4.0);
+  const std::vector<double> held = p.full()
+                                       ? std::vector<double>{3 * kKiB, 48 * kKiB, 768 * kKiB, 12 * kMiB, 192 * kMiB}
+                                       : std::vector<double>{48 * kKiB, 12 * kMiB};
+  for (int n = 2; n <= p.gpus; ++n) {
+    for (const auto& op : collective_ops()) {
+      if (op == "send_recv" && n != 2) continue;  // point-to-point: one pair, group size 2
+      const double off = 256.0 * n;
+      for (const double s : grid) add_collective(p, op, n, s + off, false);
+      for (const double s : held) add_collective(p, op, n, s + off, true);
+    }
+  }
+}
+
+void add_ops(std::vector<OpInfo>& out) {
+  for (const auto& c : collective_ops()) {
+    out.push_back({c, "", "collective." + c + ".nvlink",
+                   c == "send_recv"
+                       ? "backend::send on member 0, backend::recv on member 1 (one message)"
+                       : "backend::" + c + " (NCCL, bf16) with OpRunner's size -> count mapping, one thread per GPU",
+                   "algbw = size / time; busbw = algbw x " +
+                       std::string(c == "all_reduce"                      ? "2(n-1)/n"
+                                   : c == "broadcast" || c == "send_recv" ? "1"
+                                                                          : "(n-1)/n") +
+                       " (nccl-tests)"});
+  }
+}
+
+void plan(GridPlan& p, int /*part*/) { plan_collectives(p); }
+
+}  // namespace
+
+const ModuleGrid& collective_grid() {
+  static const ModuleGrid g{add_ops, plan};
+  return g;
+}
+
 }  // namespace threewalls::calibration::detail
+
+namespace threewalls::calibration::bench {
+
+const std::vector<std::string>& collective_ops() {
+  static const std::vector<std::string> ops{"all_reduce", "all_gather", "reduce_scatter",
+                                            "all_to_all", "broadcast",  "send_recv"};
+  return ops;
+}
+
+}  // namespace threewalls::calibration::bench

@@ -1,6 +1,7 @@
 // Family module: multi-stream concurrency, concurrency, model concurrency_v1 (models.hpp
 // ConcurrencyModel). A point's measured time is the concurrent time; its serial time is an input.
 #include "decoded.hpp"
+#include "grid_common.hpp"
 #include "module.hpp"
 
 namespace threewalls::calibration::detail {
@@ -57,6 +58,58 @@ void store(const Family& f, const Hardware& /*hw*/, DecodedModels& models) {
 const FamilyModule& concurrency_module() {
   static const FamilyModule m{3, add_specs, fit, predict_point, check, store, nullptr};
   return m;
+}
+
+// ---- benchmark grid ------------------------------------------------------------------------------
+
+namespace {
+
+void add_ops(std::vector<OpInfo>& out) {
+  out.push_back({"concurrency_section", "", "concurrency",
+                 std::to_string(kConcurrencySectionExperts) +
+                     " expert sections of a Switch-like layer (OpRunner: gather, fc1, activation, fc2, scatter-add) "
+                     "spread round-robin over n streams, forked and joined by events, vs the same on one stream; "
+                     "sm_fraction = the mean over the section's kernels",
+                 "speed-up = serial time / concurrent time"});
+  out.push_back({"concurrency_gemm", "", "concurrency",
+                 "until 2026-11-26 (raw output of then): the same small GEMM 4 times on each of n streams at once "
+                 "(one CublasLt per stream) vs 4n times on one stream",
+                 "speed-up = serial time / concurrent time"});
+}
+
+void plan(GridPlan& p, int /*part*/) {
+  // What a streams:N expert section runs: kConcurrencySectionExperts experts of a
+  // Switch-like layer (gather, fc1, activation, fc2, scatter-add, as the step graph expands them),
+  // spread round-robin over n streams, against the same on one stream. Shapes of the calibration's
+  // own (rows per expert, d_model, FFN), none of a validation scenario's: the sections' kernels fill
+  // from a few to all of the SMs.
+  struct S {
+    std::int64_t rows, hidden, ffn;
+  };
+  const std::vector<S> shapes =
+      p.full() ? std::vector<S>{{32, 512, 2048}, {128, 512, 2048}, {128, 1536, 6144}, {512, 1536, 6144}}
+               : std::vector<S>{{128, 512, 2048}, {512, 1536, 6144}};
+  for (const auto& g : shapes) {
+    // Up to 64 streams (a streams:64 expert section); past CUDA_DEVICE_MAX_CONNECTIONS (8 unless
+    // set) streams share hardware work queues. The runner records the variable's value.
+    for (const int streams : {2, 4, 8, 16, 32, 64}) {
+      PointSpec s;
+      s.op = "concurrency_section";
+      s.family = "concurrency";
+      s.params = {
+          {"streams", static_cast<double>(streams)}, {"rows", d(g.rows)}, {"hidden", d(g.hidden)}, {"ffn", d(g.ffn)}};
+      s.inputs = {static_cast<double>(streams), 0.0, 0.0};  // sm_fraction and serial_s: filled by the runner
+      s.flops = 4.0 * d(g.rows) * d(g.hidden) * d(g.ffn) * kConcurrencySectionExperts;
+      p.points.push_back(std::move(s));
+    }
+  }
+}
+
+}  // namespace
+
+const ModuleGrid& concurrency_grid() {
+  static const ModuleGrid g{add_ops, plan};
+  return g;
 }
 
 }  // namespace threewalls::calibration::detail

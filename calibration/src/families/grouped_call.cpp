@@ -1,6 +1,9 @@
 // Family module: host time of one grouped-GEMM call, host.grouped_gemm_call, model grouped_call_v1
 // (models.hpp GroupedCallModel): the shape-aware form of host.grouped_gemm_launch (optional).
+#include <tuple>
+
 #include "decoded.hpp"
+#include "grid_common.hpp"
 #include "module.hpp"
 
 namespace threewalls::calibration::detail {
@@ -55,6 +58,41 @@ void store(const Family& f, const Hardware& /*hw*/, DecodedModels& models) {
 const FamilyModule& grouped_call_module() {
   static const FamilyModule m{3, add_specs, fit, predict_point, check, store, nullptr};
   return m;
+}
+
+// ---- benchmark grid ------------------------------------------------------------------------------
+
+namespace {
+
+void add_ops(std::vector<OpInfo>& out) {
+  out.push_back({"host_grouped_gemm_launch", "", std::string(kGroupedCallFamily),
+                 "host time of one GroupedGemm::run (OpRunner's grouped_impl, prepared plan) while a blocking kernel "
+                 "holds the stream",
+                 "seconds per call"});
+}
+
+void plan(GridPlan& p, int /*part*/) {
+  // Grouped GEMM (lt_batched: one cuBLASLt call when balanced, three with a hot expert).
+  for (const auto& [groups, rows, n, k, skew] :
+       std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, double>>{
+           {64, 96, 2560, 640, 1.0}, {64, 96, 2560, 640, 3.0}, {16, 640, 1536, 1024, 1.0}}) {
+    PointSpec s;
+    s.op = "host_grouped_gemm_launch";
+    s.family = std::string(kGroupedCallFamily);
+    const std::int64_t max_rows = static_cast<std::int64_t>(std::llround(skew * d(rows)));
+    s.params = {
+        {"groups", d(groups)}, {"total_rows", d(groups * rows)}, {"max_rows", d(max_rows)}, {"n", d(n)}, {"k", d(k)}};
+    s.inputs = {d(groups), d(groups * rows), d(max_rows), d(n), d(k)};
+    s.flops = 2.0 * d(groups * rows) * d(n) * d(k);
+    p.points.push_back(std::move(s));
+  }
+}
+
+}  // namespace
+
+const ModuleGrid& grouped_call_grid() {
+  static const ModuleGrid g{add_ops, plan};
+  return g;
 }
 
 }  // namespace threewalls::calibration::detail

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "decoded.hpp"
+#include "grid_common.hpp"
 #include "module.hpp"
 
 namespace threewalls::calibration::detail {
@@ -76,6 +77,75 @@ std::string_view host_cost_name(HostCost c) { return kHost.at(idx(c)).first; }
 const FamilyModule& host_module() {
   static const FamilyModule m{3, add_specs, fit, predict_point, check, store, nullptr};
   return m;
+}
+
+// ---- benchmark grid ------------------------------------------------------------------------------
+
+namespace {
+
+void add_ops(std::vector<OpInfo>& out) {
+  for (const char* h : {"kernel_launch", "event_record", "stream_sync", "gpu_read", "graph_launch", "graph_node",
+                        "collective_launch"}) {
+    out.push_back(
+        {std::string("host_") + h, "", std::string("host.") + h, "see docs/calibration.md", "seconds per call"});
+  }
+  out.push_back(
+      {"host_op_dispatch", "", "host.op_dispatch",
+       "64 OpRunner::run calls of a 4096-element add against 64 bare kernel launches; the extra host time per "
+       "call",
+       "seconds per op"});
+  out.push_back({"host_record_op", "", "host.record_op",
+                 "64 recorded OpRunner::run calls (the executor's recording path: query of the previous end marker, "
+                 "start marker when not shared, launch, host clock, end marker, StepRecorder record) against 64 plain "
+                 "calls; the extra host time per op; the check harvests every record",
+                 "seconds per op"});
+  out.push_back({"host_stream_wait", "", "host.stream_wait",
+                 "128 visits (a kernel on the main stream, an event recorded behind it, a kernel on the next of 16 "
+                 "side streams) with and without a cudaStreamWaitEvent of that side stream on the event, "
+                 "interleaved; the extra host time per visit",
+                 "seconds per wait"});
+  out.push_back({"host_attention_launch", "", "host.attention_launch",
+                 "host time of one Attention::forward call while a blocking kernel holds the stream",
+                 "seconds per call"});
+  out.push_back({"host_attention_bwd_launch", "", "host.attention_bwd_launch",
+                 "host time of one Attention::backward call while a blocking kernel holds the stream",
+                 "seconds per call"});
+  out.push_back({"host_timing_marker", "", "host.timing_marker",
+                 "device time one timing-event record costs its stream: 48 residual adds (1M bf16) back to back "
+                 "against the same adds each between two timing events, behind the blocker; half the extra time "
+                 "per add (calibration/tools/timed_op_gap.cu measures the same with 3000 large kernels)",
+                 "seconds per marker"});
+}
+
+// Part 0: the single-call overheads (one point each). Part 1: the attention forward and backward
+// launchers (backend::Attention), measured after the other library calls (gemm_call, grouped_call).
+void plan(GridPlan& p, int part) {
+  if (part == 0) {
+    for (const char* what : {"kernel_launch", "event_record", "stream_sync", "gpu_read", "graph_launch", "graph_node",
+                             "collective_launch", "timing_marker", "op_dispatch", "record_op", "stream_wait"}) {
+      PointSpec s;
+      s.op = std::string("host_") + what;
+      s.family = std::string("host.") + what;
+      p.points.push_back(std::move(s));
+    }
+    return;
+  }
+  // Attention forward and backward launchers (backend::Attention), one small causal shape; two
+  // families (on an H200 host the backward call costs ~2.7x the forward: 15 kernels against 6).
+  for (const bool bwd : {false, true}) {
+    PointSpec s;
+    s.op = bwd ? "host_attention_bwd_launch" : "host_attention_launch";
+    s.family = bwd ? "host.attention_bwd_launch" : "host.attention_launch";
+    s.params = {{"batch", 2.0}, {"seq", 640.0}, {"heads", 10.0}, {"head_dim", 64.0}, {"backward", bwd ? 1.0 : 0.0}};
+    p.points.push_back(std::move(s));
+  }
+}
+
+}  // namespace
+
+const ModuleGrid& host_grid() {
+  static const ModuleGrid g{add_ops, plan};
+  return g;
 }
 
 }  // namespace threewalls::calibration::detail

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "threewalls/calibration/grid.hpp"
 #include "threewalls/calibration/models.hpp"
 #include "threewalls/calibration/profile.hpp"
 
@@ -55,8 +56,19 @@ struct FamilyModule {
                                 const std::vector<double>& inputs) = nullptr;
 };
 
-// The module of each row of families.def, in table order (index = ModelKind).
-#define THREEWALLS_CALIBRATION_FAMILY(module, group) const FamilyModule& module##_module();
+// A module's benchmark grid (threewalls/calibration/grid.hpp): what measures its families and where.
+struct ModuleGrid {
+  // Appends the module's benchmark ops (their `group` is set by the table: the row's group).
+  void (*add_ops)(std::vector<bench::OpInfo>& out) = nullptr;
+  // Appends the module's points of grid `part` (0, or the part a row of the measurement order of
+  // families.def names, for a module measured at two places of it).
+  void (*plan)(bench::GridPlan& plan, int part) = nullptr;
+};
+
+// The module and the grid of each row of families.def, in table order (index = ModelKind).
+#define THREEWALLS_CALIBRATION_FAMILY(module, group) \
+  const FamilyModule& module##_module();             \
+  const ModuleGrid& module##_grid();
 #include "threewalls/calibration/families.def"
 #undef THREEWALLS_CALIBRATION_FAMILY
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "decoded.hpp"
+#include "grid_common.hpp"
 #include "module.hpp"
 
 namespace threewalls::calibration::detail {
@@ -95,6 +96,88 @@ void store(const Family& f, const Hardware& /*hw*/, DecodedModels& models) {
 const FamilyModule& nccl_interference_module() {
   static const FamilyModule m{3, add_specs, fit, predict_point, check, store, nullptr};
   return m;
+}
+
+// ---- benchmark grid ------------------------------------------------------------------------------
+
+namespace {
+
+void add_ops(std::vector<OpInfo>& out) {
+  out.push_back({"nccl_interference", "", "nccl.interference",
+                 "a compute kernel (CublasLt::gemm, Attention::forward/backward, backend::add) on GPU 0 alone and "
+                 "while an NCCL kernel is resident on another stream: case 0 a backend::recv whose peer sends after "
+                 "the kernels finished, case 1 a 1 GiB backend::all_reduce transferring",
+                 "time of the kernel with NCCL resident; slowdown = time / alone_s"});
+}
+
+// ---- compute beside resident NCCL kernels ------------------------------------------------------
+//
+// Needs 2 GPUs (GPU 0 is measured, GPU 1 is the NCCL peer); on one GPU the group is not planned and
+// the report names the families as not measured. Kernels are shapes of the calibration grids
+// (GEMMs from plan_gemm's m and (n, k) lists, attention and element-wise as in their sections), so
+// no validation scenario's shape is measured: GEMMs of one wave or less of 128 x 128 tiles on
+// 132 SMs (88, 112 tiles), a few waves (192, 308) and many (1024, 2048), the attention forward and
+// backward, and the residual add at two sizes. Each in two cases: 0, a receive posted before the
+// kernels whose peer sends only after they finished (the NCCL kernel spins, holding its SMs);
+// 1, a 1 GiB all-reduce transferring throughout.
+struct InterferenceGemm {
+  std::int64_t m, n, k;
+};
+const std::vector<InterferenceGemm>& interference_gemms(bool full) {
+  static const std::vector<InterferenceGemm> all{{1024, 1408, 2560}, {1792, 1024, 3072}, {320, 8192, 2048},
+                                                 {1792, 2816, 1024}, {4096, 4096, 4096}, {8192, 4096, 4096}};
+  static const std::vector<InterferenceGemm> quick{{1792, 1024, 3072}, {320, 8192, 2048}, {4096, 4096, 4096}};
+  return full ? all : quick;
+}
+
+void plan(GridPlan& p, int /*part*/) {
+  if (p.gpus < 2) return;
+  for (int kase = 0; kase <= 1; ++kase) {
+    for (const auto& g : interference_gemms(p.full())) {
+      PointSpec s;
+      s.op = "nccl_interference";
+      s.family = "nccl.interference";
+      s.params = {{"case", d(kase)}, {"kernel", 0.0}, {"m", d(g.m)}, {"n", d(g.n)}, {"k", d(g.k)}};
+      const double tiles = std::ceil(d(g.m) / 128.0) * std::ceil(d(g.n) / 128.0);
+      s.inputs = {d(kase), 0.0, tiles, 0.0};  // alone_s: filled by the runner
+      s.group_size = 2;
+      s.flops = 2.0 * d(g.m) * d(g.n) * d(g.k);
+      s.bytes = (d(g.m) * d(g.k) + d(g.k) * d(g.n) + d(g.m) * d(g.n)) * 2.0;
+      p.points.push_back(std::move(s));
+    }
+    for (const bool backward : {false, true}) {
+      // The attention section's 4096-token shape: 2 sequences, 16 heads of 128, causal.
+      PointSpec s;
+      s.op = "nccl_interference";
+      s.family = "nccl.interference";
+      s.params = {{"case", d(kase)},   {"kernel", 1.0}, {"backward", backward ? 1.0 : 0.0},
+                  {"batch", 2.0},      {"seq", 4096.0}, {"heads", 16.0},
+                  {"head_dim", 128.0}, {"causal", 1.0}};
+      s.inputs = {d(kase), 1.0, 0.0, 0.0};
+      s.group_size = 2;
+      const double pairs = attention_pairs(4096, 4096, true);
+      s.flops = 2.0 * 2.0 * 16.0 * pairs * (backward ? 5.0 * 128.0 : 2.0 * 128.0);
+      p.points.push_back(std::move(s));
+    }
+    for (const std::int64_t e : {std::int64_t{4} * 1024 * 1024 + 40, std::int64_t{32} * 1024 * 1024 + 40}) {
+      if (!p.full() && e > 8 * 1024 * 1024) continue;
+      PointSpec s;
+      s.op = "nccl_interference";
+      s.family = "nccl.interference";
+      s.params = {{"case", d(kase)}, {"kernel", 2.0}, {"elements", d(e)}};
+      s.inputs = {d(kase), 2.0, 0.0, 0.0};
+      s.group_size = 2;
+      s.bytes = 6.0 * d(e);  // backend::add: read a, b, write out
+      p.points.push_back(std::move(s));
+    }
+  }
+}
+
+}  // namespace
+
+const ModuleGrid& nccl_interference_grid() {
+  static const ModuleGrid g{add_ops, plan};
+  return g;
 }
 
 }  // namespace threewalls::calibration::detail

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "decoded.hpp"
+#include "grid_common.hpp"
 #include "module.hpp"
 
 namespace threewalls::calibration::detail {
@@ -65,6 +66,40 @@ void store(const Family& f, const Hardware& /*hw*/, DecodedModels& models) {
 const FamilyModule& nccl_memory_module() {
   static const FamilyModule m{3, add_specs, fit, predict_point, check, store, measured};
   return m;
+}
+
+// ---- benchmark grid ------------------------------------------------------------------------------
+
+namespace {
+
+void add_ops(std::vector<OpInfo>& out) {
+  out.push_back({"nccl_memory", "", "nccl.memory",
+                 "cudaMemGetInfo on GPU 0 around NCCL stages of a fresh 2-GPU pair of communicators: init, the first "
+                 "all-reduces (1 MiB, 1 GiB), the first send/recv in both directions",
+                 "bytes allocated by the stage (time: the stage's host seconds)"});
+}
+
+// Needs 2 GPUs (GPU 0 is measured, GPU 1 is the NCCL peer); on one GPU the group is not planned and
+// the report names the families as not measured. Measured before nccl.interference: it needs fresh
+// communicators (the stages are measured in the section's setup).
+void plan(GridPlan& p, int /*part*/) {
+  if (p.gpus < 2) return;
+  for (int stage = 0; stage <= 2; ++stage) {
+    PointSpec s;
+    s.op = "nccl_memory";
+    s.family = "nccl.memory";
+    s.params = {{"stage", static_cast<double>(stage)}, {"group_size", 2.0}};
+    s.inputs = {static_cast<double>(stage), 2.0, 0.0};  // bytes: filled by the runner
+    s.group_size = 2;
+    p.points.push_back(std::move(s));
+  }
+}
+
+}  // namespace
+
+const ModuleGrid& nccl_memory_grid() {
+  static const ModuleGrid g{add_ops, plan};
+  return g;
 }
 
 }  // namespace threewalls::calibration::detail

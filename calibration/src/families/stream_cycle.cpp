@@ -1,6 +1,7 @@
 // Family module: extra host time per launch rotating over N streams, host.stream_cycle, model
 // stream_cycle_v1 (models.hpp StreamCycleModel; optional, absent: no extra).
 #include "decoded.hpp"
+#include "grid_common.hpp"
 #include "module.hpp"
 
 namespace threewalls::calibration::detail {
@@ -63,6 +64,39 @@ void store(const Family& f, const Hardware& /*hw*/, DecodedModels& models) {
 const FamilyModule& stream_cycle_module() {
   static const FamilyModule m{3, add_specs, fit, predict_point, check, store, nullptr};
   return m;
+}
+
+// ---- benchmark grid ------------------------------------------------------------------------------
+
+namespace {
+
+void add_ops(std::vector<OpInfo>& out) {
+  out.push_back({"host_stream_cycle", "", std::string(kStreamCycleFamily),
+                 "extra host time per launch of visits of 5 launches (count kernel, 16 x 512 x 256 GEMM call, kernel, "
+                 "GEMM call, kernel) rotating over N streams with a cuBLASLt handle each (as OpRunner per stream) "
+                 "over the same visits on one stream (one, N, one again per sample); the check counts the kernels and "
+                 "checks the last GEMM",
+                 "seconds per launch"});
+}
+
+void plan(GridPlan& p, int /*part*/) {
+  // Launches rotating over N streams with a cuBLASLt handle each (host.stream_cycle): the
+  // host cost of spreading a layer's ops over many streams, beyond the waits and events.
+  for (const int n : p.full() ? std::vector<int>{4, 16, 64} : std::vector<int>{8, 64}) {
+    PointSpec s;
+    s.op = "host_stream_cycle";
+    s.family = std::string(kStreamCycleFamily);
+    s.params = {{"streams", d(n)}};
+    s.inputs = {d(n)};
+    p.points.push_back(std::move(s));
+  }
+}
+
+}  // namespace
+
+const ModuleGrid& stream_cycle_grid() {
+  static const ModuleGrid g{add_ops, plan};
+  return g;
 }
 
 }  // namespace threewalls::calibration::detail
