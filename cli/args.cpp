@@ -3,10 +3,31 @@
 #include <algorithm>
 #include <filesystem>
 #include <iostream>
+#include <sstream>
 
 #include <unistd.h>
 
 namespace threewalls::cli {
+
+std::string run_dir_size_warning(const std::string& dir, std::uintmax_t limit_bytes) {
+  std::error_code ec;
+  std::uintmax_t bytes = 0;
+  std::size_t files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (!e.is_regular_file(ec)) continue;
+    const auto n = e.file_size(ec);
+    if (ec) continue;
+    bytes += n;
+    ++files;
+  }
+  if (bytes <= limit_bytes) return {};
+  std::ostringstream os;
+  os.precision(3);
+  os << "the run directory holds " << static_cast<double>(bytes) / static_cast<double>(1ULL << 30) << " GiB in "
+     << files << " files; to record less: run.profiler.ranks = \"representatives\" (one rank per rank class), "
+     << "run.profiler.record_every_n_steps, end_step or granularity = \"coarse\"";
+  return os.str();
+}
 
 void add_overwrite_flag(CLI::App* sub, bool& flag, const std::string& help) {
   sub->add_flag("--overwrite", flag, help);

@@ -1,6 +1,7 @@
 #pragma once
 // Argument conventions shared by every subcommand: one flag name per meaning, command-line paths
 // relative to the working directory, progress on stderr, and the error line main() prints.
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,6 +19,11 @@ void add_overwrite_flag(CLI::App* sub, bool& flag, const std::string& help);
 // scenario's folder; that is resolved later, by the library).
 std::string profile_arg_from_cwd(const std::string& spec);
 extern const char* const kProfilePathHelp;  // the sentence --help gives for the rule above
+
+// A warning for a run directory past `limit_bytes` (sum of its files' sizes; 1 GiB for sim and run),
+// which says how much it holds and which keys record less; empty at or below. Rule work-size refuses
+// a scenario whose run directory would pass 32 GiB before anything runs.
+std::string run_dir_size_warning(const std::string& dir, std::uintmax_t limit_bytes = 1ULL << 30);
 
 // `--progress auto|always|never` (auto: only when stderr is a terminal). `--quiet` stays as "never".
 struct ProgressArg {

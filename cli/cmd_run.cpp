@@ -102,7 +102,10 @@ void print_summary(const scenarios::Scenario& s, const backend::RunResult& r) {
               << format_bytes(Bytes(static_cast<double>(r.ranks[i].peak_bytes)));
   }
   std::cout << "\n";
-  if (!r.run_dir.empty()) std::cout << "run directory  " << r.run_dir.string() << " (" << r.phase_records << " phase records)\n";
+  if (!r.run_dir.empty()) {
+    std::cout << "run directory  " << r.run_dir.string() << " (" << r.phase_records << " phase records)\n";
+    if (auto w = run_dir_size_warning(r.run_dir.string()); !w.empty()) std::cout << "warning: " << w << "\n";
+  }
 }
 
 }  // namespace

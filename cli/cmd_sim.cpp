@@ -172,7 +172,10 @@ void print_summary(const scenarios::Scenario& s, const sim::SimResult& r, double
               << ", " << largest->label << ")\n";
   }
   std::cout << "verdict        " << (r.memory.oom() ? "OUT OF MEMORY" : "fits in memory") << "\n";
-  if (!r.run_dir.empty()) std::cout << "run directory  " << r.run_dir.string() << "\n";
+  if (!r.run_dir.empty()) {
+    std::cout << "run directory  " << r.run_dir.string() << "\n";
+    if (auto w = run_dir_size_warning(r.run_dir.string()); !w.empty()) std::cout << "warning: " << w << "\n";
+  }
   std::cout << "simulated in   " << fixed(wall_s, 2) << " s (" << r.collectives << " communication instances, "
             << r.flows << " flows)\n";
 }

@@ -57,7 +57,9 @@ OrderedJson SamplingPolicy::to_json() const {
   j["end_step"] = config_.end_step;
   j["record_every_n_steps"] = config_.record_every_n_steps;
   j["flush_every_n_steps"] = config_.flush_every_n_steps;
-  j["ranks"] = ranks_;
+  // A count, not the list: this object is in every phases file's header, and the list (run.json's
+  // `ranks`) would make a run recording every rank write world x world header bytes.
+  j["recorded_ranks"] = ranks_.size();
   j["granularity"] = to_string(config_.granularity);
   return j;
 }

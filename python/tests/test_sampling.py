@@ -65,7 +65,7 @@ class SamplingTest(unittest.TestCase):
     def test_effective_knobs_go_into_json(self):
         p = SamplingPolicy(SamplingConfig(start_step=1, ranks=[2, 0], granularity="coarse"), 3)
         self.assertEqual(p.to_json(), {"enabled": True, "start_step": 1, "end_step": -1, "record_every_n_steps": 10,
-                                       "flush_every_n_steps": 10, "ranks": [0, 2], "granularity": "coarse"})
+                                       "flush_every_n_steps": 10, "recorded_ranks": 2, "granularity": "coarse"})
 
     def test_scenario_ranks_key(self):
         self.assertEqual(resolve_ranks("all", 4), [])

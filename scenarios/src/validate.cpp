@@ -75,7 +75,7 @@ const std::vector<RuleInfo> kRules = {
      "tokens per micro-batch (or inference prefill), about 1 million ops per rank per step, 1 GiB of "
      "inference routing choices per step, 500 million simulated inference ops per run and a run "
      "directory of 32 GiB (recorded steps x recorded ranks x records per rank and step x 190 bytes, plus a header "
-     "of about 4 KiB + 6 bytes per rank of the world in each recorded rank's file)."},
+     "of about 4 KiB in each recorded rank's file)."},
 };
 
 class Reporter {
@@ -549,11 +549,10 @@ constexpr long long kMaxRunDirBytes = 32LL << 30;
 // `threewalls sim --steps 1` on the shipped examples, total bytes of the phases files / records:
 // 185 (small_moe_1gpu) to 191 (mixtral_8x7b_64gpu, 3,818,175 bytes / 19,976 records) bytes.
 constexpr long long kBytesPerRecord = 190;
-// Bytes of the header line at the top of every phases file: the run header, whose rank list and rank
-// classes name every rank of the world (a world of 32,768 one-GPU inference replicas: 187,633 bytes,
-// 5.7 per rank), so a run recording every rank writes world x world header bytes.
+// Bytes of the header line at the top of every phases file: the run header (the recording ranks
+// appear there as a count; their list is written once, in run.json): about 2 KB on the shipped
+// examples, 4 KiB leaves room for long paths and command lines.
 constexpr long long kHeaderBytes = 4096;
-constexpr long long kHeaderBytesPerWorldRank = 6;
 constexpr long long kOpsPerLayer = 48;        // fwd + bwd ops of one layer and micro-batch
 constexpr long long kOpsPerLocalExpert = 10;  // when experts run one by one
 
@@ -633,15 +632,13 @@ void check_work_size(const Scenario& s, Reporter& r) {
                           : pr.ranks.empty() ? s.world_size()
                                              : static_cast<long long>(pr.ranks.size());
   const long long per_step = pr.granularity == Granularity::coarse ? 3 : ops_per_step;
-  const long long header_bytes = kHeaderBytes + mul(kHeaderBytesPerWorldRank, s.world_size());
-  const long long bytes =
-      mul(mul(mul(steps, ranks), per_step), kBytesPerRecord) + mul(ranks, std::max(header_bytes, 1LL));
+  const long long bytes = mul(mul(mul(steps, ranks), per_step), kBytesPerRecord) + mul(ranks, kHeaderBytes);
   if (bytes > kMaxRunDirBytes) {
     r.fail("work-size", "run.profiler.ranks",
            "the run directory would take about " + gib(bytes) + " (" + num(steps) + " recorded steps x " + num(ranks) +
                " recorded ranks x about " + num(per_step) + " records per rank and step x " + num(kBytesPerRecord) +
-               " bytes per record, plus a header of about " + num(header_bytes) +
-               " bytes per recorded rank, which lists the world's ranks); at most " + gib(kMaxRunDirBytes) +
+               " bytes per record, plus a header of about " + num(kHeaderBytes) +
+               " bytes per recorded rank); at most " + gib(kMaxRunDirBytes) +
                ": record fewer ranks (run.profiler.ranks = \"representatives\" or a list of ranks), fewer steps "
                "(run.steps, run.profiler.record_every_n_steps or end_step) or granularity = \"coarse\"");
   }

@@ -184,5 +184,16 @@ TEST(CliArgs, AScenarioNameNeverPlacesTheRunOutsideOutSim) {
   EXPECT_EQ(r.out.find("internal error"), std::string::npos) << r.out.substr(0, 400);
 }
 
+TEST(CliArgs, ALargeRunDirectoryIsReportedWithTheKeysThatRecordLess) {
+  st::TempDir tmp;
+  std::ofstream(tmp.path() / "phases_rank_0.jsonl") << std::string(600, 'x');
+  std::ofstream(tmp.path() / "phases_rank_1.jsonl") << std::string(600, 'x');
+  EXPECT_EQ(run_dir_size_warning(tmp.path().string(), 1200), "");
+  const std::string w = run_dir_size_warning(tmp.path().string(), 1199);
+  EXPECT_NE(w.find("holds 1.12e-06 GiB in 2 files"), std::string::npos) << w;
+  EXPECT_NE(w.find("run.profiler.ranks = \"representatives\""), std::string::npos) << w;
+  EXPECT_EQ(run_dir_size_warning((tmp.path() / "absent").string(), 0), "");
+}
+
 }  // namespace
 }  // namespace threewalls::cli

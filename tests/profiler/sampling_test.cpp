@@ -129,6 +129,9 @@ TEST(SamplingPolicy, EffectiveKnobsGoIntoJson) {
   EXPECT_EQ(j["end_step"], 9);
   EXPECT_EQ(j["record_every_n_steps"], 2);
   EXPECT_EQ(j["flush_every_n_steps"], 3);
-  EXPECT_EQ(j["ranks"], OrderedJson::parse("[2,4]"));
+  EXPECT_EQ(j["recorded_ranks"], 2);
+  EXPECT_FALSE(j.contains("ranks"));  // the list is run.json's alone: a header does not grow with the world
   EXPECT_EQ(j["granularity"], "coarse");
+  EXPECT_EQ(policy(0, -1, 1, 1, {}, 70000, Granularity::layer).to_json().dump().size(),
+            policy(0, -1, 1, 1, {}, 7, Granularity::layer).to_json().dump().size() + 4);
 }

@@ -126,7 +126,7 @@ class SamplingPolicy:
             "end_step": c.end_step,
             "record_every_n_steps": c.record_every_n_steps,
             "flush_every_n_steps": c.flush_every_n_steps,
-            "ranks": list(self._ranks),
+            "recorded_ranks": len(self._ranks),
             "granularity": c.granularity,
         }
 

@@ -60,7 +60,8 @@ class SamplingPolicy {
   [[nodiscard]] const std::vector<int>& recording_ranks() const { return ranks_; }
   [[nodiscard]] const SamplingConfig& config() const { return config_; }
   [[nodiscard]] int world_size() const { return world_size_; }
-  // The effective knobs as written into the run header's settings.profiler.
+  // The effective knobs as written into the run header's settings.profiler; the recording ranks
+  // appear there as their count (`recorded_ranks`), the list only in run.json's `ranks`.
   [[nodiscard]] OrderedJson to_json() const;
 
  private:
