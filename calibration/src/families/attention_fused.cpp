@@ -103,11 +103,11 @@ void plan_attention_fused(GridPlan& p, bool backward) {
   // Few query tiles (one micro-batch of one sequence, as pipeline and expert-parallel layouts run):
   // under a wave of 128-row tiles to four, partial last waves, where the launch and tail costs are a
   // large share of the time and the 16,384-token points above cannot tell them apart.
-  add_fused_attention(p, backward, 1, 1024, 8, 8, 128, 128, true);     // 64 tiles: half a wave
-  add_fused_attention(p, backward, 1, 2048, 20, 4, 128, 128, true);    // 320 tiles: 2.4 waves
+  add_fused_attention(p, backward, 1, 1024, 8, 8, 128, 128, true);   // 64 tiles: half a wave
+  add_fused_attention(p, backward, 1, 2048, 20, 4, 128, 128, true);  // 320 tiles: 2.4 waves
   if (p.full()) {
     add_fused_attention(p, backward, 1, 2048, 10, 10, 128, 128, false);  // 160 tiles: 1.2 waves
-    add_fused_attention(p, backward, 1, 4096, 14, 14, 128, 128, true);  // 448 tiles: 3.4 waves
+    add_fused_attention(p, backward, 1, 4096, 14, 14, 128, 128, true);   // 448 tiles: 3.4 waves
     add_fused_attention(p, backward, 2, 1024, 16, 16, 128, 128, false);
     add_fused_attention(p, backward, 1, 1024, 32, 32, 64, 64, true);
     add_fused_attention(p, backward, 4, 512, 24, 8, 128, 128, true);
