@@ -6,13 +6,29 @@
 #include <string>
 #include <vector>
 
+#include <sys/resource.h>
+
 #include "args.hpp"
 #include "command.hpp"
 #include "threewalls/core/error.hpp"
 #include "threewalls/core/version.hpp"
 
+namespace {
+
+// The soft limit of open files raised to the hard limit: a run directory keeps one file open per
+// recorded rank while it can (the writer reads the limit and reopens files past half of it).
+void raise_open_file_limit() {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == lim.rlim_max) return;
+  lim.rlim_cur = lim.rlim_max;
+  (void)::setrlimit(RLIMIT_NOFILE, &lim);  // best effort: the writer works under any limit
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace threewalls;
+  raise_open_file_limit();
   CLI::App app{
       "threewalls: where a distributed MoE training or inference step spends its time (compute, memory, "
       "communication, host overhead), simulated on SimGrid or measured on GPUs, from one scenario file."};

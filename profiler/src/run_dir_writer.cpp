@@ -25,17 +25,12 @@ namespace fs = std::filesystem;
 namespace {
 
 // How many rank files a writer keeps open at once: half the process's limit of open files (the soft
-// RLIMIT_NOFILE, raised to the hard limit first), the rest left to the libraries (NCCL, CUDA). A writer
-// with more recorded ranks opens each file for each write instead (a world of 32,768 recorded ranks
-// on a machine that allows 20,000 open files).
+// RLIMIT_NOFILE; the threewalls executables raise it to the hard limit at start-up), the rest left to
+// the libraries (NCCL, CUDA). A writer with more recorded ranks opens each file for each write instead
+// (a world of 32,768 recorded ranks on a machine that allows 20,000 open files).
 std::size_t max_files_kept_open() {
   rlimit lim{};
   if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return 512;
-  if (lim.rlim_cur != RLIM_INFINITY && (lim.rlim_max == RLIM_INFINITY || lim.rlim_cur < lim.rlim_max)) {
-    rlimit raised = lim;
-    raised.rlim_cur = lim.rlim_max;
-    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) lim = raised;
-  }
   if (lim.rlim_cur == RLIM_INFINITY) return std::size_t{1} << 20;
   return static_cast<std::size_t>(lim.rlim_cur) / 2;
 }
