@@ -316,6 +316,17 @@ TEST(PlanSweep, ShardsMergeIntoTheUnshardedPlan) {
   // A missing shard or a shard given twice is an error.
   EXPECT_THROW(merge_plans({shards[0], shards[1]}), InputError);
   EXPECT_THROW(merge_plans({shards[0], shards[1], shards[1]}), InputError);
+  // A shard count of 2^31 - 1 (a mutated file, campaign F7: 8 GB and 44 s before the error) costs
+  // what the files given cost: the error names the first missing shards and how many are missing.
+  std::vector<PlanResult> huge{shards[0], shards[1]};
+  for (auto& s : huge) s.shard_count = 2147483647;
+  try {
+    (void)merge_plans(huge);
+    ADD_FAILURE() << "merged 2 of 2147483647 shards";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("missing shard(s) 2/2147483647, 3/2147483647"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("(2147483645 in all)"), std::string::npos) << e.what();
+  }
 }
 
 TEST(PlanSweep, ACorruptShardIsRefusedNeverRanked) {

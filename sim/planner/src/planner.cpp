@@ -1076,7 +1076,9 @@ void explain_rows(PlanResult& r) {
 PlanResult merge_plans(const std::vector<PlanResult>& shards) {
   if (shards.empty()) throw InputError("plan-merge: no shard files given");
   const PlanResult& a = shards.front();
-  std::vector<int> seen(static_cast<std::size_t>(std::max(1, a.shard_count)), 0);
+  // Indices seen, kept as a set: the work is bounded by the files given, not by the shard count a
+  // file claims (a count of 2^31 - 1 must not allocate a slot per shard).
+  std::set<int> seen;
   for (const auto& s : shards) {
     auto mismatch = [&](const std::string& field, const std::string& x, const std::string& y) {
       if (x != y) {
@@ -1091,17 +1093,26 @@ PlanResult merge_plans(const std::vector<PlanResult>& shards) {
     mismatch("top_k", std::to_string(a.top_k), std::to_string(s.top_k));
     mismatch("losers_per_reason", std::to_string(a.losers_per_reason), std::to_string(s.losers_per_reason));
     mismatch("shard_count", std::to_string(a.shard_count), std::to_string(s.shard_count));
-    if (s.shard_index < 0 || s.shard_index >= a.shard_count) throw InputError("plan-merge: shard index out of range");
-    if (seen[static_cast<std::size_t>(s.shard_index)]++) {
+    if (s.shard_index < 0 || s.shard_index >= a.shard_count) {
+      throw InputError("plan-merge: shard index " + std::to_string(s.shard_index) + " out of range; allowed: 0.." +
+                       std::to_string(a.shard_count - 1));
+    }
+    if (!seen.insert(s.shard_index).second) {
       throw InputError("plan-merge: shard " + std::to_string(s.shard_index) + "/" + std::to_string(a.shard_count) +
                        " given twice");
     }
   }
-  std::vector<std::string> missing;
-  for (std::size_t i = 0; i < seen.size(); ++i) {
-    if (!seen[i]) missing.push_back(std::to_string(i) + "/" + std::to_string(a.shard_count));
+  if (seen.size() != static_cast<std::size_t>(std::max(1, a.shard_count))) {
+    constexpr std::size_t kListed = 10;  // missing shards named in the message
+    std::vector<std::string> missing;
+    for (int i = 0; i < a.shard_count && missing.size() < kListed; ++i) {
+      if (!seen.count(i)) missing.push_back(std::to_string(i) + "/" + std::to_string(a.shard_count));
+    }
+    const long long absent = static_cast<long long>(a.shard_count) - static_cast<long long>(seen.size());
+    throw InputError("plan-merge: missing shard(s) " + join(missing, ", ") +
+                     (absent > static_cast<long long>(missing.size()) ? ", ... (" + std::to_string(absent) + " in all)"
+                                                                      : std::string()));
   }
-  if (!missing.empty()) throw InputError("plan-merge: missing shard(s) " + join(missing, ", "));
   PlanResult r = a;
   r.shard_index = 0;
   r.shard_count = 1;
