@@ -340,4 +340,11 @@ std::optional<CostModel::NcclMemory> CostModel::nccl_memory() const {
   return NcclMemory{Bytes(m.communicator_bytes), Bytes(m.collective_bytes), Bytes(m.p2p_peer_bytes)};
 }
 
+std::optional<CostModel::DeviceMemory> CostModel::device_memory() const {
+  if (!impl_->device_memory) return std::nullopt;
+  const DeviceMemoryModel& m = *impl_->device_memory;
+  return DeviceMemory{Bytes(m.context_bytes),      Bytes(m.modules_bytes), Bytes(m.blas_bytes),
+                      Bytes(m.blas_further_bytes), Bytes(m.cudnn_bytes),   Bytes(m.granularity_bytes)};
+}
+
 }  // namespace threewalls::calibration

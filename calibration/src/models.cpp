@@ -10,6 +10,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 
 #include "threewalls/calibration/fit.hpp"
 #include "threewalls/calibration/kernel_terms.hpp"
@@ -1178,24 +1179,77 @@ double NcclMemoryModel::stage_bytes(int stage) const {
   }
 }
 
-NcclMemoryModel NcclMemoryModel::fit(const std::vector<Sample>& samples) {
-  std::array<std::vector<double>, 3> by_stage;
-  for (const auto& s : samples) {
-    if (s.stage < 0 || s.stage > 2) {
-      throw FitImpossible("nccl memory: stage must be 0 (communicator), 1 (collectives) or 2 (p2p peer)");
+namespace {
+
+// The median bytes of each stage of a staged memory measurement (nccl.memory, device.memory):
+// FitImpossible naming `what` and the stage for an unknown stage, negative bytes or a stage without
+// points.
+template <std::size_t N>
+std::array<double, N> stage_medians(const std::vector<std::pair<int, double>>& samples, const char* what,
+                                    const std::array<const char*, N>& names) {
+  std::array<std::vector<double>, N> by_stage;
+  for (const auto& [stage, bytes] : samples) {
+    if (stage < 0 || stage >= static_cast<int>(N)) {
+      std::string allowed;
+      for (std::size_t i = 0; i < N; ++i) {
+        allowed += (i ? ", " : "") + std::to_string(i) + " (" + names[i] + ")";
+      }
+      throw FitImpossible(std::string(what) + ": stage must be " + allowed);
     }
-    if (!(s.bytes >= 0) || !std::isfinite(s.bytes)) throw FitImpossible("nccl memory: bytes must be >= 0");
-    by_stage[static_cast<std::size_t>(s.stage)].push_back(s.bytes);
+    if (!(bytes >= 0) || !std::isfinite(bytes)) throw FitImpossible(std::string(what) + ": bytes must be >= 0");
+    by_stage[static_cast<std::size_t>(stage)].push_back(bytes);
   }
-  const char* names[3] = {"communicator init", "first collectives", "first send/recv with a peer"};
-  for (std::size_t i = 0; i < 3; ++i) {
-    if (by_stage[i].empty()) throw FitImpossible(std::string("nccl memory: no point of stage ") + names[i]);
+  std::array<double, N> m{};
+  for (std::size_t i = 0; i < N; ++i) {
+    if (by_stage[i].empty()) throw FitImpossible(std::string(what) + ": no point of stage " + names[i]);
+    m[i] = fit::median(by_stage[i]);
   }
-  NcclMemoryModel m;
-  m.communicator_bytes = fit::median(by_stage[0]);
-  m.collective_bytes = fit::median(by_stage[1]);
-  m.p2p_peer_bytes = fit::median(by_stage[2]);
   return m;
+}
+
+}  // namespace
+
+NcclMemoryModel NcclMemoryModel::fit(const std::vector<Sample>& samples) {
+  std::vector<std::pair<int, double>> s;
+  for (const auto& x : samples) s.emplace_back(x.stage, x.bytes);
+  const auto m =
+      stage_medians<3>(s, "nccl memory", {"communicator init", "first collectives", "first send/recv with a peer"});
+  NcclMemoryModel out;
+  out.communicator_bytes = m[0];
+  out.collective_bytes = m[1];
+  out.p2p_peer_bytes = m[2];
+  return out;
+}
+
+// ---- per-process device memory ("device_memory_v1") ----
+
+double DeviceMemoryModel::stage_bytes(int stage) const {
+  switch (stage) {
+    case 0: return context_bytes;
+    case 1: return modules_bytes;
+    case 2: return blas_bytes;
+    case 3: return blas_further_bytes;
+    case 4: return cudnn_bytes;
+    case 5: return granularity_bytes;
+    default: throw std::invalid_argument("device memory: stage must be 0 to 5");
+  }
+}
+
+DeviceMemoryModel DeviceMemoryModel::fit(const std::vector<Sample>& samples) {
+  std::vector<std::pair<int, double>> s;
+  for (const auto& x : samples) s.emplace_back(x.stage, x.bytes);
+  const auto m =
+      stage_medians<kStages>(s, "device memory",
+                             {"CUDA context", "first kernel launches", "first cuBLASLt handle and workspace",
+                              "further cuBLASLt handle", "cuDNN handle and fused attention", "allocation granularity"});
+  DeviceMemoryModel out;
+  out.context_bytes = m[0];
+  out.modules_bytes = m[1];
+  out.blas_bytes = m[2];
+  out.blas_further_bytes = m[3];
+  out.cudnn_bytes = m[4];
+  out.granularity_bytes = m[5];
+  return out;
 }
 
 }  // namespace threewalls::calibration

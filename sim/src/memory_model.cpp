@@ -54,25 +54,40 @@ int MemoryReport::first_oom_class() const {
 
 namespace {
 
-// threewalls run gives every device stream its own OpRunner (backend/src/cuda_device.cpp,
-// prepare_stream): a cuBLASLt handle with its own workspace and operand buffers sized for the ops queued
-// on that stream. The first stream's is in kCudaContextBytes; every further stream adds its workspace
-// and, for its buffers, the bytes of the largest op it runs (docs: "Buffers").
-double per_stream_runner_bytes(const scenarios::RankClass& rc) {
-  std::map<int, double> largest;
+// What threewalls run's OpRunners of a rank hold: the CUDA context and modules once, and per device
+// stream with ops an OpRunner (backend/src/cuda_device.cpp, prepare_stream) with its cuBLASLt handle
+// and workspace, a cuDNN handle where it runs fused attention, and operand buffers sized for the ops
+// queued on that stream (docs: "Buffers"). Measured (opt.device, the profile's device.memory): the
+// context, modules, first and further cuBLASLt handles and cuDNN handles at their measured bytes.
+// Without it: kCudaContextBytes for the process and the first runner, kOpRunnerWorkspaceBytes per
+// further one. Operand buffers: the bytes of the largest op of every stream but the first.
+double runner_bytes(const scenarios::RankClass& rc, const MemoryOptions& opt) {
+  struct Stream {
+    double largest = 0.0;
+    bool fused_attention = false;
+  };
+  std::map<int, Stream> streams;
   for (const Op& op : rc.ops) {
     if (op.kind == OpKind::host) continue;
-    double& b = largest[op.stream];
-    b = std::max(b, op.bytes);
+    Stream& st = streams[op.stream];
+    st.largest = std::max(st.largest, op.bytes);
+    st.fused_attention = st.fused_attention || (op.kind == OpKind::attention &&
+                                                scenarios::attention_kernel(op) != scenarios::AttentionKernel::unfused);
   }
+  const double further = streams.empty() ? 0.0 : static_cast<double>(streams.size() - 1);
   double total = 0.0;
+  if (opt.device) {
+    const DeviceMemoryParams& d = *opt.device;
+    total +=
+        d.context.value + d.modules.value + (streams.empty() ? 0.0 : d.blas.value) + further * d.blas_further.value;
+    for (const auto& [id, st] : streams) total += st.fused_attention ? d.cudnn.value : 0.0;
+  } else {
+    total += kCudaContextBytes + further * kOpRunnerWorkspaceBytes;
+  }
   bool first = true;
-  for (const auto& [stream, bytes] : largest) {
-    if (first) {
-      first = false;
-      continue;
-    }
-    total += kOpRunnerWorkspaceBytes + bytes;
+  for (const auto& [id, st] : streams) {
+    if (!first) total += st.largest;
+    first = false;
   }
   return total;
 }
@@ -319,8 +334,7 @@ MemoryReport memory_model(const Scenario& s, const scenarios::StepGraph& graph, 
     }
     const double nccl =
         opt.nccl ? nccl_bytes_measured(L, rep_rank, communication_ops_of(rc, opt), *opt.nccl) : nccl_bytes(s, L);
-    b.buffers = Bytes(kCudaContextBytes + nccl + dispatcher_bytes(s, rc.expert_load, L, rep_rank) +
-                      per_stream_runner_bytes(rc));
+    b.buffers = Bytes(runner_bytes(rc, opt) + nccl + dispatcher_bytes(s, rc.expert_load, L, rep_rank));
     report.classes.push_back(std::move(cm));
   }
   return report;

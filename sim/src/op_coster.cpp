@@ -241,4 +241,10 @@ std::optional<NcclMemoryParams> CostModelCoster::nccl_memory() const {
   return NcclMemoryParams{m->communicator, m->collective, m->p2p_peer};
 }
 
+std::optional<DeviceMemoryParams> CostModelCoster::device_memory() const {
+  const auto m = model_.device_memory();
+  if (!m) return std::nullopt;
+  return DeviceMemoryParams{m->context, m->modules, m->blas, m->blas_further, m->cudnn, m->granularity};
+}
+
 }  // namespace threewalls::sim

@@ -582,6 +582,23 @@ TEST(CalibrationPlan, LibraryCallHostPointsAreNoShapeOfTheValidationScenarios) {
   }
 }
 
+TEST(CalibrationPlan, DeviceMemoryIsEveryStageOfEveryRepeatOnOneGpu) {
+  for (const Mode mode : {Mode::quick, Mode::full}) {
+    const auto points = plan(mode, 1, {"device"});
+    ASSERT_EQ(points.size(), static_cast<std::size_t>(calibration::DeviceMemoryModel::kStages *
+                                                      calibration::DeviceMemoryModel::kRepeats));
+    std::set<std::pair<int, int>> seen;
+    for (const auto& p : points) {
+      EXPECT_EQ(p.op, "device_memory");
+      EXPECT_EQ(p.family, calibration::kDeviceMemoryFamily);
+      EXPECT_EQ(p.inputs.size(), 3U);
+      EXPECT_EQ(p.inputs[0], p.param("stage"));
+      seen.insert({static_cast<int>(p.iparam("stage")), static_cast<int>(p.iparam("repeat"))});
+    }
+    EXPECT_EQ(seen.size(), points.size());
+  }
+}
+
 TEST(CalibrationPlan, InterferenceNeedsTwoGpusAndCoversOneAndManyWaveGemms) {
   EXPECT_TRUE(plan(Mode::full, 1, {"interference"}).empty());  // the report says why (needs 2 GPUs)
   for (const Mode mode : {Mode::quick, Mode::full}) {

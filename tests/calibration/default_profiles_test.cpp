@@ -63,6 +63,9 @@ TEST(DefaultProfiles, AreLabelledSyntheticAndCoverEveryFamilyTheSimulatorNeeds) 
       // Optional, measured only (2 GPUs): without them the simulator charges no interference and uses fixed NCCL memory
       // constants.
       if (spec.kind == ModelKind::nccl_interference || spec.kind == ModelKind::nccl_memory) continue;
+      // Optional, measured only: without it the memory model uses fixed constants for the CUDA context
+      // and the libraries.
+      if (spec.kind == ModelKind::device_memory) continue;
       // Optional, measured only: without them the simulator costs fused and decode attention from the
       // attention fits and warns.
       if (spec.kind == ModelKind::attention_fused || spec.kind == ModelKind::attention_decode) continue;

@@ -171,3 +171,46 @@ TEST(ProfileFormat, NcclInterferenceParametersAreChecked) {
     EXPECT_NE(std::string(e.what()).find("cases"), std::string::npos) << e.what();
   }
 }
+
+// Per-process device memory (device.memory, "device_memory_v1"): the same staged medians on one GPU.
+TEST(DeviceMemoryModel, FitTakesTheMedianOfEachStage) {
+  std::vector<DeviceMemoryModel::Sample> s;
+  const double truth[DeviceMemoryModel::kStages] = {5.4e8, 8e6, 1.1e8, 3.4e7, 2.6e8, 2097152};
+  for (int stage = 0; stage < DeviceMemoryModel::kStages; ++stage) {
+    for (const double scale : {1.0, 1.03, 0.99}) s.push_back({stage, scale * truth[stage]});
+  }
+  const auto m = DeviceMemoryModel::fit(s);
+  for (int stage = 0; stage < DeviceMemoryModel::kStages; ++stage) {
+    EXPECT_DOUBLE_EQ(m.stage_bytes(stage), truth[stage]) << stage;
+  }
+  EXPECT_DOUBLE_EQ(m.context_bytes, 5.4e8);
+  EXPECT_DOUBLE_EQ(m.granularity_bytes, 2097152);
+  s.pop_back();
+  s.pop_back();
+  s.pop_back();
+  EXPECT_THROW((void)DeviceMemoryModel::fit(s), FitImpossible);  // no granularity stage
+  s.push_back({6, 1.0});
+  EXPECT_THROW((void)DeviceMemoryModel::fit(s), FitImpossible);  // unknown stage
+  EXPECT_THROW((void)DeviceMemoryModel::fit({{0, -1.0}}), FitImpossible);
+}
+
+TEST(CostModel, DeviceMemorySurvivesSaveAndLoadAndIsOptional) {
+  ProfileBuilder b({"device", "synthetic: unit test", "tests/calibration"}, calibration::testing::test_hardware());
+  const double truth[DeviceMemoryModel::kStages] = {5.4e8, 8e6, 1.1e8, 3.4e7, 2.6e8, 2097152};
+  for (int repeat = 0; repeat < DeviceMemoryModel::kRepeats; ++repeat) {
+    for (int stage = 0; stage < DeviceMemoryModel::kStages; ++stage) {
+      b.add_point(kDeviceMemoryFamily, {static_cast<double>(stage), static_cast<double>(repeat), truth[stage]},
+                  Measurement::single(0.1 + stage));
+    }
+  }
+  const Profile built = b.build();
+  const Profile p = Profile::parse(built.to_toml(), "<device memory test>");
+  EXPECT_EQ(p.to_toml(), built.to_toml());
+  EXPECT_LT(p.family(kDeviceMemoryFamily).quality.rel_err_max, 1e-6);  // errors over bytes
+  const auto dm = CostModel(p).device_memory();
+  ASSERT_TRUE(dm.has_value());
+  EXPECT_EQ(dm->context.value, 5.4e8);
+  EXPECT_EQ(dm->blas_further.value, 3.4e7);
+  EXPECT_EQ(dm->cudnn.value, 2.6e8);
+  EXPECT_FALSE(CostModel(calibration::testing::small_profile()).device_memory().has_value());
+}

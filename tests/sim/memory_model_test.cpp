@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "sim_test_support.hpp"
@@ -250,6 +251,34 @@ TEST(MemoryModel, OomScenarioIsReportedWithItsBreakdown) {
     g2.classes.push_back(c2);
   }
   EXPECT_FALSE(memory_model(fit, g2).oom());
+}
+
+TEST(MemoryModel, MeasuredDeviceMemoryCountsTheContextOnceAndHandlesPerStream) {
+  // f03-like: one GPU, fused attention on the compute stream; the profile's device.memory replaces
+  // the fixed constants: context and modules once, the first cuBLASLt, one further per extra stream
+  // with ops, a cuDNN handle per stream that runs fused attention.
+  const Scenario s =
+      scenarios::load_scenario(testing::source_dir() / "scenarios/validation/fidelity/f03_moe64_top8_1gpu.toml");
+  const auto g = scenarios::expand(s, 0);
+  ASSERT_EQ(g.classes.size(), 1U);
+  std::set<int> streams, fused;
+  for (const auto& op : g.classes[0].ops) {
+    if (op.kind == scenarios::OpKind::host) continue;
+    streams.insert(op.stream);
+    if (op.kind == scenarios::OpKind::attention &&
+        scenarios::attention_kernel(op) != scenarios::AttentionKernel::unfused) {
+      fused.insert(op.stream);
+    }
+  }
+  ASSERT_FALSE(fused.empty());
+  MemoryOptions measured;
+  measured.device =
+      DeviceMemoryParams{Bytes(600e6), Bytes(10e6), Bytes(150e6), Bytes(40e6), Bytes(300e6), Bytes(2097152)};
+  const double with = memory_model(s, g, measured).classes[0].breakdown.buffers.value;
+  const double without = memory_model(s, g).classes[0].breakdown.buffers.value;
+  const double further = static_cast<double>(streams.size() - 1);
+  EXPECT_DOUBLE_EQ(with - without, 600e6 + 10e6 + 150e6 + further * 40e6 + static_cast<double>(fused.size()) * 300e6 -
+                                       kCudaContextBytes - further * kOpRunnerWorkspaceBytes);
 }
 
 }  // namespace

@@ -45,7 +45,7 @@ std::vector<Param> derived_metrics(const PointSpec& p, double median_s) {
     m.push_back({"alone_us", p.inputs[3] * 1e6});
     m.push_back({"slowdown", median_s / p.inputs[3]});  // time with NCCL resident / time alone
   }
-  if (p.op == "nccl_memory" && p.inputs.size() == 3) {
+  if ((p.op == "nccl_memory" || p.op == "device_memory") && p.inputs.size() == 3) {
     m.push_back({"mib", p.inputs[2] / 1048576.0});
     return m;
   }

@@ -119,6 +119,10 @@ std::string why_not_measured(const std::string& family, int gpus_used, const std
     return "one GPU was used: needs 2 GPUs (GPU 1 is the NCCL peer); the simulator applies no slowdown beside NCCL "
            "kernels and the memory model keeps its fixed NCCL constants";
   }
+  if (family == kDeviceMemoryFamily) {
+    return "the calibrate group device did not run; the memory model keeps its fixed constants for the CUDA context "
+           "and the libraries' handles";
+  }
   if (family == "grouped_gemm.fp8")
     return "the backend has no fp8 grouped GEMM (an fp8 grouped op is an error in threewalls run)";
   if (starts_with(family, "gemm.fp32") || starts_with(family, "grouped_gemm.fp32"))
@@ -376,7 +380,7 @@ CalibrationReport build_report(const std::vector<Record>& records, const BuildOp
     }
   }
   // Optional families no fill profile has: say that they were not measured, and why.
-  for (const std::string_view opt : {kNcclInterferenceFamily, kNcclMemoryFamily}) {
+  for (const std::string_view opt : {kNcclInterferenceFamily, kNcclMemoryFamily, kDeviceMemoryFamily}) {
     bool listed = dropped.count(std::string(opt)) != 0;
     for (const auto& fr : rep.families) listed = listed || fr.name == opt;
     if (listed) continue;

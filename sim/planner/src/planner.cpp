@@ -762,6 +762,7 @@ MemoryReport PlanEstimator::memory(const Scenario& s, const Candidate& c) {
   }
   MemoryOptions memory = impl_->memory;
   if (!memory.nccl) memory.nccl = impl_->coster.nccl_memory();  // the profile's nccl.memory, when it has one
+  if (!memory.device) memory.device = impl_->coster.device_memory();  // and its device.memory
   if (memory.nccl) memory.communication_ops = &impl_->communication(s, skel.layout, c);
   return memory_model(s, skel, memory);
 }

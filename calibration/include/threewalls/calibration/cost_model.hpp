@@ -159,6 +159,17 @@ class CostModel {
   };
   // Empty when the profile has no nccl.memory family (the memory model keeps its fixed constants).
   [[nodiscard]] std::optional<NcclMemory> nccl_memory() const;
+  // ---- per-process device memory (optional family device.memory) ----
+  struct DeviceMemory {
+    Bytes context;       // the CUDA context, per process
+    Bytes modules;       // the backend's kernel modules, per process
+    Bytes blas;          // the first OpRunner's cuBLASLt and cuBLAS handles, workspace, GEMM modules
+    Bytes blas_further;  // per further OpRunner: cuBLASLt and cuBLAS handles, workspace
+    Bytes cudnn;         // per OpRunner that runs fused attention: cuDNN handle, graphs, workspace
+    Bytes granularity;   // device bytes per allocation are a multiple of this
+  };
+  // Empty when the profile has no device.memory family (the memory model keeps its fixed constants).
+  [[nodiscard]] std::optional<DeviceMemory> device_memory() const;
 
   // ---- hardware ----
   [[nodiscard]] FlopsPerSecond peak_flops(DType dt) const;  // datasheet dense peak

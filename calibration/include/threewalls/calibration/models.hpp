@@ -547,4 +547,39 @@ struct NcclMemoryModel {
   static NcclMemoryModel fit(const std::vector<Sample>& samples);
 };
 
+// ---------------------------------------------------------------------------------------------
+// Per-process device memory ("device_memory_v1", family device.memory): what a process running
+// threewalls run holds on its GPU besides its tensors, measured with cudaMemGetInfo around each
+// stage in a fresh CUDA context on one GPU (calibrate, group "device"):
+//   stage 0: the CUDA context (cuCtxCreate), once per process;
+//   stage 1: the first launches of the backend's kernels (module loading, lazy by default), once;
+//   stage 2: the first CublasLt (cuBLASLt and cuBLAS handles, the backend's workspace) and its first
+//            GEMMs (their kernels' modules), once: the first OpRunner's;
+//   stage 3: a second CublasLt with the same GEMMs, per further OpRunner (one per device stream
+//            with ops);
+//   stage 4: one cuDNN handle and the fused-attention graphs of a typical shape, forward and
+//            backward, with the workspace they ask for, per OpRunner that runs fused attention;
+//   stage 5: the device bytes a 1-byte cudaMalloc takes (the driver's allocation granularity: every
+//            buffer the backend allocates is rounded up to it).
+// Each parameter is the median of its stage's points (one per repeat). The points' measured
+// quantity is bytes, as nccl.memory's.
+struct DeviceMemoryModel {
+  static constexpr int kStages = 6;
+  static constexpr int kRepeats = 3;  // the calibration's repeats, each in a fresh CUDA context
+  double context_bytes = 0.0;
+  double modules_bytes = 0.0;
+  double blas_bytes = 0.0;
+  double blas_further_bytes = 0.0;
+  double cudnn_bytes = 0.0;
+  double granularity_bytes = 0.0;
+
+  [[nodiscard]] double stage_bytes(int stage) const;
+  struct Sample {
+    int stage;
+    double bytes;
+  };
+  // Throws FitImpossible when a stage has no point or a stage number is unknown.
+  static DeviceMemoryModel fit(const std::vector<Sample>& samples);
+};
+
 }  // namespace threewalls::calibration

@@ -108,6 +108,9 @@ inline constexpr std::string_view kConcurrencyFamily = "concurrency";
 // memory model's fixed NCCL constants).
 inline constexpr std::string_view kNcclInterferenceFamily = "nccl.interference";
 inline constexpr std::string_view kNcclMemoryFamily = "nccl.memory";
+// Optional: per-process device memory (a profile without it: the memory model's fixed constants for
+// the CUDA context and the libraries' handles and workspaces).
+inline constexpr std::string_view kDeviceMemoryFamily = "device.memory";
 // Shape-aware library-call host costs (optional; the simulator prefers them to the median families
 // host.gemm_launch and host.grouped_gemm_launch).
 inline constexpr std::string_view kGemmCallFamily = "host.gemm_call";

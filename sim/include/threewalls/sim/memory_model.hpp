@@ -27,6 +27,10 @@ struct MemoryOptions {
   // the planner fill it from their coster). Empty: the fixed constants kNcclBytesPerCommunicator /
   // kNcclBytesPerPeer below (docs/memory_model.md, "Buffers").
   std::optional<NcclMemoryParams> nccl{};
+  // Per-process device memory measured by the calibration (profile family device.memory): the CUDA
+  // context, kernel modules, cuBLASLt / cuDNN handles and workspaces. Empty: the fixed constants
+  // kCudaContextBytes and kOpRunnerWorkspaceBytes below (docs/memory_model.md, "Buffers").
+  std::optional<DeviceMemoryParams> device{};
   // Where the NCCL buffers of a class are counted (nccl measured): null, on the class's own ops;
   // else on the ops of this graph's first class of the same pipeline stage, for a graph without
   // ops (the planner's skeleton, docs/planner.md). Its layout must be the graph's.

@@ -84,6 +84,17 @@ struct NcclMemoryParams {
   Bytes p2p_peer;      // per distinct send/recv peer (both directions)
 };
 
+// Per-process device memory of the profile (calibration family device.memory, models.hpp
+// DeviceMemoryModel).
+struct DeviceMemoryParams {
+  Bytes context;       // the CUDA context, per process
+  Bytes modules;       // the backend's kernel modules, per process
+  Bytes blas;          // the first OpRunner's cuBLASLt and cuBLAS handles, workspace and GEMM modules
+  Bytes blas_further;  // per further OpRunner (device stream with ops)
+  Bytes cudnn;         // per OpRunner that runs fused attention
+  Bytes granularity;   // device bytes per allocation are a multiple of this
+};
+
 class OpCoster {
  public:
   virtual ~OpCoster() = default;
@@ -109,6 +120,8 @@ class OpCoster {
   [[nodiscard]] virtual bool models_nccl_residency() const { return false; }
   // NCCL device memory measured by the calibration; empty: the memory model keeps its constants.
   [[nodiscard]] virtual std::optional<NcclMemoryParams> nccl_memory() const { return std::nullopt; }
+  // Per-process device memory measured by the calibration; empty: the memory model keeps its constants.
+  [[nodiscard]] virtual std::optional<DeviceMemoryParams> device_memory() const { return std::nullopt; }
   // Host time of the library call OpRunner makes for a gemm or grouped_gemm op, by its shape (split-K
   // GEMMs launch a second kernel; a grouped GEMM one matmul per run of equal rows); empty: the
   // per-kind constant of HostCosts (test fakes, other kinds).
@@ -143,6 +156,7 @@ class CostModelCoster final : public OpCoster {
   [[nodiscard]] double nccl_resident_slowdown(int nccl_case, int compute_class, double tiles) const override;
   [[nodiscard]] bool models_nccl_residency() const override;
   [[nodiscard]] std::optional<NcclMemoryParams> nccl_memory() const override;
+  [[nodiscard]] std::optional<DeviceMemoryParams> device_memory() const override;
   [[nodiscard]] std::optional<Seconds> library_launch(const scenarios::Op& op) const override;
   [[nodiscard]] Seconds stream_cycle_extra(int streams) const override;
   [[nodiscard]] std::optional<std::string> substitution(const scenarios::Op& op) const override;
