@@ -3,8 +3,9 @@
 #
 #   scripts/calibrate_on_gpu.sh pack BUILD_DIR CARRY_DIR
 #       Copies threewalls, threewalls-gpu (which threewalls execs for run and calibrate),
-#       libthreewalls_simgrid.so (which flow-fidelity simulations load) and calibration_bench_gpu_tests from BUILD_DIR into CARRY_DIR (and backend_tests,
-#       kernel_bench and profiler_overhead where built, for scripts/gpu_batch.sh), with the shared
+#       libthreewalls_simgrid.so (which flow-fidelity simulations load) and calibration_bench_gpu_tests from BUILD_DIR into CARRY_DIR (and,
+#       where built, threewalls_merge_families, to merge the measured families into a profile on the GPU
+#       machine, and backend_tests, kernel_bench and profiler_overhead for scripts/gpu_batch.sh), with the shared
 #       libraries they need that a bare GPU machine may lack (everything `ldd` resolves outside the CUDA
 #       toolkit, the driver and glibc) in CARRY_DIR/lib. Run on the build machine.
 #   scripts/calibrate_on_gpu.sh run CARRY_DIR OUT_DIR [threewalls calibrate options...]
@@ -23,9 +24,9 @@ if [ "$mode" = pack ]; then
   build=${1:?BUILD_DIR}
   carry=${2:?CARRY_DIR}
   mkdir -p "$carry/lib"
-  # Those the calibration needs, then those scripts/gpu_batch.sh also runs where they were built.
+  # Those the calibration needs, then, where built, the merge tool and those scripts/gpu_batch.sh runs.
   for b in cli/threewalls cli/threewalls-gpu cli/libthreewalls_simgrid.so tests/calibration/calibration_bench_gpu_tests \
-           tests/backend/backend_tests backend/kernel_bench bench/profiler_overhead; do
+           calibration/threewalls_merge_families tests/backend/backend_tests backend/kernel_bench bench/profiler_overhead; do
     case "$b" in
       cli/*|tests/calibration/*)
         [ -x "$build/$b" ] || { echo "missing $build/$b (build targets threewalls, threewalls-gpu and calibration_bench_gpu_tests)"; exit 2; } ;;
