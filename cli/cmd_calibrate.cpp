@@ -7,8 +7,10 @@
 
 #include "args.hpp"
 #include "command.hpp"
+#include "threewalls/calibration/bench/plan.hpp"
 #include "threewalls/calibration/bench/session.hpp"
 #include "threewalls/core/error.hpp"
+#include "threewalls/core/strings.hpp"
 
 namespace threewalls::cli {
 
@@ -21,9 +23,9 @@ void register_calibrate(CLI::App& app, Commands& cmds) {
       ->check(CLI::Range(0, 1024));
   sub->add_option("--raw-out", o->raw_out,
                   "Folder for the raw output: points.jsonl (every sample), summary.json, summary.txt");
-  sub->add_option(
-      "--only", o->only,
-      "Comma-separated groups to measure: gemm, grouped, attention, memory, copy, collective, host, concurrency");
+  sub->add_option("--only", o->only,
+                  "Comma-separated groups to measure: " + join(calibration::bench::op_groups()) +
+                      " (attention: the unfused, fused and decode attention families)");
   sub->add_option("--gpu-kind", o->gpu_kind, "GPU kind when the device name does not say it: h100 or h200")
       ->check(CLI::IsMember({"h100", "h200"}));
   sub->add_option("--name", o->name, "Profile name ([profile] name); default: the GPU kind");
