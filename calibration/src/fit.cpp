@@ -257,10 +257,20 @@ ErrorStats relative_error_stats(const std::vector<double>& predicted, const std:
   std::vector<double> e;
   e.reserve(predicted.size());
   for (std::size_t i = 0; i < predicted.size(); ++i) {
-    if (!(measured[i] > 0)) throw std::invalid_argument("relative_error_stats: measured value must be > 0");
+    if (!(measured[i] >= 0)) throw std::invalid_argument("relative_error_stats: measured value must be >= 0");
+    if (measured[i] == 0) {
+      // A quantity that can be zero (bytes a stage allocates): exact when predicted zero, else it
+      // has no relative error and is not counted.
+      if (predicted[i] == 0) e.push_back(0.0);
+      continue;
+    }
     e.push_back(std::fabs(predicted[i] - measured[i]) / measured[i]);
   }
   s.count = e.size();
+  if (e.empty()) {
+    s.median = s.max = std::numeric_limits<double>::quiet_NaN();
+    return s;
+  }
   s.max = *std::max_element(e.begin(), e.end());
   s.median = median(std::move(e));
   return s;

@@ -7,6 +7,7 @@
 
 #include "test_support.hpp"
 #include "threewalls/calibration/cost_model.hpp"
+#include "threewalls/calibration/fit.hpp"
 #include "threewalls/calibration/models.hpp"
 #include "threewalls/calibration/profile_builder.hpp"
 #include "threewalls/core/error.hpp"
@@ -213,4 +214,27 @@ TEST(CostModel, DeviceMemorySurvivesSaveAndLoadAndIsOptional) {
   EXPECT_EQ(dm->blas_further.value, 3.4e7);
   EXPECT_EQ(dm->cudnn.value, 2.6e8);
   EXPECT_FALSE(CostModel(calibration::testing::small_profile()).device_memory().has_value());
+}
+
+// Stages that allocate nothing (an H200 with lazy loading: the first kernel launches and the 1-byte
+// cudaMalloc read 0 MiB) are measurements, not errors: the profile builds, its errors over the
+// non-zero stages.
+TEST(CostModel, DeviceMemoryStagesOfZeroBytesBuild) {
+  ProfileBuilder b({"device", "synthetic: unit test", "tests/calibration"}, calibration::testing::test_hardware());
+  const double truth[DeviceMemoryModel::kStages] = {5.49e8, 0, 1.0e8, 1.0e8, 8.0e7, 0};
+  for (int repeat = 0; repeat < DeviceMemoryModel::kRepeats; ++repeat) {
+    for (int stage = 0; stage < DeviceMemoryModel::kStages; ++stage) {
+      b.add_point(kDeviceMemoryFamily, {static_cast<double>(stage), static_cast<double>(repeat), truth[stage]},
+                  Measurement::single(0.1 + stage));
+    }
+  }
+  const Profile p = Profile::parse(b.build().to_toml(), "<device memory zero stages>");
+  EXPECT_EQ(p.family(kDeviceMemoryFamily).quality.rel_err_max, 0.0);
+  const auto dm = CostModel(p).device_memory();
+  ASSERT_TRUE(dm.has_value());
+  EXPECT_EQ(dm->context.value, 5.49e8);
+  const auto e = fit::relative_error_stats({0.0, 1.0, 2.0}, {0.0, 0.0, 1.0});
+  EXPECT_EQ(e.count, 2U);  // the exact zero and 2 against 1; 1 against 0 has no relative error
+  EXPECT_DOUBLE_EQ(e.max, 1.0);
+  EXPECT_THROW((void)fit::relative_error_stats({1.0}, {-1.0}), std::invalid_argument);
 }

@@ -67,7 +67,8 @@ struct ErrorStats {
   std::size_t count = 0;  // how many points entered the statistic
 };
 
-// |pred_i - meas_i| / meas_i. Sizes must agree; meas_i must be > 0.
+// |pred_i - meas_i| / meas_i. Sizes must agree; meas_i must be >= 0. A zero measurement (bytes a
+// stage allocates can be none) counts as 0 when predicted zero and is left out otherwise.
 ErrorStats relative_error_stats(const std::vector<double>& predicted, const std::vector<double>& measured);
 
 // Leave-one-out error: for each point i, `predict_without(i)` fits the model on every other point
