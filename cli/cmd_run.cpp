@@ -173,9 +173,7 @@ void register_run(CLI::App& app, Commands& cmds) {
       throw InputError("run: --no-profiler and --record-every-n-steps contradict each other");
     }
     if (a.no_profiler || a.record_every > 0) {
-      const scenarios::ProfilerSpec& ps = s.run.profiler;
-      profiler::SamplingConfig c =
-          records::sampling_config(ps, ps.representatives ? scenarios::expand(s, 0) : scenarios::StepGraph());
+      profiler::SamplingConfig c = records::sampling_config(s, scenarios::expand(s, 0));
       if (a.record_every > 0) c.record_every_n_steps = a.record_every;
       if (a.no_profiler) c.enabled = false;
       eo.sampling = c;

@@ -185,19 +185,39 @@ OrderedJson run_json(const RunHeader& h) {
   return j;
 }
 
-OrderedJson header_line_json(const RunHeader& h, int rank) {
-  OrderedJson j = OrderedJson::object();
-  j["record"] = "header";
-  common_fields(j, h);
-  j["rank"] = rank;
-  int cls = h.rank_class_of(rank);
-  if (cls == kAbsent) {
-    j["rank_class"] = nullptr;
-  } else {
-    j["rank_class"] = cls;
+HeaderLines::HeaderLines(const RunHeader& h) {
+  OrderedJson head = OrderedJson::object();
+  head["record"] = "header";
+  common_fields(head, h);
+  head_ = head.dump();
+  head_.pop_back();  // the closing brace: rank and rank_class follow
+  OrderedJson tail = OrderedJson::object();
+  tail_fields(tail, h);
+  tail_ = tail.dump();
+  tail_[0] = ',';
+  class_of_rank_.assign(static_cast<std::size_t>(std::max(h.world_size, 0)), kAbsent);
+  for (const auto& c : h.rank_classes) {
+    for (int r : c.ranks) {
+      if (r < 0 || r >= h.world_size) continue;
+      int& cls = class_of_rank_[static_cast<std::size_t>(r)];
+      if (cls == kAbsent) cls = c.id;  // the first class that holds the rank, as rank_class_of
+    }
   }
-  tail_fields(j, h);
-  return j;
+}
+
+std::string HeaderLines::line(int rank) const {
+  const int cls = rank >= 0 && static_cast<std::size_t>(rank) < class_of_rank_.size()
+                      ? class_of_rank_[static_cast<std::size_t>(rank)]
+                      : kAbsent;
+  std::string out;
+  out.reserve(head_.size() + tail_.size() + 40);
+  out += head_;
+  out += ",\"rank\":";
+  out += std::to_string(rank);
+  out += ",\"rank_class\":";
+  out += cls == kAbsent ? std::string("null") : std::to_string(cls);
+  out += tail_;
+  return out;
 }
 
 RunHeader header_from_json(const Json& j, const std::string& where) {

@@ -349,6 +349,7 @@ RunDirWriter::RunDirWriter(fs::path dir, RunHeader header, SamplingPolicy policy
     file_of_rank_.assign(static_cast<std::size_t>(policy_.world_size()), -1);
     std::vector<int> local = options_.local_ranks.empty() ? policy_.recording_ranks() : options_.local_ranks;
     reopen_each_write_ = local.size() > max_files_kept_open();
+    const HeaderLines header_lines(header_);
     for (int r : local) {
       if (r < 0 || r >= policy_.world_size()) {
         throw InputError("writer: local rank " + std::to_string(r) + " is outside the world (0.." +
@@ -368,7 +369,7 @@ RunDirWriter::RunDirWriter(fs::path dir, RunHeader header, SamplingPolicy policy
         std::fclose(f.file);  // created empty; write_out appends and closes
         f.file = nullptr;
       }
-      f.buffer = header_line_json(header_, r).dump();
+      f.buffer = header_lines.line(r);
       f.buffer += '\n';
       buffered_ += f.buffer.size();
       file_of_rank_[static_cast<std::size_t>(r)] = static_cast<int>(files_.size());
@@ -423,7 +424,22 @@ void RunDirWriter::write_out(RankFile& f) {
   }
   buffered_ -= f.buffer.size();
   f.buffer.clear();
-  if (f.buffer.capacity() > kKeptCapacity) std::string().swap(f.buffer);
+  if (f.buffer.capacity() > kKeptCapacity) {
+    if (spare_capacity_ + f.buffer.capacity() <= kMaxBuffered) {
+      spare_capacity_ += f.buffer.capacity();
+      spare_.push_back(std::move(f.buffer));
+    }
+    std::string().swap(f.buffer);
+  }
+}
+
+std::string& RunDirWriter::buffer_of(RankFile& f) {
+  if (f.buffer.empty() && f.buffer.capacity() <= kKeptCapacity && !spare_.empty()) {
+    spare_capacity_ -= spare_.back().capacity();
+    f.buffer.swap(spare_.back());
+    spare_.pop_back();
+  }
+  return f.buffer;
 }
 
 void RunDirWriter::appended(std::size_t bytes) {
@@ -459,11 +475,12 @@ bool RunDirWriter::add(const StepRecord& r) {
   if (closed_) throw SystemError(dir_.string() + ": record added after close()");
   RankFile& f = file_of(r.rank);
   note_step(f, r.step);
-  const std::size_t before = f.buffer.size();
-  append_step_line(f.buffer, r);
-  f.buffer += '\n';
+  std::string& buffer = buffer_of(f);
+  const std::size_t before = buffer.size();
+  append_step_line(buffer, r);
+  buffer += '\n';
   if (options_.keep_records) kept_steps_.push_back(r);
-  appended(f.buffer.size() - before);
+  appended(buffer.size() - before);
   return true;
 }
 
@@ -472,13 +489,14 @@ bool RunDirWriter::add(const PhaseRecord& r) {
   if (closed_) throw SystemError(dir_.string() + ": record added after close()");
   RankFile& f = file_of(r.rank);
   note_step(f, r.step);
-  const std::size_t before = f.buffer.size();
-  append_phase_line(f.buffer, r, names_);
-  f.buffer += '\n';
+  std::string& buffer = buffer_of(f);
+  const std::size_t before = buffer.size();
+  append_phase_line(buffer, r, names_);
+  buffer += '\n';
   ++f.phase_records;
   ++f.open_steps[r.step];
   if (options_.keep_records) kept_phases_.push_back(r);
-  appended(f.buffer.size() - before);
+  appended(buffer.size() - before);
   return true;
 }
 

@@ -69,6 +69,7 @@ class SamplingTest(unittest.TestCase):
 
     def test_scenario_ranks_key(self):
         self.assertEqual(resolve_ranks("all", 4), [])
+        self.assertEqual(resolve_ranks("auto", 4), [])
         self.assertEqual(resolve_ranks([1, 2], 4), [1, 2])
         self.assertEqual(resolve_ranks("representatives", 4, [0, 2, 0]), [0, 2])
         with self.assertRaises(InputError):

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <array>
 
+#include "threewalls/scenarios/run_volume.hpp"
+
 namespace threewalls::records {
 
 using scenarios::Group;
@@ -23,7 +25,8 @@ profiler::RunHeader run_header(std::string_view source, const scenarios::Scenari
   return header;
 }
 
-profiler::SamplingConfig sampling_config(const scenarios::ProfilerSpec& ps, const StepGraph& g) {
+profiler::SamplingConfig sampling_config(const scenarios::Scenario& s, const StepGraph& g) {
+  const scenarios::ProfilerSpec& ps = s.run.profiler;
   profiler::SamplingConfig c;
   c.enabled = ps.enabled;
   c.start_step = ps.start_step;
@@ -31,13 +34,22 @@ profiler::SamplingConfig sampling_config(const scenarios::ProfilerSpec& ps, cons
   c.record_every_n_steps = ps.record_every_n_steps;
   c.flush_every_n_steps = ps.flush_every_n_steps;
   c.granularity = ps.granularity;
-  if (ps.representatives) {
+  if (recorded_ranks(s, g) == scenarios::RecordedRanks::representatives) {
     for (const auto& rc : g.classes) c.ranks.push_back(rc.representative());
     std::sort(c.ranks.begin(), c.ranks.end());
   } else {
     c.ranks = ps.ranks;
   }
   return c;
+}
+
+scenarios::RecordedRanks recorded_ranks(const scenarios::Scenario& s, const StepGraph& g) {
+  const scenarios::RecordedRanks r = s.run.profiler.recorded;
+  if (r != scenarios::RecordedRanks::automatic) return r;
+  std::size_t ops = 0;
+  for (const auto& rc : g.classes) ops = std::max(ops, rc.ops.size());
+  return scenarios::auto_records_every_rank(s, static_cast<long long>(ops)) ? scenarios::RecordedRanks::all
+                                                                            : scenarios::RecordedRanks::representatives;
 }
 
 profiler::CoarseView coarse_view(const Op& op) {

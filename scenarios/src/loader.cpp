@@ -440,20 +440,19 @@ class Loader {
       }
       case ParamType::rank_list: {
         if (const auto* s = node.as_string()) {
-          if (s->get() != "all" && s->get() != "representatives") {
+          if (std::find(kRankListWords.begin(), kRankListWords.end(), s->get()) == kRankListWords.end()) {
             errors_.add(where, label + " = " + threewalls::quoted(s->get()) +
-                                   " is not allowed; allowed: \"all\", \"representatives\" or an array of ranks");
+                                   " is not allowed; allowed: " + rank_list_allowed());
             return false;
           }
           out = s->get();
           return true;
         }
         const auto* a = node.as_array();
-        if (!a) return type_error("\"all\", \"representatives\" or an array of ranks");
+        if (!a) return type_error(rank_list_allowed());
         if (a->empty()) {
-          errors_.add(where, label +
-                                 " = [] names no rank; allowed: \"all\", \"representatives\" or a non-empty array "
-                                 "of ranks (to record nothing, set run.profiler.enabled = false)");
+          errors_.add(where, label + " = [] names no rank; allowed: " + rank_list_allowed() +
+                                 " (a non-empty one; to record nothing, set run.profiler.enabled = false)");
           return false;
         }
         std::vector<std::int64_t> items;

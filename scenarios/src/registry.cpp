@@ -209,6 +209,13 @@ void add_exec_options(Registry& r, const std::string& table, Exec exec) {
 
 }  // namespace
 
+std::string rank_list_allowed() {
+  std::string out;
+  for (std::string_view w : kRankListWords) out += "\"" + std::string(w) + "\", ";
+  out.resize(out.size() - 2);
+  return out + " or an array of ranks";
+}
+
 const char* to_string(ParamType t) {
   switch (t) {
     case ParamType::integer: return "integer";
@@ -246,7 +253,7 @@ std::string ParamSpec::unit_hint() const {
     case ParamType::choice: return "one of " + join(choices, ", ", true);
     case ParamType::choice_list: return "array of distinct values from " + join(choices, ", ", true);
     case ParamType::int_list: return "array of integers";
-    case ParamType::rank_list: return "\"all\", \"representatives\" or an array of ranks";
+    case ParamType::rank_list: return rank_list_allowed();
     case ParamType::integer: return "integer";
     case ParamType::real: return "number";
     case ParamType::boolean: return "true or false";
@@ -847,23 +854,27 @@ Registry::Registry() {
   Decl(r, "run.profiler.flush_every_n_steps", ParamType::integer).def("10").min(1).max(kMaxSteps)
       .doc("Write buffered records to disk every n steps.")
       .bind(kProfiler, &ProfilerSpec::flush_every_n_steps);
-  Decl(r, "run.profiler.ranks", ParamType::rank_list).def("\"all\"")
-      .doc("Ranks that record: all, one representative of each rank class, or a non-empty list ([] is an error).")
+  Decl(r, "run.profiler.ranks", ParamType::rank_list).def("\"auto\"")
+      .doc("Ranks that record: auto (every rank while their run directory stays within 1 GiB, else one rank "
+           "of each rank class, with a note), all, one representative of each rank class, or a non-empty list "
+           "([] is an error).")
       .set([](Scenario& s, const Value& v, std::size_t) {
         auto& p = s.run.profiler;
         p.ranks.clear();
-        p.representatives = false;
         if (const auto* l = std::get_if<std::vector<std::int64_t>>(&v)) {
+          p.recorded = RecordedRanks::listed;
           p.ranks.assign(l->begin(), l->end());
-        } else if (std::get<std::string>(v) == "representatives") {
-          p.representatives = true;
+          return;
         }
+        const std::string& word = std::get<std::string>(v);
+        const auto it = std::find(kRankListWords.begin(), kRankListWords.end(), word);
+        if (it == kRankListWords.end()) throw std::logic_error("run.profiler.ranks: the loader let through " + word);
+        p.recorded = static_cast<RecordedRanks>(it - kRankListWords.begin());
       })
       .get([](const Scenario& s, std::size_t) -> std::optional<Value> {
         const auto& p = s.run.profiler;
-        if (p.representatives) return std::string("representatives");
-        if (p.ranks.empty()) return std::string("all");
-        return std::vector<std::int64_t>(p.ranks.begin(), p.ranks.end());
+        if (p.recorded == RecordedRanks::listed) return std::vector<std::int64_t>(p.ranks.begin(), p.ranks.end());
+        return std::string(kRankListWords[static_cast<std::size_t>(p.recorded)]);
       });
   {
     static const std::vector<std::string> kGran = {"layer", "coarse"};

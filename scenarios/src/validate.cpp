@@ -9,6 +9,7 @@
 #include "threewalls/core/strings.hpp"
 #include "threewalls/scenarios/graph_scopes.hpp"
 #include "threewalls/scenarios/rules.hpp"
+#include "threewalls/scenarios/run_volume.hpp"
 #include "threewalls/scenarios/stages.hpp"
 
 namespace threewalls::scenarios {
@@ -75,7 +76,8 @@ const std::vector<RuleInfo> kRules = {
      "tokens per micro-batch (or inference prefill), about 1 million ops per rank per step, 1 GiB of "
      "inference routing choices per step, 500 million simulated inference ops per run and a run "
      "directory of 32 GiB (recorded steps x recorded ranks x records per rank and step x 190 bytes, plus a header "
-     "of about 4 KiB in each recorded rank's file)."},
+     "of about 4 KiB in each recorded rank's file; run.profiler.ranks = \"auto\" records one rank per rank class "
+     "where every rank would pass 1 GiB)."},
 };
 
 class Reporter {
@@ -545,14 +547,6 @@ constexpr long long kMaxInferenceOpsPerRun = 500000000LL;    // inference re-exp
 // well under 1 GiB; 32 GiB still lets a user record every rank of a 1,024-GPU DeepSeek-V3 step (an
 // imported launch records every rank unless told otherwise) and refuses what no one reads.
 constexpr long long kMaxRunDirBytes = 32LL << 30;
-// Bytes of one phase record as the run-directory writer prints it (a JSONL line): measured with
-// `threewalls sim --steps 1` on the shipped examples, total bytes of the phases files / records:
-// 185 (small_moe_1gpu) to 191 (mixtral_8x7b_64gpu, 3,818,175 bytes / 19,976 records) bytes.
-constexpr long long kBytesPerRecord = 190;
-// Bytes of the header line at the top of every phases file: the run header (the recording ranks
-// appear there as a count; their list is written once, in run.json): about 2 KB on the shipped
-// examples, 4 KiB leaves room for long paths and command lines.
-constexpr long long kHeaderBytes = 4096;
 constexpr long long kOpsPerLayer = 48;        // fwd + bwd ops of one layer and micro-batch
 constexpr long long kOpsPerLocalExpert = 10;  // when experts run one by one
 
@@ -618,26 +612,32 @@ void check_work_size(const Scenario& s, Reporter& r) {
                num(kMaxOpsPerRankStep) + ": " + ops_keys);
     return;
   }
-  // Records: recorded steps x recording ranks x records per rank and step.
+  // Records: recorded steps x recording ranks x records per rank and step (run_volume.hpp).
   const auto& pr = s.run.profiler;
   if (!pr.enabled) return;
-  const int last = pr.end_step >= 0 ? std::min(pr.end_step, s.run.steps - 1) : s.run.steps - 1;
-  const long long steps = last < pr.start_step ? 0 : (last - pr.start_step) / pr.record_every_n_steps + 1;
+  const long long steps = recorded_steps(s);
   // "representatives" records one rank per rank class. A training step without slow ranks has one
   // class per pipeline stage, two with imbalanced MoE routing (the hot EP rank; expand_training); slow
   // ranks split off more classes, and inference classes are not known before expansion: pp x 8 then.
   const bool hot_rank = s.train && m.is_moe() && p.ep > 1 && s.train->routing_imbalance > 1.0;
   const long long classes = s.train && s.cluster.slowdowns.empty() ? mul(p.pp, hot_rank ? 2 : 1) : mul(p.pp, 8);
-  const long long ranks = pr.representatives ? std::min<long long>(s.world_size(), classes)
-                          : pr.ranks.empty() ? s.world_size()
-                                             : static_cast<long long>(pr.ranks.size());
-  const long long per_step = pr.granularity == Granularity::coarse ? 3 : ops_per_step;
-  const long long bytes = mul(mul(mul(steps, ranks), per_step), kBytesPerRecord) + mul(ranks, kHeaderBytes);
+  const long long representatives = std::min<long long>(s.world_size(), classes);
+  long long ranks = s.world_size();
+  switch (pr.recorded) {
+    case RecordedRanks::automatic:
+      if (!auto_records_every_rank(s, ops_per_step)) ranks = representatives;
+      break;
+    case RecordedRanks::all: break;
+    case RecordedRanks::representatives: ranks = representatives; break;
+    case RecordedRanks::listed: ranks = static_cast<long long>(pr.ranks.size()); break;
+  }
+  const long long per_step = records_per_rank_step(s, ops_per_step);
+  const long long bytes = run_dir_bytes(steps, ranks, per_step);
   if (bytes > kMaxRunDirBytes) {
     r.fail("work-size", "run.profiler.ranks",
            "the run directory would take about " + gib(bytes) + " (" + num(steps) + " recorded steps x " + num(ranks) +
                " recorded ranks x about " + num(per_step) + " records per rank and step x " + num(kBytesPerRecord) +
-               " bytes per record, plus a header of about " + num(kHeaderBytes) +
+               " bytes per record, plus a header of about " + num(kHeaderBytesPerFile) +
                " bytes per recorded rank); at most " + gib(kMaxRunDirBytes) +
                ": record fewer ranks (run.profiler.ranks = \"representatives\" or a list of ranks), fewer steps "
                "(run.steps, run.profiler.record_every_n_steps or end_step) or granularity = \"coarse\"");

@@ -18,6 +18,7 @@
 #include "threewalls/profiler/sampling.hpp"
 #include "threewalls/records/records.hpp"
 #include "threewalls/scenarios/layout.hpp"
+#include "threewalls/scenarios/run_volume.hpp"
 #include "threewalls/scenarios/stepper.hpp"
 #include "threewalls/sim/simgrid_network.hpp"
 
@@ -162,7 +163,7 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   // The profiler's timing markers cost host time in a real run's recorded steps (docs/simulator.md,
   // "Host lane"): the scenario's sampling decides which steps and classes carry them, whether or not
   // this simulation writes a run directory.
-  const profiler::SamplingPolicy timing_policy(records::sampling_config(s.run.profiler, first), s.world_size());
+  const profiler::SamplingPolicy timing_policy(records::sampling_config(s, first), s.world_size());
   auto timing_of = [&](const StepGraph& g, int step) {
     std::vector<Timing> t(g.classes.size(), Timing::none);
     if (!timing_policy.enabled() || !timing_policy.records(step)) return t;
@@ -186,9 +187,16 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
     wo.overwrite = opt.overwrite;
     wo.keep_records = false;
     writer = std::make_unique<profiler::RunDirWriter>(
-        opt.out_dir, header, profiler::SamplingPolicy(records::sampling_config(s.run.profiler, first), s.world_size()),
-        wo);
+        opt.out_dir, header, profiler::SamplingPolicy(records::sampling_config(s, first), s.world_size()), wo);
     result.run_dir = opt.out_dir;
+    if (s.run.profiler.recorded == scenarios::RecordedRanks::automatic &&
+        records::recorded_ranks(s, first) == scenarios::RecordedRanks::representatives) {
+      result.warnings.push_back(
+          "run.profiler.ranks = \"auto\" records one rank of each rank class (" +
+          std::to_string(writer->policy().recording_ranks().size()) + " of " + std::to_string(s.world_size()) +
+          " ranks): every rank would write more than " + std::to_string(scenarios::kAutoEveryRankMaxBytes >> 30) +
+          " GiB (the ranks of a class repeat its phases); set run.profiler.ranks = \"all\" to record every rank");
+    }
   }
   profiler::Names& names = writer ? writer->names() : local_names;
 

@@ -11,6 +11,7 @@
 #include "threewalls/records/records.hpp"
 #include "threewalls/scenarios/layout.hpp"
 #include "threewalls/scenarios/loader.hpp"
+#include "threewalls/scenarios/run_volume.hpp"
 
 namespace threewalls::records {
 namespace {
@@ -65,13 +66,49 @@ TEST(Records, RepresentativesSampleOneRankPerClassSorted) {
   const scenarios::Scenario s =
       pipeline_scenario("[run.profiler]\nranks = \"representatives\"\nrecord_every_n_steps = 2\n");
   const StepGraph g = scenarios::expand(s);
-  const profiler::SamplingConfig c = sampling_config(s.run.profiler, g);
+  const profiler::SamplingConfig c = sampling_config(s, g);
   EXPECT_EQ(c.record_every_n_steps, 2);
   ASSERT_EQ(c.ranks.size(), g.classes.size());
   EXPECT_TRUE(std::is_sorted(c.ranks.begin(), c.ranks.end()));
   std::set<int> classes;
   for (int r : c.ranks) classes.insert(g.class_of_rank[static_cast<std::size_t>(r)]);
   EXPECT_EQ(classes.size(), g.classes.size()) << "one rank of every class";
+}
+
+// run.profiler.ranks = "auto" (the default) records every rank of a small world, one rank per class
+// where every rank would write more than kAutoEveryRankMaxBytes; "all" records every rank there too.
+TEST(Records, AutoRecordsEveryRankUntilTheRunDirectoryWouldPassItsBound) {
+  const scenarios::Scenario small = pipeline_scenario();
+  ASSERT_EQ(small.run.profiler.recorded, scenarios::RecordedRanks::automatic);
+  const StepGraph gs = scenarios::expand(small);
+  EXPECT_EQ(recorded_ranks(small, gs), scenarios::RecordedRanks::all);
+  EXPECT_TRUE(sampling_config(small, gs).ranks.empty()) << "every rank";
+
+  // 32,768 ranks (8,192 data-parallel replicas of the 4-rank pipeline): three recorded steps of every
+  // rank pass 1 GiB.
+  auto wide = [](const std::string& ranks) {
+    return scenarios::load_scenario_text(
+               "schema_version = 1\nname = \"records_test\"\n[model]\nnum_layers = 4\nhidden_size = 512\n"
+               "num_attention_heads = 8\nffn_hidden_size = 2048\nvocab_size = 32000\n[parallel]\ntp = 2\npp = 2\n"
+               "[train]\nmicro_batch_size = 1\nglobal_batch_size = 8192\nseq_length = 1024\n[cluster]\n"
+               "gpu = \"h100\"\ngpus_per_node = 8\nnodes = 4096\n[run.profiler]\nrecord_every_n_steps = 1\n" +
+                   ranks,
+               "records_test.toml")
+        .scenario;
+  };
+  const scenarios::Scenario big = wide("");
+  const StepGraph gb = scenarios::expand(big);
+  std::size_t ops = 0;
+  for (const auto& rc : gb.classes) ops = std::max(ops, rc.ops.size());
+  ASSERT_GT(scenarios::run_dir_bytes(scenarios::recorded_steps(big), big.world_size(), static_cast<long long>(ops)),
+            scenarios::kAutoEveryRankMaxBytes);
+  EXPECT_EQ(recorded_ranks(big, gb), scenarios::RecordedRanks::representatives);
+  const profiler::SamplingConfig c = sampling_config(big, gb);
+  EXPECT_EQ(c.ranks.size(), gb.classes.size());
+
+  const scenarios::Scenario all = wide("ranks = \"all\"\n");
+  EXPECT_EQ(recorded_ranks(all, gb), scenarios::RecordedRanks::all);
+  EXPECT_TRUE(sampling_config(all, gb).ranks.empty());
 }
 
 // Every rank's records follow its class's ops one for one; a send or receive names its peer by

@@ -122,7 +122,7 @@ TEST(ScenarioLoader, MinimalScenarioGetsRegistryDefaults) {
   EXPECT_EQ(s.run.profiler.record_every_n_steps, 10);
   EXPECT_EQ(s.run.profiler.flush_every_n_steps, 10);
   EXPECT_TRUE(s.run.profiler.ranks.empty());
-  EXPECT_FALSE(s.run.profiler.representatives);
+  EXPECT_EQ(s.run.profiler.recorded, RecordedRanks::automatic);
   EXPECT_EQ(s.run.profiler.granularity, Granularity::layer);
 }
 

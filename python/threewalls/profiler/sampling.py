@@ -132,9 +132,11 @@ class SamplingPolicy:
 
 
 def resolve_ranks(value, world_size: int, representatives: Optional[Sequence[int]] = None) -> List[int]:
-    """The scenario key run.profiler.ranks ("all", "representatives" or a list) as a rank list
-    (empty = every rank). `representatives` is one rank per rank class, when the caller knows them."""
-    if value == "all":
+    """The scenario key run.profiler.ranks ("auto", "all", "representatives" or a list) as a rank list
+    (empty = every rank). `representatives` is one rank per rank class, when the caller knows them.
+    "auto" is every rank: the PyTorch runner runs one host's GPUs, whose run directory stays far within
+    the 1 GiB past which the C++ tools record representatives instead."""
+    if value in ("auto", "all"):
         return []
     if value == "representatives":
         if representatives is None:
@@ -143,4 +145,4 @@ def resolve_ranks(value, world_size: int, representatives: Optional[Sequence[int
         return sorted(set(representatives))
     if isinstance(value, list):
         return list(value)
-    raise InputError(f"profiler.ranks: {value!r}; allowed: \"all\", \"representatives\" or an array of ranks")
+    raise InputError(f"profiler.ranks: {value!r}; allowed: \"auto\", \"all\", \"representatives\" or an array of ranks")

@@ -132,7 +132,7 @@ _PROFILER = {
     "end_step": (-1, _ANY, int),
     "record_every_n_steps": (10, _ANY, int),
     "flush_every_n_steps": (10, _ANY, int),
-    "ranks": ("all", _ANY, object),
+    "ranks": ("auto", _ANY, object),
     "granularity": ("layer", ("layer", "coarse"), str),
 }
 TABLES: Dict[str, Dict[str, tuple]] = {

@@ -581,7 +581,10 @@ Scenario PlanEstimator::Impl::candidate_scenario(const Candidate& c, scenarios::
   // Slowdowns and profiler ranks name ranks of the base cluster; the planner predicts steady,
   // unprofiled steps of healthy machines (docs/planner.md).
   s.cluster.slowdowns.clear();
-  s.run.profiler.ranks.clear();
+  if (s.run.profiler.recorded == scenarios::RecordedRanks::listed) {
+    s.run.profiler.recorded = scenarios::RecordedRanks::automatic;
+    s.run.profiler.ranks.clear();
+  }
   return s;
 }
 
@@ -653,6 +656,7 @@ Reduced PlanEstimator::Impl::run_reduced(const Scenario& cand, const Candidate& 
   r.run.steps = 1;
   r.run.warmup_steps = 0;
   r.run.profiler.enabled = false;
+  r.run.profiler.recorded = scenarios::RecordedRanks::automatic;
   r.run.profiler.ranks.clear();
 
   const scenarios::StepGraph g = scenarios::expand(r, 0);

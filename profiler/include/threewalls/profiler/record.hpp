@@ -161,7 +161,21 @@ std::string iso8601_utc_now();
 // JSON forms (run.json, and the per-rank header line) and back. from_json throws InputError naming
 // `where` for missing or mistyped fields.
 OrderedJson run_json(const RunHeader& h);
-OrderedJson header_line_json(const RunHeader& h, int rank);
 RunHeader header_from_json(const Json& j, const std::string& where);
+
+// The header lines of one run's phases files (docs/run_dir.md), formatted once: the fields of
+// run_json in its order with "record": "header" first and "rank", "rank_class" (null where no class
+// holds the rank) after "world_size". line(rank) costs the same for any world size (a writer of
+// 100,000 ranks formats 100,000 of them).
+class HeaderLines {
+ public:
+  explicit HeaderLines(const RunHeader& h);
+  [[nodiscard]] std::string line(int rank) const;
+
+ private:
+  std::string head_;                // `{"record":"header",...,"world_size":N` without the closing brace
+  std::string tail_;                // `,"argv":...}`
+  std::vector<int> class_of_rank_;  // rank -> rank class id, kAbsent where no class holds the rank
+};
 
 }  // namespace threewalls::profiler

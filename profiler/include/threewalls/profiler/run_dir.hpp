@@ -136,6 +136,9 @@ class RunDirWriter {
   // Writes f's buffer to its file. With more recorded ranks than the process may keep files open
   // (reopen_each_write_), the file is opened for the write (append) and closed after it.
   void write_out(RankFile& f);
+  // f's buffer, ready for appending: an empty one takes the storage of a buffer written out before
+  // (spare_), so that a world of many files does not allocate, grow and fault in fresh pages for each.
+  std::string& buffer_of(RankFile& f);
   // `bytes` were appended to a buffer: writes every buffer out when they hold more than the bound.
   void appended(std::size_t bytes);
   void note_step(RankFile& f, int step);
@@ -150,6 +153,8 @@ class RunDirWriter {
   Names names_;
   std::vector<RankFile> files_;
   std::size_t buffered_ = 0;       // bytes in the buffers of files_, together
+  std::vector<std::string> spare_;  // storage of written-out buffers (empty strings)
+  std::size_t spare_capacity_ = 0;  // their capacities together, at most kMaxBuffered
   std::vector<int> file_of_rank_;  // world-sized; -1 = not written here
   std::vector<StepRecord> kept_steps_;
   std::vector<PhaseRecord> kept_phases_;

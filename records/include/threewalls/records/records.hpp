@@ -30,9 +30,13 @@ namespace threewalls::records {
 profiler::RunHeader run_header(std::string_view source, const scenarios::Scenario& s, const scenarios::StepGraph& g,
                                std::optional<std::string_view> content_key = std::nullopt);
 
-// The sampling config of run.profiler; "representatives" resolves to one rank per class of `g`
-// (sorted). `g` is read only for representatives.
-profiler::SamplingConfig sampling_config(const scenarios::ProfilerSpec& ps, const scenarios::StepGraph& g);
+// The sampling config of `s`'s run.profiler; representatives (asked, or chosen by "auto") resolve to
+// one rank per class of `g` (sorted). `g` is the run's first StepGraph (an empty one where `s` lists
+// its ranks or records all).
+profiler::SamplingConfig sampling_config(const scenarios::Scenario& s, const scenarios::StepGraph& g);
+// run.profiler.ranks of `s` with "auto" decided (scenarios::auto_records_every_rank, a rank running
+// the most ops of a class of `g`): all, representatives or listed.
+scenarios::RecordedRanks recorded_ranks(const scenarios::Scenario& s, const scenarios::StepGraph& g);
 
 // The coarse view an op belongs to (run_dir.md, `coarse`): the data loading copies and the
 // training-metrics reduction with its host read, by the op's flags.

@@ -3,6 +3,7 @@
 // here once (type, unit, default or required, allowed values, description, and how the key reads and
 // writes the Scenario); the loader, the writer (writer.hpp), the allow-list, `threewalls describe` and
 // docs/scenario_reference.md are all driven by it.
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -23,7 +24,7 @@ enum class ParamType : std::uint8_t {
   choice,       // one of `choices`; a choice "name:N" accepts "name:<positive integer>"
   choice_list,  // array of distinct strings, each one of `choices`
   int_list,     // array of integers
-  rank_list,    // "all", "representatives" or an array of ranks
+  rank_list,    // one of kRankListWords or an array of ranks
   bytes,        // string with a size unit: "80GiB"
   bandwidth,    // string with a rate unit: "450GBps", "400Gbps"
   duration,     // string with a time unit: "1.5us"
@@ -31,6 +32,11 @@ enum class ParamType : std::uint8_t {
 };
 
 const char* to_string(ParamType t);
+
+// The words a rank_list key takes besides an array of ranks, in RecordedRanks' order, and its allowed
+// values as messages show them: "auto", "all", "representatives" or an array of ranks.
+inline constexpr std::array<std::string_view, 3> kRankListWords = {"auto", "all", "representatives"};
+std::string rank_list_allowed();
 
 // A parsed value. Units are converted to SI doubles (bytes, bytes/s, s, FLOP/s).
 using Value = std::variant<std::int64_t, double, bool, std::string, std::vector<std::int64_t>, std::vector<std::string>>;

@@ -218,14 +218,22 @@ struct ClusterSpec {
   bool operator==(const ClusterSpec&) const = default;
 };
 
+// run.profiler.ranks: which ranks write a phases file.
+enum class RecordedRanks : std::uint8_t {
+  automatic,        // "auto": every rank while the run directory stays small (run_volume.hpp), else representatives
+  all,              // "all": every rank
+  representatives,  // "representatives": one rank per rank class
+  listed,           // an array of ranks
+};
+
 struct ProfilerSpec {
   bool enabled = true;
   int start_step = 0;
   int end_step = -1;  // inclusive; -1 = last step
   int record_every_n_steps = 10;
   int flush_every_n_steps = 10;
-  std::vector<int> ranks;       // empty = all (unless representatives)
-  bool representatives = false;  // ranks = "representatives": one rank per rank class
+  RecordedRanks recorded = RecordedRanks::automatic;
+  std::vector<int> ranks;  // the ranks of RecordedRanks::listed, else empty
   Granularity granularity = Granularity::layer;
 
   bool operator==(const ProfilerSpec&) const = default;
