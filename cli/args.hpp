@@ -22,7 +22,7 @@ extern const char* const kProfilePathHelp;  // the sentence --help gives for the
 
 // A warning for a run directory past `limit_bytes` (sum of its files' sizes; 1 GiB for sim and run),
 // which says how much it holds and which keys record less; empty at or below. Rule work-size refuses
-// a scenario whose run directory would pass 32 GiB before anything runs.
+// a scenario whose run directory would pass 8 GiB before anything runs.
 std::string run_dir_size_warning(const std::string& dir, std::uintmax_t limit_bytes = 1ULL << 30);
 
 // `--progress auto|always|never` (auto: only when stderr is a terminal). `--quiet` stays as "never".

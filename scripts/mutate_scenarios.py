@@ -43,7 +43,7 @@ UNIT_EDGES = ['"4e-320Bps"', '"1e-300Bps"', '"1e308PBps"', '"1e300s"', '"0s"', '
               '"1ns"', '"1PiB"', '"1B"', '"1e18Bps"', '"-1us"', '"nanBps"', '"1e15Bps"', '"100GBps"', '"1TiB"',
               '"1e300GiB"', '"1s"', '"2us"']
 ARRAY_EDGES = ["[]", "[0, 0]", "[0, 1, 2, 3]", "[1]", "[100000]", "[32768]", "[-1]", '["all"]']
-STRING_EDGES = ['""', '"all"', '"representatives"', '"streams:1"', '"streams:64"', '"sequential"', '"grouped"',
+STRING_EDGES = ['""', '"auto"', '"all"', '"representatives"', '"streams:1"', '"streams:64"', '"sequential"', '"grouped"',
                 '"fp8"', '"full"', '"selective"', '"block"', '"coarse"', '"mla"', '"gqa"', '"x" ']
 EXTRA_KEYS = {
     "model": ["num_experts = 40000", "moe_router_topk = 3", "num_layers = 32770", "first_dense_layers = 1",

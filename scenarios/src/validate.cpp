@@ -75,7 +75,7 @@ const std::vector<RuleInfo> kRules = {
      "A step must stay within what one process can expand, simulate and record: at most 2^31 - 1 "
      "tokens per micro-batch (or inference prefill), about 1 million ops per rank per step, 1 GiB of "
      "inference routing choices per step, 500 million simulated inference ops per run and a run "
-     "directory of 32 GiB (recorded steps x recorded ranks x records per rank and step x 190 bytes, plus a header "
+     "directory of 8 GiB (recorded steps x recorded ranks x records per rank and step x 190 bytes, plus a header "
      "of about 4 KiB in each recorded rank's file; run.profiler.ranks = \"auto\" records one rank per rank class "
      "where every rank would pass 1 GiB)."},
 };
@@ -544,9 +544,11 @@ constexpr long long kMaxOpsPerRankStep = 1000000LL;          // ~1 GiB and about
 constexpr long long kMaxRoutingChoiceBytes = 1LL << 30;      // sampled expert ids of one step
 constexpr long long kMaxInferenceOpsPerRun = 500000000LL;    // inference re-expands every step
 // The run directory of one run (its phases files): the largest shipped or validation scenario writes
-// well under 1 GiB; 32 GiB still lets a user record every rank of a 1,024-GPU DeepSeek-V3 step (an
-// imported launch records every rank unless told otherwise) and refuses what no one reads.
-constexpr long long kMaxRunDirBytes = 32LL << 30;
+// well under 1 GiB, and run.profiler.ranks = "auto" (the default) keeps a wide world at one file per
+// rank class. 8 GiB is what a user may still ask for explicitly: about 30 s of writing on a 2-core VM
+// (docs/performance.md), and more than analyze or compare read in reasonable time. Every rank of a
+// 1,024-GPU DeepSeek-V3 step (about 26 GiB) is refused; its representatives take 0.2 GiB.
+constexpr long long kMaxRunDirBytes = 8LL << 30;
 constexpr long long kOpsPerLayer = 48;        // fwd + bwd ops of one layer and micro-batch
 constexpr long long kOpsPerLocalExpert = 10;  // when experts run one by one
 
