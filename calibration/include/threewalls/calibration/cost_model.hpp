@@ -166,7 +166,7 @@ class CostModel {
     Bytes blas;          // the first OpRunner's cuBLASLt and cuBLAS handles, workspace, GEMM modules
     Bytes blas_further;  // per further OpRunner: cuBLASLt and cuBLAS handles, workspace
     Bytes cudnn;         // per OpRunner that runs fused attention: cuDNN handle, graphs, workspace
-    Bytes granularity;   // device bytes per allocation are a multiple of this
+    Bytes granularity;   // bytes newly mapped by a 1-byte cudaMalloc (DeviceMemoryModel, stage 5); unused
   };
   // Empty when the profile has no device.memory family (the memory model keeps its fixed constants).
   [[nodiscard]] std::optional<DeviceMemory> device_memory() const;

@@ -559,8 +559,9 @@ struct NcclMemoryModel {
 //            with ops);
 //   stage 4: one cuDNN handle and the fused-attention graphs of a typical shape, forward and
 //            backward, with the workspace they ask for, per OpRunner that runs fused attention;
-//   stage 5: the device bytes a 1-byte cudaMalloc takes (the driver's allocation granularity: every
-//            buffer the backend allocates is rounded up to it).
+//   stage 5: the device bytes that cudaMemGetInfo shows a 1-byte cudaMalloc taking: the bytes newly
+//            mapped, not the driver's rounding (0 on H100 and H200, whose driver serves it from memory
+//            mapped before). Recorded with the profile; the memory model does not use it.
 // Each parameter is the median of its stage's points (one per repeat). The points' measured
 // quantity is bytes, as nccl.memory's.
 struct DeviceMemoryModel {
