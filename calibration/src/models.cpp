@@ -1185,7 +1185,7 @@ namespace {
 // FitImpossible naming `what` and the stage for an unknown stage, negative bytes or a stage without
 // points.
 template <std::size_t N>
-std::array<double, N> stage_medians(const std::vector<std::pair<int, double>>& samples, const char* what,
+std::array<double, N> stage_medians(const std::vector<StageSample>& samples, const char* what,
                                     const std::array<const char*, N>& names) {
   std::array<std::vector<double>, N> by_stage;
   for (const auto& [stage, bytes] : samples) {
@@ -1210,10 +1210,8 @@ std::array<double, N> stage_medians(const std::vector<std::pair<int, double>>& s
 }  // namespace
 
 NcclMemoryModel NcclMemoryModel::fit(const std::vector<Sample>& samples) {
-  std::vector<std::pair<int, double>> s;
-  for (const auto& x : samples) s.emplace_back(x.stage, x.bytes);
-  const auto m =
-      stage_medians<3>(s, "nccl memory", {"communicator init", "first collectives", "first send/recv with a peer"});
+  const auto m = stage_medians<3>(samples, "nccl memory",
+                                  {"communicator init", "first collectives", "first send/recv with a peer"});
   NcclMemoryModel out;
   out.communicator_bytes = m[0];
   out.collective_bytes = m[1];
@@ -1236,10 +1234,8 @@ double DeviceMemoryModel::stage_bytes(int stage) const {
 }
 
 DeviceMemoryModel DeviceMemoryModel::fit(const std::vector<Sample>& samples) {
-  std::vector<std::pair<int, double>> s;
-  for (const auto& x : samples) s.emplace_back(x.stage, x.bytes);
   const auto m =
-      stage_medians<kStages>(s, "device memory",
+      stage_medians<kStages>(samples, "device memory",
                              {"CUDA context", "first kernel launches", "first cuBLASLt handle and workspace",
                               "further cuBLASLt handle", "cuDNN handle and fused attention", "allocation granularity"});
   DeviceMemoryModel out;

@@ -520,6 +520,13 @@ struct NcclInterferenceModel {
   static NcclInterferenceModel fit(const std::vector<Sample>& samples);
 };
 
+// One point of a staged memory measurement (nccl.memory, device.memory): the device bytes that stage
+// `stage` of one repeat took.
+struct StageSample {
+  int stage;
+  double bytes;
+};
+
 // ---------------------------------------------------------------------------------------------
 // NCCL device memory ("nccl_memory_v1", family nccl.memory): bytes NCCL allocates on a rank's GPU,
 // measured with cudaMemGetInfo around each stage on a fresh pair of communicators (calibrate,
@@ -539,10 +546,7 @@ struct NcclMemoryModel {
   double p2p_peer_bytes = 0.0;
 
   [[nodiscard]] double stage_bytes(int stage) const;
-  struct Sample {
-    int stage;
-    double bytes;
-  };
+  using Sample = StageSample;
   // Throws FitImpossible when a stage has no point or a stage number is unknown.
   static NcclMemoryModel fit(const std::vector<Sample>& samples);
 };
@@ -575,10 +579,7 @@ struct DeviceMemoryModel {
   double granularity_bytes = 0.0;
 
   [[nodiscard]] double stage_bytes(int stage) const;
-  struct Sample {
-    int stage;
-    double bytes;
-  };
+  using Sample = StageSample;
   // Throws FitImpossible when a stage has no point or a stage number is unknown.
   static DeviceMemoryModel fit(const std::vector<Sample>& samples);
 };
