@@ -1,20 +1,13 @@
 #include "threewalls/scenarios/run_volume.hpp"
 
 #include <algorithm>
-#include <limits>
 
 namespace threewalls::scenarios {
 
-namespace {
-
-constexpr long long kMax = std::numeric_limits<long long>::max();
-
-long long mul(long long a, long long b) {
+long long saturating_mul(long long a, long long b) {
   if (a <= 0 || b <= 0) return 0;
-  return a > kMax / b ? kMax : a * b;
+  return a > kProductCap / b ? kProductCap : a * b;
 }
-
-}  // namespace
 
 long long recorded_steps(const Scenario& s) {
   const ProfilerSpec& pr = s.run.profiler;
@@ -28,9 +21,10 @@ long long records_per_rank_step(const Scenario& s, long long ops_per_rank_step) 
 }
 
 long long run_dir_bytes(long long steps, long long ranks, long long records_per_rank_and_step) {
-  const long long records = mul(mul(mul(steps, ranks), records_per_rank_and_step), kBytesPerRecord);
-  const long long headers = mul(ranks, kHeaderBytesPerFile);
-  return records > kMax - headers ? kMax : records + headers;
+  const long long records =
+      saturating_mul(saturating_mul(saturating_mul(steps, ranks), records_per_rank_and_step), kBytesPerRecord);
+  const long long headers = saturating_mul(ranks, kHeaderBytesPerFile);
+  return records > kProductCap - headers ? kProductCap : records + headers;
 }
 
 bool auto_records_every_rank(const Scenario& s, long long ops_per_rank_step) {

@@ -116,12 +116,8 @@ class Reporter {
 
 std::string num(long long v) { return std::to_string(v); }
 
-// Products of parallel sizes. Each size is a 31-bit int, so three or four of them can overflow even
-// 64 bits (found by tests/scenarios/fuzz/scenario_loader_fuzz). The product saturates at kProductCap instead: the
-// rules only compare these products with the world size (< 2^31), which a saturated product fails
-// exactly as the true one would.
-constexpr long long kProductCap = 1LL << 62;
-long long mul(long long a, long long b) { return (a != 0 && b > kProductCap / a) ? kProductCap : a * b; }
+// Products of parallel sizes: each is a 31-bit int, so three or four of them can overflow even 64 bits
+// (found by tests/scenarios/fuzz/scenario_loader_fuzz); saturating_mul (run_volume.hpp) caps them.
 std::string num_product(long long v) { return v >= kProductCap ? "more than 2^62" : num(v); }
 
 void check_model(Scenario& s, Reporter& r) {
@@ -244,7 +240,7 @@ bool check_parallel(Scenario& s, Reporter& r) {
   const std::string world_text = "world size " + num(world) + " (nodes " + num(s.cluster.nodes) + " x gpus_per_node " +
                                  num(s.cluster.gpus_per_node) + ")";
   // world-size and derived dp
-  const long long mp = mul(mul(p.tp, p.cp), p.pp);
+  const long long mp = saturating_mul(saturating_mul(p.tp, p.cp), p.pp);
   if (p.dp == 0) {
     if (world % mp != 0) {
       r.fail("world-size", "parallel.tp",
@@ -254,13 +250,13 @@ bool check_parallel(Scenario& s, Reporter& r) {
     } else {
       p.dp = static_cast<int>(world / mp);
     }
-  } else if (mul(mp, p.dp) != world) {
+  } else if (saturating_mul(mp, p.dp) != world) {
     r.fail("world-size", "parallel.dp",
            "tp x cp x pp x dp = " + num(p.tp) + " x " + num(p.cp) + " x " + num(p.pp) + " x " + num(p.dp) + " = " +
-               num_product(mul(mp, p.dp)) + " does not equal the " + world_text);
+               num_product(saturating_mul(mp, p.dp)) + " does not equal the " + world_text);
   }
   // expert-world and derived edp
-  const long long emp = mul(mul(p.etp, p.ep), p.pp);
+  const long long emp = saturating_mul(saturating_mul(p.etp, p.ep), p.pp);
   if (world % emp != 0) {
     r.fail("expert-world", "parallel.ep",
            "etp x ep x pp = " + num(p.etp) + " x " + num(p.ep) + " x " + num(p.pp) + " = " + num_product(emp) +
@@ -298,7 +294,7 @@ bool check_parallel(Scenario& s, Reporter& r) {
   }
   // pp-layers
   const int failures_before_split = r.count();
-  const long long vstages = mul(p.pp, p.vpp);
+  const long long vstages = saturating_mul(p.pp, p.vpp);
   if (!p.layers_per_stage.empty()) {
     if (p.first_stage_layers || p.last_stage_layers) {
       r.fail("pp-layers", "parallel.layers_per_stage",
@@ -579,7 +575,7 @@ void check_work_size(const Scenario& s, Reporter& r) {
                  num(tokens) + " tokens per micro-batch; at most " + num(kMaxTokensPerMicrobatch) +
                  ": lower train.micro_batch_size or train.seq_length");
     }
-    ops_per_step = mul(mul(stage_layers, std::max(1, t.num_microbatches)), layer_ops);
+    ops_per_step = saturating_mul(saturating_mul(stage_layers, std::max(1, t.num_microbatches)), layer_ops);
     ops_keys = "lower train.global_batch_size (" + num(t.num_microbatches) +
                " micro-batches per step), model.num_layers or raise parallel.pp";
   } else {
@@ -591,16 +587,17 @@ void check_work_size(const Scenario& s, Reporter& r) {
                  num(tokens) + " prefill tokens; at most " + num(kMaxTokensPerMicrobatch) +
                  ": lower infer.batch_size or infer.prompt_length");
     }
-    const long long choice_bytes = mul(mul(mul(tokens, std::max(1, m.moe_router_topk)), m.num_moe_layers()), 4);
+    const long long choice_bytes =
+        saturating_mul(saturating_mul(saturating_mul(tokens, std::max(1, m.moe_router_topk)), m.num_moe_layers()), 4);
     if (m.is_moe() && choice_bytes > kMaxRoutingChoiceBytes) {
       r.fail("work-size", "infer.batch_size",
              "the prefill step routes " + num(tokens) + " tokens x top-" + num(m.moe_router_topk) + " x " +
                  num(m.num_moe_layers()) + " MoE layers = " + gib(choice_bytes) + " of expert choices; at most " +
                  gib(kMaxRoutingChoiceBytes) + ": lower infer.batch_size or infer.prompt_length");
     }
-    ops_per_step = mul(m.num_layers, layer_ops);
+    ops_per_step = saturating_mul(m.num_layers, layer_ops);
     ops_keys = "lower model.num_layers or the experts per rank (model.num_experts / parallel.ep)";
-    const long long run_ops = mul(ops_per_step, 1LL * s.run.steps + s.run.warmup_steps);
+    const long long run_ops = saturating_mul(ops_per_step, 1LL * s.run.steps + s.run.warmup_steps);
     if (ops_per_step <= kMaxOpsPerRankStep && run_ops > kMaxInferenceOpsPerRun) {
       r.fail("work-size", "run.steps",
              "the run would simulate about " + num_product(run_ops) + " ops (" + num(s.run.warmup_steps + s.run.steps) +
@@ -622,7 +619,8 @@ void check_work_size(const Scenario& s, Reporter& r) {
   // class per pipeline stage, two with imbalanced MoE routing (the hot EP rank; expand_training); slow
   // ranks split off more classes, and inference classes are not known before expansion: pp x 8 then.
   const bool hot_rank = s.train && m.is_moe() && p.ep > 1 && s.train->routing_imbalance > 1.0;
-  const long long classes = s.train && s.cluster.slowdowns.empty() ? mul(p.pp, hot_rank ? 2 : 1) : mul(p.pp, 8);
+  const long long classes =
+      s.train && s.cluster.slowdowns.empty() ? saturating_mul(p.pp, hot_rank ? 2 : 1) : saturating_mul(p.pp, 8);
   const long long representatives = std::min<long long>(s.world_size(), classes);
   long long ranks = s.world_size();
   switch (pr.recorded) {

@@ -160,18 +160,18 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   header.start_time = opt.start_time;
   header.settings = std::move(settings);
 
-  // The profiler's timing markers cost host time in a real run's recorded steps (docs/simulator.md,
-  // "Host lane"): the scenario's sampling decides which steps and classes carry them, whether or not
-  // this simulation writes a run directory.
-  const profiler::SamplingPolicy timing_policy(records::sampling_config(s, first), s.world_size());
+  // The scenario's sampling: which steps and ranks the run directory records, and, as the profiler's
+  // timing markers cost host time in a real run's recorded steps (docs/simulator.md, "Host lane"),
+  // which steps and classes carry them, whether or not this simulation writes a run directory.
+  const profiler::SamplingPolicy sampling(records::sampling_config(s, first), s.world_size());
   auto timing_of = [&](const StepGraph& g, int step) {
     std::vector<Timing> t(g.classes.size(), Timing::none);
-    if (!timing_policy.enabled() || !timing_policy.records(step)) return t;
+    if (!sampling.enabled() || !sampling.records(step)) return t;
     const Timing kind =
         s.run.profiler.granularity == scenarios::Granularity::coarse ? Timing::coarse_ops : Timing::every_op;
     for (std::size_t c = 0; c < g.classes.size(); ++c) {
       for (int r : g.classes[c].ranks) {
-        if (timing_policy.records_rank(r)) {
+        if (sampling.records_rank(r)) {
           t[c] = kind;
           break;
         }
@@ -186,8 +186,7 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
     profiler::WriterOptions wo;
     wo.overwrite = opt.overwrite;
     wo.keep_records = false;
-    writer = std::make_unique<profiler::RunDirWriter>(
-        opt.out_dir, header, profiler::SamplingPolicy(records::sampling_config(s, first), s.world_size()), wo);
+    writer = std::make_unique<profiler::RunDirWriter>(opt.out_dir, header, sampling, wo);
     result.run_dir = opt.out_dir;
     if (s.run.profiler.recorded == scenarios::RecordedRanks::automatic &&
         records::recorded_ranks(s, first) == scenarios::RecordedRanks::representatives) {

@@ -21,6 +21,12 @@ inline constexpr long long kHeaderBytesPerFile = 4096;
 // GPUs writes a few files, not one per GPU of identical records.
 inline constexpr long long kAutoEveryRankMaxBytes = 1LL << 30;
 
+// Products of sizes (parallel degrees, tokens, ops, bytes) saturate at kProductCap instead of
+// overflowing 64 bits: a rule compares them with bounds far below it, which a saturated product fails
+// exactly as the true one would. Non-positive factors give 0.
+inline constexpr long long kProductCap = 1LL << 62;
+long long saturating_mul(long long a, long long b);
+
 // Steps of the run that record (run.profiler start_step, end_step, record_every_n_steps; 0 when
 // the profiler is off).
 long long recorded_steps(const Scenario& s);
@@ -28,7 +34,7 @@ long long recorded_steps(const Scenario& s);
 // every op, or the three coarse records.
 long long records_per_rank_step(const Scenario& s, long long ops_per_rank_step);
 // The size of a run directory: recorded steps x recorded ranks x records per rank and step x
-// kBytesPerRecord, plus kHeaderBytesPerFile per recorded rank (saturating, never overflowing).
+// kBytesPerRecord, plus kHeaderBytesPerFile per recorded rank (saturating at kProductCap).
 long long run_dir_bytes(long long steps, long long ranks, long long records_per_rank_and_step);
 // Whether run.profiler.ranks = "auto" records every rank of `s` (else one per rank class), a rank
 // running `ops_per_rank_step` ops per step.
