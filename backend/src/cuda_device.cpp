@@ -294,6 +294,10 @@ void CudaDevice::prepare_stream(int s, const std::vector<Op>& ops) {
     const bool attention = std::any_of(ops.begin(), ops.end(), [](const Op& op) { return op.kind == OpKind::attention; });
     cfg.attention_workspace = attention ? Attention::kDefaultWorkspace : 0;
     if (setup_.num_experts > 0) cfg.route_experts = std::min(setup_.num_experts, 1024);
+    if (std::any_of(ops.begin(), ops.end(), [](const Op& op) { return op.kind == OpKind::optimizer; })) {
+      cfg.parameter_weight_bytes = setup_.parameter_weight_bytes;
+      cfg.parameter_gradient_bytes = setup_.parameter_gradient_bytes;
+    }
     ps.runner = std::make_unique<OpRunner>(cfg, ps.comms.get());
     CommTable* table = ps.comms.get();
     const double imbalance = setup_.routing_imbalance;

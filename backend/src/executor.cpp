@@ -29,6 +29,7 @@
 #include "threewalls/profiler/run_dir.hpp"
 #include "threewalls/profiler/step_recorder.hpp"
 #include "threewalls/records/records.hpp"
+#include "threewalls/scenarios/parameters.hpp"
 #include "threewalls/scenarios/stepper.hpp"
 
 namespace threewalls::backend {
@@ -568,6 +569,13 @@ class RankWorker {
     setup.seed = st_->scenario.run.seed;
     setup.routing_imbalance = st_->scenario.train ? st_->scenario.train->routing_imbalance : 1.0;
     setup.num_experts = st_->scenario.model.num_experts;
+    if (st_->scenario.train) {
+      const scenarios::RankClass& rc = g0->class_of(rank_);
+      const scenarios::ParameterStateBytes state = scenarios::training_parameter_state(
+          st_->scenario, g0->layout, rc.layers, rc.pp_stage == 0, rc.pp_stage == st_->scenario.parallel.pp - 1);
+      setup.parameter_weight_bytes = static_cast<std::size_t>(state.weights);
+      setup.parameter_gradient_bytes = static_cast<std::size_t>(state.gradients);
+    }
     setup.timeout = st_->options.timeout;
     std::weak_ptr<RunState> weak = st_;
     setup.stop_requested = [weak] {

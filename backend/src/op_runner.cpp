@@ -93,6 +93,13 @@ Elementwise elementwise_of(const Op& op) {
   return Elementwise::add;
 }
 
+// The gradient norm of a runner holding the parameter state reads the fp32 gradient buffer: it runs
+// as a copy of its first half over its second (the norm's 4 bytes of traffic per parameter, no slot).
+bool grad_norm_in_state(const Op& op, const OpRunnerConfig& config) {
+  return config.holds_parameter_state() && op.kind == OpKind::elementwise &&
+         op.elementwise_kind() == scenarios::ElementwiseKind::reduce;
+}
+
 // GroupedGemm's (n, k) are the forward layer's (output width, input width). A dgrad op's shape is
 // the dgrad GEMM's own {rows, k_fwd, n_fwd} (C[rows, k_fwd] = dY[rows, n_fwd] W), forward and wgrad
 // ops carry {rows, n_fwd, k_fwd} (see StepGraph expansion).
@@ -203,6 +210,7 @@ OpRunner::Need OpRunner::need_of(const Op& op, const OpRunnerConfig& config) {
     case OpKind::elementwise: {
       require_positive(op, 1);
       const std::int64_t e = s[0];
+      if (grad_norm_in_state(op, config)) break;  // reads the gradient buffer
       switch (elementwise_of(op)) {
         case Elementwise::copy: n.bf16[0] = b16(e); n.bf16[1] = b16(e); break;
         case Elementwise::add: n.bf16[0] = b16(e); n.bf16[1] = b16(e); n.bf16[2] = b16(e); break;
@@ -275,8 +283,13 @@ OpRunner::Need OpRunner::need_of(const Op& op, const OpRunnerConfig& config) {
     }
     case OpKind::optimizer: {
       require_positive(op, 1);
-      for (int i = 0; i < 4; ++i) n.f32[i] = b32(s[0]);
-      n.bf16[0] = b16(s[0]);
+      if (config.holds_parameter_state()) {
+        // master, m, v; the gradients and the bf16 weights are the parameter state's.
+        for (int i : {0, 2, 3}) n.f32[i] = b32(s[0]);
+      } else {
+        for (int i = 0; i < 4; ++i) n.f32[i] = b32(s[0]);
+        n.bf16[0] = b16(s[0]);
+      }
       break;
     }
     case OpKind::copy: {
@@ -592,6 +605,14 @@ void OpRunner::place_parameters(const std::vector<Op>& ops) {
       fresh[it->second].bytes = std::max(fresh[it->second].bytes, u->bytes);
     }
   }
+  if (cfg_.holds_parameter_state() && state_gradients_.empty()) {
+    std::int64_t shard = 0;
+    for (const Op& op : ops) {
+      if (op.kind == OpKind::optimizer || grad_norm_in_state(op, cfg_)) shard = std::max(shard, op.shape[0]);
+    }
+    lay_out_parameter_state(fresh, shard);
+    return;
+  }
   if (fresh.empty()) return;
   if (l2_bytes_ == 0) {
     int dev = 0;
@@ -647,6 +668,46 @@ void OpRunner::place_parameters(const std::vector<Op>& ops) {
   TW_CUDA_CHECK(cudaDeviceSynchronize());  // the fills are done before any stream reads them
 }
 
+// Every tensor resident, in first-use order: weights from the start of the weight buffer, gradients
+// from the start of the fp32 gradient buffer (each owning 4 bytes per parameter). The buffers hold at
+// least the scenario's parameter state and the largest shard an optimizer step or gradient norm updates.
+void OpRunner::lay_out_parameter_state(const std::vector<WeightUse>& tensors, std::int64_t largest_shard) {
+  auto aligned = [](std::size_t b) {
+    return (std::max<std::size_t>(b, 1) + kWeightAlign - 1) / kWeightAlign * kWeightAlign;
+  };
+  std::size_t weights = 0;
+  std::size_t gradients = 0;
+  for (const WeightUse& u : tensors)
+    (u.key.grad != 0 ? gradients : weights) += (u.key.grad != 0 ? 2 : 1) * aligned(u.bytes);
+  const auto shard = static_cast<std::size_t>(std::max<std::int64_t>(largest_shard, 0));
+  state_weights_ = DeviceBuffer(aligned(std::max({weights, cfg_.parameter_weight_bytes, 2 * shard})));
+  state_gradients_ = DeviceBuffer(aligned(std::max({gradients, cfg_.parameter_gradient_bytes, 4 * shard})));
+  const cudaStream_t s = nullptr;
+  fill_random(state_weights_.as<bf16>(), static_cast<std::int64_t>(state_weights_.size() / 2),
+              cfg_.seed * 1000003ULL + (++fills_), 1.0F, s);
+  fill_random_positive(state_gradients_.as<float>(), static_cast<std::int64_t>(state_gradients_.size() / 4),
+                       cfg_.seed * 1000003ULL + (++fills_), 1.0F, s);
+  auto* w = static_cast<char*>(state_weights_.data());
+  auto* g = static_cast<char*>(state_gradients_.data());
+  std::size_t w_at = 0;
+  std::size_t g_at = 0;
+  for (const WeightUse& u : tensors) {
+    if (u.key.grad != 0) {
+      weight_at_[u.key] = Placed{g + g_at, u.bytes};
+      g_at += 2 * aligned(u.bytes);
+    } else {
+      weight_at_[u.key] = Placed{w + w_at, u.bytes};
+      if (u.key.dtype == DType::fp8) {
+        fill_random(reinterpret_cast<fp8*>(w + w_at), static_cast<std::int64_t>(u.bytes),
+                    cfg_.seed * 1000003ULL + (++fills_), 1.0F, s);
+      }
+      w_at += aligned(u.bytes);
+    }
+  }
+  weight_bytes_ += state_weights_.size() + state_gradients_.size();
+  TW_CUDA_CHECK(cudaDeviceSynchronize());  // the fills are done before any stream reads them
+}
+
 void OpRunner::gpu_read(cudaStream_t stream) {
   if (have_.i32[1] == 0) ensure([] { Need n; n.i32[1] = 4; return n; }());
   TW_CUDA_CHECK(cudaMemcpyAsync(read_flag_.data(), i32_[1].data(), sizeof(std::int32_t), cudaMemcpyDeviceToHost, stream));
@@ -680,6 +741,12 @@ void OpRunner::run(const Op& op, cudaStream_t stream) {
     case OpKind::attention: run_attention(op, stream); break;
     case OpKind::elementwise: {
       const std::int64_t e = s[0];
+      if (grad_norm_in_state(op, cfg_)) {
+        if (state_gradients_.empty()) lay_out_parameter_state({}, e);  // run without prepare
+        auto* g = static_cast<char*>(state_gradients_.data());
+        copy_d2d(g + b16(e), g, b16(e), stream);
+        break;
+      }
       switch (elementwise_of(op)) {
         case Elementwise::copy: copy_d2d(bf16_[1].data(), bf16_[0].data(), b16(e), stream); break;
         case Elementwise::add: add(bf16_[0].as<bf16>(), bf16_[1].as<bf16>(), bf16_[2].as<bf16>(), e, stream); break;
@@ -766,8 +833,14 @@ void OpRunner::run(const Op& op, cudaStream_t stream) {
       break;
     }
     case OpKind::optimizer:
-      adam_step(f32_[0].as<float>(), f32_[1].as<float>(), f32_[2].as<float>(), f32_[3].as<float>(), bf16_[0].as<bf16>(),
-                s[0], AdamParams{}, stream);
+      if (cfg_.holds_parameter_state()) {
+        if (state_gradients_.empty()) lay_out_parameter_state({}, s[0]);  // run without prepare
+        adam_step(f32_[0].as<float>(), state_gradients_.as<float>(), f32_[2].as<float>(), f32_[3].as<float>(),
+                  state_weights_.as<bf16>(), s[0], AdamParams{}, stream);
+      } else {
+        adam_step(f32_[0].as<float>(), f32_[1].as<float>(), f32_[2].as<float>(), f32_[3].as<float>(),
+                  bf16_[0].as<bf16>(), s[0], AdamParams{}, stream);
+      }
       break;
     case OpKind::copy: run_copy(op, stream); break;
     case OpKind::collective: run_collective(op, stream); break;

@@ -132,4 +132,22 @@ double fsdp_gathered_parameters(const Scenario& s, const std::vector<int>& layer
   return static_cast<double>(kFsdpPassesPerChain * chains) * unit;
 }
 
+ParameterStateBytes training_parameter_state(const Scenario& s, const Layout& layout, const std::vector<int>& layers,
+                                             bool first_stage, bool last_stage) {
+  const TrainSpec& tr = *s.train;
+  const ParameterCount held = rank_parameters(s, layers, first_stage, last_stage);
+  // Dense parameters are sharded over dp x cp, routed experts over the expert data-parallel group.
+  const double shard = held.dense / layout.group_size(Group::dp_cp) + held.expert / layout.group_size(Group::edp);
+  // Megatron-FSDP: the gathered units' bf16 weights and fp32 gradients are live beside the shard.
+  const double gathered = tr.shards_gradients() || tr.shards_parameters()
+                              ? fsdp_gathered_parameters(s, layers, first_stage, last_stage)
+                              : 0.0;
+  ParameterStateBytes b;
+  b.weights = 2.0 * (tr.shards_parameters() ? shard + gathered : held.total());
+  b.gradients = 4.0 * (tr.shards_gradients() ? shard + gathered : held.total());
+  b.shard = tr.shards_optimizer_state() ? shard : held.total();
+  b.optimizer = 12.0 * b.shard;
+  return b;
+}
+
 }  // namespace threewalls::scenarios

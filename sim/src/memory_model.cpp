@@ -60,7 +60,8 @@ namespace {
 // queued on that stream (docs: "Buffers"). Measured (opt.device, the profile's device.memory): the
 // context, modules, first and further cuBLASLt handles and cuDNN handles at their measured bytes.
 // Without it: kCudaContextBytes for the process and the first runner, kOpRunnerWorkspaceBytes per
-// further one. Operand buffers: the bytes of the largest op of every stream but the first.
+// further one. Operand buffers: the bytes of the largest op of every stream, leaving out the optimizer
+// step and the gradient norm, which work on the parameter state (weights, gradients, optimizer).
 double runner_bytes(const scenarios::RankClass& rc, const MemoryOptions& opt) {
   struct Stream {
     double largest = 0.0;
@@ -70,25 +71,25 @@ double runner_bytes(const scenarios::RankClass& rc, const MemoryOptions& opt) {
   for (const Op& op : rc.ops) {
     if (op.kind == OpKind::host) continue;
     Stream& st = streams[op.stream];
-    st.largest = std::max(st.largest, op.bytes);
+    const bool on_parameter_state =
+        op.kind == OpKind::optimizer ||
+        (op.kind == OpKind::elementwise && op.elementwise_kind() == scenarios::ElementwiseKind::reduce);
+    if (!on_parameter_state) st.largest = std::max(st.largest, op.bytes);
     st.fused_attention = st.fused_attention || (op.kind == OpKind::attention &&
                                                 scenarios::attention_kernel(op) != scenarios::AttentionKernel::unfused);
   }
-  const double further = streams.empty() ? 0.0 : static_cast<double>(streams.size() - 1);
+  // A class without ops (the planner's skeleton classes) still has its process and first runner.
+  if (streams.empty()) streams[0] = Stream{};
+  const double further = static_cast<double>(streams.size() - 1);
   double total = 0.0;
   if (opt.device) {
     const DeviceMemoryParams& d = *opt.device;
-    total +=
-        d.context.value + d.modules.value + (streams.empty() ? 0.0 : d.blas.value) + further * d.blas_further.value;
+    total += d.context.value + d.modules.value + d.blas.value + further * d.blas_further.value;
     for (const auto& [id, st] : streams) total += st.fused_attention ? d.cudnn.value : 0.0;
   } else {
     total += kCudaContextBytes + further * kOpRunnerWorkspaceBytes;
   }
-  bool first = true;
-  for (const auto& [id, st] : streams) {
-    if (!first) total += st.largest;
-    first = false;
-  }
+  for (const auto& [id, st] : streams) total += st.largest;
   return total;
 }
 
@@ -256,16 +257,11 @@ MemoryReport memory_model(const Scenario& s, const scenarios::StepGraph& graph, 
     const double V = static_cast<double>(s.model.padded_vocab_size(s.parallel.tp));
     if (s.train) {
       const scenarios::TrainSpec& tr = *s.train;
-      // Weights, gradients, optimizer (docs: "Weights, gradients, optimizer state").
-      const int dp_dense = L.group_size(scenarios::Group::dp_cp);
-      const int dp_expert = L.group_size(scenarios::Group::edp);
-      // Sharded state (docs: "FSDP"): this rank's shard, plus the gathered parameters (bf16) and the
-      // gradients of the gathered units before their reduce-scatter (fp32).
-      const double shard = cm.params.dense / dp_dense + cm.params.expert / dp_expert;
-      const double gathered = scenarios::fsdp_gathered_parameters(s, rc.layers, first, last);
-      b.weights = Bytes(2.0 * (tr.shards_parameters() ? shard + gathered : cm.params.total()));
-      b.gradients = Bytes(4.0 * (tr.shards_gradients() ? shard + gathered : cm.params.total()));
-      b.optimizer = Bytes(12.0 * (tr.shards_optimizer_state() ? shard : cm.params.total()));
+      // Weights, gradients, optimizer (docs: "Weights, gradients, optimizer state", "FSDP").
+      const scenarios::ParameterStateBytes state = scenarios::training_parameter_state(s, L, rc.layers, first, last);
+      b.weights = Bytes(state.weights);
+      b.gradients = Bytes(state.gradients);
+      b.optimizer = Bytes(state.optimizer);
       // Activations (docs: "Micro-batches in flight", "Full recomputation").
       const int n_layers = static_cast<int>(rc.layers.size());
       double stored_per_mb = act_per_mb;

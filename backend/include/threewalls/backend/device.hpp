@@ -70,6 +70,10 @@ struct DeviceSetup {
   std::uint64_t seed = 0;                       // run.seed: every buffer's random content derives from it
   double routing_imbalance = 1.0;               // train.routing_imbalance (MoE all-to-all splits)
   int num_experts = 0;                          // model.num_experts (the routing permute ops follow)
+  // Training: the rank's parameter state (scenarios::training_parameter_state), held by the OpRunner of
+  // the stream that runs the optimizer step (OpRunnerConfig::parameter_weight_bytes). Zero: none.
+  std::size_t parameter_weight_bytes = 0;
+  std::size_t parameter_gradient_bytes = 0;
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   // Returns true when the run is being stopped (another rank failed): long waits inside open()
   // (communicator creation) poll it and give up.

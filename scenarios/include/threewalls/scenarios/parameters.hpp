@@ -4,6 +4,7 @@
 // through these functions. The formulas are in docs/memory_model.md ("Parameters").
 #include <vector>
 
+#include "threewalls/scenarios/layout.hpp"
 #include "threewalls/scenarios/scenario.hpp"
 
 namespace threewalls::scenarios {
@@ -53,5 +54,20 @@ ParameterCount rank_parameters(const Scenario& s, const std::vector<int>& layers
 // each.
 inline constexpr int kFsdpPassesPerChain = 2;
 double fsdp_gathered_parameters(const Scenario& s, const std::vector<int>& layers, bool first_stage, bool last_stage);
+
+// Device bytes of one training rank's parameter state, as Megatron-Core holds it with bf16 parameters:
+// bf16 weights (2 B per parameter), fp32 gradients (4 B: the main_grad buffer that gradient-accumulation
+// fusion writes and the gradient reduction reads) and Adam with fp32 master weights (12 B: master, m, v),
+// each sharded as the scenario shards it (distributed optimizer, Megatron-FSDP). The memory model charges
+// these bytes and the backend allocates them (docs/memory_model.md, "Weights, gradients, optimizer state").
+struct ParameterStateBytes {
+  double weights = 0.0;
+  double gradients = 0.0;
+  double optimizer = 0.0;
+  double shard = 0.0;  // parameters of this rank's optimizer shard (what the Adam step updates)
+};
+// `s` must have a [train] section; `layers`, `first_stage` and `last_stage` as for rank_parameters.
+ParameterStateBytes training_parameter_state(const Scenario& s, const Layout& layout, const std::vector<int>& layers,
+                                             bool first_stage, bool last_stage);
 
 }  // namespace threewalls::scenarios
