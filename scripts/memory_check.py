@@ -3,8 +3,8 @@
 boundary (docs/memory_model.md, "Allocated, reserved, device-wide"; docs/backend.md, "Memory").
 
 For every scenario (default: the one-GPU scenarios of the fidelity suite and of
-scenarios/validation/memory/, which holds two scenarios sized just under and just over an H100's
-memory): simulate it (`threewalls sim --fidelity analytic --no-run-dir`'s summary is not enough, so a run
+scenarios/validation/memory/, which holds pairs of scenarios sized just under and just over an H100's
+and an H200's memory; only the pair of this machine's GPU kind runs): simulate it (`threewalls sim --fidelity analytic --no-run-dir`'s summary is not enough, so a run
 directory is written), run it for real (`threewalls run`), and print one table:
 
     scenario | model verdict | modelled peak | modelled activations | measured allocated | measured
@@ -28,11 +28,30 @@ import re
 import subprocess
 import sys
 import time
+import tomllib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from validate_suite import world_size  # noqa: E402  (one reader of a scenario's world size)
 
 GIB = float(1 << 30)
+
+
+def gpu_kind():
+    """"h100" or "h200" from nvidia-smi's name of GPU 0 (None when neither or no nvidia-smi)."""
+    try:
+        name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
+                              capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for kind in ("h100", "h200"):
+        if kind in name.lower():
+            return kind
+    return None
+
+
+def cluster_gpu(path):
+    with open(path, "rb") as f:
+        return tomllib.load(f).get("cluster", {}).get("gpu")
 
 
 def run(cmd, logfile, timeout):
@@ -80,8 +99,12 @@ def main():
     ap.add_argument("scenarios", nargs="*")
     a = ap.parse_args()
     root = os.environ.get("THREEWALLS_SOURCE_DIR", os.getcwd())
-    scenarios = a.scenarios or sorted(glob.glob(os.path.join(root, "scenarios/validation/fidelity/*.toml"))) + sorted(
-        glob.glob(os.path.join(root, "scenarios/validation/memory/*.toml")))
+    # The OOM-boundary scenarios are sized for one GPU kind each ([cluster] gpu): by default only those
+    # of this machine's kind run (on another kind the verdict would compare different capacities).
+    kind = gpu_kind()
+    boundary = [s for s in sorted(glob.glob(os.path.join(root, "scenarios/validation/memory/*.toml")))
+                if kind is None or cluster_gpu(s) == kind]
+    scenarios = a.scenarios or sorted(glob.glob(os.path.join(root, "scenarios/validation/fidelity/*.toml"))) + boundary
     scenarios = [s for s in scenarios if world_size(s) == 1]
     if os.path.exists(a.out):
         sys.exit(f"memory_check: {a.out} exists")
