@@ -269,6 +269,14 @@ void CudaDevice::prepare(const scenarios::StepGraph& graph, const scenarios::Ran
     }
   }
   static_cast<void>(graph);
+  if (setup_.parameter_gradient_bytes > 0 && !parameter_state_) {
+    // Training: the rank's parameter state, before the runners that share it (parameter_state.hpp).
+    std::vector<Op> all;
+    for (const auto& [s, ops] : by_stream) all.insert(all.end(), ops.begin(), ops.end());
+    parameter_state_ =
+        std::make_unique<ParameterState>(all, setup_.parameter_weight_bytes, setup_.parameter_gradient_bytes,
+                                         setup_.seed + static_cast<std::uint64_t>(rank_));
+  }
   for (auto& [s, ops] : by_stream) prepare_stream(s, ops);
   for (auto& [s, b] : send_bytes) {
     PerStream& ps = at(s);
@@ -294,10 +302,7 @@ void CudaDevice::prepare_stream(int s, const std::vector<Op>& ops) {
     const bool attention = std::any_of(ops.begin(), ops.end(), [](const Op& op) { return op.kind == OpKind::attention; });
     cfg.attention_workspace = attention ? Attention::kDefaultWorkspace : 0;
     if (setup_.num_experts > 0) cfg.route_experts = std::min(setup_.num_experts, 1024);
-    if (std::any_of(ops.begin(), ops.end(), [](const Op& op) { return op.kind == OpKind::optimizer; })) {
-      cfg.parameter_weight_bytes = setup_.parameter_weight_bytes;
-      cfg.parameter_gradient_bytes = setup_.parameter_gradient_bytes;
-    }
+    cfg.parameter_state = parameter_state_.get();
     ps.runner = std::make_unique<OpRunner>(cfg, ps.comms.get());
     CommTable* table = ps.comms.get();
     const double imbalance = setup_.routing_imbalance;

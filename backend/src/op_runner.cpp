@@ -11,6 +11,7 @@
 #include "threewalls/backend/copies.hpp"
 #include "threewalls/backend/error.hpp"
 #include "threewalls/backend/kernels.hpp"
+#include "threewalls/scenarios/parameters.hpp"
 
 namespace threewalls::backend {
 
@@ -93,11 +94,9 @@ Elementwise elementwise_of(const Op& op) {
   return Elementwise::add;
 }
 
-// The gradient norm of a runner holding the parameter state reads the fp32 gradient buffer: it runs
-// as a copy of its first half over its second (the norm's 4 bytes of traffic per parameter, no slot).
-bool grad_norm_in_state(const Op& op, const OpRunnerConfig& config) {
-  return config.holds_parameter_state() && op.kind == OpKind::elementwise &&
-         op.elementwise_kind() == scenarios::ElementwiseKind::reduce;
+// With a parameter state, the ops that work on it need no buffer slots (parameter_state.hpp).
+bool on_state(const Op& op, const OpRunnerConfig& config) {
+  return config.parameter_state != nullptr && scenarios::works_on_parameter_state(op);
 }
 
 // GroupedGemm's (n, k) are the forward layer's (output width, input width). A dgrad op's shape is
@@ -210,7 +209,7 @@ OpRunner::Need OpRunner::need_of(const Op& op, const OpRunnerConfig& config) {
     case OpKind::elementwise: {
       require_positive(op, 1);
       const std::int64_t e = s[0];
-      if (grad_norm_in_state(op, config)) break;  // reads the gradient buffer
+      if (on_state(op, config)) break;  // the gradient norm reads the gradient buffer
       switch (elementwise_of(op)) {
         case Elementwise::copy: n.bf16[0] = b16(e); n.bf16[1] = b16(e); break;
         case Elementwise::add: n.bf16[0] = b16(e); n.bf16[1] = b16(e); n.bf16[2] = b16(e); break;
@@ -283,7 +282,7 @@ OpRunner::Need OpRunner::need_of(const Op& op, const OpRunnerConfig& config) {
     }
     case OpKind::optimizer: {
       require_positive(op, 1);
-      if (config.holds_parameter_state()) {
+      if (config.parameter_state != nullptr) {
         // master, m, v; the gradients and the bf16 weights are the parameter state's.
         for (int i : {0, 2, 3}) n.f32[i] = b32(s[0]);
       } else {
@@ -308,11 +307,12 @@ OpRunner::Need OpRunner::need_of(const Op& op, const OpRunnerConfig& config) {
     }
     case OpKind::collective: {
       if (op.bytes <= 0.0) unsupported(op, "collective of 0 bytes");
+      if (op.collective() > Collective::broadcast) unsupported(op, "unknown Collective " + std::to_string(op.sub));
+      if (on_state(op, config)) break;  // in place on the parameter state
       const auto bytes = static_cast<std::size_t>(op.bytes);
       const auto g = static_cast<std::size_t>(std::max<int>(op.group_size, 1));
       n.bf16[0] = bytes + 2 * g;  // slack for per-member rounding
       n.bf16[1] = bytes + 2 * g;
-      if (op.collective() > Collective::broadcast) unsupported(op, "unknown Collective " + std::to_string(op.sub));
       break;
     }
     case OpKind::send:
@@ -571,6 +571,9 @@ void* OpRunner::weight_ptr(const Op& op) const {
 }
 
 void* OpRunner::placed(const WeightUse& u) const {
+  if (cfg_.parameter_state != nullptr) {
+    if (void* at = cfg_.parameter_state->place(u)) return at;
+  }
   const auto it = weight_at_.find(u.key);
   return it == weight_at_.end() || it->second.bytes < u.bytes ? nullptr : it->second.at;
 }
@@ -596,6 +599,7 @@ void OpRunner::place_parameters(const std::vector<Op>& ops) {
   for (const Op& op : ops) {
     const auto u = weight_of(op);
     if (!u) continue;
+    if (cfg_.parameter_state != nullptr && cfg_.parameter_state->place(*u) != nullptr) continue;
     const auto placed = weight_at_.find(u->key);
     if (placed != weight_at_.end() && placed->second.bytes >= u->bytes) continue;
     const auto [it, added] = index.emplace(u->key, fresh.size());
@@ -604,14 +608,6 @@ void OpRunner::place_parameters(const std::vector<Op>& ops) {
     } else {
       fresh[it->second].bytes = std::max(fresh[it->second].bytes, u->bytes);
     }
-  }
-  if (cfg_.holds_parameter_state() && state_gradients_.empty()) {
-    std::int64_t shard = 0;
-    for (const Op& op : ops) {
-      if (op.kind == OpKind::optimizer || grad_norm_in_state(op, cfg_)) shard = std::max(shard, op.shape[0]);
-    }
-    lay_out_parameter_state(fresh, shard);
-    return;
   }
   if (fresh.empty()) return;
   if (l2_bytes_ == 0) {
@@ -668,46 +664,6 @@ void OpRunner::place_parameters(const std::vector<Op>& ops) {
   TW_CUDA_CHECK(cudaDeviceSynchronize());  // the fills are done before any stream reads them
 }
 
-// Every tensor resident, in first-use order: weights from the start of the weight buffer, gradients
-// from the start of the fp32 gradient buffer (each owning 4 bytes per parameter). The buffers hold at
-// least the scenario's parameter state and the largest shard an optimizer step or gradient norm updates.
-void OpRunner::lay_out_parameter_state(const std::vector<WeightUse>& tensors, std::int64_t largest_shard) {
-  auto aligned = [](std::size_t b) {
-    return (std::max<std::size_t>(b, 1) + kWeightAlign - 1) / kWeightAlign * kWeightAlign;
-  };
-  std::size_t weights = 0;
-  std::size_t gradients = 0;
-  for (const WeightUse& u : tensors)
-    (u.key.grad != 0 ? gradients : weights) += (u.key.grad != 0 ? 2 : 1) * aligned(u.bytes);
-  const auto shard = static_cast<std::size_t>(std::max<std::int64_t>(largest_shard, 0));
-  state_weights_ = DeviceBuffer(aligned(std::max({weights, cfg_.parameter_weight_bytes, 2 * shard})));
-  state_gradients_ = DeviceBuffer(aligned(std::max({gradients, cfg_.parameter_gradient_bytes, 4 * shard})));
-  const cudaStream_t s = nullptr;
-  fill_random(state_weights_.as<bf16>(), static_cast<std::int64_t>(state_weights_.size() / 2),
-              cfg_.seed * 1000003ULL + (++fills_), 1.0F, s);
-  fill_random_positive(state_gradients_.as<float>(), static_cast<std::int64_t>(state_gradients_.size() / 4),
-                       cfg_.seed * 1000003ULL + (++fills_), 1.0F, s);
-  auto* w = static_cast<char*>(state_weights_.data());
-  auto* g = static_cast<char*>(state_gradients_.data());
-  std::size_t w_at = 0;
-  std::size_t g_at = 0;
-  for (const WeightUse& u : tensors) {
-    if (u.key.grad != 0) {
-      weight_at_[u.key] = Placed{g + g_at, u.bytes};
-      g_at += 2 * aligned(u.bytes);
-    } else {
-      weight_at_[u.key] = Placed{w + w_at, u.bytes};
-      if (u.key.dtype == DType::fp8) {
-        fill_random(reinterpret_cast<fp8*>(w + w_at), static_cast<std::int64_t>(u.bytes),
-                    cfg_.seed * 1000003ULL + (++fills_), 1.0F, s);
-      }
-      w_at += aligned(u.bytes);
-    }
-  }
-  weight_bytes_ += state_weights_.size() + state_gradients_.size();
-  TW_CUDA_CHECK(cudaDeviceSynchronize());  // the fills are done before any stream reads them
-}
-
 void OpRunner::gpu_read(cudaStream_t stream) {
   if (have_.i32[1] == 0) ensure([] { Need n; n.i32[1] = 4; return n; }());
   TW_CUDA_CHECK(cudaMemcpyAsync(read_flag_.data(), i32_[1].data(), sizeof(std::int32_t), cudaMemcpyDeviceToHost, stream));
@@ -741,9 +697,8 @@ void OpRunner::run(const Op& op, cudaStream_t stream) {
     case OpKind::attention: run_attention(op, stream); break;
     case OpKind::elementwise: {
       const std::int64_t e = s[0];
-      if (grad_norm_in_state(op, cfg_)) {
-        if (state_gradients_.empty()) lay_out_parameter_state({}, e);  // run without prepare
-        auto* g = static_cast<char*>(state_gradients_.data());
+      if (on_state(op, cfg_)) {  // the gradient norm: a copy of the gradient buffer's first half over its second
+        auto* g = static_cast<char*>(cfg_.parameter_state->gradients());
         copy_d2d(g + b16(e), g, b16(e), stream);
         break;
       }
@@ -833,10 +788,10 @@ void OpRunner::run(const Op& op, cudaStream_t stream) {
       break;
     }
     case OpKind::optimizer:
-      if (cfg_.holds_parameter_state()) {
-        if (state_gradients_.empty()) lay_out_parameter_state({}, s[0]);  // run without prepare
-        adam_step(f32_[0].as<float>(), state_gradients_.as<float>(), f32_[2].as<float>(), f32_[3].as<float>(),
-                  state_weights_.as<bf16>(), s[0], AdamParams{}, stream);
+      if (cfg_.parameter_state != nullptr) {
+        adam_step(f32_[0].as<float>(), static_cast<const float*>(cfg_.parameter_state->gradients()),
+                  f32_[2].as<float>(), f32_[3].as<float>(), static_cast<bf16*>(cfg_.parameter_state->weights()), s[0],
+                  AdamParams{}, stream);
       } else {
         adam_step(f32_[0].as<float>(), f32_[1].as<float>(), f32_[2].as<float>(), f32_[3].as<float>(),
                   bf16_[0].as<bf16>(), s[0], AdamParams{}, stream);
@@ -881,6 +836,23 @@ void OpRunner::run_collective(const Op& op, cudaStream_t stream) {
   const std::size_t elems = collective_elems(op.bytes);
   void* in = bf16_[0].data();
   void* out = bf16_[1].data();
+  if (on_state(op, cfg_)) {
+    // In place on the parameter state, as Megatron's data-parallel buffers: reductions on the gradient
+    // buffer, gathers on the weight buffer. NCCL's in-place forms: a reduce-scatter receives into its
+    // member's chunk of the input, an all-gather sends from its member's chunk of the output.
+    const ParameterState& st = *cfg_.parameter_state;
+    const bool gather = op.collective() == Collective::all_gather;
+    const std::size_t capacity = gather ? st.weight_capacity() : st.gradient_capacity();
+    if (2 * elems > capacity) {
+      unsupported(op, "the parameter state holds " + std::to_string(capacity) + " bytes, fewer than the op's");
+    }
+    auto* base = static_cast<char*>(gather ? st.weights() : st.gradients());
+    const std::size_t chunk = 2 * std::max<std::size_t>(elems / n, 1) * static_cast<std::size_t>(comm.index());
+    in = base;
+    out = base;
+    if (op.collective() == Collective::reduce_scatter) out = base + chunk;
+    if (gather) in = base + chunk;
+  }
   switch (op.collective()) {
     case Collective::all_reduce: all_reduce(in, out, elems, comm, stream); break;
     case Collective::all_gather: all_gather(in, out, std::max<std::size_t>(elems / n, 1), comm, stream); break;

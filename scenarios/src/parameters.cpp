@@ -132,6 +132,23 @@ double fsdp_gathered_parameters(const Scenario& s, const std::vector<int>& layer
   return static_cast<double>(kFsdpPassesPerChain * chains) * unit;
 }
 
+bool works_on_parameter_state(const Op& op) {
+  switch (op.kind) {
+    case OpKind::optimizer: return true;
+    case OpKind::elementwise: return op.elementwise_kind() == ElementwiseKind::reduce;
+    case OpKind::collective:
+      switch (op.group) {
+        case Group::dp:
+        case Group::dp_cp:
+        case Group::edp:
+        case Group::embedding:
+        case Group::world: return op.collective() != Collective::all_to_all;
+        default: return false;
+      }
+    default: return false;
+  }
+}
+
 ParameterStateBytes training_parameter_state(const Scenario& s, const Layout& layout, const std::vector<int>& layers,
                                              bool first_stage, bool last_stage) {
   const TrainSpec& tr = *s.train;

@@ -60,8 +60,9 @@ namespace {
 // queued on that stream (docs: "Buffers"). Measured (opt.device, the profile's device.memory): the
 // context, modules, first and further cuBLASLt handles and cuDNN handles at their measured bytes.
 // Without it: kCudaContextBytes for the process and the first runner, kOpRunnerWorkspaceBytes per
-// further one. Operand buffers: the bytes of the largest op of every stream, leaving out the optimizer
-// step and the gradient norm, which work on the parameter state (weights, gradients, optimizer).
+// further one. Operand buffers: the bytes of the largest op of every stream, leaving out the ops that
+// work on the parameter state (scenarios::works_on_parameter_state: optimizer, gradient norm,
+// data-parallel collectives).
 double runner_bytes(const scenarios::RankClass& rc, const MemoryOptions& opt) {
   struct Stream {
     double largest = 0.0;
@@ -71,10 +72,7 @@ double runner_bytes(const scenarios::RankClass& rc, const MemoryOptions& opt) {
   for (const Op& op : rc.ops) {
     if (op.kind == OpKind::host) continue;
     Stream& st = streams[op.stream];
-    const bool on_parameter_state =
-        op.kind == OpKind::optimizer ||
-        (op.kind == OpKind::elementwise && op.elementwise_kind() == scenarios::ElementwiseKind::reduce);
-    if (!on_parameter_state) st.largest = std::max(st.largest, op.bytes);
+    if (!scenarios::works_on_parameter_state(op)) st.largest = std::max(st.largest, op.bytes);
     st.fused_attention = st.fused_attention || (op.kind == OpKind::attention &&
                                                 scenarios::attention_kernel(op) != scenarios::AttentionKernel::unfused);
   }

@@ -152,16 +152,13 @@ TEST(OpRunner, EveryExpertReadsItsOwnWeights) {
   EXPECT_EQ(runner.weight_tensors(), 5U);
 }
 
-// A training rank's optimizer runner holds the parameter state at the memory model's bytes: weights
-// and fp32 gradients resident in two buffers (each tensor distinct, a gradient owning 4 bytes per
-// parameter), Adam's master weights and moments in its slots, and nothing else of that size.
-TEST(OpRunner, TrainingRunnerHoldsTheParameterStateAtTheModelsBytes) {
+// A training rank's parameter state at the memory model's bytes: weights and fp32 gradients resident
+// in two buffers (each tensor distinct, a gradient owning 4 bytes per parameter), shared by the rank's
+// runners; the runner of the optimizer holds Adam's master weights and moments, and no weight copy or
+// gradient slot; the data-parallel all-reduce runs in place on the gradients (no slot either).
+TEST(OpRunner, TrainingRunnersShareTheParameterStateAtTheModelsBytes) {
   TW_REQUIRE_GPU();
-  constexpr std::int64_t kParams = 3 * 4096 * 1024;  // more than the three GEMM tensors below (embedding, norms)
-  OpRunnerConfig cfg;
-  cfg.parameter_weight_bytes = 2 * kParams;
-  cfg.parameter_gradient_bytes = 4 * kParams;
-  OpRunner runner(cfg);
+  constexpr std::int64_t kParams = 3 * 4096 * 1024;  // more than the GEMM tensors below (embedding, norms)
   std::vector<Op> ops;
   for (std::int32_t l = 0; l < 2; ++l) {
     Op fwd = make(OpKind::gemm, {64, 4096, 1024, 1, 0, 0});
@@ -171,27 +168,39 @@ TEST(OpRunner, TrainingRunnerHoldsTheParameterStateAtTheModelsBytes) {
     wgrad.layer = l;
     ops.push_back(wgrad);
   }
+  Op reduce = make(OpKind::collective, {}, 0, 4.0 * kParams);
+  reduce.sub = static_cast<std::uint8_t>(scenarios::Collective::all_reduce);
+  reduce.group = scenarios::Group::dp_cp;
+  reduce.group_size = 1;
+  ops.push_back(reduce);
   Op norm = make(OpKind::elementwise, {kParams, 0, 0, 0, 0, 0}, 0, 4.0 * kParams);
   norm.sub = static_cast<std::uint8_t>(scenarios::ElementwiseKind::reduce);
   ops.push_back(norm);
   ops.push_back(make(OpKind::optimizer, {kParams, 0, 0, 0, 0, 0}, 0, 30.0 * kParams));
-  runner.prepare(ops);
-  EXPECT_EQ(runner.weight_bytes(), static_cast<std::size_t>(6 * kParams));
-  std::set<void*> places;
-  for (const Op& op : ops) {
-    if (op.kind == OpKind::gemm) places.insert(runner.weight_ptr(op));
-  }
-  EXPECT_EQ(places.size(), 4U);  // two weights, two gradients
+  const ParameterState state(ops, 2 * kParams, 4 * kParams, 7);
+  EXPECT_EQ(state.bytes(), static_cast<std::size_t>(6 * kParams));
+  EXPECT_EQ(state.tensors(), 4U);  // two weights, two gradients
+  OpRunnerConfig cfg;
+  cfg.parameter_state = &state;
+  OpRunner runner(cfg);
+  const OpRunner::Need reduce_need = OpRunner::need_of(reduce, cfg);
+  EXPECT_EQ(reduce_need.bf16[0] + reduce_need.bf16[1], 0U);
+  std::vector<Op> local(ops.begin(), ops.end());
+  local.erase(local.begin() + 4);  // no communicator here: the all-reduce is checked by need_of above
+  runner.prepare(local);
+  EXPECT_EQ(runner.weight_bytes(), 0U);  // every tensor is the state's
   auto* w0 = static_cast<char*>(runner.weight_ptr(ops[0]));
   auto* g0 = static_cast<char*>(runner.weight_ptr(ops[1]));
+  EXPECT_EQ(w0, static_cast<char*>(state.weights()));
+  EXPECT_EQ(g0, static_cast<char*>(state.gradients()));
   EXPECT_EQ(static_cast<char*>(runner.weight_ptr(ops[2])) - w0, 4096 * 1024 * 2);
   EXPECT_EQ(static_cast<char*>(runner.weight_ptr(ops[3])) - g0, 4096 * 1024 * 4);
-  // Slots: master, m, v of the shard (fp32), the GEMMs' activations; no bf16 weight copy, no fp32 gradient slot.
-  const std::size_t slots = runner.device_bytes() - runner.weight_bytes() - runner.blas().workspace_size();
+  // Slots: master, m, v of the shard (fp32) and the GEMMs' activations.
+  const std::size_t slots = runner.device_bytes() - runner.blas().workspace_size();
   EXPECT_GE(slots, static_cast<std::size_t>(12 * kParams));
   EXPECT_LT(slots, static_cast<std::size_t>(12 * kParams + (64 << 20)));
   Stream s;
-  for (const Op& op : ops) runner.run(op, s.get());
+  for (const Op& op : local) runner.run(op, s.get());
   s.synchronize();
 }
 

@@ -22,6 +22,7 @@
 #include "threewalls/backend/handles.hpp"
 #include "threewalls/backend/nccl.hpp"
 #include "threewalls/backend/op_runner.hpp"
+#include "threewalls/backend/parameter_state.hpp"
 #include "threewalls/profiler/cuda_profiler.hpp"
 
 namespace threewalls::backend {
@@ -90,6 +91,8 @@ class CudaDevice : public Device {
   int rank_;
   int ordinal_;
   DeviceSetup setup_;
+  // Training: the rank's parameter state, shared by the streams' runners (declared first: it outlives them).
+  std::unique_ptr<ParameterState> parameter_state_;
   std::map<int, PerStream> streams_;
   std::map<std::string, NcclComm> p2p_comms_;  // send/recv: two-rank communicators by comm_key
   std::vector<Event> events_;

@@ -70,8 +70,8 @@ struct DeviceSetup {
   std::uint64_t seed = 0;                       // run.seed: every buffer's random content derives from it
   double routing_imbalance = 1.0;               // train.routing_imbalance (MoE all-to-all splits)
   int num_experts = 0;                          // model.num_experts (the routing permute ops follow)
-  // Training: the rank's parameter state (scenarios::training_parameter_state), held by the OpRunner of
-  // the stream that runs the optimizer step (OpRunnerConfig::parameter_weight_bytes). Zero: none.
+  // Training: the bytes of the rank's parameter state (scenarios::training_parameter_state), which the
+  // device allocates once and its runners share (parameter_state.hpp). Zero: none (inference).
   std::size_t parameter_weight_bytes = 0;
   std::size_t parameter_gradient_bytes = 0;
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};

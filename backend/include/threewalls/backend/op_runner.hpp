@@ -36,6 +36,7 @@
 #include "threewalls/backend/fused_attention.hpp"
 #include "threewalls/backend/handles.hpp"
 #include "threewalls/backend/nccl.hpp"
+#include "threewalls/backend/parameter_state.hpp"
 #include "threewalls/backend/weights.hpp"
 #include "threewalls/scenarios/step_graph.hpp"
 
@@ -48,17 +49,12 @@ struct OpRunnerConfig {
   int route_experts = 64;                 // experts of the routing that permute/unpermute ops follow
   std::int64_t embedding_rows = 32768;    // rows of the embedding table (vocabulary shard) to gather from
   std::string scratch_dir = "/tmp";       // where the disk-tier file for disk_read copies is written
-  // A training rank's parameter state (scenarios::training_parameter_state), given to the runner of the
-  // stream that runs the optimizer step. When set (non-zero), the runner holds the parameters as
-  // Megatron-Core does: one resident bf16 weight buffer of at least `parameter_weight_bytes` and one fp32
-  // gradient buffer of at least `parameter_gradient_bytes`; every GEMM's weight is a place in the first and
-  // every wgrad's gradient a place in the second (weights.hpp), the Adam step writes its bf16 weights into
-  // the first and reads its gradients from the second, and the gradient norm reads the second. Zero
-  // (inference, calibration): parameters get places of their own, bounded (weights.hpp), and the
-  // optimizer step works on buffer slots.
-  std::size_t parameter_weight_bytes = 0;
-  std::size_t parameter_gradient_bytes = 0;
-  [[nodiscard]] bool holds_parameter_state() const { return parameter_gradient_bytes > 0; }
+  // A training rank's parameter state (parameter_state.hpp), shared by the rank's runners and outliving
+  // them. When set, GEMM weights and wgrad gradients are its places, and the ops that work on it
+  // (scenarios::works_on_parameter_state: the optimizer step, the gradient norm, the data-parallel
+  // collectives) run on its buffers, not on buffer slots. Null (inference, calibration): parameters get
+  // places of their own, bounded (weights.hpp), and those ops work on buffer slots.
+  const ParameterState* parameter_state = nullptr;
 };
 
 // Per-peer split of an all-to-all, in bytes (send_bytes[p] to member p, recv_bytes[p] from it). The
@@ -83,7 +79,7 @@ class OpRunner {
 
   void set_all_to_all_split(AllToAllSplit split) { a2a_split_ = std::move(split); }
   [[nodiscard]] std::size_t device_bytes() const;  // device memory held by buffers and plans
-  [[nodiscard]] std::size_t weight_bytes() const { return weight_bytes_; }  // of that, parameters (and gradients)
+  [[nodiscard]] std::size_t weight_bytes() const { return weight_bytes_; }  // of that, parameters' own places
   [[nodiscard]] std::size_t weight_tensors() const { return weight_at_.size(); }
   // Where `op`'s parameter lives (after prepare); nullptr for ops without one.
   [[nodiscard]] void* weight_ptr(const scenarios::Op& op) const;
@@ -155,11 +151,6 @@ class OpRunner {
     std::size_t bytes = 0;
   };
   std::map<WeightKey, Placed> weight_at_;  // a tensor that needs more bytes later is placed again
-  // The parameter state (OpRunnerConfig::holds_parameter_state): laid out by the first prepare.
-  void lay_out_parameter_state(const std::vector<WeightUse>& tensors, std::int64_t largest_shard);
-  DeviceBuffer state_weights_;    // bf16 (fp8 tensors: their bytes) weights, every tensor resident
-  DeviceBuffer state_gradients_;  // fp32 gradients: a tensor of n parameters owns 4n bytes, its wgrad writes bf16 into
-                                  // the first 2n
   std::size_t weight_bytes_ = 0;
   std::size_t weight_wrap_ = 0;  // past the cap: where the next new tensor shares memory
   std::size_t l2_bytes_ = 0;

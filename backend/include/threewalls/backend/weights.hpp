@@ -16,8 +16,8 @@
 // beyond that the sequence is cut into runs of at least half that, each laid out from offset 0, so
 // that tensors sharing memory are more than 2 x L2 bytes of other parameters apart in issue order,
 // both ways round the step: none is still in L2 when its memory is read again. Memory then stays
-// bounded. A training rank's optimizer runner does not use this placement: it holds the whole
-// parameter state, every tensor resident (OpRunnerConfig::parameter_weight_bytes).
+// bounded. A training rank does not use this placement: its parameter state holds every tensor,
+// resident (parameter_state.hpp).
 #include <compare>
 #include <cstddef>
 #include <cstdint>

@@ -6,6 +6,7 @@
 
 #include "threewalls/scenarios/layout.hpp"
 #include "threewalls/scenarios/scenario.hpp"
+#include "threewalls/scenarios/step_graph.hpp"
 
 namespace threewalls::scenarios {
 
@@ -66,6 +67,13 @@ struct ParameterStateBytes {
   double optimizer = 0.0;
   double shard = 0.0;  // parameters of this rank's optimizer shard (what the Adam step updates)
 };
+// Ops of a training step that work on the parameter state rather than on activations: the optimizer
+// step, the gradient norm (an element-wise reduce), and the collectives of the data-parallel side
+// (gradient reductions and parameter gathers on dp, dp_cp, edp and the embedding group; the norm's
+// all-reduce over the world). Megatron-Core runs them in place on its parameter and gradient buffers,
+// so they need no operand buffers of their own: the memory model leaves them out of "the largest op"
+// and the backend runs them on its parameter state.
+[[nodiscard]] bool works_on_parameter_state(const Op& op);
 // `s` must have a [train] section; `layers`, `first_stage` and `last_stage` as for rank_parameters.
 ParameterStateBytes training_parameter_state(const Scenario& s, const Layout& layout, const std::vector<int>& layers,
                                              bool first_stage, bool last_stage);

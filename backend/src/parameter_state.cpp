@@ -1,0 +1,92 @@
+#include "threewalls/backend/parameter_state.hpp"
+
+#include <algorithm>
+
+#include "threewalls/backend/error.hpp"
+#include "threewalls/backend/kernels.hpp"
+#include "threewalls/scenarios/parameters.hpp"
+
+namespace threewalls::backend {
+
+using scenarios::Collective;
+using scenarios::DType;
+using scenarios::Op;
+using scenarios::OpKind;
+
+namespace {
+std::size_t aligned(std::size_t b) {
+  return (std::max<std::size_t>(b, 1) + kWeightAlign - 1) / kWeightAlign * kWeightAlign;
+}
+}  // namespace
+
+ParameterState::ParameterState(const std::vector<Op>& ops, std::size_t weight_bytes, std::size_t gradient_bytes,
+                               std::uint64_t seed) {
+  // Every tensor once, with the most bytes any op asks for, in first-use order.
+  std::vector<WeightUse> tensors;
+  std::map<WeightKey, std::size_t> index;
+  std::size_t weights_reach = weight_bytes;
+  std::size_t gradients_reach = gradient_bytes;
+  for (const Op& op : ops) {
+    if (const auto u = weight_of(op)) {
+      const auto [it, added] = index.emplace(u->key, tensors.size());
+      if (added) {
+        tensors.push_back(*u);
+      } else {
+        tensors[it->second].bytes = std::max(tensors[it->second].bytes, u->bytes);
+      }
+    }
+    if (!scenarios::works_on_parameter_state(op)) continue;
+    const auto n = static_cast<std::size_t>(std::max<std::int64_t>(op.shape[0], 0));
+    if (op.kind == OpKind::optimizer) {
+      weights_reach = std::max(weights_reach, 2 * n);
+      gradients_reach = std::max(gradients_reach, 4 * n);
+    } else if (op.kind == OpKind::elementwise) {
+      gradients_reach = std::max(gradients_reach, 4 * n);  // the norm copies the first half over the second
+    } else {
+      const auto bytes =
+          static_cast<std::size_t>(std::max(0.0, op.bytes)) + 2 * static_cast<std::size_t>(op.group_size);
+      if (op.collective() == Collective::all_gather) {
+        weights_reach = std::max(weights_reach, bytes);
+      } else {
+        gradients_reach = std::max(gradients_reach, bytes);
+      }
+    }
+  }
+  std::size_t weights = 0;
+  std::size_t gradients = 0;
+  for (const WeightUse& u : tensors)
+    (u.key.grad != 0 ? gradients : weights) += (u.key.grad != 0 ? 2 : 1) * aligned(u.bytes);
+  weights_ = DeviceBuffer(aligned(std::max(weights, weights_reach)));
+  gradients_ = DeviceBuffer(aligned(std::max(gradients, gradients_reach)));
+  const cudaStream_t s = nullptr;
+  std::uint64_t fills = 0;
+  fill_random(weights_.as<bf16>(), static_cast<std::int64_t>(weights_.size() / 2), seed * 1000003ULL + (++fills), 1.0F,
+              s);
+  fill_random_positive(gradients_.as<float>(), static_cast<std::int64_t>(gradients_.size() / 4),
+                       seed * 1000003ULL + (++fills), 1.0F, s);
+  auto* w = static_cast<char*>(weights_.data());
+  auto* g = static_cast<char*>(gradients_.data());
+  std::size_t w_at = 0;
+  std::size_t g_at = 0;
+  for (const WeightUse& u : tensors) {
+    if (u.key.grad != 0) {
+      at_[u.key] = Placed{g + g_at, u.bytes};
+      g_at += 2 * aligned(u.bytes);
+    } else {
+      at_[u.key] = Placed{w + w_at, u.bytes};
+      if (u.key.dtype == DType::fp8) {
+        fill_random(reinterpret_cast<fp8*>(w + w_at), static_cast<std::int64_t>(u.bytes), seed * 1000003ULL + (++fills),
+                    1.0F, s);
+      }
+      w_at += aligned(u.bytes);
+    }
+  }
+  TW_CUDA_CHECK(cudaDeviceSynchronize());  // the fills are done before any stream reads them
+}
+
+void* ParameterState::place(const WeightUse& use) const {
+  const auto it = at_.find(use.key);
+  return it == at_.end() || it->second.bytes < use.bytes ? nullptr : it->second.at;
+}
+
+}  // namespace threewalls::backend
