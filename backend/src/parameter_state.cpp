@@ -43,8 +43,8 @@ ParameterState::ParameterState(const std::vector<Op>& ops, std::size_t weight_by
     } else if (op.kind == OpKind::elementwise) {
       gradients_reach = std::max(gradients_reach, 4 * n);  // the norm copies the first half over the second
     } else {
-      const auto bytes =
-          static_cast<std::size_t>(std::max(0.0, op.bytes)) + 2 * static_cast<std::size_t>(op.group_size);
+      // In place: an op of b bytes reaches b bytes of its buffer (the members' chunks tile it).
+      const auto bytes = static_cast<std::size_t>(std::max(0.0, op.bytes));
       if (op.collective() == Collective::all_gather) {
         weights_reach = std::max(weights_reach, bytes);
       } else {
