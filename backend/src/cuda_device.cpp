@@ -269,13 +269,13 @@ void CudaDevice::prepare(const scenarios::StepGraph& graph, const scenarios::Ran
     }
   }
   static_cast<void>(graph);
-  if (setup_.parameter_gradient_bytes > 0 && !parameter_state_) {
-    // Training: the rank's parameter state, before the runners that share it (parameter_state.hpp).
+  if (setup_.parameter_weight_bytes > 0 && !parameter_state_) {
+    // The rank's parameter state, before the runners that share it (parameter_state.hpp).
     std::vector<Op> all;
     for (const auto& [s, ops] : by_stream) all.insert(all.end(), ops.begin(), ops.end());
-    parameter_state_ =
-        std::make_unique<ParameterState>(all, setup_.parameter_weight_bytes, setup_.parameter_gradient_bytes,
-                                         setup_.seed + static_cast<std::uint64_t>(rank_));
+    parameter_state_ = std::make_unique<ParameterState>(
+        all, setup_.parameter_weight_bytes, setup_.parameter_gradient_bytes,
+        setup_.seed + static_cast<std::uint64_t>(rank_), setup_.kv_cache_bytes_per_layer);
   }
   for (auto& [s, ops] : by_stream) prepare_stream(s, ops);
   for (auto& [s, b] : send_bytes) {

@@ -575,6 +575,14 @@ class RankWorker {
           st_->scenario, g0->layout, rc.layers, rc.pp_stage == 0, rc.pp_stage == st_->scenario.parallel.pp - 1);
       setup.parameter_weight_bytes = static_cast<std::size_t>(state.weights);
       setup.parameter_gradient_bytes = static_cast<std::size_t>(state.gradients);
+    } else if (const auto& inf = *st_->scenario.infer;
+               !inf.expert_offload.enabled || inf.expert_offload.tier == scenarios::OffloadTier::hbm) {
+      // Inference with every weight in HBM holds them and a KV cache (an offloading run keeps the
+      // runners' own bounded places: its experts come from host memory).
+      const scenarios::RankClass& rc = g0->class_of(rank_);
+      setup.parameter_weight_bytes = static_cast<std::size_t>(scenarios::inference_weight_bytes(
+          st_->scenario, rc.layers, rc.pp_stage == 0, rc.pp_stage == st_->scenario.parallel.pp - 1));
+      setup.kv_cache_bytes_per_layer = static_cast<std::size_t>(scenarios::kv_cache_bytes_per_layer(st_->scenario));
     }
     setup.timeout = st_->options.timeout;
     std::weak_ptr<RunState> weak = st_;

@@ -194,8 +194,10 @@ OpRunner::Need OpRunner::need_of(const Op& op, const OpRunnerConfig& config) {
       }
       const std::int64_t kvh = kernel_shape(op).kv_head_count();  // K, V (and dK, dV) heads
       n.bf16[0] = b16(b * h * sq * dqk);
-      n.bf16[1] = b16(b * kvh * skv * dqk);
-      n.bf16[2] = b16(b * kvh * skv * dv);
+      if (config.parameter_state == nullptr || config.parameter_state->kv_cache(op) == nullptr) {
+        n.bf16[1] = b16(b * kvh * skv * dqk);
+        n.bf16[2] = b16(b * kvh * skv * dv);
+      }  // else: K and V are the KV cache's (parameter_state.hpp)
       n.bf16[3] = b16(b * h * sq * dv);
       n.f32[0] = b32(b * h * sq);
       if (backward(op)) {
@@ -542,6 +544,11 @@ void OpRunner::run_attention(const Op& op, cudaStream_t stream) {
   const auto* q = bf16_[0].as<bf16>();
   const auto* k = bf16_[1].as<bf16>();
   const auto* v = bf16_[2].as<bf16>();
+  if (void* kv = cfg_.parameter_state != nullptr ? cfg_.parameter_state->kv_cache(op) : nullptr) {
+    // The layer's KV cache: keys, then values (scenarios::reads_kv_cache: they fit its share).
+    k = static_cast<const bf16*>(kv);
+    v = k + as.batch * as.kv_head_count() * as.seq_kv * as.head_dim_qk;
+  }
   auto* o = bf16_[3].as<bf16>();
   auto* lse = f32_[0].as<float>();
   switch (kernel_of(op)) {

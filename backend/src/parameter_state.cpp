@@ -20,13 +20,18 @@ std::size_t aligned(std::size_t b) {
 }  // namespace
 
 ParameterState::ParameterState(const std::vector<Op>& ops, std::size_t weight_bytes, std::size_t gradient_bytes,
-                               std::uint64_t seed) {
+                               std::uint64_t seed, std::size_t kv_bytes_per_layer)
+    : kv_per_layer_(kv_bytes_per_layer) {
   // Every tensor once, with the most bytes any op asks for, in first-use order.
   std::vector<WeightUse> tensors;
   std::map<WeightKey, std::size_t> index;
   std::size_t weights_reach = weight_bytes;
   std::size_t gradients_reach = gradient_bytes;
   for (const Op& op : ops) {
+    if (kv_per_layer_ > 0 && op.kind == OpKind::attention && kv_at_.count(op.layer) == 0) {
+      const std::size_t at = kv_at_.size() * aligned(kv_per_layer_);
+      kv_at_[op.layer] = at;
+    }
     if (const auto u = weight_of(op)) {
       const auto [it, added] = index.emplace(u->key, tensors.size());
       if (added) {
@@ -60,6 +65,10 @@ ParameterState::ParameterState(const std::vector<Op>& ops, std::size_t weight_by
   gradients_ = DeviceBuffer(aligned(std::max(gradients, gradients_reach)));
   const cudaStream_t s = nullptr;
   std::uint64_t fills = 0;
+  if (!kv_at_.empty()) {
+    kv_ = DeviceBuffer(kv_at_.size() * aligned(kv_per_layer_));
+    fill_random(kv_.as<bf16>(), static_cast<std::int64_t>(kv_.size() / 2), seed * 1000003ULL + (++fills), 1.0F, s);
+  }
   fill_random(weights_.as<bf16>(), static_cast<std::int64_t>(weights_.size() / 2), seed * 1000003ULL + (++fills), 1.0F,
               s);
   fill_random_positive(gradients_.as<float>(), static_cast<std::int64_t>(gradients_.size() / 4),
@@ -82,6 +91,12 @@ ParameterState::ParameterState(const std::vector<Op>& ops, std::size_t weight_by
     }
   }
   TW_CUDA_CHECK(cudaDeviceSynchronize());  // the fills are done before any stream reads them
+}
+
+void* ParameterState::kv_cache(const Op& op) const {
+  if (kv_per_layer_ == 0 || !scenarios::reads_kv_cache(op, static_cast<double>(kv_per_layer_))) return nullptr;
+  const auto it = kv_at_.find(op.layer);
+  return it == kv_at_.end() ? nullptr : static_cast<char*>(kv_.data()) + it->second;
 }
 
 void* ParameterState::place(const WeightUse& use) const {

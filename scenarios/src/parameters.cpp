@@ -132,6 +132,43 @@ double fsdp_gathered_parameters(const Scenario& s, const std::vector<int>& layer
   return static_cast<double>(kFsdpPassesPerChain * chains) * unit;
 }
 
+double inference_weight_bytes(const Scenario& s, const std::vector<int>& layers, bool first_stage, bool last_stage) {
+  const InferSpec& inf = *s.infer;
+  const double wbytes = inf.exec.precision == Precision::fp8 ? 1.0 : 2.0;
+  const ParameterCount held = rank_parameters(s, layers, first_stage, last_stage);
+  double expert = held.expert;
+  if (inf.expert_offload.enabled && inf.expert_offload.tier != OffloadTier::hbm && s.model.is_moe()) {
+    // Only the expert cache lives in HBM.
+    const ModelDims d = model_dims(s.model);
+    int moe_layers = 0;
+    for (int l : layers) moe_layers += s.model.layer_is_moe(l) ? 1 : 0;
+    const double per_expert = d.mult * d.h * d.fe / s.parallel.etp;
+    const double local = d.E / s.parallel.ep;
+    expert = moe_layers * std::min(local, static_cast<double>(inf.expert_offload.cache_experts_per_layer)) * per_expert;
+  }
+  return wbytes * (held.dense + expert);
+}
+
+double kv_cache_bytes_per_layer(const Scenario& s) {
+  const InferSpec& inf = *s.infer;
+  const double kv_bytes = inf.kv_cache_precision == Precision::fp8 ? 1.0 : 2.0;
+  const ModelDims d = model_dims(s.model);
+  const double per_token = d.mla ? (d.kv_lora + d.drope) : 2.0 * (d.g / s.parallel.tp) * d.dh;
+  const double positions = static_cast<double>(inf.prompt_length) + inf.generate_tokens;
+  return inf.batch_size * positions * per_token * kv_bytes;
+}
+
+double attention_kv_bytes(const Op& op) {
+  const auto& a = op.shape;
+  return 2.0 * static_cast<double>(a[0]) * static_cast<double>(attention_kv_heads(op)) * static_cast<double>(a[2]) *
+         static_cast<double>(a[4] + a[5]);
+}
+
+bool reads_kv_cache(const Op& op, double kv_cache_bytes_per_layer) {
+  return op.kind == OpKind::attention && attention_kernel(op) == AttentionKernel::decode &&
+         attention_kv_bytes(op) <= kv_cache_bytes_per_layer;
+}
+
 bool works_on_parameter_state(const Op& op) {
   switch (op.kind) {
     case OpKind::optimizer: return true;

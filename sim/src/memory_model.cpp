@@ -63,7 +63,8 @@ namespace {
 // further one. Operand buffers: the bytes of the largest op of every stream, leaving out the ops that
 // work on the parameter state (scenarios::works_on_parameter_state: optimizer, gradient norm,
 // data-parallel collectives).
-double runner_bytes(const scenarios::RankClass& rc, const MemoryOptions& opt) {
+double runner_bytes(const Scenario& s, const scenarios::RankClass& rc, const MemoryOptions& opt) {
+  const double kv_per_layer = s.infer ? scenarios::kv_cache_bytes_per_layer(s) : 0.0;
   struct Stream {
     double largest = 0.0;
     bool fused_attention = false;
@@ -72,7 +73,9 @@ double runner_bytes(const scenarios::RankClass& rc, const MemoryOptions& opt) {
   for (const Op& op : rc.ops) {
     if (op.kind == OpKind::host) continue;
     Stream& st = streams[op.stream];
-    if (!scenarios::works_on_parameter_state(op)) st.largest = std::max(st.largest, op.bytes);
+    // A decode attention's keys and values are the KV cache (activations), not operand buffers.
+    const double kv_read = scenarios::reads_kv_cache(op, kv_per_layer) ? scenarios::attention_kv_bytes(op) : 0.0;
+    if (!scenarios::works_on_parameter_state(op)) st.largest = std::max(st.largest, op.bytes - kv_read);
     st.fused_attention = st.fused_attention || (op.kind == OpKind::attention &&
                                                 scenarios::attention_kernel(op) != scenarios::AttentionKernel::unfused);
   }
@@ -300,26 +303,9 @@ MemoryReport memory_model(const Scenario& s, const scenarios::StepGraph& graph, 
       }
     } else {
       const scenarios::InferSpec& inf = *s.infer;
-      const double wbytes = inf.exec.precision == scenarios::Precision::fp8 ? 1.0 : 2.0;
-      double expert_params = cm.params.expert;
-      if (inf.expert_offload.enabled && inf.expert_offload.tier != scenarios::OffloadTier::hbm && s.model.is_moe()) {
-        // Only the expert cache lives in HBM.
-        const Dims d = model_dims(s.model);
-        int moe_layers = 0;
-        for (int l : rc.layers) moe_layers += s.model.layer_is_moe(l) ? 1 : 0;
-        const double per_expert = d.mult * d.h * d.fe / s.parallel.etp;
-        const double local = d.E / s.parallel.ep;
-        expert_params = moe_layers * std::min(local, static_cast<double>(inf.expert_offload.cache_experts_per_layer)) *
-                        per_expert;
-      }
-      b.weights = Bytes(wbytes * (cm.params.dense + expert_params));
+      b.weights = Bytes(scenarios::inference_weight_bytes(s, rc.layers, first, last));
       // KV cache (docs: "Inference").
-      const double kv_bytes = inf.kv_cache_precision == scenarios::Precision::fp8 ? 1.0 : 2.0;
-      const Dims d = model_dims(s.model);
-      const double per_token_layer =
-          d.mla ? (d.kv_lora + d.drope) : 2.0 * (d.g / s.parallel.tp) * d.dh;
-      const double positions = static_cast<double>(inf.prompt_length) + inf.generate_tokens;
-      const double kv = static_cast<double>(rc.layers.size()) * inf.batch_size * positions * per_token_layer * kv_bytes;
+      const double kv = static_cast<double>(rc.layers.size()) * scenarios::kv_cache_bytes_per_layer(s);
       cm.inflight = 1;
       cm.activation_per_microbatch = largest_layer;
       b.activations = Bytes(kv + largest_layer + (last ? 4.0 * inf.batch_size * V / s.parallel.tp : 0.0));
@@ -328,7 +314,7 @@ MemoryReport memory_model(const Scenario& s, const scenarios::StepGraph& graph, 
     }
     const double nccl =
         opt.nccl ? nccl_bytes_measured(L, rep_rank, communication_ops_of(rc, opt), *opt.nccl) : nccl_bytes(s, L);
-    b.buffers = Bytes(runner_bytes(rc, opt) + nccl + dispatcher_bytes(s, rc.expert_load, L, rep_rank));
+    b.buffers = Bytes(runner_bytes(s, rc, opt) + nccl + dispatcher_bytes(s, rc.expert_load, L, rep_rank));
     report.classes.push_back(std::move(cm));
   }
   return report;

@@ -71,9 +71,12 @@ struct DeviceSetup {
   double routing_imbalance = 1.0;               // train.routing_imbalance (MoE all-to-all splits)
   int num_experts = 0;                          // model.num_experts (the routing permute ops follow)
   // Training: the bytes of the rank's parameter state (scenarios::training_parameter_state), which the
-  // device allocates once and its runners share (parameter_state.hpp). Zero: none (inference).
+  // device allocates once and its runners share (parameter_state.hpp). Zero: none.
   std::size_t parameter_weight_bytes = 0;
   std::size_t parameter_gradient_bytes = 0;
+  // Inference with its weights in HBM: the resident weights (parameter_weight_bytes,
+  // scenarios::inference_weight_bytes) and one layer's KV cache (scenarios::kv_cache_bytes_per_layer).
+  std::size_t kv_cache_bytes_per_layer = 0;
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   // Returns true when the run is being stopped (another rank failed): long waits inside open()
   // (communicator creation) poll it and give up.

@@ -74,6 +74,19 @@ struct ParameterStateBytes {
 // so they need no operand buffers of their own: the memory model leaves them out of "the largest op"
 // and the backend runs them on its parameter state.
 [[nodiscard]] bool works_on_parameter_state(const Op& op);
+// Inference (`s` has an [infer] section): bytes of one rank's resident weights (1 byte per parameter
+// with fp8 precision, else 2; with expert offloading beyond HBM, only the expert cache's experts) and of
+// one layer's KV cache at the longest context (prompt and generated tokens; MLA caches its compressed
+// latent and rope key, fp8 caches 1 byte per value). The memory model charges these bytes and the
+// backend holds them (docs/memory_model.md, "Inference").
+double inference_weight_bytes(const Scenario& s, const std::vector<int>& layers, bool first_stage, bool last_stage);
+double kv_cache_bytes_per_layer(const Scenario& s);
+// Bytes of the keys and values an attention op reads (bf16).
+[[nodiscard]] double attention_kv_bytes(const Op& op);
+// A decode attention op reads its keys and values from the KV cache when they fit one layer's share of
+// it: with GQA and MHA they are the cache; MLA's up-projected keys and values are larger than its
+// compressed cache and come from operand buffers.
+[[nodiscard]] bool reads_kv_cache(const Op& op, double kv_cache_bytes_per_layer);
 // `s` must have a [train] section; `layers`, `first_stage` and `last_stage` as for rank_parameters.
 ParameterStateBytes training_parameter_state(const Scenario& s, const Layout& layout, const std::vector<int>& layers,
                                              bool first_stage, bool last_stage);
