@@ -192,7 +192,9 @@ double nccl_bytes_measured(const scenarios::Layout& L, int rep, const std::vecto
 
 // Largest transient buffer of the token dispatcher for one MoE layer.
 double dispatcher_bytes(const Scenario& s, double expert_load, const scenarios::Layout& L, int rep_rank) {
-  if (!s.model.is_moe()) return 0.0;
+  // Without expert parallelism no token leaves its rank: no send and receive buffers, and the
+  // permuted tokens are the layer's activations.
+  if (!s.model.is_moe() || s.parallel.ep == 1) return 0.0;
   const scenarios::ExecOptions& e = s.exec();
   const double t = s.parallel.tp;
   const double rep = s.parallel.sequence_parallel ? t : 1.0;
@@ -308,7 +310,9 @@ MemoryReport memory_model(const Scenario& s, const scenarios::StepGraph& graph, 
       const double kv = static_cast<double>(rc.layers.size()) * scenarios::kv_cache_bytes_per_layer(s);
       cm.inflight = 1;
       cm.activation_per_microbatch = largest_layer;
-      b.activations = Bytes(kv + largest_layer + (last ? 4.0 * inf.batch_size * V / s.parallel.tp : 0.0));
+      // The KV cache and the last stage's fp32 logits; a layer's transient tensors are the operand
+      // buffers of its largest op (buffers, below), not counted twice.
+      b.activations = Bytes(kv + (last ? 4.0 * inf.batch_size * V / s.parallel.tp : 0.0));
       const int scopes = captured_scopes(inf.exec);
       b.graph_pools = Bytes(static_cast<double>(scopes) * rc.layers.size() * 2.0 * (2.0 * resid));
     }
