@@ -56,12 +56,11 @@ int main(int argc, char** argv) {
         lo.executor.steps = steps;
         lo.executor.out_dir = base / (m.name + "_" + std::to_string(rep));
         lo.executor.overwrite = true;
-        profiler::SamplingConfig c;
-        c.enabled = m.enabled;
-        c.record_every_n_steps = m.every;
-        c.flush_every_n_steps = 10;
-        lo.executor.sampling = c;
-        const backend::RunResult r = backend::run_real(s, lo);
+        scenarios::Scenario sm = s;
+        sm.run.profiler.enabled = m.enabled;
+        sm.run.profiler.record_every_n_steps = m.every;
+        sm.run.profiler.flush_every_n_steps = 10;
+        const backend::RunResult r = backend::run_real(sm, lo);
         times[m.name].push_back(r.mean_step_us);
         std::printf("  run %d %-11s mean step %10.1f us  (%zu phase records)\n", rep, m.name.c_str(), r.mean_step_us,
                     r.phase_records);

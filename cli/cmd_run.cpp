@@ -15,7 +15,6 @@
 #include "threewalls/backend/launch.hpp"
 #include "threewalls/core/error.hpp"
 #include "threewalls/core/units.hpp"
-#include "threewalls/records/records.hpp"
 #include "threewalls/scenarios/loader.hpp"
 
 namespace threewalls::cli {
@@ -133,7 +132,7 @@ void register_run(CLI::App& app, Commands& cmds) {
                   "issuing work, as a stuck process); halfway through measured step STEP. Shows that the other "
                   "ranks stop with a clear error instead of hanging");
   cmds.add(sub, [] {
-    const scenarios::Scenario s = scenarios::load_scenario(a.scenario);
+    scenarios::Scenario s = scenarios::load_scenario(a.scenario);
     backend::LaunchOptions lo;
     backend::ExecutorOptions& eo = lo.executor;
     eo.steps = a.steps;
@@ -172,12 +171,9 @@ void register_run(CLI::App& app, Commands& cmds) {
     if (a.no_profiler && a.record_every > 0) {
       throw InputError("run: --no-profiler and --record-every-n-steps contradict each other");
     }
-    if (a.no_profiler || a.record_every > 0) {
-      profiler::SamplingConfig c = records::sampling_config(s, scenarios::expand(s, 0));
-      if (a.record_every > 0) c.record_every_n_steps = a.record_every;
-      if (a.no_profiler) c.enabled = false;
-      eo.sampling = c;
-    }
+    // The overrides are the scenario's run.profiler knobs (the run header shows what was recorded).
+    if (a.record_every > 0) s.run.profiler.record_every_n_steps = a.record_every;
+    if (a.no_profiler) s.run.profiler.enabled = false;
     eo.argv = {"threewalls", "run", a.scenario, "--out", a.out};
     if (a.steps > 0) eo.argv.insert(eo.argv.end(), {"--steps", std::to_string(a.steps)});
     if (a.warmup >= 0) eo.argv.insert(eo.argv.end(), {"--warmup", std::to_string(a.warmup)});

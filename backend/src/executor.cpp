@@ -1337,7 +1337,7 @@ RunResult execute(const scenarios::Scenario& s, const ProcessContext& process, c
   result.warmup_steps = warmup;
 
   // Sampling.
-  profiler::SamplingConfig sampling = options.sampling ? *options.sampling : records::sampling_config(s, *g0);
+  profiler::SamplingConfig sampling = records::sampling_config(s, *g0);
   if (options.out_dir.empty()) sampling.enabled = false;  // nowhere to write: nothing is recorded
   st->policy = profiler::SamplingPolicy(sampling, world);
 

@@ -48,8 +48,6 @@ struct ExecutorOptions {
   std::filesystem::path out_dir;  // run directory; empty = none (records are still timed and summarised)
   bool overwrite = false;         // replace an existing run directory
   std::vector<std::string> argv;  // for the run header
-  // Replaces the scenario's run.profiler knobs (benchmarks, --record-every-n-steps).
-  std::optional<profiler::SamplingConfig> sampling;
   // No progress for this long in a host wait (a stuck peer, a hung collective): abort and fail.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   // After a failure, how long other ranks get to stop before execute() gives up on them.
