@@ -113,7 +113,8 @@ void register_run(CLI::App& app, Commands& cmds) {
   auto* sub = app.add_subcommand("run", kRunSummary);
   static RunArgs a;
   sub->add_option("scenario", a.scenario, "Scenario file (TOML)")->required();
-  sub->add_option("--out", a.out, "Run directory to write (refused when it exists and is not empty)")->required();
+  sub->add_option("--out", a.out,
+                  "Run directory to write (refused when it exists and is not empty); required unless --no-profiler");
   sub->add_option("--steps", a.steps, "Measured steps (default: the scenario's run.steps)")->check(CLI::Range(1, 1000000));
   sub->add_option("--warmup", a.warmup, "Unrecorded warm-up steps (default: the scenario's run.warmup_steps)")
       ->check(CLI::Range(0, 1000000));
@@ -168,13 +169,17 @@ void register_run(CLI::App& app, Commands& cmds) {
       if (eo.fault_rank < 0 || eo.fault_rank >= s.world_size() || eo.fault_step < 0) throw bad();
       eo.fault = kind == "fail" ? backend::ExecutorOptions::Fault::fail : backend::ExecutorOptions::Fault::hang;
     }
+    if (a.out.empty() && !a.no_profiler) {
+      throw InputError("run: --out DIR is required (the run directory to write), unless --no-profiler");
+    }
     if (a.no_profiler && a.record_every > 0) {
       throw InputError("run: --no-profiler and --record-every-n-steps contradict each other");
     }
     // The overrides are the scenario's run.profiler knobs (the run header shows what was recorded).
     if (a.record_every > 0) s.run.profiler.record_every_n_steps = a.record_every;
     if (a.no_profiler) s.run.profiler.enabled = false;
-    eo.argv = {"threewalls", "run", a.scenario, "--out", a.out};
+    eo.argv = {"threewalls", "run", a.scenario};
+    if (!a.out.empty()) eo.argv.insert(eo.argv.end(), {"--out", a.out});
     if (a.steps > 0) eo.argv.insert(eo.argv.end(), {"--steps", std::to_string(a.steps)});
     if (a.warmup >= 0) eo.argv.insert(eo.argv.end(), {"--warmup", std::to_string(a.warmup)});
     if (!a.devices.empty()) eo.argv.insert(eo.argv.end(), {"--devices", a.devices});

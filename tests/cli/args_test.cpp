@@ -56,6 +56,21 @@ TEST(CliArgs, ErrorLineDoesNotRepeatTheSubcommand) {
   EXPECT_NE(r.out.find("threewalls sim: --out and --no-run-dir contradict"), std::string::npos) << r.out;
 }
 
+// run writes a run directory unless --no-profiler (which times the loop and writes nothing): --out is
+// required only then. Checked before any device is opened.
+TEST(CliArgs, RunNeedsOutUnlessNoProfiler) {
+  auto r = run_all("run --help");
+  if (r.exit_code != 0) GTEST_SKIP() << "no run command in this build (the GPU parts are not built)";
+  r = run_all("run " + st::shell_quote((kSource / "scenarios/validation/fidelity/f01_dense_1gpu.toml").string()));
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("threewalls run: --out DIR is required (the run directory to write), unless --no-profiler"),
+            std::string::npos)
+      << r.out;
+  r = run_all("run " + st::shell_quote((kSource / "scenarios/validation/fidelity/f01_dense_1gpu.toml").string()) +
+              " --no-profiler --devices 99");
+  EXPECT_EQ(r.out.find("--out"), std::string::npos) << r.out;  // past the check: the device is what fails
+}
+
 TEST(CliArgs, ForceIsADeprecatedAliasOfOverwrite) {
   st::TempDir tmp;
   const std::string out = st::shell_quote((tmp.path() / "run").string());
