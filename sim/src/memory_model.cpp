@@ -64,22 +64,18 @@ namespace {
 // work on the parameter state (scenarios::works_on_parameter_state: optimizer, gradient norm,
 // data-parallel collectives).
 double runner_bytes(const Scenario& s, const scenarios::RankClass& rc, const MemoryOptions& opt) {
-  const double kv_per_layer = s.infer ? scenarios::kv_cache_bytes_per_layer(s) : 0.0;
   struct Stream {
     double largest = 0.0;
     bool fused_attention = false;
   };
   std::map<int, Stream> streams;
-  for (const Op& op : rc.ops) {
-    if (op.kind == OpKind::host) continue;
+  for (const Op& op : runner_ops(s, rc.ops)) {
     Stream& st = streams[op.stream];
-    // A decode attention's keys and values are the KV cache (activations), not operand buffers.
-    const double kv_read = scenarios::reads_kv_cache(op, kv_per_layer) ? scenarios::attention_kv_bytes(op) : 0.0;
-    if (!scenarios::works_on_parameter_state(op)) st.largest = std::max(st.largest, op.bytes - kv_read);
+    st.largest = std::max(st.largest, operand_bytes(s, op));
     st.fused_attention = st.fused_attention || (op.kind == OpKind::attention &&
                                                 scenarios::attention_kernel(op) != scenarios::AttentionKernel::unfused);
   }
-  // A class without ops (the planner's skeleton classes) still has its process and first runner.
+  // A class without ops still has its process and first runner.
   if (streams.empty()) streams[0] = Stream{};
   const double further = static_cast<double>(streams.size() - 1);
   double total = 0.0;
@@ -232,6 +228,34 @@ int captured_scopes(const scenarios::ExecOptions& e) {
 }
 
 }  // namespace
+
+double operand_bytes(const Scenario& s, const Op& op) {
+  if (op.kind == OpKind::host || scenarios::works_on_parameter_state(op)) return 0.0;
+  // A decode attention's keys and values are the KV cache (activations), not operand buffers.
+  const double kv_per_layer = s.infer ? scenarios::kv_cache_bytes_per_layer(s) : 0.0;
+  const double kv_read = scenarios::reads_kv_cache(op, kv_per_layer) ? scenarios::attention_kv_bytes(op) : 0.0;
+  return std::max(0.0, op.bytes - kv_read);
+}
+
+std::vector<Op> runner_ops(const Scenario& s, const std::vector<Op>& ops) {
+  // Per stream: the op of the most operand bytes, and its first fused attention.
+  std::map<int, std::pair<const Op*, const Op*>> kept;
+  for (const Op& op : ops) {
+    if (op.kind == OpKind::host) continue;
+    auto& [largest, attention] = kept[op.stream];
+    if (largest == nullptr || operand_bytes(s, op) > operand_bytes(s, *largest)) largest = &op;
+    if (attention == nullptr && op.kind == OpKind::attention &&
+        scenarios::attention_kernel(op) != scenarios::AttentionKernel::unfused) {
+      attention = &op;
+    }
+  }
+  std::vector<Op> out;
+  for (const auto& [stream, k] : kept) {
+    out.push_back(*k.first);
+    if (k.second != nullptr && k.second != k.first) out.push_back(*k.second);
+  }
+  return out;
+}
 
 MemoryReport memory_model(const Scenario& s, const scenarios::StepGraph& graph, const MemoryOptions& opt) {
   MemoryReport report;

@@ -219,6 +219,12 @@ struct Span {
   friend Span operator*(double k, const Span& s) { return {k * s.span, k * s.compute, k * s.comm, k * s.host}; }
 };
 
+// The ops that set a stage's runner memory (memory_model.hpp, runner_ops) in one reduced scenario:
+// those of its layers (every stage), of the embedding (the first stage) and of the head (the last).
+struct RunnerOps {
+  std::vector<Op> layers, embedding, head;
+};
+
 // Per-micro-batch costs of one (tp, cp, ep, etp, mbs, recompute, dispatcher, graphs, precision).
 struct Reduced {
   Span fwd[2], bwd[2];  // [0] dense layer, [1] MoE layer
@@ -499,8 +505,10 @@ struct PlanEstimator::Impl {
   double model_flops = 0.0;
   double tokens = 0.0;
   std::uint64_t reduced_runs = 0;
-  // Reduced results by candidate key (Impl::reduced).
+  // Reduced results by candidate key (Impl::reduced), and the runner ops of the same reduced scenarios
+  // (Impl::runner_ops).
   LruCache<Reduced> cache;
+  LruCache<RunnerOps> runner_cache;
   // Communication graphs (communication_graph) by communication_key, and the per-stage views of
   // them that candidates with that key and a pipeline depth read (Impl::communication).
   LruCache<scenarios::StepGraph> comm_graphs;
@@ -508,12 +516,15 @@ struct PlanEstimator::Impl {
 
   Impl(scenarios::LoadedScenario b, const OpCoster& c, int g, MemoryOptions m, std::size_t entries)
       : base(std::move(b)), coster(c), gpus(g), memory(m), cache(std::max<std::size_t>(entries, 1)),
+        runner_cache(std::max<std::size_t>(entries, 1)),
         comm_graphs(std::min<std::size_t>(std::max<std::size_t>(entries, 1), 64)),
         comm_views(std::min<std::size_t>(std::max<std::size_t>(entries, 1), 64)) {}
 
   Scenario candidate_scenario(const Candidate& c, scenarios::KeyLocations& where) const;
   Reduced reduced(const Scenario& s, const Candidate& c);
+  const RunnerOps& runner_ops(const Scenario& s, const Candidate& c);
   const scenarios::StepGraph& communication(const Scenario& s, const scenarios::Layout& L, const Candidate& c);
+  Scenario reduced_scenario(const Scenario& s, const Candidate& c) const;
   Reduced run_reduced(const Scenario& s, const Candidate& c);
 };
 
@@ -598,12 +609,47 @@ Scenario PlanEstimator::scenario_of(const Candidate& c) const {
   return s;
 }
 
-Reduced PlanEstimator::Impl::reduced(const Scenario& s, const Candidate& c) {
+namespace {
+// The knobs a reduced scenario depends on.
+std::string reduced_key(const Candidate& c) {
   std::ostringstream key;
   key << c.tp << ' ' << c.cp << ' ' << c.ep << ' ' << c.etp << ' ' << c.mbs << ' ' << static_cast<int>(c.recompute)
       << ' ' << static_cast<int>(c.dispatcher) << ' ' << c.cuda_graphs << ' ' << static_cast<int>(c.precision) << ' '
       << (c.pp > 1);
-  return cache.get(key.str(), [&] { return run_reduced(s, c); });
+  return key.str();
+}
+
+// Where an op outside the layers belongs: the embedding, the head, or every stage (data loading, the
+// optimizer: the ops on the parameter state set no operand buffers).
+enum class OpRole { layer, embedding, head };
+OpRole role_of(const scenarios::StepGraph& g, const Op& op) {
+  if (op.layer >= 0) return OpRole::layer;
+  const std::string& ph = g.phase_name(op);
+  if (ph.rfind("embedding", 0) == 0) return OpRole::embedding;
+  if (ph.rfind("final_norm", 0) == 0 || ph.rfind("lm_head", 0) == 0 || ph.rfind("loss", 0) == 0) return OpRole::head;
+  return OpRole::layer;
+}
+}  // namespace
+
+Reduced PlanEstimator::Impl::reduced(const Scenario& s, const Candidate& c) {
+  return cache.get(reduced_key(c), [&] { return run_reduced(s, c); });
+}
+
+// The reduced scenario's ops (its expansion, no simulation), kept to those that set the runners' memory.
+const RunnerOps& PlanEstimator::Impl::runner_ops(const Scenario& s, const Candidate& c) {
+  return runner_cache.get(reduced_key(c), [&] {
+    const Scenario r = reduced_scenario(s, c);
+    const scenarios::StepGraph g = scenarios::expand(r, 0);
+    std::vector<Op> by_role[3];
+    for (const auto& rc : g.classes) {
+      for (const Op& op : rc.ops) by_role[static_cast<int>(role_of(g, op))].push_back(op);
+    }
+    RunnerOps out;
+    out.layers = sim::runner_ops(r, by_role[static_cast<int>(OpRole::layer)]);
+    out.embedding = sim::runner_ops(r, by_role[static_cast<int>(OpRole::embedding)]);
+    out.head = sim::runner_ops(r, by_role[static_cast<int>(OpRole::head)]);
+    return out;
+  });
 }
 
 const scenarios::StepGraph& PlanEstimator::Impl::communication(const Scenario& s, const scenarios::Layout& L,
@@ -619,13 +665,16 @@ const scenarios::StepGraph& PlanEstimator::Impl::communication(const Scenario& s
 // depend on pp or dp). The analytic executor runs it; a middle layer of each kind gives the
 // per-layer forward and backward times, with every overlap, launch and CUDA-graph effect of the
 // simulator.
-Reduced PlanEstimator::Impl::run_reduced(const Scenario& cand, const Candidate& c) {
-  ++reduced_runs;
+// Layers of the reduced scenario: dense, then MoE (2 and 3, or 3 of the one kind).
+std::pair<int, int> reduced_layers(const scenarios::ModelSpec& m) {
+  const bool has_dense = !m.is_moe() || m.first_dense_layers > 0 || m.moe_layer_freq > 1;
+  return {m.is_moe() ? (has_dense ? 2 : 0) : 3, m.is_moe() ? 3 : 0};
+}
+
+Scenario PlanEstimator::Impl::reduced_scenario(const Scenario& cand, const Candidate& c) const {
   Scenario r = cand;
   const auto& m = base.scenario.model;
-  const bool has_dense = !m.is_moe() || m.first_dense_layers > 0 || m.moe_layer_freq > 1;
-  const int nd = m.is_moe() ? (has_dense ? 2 : 0) : 3;
-  const int nm = m.is_moe() ? 3 : 0;
+  const auto [nd, nm] = reduced_layers(m);
   r.model.num_layers = nd + nm;
   if (m.is_moe()) {
     r.model.first_dense_layers = nd;
@@ -658,7 +707,14 @@ Reduced PlanEstimator::Impl::run_reduced(const Scenario& cand, const Candidate& 
   r.run.profiler.enabled = false;
   r.run.profiler.recorded = scenarios::RecordedRanks::automatic;
   r.run.profiler.ranks.clear();
+  return r;
+}
 
+Reduced PlanEstimator::Impl::run_reduced(const Scenario& cand, const Candidate& c) {
+  ++reduced_runs;
+  const Scenario r = reduced_scenario(cand, c);
+  const auto [nd, nm] = reduced_layers(base.scenario.model);
+  const auto& t = *r.train;
   const scenarios::StepGraph g = scenarios::expand(r, 0);
   const Platform platform(r.cluster);
   ExecutorOptions eo;
@@ -688,14 +744,9 @@ Reduced PlanEstimator::Impl::run_reduced(const Scenario& cand, const Candidate& 
       if (op.kind == OpKind::optimizer) continue;
       int slot = op.layer;
       if (op.layer < 0) {
-        const std::string& ph = g.phase_name(op);
-        if (ph.rfind("embedding", 0) == 0) {
-          slot = L + 1;
-        } else if (ph.rfind("final_norm", 0) == 0 || ph.rfind("lm_head", 0) == 0 || ph.rfind("loss", 0) == 0) {
-          slot = L;
-        } else {
-          continue;  // optimizer, gradient norm, data loading
-        }
+        const OpRole role = role_of(g, op);
+        if (role == OpRole::layer) continue;  // optimizer, gradient norm, data loading
+        slot = role == OpRole::embedding ? L + 1 : L;
       }
       const bool bwd = (op.flags & (scenarios::kBackward | scenarios::kRecompute)) != 0;
       auto& ends = bwd ? bend : fend;
@@ -741,8 +792,9 @@ Reduced PlanEstimator::Impl::run_reduced(const Scenario& cand, const Candidate& 
 }
 
 // The memory model on a skeleton StepGraph: one class per pipeline stage (two with routing
-// imbalance: the hot EP rank and a cold one) with its layers and no ops; the NCCL buffers counted on
-// the candidate's communication graph (docs/planner.md).
+// imbalance: the hot EP rank and a cold one) with its layers and, of its ops, those that set its
+// runners' memory (Impl::runner_ops); the NCCL buffers counted on the candidate's communication graph
+// (docs/planner.md).
 MemoryReport PlanEstimator::memory(const Scenario& s, const Candidate& c) {
   const scenarios::StageSplit split(s);
   const auto& t = *s.train;
@@ -761,6 +813,13 @@ MemoryReport PlanEstimator::memory(const Scenario& s, const Candidate& c) {
       rc.ranks = {st * per_stage + (cold ? c.etp : 0)};
       rc.expert_load = split_hot ? routing.load(cold) : 1.0;
       rc.layers = split.stage_layers(st);
+      // The ops that set its runners' memory (streams, handles, operand buffers), from the reduced
+      // scenario of the same knobs: its layers', and the embedding's and head's on the end stages.
+      const RunnerOps& ro = impl_->runner_ops(s, c);
+      std::vector<Op> ops = ro.layers;
+      if (st == 0) ops.insert(ops.end(), ro.embedding.begin(), ro.embedding.end());
+      if (st == pp - 1) ops.insert(ops.end(), ro.head.begin(), ro.head.end());
+      rc.ops = sim::runner_ops(s, ops);
       skel.classes.push_back(std::move(rc));
     }
   }

@@ -78,6 +78,15 @@ struct MemoryReport {
   [[nodiscard]] int first_oom_class() const;
 };
 
+// The operand buffers of `op` (docs/memory_model.md, "Buffers"): its bytes, less a decode attention's
+// keys and values read from the KV cache; 0 for host ops and the ops that work on the parameter state
+// (scenarios::works_on_parameter_state).
+double operand_bytes(const scenarios::Scenario& s, const scenarios::Op& op);
+// The ops of `ops` that set the runners' memory (per stream: the one of the most operand bytes, and a
+// fused attention, whose runner holds a cuDNN handle): a class with only these ops has the same
+// buffers. The planner gives them to its skeleton classes (docs/planner.md).
+std::vector<scenarios::Op> runner_ops(const scenarios::Scenario& s, const std::vector<scenarios::Op>& ops);
+
 // The memory model of every rank class of `graph`.
 MemoryReport memory_model(const scenarios::Scenario& s, const scenarios::StepGraph& graph, const MemoryOptions& opt = {});
 
