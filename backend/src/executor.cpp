@@ -569,19 +569,20 @@ class RankWorker {
     setup.seed = st_->scenario.run.seed;
     setup.routing_imbalance = st_->scenario.train ? st_->scenario.train->routing_imbalance : 1.0;
     setup.num_experts = st_->scenario.model.num_experts;
+    const scenarios::RankClass& rc = g0->class_of(rank_);
+    const bool first_stage = rc.pp_stage == 0;
+    const bool last_stage = rc.pp_stage == st_->scenario.parallel.pp - 1;
     if (st_->scenario.train) {
-      const scenarios::RankClass& rc = g0->class_of(rank_);
-      const scenarios::ParameterStateBytes state = scenarios::training_parameter_state(
-          st_->scenario, g0->layout, rc.layers, rc.pp_stage == 0, rc.pp_stage == st_->scenario.parallel.pp - 1);
+      const scenarios::ParameterStateBytes state =
+          scenarios::training_parameter_state(st_->scenario, g0->layout, rc.layers, first_stage, last_stage);
       setup.parameter_weight_bytes = static_cast<std::size_t>(state.weights);
       setup.parameter_gradient_bytes = static_cast<std::size_t>(state.gradients);
     } else if (const auto& inf = *st_->scenario.infer;
                !inf.expert_offload.enabled || inf.expert_offload.tier == scenarios::OffloadTier::hbm) {
       // Inference with every weight in HBM holds them and a KV cache (an offloading run keeps the
       // runners' own bounded places: its experts come from host memory).
-      const scenarios::RankClass& rc = g0->class_of(rank_);
-      setup.parameter_weight_bytes = static_cast<std::size_t>(scenarios::inference_weight_bytes(
-          st_->scenario, rc.layers, rc.pp_stage == 0, rc.pp_stage == st_->scenario.parallel.pp - 1));
+      setup.parameter_weight_bytes = static_cast<std::size_t>(
+          scenarios::inference_weight_bytes(st_->scenario, rc.layers, first_stage, last_stage));
       setup.kv_cache_bytes_per_layer = static_cast<std::size_t>(scenarios::kv_cache_bytes_per_layer(st_->scenario));
     }
     setup.timeout = st_->options.timeout;
@@ -590,7 +591,7 @@ class RankWorker {
       const auto s = weak.lock();
       return !s || s->stop.load();
     };
-    dev_->open(setup, g0->class_of(rank_));
+    dev_->open(setup, rc);
     saved_alloc_ = std::make_unique<CachingAllocator>([this](std::size_t b) { return dev_->allocate_segment(b); },
                                                       [this](void* p, std::size_t b) { dev_->free_segment(p, b); });
     sample_memory();

@@ -601,21 +601,8 @@ void* OpRunner::weight_for(const Op& op) {
 void OpRunner::place_parameters(const std::vector<Op>& ops) {
   // New tensors, and tensors that need more bytes than where they are (a grouped GEMM over more
   // experts than before), in first-use order, each with the most bytes any op asks for.
-  std::vector<WeightUse> fresh;
-  std::map<WeightKey, std::size_t> index;
-  for (const Op& op : ops) {
-    const auto u = weight_of(op);
-    if (!u) continue;
-    if (cfg_.parameter_state != nullptr && cfg_.parameter_state->place(*u) != nullptr) continue;
-    const auto placed = weight_at_.find(u->key);
-    if (placed != weight_at_.end() && placed->second.bytes >= u->bytes) continue;
-    const auto [it, added] = index.emplace(u->key, fresh.size());
-    if (added) {
-      fresh.push_back(*u);
-    } else {
-      fresh[it->second].bytes = std::max(fresh[it->second].bytes, u->bytes);
-    }
-  }
+  const std::vector<WeightUse> fresh =
+      backend::weight_tensors(ops, [this](const WeightUse& u) { return placed(u) != nullptr; });
   if (fresh.empty()) return;
   if (l2_bytes_ == 0) {
     int dev = 0;
@@ -654,7 +641,7 @@ void OpRunner::place_parameters(const std::vector<Op>& ops) {
   } else {
     DeviceBuffer& first = weight_arenas_.front();
     for (const WeightUse& u : fresh) {
-      const std::size_t aligned = (u.bytes + kWeightAlign - 1) / kWeightAlign * kWeightAlign;
+      const std::size_t aligned = weight_aligned(u.bytes);
       if (aligned > first.size()) {  // larger than the first arena: a place of its own
         DeviceBuffer own(aligned);
         fill(own.data(), aligned, u.key.dtype);
@@ -794,16 +781,15 @@ void OpRunner::run(const Op& op, cudaStream_t stream) {
       }
       break;
     }
-    case OpKind::optimizer:
-      if (cfg_.parameter_state != nullptr) {
-        adam_step(f32_[0].as<float>(), static_cast<const float*>(cfg_.parameter_state->gradients()),
-                  f32_[2].as<float>(), f32_[3].as<float>(), static_cast<bf16*>(cfg_.parameter_state->weights()), s[0],
-                  AdamParams{}, stream);
-      } else {
-        adam_step(f32_[0].as<float>(), f32_[1].as<float>(), f32_[2].as<float>(), f32_[3].as<float>(),
-                  bf16_[0].as<bf16>(), s[0], AdamParams{}, stream);
-      }
+    case OpKind::optimizer: {
+      // Gradients in, bf16 weights out: the parameter state's when there is one, else buffer slots.
+      const ParameterState* st = cfg_.parameter_state;
+      const auto* grad = st != nullptr ? static_cast<const float*>(st->gradients()) : f32_[1].as<float>();
+      auto* weight = st != nullptr ? static_cast<bf16*>(st->weights()) : bf16_[0].as<bf16>();
+      adam_step(f32_[0].as<float>(), grad, f32_[2].as<float>(), f32_[3].as<float>(), weight, s[0], AdamParams{},
+                stream);
       break;
+    }
     case OpKind::copy: run_copy(op, stream); break;
     case OpKind::collective: run_collective(op, stream); break;
     case OpKind::send:

@@ -13,32 +13,16 @@ using scenarios::DType;
 using scenarios::Op;
 using scenarios::OpKind;
 
-namespace {
-std::size_t aligned(std::size_t b) {
-  return (std::max<std::size_t>(b, 1) + kWeightAlign - 1) / kWeightAlign * kWeightAlign;
-}
-}  // namespace
-
 ParameterState::ParameterState(const std::vector<Op>& ops, std::size_t weight_bytes, std::size_t gradient_bytes,
                                std::uint64_t seed, std::size_t kv_bytes_per_layer)
     : kv_per_layer_(kv_bytes_per_layer) {
-  // Every tensor once, with the most bytes any op asks for, in first-use order.
-  std::vector<WeightUse> tensors;
-  std::map<WeightKey, std::size_t> index;
+  const std::vector<WeightUse> tensors = weight_tensors(ops);
   std::size_t weights_reach = weight_bytes;
   std::size_t gradients_reach = gradient_bytes;
   for (const Op& op : ops) {
     if (kv_per_layer_ > 0 && op.kind == OpKind::attention && kv_at_.count(op.layer) == 0) {
-      const std::size_t at = kv_at_.size() * aligned(kv_per_layer_);
+      const std::size_t at = kv_at_.size() * weight_aligned(kv_per_layer_);
       kv_at_[op.layer] = at;
-    }
-    if (const auto u = weight_of(op)) {
-      const auto [it, added] = index.emplace(u->key, tensors.size());
-      if (added) {
-        tensors.push_back(*u);
-      } else {
-        tensors[it->second].bytes = std::max(tensors[it->second].bytes, u->bytes);
-      }
     }
     if (!scenarios::works_on_parameter_state(op)) continue;
     const auto n = static_cast<std::size_t>(std::max<std::int64_t>(op.shape[0], 0));
@@ -60,13 +44,13 @@ ParameterState::ParameterState(const std::vector<Op>& ops, std::size_t weight_by
   std::size_t weights = 0;
   std::size_t gradients = 0;
   for (const WeightUse& u : tensors)
-    (u.key.grad != 0 ? gradients : weights) += (u.key.grad != 0 ? 2 : 1) * aligned(u.bytes);
-  weights_ = DeviceBuffer(aligned(std::max(weights, weights_reach)));
-  gradients_ = DeviceBuffer(aligned(std::max(gradients, gradients_reach)));
+    (u.key.grad != 0 ? gradients : weights) += (u.key.grad != 0 ? 2 : 1) * weight_aligned(u.bytes);
+  weights_ = DeviceBuffer(weight_aligned(std::max(weights, weights_reach)));
+  gradients_ = DeviceBuffer(weight_aligned(std::max(gradients, gradients_reach)));
   const cudaStream_t s = nullptr;
   std::uint64_t fills = 0;
   if (!kv_at_.empty()) {
-    kv_ = DeviceBuffer(kv_at_.size() * aligned(kv_per_layer_));
+    kv_ = DeviceBuffer(kv_at_.size() * weight_aligned(kv_per_layer_));
     fill_random(kv_.as<bf16>(), static_cast<std::int64_t>(kv_.size() / 2), seed * 1000003ULL + (++fills), 1.0F, s);
   }
   fill_random(weights_.as<bf16>(), static_cast<std::int64_t>(weights_.size() / 2), seed * 1000003ULL + (++fills), 1.0F,
@@ -80,14 +64,14 @@ ParameterState::ParameterState(const std::vector<Op>& ops, std::size_t weight_by
   for (const WeightUse& u : tensors) {
     if (u.key.grad != 0) {
       at_[u.key] = Placed{g + g_at, u.bytes};
-      g_at += 2 * aligned(u.bytes);
+      g_at += 2 * weight_aligned(u.bytes);
     } else {
       at_[u.key] = Placed{w + w_at, u.bytes};
       if (u.key.dtype == DType::fp8) {
         fill_random(reinterpret_cast<fp8*>(w + w_at), static_cast<std::int64_t>(u.bytes), seed * 1000003ULL + (++fills),
                     1.0F, s);
       }
-      w_at += aligned(u.bytes);
+      w_at += weight_aligned(u.bytes);
     }
   }
   TW_CUDA_CHECK(cudaDeviceSynchronize());  // the fills are done before any stream reads them

@@ -1,6 +1,7 @@
 #include "threewalls/backend/weights.hpp"
 
 #include <algorithm>
+#include <map>
 
 namespace threewalls::backend {
 
@@ -50,6 +51,26 @@ std::optional<WeightUse> weight_of(const Op& op) {
   return u;
 }
 
+std::size_t weight_aligned(std::size_t bytes) {
+  return (std::max<std::size_t>(bytes, 1) + kWeightAlign - 1) / kWeightAlign * kWeightAlign;
+}
+
+std::vector<WeightUse> weight_tensors(const std::vector<Op>& ops, const std::function<bool(const WeightUse&)>& skip) {
+  std::vector<WeightUse> tensors;
+  std::map<WeightKey, std::size_t> index;
+  for (const Op& op : ops) {
+    const auto u = weight_of(op);
+    if (!u || (skip && skip(*u))) continue;
+    const auto [it, added] = index.emplace(u->key, tensors.size());
+    if (added) {
+      tensors.push_back(*u);
+    } else {
+      tensors[it->second].bytes = std::max(tensors[it->second].bytes, u->bytes);
+    }
+  }
+  return tensors;
+}
+
 WeightPlacement place_weights(const std::vector<std::size_t>& sizes, std::size_t l2_bytes) {
   WeightPlacement p;
   p.offsets.resize(sizes.size());
@@ -57,7 +78,7 @@ WeightPlacement place_weights(const std::vector<std::size_t>& sizes, std::size_t
   std::size_t largest = 0;
   std::vector<std::size_t> aligned(sizes.size());
   for (std::size_t i = 0; i < sizes.size(); ++i) {
-    aligned[i] = (std::max<std::size_t>(sizes[i], 1) + kWeightAlign - 1) / kWeightAlign * kWeightAlign;
+    aligned[i] = weight_aligned(sizes[i]);
     total += aligned[i];
     largest = std::max(largest, aligned[i]);
   }

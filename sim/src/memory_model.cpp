@@ -71,7 +71,7 @@ double runner_bytes(const Scenario& s, const scenarios::RankClass& rc, const Mem
   std::map<int, Stream> streams;
   for (const Op& op : runner_ops(s, rc.ops)) {
     Stream& st = streams[op.stream];
-    st.largest = std::max(st.largest, operand_bytes(s, op));
+    st.largest = std::max(st.largest, operand_bytes(s, op));  // a handful of ops: one or two per stream
     st.fused_attention = st.fused_attention || (op.kind == OpKind::attention &&
                                                 scenarios::attention_kernel(op) != scenarios::AttentionKernel::unfused);
   }
@@ -229,30 +229,45 @@ int captured_scopes(const scenarios::ExecOptions& e) {
 
 }  // namespace
 
-double operand_bytes(const Scenario& s, const Op& op) {
+namespace {
+// operand_bytes with the scenario's KV cache per layer (0 in training) computed by the caller.
+double operand_bytes_of(const Op& op, double kv_per_layer) {
   if (op.kind == OpKind::host || scenarios::works_on_parameter_state(op)) return 0.0;
   // A decode attention's keys and values are the KV cache (activations), not operand buffers.
-  const double kv_per_layer = s.infer ? scenarios::kv_cache_bytes_per_layer(s) : 0.0;
   const double kv_read = scenarios::reads_kv_cache(op, kv_per_layer) ? scenarios::attention_kv_bytes(op) : 0.0;
   return std::max(0.0, op.bytes - kv_read);
 }
+double kv_per_layer_of(const Scenario& s) { return s.infer ? scenarios::kv_cache_bytes_per_layer(s) : 0.0; }
+}  // namespace
+
+double operand_bytes(const Scenario& s, const Op& op) { return operand_bytes_of(op, kv_per_layer_of(s)); }
 
 std::vector<Op> runner_ops(const Scenario& s, const std::vector<Op>& ops) {
   // Per stream: the op of the most operand bytes, and its first fused attention.
-  std::map<int, std::pair<const Op*, const Op*>> kept;
+  struct Kept {
+    const Op* largest = nullptr;
+    double bytes = 0.0;
+    const Op* attention = nullptr;
+  };
+  const double kv_per_layer = kv_per_layer_of(s);
+  std::map<int, Kept> kept;
   for (const Op& op : ops) {
     if (op.kind == OpKind::host) continue;
-    auto& [largest, attention] = kept[op.stream];
-    if (largest == nullptr || operand_bytes(s, op) > operand_bytes(s, *largest)) largest = &op;
-    if (attention == nullptr && op.kind == OpKind::attention &&
+    Kept& k = kept[op.stream];
+    const double bytes = operand_bytes_of(op, kv_per_layer);
+    if (k.largest == nullptr || bytes > k.bytes) {
+      k.largest = &op;
+      k.bytes = bytes;
+    }
+    if (k.attention == nullptr && op.kind == OpKind::attention &&
         scenarios::attention_kernel(op) != scenarios::AttentionKernel::unfused) {
-      attention = &op;
+      k.attention = &op;
     }
   }
   std::vector<Op> out;
   for (const auto& [stream, k] : kept) {
-    out.push_back(*k.first);
-    if (k.second != nullptr && k.second != k.first) out.push_back(*k.second);
+    out.push_back(*k.largest);
+    if (k.attention != nullptr && k.attention != k.largest) out.push_back(*k.attention);
   }
   return out;
 }

@@ -21,6 +21,7 @@
 #include <compare>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -55,6 +56,15 @@ struct WeightUse {
 [[nodiscard]] std::optional<WeightUse> weight_of(const scenarios::Op& op);
 
 inline constexpr std::size_t kWeightAlign = 256;
+
+// Bytes a tensor of `bytes` takes in a layout: at least 1, rounded up to kWeightAlign.
+[[nodiscard]] std::size_t weight_aligned(std::size_t bytes);
+
+// The parameter tensors `ops` read or write (weight_of), each once, in first-use order, with the most
+// bytes any of its ops asks for; uses for which `skip` returns true are left out (a caller's tensors
+// already placed with enough bytes).
+[[nodiscard]] std::vector<WeightUse> weight_tensors(const std::vector<scenarios::Op>& ops,
+                                                    const std::function<bool(const WeightUse&)>& skip = {});
 
 struct WeightPlacement {
   std::size_t arena_bytes = 0;
