@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include "threewalls/scenarios/scenario.hpp"
+#include "threewalls/scenarios/stages.hpp"
+
 namespace threewalls::scenarios::detail {
 
 // Megatron-Core's order of forward and backward micro-batches on one pipeline rank.
@@ -43,4 +46,39 @@ std::vector<SchedItem> schedule(int pp, int vpp, int microbatches, int stage, in
   return out;
 }
 
+std::vector<SchedItem> stage_schedule(int pp, int vpp, int microbatches, int stage, bool ep_overlap) {
+  return schedule(pp, vpp, microbatches, stage, ep_overlap && vpp > 1 ? 1 : 0);
+}
+
+std::vector<Issue> issue_order(const std::vector<SchedItem>& items, bool ep_overlap) {
+  std::vector<Issue> out;
+  out.reserve(items.size());
+  for (std::size_t it = 0; it < items.size(); ++it) {
+    if (ep_overlap && it + 1 < items.size()) {
+      const SchedItem& a = items[it];
+      const SchedItem& b = items[it + 1];
+      if (a.forward != b.forward && !(a.mb == b.mb && a.chunk == b.chunk)) {
+        out.push_back(a.forward ? Issue{it, it + 1} : Issue{it + 1, it});
+        ++it;
+        continue;
+      }
+    }
+    out.push_back(Issue{it});
+  }
+  return out;
+}
+
 }  // namespace threewalls::scenarios::detail
+
+namespace threewalls::scenarios {
+
+int overlapped_pairs(const Scenario& s, int stage) {
+  if (!s.train || !s.train->overlap_moe_expert_parallel_comm) return 0;
+  const auto& p = s.parallel;
+  const auto items = detail::stage_schedule(p.pp, p.vpp, s.train->num_microbatches, stage, true);
+  int pairs = 0;
+  for (const auto& is : detail::issue_order(items, true)) pairs += is.paired() ? 1 : 0;
+  return pairs;
+}
+
+}  // namespace threewalls::scenarios

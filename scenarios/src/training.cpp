@@ -250,7 +250,7 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
   }
 
   // Last backward item of each chunk (when its gradient buckets become ready).
-  const auto items = schedule(c.pp, c.vpp, c.num_mb, stage, t.overlap_moe_expert_parallel_comm && c.vpp > 1 ? 1 : 0);
+  const auto items = stage_schedule(c.pp, c.vpp, c.num_mb, stage, t.overlap_moe_expert_parallel_comm);
   std::vector<int> last_bwd_item(static_cast<std::size_t>(c.vpp), -1);
   std::vector<bool> first_fwd_done(static_cast<std::size_t>(c.vpp), false);
   for (std::size_t i = 0; i < items.size(); ++i) {
@@ -589,19 +589,13 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
     (void)it_f;
   };
 
-  for (std::size_t it = 0; it < items.size(); ++it) {
-    const SchedItem& item = items[it];
-    if (ep_overlap && it + 1 < items.size()) {
-      const SchedItem& next = items[it + 1];
-      if (item.forward != next.forward && !(item.mb == next.mb && item.chunk == next.chunk)) {
-        if (item.forward)
-          emit_pair(it, item, it + 1, next);
-        else
-          emit_pair(it + 1, next, it, item);
-        ++it;
-        continue;
-      }
+  for (const Issue& is : issue_order(items, ep_overlap)) {
+    if (is.paired()) {
+      emit_pair(is.item, items[is.item], is.bwd, items[is.bwd]);
+      continue;
     }
+    const std::size_t it = is.item;
+    const SchedItem& item = items[it];
     if (item.forward) {
       const std::uint32_t out = emit_forward(item);
       if (ep_overlap) head_fwd[item.mb * c.vpp + item.chunk] = out;

@@ -229,6 +229,10 @@ struct RunnerOps {
 struct Reduced {
   Span fwd[2], bwd[2];  // [0] dense layer, [1] MoE layer
   Span emb_fwd, emb_bwd, head_fwd, head_bwd;
+  // With train.overlap_moe_expert_parallel_comm: how much sooner two micro-batches end when the
+  // second's forward is issued beside the first's backward than when they run one after the other,
+  // per MoE layer (the communication the pair hides, net of the kernels it slows).
+  double pair_saving = 0.0;
 };
 
 bool dp_side_group(Group g) {
@@ -710,6 +714,27 @@ Scenario PlanEstimator::Impl::reduced_scenario(const Scenario& cand, const Candi
   return r;
 }
 
+namespace {
+// The ops of a reduced run that make up its micro-batches' work: not the data-parallel side
+// (gradient reduction, parameter gathering, optimizer, gradient norm, metrics, data loading).
+bool micro_batch_work(const scenarios::StepGraph& g, const Op& op) {
+  if (op.is_comm() && dp_side_group(op.group)) return false;
+  if (op.flags & scenarios::kMetrics) return false;
+  if (op.kind == OpKind::optimizer) return false;
+  return op.layer >= 0 || role_of(g, op) != OpRole::layer;
+}
+
+// When class `ci`'s micro-batch work ends in a run of `g`.
+double micro_batch_work_end(const scenarios::StepGraph& g, const StepResult& res, std::size_t ci) {
+  double end = 0.0;
+  const auto& ops = g.classes[ci].ops;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    if (micro_batch_work(g, ops[i])) end = std::max(end, res.classes[ci].end[i]);
+  }
+  return end;
+}
+}  // namespace
+
 Reduced PlanEstimator::Impl::run_reduced(const Scenario& cand, const Candidate& c) {
   ++reduced_runs;
   const Scenario r = reduced_scenario(cand, c);
@@ -730,6 +755,7 @@ Reduced PlanEstimator::Impl::run_reduced(const Scenario& cand, const Candidate& 
   const HostCosts hc = coster.host_costs();
   Reduced best;
   double best_total = -1.0;
+  std::size_t best_class = 0;
   const int L = r.model.num_layers;
   for (std::size_t ci = 0; ci < g.classes.size(); ++ci) {
     const auto& rc = g.classes[ci];
@@ -739,15 +765,9 @@ Reduced PlanEstimator::Impl::run_reduced(const Scenario& cand, const Candidate& 
     std::vector<Span> fsum(static_cast<std::size_t>(L + 2)), bsum(static_cast<std::size_t>(L + 2));
     for (std::size_t i = 0; i < rc.ops.size(); ++i) {
       const Op& op = rc.ops[i];
-      if (op.is_comm() && dp_side_group(op.group)) continue;
-      if (op.flags & scenarios::kMetrics) continue;
-      if (op.kind == OpKind::optimizer) continue;
+      if (!micro_batch_work(g, op)) continue;
       int slot = op.layer;
-      if (op.layer < 0) {
-        const OpRole role = role_of(g, op);
-        if (role == OpRole::layer) continue;  // optimizer, gradient norm, data loading
-        slot = role == OpRole::embedding ? L + 1 : L;
-      }
+      if (op.layer < 0) slot = role_of(g, op) == OpRole::embedding ? L + 1 : L;
       const bool bwd = (op.flags & (scenarios::kBackward | scenarios::kRecompute)) != 0;
       auto& ends = bwd ? bend : fend;
       auto& sums = bwd ? bsum : fsum;
@@ -786,7 +806,22 @@ Reduced PlanEstimator::Impl::run_reduced(const Scenario& cand, const Candidate& 
     if (total > best_total) {
       best_total = total;
       best = red;
+      best_class = ci;
     }
+  }
+  if (t.overlap_moe_expert_parallel_comm && nm > 0) {
+    // The steady state of the combined 1F1B schedule: two micro-batches of the reduced scenario, the
+    // second's forward paired with the first's backward, against the same two one after the other.
+    auto two_micro_batches = [&](bool paired) {
+      Scenario r2 = r;
+      r2.train->global_batch_size *= 2;
+      r2.train->num_microbatches = 2;
+      r2.train->overlap_moe_expert_parallel_comm = paired;
+      r2.train->delay_wgrad_compute = paired && t.delay_wgrad_compute;
+      const scenarios::StepGraph g2 = scenarios::expand(r2, 0);
+      return micro_batch_work_end(g2, ex.run_step(g2, platform, {}, 0.0, nullptr), best_class);
+    };
+    best.pair_saving = std::max(0.0, two_micro_batches(false) - two_micro_batches(true)) / nm;
   }
   return best;
 }
@@ -905,6 +940,15 @@ PlanRow PlanEstimator::evaluate(const Candidate& c) {
   w.compute_us = m * cs.compute;
   w.exposed_comm_us = m * cs.comm;
   w.host_us = m * cs.host;
+  // Expert-parallel overlap: the critical stage's paired chunk passes (2 x pairs of its 2 x m x vpp)
+  // hide the reduced run's saving per pair and MoE layer (a pass holds the stage's MoE layers over vpp
+  // on average) of its exposed communication.
+  if (const int pairs = scenarios::overlapped_pairs(s, crit); pairs > 0) {
+    int moe_layers = 0;
+    for (int l : split.stage_layers(crit)) moe_layers += s.model.layer_is_moe(l) ? 1 : 0;
+    const double hidden = 1.0 * pairs * moe_layers / vpp * red.pair_saving;
+    w.exposed_comm_us -= std::min(hidden, w.exposed_comm_us);
+  }
   // Pipeline fill and drain: (pp - 1) / vpp micro-batches of a mean stage (interleaved schedule).
   w.bubble_us = pp > 1 ? (pp - 1.0) / vpp * mean_span : 0.0;
   // Pipeline sends on the fill and drain path (they overlap compute in the steady state).

@@ -40,4 +40,10 @@ class StageSplit {
   std::vector<int> first_;
 };
 
+// Chunk passes of pipeline stage `stage` that the training expansion issues as forward-backward
+// pairs under train.overlap_moe_expert_parallel_comm (a forward beside another micro-batch's
+// backward, layer by layer: the steady state of the combined 1F1B schedule); 0 without the overlap.
+// Of the stage's 2 x microbatches x vpp chunk passes, twice this many run paired.
+int overlapped_pairs(const Scenario& s, int stage);
+
 }  // namespace threewalls::scenarios
