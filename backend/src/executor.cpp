@@ -1296,6 +1296,21 @@ RunResult execute(const scenarios::Scenario& s, const ProcessContext& process, c
                      ") is a simulation knob: a real run measures the GPUs it has and cannot slow one down; remove "
                      "the slowdown or use `threewalls sim`");
   }
+  if (s.train) {
+    // The backend's parameter state is Megatron's default precision (ParameterState).
+    const auto& t = *s.train;
+    const scenarios::MomentDtype fp32 = scenarios::MomentDtype::fp32;
+    const char* key = !t.grad_reduce_in_fp32       ? "train.grad_reduce_in_fp32 = false"
+                      : t.fp8_param_gather         ? "train.fp8_param_gather = true"
+                      : t.exp_avg_dtype != fp32    ? "train.exp_avg_dtype"
+                      : t.exp_avg_sq_dtype != fp32 ? "train.exp_avg_sq_dtype"
+                                                   : nullptr;
+    if (key != nullptr) {
+      throw InputError(s.source_path + ": " + key +
+                       " is simulated only: the CUDA backend keeps bf16 weights, an fp32 gradient buffer reduced in "
+                       "fp32 and fp32 Adam state; remove the key for `threewalls run` or use `threewalls sim`");
+    }
+  }
   const int world = s.world_size();
   if (process.local_ranks.empty()) throw InputError("run: this process has no rank to run");
   std::set<int> seen;

@@ -24,7 +24,7 @@ def reference_tables():
             cur = m.group(1) or ""
             tables[cur] = {}
             continue
-        m = re.match(r"^\| `([a-z_]+)` \| [^|]* \| ([^|]*) \|", line)
+        m = re.match(r"^\| `([a-z0-9_]+)` \| [^|]* \| ([^|]*) \|", line)
         if m and cur is not None:
             tables[cur][m.group(1)] = m.group(2).strip()
     return tables

@@ -186,21 +186,41 @@ bool works_on_parameter_state(const Op& op) {
   }
 }
 
+double moment_bytes(MomentDtype d) {
+  switch (d) {
+    case MomentDtype::fp32: return 4.0;
+    case MomentDtype::bf16:
+    case MomentDtype::fp16: return 2.0;
+    case MomentDtype::fp8: return 1.0;
+  }
+  return 4.0;
+}
+
+ParameterBytes parameter_bytes(const TrainSpec& t) {
+  ParameterBytes b;
+  b.weight = t.fp8_param_gather ? 1.0 : 2.0;
+  b.gradient = t.grad_reduce_in_fp32 ? 4.0 : 2.0;
+  b.exp_avg = moment_bytes(t.exp_avg_dtype);
+  b.exp_avg_sq = moment_bytes(t.exp_avg_sq_dtype);
+  return b;
+}
+
 ParameterStateBytes training_parameter_state(const Scenario& s, const Layout& layout, const std::vector<int>& layers,
                                              bool first_stage, bool last_stage) {
   const TrainSpec& tr = *s.train;
   const ParameterCount held = rank_parameters(s, layers, first_stage, last_stage);
   // Dense parameters are sharded over dp x cp, routed experts over the expert data-parallel group.
   const double shard = held.dense / layout.group_size(Group::dp_cp) + held.expert / layout.group_size(Group::edp);
-  // Megatron-FSDP: the gathered units' bf16 weights and fp32 gradients are live beside the shard.
+  // Megatron-FSDP: the gathered units' weights and gradients are live beside the shard.
   const double gathered = tr.shards_gradients() || tr.shards_parameters()
                               ? fsdp_gathered_parameters(s, layers, first_stage, last_stage)
                               : 0.0;
+  const ParameterBytes per = parameter_bytes(tr);
   ParameterStateBytes b;
-  b.weights = 2.0 * (tr.shards_parameters() ? shard + gathered : held.total());
-  b.gradients = 4.0 * (tr.shards_gradients() ? shard + gathered : held.total());
+  b.weights = per.weight * (tr.shards_parameters() ? shard + gathered : held.total());
+  b.gradients = per.gradient * (tr.shards_gradients() ? shard + gathered : held.total());
   b.shard = tr.shards_optimizer_state() ? shard : held.total();
-  b.optimizer = 12.0 * b.shard;
+  b.optimizer = per.optimizer() * b.shard;
   return b;
 }
 

@@ -666,6 +666,28 @@ Registry::Registry() {
              "use_distributed_optimizer = false.")
         .bind(kTrain, &TrainSpec::data_parallel_sharding_strategy);
   }
+  Decl(r, "train.grad_reduce_in_fp32", ParamType::boolean).def("true")
+      .doc("Accumulate and reduce gradients in fp32 (Megatron's DDP grad_reduce_in_fp32, the default with bf16); "
+           "false is --grad-reduce-in-bf16: the gradient buffer and the data-parallel reductions in bf16, half "
+           "the bytes (docs/memory_model.md, \"Weights, gradients, optimizer state\").")
+      .bind(kTrain, &TrainSpec::grad_reduce_in_fp32);
+  Decl(r, "train.fp8_param_gather", ParamType::boolean).def("false")
+      .doc("Megatron's --fp8-param-gather (on in Megatron-Bridge's fp8 recipes): the model weights are kept in "
+           "fp8 (1 byte per parameter; the optimizer keeps its fp32 master copy) and the distributed "
+           "optimizer's parameter all-gather moves fp8. Needs precision = \"fp8\" and sharded optimizer state "
+           "(the distributed optimizer or Megatron-FSDP).")
+      .bind(kTrain, &TrainSpec::fp8_param_gather);
+  {
+    static const std::vector<std::string> kMoment = {"fp32", "bf16", "fp16", "fp8"};
+    Decl(r, "train.exp_avg_dtype", ParamType::choice).def("\"fp32\"").choices(kMoment)
+        .doc("Storage type of Adam's first moment (Megatron's --use-precision-aware-optimizer --exp-avg-dtype): "
+             "4, 2, 2 or 1 bytes per optimizer-shard parameter.")
+        .bind(kTrain, &TrainSpec::exp_avg_dtype);
+    Decl(r, "train.exp_avg_sq_dtype", ParamType::choice).def("\"fp32\"").choices(kMoment)
+        .doc("Storage type of Adam's second moment (Megatron's --use-precision-aware-optimizer "
+             "--exp-avg-sq-dtype): 4, 2, 2 or 1 bytes per optimizer-shard parameter.")
+        .bind(kTrain, &TrainSpec::exp_avg_sq_dtype);
+  }
   Decl(r, "train.routing_imbalance", ParamType::real).def("1.0").min(1.0)
       .doc("Load imbalance of the routing: tokens received by the busiest EP rank over the mean (1 = "
            "balanced). > 1 splits the ranks into hot and cold rank classes.")

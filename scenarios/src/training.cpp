@@ -123,6 +123,7 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
   }
 
   const std::uint8_t dp_stream = tables.stream("dp_comm", StreamKind::communication);
+  const ParameterBytes per_param = parameter_bytes(t);
   auto bucket_op = [&](const Bucket& bk, bool grad) {
     const int gsize = bk.expert ? expert_group : dense_group;
     Op op;
@@ -137,11 +138,11 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
     if (grad) {
       const bool rs = t.shards_optimizer_state();
       op.sub = static_cast<std::uint8_t>(rs ? Collective::reduce_scatter : Collective::all_reduce);
-      op.bytes = bk.params * kFp32Bytes;
+      op.bytes = bk.params * per_param.gradient;
       op.phase = tables.phase(pre + (rs ? "_grad_reduce_scatter" : "_grad_allreduce"));
     } else {
       op.sub = static_cast<std::uint8_t>(Collective::all_gather);
-      op.bytes = bk.params * kBf16Bytes;
+      op.bytes = bk.params * per_param.weight;
       op.phase = tables.phase(pre + "_param_allgather");
     }
     op.shape = {static_cast<std::int64_t>(op.bytes), 0, 0, 0, 0, 0};
@@ -152,11 +153,11 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
   // ---- Megatron-FSDP: per-unit parameter all-gather and gradient reduce-scatter ----
   // An FSDP unit is one layer, the embedding (-1) or the head (num_layers). With sharded parameters
   // every forward and backward pass of a unit waits for the all-gather of its dense parameters over
-  // dp x cp and of its experts over edp (bf16), on their own stream. A chain of passes keeps two units
-  // gathered (Megatron-FSDP's double buffer): a unit's all-gather waits for the end of the pass two
-  // units back in its chain, so the next unit's gather overlaps the current unit's compute. With
-  // sharded gradients every backward pass of a unit reduce-scatters its gradients (fp32) on dp_comm.
-  // The combined 1F1B schedule runs two chains (its forward and its backward).
+  // dp x cp and of its experts over edp (parameter_bytes' weights), on their own stream. A chain of passes keeps two
+  // units gathered (Megatron-FSDP's double buffer): a unit's all-gather waits for the end of the pass two units back in
+  // its chain, so the next unit's gather overlaps the current unit's compute. With sharded gradients every backward
+  // pass of a unit reduce-scatters its gradients on dp_comm. The combined 1F1B schedule runs two chains (its forward
+  // and its backward).
   const bool fsdp_params = t.shards_parameters();
   const bool fsdp_grads = t.shards_gradients();
   const std::uint8_t fsdp_ag_stream =
@@ -176,7 +177,7 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
     op.group = expert ? Group::edp : Group::dp_cp;
     op.group_size = static_cast<std::int32_t>(expert ? expert_group : dense_group);
     op.sub = static_cast<std::uint8_t>(grad ? Collective::reduce_scatter : Collective::all_gather);
-    op.bytes = n * (grad ? kFp32Bytes : kBf16Bytes);
+    op.bytes = n * (grad ? per_param.gradient : per_param.weight);
     op.shape = {static_cast<std::int64_t>(op.bytes), 0, 0, 0, 0, 0};
     op.stream = grad ? dp_stream : fsdp_ag_stream;
     op.layer = static_cast<std::int32_t>(unit);
@@ -629,7 +630,7 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
     op.sub = static_cast<std::uint8_t>(Collective::all_reduce);
     op.group = Group::embedding;
     op.group_size = 2;
-    op.bytes = emb_params * kFp32Bytes;
+    op.bytes = emb_params * per_param.gradient;
     op.shape = {static_cast<std::int64_t>(op.bytes), 0, 0, 0, 0, 0};
     op.stream = dp_stream;
     op.phase = tables.phase("embedding_grad_allreduce");
@@ -644,7 +645,7 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
     norm.kind = OpKind::elementwise;
     norm.sub = static_cast<std::uint8_t>(ElementwiseKind::reduce);
     norm.wall = Wall::memory;
-    norm.bytes = shard * kFp32Bytes;
+    norm.bytes = shard * per_param.gradient;
     norm.shape = {static_cast<std::int64_t>(shard), 0, 0, 0, 0, 0};
     norm.stream = em.compute_stream();
     norm.phase = tables.phase("optimizer_grad_norm");
@@ -666,9 +667,8 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
     Op adam;
     adam.kind = OpKind::optimizer;
     adam.wall = Wall::memory;
-    // Adam with fp32 master weights: read param, grad, m, v (16 B), write param, m, v (12 B) and the
-    // bf16 model weight (2 B).
-    adam.bytes = shard * 30.0;
+    // Adam: reads master weight, gradient and moments, writes master weight, moments and model weight.
+    adam.bytes = shard * per_param.adam_traffic();
     adam.shape = {static_cast<std::int64_t>(shard), 0, 0, 0, 0, 0};
     adam.stream = em.compute_stream();
     adam.phase = tables.phase("optimizer_step");

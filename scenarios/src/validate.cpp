@@ -53,6 +53,9 @@ const std::vector<RuleInfo> kRules = {
     {"ep-comm-overlap",
      "overlap_moe_expert_parallel_comm needs ep > 1, token_dispatcher alltoall or flex, no full recompute, and "
      "pp = 1 or vpp > 1 (Megatron-Core); delay_wgrad_compute needs overlap_moe_expert_parallel_comm."},
+    {"fp8-param-gather",
+     "fp8_param_gather needs precision = \"fp8\" and sharded optimizer state (use_distributed_optimizer or "
+     "Megatron-FSDP), as Megatron-LM requires."},
     {"fsdp",
      "data_parallel_sharding_strategy other than none (Megatron-FSDP) needs use_distributed_optimizer = true, as "
      "Megatron-FSDP sets it."},
@@ -405,6 +408,17 @@ void check_train(Scenario& s, Reporter& r, bool split_ok) {
            std::string("data_parallel_sharding_strategy = \"") + to_string(t.data_parallel_sharding_strategy) +
                "\" (Megatron-FSDP) needs use_distributed_optimizer = true (Megatron-FSDP turns it on; allowed with "
                "use_distributed_optimizer = false: \"none\")");
+  }
+  if (t.fp8_param_gather) {
+    if (t.exec.precision != Precision::fp8) {
+      r.fail("fp8-param-gather", "train.fp8_param_gather", "fp8_param_gather needs train.precision = \"fp8\"");
+    }
+    if (!t.shards_optimizer_state()) {
+      r.fail("fp8-param-gather", "train.fp8_param_gather",
+             "fp8_param_gather needs sharded optimizer state: use_distributed_optimizer = true or a Megatron-FSDP "
+             "data_parallel_sharding_strategy other than \"no_shard\" (the fp8 weights are re-quantized from the "
+             "optimizer's master shards)");
+    }
   }
   if (t.overlap_moe_expert_parallel_comm) {
     const std::string key = "train.overlap_moe_expert_parallel_comm";

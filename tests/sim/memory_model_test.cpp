@@ -145,6 +145,53 @@ TEST(MemoryModel, BytesPerParameterAreEighteenOrSixPlusTwelveOverD) {
   }
 }
 
+// The parameter state's precision keys (Megatron's --grad-reduce-in-bf16, --fp8-param-gather and the
+// precision-aware optimizer's bf16 moments): the memory model charges 1 + 2 bytes per parameter and 4 +
+// 2 + 2 per shard parameter, and the expansion's gradient reductions, parameter gathers, gradient norm
+// and Adam step move the same bytes (scenarios::parameter_bytes, the one owner).
+TEST(MemoryModel, ParameterPrecisionKeysSetTheStateBytesAndTheDataParallelTraffic) {
+  std::ifstream in(testing::source_dir() / "scenarios/examples/mixtral_8x7b_64gpu.toml");
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string base = text.str();
+  std::string low = base;
+  low.replace(low.find("overlap_param_gather = true"), 27,
+              "overlap_param_gather = true\nprecision = \"fp8\"\ngrad_reduce_in_fp32 = false\nfp8_param_gather = true\n"
+              "exp_avg_dtype = \"bf16\"\nexp_avg_sq_dtype = \"bf16\"");
+  std::string fp8 = base;
+  fp8.replace(fp8.find("overlap_param_gather = true"), 27, "overlap_param_gather = true\nprecision = \"fp8\"");
+  const Scenario sd = scenarios::load_scenario_text(fp8, "fp8.toml").scenario;
+  const Scenario sl = scenarios::load_scenario_text(low, "low.toml").scenario;
+  const scenarios::StepGraph gd = scenarios::expand(sd, 0);
+  const scenarios::StepGraph gl = scenarios::expand(sl, 0);
+  const MemoryReport rd = memory_model(sd, gd);
+  const MemoryReport rl = memory_model(sl, gl);
+  const ClassMemory& d = rd.classes[0];
+  const ClassMemory& l = rl.classes[0];
+  const double n = l.params.total();
+  EXPECT_DOUBLE_EQ(d.breakdown.weights.value, 2.0 * n);
+  EXPECT_DOUBLE_EQ(d.breakdown.gradients.value, 4.0 * n);
+  EXPECT_DOUBLE_EQ(l.breakdown.weights.value, 1.0 * n);
+  EXPECT_DOUBLE_EQ(l.breakdown.gradients.value, 2.0 * n);
+  EXPECT_DOUBLE_EQ(l.breakdown.optimizer.value / d.breakdown.optimizer.value, 8.0 / 12.0);
+  // Bytes of the data-parallel side of class 0, by phase.
+  auto bytes = [](const scenarios::StepGraph& g, const std::string& phase) {
+    double sum = 0.0;
+    for (const auto& op : g.classes[0].ops) sum += g.phase_name(op) == phase ? op.bytes : 0.0;
+    return sum;
+  };
+  for (const char* ph : {"dp_grad_reduce_scatter", "edp_grad_reduce_scatter", "optimizer_grad_norm"}) {
+    ASSERT_GT(bytes(gd, ph), 0.0) << ph;
+    EXPECT_DOUBLE_EQ(bytes(gl, ph) / bytes(gd, ph), 0.5) << ph;
+  }
+  for (const char* ph : {"dp_param_allgather", "edp_param_allgather"}) {
+    ASSERT_GT(bytes(gd, ph), 0.0) << ph;
+    EXPECT_DOUBLE_EQ(bytes(gl, ph) / bytes(gd, ph), 0.5) << ph;
+  }
+  // Adam: 2 x (master + moments) + gradient + weight per shard parameter: 30 -> 19.
+  EXPECT_DOUBLE_EQ(bytes(gl, "optimizer_step") / bytes(gd, "optimizer_step"), 19.0 / 30.0);
+}
+
 // Megatron-FSDP: weights, gradients and optimizer state are the rank's shard (dense parameters over
 // dp x cp, experts over edp), plus the units gathered at once (two per chain of passes, the largest
 // unit counted for each) in bf16 weights and fp32 gradients. Mixtral-8x7B on 64 H100 without a

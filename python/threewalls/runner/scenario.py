@@ -94,6 +94,10 @@ _TRAIN = dict(_COMMON_STEP, **{
     "overlap_moe_expert_parallel_comm": (False, (False,), bool),
     "delay_wgrad_compute": (False, (False,), bool),
     "data_parallel_sharding_strategy": ("none", ("none",), str),
+    "grad_reduce_in_fp32": (True, (True,), bool),
+    "fp8_param_gather": (False, (False,), bool),
+    "exp_avg_dtype": ("fp32", ("fp32",), str),
+    "exp_avg_sq_dtype": ("fp32", ("fp32",), str),
     "routing_imbalance": (1.0, (1.0,), float),
     "grad_bucket_size": (40000000.0, _ANY, float),
 })

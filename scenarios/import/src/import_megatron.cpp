@@ -803,11 +803,9 @@ const std::vector<std::pair<std::vector<std::string>, std::string>>& ignored_fla
 const std::vector<std::pair<std::vector<std::string>, std::string>>& unrepresented_flags() {
   static const std::vector<std::pair<std::vector<std::string>, std::string>> k = {
       {{"--mtp-num-layers"}, "multi-token prediction layers: not modelled (no registry key)"},
-      {{"--fp8-param-gather", "--reuse-grad-buf-for-mxfp8-param-ag"},
-       "fp8 parameter all-gather: the distributed optimizer's all-gather is modelled in bf16"},
-      {{"--use-precision-aware-optimizer", "--main-grads-dtype", "--main-params-dtype", "--exp-avg-dtype",
-        "--exp-avg-sq-dtype"},
-       "optimizer-state precision: the memory model assumes fp32 main parameters, gradients and Adam states"},
+      {{"--reuse-grad-buf-for-mxfp8-param-ag"},
+       "MXFP8 parameter all-gather through the gradient buffer: not modelled (train.fp8_param_gather keeps its own "
+       "buffer)"},
       {{"--optimizer-cpu-offload", "--overlap-cpu-optimizer-d2h-h2d", "--optimizer-offload-fraction"},
        "optimizer offload to the CPU: not modelled"},
       {{"--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity"},
@@ -818,8 +816,6 @@ const std::vector<std::pair<std::vector<std::string>, std::string>>& unrepresent
       {{"--window-size", "--window-attn-skip-freq"},
        "sliding-window attention: modelled as full causal attention in every layer"},
       {{"--softmax-type"}, "learnable softmax offsets (attention sinks): not modelled"},
-      {{"--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32"},
-       "gradient reduction precision: the modelled gradient communication is fixed"},
   };
   return k;
 }
@@ -959,6 +955,48 @@ class MegatronImporter {
     }
     if (strategy)
       d_.report.ignored.push_back({"--data-parallel-sharding-strategy", "only used with --use-megatron-fsdp"});
+  }
+
+  // Precision of the parameter state: gradients reduced in bf16 (--grad-reduce-in-bf16; fp32 is Megatron's
+  // default with bf16), fp8 weights (--fp8-param-gather), Adam's moments (--exp-avg-dtype and
+  // --exp-avg-sq-dtype, which take effect with --use-precision-aware-optimizer).
+  void map_parameter_precision() {
+    if (has("--grad-reduce-in-bf16")) {
+      set_bool("train", "grad_reduce_in_fp32", false);
+      if (has("--accumulate-allreduce-grads-in-fp32"))
+        d_.report.ignored.push_back({"--accumulate-allreduce-grads-in-fp32", "--grad-reduce-in-bf16 turns it off"});
+    } else if (has("--accumulate-allreduce-grads-in-fp32")) {
+      d_.report.ignored.push_back(
+          {"--accumulate-allreduce-grads-in-fp32", "Megatron's default with bf16 (grad_reduce_in_fp32 = true)"});
+    }
+    if (has("--fp8-param-gather")) set_bool("train", "fp8_param_gather", true);
+    const bool aware = has("--use-precision-aware-optimizer");
+    // The optimizer's main gradients and parameters: fp32 is what threewalls models.
+    for (const char* flag : {"--main-grads-dtype", "--main-params-dtype"}) {
+      const auto v = str(flag);
+      if (!v) continue;
+      if (*v == "fp32") {
+        d_.report.ignored.push_back({flag, "fp32, as modelled"});
+      } else {
+        unrepresented(flag,
+                      "the optimizer's main gradients and parameters are modelled in fp32 (the gradient buffer "
+                      "follows train.grad_reduce_in_fp32)");
+      }
+    }
+    static const std::set<std::string> kMoment = {"fp32", "bf16", "fp16", "fp8"};
+    for (const auto& [flag, key] : {std::pair<std::string, std::string>{"--exp-avg-dtype", "exp_avg_dtype"},
+                                    {"--exp-avg-sq-dtype", "exp_avg_sq_dtype"}}) {
+      const auto v = str(flag);
+      if (!v) continue;
+      if (kMoment.count(*v) == 0) {
+        throw InputError(src() + where(*arg(flag)) + flag + " '" + *v + "' (allowed: fp32, fp16, bf16, fp8)");
+      }
+      if (aware) {
+        d_.set("train", key, *v);
+      } else {
+        d_.report.ignored.push_back({flag, "takes effect only with --use-precision-aware-optimizer"});
+      }
+    }
   }
 
   void map_model() {
@@ -1297,6 +1335,7 @@ class MegatronImporter {
     if (has("--overlap-grad-reduce")) set_bool("train", "overlap_grad_reduce", true);
     if (has("--overlap-param-gather")) set_bool("train", "overlap_param_gather", true);
     if (has("--tp-comm-overlap")) set_bool("train", "tp_comm_overlap", true);
+    map_parameter_precision();
     // MoE execution.
     if (d_.get("model", "num_experts")) {
       std::string disp = str("--moe-token-dispatcher-type").value_or("allgather");

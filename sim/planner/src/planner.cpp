@@ -15,6 +15,7 @@
 #include "threewalls/core/error.hpp"
 #include "threewalls/core/strings.hpp"
 #include "threewalls/scenarios/layout.hpp"
+#include "threewalls/scenarios/parameters.hpp"
 #include "threewalls/scenarios/registry.hpp"
 #include "threewalls/scenarios/stages.hpp"
 #include "threewalls/scenarios/step_graph.hpp"
@@ -969,21 +970,23 @@ PlanRow PlanEstimator::evaluate(const Candidate& c) {
   const Collective red_kind = dist ? Collective::reduce_scatter : Collective::all_reduce;
   const double bucket = t.grad_bucket_size_params;
   const double dense = cmem.params.dense, expert = cmem.params.expert;
-  const double rs_all = comm_seconds(coster, red_kind, dense * 4.0, nd, scope_of(Group::dp_cp)) +
-                        comm_seconds(coster, red_kind, expert * 4.0, ne, scope_of(Group::edp));
-  const double rs_last = std::max(comm_seconds(coster, red_kind, std::min(bucket, dense) * 4.0, nd, scope_of(Group::dp_cp)),
-                                  comm_seconds(coster, red_kind, std::min(bucket, expert) * 4.0, ne, scope_of(Group::edp)));
+  const scenarios::ParameterBytes per = scenarios::parameter_bytes(t);
+  const double rs_all = comm_seconds(coster, red_kind, dense * per.gradient, nd, scope_of(Group::dp_cp)) +
+                        comm_seconds(coster, red_kind, expert * per.gradient, ne, scope_of(Group::edp));
+  const double rs_last =
+      std::max(comm_seconds(coster, red_kind, std::min(bucket, dense) * per.gradient, nd, scope_of(Group::dp_cp)),
+               comm_seconds(coster, red_kind, std::min(bucket, expert) * per.gradient, ne, scope_of(Group::edp)));
   w.exposed_comm_us += t.overlap_grad_reduce ? std::max(rs_last, rs_all - crit_bwd) : rs_all;
   if (dist) {
-    const double ag_all = comm_seconds(coster, Collective::all_gather, dense * 2.0, nd, scope_of(Group::dp_cp)) +
-                          comm_seconds(coster, Collective::all_gather, expert * 2.0, ne, scope_of(Group::edp));
+    const double ag_all = comm_seconds(coster, Collective::all_gather, dense * per.weight, nd, scope_of(Group::dp_cp)) +
+                          comm_seconds(coster, Collective::all_gather, expert * per.weight, ne, scope_of(Group::edp));
     const double ag_first =
-        comm_seconds(coster, Collective::all_gather, std::min(bucket, dense) * 2.0, nd, scope_of(Group::dp_cp));
+        comm_seconds(coster, Collective::all_gather, std::min(bucket, dense) * per.weight, nd, scope_of(Group::dp_cp));
     w.exposed_comm_us += t.overlap_param_gather ? ag_first : ag_all;
   }
   const double shard = dist ? dense / nd + expert / ne : dense + expert;
-  w.compute_us += memory_kernel_seconds(coster, OpKind::elementwise, shard * 4.0, shard) +
-                  memory_kernel_seconds(coster, OpKind::optimizer, shard * 30.0, shard);
+  w.compute_us += memory_kernel_seconds(coster, OpKind::elementwise, shard * per.gradient, shard) +
+                  memory_kernel_seconds(coster, OpKind::optimizer, shard * per.adam_traffic(), shard);
   w.exposed_comm_us += comm_seconds(coster, Collective::all_reduce, 4.0, impl_->gpus, LinkScope::network);
   // Seconds so far; report microseconds.
   w.compute_us *= 1e6;

@@ -543,6 +543,20 @@ TEST(Executor, RefusesSlowdownsItCannotEmulate) {
   }
 }
 
+TEST(Executor, RefusesParameterPrecisionsItDoesNotHold) {
+  // The backend's parameter state is bf16 weights, an fp32 gradient buffer and fp32 Adam state.
+  for (const std::string& key : {std::string("grad_reduce_in_fp32 = false"), std::string("exp_avg_dtype = \"bf16\""),
+                                 std::string("exp_avg_sq_dtype = \"fp8\"")}) {
+    const Scenario s = scenario_from(small_moe("ep = 2", key, 2));
+    try {
+      run_fake(s, options_for(temp_dir("precision"), 1, 0));
+      ADD_FAILURE() << key;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(key.substr(0, key.find(' '))), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Executor, InferenceStepsRunHostOpsAndVaryPerStep) {
   const fs::path dir = temp_dir("infer");
   const std::string text =

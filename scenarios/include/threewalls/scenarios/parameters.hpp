@@ -57,10 +57,29 @@ inline constexpr int kFsdpPassesPerChain = 2;
 double fsdp_gathered_parameters(const Scenario& s, const std::vector<int>& layers, bool first_stage, bool last_stage);
 
 // Device bytes of one training rank's parameter state, as Megatron-Core holds it with bf16 parameters:
-// bf16 weights (2 B per parameter), fp32 gradients (4 B: the main_grad buffer that gradient-accumulation
-// fusion writes and the gradient reduction reads) and Adam with fp32 master weights (12 B: master, m, v),
-// each sharded as the scenario shards it (distributed optimizer, Megatron-FSDP). The memory model charges
+// Weights, gradients (the main_grad buffer that gradient-accumulation fusion writes and the gradient
+// reduction reads) and Adam's master weights and moments, at parameter_bytes each, each sharded as the
+// scenario shards it (distributed optimizer, Megatron-FSDP). The memory model charges
 // these bytes and the backend allocates them (docs/memory_model.md, "Weights, gradients, optimizer state").
+// Bytes per parameter of each part of a training rank's parameter state, from the scenario's precision
+// keys. Megatron's defaults: bf16 model weights, a gradient buffer accumulated and reduced in fp32, Adam
+// with fp32 master weights and moments (2 + 4 + 12). Everything that sizes or moves the parameter state
+// takes its bytes from here: the memory model, the backend, the expansion's data-parallel collectives,
+// gradient norm and optimizer step, and the planner.
+struct ParameterBytes {
+  double weight = 2.0;      // model weights (1 with train.fp8_param_gather)
+  double gradient = 4.0;    // gradient buffer, as reduced (2 with train.grad_reduce_in_fp32 = false)
+  double master = 4.0;      // the optimizer's fp32 main parameters
+  double exp_avg = 4.0;     // Adam's first moment (train.exp_avg_dtype)
+  double exp_avg_sq = 4.0;  // Adam's second moment (train.exp_avg_sq_dtype)
+  [[nodiscard]] double optimizer() const { return master + exp_avg + exp_avg_sq; }
+  // Adam's memory traffic per shard parameter: it reads the master weight, the gradient and both
+  // moments, and writes the master weight, both moments and the model weight (30 bytes by default).
+  [[nodiscard]] double adam_traffic() const { return 2.0 * optimizer() + gradient + weight; }
+};
+[[nodiscard]] ParameterBytes parameter_bytes(const TrainSpec& t);
+[[nodiscard]] double moment_bytes(MomentDtype d);
+
 struct ParameterStateBytes {
   double weights = 0.0;
   double gradients = 0.0;

@@ -28,6 +28,8 @@ enum class RecomputeGranularity : std::uint8_t { none, selective, full };
 // every op also pays the framework's host dispatch (host.framework_op).
 enum class Framework : std::uint8_t { cpp, pytorch_eager };
 enum class RecomputeMethod : std::uint8_t { uniform, block };
+// Storage type of Adam's moments (Megatron's precision-aware optimizer: --exp-avg-dtype, --exp-avg-sq-dtype).
+enum class MomentDtype : std::uint8_t { fp32, bf16, fp16, fp8 };
 // Megatron-FSDP's --data-parallel-sharding-strategy; none = no FSDP (DDP or the distributed optimizer).
 enum class DataParallelSharding : std::uint8_t { none, no_shard, optim, optim_grads, optim_grads_params };
 enum class Dispatcher : std::uint8_t { alltoall, allgather, flex };
@@ -143,6 +145,13 @@ struct TrainSpec {
   // Megatron-FSDP: what is sharded over the data-parallel ranks (the expert-data-parallel ranks for
   // expert parameters); with none the distributed optimizer decides.
   DataParallelSharding data_parallel_sharding_strategy = DataParallelSharding::none;
+  // Precision of the parameter state (scenarios::parameter_bytes owns what each costs): gradients
+  // accumulated and reduced in fp32 (Megatron's default for bf16; --grad-reduce-in-bf16 turns it
+  // off), model weights kept and gathered in fp8 (--fp8-param-gather), Adam's moments.
+  bool grad_reduce_in_fp32 = true;
+  bool fp8_param_gather = false;
+  MomentDtype exp_avg_dtype = MomentDtype::fp32;
+  MomentDtype exp_avg_sq_dtype = MomentDtype::fp32;
   double routing_imbalance = 1.0;  // max / mean tokens received per EP rank (1 = balanced)
   double grad_bucket_size_params = 40e6;
 
