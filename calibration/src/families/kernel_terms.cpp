@@ -86,7 +86,8 @@ namespace {
 // it for its op kind and direction. Token counts are off the powers of two (scenario token counts
 // are seq x micro-batch products of powers of two), hidden sizes multiples of 8 off the model
 // dimensions, so no validation scenario's shape is measured (a test checks). Grids span decode-sized
-// to large-batch token counts: tokens 100..50000, experts 8..256, topk 1..8, hidden ~1000..7000,
+// to large-batch token counts: tokens 22..50000 (a decode step routes batch x topk rows, a few dozen,
+// where a kernel's fixed latency is all of its time), experts 8..256, topk 1..8, hidden ~1000..7000,
 // vocabulary shards ~1000..50000, optimizer shards 1e5..2e8 parameters. OpRunner runs permute and
 // unpermute with topk = rows / op.tokens (1 for the StepGraph's ops, which set tokens = rows), so
 // topk 1 is the bulk of those grids. One or two held-out points per family.
@@ -112,8 +113,8 @@ void plan_kernels(GridPlan& p) {
   struct Ek {
     std::int64_t experts, topk;
   };
-  const std::vector<std::int64_t> router_tokens =
-      full ? std::vector<std::int64_t>{200, 1000, 3000, 9000, 27000} : std::vector<std::int64_t>{300, 3000, 27000};
+  const std::vector<std::int64_t> router_tokens = full ? std::vector<std::int64_t>{22, 200, 1000, 3000, 9000, 27000}
+                                                       : std::vector<std::int64_t>{22, 300, 3000, 27000};
   const std::vector<Ek> router_ek =
       full ? std::vector<Ek>{{8, 2}, {64, 8}, {128, 1}, {256, 8}} : std::vector<Ek>{{8, 2}, {64, 8}, {256, 4}};
   for (const bool bwd : {false, true}) {
@@ -132,8 +133,8 @@ void plan_kernels(GridPlan& p) {
     std::int64_t tokens, topk, hidden;
   };
   std::vector<Tkh> rows;
-  const std::vector<std::int64_t> row_tokens =
-      full ? std::vector<std::int64_t>{300, 2000, 12000, 50000} : std::vector<std::int64_t>{300, 12000, 50000};
+  const std::vector<std::int64_t> row_tokens = full ? std::vector<std::int64_t>{22, 86, 300, 2000, 12000, 50000}
+                                                    : std::vector<std::int64_t>{22, 300, 12000, 50000};
   const std::vector<std::int64_t> row_hidden =
       full ? std::vector<std::int64_t>{1000, 2056, 7000} : std::vector<std::int64_t>{1000, 7000};
   for (const auto t : row_tokens) {
