@@ -26,6 +26,10 @@ std::vector<KernelTermsFamily> build() {
   const std::vector<KernelTermsInput> norm_in = {{"rows", "rows normalised"}, {"hidden", "elements per row"}};
   const std::vector<KernelTermsInput> xent_in = {{"tokens", "tokens (rows of the logits)"},
                                                  {"shard", "vocabulary entries of this rank's shard"}};
+  // One block per row (or token) walks its row: with fewer rows than the GPU has block slots (a
+  // decode step's few dozen) the kernel takes one block's walk, whose length is the row's.
+  const KernelTerm row_walk = {
+      "per_hidden_s", {2}, "per element of one row: a block's serial walk along its row (the latency of a wave)"};
   std::vector<KernelTermsFamily> f;
   // Router: one warp per token; a fixed 32-lane sweep of up to 1024 experts per pass (softmax, then
   // one pass per chosen expert) and one atomic per choice on the expert counts.
@@ -38,16 +42,20 @@ std::vector<KernelTermsFamily> build() {
   f.push_back({std::string(kSoftmaxTopkBwdFamily), "softmax_topk_bwd",
                "backend::softmax_topk_bwd, OpRunner's softmax_topk backward", router_in, router_terms});
   // permute forward: one block per output row (tokens x topk), 16-byte vector copies of a row.
-  f.push_back({std::string(kPermuteFwdFamily), "permute_fwd",
-               "backend::permute_fwd through a row map of build_row_map, OpRunner's permute forward", rows_in,
+  f.push_back({std::string(kPermuteFwdFamily),
+               "permute_fwd",
+               "backend::permute_fwd through a row map of build_row_map, OpRunner's permute forward",
+               rows_in,
                {{"per_row_s", {0, 1}, "per row copied (one block each)"},
-                {"per_element_s", {0, 1, 2}, "per element copied (read + write of 2 B)"}}});
+                {"per_element_s", {0, 1, 2}, "per element copied (read + write of 2 B)"},
+                row_walk}});
   // gather-sum (permute backward, unpermute forward): one block per token; each thread sums topk
   // gathered elements and writes one.
   const std::vector<KernelTerm> gather_terms = {
       {"per_token_s", {0}, "per token (one block each)"},
       {"per_gathered_element_s", {0, 1, 2}, "per element gathered through the row map (2 B read)"},
-      {"per_element_s", {0, 2}, "per element written (2 B)"}};
+      {"per_element_s", {0, 2}, "per element written (2 B)"},
+      row_walk};
   f.push_back({std::string(kPermuteBwdFamily), "permute_bwd",
                "backend::permute_bwd (gather-sum through the row map), OpRunner's permute backward", rows_in,
                gather_terms});
@@ -55,12 +63,14 @@ std::vector<KernelTermsFamily> build() {
                "backend::unpermute_fwd (probability-weighted gather-sum), OpRunner's unpermute forward", rows_in,
                gather_terms});
   // unpermute backward: one block per token; per choice a scaled row write and a block-wide dot.
-  f.push_back({std::string(kUnpermuteBwdFamily), "unpermute_bwd",
+  f.push_back({std::string(kUnpermuteBwdFamily),
+               "unpermute_bwd",
                "backend::unpermute_bwd (rows and router-probability gradients), OpRunner's unpermute backward",
                rows_in,
                {{"per_token_s", {0}, "per token (one block each)"},
                 {"per_choice_s", {0, 1}, "per (token, choice): a block reduction of the dot product"},
-                {"per_element_s", {0, 1, 2}, "per element of a choice (dy and expert row read, gradient written)"}}});
+                {"per_element_s", {0, 1, 2}, "per element of a choice (dy and expert row read, gradient written)"},
+                row_walk}});
   const std::vector<KernelTerm> emb_terms = {{"per_token_s", {0}, "per row (one block each)"},
                                              {"per_element_s", {0, 1}, "per element of a row"}};
   f.push_back({std::string(kEmbeddingFwdFamily), "embedding_fwd",

@@ -131,7 +131,7 @@ TEST(KernelTermsProfile, RoundTripsThroughTheFileAndFeedsTheCostModel) {
   const Profile p = profile_with_kernel_families();
   const Family* f = p.find(kPermuteBwdFamily);
   ASSERT_NE(f, nullptr);
-  EXPECT_EQ(f->params.size(), 4U);
+  EXPECT_EQ(f->params.size(), 5U);  // t0 and four terms
   EXPECT_EQ(f->quality.loo_points, static_cast<std::int64_t>(f->points.size()));
   EXPECT_LT(f->quality.rel_err_median, 0.02);
   EXPECT_LT(f->quality.loo_rel_err_max, 0.05);

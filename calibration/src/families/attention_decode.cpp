@@ -90,8 +90,8 @@ const FamilyModule& attention_decode_module() {
 namespace {
 
 // Decode attention (DecodeAttention, split-KV): one query per sequence against caches of 512 to
-// 32768 keys, batches 1 to 64 (3 and 5: the few sequences of a latency-bound serving step), over the head layouts the
-// kernel takes (query heads per KV head 1 to 16; up to 8 for d_qk 192).
+// 32768 keys, batches 1 to 64, over the head layouts the kernel takes (query heads per KV head 1 to
+// 16; up to 8 for d_qk 192).
 void add_decode_attention(GridPlan& p, std::int64_t b, std::int64_t h, std::int64_t kv, std::int64_t skv,
                           std::int64_t dqk, std::int64_t dv, bool held_out = false) {
   const double kv_bytes = 2.0 * d(b) * d(kv) * d(skv) * d(dqk + dv);
@@ -117,7 +117,7 @@ void plan_attention_decode(GridPlan& p) {
   const std::vector<std::int64_t> kvs =
       p.full() ? std::vector<std::int64_t>{512, 2048, 8192, 32768} : std::vector<std::int64_t>{1024, 8192};
   const std::vector<std::int64_t> batches =
-      p.full() ? std::vector<std::int64_t>{1, 3, 16, 64} : std::vector<std::int64_t>{1, 32};
+      p.full() ? std::vector<std::int64_t>{1, 16, 64} : std::vector<std::int64_t>{1, 32};
   std::size_t i = 0;
   for (const auto skv : kvs) {
     for (const auto b : batches) {
@@ -126,7 +126,6 @@ void plan_attention_decode(GridPlan& p) {
     }
   }
   add_decode_attention(p, 8, 64, 4, 4096, 128, 128);  // 16 query heads per KV head: the FLOP term
-  if (p.full()) add_decode_attention(p, 5, 32, 4, 12000, 128, 128);  // 8 query heads per KV head, few sequences
   add_decode_attention(p, 24, 32, 8, 6000, 128, 128, true);
 }
 
