@@ -240,21 +240,33 @@ TEST(PlanEstimator, SharedCommunicationGraphsGiveEachCandidatesOwnMemory) {
 }
 
 // The closed form against the analytic simulator on the example's own layout.
-TEST(PlanEstimator, AgreesWithTheAnalyticSimulatorOnMixtral) {
-  const auto loaded = scenarios::load_scenario_file(example("mixtral_8x7b_64gpu"));
-  PlanEstimator est(loaded, h100().coster, 64);
-  const SearchSpace sp = parse_search("tp=1;pp=4;vpp=1;ep=8;mbs=1;recompute=selective",
-                                      default_search(loaded.scenario, 64));
-  ASSERT_EQ(sp.size(), 1U);
-  const Candidate c = candidate_at(sp, 64, 0);
-  const PlanRow r = est.evaluate(c);
-  ASSERT_EQ(r.outcome, Outcome::estimated);
+// The estimate of the one candidate `search` gives on `gpus` GPUs, and the analytic simulation of
+// the candidate's scenario.
+struct EstimateAndSimulation {
+  PlanRow row;
+  SimResult sim;
+};
+EstimateAndSimulation estimate_and_simulate(const scenarios::LoadedScenario& loaded, int gpus,
+                                            const std::string& search) {
+  PlanEstimator est(loaded, h100().coster, gpus);
+  const SearchSpace sp = parse_search(search, default_search(loaded.scenario, gpus));
+  EXPECT_EQ(sp.size(), 1U);
+  const Candidate c = candidate_at(sp, gpus, 0);
+  EstimateAndSimulation out{est.evaluate(c), {}};
+  EXPECT_EQ(out.row.outcome, Outcome::estimated);
   scenarios::Scenario s = est.scenario_of(c);
   s.run.profiler.enabled = false;
   SimOptions opt;
   opt.fidelity = Fidelity::analytic;
   opt.steps = 1;
-  const SimResult sim = simulate(s, h100().coster, ProfileInfoForHeader{"test", "", "h100", "test"}, opt);
+  out.sim = simulate(s, h100().coster, ProfileInfoForHeader{"test", "", "h100", "test"}, opt);
+  return out;
+}
+
+TEST(PlanEstimator, AgreesWithTheAnalyticSimulatorOnMixtral) {
+  const auto loaded = scenarios::load_scenario_file(example("mixtral_8x7b_64gpu"));
+  const auto [r, sim] = estimate_and_simulate(loaded, 64, "tp=1;pp=4;vpp=1;ep=8;mbs=1;recompute=selective");
+  ASSERT_EQ(r.outcome, Outcome::estimated);
   const double simulated = sim.summary.steps.back().step_time_us;
   // A profile that models NCCL residency slows kernels beside the posted pipeline receives; the
   // reduced runs charge them too (docs/planner.md).
@@ -305,25 +317,13 @@ nodes = 4
 steps = 1
 )";
   };
-  auto estimate_and_simulate = [&](bool overlap) {
+  auto step_times = [&](bool overlap) {
     const auto loaded = scenarios::load_scenario_text(text(overlap), "plan_ep_overlap.toml");
-    PlanEstimator est(loaded, h100().coster, 8);
-    const SearchSpace sp =
-        parse_search("tp=1;pp=2;vpp=2;ep=4;mbs=1;recompute=none", default_search(loaded.scenario, 8));
-    EXPECT_EQ(sp.size(), 1U);
-    const Candidate c = candidate_at(sp, 8, 0);
-    const PlanRow r = est.evaluate(c);
-    EXPECT_EQ(r.outcome, Outcome::estimated);
-    scenarios::Scenario s = est.scenario_of(c);
-    s.run.profiler.enabled = false;
-    SimOptions opt;
-    opt.fidelity = Fidelity::analytic;
-    opt.steps = 1;
-    const SimResult sim = simulate(s, h100().coster, ProfileInfoForHeader{"test", "", "h100", "test"}, opt);
+    const auto [r, sim] = estimate_and_simulate(loaded, 8, "tp=1;pp=2;vpp=2;ep=4;mbs=1;recompute=none");
     return std::make_pair(r.step_time_us, sim.summary.steps.back().step_time_us);
   };
-  const auto [est_plain, sim_plain] = estimate_and_simulate(false);
-  const auto [est_overlap, sim_overlap] = estimate_and_simulate(true);
+  const auto [est_plain, sim_plain] = step_times(false);
+  const auto [est_overlap, sim_overlap] = step_times(true);
   ASSERT_LT(sim_overlap, 0.95 * sim_plain);  // the case has communication to hide
   EXPECT_NEAR(est_plain / sim_plain, 1.0, 0.05) << est_plain << " vs " << sim_plain;
   EXPECT_NEAR(est_overlap / sim_overlap, 1.0, 0.05) << est_overlap << " vs " << sim_overlap;
