@@ -54,10 +54,10 @@ def cluster_gpu(path):
         return tomllib.load(f).get("cluster", {}).get("gpu")
 
 
-def run(cmd, logfile, timeout):
+def run(cmd, logfile, timeout, env=None):
     t0 = time.time()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         rc, out, err = p.returncode, p.stdout, p.stderr
     except subprocess.TimeoutExpired:
         rc, out, err = -1, "", f"timed out after {timeout} s"
@@ -127,7 +127,9 @@ def main():
         row = {"scenario": name, "model_oom": bool(mem["oom"]), "model_peak": peak_model, "model_activations": act_model,
                "gpu_memory": mem.get("gpu_memory_bytes")}
         t0 = time.time()
-        rc, out, err = run([a.bin, "run", s, "--steps", str(a.steps), "--out", real_dir], logfile, a.timeout)
+        # The scenarios here are one-GPU worlds: the run takes the machine's first GPU.
+        one_gpu = dict(os.environ, NCCL_NVLS_ENABLE="0", CUDA_VISIBLE_DEVICES="0")
+        rc, out, err = run([a.bin, "run", s, "--steps", str(a.steps), "--out", real_dir], logfile, a.timeout, one_gpu)
         row["real_seconds"] = round(time.time() - t0, 1)
         text = err + out
         if rc == 0:
