@@ -210,6 +210,12 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
     const records::OpRecords templates(g, names);
     if (auto in = records::inference_step(g)) inference_steps[step] = std::move(*in);
     std::vector<profiler::PhaseRecord> ops;
+    // The summary keeps every class's records of every step: grow it once per step, geometrically.
+    std::size_t adding = 0;
+    for (const auto& rc : g.classes) adding += rc.ops.size();
+    if (sum_phases.capacity() < sum_phases.size() + adding) {
+      sum_phases.reserve(std::max(sum_phases.size() + adding, 2 * sum_phases.capacity()));
+    }
     for (std::size_t c = 0; c < g.classes.size(); ++c) {
       sum_steps.push_back(step_records(templates, r, c, step, g.classes[c].representative(), ops));
       sum_phases.insert(sum_phases.end(), ops.begin(), ops.end());
