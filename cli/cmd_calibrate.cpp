@@ -9,6 +9,7 @@
 #include "command.hpp"
 #include "threewalls/calibration/bench/plan.hpp"
 #include "threewalls/calibration/bench/session.hpp"
+#include "threewalls/calibration/profile.hpp"
 #include "threewalls/core/error.hpp"
 #include "threewalls/core/strings.hpp"
 
@@ -26,8 +27,9 @@ void register_calibrate(CLI::App& app, Commands& cmds) {
   sub->add_option("--only", o->only,
                   "Comma-separated groups to measure: " + join(calibration::bench::op_groups()) +
                       " (attention: the unfused, fused and decode attention families)");
-  sub->add_option("--gpu-kind", o->gpu_kind, "GPU kind when the device name does not say it: h100 or h200")
-      ->check(CLI::IsMember({"h100", "h200"}));
+  sub->add_option("--gpu-kind", o->gpu_kind,
+                  "GPU kind when the device name does not say it: " + join(calibration::known_gpu_kinds()))
+      ->check(CLI::IsMember(calibration::known_gpu_kinds()));
   sub->add_option("--name", o->name, "Profile name ([profile] name); default: the GPU kind");
   sub->add_option("--from-raw", o->from_raw,
                   "Refit from a previous --raw-out folder (or its points.jsonl); no GPU is used")

@@ -234,6 +234,11 @@ void register_plan(CLI::App& app, Commands& cmds) {
     const bool show = a.progress.on();
     Progress progress(show);
     if (show) o.progress = [&progress](std::uint64_t d, std::uint64_t t) { progress(d, t); };
+    if (cost->profile.hardware().gpus_seen == 0) {
+      std::cerr << "warning: calibration profile " << cost->profile.id() << " is not a measurement ("
+                << cost->profile.hardware().machine << "): the plan's step times are estimates from facts and "
+                << "datasheets, not calibrated\n";
+    }
     sim::PlanResult r = sim::run_plan(base, cost->coster, o);
     r.profile_id = cost->profile.id();
     r.profile_path = cost->resolved.path.string();

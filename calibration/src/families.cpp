@@ -21,7 +21,11 @@ std::string collective_family(Collective kind, LinkScope scope) {
 std::string host_family(std::string_view what) { return "host." + std::string(what); }
 
 const std::vector<std::string>& known_gpu_kinds() {
-  static const std::vector<std::string> kinds = {"h100", "h200"};
+  static const std::vector<std::string> kinds = [] {
+    std::vector<std::string> v;
+    for (GpuKind g : kGpuKinds) v.emplace_back(to_string(g));
+    return v;
+  }();
   return kinds;
 }
 

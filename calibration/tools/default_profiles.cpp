@@ -10,6 +10,7 @@
 #include "threewalls/calibration/models.hpp"
 #include "threewalls/calibration/profile_builder.hpp"
 #include "threewalls/core/error.hpp"
+#include "threewalls/core/strings.hpp"
 
 namespace threewalls::calibration::defaults {
 
@@ -25,16 +26,50 @@ struct Facts {
   const GpuSpec* spec;
   double hbm_copy_rw;  // measured HBM copy bandwidth, read + write, bytes/s (docs/architecture.md)
   // Throughput of this GPU relative to the H200 on compute-bound kernels: 1 for the H200; for the
-  // H100 the ratio of the middles of the large-shape GEMM ranges, (670+740)/2 / ((770+890)/2).
+  // H100 the ratio of the middles of the large-shape GEMM ranges, (670+740)/2 / ((770+890)/2); for
+  // Blackwell the ratio of the datasheet bf16 peaks (assumption: the H200's fraction of peak).
   double compute_ratio;
+  // NVLink bus bandwidth relative to the H200's (the datasheets' per-direction ratio).
+  double nvlink_ratio = 1.0;
+  // Whether this GPU kind was ever measured: Blackwell's figures are the H200's facts scaled by
+  // datasheet ratios, and every family's note says so.
+  bool measured_kind = true;
 };
 
 Facts facts_for(std::string_view kind) {
   const std::optional<GpuKind> g = parse_gpu_kind(kind);
   if (!g)
-    throw InputError("no default calibration profile for GPU kind '" + std::string(kind) + "'; known: h100, h200");
-  if (*g == GpuKind::h200) return {"h200", &gpu_spec(*g), 4.0e12, 1.0};
-  return {"h100", &gpu_spec(*g), 3.0e12, 705.0 / 830.0};
+    throw InputError("no default calibration profile for GPU kind '" + std::string(kind) +
+                     "'; known: " + join(known_gpu_kinds(), ", ", true));
+  const GpuSpec& h200 = gpu_spec(GpuKind::h200);
+  switch (*g) {
+    case GpuKind::h200: return {"h200", &gpu_spec(*g), 4.0e12, 1.0};
+    case GpuKind::h100: return {"h100", &gpu_spec(*g), 3.0e12, 705.0 / 830.0};
+    case GpuKind::b200:
+    case GpuKind::gb200: {
+      // The H200's measured HBM copy (4.0 of its 4.8 TB/s datasheet) at the same fraction of this
+      // GPU's datasheet bandwidth.
+      const GpuSpec& sp = gpu_spec(*g);
+      return {std::string(to_string(*g)),
+              &sp,
+              4.0e12 * sp.hbm_bandwidth.value / h200.hbm_bandwidth.value,
+              sp.peak_bf16.value / h200.peak_bf16.value,
+              sp.nvlink_bandwidth.value / h200.nvlink_bandwidth.value,
+              false};
+    }
+  }
+  throw InputError("no default calibration profile for GPU kind '" + std::string(kind) + "'");
+}
+
+// The note every family of an unmeasured kind starts with.
+std::string unmeasured(const Facts& f) {
+  if (f.measured_kind) return "";
+  return "NOT MEASURED (no " + f.kind +
+         " was ever measured here): the H200 facts below scaled by datasheet ratios "
+         "(compute x" +
+         std::to_string(f.compute_ratio).substr(0, 5) + ", HBM x" +
+         std::to_string(f.hbm_copy_rw / 4.0e12).substr(0, 5) + ", NVLink x" +
+         std::to_string(f.nvlink_ratio).substr(0, 5) + "). ";
 }
 
 // fp8: no facts. Assumed: fp8 kernels reach 80% of the bf16 kernels' fraction of peak (on the
@@ -57,7 +92,9 @@ Hardware hardware_for(const Facts& f) {
   hw.cuda_version = "unknown";
   hw.nccl_version = "unknown";
   hw.gpus_seen = 0;
-  hw.machine = "none: synthetic profile, no machine was measured";
+  hw.machine = f.measured_kind ? "none: synthetic profile, no machine was measured"
+                               : "none: synthetic profile, NOT MEASURED: no " + f.kind +
+                                     " was measured; datasheet ratios applied to H200 facts";
   hw.date = "2026-11";
   hw.peak_bf16_flop_per_s = f.spec->peak_bf16.value;
   hw.peak_fp8_flop_per_s = f.spec->peak_fp8.value;
@@ -76,6 +113,7 @@ std::vector<double> sizes(double from, double to, double factor) {
 
 void add_linear_family(ProfileBuilder& b, const std::string& family, double alpha_s, double bandwidth,
                        const std::vector<double>& bytes, std::string note) {
+  // (An unmeasured kind's families get their NOT MEASURED prefix in make_default_profile.)
   for (double s : bytes) b.add_point(family, {s}, one(alpha_s + s / bandwidth));
   b.set_note(family, std::move(note));
 }
@@ -140,12 +178,13 @@ void add_gemm_bf16(ProfileBuilder& b, const Facts& f) {
   std::vector<GemmFact> pts;
   std::string note;
   const double loop_tflops = 2.0 * 768 * 1408 * 2048 / (1.85e-3 / 64) / 1e12;
-  if (f.kind == "h200") {
+  if (f.kind != "h100") {
     pts = {{1024, 1408, 2048, 208},
            {16384, 1408, 2048, 667},
            {768, 1408, 2048, loop_tflops},
            {4096, 4096, 4096, 770},
            {8192, 8192, 8192, 890}};
+    for (auto& p : pts) p.tflops *= f.compute_ratio;
     note =
         "facts (H200, docs/architecture.md): 208 / 667 TFLOP/s at K=2048 N=1408 M=1024 / 16384; 768x1408x2048 "
         "from a loop of 64 GEMMs taking 1.85 ms; the large-shape range 770-890 TFLOP/s placed at 4096^3 (770) and "
@@ -173,7 +212,7 @@ void add_grouped_bf16(ProfileBuilder& b, const Facts& f) {
   b.add_grouped_gemm(DType::bf16, 64, 64 * 768, 768, 1408, 2048, one(t));
   b.set_note(
       grouped_gemm_family(DType::bf16),
-      f.kind == "h200"
+      f.kind != "h100"
           ? "fact (H200, docs/architecture.md): 64 experts x 768 tokens (torch._grouped_mm) 0.49 ms; taken as N=1408 "
             "K=2048 (the shape of the GEMM facts); one point, so only e_max is fitted and leave-one-out is not "
             "available"
@@ -202,12 +241,14 @@ void add_gemm_fp8(ProfileBuilder& b, const Profile& stage1) {
       b.add_gemm(DType::fp8, m, n, k, 1, one(truth.time_s(m, n, k, 1)));
     }
   }
-  b.set_note(
-      gemm_family(DType::fp8),
-      "no fp8 facts: points generated from this profile's bf16 fit on the datasheet fp8 peak (1979 TFLOP/s) with "
-      "e_max x 0.8 (assumption: fp8 kernels reach a lower fraction of their peak), fp8 inputs, same tile, k_half, wave "
-      "tail, "
-      "t0");
+  b.set_note(gemm_family(DType::fp8),
+             "no fp8 facts: points generated from this profile's bf16 fit on the datasheet fp8 peak (" +
+                 std::to_string(static_cast<int>(stage1.hardware().peak_fp8_flop_per_s / 1e12)) +
+                 " TFLOP/s) with "
+                 "e_max x 0.8 (assumption: fp8 kernels reach a lower fraction of their peak), fp8 inputs, same tile, "
+                 "k_half, wave "
+                 "tail, "
+                 "t0");
 }
 
 void add_grouped_fp8(ProfileBuilder& b, const Profile& stage1) {
@@ -246,7 +287,10 @@ void add_attention(ProfileBuilder& b, const Facts& f, const Profile& stage1, boo
   // ~450-650 TFLOP/s from 512 to 16k tokens at head dim 128; backward lower).
   AttentionModel truth;
   truth.backward = backward;
-  truth.efficiency_max = (backward ? 0.60 : 0.75) * f.compute_ratio;
+  // The fraction of this GPU's own peak: the H100's lower throughput at the same peak as the H200
+  // lowers it; Blackwell's higher peak carries its speed-up.
+  truth.efficiency_max =
+      (backward ? 0.60 : 0.75) * f.compute_ratio * gpu_spec(GpuKind::h200).peak_bf16.value / f.spec->peak_bf16.value;
   truth.s_half = backward ? 512.0 : 256.0;
   truth.d_half = 16.0;
   truth.overhead_s = backward ? 8e-6 : 5e-6;
@@ -331,8 +375,8 @@ void add_collective_curve(ProfileBuilder& b, Collective kind, LinkScope scope, i
 
 void add_collectives(ProfileBuilder& b, const Facts& f) {
   // NVLink: facts at 1 GiB for 2 and 4 GPUs (H200 x2/x4, NVLink NV18, docs/architecture.md).
-  const double ar[2] = {321e9, 355e9};
-  const double a2a[2] = {320e9, 336e9};
+  const double ar[2] = {321e9 * f.nvlink_ratio, 355e9 * f.nvlink_ratio};
+  const double a2a[2] = {320e9 * f.nvlink_ratio, 336e9 * f.nvlink_ratio};
   const int nv_n[2] = {2, 4};
   const std::string nv_shape =
       std::string(f.kind == "h100" ? " Used for the H100 too (the same NVLink4/NVSwitch fabric)." : "") +
@@ -447,6 +491,10 @@ Profile make_default_profile(std::string_view gpu_kind) {
   add_collectives(b, f);
   add_host(b);
   add_concurrency(b);
+  if (!f.measured_kind) {
+    const Profile p = b.build();
+    for (const Family& fam : p.families()) b.set_note(fam.name, unmeasured(f) + fam.note);
+  }
   return b.build();
 }
 

@@ -8,20 +8,23 @@
 #include <sstream>
 
 #include "default_profiles.hpp"
+#include "threewalls/calibration/profile.hpp"
 #include "threewalls/core/error.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"Generate the synthetic default calibration profiles from the reference facts of docs/architecture.md"};
   std::string out_dir;
   bool check = false;
-  app.add_option("--out-dir", out_dir, "folder to write default_h100.toml and default_h200.toml into")->required();
+  app.add_option("--out-dir", out_dir,
+                 "folder to write default_<kind>.toml into, one per GPU kind (h100, h200, b200, gb200)")
+      ->required();
   app.add_flag("--check", check, "compare with the files in --out-dir instead of writing; exit 1 when they differ");
   CLI11_PARSE(app, argc, argv);
   try {
     int differ = 0;
-    for (const char* kind : {"h100", "h200"}) {
+    for (const std::string& kind : threewalls::calibration::known_gpu_kinds()) {
       const auto profile = threewalls::calibration::defaults::make_default_profile(kind);
-      const std::filesystem::path path = std::filesystem::path(out_dir) / ("default_" + std::string(kind) + ".toml");
+      const std::filesystem::path path = std::filesystem::path(out_dir) / ("default_" + kind + ".toml");
       if (check) {
         std::ifstream in(path, std::ios::binary);
         std::stringstream ss;

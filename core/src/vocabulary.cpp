@@ -65,6 +65,8 @@ const char* to_string(GpuKind g) {
   switch (g) {
     case GpuKind::h100: return "h100";
     case GpuKind::h200: return "h200";
+    case GpuKind::b200: return "b200";
+    case GpuKind::gb200: return "gb200";
   }
   return "?";
 }
@@ -99,7 +101,8 @@ const GpuSpec& gpu_spec(GpuKind g) {
                             FlopsPerSecond(1979e12),
                             FlopsPerSecond(67e12),
                             BytesPerSecond(3.35e12),
-                            BytesPerSecond(450e9)};
+                            BytesPerSecond(450e9),
+                            8};
   static const GpuSpec h200{GpuKind::h200,
                             "NVIDIA H200",
                             132,
@@ -111,8 +114,48 @@ const GpuSpec& gpu_spec(GpuKind g) {
                             FlopsPerSecond(1979e12),
                             FlopsPerSecond(67e12),
                             BytesPerSecond(4.8e12),
-                            BytesPerSecond(450e9)};
-  return g == GpuKind::h200 ? h200 : h100;
+                            BytesPerSecond(450e9),
+                            8};
+  // Blackwell, from NVIDIA's HGX B200 and GB200 NVL72 datasheets (dense tensor figures; the sparse
+  // ones are twice these): HGX B200 at 1,000 W: bf16 2,250, fp8 4,500, fp32 80 TFLOP/s; GB200 at
+  // 1,200 W: bf16 2,500, fp8 5,000, fp32 90. HBM3e 8 TB/s; 1,440 GB per HGX B200 board of 8 (180 GB
+  // each), 13.4 TB per NVL72 rack of 72 (186 GB each); NVLink5 1.8 TB/s per GPU, 900 GB/s per
+  // direction; 148 SMs. The memory clock is the bandwidth over the 8,192-bit bus at two transfers per
+  // clock. Usable memory: the sold capacity less the 0.6 GiB an H200 loses to the driver, rounded down to
+  // 0.1 GiB (167.0 and 172.6 GiB).
+  static const GpuSpec b200{GpuKind::b200,
+                            "NVIDIA B200",
+                            148,
+                            1965.0,
+                            3906.0,
+                            Bytes(180'000'000'000.0),
+                            gibibytes(167.0),
+                            FlopsPerSecond(2250e12),
+                            FlopsPerSecond(4500e12),
+                            FlopsPerSecond(80e12),
+                            BytesPerSecond(8.0e12),
+                            BytesPerSecond(900e9),
+                            8};
+  static const GpuSpec gb200{GpuKind::gb200,
+                             "NVIDIA GB200",
+                             148,
+                             2062.0,
+                             3906.0,
+                             Bytes(186'000'000'000.0),
+                             gibibytes(172.6),
+                             FlopsPerSecond(2500e12),
+                             FlopsPerSecond(5000e12),
+                             FlopsPerSecond(90e12),
+                             BytesPerSecond(8.0e12),
+                             BytesPerSecond(900e9),
+                             72};
+  switch (g) {
+    case GpuKind::h100: return h100;
+    case GpuKind::h200: return h200;
+    case GpuKind::b200: return b200;
+    case GpuKind::gb200: return gb200;
+  }
+  return h100;
 }
 
 }  // namespace threewalls

@@ -758,8 +758,15 @@ Registry::Registry() {
   r.add_table({"cluster", "The machines: GPUs, NVLink domain per node, PCIe, one NIC per GPU into a fabric.",
                true, false, {}, {}, {}});
   {
-    static const std::vector<std::string> kGpu = {"h100", "h200"};
-    Decl(r, "cluster.gpu", ParamType::choice).required().choices(kGpu).doc("GPU kind (SXM).")
+    static const std::vector<std::string> kGpu = [] {
+      std::vector<std::string> v;
+      for (GpuKind g : kGpuKinds) v.emplace_back(to_string(g));
+      return v;
+    }();
+    Decl(r, "cluster.gpu", ParamType::choice).required().choices(kGpu)
+        .doc("GPU kind (SXM). b200 and gb200 have no measured profile: \"auto\" takes the synthetic "
+             "default_<kind>.toml (datasheet ratios applied to H200 facts) and every summary says so; gb200's NVLink "
+             "domain is an NVL72 rack (gpus_per_node up to 72).")
         .bind(kCluster, &ClusterSpec::gpu);
   }
   Decl(r, "cluster.gpus_per_node", ParamType::integer).required().min(1).max(72)
@@ -767,11 +774,13 @@ Registry::Registry() {
       .bind(kCluster, &ClusterSpec::gpus_per_node);
   Decl(r, "cluster.nodes", ParamType::integer).required().min(1).max(100000).doc("Number of nodes.")
       .bind(kCluster, &ClusterSpec::nodes);
-  Decl(r, "cluster.gpu_memory", ParamType::bytes).derived("by GPU kind: h100 \"79.6GiB\", h200 \"140.4GiB\"")
+  Decl(r, "cluster.gpu_memory", ParamType::bytes)
+      .derived("by GPU kind: h100 \"79.6GiB\", h200 \"140.4GiB\", b200 \"167GiB\", gb200 \"172.6GiB\"")
       .min(kMinGpuMemoryBytes).max(kMaxGpuMemoryBytes)
       .doc("Usable device memory per GPU, for the OOM verdict.")
       .bind(kCluster, &ClusterSpec::gpu_memory);
-  Decl(r, "cluster.nvlink_bandwidth", ParamType::bandwidth).def("\"450GBps\"")
+  Decl(r, "cluster.nvlink_bandwidth", ParamType::bandwidth)
+      .derived("by GPU kind: h100, h200 \"450GBps\" (NVLink4); b200, gb200 \"900GBps\" (NVLink5)")
       .min(kMinLinkBandwidth).max(kMaxLinkBandwidth)
       .doc("NVLink bandwidth per GPU and direction into the node's NVSwitch.")
       .bind(kCluster, &ClusterSpec::nvlink_bandwidth);

@@ -680,6 +680,7 @@ void validate_and_derive(Scenario& s, const KeyLocations& where, const std::stri
   if (!r.given("cluster.gpu_memory")) {
     s.cluster.gpu_memory = gpu_spec(s.cluster.gpu).usable_memory;
   }
+  if (!r.given("cluster.nvlink_bandwidth")) s.cluster.nvlink_bandwidth = gpu_spec(s.cluster.gpu).nvlink_bandwidth;
   check_model(s, r);
   const bool split_ok = check_parallel(s, r);
   if (s.train) check_train(s, r, split_ok);

@@ -98,6 +98,10 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
       }
     }
   }
+  if (!profile.not_measured.empty()) {
+    result.warnings.push_back("calibration profile " + profile.id + " is not a measurement (" + profile.not_measured +
+                              "): its predictions are estimates from facts and datasheets, not calibrated");
+  }
   if (!profile.gpu.empty() && profile.gpu != scenarios::to_string(s.cluster.gpu)) {
     result.warnings.push_back("calibration profile " + profile.id + " is for " + profile.gpu + " but the cluster is " +
                               scenarios::to_string(s.cluster.gpu));
@@ -352,7 +356,9 @@ SimResult simulate(const scenarios::Scenario& s, const std::string& calibration,
   const calibration::Profile profile = calibration::Profile::load(resolved.path);
   const calibration::CostModel model(profile);
   const CostModelCoster coster(model, opt.host_scale, opt.disk_scale);
-  ProfileInfoForHeader info{profile.id(), resolved.path.string(), profile.hardware().gpu_kind, resolved.reason};
+  ProfileInfoForHeader info{profile.id(), resolved.path.string(), profile.hardware().gpu_kind, resolved.reason, ""};
+  // A synthetic profile measured no GPU (its [hardware] machine says so and how it was made).
+  if (profile.hardware().gpus_seen == 0) info.not_measured = profile.hardware().machine;
   return simulate(s, coster, info, opt);
 }
 

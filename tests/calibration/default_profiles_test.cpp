@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "test_support.hpp"
+#include "threewalls/calibration/cost_model.hpp"
 #include "threewalls/core/error.hpp"
 
 using namespace threewalls;
@@ -30,7 +31,7 @@ std::string first_difference(const std::string& a, const std::string& b) {
 }  // namespace
 
 TEST(DefaultProfiles, CommittedFilesEqualTheGeneratorsOutput) {
-  for (const char* kind : {"h100", "h200"}) {
+  for (const char* kind : {"h100", "h200", "b200", "gb200"}) {
     const std::string committed = read_text(shipped_profile_path(kind));
     const std::string generated = default_profile(kind).to_toml();
     EXPECT_TRUE(committed == generated) << shipped_profile_path(kind)
@@ -41,7 +42,7 @@ TEST(DefaultProfiles, CommittedFilesEqualTheGeneratorsOutput) {
 }
 
 TEST(DefaultProfiles, AreLabelledSyntheticAndCoverEveryFamilyTheSimulatorNeeds) {
-  for (const char* kind : {"h100", "h200"}) {
+  for (const char* kind : {"h100", "h200", "b200", "gb200"}) {
     const Profile& p = default_profile(kind);
     EXPECT_EQ(p.info().source, defaults::kSyntheticSource);
     EXPECT_FALSE(p.measured());
@@ -78,4 +79,21 @@ TEST(DefaultProfiles, AreLabelledSyntheticAndCoverEveryFamilyTheSimulatorNeeds) 
 
 TEST(DefaultProfiles, UnknownKindIsAnInputError) {
   EXPECT_THROW((void)defaults::make_default_profile("a100"), InputError);
+}
+
+// Blackwell has no measurement here: its defaults are the H200's facts scaled by datasheet ratios,
+// and the profile says so in its machine line and in every family's note.
+TEST(DefaultProfiles, BlackwellIsTheH200ScaledByDatasheetRatiosAndSaysItIsNotMeasured) {
+  const Profile& h200 = default_profile("h200");
+  for (const char* kind : {"b200", "gb200"}) {
+    const Profile& p = default_profile(kind);
+    EXPECT_NE(p.hardware().machine.find("NOT MEASURED"), std::string::npos) << kind;
+    for (const Family& f : p.families()) EXPECT_EQ(f.note.rfind("NOT MEASURED", 0), 0U) << kind << " " << f.name;
+    const double peak_ratio = p.hardware().peak_bf16_flop_per_s / h200.hardware().peak_bf16_flop_per_s;
+    EXPECT_GT(peak_ratio, 2.2) << kind;
+    // A large bf16 GEMM: the H200's time over the peak ratio (the same fraction of peak), within the fits.
+    const CostModel a(h200), b(p);
+    const double th = a.gemm(8192, 8192, 8192, DType::bf16).value, tb = b.gemm(8192, 8192, 8192, DType::bf16).value;
+    EXPECT_NEAR(th / tb, peak_ratio, 0.1 * peak_ratio) << kind;
+  }
 }

@@ -496,7 +496,8 @@ TEST(ProfileReader, ShippedProfilesCarryTheCorrectionWhereItIsFitted) {
   // the current code) carry it for fp8 and grouped GEMMs and not for bf16 (docs/calibration.md). Each
   // loads and saves back byte for byte.
   const auto dir = std::filesystem::path(THREEWALLS_SOURCE_DIR) / "calibration/profiles";
-  for (const char* name : {"default_h100.toml", "default_h200.toml", "h100.toml", "h200.toml"}) {
+  for (const char* name : {"default_h100.toml", "default_h200.toml", "default_b200.toml", "default_gb200.toml",
+                           "h100.toml", "h200.toml"}) {
     const Profile p = Profile::load(dir / name);
     const bool measured = std::string(name).rfind("default_", 0) != 0;
     const Family* bf16 = p.find(gemm_family(DType::bf16));

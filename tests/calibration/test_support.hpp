@@ -2,6 +2,7 @@
 // Helpers shared by the calibration tests: a small profile built through ProfileBuilder, a scratch
 // folder, and the shipped default profiles (built once per process: the generator takes ~1 s).
 #include <unistd.h>
+#include <map>
 
 #include <atomic>
 #include <filesystem>
@@ -84,10 +85,12 @@ inline void write_text(const std::filesystem::path& p, const std::string& text) 
   out << text;
 }
 
+// The generator's profile of GPU kind `kind`, made once per kind.
 inline const Profile& default_profile(const std::string& kind) {
-  static const Profile h100 = defaults::make_default_profile("h100");
-  static const Profile h200 = defaults::make_default_profile("h200");
-  return kind == "h100" ? h100 : h200;
+  static std::map<std::string, Profile> made;
+  auto it = made.find(kind);
+  if (it == made.end()) it = made.emplace(kind, defaults::make_default_profile(kind)).first;
+  return it->second;
 }
 
 inline std::filesystem::path shipped_profile_path(const std::string& kind) {

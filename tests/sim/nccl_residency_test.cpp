@@ -115,7 +115,7 @@ double f10_step_us(const calibration::Profile& p) {
   SimOptions o;
   o.fidelity = Fidelity::analytic;
   o.steps = 1;
-  const SimResult r = simulate(s, coster, ProfileInfoForHeader{p.id(), "", "h200", "test"}, o);
+  const SimResult r = simulate(s, coster, ProfileInfoForHeader{p.id(), "", "h200", "test", ""}, o);
   return r.summary.steps.at(0).step_time_us;
 }
 

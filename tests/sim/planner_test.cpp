@@ -168,7 +168,7 @@ nodes = 1
   SimOptions opt;
   opt.fidelity = Fidelity::analytic;
   opt.steps = 1;
-  const SimResult sim = simulate(s, h100().coster, ProfileInfoForHeader{"test", "", "h100", "test"}, opt);
+  const SimResult sim = simulate(s, h100().coster, ProfileInfoForHeader{"test", "", "h100", "test", ""}, opt);
   EXPECT_GT(sim.summary.steps.back().step_time_us, 0.0);
   // Another pipeline (vpp 2: 8 virtual stages) has no split of the scenario's: the rule prunes it.
   c.vpp = 2;
@@ -259,7 +259,7 @@ EstimateAndSimulation estimate_and_simulate(const scenarios::LoadedScenario& loa
   SimOptions opt;
   opt.fidelity = Fidelity::analytic;
   opt.steps = 1;
-  out.sim = simulate(s, h100().coster, ProfileInfoForHeader{"test", "", "h100", "test"}, opt);
+  out.sim = simulate(s, h100().coster, ProfileInfoForHeader{"test", "", "h100", "test", ""}, opt);
   return out;
 }
 

@@ -322,6 +322,55 @@ steps = 1
   EXPECT_LT(w.communication_us / step, 0.01);
 }
 
+TEST(Simulator, BlackwellKindsSimulateFromSyntheticProfilesThatSayTheyAreNotMeasured) {
+  // The same MoE step on 16 GPUs: H200 (two 8-GPU NVLink domains) and GB200 (one NVL72 domain holds
+  // all 16: the EP all-to-all stays on NVLink). Blackwell's profiles are datasheet-scaled H200 facts:
+  // the summary says so, and the step is faster.
+  auto scenario = [](const std::string& gpu, int per_node, int nodes) {
+    return from_text(R"(schema_version = 1
+name = "blackwell"
+[model]
+num_layers = 4
+hidden_size = 4096
+num_attention_heads = 32
+kv_channels = 128
+vocab_size = 50304
+num_experts = 64
+moe_ffn_hidden_size = 2048
+moe_router_topk = 8
+[parallel]
+ep = 16
+[train]
+micro_batch_size = 1
+global_batch_size = 32
+seq_length = 4096
+[cluster]
+gpu = ")" + gpu + R"("
+gpus_per_node = )" + std::to_string(per_node) +
+                     R"(
+nodes = )" + std::to_string(nodes) +
+                     R"(
+[run]
+steps = 1
+)");
+  };
+  SimOptions o;
+  o.fidelity = Fidelity::analytic;
+  const SimResult h200 = simulate(scenario("h200", 8, 2), "auto", o);
+  const SimResult gb200 = simulate(scenario("gb200", 16, 1), "auto", o);
+  auto says_not_measured = [](const SimResult& r) {
+    for (const auto& w : r.warnings) {
+      if (w.find("is not a measurement") != std::string::npos && w.find("NOT MEASURED") != std::string::npos)
+        return true;
+    }
+    return false;
+  };
+  EXPECT_FALSE(says_not_measured(h200));  // the shipped h200.toml is a measurement
+  EXPECT_TRUE(says_not_measured(gb200));
+  EXPECT_LT(gb200.summary.steps.at(0).step_time_us, 0.7 * h200.summary.steps.at(0).step_time_us);
+  EXPECT_FALSE(gb200.memory.oom());
+}
+
 TEST(Simulator, ExpertParallelOverlapHidesPartOfTheDispatchAndCombine) {
   // An MoE model whose EP group spans two nodes (the all-to-all crosses the network): the combined
   // 1F1B step hides dispatch and combine behind the other micro-batch's compute, and delaying the

@@ -50,6 +50,8 @@ std::string gpu_kind_of(const std::string& name) {
   std::transform(up.begin(), up.end(), up.begin(), [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
   if (up.find("H200") != std::string::npos) return "h200";
   if (up.find("H100") != std::string::npos) return "h100";
+  if (up.find("GB200") != std::string::npos) return "gb200";
+  if (up.find("B200") != std::string::npos) return "b200";
   return "";
 }
 

@@ -116,7 +116,7 @@ _CLUSTER = {
     "gpus_per_node": (None, _ANY, int),
     "nodes": (None, _ANY, int),
     "gpu_memory": ("by GPU kind", _ANY, str),
-    "nvlink_bandwidth": ("450GBps", _ANY, str),
+    "nvlink_bandwidth": ("by GPU kind", _ANY, str),
     "nvlink_latency": ("1us", _ANY, str),
     "pcie_bandwidth": ("64GBps", _ANY, str),
     "pcie_latency": ("1us", _ANY, str),

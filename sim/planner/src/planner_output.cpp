@@ -361,7 +361,7 @@ namespace {
     SimOptions opt;
     opt.fidelity = Fidelity::flow;
     opt.steps = 1;
-    const SimResult r = simulate(one, coster, ProfileInfoForHeader{"plan", "", "", "planner re-simulation"}, opt);
+    const SimResult r = simulate(one, coster, ProfileInfoForHeader{"plan", "", "", "planner re-simulation", ""}, opt);
     OrderedJson j;
     j["step_time_us"] = r.summary.steps.empty() ? 0.0 : r.summary.steps.back().step_time_us;
     if (r.summary.walls_mean) {

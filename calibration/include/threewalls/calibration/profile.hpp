@@ -121,7 +121,8 @@ inline constexpr std::string_view kStreamCycleFamily = "host.stream_cycle";
 // "host.gpu_read", "host.graph_launch", "host.graph_node", "host.collective_launch".
 std::string host_family(std::string_view what);
 
-// GPU kinds that have a shipped profile: "h100", "h200".
+// GPU kinds that have a shipped profile (core's kGpuKinds): "h100", "h200" measured and synthetic;
+// "b200", "gb200" synthetic only.
 const std::vector<std::string>& known_gpu_kinds();
 
 // ---- contents --------------------------------------------------------------------------------

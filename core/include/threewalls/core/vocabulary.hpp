@@ -41,8 +41,10 @@ enum class LinkScope : std::uint8_t { nvlink, network };
 enum class Granularity : std::uint8_t { layer, coarse };
 
 // GPU kinds (SXM) the tool models (scenario key cluster.gpu, calibration profiles' gpu_kind).
-enum class GpuKind : std::uint8_t { h100, h200 };
-inline constexpr std::array<GpuKind, 2> kGpuKinds = {GpuKind::h100, GpuKind::h200};
+// B200 (HGX, 8 per NVLink domain) and GB200 (NVL72: 72 per NVLink domain) have no measured profile:
+// their defaults are datasheet figures applied to the H200's measured facts (calibration tools).
+enum class GpuKind : std::uint8_t { h100, h200, b200, gb200 };
+inline constexpr std::array<GpuKind, 4> kGpuKinds = {GpuKind::h100, GpuKind::h200, GpuKind::b200, GpuKind::gb200};
 
 const char* to_string(Wall w);
 const char* to_string(DType d);
@@ -70,7 +72,8 @@ struct GpuSpec {
   FlopsPerSecond peak_fp8;   // dense
   FlopsPerSecond peak_fp32;
   BytesPerSecond hbm_bandwidth;
-  BytesPerSecond nvlink_bandwidth;  // NVLink4, per direction
+  BytesPerSecond nvlink_bandwidth;  // per direction (NVLink4 on Hopper, NVLink5 on Blackwell)
+  int nvlink_domain;                // GPUs one NVLink switch fabric joins (an HGX board, an NVL72 rack)
 };
 const GpuSpec& gpu_spec(GpuKind g);
 

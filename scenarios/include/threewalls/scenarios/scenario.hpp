@@ -210,7 +210,7 @@ struct ClusterSpec {
   int gpus_per_node = 0;
   int nodes = 0;
   Bytes gpu_memory;                 // default by GPU kind
-  BytesPerSecond nvlink_bandwidth;  // per GPU, per direction
+  BytesPerSecond nvlink_bandwidth{450e9};  // per GPU, per direction; default by GPU kind
   Seconds nvlink_latency;
   BytesPerSecond pcie_bandwidth;    // per GPU, per direction
   Seconds pcie_latency;

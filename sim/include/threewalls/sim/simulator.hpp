@@ -41,6 +41,9 @@ struct ProfileInfoForHeader {
   std::string path;
   std::string gpu;
   std::string reason;  // why this profile (resolve_profile's sentence)
+  // Empty for a measured profile; else why its figures are not a measurement (a synthetic profile's
+  // [hardware] machine), which every summary of the run repeats as a warning.
+  std::string not_measured;
 };
 
 struct SimResult {
