@@ -27,7 +27,12 @@ class GraphTables {
 
  private:
   StepGraph& graph_;
-  std::unordered_map<std::string, std::uint16_t> phase_ids_;
+  // Looked up by string_view without building a string.
+  struct NameHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view v) const { return std::hash<std::string_view>{}(v); }
+  };
+  std::unordered_map<std::string, std::uint16_t, NameHash, std::equal_to<>> phase_ids_;
 };
 
 // Appends ops to a rank class in host issue order, keeping only cross-stream dependencies.
@@ -104,8 +109,8 @@ class Emitter {
   std::uint8_t stream_for(const Spec& sp);
   // The CUDA-graph scope that captures `sp` (0: none), from the scenario's cuda_graph_scope.
   std::uint8_t graph_of(const Spec& sp, bool dense_layer);
-  // The op of `sp` under phase name `phase`, before its dependencies.
-  Op base_op(const Spec& sp, const std::string& phase, int layer, int mb, int chunk, std::uint8_t flags,
+  // The op of `sp` under phase name `sp.name + suffix`, before its dependencies.
+  Op base_op(const Spec& sp, std::string_view suffix, int layer, int mb, int chunk, std::uint8_t flags,
              bool dense_layer);
 
   const Ctx& c_;
@@ -115,6 +120,9 @@ class Emitter {
   std::uint8_t compute_;
   std::uint8_t stream_override_ = kDefaultStream;
   std::vector<std::uint32_t> deps_;
+  std::string phase_name_;                    // base_op's phase name
+  std::vector<std::uint8_t> expert_streams_;  // stream of each expert stream slot (kNoStream: not yet interned)
+  static constexpr std::uint8_t kNoStream = 0xFF;
 };
 
 }  // namespace threewalls::scenarios::detail

@@ -43,6 +43,59 @@ using scenarios::StepGraph;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr std::uint32_t kNone = std::numeric_limits<std::uint32_t>::max();
 
+// Mixes 64-bit words into a hash (boost::hash_combine's scheme on 64 bits).
+constexpr std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
+  return h ^ (v + 0x9e3779b97f4a7c15ULL + (h << 12) + (h >> 4));
+}
+
+// What identifies a collective op among its class's ops (base_key): equal keys are repeats, told
+// apart by their occurrence number; with the occurrence and the member set it identifies one
+// collective instance.
+struct CollKey {
+  std::int32_t layer = 0;
+  std::int32_t microbatch = 0;
+  std::int32_t chunk = 0;
+  std::int32_t expert = 0;
+  std::uint32_t occurrence = 0;
+  std::uint32_t set = 0;
+  std::uint16_t phase = 0;
+  std::uint8_t group = 0;
+  std::uint8_t sub = 0;
+  bool operator==(const CollKey&) const = default;
+};
+
+struct CollKeyHash {
+  std::size_t operator()(const CollKey& k) const {
+    std::uint64_t h = mix(0, (static_cast<std::uint64_t>(static_cast<std::uint32_t>(k.layer)) << 32) |
+                                 static_cast<std::uint32_t>(k.microbatch));
+    h = mix(h, (static_cast<std::uint64_t>(static_cast<std::uint32_t>(k.chunk)) << 32) |
+                   static_cast<std::uint32_t>(k.expert));
+    h = mix(h, (static_cast<std::uint64_t>(k.occurrence) << 32) | k.set);
+    h = mix(h, (static_cast<std::uint64_t>(k.phase) << 16) | (static_cast<std::uint64_t>(k.group) << 8) | k.sub);
+    return static_cast<std::size_t>(h);
+  }
+};
+
+// What pairs a send with its recv: the sending and receiving classes, the tag, the direction the
+// data flows and the group.
+struct P2pKey {
+  std::uint32_t sender = 0;
+  std::uint32_t receiver = 0;
+  std::int32_t tag = 0;
+  std::int8_t direction = 0;
+  std::uint8_t group = 0;
+  bool operator==(const P2pKey&) const = default;
+};
+
+struct P2pKeyHash {
+  std::size_t operator()(const P2pKey& k) const {
+    std::uint64_t h = mix(0, (static_cast<std::uint64_t>(k.sender) << 32) | k.receiver);
+    h = mix(h, (static_cast<std::uint64_t>(static_cast<std::uint32_t>(k.tag)) << 16) |
+                   (static_cast<std::uint64_t>(static_cast<std::uint8_t>(k.direction)) << 8) | k.group);
+    return static_cast<std::size_t>(h);
+  }
+};
+
 bool is_kernel(const Op& op) {
   switch (op.kind) {
     case OpKind::collective:
@@ -366,7 +419,7 @@ class StepRun {
     assign_hardware_queues(s);
     host_lane_costs(s);
     // Occurrence numbers of collectives with identical keys.
-    std::unordered_map<std::string, std::uint32_t> seen;
+    std::unordered_map<CollKey, std::uint32_t, CollKeyHash> seen;
     for (std::uint32_t i = 0; i < n; ++i) {
       const Op& op = rc.ops[i];
       if (op.kind != OpKind::collective) continue;
@@ -627,16 +680,16 @@ class StepRun {
     return Seconds(0.0);
   }
 
-  static std::string base_key(const Op& op) {
-    std::string k;
-    auto put = [&](auto v) { k.append(reinterpret_cast<const char*>(&v), sizeof v); };
-    put(static_cast<std::uint8_t>(op.group));
-    put(op.phase);
-    put(op.layer);
-    put(op.microbatch);
-    put(op.chunk);
-    put(op.expert);
-    put(op.sub);
+  // The op's collective key without occurrence and member set.
+  static CollKey base_key(const Op& op) {
+    CollKey k;
+    k.group = static_cast<std::uint8_t>(op.group);
+    k.phase = op.phase;
+    k.layer = op.layer;
+    k.microbatch = op.microbatch;
+    k.chunk = op.chunk;
+    k.expert = op.expert;
+    k.sub = op.sub;
     return k;
   }
 
@@ -923,9 +976,9 @@ class StepRun {
       throw InputError(describe_op(g_, *s.rc, i) + ": a collective without a process group");
     }
     const std::uint32_t set = member_set(c, op.group);
-    std::string key = base_key(op);
-    key.append(reinterpret_cast<const char*>(&s.occurrence[i]), sizeof(std::uint32_t));
-    key.append(reinterpret_cast<const char*>(&set), sizeof set);
+    CollKey key = base_key(op);
+    key.occurrence = s.occurrence[i];
+    key.set = set;
     auto it = pending_coll_.find(key);
     std::uint32_t id = 0;
     if (it == pending_coll_.end()) {
@@ -957,16 +1010,10 @@ class StepRun {
     const bool send = op.kind == OpKind::send;
     const std::uint32_t sender = send ? c : peer_class;
     const std::uint32_t receiver = send ? peer_class : c;
-    std::string key;
-    auto put = [&](auto v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
     // Data flows towards the next stage (+1) or the previous one (-1): a send's peer, a recv's
     // opposite. Forward and backward transfers of one pair can share a tag (interleaved schedules).
-    const std::int8_t direction = static_cast<std::int8_t>(send ? op.peer : -op.peer);
-    put(sender);
-    put(receiver);
-    put(op.tag);
-    put(direction);
-    put(static_cast<std::uint8_t>(op.group));
+    const P2pKey key{sender, receiver, op.tag, static_cast<std::int8_t>(send ? op.peer : -op.peer),
+                     static_cast<std::uint8_t>(op.group)};
     auto it = pending_p2p_.find(key);
     if (it == pending_p2p_.end()) {
       const std::uint32_t id = new_instance();
@@ -1048,7 +1095,8 @@ class StepRun {
 
   // ---------------------------------------------------------------- plans
   const Plan& plan_for(Instance& inst) {
-    std::string key;
+    std::string& key = plan_key_;
+    key.clear();
     auto put = [&](auto v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
     if (inst.p2p) order_p2p(inst);
     const Op& first = classes_[inst.members[0].cls].rc->ops[inst.members[0].op];
@@ -1073,7 +1121,7 @@ class StepRun {
     } else {
       plan = plan_collective(inst);
     }
-    return plans_.emplace(std::move(key), std::move(plan)).first->second;
+    return plans_.emplace(key, std::move(plan)).first->second;
   }
 
   // Scales the bytes of the plan's flows by one common factor so that, alone, they end after
@@ -1345,12 +1393,13 @@ class StepRun {
   std::uint64_t seq_ = 0;
   double now_ = 0.0;
   std::vector<Instance> instances_;
-  std::unordered_map<std::string, std::uint32_t> pending_coll_;
-  std::unordered_map<std::string, std::uint32_t> pending_p2p_;
+  std::unordered_map<CollKey, std::uint32_t, CollKeyHash> pending_coll_;
+  std::unordered_map<P2pKey, std::uint32_t, P2pKeyHash> pending_p2p_;
   std::unordered_map<std::uint64_t, std::uint32_t> set_of_;
   std::vector<std::vector<std::uint32_t>> sets_;
   std::unordered_map<std::uint64_t, std::vector<int>> members_of_;
   std::unordered_map<std::string, Plan> plans_;
+  std::string plan_key_;                                 // plan_for's key
   std::unordered_map<std::uint64_t, double> pcie_free_;  // analytic fidelity: (class, direction) -> link free at
   std::size_t collectives_ = 0;
   std::size_t flows_started_ = 0;

@@ -37,7 +37,7 @@ bool active(const scenarios::Slowdown& d, int step) {
 }
 
 // The records of `rank` (a member of class c) for one step: the records owner's templates with this
-// step's times, and the step's record.
+// step's times, appended to `ops`, and the step's record.
 profiler::StepRecord step_records(const records::OpRecords& templates, const StepResult& r, std::size_t c, int step,
                                   int rank, std::vector<profiler::PhaseRecord>& ops) {
   const ClassTimeline& tl = r.classes[c];
@@ -47,9 +47,10 @@ profiler::StepRecord step_records(const records::OpRecords& templates, const Ste
   sr.epoch_us = r.epoch * 1e6;
   sr.dur_us = tl.step_end * 1e6;
   const bool marked = tl.record_start.size() == tl.start.size() && tl.record_end.size() == tl.end.size();
-  ops = templates.of_rank(rank);
-  for (std::size_t i = 0; i < ops.size(); ++i) {
-    profiler::PhaseRecord& p = ops[i];
+  const std::size_t base = ops.size();
+  templates.append_rank(rank, ops);
+  for (std::size_t i = 0; base + i < ops.size(); ++i) {
+    profiler::PhaseRecord& p = ops[base + i];
     p.step = step;
     const double t0 = marked ? tl.record_start[i] : tl.start[i];
     const double t1 = marked ? tl.record_end[i] : tl.end[i];
@@ -202,6 +203,11 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   // Records of every class representative, all steps, for the summary (the simulator knows them all).
   std::vector<profiler::StepRecord> sum_steps;
   std::vector<profiler::PhaseRecord> sum_phases;
+  if (!per_step) {
+    // Every step runs the first step's ops: one record per op of each class representative.
+    sum_steps.reserve(first.classes.size() * static_cast<std::size_t>(steps));
+    sum_phases.reserve(result.ops_per_step * static_cast<std::size_t>(steps));
+  }
   // Inference: what the records cannot carry (summary.hpp, InferenceStepInput), per step.
   std::map<int, profiler::InferenceStepInput> inference_steps;
 
@@ -209,15 +215,15 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   auto emit = [&](const StepGraph& g, const StepResult& r, int step) {
     const records::OpRecords templates(g, names);
     if (auto in = records::inference_step(g)) inference_steps[step] = std::move(*in);
-    std::vector<profiler::PhaseRecord> ops;
     for (std::size_t c = 0; c < g.classes.size(); ++c) {
-      sum_steps.push_back(step_records(templates, r, c, step, g.classes[c].representative(), ops));
-      sum_phases.insert(sum_phases.end(), ops.begin(), ops.end());
+      sum_steps.push_back(step_records(templates, r, c, step, g.classes[c].representative(), sum_phases));
     }
     if (writer && writer->policy().records(step)) {
+      std::vector<profiler::PhaseRecord> ops;
       for (int rank : writer->policy().recording_ranks()) {
         if (!writer->records(step, rank)) continue;
         const auto c = static_cast<std::size_t>(g.class_of_rank.at(static_cast<std::size_t>(rank)));
+        ops.clear();
         writer->add(step_records(templates, r, c, step, rank, ops));
         for (const profiler::PhaseRecord& p : ops) writer->add(p);
       }
