@@ -203,16 +203,16 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   // Records of every class representative, all steps, for the summary (the simulator knows them all).
   std::vector<profiler::StepRecord> sum_steps;
   std::vector<profiler::PhaseRecord> sum_phases;
-  if (!per_step) {
-    // Every step runs the first step's ops: one record per op of each class representative.
-    sum_steps.reserve(first.classes.size() * static_cast<std::size_t>(steps));
-    sum_phases.reserve(result.ops_per_step * static_cast<std::size_t>(steps));
-  }
   // Inference: what the records cannot carry (summary.hpp, InferenceStepInput), per step.
   std::map<int, profiler::InferenceStepInput> inference_steps;
 
   // Records of one simulated step: the summary's (representatives) and the files' (recording ranks).
   auto emit = [&](const StepGraph& g, const StepResult& r, int step) {
+    if (!per_step && sum_phases.empty()) {
+      // Every step runs the first step's ops: one record per op of each class representative.
+      sum_steps.reserve(first.classes.size() * static_cast<std::size_t>(steps));
+      sum_phases.reserve(result.ops_per_step * static_cast<std::size_t>(steps));
+    }
     const records::OpRecords templates(g, names);
     if (auto in = records::inference_step(g)) inference_steps[step] = std::move(*in);
     for (std::size_t c = 0; c < g.classes.size(); ++c) {
@@ -246,10 +246,9 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
       for (const auto& d : s.cluster.slowdowns) now_active.push_back(active(d, step));
       const std::vector<Timing> now_timing = per_step ? std::vector<Timing>() : timing_of(first, step);
       if (!per_step && previous && now_active == previous_active && now_timing == previous_timing) {
-        StepResult r = *previous;
-        r.epoch = epoch;
-        epoch = r.epoch + r.duration;
-        emit(first, r, step);
+        previous->epoch = epoch;
+        epoch = previous->epoch + previous->duration;
+        emit(first, *previous, step);
         continue;
       }
       StepGraph expanded;
@@ -280,7 +279,7 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
         }
       }
       const std::vector<Timing> timing = per_step ? timing_of(*g, step) : now_timing;
-      const StepResult r = exec.run_step(*g, platform, factor, epoch, engine, timing);
+      StepResult r = exec.run_step(*g, platform, factor, epoch, engine, timing);
       if (!std::isfinite(r.duration) || !std::isfinite(r.epoch + r.duration)) {
         throw InputError(s.source_path + ": step " + std::to_string(step) + " would take " +
                          std::to_string(r.duration) +
@@ -291,7 +290,7 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
       result.flows += r.flows_started;
       epoch = r.epoch + r.duration;
       emit(*g, r, step);
-      previous = r;
+      previous = std::move(r);
       previous_active = now_active;
       previous_timing = now_timing;
     }
