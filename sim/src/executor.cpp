@@ -297,7 +297,9 @@ struct Instance {
   std::vector<Member> members;
   std::size_t expected = 0;
   bool p2p = false;
-  std::vector<PlacedFlow> flows;
+  // The flows of its plan (StepRun::plans_, whose entries live as long as the step run) once
+  // started, until they are handed to the flow engine.
+  const std::vector<PlacedFlow>* flows = nullptr;
 };
 
 struct Plan {
@@ -1070,7 +1072,7 @@ class StepRun {
       push(end, EventType::instance_done, 0, id);
       return;
     }
-    inst.flows = plan.flows;
+    inst.flows = &plan.flows;
     if (plan.latency > 0.0) {
       push(now_ + plan.latency, EventType::instance_post, 0, id);
     } else {
@@ -1085,10 +1087,9 @@ class StepRun {
       engine_->advance(now_, none);
       if (!none.empty()) throw std::logic_error("flow engine completed a group while it was idle");
     }
-    engine_->start_group(id, inst.flows);
-    flows_started_ += inst.flows.size();
-    inst.flows.clear();
-    inst.flows.shrink_to_fit();
+    engine_->start_group(id, *inst.flows);
+    flows_started_ += inst.flows->size();
+    inst.flows = nullptr;
   }
 
   void finish_instance(std::uint32_t id) {
