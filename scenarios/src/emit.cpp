@@ -157,16 +157,32 @@ std::uint8_t Emitter::graph_of(const Spec& sp, bool dense_layer) {
   }
 }
 
-Op Emitter::base_op(const Spec& sp, std::string_view suffix, int layer, int mb, int chunk, std::uint8_t flags,
-                    bool dense_layer) {
+std::uint16_t Emitter::phase_of(const Spec& sp, Suffix suffix) {
+  static constexpr std::array<std::string_view, kSuffixes> kText = {"_fwd", "_recompute", "_dgrad", "_wgrad", "_bwd"};
+  const std::string_view text = kText[static_cast<std::size_t>(suffix)];
+  auto [it, fresh] = spec_phases_.try_emplace(&sp);
+  if (fresh) it->second.fill(kNoPhase);
+  std::uint16_t& id = it->second[static_cast<std::size_t>(suffix)];
+  if (id != kNoPhase) {
+    const std::string& name = t_.phase_name(id);
+    if (name.size() == sp.name.size() + text.size() && name.compare(0, sp.name.size(), sp.name) == 0 &&
+        name.compare(sp.name.size(), text.size(), text) == 0) {
+      return id;
+    }
+  }
   phase_name_.assign(sp.name);
-  phase_name_.append(suffix);
+  phase_name_.append(text);
+  id = t_.phase(phase_name_);
+  return id;
+}
+
+Op Emitter::base_op(const Spec& sp, Suffix suffix, int layer, int mb, int chunk, std::uint8_t flags, bool dense_layer) {
   Op op;
   op.kind = sp.kind;
   op.shape = sp.shape;
   op.flops = sp.flops;
   op.bytes = sp.bytes;
-  op.phase = t_.phase(phase_name_);
+  op.phase = phase_of(sp, suffix);
   op.layer = static_cast<std::int32_t>(layer);
   op.microbatch = static_cast<std::int32_t>(mb);
   op.expert = static_cast<std::int32_t>(sp.expert);
@@ -233,7 +249,7 @@ std::vector<std::uint32_t> Emitter::forward(const Program& p, int layer, int mb,
 
 std::size_t Emitter::forward_part(Instance& in, bool recompute, const std::vector<bool>* part, std::uint8_t stream) {
   const Program& p = *in.p;
-  const char* suffix = recompute ? "_recompute" : "_fwd";
+  const Suffix suffix = recompute ? Suffix::recompute : Suffix::fwd;
   stream_override_ = stream;
   std::size_t emitted = 0;
   for (std::size_t i = 0; i < p.specs.size(); ++i) {
@@ -294,28 +310,28 @@ std::size_t Emitter::backward_part(Instance& in, const std::vector<bool>* part, 
     const std::uint8_t fl = kBackward;
     switch (sp.bwd) {
       case Bwd::gemm: {
-        Op d = base_op(sp, "_dgrad", layer, mb, chunk, fl, dense_layer);
+        Op d = base_op(sp, Suffix::dgrad, layer, mb, chunk, fl, dense_layer);
         d.shape = {sp.shape[0], sp.shape[2], sp.shape[1], sp.shape[3], 0, 0};
         d.bytes = gemm_bytes(sp.shape[0], sp.shape[2], sp.shape[1], sp.dtype == DType::fp8 ? 1.0 : 2.0);
         id = b_.emit(d, deps_.data(), deps_.data() + deps_.size());
-        Op w = base_op(sp, "_wgrad", layer, mb, chunk, fl | kWgrad, dense_layer);
+        Op w = base_op(sp, Suffix::wgrad, layer, mb, chunk, fl | kWgrad, dense_layer);
         w.shape = {sp.shape[2], sp.shape[1], sp.shape[0], sp.shape[3], 0, 0};
         w.bytes = gemm_bytes(sp.shape[2], sp.shape[1], sp.shape[0], sp.dtype == DType::fp8 ? 1.0 : 2.0);
         emit_wgrad(w, id);
         break;
       }
       case Bwd::grouped: {
-        Op d = base_op(sp, "_dgrad", layer, mb, chunk, fl, dense_layer);
+        Op d = base_op(sp, Suffix::dgrad, layer, mb, chunk, fl, dense_layer);
         d.shape = {sp.shape[0], sp.shape[2], sp.shape[1], sp.shape[3], sp.shape[4], 0};
         id = b_.emit(d, deps_.data(), deps_.data() + deps_.size());
-        Op w = base_op(sp, "_wgrad", layer, mb, chunk, fl | kWgrad, dense_layer);
+        Op w = base_op(sp, Suffix::wgrad, layer, mb, chunk, fl | kWgrad, dense_layer);
         // dW_g [k x n] = X_g^T [k x r_g] dY_g [r_g x n]: the rows are the reduction dimension.
         w.shape = {sp.shape[0], sp.shape[1], sp.shape[2], sp.shape[3], sp.shape[4], 1};
         emit_wgrad(w, id);
         break;
       }
       case Bwd::attention: {
-        Op a = base_op(sp, "_bwd", layer, mb, chunk, fl, dense_layer);
+        Op a = base_op(sp, Suffix::bwd, layer, mb, chunk, fl, dense_layer);
         a.flops = 2.0 * sp.flops;
         a.bytes = sp.bwd_bytes;
         id = b_.emit(a, deps_.data(), deps_.data() + deps_.size());
@@ -323,7 +339,7 @@ std::size_t Emitter::backward_part(Instance& in, const std::vector<bool>* part, 
       }
       case Bwd::same_kind:
       case Bwd::swap_permute: {
-        Op e = base_op(sp, "_bwd", layer, mb, chunk, fl, dense_layer);
+        Op e = base_op(sp, Suffix::bwd, layer, mb, chunk, fl, dense_layer);
         e.bytes = sp.bwd_bytes;
         e.flops = 0;
         if (sp.bwd == Bwd::swap_permute) e.kind = sp.kind == OpKind::permute ? OpKind::unpermute : OpKind::permute;
@@ -336,7 +352,7 @@ std::size_t Emitter::backward_part(Instance& in, const std::vector<bool>* part, 
         break;
       }
       case Bwd::collective: {
-        Op cl = base_op(sp, "_bwd", layer, mb, chunk, fl, dense_layer);
+        Op cl = base_op(sp, Suffix::bwd, layer, mb, chunk, fl, dense_layer);
         auto kind = static_cast<Collective>(sp.sub);
         if (kind == Collective::all_gather) cl.sub = static_cast<std::uint8_t>(Collective::reduce_scatter);
         if (kind == Collective::reduce_scatter) cl.sub = static_cast<std::uint8_t>(Collective::all_gather);
