@@ -1425,17 +1425,30 @@ std::vector<int> Executor::flow_ranks(const StepGraph& graph) const {
     const int rep = rc.representative();
     if (rep < 0) continue;
     ranks.push_back(rep);
+    // The representative's groups: members and whether they span nodes, by group.
+    struct GroupOfRep {
+      bool known = false;
+      bool spans = false;
+      std::vector<int> members;
+    };
+    std::unordered_map<std::uint8_t, GroupOfRep> groups;
     for (const Op& op : rc.ops) {
       if (op.kind == OpKind::send || op.kind == OpKind::recv) {
         if (op.peer != 0) ranks.push_back(graph.layout.peer_of(op, rep));
         continue;
       }
       if (op.kind != OpKind::collective || op.group == Group::none) continue;
-      const std::vector<int> members = graph.layout.group_members(op.group, rep);
+      GroupOfRep& grp = groups[static_cast<std::uint8_t>(op.group)];
+      if (!grp.known) {
+        grp.known = true;
+        grp.members = graph.layout.group_members(op.group, rep);
+        grp.spans = !graph.layout.group_within_node(op.group, rep);
+      }
+      const std::vector<int>& members = grp.members;
       const int n = static_cast<int>(members.size());
       if (n <= 1) continue;
       const Collective kind = op.collective();
-      const bool spans = !graph.layout.group_within_node(op.group, rep);
+      const bool spans = grp.spans;
       const Algorithm algo = choose_algorithm(kind, options_.allreduce, spans, op.bytes, n);
       const std::uint64_t key = (static_cast<std::uint64_t>(c) << 24) | (static_cast<std::uint64_t>(op.group) << 16) |
                                 (static_cast<std::uint64_t>(kind) << 8) | static_cast<std::uint64_t>(algo);
