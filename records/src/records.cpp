@@ -79,6 +79,12 @@ OpRecords::OpRecords(const StepGraph& g, profiler::RecordSink& sink) : g_(&g) {
 }
 
 std::vector<profiler::PhaseRecord> OpRecords::of_rank(int rank) const {
+  std::vector<profiler::PhaseRecord> out;
+  append_rank(rank, out);
+  return out;
+}
+
+void OpRecords::append_rank(int rank, std::vector<profiler::PhaseRecord>& out) const {
   const StepGraph& g = *g_;
   const scenarios::RankClass& rc = g.class_of(rank);
   // group_id (run_dir.md): which instance of a group a collective runs in, its lowest global rank.
@@ -92,10 +98,11 @@ std::vector<profiler::PhaseRecord> OpRecords::of_rank(int rank) const {
     }
     return id;
   };
-  std::vector<profiler::PhaseRecord> out(rc.ops.size());
+  const std::size_t base = out.size();
+  out.resize(base + rc.ops.size());
   for (std::size_t i = 0; i < rc.ops.size(); ++i) {
     const Op& op = rc.ops[i];
-    profiler::PhaseRecord& r = out[i];
+    profiler::PhaseRecord& r = out[base + i];
     r.rank = rank;
     r.phase = phase_[op.phase];
     r.stream = stream_[op.stream];
@@ -111,7 +118,6 @@ std::vector<profiler::PhaseRecord> OpRecords::of_rank(int rank) const {
     r.wall = op.wall;
     r.coarse = coarse_view(op);
   }
-  return out;
 }
 
 profiler::SummaryInputs summary_inputs(const scenarios::Scenario& s, const StepGraph& g) {

@@ -16,7 +16,7 @@ std::size_t StepGraph::total_ops() const {
 namespace detail {
 
 std::uint16_t GraphTables::phase(std::string_view name) {
-  auto it = phase_ids_.find(std::string(name));
+  auto it = phase_ids_.find(name);
   if (it != phase_ids_.end()) return it->second;
   if (graph_.phases.size() >= std::numeric_limits<std::uint16_t>::max()) {
     throw Error("StepGraph: too many distinct phase names");
@@ -118,7 +118,16 @@ std::uint8_t Emitter::stream_for(const Spec& sp) {
     case Role::tp_comm: return t_.stream("tp_comm", StreamKind::communication);
     case Role::cp_comm: return t_.stream("cp_comm", StreamKind::communication);
     case Role::shared: return t_.stream("shared_expert", StreamKind::compute);
-    case Role::expert: return t_.stream("expert_" + std::to_string(sp.stream_slot), StreamKind::compute);
+    case Role::expert: {
+      // Interned on first use, in the order the slots first appear.
+      if (sp.stream_slot < 0) return t_.stream("expert_" + std::to_string(sp.stream_slot), StreamKind::compute);
+      const auto slot = static_cast<std::size_t>(sp.stream_slot);
+      if (slot >= expert_streams_.size()) expert_streams_.resize(slot + 1, kNoStream);
+      if (expert_streams_[slot] == kNoStream) {
+        expert_streams_[slot] = t_.stream("expert_" + std::to_string(sp.stream_slot), StreamKind::compute);
+      }
+      return expert_streams_[slot];
+    }
   }
   return compute_;
 }
@@ -148,14 +157,32 @@ std::uint8_t Emitter::graph_of(const Spec& sp, bool dense_layer) {
   }
 }
 
-Op Emitter::base_op(const Spec& sp, const std::string& phase, int layer, int mb, int chunk, std::uint8_t flags,
-                    bool dense_layer) {
+std::uint16_t Emitter::phase_of(const Spec& sp, Suffix suffix) {
+  static constexpr std::array<std::string_view, kSuffixes> kText = {"_fwd", "_recompute", "_dgrad", "_wgrad", "_bwd"};
+  const std::string_view text = kText[static_cast<std::size_t>(suffix)];
+  auto [it, fresh] = spec_phases_.try_emplace(&sp);
+  if (fresh) it->second.fill(kNoPhase);
+  std::uint16_t& id = it->second[static_cast<std::size_t>(suffix)];
+  if (id != kNoPhase) {
+    const std::string& name = t_.phase_name(id);
+    if (name.size() == sp.name.size() + text.size() && name.compare(0, sp.name.size(), sp.name) == 0 &&
+        name.compare(sp.name.size(), text.size(), text) == 0) {
+      return id;
+    }
+  }
+  phase_name_.assign(sp.name);
+  phase_name_.append(text);
+  id = t_.phase(phase_name_);
+  return id;
+}
+
+Op Emitter::base_op(const Spec& sp, Suffix suffix, int layer, int mb, int chunk, std::uint8_t flags, bool dense_layer) {
   Op op;
   op.kind = sp.kind;
   op.shape = sp.shape;
   op.flops = sp.flops;
   op.bytes = sp.bytes;
-  op.phase = t_.phase(phase);
+  op.phase = phase_of(sp, suffix);
   op.layer = static_cast<std::int32_t>(layer);
   op.microbatch = static_cast<std::int32_t>(mb);
   op.expert = static_cast<std::int32_t>(sp.expert);
@@ -222,7 +249,7 @@ std::vector<std::uint32_t> Emitter::forward(const Program& p, int layer, int mb,
 
 std::size_t Emitter::forward_part(Instance& in, bool recompute, const std::vector<bool>* part, std::uint8_t stream) {
   const Program& p = *in.p;
-  const char* suffix = recompute ? "_recompute" : "_fwd";
+  const Suffix suffix = recompute ? Suffix::recompute : Suffix::fwd;
   stream_override_ = stream;
   std::size_t emitted = 0;
   for (std::size_t i = 0; i < p.specs.size(); ++i) {
@@ -236,7 +263,7 @@ std::size_t Emitter::forward_part(Instance& in, bool recompute, const std::vecto
       else
         deps_.push_back(in.ids[static_cast<std::size_t>(a)]);
     }
-    Op op = base_op(sp, sp.name + suffix, in.layer, in.mb, in.chunk, recompute ? kRecompute : 0, in.dense_layer);
+    Op op = base_op(sp, suffix, in.layer, in.mb, in.chunk, recompute ? kRecompute : 0, in.dense_layer);
     in.ids[i] = b_.emit(op, deps_.data(), deps_.data() + deps_.size());
     ++emitted;
   }
@@ -283,28 +310,28 @@ std::size_t Emitter::backward_part(Instance& in, const std::vector<bool>* part, 
     const std::uint8_t fl = kBackward;
     switch (sp.bwd) {
       case Bwd::gemm: {
-        Op d = base_op(sp, sp.name + "_dgrad", layer, mb, chunk, fl, dense_layer);
+        Op d = base_op(sp, Suffix::dgrad, layer, mb, chunk, fl, dense_layer);
         d.shape = {sp.shape[0], sp.shape[2], sp.shape[1], sp.shape[3], 0, 0};
         d.bytes = gemm_bytes(sp.shape[0], sp.shape[2], sp.shape[1], sp.dtype == DType::fp8 ? 1.0 : 2.0);
         id = b_.emit(d, deps_.data(), deps_.data() + deps_.size());
-        Op w = base_op(sp, sp.name + "_wgrad", layer, mb, chunk, fl | kWgrad, dense_layer);
+        Op w = base_op(sp, Suffix::wgrad, layer, mb, chunk, fl | kWgrad, dense_layer);
         w.shape = {sp.shape[2], sp.shape[1], sp.shape[0], sp.shape[3], 0, 0};
         w.bytes = gemm_bytes(sp.shape[2], sp.shape[1], sp.shape[0], sp.dtype == DType::fp8 ? 1.0 : 2.0);
         emit_wgrad(w, id);
         break;
       }
       case Bwd::grouped: {
-        Op d = base_op(sp, sp.name + "_dgrad", layer, mb, chunk, fl, dense_layer);
+        Op d = base_op(sp, Suffix::dgrad, layer, mb, chunk, fl, dense_layer);
         d.shape = {sp.shape[0], sp.shape[2], sp.shape[1], sp.shape[3], sp.shape[4], 0};
         id = b_.emit(d, deps_.data(), deps_.data() + deps_.size());
-        Op w = base_op(sp, sp.name + "_wgrad", layer, mb, chunk, fl | kWgrad, dense_layer);
+        Op w = base_op(sp, Suffix::wgrad, layer, mb, chunk, fl | kWgrad, dense_layer);
         // dW_g [k x n] = X_g^T [k x r_g] dY_g [r_g x n]: the rows are the reduction dimension.
         w.shape = {sp.shape[0], sp.shape[1], sp.shape[2], sp.shape[3], sp.shape[4], 1};
         emit_wgrad(w, id);
         break;
       }
       case Bwd::attention: {
-        Op a = base_op(sp, sp.name + "_bwd", layer, mb, chunk, fl, dense_layer);
+        Op a = base_op(sp, Suffix::bwd, layer, mb, chunk, fl, dense_layer);
         a.flops = 2.0 * sp.flops;
         a.bytes = sp.bwd_bytes;
         id = b_.emit(a, deps_.data(), deps_.data() + deps_.size());
@@ -312,7 +339,7 @@ std::size_t Emitter::backward_part(Instance& in, const std::vector<bool>* part, 
       }
       case Bwd::same_kind:
       case Bwd::swap_permute: {
-        Op e = base_op(sp, sp.name + "_bwd", layer, mb, chunk, fl, dense_layer);
+        Op e = base_op(sp, Suffix::bwd, layer, mb, chunk, fl, dense_layer);
         e.bytes = sp.bwd_bytes;
         e.flops = 0;
         if (sp.bwd == Bwd::swap_permute) e.kind = sp.kind == OpKind::permute ? OpKind::unpermute : OpKind::permute;
@@ -325,7 +352,7 @@ std::size_t Emitter::backward_part(Instance& in, const std::vector<bool>* part, 
         break;
       }
       case Bwd::collective: {
-        Op cl = base_op(sp, sp.name + "_bwd", layer, mb, chunk, fl, dense_layer);
+        Op cl = base_op(sp, Suffix::bwd, layer, mb, chunk, fl, dense_layer);
         auto kind = static_cast<Collective>(sp.sub);
         if (kind == Collective::all_gather) cl.sub = static_cast<std::uint8_t>(Collective::reduce_scatter);
         if (kind == Collective::reduce_scatter) cl.sub = static_cast<std::uint8_t>(Collective::all_gather);

@@ -2,6 +2,7 @@
 // Emission helpers shared by the training and inference expansions: interning a StepGraph's names
 // (GraphTables), appending ops to a rank class in host issue order (ClassBuilder), instantiating a
 // program's forward, recompute and backward ops (Emitter) and marking CUDA-graph runs.
+#include <array>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
@@ -22,12 +23,18 @@ class GraphTables {
  public:
   explicit GraphTables(StepGraph& g) : graph_(g) {}
   std::uint16_t phase(std::string_view name);
+  [[nodiscard]] const std::string& phase_name(std::uint16_t id) const { return graph_.phases[id]; }
   std::uint8_t stream(std::string_view name, StreamKind kind);
   std::uint8_t graph_scope(std::string_view name);
 
  private:
   StepGraph& graph_;
-  std::unordered_map<std::string, std::uint16_t> phase_ids_;
+  // Looked up by string_view without building a string.
+  struct NameHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view v) const { return std::hash<std::string_view>{}(v); }
+  };
+  std::unordered_map<std::string, std::uint16_t, NameHash, std::equal_to<>> phase_ids_;
 };
 
 // Appends ops to a rank class in host issue order, keeping only cross-stream dependencies.
@@ -104,9 +111,13 @@ class Emitter {
   std::uint8_t stream_for(const Spec& sp);
   // The CUDA-graph scope that captures `sp` (0: none), from the scenario's cuda_graph_scope.
   std::uint8_t graph_of(const Spec& sp, bool dense_layer);
-  // The op of `sp` under phase name `phase`, before its dependencies.
-  Op base_op(const Spec& sp, const std::string& phase, int layer, int mb, int chunk, std::uint8_t flags,
-             bool dense_layer);
+  // The phase name suffixes of a spec's ops.
+  enum class Suffix : std::uint8_t { fwd, recompute, dgrad, wgrad, bwd };
+  static constexpr std::size_t kSuffixes = 5;
+  // The phase of `sp.name` + the suffix's text, interned.
+  std::uint16_t phase_of(const Spec& sp, Suffix suffix);
+  // The op of `sp` under phase name `sp.name` + the suffix's text, before its dependencies.
+  Op base_op(const Spec& sp, Suffix suffix, int layer, int mb, int chunk, std::uint8_t flags, bool dense_layer);
 
   const Ctx& c_;
   const ClassInfo& ci_;
@@ -115,6 +126,13 @@ class Emitter {
   std::uint8_t compute_;
   std::uint8_t stream_override_ = kDefaultStream;
   std::vector<std::uint32_t> deps_;
+  std::string phase_name_;  // phase_of's name
+  // phase_of's last phase per spec and suffix (kNoPhase: none). Specs may be temporaries whose
+  // address a later spec reuses: an entry counts only while the phase's name still matches.
+  static constexpr std::uint16_t kNoPhase = 0xFFFF;
+  std::unordered_map<const Spec*, std::array<std::uint16_t, kSuffixes>> spec_phases_;
+  std::vector<std::uint8_t> expert_streams_;  // stream of each expert stream slot (kNoStream: not yet interned)
+  static constexpr std::uint8_t kNoStream = 0xFF;
 };
 
 }  // namespace threewalls::scenarios::detail

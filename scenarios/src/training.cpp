@@ -766,6 +766,10 @@ StepGraph expand_training(const Scenario& s) {
     g.class_of_rank = refined;
   }
   g.classes.resize(key_of_class.size());
+  // The classes of a step run about as many ops each: a class's op and dependency lists start with the
+  // capacity of the largest built before it rather than growing by reallocation.
+  std::size_t ops_capacity = 0;
+  std::size_t deps_capacity = 0;
   for (int r = 0; r < world; ++r)
     g.classes[static_cast<std::size_t>(g.class_of_rank[static_cast<std::size_t>(r)])].ranks.push_back(r);
   for (std::size_t cls = 0; cls < key_of_class.size(); ++cls) {
@@ -785,7 +789,11 @@ StepGraph expand_training(const Scenario& s) {
     if (part_of_class[cls] > 0) rc.label += " / beside a slow rank (" + std::to_string(part_of_class[cls]) + ")";
     rc.expert_load = ci.load;
     ci.expert_rows = static_cast<std::int64_t>(std::llround(static_cast<double>(c.Tsp) * c.topk * ci.load)) * c.etp;
+    rc.ops.reserve(ops_capacity);
+    rc.deps.reserve(deps_capacity);
     build_class(c, ci, tables, rc);
+    ops_capacity = std::max(ops_capacity, rc.ops.size());
+    deps_capacity = std::max(deps_capacity, rc.deps.size());
   }
   return g;
 }

@@ -43,6 +43,59 @@ using scenarios::StepGraph;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr std::uint32_t kNone = std::numeric_limits<std::uint32_t>::max();
 
+// Mixes 64-bit words into a hash (boost::hash_combine's scheme on 64 bits).
+constexpr std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
+  return h ^ (v + 0x9e3779b97f4a7c15ULL + (h << 12) + (h >> 4));
+}
+
+// What identifies a collective op among its class's ops (base_key): equal keys are repeats, told
+// apart by their occurrence number; with the occurrence and the member set it identifies one
+// collective instance.
+struct CollKey {
+  std::int32_t layer = 0;
+  std::int32_t microbatch = 0;
+  std::int32_t chunk = 0;
+  std::int32_t expert = 0;
+  std::uint32_t occurrence = 0;
+  std::uint32_t set = 0;
+  std::uint16_t phase = 0;
+  std::uint8_t group = 0;
+  std::uint8_t sub = 0;
+  bool operator==(const CollKey&) const = default;
+};
+
+struct CollKeyHash {
+  std::size_t operator()(const CollKey& k) const {
+    std::uint64_t h = mix(0, (static_cast<std::uint64_t>(static_cast<std::uint32_t>(k.layer)) << 32) |
+                                 static_cast<std::uint32_t>(k.microbatch));
+    h = mix(h, (static_cast<std::uint64_t>(static_cast<std::uint32_t>(k.chunk)) << 32) |
+                   static_cast<std::uint32_t>(k.expert));
+    h = mix(h, (static_cast<std::uint64_t>(k.occurrence) << 32) | k.set);
+    h = mix(h, (static_cast<std::uint64_t>(k.phase) << 16) | (static_cast<std::uint64_t>(k.group) << 8) | k.sub);
+    return static_cast<std::size_t>(h);
+  }
+};
+
+// What pairs a send with its recv: the sending and receiving classes, the tag, the direction the
+// data flows and the group.
+struct P2pKey {
+  std::uint32_t sender = 0;
+  std::uint32_t receiver = 0;
+  std::int32_t tag = 0;
+  std::int8_t direction = 0;
+  std::uint8_t group = 0;
+  bool operator==(const P2pKey&) const = default;
+};
+
+struct P2pKeyHash {
+  std::size_t operator()(const P2pKey& k) const {
+    std::uint64_t h = mix(0, (static_cast<std::uint64_t>(k.sender) << 32) | k.receiver);
+    h = mix(h, (static_cast<std::uint64_t>(static_cast<std::uint32_t>(k.tag)) << 16) |
+                   (static_cast<std::uint64_t>(static_cast<std::uint8_t>(k.direction)) << 8) | k.group);
+    return static_cast<std::size_t>(h);
+  }
+};
+
 bool is_kernel(const Op& op) {
   switch (op.kind) {
     case OpKind::collective:
@@ -158,6 +211,24 @@ double nccl_resident_factor(const OpCoster& coster, const Op& op, bool pending, 
 
 namespace {
 
+// The per-op state that starting an op reads (StepRun::try_start, start_op), in one cache line per op.
+struct alignas(64) OpState {
+  double start = -1.0;
+  double launch = -1.0;
+  double ready = -1.0;
+  double mark_host = -1.0;
+  double mark_device = 0.0;
+  std::uint32_t pending = 0;
+  std::uint32_t stream_pos = kNone;
+  std::uint32_t hw_queue = kNone;
+  std::uint32_t hw_pos = kNone;
+  std::uint32_t share_from = kNone;
+  std::uint16_t queue = 0;
+  std::uint8_t ready_scheduled = 0;
+  std::uint8_t shared = 0;
+};
+static_assert(sizeof(OpState) == 64, "OpState: one cache line per op");
+
 struct ClassState {
   const RankClass* rc = nullptr;
   int rep = -1;
@@ -166,41 +237,38 @@ struct ClassState {
   // host_cost: host time before op i is launched (or, host-lane ops, its duration); host_post: host
   // time after the launch (event records behind it); host_arrive: host-lane ops, paid when the host
   // reaches the op, before it waits for its dependencies (timing markers behind them).
-  std::vector<double> start, end, launch, host_cost, host_post, host_arrive, device_extra;
+  // start, launch, ready, mark_host, mark_device, pending, stream_pos, hw_queue, hw_pos, share_from,
+  // queue, ready_scheduled and shared of op i are op[i]'s (OpState).
+  std::vector<OpState> op;
+  std::vector<double> end, host_cost, host_post, host_arrive, device_extra;
   // Timed eager ops (a real run's two timing events around the launch, docs/simulator.md "Phase
   // records"): mark_before = host cost from the op's turn to its start marker's record (the waits and
   // the record itself), mark_host / mark_end_host = host times the start / end markers were recorded,
   // ready = when the op's stream and dependencies let it (and hence its start marker) run on the device.
-  std::vector<double> mark_before, mark_host, mark_end_host, ready;
-  // Device time of one timing marker of a timed eager op (0 when untimed): the op holds its stream
-  // for its two markers (device_extra); its record starts after the start marker.
-  std::vector<double> mark_device;
+  std::vector<double> mark_before, mark_end_host;
+  // mark_device: device time of one timing marker of a timed eager op (0 when untimed): the op holds
+  // its stream for its two markers (device_extra); its record starts after the start marker.
   // Shared boundary markers (docs/profiler.md): share_from[i] = the timed op right before i on its
   // stream whose end marker i may start at (nothing enqueued between them; kNone otherwise);
   // shared[i]: i did (the stream had not reached that marker when the host came to i), so i holds
   // its stream for one marker, not two, and its record starts at that op's end marker.
-  std::vector<std::uint32_t> share_from;
-  std::vector<std::uint8_t> shared;
   std::uint32_t arrived = kNone;  // the host-lane op whose host_arrive has been paid
   double host_tail = 0.0;         // the step-end join, paid once every op is issued
   double host_end = -1.0;         // when the host finished the join
-  std::vector<std::uint32_t> pending;
   std::vector<std::uint32_t> rdep_off, rdeps;
   std::vector<std::vector<std::uint32_t>> stream_ops;
   std::vector<std::uint32_t> stream_head;
-  std::vector<std::uint32_t> stream_pos;  // op -> position in its queue
+  // stream_pos: op -> position in its queue
   // Ops queue in FIFO order per stream, except point-to-point ops: those queue per stream and peer
   // direction, as PyTorch gives each pair of ranks its own NCCL communicator and stream (a pending
   // send to the previous stage does not hold back a receive from the next one).
-  std::vector<std::uint16_t> queue;  // op -> queue index
+  // queue: op -> queue index
   // Hardware work queues (ExecutorOptions::hardware_queues): op -> its queue (kNone: not in one, i.e.
   // host-lane ops and ops replayed in a CUDA graph), each queue's eager device ops in issue order, and
   // per queue the first op that has not started (an op starts only once every op ahead of it has).
-  std::vector<std::uint32_t> hw_queue, hw_pos;
   std::vector<std::vector<std::uint32_t>> hw_ops;
   std::vector<std::uint32_t> hw_head;
   std::vector<std::uint32_t> occurrence;  // collective ops: how many identical keys came before
-  std::vector<std::uint8_t> ready_scheduled;
   std::uint32_t host_next = 0;
   double host_time = 0.0;
   std::uint32_t host_blocked = kNone;
@@ -229,7 +297,9 @@ struct Instance {
   std::vector<Member> members;
   std::size_t expected = 0;
   bool p2p = false;
-  std::vector<PlacedFlow> flows;
+  // The flows of its plan (StepRun::plans_, whose entries live as long as the step run) once
+  // started, until they are handed to the flow engine.
+  const std::vector<PlacedFlow>* flows = nullptr;
 };
 
 struct Plan {
@@ -300,22 +370,14 @@ class StepRun {
     s.compute_factor = factor;
     s.timing = timing;
     const std::size_t n = rc.ops.size();
-    s.start.assign(n, -1.0);
+    s.op.assign(n, OpState{});
     s.end.assign(n, -1.0);
-    s.launch.assign(n, -1.0);
     s.host_cost.assign(n, 0.0);
     s.host_post.assign(n, 0.0);
     s.host_arrive.assign(n, 0.0);
     s.device_extra.assign(n, 0.0);
-    s.mark_device.assign(n, 0.0);
-    s.share_from.assign(n, kNone);
-    s.shared.assign(n, 0);
     s.mark_before.assign(n, -1.0);
-    s.mark_host.assign(n, -1.0);
     s.mark_end_host.assign(n, -1.0);
-    s.ready.assign(n, -1.0);
-    s.pending.assign(n, 0);
-    s.ready_scheduled.assign(n, 0);
     s.occurrence.assign(n, 0);
     s.nccl_phase.assign(n, 0);
     s.host_time = epoch_;
@@ -334,7 +396,7 @@ class StepRun {
                            ", which is not an earlier op of the class");
         }
         ++count[dep + 1];
-        ++s.pending[i];
+        ++s.op[i].pending;
       }
       if (op.stream >= g_.streams.size()) {
         throw InputError(describe_op(g_, rc, i) + ": stream index " + std::to_string(op.stream) + " is not declared");
@@ -352,21 +414,19 @@ class StepRun {
     const std::size_t streams = g_.streams.size();
     s.stream_ops.assign(3 * streams, {});
     s.stream_head.assign(3 * streams, 0);
-    s.stream_pos.assign(n, kNone);
-    s.queue.assign(n, 0);
     for (std::uint32_t i = 0; i < n; ++i) {
       const Op& op = rc.ops[i];
       if (on_host_lane(op)) continue;
       std::size_t q = op.stream;
       if (op.kind == OpKind::send || op.kind == OpKind::recv) q = streams + 2 * op.stream + (op.peer > 0 ? 1 : 0);
-      s.queue[i] = static_cast<std::uint16_t>(q);
-      s.stream_pos[i] = static_cast<std::uint32_t>(s.stream_ops[q].size());
+      s.op[i].queue = static_cast<std::uint16_t>(q);
+      s.op[i].stream_pos = static_cast<std::uint32_t>(s.stream_ops[q].size());
       s.stream_ops[q].push_back(i);
     }
     assign_hardware_queues(s);
     host_lane_costs(s);
     // Occurrence numbers of collectives with identical keys.
-    std::unordered_map<std::string, std::uint32_t> seen;
+    std::unordered_map<CollKey, std::uint32_t, CollKeyHash> seen;
     for (std::uint32_t i = 0; i < n; ++i) {
       const Op& op = rc.ops[i];
       if (op.kind != OpKind::collective) continue;
@@ -382,11 +442,10 @@ class StepRun {
   // to its queue has started (head-of-line blocking: an op waiting for its stream or an event holds
   // back the ops of other streams behind it). The host issues eager ops in op order. Ops replayed in
   // a CUDA graph are not in a queue (the graph's own launch dispatches them); nor are host-lane ops.
+  // Fills hw_queue and hw_pos of s.op, which are kNone on entry.
   void assign_hardware_queues(ClassState& s) const {
     const RankClass& rc = *s.rc;
     const std::size_t n = rc.ops.size();
-    s.hw_queue.assign(n, kNone);
-    s.hw_pos.assign(n, kNone);
     s.hw_ops.clear();
     s.hw_head.clear();
     if (opt_.hardware_queues <= 0) return;
@@ -408,8 +467,8 @@ class StepRun {
     for (std::uint32_t i = 0; i < n; ++i) {
       if (on_host_lane(rc.ops[i]) || in_graph[i]) continue;
       const std::uint32_t q = queue_of[rc.ops[i].stream];
-      s.hw_queue[i] = q;
-      s.hw_pos[i] = static_cast<std::uint32_t>(s.hw_ops[q].size());
+      s.op[i].hw_queue = q;
+      s.op[i].hw_pos = static_cast<std::uint32_t>(s.hw_ops[q].size());
       s.hw_ops[q].push_back(i);
     }
   }
@@ -517,8 +576,8 @@ class StepRun {
         // timing_marker of device time (calibration/tools/timed_op_gap.cu), so a recorded step of
         // back-to-back kernels runs slower than an unrecorded one, in the real run as here.
         if (timed(op) && !op.is_comm()) {
-          s.mark_device[i] = host_.timing_marker.value;
-          s.device_extra[i] = 2.0 * s.mark_device[i];
+          s.op[i].mark_device = host_.timing_marker.value;
+          s.device_extra[i] = 2.0 * s.op[i].mark_device;
         }
       }
     }
@@ -545,7 +604,7 @@ class StepRun {
           continue;
         }
         if (waits[i] > 0) o = kNone;
-        if (timed(op) && o != kNone) s.share_from[i] = o;
+        if (timed(op) && o != kNone) s.op[i].share_from = o;
         o = timed(op) && !needs_event[i] ? i : kNone;
       }
     }
@@ -571,8 +630,8 @@ class StepRun {
         // before and after every recorded op (backend executor.cpp capture_once), each holding the
         // stream like an eager marker (timing_marker); the record runs from the start marker on.
         if (timed(op) && !op.is_comm()) {
-          s.mark_device[i] = host_.timing_marker.value;
-          s.device_extra[i] += 2.0 * s.mark_device[i];
+          s.op[i].mark_device = host_.timing_marker.value;
+          s.device_extra[i] += 2.0 * s.op[i].mark_device;
         }
         for (std::uint32_t d = op.deps_begin; d < op.deps_end; ++d) {
           const std::uint32_t dep = rc.deps[d];
@@ -627,16 +686,16 @@ class StepRun {
     return Seconds(0.0);
   }
 
-  static std::string base_key(const Op& op) {
-    std::string k;
-    auto put = [&](auto v) { k.append(reinterpret_cast<const char*>(&v), sizeof v); };
-    put(static_cast<std::uint8_t>(op.group));
-    put(op.phase);
-    put(op.layer);
-    put(op.microbatch);
-    put(op.chunk);
-    put(op.expert);
-    put(op.sub);
+  // The op's collective key without occurrence and member set.
+  static CollKey base_key(const Op& op) {
+    CollKey k;
+    k.group = static_cast<std::uint8_t>(op.group);
+    k.phase = op.phase;
+    k.layer = op.layer;
+    k.microbatch = op.microbatch;
+    k.chunk = op.chunk;
+    k.expert = op.expert;
+    k.sub = op.sub;
     return k;
   }
 
@@ -650,7 +709,7 @@ class StepRun {
       case EventType::host_resume: run_host(ev.cls); break;
       case EventType::op_ready: {
         ClassState& s = classes_[ev.cls];
-        s.ready_scheduled[ev.a] = 0;
+        s.op[ev.a].ready_scheduled = 0;
         try_start(ev.cls, static_cast<std::uint32_t>(ev.a));
         break;
       }
@@ -675,21 +734,21 @@ class StepRun {
           s.arrived = i;
           s.host_time += s.host_arrive[i];
         }
-        if ((blocks_host(op) || is_disk_read(op)) && s.pending[i] > 0) {
+        if ((blocks_host(op) || is_disk_read(op)) && s.op[i].pending > 0) {
           s.host_blocked = i;
           return;
         }
-        s.start[i] = s.host_time;
+        s.op[i].start = s.host_time;
         s.host_time += s.host_cost[i];
-        s.launch[i] = s.host_time;
+        s.op[i].launch = s.host_time;
         push(s.host_time, EventType::op_done, c, i);
       } else {
         if (s.mark_before[i] >= 0.0) {
-          s.mark_host[i] = s.host_time + s.mark_before[i];
+          s.op[i].mark_host = s.host_time + s.mark_before[i];
           s.mark_end_host[i] = s.host_time + s.host_cost[i] + host_.event_record.value;
         }
         s.host_time += s.host_cost[i];
-        s.launch[i] = s.host_time;
+        s.op[i].launch = s.host_time;
         try_start(c, i);
         s.host_time += s.host_post[i];
       }
@@ -704,17 +763,17 @@ class StepRun {
   // ---------------------------------------------------------------- device
   void try_start(std::uint32_t c, std::uint32_t i) {
     ClassState& s = classes_[c];
-    if (s.start[i] >= 0.0 || s.launch[i] < 0.0 || s.pending[i] > 0) return;
+    if (s.op[i].start >= 0.0 || s.op[i].launch < 0.0 || s.op[i].pending > 0) return;
     const Op& op = s.rc->ops[i];
     if (on_host_lane(op)) return;
-    if (s.stream_head[s.queue[i]] != s.stream_pos[i]) return;
+    if (s.stream_head[s.op[i].queue] != s.op[i].stream_pos) return;
     // Head-of-line blocking in its hardware queue (its timing marker waits there too).
-    if (s.hw_queue[i] != kNone && s.hw_head[s.hw_queue[i]] != s.hw_pos[i]) return;
-    if (s.ready[i] < 0.0) s.ready[i] = now_;
-    if (s.launch[i] > now_) {
-      if (!s.ready_scheduled[i]) {
-        s.ready_scheduled[i] = 1;
-        push(s.launch[i], EventType::op_ready, c, i);
+    if (s.op[i].hw_queue != kNone && s.hw_head[s.op[i].hw_queue] != s.op[i].hw_pos) return;
+    if (s.op[i].ready < 0.0) s.op[i].ready = now_;
+    if (s.op[i].launch > now_) {
+      if (!s.op[i].ready_scheduled) {
+        s.op[i].ready_scheduled = 1;
+        push(s.op[i].launch, EventType::op_ready, c, i);
       }
       return;
     }
@@ -724,23 +783,23 @@ class StepRun {
   void start_op(std::uint32_t c, std::uint32_t i) {
     ClassState& s = classes_[c];
     const Op& op = s.rc->ops[i];
-    s.start[i] = now_;
+    s.op[i].start = now_;
     // A shared start marker (host_lane_costs): when the host came to op i (its start marker's
     // record would have been at mark_host - e), the stream had not yet reached the previous op's end
     // marker, so i starts at that marker and holds its stream for its end marker only.
-    if (s.share_from[i] != kNone && s.mark_device[i] > 0.0 && s.mark_host[i] >= 0.0) {
-      const std::uint32_t a = s.share_from[i];
-      if (s.end[a] < 0.0 || s.end[a] > s.mark_host[i] - host_.event_record.value) {
-        s.shared[i] = 1;
-        s.device_extra[i] -= s.mark_device[i];
+    if (s.op[i].share_from != kNone && s.op[i].mark_device > 0.0 && s.op[i].mark_host >= 0.0) {
+      const std::uint32_t a = s.op[i].share_from;
+      if (s.end[a] < 0.0 || s.end[a] > s.op[i].mark_host - host_.event_record.value) {
+        s.op[i].shared = 1;
+        s.device_extra[i] -= s.op[i].mark_device;
       }
     }
-    if (s.hw_queue[i] != kNone) {
+    if (s.op[i].hw_queue != kNone) {
       // The next op of the hardware queue may now be dispatched (once its own stream and
       // dependencies allow).
-      const std::uint32_t q = s.hw_queue[i];
+      const std::uint32_t q = s.op[i].hw_queue;
       std::uint32_t& head = s.hw_head[q];
-      while (head < s.hw_ops[q].size() && s.start[s.hw_ops[q][head]] >= 0.0) ++head;
+      while (head < s.hw_ops[q].size() && s.op[s.hw_ops[q][head]].start >= 0.0) ++head;
       if (head < s.hw_ops[q].size()) {
         const std::uint32_t next = s.hw_ops[q][head];
         push(now_, EventType::op_ready, c, next);
@@ -775,13 +834,13 @@ class StepRun {
     ++s.done;
     if (s.nccl_phase[i] != 0) nccl_phase(c, i, 0);
     if (!on_host_lane(op)) {
-      const std::uint32_t head = ++s.stream_head[s.queue[i]];
-      const auto& q = s.stream_ops[s.queue[i]];
+      const std::uint32_t head = ++s.stream_head[s.op[i].queue];
+      const auto& q = s.stream_ops[s.op[i].queue];
       if (head < q.size()) try_start(c, q[head]);
     }
     for (std::uint32_t k = s.rdep_off[i]; k < s.rdep_off[i + 1]; ++k) {
       const std::uint32_t d = s.rdeps[k];
-      if (--s.pending[d] == 0) {
+      if (--s.op[d].pending == 0) {
         if (s.host_blocked == d) {
           run_host(c);
         } else {
@@ -923,9 +982,9 @@ class StepRun {
       throw InputError(describe_op(g_, *s.rc, i) + ": a collective without a process group");
     }
     const std::uint32_t set = member_set(c, op.group);
-    std::string key = base_key(op);
-    key.append(reinterpret_cast<const char*>(&s.occurrence[i]), sizeof(std::uint32_t));
-    key.append(reinterpret_cast<const char*>(&set), sizeof set);
+    CollKey key = base_key(op);
+    key.occurrence = s.occurrence[i];
+    key.set = set;
     auto it = pending_coll_.find(key);
     std::uint32_t id = 0;
     if (it == pending_coll_.end()) {
@@ -957,16 +1016,10 @@ class StepRun {
     const bool send = op.kind == OpKind::send;
     const std::uint32_t sender = send ? c : peer_class;
     const std::uint32_t receiver = send ? peer_class : c;
-    std::string key;
-    auto put = [&](auto v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
     // Data flows towards the next stage (+1) or the previous one (-1): a send's peer, a recv's
     // opposite. Forward and backward transfers of one pair can share a tag (interleaved schedules).
-    const std::int8_t direction = static_cast<std::int8_t>(send ? op.peer : -op.peer);
-    put(sender);
-    put(receiver);
-    put(op.tag);
-    put(direction);
-    put(static_cast<std::uint8_t>(op.group));
+    const P2pKey key{sender, receiver, op.tag, static_cast<std::int8_t>(send ? op.peer : -op.peer),
+                     static_cast<std::uint8_t>(op.group)};
     auto it = pending_p2p_.find(key);
     if (it == pending_p2p_.end()) {
       const std::uint32_t id = new_instance();
@@ -1019,7 +1072,7 @@ class StepRun {
       push(end, EventType::instance_done, 0, id);
       return;
     }
-    inst.flows = plan.flows;
+    inst.flows = &plan.flows;
     if (plan.latency > 0.0) {
       push(now_ + plan.latency, EventType::instance_post, 0, id);
     } else {
@@ -1034,10 +1087,9 @@ class StepRun {
       engine_->advance(now_, none);
       if (!none.empty()) throw std::logic_error("flow engine completed a group while it was idle");
     }
-    engine_->start_group(id, inst.flows);
-    flows_started_ += inst.flows.size();
-    inst.flows.clear();
-    inst.flows.shrink_to_fit();
+    engine_->start_group(id, *inst.flows);
+    flows_started_ += inst.flows->size();
+    inst.flows = nullptr;
   }
 
   void finish_instance(std::uint32_t id) {
@@ -1048,7 +1100,8 @@ class StepRun {
 
   // ---------------------------------------------------------------- plans
   const Plan& plan_for(Instance& inst) {
-    std::string key;
+    std::string& key = plan_key_;
+    key.clear();
     auto put = [&](auto v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
     if (inst.p2p) order_p2p(inst);
     const Op& first = classes_[inst.members[0].cls].rc->ops[inst.members[0].op];
@@ -1073,7 +1126,7 @@ class StepRun {
     } else {
       plan = plan_collective(inst);
     }
-    return plans_.emplace(std::move(key), std::move(plan)).first->second;
+    return plans_.emplace(key, std::move(plan)).first->second;
   }
 
   // Scales the bytes of the plan's flows by one common factor so that, alone, they end after
@@ -1254,15 +1307,15 @@ class StepRun {
         if (s.end[i] >= 0.0) continue;
         std::string why;
         const Op& op = s.rc->ops[i];
-        if (s.start[i] >= 0.0 && (op.kind == OpKind::collective)) {
+        if (s.op[i].start >= 0.0 && (op.kind == OpKind::collective)) {
           why = "it waits for the other rank classes of its " + std::string(scenarios::to_string(op.group)) +
                 " group to issue the same collective";
-        } else if (s.start[i] >= 0.0 && (op.kind == OpKind::send || op.kind == OpKind::recv)) {
+        } else if (s.op[i].start >= 0.0 && (op.kind == OpKind::send || op.kind == OpKind::recv)) {
           why = std::string("it waits for the matching ") + (op.kind == OpKind::send ? "recv" : "send") +
                 " (same tag) of its peer";
-        } else if (s.pending[i] > 0) {
-          why = "it waits for " + std::to_string(s.pending[i]) + " dependencies that never finished";
-        } else if (!on_host_lane(op) && s.stream_head[s.queue[i]] != s.stream_pos[i]) {
+        } else if (s.op[i].pending > 0) {
+          why = "it waits for " + std::to_string(s.op[i].pending) + " dependencies that never finished";
+        } else if (!on_host_lane(op) && s.stream_head[s.op[i].queue] != s.op[i].stream_pos) {
           why = "an earlier op of its stream '" + g_.streams[op.stream].name + "' never finished";
         } else {
           why = "it was never launched";
@@ -1282,42 +1335,43 @@ class StepRun {
     for (std::size_t c = 0; c < classes_.size(); ++c) {
       ClassState& s = classes_[c];
       ClassTimeline& t = r.classes[c];
-      t.start.resize(s.start.size());
+      t.start.resize(s.op.size());
       t.end.resize(s.end.size());
-      t.record_start.resize(s.start.size());
+      t.record_start.resize(s.op.size());
       t.record_end.resize(s.end.size());
-      t.launch_wait.assign(s.start.size(), 0.0);
+      t.launch_wait.assign(s.op.size(), 0.0);
       double class_end = epoch_;
-      for (std::size_t i = 0; i < s.start.size(); ++i) {
-        t.start[i] = s.start[i] - epoch_;
+      for (std::size_t i = 0; i < s.op.size(); ++i) {
+        t.start[i] = s.op[i].start - epoch_;
         t.end[i] = s.end[i] - epoch_;
         t.record_start[i] = t.start[i];
         t.record_end[i] = t.end[i];
-        if (s.mark_host[i] < 0.0 && s.mark_device[i] > 0.0 && s.start[i] >= 0.0) {
+        if (s.op[i].mark_host < 0.0 && s.op[i].mark_device > 0.0 && s.op[i].start >= 0.0) {
           // An op of a timed graph replay: its record starts once its start-marker node ran and ends
           // with its end-marker node (duration = kernel + node + one marker; the next op's start
           // marker is the gap between records), as eager timed ops (timed_op_gap).
-          t.record_start[i] = std::min(t.start[i] + s.mark_device[i], t.end[i]);
+          t.record_start[i] = std::min(t.start[i] + s.op[i].mark_device, t.end[i]);
         }
-        if (s.mark_host[i] >= 0.0 && s.start[i] >= 0.0) {
+        if (s.op[i].mark_host >= 0.0 && s.op[i].start >= 0.0) {
           // The start marker runs once the host has recorded it and the stream has reached it (its
           // earlier work and the waits before it are done); the end marker once the op is done and
           // the host has recorded it behind the launch.
-          const double ready = s.ready[i] >= 0.0 ? std::min(s.ready[i], s.start[i]) : s.start[i];
-          t.record_start[i] = std::min(std::max(s.mark_host[i], ready), s.start[i]) - epoch_;
+          const double ready = s.op[i].ready >= 0.0 ? std::min(s.op[i].ready, s.op[i].start) : s.op[i].start;
+          t.record_start[i] = std::min(std::max(s.op[i].mark_host, ready), s.op[i].start) - epoch_;
           // The start marker's timestamp is taken once it has run on the stream: the record
           // covers the kernel and the end marker (timed_op_gap: duration +1 marker, gap 1 marker).
-          if (s.mark_device[i] > 0.0) t.record_start[i] = std::max(t.record_start[i], t.start[i] + s.mark_device[i]);
+          if (s.op[i].mark_device > 0.0)
+            t.record_start[i] = std::max(t.record_start[i], t.start[i] + s.op[i].mark_device);
           t.record_end[i] = std::max(s.end[i], s.mark_end_host[i]) - epoch_;
-          if (s.shared[i]) {  // start(i) = end(previous op on the stream): its end marker's time
-            const std::uint32_t a = s.share_from[i];
+          if (s.op[i].shared) {  // start(i) = end(previous op on the stream): its end marker's time
+            const std::uint32_t a = s.op[i].share_from;
             t.record_start[i] = std::min(std::max(s.end[a], s.mark_end_host[a]) - epoch_, t.start[i]);
           }
           // The part of the record before the host's launch call returned: the device waited for
           // the host (threewalls run measures the same: launch return on the host clock minus the
           // record's start).
-          if (!s.rc->ops[i].is_comm() && s.launch[i] >= 0.0) {
-            t.launch_wait[i] = std::clamp(s.launch[i] - epoch_ - t.record_start[i], 0.0,
+          if (!s.rc->ops[i].is_comm() && s.op[i].launch >= 0.0) {
+            t.launch_wait[i] = std::clamp(s.op[i].launch - epoch_ - t.record_start[i], 0.0,
                                           std::max(0.0, t.record_end[i] - t.record_start[i]));
           }
         }
@@ -1345,12 +1399,13 @@ class StepRun {
   std::uint64_t seq_ = 0;
   double now_ = 0.0;
   std::vector<Instance> instances_;
-  std::unordered_map<std::string, std::uint32_t> pending_coll_;
-  std::unordered_map<std::string, std::uint32_t> pending_p2p_;
+  std::unordered_map<CollKey, std::uint32_t, CollKeyHash> pending_coll_;
+  std::unordered_map<P2pKey, std::uint32_t, P2pKeyHash> pending_p2p_;
   std::unordered_map<std::uint64_t, std::uint32_t> set_of_;
   std::vector<std::vector<std::uint32_t>> sets_;
   std::unordered_map<std::uint64_t, std::vector<int>> members_of_;
   std::unordered_map<std::string, Plan> plans_;
+  std::string plan_key_;                                 // plan_for's key
   std::unordered_map<std::uint64_t, double> pcie_free_;  // analytic fidelity: (class, direction) -> link free at
   std::size_t collectives_ = 0;
   std::size_t flows_started_ = 0;
@@ -1370,17 +1425,30 @@ std::vector<int> Executor::flow_ranks(const StepGraph& graph) const {
     const int rep = rc.representative();
     if (rep < 0) continue;
     ranks.push_back(rep);
+    // The representative's groups: members and whether they span nodes, by group.
+    struct GroupOfRep {
+      bool known = false;
+      bool spans = false;
+      std::vector<int> members;
+    };
+    std::unordered_map<std::uint8_t, GroupOfRep> groups;
     for (const Op& op : rc.ops) {
       if (op.kind == OpKind::send || op.kind == OpKind::recv) {
         if (op.peer != 0) ranks.push_back(graph.layout.peer_of(op, rep));
         continue;
       }
       if (op.kind != OpKind::collective || op.group == Group::none) continue;
-      const std::vector<int> members = graph.layout.group_members(op.group, rep);
+      GroupOfRep& grp = groups[static_cast<std::uint8_t>(op.group)];
+      if (!grp.known) {
+        grp.known = true;
+        grp.members = graph.layout.group_members(op.group, rep);
+        grp.spans = !graph.layout.group_within_node(op.group, rep);
+      }
+      const std::vector<int>& members = grp.members;
       const int n = static_cast<int>(members.size());
       if (n <= 1) continue;
       const Collective kind = op.collective();
-      const bool spans = !graph.layout.group_within_node(op.group, rep);
+      const bool spans = grp.spans;
       const Algorithm algo = choose_algorithm(kind, options_.allreduce, spans, op.bytes, n);
       const std::uint64_t key = (static_cast<std::uint64_t>(c) << 24) | (static_cast<std::uint64_t>(op.group) << 16) |
                                 (static_cast<std::uint64_t>(kind) << 8) | static_cast<std::uint64_t>(algo);

@@ -1,6 +1,7 @@
 #include "threewalls/sim/op_coster.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <optional>
 #include <stdexcept>
@@ -115,7 +116,26 @@ std::optional<Seconds> CostModelCoster::library_launch(const Op& op) const {
   return std::nullopt;
 }
 
+std::size_t CostModelCoster::KernelKeyHash::operator()(const KernelKey& k) const {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  auto mix = [&](std::uint64_t v) { h = (h ^ v) * 0x100000001b3ULL + (h >> 29); };
+  for (const std::int64_t v : k.shape) mix(static_cast<std::uint64_t>(v));
+  mix(std::bit_cast<std::uint64_t>(k.bytes));
+  mix((static_cast<std::uint64_t>(static_cast<std::uint32_t>(k.tokens)) << 32) |
+      (static_cast<std::uint64_t>(k.kind) << 24) | (static_cast<std::uint64_t>(k.sub) << 16) |
+      (static_cast<std::uint64_t>(k.dtype) << 8) | k.flags);
+  return static_cast<std::size_t>(h);
+}
+
 Seconds CostModelCoster::kernel_time(const Op& op) const {
+  const KernelKey key{op.shape, op.bytes, op.tokens, op.kind, op.sub, op.dtype, op.flags};
+  if (const auto it = kernel_times_.find(key); it != kernel_times_.end()) return it->second;
+  const Seconds t = compute_kernel_time(op);
+  kernel_times_.emplace(key, t);
+  return t;
+}
+
+Seconds CostModelCoster::compute_kernel_time(const Op& op) const {
   const auto& s = op.shape;
   switch (op.kind) {
     case OpKind::gemm:

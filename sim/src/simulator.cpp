@@ -37,7 +37,7 @@ bool active(const scenarios::Slowdown& d, int step) {
 }
 
 // The records of `rank` (a member of class c) for one step: the records owner's templates with this
-// step's times, and the step's record.
+// step's times, appended to `ops`, and the step's record.
 profiler::StepRecord step_records(const records::OpRecords& templates, const StepResult& r, std::size_t c, int step,
                                   int rank, std::vector<profiler::PhaseRecord>& ops) {
   const ClassTimeline& tl = r.classes[c];
@@ -47,9 +47,10 @@ profiler::StepRecord step_records(const records::OpRecords& templates, const Ste
   sr.epoch_us = r.epoch * 1e6;
   sr.dur_us = tl.step_end * 1e6;
   const bool marked = tl.record_start.size() == tl.start.size() && tl.record_end.size() == tl.end.size();
-  ops = templates.of_rank(rank);
-  for (std::size_t i = 0; i < ops.size(); ++i) {
-    profiler::PhaseRecord& p = ops[i];
+  const std::size_t base = ops.size();
+  templates.append_rank(rank, ops);
+  for (std::size_t i = 0; base + i < ops.size(); ++i) {
+    profiler::PhaseRecord& p = ops[base + i];
     p.step = step;
     const double t0 = marked ? tl.record_start[i] : tl.start[i];
     const double t1 = marked ? tl.record_end[i] : tl.end[i];
@@ -211,23 +212,29 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
 
   // Records of one simulated step: the summary's (representatives) and the files' (recording ranks).
   auto emit = [&](const StepGraph& g, const StepResult& r, int step) {
+    if (!per_step && sum_phases.empty()) {
+      // Every step runs the first step's ops: one record per op of each class representative.
+      sum_steps.reserve(first.classes.size() * static_cast<std::size_t>(steps));
+      sum_phases.reserve(result.ops_per_step * static_cast<std::size_t>(steps));
+    }
     const records::OpRecords templates(g, names);
     if (auto in = records::inference_step(g)) inference_steps[step] = std::move(*in);
-    std::vector<profiler::PhaseRecord> ops;
-    // The summary keeps every class's records of every step: grow it once per step, geometrically.
+    // The summary keeps every class's records of every step: grow it once per step, geometrically
+    // (a no-op when the run's records were reserved above).
     std::size_t adding = 0;
     for (const auto& rc : g.classes) adding += rc.ops.size();
     if (sum_phases.capacity() < sum_phases.size() + adding) {
       sum_phases.reserve(std::max(sum_phases.size() + adding, 2 * sum_phases.capacity()));
     }
     for (std::size_t c = 0; c < g.classes.size(); ++c) {
-      sum_steps.push_back(step_records(templates, r, c, step, g.classes[c].representative(), ops));
-      sum_phases.insert(sum_phases.end(), ops.begin(), ops.end());
+      sum_steps.push_back(step_records(templates, r, c, step, g.classes[c].representative(), sum_phases));
     }
     if (writer && writer->policy().records(step)) {
+      std::vector<profiler::PhaseRecord> ops;
       for (int rank : writer->policy().recording_ranks()) {
         if (!writer->records(step, rank)) continue;
         const auto c = static_cast<std::size_t>(g.class_of_rank.at(static_cast<std::size_t>(rank)));
+        ops.clear();
         writer->add(step_records(templates, r, c, step, rank, ops));
         for (const profiler::PhaseRecord& p : ops) writer->add(p);
       }
@@ -250,10 +257,9 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
       for (const auto& d : s.cluster.slowdowns) now_active.push_back(active(d, step));
       const std::vector<Timing> now_timing = per_step ? std::vector<Timing>() : timing_of(first, step);
       if (!per_step && previous && now_active == previous_active && now_timing == previous_timing) {
-        StepResult r = *previous;
-        r.epoch = epoch;
-        epoch = r.epoch + r.duration;
-        emit(first, r, step);
+        previous->epoch = epoch;
+        epoch = previous->epoch + previous->duration;
+        emit(first, *previous, step);
         continue;
       }
       StepGraph expanded;
@@ -284,7 +290,7 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
         }
       }
       const std::vector<Timing> timing = per_step ? timing_of(*g, step) : now_timing;
-      const StepResult r = exec.run_step(*g, platform, factor, epoch, engine, timing);
+      StepResult r = exec.run_step(*g, platform, factor, epoch, engine, timing);
       if (!std::isfinite(r.duration) || !std::isfinite(r.epoch + r.duration)) {
         throw InputError(s.source_path + ": step " + std::to_string(step) + " would take " +
                          std::to_string(r.duration) +
@@ -295,7 +301,7 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
       result.flows += r.flows_started;
       epoch = r.epoch + r.duration;
       emit(*g, r, step);
-      previous = r;
+      previous = std::move(r);
       previous_active = now_active;
       previous_timing = now_timing;
     }

@@ -56,6 +56,8 @@ class OpRecords {
   // expert, peer (send/recv: Layout::peer_of), group (communication ops), group_id (collectives: the
   // lowest global rank of the group instance), tokens, wall and coarse view.
   [[nodiscard]] std::vector<profiler::PhaseRecord> of_rank(int rank) const;
+  // The same records appended to `out` (its earlier records stay).
+  void append_rank(int rank, std::vector<profiler::PhaseRecord>& out) const;
 
  private:
   const scenarios::StepGraph* g_;

@@ -26,6 +26,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "threewalls/core/units.hpp"
@@ -143,7 +144,9 @@ class OpCoster {
 // path, the stream-cycle extra), not the device time of graph nodes and timing markers: a host
 // measured slower or faster than the profile's (threewalls sim --host-scale). `disk_scale` multiplies
 // the time of every disk read (copy kind disk_read), nothing else: a disk slower or faster than the
-// calibrated one (threewalls sim --disk-scale). InputError unless both are > 0.
+// calibrated one (threewalls sim --disk-scale). InputError unless both are > 0. kernel_time remembers
+// the time of each distinct combination of the op fields it reads (ops repeat across layers and
+// micro-batches): one coster is not for concurrent use.
 class CostModelCoster final : public OpCoster {
  public:
   explicit CostModelCoster(const calibration::CostModel& model, double host_scale = 1.0, double disk_scale = 1.0);
@@ -162,10 +165,27 @@ class CostModelCoster final : public OpCoster {
   [[nodiscard]] std::optional<std::string> substitution(const scenarios::Op& op) const override;
 
  private:
+  // The op fields kernel_time reads.
+  struct KernelKey {
+    scenarios::OpShape shape{};
+    double bytes = 0.0;
+    std::int32_t tokens = 0;
+    scenarios::OpKind kind = scenarios::OpKind::gemm;
+    std::uint8_t sub = 0;
+    scenarios::DType dtype = scenarios::DType::bf16;
+    std::uint8_t flags = 0;
+    bool operator==(const KernelKey&) const = default;
+  };
+  struct KernelKeyHash {
+    std::size_t operator()(const KernelKey& k) const;
+  };
+  [[nodiscard]] Seconds compute_kernel_time(const scenarios::Op& op) const;
+
   const calibration::CostModel& model_;
   double host_scale_ = 1.0;
   double disk_scale_ = 1.0;
   HostCosts host_;
+  mutable std::unordered_map<KernelKey, Seconds, KernelKeyHash> kernel_times_;
 };
 
 using scenarios::sm_fraction;  // step_graph.hpp: the share of SMs an op's kernel fills
