@@ -316,16 +316,16 @@ std::optional<Seconds> CostModel::predict_point(std::string_view family, const s
   return Seconds(*t);
 }
 
-// t_with / t_alone = G_c(T) (GEMM), a_c (attention), b_c (memory-bound) (NcclInterferenceModel,
+// t_with / t_alone = G_c(T) (GEMM), H_c(T) (grouped GEMM), a_c (attention), b_c (memory-bound) (NcclInterferenceModel,
 // "nccl_resident_v2"); 1 without the family.
 double CostModel::nccl_resident_slowdown(int nccl_case, int compute_class, double tiles) const {
   if (nccl_case < 0 || nccl_case > 1) {
     throw InputError("CostModel::nccl_resident_slowdown: case = " + std::to_string(nccl_case) +
                      " must be 0 (pending) or 1 (transfer)");
   }
-  if (compute_class < 0 || compute_class > 2) {
+  if (compute_class < 0 || compute_class > 3) {
     throw InputError("CostModel::nccl_resident_slowdown: compute_class = " + std::to_string(compute_class) +
-                     " must be 0 (GEMM), 1 (attention) or 2 (memory-bound)");
+                     " must be 0 (GEMM), 1 (attention), 2 (memory-bound) or 3 (grouped GEMM)");
   }
   if (!impl_->nccl_interference) return 1.0;
   return impl_->nccl_interference->factor(static_cast<NcclResidentCase>(nccl_case),

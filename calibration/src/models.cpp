@@ -1090,23 +1090,33 @@ bool NcclInterferenceModel::has(NcclResidentCase c) const {
   return std::find(cases.begin(), cases.end(), static_cast<int>(c)) != cases.end();
 }
 
+namespace {
+
+// A measured slowdown curve of case row i: knots `tiles`, values case-major in `factor`; linear in
+// ln T between knots, flat beyond them, the knots' median for T <= 0.
+double curve_at(const std::vector<double>& tiles, const std::vector<double>& factor, std::size_t i, double t) {
+  const std::size_t k = tiles.size();
+  const auto g = factor.begin() + static_cast<std::ptrdiff_t>(i * k);
+  if (!(t > 0)) return fit::median(std::vector<double>(g, g + static_cast<std::ptrdiff_t>(k)));
+  if (t <= tiles.front()) return g[0];
+  if (t >= tiles.back()) return g[static_cast<std::ptrdiff_t>(k - 1)];
+  const auto hi = static_cast<std::size_t>(std::upper_bound(tiles.begin(), tiles.end(), t) - tiles.begin());
+  const std::size_t lo = hi - 1;
+  const double w = std::log(t / tiles[lo]) / std::log(tiles[hi] / tiles[lo]);
+  return g[static_cast<std::ptrdiff_t>(lo)] * (1.0 - w) + g[static_cast<std::ptrdiff_t>(hi)] * w;
+}
+
+}  // namespace
+
 double NcclInterferenceModel::factor(NcclResidentCase c, ComputeClass kind, double tiles) const {
   const auto it = std::find(cases.begin(), cases.end(), static_cast<int>(c));
   if (it == cases.end()) return 1.0;
   const auto i = static_cast<std::size_t>(it - cases.begin());
   switch (kind) {
-    case ComputeClass::gemm: {
-      const std::size_t k = gemm_tiles.size();
-      const auto g = gemm_factor.begin() + static_cast<std::ptrdiff_t>(i * k);
-      if (!(tiles > 0)) return fit::median(std::vector<double>(g, g + static_cast<std::ptrdiff_t>(k)));
-      if (tiles <= gemm_tiles.front()) return g[0];
-      if (tiles >= gemm_tiles.back()) return g[static_cast<std::ptrdiff_t>(k - 1)];
-      const auto hi =
-          static_cast<std::size_t>(std::upper_bound(gemm_tiles.begin(), gemm_tiles.end(), tiles) - gemm_tiles.begin());
-      const std::size_t lo = hi - 1;
-      const double w = std::log(tiles / gemm_tiles[lo]) / std::log(gemm_tiles[hi] / gemm_tiles[lo]);
-      return g[static_cast<std::ptrdiff_t>(lo)] * (1.0 - w) + g[static_cast<std::ptrdiff_t>(hi)] * w;
-    }
+    case ComputeClass::grouped_gemm:
+      if (!grouped_tiles.empty()) return curve_at(grouped_tiles, grouped_factor, i, tiles);
+      return curve_at(gemm_tiles, gemm_factor, i, tiles);
+    case ComputeClass::gemm: return curve_at(gemm_tiles, gemm_factor, i, tiles);
     case ComputeClass::attention:
       return attention_factor[i];
     case ComputeClass::memory:
@@ -1116,15 +1126,17 @@ double NcclInterferenceModel::factor(NcclResidentCase c, ComputeClass kind, doub
 }
 
 NcclInterferenceModel NcclInterferenceModel::fit(const std::vector<Sample>& samples) {
-  std::map<int, std::array<std::vector<const Sample*>, 3>> by_case;
+  std::map<int, std::array<std::vector<const Sample*>, 4>> by_case;
   for (const auto& s : samples) {
     require_positive_time(s.seconds, "nccl interference");
     require_positive_time(s.alone_s, "nccl interference (alone_s)");
     if (s.kase < 0 || s.kase > 1) throw FitImpossible("nccl interference: case must be 0 (pending) or 1 (transfer)");
-    if (s.kind < 0 || s.kind > 2) {
-      throw FitImpossible("nccl interference: kernel must be 0 (gemm), 1 (attention) or 2 (memory)");
+    if (s.kind < 0 || s.kind > 3) {
+      throw FitImpossible("nccl interference: kernel must be 0 (gemm), 1 (attention), 2 (memory) or 3 (grouped GEMM)");
     }
-    if (s.kind == 0 && !(s.tiles > 0)) throw FitImpossible("nccl interference: a GEMM point needs tiles > 0");
+    if ((s.kind == 0 || s.kind == 3) && !(s.tiles > 0)) {
+      throw FitImpossible("nccl interference: a GEMM or grouped GEMM point needs tiles > 0");
+    }
     if (s.tiles < 0) throw FitImpossible("nccl interference: tiles must be >= 0");
     by_case[s.kase][static_cast<std::size_t>(s.kind)].push_back(&s);
   }
@@ -1137,21 +1149,31 @@ NcclInterferenceModel NcclInterferenceModel::fit(const std::vector<Sample>& samp
         throw FitImpossible("nccl interference: case " + std::to_string(c) + " has no " + names[k] + " point");
       }
     }
-    // The case's GEMM curve: the median slowdown at each measured tile count.
-    std::map<double, std::vector<double>> at;
-    for (const Sample* s : kinds[0]) at[s->tiles].push_back(s->seconds / s->alone_s);
-    std::vector<double> tiles;
-    for (const auto& [t, r] : at) {
-      tiles.push_back(t);
-      m.gemm_factor.push_back(fit::median(r));
+    // The case's GEMM curve (and grouped GEMM curve): the median slowdown at each measured tile count.
+    auto curve = [&](const std::vector<const Sample*>& pts, std::vector<double>& knots, std::vector<double>& values,
+                     const char* what) {
+      std::map<double, std::vector<double>> at;
+      for (const Sample* s : pts) at[s->tiles].push_back(s->seconds / s->alone_s);
+      std::vector<double> tiles;
+      for (const auto& [t, r] : at) {
+        tiles.push_back(t);
+        values.push_back(fit::median(r));
+      }
+      if (m.cases.empty()) {
+        knots = tiles;
+      } else if (tiles != knots) {
+        throw FitImpossible("nccl interference: case " + std::to_string(c) + " measured " + what +
+                            " of other tile counts than case " + std::to_string(m.cases.front()) +
+                            "; every case must measure the same " + what);
+      }
+    };
+    curve(kinds[0], m.gemm_tiles, m.gemm_factor, "GEMMs");
+    if (!m.cases.empty() && kinds[3].empty() != m.grouped_tiles.empty()) {
+      throw FitImpossible("nccl interference: case " + std::to_string(c) + (kinds[3].empty() ? " has no" : " has") +
+                          " grouped GEMM points and case " + std::to_string(m.cases.front()) +
+                          (kinds[3].empty() ? " has" : " has none") + "; every case must measure the same kernels");
     }
-    if (m.cases.empty()) {
-      m.gemm_tiles = tiles;
-    } else if (tiles != m.gemm_tiles) {
-      throw FitImpossible("nccl interference: case " + std::to_string(c) +
-                          " measured GEMMs of other tile counts than case " + std::to_string(m.cases.front()) +
-                          "; every case must measure the same GEMMs");
-    }
+    if (!kinds[3].empty()) curve(kinds[3], m.grouped_tiles, m.grouped_factor, "grouped GEMMs");
     auto ratio_median = [](const std::vector<const Sample*>& v) {
       std::vector<double> r;
       for (const Sample* s : v) r.push_back(s->seconds / s->alone_s);

@@ -179,22 +179,31 @@ struct Active {
 };
 
 // Compute class of a kernel for the NCCL-residency slowdown (OpCoster::nccl_resident_slowdown):
-// 0 GEMM (with its 128 x 128 output tiles), 1 attention, 2 memory-bound (everything else).
+// 0 GEMM (with its 128 x 128 output tiles), 1 attention, 2 memory-bound (everything else), 3 grouped
+// GEMM.
 int compute_class(const Op& op) {
   switch (op.kind) {
-    case OpKind::gemm:
-    case OpKind::grouped_gemm: return 0;
+    case OpKind::gemm: return 0;
+    case OpKind::grouped_gemm: return 3;
     case OpKind::attention: return 1;
     default: return 2;
   }
 }
 
+// 128 x 128 output tiles of a GEMM (times its batch) or of a grouped GEMM's every group: forward
+// and dgrad write rows x width (rows = every group's, taken as one block), wgrad one n x k weight
+// gradient per group.
 double gemm_tiles(const Op& op) {
   if (op.kind != OpKind::gemm && op.kind != OpKind::grouped_gemm) return 0.0;
   const auto& s = op.shape;
-  const double t = std::ceil(static_cast<double>(std::max<std::int64_t>(s[0], 1)) / 128.0) *
-                   std::ceil(static_cast<double>(std::max<std::int64_t>(s[1], 1)) / 128.0);
-  return op.kind == OpKind::gemm ? t * static_cast<double>(std::max<std::int64_t>(s[3], 1)) : t;
+  auto tiles = [](std::int64_t a, std::int64_t b) {
+    return std::ceil(static_cast<double>(std::max<std::int64_t>(a, 1)) / 128.0) *
+           std::ceil(static_cast<double>(std::max<std::int64_t>(b, 1)) / 128.0);
+  };
+  if (op.kind == OpKind::gemm) return tiles(s[0], s[1]) * static_cast<double>(std::max<std::int64_t>(s[3], 1));
+  if ((op.flags & scenarios::kWgrad) != 0)
+    return tiles(s[1], s[2]) * static_cast<double>(std::max<std::int64_t>(s[3], 1));
+  return tiles(s[0], s[1]);
 }
 
 }  // namespace

@@ -547,6 +547,9 @@ TEST(CalibrationPlan, InterferenceKernelsAreNoShapeOfTheValidationScenarios) {
         k = {p.iparam("backward") ? "attention.bwd" : "attention.fwd",
              {p.param("batch"), p.param("seq"), p.param("seq"), p.param("heads"), p.param("heads"), p.param("head_dim"),
               p.param("head_dim"), p.param("causal")}};
+      } else if (p.iparam("kernel") == 3) {
+        k = {"grouped_gemm.bf16",
+             {p.param("groups"), p.param("total_rows"), p.param("max_rows"), p.param("n"), p.param("k")}};
       } else {
         k = {"elementwise", {6.0 * p.param("elements")}};
       }

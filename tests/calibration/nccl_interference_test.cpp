@@ -119,6 +119,36 @@ TEST(NcclInterferenceModel, FitRefusesIncompleteOrMismatchedPoints) {
   EXPECT_THROW((void)NcclInterferenceModel::fit(other), FitImpossible);
 }
 
+TEST(NcclInterferenceModel, GroupedGemmsTakeTheirOwnCurveWhenMeasuredAndTheGemmCurveOtherwise) {
+  auto s = synthetic_samples(Truth{});
+  const auto without = NcclInterferenceModel::fit(s);
+  EXPECT_TRUE(without.grouped_tiles.empty());
+  EXPECT_DOUBLE_EQ(without.factor(NcclResidentCase::pending, ComputeClass::grouped_gemm, 700.0),
+                   without.factor(NcclResidentCase::pending, ComputeClass::gemm, 700.0));
+  // Grouped GEMMs measured less slowed than dense GEMMs of the same tiles (pending 1.3x at 512,
+  // 1.1x at 2048; transfer flat 1.25x).
+  for (int c = 0; c <= 1; ++c) {
+    for (const auto& [tiles, g] :
+         std::vector<std::pair<double, double>>{{512.0, c ? 1.25 : 1.3}, {2048.0, c ? 1.25 : 1.1}}) {
+      for (const double noise : {0.99, 1.01}) s.push_back({c, 3, tiles, 1e-4, 1e-4 * g * noise});
+    }
+  }
+  const auto with = NcclInterferenceModel::fit(s);
+  ASSERT_EQ(with.grouped_tiles, (std::vector<double>{512.0, 2048.0}));
+  const auto pending = NcclResidentCase::pending;
+  EXPECT_NEAR(with.factor(pending, ComputeClass::grouped_gemm, 512.0), 1.3, 1e-9);
+  EXPECT_NEAR(with.factor(pending, ComputeClass::grouped_gemm, 1024.0), 1.2, 1e-9);  // halfway in ln T
+  EXPECT_NEAR(with.factor(NcclResidentCase::transfer, ComputeClass::grouped_gemm, 4096.0), 1.25, 1e-9);
+  // Dense GEMMs keep their own curve.
+  EXPECT_NEAR(with.factor(pending, ComputeClass::gemm, 1024.0), 1.45, 1e-9);
+  // Grouped points in one case only: refused.
+  auto one = synthetic_samples(Truth{});
+  one.push_back({0, 3, 512.0, 1e-4, 1.3e-4});
+  EXPECT_THROW((void)NcclInterferenceModel::fit(one), FitImpossible);
+  one.push_back({0, 3, 0.0, 1e-4, 1.3e-4});
+  EXPECT_THROW((void)NcclInterferenceModel::fit(one), FitImpossible);  // a grouped GEMM without tiles
+}
+
 TEST(NcclMemoryModel, FitTakesTheMedianOfEachStage) {
   const auto m = NcclMemoryModel::fit({{0, 3e8}, {0, 3.2e8}, {0, 3.1e8}, {1, 9e8}, {2, 1.2e9}});
   EXPECT_DOUBLE_EQ(m.communicator_bytes, 3.1e8);
@@ -145,8 +175,26 @@ TEST(CostModel, NcclFamiliesSurviveSaveAndLoadAndApply) {
   EXPECT_NEAR(cm.nccl_resident_slowdown(1, 2, 0), 1.4, 0.02);
   ASSERT_TRUE(cm.nccl_memory().has_value());
   EXPECT_NEAR(cm.nccl_memory()->p2p_peer.value, 1.2e9, 0.02e9);
+  EXPECT_DOUBLE_EQ(cm.nccl_resident_slowdown(0, 3, 112), cm.nccl_resident_slowdown(0, 0, 112));  // no grouped points
   EXPECT_THROW((void)cm.nccl_resident_slowdown(2, 0, 1), InputError);
-  EXPECT_THROW((void)cm.nccl_resident_slowdown(0, 3, 1), InputError);
+  EXPECT_THROW((void)cm.nccl_resident_slowdown(0, 4, 1), InputError);
+}
+
+TEST(CostModel, GroupedInterferencePointsSurviveSaveAndLoad) {
+  ProfileBuilder b({"nccl", "synthetic: unit test", "tests/calibration"}, calibration::testing::test_hardware());
+  add_interference(b, Truth{});
+  for (const double c : {0.0, 1.0}) {
+    b.add_point(kNcclInterferenceFamily, {c, 3, 512, 1e-4}, Measurement::single(1.3e-4));
+    b.add_point(kNcclInterferenceFamily, {c, 3, 2048, 4e-4}, Measurement::single(4.4e-4));
+  }
+  const Profile built = b.build();
+  const Profile p = Profile::parse(built.to_toml(), "<nccl test>");
+  EXPECT_EQ(p.to_toml(), built.to_toml());
+  EXPECT_NE(p.to_toml().find("grouped_tiles = [512"), std::string::npos);
+  const CostModel cm(p);
+  EXPECT_NEAR(cm.nccl_resident_slowdown(0, 3, 512), 1.3, 1e-6);
+  EXPECT_NEAR(cm.nccl_resident_slowdown(1, 3, 2048), 1.1, 1e-6);
+  EXPECT_NEAR(cm.nccl_resident_slowdown(0, 0, 2048), 1.2, 0.02);  // dense keeps its curve
 }
 
 TEST(CostModel, WithoutNcclFamiliesNothingChanges) {

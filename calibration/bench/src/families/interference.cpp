@@ -448,6 +448,10 @@ class InterferenceGroupBench final : public GroupBench {
         a = std::max(a, p.param("m") * p.param("k"));
         b = std::max(b, p.param("k") * p.param("n"));
         c = std::max(c, p.param("m") * p.param("n"));
+      } else if (kind == 3) {
+        a = std::max(a, p.param("total_rows") * p.param("k"));
+        b = std::max(b, p.param("groups") * p.param("n") * p.param("k"));
+        c = std::max(c, p.param("total_rows") * p.param("n"));
       } else if (kind == 1) {
         attn = std::max(attn, p.param("batch") * p.param("heads") * p.param("seq") * p.param("head_dim"));
         rows = std::max(rows, p.param("batch") * p.param("heads") * p.param("seq"));
@@ -502,6 +506,7 @@ class InterferenceGroupBench final : public GroupBench {
     Work w;
     std::function<std::string()> check;
     std::optional<Rotation> ra, rb, rc;
+    std::unique_ptr<be::GroupedGemm> grouped;
     be::GemmShape g{};
     std::size_t run = 0;
     if (kind == 0) {
@@ -518,6 +523,33 @@ class InterferenceGroupBench final : public GroupBench {
       check = [&] {
         const std::size_t last = run - 1;
         return check_gemm(g, ra->at(last), rb->at(last), rc->at(last), false) + rotation_note(*ra, *rb, *rc);
+      };
+    } else if (kind == 3) {
+      // Balanced groups, one prepared GroupedGemm on fixed operands (the grouped section measures its
+      // rotation; here only the ratio to the same kernel alone matters).
+      const std::int64_t groups = p.iparam("groups"), total = p.iparam("total_rows");
+      const std::int64_t n = p.iparam("n"), k = p.iparam("k");
+      const std::vector<std::int64_t> rows = be::expert_rows(total, groups, p.iparam("max_rows"));
+      auto* x = buf_[0].as<be::bf16>();
+      auto* wt = buf_[1].as<be::bf16>();
+      auto* y = buf_[2].as<be::bf16>();
+      grouped = std::make_unique<be::GroupedGemm>(*ctx_.lt, be::GemmLayout::forward, rows, n, k, x, wt, y,
+                                                  be::OpRunnerConfig{}.grouped_impl);
+      w = [&](cudaStream_t st) { grouped->run(st); };
+      check = [=] {
+        TW_CUDA_CHECK(cudaDeviceSynchronize());
+        CheckLog log("grouped Y_e = X_e W_e^T of the last expert's last row against a CPU dot product");
+        const std::int64_t row = total - 1, e = groups - 1, j = n - 1;
+        const auto xv = download_bf16(x, row * k, k);
+        const auto wv = download_bf16(wt, e * n * k + j * k, k);
+        double ref = 0.0, norm = 0.0;
+        for (std::int64_t l = 0; l < k; ++l) {
+          ref += xv[sz(l)] * wv[sz(l)];
+          norm += (xv[sz(l)] * wv[sz(l)]) * (xv[sz(l)] * wv[sz(l)]);
+        }
+        log.expect_near(download_bf16(y, row * n + j, 1)[0], ref, 0.02 * std::sqrt(norm) + 0.01 * std::fabs(ref),
+                        "expert " + std::to_string(e) + " row " + std::to_string(row));
+        return log.passed();
       };
     } else if (kind == 1) {
       const be::AttentionShape sh{p.iparam("batch"),    p.iparam("seq"),      p.iparam("seq"),        p.iparam("heads"),

@@ -147,8 +147,8 @@ class CostModel {
   // Slowdown t_with / t_alone of a compute kernel while an NCCL kernel is resident on the same GPU
   // (models.hpp, NcclInterferenceModel): `nccl_case` 0 = a p2p/collective kernel waiting for its
   // peer, 1 = transferring; `compute_class` 0 = GEMM (`tiles` = 128 x 128 output tiles of the call),
-  // 1 = attention, 2 = memory-bound. 1 when the profile has no nccl.interference family (older
-  // profiles: no slowdown, the behaviour before the family existed) or lacks the case.
+  // 1 = attention, 2 = memory-bound, 3 = grouped GEMM (`tiles` = every group's output tiles). 1 when the profile has no
+  // nccl.interference family (older profiles: no slowdown, the behaviour before the family existed) or lacks the case.
   [[nodiscard]] double nccl_resident_slowdown(int nccl_case, int compute_class, double tiles) const;
   [[nodiscard]] bool has_nccl_interference() const;
   // ---- NCCL device memory (optional family nccl.memory) ----

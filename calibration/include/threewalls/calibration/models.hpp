@@ -488,13 +488,15 @@ struct ConcurrencyModel {
 //     at the calibration's GEMMs (gemm_tiles, ascending; the median where a tile count repeats),
 //     piecewise linear in ln T between them and constant beyond the first and the last; a GEMM of
 //     unknown tiles (T <= 0) takes the median of G_c's knots;
+//   grouped expert GEMM with T output tiles (every group's): t = alone_s * H_c(T), the same kind of
+//     curve over the calibration's grouped GEMMs (grouped_tiles); without grouped points, G_c;
 //   attention: t = alone_s * a_c;   memory-bound kernel: t = alone_s * b_c.
 // The slowdown of a GEMM depends on its size in a way no single factor or wave count describes
 // (measured on H200: 1.7-1.8x for GEMMs of one wave or less, 1.4x at 8 waves, 1.2x at 16), so the
 // GEMM side is the measured curve itself. a_c and b_c are the median slowdowns of their points.
 // A case that was not measured has no entry (the simulator then uses no slowdown for it).
 enum class NcclResidentCase : std::uint8_t { pending = 0, transfer = 1 };
-enum class ComputeClass : std::uint8_t { gemm = 0, attention = 1, memory = 2 };
+enum class ComputeClass : std::uint8_t { gemm = 0, attention = 1, memory = 2, grouped_gemm = 3 };
 
 struct NcclInterferenceModel {
   std::vector<int> cases;               // measured cases (NcclResidentCase values), increasing
@@ -502,6 +504,8 @@ struct NcclInterferenceModel {
   std::vector<double> gemm_factor;      // G_c at the knots, case-major (cases.size() x gemm_tiles.size())
   std::vector<double> attention_factor; // a_c
   std::vector<double> memory_factor;    // b_c
+  std::vector<double> grouped_tiles;    // knots of H_c, ascending, > 0; empty: grouped GEMMs take G_c
+  std::vector<double> grouped_factor;   // H_c at the knots, case-major
 
   [[nodiscard]] bool has(NcclResidentCase c) const;
   // t_with / t_alone for a kernel of `kind` with `tiles` 128 x 128 output tiles (GEMM only); 1 for a
@@ -516,7 +520,8 @@ struct NcclInterferenceModel {
     double seconds;  // with the NCCL kernel resident
   };
   // Throws FitImpossible when a measured case lacks GEMM, attention or memory points, when the cases
-  // measured GEMMs of different tile counts, for a GEMM point without tiles, or for a non-positive time.
+  // measured GEMMs (or grouped GEMMs) of different tile counts, when some cases have grouped points and
+  // others not, for a GEMM point without tiles, or for a non-positive time.
   static NcclInterferenceModel fit(const std::vector<Sample>& samples);
 };
 

@@ -112,7 +112,8 @@ class OpCoster {
   // Slowdown (time with / time alone) of a compute kernel while an NCCL kernel is resident on its GPU
   // (calibration family nccl.interference, docs/simulator.md "Compute beside resident NCCL kernels"):
   // `nccl_case` 0 = an NCCL kernel waiting for its peer, 1 = transferring; `compute_class` 0 = GEMM
-  // (`tiles`: 128 x 128 output tiles), 1 = attention, 2 = memory-bound. Costers without the model
+  // (`tiles`: 128 x 128 output tiles), 1 = attention, 2 = memory-bound, 3 = grouped GEMM (`tiles`: all
+  // groups' output tiles). Costers without the model
   // (older profiles, test fakes) return 1 and say so through models_nccl_residency().
   [[nodiscard]] virtual double nccl_resident_slowdown(int /*nccl_case*/, int /*compute_class*/,
                                                       double /*tiles*/) const {
