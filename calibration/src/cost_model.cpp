@@ -140,7 +140,7 @@ Seconds CostModel::attention(const AttentionShape& s, bool backward) const {
   return Seconds(impl_->need(impl_->attention[backward ? 1 : 0], [&] { return attention_family(backward); }).time_s(s));
 }
 
-// attention_wave_v1 in its v1 form (AttentionModel)
+// attention_tiles_v1 (AttentionModel, scheduled form)
 std::optional<Seconds> CostModel::fused_attention(const AttentionShape& s, bool backward) const {
   require_attention_shape(s);
   const auto& m = impl_->attention_fused[backward ? 1 : 0];

@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <queue>
 #include <set>
 #include <string>
 #include <utility>
@@ -464,6 +465,60 @@ double attention_flops(const AttentionShape& s, bool backward) {
   return attention_flops_of_pairs(s, attention_pairs(s.seq_q, s.seq_kv, s.causal), backward);
 }
 
+namespace {
+
+// The scheduled form's makespan (AttentionModel, "attention_tiles_v1"): tiles of `reps` identical
+// (batch, head) runs of `work` (each tile's keys or queries, ascending block order), placed in that
+// order on the SM that frees first; `per_unit` seconds per unit of work plus `s_half` units per tile.
+// Past kMaxScheduledTiles the placement is taken as balanced (total / SMs + the longest tile).
+constexpr double kMaxScheduledTiles = 200000;
+double list_schedule_makespan(const std::vector<double>& work, double reps, double s_half, double per_unit,
+                              int sm_count) {
+  const auto sms = static_cast<std::size_t>(std::max(sm_count, 1));
+  const double n = reps * static_cast<double>(work.size());
+  if (n > kMaxScheduledTiles) {
+    double total = 0.0, longest = 0.0;
+    for (const double w : work) {
+      total += w + s_half;
+      longest = std::max(longest, w + s_half);
+    }
+    return (reps * total / static_cast<double>(sms) + longest) * per_unit;
+  }
+  std::priority_queue<double, std::vector<double>, std::greater<>> free_at;
+  for (std::size_t i = 0; i < sms; ++i) free_at.push(0.0);
+  double end = 0.0;
+  const auto runs = static_cast<std::int64_t>(reps);
+  for (std::int64_t r = 0; r < runs; ++r) {
+    for (const double w : work) {
+      const double t = free_at.top() + (w + s_half) * per_unit;
+      free_at.pop();
+      free_at.push(t);
+      end = std::max(end, t);
+    }
+  }
+  return end;
+}
+
+// Work of each 128-row tile of one (batch, head): forward, the mean keys the tile's first and last
+// query rows see; backward, the mean queries that see the tile's first and last key rows.
+std::vector<double> attention_tile_work(const AttentionShape& s, bool backward, int tile) {
+  const std::int64_t sq = s.seq_q, skv = s.seq_kv, off = skv - sq;  // bottom-right aligned mask
+  std::vector<double> w;
+  const std::int64_t rows = backward ? skv : sq;
+  for (std::int64_t r0 = 0; r0 < rows; r0 += tile) {
+    const std::int64_t r1 = std::min(rows, r0 + tile) - 1;
+    auto seen = [&](std::int64_t r) -> double {
+      if (!s.causal) return static_cast<double>(backward ? sq : skv);
+      if (!backward) return static_cast<double>(std::clamp<std::int64_t>(r + off + 1, 0, skv));
+      return static_cast<double>(std::clamp<std::int64_t>(sq - std::max<std::int64_t>(0, r - off), 0, sq));
+    };
+    w.push_back((seen(r0) + seen(r1)) / 2.0);
+  }
+  return w;
+}
+
+}  // namespace
+
 double AttentionModel::time_s(const AttentionShape& s) const {
   const double pairs = blocked ? attention_computed_pairs(s.seq_q, s.seq_kv, s.causal)
                                : attention_pairs(s.seq_q, s.seq_kv, s.causal);
@@ -476,18 +531,25 @@ double AttentionModel::time_s(const AttentionShape& s) const {
   const double hkv = static_cast<double>(s.kv_heads > 0 ? s.kv_heads : s.heads);
   const double dqk = static_cast<double>(s.head_dim_qk);
   const double dv = static_cast<double>(s.head_dim_v);
+  const double bytes = 2.0 * b * (h * sq * (dqk + dv) + hkv * skv * (dqk + dv)) * (backward ? 2.0 : 1.0);
+  const double t_memory = bytes / memory_bandwidth_bytes_per_s;
+  if (scheduled) {
+    const double per_unit = 2.0 * tile_q * (backward ? 3.0 * dqk + 2.0 * dv : dqk + dv) * device.sm_count /
+                            (device.peak_flop_per_s * efficiency_max * dqk / (dqk + d_half));
+    const double makespan =
+        list_schedule_makespan(attention_tile_work(s, backward, tile_q), b * h, s_half, per_unit, device.sm_count);
+    return std::max(makespan, t_memory) + overhead_s;
+  }
   const double keys_per_row = pairs / sq;
   const double tiles = b * h * ceil_div(sq, tile_q);
   const double q = wave_efficiency(tiles, device.sm_count);
   const double eff = efficiency_max * keys_per_row / (keys_per_row + s_half) * dqk / (dqk + d_half);
   const double t_compute = flops / (device.peak_flop_per_s * eff * q) + (blocked ? b * h * pairs * pair_s : 0.0);
-  const double bytes = 2.0 * b * (h * sq * (dqk + dv) + hkv * skv * (dqk + dv)) * (backward ? 2.0 : 1.0);
-  const double t_memory = bytes / memory_bandwidth_bytes_per_s;
   return std::max(t_compute, t_memory) + overhead_s;
 }
 
 AttentionModel AttentionModel::fit(const std::vector<Sample>& samples, bool backward, const DeviceConstants& device,
-                                   double memory_bandwidth_bytes_per_s, bool blocked) {
+                                   double memory_bandwidth_bytes_per_s, bool blocked, bool scheduled) {
   const char* what = backward ? "attention.bwd" : "attention.fwd";
   require_device(device, memory_bandwidth_bytes_per_s, what);
   const std::size_t need = blocked ? 5 : 4;
@@ -507,6 +569,7 @@ AttentionModel AttentionModel::fit(const std::vector<Sample>& samples, bool back
   base.device = device;
   base.memory_bandwidth_bytes_per_s = memory_bandwidth_bytes_per_s;
   base.blocked = blocked;
+  base.scheduled = scheduled;
   auto make = [&](const std::vector<double>& theta) {
     const auto p = exp_all(theta);
     AttentionModel c = base;

@@ -248,6 +248,47 @@ TEST(AttentionModel, FitRecoversParametersFromNoisyPoints) {
   EXPECT_NEAR(fit.overhead_s, 5e-6, 5e-6 * 0.4);
 }
 
+// The scheduled form (attention_tiles_v1): with equal tiles (no mask, whole 128-row tiles) it is the
+// wave form; under a causal mask it follows the heads one by one where whole waves step; its fit
+// recovers the parameters.
+TEST(AttentionModel, ScheduledFormIsTheWaveFormForEqualTilesAndLinearInHeadsUnderAMask) {
+  AttentionModel wave;
+  wave.efficiency_max = 0.7;
+  wave.s_half = 300.0;
+  wave.d_half = 20.0;
+  wave.overhead_s = 5e-6;
+  wave.memory_bandwidth_bytes_per_s = 4e12;
+  wave.device = kH200Bf16;
+  AttentionModel tiles = wave;
+  tiles.scheduled = true;
+  for (const bool backward : {false, true}) {
+    wave.backward = tiles.backward = backward;
+    for (const std::int64_t h : {1, 7, 14, 16, 40}) {
+      const AttentionShape s{2, 2048, 2048, h, h, 128, 128, false};
+      EXPECT_NEAR(tiles.time_s(s), wave.time_s(s), wave.time_s(s) * 1e-9) << h << " " << backward;
+    }
+    // One sequence of 4,096 tokens, causal: 14 and 16 heads are both four waves of query tiles (448
+    // and 512 tiles on 132 SMs), the same time in whole waves; placed tile by tile the time grows
+    // with the heads, by most of the heads' ratio (16/14 = 1.143; the last tiles' tail is shared).
+    const AttentionShape h14{1, 4096, 4096, 14, 14, 128, 128, true};
+    const AttentionShape h16{1, 4096, 4096, 16, 16, 128, 128, true};
+    EXPECT_NEAR(wave.time_s(h16) / wave.time_s(h14), 1.0, 0.02) << backward;
+    const double ratio = (tiles.time_s(h16) - tiles.overhead_s) / (tiles.time_s(h14) - tiles.overhead_s);
+    EXPECT_GT(ratio, 1.09) << backward;
+    EXPECT_LT(ratio, 16.0 / 14.0 + 1e-9) << backward;
+  }
+  tiles.backward = false;
+  Noise noise(5, 0.015);
+  const auto samples =
+      attention_samples(tiles, noise, {256, 512, 1024, 2048, 4096, 8192, 16384}, {64, 128, 256}, 8192, true);
+  const auto fit = AttentionModel::fit(samples, false, tiles.device, tiles.memory_bandwidth_bytes_per_s, false, true);
+  EXPECT_TRUE(fit.scheduled);
+  EXPECT_NEAR(fit.efficiency_max, 0.7, 0.7 * 0.05);
+  EXPECT_NEAR(fit.s_half, 300.0, 300.0 * 0.25);
+  EXPECT_NEAR(fit.d_half, 20.0, 20.0 * 0.3);
+  EXPECT_NEAR(fit.overhead_s, 5e-6, 5e-6 * 0.4);
+}
+
 // Decode attention: t = t0 + B per_byte + F per_flop over caches, batches and GQA group sizes.
 TEST(DecodeAttentionModel, FitRecoversTheBandwidthAndTheFlopTermAndScalesToLongerCaches) {
   DecodeAttentionModel truth;

@@ -122,7 +122,8 @@ LinearModel decode_linear(const Family& f);
 
 // attention_wave_v1 (attention and attention_fused modules): the point columns (batch, seq_q,
 // seq_kv, heads, kv_heads, head_dim_qk, head_dim_v, causal), the parameters of the v1 form, the
-// shape of a point, and the v1 model of a family (attention adds its optional blocked form).
+// shape of a point, and the v1 model of a family (attention adds its optional blocked form,
+// attention_fused sets the scheduled form, attention_tiles_v1).
 std::vector<InputSpec> attention_inputs();
 std::vector<ParamSpec> attention_wave_params();
 AttentionShape attention_shape(const std::vector<double>& inputs);

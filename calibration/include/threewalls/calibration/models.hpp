@@ -191,7 +191,8 @@ struct GroupedGemmModel {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Fused attention ("attention_wave_v1"), one model for forward and one for backward.
+// Attention ("attention_wave_v1": the unfused families; its scheduled form "attention_tiles_v1": the
+// fused families), one model for forward and one for backward.
 //
 //   pairs = s_q s_kv, or for causal (bottom-right aligned mask) sum_i clamp(i + s_kv - s_q + 1, 0, s_kv)
 //   F_fwd = 2 b h pairs (d_qk + d_v)               F_bwd = 2 b h pairs (3 d_qk + 2 d_v)
@@ -211,6 +212,19 @@ struct GroupedGemmModel {
 //   F, L, eff as above with pairs_c;   t = max( F / (P eff q) + b h pairs_c pair_s,  B / BW ) + t0
 // (s_q = 512 causal: pairs_c = s_q^2, twice the mask's pairs; the old form priced the mask's pairs
 // and was 16-19% fast on the Switch-like layers of docs/validation/host_overhead.md.)
+//
+// Scheduled form ("attention_tiles_v1", the fused families): the same parameters, but the tiles are
+// placed on the SMs one by one instead of counted in whole waves. A forward tile is 128 query rows of
+// one (batch, head), a backward tile 128 key rows (the FlashAttention backward loops over the queries
+// that see its keys); its work is the mean number of keys (forward) or queries (backward) its first
+// and last row pair with, k_i. With every tile's time
+//   d_i = (k_i + s_half) · 2 T (d_qk + d_v) · SMs / (P e_max d_qk / (d_qk + d_half))   (backward: 3 d_qk + 2 d_v)
+// the tiles go, batch and head outermost and blocks in ascending order, each to the SM that frees
+// first (list scheduling; the order is the one that predicted the calibration's held-out points best,
+// docs/calibration.md), and
+//   t = max( makespan,  B / BW ) + t0.
+// Under a causal mask tiles differ in work, so a few tiles per SM leave SMs idle at the end that the
+// wave count does not see, and whole-wave counting charges a step where the measured time has none.
 // (AttentionShape is declared in cost_model.hpp.)
 inline constexpr std::int64_t kAttentionCausalBlock = 512;  // backend/src/attention.cpp kCausalBlock
 // Number of (query, key) pairs the mask lets through.
@@ -228,6 +242,7 @@ struct AttentionModel {
   double memory_bandwidth_bytes_per_s = 0.0;
   bool backward = false;
   bool blocked = false;  // the blocked form (pair_s)
+  bool scheduled = false;  // the scheduled form (attention_tiles_v1)
   double pair_s = 0.0;   // seconds per computed (query, key) pair and head: the score matrix's memory passes
   DeviceConstants device;  // bf16 peak
 
@@ -239,7 +254,7 @@ struct AttentionModel {
   };
   // Throws FitImpossible with fewer than 4 samples (5 for the blocked form).
   static AttentionModel fit(const std::vector<Sample>& samples, bool backward, const DeviceConstants& device,
-                            double memory_bandwidth_bytes_per_s, bool blocked = false);
+                            double memory_bandwidth_bytes_per_s, bool blocked = false, bool scheduled = false);
 };
 
 // ---------------------------------------------------------------------------------------------
