@@ -87,6 +87,7 @@ class Buckets:
         close(True, 0)
         self.distributed = distributed
         self.params, self.grads, self.masters, self.shards, self.sizes = [], [], [], [], []
+        self.grad_views = []  # per bucket: each parameter's gradient slot in `grads`, in its shape
         dp_rank = model.rank if dp > 1 else 0  # tp = cp = pp = 1: the data-parallel rank is the rank
         edp_rank = model.rank // model.ep if edp > 1 else 0
         with torch.no_grad():
@@ -110,6 +111,13 @@ class Buckets:
                 master.grad = torch.zeros_like(master)
                 self.params.append(pflat)
                 self.grads.append(torch.zeros(npad, dtype=torch.float32, device=device))
+                views = []
+                off = 0
+                for x in names:
+                    p = model.params[x]
+                    views.append(self.grads[-1][off:off + p.numel()].view(p.shape))
+                    off += p.numel()
+                self.grad_views.append(views)
                 self.masters.append(master)
                 self.shards.append(shard)
                 self.sizes.append(n)
@@ -286,6 +294,19 @@ def _h2d(c: Ctx, prof, host_tensors, device, copy_stream, sync_after_copy: bool)
     return out
 
 
+def train_forward(s, model: Model, c: Ctx, d_ids, d_labels):
+    """One micro-batch's forward of a training step: the loss (c.mb set by the caller)."""
+    b, sq = d_ids.shape
+    x = embedding(c, d_ids, model.params["embedding"])
+    for li in range(s.model["num_layers"]):
+        c.layer = li
+        x = model.attention(c, x, b, sq, decode=False)
+        x = model.mlp(c, x)
+    c.layer = None
+    logits = model.head_logits(c, x)
+    return model.loss(c, logits, d_labels)
+
+
 def _train(s, model: Model, prof, c: Ctx, device, copy_stream, gen, steps, warmup, dist, dp_group, edp_group):
     t = s.step
     b, sq = t["micro_batch_size"], t["seq_length"]
@@ -305,6 +326,7 @@ def _train(s, model: Model, prof, c: Ctx, device, copy_stream, gen, steps, warmu
         runner_settings["gradients"] = "bf16 autograd gradients copied into fp32 bucket buffers after backward"
     pin = device.type == "cuda"
     shard = bk.shard_params()
+    copy_all = getattr(torch, "_foreach_copy_", None)  # one call per bucket (an eager loop has ~10^3 weights)
     gloo = dist is not None and device.type == "cpu"
 
     def reduce_grads(i, expert, layer, group, gsize):
@@ -355,14 +377,7 @@ def _train(s, model: Model, prof, c: Ctx, device, copy_stream, gen, steps, warmu
             pos = torch.arange(sq, dtype=torch.int64).expand(b, sq).contiguous()
             host = [x.pin_memory() if pin else x for x in (ids, labels, mask, pos)]
             d_ids, d_labels, _, _ = _h2d(c, prof, host, device, copy_stream, t["sync_after_copy"])
-            x = embedding(c, d_ids, model.params["embedding"])
-            for li in range(s.model["num_layers"]):
-                c.layer = li
-                x = model.attention(c, x, b, sq, decode=False)
-                x = model.mlp(c, x)
-            c.layer = None
-            logits = model.head_logits(c, x)
-            loss = model.loss(c, logits, d_labels)
+            loss = train_forward(s, model, c, d_ids, d_labels)
             (loss / M).backward()
             loss_sum += loss.detach()
         c.mb = None
@@ -370,11 +385,14 @@ def _train(s, model: Model, prof, c: Ctx, device, copy_stream, gen, steps, warmu
             # Gradients into the fp32 buckets (Megatron accumulates into fp32 main grads; here the copy
             # is a gap between records).
             for bi, names in enumerate(bk.names):
-                off = 0
-                for n in names:
-                    p = model.params[n]
-                    bk.grads[bi][off:off + p.numel()].copy_(p.grad.reshape(-1))
-                    off += p.numel()
+                ps = [model.params[n] for n in names]
+                dst = bk.grad_views[bi]
+                if copy_all is not None and all(p.grad is not None for p in ps):
+                    copy_all(dst, [p.grad for p in ps])
+                else:
+                    for d, p in zip(dst, ps):
+                        d.copy_(p.grad) if p.grad is not None else d.zero_()
+                for p in ps:
                     p.grad = None
                 if not (distributed and (edp if bk.buckets[bi][0] else dp) > 1):
                     bk.masters[bi].grad = bk.grads[bi]
