@@ -91,5 +91,23 @@ class PlainSteps(unittest.TestCase):
         self.assertTrue(all(r["wall"] == "host" and r["stream"] == "host" for r in reads))
 
 
+
+class StepWallTimes(unittest.TestCase):
+    def test_every_measured_step_has_a_wall_time_split_by_recording(self):
+        import json
+        from threewalls.runner.run import run
+        d = tempdir(self)
+        path = variant(TINY, [("train", {"expert_execution": "sequential"}), ("run", {"steps": 4, "warmup_steps": 1})],
+                       "tiny_walls", d)
+        wall = os.path.join(d, "walls.json")
+        self.assertEqual(run([path, "--out", os.path.join(d, "run"), "--device", "cpu", "--record-every", "2",
+                              "--wall-json", wall]), 0)
+        with open(wall) as f:
+            j = json.load(f)
+        self.assertEqual([(x["step"], x["recorded"]) for x in j["steps"]], [(0, True), (1, False), (2, True), (3, False)])
+        self.assertTrue(all(x["wall_ms"] > 0 for x in j["steps"]))
+        self.assertGreater(j["median_ms"]["unrecorded"], 0)
+
+
 if __name__ == "__main__":
     unittest.main()

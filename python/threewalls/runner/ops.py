@@ -22,6 +22,7 @@ product; bytes read and written), not taken from the simulator.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Optional, Sequence
 
 import torch
@@ -370,15 +371,4 @@ def scatter_add(c: Ctx, out: torch.Tensor, rows: torch.Tensor, y: torch.Tensor,
     return _ScatterAdd.apply(c, out, rows, y, w)
 
 
-class _Noop:
-    """The phase of an op on a step that records nothing."""
-    __slots__ = ()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NOOP = _Noop()
+_NOOP = contextlib.nullcontext()  # the phase of an op on a step that records nothing (reusable)
