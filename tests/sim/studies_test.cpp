@@ -418,7 +418,9 @@ TEST(HostOverheadStudy, APyTorchEagerExpertLoopReadsEachExpertsRowsWaitingForIts
     ASSERT_EQ(op.deps_end - op.deps_begin, 1U);
     const auto& dep = rc.ops[rc.deps[op.deps_begin]];
     EXPECT_EQ(g.phase_name(dep), op.expert == 0 ? "router_topk_fwd" : "expert_scatter_fwd") << op.expert;
-    if (op.expert > 0) EXPECT_EQ(dep.expert, op.expert - 1);
+    if (op.expert > 0) {
+      EXPECT_EQ(dep.expert, op.expert - 1);
+    }
     ASSERT_LT(i + 1, rc.ops.size());
     EXPECT_EQ(g.phase_name(rc.ops[i + 1]), "expert_gather_fwd");
     EXPECT_EQ(rc.ops[i + 1].expert, op.expert);
