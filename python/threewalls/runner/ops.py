@@ -167,6 +167,9 @@ def _gmm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, counts: Sequence[
     return out
 
 
+_GMM_AUTOGRAD = True  # whether torch._grouped_mm differentiates (else unrecorded steps use _Grouped too)
+
+
 class _Grouped(torch.autograd.Function):
     """Grouped product of the experts: y[rows of g] = x[rows of g] w[g] with w [G, K, N]."""
 
@@ -202,9 +205,15 @@ def grouped(c: Ctx, name: str, x: torch.Tensor, w: torch.Tensor, offs: torch.Ten
     """Phases name_fwd, name_dgrad, name_wgrad of a grouped GEMM over the local experts; x's rows are
     sorted by expert, `offs` their cumulative ends per expert (int32, on x's device); `counts` (rows
     per expert on the host) only where torch._grouped_mm does not run (None otherwise allowed)."""
-    if c.plain:
+    global _GMM_AUTOGRAD
+    if c.plain and _GMM_AUTOGRAD:
         c.prof.tick()
-        return _gmm(x, w, offs, counts, "2d3d")
+        try:
+            return _gmm(x, w, offs, counts, "2d3d")
+        except RuntimeError as e:  # a PyTorch whose torch._grouped_mm has no backward: the function's own
+            if "derivative" not in str(e) and "not implemented" not in str(e):
+                raise
+            _GMM_AUTOGRAD = False
     return _Grouped.apply(c, name, offs, None if counts is None else tuple(counts), x, w)
 
 
