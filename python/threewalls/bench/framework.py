@@ -3,19 +3,21 @@
     python3 -m threewalls.bench.framework --out DIR [--profile PROFILE.toml] [--device cuda|cpu]
 
 Each figure is the host time per operation, the median over --repeats repeats of --ops operations,
-timed with time.perf_counter_ns on the thread that issues them:
+timed with time.perf_counter_ns on the thread that issues them. Launches timed behind a blocking
+kernel go in batches of at most 256, each behind its own: CUDA holds about a thousand pending
+launches, past which a launch waits for the device (a longer batch would time the blocking kernel).
 
 * `eager_op_us`: a one-element `torch.add(a, b, out=c)` issued while the device is held busy by a
   long kernel queued first (torch.cuda._sleep), so no launch waits for the device: Python, the
   dispatcher and one kernel launch. host.framework_op is this less the profile's host.kernel_launch
   (the C++ launch that threewalls run pays and the simulator already charges).
-* `autograd_node_us`: the backward of a chain of --ops one-element multiplications, per node (one
+* `autograd_node_us`: the backward of a chain of min(--ops, 256) one-element multiplications, per node (one
   kernel each): the autograd engine's per-node cost, the C++ dispatch of the node's op and its
   kernel launch (the device held busy again). host.framework_backward_op is this less the profile's
   host.kernel_launch: what the simulator charges per backward launch in place of host.framework_op.
 * `autograd_extra_us`: autograd_node_us less eager_op_us: what a backward op costs beyond a forward op
   (negative when the engine's C++ path is cheaper than a Python op).
-* `autograd_linear_us`: the backward of a chain of --ops tiny F.linear layers (x [1, 8], leaf
+* `autograd_linear_us`: the backward of a chain of min(--ops, 256) / 2 tiny F.linear layers (x [1, 8], leaf
   weights [8, 8]; MmBackward0's two products, the transpose's node and the weight's AccumulateGrad),
   per backward launch (two per layer): reported beside autograd_node_us, not fitted (a backward GEMM's
   launch is the profile's library-call cost).
@@ -70,20 +72,35 @@ _HEADINGS = {
 }
 
 
-def _median_per_op(fn: Callable[[], None], ops: int, repeats: int, before: Optional[Callable[[], None]] = None,
+# Launches timed behind one blocking kernel: well under CUDA's limit of pending launches (about a
+# thousand), past which a launch waits for the device and the timing would measure the blocking
+# kernel, not the host.
+BATCH = 256
+
+
+def _median_per_op(fn: Callable[[], None], ops: int, repeats: int,
+                   before: Optional[Callable[[int], None]] = None,
                    after: Optional[Callable[[], None]] = None) -> Dict[str, float]:
-    """Host microseconds per op of fn() run `ops` times, per repeat; median, p10, p90 over repeats."""
+    """Host microseconds per op of fn() run `ops` times, per repeat; median, p10, p90 over repeats.
+    The ops run in batches of at most BATCH, before(n) ahead of each batch of n (untimed), after()
+    behind it."""
     per = []
     for _ in range(repeats):
-        if before:
-            before()
-        t0 = time.perf_counter_ns()
-        for _ in range(ops):
-            fn()
-        t1 = time.perf_counter_ns()
-        if after:
-            after()
-        per.append((t1 - t0) / 1000.0 / ops)
+        total = 0
+        done = 0
+        while done < ops:
+            n = min(BATCH, ops - done)
+            if before:
+                before(n)
+            t0 = time.perf_counter_ns()
+            for _ in range(n):
+                fn()
+            t1 = time.perf_counter_ns()
+            if after:
+                after()
+            total += t1 - t0
+            done += n
+        per.append(total / 1000.0 / ops)
     return _stats(per, ops)
 
 
@@ -99,7 +116,7 @@ def _backward_per_launch(chain: Callable[[], tuple], ops: int, launches: int, re
     """Host microseconds per kernel launch of the backward of chain() (its output and the leaves whose
     gradients to drop), timed while a kernel queued first keeps the device busy."""
     per = []
-    for _ in range(repeats):
+    for r in range(repeats + 1):  # the first one warms up, untimed
         sync()
         y, leaves = chain()
         if cuda:
@@ -112,7 +129,8 @@ def _backward_per_launch(chain: Callable[[], tuple], ops: int, launches: int, re
         for leaf in leaves:
             leaf.grad = None
         del y
-        per.append((t1 - t0) / 1000.0 / launches)
+        if r > 0:
+            per.append((t1 - t0) / 1000.0 / launches)
     return _stats(per, ops)
 
 
@@ -121,11 +139,14 @@ def measure(device: str, ops: int, repeats: int) -> Dict[str, object]:
     dev = torch.device(device)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
-    def busy():
-        """Queue a kernel long enough to cover the timed launches (about 20 us a launch)."""
+    def busy(n: int):
+        """Queue a kernel long enough to cover n timed launches (40 us a launch, at most BATCH of them)."""
         if cuda:
             sync()
-            torch.cuda._sleep(int(ops * 20e-6 * 2e9))  # cycles at about 2 GHz
+            torch.cuda._sleep(int(n * 40e-6 * 2e9))  # cycles at about 2 GHz
+
+    def idle(_n: int):
+        sync()
 
     a = torch.ones(1, device=dev)
     b = torch.ones(1, device=dev)
@@ -138,16 +159,19 @@ def measure(device: str, ops: int, repeats: int) -> Dict[str, object]:
 
     x = torch.ones(1, device=dev, requires_grad=True)
 
+    nodes = min(ops, BATCH)  # one launch per node behind one blocking kernel
+
     def mul_chain():
         y = x
-        for _ in range(ops):
+        for _ in range(nodes):
             y = y * 1.0001
         return y, [x]
 
-    out["autograd_node_us"] = _backward_per_launch(mul_chain, ops, ops, repeats, cuda, sync)
+    out["autograd_node_us"] = _backward_per_launch(mul_chain, nodes, nodes, repeats, cuda, sync)
     out["autograd_extra_us"] = out["autograd_node_us"]["median_us"] - out["eager_op_us"]["median_us"]
     xl = torch.ones(1, 8, device=dev, requires_grad=True)
-    ws = [torch.full((8, 8), 0.125, device=dev, requires_grad=True) for _ in range(ops)]
+    layers = max(1, nodes // 2)  # two launches per layer
+    ws = [torch.full((8, 8), 0.125, device=dev, requires_grad=True) for _ in range(layers)]
 
     def linear_chain():
         y = xl
@@ -155,7 +179,7 @@ def measure(device: str, ops: int, repeats: int) -> Dict[str, object]:
             y = F.linear(y, w)
         return y.sum(), [xl] + ws
 
-    out["autograd_linear_us"] = _backward_per_launch(linear_chain, ops, 2 * ops, repeats, cuda, sync)
+    out["autograd_linear_us"] = _backward_per_launch(linear_chain, layers, 2 * layers, repeats, cuda, sync)
     # One-hot routing mask [experts, k, tokens] (Hugging Face's expert_mask), one expert's slice.
     idx = (torch.arange(64 * 8, device=dev) % 64).view(64, 8)
     mask = F.one_hot(idx, num_classes=64).permute(2, 1, 0)
@@ -165,12 +189,12 @@ def measure(device: str, ops: int, repeats: int) -> Dict[str, object]:
         torch.where(mask[cur[0]])
         cur[0] = (cur[0] + 1) % 64
 
-    out["where_us"] = _median_per_op(where, max(1, ops // 10), repeats, sync, sync)
+    out["where_us"] = _median_per_op(where, max(1, ops // 10), repeats, idle, sync)
     if cuda:
         t = torch.ones(1, device=dev)
-        out["item_us"] = _median_per_op(lambda: t.item(), max(1, ops // 10), repeats, sync)
+        out["item_us"] = _median_per_op(lambda: t.item(), max(1, ops // 10), repeats, idle)
         mask = torch.arange(64, device=dev) % 3 == 0
-        out["nonzero_us"] = _median_per_op(lambda: torch.nonzero(mask), max(1, ops // 10), repeats, sync, sync)
+        out["nonzero_us"] = _median_per_op(lambda: torch.nonzero(mask), max(1, ops // 10), repeats, idle, sync)
         streams = [torch.cuda.Stream() for _ in range(4)]
         cur = [0]
 
@@ -263,10 +287,11 @@ def main(argv=None) -> int:
         smoke = " (a CPU: a smoke test of the plumbing, not a calibration)" if device == "cpu" else ""
         how = f"measured: python3 -m threewalls.bench.framework on {name}{smoke} (torch {torch.__version__}): "
         notes = {
-            FAMILY: how + (f"host time of a one-element eager torch.add with the device busy, median of {args.repeats} "
-                           f"x {args.ops} ops, {res['eager_op_us']['median_us']:.2f} us, less this profile's "
+            FAMILY: how + (f"host time of a one-element eager torch.add with the device busy (batches of {BATCH}), "
+                           f"median of {args.repeats} x {args.ops} ops, {res['eager_op_us']['median_us']:.2f} us, less this profile's "
                            f"host.kernel_launch {launch_us:.2f} us"),
-            BACKWARD_FAMILY: how + (f"host time per node of the backward of a chain of {args.ops} one-element "
+            BACKWARD_FAMILY: how + (f"host time per node of the backward of a chain of "
+                                    f"{res['autograd_node_us']['ops']} one-element "
                                     f"multiplications with the device busy, median of {args.repeats} repeats, "
                                     f"{res['autograd_node_us']['median_us']:.2f} us, less this profile's "
                                     f"host.kernel_launch {launch_us:.2f} us (a chain of tiny F.linear layers: "

@@ -14,16 +14,18 @@ Implementation choices (each recorded in the run header's settings.runner):
   compressed latent; the rotary part of the key is shared by the heads. No rotary rotation is applied
   (positions do not change the cost); the inference KV cache holds per-head keys and values.
 * experts: "grouped": torch._grouped_mm for the three projections (bf16 on CUDA), one product per
-  expert where PyTorch lacks it; "sequential": an eager loop over the local experts, each gathering
-  its tokens, running gate/up/down and scattering back; "streams:N": the same loop with expert e on
-  stream e mod N (stream 0 is the compute stream, the others expert_1..expert_N-1).
+  expert where PyTorch lacks it; "sequential": Hugging Face's eager loop over the local experts
+  (one leaf weight per expert projection; per expert torch.where of a one-hot routing mask, the
+  gather of its tokens, gate/up/down, index_add_ of the weighted output); "streams:N": the same loop
+  with expert e on stream e mod N (stream 0 is the compute stream, the others expert_1..expert_N-1).
 * routing: training routes every token to k distinct experts in rotation (token t, choice j ->
   expert (t k + j) mod E): every expert receives the same number of rows, as the StepGraph's
   balanced routing assumes (routing_imbalance = 1), and the host knows the counts without a device
   read; the router's scores still run (router_fwd, router_topk_fwd) and weight the experts' outputs.
-  Inference routes with the router's own top-k (random weights), as a served model does; the loop
-  over experts then reads the counts on the host (a synchronisation, recorded as
-  moe_routing_stats_read_fwd).
+  Inference routes with the router's own top-k (random weights), as a served model does. The loop
+  over one rank's experts reads each expert's rows on the host in either case (torch.where, recorded
+  as expert_rows_read_fwd); the other forms read the counts where the host needs them (a
+  synchronisation, recorded as moe_routing_stats_read_fwd).
 """
 from __future__ import annotations
 
