@@ -13,7 +13,8 @@
 #   5. measures PyTorch's host costs (python3 -m threewalls.bench.framework) against the shipped
 #      profile of the GPU (PROFILE=<profile.toml> to choose another) -> OUT/framework/framework.json and
 #      framework_families.toml; with threewalls_merge_families beside THREEWALLS (or MERGE=<binary>)
-#      refits host.framework_op into OUT/framework/profile_pytorch.toml, and the runs of scenarios
+#      refits host.framework_op, host.framework_backward_op and host.framework_sync into
+#      OUT/framework/profile_pytorch.toml, and the runs of scenarios
 #      with run.framework = "pytorch_eager" are simulated again with it: OUT/sim_pytorch/<name>/,
 #      OUT/compare_pytorch/<name>.{txt,json};
 #   6. profiles the first python/scenarios run with torch.profiler (--torch-profile) and imports
@@ -101,6 +102,7 @@ fi
 pytorch_profile=
 if [ -n "$merge" ]; then
   "$merge" "$profile" "$out/framework/framework_families.toml" "$out/framework/profile_pytorch.toml" host.framework_op \
+    host.framework_backward_op host.framework_sync \
     > "$out/logs/merge_families.log" 2>&1 && pytorch_profile=$out/framework/profile_pytorch.toml ||
     { echo "threewalls_merge_families failed (logs/merge_families.log)" >&2; cat "$out/logs/merge_families.log" >&2; }
 fi

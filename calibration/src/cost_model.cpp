@@ -266,6 +266,14 @@ std::optional<Seconds> CostModel::record_op() const {
   if (!impl_->has(HostCost::record_op)) return std::nullopt;
   return impl_->host_cost(HostCost::record_op);
 }
+std::optional<Seconds> CostModel::framework_backward_op() const {
+  if (!impl_->has(HostCost::framework_backward_op)) return std::nullopt;
+  return impl_->host_cost(HostCost::framework_backward_op);
+}
+std::optional<Seconds> CostModel::framework_sync() const {
+  if (!impl_->has(HostCost::framework_sync)) return std::nullopt;
+  return impl_->host_cost(HostCost::framework_sync);
+}
 Seconds CostModel::stream_wait() const {
   return impl_->host_cost_or(HostCost::stream_wait, [&] { return event_record(); });
 }

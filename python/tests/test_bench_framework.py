@@ -1,5 +1,6 @@
 """python3 -m threewalls.bench.framework on the CPU: the figures, and the profile families it writes
-(host.framework_op replaced by the measured point, every other family untouched). The GPU figures
+(host.framework_op replaced by the measured point, host.framework_backward_op and host.framework_sync
+appended, every other family untouched). The GPU figures
 come from scripts/python_gpu_checks.sh on a GPU machine."""
 import json
 import os
@@ -29,22 +30,40 @@ class FrameworkBench(unittest.TestCase):
         with open(os.path.join(out, "framework_families.toml"), "rb") as f:
             fam = tomllib.load(f)
         launch_us = base["host"]["kernel_launch"]["fit"]["value_s"] * 1e6
-        want_s = max(figs["eager_op_us"]["median_us"] - launch_us, 0.01) * 1e-6
-        self.assertAlmostEqual(fam["host"]["framework_op"]["fit"]["value_s"], want_s, delta=want_s * 1e-5)
-        self.assertIn("smoke test", fam["host"]["framework_op"]["note"])
-        self.assertEqual(fam["host"]["framework_op"]["points"][0]["count"], 3)
+        want = {"framework_op": max(figs["eager_op_us"]["median_us"] - launch_us, 0.01) * 1e-6,
+                "framework_backward_op": max(figs["autograd_node_us"]["median_us"] - launch_us, 0.01) * 1e-6,
+                "framework_sync": figs["where_us"]["median_us"] * 1e-6}
+        self.assertGreater(figs["autograd_linear_us"]["median_us"], 0)
+        for name, want_s in want.items():
+            self.assertAlmostEqual(fam["host"][name]["fit"]["value_s"], want_s, delta=want_s * 1e-5, msg=name)
+            self.assertIn("smoke test", fam["host"][name]["note"])
+            self.assertEqual(fam["host"][name]["points"][0]["count"], 3)
+            self.assertEqual(fam["host"][name]["model"], "median_v1")
+        self.assertNotIn("framework_backward_op", base["host"])  # appended: the shipped profile lacks it
+        self.assertIn("host.framework_backward_op host.framework_sync", j["merge"])
         same = lambda x, y: json.dumps(x, sort_keys=True) == json.dumps(y, sort_keys=True)  # noqa: E731 (nan)
         for k in set(base) | set(fam):
             if k != "host":
                 self.assertTrue(same(base.get(k), fam.get(k)), k)
         for k in set(base["host"]) | set(fam["host"]):
-            if k != "framework_op":
+            if k not in want:
                 self.assertTrue(same(base["host"].get(k), fam["host"].get(k)), k)
+        # Run again on its own output: the families are replaced, not appended twice.
+        out2 = tempdir(self)
+        self.assertEqual(framework.main(["--out", out2, "--profile", os.path.join(out, "framework_families.toml"),
+                                         "--device", "cpu", "--ops", "20", "--repeats", "2"]), 0)
+        with open(os.path.join(out2, "framework_families.toml")) as f:
+            text = f.read()
+        for name in want:
+            self.assertEqual(text.count(f"[host.{name}]"), 1, name)
+        tomllib.loads(text)
 
     def test_families_need_the_family_in_the_profile(self):
+        fig = {"median_us": 5, "p10_us": 5, "p90_us": 5, "repeats": 1}
         with self.assertRaisesRegex(SystemExit, "no single \\[host.framework_op\\]"):
             framework.families_toml("[host.kernel_launch.fit]\nvalue_s = 1e-6\n", "p.toml",
-                                    {"median_us": 5, "p10_us": 5, "p90_us": 5, "repeats": 1}, "n")
+                                    {"eager_op_us": fig, "autograd_node_us": fig, "where_us": fig},
+                                    {f: "n" for f in framework.FAMILIES})
 
 
 if __name__ == "__main__":

@@ -346,6 +346,11 @@ void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input) {
   } else {
     const int nstreams =
         c.exec.expert_execution.kind == ExpertExecutionKind::streams ? c.exec.expert_execution.streams : 1;
+    // A PyTorch eager loop over the local experts of one EP rank (Hugging Face's MoE blocks) finds each
+    // expert's rows with torch.where of its routing mask: a device-to-host read per expert, which waits
+    // for everything queued before it on the expert's stream (its slot's previous op).
+    const bool rows_read = c.s.run.framework == Framework::pytorch_eager && c.ep == 1;
+    std::vector<int> slot_last(static_cast<std::size_t>(nstreams), dispatched);
     for (int e = 0; e < c.E_loc; ++e) {
       const std::int64_t rows = recv_rows / c.E_loc + (e < recv_rows % c.E_loc ? 1 : 0);
       const int slot = e % nstreams;
@@ -356,8 +361,22 @@ void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input) {
         sp.tokens = static_cast<std::int32_t>(rows);
         return sp;
       };
+      std::vector<int> gather_after = {dispatched};
+      if (rows_read) {
+        Spec read;
+        read.kind = OpKind::host;
+        read.name = "expert_rows_read";
+        read.sub = static_cast<std::uint8_t>(HostKind::gpu_read);
+        read.wall = Wall::host;
+        read.bytes = 8.0;
+        read.module = Module::host;
+        read.bwd = Bwd::none;
+        read.expert = e;
+        read.after = {slot_last[static_cast<std::size_t>(slot)]};
+        gather_after.push_back(p.add(read));
+      }
       int g = p.add(tag(memory_op(OpKind::permute, "expert_gather", {rows, c.h, 0, 0, 0, 0}, 2.0 * rows * row_bytes,
-                                  2.0 * rows * row_bytes, Module::moe_expert, {dispatched})));
+                                  2.0 * rows * row_bytes, Module::moe_expert, gather_after)));
       int up = -1;
       if (c.swiglu) {
         p.add(tag(gemm(c, "expert_gate", rows, c.ffn_e, c.h, Module::moe_expert, {g})));
@@ -375,6 +394,7 @@ void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input) {
       int sc = p.add(tag(memory_op(OpKind::unpermute, "expert_scatter", {rows, c.h, 0, 0, 0, 0}, 3.0 * rows * row_bytes,
                                    2.0 * rows * row_bytes, Module::moe_expert)));
       expert_outputs.push_back(sc);
+      slot_last[static_cast<std::size_t>(slot)] = sc;
     }
   }
   // Combine.

@@ -503,6 +503,9 @@ class StepRun {
   //                 its data's stream), then the wait, then stream_sync / gpu_read (+ e: the event
   //                 the read waits on) / the hint
   //                 timed eager kernels and copies: 2 timing_marker of device time (the markers)
+  //   pytorch_eager every eager forward launch + framework_op, every backward one + framework_backward_op
+  //                 (framework_op without it); a gpu_read costs framework_sync (no event) when the
+  //                 profile has it
   //   disk read     on the host lane: copy(disk_read, bytes) once its dependencies are done
   //   step          at the start, e + w per device stream but the anchor (the fence behind the epoch: an
   //                 event on the anchor, a wait on each other used stream); at the end,
@@ -553,11 +556,23 @@ class StepRun {
     for (const std::uint8_t u : launch_streams) rotating += u;
     const double cycle_extra = rotating > 1 ? coster_.stream_cycle_extra(rotating).value : 0.0;
     // A framework's dispatch per eager launch (PyTorch: Python, the dispatcher, autograd recording).
-    const double framework_op = opt_.framework == scenarios::Framework::pytorch_eager ? host_.framework_op.value : 0.0;
+    // A backward launch pays the autograd engine's node and the C++ dispatch instead
+    // (host.framework_backward_op; framework_op without the family), and a device-to-host read is the
+    // framework's own, in place of gpu_read and the event it waits on (host.framework_sync; gpu_read
+    // without it).
+    const bool eager_fw = opt_.framework == scenarios::Framework::pytorch_eager;
+    const double framework_op = eager_fw ? host_.framework_op.value : 0.0;
+    const double framework_bwd =
+        eager_fw ? (host_.framework_backward_op ? host_.framework_backward_op->value : framework_op) : 0.0;
+    const bool framework_read = eager_fw && host_.framework_sync.has_value();
     for (std::uint32_t i = 0; i < n; ++i) {
       const Op& op = rc.ops[i];
       if (op.kind == OpKind::host) {
-        s.host_cost[i] = host_op_cost(op).value + (op.host_kind() == HostKind::gpu_read ? e : 0.0);
+        if (framework_read && op.host_kind() == HostKind::gpu_read) {
+          s.host_cost[i] = host_.framework_sync->value;
+        } else {
+          s.host_cost[i] = host_op_cost(op).value + (op.host_kind() == HostKind::gpu_read ? e : 0.0);
+        }
         if (timed(op) && blocks_host(op)) {
           std::vector<std::uint8_t> streams(g_.streams.size(), 0);
           std::size_t k = 0;
@@ -573,8 +588,8 @@ class StepRun {
       } else if (is_disk_read(op)) {
         s.host_cost[i] = checked_cost(coster_.copy_time(op.copy_kind(), Bytes(op.bytes)).value, g_, rc, i, "copy time");
       } else if (in_run[i] < 0) {
-        const double launch =
-            launch_cost(op) + (rotates(op) ? cycle_extra : 0.0) + host_.op_dispatch.value + framework_op;
+        const double launch = launch_cost(op) + (rotates(op) ? cycle_extra : 0.0) + host_.op_dispatch.value +
+                              ((op.flags & scenarios::kBackward) != 0 ? framework_bwd : framework_op);
         // A recorded op: the start marker before the launch (e), the rest of the recording path after
         // it (host.record_op less that marker; e for the end marker without the family).
         const double record_after = host_.record_op ? std::max(0.0, host_.record_op->value - e) : e;

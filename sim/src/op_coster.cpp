@@ -101,6 +101,8 @@ CostModelCoster::CostModelCoster(const calibration::CostModel& model, double hos
   host_.op_dispatch = model.op_dispatch() * k;
   host_.record_op = scaled(model.record_op());
   host_.stream_wait = scaled(model.stream_wait());
+  host_.framework_backward_op = scaled(model.framework_backward_op());
+  host_.framework_sync = scaled(model.framework_sync());
 }
 
 Seconds CostModelCoster::stream_cycle_extra(int streams) const { return model_.stream_cycle_extra(streams) * host_scale_; }

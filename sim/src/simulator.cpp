@@ -142,8 +142,23 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
       "disk reads on the host thread";
   simj["hardware_queues"] = eo.hardware_queues;
   if (eo.framework != scenarios::Framework::cpp) {
-    simj["framework"] = std::string(scenarios::to_string(eo.framework)) +
-                        ": every launch outside a CUDA-graph run also pays host.framework_op";
+    const HostCosts hc = coster.host_costs();
+    std::string fw = std::string(scenarios::to_string(eo.framework)) +
+                     ": every forward launch outside a CUDA-graph run also pays host.framework_op";
+    fw += hc.framework_backward_op ? ", every backward one host.framework_backward_op (the autograd engine) instead"
+                                   : "; the profile has no host.framework_backward_op: backward launches pay "
+                                     "host.framework_op";
+    fw += hc.framework_sync ? "; device-to-host reads cost host.framework_sync"
+                            : "; the profile has no host.framework_sync: device-to-host reads cost host.gpu_read";
+    simj["framework"] = fw;
+    if (!hc.framework_backward_op || !hc.framework_sync) {
+      result.warnings.push_back(std::string("calibration profile ") + profile.id + " lacks " +
+                                (!hc.framework_backward_op ? "host.framework_backward_op" : "") +
+                                (!hc.framework_backward_op && !hc.framework_sync ? " and " : "") +
+                                (!hc.framework_sync ? "host.framework_sync" : "") +
+                                ": run.framework = \"pytorch_eager\" is charged without them (python3 -m "
+                                "threewalls.bench.framework measures them)");
+    }
   }
   simj["memory"] = OrderedJson{{"fused_attention", opt.memory.fused_attention}, {"dropout", opt.memory.dropout}};
   simj["profile_reason"] = profile.reason;

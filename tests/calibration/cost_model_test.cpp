@@ -241,6 +241,28 @@ TEST(CostModel, ShapeAwareLibraryCallCostsRoundTripAndPredictSplitKAndRuns) {
   EXPECT_EQ(cm.stream_cycle_extra(64).value, 0.0);  // no host.stream_cycle: no extra
 }
 
+// An eager framework's backward node and device read: absent from the shipped and default
+// profiles (the simulator charges framework_op and gpu_read instead), their medians when a profile
+// has them (the Python benchmark's families, merged), and they survive the TOML round trip.
+TEST(CostModel, FrameworkBackwardAndSyncFamiliesAreOptional) {
+  for (const char* kind : {"h100", "h200"}) {
+    const CostModel d(default_profile(kind));
+    EXPECT_FALSE(d.framework_backward_op().has_value()) << kind;
+    EXPECT_FALSE(d.framework_sync().has_value()) << kind;
+  }
+  ProfileBuilder b({"path", "synthetic: unit test", "tests/calibration"}, test_hardware());
+  b.add_host("kernel_launch", Measurement::single(4.5e-6));
+  b.add_host("framework_backward_op", Measurement::single(7.25e-6));
+  for (const double t : {30e-6, 31e-6, 45e-6}) b.add_host("framework_sync", Measurement::single(t));
+  const std::string text = b.build().to_toml();
+  EXPECT_NE(text.find("[host.framework_backward_op]"), std::string::npos);
+  const CostModel cm(Profile::parse(text, "path.toml"));
+  ASSERT_TRUE(cm.framework_backward_op().has_value());
+  EXPECT_NEAR(cm.framework_backward_op()->value, 7.25e-6, 1e-15);
+  ASSERT_TRUE(cm.framework_sync().has_value());
+  EXPECT_NEAR(cm.framework_sync()->value, 31e-6, 1e-15);
+}
+
 // The executor's per-op path: absent (older profiles), nothing extra and no record_op (the simulator
 // keeps its two event records); present, the medians.
 TEST(CostModel, ExecutorPathFamiliesAreOptional) {

@@ -366,6 +366,93 @@ TEST(HostOverheadStudy, PyTorchEagerPaysTheFrameworkOpOnEveryLaunchOutsideAGraph
   EXPECT_LT(eager_of["attn_router"], eager_of["none"]);  // the graph runs' ops pay no framework op
 }
 
+TEST(HostOverheadStudy, PyTorchEagerBackwardLaunchesPayTheAutogradNodeInsteadOfTheForwardDispatch) {
+  // The reference runner's OLMoE-like eager scenario (training): with host.framework_backward_op (2 us)
+  // every backward launch pays it instead of host.framework_op (5 us); without it, framework_op.
+  const scenarios::Scenario s =
+      scenarios::load_scenario(testing::source_dir() / "python/scenarios/olmoe_4l_eager.toml");
+  ASSERT_EQ(s.run.framework, scenarios::Framework::pytorch_eager);
+  const scenarios::StepGraph g = scenarios::expand(s, 0);
+  const auto& rc = g.classes[0];
+  std::size_t fwd = 0;
+  std::size_t bwd = 0;
+  for (const auto& op : rc.ops) {
+    if (op.kind == scenarios::OpKind::host) continue;
+    ((op.flags & scenarios::kBackward) != 0 ? bwd : fwd) += 1;
+  }
+  ASSERT_TRUE(rc.graph_runs.empty());
+  ASSERT_GT(bwd, 1000U);
+  ASSERT_GT(fwd, 1000U);
+  HostCosts h = launch_bound_coster().host_costs();
+  h.framework_op = microseconds(5);
+  ExecutorOptions cpp;
+  cpp.fidelity = Fidelity::analytic;
+  ExecutorOptions torch = cpp;
+  torch.framework = scenarios::Framework::pytorch_eager;
+  const Platform p(s.cluster);
+  const FixedCoster without(0.1, h);
+  const double base = Executor(without, cpp).run_step(g, p, {}, 0.0, nullptr).duration;
+  const double fw_op = Executor(without, torch).run_step(g, p, {}, 0.0, nullptr).duration;
+  EXPECT_NEAR((fw_op - base) * 1e6, 5.0 * static_cast<double>(fwd + bwd), 1.0);
+  h.framework_backward_op = microseconds(2);
+  const FixedCoster with(0.1, h);
+  const double fw_bwd = Executor(with, torch).run_step(g, p, {}, 0.0, nullptr).duration;
+  EXPECT_NEAR((fw_bwd - base) * 1e6, 5.0 * static_cast<double>(fwd) + 2.0 * static_cast<double>(bwd), 1.0);
+  EXPECT_NEAR(Executor(with, cpp).run_step(g, p, {}, 0.0, nullptr).duration, base, 1e-9);  // cpp: neither
+}
+
+TEST(HostOverheadStudy, APyTorchEagerExpertLoopReadsEachExpertsRowsWaitingForItsStream) {
+  // Hugging Face's eager loop (run.framework = "pytorch_eager", sequential experts, one EP rank):
+  // torch.where of each expert's mask, a device-to-host read (expert_rows_read) behind the previous
+  // expert's scatter on its stream, before the expert's gather. The C++ executor's loop has none.
+  scenarios::Scenario s = scenarios::load_scenario(testing::source_dir() / "python/scenarios/olmoe_4l_eager.toml");
+  const scenarios::StepGraph g = scenarios::expand(s, 0);
+  const auto& rc = g.classes[0];
+  std::size_t reads = 0;
+  for (std::size_t i = 0; i < rc.ops.size(); ++i) {
+    const auto& op = rc.ops[i];
+    if (g.phase_name(op) != "expert_rows_read_fwd") continue;
+    ++reads;
+    ASSERT_EQ(op.kind, scenarios::OpKind::host);
+    EXPECT_EQ(op.host_kind(), scenarios::HostKind::gpu_read);
+    ASSERT_EQ(op.deps_end - op.deps_begin, 1U);
+    const auto& dep = rc.ops[rc.deps[op.deps_begin]];
+    EXPECT_EQ(g.phase_name(dep), op.expert == 0 ? "router_topk_fwd" : "expert_scatter_fwd") << op.expert;
+    if (op.expert > 0) {
+      EXPECT_EQ(dep.expert, op.expert - 1);
+    }
+    ASSERT_LT(i + 1, rc.ops.size());
+    EXPECT_EQ(g.phase_name(rc.ops[i + 1]), "expert_gather_fwd");
+    EXPECT_EQ(rc.ops[i + 1].expert, op.expert);
+  }
+  EXPECT_EQ(reads, 64U * 4U * 2U);  // experts x layers x micro-batches
+  scenarios::Scenario cpp_s = s;
+  cpp_s.run.framework = scenarios::Framework::cpp;
+  const scenarios::StepGraph cg = scenarios::expand(cpp_s, 0);
+  EXPECT_EQ(cg.classes[0].ops.size() + reads, rc.ops.size());
+  s.train->exec.expert_execution = {scenarios::ExpertExecutionKind::grouped, 1};
+  const scenarios::StepGraph gg = scenarios::expand(s, 0);
+  for (const auto& op : gg.classes[0].ops) EXPECT_NE(gg.phase_name(op), "expert_rows_read_fwd");  // grouped: none
+  // Each read costs host.framework_sync (30 us) in place of host.gpu_read (and its event); the
+  // device is idle-fast, so the step grows by the reads' host time.
+  HostCosts h = launch_bound_coster().host_costs();
+  h.gpu_read = microseconds(4);
+  h.event_record = microseconds(1);
+  ExecutorOptions torch;
+  torch.fidelity = Fidelity::analytic;
+  torch.framework = scenarios::Framework::pytorch_eager;
+  const Platform p(s.cluster);
+  const double plain = Executor(FixedCoster(0.1, h), torch).run_step(g, p, {}, 0.0, nullptr).duration;
+  h.framework_sync = microseconds(30);
+  const double synced = Executor(FixedCoster(0.1, h), torch).run_step(g, p, {}, 0.0, nullptr).duration;
+  std::size_t all_reads = 0;  // the experts' and the step's other reads (the loss)
+  for (const auto& op : rc.ops) {
+    all_reads += op.kind == scenarios::OpKind::host && op.host_kind() == scenarios::HostKind::gpu_read ? 1 : 0;
+  }
+  EXPECT_NEAR((synced - plain) * 1e6, (30.0 - 5.0) * static_cast<double>(all_reads),
+              0.2 * static_cast<double>(all_reads));
+}
+
 TEST(HostOverheadStudy, ATimedOpsRecordRunsFromItsStartMarkerToItsEndMarkerAsThreewallsRunMeasuresIt) {
   // threewalls run records an event on the op's stream just before the launch and one just after
   // (backend/src/executor.cpp, issue_op): on an idle, launch-bound stream the record includes the

@@ -34,8 +34,10 @@ enum class HostCost : std::uint8_t {
   op_dispatch,
   record_op,
   stream_wait,
+  framework_backward_op,
+  framework_sync,
 };
-inline constexpr std::size_t kHostCosts = static_cast<std::size_t>(HostCost::stream_wait) + 1;
+inline constexpr std::size_t kHostCosts = static_cast<std::size_t>(HostCost::framework_sync) + 1;
 // "kernel_launch" for HostCost::kernel_launch: the family is host.<name>.
 std::string_view host_cost_name(HostCost c);
 

@@ -38,6 +38,14 @@ constexpr std::array<std::pair<std::string_view, std::string_view>, kHostCosts> 
     {"stream_wait",
      "host time of one cudaStreamWaitEvent on a stream other than the event's, over 16 rotating streams, as "
      "threewalls run waits across streams"},
+    // Optional: an eager framework's (PyTorch's) autograd engine and device reads, measured by
+    // python/threewalls/bench/framework.py; the simulator charges them for run.framework = "pytorch_eager".
+    {"framework_backward_op",
+     "host time per backward op of an eager framework on top of the kernel launch (its autograd engine's node and "
+     "the C++ dispatch), in place of host.framework_op"},
+    {"framework_sync",
+     "host time of an eager framework's device-to-host read on an idle device (PyTorch: torch.where / nonzero of "
+     "a boolean mask: its dispatch, launch, wait and read), in place of host.gpu_read"},
 }};
 
 void add_specs(std::vector<FamilySpec>& out) {

@@ -3,28 +3,44 @@
     python3 -m threewalls.bench.framework --out DIR [--profile PROFILE.toml] [--device cuda|cpu]
 
 Each figure is the host time per operation, the median over --repeats repeats of --ops operations,
-timed with time.perf_counter_ns on the thread that issues them:
+timed with time.perf_counter_ns on the thread that issues them. Launches timed behind a blocking
+kernel go in batches of at most 256, each behind its own: CUDA holds about a thousand pending
+launches, past which a launch waits for the device (a longer batch would time the blocking kernel).
 
 * `eager_op_us`: a one-element `torch.add(a, b, out=c)` issued while the device is held busy by a
   long kernel queued first (torch.cuda._sleep), so no launch waits for the device: Python, the
   dispatcher and one kernel launch. host.framework_op is this less the profile's host.kernel_launch
   (the C++ launch that threewalls run pays and the simulator already charges).
-* `autograd_node_us`: the backward of a chain of --ops one-element multiplications, per node: the
-  autograd engine's per-node cost with its kernel launch (the device held busy again).
-* `autograd_extra_us`: autograd_node_us less eager_op_us: what a backward op costs beyond a forward op.
+* `autograd_node_us`: the backward of a chain of min(--ops, 256) one-element multiplications, per node (one
+  kernel each): the autograd engine's per-node cost, the C++ dispatch of the node's op and its
+  kernel launch (the device held busy again). host.framework_backward_op is this less the profile's
+  host.kernel_launch: what the simulator charges per backward launch in place of host.framework_op.
+* `autograd_extra_us`: autograd_node_us less eager_op_us: what a backward op costs beyond a forward op
+  (negative when the engine's C++ path is cheaper than a Python op).
+* `autograd_linear_us`: the backward of a chain of min(--ops, 256) / 2 tiny F.linear layers (x [1, 8], leaf
+  weights [8, 8]; MmBackward0's two products, the transpose's node and the weight's AccumulateGrad),
+  per backward launch (two per layer): reported beside autograd_node_us, not fitted (a backward GEMM's
+  launch is the profile's library-call cost).
+* `where_us`: `torch.where` of one expert's slice of a one-hot routing mask ([64 experts, 8, 64] int64)
+  on an idle device: the per-expert device-to-host read of a Hugging Face eager MoE loop (the
+  nonzero kernel's launch, the wait, the read of the count, the index tensors). host.framework_sync
+  is this figure: the simulator charges it for every device-to-host read of a pytorch_eager step in
+  place of host.gpu_read (its wait for the device is the read's dependency).
 * `item_us`: `.item()` of a one-element tensor whose producer is done (an idle device): a
   device-to-host read that blocks the host, PyTorch's side of host.gpu_read.
 * `nonzero_us`: `torch.nonzero` of a 64-element mask on an idle device (it synchronises to size its
-  output), the per-expert read of an eager MoE loop that gathers tokens with a mask.
+  output).
 * `stream_switch_us`: per op, issuing each op under `with torch.cuda.stream(s)` rotating over 4
   streams, less issuing them on one stream (host.stream_cycle's counterpart in PyTorch).
 
 Writes DIR/framework.json (every figure, device, torch) and, with --profile, DIR/framework_families.toml:
-a copy of that profile whose host.framework_op family holds the measured point, in the profile's
-TOML form with a note saying how it was measured; `threewalls_merge_families PROFILE
-DIR/framework_families.toml OUT.toml host.framework_op` refits it into a profile (the C++ profile
-writer; scripts/python_gpu_checks.sh does). On a CPU (--device cpu) the device-only figures are null
-and the rest are CPU timings: a smoke test of the plumbing, not a calibration.
+a copy of that profile whose families host.framework_op, host.framework_backward_op and
+host.framework_sync hold the measured points (replaced where the profile has them, appended where
+not), in the profile's TOML form with a note saying how each was measured. The measurement needs no
+threewalls binary; `threewalls_merge_families PROFILE DIR/framework_families.toml OUT.toml
+host.framework_op host.framework_backward_op host.framework_sync` refits them into a profile (the C++
+profile writer; scripts/python_gpu_checks.sh does). On a CPU (--device cpu) the device-only figures
+are null and the rest are CPU timings: a smoke test of the plumbing, not a calibration.
 """
 from __future__ import annotations
 
@@ -38,26 +54,53 @@ import tomllib
 from typing import Callable, Dict, List, Optional
 
 import torch
+import torch.nn.functional as F
 
-from threewalls.bench.profile_text import replace_family
+from threewalls.bench.profile_text import replace_family, replace_or_add_family
 
 FAMILY = "host.framework_op"
+BACKWARD_FAMILY = "host.framework_backward_op"
+SYNC_FAMILY = "host.framework_sync"
+FAMILIES = (FAMILY, BACKWARD_FAMILY, SYNC_FAMILY)
+# The families' headings in a profile (calibration/src/families/host.cpp), for a profile without them.
+_HEADINGS = {
+    BACKWARD_FAMILY: "host time per backward op of an eager framework on top of the kernel launch (its autograd "
+                     "engine's node and the C++ dispatch), in place of host.framework_op: t = median of the points",
+    SYNC_FAMILY: "host time of an eager framework's device-to-host read on an idle device (PyTorch: torch.where / "
+                 "nonzero of a boolean mask: its dispatch, launch, wait and read), in place of host.gpu_read: t = "
+                 "median of the points",
+}
 
 
-def _median_per_op(fn: Callable[[], None], ops: int, repeats: int, before: Optional[Callable[[], None]] = None,
+# Launches timed behind one blocking kernel: well under CUDA's limit of pending launches (about a
+# thousand), past which a launch waits for the device and the timing would measure the blocking
+# kernel, not the host.
+BATCH = 256
+
+
+def _median_per_op(fn: Callable[[], None], ops: int, repeats: int,
+                   before: Optional[Callable[[int], None]] = None,
                    after: Optional[Callable[[], None]] = None) -> Dict[str, float]:
-    """Host microseconds per op of fn() run `ops` times, per repeat; median, p10, p90 over repeats."""
+    """Host microseconds per op of fn() run `ops` times, per repeat; median, p10, p90 over repeats.
+    The ops run in batches of at most BATCH, before(n) ahead of each batch of n (untimed), after()
+    behind it."""
     per = []
     for _ in range(repeats):
-        if before:
-            before()
-        t0 = time.perf_counter_ns()
-        for _ in range(ops):
-            fn()
-        t1 = time.perf_counter_ns()
-        if after:
-            after()
-        per.append((t1 - t0) / 1000.0 / ops)
+        total = 0
+        done = 0
+        while done < ops:
+            n = min(BATCH, ops - done)
+            if before:
+                before(n)
+            t0 = time.perf_counter_ns()
+            for _ in range(n):
+                fn()
+            t1 = time.perf_counter_ns()
+            if after:
+                after()
+            total += t1 - t0
+            done += n
+        per.append(total / 1000.0 / ops)
     return _stats(per, ops)
 
 
@@ -68,16 +111,42 @@ def _stats(per: List[float], ops: int) -> Dict[str, float]:
     return {"median_us": statistics.median(per), "p10_us": q[0], "p90_us": q[-1], "repeats": len(per), "ops": ops}
 
 
+def _backward_per_launch(chain: Callable[[], tuple], ops: int, launches: int, repeats: int, cuda: bool,
+                         sync: Callable[[], None]) -> Dict[str, float]:
+    """Host microseconds per kernel launch of the backward of chain() (its output and the leaves whose
+    gradients to drop), timed while a kernel queued first keeps the device busy."""
+    per = []
+    for r in range(repeats + 1):  # the first one warms up, untimed
+        sync()
+        y, leaves = chain()
+        if cuda:
+            sync()
+            torch.cuda._sleep(int(launches * 40e-6 * 2e9))  # about 40 us a launch at about 2 GHz
+        t0 = time.perf_counter_ns()
+        y.backward()
+        t1 = time.perf_counter_ns()
+        sync()
+        for leaf in leaves:
+            leaf.grad = None
+        del y
+        if r > 0:
+            per.append((t1 - t0) / 1000.0 / launches)
+    return _stats(per, ops)
+
+
 def measure(device: str, ops: int, repeats: int) -> Dict[str, object]:
     cuda = device == "cuda"
     dev = torch.device(device)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
-    def busy():
-        """Queue a kernel long enough to cover the timed launches (about 20 us a launch)."""
+    def busy(n: int):
+        """Queue a kernel long enough to cover n timed launches (40 us a launch, at most BATCH of them)."""
         if cuda:
             sync()
-            torch.cuda._sleep(int(ops * 20e-6 * 2e9))  # cycles at about 2 GHz
+            torch.cuda._sleep(int(n * 40e-6 * 2e9))  # cycles at about 2 GHz
+
+    def idle(_n: int):
+        sync()
 
     a = torch.ones(1, device=dev)
     b = torch.ones(1, device=dev)
@@ -90,38 +159,42 @@ def measure(device: str, ops: int, repeats: int) -> Dict[str, object]:
 
     x = torch.ones(1, device=dev, requires_grad=True)
 
-    def chain():
+    nodes = min(ops, BATCH)  # one launch per node behind one blocking kernel
+
+    def mul_chain():
         y = x
-        for _ in range(ops):
+        for _ in range(nodes):
             y = y * 1.0001
-        return y
+        return y, [x]
 
-    ys: List[torch.Tensor] = []
-
-    def build():
-        busy()
-        ys.clear()
-        ys.append(chain())
-        if cuda:
-            sync()
-            torch.cuda._sleep(int(ops * 40e-6 * 2e9))
-
-    per = []
-    for _ in range(repeats):
-        build()
-        t0 = time.perf_counter_ns()
-        ys[0].backward()
-        t1 = time.perf_counter_ns()
-        sync()
-        x.grad = None
-        per.append((t1 - t0) / 1000.0 / ops)
-    out["autograd_node_us"] = _stats(per, ops)
+    out["autograd_node_us"] = _backward_per_launch(mul_chain, nodes, nodes, repeats, cuda, sync)
     out["autograd_extra_us"] = out["autograd_node_us"]["median_us"] - out["eager_op_us"]["median_us"]
+    xl = torch.ones(1, 8, device=dev, requires_grad=True)
+    layers = max(1, nodes // 2)  # two launches per layer
+    ws = [torch.full((8, 8), 0.125, device=dev, requires_grad=True) for _ in range(layers)]
+
+    def linear_chain():
+        y = xl
+        for w in ws:
+            y = F.linear(y, w)
+        return y.sum(), [xl] + ws
+
+    out["autograd_linear_us"] = _backward_per_launch(linear_chain, layers, 2 * layers, repeats, cuda, sync)
+    # One-hot routing mask [experts, k, tokens] (Hugging Face's expert_mask), one expert's slice.
+    idx = (torch.arange(64 * 8, device=dev) % 64).view(64, 8)
+    mask = F.one_hot(idx, num_classes=64).permute(2, 1, 0)
+    cur = [0]
+
+    def where():
+        torch.where(mask[cur[0]])
+        cur[0] = (cur[0] + 1) % 64
+
+    out["where_us"] = _median_per_op(where, max(1, ops // 10), repeats, idle, sync)
     if cuda:
         t = torch.ones(1, device=dev)
-        out["item_us"] = _median_per_op(lambda: t.item(), max(1, ops // 10), repeats, sync)
+        out["item_us"] = _median_per_op(lambda: t.item(), max(1, ops // 10), repeats, idle)
         mask = torch.arange(64, device=dev) % 3 == 0
-        out["nonzero_us"] = _median_per_op(lambda: torch.nonzero(mask), max(1, ops // 10), repeats, sync, sync)
+        out["nonzero_us"] = _median_per_op(lambda: torch.nonzero(mask), max(1, ops // 10), repeats, idle, sync)
         streams = [torch.cuda.Stream() for _ in range(4)]
         cur = [0]
 
@@ -143,6 +216,23 @@ def measure(device: str, ops: int, repeats: int) -> Dict[str, object]:
     return out
 
 
+def _block(family: str, note: str, points: List[Dict[str, float]], value_us: float) -> str:
+    """A median_v1 family's TOML tables: its points (seconds) and the fit (their median)."""
+    rows = "".join(f"  {{ median_s = {p['median_us'] * 1e-6:.6g}, p10_s = {p['p10_us'] * 1e-6:.6g}, "
+                   f"p90_s = {p['p90_us'] * 1e-6:.6g}, count = {int(p['repeats'])} }},\n" for p in points)
+    return (f"[{family}]\nmodel = \"median_v1\"\nnote = {json.dumps(note)}\npoints = [\n{rows}]\n\n"
+            f"[{family}.fit]\nvalue_s = {value_us * 1e-6:.6g}\nrel_err_median = 0.0\nrel_err_max = 0.0\n"
+            f"loo_rel_err_median = nan\nloo_rel_err_max = nan\nloo_points = 0\n")
+
+
+def _less(fig: Dict[str, float], launch_us: float) -> Dict[str, float]:
+    """A figure less a launch, each statistic floored at 0.01 us (a family's value must be > 0)."""
+    out = dict(fig)
+    for k in ("median_us", "p10_us", "p90_us"):
+        out[k] = max(fig[k] - launch_us, 0.01)
+    return out
+
+
 def _kernel_launch_s(profile_text: str, path: str) -> float:
     doc = tomllib.loads(profile_text)
     try:
@@ -151,17 +241,22 @@ def _kernel_launch_s(profile_text: str, path: str) -> float:
         raise SystemExit(f"{path}: no [host.kernel_launch.fit] value_s: not a threewalls calibration profile") from None
 
 
-def families_toml(profile_text: str, path: str, eager_op: Dict[str, float], note: str) -> str:
-    """`profile_text` with its [host.framework_op] and [host.framework_op.fit] tables replaced by one
-    measured point: eager_op less the profile's host.kernel_launch."""
+def families_toml(profile_text: str, path: str, figures: Dict[str, object], notes: Dict[str, str]) -> str:
+    """`profile_text` with host.framework_op (eager_op_us less the profile's host.kernel_launch),
+    host.framework_backward_op (autograd_node_us less it) and host.framework_sync (where_us), one
+    measured point each, replacing the profile's tables of those families or appended after them.
+    `notes`: each family's note. A profile without host.framework_op is refused (SystemExit)."""
     launch_us = _kernel_launch_s(profile_text, path) * 1e6
-    vals = {k: max(eager_op[k] - launch_us, 0.01) * 1e-6 for k in ("median_us", "p10_us", "p90_us")}
-    block = (f"[{FAMILY}]\nmodel = \"median_v1\"\nnote = {json.dumps(note)}\npoints = [\n"
-             f"  {{ median_s = {vals['median_us']:.6g}, p10_s = {vals['p10_us']:.6g}, p90_s = {vals['p90_us']:.6g}, "
-             f"count = {int(eager_op['repeats'])} }},\n]\n\n"
-             f"[{FAMILY}.fit]\nvalue_s = {vals['median_us']:.6g}\nrel_err_median = 0.0\nrel_err_max = 0.0\n"
-             f"loo_rel_err_median = nan\nloo_rel_err_max = nan\nloo_points = 0\n")
-    return replace_family(profile_text, path, FAMILY, block)
+    op = _less(figures["eager_op_us"], launch_us)
+    bwd = _less(figures["autograd_node_us"], launch_us)
+    sync = figures["where_us"]
+    text = replace_family(profile_text, path, FAMILY, _block(FAMILY, notes[FAMILY], [op], op["median_us"]))
+    text = replace_or_add_family(text, path, BACKWARD_FAMILY,
+                                 _block(BACKWARD_FAMILY, notes[BACKWARD_FAMILY], [bwd], bwd["median_us"]),
+                                 _HEADINGS[BACKWARD_FAMILY])
+    return replace_or_add_family(text, path, SYNC_FAMILY,
+                                 _block(SYNC_FAMILY, notes[SYNC_FAMILY], [sync], sync["median_us"]),
+                                 _HEADINGS[SYNC_FAMILY])
 
 
 def main(argv=None) -> int:
@@ -190,15 +285,30 @@ def main(argv=None) -> int:
             text = f.read()
         launch_us = _kernel_launch_s(text, args.profile) * 1e6
         smoke = " (a CPU: a smoke test of the plumbing, not a calibration)" if device == "cpu" else ""
-        note = (f"measured: python3 -m threewalls.bench.framework on {name}{smoke} (torch {torch.__version__}): host time of a "
-                f"one-element eager torch.add with the device busy, median of {args.repeats} x {args.ops} ops, "
-                f"{res['eager_op_us']['median_us']:.2f} us, less this profile's host.kernel_launch {launch_us:.2f} us")
+        how = f"measured: python3 -m threewalls.bench.framework on {name}{smoke} (torch {torch.__version__}): "
+        notes = {
+            FAMILY: how + (f"host time of a one-element eager torch.add with the device busy (batches of {BATCH}), "
+                           f"median of {args.repeats} x {args.ops} ops, {res['eager_op_us']['median_us']:.2f} us, less this profile's "
+                           f"host.kernel_launch {launch_us:.2f} us"),
+            BACKWARD_FAMILY: how + (f"host time per node of the backward of a chain of "
+                                    f"{res['autograd_node_us']['ops']} one-element "
+                                    f"multiplications with the device busy, median of {args.repeats} repeats, "
+                                    f"{res['autograd_node_us']['median_us']:.2f} us, less this profile's "
+                                    f"host.kernel_launch {launch_us:.2f} us (a chain of tiny F.linear layers: "
+                                    f"{res['autograd_linear_us']['median_us']:.2f} us per backward launch)"),
+            SYNC_FAMILY: how + (f"host time of torch.where of one expert's slice of a one-hot routing mask on an idle "
+                                f"device, median of {args.repeats} x {max(1, args.ops // 10)} calls, "
+                                f"{res['where_us']['median_us']:.2f} us"),
+        }
         path = os.path.join(args.out, "framework_families.toml")
         with open(path, "w", encoding="utf-8") as f:
-            f.write(families_toml(text, args.profile, res["eager_op_us"], note))
+            f.write(families_toml(text, args.profile, res, notes))
         report["framework_op_us"] = max(res["eager_op_us"]["median_us"] - launch_us, 0.01)
+        report["framework_backward_op_us"] = max(res["autograd_node_us"]["median_us"] - launch_us, 0.01)
+        report["framework_sync_us"] = res["where_us"]["median_us"]
         report["profile"] = args.profile
         report["families"] = path
+        report["merge"] = (f"threewalls_merge_families {args.profile} {path} OUT.toml " + " ".join(FAMILIES))
     with open(os.path.join(args.out, "framework.json"), "w", encoding="utf-8") as f:
         json.dump(report, f, indent=2)
         f.write("\n")
@@ -206,7 +316,9 @@ def main(argv=None) -> int:
         v = v["median_us"] if isinstance(v, dict) else v
         print(f"{k:20s} {'n/a' if v is None else f'{v:.2f} us'}")
     if "framework_op_us" in report:
-        print(f"{'host.framework_op':20s} {report['framework_op_us']:.2f} us -> {report['families']}")
+        for fam in FAMILIES:
+            print(f"{fam:28s} {report[fam.split('.')[1] + '_us']:.2f} us")
+        print(f"families: {report['families']}\nmerge:    {report['merge']}")
     return 0
 
 

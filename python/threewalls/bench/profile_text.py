@@ -6,6 +6,14 @@ from __future__ import annotations
 from typing import List
 
 
+def replace_or_add_family(profile_text: str, path: str, family: str, block: str, comment: str) -> str:
+    """`profile_text` with [family] replaced by `block`, or, where the profile has no such family,
+    with `block` appended after a `# comment` line (the families' heading)."""
+    if any(line.strip() == f"[{family}]" for line in profile_text.split("\n")):
+        return replace_family(profile_text, path, family, block)
+    return profile_text.rstrip("\n") + f"\n\n# {comment}\n" + block.rstrip("\n") + "\n"
+
+
 def replace_family(profile_text: str, path: str, family: str, block: str) -> str:
     """`profile_text` with the [family] table and its [family.fit] table replaced by `block`.
     SystemExit naming `path` when the profile has no single [family] table."""

@@ -343,6 +343,20 @@ class Profiler:
         """Whether the current step is recorded on this rank."""
         return self._rec
 
+    @property
+    def phases_off(self) -> bool:
+        """Whether phase() and begin_phase() of a fine-grained phase are no-ops now: the current step
+        is not recorded on this rank (or records only the coarse view) and nvtx is not "all". Code
+        that instruments itself more than with phases (autograd functions, markers) runs plain
+        then, and calls tick() where it would have opened a phase."""
+        return not (self._rec and self.policy.records_phase(None)) and not self._nvtx_all
+
+    def tick(self) -> None:
+        """What a phase on an unrecorded step does besides nothing: formats two waiting records of
+        finished steps (harvesting hides behind device time)."""
+        if self._pending:
+            self._drain(2)
+
     def step(self, step: int) -> _StepContext:
         """`with prof.step(k):` is begin_step(k) ... end_step()."""
         return _StepContext(self, step)

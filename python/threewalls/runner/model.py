@@ -14,16 +14,18 @@ Implementation choices (each recorded in the run header's settings.runner):
   compressed latent; the rotary part of the key is shared by the heads. No rotary rotation is applied
   (positions do not change the cost); the inference KV cache holds per-head keys and values.
 * experts: "grouped": torch._grouped_mm for the three projections (bf16 on CUDA), one product per
-  expert where PyTorch lacks it; "sequential": an eager loop over the local experts, each gathering
-  its tokens, running gate/up/down and scattering back; "streams:N": the same loop with expert e on
-  stream e mod N (stream 0 is the compute stream, the others expert_1..expert_N-1).
+  expert where PyTorch lacks it; "sequential": Hugging Face's eager loop over the local experts
+  (one leaf weight per expert projection; per expert torch.where of a one-hot routing mask, the
+  gather of its tokens, gate/up/down, index_add_ of the weighted output); "streams:N": the same loop
+  with expert e on stream e mod N (stream 0 is the compute stream, the others expert_1..expert_N-1).
 * routing: training routes every token to k distinct experts in rotation (token t, choice j ->
   expert (t k + j) mod E): every expert receives the same number of rows, as the StepGraph's
   balanced routing assumes (routing_imbalance = 1), and the host knows the counts without a device
   read; the router's scores still run (router_fwd, router_topk_fwd) and weight the experts' outputs.
-  Inference routes with the router's own top-k (random weights), as a served model does; the loop
-  over experts then reads the counts on the host (a synchronisation, recorded as
-  moe_routing_stats_read_fwd).
+  Inference routes with the router's own top-k (random weights), as a served model does. The loop
+  over one rank's experts reads each expert's rows on the host in either case (torch.where, recorded
+  as expert_rows_read_fwd); the other forms read the counts where the host needs them (a
+  synchronisation, recorded as moe_routing_stats_read_fwd).
 """
 from __future__ import annotations
 
@@ -193,8 +195,24 @@ class Model:
                         fc2 = a2
                     else:
                         del a2
-                lp["fc1"] = add(f"l{li}.experts.fc1", fc1.to(dtype=dtype).requires_grad_(True), li, expert=True)
-                lp["fc2"] = add(f"l{li}.experts.fc2", fc2.to(dtype=dtype).requires_grad_(True), li, expert=True)
+                if self.expert_kind == "grouped":
+                    lp["fc1"] = add(f"l{li}.experts.fc1", fc1.to(dtype=dtype).requires_grad_(True), li, expert=True)
+                    lp["fc2"] = add(f"l{li}.experts.fc2", fc2.to(dtype=dtype).requires_grad_(True), li, expert=True)
+                else:
+                    # An eager loop's experts are modules of their own (Hugging Face's experts[e].gate_proj,
+                    # up_proj, down_proj): each weight a leaf [out, in], so that the loop makes no slicing
+                    # autograd nodes and no full-size gradient per expert (the same numbers as the stacked
+                    # weights of the grouped form).
+                    names = ("gate", "up", "down") if self.swiglu else ("fc1", "fc2")
+                    experts = []
+                    for e in range(self.E_loc):
+                        w1, w2 = fc1[e], fc2[e]
+                        ws = (w1[:, :fe].t(), w1[:, fe:].t(), w2.t()) if self.swiglu else (w1.t(), w2.t())
+                        experts.append(tuple(
+                            add(f"l{li}.experts.{e}.{nm}", w.contiguous().to(dtype=dtype).requires_grad_(True), li,
+                                expert=True) for nm, w in zip(names, ws)))
+                    lp["experts"] = experts
+                del fc1, fc2
                 fs = m["moe_shared_expert_intermediate_size"]
                 if fs > 0:
                     lp["shared_fc1"] = add(f"l{li}.shared_fc1", p(mult * fs, h), li)
@@ -388,6 +406,9 @@ class Model:
         t, h = y.shape
         E, k = self.E, self.k
         elt = y.element_size()
+        # The per-expert loop (eager or streams, one EP rank) is Hugging Face's sparse MoE block: a
+        # one-hot routing mask [E, k, t] made with the top-k, then per expert torch.where of its mask.
+        per_expert_loop = not (self.expert_kind == "grouped" or self.ep > 1)
         logits = linear(c, "router", y, lp["router"], tokens=t)
         with Op(c, "router_topk", [logits], wall="memory", tokens=t, nbytes=t * E * (4.0 + elt),
                 bwd_nbytes=t * E * 12.0) as op:
@@ -398,18 +419,19 @@ class Model:
             else:
                 _, idx = torch.topk(probs, k, dim=-1)
             weights = op.out(probs.gather(1, idx).to(y.dtype))
+            mask = F.one_hot(idx, num_classes=E).permute(2, 1, 0) if per_expert_loop else None
         # Rows per expert: known on the host for the balanced training routing; for the router's own
-        # top-k a device count, read on the host where the host needs it (the eager loop, a grouped
-        # product without torch._grouped_mm) or where the scenario says so (sync_routing_stats).
+        # top-k a device count, read on the host where the host needs it (the per-expert loop over EP
+        # ranks' rows, a grouped product without torch._grouped_mm) or where the scenario says so
+        # (sync_routing_stats). The loop of one EP rank reads each expert's rows itself (torch.where).
         counts = offs = None
         if self.s.training:
             counts = [t * k // E + (1 if e < (t * k) % E else 0) for e in range(E)]
-        else:
+        elif not per_expert_loop:
             dev_counts = torch.bincount(idx.reshape(-1), minlength=E)
             offs = torch.cumsum(dev_counts, 0).to(torch.int32)
-        # The per-expert loop (eager or streams, one EP rank) slices rows on the host: it always needs them.
-        per_expert_loop = not (self.expert_kind == "grouped" or self.ep > 1)
-        if self.s.step["sync_routing_stats"] or (counts is None and (per_expert_loop or not _grouped_on_device(y))):
+        host_counts = not per_expert_loop and (self.expert_kind != "grouped" or not _grouped_on_device(y))
+        if self.s.step["sync_routing_stats"] or (counts is None and host_counts):
             with c.prof.host_phase(c.info("moe_routing_stats_read_fwd", wall="host", nbytes=E * 8.0, host=True)):
                 counts = torch.bincount(idx.reshape(-1), minlength=E).tolist()
         self._dev_offs = offs
@@ -417,7 +439,7 @@ class Model:
         if not per_expert_loop:
             combined = self._moe_permuted(c, y, idx, weights, counts)
         else:
-            combined = self._moe_per_expert_local(c, y, idx, weights, counts)
+            combined = self._moe_per_expert_local(c, y, mask, weights)
         if self._shared_stream is None:
             shared_out = self._shared(c, y)
         else:
@@ -508,14 +530,14 @@ class Model:
                 (ai,) = op.inputs
                 hmid = op.out(_act(ai, self.swiglu).contiguous())
             return grouped(c, "expert_fc2", hmid, lp["fc2"], offs, counts)
-        # Per-expert loop over contiguous slices (ep > 1).
+        # Per-expert loop over contiguous rows (ep > 1: the counts are on the host), index tensors cached.
+        key = ("rows", tuple(counts))
+        rows_of = self._idx_cache.get(key)
+        if rows_of is None:
+            rows_of = self._idx_cache[key] = tuple(
+                torch.arange(s0, s0 + n, device=self.device) for s0, n in zip(_starts(counts), counts))
         out = xs.new_zeros(r, h)
-        rows_of = []
-        start = 0
-        for e, n in enumerate(counts):
-            rows_of.append(torch.arange(start, start + n, device=self.device))
-            start += n
-        return self._per_expert(c, xs, out, rows_of, None, counts)
+        return self._per_expert(c, xs, out, lambda e: (rows_of[e], None), None)
 
     def _offs(self, counts: List[int]):
         key = ("offs", tuple(counts))
@@ -524,25 +546,31 @@ class Model:
             o = self._idx_cache[key] = torch.tensor(list(_cumsum(counts)), device=self.device, dtype=torch.int32)
         return o
 
-    def _moe_per_expert_local(self, c: Ctx, y, idx, weights, counts):
-        """ep = 1, sequential or streams: each expert gathers its own tokens from y (expert_gather) and
-        scatters its weighted output back (expert_scatter)."""
+    def _moe_per_expert_local(self, c: Ctx, y, mask, weights):
+        """ep = 1, sequential or streams, as Hugging Face's sparse MoE block: expert e's rows are
+        torch.where(mask[e]) (a device-to-host read that waits for the stream: expert_rows_read), it
+        gathers them from y (expert_gather) and adds its output, weighted by the router, back into the
+        block's output (expert_scatter, index_add_)."""
         t, h = y.shape
-        rows_of = []
-        wsel = []
-        flat = idx.reshape(-1)
-        order = torch.sort(flat, stable=True)[1]
-        start = 0
-        for e, n in enumerate(counts):
-            sel = order[start:start + n]
-            rows_of.append(sel // self.k)
-            wsel.append(sel)
-            start += n
-        out = y.new_zeros(t, h)
-        return self._per_expert(c, y, out, rows_of, (weights.reshape(-1), wsel), counts)
 
-    def _per_expert(self, c: Ctx, src, out, rows_of, weighting, counts):
+        def rows_for(e: int):
+            if c.plain:
+                slot, rows = torch.where(mask[e])
+            else:
+                with c.prof.host_phase(c.info("expert_rows_read_fwd", wall="host", nbytes=8.0, host=True),
+                                       sync_first=True):
+                    slot, rows = torch.where(mask[e])
+            return rows, slot
+
+        out = y.new_zeros(t, h)
+        return self._per_expert(c, y, out, rows_for, weights)
+
+    def _per_expert(self, c: Ctx, src, out, rows_for, weights):
+        """The loop over the local experts: rows_for(e) gives expert e's rows of src (and, with
+        `weights` [t, k], each row's top-k slot); the expert gathers them, runs its MLP and scatter-adds
+        into out (weighted by weights[rows, slot])."""
         lp = self.layers[c.layer]
+        experts = lp["experts"]
         h = src.shape[1]
         elt = src.element_size()
         fe = self.m["moe_ffn_hidden_size"]
@@ -551,41 +579,39 @@ class Model:
         if main is not None:
             for st in self._streams[1:]:
                 st.wait_stream(main)
-        for e, n in enumerate(counts):
-            if n == 0:
-                continue
+        for e in range(len(experts)):
             c.expert = e
             st = self._streams[e % len(self._streams)] if self._streams else None
             ctx = torch.cuda.stream(st) if st is not None else _nullctx()
             with ctx:
-                rows = rows_of[e]
+                rows, slot = rows_for(e)
+                n = rows.shape[0]
+                if n == 0:
+                    continue
                 if st is not None and st is not main:
                     for tt in (src, rows, out):
                         tt.record_stream(st)
                 with Op(c, "expert_gather", [src], wall="memory", tokens=n, nbytes=2.0 * n * h * elt) as op:
                     (si,) = op.inputs
                     xe = op.out(si.index_select(0, rows))
-                w1 = lp["fc1"][e]
-                w2 = lp["fc2"][e]
                 if swiglu:
-                    gate = linear(c, "expert_gate", xe, w1[:, :fe].t(), tokens=n)
-                    up = linear(c, "expert_up", xe, w1[:, fe:].t(), tokens=n)
+                    w_gate, w_up, w_down = experts[e]
+                    gate = linear(c, "expert_gate", xe, w_gate, tokens=n)
+                    up = linear(c, "expert_up", xe, w_up, tokens=n)
                     with Op(c, "expert_act", [gate, up], wall="memory", tokens=n, nbytes=3.0 * n * fe * elt,
                             bwd_nbytes=5.0 * n * fe * elt) as op:
                         gi, ui = op.inputs
                         hm = op.out(F.silu(gi) * ui)
-                    ye = linear(c, "expert_down", hm, w2.t(), tokens=n)
+                    ye = linear(c, "expert_down", hm, w_down, tokens=n)
                 else:
-                    a1 = linear(c, "expert_fc1", xe, w1.t(), tokens=n)
+                    w_fc1, w_fc2 = experts[e]
+                    a1 = linear(c, "expert_fc1", xe, w_fc1, tokens=n)
                     with Op(c, "expert_act", [a1], wall="memory", tokens=n, nbytes=2.0 * n * fe * elt,
                             bwd_nbytes=3.0 * n * fe * elt) as op:
                         (ai,) = op.inputs
                         hm = op.out(F.gelu(ai))
-                    ye = linear(c, "expert_fc2", hm, w2.t(), tokens=n)
-                we = None
-                if weighting is not None:
-                    wflat, wsel = weighting
-                    we = wflat.index_select(0, wsel[e])
+                    ye = linear(c, "expert_fc2", hm, w_fc2, tokens=n)
+                we = weights[rows, slot] if weights is not None else None
                 out = scatter_add(c, out, rows, ye, we)
         c.expert = None
         if main is not None:
@@ -621,6 +647,13 @@ def _grouped_on_device(x) -> bool:
     """Whether the grouped expert product runs as torch._grouped_mm (which takes the rows per expert
     as device offsets) rather than one product per expert (which needs them on the host)."""
     return x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
+
+
+def _starts(xs):
+    s = 0
+    for x in xs:
+        yield s
+        s += x
 
 
 def _cumsum(xs):

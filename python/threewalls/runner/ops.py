@@ -1,6 +1,12 @@
 """The runner's ops, each timed as the StepGraph op of the same name (docs/stepgraph.md).
 
-Three kinds of timing, all through the profiler (threewalls.profiler):
+A step the profiler does not record (Profiler.phases_off) runs every op as plain PyTorch, as an
+uninstrumented eager program does: F.linear, F.embedding, index_add_, torch._grouped_mm, with
+PyTorch's own autograd (no Python autograd functions, no markers; one Profiler.tick() per op, which
+formats a couple of waiting records). A recorded step runs the instrumented forms below; what they
+cost beyond the plain ops is the price of the per-phase timing (docs/python.md, "Recorded steps").
+
+Three kinds of timing on recorded steps, all through the profiler (threewalls.profiler):
 
 * GEMMs and grouped GEMMs are autograd functions of their own: the forward is phase `<name>_fwd`,
   the backward runs the data gradient (`<name>_dgrad`) and the weight gradient (`<name>_wgrad`) as two
@@ -16,9 +22,11 @@ product; bytes read and written), not taken from the simulator.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Optional, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from threewalls.profiler.hooks import backward_box, mark_backward_begin, mark_backward_end
 
@@ -35,6 +43,11 @@ class Ctx:
         self.mb: Optional[int] = None
         self.expert: Optional[int] = None  # the local expert of per-expert ops
         self._infos = {}
+
+    @property
+    def plain(self) -> bool:
+        """Whether ops run plain (this step records no fine-grained phase): see the module's doc."""
+        return self.prof.phases_off
 
     def saved(self) -> tuple:
         """Where the forward ran (layer, micro-batch, expert), for an autograd function's backward."""
@@ -119,6 +132,9 @@ class _Linear(torch.autograd.Function):
 
 def linear(c: Ctx, name: str, x: torch.Tensor, w: torch.Tensor, tokens: Optional[int] = None) -> torch.Tensor:
     """`name` (e.g. "attn_qkv") on x [..., k] and w [n, k]: phases name_fwd, name_dgrad, name_wgrad."""
+    if c.plain:
+        c.prof.tick()
+        return F.linear(x, w)
     shape = x.shape
     y = _Linear.apply(c, name, tokens, x.reshape(-1, shape[-1]), w)
     return y.reshape(*shape[:-1], w.shape[0])
@@ -149,6 +165,9 @@ def _gmm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, counts: Sequence[
         out[gi] = a[:, start:start + n] @ b[start:start + n]
         start += n
     return out
+
+
+_GMM_AUTOGRAD = True  # whether torch._grouped_mm differentiates (else unrecorded steps use _Grouped too)
 
 
 class _Grouped(torch.autograd.Function):
@@ -186,6 +205,15 @@ def grouped(c: Ctx, name: str, x: torch.Tensor, w: torch.Tensor, offs: torch.Ten
     """Phases name_fwd, name_dgrad, name_wgrad of a grouped GEMM over the local experts; x's rows are
     sorted by expert, `offs` their cumulative ends per expert (int32, on x's device); `counts` (rows
     per expert on the host) only where torch._grouped_mm does not run (None otherwise allowed)."""
+    global _GMM_AUTOGRAD
+    if c.plain and _GMM_AUTOGRAD:
+        c.prof.tick()
+        try:
+            return _gmm(x, w, offs, counts, "2d3d")
+        except RuntimeError as e:  # a PyTorch whose torch._grouped_mm has no backward: the function's own
+            if "derivative" not in str(e) and "not implemented" not in str(e):
+                raise
+            _GMM_AUTOGRAD = False
     return _Grouped.apply(c, name, offs, None if counts is None else tuple(counts), x, w)
 
 
@@ -203,9 +231,14 @@ class Op:
                  bwd_flops: Optional[float] = None, expert: object = "ctx", tokens: Optional[int] = None,
                  backward: bool = True):
         self.c = c
+        self.box = None
+        if c.plain:
+            c.prof.tick()
+            self.phase = _NOOP
+            self.inputs = inputs
+            return
         self.phase = c.prof.phase(c.info(name + "_fwd", wall=wall, flops=flops, nbytes=nbytes, expert=expert,
                                          tokens=tokens))
-        self.box = None
         self.inputs = list(inputs)
         if backward and c.prof.recording and torch.is_grad_enabled():
             need = [t for t in self.inputs if isinstance(t, torch.Tensor) and t.requires_grad]
@@ -261,6 +294,10 @@ class _Embedding(torch.autograd.Function):
 
 
 def embedding(c: Ctx, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Rows of w for ids, [ids.numel(), h]."""
+    if c.plain:
+        c.prof.tick()
+        return F.embedding(ids.reshape(-1), w)
     return _Embedding.apply(c, ids, w)
 
 
@@ -336,4 +373,11 @@ class _ScatterAdd(torch.autograd.Function):
 
 def scatter_add(c: Ctx, out: torch.Tensor, rows: torch.Tensor, y: torch.Tensor,
                 w: Optional[torch.Tensor]) -> torch.Tensor:
+    """out[rows] += y * w[:, None] (w None: += y), in place; returns out."""
+    if c.plain:
+        c.prof.tick()
+        return out.index_add_(0, rows, y * w.unsqueeze(1) if w is not None else y)
     return _ScatterAdd.apply(c, out, rows, y, w)
+
+
+_NOOP = contextlib.nullcontext()  # the phase of an op on a step that records nothing (reusable)

@@ -87,6 +87,7 @@ class Buckets:
         close(True, 0)
         self.distributed = distributed
         self.params, self.grads, self.masters, self.shards, self.sizes = [], [], [], [], []
+        self.grad_views = []  # per bucket: each parameter's gradient slot in `grads`, in its shape
         dp_rank = model.rank if dp > 1 else 0  # tp = cp = pp = 1: the data-parallel rank is the rank
         edp_rank = model.rank // model.ep if edp > 1 else 0
         with torch.no_grad():
@@ -110,6 +111,13 @@ class Buckets:
                 master.grad = torch.zeros_like(master)
                 self.params.append(pflat)
                 self.grads.append(torch.zeros(npad, dtype=torch.float32, device=device))
+                views = []
+                off = 0
+                for x in names:
+                    p = model.params[x]
+                    views.append(self.grads[-1][off:off + p.numel()].view(p.shape))
+                    off += p.numel()
+                self.grad_views.append(views)
                 self.masters.append(master)
                 self.shards.append(shard)
                 self.sizes.append(n)
@@ -139,6 +147,11 @@ def run(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--record-every", type=int, default=None,
                     help="profiler.record_every_n_steps (default: the scenario's run.profiler)")
     ap.add_argument("--nvtx", choices=["sampled", "all", "off"], default="sampled")
+    ap.add_argument("--wall-json", metavar="PATH",
+                    help="also write every measured step's host wall time (from the end of the previous step, "
+                         "each step ending with the host's read of the loss or tokens) and whether it was "
+                         "recorded, as JSON; the unrecorded steps' times are what an uninstrumented eager "
+                         "program takes (rank 0; printed either way)")
     ap.add_argument("--torch-profile", metavar="TRACE_JSON",
                     help="also run the steps under torch.profiler (CPU and CUDA activity) with the profiler's "
                          "record_function ranges on, and write its Chrome trace here (rank r > 0: TRACE_JSON "
@@ -207,13 +220,14 @@ def _run(args) -> int:
         prof.name_stream(copy_stream, "copy")
     gen = torch.Generator().manual_seed(s.run["seed"] * 1000 + rank)
     try:
+        walls = StepWalls()
         with _torch_profile(args.torch_profile, rank, device_kind):
             if s.training:
                 step_inputs = None
-                _train(s, model, prof, c, device, copy_stream, gen, steps, warmup, dist, dp_group, edp_group)
+                _train(s, model, prof, c, device, copy_stream, gen, steps, warmup, dist, dp_group, edp_group, walls)
                 tokens = s.step["global_batch_size"] * s.step["seq_length"]
             else:
-                step_inputs = _infer(s, model, prof, c, device, copy_stream, gen, steps, warmup)
+                step_inputs = _infer(s, model, prof, c, device, copy_stream, gen, steps, warmup, walls)
                 tokens = None
         if device_kind == "cuda":
             torch.cuda.synchronize()
@@ -227,7 +241,46 @@ def _run(args) -> int:
         dist.destroy_process_group()
     if rank == 0:
         print(f"run directory {args.out}: {steps} step(s) of {s.name} on {world} rank(s) ({device})")
+        print(walls.line())
+        if args.wall_json:
+            walls.write(args.wall_json)
     return 0
+
+
+class StepWalls:
+    """Host wall time of each measured step: from the end of the step before (warm-up included) to
+    the end of this one, every step ending with a device-to-host read (the loss or the sampled
+    tokens), so each is the step's whole time; split by whether the profiler recorded it."""
+
+    def __init__(self):
+        self.steps: List[Dict[str, object]] = []
+        self._t = time.perf_counter()
+
+    def end(self, step: Optional[int], recorded: bool) -> None:
+        t = time.perf_counter()
+        if step is not None:
+            self.steps.append({"step": step, "recorded": recorded, "wall_ms": (t - self._t) * 1e3})
+        self._t = t
+
+    def medians(self) -> Dict[str, Optional[float]]:
+        import statistics
+        out = {}
+        for key, rec in (("recorded", True), ("unrecorded", False)):
+            xs = [x["wall_ms"] for x in self.steps if x["recorded"] is rec]
+            out[key] = statistics.median(xs) if xs else None
+        return out
+
+    def line(self) -> str:
+        m = self.medians()
+        n = {k: sum(1 for x in self.steps if x["recorded"] is (k == "recorded")) for k in m}
+        return "step wall time (host clock), median: " + ", ".join(
+            f"{k} {'-' if v is None else f'{v:.1f} ms'} ({n[k]} steps)" for k, v in m.items())
+
+    def write(self, path: str) -> None:
+        import json
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({"steps": self.steps, "median_ms": self.medians()}, f, indent=1)
+            f.write("\n")
 
 
 class _torch_profile:
@@ -286,7 +339,21 @@ def _h2d(c: Ctx, prof, host_tensors, device, copy_stream, sync_after_copy: bool)
     return out
 
 
-def _train(s, model: Model, prof, c: Ctx, device, copy_stream, gen, steps, warmup, dist, dp_group, edp_group):
+def train_forward(s, model: Model, c: Ctx, d_ids, d_labels):
+    """One micro-batch's forward of a training step: the loss (c.mb set by the caller)."""
+    b, sq = d_ids.shape
+    x = embedding(c, d_ids, model.params["embedding"])
+    for li in range(s.model["num_layers"]):
+        c.layer = li
+        x = model.attention(c, x, b, sq, decode=False)
+        x = model.mlp(c, x)
+    c.layer = None
+    logits = model.head_logits(c, x)
+    return model.loss(c, logits, d_labels)
+
+
+def _train(s, model: Model, prof, c: Ctx, device, copy_stream, gen, steps, warmup, dist, dp_group, edp_group,
+           walls: StepWalls):
     t = s.step
     b, sq = t["micro_batch_size"], t["seq_length"]
     M = s.num_microbatches
@@ -305,6 +372,7 @@ def _train(s, model: Model, prof, c: Ctx, device, copy_stream, gen, steps, warmu
         runner_settings["gradients"] = "bf16 autograd gradients copied into fp32 bucket buffers after backward"
     pin = device.type == "cuda"
     shard = bk.shard_params()
+    copy_all = getattr(torch, "_foreach_copy_", None)  # one call per bucket (an eager loop has ~10^3 weights)
     gloo = dist is not None and device.type == "cpu"
 
     def reduce_grads(i, expert, layer, group, gsize):
@@ -346,6 +414,7 @@ def _train(s, model: Model, prof, c: Ctx, device, copy_stream, gen, steps, warmu
         step = i - warmup
         if measured:
             prof.begin_step(step)
+        recorded = prof.recording
         loss_sum = torch.zeros((), device=device, dtype=torch.float32)
         for mb in range(M):
             c.mb = mb
@@ -355,14 +424,7 @@ def _train(s, model: Model, prof, c: Ctx, device, copy_stream, gen, steps, warmu
             pos = torch.arange(sq, dtype=torch.int64).expand(b, sq).contiguous()
             host = [x.pin_memory() if pin else x for x in (ids, labels, mask, pos)]
             d_ids, d_labels, _, _ = _h2d(c, prof, host, device, copy_stream, t["sync_after_copy"])
-            x = embedding(c, d_ids, model.params["embedding"])
-            for li in range(s.model["num_layers"]):
-                c.layer = li
-                x = model.attention(c, x, b, sq, decode=False)
-                x = model.mlp(c, x)
-            c.layer = None
-            logits = model.head_logits(c, x)
-            loss = model.loss(c, logits, d_labels)
+            loss = train_forward(s, model, c, d_ids, d_labels)
             (loss / M).backward()
             loss_sum += loss.detach()
         c.mb = None
@@ -370,11 +432,14 @@ def _train(s, model: Model, prof, c: Ctx, device, copy_stream, gen, steps, warmu
             # Gradients into the fp32 buckets (Megatron accumulates into fp32 main grads; here the copy
             # is a gap between records).
             for bi, names in enumerate(bk.names):
-                off = 0
-                for n in names:
-                    p = model.params[n]
-                    bk.grads[bi][off:off + p.numel()].copy_(p.grad.reshape(-1))
-                    off += p.numel()
+                ps = [model.params[n] for n in names]
+                dst = bk.grad_views[bi]
+                if copy_all is not None and all(p.grad is not None for p in ps):
+                    copy_all(dst, [p.grad for p in ps])
+                else:
+                    for d, p in zip(dst, ps):
+                        d.copy_(p.grad) if p.grad is not None else d.zero_()
+                for p in ps:
                     p.grad = None
                 if not (distributed and (edp if bk.buckets[bi][0] else dp) > 1):
                     bk.masters[bi].grad = bk.grads[bi]
@@ -412,6 +477,7 @@ def _train(s, model: Model, prof, c: Ctx, device, copy_stream, gen, steps, warmu
                 float(loss_sum.item())
         if measured:
             prof.end_step()
+        walls.end(step if measured else None, recorded)
 
 
 def _adam_has(kw: str) -> bool:
@@ -422,7 +488,8 @@ def _adam_has(kw: str) -> bool:
         return False
 
 
-def _infer(s, model: Model, prof, c: Ctx, device, copy_stream, gen, steps, warmup) -> Dict[int, Dict[str, float]]:
+def _infer(s, model: Model, prof, c: Ctx, device, copy_stream, gen, steps, warmup,
+           walls: StepWalls) -> Dict[int, Dict[str, float]]:
     t = s.step
     b, prompt = t["batch_size"], t["prompt_length"]
     V = s.model["vocab_size"]
@@ -437,6 +504,7 @@ def _infer(s, model: Model, prof, c: Ctx, device, copy_stream, gen, steps, warmu
             kind = "prefill"  # a decode needs its prompt's cache: warm-up restarts at a prefill
         if measured:
             prof.begin_step(step_index)
+        recorded = prof.recording
         if kind == "prefill":
             ids = torch.randint(0, V, (b, prompt), generator=gen)
             sq = prompt
@@ -461,6 +529,7 @@ def _infer(s, model: Model, prof, c: Ctx, device, copy_stream, gen, steps, warmu
         if measured:
             prof.end_step()
             step_inputs[step_index] = {"tokens": float(b * sq)}
+        walls.end(step_index if measured else None, recorded)
 
     for i in range(warmup):
         one(i, False)

@@ -137,6 +137,13 @@ class CostModel {
   // Host time of one cudaStreamWaitEvent on a stream other than the event's, the streams rotating
   // (host.stream_wait; host.event_record when the profile lacks it).
   [[nodiscard]] Seconds stream_wait() const;
+  // An eager framework's host costs besides its forward per-op dispatch (framework_op), measured by
+  // the Python package's framework benchmark; empty when the profile lacks them: the host time of a
+  // backward op on top of the kernel launch (the autograd engine's node and the C++ dispatch;
+  // host.framework_backward_op), and of one device-to-host read the framework makes
+  // (host.framework_sync).
+  [[nodiscard]] std::optional<Seconds> framework_backward_op() const;
+  [[nodiscard]] std::optional<Seconds> framework_sync() const;
 
   // ---- concurrency ----
   // Throughput factor of `streams` concurrent small kernels relative to running them back to back

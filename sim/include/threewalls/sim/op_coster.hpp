@@ -66,6 +66,10 @@ struct HostCosts {
   Seconds op_dispatch{0.0};            // OpRunner::run around every eager launch
   std::optional<Seconds> record_op;    // a recorded op's markers and record (empty: two event records)
   std::optional<Seconds> stream_wait;  // one cross-stream cudaStreamWaitEvent (empty: event_record)
+  // An eager framework's (run.framework = "pytorch_eager") other host costs (optional families;
+  // empty: framework_op and gpu_read are charged in their place, and the run header says so):
+  std::optional<Seconds> framework_backward_op;  // per backward launch, in place of framework_op
+  std::optional<Seconds> framework_sync;         // a device-to-host read, in place of gpu_read
 };
 
 // The kernel_terms family (calibration/kernel_terms.hpp) and inputs of a softmax_topk, permute,
