@@ -81,7 +81,8 @@ double layer_activation_bytes(const Scenario& s, int layer, double expert_load, 
   const bool moe = m.layer_is_moe(layer);
   const bool whole_moe = moe && sel("moe");
   const bool mlp_norm_recompute = ln_recompute || whole_moe;
-  if (!mlp_norm_recompute) bytes += 2.0 * T * d.h / rep;  // norm output = fc1 / router input
+  // norm output = the dense fc1's input (fp8 with fp8 GEMMs), or the router's (bf16)
+  if (!mlp_norm_recompute) bytes += (moe ? 2.0 : gemm_in) * T * d.h / rep;
   if (!moe) {
     if (!sel("mlp")) {
       bytes += 2.0 * T * d.f * d.act_in / t;  // activation input

@@ -324,5 +324,47 @@ TEST(OpRunner, EveryOpOfTheShippedExampleScenariosIsSupported) {
   EXPECT_GT(checked, 100);
 }
 
+// The fp8 quantisation ops of every recipe map onto the cast, transpose and amax kernels: bf16 input
+// and fp8 outputs (the columnwise one in training), or the fp8 weight's transpose.
+TEST(OpRunner, Fp8QuantisationOpsOfEveryRecipeAreSupported) {
+  int casts = 0;
+  int transposes = 0;
+  int amax = 0;
+  for (const std::string recipe : {"delayed", "tensorwise", "blockwise", "mxfp8"}) {
+    const std::string gpu = recipe == "mxfp8" ? "b200" : "h100";
+    const std::string text =
+        "schema_version = 1\n[model]\nnum_layers = 2\nhidden_size = 512\nnum_attention_heads = 4\n"
+        "ffn_hidden_size = 1024\nvocab_size = 32000\n[train]\nprecision = \"fp8\"\nfp8_recipe = \"" +
+        recipe + "\"\nfp8_format = \"e4m3\"\nfp8_param_gather = " + (recipe == "tensorwise" ? "true" : "false") +
+        "\nmicro_batch_size = 1\nglobal_batch_size = 2\nseq_length = 256\n[cluster]\ngpu = \"" + gpu +
+        "\"\ngpus_per_node = 1\nnodes = 1\n";
+    const scenarios::StepGraph graph = scenarios::expand(scenarios::load_scenario_text(text, "fp8.toml").scenario);
+    for (const scenarios::Op& op : graph.classes[0].ops) {
+      if (op.kind != scenarios::OpKind::elementwise) continue;
+      const auto kind = op.elementwise_kind();
+      if (kind != scenarios::ElementwiseKind::quantize && kind != scenarios::ElementwiseKind::amax) continue;
+      const OpRunner::Need n = OpRunner::need_of(op, OpRunnerConfig{});
+      const auto elements = static_cast<std::size_t>(op.shape[0]);
+      if (kind == scenarios::ElementwiseKind::amax) {
+        EXPECT_EQ(n.bf16[0], 2 * elements) << graph.phase_name(op);
+        ++amax;
+      } else if (op.dtype == scenarios::DType::fp8) {
+        EXPECT_EQ(n.bf16[0], 0U) << graph.phase_name(op);
+        EXPECT_EQ(n.f8[0], elements) << graph.phase_name(op);
+        EXPECT_EQ(n.f8[1], elements) << graph.phase_name(op);
+        ++transposes;
+      } else {
+        EXPECT_EQ(n.bf16[0], 2 * elements) << graph.phase_name(op);
+        EXPECT_EQ(n.f8[0], elements) << graph.phase_name(op);
+        EXPECT_EQ(n.f8[1], elements) << graph.phase_name(op);  // training: the columnwise copy
+        ++casts;
+      }
+    }
+  }
+  EXPECT_GT(casts, 0);
+  EXPECT_GT(transposes, 0);
+  EXPECT_GT(amax, 0);
+}
+
 }  // namespace
 }  // namespace threewalls::backend

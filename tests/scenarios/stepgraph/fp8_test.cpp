@@ -248,4 +248,11 @@ TEST(Fp8Quantisation, Fp8GemmsSaveTheirInputsInFp8) {
   // attention output is kept in bf16 for the attention backward and in fp8 for the projection.
   const double expected = 1.0 * kT * kH + 1.0 * kRows * kH + 1.0 * kRows * kFfn - 1.0 * kT * kH;
   EXPECT_DOUBLE_EQ(diff, expected);
+  // A dense layer: the MLP norm's output is the fp8 fc1's input (the MoE's is the bf16 router's).
+  const std::string dense_model = "ffn_hidden_size = 4096\nfirst_dense_layers = 1\n";
+  const Scenario dbf = test::scenario_from(test::small_moe("", "", 1, dense_model));
+  const Scenario df8 = test::scenario_from(test::small_moe("", fp8_train(""), 1, dense_model));
+  const double dense_diff =
+      layer_activation_bytes(dbf, 0, 1.0, opt, true) - layer_activation_bytes(df8, 0, 1.0, opt, true);
+  EXPECT_DOUBLE_EQ(dense_diff, 1.0 * kT * kH + 1.0 * kT * kH + 1.0 * kT * 4096 - 1.0 * kT * kH);
 }
