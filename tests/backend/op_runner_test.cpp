@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <set>
+#include <utility>
 
 #include "gpu_test_util.hpp"
 #include "threewalls/backend/error.hpp"
@@ -56,6 +57,18 @@ std::vector<Op> one_of_each_kind() {
   ops.push_back(make(OpKind::elementwise, {100000, 0, 0, 0, 0, 0}, 0, 3 * 2 * 100000.0));
   ops.push_back(make(OpKind::elementwise, {100000, 0, 0, 0, 0, 0}, 0, 2 * 2 * 100000.0));
   ops.push_back(make(OpKind::elementwise, {100000, 0, 0, 0, 0, 0}, kBackward, 5 * 2 * 100000.0));
+  // The fp8 quantisation: the cast with its transpose, the cast alone, an fp8 weight's transpose, amax.
+  for (const auto& [columnwise, dtype] : {std::pair<int, scenarios::DType>{1, scenarios::DType::bf16},
+                                          {0, scenarios::DType::bf16},
+                                          {1, scenarios::DType::fp8}}) {
+    Op q = make(OpKind::elementwise, {333 * 300, 333, 300, columnwise, 0, 0}, 0, 4.0 * 333 * 300);
+    q.sub = static_cast<std::uint8_t>(scenarios::ElementwiseKind::quantize);
+    q.dtype = dtype;
+    ops.push_back(q);
+  }
+  Op amax = make(OpKind::elementwise, {100000, 0, 0, 0, 0, 0}, 0, 2 * 100000.0);
+  amax.sub = static_cast<std::uint8_t>(scenarios::ElementwiseKind::amax);
+  ops.push_back(amax);
   ops.push_back(make(OpKind::norm, {512, 1024, 0, 0, 0, 0}));
   ops.push_back(make(OpKind::norm, {512, 1024, 0, 0, 0, 0}, kBackward));
   ops.push_back(make(OpKind::softmax_topk, {512, 64, 6, 0, 0, 0}));
