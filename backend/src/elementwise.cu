@@ -157,6 +157,67 @@ __global__ void swiglu_bwd_kernel(const bf16* dy, const bf16* x, bf16* dx, std::
   }
 }
 
+// ---- fp8 quantisation ----
+// amax of non-negative floats: their bit patterns order as ints.
+__device__ inline void atomic_max_nonneg(float* a, float v) { atomicMax(reinterpret_cast<int*>(a), __float_as_int(v)); }
+
+__global__ void amax_kernel(const bf16* x, float* amax, std::int64_t n) {
+  __shared__ float scratch[32];
+  float m = 0.0F;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    m = fmaxf(m, fabsf(__bfloat162float(x[i])));
+  }
+  m = block_max(m, scratch);
+  if (threadIdx.x == 0) atomic_max_nonneg(amax, m);
+}
+
+// 32 x 32 tiles, 256 threads (8 rows of 32 per pass): the rowwise copy is written as read, the
+// columnwise one from the tile in shared memory, so both are coalesced. Grid-stride over tiles.
+// Also the transpose of an fp8 tensor (In = fp8, no rowwise output: y null, scale 1).
+constexpr int kQuantTile = 32;
+__device__ inline float to_float(bf16 v) { return __bfloat162float(v); }
+__device__ inline float to_float(fp8 v) { return static_cast<float>(v); }
+template <class In>
+__global__ void quantize_fp8_kernel(const In* x, float scale, fp8* y, fp8* yt, float* amax, std::int64_t rows,
+                                    std::int64_t cols) {
+  __shared__ float tile[kQuantTile][kQuantTile + 1];
+  __shared__ float scratch[32];
+  const int tx = static_cast<int>(threadIdx.x % kQuantTile);
+  const int ty = static_cast<int>(threadIdx.x / kQuantTile);
+  const int step = static_cast<int>(blockDim.x / kQuantTile);
+  const std::int64_t tiles_c = (cols + kQuantTile - 1) / kQuantTile;
+  const std::int64_t tiles = tiles_c * ((rows + kQuantTile - 1) / kQuantTile);
+  float m = 0.0F;
+  for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const std::int64_t r0 = (t / tiles_c) * kQuantTile;
+    const std::int64_t c0 = (t % tiles_c) * kQuantTile;
+    __syncthreads();  // the previous tile's transposed writes are done
+    for (int i = ty; i < kQuantTile; i += step) {
+      const std::int64_t r = r0 + i;
+      const std::int64_t c = c0 + tx;
+      float v = 0.0F;
+      if (r < rows && c < cols) {
+        v = to_float(x[r * cols + c]);
+        m = fmaxf(m, fabsf(v));
+        if (y != nullptr) y[r * cols + c] = fp8(v * scale);
+      }
+      tile[i][tx] = v * scale;
+    }
+    if (yt == nullptr) continue;  // uniform over the block
+    __syncthreads();
+    for (int i = ty; i < kQuantTile; i += step) {
+      const std::int64_t c = c0 + i;
+      const std::int64_t r = r0 + tx;
+      if (r < rows && c < cols) yt[c * rows + r] = fp8(tile[tx][i]);
+    }
+  }
+  if (amax != nullptr) {
+    m = block_max(m, scratch);
+    if (threadIdx.x == 0) atomic_max_nonneg(amax, m);
+  }
+}
+
 // ---- norms: one block per row (grid-stride over rows) ----
 __global__ void rmsnorm_fwd_kernel(const bf16* x, const bf16* gamma, bf16* y, float* rstd, std::int64_t rows,
                                    std::int64_t hidden, float eps) {
@@ -430,6 +491,29 @@ void add(const bf16* a, const bf16* b, bf16* out, std::int64_t n, cudaStream_t s
   if (n <= 0) return;
   add_kernel<<<grid_for(n / 8 + 1), kThreads, 0, s>>>(a, b, out, n);
   TW_CUDA_CHECK_LAUNCH("add_kernel");
+}
+
+void amax_bf16(const bf16* x, float* amax, std::int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  amax_kernel<<<grid_for(n), kThreads, 0, s>>>(x, amax, n);
+  TW_CUDA_CHECK_LAUNCH("amax_kernel");
+}
+
+void quantize_fp8(const bf16* x, float scale, fp8* y, fp8* yt, float* amax, std::int64_t rows, std::int64_t cols,
+                  cudaStream_t s) {
+  if (rows <= 0 || cols <= 0) return;
+  const std::int64_t tiles = ((rows + kQuantTile - 1) / kQuantTile) * ((cols + kQuantTile - 1) / kQuantTile);
+  const int grid = static_cast<int>(tiles < 65535LL * 16 ? tiles : 65535LL * 16);
+  quantize_fp8_kernel<bf16><<<grid, kThreads, 0, s>>>(x, scale, y, yt, amax, rows, cols);
+  TW_CUDA_CHECK_LAUNCH("quantize_fp8_kernel<bf16>");
+}
+
+void transpose_fp8(const fp8* x, fp8* yt, std::int64_t rows, std::int64_t cols, cudaStream_t s) {
+  if (rows <= 0 || cols <= 0) return;
+  const std::int64_t tiles = ((rows + kQuantTile - 1) / kQuantTile) * ((cols + kQuantTile - 1) / kQuantTile);
+  const int grid = static_cast<int>(tiles < 65535LL * 16 ? tiles : 65535LL * 16);
+  quantize_fp8_kernel<fp8><<<grid, kThreads, 0, s>>>(x, 1.0F, nullptr, yt, nullptr, rows, cols);
+  TW_CUDA_CHECK_LAUNCH("quantize_fp8_kernel<fp8>");
 }
 
 void swiglu_fwd(const bf16* x, bf16* y, std::int64_t rows, std::int64_t h, cudaStream_t s) {

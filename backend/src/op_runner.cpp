@@ -79,8 +79,11 @@ void require_positive(const Op& op, int count) {
 
 // Element-wise ops say what they compute (Op::sub, scenarios::ElementwiseKind). GeLU (forward and
 // backward) and the gradient-norm reduction have no kernel of their own: they run the copy / add
-// kernel with the same memory traffic (the ops are memory-bound, so the time is what matters).
-enum class Elementwise : std::uint8_t { copy, add, swiglu, swiglu_bwd };
+// kernel with the same memory traffic (the ops are memory-bound, so the time is what matters). The
+// fp8 cast runs the per-tensor cast(-transpose) kernel for every recipe (block scales are not
+// computed: at most 1/32 byte per element of their traffic), from an fp8 source (a weight kept in
+// fp8, Op::dtype fp8) the transpose.
+enum class Elementwise : std::uint8_t { copy, add, swiglu, swiglu_bwd, quantize, amax };
 Elementwise elementwise_of(const Op& op) {
   switch (op.elementwise_kind()) {
     case scenarios::ElementwiseKind::add: return Elementwise::add;
@@ -90,6 +93,8 @@ Elementwise elementwise_of(const Op& op) {
     case scenarios::ElementwiseKind::gelu: return Elementwise::copy;
     case scenarios::ElementwiseKind::gelu_bwd: return Elementwise::add;
     case scenarios::ElementwiseKind::reduce: return Elementwise::copy;
+    case scenarios::ElementwiseKind::quantize: return Elementwise::quantize;
+    case scenarios::ElementwiseKind::amax: return Elementwise::amax;
   }
   return Elementwise::add;
 }
@@ -217,6 +222,24 @@ OpRunner::Need OpRunner::need_of(const Op& op, const OpRunnerConfig& config) {
         case Elementwise::add: n.bf16[0] = b16(e); n.bf16[1] = b16(e); n.bf16[2] = b16(e); break;
         case Elementwise::swiglu: n.bf16[0] = b16(2 * e); n.bf16[1] = b16(e); break;
         case Elementwise::swiglu_bwd: n.bf16[0] = b16(e); n.bf16[1] = b16(2 * e); n.bf16[2] = b16(2 * e); break;
+        case Elementwise::quantize: {
+          if (s[1] <= 0 || s[2] <= 0 || s[1] * s[2] != e)
+            unsupported(op, "an fp8 cast needs shape {rows x cols, rows, cols}");
+          const auto elems = static_cast<std::size_t>(e);
+          if (op.dtype == DType::fp8) {
+            n.f8[0] = elems;  // the fp8 weight, transposed
+          } else {
+            n.bf16[0] = b16(e);
+            n.f8[0] = elems;
+          }
+          if (s[3] != 0) n.f8[1] = elems;
+          n.f32[0] = b32(1);
+          break;
+        }
+        case Elementwise::amax:
+          n.bf16[0] = b16(e);
+          n.f32[0] = b32(1);
+          break;
       }
       break;
     }
@@ -703,6 +726,15 @@ void OpRunner::run(const Op& op, cudaStream_t stream) {
         case Elementwise::swiglu_bwd:
           swiglu_bwd(bf16_[0].as<bf16>(), bf16_[1].as<bf16>(), bf16_[2].as<bf16>(), 1, e, stream);
           break;
+        case Elementwise::quantize:
+          if (op.dtype == DType::fp8) {
+            transpose_fp8(f8_[0].as<fp8>(), f8_[1].as<fp8>(), s[1], s[2], stream);
+          } else {
+            quantize_fp8(bf16_[0].as<bf16>(), 1.0F, f8_[0].as<fp8>(), s[3] != 0 ? f8_[1].as<fp8>() : nullptr,
+                         f32_[0].as<float>(), s[1], s[2], stream);
+          }
+          break;
+        case Elementwise::amax: amax_bf16(bf16_[0].as<bf16>(), f32_[0].as<float>(), e, stream); break;
       }
       break;
     }

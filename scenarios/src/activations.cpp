@@ -35,23 +35,29 @@ double layer_activation_bytes(const Scenario& s, int layer, double expert_load, 
     seq = s.infer->prompt_length;
   }
   auto sel = [&](const char* module) { return apply_selective && s.train && s.train->recompute_module(module); };
+  // An fp8 GEMM (Transformer Engine) saves its input as the fp8 columnwise copy its weight gradient
+  // reads (1 byte) instead of the bf16 tensor (2); a tensor another op also keeps in bf16 (the
+  // attention output, which the attention backward reads) keeps both.
+  const bool fp8 = s.train && s.exec().precision == Precision::fp8;
+  const double gemm_in = fp8 ? 1.0 : 2.0;
+  const double extra_copy = fp8 ? 1.0 : 0.0;
   const double drop = opt.dropout ? 1.0 : 0.0;
   const bool ln_recompute = sel("layernorm");
   double bytes = 0.0;
 
   // Attention block.
   bytes += 2.0 * T * d.h / rep;                     // input norm's input (the residual)
-  if (!ln_recompute) bytes += 2.0 * T * d.h / rep;  // norm output = QKV / down-projection input
+  if (!ln_recompute) bytes += gemm_in * T * d.h / rep;  // norm output = QKV / down-projection input
   const double heads = d.a / t;
   double core_in = 0.0;  // Q, K, V kept for the attention backward
   double core_out_width = 0.0;
   if (d.mla) {
     if (d.q_lora > 0) {
       bytes += 2.0 * T * d.q_lora / rep;                     // compressed query (q norm input)
-      if (!ln_recompute) bytes += 2.0 * T * d.q_lora / rep;  // q norm output = W_UQ input
+      if (!ln_recompute) bytes += gemm_in * T * d.q_lora / rep;  // q norm output = W_UQ input
     }
     bytes += 2.0 * T * (d.kv_lora + d.drope) / rep;                // compressed kv + rope key (kv norm input)
-    if (!ln_recompute) bytes += 2.0 * T * d.kv_lora / rep;         // kv norm output = W_UKV input
+    if (!ln_recompute) bytes += gemm_in * T * d.kv_lora / rep;     // kv norm output = W_UKV input
     core_in = 2.0 * T * heads * (2.0 * (d.dqk + d.drope) + d.dv);  // up-projected Q, K, V
     if (sel("mla_up_proj")) core_in = 0.0;                         // recomputed from the latents
     core_out_width = heads * d.dv;
@@ -67,7 +73,7 @@ double layer_activation_bytes(const Scenario& s, int layer, double expert_load, 
       bytes += 5.0 * heads * seq * T;  // softmax output 2, dropout mask 1, dropout output 2
     }
   }
-  bytes += 2.0 * T * core_out_width;  // attention output = output projection input
+  bytes += (2.0 + extra_copy) * T * core_out_width;  // attention output = output projection input
   bytes += drop * T * d.h / rep;      // attention dropout mask
 
   // MLP block.
@@ -75,24 +81,25 @@ double layer_activation_bytes(const Scenario& s, int layer, double expert_load, 
   const bool moe = m.layer_is_moe(layer);
   const bool whole_moe = moe && sel("moe");
   const bool mlp_norm_recompute = ln_recompute || whole_moe;
-  if (!mlp_norm_recompute) bytes += 2.0 * T * d.h / rep;  // norm output = fc1 / router input
+  // norm output = the dense fc1's input (fp8 with fp8 GEMMs), or the router's (bf16)
+  if (!mlp_norm_recompute) bytes += (moe ? 2.0 : gemm_in) * T * d.h / rep;
   if (!moe) {
     if (!sel("mlp")) {
       bytes += 2.0 * T * d.f * d.act_in / t;  // activation input
-      bytes += 2.0 * T * d.f / t;             // activation output = fc2 input
+      bytes += gemm_in * T * d.f / t;         // activation output = fc2 input
     }
   } else if (!whole_moe) {
     const double tokens = T / rep;                                    // tokens entering the MoE layer on this rank
     bytes += 4.0 * tokens * d.E;                                      // router logits (fp32)
     const double rows = tokens * d.k * expert_load * s.parallel.etp;  // routed rows for the local experts
     const double width = d.fe / s.parallel.etp;
-    bytes += 2.0 * rows * d.h;                         // permuted tokens = expert fc1 input
-    bytes += 2.0 * rows * width * d.act_in;            // activation input
-    if (!sel("moe_act")) bytes += 2.0 * rows * width;  // activation output = expert fc2 input
+    bytes += gemm_in * rows * d.h;                         // permuted tokens = expert fc1 input
+    bytes += 2.0 * rows * width * d.act_in;                // activation input
+    if (!sel("moe_act")) bytes += gemm_in * rows * width;  // activation output = expert fc2 input
     bytes += 2.0 * rows * d.h;                         // expert output = unpermute input
     if (d.fs > 0 && !sel("shared_experts")) {
       bytes += 2.0 * T * d.fs * d.act_in / t;
-      bytes += 2.0 * T * d.fs / t;
+      bytes += gemm_in * T * d.fs / t;  // activation output = shared fc2 input
     }
   }
   bytes += drop * T * d.h / rep;  // MLP dropout mask

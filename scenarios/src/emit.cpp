@@ -15,6 +15,12 @@ std::size_t StepGraph::total_ops() const {
 
 namespace detail {
 
+namespace {
+bool is_tp_collective(const Spec& sp, Collective kind) {
+  return sp.kind == OpKind::collective && sp.group == Group::tp && static_cast<Collective>(sp.sub) == kind;
+}
+}  // namespace
+
 std::uint16_t GraphTables::phase(std::string_view name) {
   auto it = phase_ids_.find(name);
   if (it != phase_ids_.end()) return it->second;
@@ -205,6 +211,92 @@ Op Emitter::base_op(const Spec& sp, Suffix suffix, int layer, int mb, int chunk,
   return op;
 }
 
+bool Emitter::casts(const Spec& sp) const {
+  return c_.quant.on && sp.dtype == DType::fp8 && (sp.kind == OpKind::gemm || sp.kind == OpKind::grouped_gemm);
+}
+
+std::uint32_t Emitter::quantize(const Spec& sp, Operand operand, const Instance& in, bool recompute, bool tp_reduce) {
+  const Fp8Quant& q = c_.quant;
+  // The operand's rows x columns: a GEMM {m, n, k, batch} reads X[m, k], W[k, n] per batch entry and
+  // its output gradient is dY[m, n]; a grouped GEMM {rows, n, k, groups} has one W[k, n] per group.
+  const bool grouped = sp.kind == OpKind::grouped_gemm;
+  const std::int64_t m = sp.shape[0], n = sp.shape[1], k = sp.shape[2];
+  const std::int64_t copies = grouped ? 1 : std::max<std::int64_t>(sp.shape[3], 1);
+  std::int64_t rows = m * copies;
+  std::int64_t cols = k;
+  if (operand == Operand::grad) cols = n;
+  if (operand == Operand::weight) {
+    rows = k * (grouped ? std::max<std::int64_t>(sp.shape[3], 1) : copies);
+    cols = n;
+  }
+  const std::int64_t elements = rows * cols;
+  const bool bwd = operand == Operand::grad;
+  const std::string_view dir = bwd ? "_bwd" : recompute ? "_recompute" : "_fwd";
+  const std::string_view what = operand == Operand::weight ? "_weight" : "";
+  const std::uint8_t flags = bwd ? kBackward : recompute ? kRecompute : 0;
+  auto named = [&](std::string_view kind) {
+    Op op;
+    std::string name = sp.name;
+    name.append(what).append(kind).append(dir);
+    op.phase = t_.phase(name);
+    op.layer = static_cast<std::int32_t>(in.layer);
+    op.microbatch = static_cast<std::int32_t>(in.mb);
+    op.expert = static_cast<std::int32_t>(sp.expert);
+    op.chunk = static_cast<std::int32_t>(in.chunk);
+    op.stream = stream_override_ != kDefaultStream ? stream_override_ : stream_for(sp);
+    op.tokens = sp.tokens;
+    op.flags = flags;
+    op.graph = graph_of(sp, in.dense_layer);
+    return op;
+  };
+  auto elementwise = [&](std::string_view kind, ElementwiseKind sub, double bytes_per_element) {
+    Op op = named(kind);
+    op.kind = OpKind::elementwise;
+    op.sub = static_cast<std::uint8_t>(sub);
+    op.wall = Wall::memory;
+    op.group = Group::none;
+    op.group_size = 1;
+    op.shape = {elements, 0, 0, 0, 0, 0, 0};
+    op.bytes = bytes_per_element * static_cast<double>(elements);
+    return op;
+  };
+  std::uint32_t last = kNoOp;
+  auto emit = [&](const Op& op) {
+    last = last == kNoOp ? b_.emit(op, deps_.data(), deps_.data() + deps_.size()) : b_.emit(op, {last});
+  };
+  const bool weight = operand == Operand::weight;
+  if (weight ? q.weight_amax_pass : q.amax_pass) emit(elementwise("_amax", ElementwiseKind::amax, kBf16Bytes));
+  if (tp_reduce) {
+    Op ar = named("_amax_allreduce");
+    ar.kind = OpKind::collective;
+    ar.sub = static_cast<std::uint8_t>(Collective::all_reduce);
+    ar.wall = Wall::communication;
+    ar.group = Group::tp;
+    ar.group_size = static_cast<std::int32_t>(c_.layout.group_size(Group::tp));
+    ar.bytes = kFp32Bytes;  // one amax
+    ar.shape = {static_cast<std::int64_t>(ar.bytes), 0, 0, 0, 0, 0, 0};
+    emit(ar);
+  }
+  Op cast = elementwise("_cast", ElementwiseKind::quantize, weight ? q.weight_cast_bytes : q.cast_bytes);
+  cast.shape = {elements, rows, cols, c_.training ? 1 : 0, 0, 0, 0};
+  if (weight && q.fp8_weights) cast.dtype = DType::fp8;  // the source: a weight kept in fp8
+  emit(cast);
+  return last;
+}
+
+std::size_t Emitter::quantize_grad(const Spec& sp, const Instance& in, std::size_t index) {
+  // The output gradient of a row-parallel GEMM under sequence parallelism arrives gathered over tp
+  // (the backward of its reduce-scatter).
+  bool gathered = false;
+  for (int j : in.consumers[index]) {
+    gathered = gathered || is_tp_collective(in.p->specs[static_cast<std::size_t>(j)], Collective::reduce_scatter);
+  }
+  const bool reduce = gathered && c_.quant.tp_amax_reduce;
+  const std::uint32_t cast = quantize(sp, Operand::grad, in, false, reduce);
+  deps_.assign(1, cast);
+  return 1 + (c_.quant.amax_pass ? 1 : 0) + (reduce ? 1 : 0);
+}
+
 Emitter::Instance Emitter::begin_forward(const Program& p, int layer, int mb, int chunk, std::uint32_t input,
                                          bool dense_layer) const {
   Instance in;
@@ -263,6 +355,27 @@ std::size_t Emitter::forward_part(Instance& in, bool recompute, const std::vecto
       else
         deps_.push_back(in.ids[static_cast<std::size_t>(a)]);
     }
+    if (casts(sp)) {
+      // The weight is cast once per step, at the chunk's first micro-batch (Transformer Engine caches
+      // it for the others: Megatron's is_first_microbatch), never again in a recompute.
+      std::uint32_t weight = kNoOp;
+      if (!recompute && in.mb == 0 && c_.quant.weight_cast_bytes > 0) {
+        std::vector<std::uint32_t> producers;
+        producers.swap(deps_);
+        weight = quantize(sp, Operand::weight, in, false, false);
+        deps_.swap(producers);
+        emitted += 1 + (c_.quant.weight_amax_pass ? 1 : 0);
+      }
+      bool gathered = false;
+      for (int a : sp.after) {
+        if (a >= 0)
+          gathered = gathered || is_tp_collective(p.specs[static_cast<std::size_t>(a)], Collective::all_gather);
+      }
+      const bool reduce = gathered && c_.quant.tp_amax_reduce;
+      const std::uint32_t cast = quantize(sp, Operand::input, in, recompute, reduce);
+      emitted += 1 + (c_.quant.amax_pass ? 1 : 0) + (reduce ? 1 : 0);
+      deps_.assign({cast, weight});
+    }
     Op op = base_op(sp, suffix, in.layer, in.mb, in.chunk, recompute ? kRecompute : 0, in.dense_layer);
     in.ids[i] = b_.emit(op, deps_.data(), deps_.data() + deps_.size());
     ++emitted;
@@ -310,6 +423,7 @@ std::size_t Emitter::backward_part(Instance& in, const std::vector<bool>* part, 
     const std::uint8_t fl = kBackward;
     switch (sp.bwd) {
       case Bwd::gemm: {
+        if (casts(sp)) emitted += quantize_grad(sp, in, ii);
         Op d = base_op(sp, Suffix::dgrad, layer, mb, chunk, fl, dense_layer);
         d.shape = {sp.shape[0], sp.shape[2], sp.shape[1], sp.shape[3], 0, 0};
         d.bytes = gemm_bytes(sp.shape[0], sp.shape[2], sp.shape[1], sp.dtype == DType::fp8 ? 1.0 : 2.0);
@@ -321,6 +435,7 @@ std::size_t Emitter::backward_part(Instance& in, const std::vector<bool>* part, 
         break;
       }
       case Bwd::grouped: {
+        if (casts(sp)) emitted += quantize_grad(sp, in, ii);
         Op d = base_op(sp, Suffix::dgrad, layer, mb, chunk, fl, dense_layer);
         d.shape = {sp.shape[0], sp.shape[2], sp.shape[1], sp.shape[3], sp.shape[4], 0};
         id = b_.emit(d, deps_.data(), deps_.data() + deps_.size());

@@ -118,6 +118,16 @@ class Emitter {
   std::uint16_t phase_of(const Spec& sp, Suffix suffix);
   // The op of `sp` under phase name `sp.name` + the suffix's text, before its dependencies.
   Op base_op(const Spec& sp, Suffix suffix, int layer, int mb, int chunk, std::uint8_t flags, bool dense_layer);
+  // FP8 quantisation (docs/stepgraph.md, "FP8 quantisation"). Which operand of an fp8 GEMM is cast.
+  enum class Operand : std::uint8_t { input, weight, grad };
+  [[nodiscard]] bool casts(const Spec& sp) const;
+  // Emits the quantisation of `operand` of the fp8 GEMM `sp` (the amax pass, the tp amax all-reduce,
+  // the cast, by the recipe) after the ops in deps_, on the GEMM's stream; returns the cast's id.
+  // `tp_reduce`: the operand is gathered over tp (sequence parallelism).
+  std::uint32_t quantize(const Spec& sp, Operand operand, const Instance& in, bool recompute, bool tp_reduce);
+  // Before the dgrad of the fp8 GEMM `sp` (spec `index` of `in`): its output gradient's quantisation;
+  // deps_ becomes the cast. Returns the ops emitted.
+  std::size_t quantize_grad(const Spec& sp, const Instance& in, std::size_t index);
 
   const Ctx& c_;
   const ClassInfo& ci_;

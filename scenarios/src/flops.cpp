@@ -114,6 +114,8 @@ const char* to_string(ElementwiseKind e) {
     case ElementwiseKind::gelu: return "gelu";
     case ElementwiseKind::gelu_bwd: return "gelu_bwd";
     case ElementwiseKind::reduce: return "reduce";
+    case ElementwiseKind::quantize: return "quantize";
+    case ElementwiseKind::amax: return "amax";
   }
   return "?";
 }

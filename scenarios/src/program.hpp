@@ -66,6 +66,24 @@ struct Spec {
   std::uint8_t flags = 0;
 };
 
+// The fp8 quantisation work of a recipe (docs/stepgraph.md, "FP8 quantisation"): what every fp8
+// GEMM pays besides its GEMM. Bytes are per element of the bf16 tensor cast (read 2, write the fp8
+// copy 1, in training the columnwise copy 1 more, plus the recipe's scales).
+struct Fp8Quant {
+  bool on = false;                 // precision = fp8: the fp8 GEMMs cast their operands
+  double cast_bytes = 0;           // per element of an activation (forward) or output gradient (backward)
+  bool amax_pass = false;          // tensorwise: an amax pass (read 2 bytes per element) before each cast
+  bool tp_amax_reduce = false;     // tensorwise with sequence parallelism: the amax of a tensor gathered
+                                   // over tp (a column-parallel input, a row-parallel output gradient) is
+                                   // all-reduced over tp before the cast
+  bool chunk_amax_reduce = false;  // delayed: the amaxes of a model chunk's forward and of its backward are
+                                   // all-reduced once per pass (dp_cp; Megatron's amax group is tp x dp x cp)
+  double weight_cast_bytes = 0;    // per weight element, once per step at the chunk's first micro-batch
+  bool fp8_weights = false;        // fp8_param_gather: the weight cast is the fp8 weight's transpose
+  bool weight_amax_pass = false;   // tensorwise without fp8 weights: an amax pass over the bf16 weight
+};
+Fp8Quant fp8_quant(const Scenario& s, bool training);
+
 // Derived quantities shared by every class of a scenario (for one step).
 struct Ctx {
   const Scenario& s;
@@ -92,6 +110,7 @@ struct Ctx {
   bool tp_comm_overlap;
   bool shared_overlap;
   const StageSplit stages;
+  Fp8Quant quant;
 
   // Training step.
   explicit Ctx(const Scenario& sc)
@@ -111,7 +130,7 @@ struct Ctx {
         gemm_elt(sc.exec().precision == Precision::fp8 ? 1.0 : 2.0),
         gemm_dtype(sc.exec().precision == Precision::fp8 ? DType::fp8 : DType::bf16), exec(sc.exec()),
         train(sc.train ? &*sc.train : nullptr), tp_comm_overlap(sc.train && sc.train->tp_comm_overlap),
-        shared_overlap(sc.train && sc.train->moe_shared_expert_overlap), stages(sc) {
+        shared_overlap(sc.train && sc.train->moe_shared_expert_overlap), stages(sc), quant(fp8_quant(sc, is_training)) {
     Tsp = sp ? T / tp : T;
   }
 };

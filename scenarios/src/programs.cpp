@@ -8,6 +8,40 @@
 
 namespace threewalls::scenarios::detail {
 
+Fp8Quant fp8_quant(const Scenario& s, bool training) {
+  Fp8Quant q;
+  const ExecOptions& e = s.exec();
+  if (e.precision != Precision::fp8) return q;
+  q.on = true;
+  // Scale bytes per element and orientation: blockwise one fp32 per 1 x 128 block (activations and
+  // gradients) and per 128 x 128 block (weights); mxfp8 one E8M0 byte per 1 x 32 block. Delayed and
+  // tensorwise scaling keep one scale per tensor.
+  double act_scale = 0;
+  double weight_scale = 0;
+  if (e.fp8_recipe == Fp8Recipe::blockwise) {
+    act_scale = kFp32Bytes / 128.0;
+    weight_scale = kFp32Bytes / (128.0 * 128.0);
+  } else if (e.fp8_recipe == Fp8Recipe::mxfp8) {
+    act_scale = 1.0 / 32.0;
+    weight_scale = 1.0 / 32.0;
+  }
+  const double orientations = training ? 2.0 : 1.0;  // rowwise, and in training the columnwise copy
+  q.cast_bytes = kBf16Bytes + orientations * (1.0 + act_scale);
+  const bool tensorwise = e.fp8_recipe == Fp8Recipe::tensorwise;
+  q.amax_pass = tensorwise;
+  q.tp_amax_reduce = tensorwise && s.parallel.sequence_parallel && s.parallel.tp > 1;
+  q.chunk_amax_reduce = training && e.fp8_recipe == Fp8Recipe::delayed;
+  if (training) {
+    const bool fp8_weights = s.train->fp8_param_gather;
+    // Kept in fp8 (fp8_param_gather): the optimizer re-quantizes its shard; each step the columnwise
+    // copy is made from the rowwise one (read 1, write 1). Else the bf16 weight is cast once per step.
+    q.weight_cast_bytes = fp8_weights ? 2.0 : kBf16Bytes + 2.0 * (1.0 + weight_scale);
+    q.weight_amax_pass = tensorwise && !fp8_weights;
+    q.fp8_weights = fp8_weights;
+  }
+  return q;
+}
+
 double gemm_bytes(std::int64_t m, std::int64_t n, std::int64_t k, double elt) {
   return (static_cast<double>(m) * k + static_cast<double>(k) * n) * elt + static_cast<double>(m) * n * kBf16Bytes;
 }

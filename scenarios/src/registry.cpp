@@ -155,6 +155,8 @@ class Decl {
 template <class Exec>
 void add_exec_options(Registry& r, const std::string& table, Exec exec) {
   static const std::vector<std::string> kPrecision = {"bf16", "fp8"};
+  static const std::vector<std::string> kFp8Recipe = {"delayed", "tensorwise", "blockwise", "mxfp8"};
+  static const std::vector<std::string> kFp8Format = {"e4m3", "hybrid"};
   static const std::vector<std::string> kGraphScopes(graph_scopes::kAll.begin(), graph_scopes::kAll.end());
   static const std::vector<std::string> kDispatcher = {"alltoall", "allgather", "flex"};
   Decl(r, table + ".precision", ParamType::choice)
@@ -162,6 +164,24 @@ void add_exec_options(Registry& r, const std::string& table, Exec exec) {
       .choices(kPrecision)
       .doc("GEMM precision of the linear layers (fp8 needs a Hopper GPU).")
       .bind(exec, &ExecOptions::precision);
+  Decl(r, table + ".fp8_recipe", ParamType::choice)
+      .def("\"delayed\"")
+      .choices(kFp8Recipe)
+      .doc("Megatron's --fp8-recipe, with precision = \"fp8\" (ignored with bf16): how Transformer Engine scales "
+           "the fp8 operands, and so which quantisation kernels each fp8 GEMM pays. delayed: scale from an amax "
+           "history, the amax recorded by the cast; one amax all-reduce per forward and backward pass of a model "
+           "chunk. tensorwise (current scaling, Megatron-Bridge's FP8_CS): an amax pass over each tensor before "
+           "its cast, and with sequence parallelism an amax all-reduce over tp. blockwise (1 x 128 / 128 x 128 "
+           "scales, DeepSeek-V3's recipe) and mxfp8 (1 x 32 E8M0 scales, Blackwell only): scales computed in the "
+           "cast. docs/stepgraph.md, \"FP8 quantisation\".")
+      .bind(exec, &ExecOptions::fp8_recipe);
+  Decl(r, table + ".fp8_format", ParamType::choice)
+      .def("\"hybrid\"")
+      .choices(kFp8Format)
+      .doc("Megatron's --fp8-format, with precision = \"fp8\": e4m3 everywhere, or hybrid (e4m3 forward, e5m2 "
+           "gradients). Same bytes and kernels either way, so it changes no prediction; blockwise needs e4m3 "
+           "(Transformer Engine's rule).")
+      .bind(exec, &ExecOptions::fp8_format);
   Decl(r, table + ".cuda_graph_scope", ParamType::choice_list)
       .def("[]")
       .choices(kGraphScopes)

@@ -56,6 +56,8 @@ const char* name_of(const char* key_path, E v) {
 const char* to_string(AttentionKind v) { return name_of("model.attention", v); }
 const char* to_string(AttentionImpl v) { return name_of("model.attention_impl", v); }
 const char* to_string(Precision v) { return name_of("train.precision", v); }
+const char* to_string(Fp8Recipe v) { return name_of("train.fp8_recipe", v); }
+const char* to_string(Fp8Format v) { return name_of("train.fp8_format", v); }
 const char* to_string(Dispatcher v) { return name_of("train.token_dispatcher", v); }
 const char* to_string(RecomputeGranularity v) { return name_of("train.recompute_granularity", v); }
 const char* to_string(DataParallelSharding v) { return name_of("train.data_parallel_sharding_strategy", v); }

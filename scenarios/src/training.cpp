@@ -428,6 +428,39 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
     }
   };
 
+  // Delayed scaling: leaving a chunk's forward (Transformer Engine's fp8_autocast around the block) and
+  // finishing its backward, the amaxes recorded in the pass are all-reduced over the amax group, one
+  // buffer of one fp32 per tensor (forward: inputs and weights, backward: output gradients of the fp8
+  // GEMMs). Megatron's group is tp x dp x cp; the StepGraph's nearest group is dp_cp.
+  auto amax_reduce = [&](int mb, int ch, bool bwd, std::uint32_t after) {
+    if (!c.quant.chunk_amax_reduce || c.layout.group_size(Group::dp_cp) <= 1) return after;
+    double tensors = 0;
+    for (int l : chunk_layers[static_cast<std::size_t>(ch)]) {
+      for (const Spec& sp : programs.at(l).specs) {
+        const bool fp8 = sp.dtype == DType::fp8 && (sp.kind == OpKind::gemm || sp.kind == OpKind::grouped_gemm);
+        if (fp8) tensors += bwd ? 1.0 : 2.0;
+      }
+    }
+    if (tensors == 0) return after;
+    const auto& ls = chunk_layers[static_cast<std::size_t>(ch)];
+    Op op;
+    // The record key: the layer where the pass leaves the chunk (its last layer forward, its first backward).
+    op.layer = bwd ? ls.front() : ls.back();
+    op.kind = OpKind::collective;
+    op.wall = Wall::communication;
+    op.sub = static_cast<std::uint8_t>(Collective::all_reduce);
+    op.group = Group::dp_cp;
+    op.group_size = static_cast<std::int32_t>(c.layout.group_size(Group::dp_cp));
+    op.bytes = tensors * kFp32Bytes;
+    op.shape = {static_cast<std::int64_t>(op.bytes), 0, 0, 0, 0, 0};
+    op.stream = em.compute_stream();
+    op.phase = tables.phase(bwd ? "fp8_amax_allreduce_bwd" : "fp8_amax_allreduce_fwd");
+    op.microbatch = mb;
+    op.chunk = ch;
+    op.flags = bwd ? kBackward : 0;
+    return b.emit(op, {after});
+  };
+
   auto emit_forward = [&](const SchedItem& item) {
     std::uint32_t input = fwd_begin(item);
     for (int l : chunk_layers[static_cast<std::size_t>(item.chunk)]) {
@@ -439,6 +472,7 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
       fsdp_end(l, item.mb, item.chunk, false, 0);
       input = ids.back();
     }
+    amax_reduce(item.mb, item.chunk, false, input);
     return fwd_end(item, input);
   };
   auto emit_backward = [&](std::size_t it, const SchedItem& item) {
@@ -478,6 +512,7 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
       fsdp_reduce(l, mb, ch);
       close_buckets(it, ch, l);
     }
+    amax_reduce(mb, ch, true, grad);
     bwd_end(it, item, grad);
   };
 
@@ -584,6 +619,8 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
         close_buckets(it_b, bw.chunk, l_b);
       }
     }
+    amax_reduce(f.mb, f.chunk, false, f_in);
+    amax_reduce(bw.mb, bw.chunk, true, b_grad);
     head_fwd[f.mb * c.vpp + f.chunk] = fwd_end(f, f_in);
     bwd_end(it_b, bw, b_grad);
     bwd_chain = 0;

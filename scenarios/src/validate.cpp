@@ -49,6 +49,10 @@ const std::vector<RuleInfo> kRules = {
     {"sp-seq", "With sequence_parallel, seq_length / cp must be divisible by tp."},
     {"moe-tp-sp", "An MoE model with tp > 1 and ep > 1 needs sequence_parallel (Megatron-Core)."},
     {"fp8-dims", "fp8 needs hidden_size and every FFN size divisible by 16."},
+    {"fp8-recipe",
+     "fp8_recipe = \"mxfp8\" needs a Blackwell GPU (cluster.gpu = \"b200\" or \"gb200\"); its 1 x 32 blocks need "
+     "hidden_size and every FFN size divisible by 32; \"blockwise\" (1 x 128 and 128 x 128 blocks) needs them "
+     "divisible by 128 and fp8_format = \"e4m3\" (Transformer Engine's rules)."},
     {"overlap-param-gather", "overlap_param_gather needs use_distributed_optimizer and overlap_grad_reduce."},
     {"ep-comm-overlap",
      "overlap_moe_expert_parallel_comm needs ep > 1, token_dispatcher alltoall or flex, no full recompute, and "
@@ -347,6 +351,25 @@ void check_exec(const Scenario& s, const ExecOptions& e, const std::string& t, R
     bool ok = m.hidden_size % 16 == 0 && m.ffn_hidden_size % 16 == 0 && m.moe_ffn_hidden_size % 16 == 0 &&
               m.moe_shared_expert_intermediate_size % 16 == 0;
     if (!ok) r.fail("fp8-dims", t + ".precision", "fp8 GEMMs need hidden and FFN sizes divisible by 16");
+    const bool blackwell = s.cluster.gpu == GpuKind::b200 || s.cluster.gpu == GpuKind::gb200;
+    if (e.fp8_recipe == Fp8Recipe::mxfp8 && !blackwell) {
+      r.fail("fp8-recipe", t + ".fp8_recipe",
+             std::string("fp8_recipe = \"mxfp8\" needs a Blackwell GPU (cluster.gpu = \"b200\" or \"gb200\"), not \"") +
+                 threewalls::to_string(s.cluster.gpu) + "\"; Hopper recipes: delayed, tensorwise, blockwise");
+    }
+    const int block = e.fp8_recipe == Fp8Recipe::blockwise ? 128 : e.fp8_recipe == Fp8Recipe::mxfp8 ? 32 : 0;
+    if (block > 0) {
+      const bool dims = m.hidden_size % block == 0 && m.ffn_hidden_size % block == 0 &&
+                        m.moe_ffn_hidden_size % block == 0 && m.moe_shared_expert_intermediate_size % block == 0;
+      if (!dims) {
+        r.fail("fp8-recipe", t + ".fp8_recipe",
+               std::string("fp8_recipe = \"") + to_string(e.fp8_recipe) +
+                   "\" needs hidden_size and every FFN size divisible by " + num(block));
+      }
+    }
+    if (e.fp8_recipe == Fp8Recipe::blockwise && e.fp8_format != Fp8Format::e4m3) {
+      r.fail("fp8-recipe", t + ".fp8_format", "fp8_recipe = \"blockwise\" needs fp8_format = \"e4m3\"");
+    }
   }
   const auto& scopes = e.cuda_graph_scope;
   auto has = [&](const char* x) { return std::find(scopes.begin(), scopes.end(), x) != scopes.end(); };

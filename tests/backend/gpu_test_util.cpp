@@ -3,6 +3,8 @@
 #pragma GCC diagnostic ignored "-Wdouble-promotion"
 #include "gpu_test_util.hpp"
 
+#include <cuda_fp8.h>
+
 #include <cmath>
 #include <random>
 
@@ -55,6 +57,14 @@ std::vector<float> download_bf16(const DeviceBuffer& b, std::size_t n) {
   TW_CUDA_CHECK(cudaMemcpy(h.data(), b.data(), n * sizeof(bf16), cudaMemcpyDeviceToHost));
   std::vector<float> r(n);
   for (std::size_t i = 0; i < n; ++i) r[i] = __bfloat162float(h[i]);
+  return r;
+}
+std::vector<float> download_fp8(const DeviceBuffer& b, std::size_t n) {
+  TW_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<__nv_fp8_e4m3> h(n);
+  TW_CUDA_CHECK(cudaMemcpy(h.data(), b.data(), n * sizeof(__nv_fp8_e4m3), cudaMemcpyDeviceToHost));
+  std::vector<float> r(n);
+  for (std::size_t i = 0; i < n; ++i) r[i] = static_cast<float>(h[i]);
   return r;
 }
 std::vector<float> download_f32(const DeviceBuffer& b, std::size_t n) {

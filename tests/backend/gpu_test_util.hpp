@@ -35,6 +35,8 @@ DeviceBuffer upload_f32(const std::vector<float>& x);
 DeviceBuffer upload_i32(const std::vector<std::int32_t>& x);
 std::vector<float> download_bf16(const DeviceBuffer& b, std::size_t n);
 std::vector<float> download_f32(const DeviceBuffer& b, std::size_t n);
+// fp8 (e4m3) elements, as floats.
+std::vector<float> download_fp8(const DeviceBuffer& b, std::size_t n);
 std::vector<std::int32_t> download_i32(const DeviceBuffer& b, std::size_t n);
 // Fills a device buffer with a NaN pattern (0xFF bytes) so unwritten outputs fail the checks.
 void poison(DeviceBuffer& b);

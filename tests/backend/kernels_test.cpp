@@ -4,7 +4,9 @@
 #pragma GCC diagnostic ignored "-Wdouble-promotion"
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "gpu_test_util.hpp"
 #include "threewalls/backend/error.hpp"
@@ -69,6 +71,48 @@ TEST(SwiGlu, ForwardAndBackwardMatchReference) {
   }
   EXPECT_LT(rel_error(download_bf16(y, rows * h), ry), kTol);
   EXPECT_LT(rel_error(download_bf16(dx, rows * 2 * h), rdx), kTol);
+}
+
+// Transformer Engine's per-tensor fp8 cast: y = e4m3(scale x) rowwise, its transpose columnwise,
+// the amax recorded; the amax pass of current scaling; the transpose of a weight kept in fp8.
+TEST(Fp8Quantize, CastTransposeAndAmaxMatchTheHostConversion) {
+  TW_REQUIRE_GPU();
+  for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{37, 70}, {64, 128}, {1, 33}}) {
+    const std::int64_t n = rows * cols;
+    const auto x = round_bf16(random_floats(static_cast<std::size_t>(n), 11, 3.0F));
+    double amax_ref = 0.0;
+    for (const float v : x) amax_ref = std::max(amax_ref, static_cast<double>(std::fabs(v)));
+    for (const float scale : {50.0F, 1000.0F}) {  // 1000: most values saturate at 448
+      DeviceBuffer dx = upload_bf16(x), y(static_cast<std::size_t>(n)), yt(static_cast<std::size_t>(n));
+      DeviceBuffer amax = upload_f32({0.0F}), amax_pass = upload_f32({0.5F});
+      poison(y);
+      poison(yt);
+      quantize_fp8(dx.as<bf16>(), scale, y.as<fp8>(), yt.as<fp8>(), amax.as<float>(), rows, cols, nullptr);
+      amax_bf16(dx.as<bf16>(), amax_pass.as<float>(), n, nullptr);
+      const auto hy = download_fp8(y, static_cast<std::size_t>(n));
+      const auto hyt = download_fp8(yt, static_cast<std::size_t>(n));
+      for (std::int64_t r = 0; r < rows; ++r) {
+        for (std::int64_t c = 0; c < cols; ++c) {
+          const float want = static_cast<float>(fp8(x[at(r, c, cols)] * scale));
+          ASSERT_EQ(hy[at(r, c, cols)], want) << rows << "x" << cols << " at " << r << "," << c;
+          ASSERT_EQ(hyt[at(c, r, rows)], want) << rows << "x" << cols << " transposed at " << r << "," << c;
+          ASSERT_LE(std::fabs(want), 448.0F);
+        }
+      }
+      EXPECT_EQ(download_f32(amax, 1)[0], static_cast<float>(amax_ref));
+      EXPECT_EQ(download_f32(amax_pass, 1)[0], static_cast<float>(std::max(amax_ref, 0.5)));
+      // Inference: the rowwise copy alone, no amax.
+      DeviceBuffer y2(static_cast<std::size_t>(n));
+      poison(y2);
+      quantize_fp8(dx.as<bf16>(), scale, y2.as<fp8>(), nullptr, nullptr, rows, cols, nullptr);
+      EXPECT_EQ(download_fp8(y2, static_cast<std::size_t>(n)), hy);
+      // The columnwise copy of an fp8 weight: its transpose.
+      DeviceBuffer wt(static_cast<std::size_t>(n));
+      poison(wt);
+      transpose_fp8(y.as<fp8>(), wt.as<fp8>(), rows, cols, nullptr);
+      EXPECT_EQ(download_fp8(wt, static_cast<std::size_t>(n)), hyt);
+    }
+  }
 }
 
 TEST(RmsNorm, ForwardAndBackwardMatchReference) {

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <set>
+#include <utility>
 
 #include "gpu_test_util.hpp"
 #include "threewalls/backend/error.hpp"
@@ -56,6 +57,18 @@ std::vector<Op> one_of_each_kind() {
   ops.push_back(make(OpKind::elementwise, {100000, 0, 0, 0, 0, 0}, 0, 3 * 2 * 100000.0));
   ops.push_back(make(OpKind::elementwise, {100000, 0, 0, 0, 0, 0}, 0, 2 * 2 * 100000.0));
   ops.push_back(make(OpKind::elementwise, {100000, 0, 0, 0, 0, 0}, kBackward, 5 * 2 * 100000.0));
+  // The fp8 quantisation: the cast with its transpose, the cast alone, an fp8 weight's transpose, amax.
+  for (const auto& [columnwise, dtype] : {std::pair<int, scenarios::DType>{1, scenarios::DType::bf16},
+                                          {0, scenarios::DType::bf16},
+                                          {1, scenarios::DType::fp8}}) {
+    Op q = make(OpKind::elementwise, {333 * 300, 333, 300, columnwise, 0, 0}, 0, 4.0 * 333 * 300);
+    q.sub = static_cast<std::uint8_t>(scenarios::ElementwiseKind::quantize);
+    q.dtype = dtype;
+    ops.push_back(q);
+  }
+  Op amax = make(OpKind::elementwise, {100000, 0, 0, 0, 0, 0}, 0, 2 * 100000.0);
+  amax.sub = static_cast<std::uint8_t>(scenarios::ElementwiseKind::amax);
+  ops.push_back(amax);
   ops.push_back(make(OpKind::norm, {512, 1024, 0, 0, 0, 0}));
   ops.push_back(make(OpKind::norm, {512, 1024, 0, 0, 0, 0}, kBackward));
   ops.push_back(make(OpKind::softmax_topk, {512, 64, 6, 0, 0, 0}));
@@ -322,6 +335,48 @@ TEST(OpRunner, EveryOpOfTheShippedExampleScenariosIsSupported) {
     }
   }
   EXPECT_GT(checked, 100);
+}
+
+// The fp8 quantisation ops of every recipe map onto the cast, transpose and amax kernels: bf16 input
+// and fp8 outputs (the columnwise one in training), or the fp8 weight's transpose.
+TEST(OpRunner, Fp8QuantisationOpsOfEveryRecipeAreSupported) {
+  int casts = 0;
+  int transposes = 0;
+  int amax = 0;
+  for (const std::string recipe : {"delayed", "tensorwise", "blockwise", "mxfp8"}) {
+    const std::string gpu = recipe == "mxfp8" ? "b200" : "h100";
+    const std::string text =
+        "schema_version = 1\n[model]\nnum_layers = 2\nhidden_size = 512\nnum_attention_heads = 4\n"
+        "ffn_hidden_size = 1024\nvocab_size = 32000\n[train]\nprecision = \"fp8\"\nfp8_recipe = \"" +
+        recipe + "\"\nfp8_format = \"e4m3\"\nfp8_param_gather = " + (recipe == "tensorwise" ? "true" : "false") +
+        "\nmicro_batch_size = 1\nglobal_batch_size = 2\nseq_length = 256\n[cluster]\ngpu = \"" + gpu +
+        "\"\ngpus_per_node = 1\nnodes = 1\n";
+    const scenarios::StepGraph graph = scenarios::expand(scenarios::load_scenario_text(text, "fp8.toml").scenario);
+    for (const scenarios::Op& op : graph.classes[0].ops) {
+      if (op.kind != scenarios::OpKind::elementwise) continue;
+      const auto kind = op.elementwise_kind();
+      if (kind != scenarios::ElementwiseKind::quantize && kind != scenarios::ElementwiseKind::amax) continue;
+      const OpRunner::Need n = OpRunner::need_of(op, OpRunnerConfig{});
+      const auto elements = static_cast<std::size_t>(op.shape[0]);
+      if (kind == scenarios::ElementwiseKind::amax) {
+        EXPECT_EQ(n.bf16[0], 2 * elements) << graph.phase_name(op);
+        ++amax;
+      } else if (op.dtype == scenarios::DType::fp8) {
+        EXPECT_EQ(n.bf16[0], 0U) << graph.phase_name(op);
+        EXPECT_EQ(n.f8[0], elements) << graph.phase_name(op);
+        EXPECT_EQ(n.f8[1], elements) << graph.phase_name(op);
+        ++transposes;
+      } else {
+        EXPECT_EQ(n.bf16[0], 2 * elements) << graph.phase_name(op);
+        EXPECT_EQ(n.f8[0], elements) << graph.phase_name(op);
+        EXPECT_EQ(n.f8[1], elements) << graph.phase_name(op);  // training: the columnwise copy
+        ++casts;
+      }
+    }
+  }
+  EXPECT_GT(casts, 0);
+  EXPECT_GT(transposes, 0);
+  EXPECT_GT(amax, 0);
 }
 
 }  // namespace

@@ -168,7 +168,11 @@ TEST(ImportMegatron, DeepSeekV3RunMatchesTheExample) {
   published.back() = 0;
   EXPECT_EQ(s.parallel.layers_per_stage, published);
   EXPECT_EQ(s.train->exec.precision, Precision::fp8);
-  EXPECT_EQ(s.train->exec.token_dispatcher, Dispatcher::flex);
+  // --fp8-recipe blockwise --fp8-format e4m3 (the benchmarking script's PR=fp8).
+  EXPECT_EQ(s.train->exec.fp8_recipe, scenarios::Fp8Recipe::blockwise);
+  EXPECT_EQ(s.train->exec.fp8_format, scenarios::Fp8Format::e4m3);
+  EXPECT_FALSE(reported(d.report.not_represented, "--fp8-recipe"));
+  EXPECT_TRUE(s.train->exec.fp8_recipe == scenarios::Fp8Recipe::blockwise);
   EXPECT_EQ(s.train->recompute_granularity, RecomputeGranularity::selective);
   EXPECT_EQ(s.train->recompute_modules, (std::vector<std::string>{"mla_up_proj", "mlp"}));
   EXPECT_DOUBLE_EQ(megatron_flops_per_iteration(s), megatron_flops_per_iteration(ex));
@@ -199,6 +203,50 @@ TEST(ImportMegatron, CommandLineFormWithUnknownAndUnresolvedArguments) {
   const Scenario s = load_draft(d, "h200-dgx", 8);
   EXPECT_EQ(s.parallel.dp, 8);
   EXPECT_EQ(s.cluster.gpu, GpuKind::h200);
+}
+
+TEST(ImportMegatron, Fp8RecipeAndFormatMapOneToOne) {
+  const std::vector<std::string> base = {
+      "--num-layers", "4",   "--hidden-size",      "256", "--num-attention-heads", "4", "--vocab-size", "1000",
+      "--seq-length", "128", "--micro-batch-size", "1",   "--global-batch-size",   "8", "--bf16"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> argv = base;
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return import_megatron(parse_megatron_argv(argv, {}), {});
+  };
+  // Megatron's default recipe is delayed scaling.
+  auto d = with({"--fp8-format", "hybrid"});
+  EXPECT_EQ(d.get("train", "precision"), Value("fp8"));
+  EXPECT_EQ(d.get("train", "fp8_recipe"), Value("delayed"));
+  EXPECT_EQ(d.get("train", "fp8_format"), Value("hybrid"));
+  const Scenario s = load_draft(with({"--fp8-format", "e4m3", "--fp8-recipe", "tensorwise"}), "h100-dgx", 8);
+  EXPECT_EQ(s.train->exec.fp8_recipe, scenarios::Fp8Recipe::tensorwise);
+  EXPECT_EQ(s.train->exec.fp8_format, scenarios::Fp8Format::e4m3);
+  // mxfp8 is mapped as given; on a Hopper cluster the scenario's rule refuses it.
+  auto mx = with({"--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"});
+  EXPECT_EQ(mx.get("train", "fp8_recipe"), Value("mxfp8"));
+  add_cluster_table(mx, "h100-dgx", 8);
+  try {
+    (void)load_scenario_text(mx.to_toml(), "imported.toml");
+    FAIL() << "mxfp8 on H100 must be refused";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("[rule fp8-recipe]"), std::string::npos) << e.what();
+  }
+  // A user-supplied recipe is reported and modelled as delayed; unknown values name the allowed ones.
+  auto c = with({"--fp8-format", "hybrid", "--fp8-recipe", "custom"});
+  EXPECT_TRUE(reported(c.report.not_represented, "--fp8-recipe custom"));
+  try {
+    (void)with({"--fp8-format", "hybrid", "--fp8-recipe", "current"});
+    FAIL() << "an unknown --fp8-recipe must be refused";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("allowed: delayed, tensorwise, blockwise, mxfp8"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(with({"--fp8-format", "e5m2"}), InputError);
+  // Without fp8 the recipe is ignored, and said so.
+  auto off = with({"--fp8-recipe", "tensorwise"});
+  EXPECT_TRUE(reported(off.report.ignored, "--fp8-recipe"));
+  EXPECT_FALSE(off.get("train", "fp8_recipe").has_value());
 }
 
 TEST(ImportMegatron, MegatronFsdpAndTorchFsdp2) {

@@ -360,3 +360,25 @@ TEST(OpCosterAttention, FusedAndDecodeUseTheirOwnFamiliesWhenTheProfileHasThem) 
   const Op fused_gqa = attention_op({2, 4096, 4096, 16, 128, 128, 2}, AttentionImpl::fused, false);
   EXPECT_DOUBLE_EQ(coster.kernel_time(fused_gqa).value, model.fused_attention(g, false)->value);
 }
+
+// The fp8 cast and amax pass are streaming passes over their bytes: priced on the measured copy
+// kernel's bandwidth (elementwise_copy), whatever the recipe.
+TEST(OpCosterFp8, CastAndAmaxPassAreCostedOnTheCopyKernelByTheirBytes) {
+  const calibration::Profile h100 = calibration::Profile::load(std::filesystem::path(THREEWALLS_SOURCE_DIR) /
+                                                               "calibration" / "profiles" / "h100.toml");
+  const calibration::CostModel model(h100);
+  const CostModelCoster coster(model);
+  for (const auto kind : {scenarios::ElementwiseKind::quantize, scenarios::ElementwiseKind::amax}) {
+    Op op;
+    op.kind = OpKind::elementwise;
+    op.sub = static_cast<std::uint8_t>(kind);
+    op.wall = Wall::memory;
+    op.shape = {32768LL * 2048, 32768, 2048, 1, 0, 0, 0};
+    op.bytes = 4.0 * 32768 * 2048;
+    const double t = coster.kernel_time(op).value;
+    EXPECT_DOUBLE_EQ(t, model.memory_kernel("elementwise_copy", Bytes(op.bytes)).value);
+    // 268 MB at the H100's ~2.9 TB/s copy bandwidth: about 92 us.
+    EXPECT_GT(t, 85e-6);
+    EXPECT_LT(t, 100e-6);
+  }
+}

@@ -8,6 +8,8 @@
 #include <sstream>
 
 #include "sim_test_support.hpp"
+#include "threewalls/calibration/cost_model.hpp"
+#include "threewalls/calibration/profile.hpp"
 #include "threewalls/profiler/run_dir.hpp"
 #include "threewalls/scenarios/loader.hpp"
 #include "threewalls/sim/simulator.hpp"
@@ -418,6 +420,64 @@ steps = 1
   EXPECT_LE(delayed, overlap);
   EXPECT_LT(overlap_comm, 0.7 * base_comm);
   EXPECT_GT(overlap, base - base_comm);  // the hidden time is at most the exposed communication
+}
+
+}  // namespace
+}  // namespace threewalls::sim
+
+namespace threewalls::sim {
+namespace {
+
+// FP8 current scaling pays an amax pass before every cast: on one GPU, where every op runs on the
+// compute stream and the step is device-bound, the step is longer than with delayed scaling (the
+// amax recorded by the cast) by exactly the amax passes' cost on the profile. Unrecorded (profiler
+// off): a recorded op also holds its stream for two timing markers.
+using scenarios::OpKind;
+using scenarios::StepGraph;
+using testing::source_dir;
+
+TEST(SimulatorFp8, CurrentScalingIsSlowerByItsAmaxPasses) {
+  auto text = [](const std::string& recipe) {
+    return "schema_version = 1\n[model]\nnum_layers = 2\nhidden_size = 2048\nnum_attention_heads = 16\n"
+           "vocab_size = 32000\nnum_experts = 8\nmoe_ffn_hidden_size = 1024\nmoe_router_topk = 2\n"
+           "[train]\nprecision = \"fp8\"\nfp8_recipe = \"" +
+           recipe +
+           "\"\nmicro_batch_size = 1\nglobal_batch_size = 2\nseq_length = 4096\n"
+           "[cluster]\ngpu = \"h100\"\ngpus_per_node = 1\nnodes = 1\n[run.profiler]\nenabled = false\n"
+           "[calibration]\nprofile = \"" +
+           (source_dir() / "calibration" / "profiles" / "h100.toml").string() + "\"\n";
+  };
+  const scenarios::Scenario delayed = scenarios::load_scenario_text(text("delayed"), "delayed.toml").scenario;
+  const scenarios::Scenario current = scenarios::load_scenario_text(text("tensorwise"), "current.toml").scenario;
+  auto step_us = [](const scenarios::Scenario& s) {
+    const std::string out = in_child([&]() {
+      SimOptions o;
+      o.fidelity = Fidelity::analytic;
+      o.steps = 1;
+      const SimResult r = simulate(s, "", o);
+      return std::to_string(r.summary.step_time_us.median);
+    });
+    return std::stod(out);
+  };
+  const double slower_us = step_us(current) - step_us(delayed);
+  // The amax passes of the tensorwise graph, costed alone.
+  const calibration::CostModel model(
+      calibration::Profile::load(source_dir() / "calibration" / "profiles" / "h100.toml"));
+  const CostModelCoster coster(model);
+  const StepGraph g = scenarios::expand(current);
+  double amax_us = 0;
+  int passes = 0;
+  for (const auto& op : g.classes[0].ops) {
+    if (op.kind == OpKind::elementwise && op.elementwise_kind() == scenarios::ElementwiseKind::amax) {
+      amax_us += coster.kernel_time(op).value * 1e6;
+      ++passes;
+    }
+  }
+  // Per layer and micro-batch: 4 inputs and 4 output gradients; per layer the 4 bf16 weights once.
+  EXPECT_EQ(passes, 2 * 2 * 8 + 2 * 4);
+  ASSERT_GT(amax_us, 100.0);
+  EXPECT_NEAR(slower_us, amax_us, 0.03 * amax_us)
+      << "step longer by " << slower_us << " us, amax passes " << amax_us << " us";
 }
 
 }  // namespace

@@ -72,6 +72,9 @@ _PARALLEL = {
 }
 _COMMON_STEP = {
     "precision": ("bf16", ("bf16",), str),
+    # Read only with fp8 GEMMs, which the runner refuses: any value leaves a bf16 step unchanged.
+    "fp8_recipe": ("delayed", _ANY, str),
+    "fp8_format": ("hybrid", _ANY, str),
     "cuda_graph_scope": ([], ([],), list),
     "token_dispatcher": ("alltoall", ("alltoall",), str),
     "expert_execution": ("grouped", _ANY, str),

@@ -1285,11 +1285,24 @@ class MegatronImporter {
     // Precision.
     if (has("--fp8-format") || has("--fp8")) {
       d_.set("train", "precision", "fp8");
+      // --fp8-recipe (Megatron's default: delayed) and --fp8-format map one to one; the scenario's
+      // rules check a recipe against the cluster (mxfp8 needs Blackwell) and the model's sizes.
       const std::string recipe = str("--fp8-recipe").value_or("delayed");
-      if (recipe == "mxfp8") {
-        unrepresented("--fp8-recipe mxfp8", "a Blackwell recipe: modelled as Hopper fp8");
+      static const std::set<std::string> kRecipes = {"delayed", "tensorwise", "blockwise", "mxfp8"};
+      if (kRecipes.count(recipe) != 0) {
+        d_.set("train", "fp8_recipe", recipe);
+      } else if (recipe == "custom") {
+        unrepresented("--fp8-recipe custom", "a user-supplied quantizer factory: modelled as delayed scaling");
       } else {
-        note("--fp8-recipe " + recipe + ": GEMMs in fp8; the recipe's scaling kernels are not timed separately");
+        throw InputError(src() + where(*arg("--fp8-recipe")) + "--fp8-recipe '" + recipe +
+                         "' (allowed: delayed, tensorwise, blockwise, mxfp8, custom)");
+      }
+      if (auto format = str("--fp8-format")) {
+        if (*format != "e4m3" && *format != "hybrid") {
+          throw InputError(src() + where(*arg("--fp8-format")) + "--fp8-format '" + *format +
+                           "' (allowed: e4m3, hybrid)");
+        }
+        d_.set("train", "fp8_format", *format);
       }
       if (!has("--bf16")) note("fp8 without --bf16: the rest of the model is modelled in bf16");
     } else if (has("--bf16")) {

@@ -35,6 +35,19 @@ void swiglu_fwd(const bf16* x, bf16* y, std::int64_t rows, std::int64_t h, cudaS
 // dx[rows, 2h] from dy[rows, h] and x.
 void swiglu_bwd(const bf16* dy, const bf16* x, bf16* dx, std::int64_t rows, std::int64_t h, cudaStream_t s);
 
+// ---- fp8 quantisation (Transformer Engine's per-tensor scaling: cast and cast-transpose) ----
+// amax[0] = max(amax[0], max_i |x[i]|) over x[n]; amax[0] must hold a value >= 0 (e.g. 0).
+void amax_bf16(const bf16* x, float* amax, std::int64_t n, cudaStream_t s);
+// y[r, c] = e4m3(scale x[r, c]) (saturating to +-448) over x[rows, cols]; when `yt` is not null also
+// yt[c, r] = y[r, c] (the columnwise copy the backward GEMMs read); when `amax` is not null,
+// amax[0] = max(amax[0], max |x|) (delayed scaling records it in the cast). Traffic: 2 bytes read, 1
+// (2 with yt) written per element.
+void quantize_fp8(const bf16* x, float scale, fp8* y, fp8* yt, float* amax, std::int64_t rows, std::int64_t cols,
+                  cudaStream_t s);
+// yt[c, r] = x[r, c] over fp8 x[rows, cols]: the columnwise copy of a weight kept in fp8 (1 byte read,
+// 1 written per element).
+void transpose_fp8(const fp8* x, fp8* yt, std::int64_t rows, std::int64_t cols, cudaStream_t s);
+
 // ---- normalisation (one row of `hidden` per token) ----
 // RMSNorm: y = x * rstd * gamma, rstd = 1 / sqrt(mean(x^2) + eps); rstd [rows] saved for backward.
 void rmsnorm_fwd(const bf16* x, const bf16* gamma, bf16* y, float* rstd, std::int64_t rows, std::int64_t hidden,

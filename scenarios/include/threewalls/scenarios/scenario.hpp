@@ -23,6 +23,15 @@ enum class AttentionKind : std::uint8_t { mha, gqa, mla };
 enum class AttentionImpl : std::uint8_t { fused, unfused };
 enum class Normalization : std::uint8_t { rmsnorm, layernorm };
 enum class Precision : std::uint8_t { bf16, fp8 };
+// Megatron's --fp8-recipe: how Transformer Engine scales the fp8 operands of a GEMM. delayed: one
+// scale per tensor from an amax history (the cast kernel records the amax); tensorwise: one scale per
+// tensor from the tensor's own amax (current scaling: an amax pass before the cast); blockwise: scales
+// per 1 x 128 activation block and 128 x 128 weight block (DeepSeek-V3's recipe); mxfp8: per 1 x 32
+// block, E8M0 scales (Blackwell). What each costs: docs/stepgraph.md, "FP8 quantisation".
+enum class Fp8Recipe : std::uint8_t { delayed, tensorwise, blockwise, mxfp8 };
+// Megatron's --fp8-format: e4m3 everywhere, or hybrid (e4m3 forward, e5m2 gradients). Same bytes and
+// kernels either way: it does not change a prediction.
+enum class Fp8Format : std::uint8_t { e4m3, hybrid };
 enum class RecomputeGranularity : std::uint8_t { none, selective, full };
 // What drives the GPU (run.framework): the C++ executor (threewalls run), or PyTorch eager, whose
 // every op also pays the framework's host dispatch (host.framework_op).
@@ -112,6 +121,8 @@ struct ExpertExecution {
 // Execution options shared by [train] and [infer].
 struct ExecOptions {
   Precision precision = Precision::bf16;
+  Fp8Recipe fp8_recipe = Fp8Recipe::delayed;  // with precision = fp8
+  Fp8Format fp8_format = Fp8Format::hybrid;   // with precision = fp8
   std::vector<std::string> cuda_graph_scope;  // "attn", "mlp", "moe_router", "moe_preprocess", "full_iteration"
   Dispatcher token_dispatcher = Dispatcher::alltoall;
   ExpertExecution expert_execution;
@@ -284,6 +295,8 @@ struct Scenario {
 const char* to_string(AttentionKind v);
 const char* to_string(AttentionImpl v);
 const char* to_string(Precision v);
+const char* to_string(Fp8Recipe v);
+const char* to_string(Fp8Format v);
 const char* to_string(Dispatcher v);
 const char* to_string(RecomputeGranularity v);
 const char* to_string(DataParallelSharding v);

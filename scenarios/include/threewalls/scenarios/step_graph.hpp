@@ -67,8 +67,12 @@ using threewalls::Wall;
 enum class HostKind : std::uint8_t { stream_sync, gpu_read, framework, barrier, graph_launch };
 // What an element-wise op computes. swiglu: y[r, j] = silu(x[r, j]) x[r, f + j] (reads 2 f, writes f
 // per row); add: residual/bias-dropout-add (reads 2, writes 1); copy: kv-cache append; reduce: a
-// read-mostly reduction (gradient norm); the _bwd kinds are the matching backward kernels.
-enum class ElementwiseKind : std::uint8_t { add, copy, swiglu, swiglu_bwd, gelu, gelu_bwd, reduce };
+// read-mostly reduction (gradient norm); the _bwd kinds are the matching backward kernels. quantize:
+// an fp8 cast of a bf16 tensor, shape {elements, rows, columns, columnwise}: reads the bf16 rows x
+// columns, writes the fp8 copy and, when columnwise = 1, a transposed fp8 copy for the backward GEMMs
+// (Transformer Engine's cast-transpose); amax: the absolute maximum of a bf16 tensor (current
+// scaling's pass before the cast), shape {elements}. docs/stepgraph.md, "FP8 quantisation".
+enum class ElementwiseKind : std::uint8_t { add, copy, swiglu, swiglu_bwd, gelu, gelu_bwd, reduce, quantize, amax };
 enum class NormKind : std::uint8_t { rmsnorm, layernorm };
 enum class StreamKind : std::uint8_t { compute, communication, copy, host };
 
