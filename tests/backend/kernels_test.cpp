@@ -77,7 +77,8 @@ TEST(SwiGlu, ForwardAndBackwardMatchReference) {
 // the amax recorded; the amax pass of current scaling; the transpose of a weight kept in fp8.
 TEST(Fp8Quantize, CastTransposeAndAmaxMatchTheHostConversion) {
   TW_REQUIRE_GPU();
-  for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{37, 70}, {64, 128}, {1, 33}}) {
+  for (const auto& [rows, cols] :
+       {std::pair<std::int64_t, std::int64_t>{37, 70}, {64, 128}, {1, 33}, {192, 320}, {1024, 2048}}) {
     const std::int64_t n = rows * cols;
     const auto x = round_bf16(random_floats(static_cast<std::size_t>(n), 11, 3.0F));
     double amax_ref = 0.0;
