@@ -231,34 +231,37 @@ std::vector<AttentionModel::Sample> attention_samples(const AttentionModel& trut
   return samples;
 }
 
-TEST(AttentionModel, FitRecoversParametersFromNoisyPoints) {
-  AttentionModel truth;
-  truth.efficiency_max = 0.7;
-  truth.s_half = 300.0;
-  truth.d_half = 20.0;
-  truth.overhead_s = 5e-6;
-  truth.memory_bandwidth_bytes_per_s = 4e12;
-  truth.device = kH200Bf16;
-  Noise noise(3, 0.015);
-  const auto samples = attention_samples(truth, noise, {256, 512, 1024, 2048, 4096, 8192, 16384}, {64, 128, 256}, 8192, false);
-  const auto fit = AttentionModel::fit(samples, false, truth.device, truth.memory_bandwidth_bytes_per_s);
+// The attention truth of the fit tests: e_max 0.7, s_half 300 keys, d_half 20, t0 5 us, 4 TB/s, H200.
+AttentionModel attention_truth() {
+  AttentionModel m;
+  m.efficiency_max = 0.7;
+  m.s_half = 300.0;
+  m.d_half = 20.0;
+  m.overhead_s = 5e-6;
+  m.memory_bandwidth_bytes_per_s = 4e12;
+  m.device = kH200Bf16;
+  return m;
+}
+
+void expect_attention_truth(const AttentionModel& fit) {
   EXPECT_NEAR(fit.efficiency_max, 0.7, 0.7 * 0.05);
   EXPECT_NEAR(fit.s_half, 300.0, 300.0 * 0.25);
   EXPECT_NEAR(fit.d_half, 20.0, 20.0 * 0.3);
   EXPECT_NEAR(fit.overhead_s, 5e-6, 5e-6 * 0.4);
 }
 
+TEST(AttentionModel, FitRecoversParametersFromNoisyPoints) {
+  const AttentionModel truth = attention_truth();
+  Noise noise(3, 0.015);
+  const auto samples = attention_samples(truth, noise, {256, 512, 1024, 2048, 4096, 8192, 16384}, {64, 128, 256}, 8192, false);
+  expect_attention_truth(AttentionModel::fit(samples, false, truth.device, truth.memory_bandwidth_bytes_per_s));
+}
+
 // The scheduled form (attention_tiles_v1): with equal tiles (no mask, whole 128-row tiles) it is the
 // wave form; under a causal mask it follows the heads one by one where whole waves step; its fit
 // recovers the parameters.
 TEST(AttentionModel, ScheduledFormIsTheWaveFormForEqualTilesAndLinearInHeadsUnderAMask) {
-  AttentionModel wave;
-  wave.efficiency_max = 0.7;
-  wave.s_half = 300.0;
-  wave.d_half = 20.0;
-  wave.overhead_s = 5e-6;
-  wave.memory_bandwidth_bytes_per_s = 4e12;
-  wave.device = kH200Bf16;
+  AttentionModel wave = attention_truth();
   AttentionModel tiles = wave;
   tiles.scheduled = true;
   for (const bool backward : {false, true}) {
@@ -283,10 +286,7 @@ TEST(AttentionModel, ScheduledFormIsTheWaveFormForEqualTilesAndLinearInHeadsUnde
       attention_samples(tiles, noise, {256, 512, 1024, 2048, 4096, 8192, 16384}, {64, 128, 256}, 8192, true);
   const auto fit = AttentionModel::fit(samples, false, tiles.device, tiles.memory_bandwidth_bytes_per_s, false, true);
   EXPECT_TRUE(fit.scheduled);
-  EXPECT_NEAR(fit.efficiency_max, 0.7, 0.7 * 0.05);
-  EXPECT_NEAR(fit.s_half, 300.0, 300.0 * 0.25);
-  EXPECT_NEAR(fit.d_half, 20.0, 20.0 * 0.3);
-  EXPECT_NEAR(fit.overhead_s, 5e-6, 5e-6 * 0.4);
+  expect_attention_truth(fit);
 }
 
 // Decode attention: t = t0 + B per_byte + F per_flop over caches, batches and GQA group sizes.
