@@ -6,6 +6,7 @@
 #include <cuda_fp8.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <random>
 
 #include "threewalls/backend/error.hpp"
@@ -18,6 +19,16 @@ bool gpu_available(std::string& reason) {
 }
 
 int gpu_count() { return device_count(nullptr); }
+
+std::filesystem::path source_root() {
+  if (const char* env = std::getenv("THREEWALLS_SOURCE_DIR"); env != nullptr) return env;
+  const std::filesystem::path built = THREEWALLS_SOURCE_DIR;
+  std::error_code ec;
+  if (std::filesystem::is_directory(built / "scenarios", ec)) return built;
+  const std::filesystem::path here = std::filesystem::current_path(ec);
+  if (!ec && std::filesystem::is_directory(here / "scenarios", ec)) return here;
+  return built;
+}
 
 std::vector<float> random_floats(std::size_t n, std::uint32_t seed, float scale) {
   std::mt19937 gen(seed);

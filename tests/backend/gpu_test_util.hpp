@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -24,6 +25,12 @@ int gpu_count();
       GTEST_SKIP() << "no CUDA device: " << tw_reason_;                             \
     }                                                                               \
   } while (0)
+
+// The checkout whose scenarios the tests read: $THREEWALLS_SOURCE_DIR when set; else the source
+// directory of the build when it holds scenarios/; else the working directory when it does (the
+// test binary carried to another machine and run from a checkout's root); else the build's source
+// directory, so that a missing file names it.
+std::filesystem::path source_root();
 
 // Seeded values in (-scale, -0.1 scale] U [0.1 scale, scale): never zero.
 std::vector<float> random_floats(std::size_t n, std::uint32_t seed, float scale = 1.0F);

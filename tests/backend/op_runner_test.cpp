@@ -279,8 +279,7 @@ TEST(OpRunner, CollectiveOnASingleRankGroupRuns) {
 
 TEST(OpRunner, RunsTheComputeOpsOfTheSmallExampleScenario) {
   TW_REQUIRE_GPU();
-  const char* env = std::getenv("THREEWALLS_SOURCE_DIR");
-  const std::filesystem::path root = env != nullptr ? env : THREEWALLS_SOURCE_DIR;
+  const std::filesystem::path root = source_root();
   const std::filesystem::path path = root / "scenarios/examples/small_moe_1gpu.toml";
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "example scenario not found: " << path;
   const scenarios::Scenario sc = scenarios::load_scenario(path);
@@ -308,8 +307,7 @@ namespace {
 // Host-only (runs without a GPU): every compute, memory and copy op that the shipped example
 // scenarios expand to maps onto a backend kernel (need_of throws InputError otherwise).
 TEST(OpRunner, EveryOpOfTheShippedExampleScenariosIsSupported) {
-  const char* env = std::getenv("THREEWALLS_SOURCE_DIR");
-  const std::filesystem::path root = env != nullptr ? env : THREEWALLS_SOURCE_DIR;
+  const std::filesystem::path root = source_root();
   const std::filesystem::path dir = root / "scenarios/examples";
   ASSERT_TRUE(std::filesystem::exists(dir)) << dir;
   int checked = 0;

@@ -8,6 +8,7 @@
 #include <random>
 #include <set>
 
+#include "gpu_test_util.hpp"
 #include "threewalls/backend/weights.hpp"
 #include "threewalls/scenarios/loader.hpp"
 
@@ -79,8 +80,7 @@ TEST(Weights, OtherOpsAndFp8GradientsHaveNone) {
 }
 
 TEST(Weights, EveryExpertOfTheSwitchLayerHasItsOwnWeights) {
-  const char* env = std::getenv("THREEWALLS_SOURCE_DIR");
-  const std::filesystem::path root = env != nullptr ? env : THREEWALLS_SOURCE_DIR;
+  const std::filesystem::path root = testing::source_root();
   const auto path = root / "scenarios/validation/host_overhead/switch_d1024_t1k_sequential_none.toml";
   ASSERT_TRUE(std::filesystem::exists(path)) << path;
   const scenarios::StepGraph g = scenarios::expand(scenarios::load_scenario(path), 0);
