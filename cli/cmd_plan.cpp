@@ -59,8 +59,8 @@ struct Costing {
   calibration::Profile profile;
   calibration::CostModel model;
   sim::CostModelCoster coster;
-  Costing(calibration::ResolvedProfile r, calibration::Profile p)
-      : resolved(std::move(r)), profile(std::move(p)), model(profile), coster(model) {}
+  Costing(calibration::ResolvedProfile r, calibration::Profile p, scenarios::Framework framework)
+      : resolved(std::move(r)), profile(std::move(p)), model(profile), coster(model, 1.0, 1.0, framework) {}
 };
 
 std::unique_ptr<Costing> load_costing(const scenarios::Scenario& s, const std::string& calibration) {
@@ -69,7 +69,7 @@ std::unique_ptr<Costing> load_costing(const scenarios::Scenario& s, const std::s
       s.source_path.empty() ? std::filesystem::path() : std::filesystem::path(s.source_path).parent_path();
   auto resolved = calibration::resolve_profile(spec, scenarios::to_string(s.cluster.gpu), dir);
   auto profile = calibration::Profile::load(resolved.path);
-  return std::make_unique<Costing>(std::move(resolved), std::move(profile));
+  return std::make_unique<Costing>(std::move(resolved), std::move(profile), s.run.framework);
 }
 
 void check_out_dir(const std::string& out, bool overwrite) {

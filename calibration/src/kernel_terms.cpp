@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <string>
 
 #include "threewalls/calibration/fit.hpp"
@@ -105,6 +106,83 @@ std::vector<KernelTermsFamily> build() {
                "backend::adam_step (fp32 master, grad, m, v; bf16 weight copy), OpRunner's optimizer op",
                {{"parameters", "parameters of the shard updated"}},
                {{"per_parameter_s", {0}, "per parameter (30 B of traffic)"}}});
+
+  // PyTorch eager's implementations (points_of "python"): each family times what a PyTorch program
+  // runs for the op, forward or backward through autograd, between the op's input and output
+  // (threewalls.runner.kernels, measured by threewalls.bench.pytorch_kernels). The terms are per unit
+  // of the work those kernels do; the several kernels of one op share the fixed term.
+  const std::string py = "python";
+  auto twin = [&](std::string_view backend, std::string what, std::vector<KernelTermsInput> in,
+                  std::vector<KernelTerm> terms) {
+    const std::string name = pytorch_twin(backend);
+    f.push_back({name, "pytorch_" + name.substr(kPytorchFamilyPrefix.size()), std::move(what), std::move(in),
+                 std::move(terms), py});
+  };
+  const std::vector<KernelTerm> py_router = {
+      {"per_token_s", {0}, "per token"},
+      {"per_score_s", {0, 1}, "per (token, expert): the fp32 softmax's passes (and its gradient backward)"},
+      {"per_choice_s", {0, 2}, "per (token, chosen expert): top-k selection and the gather of its weight"}};
+  twin(kSoftmaxTopkFwdFamily, "PyTorch: softmax of the fp32 logits, top-k, gather of the chosen weights, cast",
+       router_in, py_router);
+  twin(kSoftmaxTopkBwdFamily, "PyTorch autograd: the gather's, softmax's and cast's backward", router_in, py_router);
+  // Row gathers by tokens, topk (rows = tokens x topk) and hidden: an index_select forward; its
+  // backward an index_add_ into a zeroed [tokens, hidden] gradient (bf16 atomics).
+  const std::vector<KernelTermsInput> py_rows_in = {{"tokens", "tokens whose rows are gathered (rows / topk)"},
+                                                    {"topk", "rows per token"},
+                                                    {"hidden", "elements per row"}};
+  const std::vector<KernelTerm> py_row_terms = {
+      {"per_row_s", {0, 1}, "per row gathered or scattered"},
+      {"per_element_s", {0, 1, 2}, "per element of the rows (read, multiplied, written or atomically added)"},
+      {"per_token_element_s", {0, 2}, "per element of the tokens' side (zero fill, the summed output)"}};
+  twin(kPermuteFwdFamily, "PyTorch: index_select of the token rows into expert order", py_rows_in, py_row_terms);
+  twin(kPermuteBwdFamily, "PyTorch autograd: index_select's backward (zeros, then index_add_ of the rows)",
+       py_rows_in, py_row_terms);
+  twin(kUnpermuteFwdFamily,
+       "PyTorch: rows times their router weights, index_add_ into a zeroed [tokens, hidden] output", py_rows_in,
+       py_row_terms);
+  twin(kUnpermuteBwdFamily,
+       "PyTorch autograd: index_add_'s and the product's backward (row gather, products, weight gradient)",
+       py_rows_in, py_row_terms);
+  const std::vector<KernelTermsInput> py_emb_in = {{"tokens", "tokens looked up"},
+                                                   {"hidden", "elements per row"},
+                                                   {"vocab", "rows of this rank's table"}};
+  const std::vector<KernelTerm> py_emb_terms = {{"per_token_s", {0}, "per token"},
+                                                {"per_element_s", {0, 1}, "per element of a looked-up row"},
+                                                {"per_table_element_s", {1, 2}, "per element of the table (zeroed gradient)"}};
+  twin(kEmbeddingFwdFamily, "PyTorch: F.embedding", py_emb_in, py_emb_terms);
+  twin(kEmbeddingBwdFamily, "PyTorch autograd: F.embedding's dense backward (sort-based, zeroed table gradient)",
+       py_emb_in, py_emb_terms);
+  const std::vector<KernelTerm> py_xent_terms = {{"per_token_s", {0}, "per token"},
+                                                 {"per_logit_s", {0, 1}, "per logit (fp32 copy, log-softmax passes)"}};
+  twin(kCrossEntropyFwdFamily, "PyTorch: F.cross_entropy of the logits cast to fp32", xent_in, py_xent_terms);
+  twin(kCrossEntropyBwdFamily, "PyTorch autograd: cross-entropy's, log-softmax's and the cast's backward", xent_in,
+       py_xent_terms);
+  twin(kRmsnormFwdFamily, "PyTorch: F.rms_norm", norm_in, norm_terms);
+  twin(kRmsnormBwdFamily, "PyTorch autograd: F.rms_norm's backward", norm_in, norm_terms);
+  twin(kLayernormFwdFamily, "PyTorch: F.layer_norm", norm_in, norm_terms);
+  twin(kLayernormBwdFamily, "PyTorch autograd: F.layer_norm's backward", norm_in, norm_terms);
+  const std::vector<KernelTermsInput> params_in = {{"parameters", "parameters of the shard"}};
+  twin(kAdamStepFamily,
+       "PyTorch: gradient clipping's scale, torch.optim.Adam (fused) on fp32 master weights, the bf16 weight copy",
+       params_in, {{"per_parameter_s", {0}, "per parameter"}});
+  const std::vector<KernelTermsInput> elements_in = {{"elements", "output elements of the op (shape[0])"}};
+  const std::vector<KernelTerm> per_element = {{"per_element_s", {0}, "per output element"}};
+  auto own = [&](std::string_view name, std::string what, std::vector<KernelTermsInput> in, std::vector<KernelTerm> t) {
+    f.push_back({std::string(name), "pytorch_" + std::string(name.substr(kPytorchFamilyPrefix.size())),
+                 std::move(what), std::move(in), std::move(t), py});
+  };
+  own(kPytorchSwigluFwdFamily, "PyTorch: silu of the gate half times the up half (two kernels)", elements_in,
+      per_element);
+  own(kPytorchSwigluBwdFamily, "PyTorch autograd: the product's, silu's and the slices' backward", elements_in,
+      per_element);
+  own(kPytorchGeluFwdFamily, "PyTorch: F.gelu", elements_in, per_element);
+  own(kPytorchGeluBwdFamily, "PyTorch autograd: F.gelu's backward", elements_in, per_element);
+  own(kPytorchAddBwdFamily, "PyTorch autograd: a residual add's backward (the gradient passed to both inputs)",
+      elements_in, per_element);
+  own(kPytorchGradNormFamily,
+      "PyTorch: bf16 autograd gradients copied into fp32 main-gradient buffers, then the squared norm "
+      "(sum of g * g per buffer, stacked and summed)",
+      params_in, {{"per_parameter_s", {0}, "per parameter"}});
   return f;
 }
 
@@ -120,6 +198,14 @@ const KernelTermsFamily* find_kernel_terms_family(std::string_view name) {
     if (f.name == name) return &f;
   }
   return nullptr;
+}
+
+std::string pytorch_twin(std::string_view backend_family) {
+  const std::string_view backend_prefix = "kernel.";
+  if (backend_family.substr(0, backend_prefix.size()) != backend_prefix) {
+    throw std::logic_error("pytorch_twin: '" + std::string(backend_family) + "' is not a kernel.* family");
+  }
+  return std::string(kPytorchFamilyPrefix) + std::string(backend_family.substr(backend_prefix.size()));
 }
 
 const KernelTermsFamily* norm_kernel_terms_family(std::string_view op) {

@@ -163,7 +163,7 @@ void build_inference_class(const Ctx& c, int ep_rank, const RoutingSampler::Step
     Program moe;
     const bool grouped = c.exec.expert_execution.kind == ExpertExecutionKind::grouped;
     if (grouped || c.ep > 1) {
-      moe.add(memory_op(OpKind::permute, "moe_permute", {c.T * c.topk, c.h, 0, 0, 0, 0}, 2.0 * c.T * c.topk * row_bytes,
+      moe.add(memory_op(OpKind::permute, "moe_permute", {c.T * c.topk, c.h, c.T, 0, 0, 0}, 2.0 * c.T * c.topk * row_bytes,
                         0, Module::moe_pre, {-1}));
     }
     if (c.ep > 1) {
@@ -230,7 +230,7 @@ void build_inference_class(const Ctx& c, int ep_rank, const RoutingSampler::Step
           sp.tokens = static_cast<std::int32_t>(r);
           return sp;
         };
-        ex.add(tag(memory_op(OpKind::permute, "expert_gather", {r, c.h, 0, 0, 0, 0}, 2.0 * r * row_bytes, 0,
+        ex.add(tag(memory_op(OpKind::permute, "expert_gather", {r, c.h, c.T, 0, 0, 0}, 2.0 * r * row_bytes, 0,
                              Module::moe_expert, {-1})));
         int up = -1;
         if (c.swiglu) {
@@ -247,7 +247,7 @@ void build_inference_class(const Ctx& c, int ep_rank, const RoutingSampler::Step
           return a;
         }()));
         ex.add(tag(gemm(c, c.swiglu ? "expert_down" : "expert_fc2", r, c.h, c.ffn_e, Module::moe_expert)));
-        ex.add(tag(memory_op(OpKind::unpermute, "expert_scatter", {r, c.h, 0, 0, 0, 0}, 3.0 * r * row_bytes, 0,
+        ex.add(tag(memory_op(OpKind::unpermute, "expert_scatter", {r, c.h, c.T, 0, 0, 0}, 3.0 * r * row_bytes, 0,
                              Module::moe_expert)));
         auto ex_ids = em.forward(ex, l, -1, -1, dispatched, false, nullptr, false);
         b.add_dep(ex_ids.front(), barrier);
@@ -267,7 +267,7 @@ void build_inference_class(const Ctx& c, int ep_rank, const RoutingSampler::Step
       post.add(a2a);
     }
     if (grouped || c.ep > 1) {
-      post.add(memory_op(OpKind::unpermute, "moe_unpermute", {c.T * c.topk, c.h, 0, 0, 0, 0},
+      post.add(memory_op(OpKind::unpermute, "moe_unpermute", {c.T * c.topk, c.h, c.T, 0, 0, 0},
                          3.0 * c.T * c.topk * row_bytes, 0, Module::moe_post, {post.specs.empty() ? -1 : 0}));
     }
     std::uint32_t moe_out = outs.empty() ? dispatched : outs.back();

@@ -296,13 +296,13 @@ void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input) {
                        Role::compute, Module::moe_comm, {topk_id}));
       p.specs.back().tokens = static_cast<std::int32_t>(Tloc * c.ep);
     }
-    Spec perm = memory_op(OpKind::permute, "moe_permute", {recv_rows, c.h, 0, 0, 0, 0}, 2.0 * recv_rows * row_bytes,
+    Spec perm = memory_op(OpKind::permute, "moe_permute", {recv_rows, c.h, Tloc * c.ep, 0, 0, 0}, 2.0 * recv_rows * row_bytes,
                           2.0 * recv_rows * row_bytes, Module::moe_pre);
     perm.tokens = static_cast<std::int32_t>(recv_rows);
     dispatched = p.add(perm);
   } else {
     if (disp == Dispatcher::alltoall && !(per_expert && c.ep == 1)) {
-      Spec perm = memory_op(OpKind::permute, "moe_permute", {routed_rows, c.h, 0, 0, 0, 0},
+      Spec perm = memory_op(OpKind::permute, "moe_permute", {routed_rows, c.h, Tloc, 0, 0, 0},
                             2.0 * routed_rows * row_bytes, 2.0 * routed_rows * row_bytes, Module::moe_pre, {topk_id});
       perm.tokens = static_cast<std::int32_t>(routed_rows);
       p.add(perm);
@@ -409,7 +409,7 @@ void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input) {
         read.after = {slot_last[static_cast<std::size_t>(slot)]};
         gather_after.push_back(p.add(read));
       }
-      int g = p.add(tag(memory_op(OpKind::permute, "expert_gather", {rows, c.h, 0, 0, 0, 0}, 2.0 * rows * row_bytes,
+      int g = p.add(tag(memory_op(OpKind::permute, "expert_gather", {rows, c.h, Tloc, 0, 0, 0}, 2.0 * rows * row_bytes,
                                   2.0 * rows * row_bytes, Module::moe_expert, gather_after)));
       int up = -1;
       if (c.swiglu) {
@@ -425,7 +425,7 @@ void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input) {
       act.sub = activation_kind(c);
       p.add(tag(act));
       p.add(tag(gemm(c, c.swiglu ? "expert_down" : "expert_fc2", rows, c.h, c.ffn_e, Module::moe_expert)));
-      int sc = p.add(tag(memory_op(OpKind::unpermute, "expert_scatter", {rows, c.h, 0, 0, 0, 0}, 3.0 * rows * row_bytes,
+      int sc = p.add(tag(memory_op(OpKind::unpermute, "expert_scatter", {rows, c.h, Tloc, 0, 0, 0}, 3.0 * rows * row_bytes,
                                    2.0 * rows * row_bytes, Module::moe_expert)));
       expert_outputs.push_back(sc);
       slot_last[static_cast<std::size_t>(slot)] = sc;
@@ -435,7 +435,7 @@ void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input) {
   int combined = -1;
   std::vector<int> combined_set;
   if (disp == Dispatcher::allgather) {
-    Spec unperm = memory_op(OpKind::unpermute, "moe_unpermute", {recv_rows, c.h, 0, 0, 0, 0},
+    Spec unperm = memory_op(OpKind::unpermute, "moe_unpermute", {recv_rows, c.h, Tloc * c.ep, 0, 0, 0},
                             3.0 * recv_rows * row_bytes, 2.0 * recv_rows * row_bytes, Module::moe_post, expert_outputs);
     unperm.tokens = static_cast<std::int32_t>(recv_rows);
     combined = p.add(unperm);
@@ -468,7 +468,7 @@ void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input) {
       after = {last};
     }
     if (disp == Dispatcher::alltoall && !(per_expert && c.ep == 1)) {
-      Spec unperm = memory_op(OpKind::unpermute, "moe_unpermute", {routed_rows, c.h, 0, 0, 0, 0},
+      Spec unperm = memory_op(OpKind::unpermute, "moe_unpermute", {routed_rows, c.h, Tloc, 0, 0, 0},
                               3.0 * routed_rows * row_bytes, 2.0 * routed_rows * row_bytes, Module::moe_post, after);
       unperm.tokens = static_cast<std::int32_t>(routed_rows);
       last = p.add(unperm);
@@ -527,7 +527,7 @@ std::array<std::vector<bool>, 4> fine_grained_nodes(const Program& p) {
 
 Program embedding_program(const Ctx& c) {
   Program p;
-  Spec emb = memory_op(OpKind::embedding, "embedding", {c.T, c.h, 0, 0, 0, 0}, 2.0 * c.T * c.h * kBf16Bytes + c.T * 8.0,
+  Spec emb = memory_op(OpKind::embedding, "embedding", {c.T, c.h, c.vocab / c.tp, 0, 0, 0}, 2.0 * c.T * c.h * kBf16Bytes + c.T * 8.0,
                        2.0 * c.T * c.h * kFp32Bytes, Module::embedding, {-1});
   p.add(emb);
   if (c.tp > 1) {

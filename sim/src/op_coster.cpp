@@ -78,8 +78,51 @@ FittedKernel fitted_kernel_of(const Op& op) {
   throw std::logic_error(std::string("fitted_kernel_of asked for a ") + scenarios::to_string(op.kind) + " op");
 }
 
-CostModelCoster::CostModelCoster(const calibration::CostModel& model, double host_scale, double disk_scale)
-    : model_(model), host_scale_(host_scale), disk_scale_(disk_scale) {
+std::optional<FittedKernel> pytorch_kernel_of(const Op& op) {
+  const auto& s = op.shape;
+  const bool bwd = (op.flags & scenarios::kBackward) != 0;
+  auto d = [](std::int64_t v) { return static_cast<double>(std::max<std::int64_t>(v, 0)); };
+  // The twin's name as the kernel_terms table (its owner) stores it.
+  auto twin = [](std::string_view backend) -> std::string_view {
+    const std::string name = calibration::pytorch_twin(backend);
+    const calibration::KernelTermsFamily* k = calibration::find_kernel_terms_family(name);
+    if (!k) throw std::logic_error("kernel_terms table has no " + name);
+    return k->name;
+  };
+  switch (op.kind) {
+    case OpKind::softmax_topk:
+    case OpKind::cross_entropy:
+    case OpKind::optimizer:
+    case OpKind::norm: {
+      FittedKernel fk = fitted_kernel_of(op);
+      return FittedKernel{twin(fk.family), std::move(fk.inputs)};
+    }
+    case OpKind::permute:
+    case OpKind::unpermute: {
+      const double k = d(std::max<std::int64_t>(s[2], 1));
+      return FittedKernel{twin(fitted_kernel_of(op).family), {d(s[0]) / k, k, d(s[1])}};
+    }
+    case OpKind::embedding: return FittedKernel{twin(fitted_kernel_of(op).family), {d(s[0]), d(s[1]), d(s[2])}};
+    case OpKind::elementwise:
+      switch (op.elementwise_kind()) {
+        case scenarios::ElementwiseKind::swiglu: return FittedKernel{calibration::kPytorchSwigluFwdFamily, {d(s[0])}};
+        case scenarios::ElementwiseKind::swiglu_bwd:
+          return FittedKernel{calibration::kPytorchSwigluBwdFamily, {d(s[0])}};
+        case scenarios::ElementwiseKind::gelu: return FittedKernel{calibration::kPytorchGeluFwdFamily, {d(s[0])}};
+        case scenarios::ElementwiseKind::gelu_bwd: return FittedKernel{calibration::kPytorchGeluBwdFamily, {d(s[0])}};
+        case scenarios::ElementwiseKind::add:
+          if (bwd) return FittedKernel{calibration::kPytorchAddBwdFamily, {d(s[0])}};
+          return std::nullopt;
+        case scenarios::ElementwiseKind::reduce: return FittedKernel{calibration::kPytorchGradNormFamily, {d(s[0])}};
+        default: return std::nullopt;
+      }
+    default: return std::nullopt;
+  }
+}
+
+CostModelCoster::CostModelCoster(const calibration::CostModel& model, double host_scale, double disk_scale,
+                                 scenarios::Framework framework)
+    : model_(model), host_scale_(host_scale), disk_scale_(disk_scale), framework_(framework) {
   if (!(host_scale > 0.0) || !std::isfinite(host_scale)) {
     throw InputError("host scale " + std::to_string(host_scale) + " must be a positive number");
   }
@@ -144,6 +187,11 @@ Seconds CostModelCoster::kernel_time(const Op& op) const {
 
 Seconds CostModelCoster::compute_kernel_time(const Op& op) const {
   const auto& s = op.shape;
+  if (framework_ == scenarios::Framework::pytorch_eager) {
+    if (const auto fk = pytorch_kernel_of(op)) {
+      if (const auto t = model_.fitted_kernel(fk->family, fk->inputs)) return *t;
+    }
+  }
   switch (op.kind) {
     case OpKind::gemm:
       return model_.gemm(at_least_1(s[0]), at_least_1(s[1]), at_least_1(s[2]), op.dtype, at_least_1(s[3]));
@@ -214,6 +262,16 @@ Seconds CostModelCoster::compute_kernel_time(const Op& op) const {
 }
 
 std::optional<std::string> CostModelCoster::substitution(const Op& op) const {
+  if (framework_ == scenarios::Framework::pytorch_eager) {
+    if (const auto fk = pytorch_kernel_of(op)) {
+      // Whether the profile has the family does not depend on the shape: ask with ones.
+      if (!model_.fitted_kernel(fk->family, std::vector<double>(fk->inputs.size(), 1.0))) {
+        return "run.framework = \"pytorch_eager\": " + std::string(scenarios::to_string(op.kind)) +
+               " ops are priced with threewalls run's kernels: the profile has no " + std::string(fk->family) +
+               " (PyTorch's kernels; python3 -m threewalls.bench.pytorch_kernels measures them)";
+      }
+    }
+  }
   if (op.kind != OpKind::attention) return std::nullopt;
   // Whether the profile has the kernel's family does not depend on the shape: ask with a unit one.
   calibration::AttentionShape unit;

@@ -376,7 +376,7 @@ SimResult simulate(const scenarios::Scenario& s, const std::string& calibration,
       calibration::resolve_profile(spec, scenarios::to_string(s.cluster.gpu), scenario_dir);
   const calibration::Profile profile = calibration::Profile::load(resolved.path);
   const calibration::CostModel model(profile);
-  const CostModelCoster coster(model, opt.host_scale, opt.disk_scale);
+  const CostModelCoster coster(model, opt.host_scale, opt.disk_scale, s.run.framework);
   ProfileInfoForHeader info{profile.id(), resolved.path.string(), profile.hardware().gpu_kind, resolved.reason, ""};
   // A synthetic profile measured no GPU (its [hardware] machine says so and how it was made).
   if (profile.hardware().gpus_seen == 0) info.not_measured = profile.hardware().machine;

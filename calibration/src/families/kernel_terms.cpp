@@ -204,9 +204,15 @@ void plan_kernels(GridPlan& p) {
 
 void add_ops(std::vector<OpInfo>& out) {
   for (const auto& k : kernel_terms_families()) {
-    if (!k.points_of.empty()) continue;  // its points are another family's (the norms: memory module)
+    if (k.points_of == "norm") continue;  // its points are the norm family's (memory module)
+    // PyTorch's kernels: points a raw file of the Python benchmark brings (threewalls_refit_raw),
+    // never planned by threewalls calibrate.
+    const bool python = k.points_of == "python";
     out.push_back({k.op, "", k.name, k.what,
-                   "time of one launch sequence; bytes: the tensors it reads and writes once (reported rate only)"});
+                   python ? "measured by python3 -m threewalls.bench.pytorch_kernels, not by threewalls calibrate: "
+                            "device time of one forward or one backward through autograd"
+                          : "time of one launch sequence; bytes: the tensors it reads and writes once (reported "
+                            "rate only)"});
   }
 }
 

@@ -35,6 +35,8 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from threewalls.runner import kernels
+from threewalls.runner.kernels import act as _act, norm as _norm
 from threewalls.runner.ops import Ctx, Op, all_to_all, grouped, grouped_mm_impl, linear, scatter_add
 from threewalls.runner.scenario import Scenario
 
@@ -79,22 +81,6 @@ def _attention(q, k, v, causal: bool):
         mask = torch.ones(sq, skv, dtype=torch.bool, device=q.device).tril(skv - sq)
         s = s.masked_fill(~mask, float("-inf"))
     return torch.softmax(s.float(), dim=-1).to(q.dtype) @ v
-
-
-def _norm(x, w, kind: str, eps: float = 1e-5):
-    if kind == "layernorm":
-        return F.layer_norm(x, (x.shape[-1],), w, None, eps)
-    if hasattr(F, "rms_norm"):
-        return F.rms_norm(x, (x.shape[-1],), w, eps)
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
-
-
-def _act(a, swiglu: bool):
-    if swiglu:
-        f = a.shape[-1] // 2
-        return F.silu(a[..., :f]) * a[..., f:]
-    return F.gelu(a)
 
 
 class Model:
@@ -267,10 +253,7 @@ class Model:
         t, h = residual.shape
         nb = (2.0 + len(ys)) * t * h * residual.element_size()
         with Op(c, name, [residual, *ys], wall="memory", nbytes=nb) as op:
-            out = op.inputs[0]
-            for yy in op.inputs[1:]:
-                out = out + yy
-            out = op.out(out)
+            out = op.out(kernels.residual_add(*op.inputs))
         return out
 
     def attention(self, c: Ctx, x, b: int, sq: int, decode: bool):
@@ -413,12 +396,8 @@ class Model:
         with Op(c, "router_topk", [logits], wall="memory", tokens=t, nbytes=t * E * (4.0 + elt),
                 bwd_nbytes=t * E * 12.0) as op:
             (li,) = op.inputs
-            probs = torch.softmax(li.float(), dim=-1)
-            if self.s.training:
-                idx = self._balanced_routing(t)
-            else:
-                _, idx = torch.topk(probs, k, dim=-1)
-            weights = op.out(probs.gather(1, idx).to(y.dtype))
+            weights, idx = kernels.route(li, k, self._balanced_routing(t) if self.s.training else None)
+            weights = op.out(weights)
             mask = F.one_hot(idx, num_classes=E).permute(2, 1, 0) if per_expert_loop else None
         # Rows per expert: known on the host for the balanced training routing; for the router's own
         # top-k a device count, read on the host where the host needs it (the per-expert loop over EP
@@ -455,13 +434,10 @@ class Model:
         k = self.k
         elt = y.element_size()
         rows = t * k
-        flat = idx.reshape(-1)
-        order = torch.sort(flat, stable=True)[1]
-        token_of_row = order // k
-        with Op(c, "moe_permute", [y], wall="memory", tokens=rows, nbytes=2.0 * rows * h * elt) as op:
-            (yi,) = op.inputs
-            xs = op.out(yi.index_select(0, token_of_row))
-        w_sorted = weights.reshape(-1).index_select(0, order)
+        with Op(c, "moe_permute", [y, weights], wall="memory", tokens=rows, nbytes=2.0 * rows * h * elt) as op:
+            yi, wi = op.inputs
+            xs, w_sorted, token_of_row = kernels.permute(yi, idx, wi, k)
+            xs, w_sorted = op.out(xs), op.out(w_sorted)
         ep, E_loc = self.ep, self.E_loc
         if ep > 1:
             send = [sum(counts[r * E_loc:(r + 1) * E_loc]) for r in range(ep)]
@@ -489,8 +465,7 @@ class Model:
         with Op(c, "moe_unpermute", [ys, w_sorted], wall="memory", tokens=rows, nbytes=3.0 * rows * h * elt,
                 bwd_nbytes=2.0 * rows * h * elt) as op:
             yi, wi = op.inputs
-            out = yi.new_zeros(t, h).index_add_(0, token_of_row, yi * wi.unsqueeze(1))
-            out = op.out(out)
+            out = op.out(kernels.unpermute(yi, wi, token_of_row, t))
         return out
 
     def _sort_perm(self, per: List[int], ep: int):
@@ -633,7 +608,7 @@ class Model:
         elt = logits.element_size()
         with Op(c, "loss", [logits], wall="memory", nbytes=t * v * (elt + 4.0)) as op:
             (li,) = op.inputs
-            loss = op.out(F.cross_entropy(li.float(), labels.reshape(-1)))
+            loss = op.out(kernels.cross_entropy(li, labels))
         return loss
 
     def sample(self, c: Ctx, logits):

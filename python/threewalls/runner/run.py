@@ -24,6 +24,7 @@ import torch
 from threewalls.errors import InputError
 from threewalls.profiler import Profiler, SamplingConfig
 from threewalls.profiler.sampling import resolve_ranks
+from threewalls.runner import kernels
 from threewalls.runner import scenario as scen
 from threewalls.runner.model import Model
 from threewalls.runner.ops import Ctx, embedding
@@ -363,8 +364,8 @@ def _train(s, model: Model, prof, c: Ctx, device, copy_stream, gen, steps, warmu
     world = s.world_size
     distributed = bool(t["use_distributed_optimizer"])
     bk = Buckets(model, t["grad_bucket_size"], device, distributed, dp, edp)
-    fused = device.type == "cuda" and _adam_has("fused")
-    opt = torch.optim.Adam(bk.masters, lr=1e-4, **({"fused": True} if fused else {}))
+    opt = kernels.adam(bk.masters, device)
+    fused = bool(opt.defaults.get("fused"))
     runner_settings = prof.header.get("settings", {}).get("runner") if prof.header else None
     if runner_settings is not None:
         runner_settings["optimizer"] = ("distributed " if distributed and world > 1 else "") + (
@@ -372,7 +373,6 @@ def _train(s, model: Model, prof, c: Ctx, device, copy_stream, gen, steps, warmu
         runner_settings["gradients"] = "bf16 autograd gradients copied into fp32 bucket buffers after backward"
     pin = device.type == "cuda"
     shard = bk.shard_params()
-    copy_all = getattr(torch, "_foreach_copy_", None)  # one call per bucket (an eager loop has ~10^3 weights)
     gloo = dist is not None and device.type == "cpu"
 
     def reduce_grads(i, expert, layer, group, gsize):
@@ -434,8 +434,8 @@ def _train(s, model: Model, prof, c: Ctx, device, copy_stream, gen, steps, warmu
             for bi, names in enumerate(bk.names):
                 ps = [model.params[n] for n in names]
                 dst = bk.grad_views[bi]
-                if copy_all is not None and all(p.grad is not None for p in ps):
-                    copy_all(dst, [p.grad for p in ps])
+                if all(p.grad is not None for p in ps):
+                    kernels.gradients_to_main(dst, [p.grad for p in ps])
                 else:
                     for d, p in zip(dst, ps):
                         d.copy_(p.grad) if p.grad is not None else d.zero_()
@@ -448,19 +448,13 @@ def _train(s, model: Model, prof, c: Ctx, device, copy_stream, gen, steps, warmu
                 if gsize > 1:
                     reduce_grads(bi, expert, layer, edp_group if expert else dp_group, gsize)
             with prof.phase(c.info("optimizer_grad_norm", wall="memory", nbytes=shard * 4.0, layer=None)):
-                sq_norm = torch.stack([torch.sum(m.grad * m.grad) for m in bk.masters]).sum()
+                sq_norm = kernels.squared_norm(bk.masters)
             if world > 1:
                 with prof.phase(c.info("optimizer_grad_norm_allreduce", wall="communication", nbytes=4.0,
                                        group="world", group_id=0, layer=None)):
                     dist.all_reduce(sq_norm)
             with prof.phase(c.info("optimizer_step", wall="memory", nbytes=shard * 30.0, layer=None)):
-                coef = torch.clamp(1.0 / (torch.sqrt(sq_norm) + 1e-6), max=1.0)
-                for m in bk.masters:
-                    m.grad.mul_(coef)
-                opt.step()
-                for bi, m in enumerate(bk.masters):
-                    lo, hi = bk.shards[bi]
-                    bk.params[bi][lo:hi].copy_(m)
+                kernels.clipped_step(opt, bk.masters, sq_norm, bk.params, bk.shards)
             if distributed:
                 for bi in range(len(bk.buckets) - 1, -1, -1):
                     expert, layer, _names = bk.buckets[bi]
@@ -478,14 +472,6 @@ def _train(s, model: Model, prof, c: Ctx, device, copy_stream, gen, steps, warmu
         if measured:
             prof.end_step()
         walls.end(step if measured else None, recorded)
-
-
-def _adam_has(kw: str) -> bool:
-    import inspect
-    try:
-        return kw in inspect.signature(torch.optim.Adam.__init__).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def _infer(s, model: Model, prof, c: Ctx, device, copy_stream, gen, steps, warmup,

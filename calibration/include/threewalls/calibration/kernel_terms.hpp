@@ -38,7 +38,9 @@ struct KernelTermsFamily {
   std::vector<KernelTermsInput> inputs;
   std::vector<KernelTerm> terms;
   // Empty: measured by its own points in the calibrate group "kernels". "norm": fits the points of the
-  // `norm` family's op `op` (plan_norm), with inputs from their parameters.
+  // `norm` family's op `op` (plan_norm), with inputs from their parameters. "python": measured by the
+  // Python package's benchmark of PyTorch's kernels (python3 -m threewalls.bench.pytorch_kernels, op
+  // `op`), not by threewalls calibrate.
   std::string points_of = {};
 };
 
@@ -63,6 +65,21 @@ inline constexpr std::string_view kRmsnormFwdFamily = "kernel.rmsnorm_fwd";
 inline constexpr std::string_view kRmsnormBwdFamily = "kernel.rmsnorm_bwd";
 inline constexpr std::string_view kLayernormFwdFamily = "kernel.layernorm_fwd";
 inline constexpr std::string_view kLayernormBwdFamily = "kernel.layernorm_bwd";
+// PyTorch eager's implementation of the same ops (points_of "python"), as a PyTorch program runs them
+// (python/threewalls/runner, the op bodies in threewalls.runner.kernels): what the simulator prices
+// for run.framework = "pytorch_eager" where the profile has them (docs/simulator.md, "Framework
+// kernels"). The element-wise activations and the gradient norm have no kernel_terms family of the
+// backend's (it prices them by bytes); PyTorch's run as several kernels each.
+inline constexpr std::string_view kPytorchFamilyPrefix = "pytorch.";
+inline constexpr std::string_view kPytorchSwigluFwdFamily = "pytorch.swiglu_fwd";
+inline constexpr std::string_view kPytorchSwigluBwdFamily = "pytorch.swiglu_bwd";
+inline constexpr std::string_view kPytorchGeluFwdFamily = "pytorch.gelu_fwd";
+inline constexpr std::string_view kPytorchGeluBwdFamily = "pytorch.gelu_bwd";
+inline constexpr std::string_view kPytorchAddBwdFamily = "pytorch.add_bwd";
+inline constexpr std::string_view kPytorchGradNormFamily = "pytorch.grad_norm";
+// The PyTorch twin of a backend kernel_terms family ("kernel.permute_fwd" -> "pytorch.permute_fwd").
+std::string pytorch_twin(std::string_view backend_family);
+
 // The kernel_terms family whose points are those of the `norm` family's calibrate op `op`
 // ("norm_rmsnorm_fwd" -> kRmsnormFwdFamily); nullptr for any other op.
 const KernelTermsFamily* norm_kernel_terms_family(std::string_view op);

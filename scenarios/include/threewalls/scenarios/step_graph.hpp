@@ -40,9 +40,11 @@ enum class OpKind : std::uint8_t {
   elementwise,    // shape: {output elements}; bytes = bytes read + written; `sub` = ElementwiseKind
   norm,           // shape: {rows, hidden}; bytes read + written; `sub` = NormKind
   softmax_topk,   // router scores -> top-k: shape {tokens, experts, topk}
-  permute,        // gather token rows into expert order: shape {rows out, hidden}
-  unpermute,      // scatter-add rows back (weighted by the router probabilities): shape {rows in, hidden}
-  embedding,      // row gather: shape {tokens, hidden}
+  permute,        // gather token rows into expert order: shape {rows out, hidden, tokens the rows come from
+                  // (0: the rows themselves, a pure reordering)}
+  unpermute,      // scatter-add rows back (weighted by the router probabilities): shape {rows in, hidden,
+                  // tokens they are summed into (0: the rows themselves)}
+  embedding,      // row gather: shape {tokens, hidden, rows of this rank's table}
   cross_entropy,  // vocab-parallel loss: shape {tokens, vocab shard}
   optimizer,      // Adam step: shape {parameters}; bytes = parameter, gradient and state traffic
   copy,           // shape {bytes}; `sub` = CopyKind

@@ -81,6 +81,13 @@ struct FittedKernel {
   std::vector<double> inputs;
 };
 [[nodiscard]] FittedKernel fitted_kernel_of(const scenarios::Op& op);
+// The family and inputs of PyTorch eager's implementation of `op` (calibration::pytorch_twin of
+// fitted_kernel_of's family, or one of PyTorch's own element-wise and gradient-norm families):
+// permute / unpermute by tokens = rows / topk (shape[2], 0 = 1), topk and hidden; embedding by
+// tokens, hidden and the table's rows (shape[2]); swiglu, gelu (either direction) and a backward
+// add by output elements; the gradient norm (element-wise reduce) by parameters. Empty for op kinds
+// whose PyTorch kernels are not separately measured (GEMMs, attention, forward adds, copies).
+[[nodiscard]] std::optional<FittedKernel> pytorch_kernel_of(const scenarios::Op& op);
 
 // NCCL device memory of the profile (calibration family nccl.memory, models.hpp NcclMemoryModel).
 struct NcclMemoryParams {
@@ -154,7 +161,10 @@ class OpCoster {
 // micro-batches): one coster is not for concurrent use.
 class CostModelCoster final : public OpCoster {
  public:
-  explicit CostModelCoster(const calibration::CostModel& model, double host_scale = 1.0, double disk_scale = 1.0);
+  // `framework`: what drives the GPU (run.framework); pytorch_eager prices the ops pytorch_kernel_of
+  // names by those families where the profile has them, else by the backend's (substitution() says so).
+  explicit CostModelCoster(const calibration::CostModel& model, double host_scale = 1.0, double disk_scale = 1.0,
+                           scenarios::Framework framework = scenarios::Framework::cpp);
   [[nodiscard]] Seconds kernel_time(const scenarios::Op& op) const override;
   [[nodiscard]] Seconds copy_time(scenarios::CopyKind kind, Bytes bytes) const override;
   [[nodiscard]] CommParams comm_params(Collective kind, Bytes bytes, int group_size, LinkScope scope) const override;
@@ -189,6 +199,7 @@ class CostModelCoster final : public OpCoster {
   const calibration::CostModel& model_;
   double host_scale_ = 1.0;
   double disk_scale_ = 1.0;
+  scenarios::Framework framework_ = scenarios::Framework::cpp;
   HostCosts host_;
   mutable std::unordered_map<KernelKey, Seconds, KernelKeyHash> kernel_times_;
 };

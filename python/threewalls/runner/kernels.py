@@ -1,0 +1,125 @@
+"""The bodies of the runner's memory-bound ops, as a PyTorch program runs them.
+
+One owner for what PyTorch executes for a StepGraph op: the runner's model (threewalls.runner.model,
+run) calls these, and the benchmark of PyTorch's kernels (threewalls.bench.pytorch_kernels) times
+them, forward and backward through autograd, at shapes of its own. The simulator prices an op of a
+`run.framework = "pytorch_eager"` scenario with the family the benchmark measured (the profile's
+`pytorch.*` kernel_terms families, docs/simulator.md "Framework kernels").
+
+Each function is plain PyTorch (no timing, no markers). Inputs that need gradients are the caller's
+business; every function is differentiable where its op has a backward.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+
+def norm(x: torch.Tensor, w: torch.Tensor, kind: str, eps: float = 1e-5) -> torch.Tensor:
+    """RMSNorm (F.rms_norm where PyTorch has it) or LayerNorm over the last dimension (family
+    pytorch.rmsnorm_* / pytorch.layernorm_*)."""
+    if kind == "layernorm":
+        return F.layer_norm(x, (x.shape[-1],), w, None, eps)
+    if hasattr(F, "rms_norm"):
+        return F.rms_norm(x, (x.shape[-1],), w, eps)
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+
+def act(a: torch.Tensor, swiglu: bool) -> torch.Tensor:
+    """SwiGLU of [gate | up] (silu of the first half times the second: pytorch.swiglu_*) or GeLU
+    (pytorch.gelu_*)."""
+    if swiglu:
+        f = a.shape[-1] // 2
+        return F.silu(a[..., :f]) * a[..., f:]
+    return F.gelu(a)
+
+
+def residual_add(residual: torch.Tensor, *ys: torch.Tensor) -> torch.Tensor:
+    """The residual plus the block's output(s) (bias-dropout-add without bias and dropout; its backward
+    passes the gradient to every input: pytorch.add_bwd)."""
+    out = residual
+    for y in ys:
+        out = out + y
+    return out
+
+
+def route(logits: torch.Tensor, k: int, idx: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Router scores -> (weights [t, k] in the logits' dtype, expert index [t, k]): softmax over the
+    experts in fp32, the top-k (unless `idx` gives the choices), the chosen probabilities gathered
+    (pytorch.softmax_topk_*)."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    if idx is None:
+        _, idx = torch.topk(probs, k, dim=-1)
+    return probs.gather(1, idx).to(logits.dtype), idx
+
+
+def sort_rows(idx: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The routed rows in expert order: (order, token_of_row) of the flattened [t, k] choices (a stable
+    sort, so each expert's rows keep token order)."""
+    order = torch.sort(idx.reshape(-1), stable=True)[1]
+    return order, order // k
+
+
+def permute(y: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, k: int):
+    """moe_permute: token rows gathered into expert order -> (rows [t k, h], their router weights,
+    token_of_row). Its backward: index_select's (zeros, index_add_ of the rows) (pytorch.permute_*)."""
+    order, token_of_row = sort_rows(idx, k)
+    return y.index_select(0, token_of_row), weights.reshape(-1).index_select(0, order), token_of_row
+
+
+def unpermute(ys: torch.Tensor, w_sorted: torch.Tensor, token_of_row: torch.Tensor, tokens: int) -> torch.Tensor:
+    """moe_unpermute: expert output rows times their router weights, summed back per token
+    (pytorch.unpermute_*)."""
+    return ys.new_zeros(tokens, ys.shape[1]).index_add_(0, token_of_row, ys * w_sorted.unsqueeze(1))
+
+
+def embedding(ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Rows of the table for the ids (pytorch.embedding_*)."""
+    return F.embedding(ids.reshape(-1), w)
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of the logits cast to fp32 (pytorch.cross_entropy_*)."""
+    return F.cross_entropy(logits.float(), labels.reshape(-1))
+
+
+def gradients_to_main(dst: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> None:
+    """Autograd's (bf16) gradients copied into the fp32 main-gradient views `dst` of one bucket (one
+    torch._foreach_copy_ where PyTorch has it)."""
+    copy_all = getattr(torch, "_foreach_copy_", None)
+    if copy_all is not None:
+        copy_all(list(dst), list(grads))
+    else:
+        for d, g in zip(dst, grads):
+            d.copy_(g)
+
+
+def squared_norm(masters: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The squared gradient norm over the fp32 master weights' gradients (one float on the device)."""
+    return torch.stack([torch.sum(m.grad * m.grad) for m in masters]).sum()
+
+
+def clipped_step(opt: torch.optim.Optimizer, masters: Sequence[torch.Tensor], sq_norm: torch.Tensor,
+                 params: Sequence[torch.Tensor], shards: Sequence[Tuple[int, int]]) -> None:
+    """Gradient clipping's scale (max norm 1), the optimizer's step on the fp32 masters, each master
+    copied into its slice of the bf16 weights (pytorch.adam_step)."""
+    coef = torch.clamp(1.0 / (torch.sqrt(sq_norm) + 1e-6), max=1.0)
+    for m in masters:
+        m.grad.mul_(coef)
+    opt.step()
+    for m, p, (lo, hi) in zip(masters, params, shards):
+        p[lo:hi].copy_(m)
+
+
+def adam(masters: List[torch.Tensor], device: torch.device) -> torch.optim.Optimizer:
+    """torch.optim.Adam over the masters, fused on CUDA where this PyTorch has it."""
+    import inspect
+    try:
+        has_fused = "fused" in inspect.signature(torch.optim.Adam.__init__).parameters
+    except (TypeError, ValueError):
+        has_fused = False
+    fused = device.type == "cuda" and has_fused
+    return torch.optim.Adam(masters, lr=1e-4, **({"fused": True} if fused else {}))
