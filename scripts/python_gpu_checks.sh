@@ -14,7 +14,9 @@
 #      profile of the GPU (PROFILE=<profile.toml> to choose another) -> OUT/framework/framework.json and
 #      framework_families.toml; with threewalls_merge_families beside THREEWALLS (or MERGE=<binary>)
 #      refits host.framework_op, host.framework_backward_op and host.framework_sync into
-#      OUT/framework/profile_pytorch.toml, and the runs of scenarios
+#      OUT/framework/profile_pytorch.toml, with PyTorch's kernels for the memory-bound ops (python3 -m threewalls.bench.pytorch_kernels ->
+#      OUT/framework/pytorch_kernels/, refitted with threewalls_refit_raw beside the merge tool or
+#      REFIT=<binary>) in it too; the runs of scenarios
 #      with run.framework = "pytorch_eager" are simulated again with it: OUT/sim_pytorch/<name>/,
 #      OUT/compare_pytorch/<name>.{txt,json};
 #   6. profiles the first python/scenarios run with torch.profiler (--torch-profile) and imports
@@ -105,6 +107,29 @@ if [ -n "$merge" ]; then
     host.framework_backward_op host.framework_sync \
     > "$out/logs/merge_families.log" 2>&1 && pytorch_profile=$out/framework/profile_pytorch.toml ||
     { echo "threewalls_merge_families failed (logs/merge_families.log)" >&2; cat "$out/logs/merge_families.log" >&2; }
+fi
+# PyTorch's kernels for the memory-bound ops (the pytorch.* families), refitted into the same profile
+# with threewalls_refit_raw beside the merge tool (or REFIT=<binary>).
+if [ "$smoke" = 1 ]; then
+  "$python" -m threewalls.bench.pytorch_kernels --out "$out/framework/pytorch_kernels" --profile "$profile" \
+    --device cpu --iters 1 --repeats 2 --max-points 6 > "$out/logs/pytorch_kernels.log" 2>&1
+else
+  "$python" -m threewalls.bench.pytorch_kernels --out "$out/framework/pytorch_kernels" --profile "$profile" \
+    > "$out/logs/pytorch_kernels.log" 2>&1
+fi || { echo "threewalls.bench.pytorch_kernels failed (logs/pytorch_kernels.log)" >&2; cat "$out/logs/pytorch_kernels.log" >&2; }
+refit=${REFIT:-}
+if [ -z "$refit" ] && [ -n "$merge" ]; then
+  for m in "$(dirname "$merge")/bench/threewalls_refit_raw" "$(dirname "$merge")/threewalls_refit_raw"; do
+    [ -x "$m" ] && { refit=$m; break; }
+  done
+fi
+if [ -n "$pytorch_profile" ] && [ -n "$refit" ] && [ -s "$out/framework/pytorch_kernels/points.jsonl" ]; then
+  kernels_toml=$out/framework/pytorch_kernels/pytorch_kernels.toml
+  families=$(grep -o '"family": "pytorch\.[a-z_]*"' "$out/framework/pytorch_kernels/points.jsonl" | cut -d'"' -f4 | sort -u)
+  # shellcheck disable=SC2086 # one argument per family
+  { "$refit" "$out/framework/pytorch_kernels" "$kernels_toml" &&
+    "$merge" "$pytorch_profile" "$kernels_toml" "$pytorch_profile" $families; } >> "$out/logs/merge_families.log" 2>&1 ||
+    { echo "refitting the pytorch.* families failed (logs/merge_families.log)" >&2; cat "$out/logs/merge_families.log" >&2; }
 fi
 
 # 3. and 4. The reference runner (and the simulator when THREEWALLS is given).

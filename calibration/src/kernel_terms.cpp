@@ -135,20 +135,20 @@ std::vector<KernelTermsFamily> build() {
       {"per_element_s", {0, 1, 2}, "per element of the rows (read, multiplied, written or atomically added)"},
       {"per_token_element_s", {0, 2}, "per element of the tokens' side (zero fill, the summed output)"}};
   twin(kPermuteFwdFamily, "PyTorch: index_select of the token rows into expert order", py_rows_in, py_row_terms);
-  twin(kPermuteBwdFamily, "PyTorch autograd: index_select's backward (zeros, then index_add_ of the rows)",
-       py_rows_in, py_row_terms);
+  twin(kPermuteBwdFamily, "PyTorch autograd: index_select's backward (zeros, then index_add_ of the rows)", py_rows_in,
+       py_row_terms);
   twin(kUnpermuteFwdFamily,
        "PyTorch: rows times their router weights, index_add_ into a zeroed [tokens, hidden] output", py_rows_in,
        py_row_terms);
   twin(kUnpermuteBwdFamily,
-       "PyTorch autograd: index_add_'s and the product's backward (row gather, products, weight gradient)",
-       py_rows_in, py_row_terms);
-  const std::vector<KernelTermsInput> py_emb_in = {{"tokens", "tokens looked up"},
-                                                   {"hidden", "elements per row"},
-                                                   {"vocab", "rows of this rank's table"}};
-  const std::vector<KernelTerm> py_emb_terms = {{"per_token_s", {0}, "per token"},
-                                                {"per_element_s", {0, 1}, "per element of a looked-up row"},
-                                                {"per_table_element_s", {1, 2}, "per element of the table (zeroed gradient)"}};
+       "PyTorch autograd: index_add_'s and the product's backward (row gather, products, weight gradient)", py_rows_in,
+       py_row_terms);
+  const std::vector<KernelTermsInput> py_emb_in = {
+      {"tokens", "tokens looked up"}, {"hidden", "elements per row"}, {"vocab", "rows of this rank's table"}};
+  const std::vector<KernelTerm> py_emb_terms = {
+      {"per_token_s", {0}, "per token"},
+      {"per_element_s", {0, 1}, "per element of a looked-up row"},
+      {"per_table_element_s", {1, 2}, "per element of the table (zeroed gradient)"}};
   twin(kEmbeddingFwdFamily, "PyTorch: F.embedding", py_emb_in, py_emb_terms);
   twin(kEmbeddingBwdFamily, "PyTorch autograd: F.embedding's dense backward (sort-based, zeroed table gradient)",
        py_emb_in, py_emb_terms);
@@ -168,8 +168,8 @@ std::vector<KernelTermsFamily> build() {
   const std::vector<KernelTermsInput> elements_in = {{"elements", "output elements of the op (shape[0])"}};
   const std::vector<KernelTerm> per_element = {{"per_element_s", {0}, "per output element"}};
   auto own = [&](std::string_view name, std::string what, std::vector<KernelTermsInput> in, std::vector<KernelTerm> t) {
-    f.push_back({std::string(name), "pytorch_" + std::string(name.substr(kPytorchFamilyPrefix.size())),
-                 std::move(what), std::move(in), std::move(t), py});
+    f.push_back({std::string(name), "pytorch_" + std::string(name.substr(kPytorchFamilyPrefix.size())), std::move(what),
+                 std::move(in), std::move(t), py});
   };
   own(kPytorchSwigluFwdFamily, "PyTorch: silu of the gate half times the up half (two kernels)", elements_in,
       per_element);
@@ -180,9 +180,8 @@ std::vector<KernelTermsFamily> build() {
   own(kPytorchAddBwdFamily, "PyTorch autograd: a residual add's backward (the gradient passed to both inputs)",
       elements_in, per_element);
   own(kPytorchGradNormFamily,
-      "PyTorch: bf16 autograd gradients copied into fp32 main-gradient buffers, then the squared norm "
-      "(sum of g * g per buffer, stacked and summed)",
-      params_in, {{"per_parameter_s", {0}, "per parameter"}});
+      "PyTorch: the squared norm of the fp32 main gradients (sum of g * g per buffer, stacked and summed)", params_in,
+      {{"per_parameter_s", {0}, "per parameter"}});
   return f;
 }
 

@@ -40,7 +40,11 @@ class GpuChecksScriptTest(unittest.TestCase):
         merged = os.path.join(out, "framework", "profile_pytorch.toml")
         if os.path.exists(os.path.join(os.path.dirname(b), "..", "calibration", "threewalls_merge_families")):
             with open(merged) as f:
-                self.assertIn("measured: python3 -m threewalls.bench.framework", f.read())
+                text = f.read()
+            self.assertIn("measured: python3 -m threewalls.bench.framework", text)
+            # PyTorch's kernels: the benchmark's raw output refitted by the C++ tools into the same profile.
+            self.assertIn("[pytorch.unpermute_fwd]", text)
+            self.assertIn("measured by python3 -m threewalls.bench.pytorch_kernels", text)
         # The runner's torch.profiler trace, imported, lines up with the runner's own records.
         with open(os.path.join(out, "kineto", "runner_vs_import.json")) as f:
             c = json.load(f)

@@ -163,8 +163,8 @@ void build_inference_class(const Ctx& c, int ep_rank, const RoutingSampler::Step
     Program moe;
     const bool grouped = c.exec.expert_execution.kind == ExpertExecutionKind::grouped;
     if (grouped || c.ep > 1) {
-      moe.add(memory_op(OpKind::permute, "moe_permute", {c.T * c.topk, c.h, c.T, 0, 0, 0}, 2.0 * c.T * c.topk * row_bytes,
-                        0, Module::moe_pre, {-1}));
+      moe.add(memory_op(OpKind::permute, "moe_permute", {c.T * c.topk, c.h, c.T, 0, 0, 0},
+                        2.0 * c.T * c.topk * row_bytes, 0, Module::moe_pre, {-1}));
     }
     if (c.ep > 1) {
       Spec a2a = collective("moe_dispatch", Collective::all_to_all, Group::ep,

@@ -170,6 +170,7 @@ bool reads_kv_cache(const Op& op, double kv_cache_bytes_per_layer) {
 }
 
 bool works_on_parameter_state(const Op& op) {
+  if ((op.flags & kParameterState) != 0) return true;
   switch (op.kind) {
     case OpKind::optimizer: return true;
     case OpKind::elementwise: return op.elementwise_kind() == ElementwiseKind::reduce;
@@ -219,6 +220,10 @@ ParameterStateBytes training_parameter_state(const Scenario& s, const Layout& la
   ParameterStateBytes b;
   b.weights = per.weight * (tr.shards_parameters() ? shard + gathered : held.total());
   b.gradients = per.gradient * (tr.shards_gradients() ? shard + gathered : held.total());
+  // A PyTorch program with master weights holds autograd's bf16 gradients of every parameter beside
+  // the main-gradient buffers until its main_grad_copy (training.cpp) after the backward.
+  constexpr double kAutogradGradientBytes = 2.0;  // bf16, as the model weights
+  if (s.run.framework == Framework::pytorch_eager) b.gradients += kAutogradGradientBytes * held.total();
   b.shard = tr.shards_optimizer_state() ? shard : held.total();
   b.optimizer = per.optimizer() * b.shard;
   return b;

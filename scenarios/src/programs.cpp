@@ -296,8 +296,8 @@ void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input) {
                        Role::compute, Module::moe_comm, {topk_id}));
       p.specs.back().tokens = static_cast<std::int32_t>(Tloc * c.ep);
     }
-    Spec perm = memory_op(OpKind::permute, "moe_permute", {recv_rows, c.h, Tloc * c.ep, 0, 0, 0}, 2.0 * recv_rows * row_bytes,
-                          2.0 * recv_rows * row_bytes, Module::moe_pre);
+    Spec perm = memory_op(OpKind::permute, "moe_permute", {recv_rows, c.h, Tloc * c.ep, 0, 0, 0},
+                          2.0 * recv_rows * row_bytes, 2.0 * recv_rows * row_bytes, Module::moe_pre);
     perm.tokens = static_cast<std::int32_t>(recv_rows);
     dispatched = p.add(perm);
   } else {
@@ -425,8 +425,8 @@ void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input) {
       act.sub = activation_kind(c);
       p.add(tag(act));
       p.add(tag(gemm(c, c.swiglu ? "expert_down" : "expert_fc2", rows, c.h, c.ffn_e, Module::moe_expert)));
-      int sc = p.add(tag(memory_op(OpKind::unpermute, "expert_scatter", {rows, c.h, Tloc, 0, 0, 0}, 3.0 * rows * row_bytes,
-                                   2.0 * rows * row_bytes, Module::moe_expert)));
+      int sc = p.add(tag(memory_op(OpKind::unpermute, "expert_scatter", {rows, c.h, Tloc, 0, 0, 0},
+                                   3.0 * rows * row_bytes, 2.0 * rows * row_bytes, Module::moe_expert)));
       expert_outputs.push_back(sc);
       slot_last[static_cast<std::size_t>(slot)] = sc;
     }
@@ -527,8 +527,8 @@ std::array<std::vector<bool>, 4> fine_grained_nodes(const Program& p) {
 
 Program embedding_program(const Ctx& c) {
   Program p;
-  Spec emb = memory_op(OpKind::embedding, "embedding", {c.T, c.h, c.vocab / c.tp, 0, 0, 0}, 2.0 * c.T * c.h * kBf16Bytes + c.T * 8.0,
-                       2.0 * c.T * c.h * kFp32Bytes, Module::embedding, {-1});
+  Spec emb = memory_op(OpKind::embedding, "embedding", {c.T, c.h, c.vocab / c.tp, 0, 0, 0},
+                       2.0 * c.T * c.h * kBf16Bytes + c.T * 8.0, 2.0 * c.T * c.h * kFp32Bytes, Module::embedding, {-1});
   p.add(emb);
   if (c.tp > 1) {
     if (c.sp) {

@@ -643,8 +643,25 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
   }
 
   // ---- epilogue: gradient reduction, optimizer, parameter all-gather, metrics ----
-  const std::uint32_t last_compute = static_cast<std::uint32_t>(rc.ops.size() - 1);
+  std::uint32_t last_compute = static_cast<std::uint32_t>(rc.ops.size() - 1);
   std::vector<std::uint32_t> reductions;
+  if (c.s.run.framework == Framework::pytorch_eager) {
+    // A PyTorch program that keeps master weights apart from the model's bf16 weights copies
+    // autograd's bf16 gradients into the main-gradient buffers once the backward is done
+    // (Megatron-Core's wgrad GEMMs accumulate into them directly: no such copy).
+    const double local = rc.dense_params + rc.expert_params;
+    Op copy;
+    copy.kind = OpKind::elementwise;
+    copy.sub = static_cast<std::uint8_t>(ElementwiseKind::copy);
+    copy.wall = Wall::memory;
+    copy.bytes = local * (kBf16Bytes + per_param.gradient);
+    copy.shape = {static_cast<std::int64_t>(local), 0, 0, 0, 0, 0};
+    copy.stream = em.compute_stream();
+    copy.phase = tables.phase("main_grad_copy");
+    copy.flags = kParameterState;
+    last_compute = b.emit(copy, {last_compute});
+    reductions.push_back(last_compute);
+  }
   if (fsdp_grads) {
     // dp_comm runs them in order: the last one ends after every other.
     if (!fsdp_reductions.empty()) reductions.push_back(fsdp_reductions.back());

@@ -99,8 +99,9 @@ std::optional<FittedKernel> pytorch_kernel_of(const Op& op) {
     }
     case OpKind::permute:
     case OpKind::unpermute: {
-      const double k = d(std::max<std::int64_t>(s[2], 1));
-      return FittedKernel{twin(fitted_kernel_of(op).family), {d(s[0]) / k, k, d(s[1])}};
+      const double rows = d(s[0]);
+      const double tokens = s[2] > 0 ? d(s[2]) : rows;  // 0: a pure reordering, one row per token
+      return FittedKernel{twin(fitted_kernel_of(op).family), {tokens, tokens > 0 ? rows / tokens : 1.0, d(s[1])}};
     }
     case OpKind::embedding: return FittedKernel{twin(fitted_kernel_of(op).family), {d(s[0]), d(s[1]), d(s[2])}};
     case OpKind::elementwise:
@@ -266,6 +267,20 @@ std::optional<std::string> CostModelCoster::substitution(const Op& op) const {
     if (const auto fk = pytorch_kernel_of(op)) {
       // Whether the profile has the family does not depend on the shape: ask with ones.
       if (!model_.fitted_kernel(fk->family, std::vector<double>(fk->inputs.size(), 1.0))) {
+        // One sentence for a profile without any of them, else one per missing family.
+        bool any = false;
+        for (const auto& k : calibration::kernel_terms_families()) {
+          if (k.points_of == "python" && model_.fitted_kernel(k.name, std::vector<double>(k.inputs.size(), 1.0))) {
+            any = true;
+            break;
+          }
+        }
+        if (!any) {
+          return std::string(
+              "run.framework = \"pytorch_eager\": the profile has no pytorch.* kernel families: the memory-bound "
+              "ops are priced with threewalls run's kernels, not PyTorch's (python3 -m "
+              "threewalls.bench.pytorch_kernels measures them; docs/simulator.md, \"Framework kernels\")");
+        }
         return "run.framework = \"pytorch_eager\": " + std::string(scenarios::to_string(op.kind)) +
                " ops are priced with threewalls run's kernels: the profile has no " + std::string(fk->family) +
                " (PyTorch's kernels; python3 -m threewalls.bench.pytorch_kernels measures them)";

@@ -382,3 +382,89 @@ TEST(OpCosterFp8, CastAndAmaxPassAreCostedOnTheCopyKernelByTheirBytes) {
     EXPECT_LT(t, 100e-6);
   }
 }
+
+// run.framework = "pytorch_eager": the memory-bound ops are priced by PyTorch's own kernels (the
+// pytorch.* twins and families) where the profile has them, by the backend's otherwise, and the
+// coster says which.
+namespace {
+// PyTorch's unpermute forward: t = 20 us + 0.5 ns per row + 10 ps per row element + 1 ps per token element.
+double py_unpermute_truth(double t, double k, double h) {
+  return 20e-6 + 5e-10 * t * k + 1e-11 * t * k * h + 1e-12 * t * h;
+}
+
+calibration::Profile default_with_pytorch_unpermute() {
+  const calibration::Profile base = default_with_kernel_families();
+  calibration::ProfileBuilder b(base.info(), base.hardware());
+  for (double t : {300.0, 2000.0, 6000.0, 12000.0}) {
+    for (double k : {2.0, 8.0}) {
+      for (double h : {1000.0, 4104.0}) {
+        b.add_point(calibration::pytorch_twin(calibration::kUnpermuteFwdFamily), {t, k, h},
+                    calibration::Measurement::single(py_unpermute_truth(t, k, h)));
+      }
+    }
+  }
+  std::vector<calibration::Family> families = base.families();
+  const calibration::Profile fitted = b.build();
+  for (const auto& f : fitted.families()) families.push_back(f);
+  return calibration::Profile(base.info(), base.hardware(), std::move(families));
+}
+}  // namespace
+
+TEST(OpCosterPytorch, MapsOpsToPyTorchsFamiliesWithTheTokensTheRowsComeFrom) {
+  using namespace threewalls::calibration;
+  // 4096 tokens routed to 8 experts each: 32768 rows summed back into 4096 tokens (shape[2]).
+  auto fk = pytorch_kernel_of(memory_op(OpKind::unpermute, {32768, 2048, 4096}, 1.0));
+  ASSERT_TRUE(fk.has_value());
+  EXPECT_EQ(fk->family, "pytorch.unpermute_fwd");
+  EXPECT_EQ(fk->inputs, (std::vector<double>{4096, 8, 2048}));
+  // No token side (a pure reordering): the rows themselves, one per token.
+  fk = pytorch_kernel_of(memory_op(OpKind::permute, {6000, 1024, 0}, 1.0, true));
+  EXPECT_EQ(fk->family, "pytorch.permute_bwd");
+  EXPECT_EQ(fk->inputs, (std::vector<double>{6000, 1, 1024}));
+  fk = pytorch_kernel_of(memory_op(OpKind::embedding, {4096, 2048, 50304}, 1.0, true));
+  EXPECT_EQ(fk->family, "pytorch.embedding_bwd");
+  EXPECT_EQ(fk->inputs, (std::vector<double>{4096, 2048, 50304}));
+  EXPECT_EQ(pytorch_kernel_of(memory_op(OpKind::optimizer, {1000}, 1.0))->family, "pytorch.adam_step");
+  Op act = memory_op(OpKind::elementwise, {4096 * 1024}, 1.0, true);
+  act.sub = static_cast<std::uint8_t>(scenarios::ElementwiseKind::swiglu_bwd);
+  EXPECT_EQ(pytorch_kernel_of(act)->family, kPytorchSwigluBwdFamily);
+  Op add = memory_op(OpKind::elementwise, {4096 * 2048}, 1.0);
+  add.sub = static_cast<std::uint8_t>(scenarios::ElementwiseKind::add);
+  EXPECT_FALSE(pytorch_kernel_of(add).has_value());  // a forward add: the same kernel either way
+  add.flags |= scenarios::kBackward;
+  EXPECT_EQ(pytorch_kernel_of(add)->family, kPytorchAddBwdFamily);
+  Op norm = memory_op(OpKind::elementwise, {1000000}, 4e6);
+  norm.sub = static_cast<std::uint8_t>(scenarios::ElementwiseKind::reduce);
+  EXPECT_EQ(pytorch_kernel_of(norm)->family, kPytorchGradNormFamily);
+  EXPECT_FALSE(pytorch_kernel_of(memory_op(OpKind::gemm, {1, 1, 1}, 1.0)).has_value());
+  // Every family the mapping names is in the kernel_terms table with as many inputs.
+  for (const auto& f : kernel_terms_families()) {
+    if (f.points_of != "python") continue;
+    EXPECT_EQ(f.name.rfind(std::string(kPytorchFamilyPrefix), 0), 0U) << f.name;
+  }
+}
+
+TEST(OpCosterPytorch, PricesWithPyTorchsFamilyOnlyForAPytorchEagerScenario) {
+  const calibration::CostModel model(default_with_pytorch_unpermute());
+  const CostModelCoster cpp(model);
+  const CostModelCoster eager(model, 1.0, 1.0, scenarios::Framework::pytorch_eager);
+  const Op op = memory_op(OpKind::unpermute, {32768, 2048, 4096}, 3.0 * 32768 * 2048 * 2);
+  EXPECT_NEAR(eager.kernel_time(op).value, py_unpermute_truth(4096, 8, 2048), 1e-3 * py_unpermute_truth(4096, 8, 2048));
+  EXPECT_EQ(eager.substitution(op), std::nullopt);
+  // The C++ executor's scenario: the backend's family (absent here: the pooled element-wise fit).
+  EXPECT_DOUBLE_EQ(cpp.kernel_time(op).value, model.elementwise(Bytes(op.bytes)).value);
+  EXPECT_EQ(cpp.substitution(op), std::nullopt);
+  // A family the profile lacks: the backend's kernel, and the coster names the missing family.
+  const Op topk = memory_op(OpKind::softmax_topk, {4096, 64, 6}, 4096.0 * 64 * 6);
+  EXPECT_DOUBLE_EQ(eager.kernel_time(topk).value, cpp.kernel_time(topk).value);
+  const auto why = eager.substitution(topk);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("pytorch.softmax_topk_fwd"), std::string::npos) << *why;
+  // A profile without any pytorch.* family: one sentence for all of them.
+  const calibration::CostModel plain(shipped_default());
+  const CostModelCoster old(plain, 1.0, 1.0, scenarios::Framework::pytorch_eager);
+  const auto all = old.substitution(topk);
+  ASSERT_TRUE(all.has_value());
+  EXPECT_NE(all->find("no pytorch.* kernel families"), std::string::npos) << *all;
+  EXPECT_EQ(old.substitution(topk), old.substitution(op));
+}

@@ -337,11 +337,16 @@ CalibrationReport build_report(const std::vector<Record>& records, const BuildOp
                          std::all_of(recs.begin(), recs.end(), [](const Record* x) {
                            return x->check.find("timed_op_gap") != std::string::npos;
                          });
-    std::string note = (by_tool ? std::string("measured by calibration/tools/timed_op_gap.cu, appended to the raw output of threewalls calibrate (")
-                                : std::string("measured by threewalls calibrate (")) +
-                       options.mode + ") on " + options.hardware.gpu_name +
-                       ", " + options.hardware.date + ": " + std::to_string(recs.size()) + " points (" + ops_of(recs) +
-                       ")";
+    // PyTorch's kernels come from the Python package's benchmark, whose raw output is refitted here.
+    const KernelTermsFamily* kt = find_kernel_terms_family(f.name);
+    const bool by_python = kt != nullptr && kt->points_of == "python";
+    std::string note =
+        (by_tool     ? std::string("measured by calibration/tools/timed_op_gap.cu, appended to the raw output of "
+                                       "threewalls calibrate (")
+         : by_python ? std::string("measured by python3 -m threewalls.bench.pytorch_kernels (PyTorch's kernels; ")
+                     : std::string("measured by threewalls calibrate (")) +
+        options.mode + ") on " + options.hardware.gpu_name + ", " + options.hardware.date + ": " +
+        std::to_string(recs.size()) + " points (" + ops_of(recs) + ")";
     if (fr.held_out_points > 0) {
       note += "; " + std::to_string(fr.held_out_points) + " held-out points, not fitted, predicted with median error " +
               pct(fr.held_out_median) + ", max " + pct(fr.held_out_max);

@@ -13,6 +13,7 @@ recorded or numbered; step 0 is the first measured step, as in `threewalls sim`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
@@ -429,20 +430,25 @@ def _train(s, model: Model, prof, c: Ctx, device, copy_stream, gen, steps, warmu
             loss_sum += loss.detach()
         c.mb = None
         with torch.no_grad():
-            # Gradients into the fp32 buckets (Megatron accumulates into fp32 main grads; here the copy
-            # is a gap between records).
-            for bi, names in enumerate(bk.names):
-                ps = [model.params[n] for n in names]
-                dst = bk.grad_views[bi]
-                if all(p.grad is not None for p in ps):
-                    kernels.gradients_to_main(dst, [p.grad for p in ps])
-                else:
-                    for d, p in zip(dst, ps):
-                        d.copy_(p.grad) if p.grad is not None else d.zero_()
-                for p in ps:
-                    p.grad = None
-                if not (distributed and (edp if bk.buckets[bi][0] else dp) > 1):
-                    bk.masters[bi].grad = bk.grads[bi]
+            # Gradients into the fp32 buckets (Megatron accumulates into fp32 main grads; a PyTorch
+            # program with fp32 masters copies them). Recorded as main_grad_copy where the scenario's
+            # StepGraph has it (run.framework = "pytorch_eager"); else a gap between records.
+            local = float(sum(g.numel() for g in bk.grads))
+            grad_copy = (prof.phase(c.info("main_grad_copy", wall="memory", nbytes=local * 6.0, layer=None))
+                         if s.run["framework"] == "pytorch_eager" else contextlib.nullcontext())
+            with grad_copy:
+                for bi, names in enumerate(bk.names):
+                    ps = [model.params[n] for n in names]
+                    dst = bk.grad_views[bi]
+                    if all(p.grad is not None for p in ps):
+                        kernels.gradients_to_main(dst, [p.grad for p in ps])
+                    else:
+                        for d, p in zip(dst, ps):
+                            d.copy_(p.grad) if p.grad is not None else d.zero_()
+                    for p in ps:
+                        p.grad = None
+                    if not (distributed and (edp if bk.buckets[bi][0] else dp) > 1):
+                        bk.masters[bi].grad = bk.grads[bi]
             for bi, (expert, layer, _names) in enumerate(bk.buckets):
                 gsize = edp if expert else dp
                 if gsize > 1:

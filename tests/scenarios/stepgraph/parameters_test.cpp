@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "test_util.hpp"
+#include "threewalls/scenarios/layout.hpp"
 #include "threewalls/scenarios/parameters.hpp"
 #include "threewalls/scenarios/stages.hpp"
 #include "threewalls/scenarios/step_graph.hpp"
@@ -52,6 +53,40 @@ TEST(Parameters, ShardsOfAnMoeLayer) {
   EXPECT_EQ(layer_parameters(ep4, 0).expert * 4, layer_parameters(one, 0).expert);
   EXPECT_EQ(layer_parameters(ep4, 0).dense, layer_parameters(one, 0).dense);
   EXPECT_GT(layer_parameters(one, 0).expert, 0.0);
+}
+
+// A PyTorch program with master weights (run.framework = "pytorch_eager") copies autograd's bf16
+// gradients into its fp32 main-gradient buffers after the backward (main_grad_copy, an op on the
+// parameter state), and holds both until then; Megatron-Core's executor (cpp) does neither.
+TEST(Parameters, APyTorchProgramCopiesAndHoldsAutogradsGradients) {
+  const std::string text = test::small_moe("", "", 1);
+  const Scenario cpp = test::scenario_from(text);
+  const Scenario eager = test::scenario_from(text + "[run]\nframework = \"pytorch_eager\"\n");
+  const StageSplit split(cpp);
+  const double params = rank_parameters(cpp, split.stage_layers(0), true, true).total();
+  auto copies = [](const Scenario& s) {
+    std::vector<Op> out;
+    const StepGraph g = expand(s);
+    for (const auto& rc : g.classes) {
+      for (const Op& op : rc.ops) {
+        if (g.phases[op.phase] == "main_grad_copy") out.push_back(op);
+      }
+    }
+    return out;
+  };
+  EXPECT_TRUE(copies(cpp).empty());
+  const auto c = copies(eager);
+  ASSERT_EQ(c.size(), 1U);
+  EXPECT_EQ(c[0].kind, OpKind::elementwise);
+  EXPECT_EQ(c[0].elementwise_kind(), ElementwiseKind::copy);
+  EXPECT_DOUBLE_EQ(c[0].bytes, params * (2.0 + 4.0));  // bf16 read, fp32 written
+  EXPECT_TRUE(works_on_parameter_state(c[0]));
+  const Layout layout(cpp);
+  const auto a = training_parameter_state(cpp, layout, split.stage_layers(0), true, true);
+  const auto b = training_parameter_state(eager, layout, split.stage_layers(0), true, true);
+  EXPECT_DOUBLE_EQ(b.gradients - a.gradients, 2.0 * params);
+  EXPECT_DOUBLE_EQ(b.weights, a.weights);
+  EXPECT_DOUBLE_EQ(b.optimizer, a.optimizer);
 }
 
 }  // namespace

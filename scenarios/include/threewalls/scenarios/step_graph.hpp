@@ -85,6 +85,8 @@ inline constexpr std::uint8_t kCausal = 1U << 2;      // attention: causal mask
 inline constexpr std::uint8_t kWgrad = 1U << 3;       // weight-gradient GEMM
 inline constexpr std::uint8_t kDataLoad = 1U << 4;    // part of the coarse "host_to_device" view
 inline constexpr std::uint8_t kMetrics = 1U << 5;     // part of the coarse "training_metrics" view
+inline constexpr std::uint8_t kParameterState = 1U << 6;  // reads or writes the parameter state only
+                                                          // (scenarios::works_on_parameter_state)
 
 // An op's sizes, their meaning by kind (OpKind, above); trailing sizes a kind does not use are 0.
 using OpShape = std::array<std::int64_t, 7>;

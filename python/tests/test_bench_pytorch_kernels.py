@@ -1,0 +1,77 @@
+"""python3 -m threewalls.bench.pytorch_kernels on the CPU: the raw output it writes (the calibration
+raw format), refitted into the pytorch.* families by the C++ tool. The GPU figures come from a GPU
+machine (docs/validation/pytorch_kernels_h200_2026-11-28.md)."""
+import json
+import os
+import subprocess
+import unittest
+
+import torch
+
+from support import REPO, need_bin, tempdir
+
+from threewalls.bench import pytorch_kernels
+from threewalls.runner import kernels
+
+PROFILE = os.path.join(REPO, "calibration", "profiles", "h200.toml")
+
+
+class PytorchKernelsBench(unittest.TestCase):
+    def run_bench(self, *extra):
+        out = os.path.join(tempdir(self), "pk")
+        self.assertEqual(pytorch_kernels.main(["--out", out, "--profile", PROFILE, "--device", "cpu", "--iters", "1",
+                                               "--repeats", "2", *extra]), 0)
+        return out
+
+    def test_raw_output_refits_into_the_families(self):
+        out = self.run_bench("--only", "pytorch.unpermute_fwd,pytorch.unpermute_bwd,pytorch.adam_step")
+        with open(os.path.join(out, "points.jsonl")) as f:
+            lines = [json.loads(line) for line in f]
+        self.assertEqual(lines[0]["format"], "threewalls.calibration_raw")
+        self.assertIn("smoke test", lines[0]["hardware"]["machine"])
+        fams = {r["family"] for r in lines[1:]}
+        self.assertEqual(fams, {"pytorch.unpermute_fwd", "pytorch.unpermute_bwd", "pytorch.adam_step"})
+        for r in lines[1:]:
+            self.assertEqual(r["op"], "pytorch_" + r["family"].split(".", 1)[1])
+            self.assertEqual(list(r["params"].values()), r["inputs"])
+            self.assertGreater(r["median_s"], 0)
+        unperm = [r for r in lines[1:] if r["family"] == "pytorch.unpermute_fwd"]
+        self.assertEqual(list(unperm[0]["params"]), ["tokens", "topk", "hidden"])
+        # The C++ fit reads it: the families' inputs and ops are the kernel_terms table's.
+        refit = os.path.join(os.path.dirname(need_bin(self)), "..", "calibration", "bench", "threewalls_refit_raw")
+        toml = os.path.join(out, "fitted.toml")
+        r = subprocess.run([refit, out, toml], capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        with open(toml) as f:
+            text = f.read()
+        for fam in fams:
+            self.assertIn(f"[{fam}]", text)
+            self.assertIn(f"[{fam}.fit]", text)
+        self.assertIn("measured by python3 -m threewalls.bench.pytorch_kernels", text)
+
+    def test_a_raw_folder_is_never_overwritten_and_unknown_families_are_refused(self):
+        out = self.run_bench("--only", "pytorch.add_bwd")
+        with self.assertRaisesRegex(SystemExit, "never overwritten"):
+            pytorch_kernels.main(["--out", out, "--profile", PROFILE, "--device", "cpu", "--only", "pytorch.add_bwd"])
+        with self.assertRaisesRegex(SystemExit, "unknown families"):
+            pytorch_kernels.main(["--out", os.path.join(tempdir(self), "x"), "--profile", PROFILE, "--device", "cpu",
+                                  "--only", "pytorch.nope"])
+
+    def test_the_op_bodies_compute_what_their_ops_mean(self):
+        # unpermute: each token's rows, weighted, summed back; permute: rows in expert order.
+        y = torch.arange(12.0).reshape(4, 3)
+        idx = torch.tensor([[1, 0], [0, 1], [1, 0], [0, 1]])
+        w = torch.full((4, 2), 0.5)
+        xs, ws, token_of_row = kernels.permute(y, idx, w, 2)
+        self.assertEqual(xs.shape, (8, 3))
+        self.assertEqual(token_of_row.tolist(), [0, 1, 2, 3, 0, 1, 2, 3])
+        back = kernels.unpermute(xs, ws, token_of_row, 4)
+        self.assertTrue(torch.allclose(back, y))  # two halves of each token's row
+        weights, chosen = kernels.route(torch.tensor([[0.0, 5.0, 1.0]]), 2)
+        self.assertEqual(chosen.tolist(), [[1, 2]])
+        self.assertAlmostEqual(float(weights.sum()), float(torch.softmax(torch.tensor([0.0, 5.0, 1.0]), 0)[1:].sum()),
+                               places=5)
+
+
+if __name__ == "__main__":
+    unittest.main()
