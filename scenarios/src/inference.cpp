@@ -3,6 +3,7 @@
 // host-to-device, prefetching, barrier or per-expert waits), the output head and the sampled-token read.
 #include "inference.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "emit.hpp"
@@ -350,6 +351,18 @@ StepGraph expand_inference(const Scenario& s, int step, const InferenceState& st
     rc.id = i;
     rc.label = nclasses > 1 ? "EP rank " + std::to_string(i) : "all ranks";
     build_inference_class(c, i, choices, cache, prefill, tables, rc);
+    // An eager framework's fused attention (PyTorch's cuDNN SDPA) builds a plan at each shape the
+    // process has not run: in the first sequence every step's key length is new (the prompt, then one
+    // more key per decode step), and the step's first attention of a shape builds it for the others.
+    if (s.run.framework == Framework::pytorch_eager && step < cycle) {
+      std::vector<OpShape> seen;
+      for (Op& op : rc.ops) {
+        if (op.kind != OpKind::attention || (op.flags & kBackward) != 0) continue;
+        if (std::find(seen.begin(), seen.end(), op.shape) != seen.end()) continue;
+        seen.push_back(op.shape);
+        op.flags |= kNewShape;
+      }
+    }
   }
   double flops = 0;
   for (const auto& rc : g.classes) {

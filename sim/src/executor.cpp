@@ -589,7 +589,10 @@ class StepRun {
         s.host_cost[i] = checked_cost(coster_.copy_time(op.copy_kind(), Bytes(op.bytes)).value, g_, rc, i, "copy time");
       } else if (in_run[i] < 0) {
         const double launch = launch_cost(op) + (rotates(op) ? cycle_extra : 0.0) + host_.op_dispatch.value +
-                              ((op.flags & scenarios::kBackward) != 0 ? framework_bwd : framework_op);
+                              ((op.flags & scenarios::kBackward) != 0 ? framework_bwd : framework_op) +
+                              (eager_fw && (op.flags & scenarios::kNewShape) != 0 && host_.framework_attention_plan
+                                   ? host_.framework_attention_plan->value
+                                   : 0.0);
         // A recorded op: the start marker before the launch (e), the rest of the recording path after
         // it (host.record_op less that marker; e for the end marker without the family).
         const double record_after = host_.record_op ? std::max(0.0, host_.record_op->value - e) : e;

@@ -152,6 +152,7 @@ CostModelCoster::CostModelCoster(const calibration::CostModel& model, double hos
   host_.stream_wait = scaled(model.stream_wait());
   host_.framework_backward_op = scaled(model.framework_backward_op());
   host_.framework_sync = scaled(model.framework_sync());
+  host_.framework_attention_plan = scaled(model.framework_attention_plan());
 }
 
 Seconds CostModelCoster::stream_cycle_extra(int streams) const { return model_.stream_cycle_extra(streams) * host_scale_; }

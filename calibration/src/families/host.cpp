@@ -46,6 +46,9 @@ constexpr std::array<std::pair<std::string_view, std::string_view>, kHostCosts> 
     {"framework_sync",
      "host time of an eager framework's device-to-host read on an idle device (PyTorch: torch.where / nonzero of "
      "a boolean mask: its dispatch, launch, wait and read), in place of host.gpu_read"},
+    {"framework_attention_plan",
+     "host time an eager framework spends before its fused attention's first call at a shape it has not run "
+     "(PyTorch's cuDNN SDPA builds and caches an execution plan per shape), on top of the call"},
 }};
 
 void add_specs(std::vector<FamilySpec>& out) {

@@ -30,6 +30,12 @@ launches, past which a launch waits for the device (a longer batch would time th
   device-to-host read that blocks the host, PyTorch's side of host.gpu_read.
 * `nonzero_us`: `torch.nonzero` of a 64-element mask on an idle device (it synchronises to size its
   output).
+* `attention_plan_us`: `F.scaled_dot_product_attention` at a decode shape (one query per sequence;
+  batch 16, 16 heads of 128 or 32 heads over 4 KV groups) with a key length the process has not run,
+  on an idle device: the host time of that first call less the median of the next calls at the same
+  length. PyTorch's default backend there (cuDNN) builds and caches an execution plan per shape:
+  host.framework_attention_plan, which the simulator charges for the first attention of each new
+  shape of a pytorch_eager inference step (docs/simulator.md, "Framework host"). CUDA only.
 * `stream_switch_us`: per op, issuing each op under `with torch.cuda.stream(s)` rotating over 4
   streams, less issuing them on one stream (host.stream_cycle's counterpart in PyTorch).
 
@@ -61,7 +67,8 @@ from threewalls.bench.profile_text import replace_family, replace_or_add_family
 FAMILY = "host.framework_op"
 BACKWARD_FAMILY = "host.framework_backward_op"
 SYNC_FAMILY = "host.framework_sync"
-FAMILIES = (FAMILY, BACKWARD_FAMILY, SYNC_FAMILY)
+ATTENTION_PLAN_FAMILY = "host.framework_attention_plan"
+FAMILIES = (FAMILY, BACKWARD_FAMILY, SYNC_FAMILY)  # and ATTENTION_PLAN_FAMILY where measured (a GPU)
 # The families' headings in a profile (calibration/src/families/host.cpp), for a profile without them.
 _HEADINGS = {
     BACKWARD_FAMILY: "host time per backward op of an eager framework on top of the kernel launch (its autograd "
@@ -69,7 +76,37 @@ _HEADINGS = {
     SYNC_FAMILY: "host time of an eager framework's device-to-host read on an idle device (PyTorch: torch.where / "
                  "nonzero of a boolean mask: its dispatch, launch, wait and read), in place of host.gpu_read: t = "
                  "median of the points",
+    ATTENTION_PLAN_FAMILY: "host time an eager framework spends before its fused attention's first call at a shape "
+                           "it has not run (PyTorch's cuDNN SDPA builds and caches an execution plan per shape), on "
+                           "top of the call: t = median of the points",
 }
+
+
+def attention_plan(repeats: int) -> Dict[str, float]:
+    """Host time of SDPA's first call at a key length new to the process, less the next calls' (CUDA)."""
+    dev = torch.device("cuda")
+    per: List[float] = []
+    # cuDNN's initialisation (the process's first attention) is not a plan: one call at a shape of its own first.
+    w = torch.randn(1, 1, 8, 64, device=dev, dtype=torch.bfloat16)
+    F.scaled_dot_product_attention(w, w, w)
+    for i in range(repeats):
+        h, g = (16, 16) if i % 2 == 0 else (32, 4)
+        length = 517 + 29 * i  # a new length each time, none a scenario's
+        q = torch.randn(16, h, 1, 128, device=dev, dtype=torch.bfloat16)
+        k = torch.randn(16, g, length, 128, device=dev, dtype=torch.bfloat16)
+        v = torch.randn(16, g, length, 128, device=dev, dtype=torch.bfloat16)
+
+        def call():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter_ns()
+            F.scaled_dot_product_attention(q, k, v, enable_gqa=h != g)
+            torch.cuda.synchronize()
+            return (time.perf_counter_ns() - t0) / 1e3
+
+        first = call()
+        warm = statistics.median(call() for _ in range(5))
+        per.append(max(first - warm, 0.01))
+    return _stats(per, 1)
 
 
 # Launches timed behind one blocking kernel: well under CUDA's limit of pending launches (about a
@@ -211,8 +248,9 @@ def measure(device: str, ops: int, repeats: int) -> Dict[str, object]:
         rot = _median_per_op(switched, ops, repeats, busy, sync)
         same = _median_per_op(one_stream, ops, repeats, busy, sync)
         out["stream_switch_us"] = rot["median_us"] - same["median_us"]
+        out["attention_plan_us"] = attention_plan(max(4, min(repeats, 12)))
     else:
-        out["item_us"] = out["nonzero_us"] = out["stream_switch_us"] = None
+        out["item_us"] = out["nonzero_us"] = out["stream_switch_us"] = out["attention_plan_us"] = None
     return out
 
 
@@ -250,7 +288,12 @@ def families_toml(profile_text: str, path: str, figures: Dict[str, object], note
     op = _less(figures["eager_op_us"], launch_us)
     bwd = _less(figures["autograd_node_us"], launch_us)
     sync = figures["where_us"]
+    plan = figures.get("attention_plan_us")
     text = replace_family(profile_text, path, FAMILY, _block(FAMILY, notes[FAMILY], [op], op["median_us"]))
+    if plan is not None:
+        text = replace_or_add_family(text, path, ATTENTION_PLAN_FAMILY,
+                                     _block(ATTENTION_PLAN_FAMILY, notes[ATTENTION_PLAN_FAMILY], [plan],
+                                            plan["median_us"]), _HEADINGS[ATTENTION_PLAN_FAMILY])
     text = replace_or_add_family(text, path, BACKWARD_FAMILY,
                                  _block(BACKWARD_FAMILY, notes[BACKWARD_FAMILY], [bwd], bwd["median_us"]),
                                  _HEADINGS[BACKWARD_FAMILY])
@@ -300,6 +343,12 @@ def main(argv=None) -> int:
                                 f"device, median of {args.repeats} x {max(1, args.ops // 10)} calls, "
                                 f"{res['where_us']['median_us']:.2f} us"),
         }
+        if res.get("attention_plan_us") is not None:
+            notes[ATTENTION_PLAN_FAMILY] = how + (
+                "host time of F.scaled_dot_product_attention's first call at a key length new to the process "
+                "(one query per sequence, batch 16, 16 heads of 128 or 32 over 4 KV groups), less the median of "
+                f"the next 5 calls, median of {res['attention_plan_us']['repeats']} lengths, "
+                f"{res['attention_plan_us']['median_us']:.0f} us")
         path = os.path.join(args.out, "framework_families.toml")
         with open(path, "w", encoding="utf-8") as f:
             f.write(families_toml(text, args.profile, res, notes))
@@ -308,7 +357,10 @@ def main(argv=None) -> int:
         report["framework_sync_us"] = res["where_us"]["median_us"]
         report["profile"] = args.profile
         report["families"] = path
-        report["merge"] = (f"threewalls_merge_families {args.profile} {path} OUT.toml " + " ".join(FAMILIES))
+        measured = FAMILIES + ((ATTENTION_PLAN_FAMILY,) if res.get("attention_plan_us") is not None else ())
+        report["merge"] = f"threewalls_merge_families {args.profile} {path} OUT.toml " + " ".join(measured)
+        if res.get("attention_plan_us") is not None:
+            report["framework_attention_plan_us"] = res["attention_plan_us"]["median_us"]
     with open(os.path.join(args.out, "framework.json"), "w", encoding="utf-8") as f:
         json.dump(report, f, indent=2)
         f.write("\n")
@@ -316,7 +368,7 @@ def main(argv=None) -> int:
         v = v["median_us"] if isinstance(v, dict) else v
         print(f"{k:20s} {'n/a' if v is None else f'{v:.2f} us'}")
     if "framework_op_us" in report:
-        for fam in FAMILIES:
+        for fam in FAMILIES + ((ATTENTION_PLAN_FAMILY,) if "framework_attention_plan_us" in report else ()):
             print(f"{fam:28s} {report[fam.split('.')[1] + '_us']:.2f} us")
         print(f"families: {report['families']}\nmerge:    {report['merge']}")
     return 0

@@ -78,3 +78,31 @@ TEST(Stepper, TrainingStepsAreOneGraphNumberedByStep) {
   EXPECT_EQ(g3.step, 3);
   EXPECT_EQ(fingerprint(g0).substr(fingerprint(g0).find('\n')), fingerprint(g3).substr(fingerprint(g3).find('\n')));
 }
+
+// An eager framework's fused attention builds a plan at each shape the process has not run: in the
+// first sequence (prefill, then one more key per decode step) the first forward attention of each
+// shape in a step is flagged kNewShape; the second sequence repeats the lengths and none is flagged;
+// the C++ executor's scenarios never are.
+TEST(Stepper, APyTorchDecodeStepsAttentionBuildsAPlanOncePerNewShape) {
+  const std::string text = test::small_moe("", "", 1);
+  const std::string infer = text.substr(0, text.find("[train]")) +
+                            "[infer]\nbatch_size = 4\nprompt_length = 64\ngenerate_tokens = 3\n" +
+                            text.substr(text.find("[cluster]"));
+  const Scenario cpp = test::scenario_from(infer);
+  const Scenario eager = test::scenario_from(infer + "[run]\nframework = \"pytorch_eager\"\n");
+  auto flagged = [](const StepGraph& g) {
+    int n = 0, attention = 0;
+    for (const Op& op : g.classes[0].ops) {
+      if (op.kind != OpKind::attention) continue;
+      ++attention;
+      if ((op.flags & kNewShape) != 0) ++n;
+    }
+    EXPECT_EQ(attention, 4) << "one per layer";
+    return n;
+  };
+  for (int step = 0; step < 8; ++step) {
+    SCOPED_TRACE(step);
+    EXPECT_EQ(flagged(expand(cpp, step)), 0);
+    EXPECT_EQ(flagged(expand(eager, step)), step < 4 ? 1 : 0);  // a cycle is 1 + generate_tokens steps
+  }
+}

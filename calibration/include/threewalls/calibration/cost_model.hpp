@@ -141,9 +141,11 @@ class CostModel {
   // the Python package's framework benchmark; empty when the profile lacks them: the host time of a
   // backward op on top of the kernel launch (the autograd engine's node and the C++ dispatch;
   // host.framework_backward_op), and of one device-to-host read the framework makes
-  // (host.framework_sync).
+  // (host.framework_sync), and of the plan a fused attention builds at a shape it has not run
+  // (host.framework_attention_plan).
   [[nodiscard]] std::optional<Seconds> framework_backward_op() const;
   [[nodiscard]] std::optional<Seconds> framework_sync() const;
+  [[nodiscard]] std::optional<Seconds> framework_attention_plan() const;
 
   // ---- concurrency ----
   // Throughput factor of `streams` concurrent small kernels relative to running them back to back

@@ -87,6 +87,9 @@ inline constexpr std::uint8_t kDataLoad = 1U << 4;    // part of the coarse "hos
 inline constexpr std::uint8_t kMetrics = 1U << 5;     // part of the coarse "training_metrics" view
 inline constexpr std::uint8_t kParameterState = 1U << 6;  // reads or writes the parameter state only
                                                           // (scenarios::works_on_parameter_state)
+inline constexpr std::uint8_t kNewShape = 1U << 7;        // attention: the step's first call at a shape the
+                                                          // process has not run (an eager framework builds
+                                                          // its plan first: docs/simulator.md)
 
 // An op's sizes, their meaning by kind (OpKind, above); trailing sizes a kind does not use are 0.
 using OpShape = std::array<std::int64_t, 7>;

@@ -70,6 +70,9 @@ struct HostCosts {
   // empty: framework_op and gpu_read are charged in their place, and the run header says so):
   std::optional<Seconds> framework_backward_op;  // per backward launch, in place of framework_op
   std::optional<Seconds> framework_sync;         // a device-to-host read, in place of gpu_read
+  // The plan an eager framework's fused attention builds at a shape new to the process (an attention
+  // op flagged kNewShape); empty: not charged.
+  std::optional<Seconds> framework_attention_plan;
 };
 
 // The kernel_terms family (calibration/kernel_terms.hpp) and inputs of a softmax_topk, permute,
