@@ -13,7 +13,8 @@
 #   5. measures PyTorch's host costs (python3 -m threewalls.bench.framework) against the shipped
 #      profile of the GPU (PROFILE=<profile.toml> to choose another) -> OUT/framework/framework.json and
 #      framework_families.toml; with threewalls_merge_families beside THREEWALLS (or MERGE=<binary>)
-#      refits host.framework_op, host.framework_backward_op and host.framework_sync into
+#      refits host.framework_op, host.framework_backward_op, host.framework_sync and
+#      host.framework_autograd_op into
 #      OUT/framework/profile_pytorch.toml, with PyTorch's kernels for the memory-bound ops (python3 -m threewalls.bench.pytorch_kernels ->
 #      OUT/framework/pytorch_kernels/, refitted with threewalls_refit_raw beside the merge tool or
 #      REFIT=<binary>) in it too; the runs of scenarios
@@ -104,7 +105,7 @@ fi
 pytorch_profile=
 if [ -n "$merge" ]; then
   "$merge" "$profile" "$out/framework/framework_families.toml" "$out/framework/profile_pytorch.toml" host.framework_op \
-    host.framework_backward_op host.framework_sync \
+    host.framework_backward_op host.framework_sync host.framework_autograd_op \
     > "$out/logs/merge_families.log" 2>&1 && pytorch_profile=$out/framework/profile_pytorch.toml ||
     { echo "threewalls_merge_families failed (logs/merge_families.log)" >&2; cat "$out/logs/merge_families.log" >&2; }
 fi

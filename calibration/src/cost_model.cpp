@@ -274,6 +274,10 @@ std::optional<Seconds> CostModel::framework_sync() const {
   if (!impl_->has(HostCost::framework_sync)) return std::nullopt;
   return impl_->host_cost(HostCost::framework_sync);
 }
+std::optional<Seconds> CostModel::framework_autograd_op() const {
+  if (!impl_->has(HostCost::framework_autograd_op)) return std::nullopt;
+  return impl_->host_cost(HostCost::framework_autograd_op);
+}
 std::optional<Seconds> CostModel::framework_attention_plan() const {
   if (!impl_->has(HostCost::framework_attention_plan)) return std::nullopt;
   return impl_->host_cost(HostCost::framework_attention_plan);

@@ -561,7 +561,10 @@ class StepRun {
     // framework's own, in place of gpu_read and the event it waits on (host.framework_sync; gpu_read
     // without it).
     const bool eager_fw = opt_.framework == scenarios::Framework::pytorch_eager;
-    const double framework_op = eager_fw ? host_.framework_op.value : 0.0;
+    // A training step's forward ops record their autograd nodes (host.framework_autograd_op).
+    const bool records_autograd = g_.step_kind == "train" && host_.framework_autograd_op.has_value();
+    const double framework_op =
+        eager_fw ? (records_autograd ? host_.framework_autograd_op->value : host_.framework_op.value) : 0.0;
     const double framework_bwd =
         eager_fw ? (host_.framework_backward_op ? host_.framework_backward_op->value : framework_op) : 0.0;
     const bool framework_read = eager_fw && host_.framework_sync.has_value();

@@ -54,11 +54,13 @@ TEST(DefaultProfiles, AreLabelledSyntheticAndCoverEveryFamilyTheSimulatorNeeds) 
       // Measured only (no datasheet facts): without them the simulator uses the pooled elementwise fit.
       if (spec.kind == ModelKind::kernel_terms) continue;
       // Measured only: without them the simulator charges host.kernel_launch for these calls (the
-      // framework's backward op and read: host.framework_op and host.gpu_read).
+      // framework's backward op, autograd-recording op and read: host.framework_op and host.gpu_read;
+      // its attention plan: nothing).
       if (spec.name == "host.gemm_launch" || spec.name == "host.grouped_gemm_launch" ||
           spec.name == "host.attention_launch" || spec.name == "host.attention_bwd_launch" ||
           spec.name == "host.op_dispatch" || spec.name == "host.record_op" || spec.name == "host.stream_wait" ||
           spec.name == "host.framework_backward_op" || spec.name == "host.framework_sync" ||
+          spec.name == "host.framework_attention_plan" || spec.name == "host.framework_autograd_op" ||
           spec.kind == ModelKind::gemm_call || spec.kind == ModelKind::grouped_call ||
           spec.kind == ModelKind::stream_cycle) {
         continue;

@@ -49,6 +49,9 @@ constexpr std::array<std::pair<std::string_view, std::string_view>, kHostCosts> 
     {"framework_attention_plan",
      "host time an eager framework spends before its fused attention's first call at a shape it has not run "
      "(PyTorch's cuDNN SDPA builds and caches an execution plan per shape), on top of the call"},
+    {"framework_autograd_op",
+     "extra host time per forward op of an eager framework that records it for autograd (a training step's "
+     "forward: the node, its saved tensors), on top of the kernel launch, in place of host.framework_op"},
 }};
 
 void add_specs(std::vector<FamilySpec>& out) {

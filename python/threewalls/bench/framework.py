@@ -11,6 +11,11 @@ launches, past which a launch waits for the device (a longer batch would time th
   long kernel queued first (torch.cuda._sleep), so no launch waits for the device: Python, the
   dispatcher and one kernel launch. host.framework_op is this less the profile's host.kernel_launch
   (the C++ launch that threewalls run pays and the simulator already charges).
+* `autograd_op_us`: one-element-row ops that record an autograd node (index_select, silu, mul and add
+  of a [8, 64] tensor that requires grad, in rotation), the device busy as for eager_op_us: a
+  training step's forward op. host.framework_autograd_op is this less the profile's
+  host.kernel_launch: what the simulator charges per forward launch of a training step in place of
+  host.framework_op.
 * `autograd_node_us`: the backward of a chain of min(--ops, 256) one-element multiplications, per node (one
   kernel each): the autograd engine's per-node cost, the C++ dispatch of the node's op and its
   kernel launch (the device held busy again). host.framework_backward_op is this less the profile's
@@ -68,7 +73,8 @@ FAMILY = "host.framework_op"
 BACKWARD_FAMILY = "host.framework_backward_op"
 SYNC_FAMILY = "host.framework_sync"
 ATTENTION_PLAN_FAMILY = "host.framework_attention_plan"
-FAMILIES = (FAMILY, BACKWARD_FAMILY, SYNC_FAMILY)  # and ATTENTION_PLAN_FAMILY where measured (a GPU)
+AUTOGRAD_FAMILY = "host.framework_autograd_op"
+FAMILIES = (FAMILY, BACKWARD_FAMILY, SYNC_FAMILY, AUTOGRAD_FAMILY)  # and ATTENTION_PLAN_FAMILY where measured
 # The families' headings in a profile (calibration/src/families/host.cpp), for a profile without them.
 _HEADINGS = {
     BACKWARD_FAMILY: "host time per backward op of an eager framework on top of the kernel launch (its autograd "
@@ -76,6 +82,9 @@ _HEADINGS = {
     SYNC_FAMILY: "host time of an eager framework's device-to-host read on an idle device (PyTorch: torch.where / "
                  "nonzero of a boolean mask: its dispatch, launch, wait and read), in place of host.gpu_read: t = "
                  "median of the points",
+    AUTOGRAD_FAMILY: "extra host time per forward op of an eager framework that records it for autograd (a training "
+                     "step's forward: the node, its saved tensors), on top of the kernel launch, in place of "
+                     "host.framework_op: t = median of the points",
     ATTENTION_PLAN_FAMILY: "host time an eager framework spends before its fused attention's first call at a shape "
                            "it has not run (PyTorch's cuDNN SDPA builds and caches an execution plan per shape), on "
                            "top of the call: t = median of the points",
@@ -194,6 +203,17 @@ def measure(device: str, ops: int, repeats: int) -> Dict[str, object]:
     out: Dict[str, object] = {}
     out["eager_op_us"] = _median_per_op(lambda: torch.add(a, b, out=c), ops, repeats, busy, sync)
 
+    xa = torch.randn(8, 64, device=dev, requires_grad=True)
+    ia = torch.arange(8, device=dev)
+    recorded = [lambda: xa.index_select(0, ia), lambda: F.silu(xa), lambda: xa * xa, lambda: xa + xa]
+    turn = [0]
+
+    def autograd_op():
+        recorded[turn[0]]()
+        turn[0] = (turn[0] + 1) % len(recorded)
+
+    out["autograd_op_us"] = _median_per_op(autograd_op, ops, repeats, busy, sync)
+
     x = torch.ones(1, device=dev, requires_grad=True)
 
     nodes = min(ops, BATCH)  # one launch per node behind one blocking kernel
@@ -287,9 +307,13 @@ def families_toml(profile_text: str, path: str, figures: Dict[str, object], note
     launch_us = _kernel_launch_s(profile_text, path) * 1e6
     op = _less(figures["eager_op_us"], launch_us)
     bwd = _less(figures["autograd_node_us"], launch_us)
+    rec = _less(figures["autograd_op_us"], launch_us)
     sync = figures["where_us"]
     plan = figures.get("attention_plan_us")
     text = replace_family(profile_text, path, FAMILY, _block(FAMILY, notes[FAMILY], [op], op["median_us"]))
+    text = replace_or_add_family(text, path, AUTOGRAD_FAMILY,
+                                 _block(AUTOGRAD_FAMILY, notes[AUTOGRAD_FAMILY], [rec], rec["median_us"]),
+                                 _HEADINGS[AUTOGRAD_FAMILY])
     if plan is not None:
         text = replace_or_add_family(text, path, ATTENTION_PLAN_FAMILY,
                                      _block(ATTENTION_PLAN_FAMILY, notes[ATTENTION_PLAN_FAMILY], [plan],
@@ -339,6 +363,10 @@ def main(argv=None) -> int:
                                     f"{res['autograd_node_us']['median_us']:.2f} us, less this profile's "
                                     f"host.kernel_launch {launch_us:.2f} us (a chain of tiny F.linear layers: "
                                     f"{res['autograd_linear_us']['median_us']:.2f} us per backward launch)"),
+            AUTOGRAD_FAMILY: how + (f"host time of one-element-row index_select, silu, mul and add (in rotation) "
+                                    f"recording autograd nodes, with the device busy, median of {args.repeats} x "
+                                    f"{args.ops} ops, {res['autograd_op_us']['median_us']:.2f} us, less this "
+                                    f"profile's host.kernel_launch {launch_us:.2f} us"),
             SYNC_FAMILY: how + (f"host time of torch.where of one expert's slice of a one-hot routing mask on an idle "
                                 f"device, median of {args.repeats} x {max(1, args.ops // 10)} calls, "
                                 f"{res['where_us']['median_us']:.2f} us"),
@@ -355,6 +383,7 @@ def main(argv=None) -> int:
         report["framework_op_us"] = max(res["eager_op_us"]["median_us"] - launch_us, 0.01)
         report["framework_backward_op_us"] = max(res["autograd_node_us"]["median_us"] - launch_us, 0.01)
         report["framework_sync_us"] = res["where_us"]["median_us"]
+        report["framework_autograd_op_us"] = max(res["autograd_op_us"]["median_us"] - launch_us, 0.01)
         report["profile"] = args.profile
         report["families"] = path
         measured = FAMILIES + ((ATTENTION_PLAN_FAMILY,) if res.get("attention_plan_us") is not None else ())

@@ -146,6 +146,9 @@ class CostModel {
   [[nodiscard]] std::optional<Seconds> framework_backward_op() const;
   [[nodiscard]] std::optional<Seconds> framework_sync() const;
   [[nodiscard]] std::optional<Seconds> framework_attention_plan() const;
+  // An eager framework's forward op that records an autograd node (a training step's forward), on top
+  // of the kernel launch (host.framework_autograd_op); empty: framework_op is charged.
+  [[nodiscard]] std::optional<Seconds> framework_autograd_op() const;
 
   // ---- concurrency ----
   // Throughput factor of `streams` concurrent small kernels relative to running them back to back

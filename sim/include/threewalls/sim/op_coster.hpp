@@ -73,6 +73,8 @@ struct HostCosts {
   // The plan an eager framework's fused attention builds at a shape new to the process (an attention
   // op flagged kNewShape); empty: not charged.
   std::optional<Seconds> framework_attention_plan;
+  // A training step's forward launch, which records its autograd node, in place of framework_op.
+  std::optional<Seconds> framework_autograd_op;
 };
 
 // The kernel_terms family (calibration/kernel_terms.hpp) and inputs of a softmax_topk, permute,
