@@ -322,6 +322,17 @@ void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input) {
         sort.tokens = static_cast<std::int32_t>(rows);
         dispatched = p.add(sort);
       }
+      // Flex: the dispatch delivers each token once per destination rank; Megatron's flex dispatcher
+      // then permutes the received tokens into expert order, one row per (token, local expert) pair
+      // (DeepEP backend: get_permuted_hidden_states_by_experts; HybridEP: the permute kernel of
+      // dispatch_with_permute). A kernel of its own, on the rows the experts process.
+      if (disp == Dispatcher::flex) {
+        const std::int64_t rows = recv_rows / c.etp;
+        Spec perm = memory_op(OpKind::permute, "moe_permute", {rows, c.h, 0, 0, 0, 0}, 2.0 * rows * row_bytes,
+                              2.0 * rows * row_bytes, Module::moe_pre);
+        perm.tokens = static_cast<std::int32_t>(rows);
+        dispatched = p.add(perm);
+      }
     }
     if (c.etp > 1) {
       Spec ag = collective("moe_etp_allgather", Collective::all_gather, Group::etp,
@@ -457,6 +468,16 @@ void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input) {
         const std::int64_t rows = recv_rows / c.etp;
         last = p.add(memory_op(OpKind::unpermute, "moe_unsort", {rows, c.h, 0, 0, 0, 0}, 2.0 * rows * row_bytes,
                                2.0 * rows * row_bytes, Module::moe_post, after));
+        after = {last};
+      }
+      // Flex: the inverse before the combine, summing each token's expert rows weighted by their
+      // routing probabilities (reads the rows and the probabilities, writes one row per received token).
+      if (disp == Dispatcher::flex) {
+        const std::int64_t rows = recv_rows / c.etp;
+        Spec unperm = memory_op(OpKind::unpermute, "moe_unpermute", {rows, c.h, 0, 0, 0, 0}, 3.0 * rows * row_bytes,
+                                2.0 * rows * row_bytes, Module::moe_post, after);
+        unperm.tokens = static_cast<std::int32_t>(rows);
+        last = p.add(unperm);
         after = {last};
       }
       Spec a2a =

@@ -194,7 +194,8 @@ void add_exec_options(Registry& r, const std::string& table, Exec exec) {
       .doc("MoE token dispatcher (Megatron's --moe-token-dispatcher-type): all-to-all over the EP group (NCCL: "
            "peers in the node over NVLink, others over the network), all-gather of all tokens, or flex "
            "(DeepEP-style, --moe-enable-deepep: one network copy per token and destination node, forwarded over "
-           "NVLink there; docs/simulator.md, \"Expert dispatch across nodes\").")
+           "NVLink there, the received tokens permuted into expert order and back by kernels of their own; "
+           "docs/simulator.md, \"Expert dispatch across nodes\").")
       .bind(exec, &ExecOptions::token_dispatcher);
   Decl(r, table + ".expert_execution", ParamType::choice)
       .def("\"grouped\"")

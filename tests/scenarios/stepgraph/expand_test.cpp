@@ -487,6 +487,33 @@ TEST(StepGraph, GroupsOf32768RanksKeepTheirSize) {
   EXPECT_TRUE(seen.count(Group::dp_cp) == 1 && seen.count(Group::world) == 1);
 }
 
+TEST(StepGraph, FlexDispatchPermutesTheReceivedRowsIntoExpertOrderAndBack) {
+  // ep = 4, 8 experts: 2 per rank. 4 layers x 2 micro-batches per rank (GBS 8 over dp 4).
+  const Scenario s = test::scenario_from(test::small_moe("ep = 4", "token_dispatcher = \"flex\"", 4));
+  const StepGraph g = expand(s);
+  const RankClass& rc = g.classes.at(0);
+  EXPECT_EQ(count_phase(g, rc, "moe_permute_fwd"), 4 * 2);
+  EXPECT_EQ(count_phase(g, rc, "moe_unpermute_fwd"), 4 * 2);
+  EXPECT_EQ(count_phase(g, rc, "moe_sort_fwd"), 0);  // the alltoall dispatcher's sort is not run
+  // The permute follows the dispatch and feeds the experts; the unpermute precedes the combine.
+  std::vector<std::string> order;
+  for (const Op& op : rc.ops) {
+    const std::string n = g.phase_name(op);
+    if (op.layer == 0 && op.microbatch == 0 &&
+        (n == "moe_dispatch_fwd" || n == "moe_permute_fwd" || n == "expert_fc1_fwd" || n == "expert_fc2_fwd" ||
+         n == "moe_unpermute_fwd" || n == "moe_combine_fwd")) {
+      order.push_back(n);
+    }
+  }
+  const std::vector<std::string> expected = {"moe_dispatch_fwd", "moe_permute_fwd",   "expert_fc1_fwd",
+                                             "expert_fc2_fwd",   "moe_unpermute_fwd", "moe_combine_fwd"};
+  EXPECT_EQ(order, expected);
+  // Every row the experts process is permuted: 1024 tokens x top-2, balanced over the EP group.
+  for (const Op& op : rc.ops) {
+    if (g.phase_name(op) == "moe_permute_fwd") EXPECT_EQ(op.shape[0], 1024 * 2);
+  }
+}
+
 TEST(StepGraph, ExpertExecutionStrategies) {
   // grouped: one grouped GEMM per projection.
   Scenario grouped = test::scenario_from(test::small_moe("", "expert_execution = \"grouped\"", 1));
