@@ -1296,6 +1296,12 @@ RunResult execute(const scenarios::Scenario& s, const ProcessContext& process, c
                      ") is a simulation knob: a real run measures the GPUs it has and cannot slow one down; remove "
                      "the slowdown or use `threewalls sim`");
   }
+  if (s.run.framework != scenarios::Framework::cpp) {
+    throw InputError(s.source_path +
+                     ": run.framework = \"pytorch_eager\" describes a PyTorch program (its kernels, host and "
+                     "gradient copy); `threewalls run` is the C++ executor (run.framework = \"cpp\"): run the "
+                     "scenario with python3 -m threewalls.runner, or set run.framework = \"cpp\"");
+  }
   if (s.train) {
     // The backend's parameter state is Megatron's default precision (ParameterState).
     const auto& t = *s.train;

@@ -883,7 +883,11 @@ Registry::Registry() {
              "host.framework_op, PyTorch's per-op dispatch, every backward one host.framework_backward_op, "
              "its autograd engine; a training step's per-expert loop over one EP rank's experts reads each "
              "expert's rows on the host, as Hugging Face's torch.where does: expert_rows_read, "
-             "host.framework_sync).")
+             "host.framework_sync; the memory-bound ops are priced by PyTorch's kernels, the pytorch.* families; "
+             "a training step copies autograd's bf16 gradients into fp32 main gradients, main_grad_copy; an "
+             "inference run's first sequence builds an attention plan per new shape, "
+             "host.framework_attention_plan; docs/simulator.md). threewalls run refuses pytorch_eager: "
+             "python3 -m threewalls.runner runs it.")
         .bind(kRun, &RunSpec::framework);
   }
   Decl(r, "run.steps", ParamType::integer).def("3").min(1).max(kMaxSteps).doc("Measured steps (after warm-up).")

@@ -557,6 +557,19 @@ TEST(Executor, RefusesParameterPrecisionsItDoesNotHold) {
   }
 }
 
+TEST(Executor, RefusesAPyTorchProgramsScenario) {
+  // run.framework = "pytorch_eager" describes a PyTorch program (its kernels, host costs and gradient
+  // copy): the reference runner runs it, not the C++ executor.
+  const Scenario s = scenario_from(small_moe("", "", 1, "framework = \"pytorch_eager\"\n"));
+  try {
+    run_fake(s, options_for(temp_dir("framework"), 1, 0));
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("run.framework"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("threewalls.runner"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Executor, InferenceStepsRunHostOpsAndVaryPerStep) {
   const fs::path dir = temp_dir("infer");
   const std::string text =

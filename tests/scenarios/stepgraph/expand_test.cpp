@@ -510,7 +510,9 @@ TEST(StepGraph, FlexDispatchPermutesTheReceivedRowsIntoExpertOrderAndBack) {
   EXPECT_EQ(order, expected);
   // Every row the experts process is permuted: 1024 tokens x top-2, balanced over the EP group.
   for (const Op& op : rc.ops) {
-    if (g.phase_name(op) == "moe_permute_fwd") EXPECT_EQ(op.shape[0], 1024 * 2);
+    if (g.phase_name(op) == "moe_permute_fwd") {
+      EXPECT_EQ(op.shape[0], 1024 * 2);
+    }
   }
 }
 
