@@ -32,7 +32,10 @@ class FrameworkBench(unittest.TestCase):
         launch_us = base["host"]["kernel_launch"]["fit"]["value_s"] * 1e6
         want = {"framework_op": max(figs["eager_op_us"]["median_us"] - launch_us, 0.01) * 1e-6,
                 "framework_backward_op": max(figs["autograd_node_us"]["median_us"] - launch_us, 0.01) * 1e-6,
-                "framework_sync": figs["where_us"]["median_us"] * 1e-6}
+                "framework_sync": figs["where_us"]["median_us"] * 1e-6,
+                "framework_autograd_op": max(figs["autograd_op_us"]["median_us"] - launch_us, 0.01) * 1e-6}
+        self.assertIsNone(figs["attention_plan_us"])  # CUDA only: no host.framework_attention_plan written
+        self.assertNotIn("framework_attention_plan", fam["host"])
         self.assertGreater(figs["autograd_linear_us"]["median_us"], 0)
         for name, want_s in want.items():
             self.assertAlmostEqual(fam["host"][name]["fit"]["value_s"], want_s, delta=want_s * 1e-5, msg=name)
@@ -62,7 +65,8 @@ class FrameworkBench(unittest.TestCase):
         fig = {"median_us": 5, "p10_us": 5, "p90_us": 5, "repeats": 1}
         with self.assertRaisesRegex(SystemExit, "no single \\[host.framework_op\\]"):
             framework.families_toml("[host.kernel_launch.fit]\nvalue_s = 1e-6\n", "p.toml",
-                                    {"eager_op_us": fig, "autograd_node_us": fig, "where_us": fig},
+                                    {"eager_op_us": fig, "autograd_node_us": fig, "autograd_op_us": fig,
+                                     "where_us": fig},
                                     {f: "n" for f in framework.FAMILIES})
 
 
