@@ -182,6 +182,50 @@ std::vector<KernelTermsFamily> build() {
   own(kPytorchGradNormFamily,
       "PyTorch: the squared norm of the fp32 main gradients (sum of g * g per buffer, stacked and summed)", params_in,
       {{"per_parameter_s", {0}, "per parameter"}});
+  own(kPytorchAttentionDecodeFamily,
+      "PyTorch: a decode step's attention core (the KV cache slices made contiguous, scaled_dot_product_attention "
+      "of one query per sequence, heads laid side by side)",
+      {{"batch", "sequences (one query each)"},
+       {"seq_kv", "keys per sequence (the cache's length)"},
+       {"heads", "query heads"},
+       {"kv_heads", "key / value heads"},
+       {"head_dims", "qk plus v head dimension"}},
+      {{"per_kv_element_s", {0, 1, 3, 4}, "per element of the K and V slices (read, copied contiguous, written)"},
+       {"per_query_head_element_s", {0, 1, 2, 4}, "per element of K and V as each query head reads it"}});
+
+  // PyTorch eager's host time per op body (kernel_terms.hpp): a twin of every per-layer pytorch.*
+  // family above, and the bodies whose device time other families price.
+  const std::vector<KernelTermsInput> autograd_in = {
+      {"autograd", "1: the forward records autograd nodes (training); 0: it does not (inference); backward: 1"}};
+  const std::vector<KernelTerm> fwd_host_terms = {
+      {"per_autograd_s", {0}, "recording the body's autograd nodes and saving its tensors"}};
+  auto host = [&](std::string name, std::string what) {
+    const bool bwd = name.size() > 4 && name.compare(name.size() - 4, 4, "_bwd") == 0;
+    std::string op = "pytorch_host_" + name.substr(kPytorchHostFamilyPrefix.size());
+    f.push_back({std::move(name), std::move(op),
+                 "host time of " + what + (bwd ? " (one node's share of an autograd engine run)" : ""), autograd_in,
+                 bwd ? std::vector<KernelTerm>{} : fwd_host_terms, py});
+  };
+  const std::size_t device_families = f.size();
+  for (std::size_t i = 0; i < device_families; ++i) {
+    const KernelTermsFamily& k = f[i];
+    if (k.points_of != py || k.inputs.front().key == "parameters") continue;  // the optimizer's: per tensor
+    host(pytorch_host_twin(k.name), f[i].what);
+  }
+  host(std::string(kPytorchHostLinearFwdFamily), "PyTorch: F.linear (cuBLASLt's heuristics and launch)");
+  host(std::string(kPytorchHostLinearBwdFamily), "PyTorch autograd: F.linear's backward (data and weight gradients)");
+  host(std::string(kPytorchHostAttentionFwdFamily),
+       "PyTorch: the attention core (q, k, v made contiguous, scaled_dot_product_attention, heads laid side by "
+       "side)");
+  host(std::string(kPytorchHostAttentionBwdFamily), "PyTorch autograd: the attention core's backward");
+  host(std::string(kPytorchHostExpertGatherFwdFamily), "PyTorch: an eager expert loop's index_select of its rows");
+  host(std::string(kPytorchHostExpertGatherBwdFamily),
+       "PyTorch autograd: the expert rows' index_select backward (zeros, index_add_)");
+  host(std::string(kPytorchHostExpertScatterFwdFamily),
+       "PyTorch: an eager expert loop's combine (router weights by row and slot, product, index_add_)");
+  host(std::string(kPytorchHostExpertScatterBwdFamily),
+       "PyTorch autograd: the combine's backward (index_add_'s, the product's, the accumulating index_put_ of the "
+       "weights' gradient)");
   return f;
 }
 
@@ -205,6 +249,13 @@ std::string pytorch_twin(std::string_view backend_family) {
     throw std::logic_error("pytorch_twin: '" + std::string(backend_family) + "' is not a kernel.* family");
   }
   return std::string(kPytorchFamilyPrefix) + std::string(backend_family.substr(backend_prefix.size()));
+}
+
+std::string pytorch_host_twin(std::string_view pytorch_family) {
+  if (pytorch_family.substr(0, kPytorchFamilyPrefix.size()) != kPytorchFamilyPrefix) {
+    throw std::logic_error("pytorch_host_twin: '" + std::string(pytorch_family) + "' is not a pytorch.* family");
+  }
+  return std::string(kPytorchHostFamilyPrefix) + std::string(pytorch_family.substr(kPytorchFamilyPrefix.size()));
 }
 
 const KernelTermsFamily* norm_kernel_terms_family(std::string_view op) {

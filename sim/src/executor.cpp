@@ -503,7 +503,9 @@ class StepRun {
   //                 its data's stream), then the wait, then stream_sync / gpu_read (+ e: the event
   //                 the read waits on) / the hint
   //                 timed eager kernels and copies: 2 timing_marker of device time (the markers)
-  //   pytorch_eager every eager forward launch + framework_op, every backward one + framework_backward_op
+  //   pytorch_eager an op whose body has a pytorch_host.* family: that host time in place of its launch
+  //                 and framework costs (CostModelCoster::framework_body_host); every other eager
+  //                 forward launch + framework_op, every backward one + framework_backward_op
   //                 (framework_op without it); a gpu_read costs framework_sync (no event) when the
   //                 profile has it
   //   disk read     on the host lane: copy(disk_read, bytes) once its dependencies are done
@@ -568,6 +570,7 @@ class StepRun {
     const double framework_bwd =
         eager_fw ? (host_.framework_backward_op ? host_.framework_backward_op->value : framework_op) : 0.0;
     const bool framework_read = eager_fw && host_.framework_sync.has_value();
+    const bool training = g_.step_kind == "train";
     for (std::uint32_t i = 0; i < n; ++i) {
       const Op& op = rc.ops[i];
       if (op.kind == OpKind::host) {
@@ -591,8 +594,12 @@ class StepRun {
       } else if (is_disk_read(op)) {
         s.host_cost[i] = checked_cost(coster_.copy_time(op.copy_kind(), Bytes(op.bytes)).value, g_, rc, i, "copy time");
       } else if (in_run[i] < 0) {
-        const double launch = launch_cost(op) + (rotates(op) ? cycle_extra : 0.0) + host_.op_dispatch.value +
-                              ((op.flags & scenarios::kBackward) != 0 ? framework_bwd : framework_op) +
+        // PyTorch eager's measured host time of the op's whole body where the profile has it, in
+        // place of the launch and the framework's per-launch dispatch.
+        const std::optional<Seconds> body = eager_fw ? coster_.framework_body_host(op, training) : std::nullopt;
+        const double issue = body ? body->value
+                                  : launch_cost(op) + ((op.flags & scenarios::kBackward) != 0 ? framework_bwd : framework_op);
+        const double launch = issue + (rotates(op) ? cycle_extra : 0.0) + host_.op_dispatch.value +
                               (eager_fw && (op.flags & scenarios::kNewShape) != 0 && host_.framework_attention_plan
                                    ? host_.framework_attention_plan->value
                                    : 0.0);

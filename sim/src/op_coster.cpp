@@ -104,6 +104,10 @@ std::optional<FittedKernel> pytorch_kernel_of(const Op& op) {
       return FittedKernel{twin(fitted_kernel_of(op).family), {tokens, tokens > 0 ? rows / tokens : 1.0, d(s[1])}};
     }
     case OpKind::embedding: return FittedKernel{twin(fitted_kernel_of(op).family), {d(s[0]), d(s[1]), d(s[2])}};
+    case OpKind::attention:
+      if (scenarios::attention_kernel(op) != scenarios::AttentionKernel::decode) return std::nullopt;
+      return FittedKernel{calibration::kPytorchAttentionDecodeFamily,
+                          {d(s[0]), d(s[2]), d(s[3]), d(scenarios::attention_kv_heads(op)), d(s[4]) + d(s[5])}};
     case OpKind::elementwise:
       switch (op.elementwise_kind()) {
         case scenarios::ElementwiseKind::swiglu: return FittedKernel{calibration::kPytorchSwigluFwdFamily, {d(s[0])}};
@@ -119,6 +123,40 @@ std::optional<FittedKernel> pytorch_kernel_of(const Op& op) {
       }
     default: return std::nullopt;
   }
+}
+
+std::optional<HostBody> pytorch_host_body_of(const Op& op, bool records_autograd) {
+  const bool bwd = (op.flags & scenarios::kBackward) != 0;
+  const double autograd = bwd || records_autograd ? 1.0 : 0.0;
+  auto body = [&](std::string_view family, double share = 1.0) {
+    return HostBody{std::string(family), autograd, share};
+  };
+  switch (op.kind) {
+    case OpKind::gemm:
+      return bwd ? body(calibration::kPytorchHostLinearBwdFamily, 0.5) : body(calibration::kPytorchHostLinearFwdFamily);
+    case OpKind::attention:
+      if (scenarios::attention_kernel(op) == scenarios::AttentionKernel::decode) break;  // pytorch.attention_decode's
+      return body(bwd ? calibration::kPytorchHostAttentionBwdFamily : calibration::kPytorchHostAttentionFwdFamily);
+    case OpKind::permute:
+      if (op.expert >= 0) {
+        return body(bwd ? calibration::kPytorchHostExpertGatherBwdFamily
+                        : calibration::kPytorchHostExpertGatherFwdFamily);
+      }
+      break;
+    case OpKind::unpermute:
+      if (op.expert >= 0) {
+        return body(bwd ? calibration::kPytorchHostExpertScatterBwdFamily
+                        : calibration::kPytorchHostExpertScatterFwdFamily);
+      }
+      break;
+    case OpKind::optimizer: return std::nullopt;  // a host loop per tensor: the per-launch costs
+    default: break;
+  }
+  const auto fk = pytorch_kernel_of(op);
+  if (!fk || fk->family == calibration::kPytorchGradNormFamily) return std::nullopt;
+  const std::string name = calibration::pytorch_host_twin(fk->family);
+  if (!calibration::find_kernel_terms_family(name)) throw std::logic_error("kernel_terms table has no " + name);
+  return body(name);
 }
 
 CostModelCoster::CostModelCoster(const calibration::CostModel& model, double host_scale, double disk_scale,
@@ -186,6 +224,15 @@ Seconds CostModelCoster::kernel_time(const Op& op) const {
   const Seconds t = compute_kernel_time(op);
   kernel_times_.emplace(key, t);
   return t;
+}
+
+std::optional<Seconds> CostModelCoster::framework_body_host(const Op& op, bool records_autograd) const {
+  if (framework_ != scenarios::Framework::pytorch_eager) return std::nullopt;
+  const auto b = pytorch_host_body_of(op, records_autograd);
+  if (!b) return std::nullopt;
+  const auto t = model_.fitted_kernel(b->family, {b->autograd});
+  if (!t) return std::nullopt;
+  return Seconds(t->value * b->share * host_scale_);
 }
 
 Seconds CostModelCoster::compute_kernel_time(const Op& op) const {
@@ -287,6 +334,7 @@ std::optional<std::string> CostModelCoster::substitution(const Op& op) const {
                " ops are priced with threewalls run's kernels: the profile has no " + std::string(fk->family) +
                " (PyTorch's kernels; python3 -m threewalls.bench.pytorch_kernels measures them)";
       }
+      return std::nullopt;  // priced by PyTorch's own family
     }
   }
   if (op.kind != OpKind::attention) return std::nullopt;

@@ -60,9 +60,10 @@ def _spin_cycles(host_s: float) -> int:
 
 
 def time_calls(calls: Sequence[Callable[[], None]], device: torch.device, repeats: int,
-               host_per_call_s: float) -> Tuple[List[float], bool]:
+               host_per_call_s: float, host: Optional[List[float]] = None) -> Tuple[List[float], bool]:
     """Seconds per call of the `calls` run back to back, one sample per repeat (see the module's doc),
-    and whether the host's enqueueing outlasted the spin (the sample then holds host time too)."""
+    and whether the host's enqueueing outlasted the spin (the sample then holds host time too). With
+    `host`, also appends each repeat's host time per call (the enqueueing, with the device busy)."""
     per: List[float] = []
     host_bound = False
     for _ in range(repeats):
@@ -75,8 +76,11 @@ def time_calls(calls: Sequence[Callable[[], None]], device: torch.device, repeat
             start.record()
             for fn in calls:
                 fn()
+            issued = time.perf_counter() - h0
             stop.record()
-            host_bound |= (time.perf_counter() - h0) > spin / 2.0e9
+            host_bound |= issued > spin / 2.0e9
+            if host is not None:
+                host.append(issued / len(calls))
             stop.synchronize()
             per.append(start.elapsed_time(stop) * 1e-3 / len(calls))
         else:
@@ -84,6 +88,8 @@ def time_calls(calls: Sequence[Callable[[], None]], device: torch.device, repeat
             for fn in calls:
                 fn()
             per.append((time.perf_counter() - t0) / len(calls))
+            if host is not None:
+                host.append(per[-1])
     return per, host_bound
 
 
@@ -115,20 +121,44 @@ def measure_op(fwd: Callable[[], object], grads_of: Optional[Callable[[object], 
             host_b = time.perf_counter() - h0
         del r
     _sync(device)
-    samples, hb = time_calls([fwd] * iters, device, repeats, host_f)
-    out: Dict[str, Dict[str, object]] = {"fwd": dict(stats(samples), host_bound=hb)}
+    host: List[float] = []
+    samples, hb = time_calls([fwd] * iters, device, repeats, host_f, host)
+    out: Dict[str, Dict[str, object]] = {"fwd": dict(stats(samples), host_bound=hb, host=stats(host))}
+    # The forward as an inference step runs it: no autograd node recorded.
+    host = []
+    with torch.no_grad():
+        time_calls([fwd] * iters, device, repeats, host_f, host)
+    out["fwd_nograd"] = {"host": stats(host)}
     if grads_of is not None:
         samples = []
+        host = []
         hb = False
         for _ in range(repeats):
             graphs = [grads_of(fwd()) for _ in range(iters)]
             calls = [(lambda g=g: torch.autograd.grad(g[0], g[2], g[1])) for g in graphs]
-            one, h = time_calls(calls, device, 1, host_b)
+            one, h = time_calls(calls, device, 1, host_b, host)
             samples += one
             hb |= h
             del graphs, calls
-        out["bwd"] = dict(stats(samples), host_bound=hb)
+        out["bwd"] = dict(stats(samples), host_bound=hb, host=stats(host))
     return out
+
+
+def grad_call_overhead(device: torch.device, repeats: int = 15, calls: int = 50) -> float:
+    """Host seconds of one torch.autograd.grad call over a graph without work (the backward of a view:
+    no kernel): the engine's graph task, the hand-off to its device thread and back. A step's backward
+    pays it once, not per op: the host families of backward bodies have it taken off."""
+    x = torch.randn(64, 64, device=device).requires_grad_(True)
+    per = []
+    for _ in range(repeats):
+        graphs = [x.view(-1) for _ in range(calls)]
+        g = torch.ones(64 * 64, device=device)
+        _sync(device)
+        t0 = time.perf_counter()
+        for y in graphs:
+            torch.autograd.grad(y, x, g)
+        per.append((time.perf_counter() - t0) / calls)
+    return statistics.median(per)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,6 +275,72 @@ def residual(elements: int, device):
     return fwd, grads
 
 
+def attention(b: int, sq: int, skv: int, a: int, g: int, d: int, device):
+    """The attention core as the runner calls it: q a view of the [b sq, (a + 2 g) d] projection, k and v
+    views of it (sq = skv, causal) or of a longer KV cache (decode: one query, a cache slice)."""
+    causal = sq == skv
+    if causal:
+        qkv = _randn(b, sq, a + 2 * g, d, device=device)
+        q, k, v = (qkv[:, :, :a].transpose(1, 2), qkv[:, :, a:a + g].transpose(1, 2),
+                   qkv[:, :, a + g:].transpose(1, 2))
+        leaves = [qkv]
+    else:
+        q = _randn(b, sq, a, d, device=device)
+        cache = _randn(2, b, g, skv + 64, d, device=device, grad=False)
+        k, v = cache[0, :, :, :skv], cache[1, :, :, :skv]
+        leaves = [q]
+        q = q.transpose(1, 2)
+
+    def fwd():
+        return kernels.attention(q, k, v, causal)
+
+    def grads(out):
+        return [out], [torch.ones_like(out)], leaves
+    return fwd, grads
+
+
+def linear(m: int, n: int, k: int, device):
+    x = _randn(m, k, device=device)
+    w = _randn(n, k, device=device)
+
+    def fwd():
+        return kernels.linear(x, w)
+
+    def grads(out):
+        return [out], [torch.ones_like(out)], [x, w]
+    return fwd, grads
+
+
+def expert_gather(t: int, rows: int, h: int, device):
+    src = _randn(t, h, device=device)
+    idx = torch.arange(rows, device=device) * max(t // rows, 1) % t
+
+    def fwd():
+        return kernels.expert_gather(src, idx)
+
+    def grads(out):
+        return [out], [torch.ones_like(out)], [src]
+    return fwd, grads
+
+
+def expert_scatter(t: int, rows: int, h: int, device):
+    """One expert's combine in an eager loop: its router weights gathered by (row, slot), its output
+    rows scaled by them and index_add_ed into a [t, h] output (a fresh zeroed one per call)."""
+    k = 4
+    ye = _randn(rows, h, device=device)
+    weights = _randn(t, k, device=device)
+    idx = torch.arange(rows, device=device) * max(t // rows, 1) % t
+    slot = torch.arange(rows, device=device) % k
+
+    def fwd():
+        out = torch.zeros(t, h, device=device, dtype=BF16)
+        return kernels.expert_scatter(out, idx, ye, kernels.expert_weights(weights, idx, slot))
+
+    def grads(out):
+        return [out], [torch.ones_like(out)], [ye, weights]
+    return fwd, grads
+
+
 def _model_state(n: int, device, tensor_elems: int, bucket_elems: int):
     """n parameters as the runner holds them: bf16 weights with bf16 gradients in tensors of
     tensor_elems, grouped into buckets of about bucket_elems with an fp32 master, gradient buffer
@@ -303,8 +399,12 @@ class Bench:
 
     def __init__(self, fwd: Optional[str], bwd: Optional[str], keys: Sequence[str],
                  points: Sequence[Tuple[Sequence[float], Sequence[int]]],
-                 make: Callable[..., Tuple[Callable, Optional[Callable]]], bytes_of: Callable[[Sequence[float]], float]):
+                 make: Callable[..., Tuple[Callable, Optional[Callable]]], bytes_of: Callable[[Sequence[float]], float],
+                 device_families: bool = True):
         self.fwd, self.bwd, self.keys, self.make, self.bytes_of = fwd, bwd, list(keys), make, bytes_of
+        # False: only the host families (pytorch_host.*) are written; the device time of the op is
+        # another family's (the attention core's: the fused attention families).
+        self.device_families = device_families
         self.points = [(list(map(float, i)), list(a)) for i, a in points]
 
     def families(self) -> List[str]:
@@ -312,8 +412,16 @@ class Bench:
 
 
 def op_of(family: str) -> str:
-    """The benchmark op of a pytorch.* family (the op of its row in calibration/src/kernel_terms.cpp)."""
-    return "pytorch_" + family.split(".", 1)[1]
+    """The benchmark op of a pytorch.* or pytorch_host.* family (the op of its row in
+    calibration/src/kernel_terms.cpp)."""
+    prefix, rest = family.split(".", 1)
+    return prefix + "_" + rest
+
+
+def host_family_of(family: str) -> str:
+    """The host family of a pytorch.* family: pytorch_host.<same op> (the host's time per call of the
+    op's body with the device busy, forward with and without autograd recording, or backward)."""
+    return "pytorch_host." + family.split(".", 1)[1]
 
 
 def benches(device: torch.device, shrink: int) -> List[Bench]:
@@ -350,6 +458,37 @@ def benches(device: torch.device, shrink: int) -> List[Bench]:
     pts = [((s(e) // 2056 * 2056,), (s(e),)) for e in (2.0e5, 2.0e6, 2.0e7, 6.0e7)]
     out.append(Bench(None, "pytorch.add_bwd", ["elements"], pts, lambda e: residual(e, device),
                      lambda p: p[0] * 6.0))
+    # The attention core (b, sq, skv, heads, kv groups, head dim). Training and prefill (causal,
+    # sq = skv): its host time only (the kernel is the fused attention families'). Decode (one query
+    # over a slice of a KV cache): device time too, family pytorch.attention_decode by (batch, keys,
+    # heads, KV heads, qk + v head dims): the slices made contiguous and the SDPA kernel PyTorch picks.
+    def b_of(b: int) -> int:
+        return b if shrink == 1 else 1
+    pts = [((b_of(b), s(sq), s(sq), a, g, d), (b_of(b), s(sq), s(sq), a, g, d))
+           for (b, sq) in ((1, 3000), (2, 1500)) for (a, g, d) in ((16, 16, 128), (24, 4, 96))]
+    out.append(Bench("pytorch.attention_fwd", "pytorch.attention_bwd",
+                     ["batch", "seq_q", "seq_kv", "heads", "kv_heads", "head_dim"], pts,
+                     lambda b, sq, skv, a, g, d: attention(b, sq, skv, a, g, d, device),
+                     lambda p: p[0] * (p[1] * p[3] + 2 * p[2] * p[4]) * p[5] * 2.0, device_families=False))
+    pts = [((b_of(b), s(skv), a, g, 2 * d), (b_of(b), 1, s(skv), a, g, d))
+           for (b, skv) in ((6, 400), (24, 900), (48, 1700), (80, 3000))
+           for (a, g, d) in ((16, 16, 128), (24, 4, 96), (40, 8, 64))]
+    out.append(Bench("pytorch.attention_decode", None, ["batch", "seq_kv", "heads", "kv_heads", "head_dims"], pts,
+                     lambda b, sq, skv, a, g, d: attention(b, sq, skv, a, g, d, device),
+                     lambda p: p[0] * p[1] * p[3] * p[4] * 2.0 * 2.0))
+    # GEMMs (F.linear) and an eager expert loop's gather and combine: host time only (their device
+    # time is the GEMM families' and the permute / unpermute families').
+    pts = [((s(m), s(n), s(kk)), (s(m), s(n), s(kk))) for (m, n, kk) in
+           ((40, 1000, 1000), (700, 2900, 1000), (3000, 1400, 4104), (12000, 4104, 2056))]
+    out.append(Bench("pytorch.linear_fwd", "pytorch.linear_bwd", ["m", "n", "k"], pts,
+                     lambda m, n, kk: linear(m, n, kk, device), lambda p: 2.0 * (p[0] * p[2] + p[1] * p[2] + p[0] * p[1]),
+                     device_families=False))
+    pts = [((s(t), s(r), s(h)), (s(t), s(r), s(h))) for (t, r, h) in
+           ((300, 40, 4104), (3000, 300, 1000), (12000, 1500, 2056), (9000, 4000, 1400))]
+    for name, make in (("expert_gather", expert_gather), ("expert_scatter", expert_scatter)):
+        out.append(Bench(f"pytorch.{name}_fwd", f"pytorch.{name}_bwd", ["tokens", "rows", "hidden"], pts,
+                         lambda t, r, h, make=make: make(t, r, h, device), lambda p: p[1] * p[2] * 4.0,
+                         device_families=False))
     tensor_elems, bucket_elems = max(4_000_000 // shrink, 64), max(64_000_000 // shrink, 1024)
     pts = [((s(n),), (s(n),)) for n in (2.0e6 + 40, 2.0e7 + 40, 1.0e8 + 40, 4.0e8 + 40, 1.0e9 + 40)]
     out.append(Bench("pytorch.grad_norm", None, ["parameters"], pts,
@@ -423,7 +562,10 @@ def main(argv=None) -> int:
     known = {f for b in benches(device, shrink) for f in b.families()}
     if only - known:
         raise SystemExit(f"--only: unknown families {sorted(only - known)}; known: {sorted(known)}")
-    report: Dict[str, object] = {"device": str(device), "torch": torch.__version__, "points": []}
+    grad_call_s = grad_call_overhead(device)
+    print(f"torch.autograd.grad call without work: {grad_call_s * 1e6:.2f} us (taken off the backward host times)")
+    report: Dict[str, object] = {"device": str(device), "torch": torch.__version__,
+                                 "grad_call_overhead_us": grad_call_s * 1e6, "points": []}
     with open(path, "w") as f:
         f.write(json.dumps(header(args.profile, device, argv)) + "\n")
         f.flush()
@@ -442,18 +584,41 @@ def main(argv=None) -> int:
                     if not fam or (only and fam not in only):
                         continue
                     rec = record(fam, b.keys, inputs, b.bytes_of(inputs), res[key], wall, iters)
-                    f.write(json.dumps(rec) + "\n")
-                    f.flush()
+                    if b.device_families:
+                        f.write(json.dumps(rec) + "\n")
+                        f.flush()
                     report["points"].append({"family": fam, "inputs": inputs, "median_us": rec["median_s"] * 1e6,
                                              "host_bound": bool(res[key].get("host_bound"))})
                     print(f"{fam:28s} {' '.join(f'{k}={v:g}' for k, v in zip(b.keys, inputs)):44s} "
                           f"{rec['median_s'] * 1e6:10.2f} us", flush=True)
+                    if b.keys == ["parameters"]:
+                        continue  # the optimizer's ops: a host loop per tensor, not one body per op
+                    hosts = [(1.0, res[key]["host"])]
+                    if key == "fwd" and "fwd_nograd" in res:
+                        hosts.append((0.0, res["fwd_nograd"]["host"]))
+                    off = grad_call_s if key == "bwd" else 0.0
+                    for autograd, st in hosts:
+                        # A body cheaper than the timing's noise keeps a floor of 10 ns (times are positive).
+                        st = {k: ([max(x - off, 1e-8) for x in v] if isinstance(v, list) else max(v - off, 1e-8))
+                              for k, v in st.items()}
+                        hrec = record(host_family_of(fam), ["autograd"], [autograd], 0.0, st, wall, iters)
+                        hrec["check"] = ("host time per call of the op's body, the device busy (not a kernel time)" +
+                                         (f"; less one torch.autograd.grad call without work, {off * 1e6:.2f} us"
+                                          if off else ""))
+                        f.write(json.dumps(hrec) + "\n")
+                        f.flush()
+                        report["points"].append({"family": hrec["family"], "inputs": [autograd],
+                                                 "median_us": hrec["median_s"] * 1e6, "shape": inputs})
+                        print(f"{hrec['family']:28s} autograd={autograd:g} {'':33s}"
+                              f"{hrec['median_s'] * 1e6:10.2f} us (host; {' '.join(f'{k}={v:g}' for k, v in zip(b.keys, inputs))})",
+                              flush=True)
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
     with open(os.path.join(args.out, "pytorch_kernels.json"), "w") as f:
         json.dump(report, f, indent=1)
     toml_out = os.path.join(args.out, "pytorch_kernels.toml")
-    fams = sorted({p["family"] for p in report["points"]})
+    fams = sorted({p["family"] for p in report["points"]} - {f for b in todo if not b.device_families
+                                                              for f in b.families()})
     print(f"raw:   {path}\nrefit: threewalls_refit_raw {args.out} {toml_out}\n"
           f"merge: threewalls_merge_families {args.profile} {toml_out} OUT.toml {' '.join(fams)}")
     return 0

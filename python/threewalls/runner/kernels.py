@@ -11,6 +11,8 @@ business; every function is differentiable where its op has a backward.
 """
 from __future__ import annotations
 
+import inspect
+import math
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -35,6 +37,82 @@ def act(a: torch.Tensor, swiglu: bool) -> torch.Tensor:
         f = a.shape[-1] // 2
         return F.silu(a[..., :f]) * a[..., f:]
     return F.gelu(a)
+
+
+_HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
+
+
+def _sdpa_has_gqa() -> bool:
+    if not _HAS_SDPA:
+        return False
+    try:
+        return "enable_gqa" in inspect.signature(F.scaled_dot_product_attention).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+_SDPA_GQA = _sdpa_has_gqa()
+
+
+def attention_impl() -> str:
+    """What attention() runs on this PyTorch (the run header's runner.attention)."""
+    if not _HAS_SDPA:
+        return "math (softmax(QK^T/sqrt(d))V: this PyTorch has no scaled_dot_product_attention)"
+    return "scaled_dot_product_attention" + (" (enable_gqa)" if _SDPA_GQA else " (K/V repeated per group)")
+
+
+def _sdpa(q, k, v, causal: bool):
+    """q [b, a, sq, d], k [b, g, skv, d], v [b, g, skv, dv] (contiguous) -> [b, a, sq, dv]."""
+    a, g = q.shape[1], k.shape[1]
+    if _HAS_SDPA:
+        if a != g and _SDPA_GQA:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        if a != g:
+            k = k.repeat_interleave(a // g, dim=1)
+            v = v.repeat_interleave(a // g, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    if a != g:
+        k = k.repeat_interleave(a // g, dim=1)
+        v = v.repeat_interleave(a // g, dim=1)
+    s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    if causal:
+        sq, skv = q.shape[2], k.shape[2]
+        mask = torch.ones(sq, skv, dtype=torch.bool, device=q.device).tril(skv - sq)
+        s = s.masked_fill(~mask, float("-inf"))
+    return torch.softmax(s.float(), dim=-1).to(q.dtype) @ v
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    """The attention core: q [b, a, sq, d], k [b, g, skv, d], v [b, g, skv, dv] (views of the
+    projections or of the KV cache) made contiguous, scaled_dot_product_attention (GQA through
+    enable_gqa where PyTorch has it), the heads laid back side by side -> [b sq, a dv]
+    (pytorch_host.attention_*: its host time; the kernel is priced by the fused attention families)."""
+    b, a, sq = q.shape[0], q.shape[1], q.shape[2]
+    o = _sdpa(q.contiguous(), k.contiguous(), v.contiguous(), causal)
+    return o.transpose(1, 2).reshape(b * sq, a * o.shape[-1])
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [..., k] times w [n, k] transposed (F.linear; pytorch_host.linear_*: its host time, the
+    product itself priced by the GEMM families)."""
+    return F.linear(x, w)
+
+
+def expert_gather(src: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """An eager expert loop's rows of one expert (index_select; pytorch_host.expert_gather_*)."""
+    return src.index_select(0, rows)
+
+
+def expert_weights(weights: torch.Tensor, rows: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+    """The router weights of one expert's rows: weights[rows, slot] (advanced indexing; its backward
+    is an accumulating index_put_)."""
+    return weights[rows, slot]
+
+
+def expert_scatter(out: torch.Tensor, rows: torch.Tensor, ye: torch.Tensor, we: Optional[torch.Tensor]) -> torch.Tensor:
+    """out[rows] += ye * we[:, None] (we None: += ye), in place (index_add_); with expert_weights
+    before it, an eager expert loop's combine of one expert (pytorch_host.expert_scatter_*)."""
+    return out.index_add_(0, rows, ye * we.unsqueeze(1) if we is not None else ye)
 
 
 def residual_add(residual: torch.Tensor, *ys: torch.Tensor) -> torch.Tensor:
@@ -116,7 +194,6 @@ def clipped_step(opt: torch.optim.Optimizer, masters: Sequence[torch.Tensor], sq
 
 def adam(masters: List[torch.Tensor], device: torch.device) -> torch.optim.Optimizer:
     """torch.optim.Adam over the masters, fused on CUDA where this PyTorch has it."""
-    import inspect
     try:
         has_fused = "fused" in inspect.signature(torch.optim.Adam.__init__).parameters
     except (TypeError, ValueError):

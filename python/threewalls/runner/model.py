@@ -29,7 +29,6 @@ Implementation choices (each recorded in the run header's settings.runner):
 """
 from __future__ import annotations
 
-import math
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -40,47 +39,9 @@ from threewalls.runner.kernels import act as _act, norm as _norm
 from threewalls.runner.ops import Ctx, Op, all_to_all, grouped, grouped_mm_impl, linear, scatter_add
 from threewalls.runner.scenario import Scenario
 
-_HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
-
-
-def _sdpa_has_gqa() -> bool:
-    if not _HAS_SDPA:
-        return False
-    try:
-        import inspect
-        return "enable_gqa" in inspect.signature(F.scaled_dot_product_attention).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-_SDPA_GQA = _sdpa_has_gqa()
-
 
 def attention_impl() -> str:
-    if not _HAS_SDPA:
-        return "math (softmax(QK^T/sqrt(d))V: this PyTorch has no scaled_dot_product_attention)"
-    return "scaled_dot_product_attention" + (" (enable_gqa)" if _SDPA_GQA else " (K/V repeated per group)")
-
-
-def _attention(q, k, v, causal: bool):
-    """q [b, a, sq, d], k [b, g, skv, d], v [b, g, skv, dv] -> [b, a, sq, dv]."""
-    a, g = q.shape[1], k.shape[1]
-    if _HAS_SDPA:
-        if a != g and _SDPA_GQA:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
-        if a != g:
-            k = k.repeat_interleave(a // g, dim=1)
-            v = v.repeat_interleave(a // g, dim=1)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    if a != g:
-        k = k.repeat_interleave(a // g, dim=1)
-        v = v.repeat_interleave(a // g, dim=1)
-    s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-    if causal:
-        sq, skv = q.shape[2], k.shape[2]
-        mask = torch.ones(sq, skv, dtype=torch.bool, device=q.device).tril(skv - sq)
-        s = s.masked_fill(~mask, float("-inf"))
-    return torch.softmax(s.float(), dim=-1).to(q.dtype) @ v
+    return kernels.attention_impl()
 
 
 class Model:
@@ -314,8 +275,7 @@ class Model:
         with Op(c, "attn_core", [qh, kh, vh], wall="compute", flops=flops, nbytes=nbytes, bwd_flops=2 * flops,
                 bwd_nbytes=2.5 * nbytes) as op:
             qi, ki, vi = op.inputs
-            o = _attention(qi.contiguous(), ki.contiguous(), vi.contiguous(), causal)
-            o = op.out(o.transpose(1, 2).reshape(t, a * dv))
+            o = op.out(kernels.attention(qi, ki, vi, causal))
         out = linear(c, "attn_proj", o, lp["proj"])
         return self._bda(c, "attn_bda", x, out)
 
@@ -568,7 +528,7 @@ class Model:
                         tt.record_stream(st)
                 with Op(c, "expert_gather", [src], wall="memory", tokens=n, nbytes=2.0 * n * h * elt) as op:
                     (si,) = op.inputs
-                    xe = op.out(si.index_select(0, rows))
+                    xe = op.out(kernels.expert_gather(si, rows))
                 if swiglu:
                     w_gate, w_up, w_down = experts[e]
                     gate = linear(c, "expert_gate", xe, w_gate, tokens=n)
@@ -586,7 +546,7 @@ class Model:
                         (ai,) = op.inputs
                         hm = op.out(F.gelu(ai))
                     ye = linear(c, "expert_fc2", hm, w_fc2, tokens=n)
-                we = weights[rows, slot] if weights is not None else None
+                we = kernels.expert_weights(weights, rows, slot) if weights is not None else None
                 out = scatter_add(c, out, rows, ye, we)
         c.expert = None
         if main is not None:

@@ -77,8 +77,31 @@ inline constexpr std::string_view kPytorchGeluFwdFamily = "pytorch.gelu_fwd";
 inline constexpr std::string_view kPytorchGeluBwdFamily = "pytorch.gelu_bwd";
 inline constexpr std::string_view kPytorchAddBwdFamily = "pytorch.add_bwd";
 inline constexpr std::string_view kPytorchGradNormFamily = "pytorch.grad_norm";
+// A decode step's attention core in PyTorch (one query per sequence over its KV cache): the cache
+// slices made contiguous and the scaled_dot_product_attention kernel PyTorch picks.
+inline constexpr std::string_view kPytorchAttentionDecodeFamily = "pytorch.attention_decode";
 // The PyTorch twin of a backend kernel_terms family ("kernel.permute_fwd" -> "pytorch.permute_fwd").
 std::string pytorch_twin(std::string_view backend_family);
+
+// PyTorch eager's host time per op body (points_of "python"): what the host spends issuing one op's
+// body, its Python, dispatcher and kernel launches, with the device busy (threewalls.bench.
+// pytorch_kernels). A forward family has input `autograd` (1 when the forward records autograd
+// nodes, a training step's; 0 for an inference step's) and term per_autograd_s; a backward family
+// is the node's share of one autograd engine run (the measured torch.autograd.grad call less that
+// of a graph without work). Each per-layer pytorch.* family has one ("pytorch.permute_fwd" ->
+// "pytorch_host.permute_fwd"); the ops priced by other families have their own below.
+inline constexpr std::string_view kPytorchHostFamilyPrefix = "pytorch_host.";
+inline constexpr std::string_view kPytorchHostLinearFwdFamily = "pytorch_host.linear_fwd";
+inline constexpr std::string_view kPytorchHostLinearBwdFamily = "pytorch_host.linear_bwd";
+inline constexpr std::string_view kPytorchHostAttentionFwdFamily = "pytorch_host.attention_fwd";
+inline constexpr std::string_view kPytorchHostAttentionBwdFamily = "pytorch_host.attention_bwd";
+inline constexpr std::string_view kPytorchHostExpertGatherFwdFamily = "pytorch_host.expert_gather_fwd";
+inline constexpr std::string_view kPytorchHostExpertGatherBwdFamily = "pytorch_host.expert_gather_bwd";
+inline constexpr std::string_view kPytorchHostExpertScatterFwdFamily = "pytorch_host.expert_scatter_fwd";
+inline constexpr std::string_view kPytorchHostExpertScatterBwdFamily = "pytorch_host.expert_scatter_bwd";
+// The host family of a pytorch.* family ("pytorch.permute_fwd" -> "pytorch_host.permute_fwd"); the
+// table has one for every per-layer op (not the optimizer's: a host loop per tensor).
+std::string pytorch_host_twin(std::string_view pytorch_family);
 
 // The kernel_terms family whose points are those of the `norm` family's calibrate op `op`
 // ("norm_rmsnorm_fwd" -> kRmsnormFwdFamily); nullptr for any other op.

@@ -93,6 +93,18 @@ struct FittedKernel {
 // add by output elements; the gradient norm (element-wise reduce) by parameters. Empty for op kinds
 // whose PyTorch kernels are not separately measured (GEMMs, attention, forward adds, copies).
 [[nodiscard]] std::optional<FittedKernel> pytorch_kernel_of(const scenarios::Op& op);
+// The family of PyTorch eager's host time for `op`'s body (calibration::kPytorchHostFamilyPrefix),
+// input autograd = `records_autograd` for a forward op, 1 for a backward one: the pytorch_host twin of
+// pytorch_kernel_of's family; a per-expert permute / unpermute (an eager expert loop's gather and
+// combine) expert_gather / expert_scatter; a gemm linear (a backward gemm, dgrad or wgrad, half of
+// linear_bwd: autograd runs both products in one node); attention attention. Empty for the rest
+// (grouped GEMMs, forward adds, copies, the optimizer, host ops).
+struct HostBody {
+  std::string family;
+  double autograd = 0.0;
+  double share = 1.0;  // of the family's time this op carries
+};
+[[nodiscard]] std::optional<HostBody> pytorch_host_body_of(const scenarios::Op& op, bool records_autograd);
 
 // NCCL device memory of the profile (calibration family nccl.memory, models.hpp NcclMemoryModel).
 struct NcclMemoryParams {
@@ -148,6 +160,14 @@ class OpCoster {
   // streams (each with its own OpRunner), over launching on one (calibration host.stream_cycle);
   // 0 for costers without it.
   [[nodiscard]] virtual Seconds stream_cycle_extra(int /*streams*/) const { return Seconds(0.0); }
+  // run.framework = "pytorch_eager": the host time PyTorch spends issuing `op`'s body (its Python,
+  // dispatcher, autograd node and kernel launches, pytorch_host_body_of), in place of the per-launch
+  // costs; `records_autograd`: a training step's forward. Empty: the per-launch costs (other
+  // frameworks, profiles without the family, test fakes).
+  [[nodiscard]] virtual std::optional<Seconds> framework_body_host(const scenarios::Op& /*op*/,
+                                                                   bool /*records_autograd*/) const {
+    return std::nullopt;
+  }
   // When kernel_time prices `op` with the fit of another kernel than the one the op runs on (fused
   // attention from the unfused attention fits, for a profile without fused attention families), the
   // sentence the simulator prints as a warning; empty otherwise.
@@ -174,6 +194,8 @@ class CostModelCoster final : public OpCoster {
   [[nodiscard]] Seconds copy_time(scenarios::CopyKind kind, Bytes bytes) const override;
   [[nodiscard]] CommParams comm_params(Collective kind, Bytes bytes, int group_size, LinkScope scope) const override;
   [[nodiscard]] HostCosts host_costs() const override { return host_; }
+  [[nodiscard]] std::optional<Seconds> framework_body_host(const scenarios::Op& op,
+                                                           bool records_autograd) const override;
   [[nodiscard]] double stream_concurrency(int streams, double sm_fraction) const override;
   [[nodiscard]] int sm_count() const override;
   [[nodiscard]] double nccl_resident_slowdown(int nccl_case, int compute_class, double tiles) const override;
