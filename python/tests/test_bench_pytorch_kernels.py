@@ -30,13 +30,20 @@ class PytorchKernelsBench(unittest.TestCase):
         self.assertEqual(lines[0]["format"], "threewalls.calibration_raw")
         self.assertIn("smoke test", lines[0]["hardware"]["machine"])
         fams = {r["family"] for r in lines[1:]}
-        self.assertEqual(fams, {"pytorch.unpermute_fwd", "pytorch.unpermute_bwd", "pytorch.adam_step"})
+        # The op bodies' host time beside their device time (not the optimizer's: a loop per tensor).
+        self.assertEqual(fams, {"pytorch.unpermute_fwd", "pytorch.unpermute_bwd", "pytorch.adam_step",
+                                "pytorch_host.unpermute_fwd", "pytorch_host.unpermute_bwd"})
         for r in lines[1:]:
-            self.assertEqual(r["op"], "pytorch_" + r["family"].split(".", 1)[1])
+            prefix, rest = r["family"].split(".", 1)
+            self.assertEqual(r["op"], prefix + "_" + rest)
             self.assertEqual(list(r["params"].values()), r["inputs"])
             self.assertGreater(r["median_s"], 0)
         unperm = [r for r in lines[1:] if r["family"] == "pytorch.unpermute_fwd"]
         self.assertEqual(list(unperm[0]["params"]), ["tokens", "topk", "hidden"])
+        # Forward host points with and without autograd recording; backward ones recording.
+        host_fwd = [r for r in lines[1:] if r["family"] == "pytorch_host.unpermute_fwd"]
+        self.assertEqual(sorted({r["inputs"][0] for r in host_fwd}), [0.0, 1.0])
+        self.assertEqual({r["inputs"][0] for r in lines[1:] if r["family"] == "pytorch_host.unpermute_bwd"}, {1.0})
         # The C++ fit reads it: the families' inputs and ops are the kernel_terms table's.
         refit = os.path.join(os.path.dirname(need_bin(self)), "..", "calibration", "bench", "threewalls_refit_raw")
         toml = os.path.join(out, "fitted.toml")
@@ -57,6 +64,13 @@ class PytorchKernelsBench(unittest.TestCase):
             pytorch_kernels.main(["--out", os.path.join(tempdir(self), "x"), "--profile", PROFILE, "--device", "cpu",
                                   "--only", "pytorch.nope"])
 
+    def test_the_decode_attention_body_is_a_device_family_and_the_training_one_host_only(self):
+        out = self.run_bench("--only", "pytorch.attention_decode,pytorch.attention_fwd", "--max-points", "2")
+        with open(os.path.join(out, "points.jsonl")) as f:
+            fams = {json.loads(line)["family"] for line in list(f)[1:]}
+        self.assertEqual(fams, {"pytorch.attention_decode", "pytorch_host.attention_decode",
+                                "pytorch_host.attention_fwd"})
+
     def test_the_op_bodies_compute_what_their_ops_mean(self):
         # unpermute: each token's rows, weighted, summed back; permute: rows in expert order.
         y = torch.arange(12.0).reshape(4, 3)
@@ -71,6 +85,20 @@ class PytorchKernelsBench(unittest.TestCase):
         self.assertEqual(chosen.tolist(), [[1, 2]])
         self.assertAlmostEqual(float(weights.sum()), float(torch.softmax(torch.tensor([0.0, 5.0, 1.0]), 0)[1:].sum()),
                                places=5)
+        # attention: one query over two keys, heads side by side; GQA shares a KV head.
+        q = torch.zeros(1, 2, 1, 4)
+        k = torch.zeros(1, 1, 2, 4)
+        v = torch.arange(8.0).reshape(1, 1, 2, 4)
+        o = kernels.attention(q, k, v, causal=False)
+        self.assertEqual(o.shape, (1, 8))
+        self.assertTrue(torch.allclose(o, torch.tensor([[2.0, 3.0, 4.0, 5.0] * 2])))  # the mean of the values
+        # The eager loop's combine: out[rows] += ye * weights[rows, slot].
+        out = torch.zeros(3, 2)
+        rows, slot = torch.tensor([0, 2]), torch.tensor([1, 0])
+        wts = torch.tensor([[1.0, 2.0], [0.0, 0.0], [3.0, 4.0]])
+        kernels.expert_scatter(out, rows, torch.ones(2, 2), kernels.expert_weights(wts, rows, slot))
+        self.assertEqual(out.tolist(), [[2.0, 2.0], [0.0, 0.0], [3.0, 3.0]])
+        self.assertEqual(kernels.expert_gather(torch.arange(6.0).reshape(3, 2), rows).tolist(), [[0, 1], [4, 5]])
 
 
 if __name__ == "__main__":

@@ -440,8 +440,99 @@ TEST(OpCosterPytorch, MapsOpsToPyTorchsFamiliesWithTheTokensTheRowsComeFrom) {
   // Every family the mapping names is in the kernel_terms table with as many inputs.
   for (const auto& f : kernel_terms_families()) {
     if (f.points_of != "python") continue;
-    EXPECT_EQ(f.name.rfind(std::string(kPytorchFamilyPrefix), 0), 0U) << f.name;
+    EXPECT_TRUE(f.name.rfind(std::string(kPytorchFamilyPrefix), 0) == 0 ||
+                f.name.rfind(std::string(kPytorchHostFamilyPrefix), 0) == 0)
+        << f.name;
   }
+}
+
+TEST(OpCosterPytorch, EveryPerLayerBodyHasAHostFamilyAndOpsFindTheirs) {
+  using namespace threewalls::calibration;
+  // The table: a host twin for every pytorch.* family but the optimizer's (a host loop per tensor).
+  for (const auto& f : kernel_terms_families()) {
+    if (f.name.rfind(std::string(kPytorchFamilyPrefix), 0) != 0) continue;
+    const KernelTermsFamily* h = find_kernel_terms_family(pytorch_host_twin(f.name));
+    if (f.inputs.front().key == "parameters") {
+      EXPECT_EQ(h, nullptr) << f.name;
+      continue;
+    }
+    ASSERT_NE(h, nullptr) << f.name;
+    EXPECT_EQ(h->points_of, "python");
+    ASSERT_EQ(h->inputs.size(), 1U);
+    EXPECT_EQ(h->inputs[0].key, "autograd");
+    // A forward body pays for recording autograd nodes; a backward one is a node's share of a run.
+    EXPECT_EQ(h->terms.size(), f.name.find("_bwd") == std::string::npos ? 1U : 0U) << h->name;
+  }
+  auto body = [](const Op& op, bool autograd) {
+    const auto b = pytorch_host_body_of(op, autograd);
+    EXPECT_TRUE(!b || find_kernel_terms_family(b->family) != nullptr) << b->family;
+    return b;
+  };
+  // The grouped path's unpermute: PyTorch's unpermute body; inference records no autograd node.
+  auto b = body(memory_op(OpKind::unpermute, {32768, 2048, 4096}, 1.0), false);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->family, "pytorch_host.unpermute_fwd");
+  EXPECT_EQ(b->autograd, 0.0);
+  // An eager loop's per-expert gather and combine: bodies of their own; a backward is always 1.
+  Op gather = memory_op(OpKind::permute, {300, 2048, 4096}, 1.0);
+  gather.expert = 3;
+  EXPECT_EQ(body(gather, true)->family, kPytorchHostExpertGatherFwdFamily);
+  EXPECT_EQ(body(gather, true)->autograd, 1.0);
+  Op combine = memory_op(OpKind::unpermute, {300, 2048, 4096}, 1.0, true);
+  combine.expert = 3;
+  EXPECT_EQ(body(combine, false)->family, kPytorchHostExpertScatterBwdFamily);
+  EXPECT_EQ(body(combine, false)->autograd, 1.0);
+  // A linear layer: the forward's body; each of the backward's two products half of its node.
+  EXPECT_EQ(body(memory_op(OpKind::gemm, {4096, 2048, 2048}, 1.0), true)->family, kPytorchHostLinearFwdFamily);
+  b = body(memory_op(OpKind::gemm, {4096, 2048, 2048}, 1.0, true), true);
+  EXPECT_EQ(b->family, kPytorchHostLinearBwdFamily);
+  EXPECT_EQ(b->share, 0.5);
+  // Attention: the training core's body, or a decode step's (the twin of pytorch.attention_decode).
+  Op attn = attention_op({2, 4096, 4096, 16, 128, 128}, scenarios::AttentionImpl::fused, false);
+  EXPECT_EQ(body(attn, true)->family, kPytorchHostAttentionFwdFamily);
+  Op decode = attention_op({32, 1, 1040, 32, 128, 128}, scenarios::AttentionImpl::fused, false);
+  decode.shape[6] = 4;
+  ASSERT_EQ(scenarios::attention_kernel(decode), scenarios::AttentionKernel::decode);
+  EXPECT_EQ(body(decode, false)->family, pytorch_host_twin(kPytorchAttentionDecodeFamily));
+  const auto dk = pytorch_kernel_of(decode);
+  ASSERT_TRUE(dk.has_value());
+  EXPECT_EQ(dk->family, kPytorchAttentionDecodeFamily);
+  EXPECT_EQ(dk->inputs, (std::vector<double>{32, 1040, 32, 4, 256}));
+  // None: the optimizer (a loop per tensor), the gradient norm, a forward add, grouped GEMMs.
+  EXPECT_FALSE(body(memory_op(OpKind::optimizer, {1000}, 1.0), true).has_value());
+  Op norm = memory_op(OpKind::elementwise, {1000000}, 4e6);
+  norm.sub = static_cast<std::uint8_t>(scenarios::ElementwiseKind::reduce);
+  EXPECT_FALSE(body(norm, true).has_value());
+  Op add = memory_op(OpKind::elementwise, {4096 * 2048}, 1.0);
+  add.sub = static_cast<std::uint8_t>(scenarios::ElementwiseKind::add);
+  EXPECT_FALSE(body(add, true).has_value());
+  EXPECT_FALSE(body(memory_op(OpKind::grouped_gemm, {4096, 768, 2048, 8, 512, 0}, 1.0), true).has_value());
+}
+
+TEST(OpCosterPytorch, ChargesAMeasuredBodysHostTimeOnlyForAPytorchEagerScenario) {
+  using namespace threewalls::calibration;
+  // F.linear's host time: 20 us without autograd, 26 us recording it.
+  const Profile base = default_with_kernel_families();
+  ProfileBuilder pb(base.info(), base.hardware());
+  for (int rep = 0; rep < 3; ++rep) {
+    pb.add_point(std::string(kPytorchHostLinearFwdFamily), {0.0}, Measurement::single(20e-6));
+    pb.add_point(std::string(kPytorchHostLinearFwdFamily), {1.0}, Measurement::single(26e-6));
+  }
+  std::vector<Family> families = base.families();
+  const Profile fitted = pb.build();
+  for (const auto& f : fitted.families()) families.push_back(f);
+  const CostModel model(Profile(base.info(), base.hardware(), std::move(families)));
+  const Op fwd = memory_op(OpKind::gemm, {4096, 2048, 2048}, 1.0);
+  const CostModelCoster eager(model, 1.0, 1.0, scenarios::Framework::pytorch_eager);
+  ASSERT_TRUE(eager.framework_body_host(fwd, false).has_value());
+  EXPECT_NEAR(eager.framework_body_host(fwd, false)->value, 20e-6, 1e-9);
+  EXPECT_NEAR(eager.framework_body_host(fwd, true)->value, 26e-6, 1e-9);
+  // --host-scale scales it as every host cost; the C++ executor's scenario never has it.
+  const CostModelCoster slower(model, 1.5, 1.0, scenarios::Framework::pytorch_eager);
+  EXPECT_NEAR(slower.framework_body_host(fwd, true)->value, 39e-6, 1e-9);
+  EXPECT_FALSE(CostModelCoster(model).framework_body_host(fwd, true).has_value());
+  // A body the profile has no family for: the per-launch costs.
+  EXPECT_FALSE(eager.framework_body_host(memory_op(OpKind::gemm, {4096, 2048, 2048}, 1.0, true), true).has_value());
 }
 
 TEST(OpCosterPytorch, PricesWithPyTorchsFamilyOnlyForAPytorchEagerScenario) {

@@ -9,6 +9,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -199,6 +200,12 @@ class FixedCoster final : public OpCoster {
   [[nodiscard]] HostCosts host_costs() const override { return host_; }
   [[nodiscard]] double stream_concurrency(int streams, double) const override { return ideal_ ? streams : 1.0; }
   [[nodiscard]] int sm_count() const override { return 132; }
+  [[nodiscard]] std::optional<Seconds> framework_body_host(const scenarios::Op& op,
+                                                           bool records_autograd) const override {
+    return body_ ? body_(op, records_autograd) : std::nullopt;
+  }
+  // PyTorch's host time per op body (empty: none, the per-launch costs).
+  std::function<std::optional<Seconds>(const scenarios::Op&, bool)> body_;
 
  private:
   Seconds op_;
@@ -399,6 +406,43 @@ TEST(HostOverheadStudy, PyTorchEagerBackwardLaunchesPayTheAutogradNodeInsteadOfT
   const double fw_bwd = Executor(with, torch).run_step(g, p, {}, 0.0, nullptr).duration;
   EXPECT_NEAR((fw_bwd - base) * 1e6, 5.0 * static_cast<double>(fwd) + 2.0 * static_cast<double>(bwd), 1.0);
   EXPECT_NEAR(Executor(with, cpp).run_step(g, p, {}, 0.0, nullptr).duration, base, 1e-9);  // cpp: neither
+}
+
+TEST(HostOverheadStudy, PyTorchEagerOpsWithAMeasuredBodyPayItsHostTimeInPlaceOfTheirLaunches) {
+  // A training step of the eager OLMoE-like scenario on a launch-bound GPU: forward GEMMs whose body
+  // (F.linear) costs 40 us of host pay that instead of their launch plus host.framework_op; the
+  // other ops keep the per-launch costs; the C++ executor never asks.
+  const scenarios::Scenario s =
+      scenarios::load_scenario(testing::source_dir() / "python/scenarios/olmoe_4l_eager.toml");
+  const scenarios::StepGraph g = scenarios::expand(s, 0);
+  std::size_t fwd_gemms = 0;
+  for (const auto& op : g.classes[0].ops) {
+    if (op.kind == scenarios::OpKind::gemm && (op.flags & scenarios::kBackward) == 0) ++fwd_gemms;
+  }
+  ASSERT_GT(fwd_gemms, 100U);
+  HostCosts h = launch_bound_coster().host_costs();
+  h.framework_op = microseconds(5);
+  ExecutorOptions torch;
+  torch.fidelity = Fidelity::analytic;
+  torch.framework = scenarios::Framework::pytorch_eager;
+  const Platform p(s.cluster);
+  const FixedCoster per_launch(0.1, h);
+  FixedCoster bodies(0.1, h);
+  std::size_t asked_without_autograd = 0;
+  bodies.body_ = [&](const scenarios::Op& op, bool records_autograd) -> std::optional<Seconds> {
+    if (!records_autograd) ++asked_without_autograd;
+    if (op.kind != scenarios::OpKind::gemm || (op.flags & scenarios::kBackward) != 0) return std::nullopt;
+    return microseconds(40);
+  };
+  const double base = Executor(per_launch, torch).run_step(g, p, {}, 0.0, nullptr).duration;
+  const double with = Executor(bodies, torch).run_step(g, p, {}, 0.0, nullptr).duration;
+  EXPECT_EQ(asked_without_autograd, 0U);  // a training step's forward records autograd nodes
+  const double launch = h.gemm_launch ? h.gemm_launch->value : h.kernel_launch.value;
+  EXPECT_NEAR((with - base) * 1e6, (40.0 - (launch * 1e6 + 5.0)) * static_cast<double>(fwd_gemms), 1.0);
+  ExecutorOptions cpp = torch;
+  cpp.framework = scenarios::Framework::cpp;
+  EXPECT_NEAR(Executor(bodies, cpp).run_step(g, p, {}, 0.0, nullptr).duration,
+              Executor(per_launch, cpp).run_step(g, p, {}, 0.0, nullptr).duration, 1e-9);
 }
 
 TEST(HostOverheadStudy, APyTorchEagerExpertLoopReadsEachExpertsRowsWaitingForItsStream) {
