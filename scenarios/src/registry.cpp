@@ -879,8 +879,9 @@ Registry::Registry() {
     static const std::vector<std::string> kFramework = {"cpp", "pytorch_eager"};
     Decl(r, "run.framework", ParamType::choice).def("\"cpp\"").choices(kFramework)
         .doc("What drives the GPU: cpp (threewalls run's C++ executor) or pytorch_eager (a PyTorch eager "
-             "program such as the reference runner: every forward op launched outside a CUDA graph also pays "
-             "host.framework_op, PyTorch's per-op dispatch, every backward one host.framework_backward_op, "
+             "program such as the reference runner: an op launched outside a CUDA graph pays the host time of "
+             "its PyTorch body where the profile measured it, the pytorch_host.* families, else its launch plus "
+             "host.framework_op, PyTorch's per-op dispatch, or for a backward op host.framework_backward_op, "
              "its autograd engine; a training step's per-expert loop over one EP rank's experts reads each "
              "expert's rows on the host, as Hugging Face's torch.where does: expert_rows_read, "
              "host.framework_sync; the memory-bound ops are priced by PyTorch's kernels, the pytorch.* families; "

@@ -597,8 +597,9 @@ class StepRun {
         // PyTorch eager's measured host time of the op's whole body where the profile has it, in
         // place of the launch and the framework's per-launch dispatch.
         const std::optional<Seconds> body = eager_fw ? coster_.framework_body_host(op, training) : std::nullopt;
-        const double issue = body ? body->value
-                                  : launch_cost(op) + ((op.flags & scenarios::kBackward) != 0 ? framework_bwd : framework_op);
+        const double issue =
+            body ? body->value
+                 : launch_cost(op) + ((op.flags & scenarios::kBackward) != 0 ? framework_bwd : framework_op);
         const double launch = issue + (rotates(op) ? cycle_extra : 0.0) + host_.op_dispatch.value +
                               (eager_fw && (op.flags & scenarios::kNewShape) != 0 && host_.framework_attention_plan
                                    ? host_.framework_attention_plan->value
