@@ -109,7 +109,8 @@ if [ -n "$merge" ]; then
     > "$out/logs/merge_families.log" 2>&1 && pytorch_profile=$out/framework/profile_pytorch.toml ||
     { echo "threewalls_merge_families failed (logs/merge_families.log)" >&2; cat "$out/logs/merge_families.log" >&2; }
 fi
-# PyTorch's kernels for the memory-bound ops (the pytorch.* families), refitted into the same profile
+# PyTorch's kernels for the memory-bound ops and its host time per op body (the pytorch.* and
+# pytorch_host.* families), refitted into the same profile
 # with threewalls_refit_raw beside the merge tool (or REFIT=<binary>).
 if [ "$smoke" = 1 ]; then
   "$python" -m threewalls.bench.pytorch_kernels --out "$out/framework/pytorch_kernels" --profile "$profile" \
@@ -126,7 +127,7 @@ if [ -z "$refit" ] && [ -n "$merge" ]; then
 fi
 if [ -n "$pytorch_profile" ] && [ -n "$refit" ] && [ -s "$out/framework/pytorch_kernels/points.jsonl" ]; then
   kernels_toml=$out/framework/pytorch_kernels/pytorch_kernels.toml
-  families=$(grep -o '"family": "pytorch\.[a-z_]*"' "$out/framework/pytorch_kernels/points.jsonl" | cut -d'"' -f4 | sort -u)
+  families=$(grep -o '"family": "pytorch[a-z_]*\.[a-z_]*"' "$out/framework/pytorch_kernels/points.jsonl" | cut -d'"' -f4 | sort -u)
   # shellcheck disable=SC2086 # one argument per family
   { "$refit" "$out/framework/pytorch_kernels" "$kernels_toml" &&
     "$merge" "$pytorch_profile" "$kernels_toml" "$pytorch_profile" $families; } >> "$out/logs/merge_families.log" 2>&1 ||
