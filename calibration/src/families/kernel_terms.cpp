@@ -208,11 +208,15 @@ void add_ops(std::vector<OpInfo>& out) {
     // PyTorch's kernels: points a raw file of the Python benchmark brings (threewalls_refit_raw),
     // never planned by threewalls calibrate.
     const bool python = k.points_of == "python";
+    const bool host = k.name.rfind(std::string(kPytorchHostFamilyPrefix), 0) == 0;
     out.push_back({k.op, "", k.name, k.what,
-                   python ? "measured by python3 -m threewalls.bench.pytorch_kernels, not by threewalls calibrate: "
-                            "device time of one forward or one backward through autograd"
-                          : "time of one launch sequence; bytes: the tensors it reads and writes once (reported "
-                            "rate only)"});
+                   host     ? "measured by python3 -m threewalls.bench.pytorch_kernels, not by threewalls calibrate: "
+                              "host time per call of the op's body with the device busy (forward with and without "
+                              "autograd recording; backward less one empty torch.autograd.grad call)"
+                   : python ? "measured by python3 -m threewalls.bench.pytorch_kernels, not by threewalls calibrate: "
+                              "device time of one forward or one backward through autograd"
+                            : "time of one launch sequence; bytes: the tensors it reads and writes once (reported "
+                              "rate only)"});
   }
 }
 

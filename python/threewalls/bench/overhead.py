@@ -13,8 +13,10 @@ copy, the head and loss, the optimizer, and the host read (coarse view).
 
 Each repeat runs every mode once, in a rotated order, for --steps steps after --warmup steps; a
 mode's step time is the wall time of its steps (one device synchronisation at the end) over their
-count. The overhead of a mode is median(mode) / median(off) - 1 over the repeats. Writes
-DIR/overhead.json and prints one line per mode.
+count. The overhead of a mode is median(mode) / median(off) - 1 over the repeats; beside it the
+paired figure, each repeat's mode over the same repeat's run without the profiler (median, 10th and
+90th percentile over the repeats), which a drift between repeats does not move. Writes
+DIR/overhead_<experts>.json and prints one line per mode.
 """
 from __future__ import annotations
 
@@ -209,6 +211,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                 h.remove()
     shutil.rmtree(scratch, ignore_errors=True)
     med = {m: statistics.median(v) for m, v in times.items()}
+    # Paired: each repeat's mode against the same repeat's run without the profiler (adjacent in time,
+    # so a drift of the GPU's clocks or the host's load between repeats cancels), median and spread.
+    paired = {}
+    for m in MODES[1:]:
+        ratios = sorted(100.0 * (a / b - 1.0) for a, b in zip(times[m], times["off"]))
+        q = statistics.quantiles(ratios, n=10) if len(ratios) >= 2 else [ratios[0]] * 9
+        paired[m] = {"median_pct": statistics.median(ratios), "p10_pct": q[0], "p90_pct": q[-1], "pct": ratios}
     result = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
@@ -216,6 +225,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "step_time_s": times,
         "median_step_time_s": med,
         "overhead_pct": {m: 100.0 * (med[m] / med["off"] - 1.0) for m in MODES if m != "off"},
+        "overhead_paired": paired,
         "phase_records_per_run": records,
         "targets_pct": {"every10": 0.2, "every1": 1.0},
     }
@@ -224,7 +234,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         json.dump(result, f, indent=2)
     print(f"profiler overhead ({args.experts} experts, {result['device']}, {args.repeats} x {args.steps} steps):")
     for m in MODES:
-        extra = "" if m == "off" else f"  {result['overhead_pct'][m]:+.3f}% (target <= {result['targets_pct'][m]}%)"
+        extra = "" if m == "off" else (f"  {result['overhead_pct'][m]:+.3f}% (target <= {result['targets_pct'][m]}%); "
+                                       f"paired per repeat: median {paired[m]['median_pct']:+.3f}%, "
+                                       f"p10 {paired[m]['p10_pct']:+.3f}%, p90 {paired[m]['p90_pct']:+.3f}%")
         print(f"  {m:8s} median step {med[m] * 1e3:9.3f} ms{extra}")
     return 0
 
