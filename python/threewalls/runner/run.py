@@ -206,6 +206,10 @@ def _run(args) -> int:
                 edp_group = grp
     torch.manual_seed(s.run["seed"] + rank)
     model = Model(s, rank=rank, device=device, dtype=dtype, ep_group=ep_group, seed=s.run["seed"])
+    if device_kind == "cuda":
+        # The run's peak memory is its steps' (what the memory model predicts), not the model's
+        # construction: drawing the weights stages each layer's experts in fp32 beside their bf16 copies.
+        torch.cuda.reset_peak_memory_stats(device)
     settings = {"steps": steps, "warmup_steps": warmup, "runner": model.settings(),
                 "executor": {"name": "threewalls.runner (PyTorch eager)", "torch": torch.__version__,
                              "world_size": world, "backend": ("nccl" if device_kind == "cuda" else "gloo")
