@@ -143,8 +143,16 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   simj["hardware_queues"] = eo.hardware_queues;
   if (eo.framework != scenarios::Framework::cpp) {
     const HostCosts hc = coster.host_costs();
+    // Whether the profile measured PyTorch's op bodies: asked of a forward GEMM (pytorch_host.linear_fwd).
+    scenarios::Op probe;
+    probe.kind = scenarios::OpKind::gemm;
+    const bool bodies = coster.framework_body_host(probe, true).has_value();
     std::string fw = std::string(scenarios::to_string(eo.framework)) +
-                     ": every forward launch outside a CUDA-graph run also pays host.framework_op";
+                     (bodies ? ": an op whose PyTorch body the profile measured (pytorch_host.*) pays that host time "
+                               "in place of its launch; every other forward launch outside a CUDA-graph run also "
+                               "pays host.framework_op"
+                             : ": the profile has no pytorch_host.* families (PyTorch's host time per op body): "
+                               "every forward launch outside a CUDA-graph run also pays host.framework_op");
     fw += hc.framework_backward_op ? ", every backward one host.framework_backward_op (the autograd engine) instead"
                                    : "; the profile has no host.framework_backward_op: backward launches pay "
                                      "host.framework_op";
