@@ -83,7 +83,19 @@ class SimGridFlows final : public Engine {
   // the sharing has not been solved since the last change (fresh_). Completion dates do not depend on
   // the clock instants SimGrid stops at in between (lazy update), so the flows' times are the same.
   double advance(double until, std::vector<std::uint64_t>& completed) override {
-    if (network_model_ != nullptr && !live_.empty() && !fresh_ && std::isfinite(until)) {
+    return advance_to(until, completed, /*may_skip_round=*/true);
+  }
+
+  // advance(); without may_skip_round it enters SimGrid (a round that moves its clock to `until`).
+  double advance_to(double until, std::vector<std::uint64_t>& completed, bool may_skip_round) {
+    if (may_skip_round && network_model_ != nullptr && !live_.empty() && fresh_ && std::isfinite(until)) {
+      // Solve the new sharing at SimGrid's clock here rather than in a round of the engine: the
+      // round's own solve then finds the system unmodified and computes the same heap, so the dates
+      // are the ones that round would have computed.
+      network_model_->next_occurring_event(sg::Engine::get_clock());
+      fresh_ = false;
+    }
+    if (may_skip_round && network_model_ != nullptr && !live_.empty() && !fresh_ && std::isfinite(until)) {
       const auto& heap = network_model_->get_action_heap();
       // A flow may have finished in SimGrid's last round without being reported yet (a timeout at
       // the same instant): its action has then left the model's started set.
@@ -164,8 +176,7 @@ class SimGridFlows final : public Engine {
   void catch_up() {
     if (ahead_ > sg::Engine::get_clock()) {
       std::vector<std::uint64_t> completed;
-      fresh_ = true;  // enter SimGrid
-      advance(ahead_, completed);
+      advance_to(ahead_, completed, /*may_skip_round=*/false);
       if (!completed.empty()) throw std::logic_error("flow engine: a flow completed before the date SimGrid gave");
     }
   }
