@@ -65,7 +65,7 @@ class SimGridFlows final : public Engine {
         error = std::current_exception();
       }
       // Never drop a running communication: let what is in flight finish.
-      if (!live_.empty()) sg::Comm::wait_all(live_);
+      for (const sg::ActivityPtr& a : live_) a->wait();
       live_.clear();
       live_group_.clear();
       remaining_.clear();
@@ -111,16 +111,24 @@ class SimGridFlows final : public Engine {
       return sg::Engine::get_clock();
     }
     const double timeout = std::isfinite(until) ? std::max(0.0, until - now) : -1.0;
-    const ssize_t i = sg::Comm::wait_any_for(live_, timeout);
+    // Without may_skip_round (catch_up) no flow completes before `until`: the round waits on none of
+    // them (registering each live flow costs SimGrid an allocation per flow and round).
+    const bool catching_up = !may_skip_round && network_model_ != nullptr && std::isfinite(until);
+    const ssize_t i = sg::Activity::wait_any_for(catching_up ? no_activities_ : live_, timeout);
     // A round of the engine that moved its clock solved the sharing of the flows live before it (a
     // round that did not may not have).
     if (sg::Engine::get_clock() > now) fresh_ = false;
+    if (catching_up && network_model_->get_started_action_set()->size() != live_.size()) {
+      throw std::logic_error("flow engine: a flow completed before the date SimGrid gave");
+    }
     if (i < 0) return sg::Engine::get_clock();
     fresh_ = true;  // the sharing changes: solved in the next round
     finish(static_cast<std::size_t>(i), completed);
-    // Others that finished at the same instant.
+    // Others that finished at the same instant, in the order of live_ (test_any's). The lazy model's
+    // started set holds exactly the actions of the flows not finished.
     while (!live_.empty()) {
-      const ssize_t j = sg::Comm::test_any(live_);
+      if (network_model_ != nullptr && network_model_->get_started_action_set()->size() == live_.size()) break;
+      const ssize_t j = sg::Activity::test_any(live_);
       if (j < 0) break;
       finish(static_cast<std::size_t>(j), completed);
     }
@@ -177,7 +185,6 @@ class SimGridFlows final : public Engine {
     if (ahead_ > sg::Engine::get_clock()) {
       std::vector<std::uint64_t> completed;
       advance_to(ahead_, completed, /*may_skip_round=*/false);
-      if (!completed.empty()) throw std::logic_error("flow engine: a flow completed before the date SimGrid gave");
     }
   }
 
@@ -286,7 +293,8 @@ class SimGridFlows final : public Engine {
   std::vector<sg::Link*> links_;  // by platform link id
   std::vector<sg::Host*> gpu_hosts_, nic_hosts_, spine_hosts_, pcie_hosts_, node_hosts_;
   sg::Host* controller_ = nullptr;
-  std::vector<sg::CommPtr> live_;
+  std::vector<sg::ActivityPtr> live_;  // the flows' comms, as Activity::wait_any_for takes them
+  const std::vector<sg::ActivityPtr> no_activities_;
   std::vector<std::uint64_t> live_group_;
   std::unordered_map<std::uint64_t, std::size_t> remaining_;  // flows left per group
   // Lazy network model (nullptr: advance() always enters SimGrid).
