@@ -114,7 +114,17 @@ class SimGridFlows final : public Engine {
     // Without may_skip_round (catch_up) no flow completes before `until`: the round waits on none of
     // them (registering each live flow costs SimGrid an allocation per flow and round).
     const bool catching_up = !may_skip_round && network_model_ != nullptr && std::isfinite(until);
-    const ssize_t i = sg::Activity::wait_any_for(catching_up ? no_activities_ : live_, timeout);
+    const std::size_t first = catching_up ? live_.size() : first_to_finish(may_skip_round);
+    ssize_t i = -1;
+    if (catching_up) {
+      i = sg::Activity::wait_any_for(no_activities_, timeout);
+    } else if (first < live_.size()) {
+      next_.assign(1, live_[first]);
+      if (sg::Activity::wait_any_for(next_, timeout) == 0) i = static_cast<ssize_t>(first);
+      next_.clear();
+    } else {
+      i = sg::Activity::wait_any_for(live_, timeout);
+    }
     // A round of the engine that moved its clock solved the sharing of the flows live before it (a
     // round that did not may not have).
     if (sg::Engine::get_clock() > now) fresh_ = false;
@@ -133,6 +143,22 @@ class SimGridFlows final : public Engine {
       finish(static_cast<std::size_t>(j), completed);
     }
     return sg::Engine::get_clock();
+  }
+
+  // The index in live_ of the flow that the engine's next round finishes first if it finishes any:
+  // the top of the solved action heap (the round pops the heap in order and answers a wait on the
+  // first action it finishes), so waiting on that flow alone wakes the executor in the same round,
+  // with the same flow, as waiting on all of them. live_.size() when unknown (the sharing is not
+  // solved, or a finished flow is not reported yet).
+  [[nodiscard]] std::size_t first_to_finish(bool may_skip_round) const {
+    if (!may_skip_round || network_model_ == nullptr || fresh_) return live_.size();
+    const auto& heap = network_model_->get_action_heap();
+    if (heap.empty() || network_model_->get_started_action_set()->size() != live_.size()) return live_.size();
+    const auto* activity = heap.top().second->get_activity();
+    for (std::size_t k = 0; k < live_.size(); ++k) {
+      if (live_[k]->get_impl() == activity) return k;
+    }
+    return live_.size();
   }
 
   void start_group(std::uint64_t id, std::span<const PlacedFlow> flows) override {
@@ -295,6 +321,7 @@ class SimGridFlows final : public Engine {
   sg::Host* controller_ = nullptr;
   std::vector<sg::ActivityPtr> live_;  // the flows' comms, as Activity::wait_any_for takes them
   const std::vector<sg::ActivityPtr> no_activities_;
+  std::vector<sg::ActivityPtr> next_;  // the one flow a round waits on (first_to_finish)
   std::vector<std::uint64_t> live_group_;
   std::unordered_map<std::uint64_t, std::size_t> remaining_;  // flows left per group
   // Lazy network model (nullptr: advance() always enters SimGrid).
