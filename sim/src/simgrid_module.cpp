@@ -77,11 +77,15 @@ class SimGridFlows final : public Engine {
   [[nodiscard]] double now() const override { return std::max(sg::Engine::get_clock(), ahead_); }
 
   // Between changes of the set of live flows their rates are constant, and SimGrid (lazy update) has
-  // the date each one finishes in its action heap: while no flow completes before `until`, entering
-  // SimGrid would only move its clock. advance() then moves a clock of its own (ahead_) instead and
-  // enters SimGrid again when the live flows change (start_group), when a completion is due, or when
-  // the sharing has not been solved since the last change (fresh_). Completion dates do not depend on
-  // the clock instants SimGrid stops at in between (lazy update), so the flows' times are the same.
+  // the date each one finishes in its action heap once the sharing is solved: while no flow completes
+  // before `until`, entering SimGrid would only move its clock. advance() then solves the sharing
+  // itself when the live flows changed since the last solve (fresh_), at SimGrid's clock, as the next
+  // round of the engine would, and moves a clock of its own (ahead_) instead of running a round. It
+  // runs a round only when a completion is due before `until`, `until` is infinite or a finished flow
+  // is not reported yet; starting flows or changing a bandwidth first runs one that brings SimGrid's
+  // clock to ahead_ (catch_up).
+  // Completion dates do not depend on the clock instants SimGrid stops at in between (lazy update),
+  // so the flows' times are the same as with a round at every call.
   double advance(double until, std::vector<std::uint64_t>& completed) override {
     return advance_to(until, completed, /*may_skip_round=*/true);
   }
@@ -132,7 +136,7 @@ class SimGridFlows final : public Engine {
       throw std::logic_error("flow engine: a flow completed before the date SimGrid gave");
     }
     if (i < 0) return sg::Engine::get_clock();
-    fresh_ = true;  // the sharing changes: solved in the next round
+    fresh_ = true;  // the sharing changes: solved by the next advance() or round
     finish(static_cast<std::size_t>(i), completed);
     // Others that finished at the same instant, in the order of live_ (test_any's). The lazy model's
     // started set holds exactly the actions of the flows not finished.
