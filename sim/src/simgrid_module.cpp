@@ -47,9 +47,8 @@ class SimGridFlows final : public Engine {
     engine_ = std::make_unique<sg::Engine>(&argc, argv);
     for (const char* setting : kNetworkModelSettings) sg::Engine::set_config(setting);
     build();
-    // The network model's action heap, when it updates lazily: then, once a round of the engine has
-    // solved the sharing after the last change of the live flows, the heap's top is the date of the
-    // next flow completion, and advance() can answer without entering SimGrid (see there).
+    // The network model, which must update lazily: once the sharing is solved after the last change
+    // of the live flows, its action heap's top is the date of the next flow completion (advance()).
     auto* model = dynamic_cast<simgrid::kernel::resource::Model*>(engine_->get_netzone_root()->get_network_model());
     if (model != nullptr && model->is_update_lazy()) network_model_ = model;
     // SimGrid completes an action whose date is within surf/precision of the instant it stops at.
@@ -295,7 +294,6 @@ class SimGridFlows final : public Engine {
     pcie->seal();
     nic->seal();
     spine->seal();
-    controller_ = root->create_host("controller", 1e9);
     root->seal();
   }
 
@@ -316,8 +314,7 @@ class SimGridFlows final : public Engine {
   std::unique_ptr<sg::Engine> engine_;
   std::vector<sg::Link*> links_;  // by platform link id
   std::vector<sg::Host*> gpu_hosts_, nic_hosts_, spine_hosts_, pcie_hosts_, node_hosts_;
-  sg::Host* controller_ = nullptr;
-  std::vector<sg::ActivityPtr> live_;  // the flows' comms, as Activity::wait_any_for takes them
+  std::vector<sg::ActivityPtr> live_;  // the live flows' comms
   std::vector<std::uint64_t> live_group_;
   std::unordered_map<std::uint64_t, std::size_t> remaining_;  // flows left per group
   // Lazy network model (nullptr: advance() always enters SimGrid).
