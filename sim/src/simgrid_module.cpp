@@ -47,74 +47,116 @@ class SimGridFlows final : public Engine {
     engine_ = std::make_unique<sg::Engine>(&argc, argv);
     for (const char* setting : kNetworkModelSettings) sg::Engine::set_config(setting);
     build();
-    // The network model's action heap, when it updates lazily: then, once a round of the engine has
-    // solved the sharing after the last change of the live flows, the heap's top is the date of the
-    // next flow completion, and advance() can answer without entering SimGrid (see there).
+    // The network model, which must update lazily: once the sharing is solved after the last change
+    // of the live flows, its action heap's top is the date of the next flow completion (advance()).
     auto* model = dynamic_cast<simgrid::kernel::resource::Model*>(engine_->get_netzone_root()->get_network_model());
     if (model != nullptr && model->is_update_lazy()) network_model_ = model;
     // SimGrid completes an action whose date is within surf/precision of the instant it stops at.
-    completion_margin_s_ = 2.0 * simgrid::config::get_value<double>("surf/precision");
+    precision_s_ = simgrid::config::get_value<double>("surf/precision");
+    completion_margin_s_ = 2.0 * precision_s_;
+    if (network_model_ == nullptr)
+      throw std::logic_error("flow engine: SimGrid's network model does not update lazily");
   }
 
+  // The executor runs in SimGrid's maestro, not in an actor: advance() runs the engine's rounds
+  // itself (Engine::run_until), without a context switch, a wait simcall or a timer per round.
   void run(const std::function<void()>& body) override {
+    engine_->seal_platform();
     std::exception_ptr error;
-    sg::Actor::create("executor", controller_, [this, &body, &error]() {
-      try {
-        body();
-      } catch (...) {
-        error = std::current_exception();
-      }
-      // Never drop a running communication: let what is in flight finish.
-      if (!live_.empty()) sg::Comm::wait_all(live_);
-      live_.clear();
-      live_group_.clear();
-      remaining_.clear();
-    });
-    engine_->run();
+    try {
+      body();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    // Never drop a running communication: let what is in flight finish.
+    if (!live_.empty()) engine_->run();
+    live_.clear();
+    live_group_.clear();
+    remaining_.clear();
     if (error) std::rethrow_exception(error);
   }
 
   [[nodiscard]] double now() const override { return std::max(sg::Engine::get_clock(), ahead_); }
 
-  // Between changes of the set of live flows their rates are constant, and SimGrid (lazy update) has
-  // the date each one finishes in its action heap: while no flow completes before `until`, entering
-  // SimGrid would only move its clock. advance() then moves a clock of its own (ahead_) instead and
-  // enters SimGrid again when the live flows change (start_group), when a completion is due, or when
-  // the sharing has not been solved since the last change (fresh_). Completion dates do not depend on
-  // the clock instants SimGrid stops at in between (lazy update), so the flows' times are the same.
+  // Between changes of the set of live flows their rates are constant, and SimGrid's lazy network
+  // model has the date each one finishes in its action heap once the sharing is solved. advance()
+  // solves it when the live flows changed since the last solve (fresh_), at SimGrid's clock (what a
+  // round of the engine does first; the round then finds the sharing unmodified). While no flow
+  // completes before `until` it moves a clock of its own (ahead_) instead of running a round; starting
+  // flows or changing a bandwidth first runs a round that brings SimGrid's clock to ahead_
+  // (catch_up). Completion dates do not depend on the clock instants SimGrid stops at in between
+  // (lazy update).
+  //
+  // A round is the one an actor waiting on the live flows with the timeout `until` would get: it ends
+  // at the earlier of the timeout's date and the heap's top, and when it reaches the timeout's date
+  // the flows it finished are reported by the next call (SimGrid runs an expired timer before the
+  // ended actions), in the order of live_; otherwise the flow at the heap's top first (the round
+  // finishes the actions in heap order), then the others in the order of live_. An idle engine moves
+  // its clock as a sleep of the actor would (SimGrid stretches a sleep to at least surf/precision).
   double advance(double until, std::vector<std::uint64_t>& completed) override {
-    if (network_model_ != nullptr && !live_.empty() && !fresh_ && std::isfinite(until)) {
-      const auto& heap = network_model_->get_action_heap();
-      // A flow may have finished in SimGrid's last round without being reported yet (a timeout at
-      // the same instant): its action has then left the model's started set.
-      if (!heap.empty() && heap.top_date() > until + completion_margin_s_ &&
-          network_model_->get_started_action_set()->size() == live_.size()) {
-        ahead_ = std::max(ahead_, until);
-        return now();
-      }
-    }
-    const double now = sg::Engine::get_clock();
-    if (live_.empty()) {
-      if (std::isfinite(until) && until > now) sg::this_actor::sleep_until(until);
-      return sg::Engine::get_clock();
-    }
-    const double timeout = std::isfinite(until) ? std::max(0.0, until - now) : -1.0;
-    const ssize_t i = sg::Comm::wait_any_for(live_, timeout);
-    // A round of the engine that moved its clock solved the sharing of the flows live before it (a
-    // round that did not may not have).
-    if (sg::Engine::get_clock() > now) fresh_ = false;
-    if (i < 0) return sg::Engine::get_clock();
-    fresh_ = true;  // the sharing changes: solved in the next round
-    finish(static_cast<std::size_t>(i), completed);
-    // Others that finished at the same instant.
-    while (!live_.empty()) {
-      const ssize_t j = sg::Comm::test_any(live_);
-      if (j < 0) break;
-      finish(static_cast<std::size_t>(j), completed);
-    }
-    return sg::Engine::get_clock();
+    return advance_to(until, completed, /*may_skip_round=*/true);
   }
 
+  // advance(); without may_skip_round it runs a round to `until` (catch_up: no flow completes before).
+  double advance_to(double until, std::vector<std::uint64_t>& completed, bool may_skip_round) {
+    const double now = sg::Engine::get_clock();
+    if (live_.empty()) {
+      if (std::isfinite(until) && until > now) engine_->run_until(now + std::max(until - now, precision_s_));
+      return sg::Engine::get_clock();
+    }
+    if (network_model_->get_started_action_set()->size() != live_.size()) {
+      // Flows finished in the last round, which reached its timeout's date.
+      report_finished(live_.size(), completed);
+      return now;
+    }
+    if (fresh_) {
+      network_model_->next_occurring_event(now);
+      fresh_ = false;
+    }
+    const auto& heap = network_model_->get_action_heap();
+    if (heap.empty()) throw std::logic_error("flow engine: live flows without a completion date");
+    const double top = heap.top_date();
+    if (may_skip_round && std::isfinite(until) && top > until + completion_margin_s_) {
+      ahead_ = std::max(ahead_, until);
+      return this->now();
+    }
+    // The date the timeout of a wait for `until` would have (SimGrid's Timer::set(clock + timeout)).
+    const double timer = std::isfinite(until) ? now + std::max(0.0, until - now) : kInf;
+    const std::size_t first = may_skip_round ? index_of(heap.top().second->get_activity()) : live_.size();
+    engine_->run_until(std::min(timer, top));
+    const double t = sg::Engine::get_clock();
+    if (network_model_->get_started_action_set()->size() == live_.size()) return t;
+    if (!may_skip_round) throw std::logic_error("flow engine: a flow completed before the date SimGrid gave");
+    if (t >= timer) return t;  // reported by the next call
+    report_finished(first, completed);
+    return t;
+  }
+
+ private:
+  static constexpr double kInf = std::numeric_limits<double>::infinity();
+
+  // Reports the finished flows: live_[first] first when it is one, then the others in the order of
+  // live_ (as it changes while they are taken out).
+  void report_finished(std::size_t first, std::vector<std::uint64_t>& completed) {
+    if (first < live_.size() && live_[first]->test()) finish(first, completed);
+    while (network_model_->get_started_action_set()->size() != live_.size()) {
+      std::size_t k = 0;
+      while (k < live_.size() && !live_[k]->test()) ++k;
+      if (k == live_.size()) throw std::logic_error("flow engine: a finished flow SimGrid does not report");
+      finish(k, completed);
+    }
+    fresh_ = true;  // the sharing changes: solved by the next advance()
+  }
+
+  // The index in live_ of the flow of a network action (live_.size() when none).
+  [[nodiscard]] std::size_t index_of(const simgrid::kernel::activity::ActivityImpl* activity) const {
+    for (std::size_t k = 0; k < live_.size(); ++k) {
+      if (live_[k]->get_impl() == activity) return k;
+    }
+    return live_.size();
+  }
+
+ public:
   void start_group(std::uint64_t id, std::span<const PlacedFlow> flows) override {
     if (flows.empty()) throw std::logic_error("start_group: a group without flows");
     if (remaining_.count(id) != 0) throw std::logic_error("start_group: group id already running");
@@ -164,8 +206,7 @@ class SimGridFlows final : public Engine {
   void catch_up() {
     if (ahead_ > sg::Engine::get_clock()) {
       std::vector<std::uint64_t> completed;
-      fresh_ = true;  // enter SimGrid
-      advance(ahead_, completed);
+      advance_to(ahead_, completed, /*may_skip_round=*/false);
       if (!completed.empty()) throw std::logic_error("flow engine: a flow completed before the date SimGrid gave");
     }
   }
@@ -253,7 +294,6 @@ class SimGridFlows final : public Engine {
     pcie->seal();
     nic->seal();
     spine->seal();
-    controller_ = root->create_host("controller", 1e9);
     root->seal();
   }
 
@@ -274,8 +314,7 @@ class SimGridFlows final : public Engine {
   std::unique_ptr<sg::Engine> engine_;
   std::vector<sg::Link*> links_;  // by platform link id
   std::vector<sg::Host*> gpu_hosts_, nic_hosts_, spine_hosts_, pcie_hosts_, node_hosts_;
-  sg::Host* controller_ = nullptr;
-  std::vector<sg::CommPtr> live_;
+  std::vector<sg::ActivityPtr> live_;  // the live flows' comms
   std::vector<std::uint64_t> live_group_;
   std::unordered_map<std::uint64_t, std::size_t> remaining_;  // flows left per group
   // Lazy network model (nullptr: advance() always enters SimGrid).
@@ -284,6 +323,7 @@ class SimGridFlows final : public Engine {
   double ahead_ = 0.0;  // the clock advance() reached without SimGrid
   // A completion this close after `until` is left to SimGrid (it compares dates with a precision).
   double completion_margin_s_ = 0.0;
+  double precision_s_ = 0.0;  // surf/precision
 };
 
 }  // namespace
