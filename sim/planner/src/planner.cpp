@@ -1079,22 +1079,29 @@ class TopK {
 
 // The candidates of shard i of N. The enumeration's fastest digits are pp and vpp, so it is a run of
 // blocks of pp x vpp candidates, each block one reduced-scenario key (every other knob fixed); the
-// shard takes blocks i, i + N, i + 2N, ... Neighbouring blocks differ in the fast knobs
-// (precision, CUDA graphs, dispatcher, recompute, mbs), so each shard gets a like mix of cheap
-// (pruned) and costly (estimated) blocks, while a block's reduced simulation stays in one shard.
+// shard takes one block of each round of N consecutive blocks, in snake order: position i of
+// even rounds, N - 1 - i of odd ones (blocks i, 2N - 1 - i, 2N + i, ...). Neighbouring blocks differ
+// in the fast knobs (precision, CUDA graphs, dispatcher, recompute, mbs), so each shard gets a like
+// mix of cheap (pruned) and costly (estimated) blocks; the snake keeps a knob of two values from
+// landing on the same shards every round. A block's reduced simulation stays in one shard.
 class ShardBlocks {
  public:
   ShardBlocks(const SearchSpace& space, int shard_index, int shard_count)
       : block_(static_cast<std::uint64_t>(space.pp.size() * space.vpp.size())),
         i_(static_cast<std::uint64_t>(shard_index)), n_(static_cast<std::uint64_t>(shard_count)) {
     const std::uint64_t blocks = space.size() / block_;  // the size is a multiple of the block size
-    blocks_ = blocks / n_ + (i_ < blocks % n_ ? 1 : 0);
+    const std::uint64_t rounds = blocks / n_;
+    blocks_ = rounds + (position(rounds) < blocks % n_ ? 1 : 0);  // the last round may be partial
   }
   [[nodiscard]] std::uint64_t size() const { return blocks_ * block_; }
   // The enumeration index of this shard's j-th candidate (0 <= j < size()).
-  [[nodiscard]] std::uint64_t index(std::uint64_t j) const { return ((j / block_) * n_ + i_) * block_ + j % block_; }
+  [[nodiscard]] std::uint64_t index(std::uint64_t j) const {
+    const std::uint64_t round = j / block_;
+    return (round * n_ + position(round)) * block_ + j % block_;
+  }
 
  private:
+  [[nodiscard]] std::uint64_t position(std::uint64_t round) const { return round % 2 == 0 ? i_ : n_ - 1 - i_; }
   std::uint64_t block_, i_, n_, blocks_ = 0;
 };
 
