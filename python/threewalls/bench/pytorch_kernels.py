@@ -100,7 +100,7 @@ def stats(samples: List[float]) -> Dict[str, float]:
 
 
 def measure_op(fwd: Callable[[], object], grads_of: Optional[Callable[[object], Tuple[list, list, list]]],
-               device: torch.device, iters: int, repeats: int) -> Dict[str, Dict[str, object]]:
+               device: torch.device, iters: int, repeats: int, nograd_host: bool = True) -> Dict[str, Dict[str, object]]:
     """Forward and (where `grads_of` is given) backward device time of one op.
 
     `fwd()` runs the op and returns what `grads_of` needs; `grads_of(result)` gives (outputs, their
@@ -124,11 +124,12 @@ def measure_op(fwd: Callable[[], object], grads_of: Optional[Callable[[object], 
     host: List[float] = []
     samples, hb = time_calls([fwd] * iters, device, repeats, host_f, host)
     out: Dict[str, Dict[str, object]] = {"fwd": dict(stats(samples), host_bound=hb, host=stats(host))}
-    # The forward as an inference step runs it: no autograd node recorded.
-    host = []
-    with torch.no_grad():
-        time_calls([fwd] * iters, device, repeats, host_f, host)
-    out["fwd_nograd"] = {"host": stats(host)}
+    if nograd_host:
+        # The forward as an inference step runs it: no autograd node recorded (its host time only).
+        host = []
+        with torch.no_grad():
+            time_calls([fwd] * iters, device, repeats, host_f, host)
+        out["fwd_nograd"] = {"host": stats(host)}
     if grads_of is not None:
         samples = []
         host = []
@@ -576,8 +577,9 @@ def main(argv=None) -> int:
                 fwd, grads = b.make(*make_args)
                 # The optimizer's families launch a few kernels per tensor: two calls per sample keep
                 # the queue below CUDA's pending-launch limit.
-                iters = min(args.iters, 2) if b.keys == ["parameters"] else args.iters
-                res = measure_op(fwd, grads if b.bwd else None, device, iters, args.repeats)
+                per_tensor = b.keys == ["parameters"]  # the optimizer's: no host family (a loop per tensor)
+                iters = min(args.iters, 2) if per_tensor else args.iters
+                res = measure_op(fwd, grads if b.bwd else None, device, iters, args.repeats, nograd_host=not per_tensor)
                 wall = time.perf_counter() - t0
                 del fwd, grads
                 for fam, key in ((b.fwd, "fwd"), (b.bwd, "bwd")):
@@ -591,7 +593,7 @@ def main(argv=None) -> int:
                                              "host_bound": bool(res[key].get("host_bound"))})
                     print(f"{fam:28s} {' '.join(f'{k}={v:g}' for k, v in zip(b.keys, inputs)):44s} "
                           f"{rec['median_s'] * 1e6:10.2f} us", flush=True)
-                    if b.keys == ["parameters"]:
+                    if per_tensor:
                         continue  # the optimizer's ops: a host loop per tensor, not one body per op
                     hosts = [(1.0, res[key]["host"])]
                     if key == "fwd" and "fwd_nograd" in res:

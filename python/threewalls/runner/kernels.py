@@ -64,16 +64,13 @@ def attention_impl() -> str:
 def _sdpa(q, k, v, causal: bool):
     """q [b, a, sq, d], k [b, g, skv, d], v [b, g, skv, dv] (contiguous) -> [b, a, sq, dv]."""
     a, g = q.shape[1], k.shape[1]
-    if _HAS_SDPA:
-        if a != g and _SDPA_GQA:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
-        if a != g:
-            k = k.repeat_interleave(a // g, dim=1)
-            v = v.repeat_interleave(a // g, dim=1)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    if a != g and _HAS_SDPA and _SDPA_GQA:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
     if a != g:
         k = k.repeat_interleave(a // g, dim=1)
         v = v.repeat_interleave(a // g, dim=1)
+    if _HAS_SDPA:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
     if causal:
         sq, skv = q.shape[2], k.shape[2]
