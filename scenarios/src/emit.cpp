@@ -297,14 +297,22 @@ std::size_t Emitter::quantize_grad(const Spec& sp, const Instance& in, std::size
   return 1 + (c_.quant.amax_pass ? 1 : 0) + (reduce ? 1 : 0);
 }
 
-Emitter::Instance Emitter::begin_forward(const Program& p, int layer, int mb, int chunk, std::uint32_t input,
-                                         bool dense_layer) const {
-  Instance in;
+namespace {
+// An instance of program `p` at those indices, with nothing emitted yet.
+Emitter::Instance instance_of(const Program& p, int layer, int mb, int chunk, bool dense_layer) {
+  Emitter::Instance in;
   in.p = &p;
   in.layer = layer;
   in.mb = mb;
   in.chunk = chunk;
   in.dense_layer = dense_layer;
+  return in;
+}
+}  // namespace
+
+Emitter::Instance Emitter::begin_forward(const Program& p, int layer, int mb, int chunk, std::uint32_t input,
+                                         bool dense_layer) const {
+  Instance in = instance_of(p, layer, mb, chunk, dense_layer);
   in.input = input;
   in.ids.assign(p.specs.size(), kNoOp);
   return in;
@@ -312,12 +320,7 @@ Emitter::Instance Emitter::begin_forward(const Program& p, int layer, int mb, in
 
 Emitter::Instance Emitter::begin_backward(const Program& p, int layer, int mb, int chunk, std::uint32_t grad_in,
                                           std::vector<std::uint32_t> recomputed, bool dense_layer) const {
-  Instance in;
-  in.p = &p;
-  in.layer = layer;
-  in.mb = mb;
-  in.chunk = chunk;
-  in.dense_layer = dense_layer;
+  Instance in = instance_of(p, layer, mb, chunk, dense_layer);
   in.grad_in = grad_in;
   in.last = grad_in;
   in.recomputed = std::move(recomputed);
