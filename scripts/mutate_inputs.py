@@ -44,6 +44,8 @@ import sys
 import tempfile
 import time
 
+from mutate_scenarios import runner_verdicts
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SURFACES = ("rundir", "profile", "megatron", "hf", "plan-merge")
 SEEDED_SURFACES = ("rundir", "plan-merge")  # seeds made with the threewalls binary
@@ -263,15 +265,9 @@ def main():
                                 str(a.mem_mb)] + list(batch), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                cwd=ROOT, preexec_fn=lambda: os.nice(19))
             errs = p.stderr.decode("utf-8", "replace")
-            for line in p.stdout.decode("utf-8", "replace").splitlines():
-                path, _, verdict = line.partition(": ")
-                if path not in batch:
-                    continue
-                took = re.search(r"\[([\d.]+) s\]$", verdict)
-                verdict = verdict.split(" ")[0]
-                counts[verdict] = counts.get(verdict, 0) + 1
-                if took:
-                    slowest = sorted(slowest + [(float(took.group(1)), "; ".join(batch[path]))], reverse=True)[:5]
+            for path, verdict, took in runner_verdicts(p, batch, counts):
+                if took is not None:
+                    slowest = sorted(slowest + [(took, "; ".join(batch[path]))], reverse=True)[:5]
                 if verdict in ("ok", "rejected"):
                     continue
                 dest = os.path.join(keep, "%s_%s" % (verdict, os.path.basename(path)))

@@ -120,6 +120,20 @@ def mutate(text, rng):
     return "\n".join(lines), edits
 
 
+def runner_verdicts(completed, batch, counts):
+    """The verdicts of scenario_sim_runner's stdout (`PATH: VERDICT ... [S s]`, one line a mutant) on the
+    mutants of `batch`: (path, verdict, seconds or None) each, counted by verdict in `counts`. Also
+    used by scripts/mutate_inputs.py."""
+    for line in completed.stdout.decode("utf-8", "replace").splitlines():
+        path, _, verdict = line.partition(": ")
+        if path not in batch:
+            continue
+        took = re.search(r"\[([\d.]+) s\]$", verdict)
+        verdict = verdict.split(" ")[0]
+        counts[verdict] = counts.get(verdict, 0) + 1
+        yield path, verdict, float(took.group(1)) if took else None
+
+
 def small(path):
     text = open(path).read()
     m = re.search(r"gpus_per_node\s*=\s*(\d+)", text)
@@ -180,17 +194,11 @@ def main():
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
                                preexec_fn=lambda: os.nice(19))
             errs = p.stderr.decode("utf-8", "replace")
-            for line in p.stdout.decode("utf-8", "replace").splitlines():
-                path, _, verdict = line.partition(": ")
-                if path not in batch:
-                    continue
-                took = re.search(r"\[([\d.]+) s\]$", verdict)
-                verdict = verdict.split(" ")[0]
-                counts[verdict] = counts.get(verdict, 0) + 1
+            for path, verdict, took in runner_verdicts(p, batch, counts):
                 seed, edits, text = batch[path]
-                if took:
-                    slowest = sorted(slowest + [(float(took.group(1)), os.path.relpath(seed, ROOT), "; ".join(edits),
-                                                 verdict)], reverse=True)[:20]
+                if took is not None:
+                    slowest = sorted(slowest + [(took, os.path.relpath(seed, ROOT), "; ".join(edits), verdict)],
+                                     reverse=True)[:20]
                 if verdict in ("ok", "rejected"):
                     continue
                 keep = os.path.join(a.keep, "%s_%s" % (verdict, os.path.basename(path)))
