@@ -3,6 +3,7 @@
 
 #include <fstream>
 
+#include "../support/models.hpp"
 #include "../support/shell.hpp"
 #include "test_util.hpp"
 #include "threewalls/core/jsonl.hpp"
@@ -173,15 +174,8 @@ TEST(RunCommandsCli, AnalyzeFindsASlowdownInjectedIntoTheSimulator) {
 name = "small_moe_ep4_slow_rank2"
 [model]
 name = "OLMoE-1B-7B (4 layers)"
-num_layers = 4
-hidden_size = 2048
-num_attention_heads = 16
-kv_channels = 128
-vocab_size = 50304
-num_experts = 64
-moe_ffn_hidden_size = 1024
-moe_router_topk = 8
-[parallel]
+)TOML" << test::olmoe_model_keys(4)
+      << R"TOML([parallel]
 ep = 4
 [train]
 micro_batch_size = 1
@@ -224,14 +218,8 @@ TEST(RunCommandsCli, AnalyzeNamesASlowRankOfATensorPipelineExpertLayout) {
   std::ofstream(dir / "slow.toml") << R"TOML(schema_version = 1
 name = "slow_tp_pp_ep"
 [model]
-num_layers = 4
-hidden_size = 1024
-num_attention_heads = 8
-vocab_size = 32000
-num_experts = 8
-moe_ffn_hidden_size = 512
-moe_router_topk = 2
-[parallel]
+)TOML" << test::small_moe_model_keys()
+                                   << R"TOML([parallel]
 tp = 2
 pp = 2
 ep = 2
@@ -268,14 +256,8 @@ TEST(RunCommandsCli, PerfettoOfASimulatedPipelineHasNoOverlapsAndAFlowPerSend) {
     f << R"TOML(schema_version = 1
 name = "perfetto_pp"
 [model]
-num_layers = 4
-hidden_size = 1024
-num_attention_heads = 8
-vocab_size = 32000
-num_experts = 8
-moe_ffn_hidden_size = 512
-moe_router_topk = 2
-[parallel]
+)TOML" << test::small_moe_model_keys()
+      << R"TOML([parallel]
 pp = 2
 [train]
 micro_batch_size = 1

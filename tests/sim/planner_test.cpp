@@ -11,6 +11,7 @@
 #include <optional>
 #include <vector>
 
+#include "../support/models.hpp"
 #include "../support/shell.hpp"
 #include "threewalls/calibration/cost_model.hpp"
 #include "threewalls/calibration/profile.hpp"
@@ -288,18 +289,11 @@ TEST(PlanEstimator, ChargesTheExpertParallelOverlapAsTheSimulatorDoes) {
   // combined 1F1B schedule (overlap_moe_expert_parallel_comm): the estimate follows the analytic
   // simulator in both, so the overlap's saving is charged, not just the communication it overlaps.
   auto text = [](bool overlap) {
-    return std::string(R"(schema_version = 1
+    return R"(schema_version = 1
 name = "plan_ep_overlap"
 [model]
-num_layers = 8
-hidden_size = 2048
-num_attention_heads = 16
-kv_channels = 128
-vocab_size = 50304
-num_experts = 64
-moe_ffn_hidden_size = 1024
-moe_router_topk = 8
-[parallel]
+)" + test::olmoe_model_keys(8) +
+           R"([parallel]
 pp = 2
 vpp = 2
 ep = 4
@@ -307,7 +301,7 @@ ep = 4
 micro_batch_size = 1
 global_batch_size = 32
 seq_length = 4096
-overlap_moe_expert_parallel_comm = )") +
+overlap_moe_expert_parallel_comm = )" +
            (overlap ? "true" : "false") + R"(
 [cluster]
 gpu = "h100"

@@ -7,6 +7,7 @@
 #include <map>
 #include <sstream>
 
+#include "../support/models.hpp"
 #include "sim_test_support.hpp"
 #include "threewalls/calibration/cost_model.hpp"
 #include "threewalls/calibration/profile.hpp"
@@ -215,15 +216,8 @@ std::string eight_gpus(const std::string& parallel, const std::string& cluster_e
   return R"(schema_version = 1
 name = "slow_rank_layout"
 [model]
-num_layers = 4
-hidden_size = 1024
-num_attention_heads = 8
-vocab_size = 32000
-num_experts = 8
-moe_ffn_hidden_size = 512
-moe_router_topk = 2
-[parallel]
-)" + parallel +
+)" + test::small_moe_model_keys() +
+         "[parallel]\n" + parallel +
          R"(
 [train]
 micro_batch_size = 1
@@ -382,15 +376,8 @@ TEST(Simulator, ExpertParallelOverlapHidesPartOfTheDispatchAndCombine) {
     return from_text(R"(schema_version = 1
 name = "ep_overlap"
 [model]
-num_layers = 4
-hidden_size = 2048
-num_attention_heads = 16
-kv_channels = 128
-vocab_size = 50304
-num_experts = 64
-moe_ffn_hidden_size = 1024
-moe_router_topk = 8
-[parallel]
+)" + test::olmoe_model_keys(4) +
+                     R"([parallel]
 ep = 4
 [train]
 micro_batch_size = 1
