@@ -1,12 +1,17 @@
 #!/bin/bash
-# Megatron-LM's Mixtral-8x7B example launch: the argument values of
-# examples/mixtral/train_mixtral_8x7b_distributed.sh (NVIDIA/Megatron-LM, commit 9b8acfd0), arranged
-# as that script arranges them (bash arrays handed to torchrun). Paths are the script's positional
-# parameters; the tokenizer is a file, so its size (32000) is given to the importer.
+
+# Runs Mixtral 8x7B model
+
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 
 GPUS_PER_NODE=8
+# Change for multinode config
+MASTER_ADDR=${MASTER_ADDR:-"localhost"}
+MASTER_PORT=${MASTER_PORT:-"29500"}
 NNODES=${SLURM_NNODES:-"1"}
+NODE_RANK=${RANK:-"0"}
+WORLD_SIZE=$(($GPUS_PER_NODE*$NNODES))
+
 CHECKPOINT_PATH=$1
 TOKENIZER_MODEL=$2
 DATA_PATH=$3
@@ -14,6 +19,9 @@ DATA_PATH=$3
 DISTRIBUTED_ARGS=(
     --nproc_per_node $GPUS_PER_NODE
     --nnodes $NNODES
+    --node_rank $NODE_RANK
+    --master_addr $MASTER_ADDR
+    --master_port $MASTER_PORT
 )
 
 MODEL_ARGS=(
@@ -90,6 +98,14 @@ LOGGING_ARGS=(
     --no-load-optim \
     --no-load-rng
 )
+
+if [ -n "${WANDB_API_KEY}" ]; then
+    LOGGING_ARGS+=(
+        --wandb-project ${WANDB_PROJECT:-"Mixtral"}
+        --wandb-exp-name ${WANDB_NAME:-"Mixtral_8x7B"}
+    )
+fi
+
 
 torchrun ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py \
     ${MODEL_ARGS[@]} \

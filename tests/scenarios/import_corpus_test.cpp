@@ -32,11 +32,13 @@ std::string listed(const std::vector<ImportNote>& notes) {
   return out;
 }
 
-ScenarioDraft megatron(const std::string& name) {
+ScenarioDraft megatron_file(const std::filesystem::path& path) {
   MegatronImportOptions o;
   o.vocab_size = 32000;  // the launches name tokenizer files; those with a size keep theirs (checked below)
-  return import_megatron_file(corpus("megatron/" + name), o);
+  return import_megatron_file(path, o);
 }
+
+ScenarioDraft megatron(const std::string& name) { return megatron_file(corpus("megatron/" + name)); }
 
 // The model of a file: every registry key named here has the value given.
 void expect_model(const ScenarioDraft& d, const std::vector<std::pair<std::string, Value>>& model) {
@@ -45,7 +47,8 @@ void expect_model(const ScenarioDraft& d, const std::vector<std::pair<std::strin
 }
 
 TEST(ImportCorpus, MixtralExampleScriptWithBashArrays) {
-  const auto d = megatron("mixtral_train_mixtral_8x7b_distributed.sh");
+  // The corpus's Mixtral launch is the shipped sample input (SOURCES.md): one copy, read there.
+  const auto d = megatron_file(testing::source_dir() / "scenarios/inputs/megatron_mixtral_8x7b.sh");
   expect_model(d, {{"num_layers", integer(32)},
                    {"hidden_size", integer(4096)},
                    {"num_attention_heads", integer(32)},
