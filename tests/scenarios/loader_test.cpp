@@ -16,16 +16,17 @@
 namespace threewalls::scenarios {
 namespace {
 
-// Smallest valid training scenario: only required keys.
-const char* const kMinimal = R"(schema_version = 1
-
-[model]
+// The [model] table of kMinimal: only required keys.
+const std::string kMinimalModel = R"([model]
 num_layers = 4
 hidden_size = 512
 num_attention_heads = 8
 ffn_hidden_size = 2048
 vocab_size = 32000
+)";
 
+// Smallest valid training scenario: only required keys.
+const std::string kMinimal = "schema_version = 1\n\n" + kMinimalModel + R"(
 [train]
 micro_batch_size = 2
 global_batch_size = 64
@@ -245,13 +246,7 @@ TEST(ScenarioLoader, ReportsErrorsSortedByLineNotByTableOrder) {
 micro_batch_size = 0
 global_batch_size = 8
 seq_length = 1024
-[model]
-num_layers = 4
-hidden_size = 512
-num_attention_heads = 8
-ffn_hidden_size = 2048
-vocab_size = 32000
-swiglu = "yes"
+)" + kMinimalModel + R"(swiglu = "yes"
 [cluster]
 gpu = "h300"
 gpus_per_node = 8
