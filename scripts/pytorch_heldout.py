@@ -4,7 +4,8 @@
     scripts/pytorch_heldout.py --bin build/cli/threewalls --profile P.toml --runs DIR --out OUT [NAME ...]
 
 DIR holds what a GPU machine wrote for each held-out scenario NAME of python/scenarios/heldout/:
-`run_NAME/` (python3 -m threewalls.runner python/scenarios/heldout/NAME.toml --out run_NAME) and
+`run_NAME/` (python3 -m threewalls.runner python/scenarios/heldout/NAME.toml --out run_NAME; another
+folder of scenarios with --scenarios) and
 `walls_NAME.json` (its --wall-json). For each, this simulates the scenario with the profile
 (`threewalls sim`), compares the run with the simulation (`threewalls compare --json`), and prints one
 row: the real step (median of the recorded steps, and of the unrecorded ones from the host clock), the
@@ -31,12 +32,20 @@ def run(cmd):
     return r
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parser(doc: str, scenarios: str) -> argparse.ArgumentParser:
+    """The options of a comparison of reference-runner runs with simulations: the binary, the profile,
+    the runs' folder, the output folder and the scenarios' folder."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--bin", required=True)
     ap.add_argument("--profile", required=True)
     ap.add_argument("--runs", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--scenarios", default=scenarios, help="folder of the scenarios NAME.toml (default: %(default)s)")
+    return ap
+
+
+def main() -> int:
+    ap = parser(__doc__, HELDOUT)
     ap.add_argument("names", nargs="*", help="held-out scenarios (default: every run_NAME in --runs)")
     a = ap.parse_args()
     names = a.names or sorted(d[4:] for d in os.listdir(a.runs) if d.startswith("run_")
@@ -44,7 +53,7 @@ def main() -> int:
     os.makedirs(a.out, exist_ok=True)
     rows = []
     for n in names:
-        scen = os.path.join(HELDOUT, n + ".toml")
+        scen = os.path.join(a.scenarios, n + ".toml")
         if not os.path.isfile(scen):
             sys.exit(f"{scen}: no such held-out scenario")
         sim = os.path.join(a.out, "sim_" + n)

@@ -289,6 +289,11 @@ Seconds CostModel::stream_wait() const {
 Seconds CostModel::stream_cycle_extra(int streams) const {
   return Seconds(impl_->stream_cycle ? impl_->stream_cycle->extra(streams) : 0.0);
 }
+// extra(N) of host.framework_stream_op; empty when the profile lacks it.
+std::optional<Seconds> CostModel::framework_stream_extra(int streams) const {
+  if (!impl_->framework_stream) return std::nullopt;
+  return Seconds(impl_->framework_stream->extra(streams));
+}
 bool CostModel::has_library_launch_costs() const {
   return impl_->has(HostCost::gemm_launch) || impl_->has(HostCost::grouped_gemm_launch) ||
          impl_->has(HostCost::attention_launch) || impl_->has(HostCost::attention_bwd_launch) || impl_->gemm_call ||

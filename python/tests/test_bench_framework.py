@@ -36,6 +36,8 @@ class FrameworkBench(unittest.TestCase):
                 "framework_autograd_op": max(figs["autograd_op_us"]["median_us"] - launch_us, 0.01) * 1e-6}
         self.assertIsNone(figs["attention_plan_us"])  # CUDA only: no host.framework_attention_plan written
         self.assertNotIn("framework_attention_plan", fam["host"])
+        self.assertIsNone(figs["stream_op_us"])  # CUDA only: no host.framework_stream_op written
+        self.assertNotIn("framework_stream_op", fam["host"])
         self.assertGreater(figs["autograd_linear_us"]["median_us"], 0)
         for name, want_s in want.items():
             self.assertAlmostEqual(fam["host"][name]["fit"]["value_s"], want_s, delta=want_s * 1e-5, msg=name)
@@ -60,6 +62,27 @@ class FrameworkBench(unittest.TestCase):
         for name in want:
             self.assertEqual(text.count(f"[host.{name}]"), 1, name)
         tomllib.loads(text)
+
+    def test_stream_family_is_a_point_per_stream_count(self):
+        """host.framework_stream_op as the GPU writes it: stream_cycle_v1, one point per N (seconds), the
+        fit the medians; replaced, not appended, when the profile has it; bad --stream-counts refused."""
+        with open(PROFILE, encoding="utf-8") as f:
+            text = f.read()
+        fig = {"median_us": 5.0, "p10_us": 4.0, "p90_us": 6.0, "repeats": 3}
+        figs = {"eager_op_us": fig, "autograd_node_us": fig, "autograd_op_us": fig, "where_us": fig,
+                "stream_op_us": {"4": dict(fig, median_us=7.0, p90_us=9.0), "2": fig}}
+        notes = {f: "n" for f in framework.FAMILIES + (framework.STREAM_FAMILY,)}
+        once = framework.families_toml(text, PROFILE, figs, notes)
+        fam = tomllib.loads(once)["host"]["framework_stream_op"]
+        self.assertEqual(fam["model"], "stream_cycle_v1")
+        self.assertEqual([p["streams"] for p in fam["points"]], [2, 4])
+        self.assertEqual(fam["fit"]["streams"], [2, 4])
+        self.assertEqual(fam["fit"]["extra_s"], [5e-6, 7e-6])
+        twice = framework.families_toml(once, PROFILE, figs, notes)
+        self.assertEqual(twice.count("[host.framework_stream_op]"), 1)
+        for bad in ("1,4", "x", "2,128", ""):
+            with self.subTest(bad=bad):
+                self.assertEqual(framework.main(["--out", tempdir(self), "--device", "cpu", "--stream-counts", bad]), 2)
 
     def test_families_need_the_family_in_the_profile(self):
         fig = {"median_us": 5, "p10_us": 5, "p90_us": 5, "repeats": 1}

@@ -507,7 +507,9 @@ class StepRun {
   //                 and framework costs (CostModelCoster::framework_body_host); every other eager
   //                 forward launch + framework_op, every backward one + framework_backward_op
   //                 (framework_op without it); a gpu_read costs framework_sync (no event) when the
-  //                 profile has it
+  //                 profile has it; with host.framework_stream_op, a per-expert launch (op.expert >= 0)
+  //                 of a class whose eager launches use N > 1 streams pays framework_stream_extra(N)
+  //                 in place of stream_cycle_extra(N), and other launches pay neither
   //   disk read     on the host lane: copy(disk_read, bytes) once its dependencies are done
   //   step          at the start, e + w per device stream but the anchor (the fence behind the epoch: an
   //                 event on the anchor, a wait on each other used stream); at the end,
@@ -557,6 +559,12 @@ class StepRun {
     int rotating = 0;
     for (const std::uint8_t u : launch_streams) rotating += u;
     const double cycle_extra = rotating > 1 ? coster_.stream_cycle_extra(rotating).value : 0.0;
+    // An eager framework's expert loop over several streams (host.framework_stream_op): PyTorch's
+    // side-stream dispatch, allocator stream events and the autograd engine's cross-stream syncs,
+    // charged to the loop's launches in place of the OpRunner figure.
+    const std::optional<Seconds> fw_stream = opt_.framework == scenarios::Framework::pytorch_eager && rotating > 1
+                                                 ? coster_.framework_stream_extra(rotating)
+                                                 : std::nullopt;
     // A framework's dispatch per eager launch (PyTorch: Python, the dispatcher, autograd recording).
     // A backward launch pays the autograd engine's node and the C++ dispatch instead
     // (host.framework_backward_op; framework_op without the family), and a device-to-host read is the
@@ -600,7 +608,10 @@ class StepRun {
         const double issue =
             body ? body->value
                  : launch_cost(op) + ((op.flags & scenarios::kBackward) != 0 ? framework_bwd : framework_op);
-        const double launch = issue + (rotates(op) ? cycle_extra : 0.0) + host_.op_dispatch.value +
+        const double rotating_extra = !rotates(op) ? 0.0
+                                      : fw_stream  ? (op.expert >= 0 ? fw_stream->value : 0.0)
+                                                   : cycle_extra;
+        const double launch = issue + rotating_extra + host_.op_dispatch.value +
                               (eager_fw && (op.flags & scenarios::kNewShape) != 0 && host_.framework_attention_plan
                                    ? host_.framework_attention_plan->value
                                    : 0.0);

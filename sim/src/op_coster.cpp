@@ -195,6 +195,11 @@ CostModelCoster::CostModelCoster(const calibration::CostModel& model, double hos
 }
 
 Seconds CostModelCoster::stream_cycle_extra(int streams) const { return model_.stream_cycle_extra(streams) * host_scale_; }
+std::optional<Seconds> CostModelCoster::framework_stream_extra(int streams) const {
+  const auto x = model_.framework_stream_extra(streams);
+  if (!x) return std::nullopt;
+  return *x * host_scale_;
+}
 
 std::optional<Seconds> CostModelCoster::library_launch(const Op& op) const {
   const auto& s = op.shape;

@@ -294,6 +294,22 @@ TEST(CostModel, StreamCycleExtraRoundTripsAndIsZeroOnOneStream) {
   EXPECT_NEAR(cm.stream_cycle_extra(64).value, 3.0e-6, 1e-12);
 }
 
+// host.framework_stream_op is its own family: it neither feeds nor reads host.stream_cycle.
+TEST(CostModel, FrameworkStreamExtraIsItsOwnFamily) {
+  ProfileBuilder b({"fwstream", "synthetic: unit test", "tests/calibration"}, test_hardware());
+  b.add_host("kernel_launch", Measurement::single(4.5e-6));
+  const CostModel without(Profile::parse(b.build().to_toml(), "fwstream.toml"));
+  EXPECT_FALSE(without.framework_stream_extra(4).has_value());
+  b.add_point(kFrameworkStreamFamily, {2}, Measurement::single(6.0e-6));
+  b.add_point(kFrameworkStreamFamily, {8}, Measurement::single(9.0e-6));
+  const CostModel cm(Profile::parse(b.build().to_toml(), "fwstream.toml"));
+  ASSERT_TRUE(cm.framework_stream_extra(4).has_value());
+  EXPECT_NEAR(cm.framework_stream_extra(2)->value, 6.0e-6, 1e-12);
+  EXPECT_NEAR(cm.framework_stream_extra(4)->value, 7.5e-6, 1e-12);  // log2-interpolated between 2 and 8
+  EXPECT_EQ(cm.framework_stream_extra(1)->value, 0.0);
+  EXPECT_EQ(cm.stream_cycle_extra(4).value, 0.0);
+}
+
 TEST(CostModel, BadArgumentsAreInputErrors) {
   const CostModel cm(default_profile("h200"));
   EXPECT_THROW((void)cm.gemm(-1, 16, 16, DType::bf16), InputError);

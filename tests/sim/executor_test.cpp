@@ -29,10 +29,11 @@ using scenarios::StreamKind;
 constexpr double kUs = 1e-6;
 
 StepResult run(const GraphBuilder& b, const FakeCoster& coster, const scenarios::ClusterSpec& cl,
-               std::vector<double> factor = {}) {
+               std::vector<double> factor = {}, scenarios::Framework framework = scenarios::Framework::cpp) {
   const Platform p(cl);
   ExecutorOptions o;
   o.fidelity = Fidelity::analytic;
+  o.framework = framework;
   return Executor(coster, o).run_step(b.g, p, factor, 0.0, nullptr);
 }
 
@@ -709,6 +710,36 @@ TEST(Executor, LaunchesRotatingOverStreamsPayTheStreamCycleExtra) {
   }
   // The all-reduce launches after the kernels: 7 us on top, no extra (the comm stream is not counted).
   EXPECT_NEAR(four.classes[0].start[4], 28 * kUs + 7 * kUs, 1e-9);
+}
+
+// host.framework_stream_op: in a pytorch_eager step whose experts rotate over N streams, each
+// per-expert launch pays the framework's extra(N) in place of host.stream_cycle's; a launch outside
+// the expert loop pays neither. Without the family, host.stream_cycle applies as in a C++ run.
+TEST(Executor, EagerExpertLaunchesOverStreamsPayTheFrameworkStreamExtra) {
+  GraphBuilder b(1, 1, 1, 1, 1, 1);
+  const int c = b.add_class({0});
+  b.add(c, b.kernel(0.1, "attention"));
+  for (int e = 0; e < 4; ++e) {
+    Op op = b.kernel(0.1, "expert" + std::to_string(e), e % 2 == 0 ? "compute" : "expert_1");
+    op.expert = e;
+    b.add(c, op);
+  }
+  FakeCoster f;
+  f.host.kernel_launch = Seconds(5 * kUs);
+  f.stream_cycle_extra_of = [](int n) { return Seconds(n == 2 ? 1 * kUs : 100 * kUs); };
+  f.framework_stream_extra_of = [](int n) -> std::optional<Seconds> { return Seconds(n == 2 ? 3 * kUs : 100 * kUs); };
+  const auto eager = run(b, f, testing::cluster(1, 1), {}, scenarios::Framework::pytorch_eager);
+  EXPECT_NEAR(eager.classes[0].start[0], 5 * kUs, 1e-12);  // not an expert's: no extra
+  for (std::size_t i = 1; i < 5; ++i) {
+    EXPECT_NEAR(eager.classes[0].start[i], (5 + 8 * static_cast<double>(i)) * kUs, 1e-12) << i;
+  }
+  const auto cpp = run(b, f, testing::cluster(1, 1));  // threewalls run's OpRunners: host.stream_cycle
+  for (std::size_t i = 0; i < 5; ++i) {
+    EXPECT_NEAR(cpp.classes[0].start[i], 6 * kUs * static_cast<double>(i + 1), 1e-12) << i;
+  }
+  f.framework_stream_extra_of = nullptr;  // a profile without the family
+  const auto without = run(b, f, testing::cluster(1, 1), {}, scenarios::Framework::pytorch_eager);
+  EXPECT_NEAR(without.classes[0].start[4], cpp.classes[0].start[4], 1e-12);
 }
 
 }  // namespace

@@ -46,6 +46,8 @@ class FakeCoster final : public OpCoster {
   std::function<std::optional<Seconds>(const Op&)> library_launch_of;
   // Extra host time per launch rotating over N streams (host.stream_cycle); 0 by default.
   std::function<Seconds(int)> stream_cycle_extra_of;
+  // The same for an eager framework's expert loop (host.framework_stream_op); empty by default.
+  std::function<std::optional<Seconds>(int)> framework_stream_extra_of;
 
   [[nodiscard]] Seconds kernel_time(const Op& op) const override { return Seconds(op.flops * 1e-6); }
   [[nodiscard]] Seconds copy_time(scenarios::CopyKind, Bytes bytes) const override { return bytes / copy_bw; }
@@ -55,6 +57,9 @@ class FakeCoster final : public OpCoster {
   [[nodiscard]] int sm_count() const override { return 132; }
   [[nodiscard]] Seconds stream_cycle_extra(int streams) const override {
     return stream_cycle_extra_of ? stream_cycle_extra_of(streams) : Seconds(0.0);
+  }
+  [[nodiscard]] std::optional<Seconds> framework_stream_extra(int streams) const override {
+    return framework_stream_extra_of ? framework_stream_extra_of(streams) : std::nullopt;
   }
   [[nodiscard]] std::optional<Seconds> library_launch(const Op& op) const override {
     return library_launch_of ? library_launch_of(op) : std::nullopt;

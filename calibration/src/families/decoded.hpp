@@ -63,6 +63,7 @@ struct DecodedModels {
   std::optional<GemmCallModel> gemm_call;                  // optional: host.gemm_call
   std::optional<GroupedCallModel> grouped_call;            // optional: host.grouped_gemm_call
   std::optional<StreamCycleModel> stream_cycle;            // optional: host.stream_cycle
+  std::optional<StreamCycleModel> framework_stream;        // optional: host.framework_stream_op
 };
 
 template <class E>

@@ -1,5 +1,7 @@
-// Family module: extra host time per launch rotating over N streams, host.stream_cycle, model
-// stream_cycle_v1 (models.hpp StreamCycleModel; optional, absent: no extra).
+// Family module: extra host time per launch rotating over N streams, model stream_cycle_v1
+// (models.hpp StreamCycleModel; optional, absent: no extra). Two families: host.stream_cycle
+// (threewalls run's OpRunners, measured by calibrate) and host.framework_stream_op (an eager
+// framework's expert loop, measured by python3 -m threewalls.bench.framework).
 #include "decoded.hpp"
 #include "grid_common.hpp"
 #include "module.hpp"
@@ -26,6 +28,14 @@ void add_specs(std::vector<FamilySpec>& out) {
   s.inputs = {{"streams", true, "streams the visits rotate over (>= 2)"}};
   s.params = {{"streams", true, true, "measured stream counts, increasing, >= 2"},
               {"extra_s", false, true, "extra host seconds per launch per measured stream count"}};
+  out.push_back(s);
+  s.name = std::string(kFrameworkStreamFamily);
+  s.description =
+      "extra host time per launch of an eager framework's expert loop (forward with autograd and backward) whose "
+      "experts rotate over N streams, over the same loop on one stream (PyTorch: side-stream dispatch, the "
+      "allocator's stream events, the autograd engine's cross-stream synchronisation): median per N, "
+      "log2-interpolated from extra(1) = 0";
+  s.inputs = {{"streams", true, "streams the experts rotate over (>= 2)"}};
   out.push_back(s);
 }
 
@@ -56,7 +66,8 @@ std::optional<std::string> check(const FamilySpec& spec, const Params& params) {
 }
 
 void store(const Family& f, const Hardware& /*hw*/, DecodedModels& models) {
-  models.stream_cycle = stream_cycle_of(f.spec(), f.params);
+  (f.name == kFrameworkStreamFamily ? models.framework_stream : models.stream_cycle) =
+      stream_cycle_of(f.spec(), f.params);
 }
 
 }  // namespace

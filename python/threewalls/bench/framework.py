@@ -42,12 +42,24 @@ launches, past which a launch waits for the device (a longer batch would time th
   host.framework_attention_plan, which the simulator charges for the first attention of each new
   shape of a pytorch_eager inference step (docs/simulator.md, "Framework host"). CUDA only.
 * `stream_switch_us`: per op, issuing each op under `with torch.cuda.stream(s)` rotating over 4
-  streams, less issuing them on one stream (host.stream_cycle's counterpart in PyTorch).
+  streams, less issuing them on one stream (the context switch alone; reported, not fitted).
+* `stream_op_us` (per N in --stream-counts): an eager expert loop, forward with autograd and backward,
+  with the experts on N streams against the same loop on one stream, the device held busy: the extra
+  host time per StepGraph op of the loop. The loop is the runner's (threewalls.runner.kernels:
+  ExpertStreams, expert_gather, linear, act, expert_weights, expert_scatter) over 8 experts of 16 token
+  rows (hidden 64, GELU MLP of 128): 12 StepGraph ops per expert (gather, fc1, act, fc2, scatter and
+  the backward's scatter, fc2 dgrad and wgrad, act, fc1 dgrad and wgrad, gather). What it holds:
+  PyTorch's side-stream dispatch, the allocator's record_stream events and their queries, and the
+  autograd engine's cross-stream synchronisation in the backward. Each repeat times both loops
+  (paired); the figure is the median of the per-repeat differences. host.framework_stream_op, which
+  the simulator charges per expert-loop launch of a pytorch_eager step whose experts rotate over N
+  streams. CUDA only.
 
 Writes DIR/framework.json (every figure, device, torch) and, with --profile, DIR/framework_families.toml:
-a copy of that profile whose families host.framework_op, host.framework_backward_op and
-host.framework_sync hold the measured points (replaced where the profile has them, appended where
-not), in the profile's TOML form with a note saying how each was measured. The measurement needs no
+a copy of that profile whose families host.framework_op, host.framework_backward_op,
+host.framework_sync, host.framework_autograd_op (and, on CUDA, host.framework_attention_plan and
+host.framework_stream_op) hold the measured points (replaced where the profile has them, appended
+where not), in the profile's TOML form with a note saying how each was measured. The measurement needs no
 threewalls binary; `threewalls_merge_families PROFILE DIR/framework_families.toml OUT.toml
 host.framework_op host.framework_backward_op host.framework_sync` refits them into a profile (the C++
 profile writer; scripts/python_gpu_checks.sh does). On a CPU (--device cpu) the device-only figures
@@ -74,7 +86,9 @@ BACKWARD_FAMILY = "host.framework_backward_op"
 SYNC_FAMILY = "host.framework_sync"
 ATTENTION_PLAN_FAMILY = "host.framework_attention_plan"
 AUTOGRAD_FAMILY = "host.framework_autograd_op"
-FAMILIES = (FAMILY, BACKWARD_FAMILY, SYNC_FAMILY, AUTOGRAD_FAMILY)  # and ATTENTION_PLAN_FAMILY where measured
+STREAM_FAMILY = "host.framework_stream_op"
+# And, where measured (CUDA): ATTENTION_PLAN_FAMILY, STREAM_FAMILY.
+FAMILIES = (FAMILY, BACKWARD_FAMILY, SYNC_FAMILY, AUTOGRAD_FAMILY)
 # The families' headings in a profile (calibration/src/families/host.cpp), for a profile without them.
 _HEADINGS = {
     BACKWARD_FAMILY: "host time per backward op of an eager framework on top of the kernel launch (its autograd "
@@ -85,6 +99,10 @@ _HEADINGS = {
     AUTOGRAD_FAMILY: "extra host time per forward op of an eager framework that records it for autograd (a training "
                      "step's forward: the node, its saved tensors), on top of the kernel launch, in place of "
                      "host.framework_op: t = median of the points",
+    STREAM_FAMILY: "extra host time per launch of an eager framework's expert loop whose experts rotate over N "
+                   "streams (PyTorch: side-stream dispatch, allocator stream events, the autograd engine's "
+                   "cross-stream synchronisation), over the same loop on one stream: median per N, "
+                   "log2-interpolated from extra(1) = 0",
     ATTENTION_PLAN_FAMILY: "host time an eager framework spends before its fused attention's first call at a shape "
                            "it has not run (PyTorch's cuDNN SDPA builds and caches an execution plan per shape), on "
                            "top of the call: t = median of the points",
@@ -116,6 +134,62 @@ def attention_plan(repeats: int) -> Dict[str, float]:
         warm = statistics.median(call() for _ in range(5))
         per.append(max(first - warm, 0.01))
     return _stats(per, 1)
+
+
+# The stream figure's expert loop: experts, token rows per expert, hidden and MLP width, and the
+# StepGraph ops one expert of it stands for (5 forward, 7 backward; docs/stepgraph.md).
+STREAM_EXPERTS, STREAM_ROWS, STREAM_HIDDEN, STREAM_FFN = 8, 16, 64, 128
+STREAM_OPS_PER_EXPERT = 12
+
+
+def stream_ops(counts: List[int], repeats: int) -> Dict[str, Dict[str, float]]:
+    """Extra host microseconds per StepGraph op of an eager expert loop (forward with autograd and
+    backward) on N streams over the same loop on one stream, per N in counts (CUDA)."""
+    from threewalls.runner import kernels
+    dev = torch.device("cuda")
+    e_n, t = STREAM_EXPERTS, STREAM_EXPERTS * STREAM_ROWS
+    x = torch.randn(t, STREAM_HIDDEN, device=dev, requires_grad=True)
+    weights = torch.rand(t, 1, device=dev, requires_grad=True)
+    rows = [torch.arange(e, t, e_n, device=dev) for e in range(e_n)]  # top-1, balanced; no host read
+    slot = [torch.zeros_like(r) for r in rows]
+    mlp = [(torch.randn(STREAM_FFN, STREAM_HIDDEN, device=dev, requires_grad=True),
+            torch.randn(STREAM_HIDDEN, STREAM_FFN, device=dev, requires_grad=True)) for _ in range(e_n)]
+    leaves = [x, weights] + [w for pair in mlp for w in pair]
+    side = [torch.cuda.Stream() for _ in range(max(counts) - 1)]
+
+    def loop(n: int) -> float:
+        """Host microseconds of one forward and backward of the loop on n streams, the device busy."""
+        es = kernels.ExpertStreams([torch.cuda.current_stream()] + side[:n - 1] if n > 1 else [])
+        torch.cuda.synchronize()
+        torch.cuda._sleep(int(e_n * STREAM_OPS_PER_EXPERT * 3 * 40e-6 * 2e9))  # ~40 us per launch, 3 per op
+        t0 = time.perf_counter_ns()
+        out = x.new_zeros(t, STREAM_HIDDEN)
+        es.fork()
+        for e in range(e_n):
+            with es.on(e):
+                es.use(e, x, rows[e], out)
+                w1, w2 = mlp[e]
+                ye = kernels.linear(kernels.act(kernels.linear(kernels.expert_gather(x, rows[e]), w1), False), w2)
+                out = kernels.expert_scatter(out, rows[e], ye, kernels.expert_weights(weights, rows[e], slot[e]))
+        es.join()
+        out.sum().backward()
+        t1 = time.perf_counter_ns()
+        torch.cuda.synchronize()
+        for leaf in leaves:
+            leaf.grad = None
+        return (t1 - t0) / 1e3
+
+    for n in [1] + counts:  # warm-up: kernels, allocator pools per stream
+        for _ in range(3):
+            loop(n)
+    out: Dict[str, Dict[str, float]] = {}
+    for n in counts:
+        per = []
+        for _ in range(repeats):
+            one, many = loop(1), loop(n)
+            per.append(max((many - one) / (e_n * STREAM_OPS_PER_EXPERT), 0.01))
+        out[str(n)] = _stats(per, e_n * STREAM_OPS_PER_EXPERT)
+    return out
 
 
 # Launches timed behind one blocking kernel: well under CUDA's limit of pending launches (about a
@@ -180,7 +254,7 @@ def _backward_per_launch(chain: Callable[[], tuple], ops: int, launches: int, re
     return _stats(per, ops)
 
 
-def measure(device: str, ops: int, repeats: int) -> Dict[str, object]:
+def measure(device: str, ops: int, repeats: int, stream_counts: Optional[List[int]] = None) -> Dict[str, object]:
     cuda = device == "cuda"
     dev = torch.device(device)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -269,8 +343,10 @@ def measure(device: str, ops: int, repeats: int) -> Dict[str, object]:
         same = _median_per_op(one_stream, ops, repeats, busy, sync)
         out["stream_switch_us"] = rot["median_us"] - same["median_us"]
         out["attention_plan_us"] = attention_plan(max(4, min(repeats, 12)))
+        out["stream_op_us"] = stream_ops(stream_counts or [2, 4, 8], max(repeats, 15))
     else:
         out["item_us"] = out["nonzero_us"] = out["stream_switch_us"] = out["attention_plan_us"] = None
+        out["stream_op_us"] = None
     return out
 
 
@@ -280,6 +356,21 @@ def _block(family: str, note: str, points: List[Dict[str, float]], value_us: flo
                    f"p90_s = {p['p90_us'] * 1e-6:.6g}, count = {int(p['repeats'])} }},\n" for p in points)
     return (f"[{family}]\nmodel = \"median_v1\"\nnote = {json.dumps(note)}\npoints = [\n{rows}]\n\n"
             f"[{family}.fit]\nvalue_s = {value_us * 1e-6:.6g}\nrel_err_median = 0.0\nrel_err_max = 0.0\n"
+            f"loo_rel_err_median = nan\nloo_rel_err_max = nan\nloo_points = 0\n")
+
+
+def _stream_block(family: str, note: str, per_n: Dict[str, Dict[str, float]]) -> str:
+    """A stream_cycle_v1 family's TOML tables: a point per stream count (seconds) and the fit (the
+    medians per count)."""
+    ns = sorted(per_n, key=int)
+    extra = ", ".join(f"{per_n[n]['median_us'] * 1e-6:.6g}" for n in ns)
+    rows = "".join(f"  {{ streams = {n}, median_s = {per_n[n]['median_us'] * 1e-6:.6g}, "
+                   f"p10_s = {per_n[n]['p10_us'] * 1e-6:.6g}, p90_s = {per_n[n]['p90_us'] * 1e-6:.6g}, "
+                   f"count = {int(per_n[n]['repeats'])} }},\n" for n in ns)
+    return (f"[{family}]\nmodel = \"stream_cycle_v1\"\nnote = {json.dumps(note)}\npoints = [\n{rows}]\n\n"
+            f"[{family}.fit]\nstreams = [{', '.join(ns)}]\n"
+            f"extra_s = [{extra}]\n"
+            f"rel_err_median = 0.0\nrel_err_max = 0.0\n"
             f"loo_rel_err_median = nan\nloo_rel_err_max = nan\nloo_points = 0\n")
 
 
@@ -318,6 +409,11 @@ def families_toml(profile_text: str, path: str, figures: Dict[str, object], note
         text = replace_or_add_family(text, path, ATTENTION_PLAN_FAMILY,
                                      _block(ATTENTION_PLAN_FAMILY, notes[ATTENTION_PLAN_FAMILY], [plan],
                                             plan["median_us"]), _HEADINGS[ATTENTION_PLAN_FAMILY])
+    streams = figures.get("stream_op_us")
+    if streams:
+        text = replace_or_add_family(text, path, STREAM_FAMILY,
+                                     _stream_block(STREAM_FAMILY, notes[STREAM_FAMILY], streams),
+                                     _HEADINGS[STREAM_FAMILY])
     text = replace_or_add_family(text, path, BACKWARD_FAMILY,
                                  _block(BACKWARD_FAMILY, notes[BACKWARD_FAMILY], [bwd], bwd["median_us"]),
                                  _HEADINGS[BACKWARD_FAMILY])
@@ -334,7 +430,16 @@ def main(argv=None) -> int:
     ap.add_argument("--device", choices=["cuda", "cpu"], default=None)
     ap.add_argument("--ops", type=int, default=2000)
     ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--stream-counts", default="2,4,8",
+                    help="stream counts of the expert-loop stream figure, comma-separated, each >= 2 (default: %(default)s)")
     args = ap.parse_args(argv)
+    try:
+        counts = sorted({int(v) for v in args.stream_counts.split(",")})
+    except ValueError:
+        counts = []
+    if not counts or counts[0] < 2 or counts[-1] > 64:
+        print(f"--stream-counts {args.stream_counts!r}: comma-separated integers from 2 to 64", file=sys.stderr)
+        return 2
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         print("--device cuda: torch.cuda is not available", file=sys.stderr)
@@ -343,7 +448,7 @@ def main(argv=None) -> int:
         print("--ops and --repeats must be >= 1", file=sys.stderr)
         return 2
     os.makedirs(args.out, exist_ok=True)
-    res = measure(device, args.ops, args.repeats)
+    res = measure(device, args.ops, args.repeats, counts)
     name = torch.cuda.get_device_name() if device == "cuda" else "host CPU"
     report = {"device": name, "torch": torch.__version__, "python": sys.version.split()[0], "ops": args.ops,
               "repeats": args.repeats, "figures": res}
@@ -371,6 +476,14 @@ def main(argv=None) -> int:
                                 f"device, median of {args.repeats} x {max(1, args.ops // 10)} calls, "
                                 f"{res['where_us']['median_us']:.2f} us"),
         }
+        if res.get("stream_op_us"):
+            notes[STREAM_FAMILY] = how + (
+                f"an eager expert loop ({STREAM_EXPERTS} experts of {STREAM_ROWS} rows, hidden {STREAM_HIDDEN}, GELU "
+                f"MLP {STREAM_FFN}; the runner's ExpertStreams and expert kernels), forward with autograd and "
+                f"backward, the device busy, on N streams less on one stream, per StepGraph op "
+                f"({STREAM_OPS_PER_EXPERT} per expert), median of paired repeats: " +
+                ", ".join(f"N = {n}: {v['median_us']:.2f} us" for n, v in sorted(res["stream_op_us"].items(),
+                                                                                    key=lambda kv: int(kv[0]))))
         if res.get("attention_plan_us") is not None:
             notes[ATTENTION_PLAN_FAMILY] = how + (
                 "host time of F.scaled_dot_product_attention's first call at a key length new to the process "
@@ -386,7 +499,8 @@ def main(argv=None) -> int:
         report["framework_autograd_op_us"] = max(res["autograd_op_us"]["median_us"] - launch_us, 0.01)
         report["profile"] = args.profile
         report["families"] = path
-        measured = FAMILIES + ((ATTENTION_PLAN_FAMILY,) if res.get("attention_plan_us") is not None else ())
+        measured = FAMILIES + ((ATTENTION_PLAN_FAMILY,) if res.get("attention_plan_us") is not None else ()) + \
+            ((STREAM_FAMILY,) if res.get("stream_op_us") else ())
         report["merge"] = f"threewalls_merge_families {args.profile} {path} OUT.toml " + " ".join(measured)
         if res.get("attention_plan_us") is not None:
             report["framework_attention_plan_us"] = res["attention_plan_us"]["median_us"]
@@ -394,6 +508,9 @@ def main(argv=None) -> int:
         json.dump(report, f, indent=2)
         f.write("\n")
     for k, v in res.items():
+        if k == "stream_op_us" and v:
+            print(f"{k:20s} " + ", ".join(f"N = {n}: {f['median_us']:.2f} us" for n, f in v.items()))
+            continue
         v = v["median_us"] if isinstance(v, dict) else v
         print(f"{k:20s} {'n/a' if v is None else f'{v:.2f} us'}")
     if "framework_op_us" in report:

@@ -112,6 +112,43 @@ def expert_scatter(out: torch.Tensor, rows: torch.Tensor, ye: torch.Tensor, we: 
     return out.index_add_(0, rows, ye * we.unsqueeze(1) if we is not None else ye)
 
 
+class ExpertStreams:
+    """Experts on CUDA streams as the runner runs them ("streams:N"): expert e on stream e mod N, where
+    stream 0 is the current (compute) stream and the others are side streams. `fork()` makes every side
+    stream wait for the compute stream before the loop, `join()` makes the compute stream wait for them
+    after it; `on(e)` is the context that issues expert e's ops on its stream and `use(e, *tensors)`
+    record_streams the tensors expert e reads or writes on a side stream (for the caching allocator).
+    With no streams (sequential experts, or no CUDA) every call is a no-op. The runner's loop and
+    bench.framework's stream figure (host.framework_stream_op) both go through it."""
+
+    def __init__(self, streams: Sequence) -> None:
+        self.streams = list(streams)
+
+    def fork(self) -> None:
+        for st in self.streams[1:]:
+            st.wait_stream(self.streams[0])
+
+    def join(self) -> None:
+        for st in self.streams[1:]:
+            self.streams[0].wait_stream(st)
+
+    def on(self, e: int):
+        return torch.cuda.stream(self.streams[e % len(self.streams)]) if self.streams else _NoStream()
+
+    def use(self, e: int, *tensors: torch.Tensor) -> None:
+        if self.streams and e % len(self.streams) != 0:
+            for t in tensors:
+                t.record_stream(self.streams[e % len(self.streams)])
+
+
+class _NoStream:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc) -> bool:
+        return False
+
+
 def residual_add(residual: torch.Tensor, *ys: torch.Tensor) -> torch.Tensor:
     """The residual plus the block's output(s) (bias-dropout-add without bias and dropout; its backward
     passes the gradient to every input: pytorch.add_bwd)."""

@@ -510,22 +510,16 @@ class Model:
         elt = src.element_size()
         fe = self.m["moe_ffn_hidden_size"]
         swiglu = self.swiglu
-        main = torch.cuda.current_stream() if self._streams else None
-        if main is not None:
-            for st in self._streams[1:]:
-                st.wait_stream(main)
+        es = kernels.ExpertStreams(self._streams)
+        es.fork()
         for e in range(len(experts)):
             c.expert = e
-            st = self._streams[e % len(self._streams)] if self._streams else None
-            ctx = torch.cuda.stream(st) if st is not None else _nullctx()
-            with ctx:
+            with es.on(e):
                 rows, slot = rows_for(e)
                 n = rows.shape[0]
                 if n == 0:
                     continue
-                if st is not None and st is not main:
-                    for tt in (src, rows, out):
-                        tt.record_stream(st)
+                es.use(e, src, rows, out)
                 with Op(c, "expert_gather", [src], wall="memory", tokens=n, nbytes=2.0 * n * h * elt) as op:
                     (si,) = op.inputs
                     xe = op.out(kernels.expert_gather(si, rows))
@@ -549,9 +543,7 @@ class Model:
                 we = kernels.expert_weights(weights, rows, slot) if weights is not None else None
                 out = scatter_add(c, out, rows, ye, we)
         c.expert = None
-        if main is not None:
-            for st in self._streams[1:]:
-                main.wait_stream(st)
+        es.join()
         return out
 
     # ------------------------------------------------------------------------------------------
@@ -596,12 +588,3 @@ def _cumsum(xs):
     for x in xs:
         s += x
         yield s
-
-
-class _nullctx:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-

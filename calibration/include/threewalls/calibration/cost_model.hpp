@@ -128,6 +128,9 @@ class CostModel {
   // Extra host time per launch when a step's launches rotate over `streams` streams (each with its
   // own OpRunner and cuBLASLt handle), over launching on one: host.stream_cycle; 0 without it.
   [[nodiscard]] Seconds stream_cycle_extra(int streams) const;
+  // The same for an eager framework's expert loop (PyTorch eager: experts on N streams against one;
+  // host.framework_stream_op), per launch of the loop; empty without the family.
+  [[nodiscard]] std::optional<Seconds> framework_stream_extra(int streams) const;
   // threewalls run's own per-op host path: extra host time of OpRunner::run over the bare launch
   // (host.op_dispatch; 0 without it), and extra host time of a recorded op over the unrecorded
   // launch, markers included (host.record_op; empty without it: the simulator then charges two

@@ -117,6 +117,7 @@ inline constexpr std::string_view kGemmCallFamily = "host.gemm_call";
 inline constexpr std::string_view kGroupedCallFamily = "host.grouped_gemm_call";
 // Host time per launch when launches rotate over N streams (optional; absent: no extra).
 inline constexpr std::string_view kStreamCycleFamily = "host.stream_cycle";
+inline constexpr std::string_view kFrameworkStreamFamily = "host.framework_stream_op";
 // Host families: "host.kernel_launch", "host.framework_op", "host.event_record", "host.stream_sync",
 // "host.gpu_read", "host.graph_launch", "host.graph_node", "host.collective_launch".
 std::string host_family(std::string_view what);

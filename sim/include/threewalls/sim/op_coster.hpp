@@ -160,6 +160,10 @@ class OpCoster {
   // streams (each with its own OpRunner), over launching on one (calibration host.stream_cycle);
   // 0 for costers without it.
   [[nodiscard]] virtual Seconds stream_cycle_extra(int /*streams*/) const { return Seconds(0.0); }
+  // run.framework = "pytorch_eager": the extra host time of each launch of an expert loop whose
+  // experts rotate over `streams` streams, over the loop on one (calibration
+  // host.framework_stream_op); empty for costers without it.
+  [[nodiscard]] virtual std::optional<Seconds> framework_stream_extra(int /*streams*/) const { return std::nullopt; }
   // run.framework = "pytorch_eager": the host time PyTorch spends issuing `op`'s body (its Python,
   // dispatcher, autograd node and kernel launches, pytorch_host_body_of), in place of the per-launch
   // costs; `records_autograd`: a training step's forward. Empty: the per-launch costs (other
@@ -204,6 +208,7 @@ class CostModelCoster final : public OpCoster {
   [[nodiscard]] std::optional<DeviceMemoryParams> device_memory() const override;
   [[nodiscard]] std::optional<Seconds> library_launch(const scenarios::Op& op) const override;
   [[nodiscard]] Seconds stream_cycle_extra(int streams) const override;
+  [[nodiscard]] std::optional<Seconds> framework_stream_extra(int streams) const override;
   [[nodiscard]] std::optional<std::string> substitution(const scenarios::Op& op) const override;
 
  private:
