@@ -104,8 +104,11 @@ if [ -z "$merge" ] && [ -n "${THREEWALLS:-}" ]; then
 fi
 pytorch_profile=
 if [ -n "$merge" ]; then
-  "$merge" "$profile" "$out/framework/framework_families.toml" "$out/framework/profile_pytorch.toml" host.framework_op \
-    host.framework_backward_op host.framework_sync host.framework_autograd_op \
+  # The families bench.framework measured: its printed merge command's, after the three paths.
+  fw_families=$(python3 -c 'import json, sys; print(" ".join(json.load(open(sys.argv[1]))["merge"].split()[4:]))' \
+    "$out/framework/framework.json")
+  # shellcheck disable=SC2086
+  "$merge" "$profile" "$out/framework/framework_families.toml" "$out/framework/profile_pytorch.toml" $fw_families \
     > "$out/logs/merge_families.log" 2>&1 && pytorch_profile=$out/framework/profile_pytorch.toml ||
     { echo "threewalls_merge_families failed (logs/merge_families.log)" >&2; cat "$out/logs/merge_families.log" >&2; }
 fi

@@ -8,9 +8,9 @@ DIR holds what a GPU machine wrote for each held-out scenario NAME of python/sce
 folder of scenarios with --scenarios) and
 `walls_NAME.json` (its --wall-json). For each, this simulates the scenario with the profile
 (`threewalls sim`), compares the run with the simulation (`threewalls compare --json`), and prints one
-row: the real step (median of the recorded steps, and of the unrecorded ones from the host clock), the
-simulated step, the errors of both, peak memory, and every phase of at least 5% of the real step with
-its error. Writes OUT/heldout.json with the same figures. The targets (docs/python.md): step and
+row: the recorded steps (the steps of the phase records) real and simulated, the unrecorded ones (the
+real run's host clock; the simulation's steps that its scenario's profiler does not record), the
+error of each, peak memory, and every phase of at least 5% of the real recorded step with its error. Writes OUT/heldout.json with the same figures. The targets (docs/python.md): step and
 phases within 10% with grouped experts, 20% with the eager loop, peak memory within 10%.
 """
 from __future__ import annotations
@@ -18,8 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
+import tomllib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HELDOUT = os.path.join(ROOT, "python", "scenarios", "heldout")
@@ -30,6 +32,24 @@ def run(cmd):
     if r.returncode not in (0, 1):  # compare exits 1 only with --fail-above
         sys.exit(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stderr}")
     return r
+
+
+def sim_unrecorded_ms(scen: str, sim_dir: str):
+    """Median of the simulation's steps that its scenario's profiler does not record (summary.json's
+    steps, numbered from the first measured step as the runner numbers them), ms; None if every step
+    records."""
+    with open(scen, "rb") as f:
+        prof = tomllib.load(f).get("run", {}).get("profiler", {})
+    start, every = prof.get("start_step", 0), prof.get("record_every_n_steps", 10)
+    end, enabled = prof.get("end_step", -1), prof.get("enabled", True)
+    with open(os.path.join(sim_dir, "summary.json")) as f:
+        steps = json.load(f)["steps"]
+
+    def recorded(k: int) -> bool:
+        return enabled and k >= start and (end < 0 or k <= end) and (k - start) % every == 0
+
+    un = [s["step_time_us"] / 1e3 for s in steps if not recorded(s["step"])]
+    return statistics.median(un) if un else None
 
 
 def parser(doc: str, scenarios: str) -> argparse.ArgumentParser:
@@ -70,17 +90,19 @@ def main() -> int:
         st = c["step_time_us"]
         real_ms, sim_ms = st["a"]["median"] / 1e3, st["b"]["median"] / 1e3
         unrec = walls.get("unrecorded")
+        sim_unrec = sim_unrecorded_ms(scen, sim)
         row = {"scenario": n, "real_recorded_ms": real_ms, "real_unrecorded_ms": unrec, "sim_ms": sim_ms,
-               "step_error_pct": st["median_error_pct"],
-               "step_error_vs_unrecorded_pct": (sim_ms - unrec) / unrec * 100 if unrec else None,
+               "sim_unrecorded_ms": sim_unrec, "step_error_pct": st["median_error_pct"],
+               "step_error_vs_unrecorded_pct": (sim_unrec - unrec) / unrec * 100 if unrec and sim_unrec else None,
                "peak_memory_error_pct": c["peak_memory_bytes"].get("error_pct"),
                "phases": [{"phase": p["phase"], "share_pct": p["share_of_a"] * 100,
                            "error_pct": p["median_error_pct"]} for p in c["phases"] if p["share_of_a"] >= 0.05]}
         rows.append(row)
         un = f"{unrec:8.1f}" if unrec else "       -"
-        ue = f"{row['step_error_vs_unrecorded_pct']:+6.1f}%" if unrec else "      -"
-        print(f"{n:30s} real {real_ms:8.1f} ms (unrecorded {un}) sim {sim_ms:8.1f}  step {row['step_error_pct']:+6.1f}% "
-              f"(vs unrecorded {ue})  peak memory {row['peak_memory_error_pct']:+6.1f}%")
+        su = f"{sim_unrec:8.1f}" if sim_unrec else "       -"
+        ue = f"{row['step_error_vs_unrecorded_pct']:+6.1f}%" if row["step_error_vs_unrecorded_pct"] is not None else "      -"
+        print(f"{n:28s} recorded: real {real_ms:8.1f} ms sim {sim_ms:8.1f} {row['step_error_pct']:+6.1f}%  "
+              f"unrecorded: real {un} sim {su} {ue}  peak memory {row['peak_memory_error_pct']:+6.1f}%")
         for p in row["phases"]:
             print(f"    {p['phase']:28s} {p['share_pct']:5.1f}% of the step  error {p['error_pct']:+6.1f}%")
     with open(os.path.join(a.out, "heldout.json"), "w") as f:

@@ -274,6 +274,10 @@ std::optional<Seconds> CostModel::framework_sync() const {
   if (!impl_->has(HostCost::framework_sync)) return std::nullopt;
   return impl_->host_cost(HostCost::framework_sync);
 }
+std::optional<Seconds> CostModel::framework_record_op() const {
+  if (!impl_->has(HostCost::framework_record_op)) return std::nullopt;
+  return impl_->host_cost(HostCost::framework_record_op);
+}
 std::optional<Seconds> CostModel::framework_autograd_op() const {
   if (!impl_->has(HostCost::framework_autograd_op)) return std::nullopt;
   return impl_->host_cost(HostCost::framework_autograd_op);

@@ -33,7 +33,8 @@ class FrameworkBench(unittest.TestCase):
         want = {"framework_op": max(figs["eager_op_us"]["median_us"] - launch_us, 0.01) * 1e-6,
                 "framework_backward_op": max(figs["autograd_node_us"]["median_us"] - launch_us, 0.01) * 1e-6,
                 "framework_sync": figs["where_us"]["median_us"] * 1e-6,
-                "framework_autograd_op": max(figs["autograd_op_us"]["median_us"] - launch_us, 0.01) * 1e-6}
+                "framework_autograd_op": max(figs["autograd_op_us"]["median_us"] - launch_us, 0.01) * 1e-6,
+                "framework_record_op": figs["record_op_us"]["median_us"] * 1e-6}
         self.assertIsNone(figs["attention_plan_us"])  # CUDA only: no host.framework_attention_plan written
         self.assertNotIn("framework_attention_plan", fam["host"])
         self.assertIsNone(figs["stream_op_us"])  # CUDA only: no host.framework_stream_op written
@@ -70,7 +71,7 @@ class FrameworkBench(unittest.TestCase):
             text = f.read()
         fig = {"median_us": 5.0, "p10_us": 4.0, "p90_us": 6.0, "repeats": 3}
         figs = {"eager_op_us": fig, "autograd_node_us": fig, "autograd_op_us": fig, "where_us": fig,
-                "stream_op_us": {"4": dict(fig, median_us=7.0, p90_us=9.0), "2": fig}}
+                "record_op_us": fig, "stream_op_us": {"4": dict(fig, median_us=7.0, p90_us=9.0), "2": fig}}
         notes = {f: "n" for f in framework.FAMILIES + (framework.STREAM_FAMILY,)}
         once = framework.families_toml(text, PROFILE, figs, notes)
         fam = tomllib.loads(once)["host"]["framework_stream_op"]
@@ -89,7 +90,7 @@ class FrameworkBench(unittest.TestCase):
         with self.assertRaisesRegex(SystemExit, "no single \\[host.framework_op\\]"):
             framework.families_toml("[host.kernel_launch.fit]\nvalue_s = 1e-6\n", "p.toml",
                                     {"eager_op_us": fig, "autograd_node_us": fig, "autograd_op_us": fig,
-                                     "where_us": fig},
+                                     "where_us": fig, "record_op_us": fig},
                                     {f: "n" for f in framework.FAMILIES})
 
 

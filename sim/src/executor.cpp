@@ -509,7 +509,8 @@ class StepRun {
   //                 (framework_op without it); a gpu_read costs framework_sync (no event) when the
   //                 profile has it; with host.framework_stream_op, a per-expert launch (op.expert >= 0)
   //                 of a class whose eager launches use N > 1 streams pays framework_stream_extra(N)
-  //                 in place of stream_cycle_extra(N), and other launches pay neither
+  //                 in place of stream_cycle_extra(N), and other launches pay neither; a timed op
+  //                 pays framework_record_op in place of record_op when the profile has it
   //   disk read     on the host lane: copy(disk_read, bytes) once its dependencies are done
   //   step          at the start, e + w per device stream but the anchor (the fence behind the epoch: an
   //                 event on the anchor, a wait on each other used stream); at the end,
@@ -578,6 +579,10 @@ class StepRun {
     const double framework_bwd =
         eager_fw ? (host_.framework_backward_op ? host_.framework_backward_op->value : framework_op) : 0.0;
     const bool framework_read = eager_fw && host_.framework_sync.has_value();
+    // A timed op's whole recording path (start marker included): the framework's where it records
+    // (host.framework_record_op), else threewalls run's (host.record_op); empty: two markers.
+    const std::optional<Seconds>& recording =
+        eager_fw && host_.framework_record_op ? host_.framework_record_op : host_.record_op;
     const bool training = g_.step_kind == "train";
     for (std::uint32_t i = 0; i < n; ++i) {
       const Op& op = rc.ops[i];
@@ -617,7 +622,7 @@ class StepRun {
                                    : 0.0);
         // A recorded op: the start marker before the launch (e), the rest of the recording path after
         // it (host.record_op less that marker; e for the end marker without the family).
-        const double record_after = host_.record_op ? std::max(0.0, host_.record_op->value - e) : e;
+        const double record_after = recording ? std::max(0.0, recording->value - e) : e;
         s.host_cost[i] = static_cast<double>(waits[i]) * w + (timed(op) ? e : 0.0) + launch;
         s.host_post[i] = (timed(op) ? record_after : 0.0) + (needs_event[i] ? e : 0.0);
         if (timed(op)) s.mark_before[i] = static_cast<double>(waits[i]) * w + e;

@@ -192,6 +192,7 @@ CostModelCoster::CostModelCoster(const calibration::CostModel& model, double hos
   host_.framework_sync = scaled(model.framework_sync());
   host_.framework_attention_plan = scaled(model.framework_attention_plan());
   host_.framework_autograd_op = scaled(model.framework_autograd_op());
+  host_.framework_record_op = scaled(model.framework_record_op());
 }
 
 Seconds CostModelCoster::stream_cycle_extra(int streams) const { return model_.stream_cycle_extra(streams) * host_scale_; }

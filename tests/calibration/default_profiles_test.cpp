@@ -55,14 +55,14 @@ TEST(DefaultProfiles, AreLabelledSyntheticAndCoverEveryFamilyTheSimulatorNeeds) 
       if (spec.kind == ModelKind::kernel_terms) continue;
       // Measured only: without them the simulator charges host.kernel_launch for these calls (the
       // framework's backward op, autograd-recording op and read: host.framework_op and host.gpu_read;
-      // its attention plan: nothing).
+      // its attention plan: nothing; its recording: host.record_op).
       if (spec.name == "host.gemm_launch" || spec.name == "host.grouped_gemm_launch" ||
           spec.name == "host.attention_launch" || spec.name == "host.attention_bwd_launch" ||
           spec.name == "host.op_dispatch" || spec.name == "host.record_op" || spec.name == "host.stream_wait" ||
           spec.name == "host.framework_backward_op" || spec.name == "host.framework_sync" ||
           spec.name == "host.framework_attention_plan" || spec.name == "host.framework_autograd_op" ||
-          spec.kind == ModelKind::gemm_call || spec.kind == ModelKind::grouped_call ||
-          spec.kind == ModelKind::stream_cycle) {
+          spec.name == "host.framework_record_op" || spec.kind == ModelKind::gemm_call ||
+          spec.kind == ModelKind::grouped_call || spec.kind == ModelKind::stream_cycle) {
         continue;
       }
       // Optional, measured only (2 GPUs): without them the simulator charges no interference and uses fixed NCCL memory

@@ -321,10 +321,12 @@ TEST(Executor, HostToDeviceCopyTakesTheProfilesTime) {
   EXPECT_NEAR(r.duration, 32e6 / 25e9, 1e-12);
 }
 
-StepResult run_timed(const GraphBuilder& b, const FakeCoster& coster, Timing timing) {
+StepResult run_timed(const GraphBuilder& b, const FakeCoster& coster, Timing timing,
+                     scenarios::Framework framework = scenarios::Framework::cpp) {
   const Platform p(testing::cluster(1, 1));
   ExecutorOptions o;
   o.fidelity = Fidelity::analytic;
+  o.framework = framework;
   const std::vector<Timing> t(b.g.classes.size(), timing);
   return Executor(coster, o).run_step(b.g, p, {}, 0.0, nullptr, t);
 }
@@ -397,6 +399,16 @@ TEST(Executor, TheExecutorPathCostsOpDispatchPerLaunchAndRecordOpPerRecordedOp) 
   EXPECT_NEAR(timed.classes[0].start[0], 14 * kUs, 1e-12);
   EXPECT_NEAR(timed.classes[0].start[2], 46 * kUs, 1e-12);
   EXPECT_NEAR(timed.duration, 49 * kUs, 1e-12);
+  // A pytorch_eager step pays the framework's recording (host.framework_record_op, the reference
+  // runner's phases: 9 us) in place of record_op, split the same way (the start marker before the
+  // launch, 8 us after): 14, 14 + 8 + 13 = 35, 56, step 64; a C++ step keeps record_op.
+  f.host.framework_record_op = microseconds(9);
+  const auto eager = run_timed(b, f, Timing::every_op, scenarios::Framework::pytorch_eager);
+  EXPECT_NEAR(eager.classes[0].start[0], 14 * kUs, 1e-12);
+  EXPECT_NEAR(eager.classes[0].start[1], 35 * kUs, 1e-12);
+  EXPECT_NEAR(eager.classes[0].start[2], 56 * kUs, 1e-12);
+  EXPECT_NEAR(eager.duration, 64 * kUs, 1e-12);
+  EXPECT_NEAR(run_timed(b, f, Timing::every_op).duration, 49 * kUs, 1e-12);
 }
 
 TEST(Executor, TimingMarkersOfARecordedStepHoldTheStreamForTheirDeviceTime) {

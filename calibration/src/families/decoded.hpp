@@ -38,8 +38,9 @@ enum class HostCost : std::uint8_t {
   framework_sync,
   framework_attention_plan,
   framework_autograd_op,
+  framework_record_op,
 };
-inline constexpr std::size_t kHostCosts = static_cast<std::size_t>(HostCost::framework_autograd_op) + 1;
+inline constexpr std::size_t kHostCosts = static_cast<std::size_t>(HostCost::framework_record_op) + 1;
 // "kernel_launch" for HostCost::kernel_launch: the family is host.<name>.
 std::string_view host_cost_name(HostCost c);
 

@@ -52,6 +52,10 @@ constexpr std::array<std::pair<std::string_view, std::string_view>, kHostCosts> 
     {"framework_autograd_op",
      "extra host time per forward op of an eager framework that records it for autograd (a training step's "
      "forward: the node, its saved tensors), on top of the kernel launch, in place of host.framework_op"},
+    {"framework_record_op",
+     "extra host time per timed op of an eager framework's recorded step (the reference runner's phases: CUDA "
+     "events, backward marks, Python autograd functions), forward and backward alike, over the same op "
+     "unrecorded, in place of host.record_op"},
 }};
 
 void add_specs(std::vector<FamilySpec>& out) {

@@ -54,15 +54,22 @@ launches, past which a launch waits for the device (a longer batch would time th
   (paired); the figure is the median of the per-repeat differences. host.framework_stream_op, which
   the simulator charges per expert-loop launch of a pytorch_eager step whose experts rotate over N
   streams. CUDA only.
+* `record_op_us`: the reference runner's recording, per StepGraph op: a chain of 32 of its
+  elementwise ops (threewalls.runner.ops.Op: the phase's CUDA events, the backward box and its
+  marks) and 32 of its linears (ops.linear: a Python autograd function with a phase per product),
+  forward and backward, on a step the profiler records less the same chain on the next step, which
+  it does not, the device busy; paired per repeat, divided by the chain's StepGraph ops (2 per
+  elementwise op, 3 per linear). host.framework_record_op, which the simulator charges per timed op
+  of a recorded pytorch_eager step in place of host.record_op.
 
 Writes DIR/framework.json (every figure, device, torch) and, with --profile, DIR/framework_families.toml:
 a copy of that profile whose families host.framework_op, host.framework_backward_op,
-host.framework_sync, host.framework_autograd_op (and, on CUDA, host.framework_attention_plan and
-host.framework_stream_op) hold the measured points (replaced where the profile has them, appended
-where not), in the profile's TOML form with a note saying how each was measured. The measurement needs no
-threewalls binary; `threewalls_merge_families PROFILE DIR/framework_families.toml OUT.toml
-host.framework_op host.framework_backward_op host.framework_sync` refits them into a profile (the C++
-profile writer; scripts/python_gpu_checks.sh does). On a CPU (--device cpu) the device-only figures
+host.framework_sync, host.framework_autograd_op, host.framework_record_op (and, on CUDA,
+host.framework_attention_plan and host.framework_stream_op) hold the measured points (replaced where
+the profile has them, appended where not), in the profile's TOML form with a note saying how each was
+measured. The measurement needs no threewalls binary; `threewalls_merge_families PROFILE
+DIR/framework_families.toml OUT.toml FAMILY...` (the command it prints) refits them into a profile
+(the C++ profile writer; scripts/python_gpu_checks.sh does). On a CPU (--device cpu) the device-only figures
 are null and the rest are CPU timings: a smoke test of the plumbing, not a calibration.
 """
 from __future__ import annotations
@@ -87,8 +94,9 @@ SYNC_FAMILY = "host.framework_sync"
 ATTENTION_PLAN_FAMILY = "host.framework_attention_plan"
 AUTOGRAD_FAMILY = "host.framework_autograd_op"
 STREAM_FAMILY = "host.framework_stream_op"
+RECORD_FAMILY = "host.framework_record_op"
 # And, where measured (CUDA): ATTENTION_PLAN_FAMILY, STREAM_FAMILY.
-FAMILIES = (FAMILY, BACKWARD_FAMILY, SYNC_FAMILY, AUTOGRAD_FAMILY)
+FAMILIES = (FAMILY, BACKWARD_FAMILY, SYNC_FAMILY, AUTOGRAD_FAMILY, RECORD_FAMILY)
 # The families' headings in a profile (calibration/src/families/host.cpp), for a profile without them.
 _HEADINGS = {
     BACKWARD_FAMILY: "host time per backward op of an eager framework on top of the kernel launch (its autograd "
@@ -99,6 +107,9 @@ _HEADINGS = {
     AUTOGRAD_FAMILY: "extra host time per forward op of an eager framework that records it for autograd (a training "
                      "step's forward: the node, its saved tensors), on top of the kernel launch, in place of "
                      "host.framework_op: t = median of the points",
+    RECORD_FAMILY: "extra host time per timed op of an eager framework's recorded step (the reference runner's "
+                   "phases: CUDA events, backward marks, Python autograd functions), forward and backward alike, "
+                   "over the same op unrecorded, in place of host.record_op: t = median of the points",
     STREAM_FAMILY: "extra host time per launch of an eager framework's expert loop whose experts rotate over N "
                    "streams (PyTorch: side-stream dispatch, allocator stream events, the autograd engine's "
                    "cross-stream synchronisation), over the same loop on one stream: median per N, "
@@ -190,6 +201,61 @@ def stream_ops(counts: List[int], repeats: int) -> Dict[str, Dict[str, float]]:
             per.append(max((many - one) / (e_n * STREAM_OPS_PER_EXPERT), 0.01))
         out[str(n)] = _stats(per, e_n * STREAM_OPS_PER_EXPERT)
     return out
+
+
+# The recording figure's chain: the runner's elementwise ops and linears, each this many, and the
+# StepGraph ops each stands for (forward and backward; a linear's backward is two products).
+RECORD_CHAIN, RECORD_EW_OPS, RECORD_LINEAR_OPS = 32, 2, 3
+
+
+def record_ops(device: str, repeats: int) -> Dict[str, float]:
+    """Extra host microseconds per StepGraph op of the reference runner's recording (a step the
+    profiler records against the next one, which it does not), forward and backward, the device busy."""
+    import tempfile
+    from threewalls.profiler import Profiler, SamplingConfig
+    from threewalls.runner import ops as rops
+    dev = torch.device(device)
+    cuda = device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    x0 = torch.randn(8, 64, device=dev, requires_grad=True)
+    ws = [(torch.randn(64, 64, device=dev) * 0.125).requires_grad_() for _ in range(RECORD_CHAIN)]
+    n_ops = RECORD_CHAIN * (RECORD_EW_OPS + RECORD_LINEAR_OPS)
+    with tempfile.TemporaryDirectory() as d:
+        with Profiler(os.path.join(d, "run"), sampling=SamplingConfig(record_every_n_steps=2, flush_every_n_steps=2),
+                      use_cuda=cuda, scenario={"name": "record_ops", "path": "", "hash": ""}, nvtx="off") as prof:
+            c = rops.Ctx(prof, 0)
+            c.layer, c.mb = 0, 0
+
+            def step(k: int, recorded: bool) -> float:
+                prof.begin_step(k)
+                if prof.recording != recorded:
+                    raise RuntimeError(f"record_ops: step {k} recorded={prof.recording}, expected {recorded}")
+                sync()
+                if cuda:
+                    torch.cuda._sleep(int(n_ops * 150e-6 * 2e9))  # ~150 us per recorded op at ~2 GHz
+                t0 = time.perf_counter_ns()
+                y = x0
+                for w in ws:
+                    with rops.Op(c, "bench_ew", [y], wall="memory") as op:
+                        (yi,) = op.inputs
+                        y = op.out(yi * 1.0001)
+                    y = rops.linear(c, "bench_linear", y, w)
+                y.sum().backward()
+                t1 = time.perf_counter_ns()
+                prof.end_step()
+                sync()
+                for leaf in [x0] + ws:
+                    leaf.grad = None
+                return (t1 - t0) / 1e3
+
+            for k in range(4):  # warm-up
+                step(k, k % 2 == 0)
+            per = []
+            for r in range(repeats):
+                k = 4 + 2 * r
+                rec, plain = step(k, True), step(k + 1, False)
+                per.append(max((rec - plain) / n_ops, 0.01))
+    return _stats(per, n_ops)
 
 
 # Launches timed behind one blocking kernel: well under CUDA's limit of pending launches (about a
@@ -321,6 +387,7 @@ def measure(device: str, ops: int, repeats: int, stream_counts: Optional[List[in
         cur[0] = (cur[0] + 1) % 64
 
     out["where_us"] = _median_per_op(where, max(1, ops // 10), repeats, idle, sync)
+    out["record_op_us"] = record_ops(device, repeats)
     if cuda:
         t = torch.ones(1, device=dev)
         out["item_us"] = _median_per_op(lambda: t.item(), max(1, ops // 10), repeats, idle)
@@ -399,6 +466,7 @@ def families_toml(profile_text: str, path: str, figures: Dict[str, object], note
     op = _less(figures["eager_op_us"], launch_us)
     bwd = _less(figures["autograd_node_us"], launch_us)
     rec = _less(figures["autograd_op_us"], launch_us)
+    record = figures["record_op_us"]
     sync = figures["where_us"]
     plan = figures.get("attention_plan_us")
     text = replace_family(profile_text, path, FAMILY, _block(FAMILY, notes[FAMILY], [op], op["median_us"]))
@@ -409,6 +477,9 @@ def families_toml(profile_text: str, path: str, figures: Dict[str, object], note
         text = replace_or_add_family(text, path, ATTENTION_PLAN_FAMILY,
                                      _block(ATTENTION_PLAN_FAMILY, notes[ATTENTION_PLAN_FAMILY], [plan],
                                             plan["median_us"]), _HEADINGS[ATTENTION_PLAN_FAMILY])
+    text = replace_or_add_family(text, path, RECORD_FAMILY,
+                                 _block(RECORD_FAMILY, notes[RECORD_FAMILY], [record], record["median_us"]),
+                                 _HEADINGS[RECORD_FAMILY])
     streams = figures.get("stream_op_us")
     if streams:
         text = replace_or_add_family(text, path, STREAM_FAMILY,
@@ -472,6 +543,10 @@ def main(argv=None) -> int:
                                     f"recording autograd nodes, with the device busy, median of {args.repeats} x "
                                     f"{args.ops} ops, {res['autograd_op_us']['median_us']:.2f} us, less this "
                                     f"profile's host.kernel_launch {launch_us:.2f} us"),
+            RECORD_FAMILY: how + (f"the reference runner's recording: {RECORD_CHAIN} of its elementwise ops and "
+                                  f"{RECORD_CHAIN} linears, forward and backward, on a recorded step less the next, "
+                                  f"unrecorded step, the device busy, per StepGraph op, median of {args.repeats} "
+                                  f"paired repeats, {res['record_op_us']['median_us']:.2f} us"),
             SYNC_FAMILY: how + (f"host time of torch.where of one expert's slice of a one-hot routing mask on an idle "
                                 f"device, median of {args.repeats} x {max(1, args.ops // 10)} calls, "
                                 f"{res['where_us']['median_us']:.2f} us"),
@@ -497,6 +572,7 @@ def main(argv=None) -> int:
         report["framework_backward_op_us"] = max(res["autograd_node_us"]["median_us"] - launch_us, 0.01)
         report["framework_sync_us"] = res["where_us"]["median_us"]
         report["framework_autograd_op_us"] = max(res["autograd_op_us"]["median_us"] - launch_us, 0.01)
+        report["framework_record_op_us"] = res["record_op_us"]["median_us"]
         report["profile"] = args.profile
         report["families"] = path
         measured = FAMILIES + ((ATTENTION_PLAN_FAMILY,) if res.get("attention_plan_us") is not None else ()) + \

@@ -152,6 +152,9 @@ class CostModel {
   // An eager framework's forward op that records an autograd node (a training step's forward), on top
   // of the kernel launch (host.framework_autograd_op); empty: framework_op is charged.
   [[nodiscard]] std::optional<Seconds> framework_autograd_op() const;
+  // An eager framework's recording of one timed op on a recorded step (the reference runner's
+  // phases), over the op unrecorded (host.framework_record_op); empty: record_op is charged.
+  [[nodiscard]] std::optional<Seconds> framework_record_op() const;
 
   // ---- concurrency ----
   // Throughput factor of `streams` concurrent small kernels relative to running them back to back

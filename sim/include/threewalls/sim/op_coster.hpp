@@ -75,6 +75,9 @@ struct HostCosts {
   std::optional<Seconds> framework_attention_plan;
   // A training step's forward launch, which records its autograd node, in place of framework_op.
   std::optional<Seconds> framework_autograd_op;
+  // A timed op of a recorded step: the framework's recording (its events included), in place of
+  // record_op.
+  std::optional<Seconds> framework_record_op;
 };
 
 // The kernel_terms family (calibration/kernel_terms.hpp) and inputs of a softmax_topk, permute,
