@@ -51,29 +51,8 @@ TEST(DefaultProfiles, AreLabelledSyntheticAndCoverEveryFamilyTheSimulatorNeeds) 
       if (spec.kind == ModelKind::gemm || spec.kind == ModelKind::grouped_gemm) {
         if (spec.dtype == DType::fp32) continue;  // no facts for fp32 GEMMs: documented as absent
       }
-      // Measured only (no datasheet facts): without them the simulator uses the pooled elementwise fit.
-      if (spec.kind == ModelKind::kernel_terms) continue;
-      // Measured only: without them the simulator charges host.kernel_launch for these calls (the
-      // framework's backward op, autograd-recording op and read: host.framework_op and host.gpu_read;
-      // its attention plan: nothing; its recording: host.record_op).
-      if (spec.name == "host.gemm_launch" || spec.name == "host.grouped_gemm_launch" ||
-          spec.name == "host.attention_launch" || spec.name == "host.attention_bwd_launch" ||
-          spec.name == "host.op_dispatch" || spec.name == "host.record_op" || spec.name == "host.stream_wait" ||
-          spec.name == "host.framework_backward_op" || spec.name == "host.framework_sync" ||
-          spec.name == "host.framework_attention_plan" || spec.name == "host.framework_autograd_op" ||
-          spec.name == "host.framework_record_op" || spec.kind == ModelKind::gemm_call ||
-          spec.kind == ModelKind::grouped_call || spec.kind == ModelKind::stream_cycle) {
-        continue;
-      }
-      // Optional, measured only (2 GPUs): without them the simulator charges no interference and uses fixed NCCL memory
-      // constants.
-      if (spec.kind == ModelKind::nccl_interference || spec.kind == ModelKind::nccl_memory) continue;
-      // Optional, measured only: without it the memory model uses fixed constants for the CUDA context
-      // and the libraries.
-      if (spec.kind == ModelKind::device_memory) continue;
-      // Optional, measured only: without them the simulator costs fused and decode attention from the
-      // attention fits and warns.
-      if (spec.kind == ModelKind::attention_fused || spec.kind == ModelKind::attention_decode) continue;
+      // Measured only (the family's module says so): the simulator charges something else without it.
+      if (spec.measured_only) continue;
       const Family* f = p.find(spec.name);
       ASSERT_NE(f, nullptr) << kind << " lacks " << spec.name;
       EXPECT_FALSE(f->note.empty()) << spec.name << ": every synthetic family says where its numbers come from";

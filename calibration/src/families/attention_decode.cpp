@@ -33,6 +33,7 @@ DecodeAttentionModel decode_of(const FamilySpec& s, const Params& p) {
 
 void add_specs(std::vector<FamilySpec>& out) {
   FamilySpec s;
+  s.measured_only = true;
   s.name = std::string(kAttentionDecodeFamily);
   s.model = "attention_decode_v1";
   s.description =

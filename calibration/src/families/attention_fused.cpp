@@ -15,6 +15,7 @@ namespace {
 void add_specs(std::vector<FamilySpec>& out) {
   for (bool bwd : {false, true}) {
     FamilySpec s;
+    s.measured_only = true;
     s.name = attention_fused_family(bwd);
     s.model = "attention_tiles_v1";
     s.backward = bwd;

@@ -27,6 +27,7 @@ DeviceMemoryModel device_memory_of(const FamilySpec& s, const Params& p) {
 
 void add_specs(std::vector<FamilySpec>& out) {
   FamilySpec s;
+  s.measured_only = true;
   s.name = std::string(kDeviceMemoryFamily);
   s.model = "device_memory_v1";
   s.description =

@@ -14,6 +14,7 @@ GemmCallModel gemm_call_of(const FamilySpec& s, const Params& p) {
 
 void add_specs(std::vector<FamilySpec>& out) {
   FamilySpec s;
+  s.measured_only = true;
   s.name = std::string(kGemmCallFamily);
   s.model = "gemm_call_v1";
   s.description =

@@ -16,6 +16,7 @@ GroupedCallModel grouped_call_of(const FamilySpec& s, const Params& p) {
 
 void add_specs(std::vector<FamilySpec>& out) {
   FamilySpec s;
+  s.measured_only = true;
   s.name = std::string(kGroupedCallFamily);
   s.model = "grouped_call_v1";
   s.description =

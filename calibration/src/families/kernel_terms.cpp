@@ -24,6 +24,7 @@ KernelTermsModel kernel_terms_of(const FamilySpec& s, const Params& p) {
 void add_specs(std::vector<FamilySpec>& out) {
   for (const KernelTermsFamily& k : kernel_terms_families()) {
     FamilySpec s;
+    s.measured_only = true;
     s.name = k.name;
     s.model = "kernel_terms_v1";
     std::string eq = "t = t0";

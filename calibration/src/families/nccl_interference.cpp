@@ -24,6 +24,7 @@ NcclInterferenceModel nccl_interference_of(const FamilySpec& s, const Params& p)
 
 void add_specs(std::vector<FamilySpec>& out) {
   FamilySpec s;
+  s.measured_only = true;
   s.name = std::string(kNcclInterferenceFamily);
   s.model = "nccl_resident_v2";
   s.description =

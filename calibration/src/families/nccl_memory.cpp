@@ -21,6 +21,7 @@ NcclMemoryModel nccl_memory_of(const FamilySpec& s, const Params& p) {
 
 void add_specs(std::vector<FamilySpec>& out) {
   FamilySpec s;
+  s.measured_only = true;
   s.name = std::string(kNcclMemoryFamily);
   s.model = "nccl_memory_v1";
   s.description =

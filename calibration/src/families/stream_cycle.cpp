@@ -19,6 +19,7 @@ StreamCycleModel stream_cycle_of(const FamilySpec& s, const Params& p) {
 
 void add_specs(std::vector<FamilySpec>& out) {
   FamilySpec s;
+  s.measured_only = true;
   s.name = std::string(kStreamCycleFamily);
   s.model = "stream_cycle_v1";
   s.description =

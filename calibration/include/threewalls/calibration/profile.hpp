@@ -69,6 +69,9 @@ struct FamilySpec {
   // order; `reads` names the families whose fitted parameters the fit uses when present.
   int fit_stage = 3;
   std::vector<std::string> reads;
+  // Only a measurement gives it (no synthetic default): a profile without it is complete, and the
+  // simulator charges what the family's module says in its place.
+  bool measured_only = false;
   // Set where meaningful for the kind.
   DType dtype = DType::bf16;
   bool backward = false;
