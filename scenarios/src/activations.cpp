@@ -63,6 +63,7 @@ double layer_activation_bytes(const Scenario& s, int layer, double expert_load, 
     core_out_width = heads * d.dv;
   } else {
     core_in = 2.0 * T * (heads * d.dh + 2.0 * (d.g / t) * d.dh);  // Q, K, V
+    if (m.qk_layernorm) bytes += 2.0 * T * (heads + d.g / t) * d.dh;  // the Q and K norms' inputs
     core_out_width = heads * d.dh;
   }
   bytes += core_in;

@@ -23,7 +23,7 @@ std::pair<double, double> attention_params(const ModelDims& d) {
     return {repl, shard};
   }
   const double shard = d.h * d.a * d.dh + 2.0 * d.h * d.g * d.dh + d.a * d.dh * d.h;  // Q, K, V, O
-  return {d.norm, shard};
+  return {d.norm + d.qk_norm, shard};  // the query and key norms are per head: replicated
 }
 
 }  // namespace
@@ -47,6 +47,7 @@ ModelDims model_dims(const ModelSpec& m) {
   d.mult = m.swiglu ? 3.0 : 2.0;
   d.act_in = m.swiglu ? 2.0 : 1.0;
   d.norm = m.normalization == Normalization::layernorm ? 2.0 * d.h : d.h;
+  d.qk_norm = m.qk_layernorm ? (m.normalization == Normalization::layernorm ? 4.0 : 2.0) * d.dh : 0.0;
   d.mla = m.attention == AttentionKind::mla;
   return d;
 }

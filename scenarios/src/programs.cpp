@@ -192,12 +192,29 @@ void attention_block(const Ctx& c, Program& p) {
     kv_heads = m.num_query_groups / c.tp;
     add_tp_gather(c, p, "attn", c.h, Module::attn_proj_in);
     p.add(gemm(c, "attn_qkv", c.T, (heads + 2 * kv_heads) * dqk, c.h, Module::attn_proj_in));
+    if (m.qk_layernorm) p.add(norm_op("attn_qk_norm", c.T * (heads + kv_heads), dqk, Module::attn_proj_in, {}));
+  }
+  // Rotary position embedding (fused): reads and writes the rotated part of the queries and keys
+  // (MLA: the decoupled rotary dims of every query head and the one shared rotary key), forward and
+  // backward (the gradient rotated back); cos and sin are cached.
+  const bool rope = m.position_embedding_type == PositionEmbedding::rope;
+  if (rope) {
+    const std::int64_t rotated =
+        m.attention == AttentionKind::mla ? c.T * (heads + 1) * m.qk_pos_emb_head_dim : c.T * (heads + kv_heads) * dqk;
+    const double bytes = 2.0 * static_cast<double>(rotated) * kBf16Bytes;
+    const int last = static_cast<int>(p.specs.size()) - 1;
+    std::vector<int> after = {last};
+    if (m.attention == AttentionKind::mla) after = {last - 1, last};  // the query and key/value up-projections
+    Spec sp = memory_op(OpKind::elementwise, "attn_rope", {rotated, 0, 0, 0, 0, 0}, bytes, bytes, Module::attn_proj_in,
+                        std::move(after));
+    sp.sub = static_cast<std::uint8_t>(ElementwiseKind::copy);
+    p.add(sp);
   }
   // Core attention. The q/k/v producers are the ops added since the norm; the core op depends on
   // all of them (they are on the compute stream except nothing else, so the last one is enough).
   int qkv_last = static_cast<int>(p.specs.size()) - 1;
   std::vector<int> qkv_producers = {qkv_last};
-  if (m.attention == AttentionKind::mla) qkv_producers = {qkv_last - 1, qkv_last};
+  if (m.attention == AttentionKind::mla && !rope) qkv_producers = {qkv_last - 1, qkv_last};
   if (!c.training) {
     // Append this step's keys and values to the KV cache (MLA caches the compressed latent).
     const double per_token = m.attention == AttentionKind::mla

@@ -552,6 +552,19 @@ Registry::Registry() {
     Decl(r, "model.normalization", ParamType::choice).def("\"rmsnorm\"").choices(kNorm).doc("Normalization layer.")
         .bind(kModel, &ModelSpec::normalization);
   }
+  Decl(r, "model.qk_layernorm", ParamType::boolean).def("false")
+      .doc("A norm (model.normalization) of every query and key head before attention (Megatron --qk-layernorm; "
+           "Qwen3, OLMoE): one norm op over (query + key heads) x head-dim rows, forward and backward, its input "
+           "kept for the backward. MHA and GQA only (MLA normalises its latents).")
+      .bind(kModel, &ModelSpec::qk_layernorm);
+  {
+    static const std::vector<std::string> kPos = {"none", "rope"};
+    Decl(r, "model.position_embedding_type", ParamType::choice).def("\"none\"").choices(kPos)
+        .doc("Position embedding the step times: rope (Megatron --position-embedding-type rope, fused: one "
+             "streaming op over the queries and keys, MLA's over their rotary part, forward and backward) or "
+             "none (not timed).")
+        .bind(kModel, &ModelSpec::position_embedding_type);
+  }
   Decl(r, "model.num_experts", ParamType::integer).def("0").min(0).max(kMaxExperts)
       .doc("Routed experts per MoE layer; 0 = dense model.")
       .bind(kModel, &ModelSpec::num_experts);

@@ -19,7 +19,8 @@ namespace {
 const std::vector<RuleInfo> kRules = {
     {"attention-kind",
      "mha needs num_query_groups = num_attention_heads; gqa needs num_query_groups; mla needs "
-     "kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim and v_head_dim, which only mla may set."},
+     "kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim and v_head_dim, which only mla may set; qk_layernorm "
+     "applies to mha and gqa."},
     {"head-dim", "Without kv_channels, hidden_size must be divisible by num_attention_heads."},
     {"query-groups", "num_attention_heads must be divisible by num_query_groups."},
     {"dense-ffn", "A model with any dense layer needs ffn_hidden_size > 0."},
@@ -157,6 +158,11 @@ void check_model(Scenario& s, Reporter& r) {
                "num_query_groups and kv_channels do not apply to attention = \"mla\"");
       }
       break;
+  }
+  if (m.attention == AttentionKind::mla && m.qk_layernorm) {
+    r.fail("attention-kind", "model.qk_layernorm",
+           "qk_layernorm = true applies to attention = \"mha\" or \"gqa\"; MLA normalises its compressed latents "
+           "(q_lora_rank, kv_lora_rank) instead");
   }
   if (m.attention != AttentionKind::mla && mla_keys) {
     r.fail("attention-kind", "model.attention",

@@ -48,6 +48,8 @@ _MODEL = {
     "swiglu": (True, _ANY, bool),
     "untie_embeddings_and_output_weights": (True, _ANY, bool),
     "normalization": ("rmsnorm", ("rmsnorm", "layernorm"), str),
+    "qk_layernorm": (False, (False,), bool),  # the runner has no query/key norms
+    "position_embedding_type": ("none", ("none",), str),  # nor a rotary embedding
     "num_experts": (0, _ANY, int),
     "moe_ffn_hidden_size": (0, _ANY, int),
     "moe_router_topk": (0, _ANY, int),

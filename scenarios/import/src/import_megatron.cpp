@@ -725,14 +725,10 @@ const std::vector<std::pair<std::vector<std::string>, std::string>>& ignored_fla
         "--rotary-seq-len-interpolation-factor",
         "--mscale",
         "--mscale-all-dim",
-        "--position-embedding-type",
-        "--no-position-embedding",
         "--max-position-embeddings",
-        "--qk-layernorm",
         "--disable-bias-linear",
         "--apply-layernorm-1p",
         "--no-rope-fusion",
-        "--use-rotary-position-embeddings",
         "--rope-type",
         "--yarn-original-max-position-embeddings",
         "--yarn-beta-fast",
@@ -741,7 +737,7 @@ const std::vector<std::pair<std::vector<std::string>, std::string>>& ignored_fla
         "--glu-linear-offset",
         "--activation-func-clamp-value",
         "--calculate-per-token-loss"},
-       "numerics of layers threewalls models by shape only (biases, dropout, rotary and QK norms are not timed)"},
+       "numerics of layers threewalls models by shape only (biases, dropout, rotary settings)"},
       {{"--moe-router-load-balancing-type", "--moe-aux-loss-coeff", "--moe-z-loss-coeff", "--moe-router-score-function",
         "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", "--moe-router-topk-scaling-factor",
         "--moe-router-group-topk", "--moe-router-num-groups", "--moe-router-dtype", "--moe-router-pre-softmax",
@@ -1090,6 +1086,30 @@ class MegatronImporter {
     } else {
       d_.set("model", "normalization", "layernorm");
       note("no --normalization: Megatron's default LayerNorm");
+    }
+    // Position embedding: the rotary ones are timed (one fused op over the queries and keys: rope, and
+    // yarn and mrope, rotary with other frequencies or sections); Megatron's default learned absolute
+    // embedding (an add at the input), relative (T5's bias) and none are not.
+    const auto pos = str("--position-embedding-type");
+    const bool rope =
+        (pos && (*pos == "rope" || *pos == "yarn" || *pos == "mrope")) || has("--use-rotary-position-embeddings");
+    if (pos && !rope && *pos != "learned_absolute" && *pos != "relative" && *pos != "none") {
+      throw InputError(src() + "--position-embedding-type '" + *pos +
+                       "' (allowed: rope, yarn, mrope, learned_absolute, relative, none)");
+    }
+    (void)has("--no-position-embedding");
+    d_.set("model", "position_embedding_type", rope ? "rope" : "none");
+    if (!rope)
+      note("position embedding " + pos.value_or("learned_absolute") +
+           ": not timed (position_embedding_type = \"none\")");
+    // --qk-layernorm: the query and key head norms of MHA / GQA; with --multi-latent-attention it is the
+    // latents' norms, which an MLA scenario always has.
+    if (has("--qk-layernorm")) {
+      if (has("--multi-latent-attention")) {
+        note("--qk-layernorm with --multi-latent-attention: MLA's latent norms (always timed)");
+      } else {
+        set_bool("model", "qk_layernorm", true);
+      }
     }
     // Experts.
     const int experts = integer("--num-experts").value_or(0);

@@ -720,3 +720,86 @@ TEST(StepGraph, AttentionOpsCarryTheScenariosAttentionImpl) {
     EXPECT_GT(attention, 0);
   }
 }
+
+namespace {
+
+// A GQA model (16 query heads of 64, 4 key/value groups) with QK norms and RoPE, or MLA with RoPE.
+std::string rope_model(bool mla) {
+  const std::string attention = mla ? R"(attention = "mla"
+kv_lora_rank = 512
+qk_head_dim = 128
+qk_pos_emb_head_dim = 64
+v_head_dim = 128
+)"
+                                    : R"(attention = "gqa"
+num_query_groups = 4
+kv_channels = 64
+qk_layernorm = true
+)";
+  return R"(schema_version = 1
+[model]
+num_layers = 2
+hidden_size = 1024
+num_attention_heads = 16
+)" + attention +
+         R"(ffn_hidden_size = 4096
+vocab_size = 32000
+position_embedding_type = "rope"
+[train]
+micro_batch_size = 1
+global_batch_size = 2
+seq_length = 1024
+[cluster]
+gpu = "h100"
+gpus_per_node = 1
+nodes = 1
+)";
+}
+
+}  // namespace
+
+// model.qk_layernorm: one norm over every query and key head (rows = tokens x (heads + groups), width
+// the head dim) after the QKV projection, forward and backward, its weights per head counted;
+// position_embedding_type = "rope": one streaming op over the rotated queries and keys (MLA: the
+// rotary dims of each query head and the shared rotary key) that the attention core waits for.
+TEST(StepGraph, QkNormAndRopeAddTheirOpsBeforeTheAttentionCore) {
+  const Scenario s = test::scenario_from(rope_model(false));
+  const StepGraph g = expand(s, 0);
+  const auto& rc = g.classes[0];
+  const Op* norm = find_op(g, rc, "attn_qk_norm_fwd", 0, 0);
+  const Op* rope = find_op(g, rc, "attn_rope_fwd", 0, 0);
+  const Op* core = find_op(g, rc, "attn_core_fwd", 0, 0);
+  ASSERT_TRUE(norm && rope && core);
+  EXPECT_EQ(norm->kind, OpKind::norm);
+  EXPECT_EQ(norm->shape[0], 1024 * (16 + 4));
+  EXPECT_EQ(norm->shape[1], 64);
+  EXPECT_DOUBLE_EQ(rope->bytes, 2.0 * 1024 * (16 + 4) * 64 * 2);  // read and write, bf16
+  EXPECT_EQ(count_phase(g, rc, "attn_qk_norm_bwd"), 4);           // 2 layers x 2 micro-batches
+  EXPECT_EQ(count_phase(g, rc, "attn_rope_bwd"), 4);
+  EXPECT_LT(norm, rope);  // issued in this order on the compute stream
+  EXPECT_LT(rope, core);
+  Scenario plain = s;
+  plain.model.qk_layernorm = false;
+  plain.model.position_embedding_type = PositionEmbedding::none;
+  const StepGraph pg = expand(plain, 0);
+  EXPECT_EQ(count_phase(pg, pg.classes[0], "attn_qk_norm_fwd") + count_phase(pg, pg.classes[0], "attn_rope_fwd"), 0);
+  EXPECT_DOUBLE_EQ(g.classes[0].dense_params - pg.classes[0].dense_params, 2 * 2 * 64.0);  // 2 layers, q and k
+
+  const Scenario m = test::scenario_from(rope_model(true));
+  const StepGraph mg = expand(m, 0);
+  const Op* mrope = find_op(mg, mg.classes[0], "attn_rope_fwd", 0, 0);
+  ASSERT_NE(mrope, nullptr);
+  EXPECT_DOUBLE_EQ(mrope->bytes, 2.0 * 1024 * (16 + 1) * 64 * 2);
+}
+
+TEST(StepGraph, QkNormWithMlaIsAnErrorNamingTheKey) {
+  std::string text = rope_model(true);
+  text.replace(text.find("position_embedding_type"), 0, "qk_layernorm = true\n");
+  try {
+    (void)test::scenario_from(text);
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("qk_layernorm"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("attention-kind"), std::string::npos) << e.what();
+  }
+}

@@ -26,6 +26,7 @@ struct ModelDims {
   double mult;                             // weight matrices per MLP: 3 (SwiGLU) or 2
   double act_in;                           // activation-function input width factor: 2 (SwiGLU: gate and up) or 1
   double norm;                             // parameters per norm: h (RMSNorm) or 2h (LayerNorm)
+  double qk_norm;                          // the query and key norms' (qk_layernorm): 2 dh or 4 dh; 0
   bool mla;
 };
 ModelDims model_dims(const ModelSpec& m);

@@ -22,6 +22,9 @@ enum class AttentionKind : std::uint8_t { mha, gqa, mla };
 // GEMMs with the scores in memory and a softmax kernel between them, as eager frameworks run it).
 enum class AttentionImpl : std::uint8_t { fused, unfused };
 enum class Normalization : std::uint8_t { rmsnorm, layernorm };
+// Which position embedding the StepGraph times: none, or rotary on the queries and keys (Megatron's
+// fused RoPE, --position-embedding-type rope).
+enum class PositionEmbedding : std::uint8_t { none, rope };
 enum class Precision : std::uint8_t { bf16, fp8 };
 // Megatron's --fp8-recipe: how Transformer Engine scales the fp8 operands of a GEMM. delayed: one
 // scale per tensor from an amax history (the cast kernel records the amax); tensorwise: one scale per
@@ -70,6 +73,10 @@ struct ModelSpec {
   bool swiglu = true;
   bool untie_embeddings_and_output_weights = true;
   Normalization normalization = Normalization::rmsnorm;
+  // A norm (model.normalization) of every query and key head before attention (Megatron
+  // --qk-layernorm; Qwen3, OLMoE); MHA and GQA only.
+  bool qk_layernorm = false;
+  PositionEmbedding position_embedding_type = PositionEmbedding::none;
   // Mixture of experts. num_experts = 0 means a dense model.
   int num_experts = 0;
   int moe_ffn_hidden_size = 0;
