@@ -560,12 +560,6 @@ class StepRun {
     int rotating = 0;
     for (const std::uint8_t u : launch_streams) rotating += u;
     const double cycle_extra = rotating > 1 ? coster_.stream_cycle_extra(rotating).value : 0.0;
-    // An eager framework's expert loop over several streams (host.framework_stream_op): PyTorch's
-    // side-stream dispatch, allocator stream events and the autograd engine's cross-stream syncs,
-    // charged to the loop's launches in place of the OpRunner figure.
-    const std::optional<Seconds> fw_stream = opt_.framework == scenarios::Framework::pytorch_eager && rotating > 1
-                                                 ? coster_.framework_stream_extra(rotating)
-                                                 : std::nullopt;
     // A framework's dispatch per eager launch (PyTorch: Python, the dispatcher, autograd recording).
     // A backward launch pays the autograd engine's node and the C++ dispatch instead
     // (host.framework_backward_op; framework_op without the family), and a device-to-host read is the
@@ -579,6 +573,11 @@ class StepRun {
     const double framework_bwd =
         eager_fw ? (host_.framework_backward_op ? host_.framework_backward_op->value : framework_op) : 0.0;
     const bool framework_read = eager_fw && host_.framework_sync.has_value();
+    // An eager framework's expert loop over several streams (host.framework_stream_op): PyTorch's
+    // side-stream dispatch, allocator stream events and the autograd engine's cross-stream syncs,
+    // charged to the loop's launches in place of the OpRunner figure.
+    const std::optional<Seconds> fw_stream =
+        eager_fw && rotating > 1 ? coster_.framework_stream_extra(rotating) : std::nullopt;
     // A timed op's whole recording path (start marker included): the framework's where it records
     // (host.framework_record_op), else threewalls run's (host.record_op); empty: two markers.
     const std::optional<Seconds>& recording =

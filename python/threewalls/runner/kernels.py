@@ -11,6 +11,7 @@ business; every function is differentiable where its op has a backward.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 from typing import List, Optional, Sequence, Tuple
@@ -133,20 +134,12 @@ class ExpertStreams:
             self.streams[0].wait_stream(st)
 
     def on(self, e: int):
-        return torch.cuda.stream(self.streams[e % len(self.streams)]) if self.streams else _NoStream()
+        return torch.cuda.stream(self.streams[e % len(self.streams)]) if self.streams else contextlib.nullcontext()
 
     def use(self, e: int, *tensors: torch.Tensor) -> None:
         if self.streams and e % len(self.streams) != 0:
             for t in tensors:
                 t.record_stream(self.streams[e % len(self.streams)])
-
-
-class _NoStream:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc) -> bool:
-        return False
 
 
 def residual_add(residual: torch.Tensor, *ys: torch.Tensor) -> torch.Tensor:

@@ -726,6 +726,7 @@ const std::vector<std::pair<std::vector<std::string>, std::string>>& ignored_fla
         "--mscale",
         "--mscale-all-dim",
         "--max-position-embeddings",
+        "--no-position-embedding",
         "--disable-bias-linear",
         "--apply-layernorm-1p",
         "--no-rope-fusion",
@@ -1097,7 +1098,6 @@ class MegatronImporter {
       throw InputError(src() + "--position-embedding-type '" + *pos +
                        "' (allowed: rope, yarn, mrope, learned_absolute, relative, none)");
     }
-    (void)has("--no-position-embedding");
     d_.set("model", "position_embedding_type", rope ? "rope" : "none");
     if (!rope)
       note("position embedding " + pos.value_or("learned_absolute") +
