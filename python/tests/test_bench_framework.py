@@ -9,7 +9,7 @@ import unittest
 
 from support import REPO, tempdir
 
-from threewalls.bench import framework
+from threewalls.bench import framework, spread
 
 PROFILE = os.path.join(REPO, "calibration", "profiles", "h100.toml")
 
@@ -92,6 +92,18 @@ class FrameworkBench(unittest.TestCase):
                                     {"eager_op_us": fig, "autograd_node_us": fig, "autograd_op_us": fig,
                                      "where_us": fig, "record_op_us": fig},
                                     {f: "n" for f in framework.FAMILIES})
+
+    def test_the_spread_stays_within_the_samples(self):
+        # A figure floored at 0.01 us in one of three repeats: the p10 is within the samples, not
+        # extrapolated below zero (-0.58 by statistics' default), which the profile loader refuses.
+        p10, med, p90 = spread.p10_median_p90([0.01, 1.0, 2.0])
+        self.assertGreaterEqual(p10, 0.01)
+        self.assertEqual(med, 1.0)
+        for samples in ([3.0], [0.01, 2.0], [5.0, 0.5, 9.0, 0.02, 7.0]):
+            p10, med, p90 = spread.p10_median_p90(samples)
+            self.assertTrue(min(samples) <= p10 <= med <= p90 <= max(samples), samples)
+        with self.assertRaises(ValueError):
+            spread.p10_median_p90([])
 
 
 if __name__ == "__main__":

@@ -86,6 +86,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 import torch.nn.functional as F
 
+from threewalls.bench.spread import p10_median_p90
 from threewalls.bench.profile_text import replace_family, replace_or_add_family
 
 FAMILY = "host.framework_op"
@@ -292,9 +293,8 @@ def _median_per_op(fn: Callable[[], None], ops: int, repeats: int,
 
 def _stats(per: List[float], ops: int) -> Dict[str, float]:
     """Median, p10 and p90 of per-repeat figures."""
-    per = sorted(per)
-    q = statistics.quantiles(per, n=10) if len(per) >= 2 else [per[0]] * 9
-    return {"median_us": statistics.median(per), "p10_us": q[0], "p90_us": q[-1], "repeats": len(per), "ops": ops}
+    p10, med, p90 = p10_median_p90(per)
+    return {"median_us": med, "p10_us": p10, "p90_us": p90, "repeats": len(per), "ops": ops}
 
 
 def _backward_per_launch(chain: Callable[[], tuple], ops: int, launches: int, repeats: int, cuda: bool,

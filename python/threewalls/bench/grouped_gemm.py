@@ -40,6 +40,7 @@ from typing import Dict, List
 import torch
 
 from threewalls.bench.profile_text import replace_family
+from threewalls.bench.spread import p10_median_p90
 
 FAMILY = "grouped_gemm.fp8"
 SOURCE_FAMILY = "grouped_gemm.bf16"
@@ -79,9 +80,8 @@ def _time_calls(fn, device: str, iters: int, repeats: int) -> Dict[str, float]:
             for _ in range(iters):
                 fn()
             per.append((time.perf_counter() - t0) / iters)
-    per.sort()
-    return {"median_s": statistics.median(per), "p10_s": per[int(0.1 * (len(per) - 1))],
-            "p90_s": per[int(round(0.9 * (len(per) - 1)))], "count": repeats}
+    p10, med, p90 = p10_median_p90(per)
+    return {"median_s": med, "p10_s": p10, "p90_s": p90, "count": repeats}
 
 
 def measure_shape(rows: List[int], n: int, k: int, device: str, iters: int, repeats: int) -> Dict[str, object]:

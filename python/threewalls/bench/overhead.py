@@ -33,6 +33,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn.functional as F
 
+from threewalls.bench.spread import p10_median_p90
 from threewalls.profiler import Profiler, SamplingConfig
 
 MODES = ("off", "every10", "every1")
@@ -227,8 +228,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     paired = {}
     for m in modes[1:]:
         ratios = sorted(100.0 * (a / b - 1.0) for a, b in zip(times[m], times["off"]))
-        q = statistics.quantiles(ratios, n=10) if len(ratios) >= 2 else [ratios[0]] * 9
-        paired[m] = {"median_pct": statistics.median(ratios), "p10_pct": q[0], "p90_pct": q[-1], "pct": ratios}
+        p10, mid, p90 = p10_median_p90(ratios)
+        paired[m] = {"median_pct": mid, "p10_pct": p10, "p90_pct": p90, "pct": ratios}
     result = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "torch": torch.__version__,

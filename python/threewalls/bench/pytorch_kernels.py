@@ -38,6 +38,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from threewalls.bench.spread import p10_median_p90
 from threewalls.runner import kernels
 
 CPU_SHRINK = 64
@@ -94,9 +95,8 @@ def time_calls(calls: Sequence[Callable[[], None]], device: torch.device, repeat
 
 
 def stats(samples: List[float]) -> Dict[str, float]:
-    s = sorted(samples)
-    q = statistics.quantiles(s, n=10) if len(s) >= 2 else [s[0]] * 9
-    return {"median_s": statistics.median(s), "p10_s": q[0], "p90_s": q[-1], "samples_s": samples}
+    p10, med, p90 = p10_median_p90(samples)
+    return {"median_s": med, "p10_s": p10, "p90_s": p90, "samples_s": samples}
 
 
 def measure_op(fwd: Callable[[], object], grads_of: Optional[Callable[[object], Tuple[list, list, list]]],
