@@ -145,6 +145,30 @@ def inference_world(work, nodes):
     return p
 
 
+def steady_against_full(binary, cmd, k, m0, steady):
+    """The planner's steady-state re-simulations (the default) against every micro-batch simulated
+    (--resim-method full, one run): its rate, and the largest difference of a row's flow step time
+    and walls."""
+    full = measure(binary, cmd + ["--resim", k, "--resim-method", "full"], 1)
+    if not full:
+        return
+    dw, dc = full.wall_s - m0.wall_s, full.cpu_s - m0.cpu_s
+    print(f"{'  --resim-method full: re-simulations/min (wall, CPU)':<50} {fmt(k / dw * 60 if dw > 0 else None, '8.1f')} "
+          f"{fmt(k / dc * 60 if dc > 0 else None, '7.1f')}")
+    step, walls, shortened = 0.0, 0.0, 0
+    rows_s, rows_f = json.loads(steady.stdout)["top"], json.loads(full.stdout)["top"]
+    for s, f in zip(rows_s, rows_f):
+        if "flow" not in s or "flow" not in f:
+            failures.append(f"plan {cmd[1]}: a top row without its flow re-simulation")
+            continue
+        s, f = s["flow"], f["flow"]
+        shortened += len(s.get("microbatches_simulated", [])) == 2
+        step = max(step, abs(s["step_time_us"] / f["step_time_us"] - 1.0))
+        walls = max([walls] + [abs(s["walls"][w] - f["walls"][w]) / f["step_time_us"] for w in f["walls"]])
+    print(f"{'  steady against full: step, walls (% of step)':<50} {100 * step:8.3f} {100 * walls:7.3f} "
+          f"({shortened} of {len(rows_s)} rows from two short steps)", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin", default=str(HERE / "build" / "cli" / "threewalls"))
@@ -238,6 +262,8 @@ def main():
                 dw, dc = mk.wall_s - m0.wall_s, mk.cpu_s - m0.cpu_s
                 print(f"{'  flow re-simulations/min (wall, CPU)':<50} {fmt(k / dw * 60 if dw > 0 else None, '8.1f')} "
                       f"{fmt(k / dc * 60 if dc > 0 else None, '7.1f')}", flush=True)
+                if b is binary:
+                    steady_against_full(b, cmd, k, m0, mk)
 
         # Shards: the first plan scenario in 4 shards.
         path, gpus, search = plans[0]

@@ -1,6 +1,7 @@
 // threewalls plan SCENARIO --gpus N [--search SPEC] [--top K] [--format text|csv|json] [--out DIR]
-//                 [--shard i/N] [--resim K] [--calibration PROFILE] [--quiet]
-// threewalls plan-merge SHARD.json... [--out DIR] [--format ...] [--resim K] [--calibration PROFILE]
+//                 [--shard i/N] [--resim K] [--resim-method steady|full] [--calibration PROFILE] [--quiet]
+// threewalls plan-merge SHARD.json... [--out DIR] [--format ...] [--resim K] [--resim-method ...]
+//                 [--calibration PROFILE]
 // The what-if planner (docs/planner.md): sweep layouts and options in analytic fidelity, rank them,
 // re-simulate the best with flow fidelity, write the ranked table and ready scenario files.
 #include <chrono>
@@ -38,6 +39,7 @@ struct PlanArgs {
   int resim = -1;  // -1: every top row (unsharded); shards never re-simulate
   int losers = 5;
   int jobs = 0;  // 0: the CPUs available
+  std::string resim_method = "steady";
   bool overwrite = false;
   ProgressArg progress;
 };
@@ -49,6 +51,7 @@ struct MergeArgs {
   std::string out;
   int resim = 0;
   int jobs = 0;  // 0: the CPUs available
+  std::string resim_method = "steady";
   bool overwrite = false;
   ProgressArg progress;
 };
@@ -115,7 +118,7 @@ class Progress {
 // Re-simulates the first `resim` top rows with flow fidelity (`jobs` processes at once), then prints
 // and writes the outputs.
 int finish(sim::PlanResult& r, const scenarios::LoadedScenario& base, const Costing& cost, int resim, int jobs,
-           const std::string& format, const std::string& out, bool progress) {
+           const std::string& method, const std::string& format, const std::string& out, bool progress) {
   sim::PlanEstimator est(base, cost.coster, r.gpus);
   const auto k = static_cast<std::size_t>(std::min<int>(resim, static_cast<int>(r.top.size())));
   std::vector<scenarios::Scenario> scenarios;
@@ -124,7 +127,7 @@ int finish(sim::PlanResult& r, const scenarios::LoadedScenario& base, const Cost
     scenarios.push_back(est.scenario_of(r.top[i].cand));
     rows.push_back(&r.top[i]);
   }
-  sim::resimulate_flow(scenarios, cost.coster, rows, jobs, [&](std::size_t i) {
+  sim::resimulate_flow(scenarios, cost.coster, rows, jobs, *sim::resim_method_from(method), [&](std::size_t i) {
     if (progress)
       std::fprintf(stderr, "plan: flow re-simulation %zu/%zu (%s)\n", i + 1, k, r.top[i].cand.layout().c_str());
   });
@@ -160,11 +163,17 @@ int finish(sim::PlanResult& r, const scenarios::LoadedScenario& base, const Cost
   return kExitOk;
 }
 
-void add_jobs_option(CLI::App* sub, int& jobs) {
+// --jobs and --resim-method: how the flow re-simulations run.
+void add_resim_options(CLI::App* sub, int& jobs, std::string& method) {
   sub->add_option("--jobs", jobs,
                   "Flow re-simulations run at once, each in a process of its own (default: the CPUs available); the "
                   "results do not depend on it")
       ->check(CLI::Range(1, 1024));
+  sub->add_option("--resim-method", method,
+                  "steady (default): a long step is simulated with two short ones (pp + 1 and pp + 2 "
+                  "micro-batches; 2 x pp and 3 x pp with vpp > 1) and extrapolated to its micro-batches "
+                  "(docs/planner.md, \"Flow re-simulation\"); full: every micro-batch")
+      ->check(CLI::IsMember({"steady", "full"}));
 }
 
 int jobs_or_cpus(int jobs) { return jobs > 0 ? jobs : sim::available_cpus(); }
@@ -216,7 +225,7 @@ void register_plan(CLI::App& app, Commands& cmds) {
   sub->add_option("--resim", a.resim,
                   "Top rows re-simulated with flow fidelity (default: all --top rows; 0: none; shards: none)")
       ->check(CLI::Range(0, 1000));
-  add_jobs_option(sub, a.jobs);
+  add_resim_options(sub, a.jobs, a.resim_method);
   add_progress_option(sub, a.progress);
   cmds.add(sub, [] {
     const auto [si, sn] = parse_shard(a.shard);
@@ -243,7 +252,7 @@ void register_plan(CLI::App& app, Commands& cmds) {
     r.profile_id = cost->profile.id();
     r.profile_path = cost->resolved.path.string();
     const int resim = sn > 1 ? 0 : (a.resim < 0 ? a.top : a.resim);
-    return finish(r, base, *cost, resim, jobs_or_cpus(a.jobs), a.format, a.out, show);
+    return finish(r, base, *cost, resim, jobs_or_cpus(a.jobs), a.resim_method, a.format, a.out, show);
   });
 
   auto* merge = app.add_subcommand(
@@ -259,7 +268,7 @@ void register_plan(CLI::App& app, Commands& cmds) {
   merge->add_option("--out", m.out, "Directory for plan.json, plan.csv, plan.txt and top_<i>.toml");
   add_overwrite_flag(merge, m.overwrite, "Replace the plan files of an existing --out directory");
   merge->add_option("--resim", m.resim, "Top rows re-simulated with flow fidelity (default 0)")->check(CLI::Range(0, 1000));
-  add_jobs_option(merge, m.jobs);
+  add_resim_options(merge, m.jobs, m.resim_method);
   add_progress_option(merge, m.progress);
   cmds.add(merge, [] {
     check_out_dir(m.out, m.overwrite);
@@ -275,7 +284,7 @@ void register_plan(CLI::App& app, Commands& cmds) {
     // The shards recorded the path their profile was read from (relative to their working directory).
     const auto cost =
         load_costing(base.scenario, profile_arg_from_cwd(m.calibration.empty() ? r.profile_path : m.calibration));
-    return finish(r, base, *cost, m.resim, jobs_or_cpus(m.jobs), m.format, m.out, m.progress.on());
+    return finish(r, base, *cost, m.resim, jobs_or_cpus(m.jobs), m.resim_method, m.format, m.out, m.progress.on());
   });
 }
 

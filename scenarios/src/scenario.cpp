@@ -1,6 +1,7 @@
 #include "threewalls/scenarios/scenario.hpp"
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "threewalls/scenarios/graph_scopes.hpp"
 #include "threewalls/scenarios/registry.hpp"
@@ -27,6 +28,12 @@ bool ExecOptions::graph_scope(const std::string& s) const {
 bool TrainSpec::recompute_module(const std::string& m) const {
   return recompute_granularity == RecomputeGranularity::selective &&
          std::find(recompute_modules.begin(), recompute_modules.end(), m) != recompute_modules.end();
+}
+
+void TrainSpec::set_microbatches(int m, int dp) {
+  if (m < 1 || dp < 1) throw std::logic_error("TrainSpec::set_microbatches: m and dp must be >= 1");
+  global_batch_size = static_cast<decltype(global_batch_size)>(m) * micro_batch_size * dp;
+  num_microbatches = m;
 }
 
 bool TrainSpec::shards_optimizer_state() const {

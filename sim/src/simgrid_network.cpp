@@ -91,6 +91,8 @@ simgrid_module::PlatformSpec spec_of(const Platform& platform, std::vector<int> 
 
 }  // namespace
 
+void preload_simgrid_module() { load_module(); }
+
 struct SimGridEngine::Impl {
   const Platform& platform;
   std::unique_ptr<simgrid_module::Engine> engine;

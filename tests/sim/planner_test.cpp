@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -460,9 +461,11 @@ TEST(PlanSweep, ParallelReSimulationsGiveTheSequentialRows) {
     three_rows.push_back(&three[i]);
   }
   std::vector<std::size_t> started;
-  resimulate_flow(scenarios, h100().coster, one_rows, 1, [&](std::size_t i) { started.push_back(i); });
+  resimulate_flow(scenarios, h100().coster, one_rows, 1, ResimMethod::steady_state,
+                  [&](std::size_t i) { started.push_back(i); });
   resimulate_flow(scenarios, h100().coster, three_rows, 3);
-  EXPECT_EQ(started, (std::vector<std::size_t>{0, 1, 2}));
+  std::sort(started.begin(), started.end());
+  EXPECT_EQ(started, (std::vector<std::size_t>{0, 1, 2}));  // once per row
   for (std::size_t i = 0; i < r.top.size(); ++i) {
     EXPECT_EQ(one[i].flow_error, "");
     EXPECT_EQ(three[i].flow_error, "");
@@ -473,6 +476,76 @@ TEST(PlanSweep, ParallelReSimulationsGiveTheSequentialRows) {
   }
   // Different layouts get different flow results: the rows are not mixed up between processes.
   EXPECT_NE(*three[0].flow_step_time_us, *three[1].flow_step_time_us);
+}
+
+TEST(PlanSweep, SteadyStateMicroBatchesFollowThePipeline) {
+  const auto loaded = scenarios::load_scenario_file(example("deepseek_v3_1024gpu"));
+  scenarios::Scenario s = loaded.scenario;  // tp2 pp8 vpp4
+  auto with = [&](int pp, int vpp, int m) {
+    s.parallel.pp = pp;
+    s.parallel.vpp = vpp;
+    s.train->set_microbatches(m, s.parallel.dp);
+    return resim_microbatches(s, ResimMethod::steady_state);
+  };
+  EXPECT_EQ(with(16, 1, 960), (std::vector<int>{17, 18}));
+  EXPECT_EQ(with(16, 2, 240), (std::vector<int>{32, 48}));
+  EXPECT_EQ(with(5, 1, 40), (std::vector<int>{6, 7}));
+  EXPECT_EQ(with(1, 1, 8), (std::vector<int>{2, 3}));
+  EXPECT_EQ(with(16, 1, 35), (std::vector<int>{35}));  // not longer than the two short steps: whole
+  EXPECT_EQ(with(16, 2, 80), (std::vector<int>{80}));
+  s.train->set_microbatches(960, s.parallel.dp);
+  EXPECT_EQ(resim_microbatches(s, ResimMethod::full), (std::vector<int>{960}));
+  EXPECT_EQ(s.train->global_batch_size, 960LL * s.train->micro_batch_size * s.parallel.dp);
+  EXPECT_EQ(to_string(ResimMethod::steady_state), std::string("steady"));
+  EXPECT_EQ(resim_method_from("full"), ResimMethod::full);
+  EXPECT_EQ(resim_method_from("Steady"), std::nullopt);
+}
+
+TEST(PlanSweep, SteadyStateReSimulationGivesTheWholeStep) {
+  // Mixtral on 64 GPUs, pp 2 and 4 with and without interleaving (8 to 32 micro-batches per rank):
+  // each row simulated whole and from two short steps.
+  const auto loaded = scenarios::load_scenario_file(example("mixtral_8x7b_64gpu"));
+  PlanOptions o = mixtral_options(loaded.scenario, "tp=1,2;pp=2,4;vpp=1,2;ep=8;mbs=1;recompute=selective");
+  o.top_k = 8;
+  const PlanResult r = run_plan(loaded, h100().coster, o);
+  ASSERT_EQ(r.top.size(), 8U);
+  PlanEstimator est(loaded, h100().coster, o.gpus);
+  std::vector<scenarios::Scenario> scenarios;
+  std::vector<PlanRow> whole = r.top, steady = r.top;
+  std::vector<PlanRow*> whole_rows, steady_rows;
+  for (std::size_t i = 0; i < r.top.size(); ++i) {
+    scenarios.push_back(est.scenario_of(r.top[i].cand));
+    whole_rows.push_back(&whole[i]);
+    steady_rows.push_back(&steady[i]);
+  }
+  resimulate_flow(scenarios, h100().coster, whole_rows, 2, ResimMethod::full);
+  resimulate_flow(scenarios, h100().coster, steady_rows, 2, ResimMethod::steady_state);
+  int extrapolated = 0;  // bit 0: a row without interleaving, bit 1: one with
+  for (std::size_t i = 0; i < r.top.size(); ++i) {
+    ASSERT_EQ(whole[i].flow_error, "") << i;
+    ASSERT_EQ(steady[i].flow_error, "") << i;
+    const int m = scenarios[i].train->num_microbatches;
+    EXPECT_EQ(whole[i].flow_microbatches, std::vector<int>{m});
+    EXPECT_EQ(steady[i].flow_microbatches, resim_microbatches(scenarios[i], ResimMethod::steady_state));
+    if (steady[i].flow_microbatches.size() == 2) extrapolated |= scenarios[i].parallel.vpp > 1 ? 2 : 1;
+    const double w = *whole[i].flow_step_time_us;
+    // The documented tolerance (docs/planner.md, "Flow re-simulation"): 0.1% of the step time, the
+    // walls within 1% of it, the same peak.
+    EXPECT_NEAR(*steady[i].flow_step_time_us / w, 1.0, 1e-3) << r.top[i].cand.layout() << " m " << m;
+    EXPECT_EQ(*steady[i].flow_peak_bytes, *whole[i].flow_peak_bytes) << i;
+    const PlanWalls &a = *steady[i].flow_walls, &b = *whole[i].flow_walls;
+    EXPECT_NEAR(a.compute_us, b.compute_us, 0.01 * w) << i;
+    EXPECT_NEAR(a.exposed_comm_us, b.exposed_comm_us, 0.01 * w) << i;
+    EXPECT_NEAR(a.bubble_us, b.bubble_us, 0.01 * w) << i;
+    EXPECT_NEAR(a.host_us, b.host_us, 0.01 * w) << i;
+  }
+  EXPECT_EQ(extrapolated, 3);  // with and without interleaving
+  // The simulated micro-batches travel with the plan's JSON (plan-merge reads them back).
+  PlanResult with = r;
+  with.top = steady;
+  const PlanResult back = plan_from_json(Json::parse(plan_to_json(with).dump()), "plan.json");
+  EXPECT_EQ(back.top[0].flow_microbatches, steady[0].flow_microbatches);
+  EXPECT_NE(plan_to_text(with).find("flow_s extrapolated from the steady state"), std::string::npos);
 }
 
 // ---- the CLI ----

@@ -258,9 +258,8 @@ scenarios::StepGraph communication_graph(const Scenario& s) {
   p.last_stage_layers = 0;
   auto& t = *r.train;
   const int m = p.vpp > 1 ? p.pp : 1;
-  t.global_batch_size = t.global_batch_size / (t.num_microbatches * t.micro_batch_size) * m;
   t.micro_batch_size = 1;
-  t.num_microbatches = m;
+  t.set_microbatches(m, p.dp);
   t.recompute_granularity = RecomputeGranularity::none;
   t.recompute_modules.clear();
   scenarios::StepGraph g = scenarios::expand(r, 0);
@@ -704,8 +703,7 @@ Scenario PlanEstimator::Impl::reduced_scenario(const Scenario& cand, const Candi
   p.dp = static_cast<int>(world / (1LL * c.tp * c.cp));
   p.edp = static_cast<int>(world / (1LL * c.etp * c.ep));
   auto& t = *r.train;
-  t.global_batch_size = c.mbs * p.dp;
-  t.num_microbatches = 1;
+  t.set_microbatches(1, p.dp);
   if (t.recompute_granularity == RecomputeGranularity::full) t.recompute_num_layers = 1;
   r.run.steps = 1;
   r.run.warmup_steps = 0;
@@ -815,8 +813,7 @@ Reduced PlanEstimator::Impl::run_reduced(const Scenario& cand, const Candidate& 
     // second's forward paired with the first's backward, against the same two one after the other.
     auto two_micro_batches = [&](bool paired) {
       Scenario r2 = r;
-      r2.train->global_batch_size *= 2;
-      r2.train->num_microbatches = 2;
+      r2.train->set_microbatches(2, r2.parallel.dp);
       r2.train->overlap_moe_expert_parallel_comm = paired;
       r2.train->delay_wgrad_compute = paired && t.delay_wgrad_compute;
       const scenarios::StepGraph g2 = scenarios::expand(r2, 0);

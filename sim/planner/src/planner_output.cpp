@@ -3,15 +3,19 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <sstream>
 #include <stdexcept>
 
+#include <malloc.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +25,7 @@
 #include "threewalls/scenarios/registry.hpp"
 #include "threewalls/scenarios/writer.hpp"
 #include "threewalls/sim/planner.hpp"
+#include "threewalls/sim/simgrid_network.hpp"
 #include "threewalls/sim/simulator.hpp"
 
 namespace threewalls::sim {
@@ -93,6 +98,7 @@ OrderedJson row_json(const PlanRow& r) {
     f["step_time_us"] = *r.flow_step_time_us;
     if (r.flow_walls) f["walls"] = walls_json(*r.flow_walls);
     if (r.flow_peak_bytes) f["peak_bytes"] = *r.flow_peak_bytes;
+    if (!r.flow_microbatches.empty()) f["microbatches_simulated"] = r.flow_microbatches;
     j["flow"] = f;
   }
   if (!r.flow_error.empty()) j["flow_error"] = r.flow_error;
@@ -158,6 +164,8 @@ PlanRow row_from(const Json& j, const std::string& where) {
     r.flow_step_time_us = f.at("step_time_us").get<double>();
     if (f.contains("walls")) r.flow_walls = walls_from(f.at("walls"));
     if (f.contains("peak_bytes")) r.flow_peak_bytes = f.at("peak_bytes").get<double>();
+    if (f.contains("microbatches_simulated"))
+      r.flow_microbatches = f.at("microbatches_simulated").get<std::vector<int>>();
   }
   if (j.contains("flow_error")) r.flow_error = j.at("flow_error").get<std::string>();
   return r;
@@ -336,6 +344,19 @@ std::string plan_to_text(const PlanResult& r) {
   for (std::size_t i = 0; i < r.top.size(); ++i) {
     if (!r.top[i].flow_error.empty()) os << "flow re-simulation of #" << i + 1 << " failed: " << r.top[i].flow_error << "\n";
   }
+  std::vector<std::string> extrapolated;
+  for (std::size_t i = 0; i < r.top.size(); ++i) {
+    const auto& ms = r.top[i].flow_microbatches;
+    if (ms.size() == 2 && r.top[i].flow_error.empty()) {
+      extrapolated.push_back("#" + std::to_string(i + 1) + " from " + std::to_string(ms[0]) + " and " +
+                             std::to_string(ms[1]) + " of " + std::to_string(r.top[i].microbatches));
+    }
+  }
+  if (!extrapolated.empty()) {
+    os << "flow_s extrapolated from the steady state of shorter steps (micro-batches; --resim-method full "
+          "simulates every one): "
+       << join(extrapolated, ", ") << "\n";
+  }
   return os.str();
 }
 
@@ -349,12 +370,61 @@ std::string candidate_toml(const scenarios::Scenario& base, const scenarios::Sce
   return scenarios::write_scenario(out, {comment});
 }
 
+const char* to_string(ResimMethod m) { return m == ResimMethod::full ? "full" : "steady"; }
+
+std::optional<ResimMethod> resim_method_from(const std::string& s) {
+  if (s == "steady") return ResimMethod::steady_state;
+  if (s == "full") return ResimMethod::full;
+  return std::nullopt;
+}
+
+std::vector<int> resim_microbatches(const scenarios::Scenario& s, ResimMethod method) {
+  if (!s.train) return {0};  // an inference step: its own
+  const int m = s.train->num_microbatches;
+  const int pp = std::max(1, s.parallel.pp);
+  // Both steps past the schedule's warm-up (pp - 1 micro-batches; about 2 pp with interleaving, which
+  // also needs multiples of pp): shorter ones are off the line (Mixtral pp2 from 2 and 4: +2.0%,
+  // Qwen3-235B pp8 vpp4 from 8 and 16: -0.9%). Their peak is m's: no more than pp + 1 micro-batches
+  // are in flight at once, (vpp + 1) pp chunk passes with interleaving.
+  const bool interleaved = s.parallel.vpp > 1;
+  const int a = interleaved ? 2 * pp : pp + 1;
+  const int b = interleaved ? 3 * pp : pp + 2;
+  if (method == ResimMethod::steady_state && m > a + b) return {a, b};
+  return {m};
+}
+
 namespace {
 
-// The child of one re-simulation: one SimGrid engine, the result as JSON on `fd`, then _exit (no
+// What one simulated step gives a row.
+struct ResimPoint {
+  double step_time_us = 0.0;
+  std::optional<PlanWalls> walls;
+  double peak_bytes = 0.0;
+};
+
+// A re-simulated step is a fresh process that allocates its StepGraph, the executor's state and the
+// records (tens to hundreds of MiB) and exits: faulting them in page by page took about a fifth of its
+// time (perf, DeepSeek-V3 on 1,024 GPUs). So its heap grows once, by `bytes` advised to the kernel as
+// transparent huge pages (used where the THP mode is "madvise" or "always", ignored where "never"),
+// and keeps them: blocks of every size come from it and freed memory is not given back.
+void heap_in_huge_pages(std::size_t bytes) {
+  constexpr std::uintptr_t kHuge = std::uintptr_t{2} << 20;
+  constexpr int kAll = 1 << 30;
+  if (mallopt(M_MMAP_THRESHOLD, kAll) != 1 || mallopt(M_TRIM_THRESHOLD, kAll) != 1) return;
+  void* p = std::malloc(bytes);
+  if (p == nullptr) return;
+  const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(p);
+  const std::uintptr_t begin = (at + kHuge - 1) & ~(kHuge - 1);
+  const std::uintptr_t end = (at + bytes) & ~(kHuge - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+  std::free(p);
+}
+
+// The child of one re-simulated step: one SimGrid engine, the result as JSON on `fd`, then _exit (no
 // destructors of the parent's state).
 [[noreturn]] void resimulate_child(const scenarios::Scenario& s, const OpCoster& coster, int fd) {
   std::string msg;
+  heap_in_huge_pages(std::size_t{512} << 20);
   try {
     scenarios::Scenario one = s;
     one.run.profiler.enabled = false;
@@ -389,32 +459,57 @@ namespace {
   _exit(0);
 }
 
-// The row of a finished child: its exit status and what it wrote.
-void read_resimulation(const std::string& buf, int status, PlanRow& row) {
+// The step of a finished child, from its exit status and what it wrote; the error, or "".
+std::string read_resimulation(const std::string& buf, int status, ResimPoint& p) {
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || buf.empty()) {
-    row.flow_error = "the simulation process ended abnormally" +
-                     (WIFSIGNALED(status) ? " (signal " + std::to_string(WTERMSIG(status)) + ")" : std::string());
-    return;
+    return "the simulation process ended abnormally" +
+           (WIFSIGNALED(status) ? " (signal " + std::to_string(WTERMSIG(status)) + ")" : std::string());
   }
   try {
     const Json j = Json::parse(buf);
-    if (j.contains("error")) {
-      row.flow_error = j.at("error").get<std::string>();
-      return;
-    }
-    row.flow_step_time_us = j.at("step_time_us").get<double>();
-    if (j.contains("walls")) row.flow_walls = walls_from(j.at("walls"));
-    row.flow_peak_bytes = j.at("peak_bytes").get<double>();
+    if (j.contains("error")) return j.at("error").get<std::string>();
+    p.step_time_us = j.at("step_time_us").get<double>();
+    if (j.contains("walls")) p.walls = walls_from(j.at("walls"));
+    p.peak_bytes = j.at("peak_bytes").get<double>();
   } catch (const Json::exception& e) {
-    row.flow_error = std::string("unreadable result: ") + e.what();
+    return std::string("unreadable result: ") + e.what();
   }
+  return "";
+}
+
+// The row of its simulated steps: one whole step, or two (a and b micro-batches) extrapolated
+// linearly to the row's m (resim_microbatches).
+void fill_row(PlanRow& row, const std::vector<int>& ms, const std::vector<ResimPoint>& pts, int m) {
+  row.flow_microbatches = ms;
+  if (pts.size() == 1) {
+    row.flow_step_time_us = pts[0].step_time_us;
+    row.flow_walls = pts[0].walls;
+    row.flow_peak_bytes = pts[0].peak_bytes;
+    return;
+  }
+  const double k = static_cast<double>(m - ms[0]) / static_cast<double>(ms[1] - ms[0]);
+  auto at_m = [k](double a, double b) { return a + (b - a) * k; };
+  row.flow_step_time_us = at_m(pts[0].step_time_us, pts[1].step_time_us);
+  if (pts[0].walls && pts[1].walls) {
+    const PlanWalls &a = *pts[0].walls, &b = *pts[1].walls;
+    row.flow_walls = PlanWalls{at_m(a.compute_us, b.compute_us), at_m(a.exposed_comm_us, b.exposed_comm_us),
+                               at_m(a.bubble_us, b.bubble_us), at_m(a.host_us, b.host_us)};
+  }
+  row.flow_peak_bytes = pts[1].peak_bytes;
 }
 
 struct ResimChild {
   pid_t pid = -1;
   int fd = -1;
-  std::size_t index = 0;
+  std::size_t job = 0;
   std::string buf;
+};
+
+// One simulated step of a row.
+struct ResimJob {
+  std::size_t row = 0;
+  std::size_t point = 0;  // its index in the row's resim_microbatches
+  scenarios::Scenario scenario;
 };
 
 }  // namespace
@@ -428,23 +523,46 @@ int available_cpus() {
 }
 
 void resimulate_flow(const std::vector<scenarios::Scenario>& scenarios, const OpCoster& coster,
-                     const std::vector<PlanRow*>& rows, int jobs, const std::function<void(std::size_t)>& started) {
+                     const std::vector<PlanRow*>& rows, int jobs, ResimMethod method,
+                     const std::function<void(std::size_t)>& started) {
   if (scenarios.size() != rows.size()) throw std::logic_error("resimulate_flow: one row per scenario");
+  std::vector<std::vector<int>> counts;
+  std::vector<std::vector<ResimPoint>> points;
+  std::vector<std::string> errors(scenarios.size());
+  std::vector<ResimJob> todo;
+  for (std::size_t i = 0; i < scenarios.size(); ++i) {
+    counts.push_back(resim_microbatches(scenarios[i], method));
+    points.emplace_back(counts.back().size());
+    for (std::size_t k = 0; k < counts.back().size(); ++k) {
+      ResimJob job{i, k, scenarios[i]};
+      if (counts.back().size() > 1) job.scenario.train->set_microbatches(counts.back()[k], job.scenario.parallel.dp);
+      todo.push_back(std::move(job));
+    }
+  }
+  // Longest first (a step's simulation time grows with its micro-batches), so that the last ones to
+  // finish are short; the rows do not depend on the order.
+  auto length = [](const ResimJob& j) { return j.scenario.train ? j.scenario.train->num_microbatches : 1; };
+  std::stable_sort(todo.begin(), todo.end(),
+                   [&](const ResimJob& x, const ResimJob& y) { return length(x) > length(y); });
+  std::vector<bool> reported(scenarios.size(), false);
+  if (!todo.empty()) preload_simgrid_module();
   const std::size_t limit = static_cast<std::size_t>(std::max(1, jobs));
   std::vector<ResimChild> running;
   std::size_t next = 0;
-  auto start = [&](std::size_t i) {
-    PlanRow& row = *rows[i];
+  auto start = [&](std::size_t n) {
+    const ResimJob& job = todo[n];
+    std::string& error = errors[job.row];
     int fds[2];
     if (pipe(fds) != 0) {
-      row.flow_error = std::string("pipe: ") + std::strerror(errno);
+      error = std::string("pipe: ") + std::strerror(errno);
       return;
     }
-    if (started) started(i);
+    if (started && !reported[job.row]) started(job.row);
+    reported[job.row] = true;
     std::fflush(nullptr);
     const pid_t pid = fork();
     if (pid < 0) {
-      row.flow_error = std::string("fork: ") + std::strerror(errno);
+      error = std::string("fork: ") + std::strerror(errno);
       close(fds[0]);
       close(fds[1]);
       return;
@@ -452,13 +570,13 @@ void resimulate_flow(const std::vector<scenarios::Scenario>& scenarios, const Op
     if (pid == 0) {
       close(fds[0]);
       for (const auto& c : running) close(c.fd);
-      resimulate_child(scenarios[i], coster, fds[1]);
+      resimulate_child(job.scenario, coster, fds[1]);
     }
     close(fds[1]);
-    running.push_back(ResimChild{pid, fds[0], i, {}});
+    running.push_back(ResimChild{pid, fds[0], n, {}});
   };
-  while (next < scenarios.size() || !running.empty()) {
-    while (next < scenarios.size() && running.size() < limit) start(next++);
+  while (next < todo.size() || !running.empty()) {
+    while (next < todo.size() && running.size() < limit) start(next++);
     if (running.empty()) continue;
     std::vector<pollfd> pfds;
     for (const auto& c : running) pfds.push_back(pollfd{c.fd, POLLIN, 0});
@@ -481,9 +599,19 @@ void resimulate_flow(const std::vector<scenarios::Scenario>& scenarios, const Op
       int status = 0;
       while (waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
       }
-      read_resimulation(c.buf, status, *rows[c.index]);
+      const ResimJob& job = todo[c.job];
+      const std::string error = read_resimulation(c.buf, status, points[job.row][job.point]);
+      if (!error.empty() && errors[job.row].empty()) errors[job.row] = error;
       running.erase(running.begin() + static_cast<std::ptrdiff_t>(k));
     }
+  }
+  for (std::size_t i = 0; i < scenarios.size(); ++i) {
+    PlanRow& row = *rows[i];
+    if (!errors[i].empty()) {
+      row.flow_error = errors[i];
+      continue;
+    }
+    fill_row(row, counts[i], points[i], scenarios[i].train ? scenarios[i].train->num_microbatches : 0);
   }
 }
 

@@ -183,6 +183,9 @@ struct TrainSpec {
   [[nodiscard]] bool shards_parameters() const;
   // derived
   int num_microbatches = 0;
+  // Sets the step's micro-batches per data-parallel rank to m (>= 1), keeping micro_batch_size:
+  // global_batch_size = m x micro_batch_size x dp, num_microbatches = m.
+  void set_microbatches(int m, int dp);
 
   bool operator==(const TrainSpec&) const = default;
 };

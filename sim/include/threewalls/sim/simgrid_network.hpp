@@ -24,6 +24,11 @@ namespace threewalls::sim {
 inline constexpr const char* kNetworkModelSettings[] = {"network/model:CM02", "network/crosstraffic:0",
                                                         "network/TCP-gamma:0"};
 
+// Loads the SimGrid module now, as the first SimGridEngine would (throws SystemError where it cannot):
+// a process that forks children which each run a flow simulation calls it first, so that the children
+// share the mapped and relocated libraries instead of loading them each. Creates no engine.
+void preload_simgrid_module();
+
 class SimGridEngine final : public FlowEngine {
  public:
   // Builds the SimGrid platform: the ports of every GPU, or of the GPUs `ranks` only (any order,

@@ -110,6 +110,7 @@ struct PlanRow {
   std::optional<double> flow_step_time_us;
   std::optional<PlanWalls> flow_walls;
   std::optional<double> flow_peak_bytes;
+  std::vector<int> flow_microbatches;  // the micro-batches of the steps simulated (two: extrapolated)
   std::string flow_error;       // why the re-simulation failed, when it did
 };
 
@@ -201,12 +202,30 @@ std::string plan_to_text(const PlanResult& r);
 std::string candidate_toml(const scenarios::Scenario& base, const scenarios::Scenario& candidate,
                            const std::string& name, const std::string& comment);
 
-// Flow-fidelity re-simulation of scenarios[i] into *rows[i], each in a child process of its own
-// (SimGrid allows one engine per process), at most `jobs` at once. The children share nothing, so the
-// rows are the same for every `jobs`. `started(i)`, when given, is called as re-simulation i starts.
-// Fills each row's flow_* fields, or flow_error.
+// How a row is re-simulated with flow fidelity (docs/planner.md, "Flow re-simulation").
+//  steady_state: a training step of m micro-batches (per data-parallel rank) is simulated with
+//    a = pp + 1 and b = pp + 2 micro-batches (2 pp and 3 pp with interleaving), both past the
+//    schedule's warm-up, when m > a + b, and its step time and walls extrapolated linearly to m: past
+//    the warm-up each further micro-batch adds the same period to the step (the fill, the drain, the
+//    gradient reduction and the optimizer do not grow with m). Its peak memory is the b step's: no
+//    more micro-batches are in flight at once past b. Other rows run whole.
+//  full: every micro-batch of the row's step.
+enum class ResimMethod : std::uint8_t { steady_state, full };
+const char* to_string(ResimMethod m);
+// "steady" or "full" (the CLI's spelling); nullopt for anything else.
+std::optional<ResimMethod> resim_method_from(const std::string& s);
+
+// The micro-batch counts a row of `s` is simulated with: {m} whole, or {a, b} (steady_state).
+std::vector<int> resim_microbatches(const scenarios::Scenario& s, ResimMethod method);
+
+// Flow-fidelity re-simulation of scenarios[i] into *rows[i]: each step of resim_microbatches in a
+// child process of its own (SimGrid allows one engine per process), at most `jobs` at once. The
+// children share nothing, so the rows are the same for every `jobs`; the longest steps start first.
+// `started(i)`, when given, is called once per row, as its first step starts. Fills each row's flow_*
+// fields, or flow_error.
 void resimulate_flow(const std::vector<scenarios::Scenario>& scenarios, const OpCoster& coster,
-                     const std::vector<PlanRow*>& rows, int jobs, const std::function<void(std::size_t)>& started = {});
+                     const std::vector<PlanRow*>& rows, int jobs, ResimMethod method = ResimMethod::steady_state,
+                     const std::function<void(std::size_t)>& started = {});
 
 // The CPUs this process may run on (its affinity mask): the default number of re-simulation processes.
 int available_cpus();
