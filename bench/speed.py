@@ -13,7 +13,10 @@ the same command run by another binary (e.g. the previous release's):
   threewalls --version                              the process floor of every non-GPU command
   plan with flow re-simulation                      DeepSeek-V3 1,024 GPUs and Qwen3-235B 256 GPUs, default
                                                     search: configurations per minute (wall and CPU), and
-                                                    re-simulations per minute from --resim K against --resim 0
+                                                    re-simulations per minute from --resim K against --resim 0;
+                                                    the same with --resim-method full (one run), and the
+                                                    largest difference of a row's step time and walls
+                                                    between the two methods
   plan --shard i/4                                  CPU and estimated configurations per shard, max / min
   sim with [run.profiler] ranks = "all", 256 GPUs   the Qwen3-235B example, run directory written
   sim inference, 100,000 GPUs (flow, analytic)      the Switch-like host-overhead seed (one GPU per replica)
