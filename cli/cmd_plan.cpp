@@ -39,7 +39,7 @@ struct PlanArgs {
   int resim = -1;  // -1: every top row (unsharded); shards never re-simulate
   int losers = 5;
   int jobs = 0;  // 0: the CPUs available
-  std::string resim_method = "steady";
+  std::string resim_method = sim::to_string(sim::ResimMethod::steady_state);
   bool overwrite = false;
   ProgressArg progress;
 };
@@ -51,7 +51,7 @@ struct MergeArgs {
   std::string out;
   int resim = 0;
   int jobs = 0;  // 0: the CPUs available
-  std::string resim_method = "steady";
+  std::string resim_method = sim::to_string(sim::ResimMethod::steady_state);
   bool overwrite = false;
   ProgressArg progress;
 };
@@ -173,7 +173,7 @@ void add_resim_options(CLI::App* sub, int& jobs, std::string& method) {
                   "steady (default): a long step is simulated with two short ones (pp + 1 and pp + 2 "
                   "micro-batches; 2 x pp and 3 x pp with vpp > 1) and extrapolated to its micro-batches "
                   "(docs/planner.md, \"Flow re-simulation\"); full: every micro-batch")
-      ->check(CLI::IsMember({"steady", "full"}));
+      ->check(CLI::IsMember({sim::to_string(sim::ResimMethod::steady_state), sim::to_string(sim::ResimMethod::full)}));
 }
 
 int jobs_or_cpus(int jobs) { return jobs > 0 ? jobs : sim::available_cpus(); }

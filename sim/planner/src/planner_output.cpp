@@ -373,8 +373,9 @@ std::string candidate_toml(const scenarios::Scenario& base, const scenarios::Sce
 const char* to_string(ResimMethod m) { return m == ResimMethod::full ? "full" : "steady"; }
 
 std::optional<ResimMethod> resim_method_from(const std::string& s) {
-  if (s == "steady") return ResimMethod::steady_state;
-  if (s == "full") return ResimMethod::full;
+  for (const ResimMethod m : {ResimMethod::steady_state, ResimMethod::full}) {
+    if (s == to_string(m)) return m;
+  }
   return std::nullopt;
 }
 
