@@ -271,25 +271,31 @@ GemmModel GemmModel::fit(const std::vector<Sample>& samples, const DeviceConstan
 
 std::vector<std::pair<std::int64_t, std::int64_t>> expert_rows_runs(std::int64_t total_rows, std::int64_t groups,
                                                                     std::int64_t max_rows) {
-  // The same split as backend::expert_rows (backend/src/grouped_gemm.cpp), as runs of equal rows.
-  std::vector<std::int64_t> rows;
-  if (groups <= 0 || total_rows <= 0) return {};
+  // The same split as backend::expert_rows (backend/src/grouped_gemm.cpp), as runs of equal rows:
+  // `n` experts sharing `rows` evenly take rows / n each, the first rows % n of them one more; a hot
+  // expert (max_rows above the even share) takes max_rows first and the others share the rest.
+  // Computed per run, not per expert: the simulator asks it for every grouped GEMM it launches.
+  std::vector<std::pair<std::int64_t, std::int64_t>> runs;
+  if (groups <= 0 || total_rows <= 0) return runs;
+  auto add = [&runs](std::int64_t rows, std::int64_t count) {
+    if (count <= 0) return;
+    if (!runs.empty() && runs.back().first == rows) {
+      runs.back().second += count;
+    } else {
+      runs.emplace_back(rows, count);
+    }
+  };
+  auto even = [&add](std::int64_t rows, std::int64_t n) {
+    add(rows / n + 1, rows % n);
+    add(rows / n, n - rows % n);
+  };
   const std::int64_t balanced = (total_rows + groups - 1) / groups;
   if (max_rows <= balanced || groups == 1) {
-    for (std::int64_t e = 0; e < groups; ++e) rows.push_back(total_rows / groups + (e < total_rows % groups ? 1 : 0));
+    even(total_rows, groups);
   } else {
     const std::int64_t hot = std::min(max_rows, total_rows);
-    rows.push_back(hot);
-    const std::int64_t rest = total_rows - hot;
-    for (std::int64_t e = 1; e < groups; ++e) rows.push_back(rest / (groups - 1) + ((e - 1) < rest % (groups - 1) ? 1 : 0));
-  }
-  std::vector<std::pair<std::int64_t, std::int64_t>> runs;
-  for (const std::int64_t r : rows) {
-    if (!runs.empty() && runs.back().first == r) {
-      ++runs.back().second;
-    } else {
-      runs.emplace_back(r, 1);
-    }
+    add(hot, 1);
+    even(total_rows - hot, groups - 1);
   }
   std::erase_if(runs, [](const auto& run) { return run.first <= 0; });
   return runs;
