@@ -973,23 +973,25 @@ class StepRun {
     ClassState& s = classes_[c];
     if (version != s.gpu_version) return;
     gpu_update(s);
-    // Kernels whose work is done (to rounding) finish now, in the order they started.
-    std::vector<std::uint32_t> finished;
+    // Kernels whose work is done (to rounding) finish now, in the order they started. `finished_`
+    // is a stack shared by nested calls (complete may come back here): this call's ops are those
+    // past `base`, popped when they are done.
+    const std::size_t base = finished_.size();
     double least = kInf;
     for (const Active& a : s.active) least = std::min(least, a.remaining * a.slow);
     const double tol = 1e-12 + 1e-9 * std::max(0.0, least);
-    std::vector<Active> keep;
-    keep.reserve(s.active.size());
+    keep_.clear();
     for (const Active& a : s.active) {
       if (a.remaining * a.slow <= least + tol) {
-        finished.push_back(a.op);
+        finished_.push_back(a.op);
       } else {
-        keep.push_back(a);
+        keep_.push_back(a);
       }
     }
-    s.active.swap(keep);
+    s.active.swap(keep_);
     gpu_schedule(c);
-    for (std::uint32_t op : finished) complete(c, op);
+    for (std::size_t k = base; k < finished_.size(); ++k) complete(c, finished_[k]);
+    finished_.resize(base);
   }
 
   // ---------------------------------------------------------------- communication
@@ -1452,6 +1454,9 @@ class StepRun {
   std::uint64_t seq_ = 0;
   double now_ = 0.0;
   std::vector<Instance> instances_;
+  // gpu_event's scratch: the kernels that finish (a stack over nested calls) and those that go on.
+  std::vector<std::uint32_t> finished_;
+  std::vector<Active> keep_;
   std::unordered_map<CollKey, std::uint32_t, CollKeyHash> pending_coll_;
   std::unordered_map<P2pKey, std::uint32_t, P2pKeyHash> pending_p2p_;
   std::unordered_map<std::uint64_t, std::uint32_t> set_of_;
