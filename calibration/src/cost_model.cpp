@@ -148,6 +148,12 @@ std::optional<Seconds> CostModel::fused_attention(const AttentionShape& s, bool 
   return Seconds(m->time_s(s));
 }
 
+bool CostModel::has_fused_attention(bool backward) const {
+  return impl_->attention_fused[backward ? 1 : 0].has_value();
+}
+
+bool CostModel::has_decode_attention() const { return impl_->attention_decode.has_value(); }
+
 // t = t0 + B per_byte + F per_flop   (DecodeAttentionModel)
 std::optional<Seconds> CostModel::decode_attention(const AttentionShape& s) const {
   require_attention_shape(s);

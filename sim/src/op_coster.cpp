@@ -344,24 +344,18 @@ std::optional<std::string> CostModelCoster::substitution(const Op& op) const {
     }
   }
   if (op.kind != OpKind::attention) return std::nullopt;
-  // Whether the profile has the kernel's family does not depend on the shape: ask with a unit one.
-  calibration::AttentionShape unit;
-  unit.seq_q = 1;
-  unit.seq_kv = 1;
-  unit.head_dim_qk = 1;
-  unit.head_dim_v = 1;
   switch (scenarios::attention_kernel(op)) {
     case scenarios::AttentionKernel::unfused: return std::nullopt;
     case scenarios::AttentionKernel::fused: {
       const bool backward = (op.flags & scenarios::kBackward) != 0;
-      if (model_.fused_attention(unit, backward)) return std::nullopt;
+      if (model_.has_fused_attention(backward)) return std::nullopt;
       return std::string(
           "fused attention (model.attention_impl = \"fused\") is costed from the unfused attention "
           "fits (attention.fwd, attention.bwd): the profile has no fused attention family (attention_fused.fwd, "
           "attention_fused.bwd)");
     }
     case scenarios::AttentionKernel::decode:
-      if (model_.decode_attention(unit)) return std::nullopt;
+      if (model_.has_decode_attention()) return std::nullopt;
       return std::string(
           "decode attention (fused, one query per sequence) is costed from the unfused attention "
           "fit (attention.fwd): the profile has no decode attention family (attention_decode)");

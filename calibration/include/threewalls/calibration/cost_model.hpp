@@ -72,6 +72,10 @@ class CostModel {
   // caller then costs the kernel with attention() and says so. InputError for negative dimensions.
   [[nodiscard]] std::optional<Seconds> fused_attention(const AttentionShape& shape, bool backward) const;
   [[nodiscard]] std::optional<Seconds> decode_attention(const AttentionShape& shape) const;
+  // Whether the profile has those families (what the two calls above answer empty for, without
+  // costing a shape).
+  [[nodiscard]] bool has_fused_attention(bool backward) const;
+  [[nodiscard]] bool has_decode_attention() const;
   // Memory-bound kernels by bytes read + written (element-wise, activation, residual, permute, loss).
   [[nodiscard]] Seconds elementwise(Bytes bytes) const;
   // Normalisation kernels (rows x hidden, bytes read + written).
