@@ -127,9 +127,12 @@ int finish(sim::PlanResult& r, const scenarios::LoadedScenario& base, const Cost
     scenarios.push_back(est.scenario_of(r.top[i].cand));
     rows.push_back(&r.top[i]);
   }
+  std::size_t started = 0;  // rows start longest first, not in rank order
   sim::resimulate_flow(scenarios, cost.coster, rows, jobs, *sim::resim_method_from(method), [&](std::size_t i) {
-    if (progress)
-      std::fprintf(stderr, "plan: flow re-simulation %zu/%zu (%s)\n", i + 1, k, r.top[i].cand.layout().c_str());
+    if (progress) {
+      std::fprintf(stderr, "plan: flow re-simulation %zu/%zu: #%zu (%s)\n", ++started, k, i + 1,
+                   r.top[i].cand.layout().c_str());
+    }
   });
   const std::string text = sim::plan_to_text(r);
   const OrderedJson json = sim::plan_to_json(r);

@@ -154,7 +154,7 @@ TEST(CliArgs, PlanProgressAlwaysNeverAndAuto) {
   auto r = st::run_command(plan + " --progress always", true);
   EXPECT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("configs/s"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("plan: flow re-simulation 1/1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("plan: flow re-simulation 1/1: #1 (tp"), std::string::npos) << r.out;
   for (const char* quiet : {" --progress never", " --progress auto", "", " --quiet"}) {
     r = st::run_command(plan + quiet, true);
     EXPECT_EQ(r.exit_code, 0) << quiet << r.out;
