@@ -546,7 +546,13 @@ void resimulate_flow(const std::vector<scenarios::Scenario>& scenarios, const Op
   std::stable_sort(todo.begin(), todo.end(),
                    [&](const ResimJob& x, const ResimJob& y) { return length(x) > length(y); });
   std::vector<bool> reported(scenarios.size(), false);
-  if (!todo.empty()) preload_simgrid_module();
+  if (!todo.empty()) {
+    try {
+      preload_simgrid_module();
+    } catch (const std::exception&) {
+      // Each child then fails to load it too, and its row records why (flow_error).
+    }
+  }
   const std::size_t limit = static_cast<std::size_t>(std::max(1, jobs));
   std::vector<ResimChild> running;
   std::size_t next = 0;
