@@ -111,7 +111,8 @@ Analysis analyze_run(const RunData& run, const AnalyzeOptions& options) {
     return std::tie(x.step, x.phase, x.layer, x.microbatch, x.expert, x.group, x.group_id, x.end) <
            std::tie(y.step, y.phase, y.layer, y.microbatch, y.expert, y.group, y.group_id, y.end);
   });
-  std::unordered_map<std::uint64_t, double> wait_in_step;  // (rank, step) -> wait
+  // (rank, step) -> the spans [arrival, arrival + wait) of its waits, on the run's shared clock.
+  std::unordered_map<std::uint64_t, std::vector<std::pair<double, double>>> wait_spans;
   std::map<int, RankWait> rank_waits;
   std::map<std::uint32_t, GroupWait> group_waits;
   std::map<std::uint32_t, std::map<int, RankWait>> group_rank_waits;
@@ -135,7 +136,7 @@ Analysis analyze_run(const RunData& run, const AnalyzeOptions& options) {
     for (std::size_t k = b; k < e; ++k) {
       const Item& it = items[k];
       double w = std::clamp(last - it.arrival, 0.0, it.dur);
-      wait_in_step[rank_step(it.rank, it.step)] += w;
+      if (w > 0.0) wait_spans[rank_step(it.rank, it.step)].emplace_back(it.arrival, it.arrival + w);
       for (RankWait* rw : {&rank_waits[it.rank], &group_rank_waits[g][it.rank]}) {
         rw->rank = it.rank;
         ++rw->collectives;
@@ -164,6 +165,72 @@ Analysis analyze_run(const RunData& run, const AnalyzeOptions& options) {
       }
     }
     b = e;
+  }
+  // ---- pipeline transfer waits ----
+  // A send and the receive it delivers to (profiler::p2p_pairs, the summary's pairing) each wait from
+  // their own arrival to the other's, clipped to their record, as the members of a collective do: a
+  // stage behind a slow rank waits in its receives, and that wait is not its own time.
+  for (const profiler::P2pPair& pair : profiler::p2p_pairs(run.steps, run.phases, run.names)) {
+    const profiler::PhaseRecord* side[2] = {&run.phases[pair.send], &run.phases[pair.recv]};
+    double arrival[2] = {0.0, 0.0};
+    bool known = true;
+    for (int k = 0; k < 2; ++k) {
+      auto it = step_of.find(rank_step(side[k]->rank, side[k]->step));
+      if (it == step_of.end()) {
+        known = false;
+        break;
+      }
+      arrival[k] = it->second->epoch_us + side[k]->start_us;
+    }
+    if (!known) continue;
+    const double last = std::max(arrival[0], arrival[1]);
+    const std::uint32_t g = side[0]->group;
+    if (g != kNoName) ++group_waits[g].instances;
+    for (int k = 0; k < 2; ++k) {
+      const profiler::PhaseRecord& p = *side[k];
+      const double w = std::clamp(last - arrival[k], 0.0, p.dur_us);
+      if (w > 0.0) wait_spans[rank_step(p.rank, p.step)].emplace_back(arrival[k], arrival[k] + w);
+      const bool arrived_last = arrival[k] - arrival[1 - k] > kArrivalTieUs;
+      std::vector<RankWait*> tables{&rank_waits[p.rank]};
+      if (g != kNoName) tables.push_back(&group_rank_waits[g][p.rank]);
+      for (RankWait* rw : tables) {
+        rw->rank = p.rank;
+        ++rw->collectives;
+        rw->total_wait_us += w;
+        if (arrived_last) ++rw->last_arrivals;
+      }
+      if (g != kNoName) group_waits[g].total_wait_us += w;
+    }
+  }
+  // A rank's wait in a step: the time in its wait spans while it runs nothing else (no compute,
+  // memory, copy or host record): a receive posted ahead of the compute it overlaps, or a collective
+  // waiting beside the backward, takes no time of its own; overlapping waits count once.
+  std::unordered_map<std::uint64_t, std::vector<std::pair<double, double>>> busy_spans;
+  for (const auto& p : run.phases) {
+    if (p.wall == profiler::Wall::communication) continue;
+    const std::uint64_t key = rank_step(p.rank, p.step);
+    if (!wait_spans.count(key)) continue;
+    const double at = step_of.at(key)->epoch_us + p.start_us;
+    busy_spans[key].emplace_back(at, at + p.dur_us);
+  }
+  std::unordered_map<std::uint64_t, double> wait_in_step;  // (rank, step) -> wait
+  for (const auto& [key, spans] : wait_spans) {
+    std::vector<std::pair<double, int>> ev;  // (time, +-1 wait / +-2 busy)
+    for (const auto& [a, b] : spans) ev.insert(ev.end(), {{a, 1}, {b, -1}});
+    if (auto it = busy_spans.find(key); it != busy_spans.end()) {
+      for (const auto& [a, b] : it->second) ev.insert(ev.end(), {{a, 2}, {b, -2}});
+    }
+    std::sort(ev.begin(), ev.end());
+    int waiting = 0;
+    int busy = 0;
+    double idle = 0.0;
+    double t = ev.empty() ? 0.0 : ev.front().first;
+    for (const auto& [time, d] : ev) {
+      if (waiting > 0 && busy == 0) idle += time - t;
+      t = time;
+      (d == 1 || d == -1 ? waiting : busy) += d > 0 ? 1 : -1;
+    }
+    wait_in_step[key] = idle;
   }
   auto finish_waits = [](std::map<int, RankWait>& m) {
     std::vector<RankWait> v;
@@ -450,9 +517,11 @@ std::string format_analysis_text(const Analysis& a) {
     }
   }
 
-  out += "\nstep time per rank (median over recorded steps; own = step - wait in collectives; peers = " +
-         std::string(a.peers == "other stages" ? "the other pipeline stages" : "the ranks of the same pipeline stage") +
-         ")\n";
+  out +=
+      "\nstep time per rank (median over recorded steps; own = step - wait in collectives and pipeline transfers; "
+      "peers = " +
+      std::string(a.peers == "other stages" ? "the other pipeline stages" : "the ranks of the same pipeline stage") +
+      ")\n";
   detail::TextTable t({"rank", "stage", "steps", "step", "own", "wait", "own vs peers", "robust z", "slow steps"});
   for (const auto& r : a.ranks) {
     t.add({std::to_string(r.rank), std::to_string(r.stage), std::to_string(r.steps), duration_us(r.median_step_us),
@@ -462,8 +531,8 @@ std::string format_analysis_text(const Analysis& a) {
   out += t.str();
 
   if (!a.waits.empty()) {
-    out += "\nwho waits in collectives (wait = last member's arrival - own arrival)\n";
-    detail::TextTable w({"rank", "collectives", "total wait", "mean wait", "arrived last"});
+    out += "\nwho waits in collectives and pipeline transfers (wait = last member's arrival - own arrival)\n";
+    detail::TextTable w({"rank", "instances", "total wait", "mean wait", "arrived last"});
     for (const auto& r : a.waits) {
       w.add({std::to_string(r.rank), std::to_string(r.collectives), duration_us(r.total_wait_us),
              duration_us(r.mean_wait_us), std::to_string(r.last_arrivals)});

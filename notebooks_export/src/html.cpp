@@ -225,7 +225,7 @@ std::string run_section(std::size_t index, const profiler::RunData& run,
   {
     std::vector<std::string> ranks;
     detail::Series own{"own", "#4C72B0", {}};
-    detail::Series wait{"wait in collectives", "#55A868", {}};
+    detail::Series wait{"wait in collectives and pipeline transfers", "#55A868", {}};
     std::vector<bool> mark;
     for (const auto& r : an.ranks) {
       ranks.push_back(std::to_string(r.rank));

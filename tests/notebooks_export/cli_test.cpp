@@ -245,6 +245,40 @@ steps = 1
   EXPECT_EQ(a.slow_ranks.front().rank, 5) << format_analysis_text(a);
 }
 
+// Two data-parallel pipelines, one slow GPU: the stage behind it waits in its pipeline receives, which
+// is not its own time, so analyze names the slow rank only (its pipeline neighbour's step is as long).
+TEST(RunCommandsCli, AnalyzeDoesNotBlameThePipelineNeighboursOfASlowRank) {
+  const fs::path dir = fresh_dir("_slow_pp_dp");
+  fs::create_directories(dir);
+  std::ofstream(dir / "slow.toml") << R"TOML(schema_version = 1
+name = "slow_pp_dp"
+[model]
+)TOML" << test::small_moe_model_keys()
+                                   << R"TOML([parallel]
+pp = 2
+[train]
+micro_batch_size = 1
+global_batch_size = 16
+seq_length = 1024
+[cluster]
+gpu = "h100"
+gpus_per_node = 4
+nodes = 1
+[[cluster.slowdown]]
+rank = 0
+factor = 3.0
+[run]
+steps = 1
+[run.profiler]
+ranks = "all"
+)TOML";
+  std::string out;
+  ASSERT_EQ(threewalls_cli("sim " + (dir / "slow.toml").string() + " --out " + (dir / "run").string(), out), 0) << out;
+  const Analysis a = analyze_run(profiler::RunDirReader::read(dir / "run"));
+  ASSERT_EQ(a.slow_ranks.size(), 1U) << format_analysis_text(a);
+  EXPECT_EQ(a.slow_ranks.front().rank, 0) << format_analysis_text(a);
+}
+
 // The Perfetto export of a simulated pipeline: no two slices of one track overlap (in the file's
 // integer nanoseconds), every recorded send has a flow to the receive it delivers to, and each
 // recorded rank has a memory counter.

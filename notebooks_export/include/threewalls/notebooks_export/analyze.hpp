@@ -76,7 +76,7 @@ struct SlowRank {
 
 struct RankWait {
   int rank = 0;
-  std::size_t collectives = 0;
+  std::size_t collectives = 0;  // collective instances and pipeline transfers it took part in
   double total_wait_us = 0.0;
   double mean_wait_us = 0.0;
   std::size_t last_arrivals = 0;  // instances where this rank arrived last (the others waited for it)
