@@ -210,37 +210,38 @@ record_every_n_steps = 1
   EXPECT_NEAR(*s->phases.front().excess_pct, 50.0, 1.0);  // the factor 1.5 on that GPU's kernels
 }
 
-// A slow rank in a layout of several group kinds (TP2 PP2 EP2 on 8 GPUs, where the expansion refines
-// the classes of the ranks that wait for it): the step completes and analyze names that rank first.
-TEST(RunCommandsCli, AnalyzeNamesASlowRankOfATensorPipelineExpertLayout) {
-  const fs::path dir = fresh_dir("_slow_tp_pp_ep");
+namespace {
+
+// A one-step small-MoE training run of `parallel` (the [parallel] keys) on one node of `gpus` H100,
+// rank `slow` `factor` times slower, simulated with every rank recorded, then analysed.
+Analysis analyze_one_slow_gpu(const std::string& name, const std::string& parallel, int gpus, int slow, double factor) {
+  const fs::path dir = fresh_dir("_" + name);
   fs::create_directories(dir);
-  std::ofstream(dir / "slow.toml") << R"TOML(schema_version = 1
-name = "slow_tp_pp_ep"
-[model]
-)TOML" << test::small_moe_model_keys()
-                                   << R"TOML([parallel]
-tp = 2
-pp = 2
-ep = 2
-sequence_parallel = true
-[train]
+  std::ofstream(dir / "slow.toml") << "schema_version = 1\nname = \"" << name << "\"\n[model]\n"
+                                   << test::small_moe_model_keys() << "[parallel]\n"
+                                   << parallel << R"TOML([train]
 micro_batch_size = 1
 global_batch_size = 16
 seq_length = 1024
 [cluster]
 gpu = "h100"
-gpus_per_node = 8
 nodes = 1
-[[cluster.slowdown]]
-rank = 5
-factor = 3.0
-[run]
-steps = 1
-)TOML";
+)TOML"
+                                   << "gpus_per_node = " << gpus << "\n[[cluster.slowdown]]\nrank = " << slow
+                                   << "\nfactor = " << factor
+                                   << "\n[run]\nsteps = 1\n[run.profiler]\nranks = \"all\"\n";
   std::string out;
-  ASSERT_EQ(threewalls_cli("sim " + (dir / "slow.toml").string() + " --out " + (dir / "run").string(), out), 0) << out;
-  const Analysis a = analyze_run(profiler::RunDirReader::read(dir / "run"));
+  EXPECT_EQ(threewalls_cli("sim " + (dir / "slow.toml").string() + " --out " + (dir / "run").string(), out), 0) << out;
+  return analyze_run(profiler::RunDirReader::read(dir / "run"));
+}
+
+}  // namespace
+
+// A slow rank in a layout of several group kinds (TP2 PP2 EP2 on 8 GPUs, where the expansion refines
+// the classes of the ranks that wait for it): the step completes and analyze names that rank first.
+TEST(RunCommandsCli, AnalyzeNamesASlowRankOfATensorPipelineExpertLayout) {
+  const Analysis a =
+      analyze_one_slow_gpu("slow_tp_pp_ep", "tp = 2\npp = 2\nep = 2\nsequence_parallel = true\n", 8, 5, 3.0);
   ASSERT_FALSE(a.slow_ranks.empty()) << format_analysis_text(a);
   EXPECT_EQ(a.slow_ranks.front().rank, 5) << format_analysis_text(a);
 }
@@ -248,33 +249,7 @@ steps = 1
 // Two data-parallel pipelines, one slow GPU: the stage behind it waits in its pipeline receives, which
 // is not its own time, so analyze names the slow rank only (its pipeline neighbour's step is as long).
 TEST(RunCommandsCli, AnalyzeDoesNotBlameThePipelineNeighboursOfASlowRank) {
-  const fs::path dir = fresh_dir("_slow_pp_dp");
-  fs::create_directories(dir);
-  std::ofstream(dir / "slow.toml") << R"TOML(schema_version = 1
-name = "slow_pp_dp"
-[model]
-)TOML" << test::small_moe_model_keys()
-                                   << R"TOML([parallel]
-pp = 2
-[train]
-micro_batch_size = 1
-global_batch_size = 16
-seq_length = 1024
-[cluster]
-gpu = "h100"
-gpus_per_node = 4
-nodes = 1
-[[cluster.slowdown]]
-rank = 0
-factor = 3.0
-[run]
-steps = 1
-[run.profiler]
-ranks = "all"
-)TOML";
-  std::string out;
-  ASSERT_EQ(threewalls_cli("sim " + (dir / "slow.toml").string() + " --out " + (dir / "run").string(), out), 0) << out;
-  const Analysis a = analyze_run(profiler::RunDirReader::read(dir / "run"));
+  const Analysis a = analyze_one_slow_gpu("slow_pp_dp", "pp = 2\n", 4, 0, 3.0);
   ASSERT_EQ(a.slow_ranks.size(), 1U) << format_analysis_text(a);
   EXPECT_EQ(a.slow_ranks.front().rank, 0) << format_analysis_text(a);
 }
