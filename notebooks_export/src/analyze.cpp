@@ -52,6 +52,7 @@ struct Item {
   double arrival;
   double end;
   double dur;
+  std::size_t record;  // index into the run's phase records
 };
 
 bool same_key(const Item& x, const Item& y) {
@@ -101,7 +102,7 @@ Analysis analyze_run(const RunData& run, const AnalyzeOptions& options) {
     if (it == step_of.end()) continue;
     double arrival = it->second->epoch_us + p.start_us;
     items.push_back({p.step, p.phase, p.layer, p.microbatch, p.expert, p.group, p.group_id, p.rank, arrival,
-                     arrival + p.dur_us, p.dur_us});
+                     arrival + p.dur_us, p.dur_us, static_cast<std::size_t>(&p - run.phases.data())});
     (p.group_id != kAbsent ? with_id : without_id) = true;
   }
   out.collective_pairing = items.empty() ? "none" : with_id && without_id ? "group_id and end time"
@@ -111,6 +112,8 @@ Analysis analyze_run(const RunData& run, const AnalyzeOptions& options) {
     return std::tie(x.step, x.phase, x.layer, x.microbatch, x.expert, x.group, x.group_id, x.end) <
            std::tie(y.step, y.phase, y.layer, y.microbatch, y.expert, y.group, y.group_id, y.end);
   });
+  // Per record, its wait (communication records paired with others; 0 elsewhere).
+  std::vector<double> record_wait(run.phases.size(), 0.0);
   // (rank, step) -> the spans [arrival, arrival + wait) of its waits, on the run's shared clock.
   std::unordered_map<std::uint64_t, std::vector<std::pair<double, double>>> wait_spans;
   std::map<int, RankWait> rank_waits;
@@ -136,6 +139,7 @@ Analysis analyze_run(const RunData& run, const AnalyzeOptions& options) {
     for (std::size_t k = b; k < e; ++k) {
       const Item& it = items[k];
       double w = std::clamp(last - it.arrival, 0.0, it.dur);
+      record_wait[it.record] = w;
       if (w > 0.0) wait_spans[rank_step(it.rank, it.step)].emplace_back(it.arrival, it.arrival + w);
       for (RankWait* rw : {&rank_waits[it.rank], &group_rank_waits[g][it.rank]}) {
         rw->rank = it.rank;
@@ -189,6 +193,7 @@ Analysis analyze_run(const RunData& run, const AnalyzeOptions& options) {
     for (int k = 0; k < 2; ++k) {
       const profiler::PhaseRecord& p = *side[k];
       const double w = std::clamp(last - arrival[k], 0.0, p.dur_us);
+      record_wait[k == 0 ? pair.send : pair.recv] = w;
       if (w > 0.0) wait_spans[rank_step(p.rank, p.step)].emplace_back(arrival[k], arrival[k] + w);
       const bool arrived_last = arrival[k] - arrival[1 - k] > kArrivalTieUs;
       std::vector<RankWait*> tables{&rank_waits[p.rank]};
@@ -363,14 +368,16 @@ Analysis analyze_run(const RunData& run, const AnalyzeOptions& options) {
   }
 
   // ---- slow ranks: steps and phases ----
-  // Per (rank, step, phase) time, for the phase attribution.
+  // Per (rank, step, phase) time, for the phase attribution: a communication record's less its wait
+  // (the transfer, not the time the rank waited for the others in it).
   std::unordered_map<std::uint64_t, std::unordered_map<std::uint32_t, double>> phase_time;
   std::vector<profiler::Wall> phase_wall(run.names.phases.size(), profiler::Wall::compute);
   std::vector<bool> wall_set(run.names.phases.size(), false);
   bool any_slow = std::any_of(out.ranks.begin(), out.ranks.end(), [](const RankStat& r) { return r.slow_steps > 0; });
   if (any_slow) {
-    for (const auto& p : run.phases) {
-      phase_time[rank_step(p.rank, p.step)][p.phase] += p.dur_us;
+    for (std::size_t i = 0; i < run.phases.size(); ++i) {
+      const auto& p = run.phases[i];
+      phase_time[rank_step(p.rank, p.step)][p.phase] += p.dur_us - record_wait[i];
       if (!wall_set[p.phase]) {
         wall_set[p.phase] = true;
         phase_wall[p.phase] = p.wall;

@@ -252,6 +252,12 @@ TEST(RunCommandsCli, AnalyzeDoesNotBlameThePipelineNeighboursOfASlowRank) {
   const Analysis a = analyze_one_slow_gpu("slow_pp_dp", "pp = 2\n", 4, 0, 3.0);
   ASSERT_EQ(a.slow_ranks.size(), 1U) << format_analysis_text(a);
   EXPECT_EQ(a.slow_ranks.front().rank, 0) << format_analysis_text(a);
+  // Its own kernels lead its phases (3x), not its receives' waits for the stage it slows down.
+  ASSERT_FALSE(a.slow_ranks.front().phases.empty());
+  const PhaseExcess& first = a.slow_ranks.front().phases.front();
+  EXPECT_EQ(first.wall, profiler::Wall::compute) << format_analysis_text(a);
+  ASSERT_TRUE(first.excess_pct.has_value());
+  EXPECT_GT(*first.excess_pct, 150.0) << format_analysis_text(a);  // 3x kernels; its records hold markers too
 }
 
 // The Perfetto export of a simulated pipeline: no two slices of one track overlap (in the file's
