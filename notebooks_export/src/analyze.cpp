@@ -119,6 +119,22 @@ Analysis analyze_run(const RunData& run, const AnalyzeOptions& options) {
   std::map<int, RankWait> rank_waits;
   std::map<std::uint32_t, GroupWait> group_waits;
   std::map<std::uint32_t, std::map<int, RankWait>> group_rank_waits;
+  // One member's wait in a collective instance or a pipeline transfer (record: its index in
+  // run.phases; group: kNoName for a transfer of no group).
+  auto note_wait = [&](std::size_t record, const profiler::PhaseRecord& p, double arrival, double w,
+                       std::uint32_t group, bool arrived_last) {
+    record_wait[record] = w;
+    if (w > 0.0) wait_spans[rank_step(p.rank, p.step)].emplace_back(arrival, arrival + w);
+    RankWait* tables[2] = {&rank_waits[p.rank], group != kNoName ? &group_rank_waits[group][p.rank] : nullptr};
+    for (RankWait* rw : tables) {
+      if (rw == nullptr) continue;
+      rw->rank = p.rank;
+      ++rw->collectives;
+      rw->total_wait_us += w;
+      if (arrived_last) ++rw->last_arrivals;
+    }
+    if (group != kNoName) group_waits[group].total_wait_us += w;
+  };
   auto settle = [&](std::size_t b, std::size_t e) {  // one collective instance: items[b, e)
     if (e - b < 2) return;  // one member recorded: nobody to wait for
     double last = -1e300;
@@ -134,20 +150,11 @@ Analysis analyze_run(const RunData& run, const AnalyzeOptions& options) {
       }
     }
     const std::uint32_t g = items[b].group;
-    GroupWait& gw = group_waits[g];
-    ++gw.instances;
+    ++group_waits[g].instances;
     for (std::size_t k = b; k < e; ++k) {
       const Item& it = items[k];
-      double w = std::clamp(last - it.arrival, 0.0, it.dur);
-      record_wait[it.record] = w;
-      if (w > 0.0) wait_spans[rank_step(it.rank, it.step)].emplace_back(it.arrival, it.arrival + w);
-      for (RankWait* rw : {&rank_waits[it.rank], &group_rank_waits[g][it.rank]}) {
-        rw->rank = it.rank;
-        ++rw->collectives;
-        rw->total_wait_us += w;
-        if (it.rank == last_rank && last - second > kArrivalTieUs) ++rw->last_arrivals;
-      }
-      gw.total_wait_us += w;
+      note_wait(it.record, run.phases[it.record], it.arrival, std::clamp(last - it.arrival, 0.0, it.dur), g,
+                it.rank == last_rank && last - second > kArrivalTieUs);
     }
   };
   for (std::size_t b = 0; b < items.size();) {
@@ -191,20 +198,8 @@ Analysis analyze_run(const RunData& run, const AnalyzeOptions& options) {
     const std::uint32_t g = side[0]->group;
     if (g != kNoName) ++group_waits[g].instances;
     for (int k = 0; k < 2; ++k) {
-      const profiler::PhaseRecord& p = *side[k];
-      const double w = std::clamp(last - arrival[k], 0.0, p.dur_us);
-      record_wait[k == 0 ? pair.send : pair.recv] = w;
-      if (w > 0.0) wait_spans[rank_step(p.rank, p.step)].emplace_back(arrival[k], arrival[k] + w);
-      const bool arrived_last = arrival[k] - arrival[1 - k] > kArrivalTieUs;
-      std::vector<RankWait*> tables{&rank_waits[p.rank]};
-      if (g != kNoName) tables.push_back(&group_rank_waits[g][p.rank]);
-      for (RankWait* rw : tables) {
-        rw->rank = p.rank;
-        ++rw->collectives;
-        rw->total_wait_us += w;
-        if (arrived_last) ++rw->last_arrivals;
-      }
-      if (g != kNoName) group_waits[g].total_wait_us += w;
+      note_wait(k == 0 ? pair.send : pair.recv, *side[k], arrival[k],
+                std::clamp(last - arrival[k], 0.0, side[k]->dur_us), g, arrival[k] - arrival[1 - k] > kArrivalTieUs);
     }
   }
   // A rank's wait in a step: the time in its wait spans while it runs nothing else (no compute,
