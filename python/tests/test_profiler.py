@@ -26,7 +26,7 @@ def small_loop(prof, steps=6, hook=True):
             y = lin2(torch.relu(lin1(xi)))
             loss = y.square().mean()
             loss.backward()
-            with prof.host_phase("training_metrics_read", coarse="training_metrics", sync_first=True):
+            with prof.host_phase("training_metrics_read", coarse="training_metrics", waits_for_device=True):
                 loss.item()
 
 
@@ -185,6 +185,63 @@ class ProfilerCudaTest(unittest.TestCase):
             self.assertGreaterEqual(s["dur_us"] + 1, sd["start_us"] + sd["dur_us"])
         with open(os.path.join(d, "summary.json")) as f:
             self.assertGreater(json.load(f)["memory"]["measured_peak_bytes_by_rank"]["0"], 0)
+
+    def test_a_host_read_waits_for_the_device_without_a_synchronisation(self):
+        """The read's record starts where the device finished the work queued before it, and entering
+        the phase does not wait for that work (the profiler adds no synchronisation)."""
+        d = os.path.join(tempdir(self), "run")
+        prof = Profiler(d, sampling=SamplingConfig(record_every_n_steps=1))
+        a = torch.randn(4096, 4096, device="cuda")
+        busy_inside = []
+        for step in range(3):
+            with prof.step(step):
+                with prof.phase("mm"):
+                    b = a
+                    for _ in range(8):
+                        b = b @ a
+                with prof.host_phase("read", waits_for_device=True):
+                    busy_inside.append(not torch.cuda.current_stream().query())
+                    b[0, 0].item()
+        prof.finish(summary=False)
+        self.assertEqual(busy_inside, [True] * 3)
+        recs = read_records(d)
+        for s in recs["steps"]:
+            ps = {p["phase"]: p for p in recs["phases"] if p["step"] == s["step"]}
+            mm, rd = ps["mm"], ps["read"]
+            self.assertEqual(rd["stream"], "host")
+            self.assertGreater(mm["dur_us"], 1000)
+            # The read starts after the products (within the host/device clock alignment) and holds
+            # only the copy and the return, not the wait.
+            self.assertGreater(rd["start_us"], mm["start_us"] + mm["dur_us"] - 50)
+            self.assertLess(rd["dur_us"], mm["dur_us"] / 4)
+
+
+class ProfilerHarvestTest(unittest.TestCase):
+    def test_overdue_records_are_formatted_at_the_step_start(self):
+        """Records wait at most about one step: begin_step formats the steps before the last recorded
+        one and every step before a flush point reached, and leaves the last step alone otherwise."""
+        d = os.path.join(tempdir(self), "run")
+        prof = Profiler(d, sampling=SamplingConfig(record_every_n_steps=1, flush_every_n_steps=3), use_cuda=False)
+        prof.begin_step(0)
+        with prof.phase("a"):
+            pass
+        prof.end_step()
+        prof._device_busy = lambda: False  # no phase call finds time to format
+        prof.begin_step(1)
+        self.assertEqual([x.step for x in prof._pending], [0])  # the last step waits
+        with prof.phase("a"):
+            pass
+        prof.end_step()
+        prof.begin_step(2)
+        self.assertEqual([x.step for x in prof._pending], [1])  # step 0 was overdue
+        with prof.phase("a"):
+            pass
+        prof.end_step()  # step 2 ends a flush window
+        prof.begin_step(3)
+        self.assertEqual(list(prof._pending), [])
+        self.assertEqual(prof.writer.phase_records_written, 3)
+        prof.end_step()
+        prof.finish(summary=False)
 
 
 if __name__ == "__main__":

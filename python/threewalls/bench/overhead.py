@@ -132,7 +132,7 @@ def train_steps(model, opt, batches, prof: Optional[Profiler], first_step: int, 
             with prof.phase("optimizer_step", wall="memory"):
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-            with prof.host_phase("training_metrics_read", coarse="training_metrics", sync_first=True):
+            with prof.host_phase("training_metrics_read", coarse="training_metrics", waits_for_device=True):
                 loss.item()
             prof.end_step()
         else:

@@ -17,11 +17,15 @@ How a step is timed (the C++ CUDA profiler's scheme, docs/profiler.md "Device ti
   the stream passed), or, for host phases, two host-clock readings.
 * end_step(): an end event on every stream the step's phases used; the step's `dur_us` is the latest
   of them (and of the phases' ends) after the epoch.
-* Harvesting never waits and runs where the host has time: every phase() call formats two records
-  of finished steps (all their end events done), oldest first, so that in a loop whose host runs
-  ahead of the device the work hides behind device time; begin_step formats whatever is ready of
-  the steps before the last recorded one (at most about one step's records wait). A record is
-  start_us = elapsed(epoch, a), dur_us = elapsed(a, b); its events go back to a pool, so steady
+* Harvesting never waits and runs only where the host has time: a host phase that waits for the
+  device (a read of a result) formats records of finished steps (all their end events done), oldest
+  first, until the device gets there; in a loop without such reads, a phase() call formats two
+  records when the device has not yet reached the previous phase boundary (the last event
+  recorded; on unrecorded steps, when the main stream has queued work). begin_step formats, busy
+  device or not, what
+  is left of the steps before the last recorded one and of every step before a flush point reached
+  (at most about one step's records wait; a flush window is written during the next step). A record
+  is start_us = elapsed(epoch, a), dur_us = elapsed(a, b); its events go back to a pool, so steady
   state creates no events. finish() waits for the rest.
 * epoch_us is on the run's host clock (time.time_ns() since the start of the second in run.json's
   start_time, which every rank of the run shares), through an *anchor*: an event recorded while the
@@ -125,17 +129,19 @@ class PhaseInfo:
 
 
 class _Phase:
-    """A phase on a recorded step (context manager); also the token of begin_phase/end_phase."""
-    __slots__ = ("prof", "info", "stream", "a", "b", "h0", "h1", "nvtx", "sync", "rf")
+    """A phase on a recorded step (context manager); also the token of begin_phase/end_phase. A device
+    phase has events a and b; a host phase has host times h0 and h1 and, when it waits for the
+    device, event a where the device reaches its start."""
+    __slots__ = ("prof", "info", "stream", "a", "b", "h0", "h1", "nvtx", "waits", "rf")
 
-    def __init__(self, prof: "Profiler", info: PhaseInfo, stream, sync: bool = False):
+    def __init__(self, prof: "Profiler", info: PhaseInfo, stream, waits: bool = False):
         self.prof = prof
         self.info = info
         self.stream = stream
         self.a = self.b = None
         self.h0 = self.h1 = 0
         self.nvtx = False
-        self.sync = sync
+        self.waits = waits
         self.rf = None
 
     def __enter__(self):
@@ -255,6 +261,8 @@ class Profiler:
         self._last_step: Optional[int] = None
         self._anchor = None
         self._anchor_host_ns = 0
+        self._last_event = None  # the event recorded last on this step (None on unrecorded steps)
+        self._reads = False  # the loop has host reads that wait for the device: records are formatted there
         self._finished = False
         self._creator = False
         self._join_timeout_s = join_timeout_s
@@ -353,9 +361,27 @@ class Profiler:
 
     def tick(self) -> None:
         """What a phase on an unrecorded step does besides nothing: formats two waiting records of
-        finished steps (harvesting hides behind device time)."""
-        if self._pending:
+        finished steps while the device is busy (harvesting hides behind device time)."""
+        if self._pending and not self._reads and self._device_busy():
             self._drain(2)
+
+    def _format_while_busy(self, e) -> None:
+        """Formats waiting records one at a time until `e` (an event or a stream) is done: the host is
+        about to wait for it anyway."""
+        while self._pending and not e.query():
+            if not self._drain(1):
+                break
+
+    def _device_busy(self) -> bool:
+        """Whether the device is behind the host, so host work now costs no device time: it has not
+        reached the last event this step recorded (on a step that recorded none: the main stream has
+        queued work). Without CUDA there is nothing to hide behind: always true."""
+        if not self.cuda:
+            return True
+        e = self._last_event
+        if e is not None:
+            return not e.query()
+        return not self._main_stream.query()
 
     def step(self, step: int) -> _StepContext:
         """`with prof.step(k):` is begin_step(k) ... end_step()."""
@@ -370,6 +396,7 @@ class Profiler:
         if self._pending:
             self._catch_up()
         self._rec = self._records_rank and self.policy.records(step) if self.writer else False
+        self._last_event = None
         if not self._rec:
             return
         s = _Step(step)
@@ -384,6 +411,7 @@ class Profiler:
                 self._anchor_host_ns = time.time_ns()
             s.epoch = self._event()
             s.epoch.record(stream)
+            self._last_event = s.epoch
             s.ends.append(stream)
         s.epoch_host_ns = time.time_ns()
         if self._annotate:
@@ -410,6 +438,7 @@ class Profiler:
                     e.record(st)
                     ends.append(e)
                 s.ends = ends
+                self._last_event = None
             s.end_host_ns = time.time_ns()
             if self._step_rf is not None:
                 self._step_rf.__exit__(None, None, None)
@@ -453,9 +482,10 @@ class Profiler:
         return info
 
     def _skip(self, name):
-        """Formats two waiting records; then the context manager of a phase on an unrecorded step (a
-        no-op, or an NVTX range with nvtx="all"), or None when the step is recorded."""
-        if self._pending:
+        """Formats two waiting records if the device is busy (and the loop has no host reads that wait
+        for it, where formatting costs nothing); then the context manager of a phase on an unrecorded
+        step (a no-op, or an NVTX range with nvtx="all"), or None when the step is recorded."""
+        if self._pending and not self._reads and self._device_busy():
             self._drain(2)
         if self._rec:
             return None
@@ -476,13 +506,22 @@ class Profiler:
             return _NULL
         return _Phase(self, info, stream)
 
-    def host_phase(self, name, *, sync_first: bool = False, **kw):
+    def host_phase(self, name, *, waits_for_device: bool = False, **kw):
         """Context manager timing host work on the host clock (wall "host" unless given). With
-        sync_first the current stream is synchronised before the phase starts, on recorded steps:
-        for a host op that waits for device work (a GPU->CPU read such as .item()), the record then
-        holds the op's own cost, and the wait before it is a gap, as run_dir.md defines."""
+        waits_for_device, for a host op that waits for the device work queued before it (a GPU->CPU
+        read such as .item()): on recorded steps an event on the current stream marks where the
+        device reaches the phase, and the record starts there (or at the host's entry, whichever is
+        later), so it holds the op's own cost and the wait before it is a gap, as run_dir.md defines.
+        The profiler adds no synchronisation; it formats waiting records until the device gets there,
+        on every step, and once a loop has such reads it formats records only there (and where they
+        are overdue), not at phase starts, where the device may be waiting for the host."""
+        waits = waits_for_device and self.cuda
+        if waits:
+            self._reads = True
         skip = self._skip(name)
         if skip is not None:
+            if waits and self._pending:
+                self._format_while_busy(torch.cuda.current_stream())
             return skip
         if isinstance(name, PhaseInfo):
             info = name
@@ -492,12 +531,12 @@ class Profiler:
             info = self._info_kw(name, kw)
         if not self.policy.records_phase(info.coarse):
             return _NULL
-        return _Phase(self, info, None, sync_first)
+        return _Phase(self, info, None, waits_for_device)
 
     def begin_phase(self, info: PhaseInfo, stream=None) -> Optional[_Phase]:
         """Starts a phase outside a `with` block (autograd hooks); returns a token for end_phase, or
         None on an unrecorded step."""
-        if self._pending:
+        if self._pending and not self._reads and self._device_busy():
             self._drain(2)
         if not self._rec or not self.policy.records_phase(info.coarse):
             return None
@@ -518,19 +557,25 @@ class Profiler:
             p.rf = torch.autograd.profiler.record_function(info.annotation)
             p.rf.__enter__()
         if info.host or not self.cuda:
-            if p.sync and self.cuda:
-                torch.cuda.current_stream().synchronize()
+            p.stream = None  # timed on the host clock
+            if p.waits and self.cuda:
+                p.a = a = self._event()
+                a.record(torch.cuda.current_stream())
+                self._last_event = a
+                self._format_while_busy(a)
             p.h0 = time.time_ns()
             return
         if p.stream is None:
             p.stream = torch.cuda.current_stream()
         p.a = self._event()
         p.a.record(p.stream)
+        self._last_event = p.a
 
     def _close(self, p: _Phase) -> None:
-        if p.a is not None:
+        if p.stream is not None:
             p.b = self._event()
             p.b.record(p.stream)
+            self._last_event = p.b
         else:
             p.h1 = time.time_ns()
         if p.rf is not None:
@@ -560,30 +605,43 @@ class Profiler:
         return (ns - self._t0_ns) / 1000.0
 
     def _catch_up(self) -> None:
-        """At a step's start: format what is ready of the steps before the last recorded one (so at
-        most about one step's records wait), then a few more."""
-        steps_pending = sum(1 for x in self._pending if not isinstance(x, int))
-        if steps_pending > 1:
-            self._drain(1 << 30, stop_at_last_step=True)
-        self._drain(32)
+        """At a step's start, busy device or not: format what is ready of the steps before the last
+        recorded one and of every step before a flush point reached (so at most about one step's
+        records wait, and a flush window reaches the disk during the next step)."""
+        if self._overdue():
+            self._drain(1 << 30, overdue_only=True)
 
-    def _drain(self, budget: int, block: bool = False, stop_at_last_step: bool = False) -> None:
+    def _overdue(self) -> bool:
+        """Whether the oldest waiting item is overdue: a flush point, or a step followed by a flush
+        point or by another recorded step."""
+        steps = 0
+        for x in self._pending:
+            if isinstance(x, int):
+                return True
+            steps += 1
+            if steps > 1:
+                return True
+        return False
+
+    def _drain(self, budget: int, block: bool = False, overdue_only: bool = False) -> int:
         """Formats up to `budget` phase records of finished steps, oldest first, and writes out flush
-        points reached. Never waits unless `block`: a step still running on the device stays. Called
-        a few records at a time from phase(), so that in a loop whose host runs ahead of the device
-        the formatting happens while the device works."""
+        points reached; returns how many records and flush points it handled. Never waits unless
+        `block`: a step still running on the device stays. Called a few records at a time where the
+        device is busy, so that the formatting happens while the device works."""
         if not self._drain_lock.acquire(blocking=False):
-            return  # another thread is draining (autograd's backward thread while the loop waits)
+            return 0  # another thread is draining (autograd's backward thread while the loop waits)
+        done = 0
         try:
             pend = self._pending
             while pend and budget > 0:
+                if overdue_only and not self._overdue():
+                    break
                 head = pend[0]
                 if isinstance(head, int):
                     pend.popleft()
                     self.writer.end_step(head)
+                    done += 1
                     continue
-                if stop_at_last_step and sum(1 for x in pend if not isinstance(x, int)) <= 1:
-                    return
                 if not head.ready:
                     if self.cuda:
                         if block:
@@ -592,14 +650,18 @@ class Profiler:
                         else:
                             for e in head.ends:
                                 if not e.query():
-                                    return
+                                    return done
                     self._begin_emit(head)
-                budget -= self._emit_some(head, budget)
+                n = self._emit_some(head, budget)
+                budget -= n
+                done += n
                 if head.cursor == len(head.phases):
                     self.writer.add_step(head.step, self.rank, head.epoch_us, head.end_us)
                     pend.popleft()
+                    done += 1
         finally:
             self._drain_lock.release()
+        return done
 
     def _begin_emit(self, s: _Step) -> None:
         if self.cuda:
@@ -635,7 +697,7 @@ class Profiler:
         pool = self._pool
         for p in s.phases[i:stop]:
             info = p.info
-            if p.a is not None:
+            if p.b is not None:
                 start = epoch.elapsed_time(p.a) * 1000.0
                 dur = p.a.elapsed_time(p.b) * 1000.0
                 pool.append(p.a)
@@ -644,6 +706,9 @@ class Profiler:
             else:
                 start = self._host_us(p.h0) - epoch_us
                 end = self._host_us(p.h1) - epoch_us
+                if p.a is not None:  # waits for the device: starts no earlier than the device got there
+                    start = max(start, epoch.elapsed_time(p.a) * 1000.0)
+                    pool.append(p.a)
                 if start < 0.0:  # began before the device reached the epoch (the host ran ahead)
                     start = 0.0
                 dur = end - start

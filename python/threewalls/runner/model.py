@@ -493,7 +493,7 @@ class Model:
                 slot, rows = torch.where(mask[e])
             else:
                 with c.prof.host_phase(c.info("expert_rows_read_fwd", wall="host", nbytes=8.0, host=True),
-                                       sync_first=True):
+                                       waits_for_device=True):
                     slot, rows = torch.where(mask[e])
             return rows, slot
 

@@ -477,7 +477,7 @@ def _train(s, model: Model, prof, c: Ctx, device, copy_stream, gen, steps, warmu
                     dist.all_reduce(metrics, group=dp_group)
                 loss_sum = metrics[0]
             with prof.host_phase(c.info("training_metrics_read", wall="host", nbytes=8.0,
-                                        coarse="training_metrics", host=True, layer=None), sync_first=True):
+                                        coarse="training_metrics", host=True, layer=None), waits_for_device=True):
                 float(loss_sum.item())
         if measured:
             prof.end_step()
@@ -519,7 +519,8 @@ def _infer(s, model: Model, prof, c: Ctx, device, copy_stream, gen, steps, warmu
             last = x.view(b, sq, -1)[:, -1]
             logits = model.head_logits(c, last)
             tok = model.sample(c, logits)
-            with prof.host_phase(c.info("sampled_token_read", wall="host", host=True, layer=None), sync_first=True):
+            with prof.host_phase(c.info("sampled_token_read", wall="host", host=True, layer=None),
+                                 waits_for_device=True):
                 sampled = tok.tolist()
         model.kv_len = prompt if kind == "prefill" else model.kv_len + 1
         if measured:
