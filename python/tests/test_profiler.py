@@ -216,6 +216,43 @@ class ProfilerCudaTest(unittest.TestCase):
             self.assertLess(rd["dur_us"], mm["dur_us"] / 4)
 
 
+class HookedModuleCallsTest(unittest.TestCase):
+    """hook_module with the micro-batch given by a callable, the module called with positional and
+    (PyTorch 2.0 on) keyword inputs."""
+
+    def run_block(self, keyword: bool):
+        class Block(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = torch.nn.Linear(8, 8)
+
+            def forward(self, hidden_states=None):
+                return self.lin(hidden_states)
+
+        d = os.path.join(tempdir(self), "run")
+        prof = Profiler(d, sampling=SamplingConfig(record_every_n_steps=1), use_cuda=False)
+        blk = Block()
+        mb = {"k": 0}
+        prof.hook_module(blk, "blk", layer=0, microbatch=lambda: mb["k"])
+        x = torch.randn(4, 8, requires_grad=True)
+        with prof.step(0):
+            for k in range(2):
+                mb["k"] = k
+                y = blk(hidden_states=x * 1.0) if keyword else blk(x * 1.0)
+                y.sum().backward()
+        prof.finish(summary=False)
+        got = sorted((p["phase"], p["microbatch"]) for p in read_records(d)["phases"])
+        self.assertEqual(got, [("blk_bwd", 0), ("blk_bwd", 1), ("blk_fwd", 0), ("blk_fwd", 1)])
+
+    def test_positional_inputs_and_the_micro_batch_of_each_call(self):
+        self.run_block(keyword=False)
+
+    @unittest.skipIf(tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 0),
+                     f"PyTorch {torch.__version__}: forward pre-hooks see keyword inputs from 2.0 on")
+    def test_keyword_inputs_get_the_backward_phase(self):
+        self.run_block(keyword=True)
+
+
 class ProfilerHarvestTest(unittest.TestCase):
     def test_overdue_records_are_formatted_at_the_step_start(self):
         """Records wait at most about one step: begin_step formats the steps before the last recorded

@@ -7,7 +7,9 @@ import subprocess
 import sys
 import unittest
 
-from support import REPO, SCENARIOS, cli, env_with_package, need_bin, run_runner, tempdir, variant
+from threewalls.profiler.summary import read_records
+
+from support import REPO, SCENARIOS, cli, env_with_package, need_bin, run_runner, tempdir, threewalls_bin, variant
 
 TINY = os.path.join(SCENARIOS, "tiny_moe.toml")
 TINY_EP2 = os.path.join(SCENARIOS, "tiny_moe_ep2.toml")
@@ -115,6 +117,80 @@ class RunnerTest(unittest.TestCase):
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("[parallel] tp = 2: the PyTorch runner does not execute tensor parallelism", r.stderr)
         self.assertFalse(os.path.exists(os.path.join(d, "r2")))
+
+
+
+def _has_transformers() -> bool:
+    try:
+        import transformers  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+_TINY_OLMOE = {"model_type": "olmoe", "hidden_size": 64, "intermediate_size": 32, "num_attention_heads": 4,
+               "num_key_value_heads": 4, "num_experts": 8, "num_experts_per_tok": 2, "num_hidden_layers": 16,
+               "vocab_size": 250, "max_position_embeddings": 64, "tie_word_embeddings": False}
+
+
+class HuggingFaceSourceTest(unittest.TestCase):
+    """--hf-config: transformers' own model class with random weights as the runner's second source."""
+
+    def files(self, **over):
+        d = tempdir(self)
+        cfg = dict(_TINY_OLMOE, **over)
+        path = os.path.join(d, "config.json")
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        scen = variant(TINY, [("model", {"first_dense_layers": 0, "moe_shared_expert_intermediate_size": 0,
+                                         "num_query_groups": 4, "attention": "mha", "ffn_hidden_size": 32,
+                                         "moe_ffn_hidden_size": 32}),
+                              ("train", {"expert_execution": "sequential"}),
+                              ("run", {"framework": "pytorch_eager"})], "tiny_olmoe_hf", d)
+        return d, path, scen
+
+    def runner(self, scen, cfg, out):
+        return subprocess.run([sys.executable, "-m", "threewalls.runner", scen, "--out", out, "--device", "cpu",
+                               "--hf-config", cfg], env=env_with_package(), capture_output=True, text=True,
+                              timeout=240)
+
+    @unittest.skipIf(_has_transformers(), "transformers is installed here: the option runs")
+    def test_without_transformers_the_option_is_refused(self):
+        d, cfg, scen = self.files()
+        r = self.runner(scen, cfg, os.path.join(d, "run"))
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("--hf-config needs the transformers package", r.stderr)
+
+    @unittest.skipUnless(_has_transformers(), "transformers is not installed (the GPU machines have it)")
+    def test_a_transformers_model_runs_and_compares_with_the_simulation(self):
+        d, cfg, scen = self.files()
+        run = os.path.join(d, "run")
+        r = self.runner(scen, cfg, run)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        with open(os.path.join(run, "run.json")) as f:
+            runner = json.load(f)["settings"]["runner"]
+        self.assertEqual((runner["model"], runner["model_type"]), ("transformers", "olmoe"))
+        phases = {}
+        for x in read_records(run)["phases"]:
+            phases.setdefault(x["phase"], set()).add(x.get("layer"))
+        for name in ("self_attn_fwd", "self_attn_bwd", "moe_fwd", "moe_bwd"):
+            self.assertEqual(phases.get(name), {0, 1}, name)
+        for name in ("optimizer_step", "training_metrics_read", "host_to_device", "lm_head_fwd"):
+            self.assertIn(name, phases)
+        if threewalls_bin():
+            sim = os.path.join(d, "sim")
+            cli(self, "sim", scen, "--out", sim)
+            cmp_json = os.path.join(d, "compare.json")
+            cli(self, "compare", run, sim, "--json", cmp_json)
+            with open(cmp_json) as f:
+                self.assertGreater(json.load(f)["matched_records"], 0)
+
+    @unittest.skipUnless(_has_transformers(), "transformers is not installed (the GPU machines have it)")
+    def test_a_config_that_is_not_the_scenarios_model_is_refused(self):
+        d, cfg, scen = self.files(hidden_size=128)
+        r = self.runner(scen, cfg, os.path.join(d, "run"))
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("hidden_size = 128, but", r.stderr)
 
 
 if __name__ == "__main__":

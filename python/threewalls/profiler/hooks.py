@@ -10,7 +10,9 @@ with the stream autograd uses for the module's backward current, so the CUDA eve
 stream the backward kernels run on.
 
 The markers work on every PyTorch version from 1.13 on (no register_full_backward_pre_hook needed)
-and cost nothing on unrecorded steps beyond one branch per hook.
+and cost nothing on unrecorded steps beyond one branch per hook. Inputs passed by keyword (as
+transformers calls its attention modules) are marked too from PyTorch 2.0 on (forward pre-hooks with
+keyword arguments); before 2.0 only positional inputs are.
 """
 from __future__ import annotations
 
@@ -82,27 +84,53 @@ def hook_module(prof, module, fwd_name: str, bwd_name: str, layer: Optional[int]
                 kw: dict) -> List[Any]:
     if not isinstance(module, torch.nn.Module):
         raise InputError(f"hook_module: {type(module).__name__} is not a torch.nn.Module")
-    fwd_info = prof.info(fwd_name, layer=layer, **kw)
-    bwd_info = prof.info(bwd_name, layer=layer, **kw)
+    mb = kw.pop("microbatch", None)
+    current_mb = mb if callable(mb) else (lambda: mb)
+    infos = {}
+
+    def info_pair():
+        """The forward and backward phase descriptions for the current micro-batch (made once each)."""
+        m = current_mb()
+        pair = infos.get(m)
+        if pair is None:
+            pair = infos[m] = (prof.info(fwd_name, layer=layer, microbatch=m, **kw),
+                               prof.info(bwd_name, layer=layer, microbatch=m, **kw))
+        return pair
+
+    info_pair()  # a bad keyword is an error now, not at the first recorded step
     state = {"token": None, "box": None}
 
-    def pre(mod, args):
-        if not prof.recording:
-            return None
+    def needs_grad(x) -> bool:
+        return isinstance(x, torch.Tensor) and x.requires_grad
+
+    def open_phase(args, kwargs):
+        """Opens the forward phase; marks the inputs that require grad (positional and keyword) for
+        the backward phase and returns them, or None when nothing is marked."""
+        fwd_info, bwd_info = info_pair()
         state["token"] = prof.begin_phase(fwd_info)
+        state["box"] = None
         if not backward or not torch.is_grad_enabled():
-            state["box"] = None
             return None
-        n = sum(1 for a in args if isinstance(a, torch.Tensor) and a.requires_grad)
+        n = sum(1 for a in args if needs_grad(a)) + sum(1 for v in kwargs.values() if needs_grad(v))
         if n == 0:
-            state["box"] = None
             return None
         box = backward_box(prof, bwd_info, n)
         state["box"] = box
         if box is None:
             return None
-        return tuple(mark_backward_end(box, a) if isinstance(a, torch.Tensor) and a.requires_grad else a
-                     for a in args)
+        return (tuple(mark_backward_end(box, a) if needs_grad(a) else a for a in args),
+                {k: mark_backward_end(box, v) if needs_grad(v) else v for k, v in kwargs.items()})
+
+    def pre_kw(mod, args, kwargs):
+        if not prof.recording:
+            return None
+        return open_phase(args, kwargs)
+
+    def pre(mod, args):  # PyTorch before 2.0: the hook sees positional inputs only
+        if not prof.recording:
+            return None
+        marked = open_phase(args, {})
+        return None if marked is None else marked[0]
 
     def post(mod, args, out):
         if not prof.recording:
@@ -120,4 +148,8 @@ def hook_module(prof, module, fwd_name: str, bwd_name: str, layer: Optional[int]
                          for o in out)
         return None  # other output types: the backward phase opens at its first marker only if any
 
-    return [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+    try:
+        pre_handle = module.register_forward_pre_hook(pre_kw, with_kwargs=True)
+    except TypeError:  # PyTorch before 2.0
+        pre_handle = module.register_forward_pre_hook(pre)
+    return [pre_handle, module.register_forward_hook(post)]

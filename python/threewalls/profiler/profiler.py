@@ -594,8 +594,9 @@ class Profiler:
                     fwd_name: Optional[str] = None, bwd_name: Optional[str] = None, **kw) -> List[Any]:
         """Times `module`'s forward as phase `<name>_fwd` and, with backward=True, its backward as
         `<name>_bwd` (autograd: from the gradient reaching the module's outputs to the gradient of its
-        inputs; needs an input that requires grad). Keywords as for phase(). Returns the hook handles
-        (call .remove() on each to undo)."""
+        inputs; needs an input that requires grad). Keywords as for phase(); `microbatch` may also be
+        a callable returning the current micro-batch, for a module that runs once per micro-batch.
+        Returns the hook handles (call .remove() on each to undo)."""
         from threewalls.profiler.hooks import hook_module
         return hook_module(self, module, fwd_name or f"{name}_fwd", bwd_name or f"{name}_bwd", layer, backward, kw)
 

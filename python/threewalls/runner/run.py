@@ -154,6 +154,10 @@ def run(argv: Optional[List[str]] = None) -> int:
                          "each step ending with the host's read of the loss or tokens) and whether it was "
                          "recorded, as JSON; the unrecorded steps' times are what an uninstrumented eager "
                          "program takes (rank 0; printed either way)")
+    ap.add_argument("--hf-config", metavar="CONFIG_JSON",
+                    help="run transformers' own model class for this Hugging Face config.json (random weights, the "
+                         "scenario's layers, one GPU, training) instead of the runner's model; the scenario gives "
+                         "the batch, steps and profiler (threewalls.runner.hf)")
     ap.add_argument("--torch-profile", metavar="TRACE_JSON",
                     help="also run the steps under torch.profiler (CPU and CUDA activity) with the profiler's "
                          "record_function ranges on, and write its Chrome trace here (rank r > 0: TRACE_JSON "
@@ -205,12 +209,17 @@ def _run(args) -> int:
             if rank % ep == e:
                 edp_group = grp
     torch.manual_seed(s.run["seed"] + rank)
-    model = Model(s, rank=rank, device=device, dtype=dtype, ep_group=ep_group, seed=s.run["seed"])
+    if args.hf_config:
+        from threewalls.runner import hf
+        model, runner_settings = hf.build(args, s, device, dtype)
+    else:
+        model = Model(s, rank=rank, device=device, dtype=dtype, ep_group=ep_group, seed=s.run["seed"])
+        runner_settings = model.settings()
     if device_kind == "cuda":
         # The run's peak memory is its steps' (what the memory model predicts), not the model's
         # construction: drawing the weights stages each layer's experts in fp32 beside their bf16 copies.
         torch.cuda.reset_peak_memory_stats(device)
-    settings = {"steps": steps, "warmup_steps": warmup, "runner": model.settings(),
+    settings = {"steps": steps, "warmup_steps": warmup, "runner": runner_settings,
                 "executor": {"name": "threewalls.runner (PyTorch eager)", "torch": torch.__version__,
                              "world_size": world, "backend": ("nccl" if device_kind == "cuda" else "gloo")
                              if world > 1 else None}}
@@ -219,7 +228,8 @@ def _run(args) -> int:
                     settings=settings, overwrite=args.overwrite, nvtx=args.nvtx, use_cuda=device_kind == "cuda",
                     annotate=bool(args.torch_profile),
                     rank_classes=[{"id": 0, "label": "stage 0", "ranks": list(range(world)), "pp_stage": 0}])
-    model.name_streams(prof)
+    if not args.hf_config:
+        model.name_streams(prof)
     c = Ctx(prof, rank)
     copy_stream = torch.cuda.Stream() if device_kind == "cuda" else None
     if copy_stream is not None:
@@ -228,7 +238,11 @@ def _run(args) -> int:
     try:
         walls = StepWalls()
         with _torch_profile(args.torch_profile, rank, device_kind):
-            if s.training:
+            if args.hf_config:
+                step_inputs = None
+                hf.train(s, model, prof, device, dtype, gen, steps, warmup, walls)
+                tokens = s.step["global_batch_size"] * s.step["seq_length"]
+            elif s.training:
                 step_inputs = None
                 _train(s, model, prof, c, device, copy_stream, gen, steps, warmup, dist, dp_group, edp_group, walls)
                 tokens = s.step["global_batch_size"] * s.step["seq_length"]
@@ -238,7 +252,7 @@ def _run(args) -> int:
         if device_kind == "cuda":
             torch.cuda.synchronize()
         prof.finish(tokens_per_step=tokens, gpu=s.cluster["gpu"], gpu_peak_flops=scen.calibration_peak_flops(s),
-                    step_inputs=step_inputs, model_flops_from_records=True)
+                    step_inputs=step_inputs, model_flops_from_records=not args.hf_config)
     except BaseException:
         prof.abandon()
         raise
