@@ -146,7 +146,10 @@ TEST(ImportCorpus, OlmoeConfig) {
                    {"num_experts", integer(64)},
                    {"moe_router_topk", integer(8)},
                    {"moe_ffn_hidden_size", integer(1024)},
-                   {"vocab_size", integer(50304)}});
+                   {"vocab_size", integer(50304)},
+                   {"position_embedding_type", Value("rope")},
+                   {"qk_layernorm", Value(true)}});
+  EXPECT_TRUE(reported(d.report.not_represented, "q_norm, k_norm")) << listed(d.report.not_represented);
 }
 
 TEST(ImportCorpus, DeepSeekV3ConfigMapsGroupLimitedRoutingAndReportsItsQuantization) {
@@ -158,7 +161,9 @@ TEST(ImportCorpus, DeepSeekV3ConfigMapsGroupLimitedRoutingAndReportsItsQuantizat
                    {"moe_router_num_groups", integer(8)},
                    {"moe_router_group_topk", integer(4)},
                    {"first_dense_layers", integer(3)},
-                   {"moe_shared_expert_intermediate_size", integer(2048)}});
+                   {"moe_shared_expert_intermediate_size", integer(2048)},
+                   {"position_embedding_type", Value("rope")}});
+  EXPECT_FALSE(d.get("model", "qk_layernorm").has_value()) << "MLA has no per-head QK norm";
   EXPECT_TRUE(reported(d.report.not_represented, "quantization_config")) << listed(d.report.not_represented);
 }
 

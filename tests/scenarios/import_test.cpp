@@ -344,6 +344,8 @@ TEST(ImportHf, DeepSeekV2LiteMatchesTheExampleModel) {
 TEST(ImportHf, MixtralMatchesTheExampleModel) {
   auto d = import_hf_file(sample("hf_mixtral_8x7b.json"));
   EXPECT_TRUE(d.report.not_understood.empty()) << d.to_toml(true);
+  EXPECT_EQ(d.get("model", "position_embedding_type"), Value("rope"));
+  EXPECT_FALSE(d.get("model", "qk_layernorm").has_value()) << "Mixtral has no QK norm";
   d.set("train", "micro_batch_size", 1);
   d.set("train", "global_batch_size", 256);
   d.set("train", "seq_length", 4096);
@@ -374,6 +376,8 @@ TEST(ImportHf, Qwen3_30B_A3B_Dimensions) {
   EXPECT_EQ(s.model.first_dense_layers, 0);
   EXPECT_EQ(s.model.vocab_size, 151936);
   EXPECT_TRUE(s.model.untie_embeddings_and_output_weights);
+  EXPECT_EQ(d.get("model", "position_embedding_type"), Value("rope"));
+  EXPECT_EQ(d.get("model", "qk_layernorm"), Value(true));  // Qwen3's q_norm and k_norm per head
 }
 
 // Found by the importer mutation campaign (docs/fuzzing.md): a number too large for a double escaped

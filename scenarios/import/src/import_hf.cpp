@@ -26,21 +26,23 @@ struct Arch {
   const char* architecture;
   const char* model_type;
   Family family;
+  bool qk_norm;  // RMSNorm of the queries and keys before the rotary embedding (q_norm, k_norm modules)
 };
 
+// Every family here applies rotary position embeddings (DeepSeek's MLA to its rotary dims only).
 constexpr Arch kArchs[] = {
-    {"MixtralForCausalLM", "mixtral", Family::mixtral},
-    {"Qwen2MoeForCausalLM", "qwen2_moe", Family::qwen2_moe},
-    {"Qwen3MoeForCausalLM", "qwen3_moe", Family::qwen3_moe},
-    {"DeepseekV2ForCausalLM", "deepseek_v2", Family::deepseek},
-    {"DeepseekV3ForCausalLM", "deepseek_v3", Family::deepseek},
-    {"DeepseekForCausalLM", "deepseek", Family::deepseek_moe},
-    {"OlmoeForCausalLM", "olmoe", Family::olmoe},
-    {"GptOssForCausalLM", "gpt_oss", Family::gpt_oss},
-    {"LlamaForCausalLM", "llama", Family::dense},
-    {"MistralForCausalLM", "mistral", Family::dense},
-    {"Qwen2ForCausalLM", "qwen2", Family::dense},
-    {"Qwen3ForCausalLM", "qwen3", Family::dense},
+    {"MixtralForCausalLM", "mixtral", Family::mixtral, false},
+    {"Qwen2MoeForCausalLM", "qwen2_moe", Family::qwen2_moe, false},
+    {"Qwen3MoeForCausalLM", "qwen3_moe", Family::qwen3_moe, true},
+    {"DeepseekV2ForCausalLM", "deepseek_v2", Family::deepseek, false},
+    {"DeepseekV3ForCausalLM", "deepseek_v3", Family::deepseek, false},
+    {"DeepseekForCausalLM", "deepseek", Family::deepseek_moe, false},
+    {"OlmoeForCausalLM", "olmoe", Family::olmoe, true},
+    {"GptOssForCausalLM", "gpt_oss", Family::gpt_oss, false},
+    {"LlamaForCausalLM", "llama", Family::dense, false},
+    {"MistralForCausalLM", "mistral", Family::dense, false},
+    {"Qwen2ForCausalLM", "qwen2", Family::dense, false},
+    {"Qwen3ForCausalLM", "qwen3", Family::dense, true},
 };
 
 // Architectures whose layers threewalls cannot express: refused with the feature named, never
@@ -158,6 +160,16 @@ class HfImporter {
     const bool tie = opt_bool("tie_word_embeddings").value_or(false);
     d_.set("model", "untie_embeddings_and_output_weights", !tie);
     d_.set("model", "normalization", "rmsnorm");
+    d_.set("model", "position_embedding_type", "rope");
+    if (a.qk_norm || (a.family != Family::deepseek && opt_bool("use_qk_norm").value_or(false))) {
+      d_.set("model", "qk_layernorm", true);
+      if (a.family == Family::olmoe) {
+        d_.report.not_represented.push_back(
+            {"q_norm, k_norm",
+             "OLMoE normalizes the whole query and key projections; timed as the per-head "
+             "QK norm (qk_layernorm) over the same elements"});
+      }
+    }
     switch (a.family) {
       case Family::mixtral: map_mixtral(); break;
       case Family::qwen2_moe:
@@ -178,8 +190,10 @@ class HfImporter {
       }
     }
     map_quantization();
-    d_.report.ignored.push_back({"rope, norm epsilon, token ids, dtype, router numerics",
-                                 "no effect on what threewalls times"});
+    d_.report.ignored.push_back(
+        {"rotary frequencies and scaling (rope_theta, rope_scaling), norm epsilon, token ids, "
+         "dtype, router numerics",
+         "no effect on what threewalls times; the rotary embedding itself is timed (position_embedding_type)"});
     return std::move(d_);
   }
 
