@@ -7,9 +7,8 @@ import subprocess
 import sys
 import unittest
 
-from threewalls.profiler.summary import read_records
-
 from support import REPO, SCENARIOS, cli, env_with_package, need_bin, run_runner, tempdir, threewalls_bin, variant
+from threewalls.profiler.summary import read_records
 
 TINY = os.path.join(SCENARIOS, "tiny_moe.toml")
 TINY_EP2 = os.path.join(SCENARIOS, "tiny_moe_ep2.toml")
@@ -144,7 +143,8 @@ class HuggingFaceSourceTest(unittest.TestCase):
             json.dump(cfg, f)
         scen = variant(TINY, [("model", {"first_dense_layers": 0, "moe_shared_expert_intermediate_size": 0,
                                          "num_query_groups": 4, "attention": "mha", "ffn_hidden_size": 32,
-                                         "moe_ffn_hidden_size": 32}),
+                                         "moe_ffn_hidden_size": 32, "position_embedding_type": "rope",
+                                         "qk_layernorm": True}),
                               ("train", {"expert_execution": "sequential"}),
                               ("run", {"framework": "pytorch_eager"})], "tiny_olmoe_hf", d)
         return d, path, scen

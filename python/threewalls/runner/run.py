@@ -171,7 +171,7 @@ def run(argv: Optional[List[str]] = None) -> int:
 
 
 def _run(args) -> int:
-    s = scen.load(args.scenario)
+    s = scen.load(args.scenario, model_from_transformers=bool(args.hf_config))
     rank, world, local = _ranks_from_env()
     if world != s.world_size:
         raise InputError(f"{args.scenario}: the scenario's world is {s.world_size} GPUs (cluster.gpus_per_node x "

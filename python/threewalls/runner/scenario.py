@@ -301,9 +301,11 @@ def identity(path: str) -> Dict[str, Any]:
     return {"name": scenario_name(path, doc.get("name")), "path": path, "hash": fnv1a64_hex(raw), "world_size": world}
 
 
-def load(path: str) -> Scenario:
+def load(path: str, model_from_transformers: bool = False) -> Scenario:
     """Reads and checks scenario `path`. Raises InputError (bad file) or UnsupportedError (a valid
-    feature the runner does not execute), each naming the file and the key."""
+    feature the runner does not execute), each naming the file and the key. With
+    model_from_transformers (the runner's --hf-config: transformers runs the model), every value of a
+    [model] key is accepted: the runner does not execute the model's layers itself."""
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -337,7 +339,8 @@ def load(path: str) -> Scenario:
     if ("train" in doc) == ("infer" in doc):
         raise InputError(f"{path}: exactly one of [train] and [infer] is required")
     training = "train" in doc
-    model = _read_table(path, "model", doc["model"], _MODEL)
+    model = _read_table(path, "model", doc["model"],
+                        {k: (d, _ANY, t) for k, (d, _, t) in _MODEL.items()} if model_from_transformers else _MODEL)
     parallel = _read_table(path, "parallel", doc.get("parallel", {}), _PARALLEL)
     step_tab = "train" if training else "infer"
     step = _read_table(path, step_tab, doc[step_tab], _TRAIN if training else _INFER)
