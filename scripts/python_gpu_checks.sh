@@ -22,7 +22,10 @@
 #      OUT/compare_pytorch/<name>.{txt,json};
 #   6. profiles the first python/scenarios run with torch.profiler (--torch-profile) and imports
 #      the trace (python3 -m threewalls.importers kineto) -> OUT/kineto/<name>.json, OUT/kineto/<name>_run/,
-#      and compares it with the runner's own records and with the simulation.
+#      and compares it with the runner's own records and with the simulation;
+#   7. where transformers is installed (not with --cpu-smoke), runs transformers' own OlmoeForCausalLM
+#      (python/scenarios/hf/olmoe_4l_hf.toml with --hf-config, docs/python.md) and compares it with
+#      the simulation like the runs of 3. and 4.
 # Prints a summary and writes OUT/checks.json. The CUDA runs keep NVLink multicast off.
 #
 #   scripts/python_gpu_checks.sh OUT_DIR            # on the GPU machine
@@ -146,15 +149,18 @@ else
   runner_args=()
 fi
 status=()
-run_one() {  # NAME SCENARIO NPROC
+run_one() {  # NAME SCENARIO NPROC [RUNNER_ARG ...]
   local name=$1 sc=$2 n=$3 rc=0
+  shift 3
+  local extra=("$@")
   local t0
   t0=$(date +%s)
   if [ "$n" -gt 1 ]; then
     "$python" -m torch.distributed.run --standalone --nproc_per_node="$n" -m threewalls.runner "$sc" \
       --out "$out/runs/$name" "${runner_args[@]}" > "$out/logs/$name.log" 2>&1 || rc=$?
   else
-    "$python" -m threewalls.runner "$sc" --out "$out/runs/$name" "${runner_args[@]}" > "$out/logs/$name.log" 2>&1 || rc=$?
+    "$python" -m threewalls.runner "$sc" --out "$out/runs/$name" "${runner_args[@]}" "${extra[@]}" \
+      > "$out/logs/$name.log" 2>&1 || rc=$?
   fi
   local note="run rc=$rc $(($(date +%s) - t0)) s"
   if [ "$rc" -ne 0 ]; then
@@ -189,6 +195,14 @@ for sc in "${scenarios[@]}"; do
 done
 if [ "$ngpu" -ge 2 ]; then
   run_one small_moe_ep2 "$repo/scenarios/examples/small_moe_ep2.toml" 2
+fi
+
+# 7. A Hugging Face model as the source (transformers' own model class, random weights).
+if [ "$smoke" = 0 ] && "$python" -c "import transformers" > /dev/null 2>&1; then
+  run_one olmoe_4l_hf "$repo/python/scenarios/hf/olmoe_4l_hf.toml" 1 \
+    --hf-config "$repo/tests/scenarios/fixtures/import_corpus/hf/olmoe_1b_7b.json"
+else
+  status+=("olmoe_4l_hf: skipped (--cpu-smoke, or transformers is not installed)")
 fi
 
 # 6. A PyTorch profiler trace of one runner scenario, imported as a run directory.
