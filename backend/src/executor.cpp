@@ -1302,6 +1302,11 @@ RunResult execute(const scenarios::Scenario& s, const ProcessContext& process, c
                      "gradient copy); `threewalls run` is the C++ executor (run.framework = \"cpp\"): run the "
                      "scenario with python3 -m threewalls.runner, or set run.framework = \"cpp\"");
   }
+  if (s.train && s.model.mtp_num_layers > 0) {
+    throw InputError(s.source_path + ": model.mtp_num_layers = " + std::to_string(s.model.mtp_num_layers) +
+                     " is simulated only: the CUDA backend has not run the multi-token-prediction depths on a GPU; "
+                     "set 0 for `threewalls run` or use `threewalls sim`");
+  }
   if (s.train) {
     // The backend's parameter state is Megatron's default precision (ParameterState).
     const auto& t = *s.train;

@@ -104,6 +104,12 @@ double layer_activation_bytes(const Scenario& s, int layer, double expert_load, 
     }
   }
   bytes += drop * T * d.h / rep;  // MLP dropout mask
+  if (m.is_mtp_layer(layer)) {
+    // A multi-token-prediction depth: the embedding norm's and hidden norm's inputs, eh_proj's input
+    // (their concatenation), and what the output head keeps (final norm, head input, fp32 logits).
+    bytes += 2.0 * 2.0 * T * d.h / rep + gemm_in * T * 2.0 * d.h / rep;
+    bytes += head_activation_bytes(s);
+  }
   return bytes;
 }
 

@@ -1,7 +1,10 @@
 // Megatron-LM's FLOPs per iteration (megatron/training/training.py, num_floating_point_operations,
-// as of Megatron-Core 0.12-0.14), transcribed term by term for the model shapes threewalls supports
-// (no MTP, no hybrid Mamba layers). Model FLOPs: forward, dgrad and wgrad of every GEMM (the 3x) and
-// causal attention counted as half the score matrix; no recomputation, no router, no norms.
+// as of Megatron-Core 0.12-0.14, and Megatron-Bridge's flop_utils.py, which adds the multi-token
+// prediction depths), transcribed term by term for the model shapes threewalls supports (no hybrid
+// Mamba layers). Model FLOPs: forward, dgrad and wgrad of every GEMM (the 3x) and causal attention
+// counted as half the score matrix; no recomputation, no router; norms only as the MTP term counts
+// them. An MTP depth counts as one more layer of the last layer's kind, plus its norms and eh_proj,
+// plus one more pass through the output layer.
 #include "threewalls/scenarios/step_graph.hpp"
 
 #include <algorithm>
@@ -15,8 +18,9 @@ double megatron_flops_per_iteration(const Scenario& s) {
   const double batch = s.train->global_batch_size;
   const double seq = s.train->seq_length;
   const double h = m.hidden_size;
-  const double layers = m.num_layers;
-  const double num_moe = m.num_moe_layers();
+  const double mtp = m.mtp_num_layers;
+  const double layers = m.num_layers + mtp;
+  const double num_moe = m.num_moe_layers() + (m.layer_is_moe(m.num_layers - 1) ? mtp : 0.0);
   const double num_dense = layers - num_moe;
   const double experts_routed_to = m.is_moe() ? m.moe_router_topk : 0.0;
   const double moe_ffn = m.moe_ffn_hidden_size > 0 ? m.moe_ffn_hidden_size : m.ffn_hidden_size;
@@ -44,8 +48,9 @@ double megatron_flops_per_iteration(const Scenario& s) {
   const double mlp = expansion * layers * h *
                      (m.ffn_hidden_size * gated * (num_dense / layers) +
                       moe_ffn * experts_routed_to * gated * (num_moe / layers) + shared_ffn * gated * (num_moe / layers));
-  const double logits = 3.0 * 2.0 * h * vocab;
-  return batch * seq * (mlp + self_attn + logits);
+  const double logits = 3.0 * 2.0 * h * vocab * (1.0 + mtp);
+  const double mtp_norms_and_proj = 3.0 * 2.0 * mtp * (3.0 * h + 2.0 * h * h);
+  return batch * seq * (mlp + self_attn + logits + mtp_norms_and_proj);
 }
 
 double sm_fraction(const Op& op, int sm_count) {

@@ -56,8 +56,9 @@ double model_parameters(const ModelSpec& m) {
   const ModelDims d = model_dims(m);
   const auto [arepl, ashard] = attention_params(d);
   double total = 0.0;
-  for (int l = 0; l < m.num_layers; ++l) {
+  for (int l = 0; l < m.num_layers + m.mtp_num_layers; ++l) {
     total += arepl + ashard + d.norm;  // attention, MLP norm
+    if (m.is_mtp_layer(l)) total += 2.0 * d.h * d.h + 3.0 * d.norm;  // eh_proj; enorm, hnorm, final norm
     if (m.layer_is_moe(l)) {
       total += d.h * d.E + d.E * d.mult * d.h * d.fe + d.mult * d.h * d.fs;
     } else {
@@ -73,7 +74,7 @@ double model_parameters(const ModelSpec& m) {
 double active_parameters(const ModelSpec& m) {
   const ModelDims d = model_dims(m);
   double idle = 0.0;  // routed experts a token does not pass through
-  for (int l = 0; l < m.num_layers; ++l) {
+  for (int l = 0; l < m.num_layers + m.mtp_num_layers; ++l) {
     if (m.layer_is_moe(l)) idle += (d.E - d.k) * d.mult * d.h * d.fe;
   }
   return model_parameters(m) - idle;
@@ -86,6 +87,7 @@ ParameterCount layer_parameters(const Scenario& s, int layer) {
   const auto [arepl, ashard] = attention_params(d);
   ParameterCount p;
   p.dense = arepl + ashard / t + d.norm;
+  if (m.is_mtp_layer(layer)) p.dense += 2.0 * d.h * d.h / t + 3.0 * d.norm;  // eh_proj; enorm, hnorm, final norm
   if (m.layer_is_moe(layer)) {
     p.dense += d.h * d.E + d.mult * d.h * d.fs / t;  // router (replicated), shared experts
     p.expert = (d.E / s.parallel.ep) * d.mult * d.h * d.fe / s.parallel.etp;
@@ -114,6 +116,10 @@ ParameterCount rank_parameters(const Scenario& s, const std::vector<int>& layers
   }
   if (first_stage) p.dense += embedding_parameters(s);
   if (last_stage) p.dense += head_parameters(s, first_stage);
+  // The MTP depths read the word embedding: a later stage than the first holds its own copy (its
+  // gradient all-reduced with the first stage's, as a tied embedding's is).
+  const bool mtp_here = std::any_of(layers.begin(), layers.end(), [&](int l) { return s.model.is_mtp_layer(l); });
+  if (mtp_here && !first_stage) p.dense += embedding_parameters(s);
   return p;
 }
 

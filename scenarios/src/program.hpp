@@ -167,14 +167,17 @@ std::uint8_t activation_kind(const Ctx& c);
 
 // ---- blocks and programs ----
 // Attention: norm, projections (MHA/GQA or MLA), the KV-cache append (inference), core attention
-// (with the context-parallel ring), output projection, TP collectives, residual.
-void attention_block(const Ctx& c, Program& p);
+// (with the context-parallel ring), output projection, TP collectives, residual. `input` is the op the
+// block reads (-1: the program's input).
+void attention_block(const Ctx& c, Program& p, int input = -1);
 // A dense MLP (or the shared experts): fc1, activation, fc2 with their TP collectives.
 void dense_mlp_block(const Ctx& c, Program& p, const std::string& prefix, std::int64_t ffn, Module mod, int input_op,
                      bool own_norm);
 // An MoE MLP: router, permute and dispatch, routed experts (grouped or per expert), combine, shared
 // experts, residual.
 void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input);
+// A layer's program; a multi-token-prediction depth (layer >= num_layers) adds its embedding, norms and
+// eh_proj before the layer and its final norm, output head and loss after it.
 Program layer_program(const Ctx& c, const ClassInfo& ci, int layer);
 // The nodes of a layer program in Megatron's fine-grained (combined 1F1B) schedule, as masks over its
 // specs: attention (everything before the token dispatch, the router and permute included), dispatch

@@ -150,10 +150,9 @@ Spec attention_spec(const Ctx& c, std::string name, std::int64_t seq_q, std::int
 }  // namespace
 
 // ---- attention block ----
-void attention_block(const Ctx& c, Program& p) {
+void attention_block(const Ctx& c, Program& p, int input) {
   const auto& m = c.s.model;
   const std::int64_t heads = m.num_attention_heads / c.tp;
-  const int input = -1;
   p.add(norm_op("attn_norm", c.Tsp, c.h, Module::attn_norm, {input}));
   std::int64_t dqk = 0;
   std::int64_t dv = 0;
@@ -523,9 +522,48 @@ void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input) {
                   3.0 * Tloc * row_bytes, Module::moe_post, bda_after));
 }
 
+// ---- multi-token prediction (Megatron-Core's MultiTokenPredictionLayer) ----
+// Before a depth's transformer layer: the shared embedding of the tokens shifted by the depth, a norm
+// of it and one of the hidden state coming in (the program's input), and eh_proj, the column-parallel
+// projection of their concatenation back to the hidden size, gathered over tp (and split again over
+// the sequence with sequence parallelism, which moves nothing). Returns the op the layer reads.
+int mtp_prologue(const Ctx& c, Program& p) {
+  for (Spec s : embedding_program(c).specs) {  // p is empty: the embedding's indices stay valid
+    s.name = "mtp_" + s.name;
+    p.add(std::move(s));
+  }
+  const int emb = static_cast<int>(p.specs.size()) - 1;
+  const int enorm = p.add(norm_op("mtp_enorm", c.Tsp, c.h, Module::attn_norm, {emb}));
+  const int hnorm = p.add(norm_op("mtp_hnorm", c.Tsp, c.h, Module::attn_norm, {-1}));
+  std::vector<int> proj_in = {enorm, hnorm};
+  if (c.tp > 1 && c.sp) {
+    proj_in = {p.add(collective("mtp_eh_sp_allgather", Collective::all_gather, Group::tp,
+                                static_cast<double>(c.T) * 2 * c.h * kBf16Bytes, tp_role(c), Module::attn_proj_in,
+                                {enorm, hnorm}))};
+  }
+  int out = p.add(gemm(c, "mtp_eh_proj", c.T, c.h / c.tp, 2 * c.h, Module::attn_proj_in, proj_in));
+  if (c.tp > 1) {
+    out = p.add(collective("mtp_eh_proj_tp_allgather", Collective::all_gather, Group::tp,
+                           static_cast<double>(c.T) * c.h * kBf16Bytes, tp_role(c), Module::attn_proj_in));
+  }
+  return out;
+}
+
+// After a depth's transformer layer: its final norm and the shared output head with the depth's loss
+// (the head program's ops, named mtp_*).
+void mtp_epilogue(const Ctx& c, Program& p) {
+  const int base = static_cast<int>(p.specs.size());
+  for (Spec s : head_program(c).specs) {
+    s.name = "mtp_" + s.name;
+    for (int& a : s.after) a = a < 0 ? base - 1 : a + base;
+    p.specs.push_back(std::move(s));
+  }
+}
+
 Program layer_program(const Ctx& c, const ClassInfo& ci, int layer) {
   Program p;
-  attention_block(c, p);
+  const bool mtp = c.s.model.is_mtp_layer(layer);
+  attention_block(c, p, mtp ? mtp_prologue(c, p) : -1);
   const int attn_out = static_cast<int>(p.specs.size()) - 1;
   if (c.s.model.layer_is_moe(layer)) {
     moe_block(c, ci, p, attn_out);
@@ -535,6 +573,7 @@ Program layer_program(const Ctx& c, const ClassInfo& ci, int layer) {
     p.add(memory_op(OpKind::elementwise, "mlp_bda", {c.Tsp * c.h, 0, 0, 0, 0, 0}, 3.0 * c.Tsp * c.h * kBf16Bytes,
                     3.0 * c.Tsp * c.h * kBf16Bytes, Module::mlp));
   }
+  if (mtp) mtp_epilogue(c, p);
   return p;
 }
 

@@ -445,6 +445,7 @@ constexpr double kMaxLatencySeconds = 1.0;
 // Integer keys: at least 10x past today's largest models and runs; each bound keeps the products the
 // expansion forms (tokens x width, experts x layers) inside 64-bit integers and doubles.
 constexpr double kMaxLayers = 100000;
+constexpr double kMaxMtpLayers = 16;  // Megatron-Core runs a handful of MTP depths; DeepSeek-V3 trains with 1
 constexpr double kMaxWidth = 1 << 20;         // hidden size, LoRA ranks
 constexpr double kMaxFfnWidth = 1 << 22;      // FFN and expert FFN sizes
 constexpr double kMaxHeads = 1 << 16;
@@ -592,6 +593,13 @@ Registry::Registry() {
   Decl(r, "model.moe_layer_freq", ParamType::integer).def("1").min(1).max(kMaxLayers)
       .doc("After the first dense layers, every n-th layer is an MoE layer, the others dense.")
       .bind(kModel, &ModelSpec::moe_layer_freq);
+  Decl(r, "model.mtp_num_layers", ParamType::integer).def("0").min(0).max(kMaxMtpLayers)
+      .doc("Multi-token prediction depths (Megatron --mtp-num-layers; DeepSeek-V3: 1), training only: each runs "
+           "on the last pipeline stage after the last layer, as Megatron-Core's MTP layer does: the embedding of "
+           "the tokens shifted by the depth, a norm of it and of the incoming hidden state, their concatenation "
+           "projected to the hidden size (eh_proj), a transformer layer of the last layer's kind, a final norm "
+           "and the shared output head with its loss. Inference steps run the main model only.")
+      .bind(kModel, &ModelSpec::mtp_num_layers);
 
   // ---- [parallel] ----
   r.add_table({"parallel", "Parallel layout. Ranks are ordered tp, cp, dp, pp (dense) and etp, ep, edp, pp "

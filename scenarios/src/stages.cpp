@@ -26,6 +26,7 @@ StageSplit::StageSplit(const Scenario& s) : pp_(s.parallel.pp), vpp_(s.parallel.
   } else {
     count_.assign(static_cast<std::size_t>(vstages), static_cast<int>(layers / vstages));
   }
+  if (s.train) count_.back() += s.model.mtp_num_layers;  // the MTP depths follow the last layer
   first_.assign(count_.size(), 0);
   for (std::size_t v = 1; v < count_.size(); ++v) first_[v] = first_[v - 1] + count_[v - 1];
 }

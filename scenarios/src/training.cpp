@@ -63,6 +63,12 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
   const bool has_head = c.stages.is_last_vstage(stage, c.vpp - 1);
   const double emb_params = embedding_parameters(c.s);
   const double head_params = head_parameters(c.s, has_embedding);
+  const int head_unit = c.s.model.head_unit(true);
+  // The multi-token-prediction depths on a later stage than the first read their own copy of the word
+  // embedding (rank_parameters counts it; its gradient joins the head's bucket and the embedding group's
+  // all-reduce).
+  const bool mtp_embedding_copy = !has_embedding && std::any_of(rc.layers.begin(), rc.layers.end(),
+                                                                [&](int l) { return c.s.model.is_mtp_layer(l); });
   const ParameterCount rank_params = rank_parameters(c.s, rc.layers, has_embedding, has_head);
   rc.dense_params = rank_params.dense;
   rc.expert_params = rank_params.expert;
@@ -98,8 +104,8 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
       const bool head_here = has_head && ch == c.vpp - 1;
       const bool emb_here = has_embedding && ch == 0;
       if (head_here) {
-        dense.params += head_params;
-        dense.layers.push_back(c.s.model.num_layers);
+        dense.params += head_params + (mtp_embedding_copy ? emb_params : 0.0);
+        dense.layers.push_back(head_unit);
       }
       for (auto it = ls.rbegin(); it != ls.rend(); ++it) {
         const auto& lp = params[*it];
@@ -116,7 +122,7 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
         dense.params += emb_params;
         dense.layers.push_back(-1);
       }
-      int lowest = ls.empty() ? (emb_here ? -1 : c.s.model.num_layers) : ls.front();
+      int lowest = ls.empty() ? (emb_here ? -1 : head_unit) : ls.front();
       close(dense, emb_here ? -1 : lowest);
       close(expert, lowest);
     }
@@ -151,7 +157,7 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
   auto bucket_needs_comm = [&](const Bucket& bk) { return (bk.expert ? expert_group : dense_group) > 1; };
 
   // ---- Megatron-FSDP: per-unit parameter all-gather and gradient reduce-scatter ----
-  // An FSDP unit is one layer, the embedding (-1) or the head (num_layers). With sharded parameters
+  // An FSDP unit is one layer, the embedding (-1) or the head (head_unit). With sharded parameters
   // every forward and backward pass of a unit waits for the all-gather of its dense parameters over
   // dp x cp and of its experts over edp (parameter_bytes' weights), on their own stream. A chain of passes keeps two
   // units gathered (Megatron-FSDP's double buffer): a unit's all-gather waits for the end of the pass two units back in
@@ -166,7 +172,7 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
   std::vector<std::uint32_t> fsdp_reductions;
   auto unit_params = [&](int unit) {
     if (unit < 0) return ParameterCount{emb_params, 0.0};
-    if (unit >= c.s.model.num_layers) return ParameterCount{head_params, 0.0};
+    if (unit >= head_unit) return ParameterCount{head_params, 0.0};
     return params.at(unit);
   };
   auto fsdp_op = [&](int unit, bool expert, bool grad, bool bwd, int mb, int ch) {
@@ -354,7 +360,7 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
     const int ch = item.chunk;
     const auto& ls = chunk_layers[static_cast<std::size_t>(ch)];
     if (c.stages.is_last_vstage(stage, ch)) {
-      const int unit = c.s.model.num_layers;
+      const int unit = head_unit;
       const auto gathers = fsdp_gather(unit, item.mb, ch, false, 0);
       const std::size_t first = rc.ops.size();
       auto ids = em.forward(head, -1, item.mb, ch, input, false, nullptr, false);
@@ -374,7 +380,7 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
     const int ch = item.chunk;
     const auto& ls = chunk_layers[static_cast<std::size_t>(ch)];
     if (c.stages.is_last_vstage(stage, ch)) {
-      const int unit = c.s.model.num_layers;
+      const int unit = head_unit;
       const auto gathers = fsdp_gather(unit, item.mb, ch, true, bwd_chain);
       const std::size_t first = rc.ops.size();
       auto ids = std::vector<std::uint32_t>{};
@@ -677,7 +683,8 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
       }
     }
   }
-  if (!c.s.model.untie_embeddings_and_output_weights && c.pp > 1 && (has_embedding || has_head)) {
+  const bool embedding_group = !c.s.model.untie_embeddings_and_output_weights || c.s.model.mtp_num_layers > 0;
+  if (embedding_group && c.pp > 1 && (has_embedding || has_head)) {
     Op op;
     op.kind = OpKind::collective;
     op.wall = Wall::communication;

@@ -162,7 +162,8 @@ TEST(ImportCorpus, DeepSeekV3ConfigMapsGroupLimitedRoutingAndReportsItsQuantizat
                    {"moe_router_group_topk", integer(4)},
                    {"first_dense_layers", integer(3)},
                    {"moe_shared_expert_intermediate_size", integer(2048)},
-                   {"position_embedding_type", Value("rope")}});
+                   {"position_embedding_type", Value("rope")},
+                   {"mtp_num_layers", integer(1)}});  // num_nextn_predict_layers
   EXPECT_FALSE(d.get("model", "qk_layernorm").has_value()) << "MLA has no per-head QK norm";
   EXPECT_TRUE(reported(d.report.not_represented, "quantization_config")) << listed(d.report.not_represented);
 }

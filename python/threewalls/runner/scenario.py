@@ -58,6 +58,7 @@ _MODEL = {
     "moe_layer_freq": (1, _ANY, int),
     "moe_router_num_groups": (0, (0,), int),
     "moe_router_group_topk": (0, (0,), int),
+    "mtp_num_layers": (0, (0,), int),
 }
 _PARALLEL = {
     "tp": (1, (1,), int),
@@ -168,6 +169,7 @@ _REASONS = {
     "train.overlap_param_gather": "overlapped parameter gathering",
     "train.tp_comm_overlap": "tensor-parallel communication overlap",
     "model.moe_router_num_groups": "group-limited routing", "model.moe_router_group_topk": "group-limited routing",
+    "model.mtp_num_layers": "multi-token prediction depths",
     "train.routing_imbalance": "imbalanced routing (the runner routes every EP rank the balanced share)",
     "infer.kv_cache_precision": "an fp8 KV cache", "cluster.gpu": "other GPU kinds",
     "model.attention_impl": "unfused attention (the runner runs scaled_dot_product_attention)",

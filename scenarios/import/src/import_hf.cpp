@@ -389,8 +389,7 @@ class HfImporter {
       d_.set("model", "moe_router_group_topk", *group_topk);
     }
     if (auto mtp = opt_int("num_nextn_predict_layers"); mtp && *mtp > 0) {
-      d_.report.not_represented.push_back({"num_nextn_predict_layers", std::to_string(*mtp) + " multi-token "
-                                           "prediction layer(s): not modelled (inference does not run them either)"});
+      d_.set("model", "mtp_num_layers", *mtp);  // run by training steps only, as inference runs the main model
     }
   }
 

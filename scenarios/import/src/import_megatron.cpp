@@ -799,7 +799,6 @@ const std::vector<std::pair<std::vector<std::string>, std::string>>& ignored_fla
 
 const std::vector<std::pair<std::vector<std::string>, std::string>>& unrepresented_flags() {
   static const std::vector<std::pair<std::vector<std::string>, std::string>> k = {
-      {{"--mtp-num-layers"}, "multi-token prediction layers: not modelled (no registry key)"},
       {{"--reuse-grad-buf-for-mxfp8-param-ag"},
        "MXFP8 parameter all-gather through the gradient buffer: not modelled (train.fp8_param_gather keeps its own "
        "buffer)"},
@@ -1111,6 +1110,9 @@ class MegatronImporter {
         set_bool("model", "qk_layernorm", true);
       }
     }
+    // Multi-token prediction depths: on the last virtual stage, where a --pipeline-model-parallel-layout
+    // places its 'm'.
+    if (const auto mtp = integer("--mtp-num-layers"); mtp && *mtp > 0) set_int("model", "mtp_num_layers", *mtp);
     // Experts.
     const int experts = integer("--num-experts").value_or(0);
     std::optional<int> ffn = integer("--ffn-hidden-size");

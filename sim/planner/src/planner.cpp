@@ -251,6 +251,7 @@ scenarios::StepGraph communication_graph(const Scenario& s) {
   Scenario r = s;
   auto& p = r.parallel;
   r.model.num_layers = p.pp * p.vpp;
+  r.model.mtp_num_layers = 0;  // an MTP depth's communicators are its layer's and the head's
   r.model.first_dense_layers = 0;
   r.model.moe_layer_freq = 1;
   p.layers_per_stage.clear();
@@ -680,6 +681,7 @@ Scenario PlanEstimator::Impl::reduced_scenario(const Scenario& cand, const Candi
   const auto& m = base.scenario.model;
   const auto [nd, nm] = reduced_layers(m);
   r.model.num_layers = nd + nm;
+  r.model.mtp_num_layers = 0;  // an MTP depth is priced as a layer of its kind and a head (estimate)
   if (m.is_moe()) {
     r.model.first_dense_layers = nd;
     r.model.moe_layer_freq = 1;
@@ -916,6 +918,10 @@ PlanRow PlanEstimator::evaluate(const Candidate& c) {
       const int kind = s.model.layer_is_moe(l) ? 1 : 0;
       sp += red.fwd[kind];
       sp += red.bwd[kind];
+      if (s.model.is_mtp_layer(l)) {  // its pass through the output head; its eh_proj and norms not priced
+        sp += red.head_fwd;
+        sp += red.head_bwd;
+      }
     }
     if (st == 0) {
       sp += red.emb_fwd;

@@ -557,6 +557,20 @@ TEST(Executor, RefusesParameterPrecisionsItDoesNotHold) {
   }
 }
 
+TEST(Executor, RefusesMultiTokenPredictionDepths) {
+  std::string text = small_moe("ep = 2", "", 2);
+  const std::size_t model = text.find("[model]\n");
+  ASSERT_NE(model, std::string::npos);
+  text.insert(model + 8, "mtp_num_layers = 1\n");
+  const Scenario s = scenario_from(text);
+  try {
+    run_fake(s, options_for(temp_dir("mtp"), 1, 0));
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.mtp_num_layers = 1 is simulated only"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Executor, RefusesAPyTorchProgramsScenario) {
   // run.framework = "pytorch_eager" describes a PyTorch program (its kernels, host costs and gradient
   // copy): the reference runner runs it, not the C++ executor.

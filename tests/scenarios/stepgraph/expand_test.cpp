@@ -803,3 +803,64 @@ TEST(StepGraph, QkNormWithMlaIsAnErrorNamingTheKey) {
     EXPECT_NE(std::string(e.what()).find("attention-kind"), std::string::npos) << e.what();
   }
 }
+
+// Multi-token prediction: the depth runs on the last pipeline stage as layer num_layers, after the
+// last layer's forward and before the head's, and its backward between the head's and the last
+// layer's; the last stage holds a copy of the word embedding whose gradient it all-reduces with the
+// first stage's; inference steps do not run it.
+TEST(StepGraph, MultiTokenPredictionDepthRunsOnTheLastStage) {
+  const Scenario s = test::scenario_from(
+      test::small_moe("tp = 2\npp = 2\nep = 2\nsequence_parallel = true", "", 8, "mtp_num_layers = 1"));
+  const StepGraph g = expand(s);
+  check_invariants(s, g);
+  const RankClass* first = nullptr;
+  const RankClass* last = nullptr;
+  for (const auto& rc : g.classes) (rc.pp_stage == 0 ? first : last) = &rc;
+  ASSERT_NE(first, nullptr);
+  ASSERT_NE(last, nullptr);
+  EXPECT_EQ(count_phase(g, *first, "mtp_eh_proj_fwd"), 0);
+  const int m = s.train->num_microbatches;
+  for (const char* phase : {"mtp_embedding_fwd", "mtp_enorm_fwd", "mtp_hnorm_fwd", "mtp_eh_proj_fwd",
+                            "mtp_eh_proj_dgrad", "mtp_eh_proj_wgrad", "mtp_eh_proj_tp_allgather_fwd", "mtp_lm_head_fwd",
+                            "mtp_loss_fwd", "mtp_loss_bwd", "lm_head_fwd"}) {
+    EXPECT_EQ(count_phase(g, *last, phase), m) << phase;
+  }
+  const Op* eh = find_op(g, *last, "mtp_eh_proj_fwd", 4, 0);
+  ASSERT_NE(eh, nullptr);                                           // layer num_layers
+  EXPECT_EQ(eh->shape[0], 1024);                                    // T rows
+  EXPECT_EQ(eh->shape[1], 1024 / 2);                                // h / tp
+  EXPECT_EQ(eh->shape[2], 2 * 1024);                                // the concatenation
+  EXPECT_NE(find_op(g, *last, "moe_dispatch_fwd", 4, 0), nullptr);  // the depth's layer is the last layer's kind
+  // Order within micro-batch 0 on the last stage.
+  auto index = [&](const char* phase, int layer) {
+    for (std::size_t i = 0; i < last->ops.size(); ++i) {
+      const Op& op = last->ops[i];
+      if (g.phase_name(op) == phase && op.layer == layer && op.microbatch == 0) return static_cast<long>(i);
+    }
+    return -1L;
+  };
+  EXPECT_LT(index("mlp_bda_fwd", 3), index("mtp_embedding_fwd", 4));
+  EXPECT_LT(index("mtp_loss_fwd", 4), index("lm_head_fwd", -1));
+  EXPECT_LT(index("lm_head_dgrad", -1), index("mtp_loss_bwd", 4));
+  EXPECT_LT(index("mtp_hnorm_bwd", 4), index("mlp_bda_bwd", 3));
+  // The word embedding's copy on the last stage: its gradient all-reduced with the first stage's.
+  EXPECT_EQ(count_phase(g, *first, "embedding_grad_allreduce"), 1);
+  EXPECT_EQ(count_phase(g, *last, "embedding_grad_allreduce"), 1);
+  const ParameterCount with = rank_parameters(s, last->layers, false, true);
+  Scenario plain = s;
+  plain.model.mtp_num_layers = 0;
+  const ParameterCount without = rank_parameters(plain, expand(plain).classes.back().layers, false, true);
+  const ModelDims d = model_dims(s.model);
+  EXPECT_DOUBLE_EQ(with.dense - without.dense,
+                   layer_parameters(plain, 3).dense + 2.0 * d.h * d.h / 2 + 3.0 * d.norm + embedding_parameters(s));
+  EXPECT_DOUBLE_EQ(with.expert - without.expert, layer_parameters(plain, 3).expert);
+  // An inference step of the same model runs the main layers only.
+  std::string text = test::small_moe("", "", 1, "mtp_num_layers = 1");
+  text.replace(text.find("[train]"), text.find("[cluster]") - text.find("[train]"),
+               "[infer]\nbatch_size = 2\nprompt_length = 64\ngenerate_tokens = 4\n");
+  const Scenario inf = test::scenario_from(text);
+  const StepGraph gi = expand(inf);
+  for (const auto& rc : gi.classes) {
+    for (const auto& op : rc.ops) EXPECT_LT(op.layer, 4) << gi.phase_name(op);
+  }
+}

@@ -117,4 +117,29 @@ gpus_per_node = 4
 nodes = 1
 )");
   EXPECT_NEAR(graph_model_flops(expand(mla)) / megatron_flops_per_iteration(mla), 1.0, 0.01);
+  Scenario mtp = mla;  // two multi-token-prediction depths after the last (MoE) layer
+  mtp.model.mtp_num_layers = 2;
+  EXPECT_NEAR(graph_model_flops(expand(mtp)) / megatron_flops_per_iteration(mtp), 1.0, 0.01);
+}
+
+// Megatron-Bridge's flop_utils.py with mtp_num_layers: each depth adds a layer of the last layer's
+// kind, 3h + 2h^2 per token (its norms and eh_proj) and one more pass through the output layer, all
+// times 3 x 2 (forward, dgrad, wgrad; multiply-add = 2). Written out for DeepSeek-V3 (MLA, MoE last
+// layer); DenseGqaAndMlaLayersAgree checks the StepGraph's ops of MTP depths against the formula.
+TEST(MegatronFlops, MultiTokenPredictionDepthAddsALayerItsProjectionAndAHeadPass) {
+  Scenario s = load_scenario(test::source_dir() / "scenarios" / "examples" / "deepseek_v3_1024gpu.toml");
+  ASSERT_EQ(s.model.mtp_num_layers, 0);
+  const double f0 = megatron_flops_per_iteration(s);
+  s.model.mtp_num_layers = 1;
+  const double f1 = megatron_flops_per_iteration(s);
+  const auto& m = s.model;
+  const double h = m.hidden_size, heads = m.num_attention_heads, seq = s.train->seq_length;
+  const double qk = m.qk_head_dim, rope = m.qk_pos_emb_head_dim, v = m.v_head_dim;
+  const double mla = m.q_lora_rank * (h + heads * (qk + rope) + 1) + m.kv_lora_rank * (h + heads * (qk + v) + 1) +
+                     h * rope + heads * v * h + seq * heads * (qk + rope) / 2 + seq * heads * v / 2;
+  const double moe_mlp =
+      12.0 * h * 1.5 * (m.moe_ffn_hidden_size * m.moe_router_topk + m.moe_shared_expert_intermediate_size);
+  const double V = static_cast<double>(m.padded_vocab_size(s.parallel.tp));
+  const double per_token = 6.0 * mla + moe_mlp + 6.0 * (3.0 * h + 2.0 * h * h) + 6.0 * h * V;
+  EXPECT_NEAR((f1 - f0) / (s.train->global_batch_size * seq * per_token), 1.0, 1e-12);
 }

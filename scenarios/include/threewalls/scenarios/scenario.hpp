@@ -86,12 +86,23 @@ struct ModelSpec {
   int moe_shared_expert_intermediate_size = 0;  // total size of the shared experts, 0 = none
   int first_dense_layers = 0;                   // layers [0, first_dense_layers) use the dense MLP
   int moe_layer_freq = 1;                       // after those, every n-th layer is MoE
+  // Multi-token prediction depths (Megatron --mtp-num-layers; DeepSeek-V3: 1). A training step runs
+  // them after the last layer, on the last virtual pipeline stage, as layers num_layers ..
+  // num_layers + mtp_num_layers - 1, each of the last layer's kind; inference steps do not.
+  int mtp_num_layers = 0;
 
   [[nodiscard]] bool is_moe() const { return num_experts > 0; }
-  // Whether layer `l` (0-based, global) has an MoE MLP (Megatron's moe_layer_freq pattern).
+  // Whether layer `l` is a multi-token-prediction depth (l >= num_layers).
+  [[nodiscard]] bool is_mtp_layer(int l) const { return l >= num_layers; }
+  // Whether layer `l` (0-based, global) has an MoE MLP (Megatron's moe_layer_freq pattern; an MTP
+  // depth has the last layer's MLP).
   [[nodiscard]] bool layer_is_moe(int l) const {
+    if (l >= num_layers) l = num_layers - 1;
     return is_moe() && l >= first_dense_layers && ((l - first_dense_layers) % moe_layer_freq == 0);
   }
+  // The index that stands for the output head among a stage's units (after every layer and MTP depth
+  // a training step runs).
+  [[nodiscard]] int head_unit(bool training) const { return num_layers + (training ? mtp_num_layers : 0); }
   [[nodiscard]] int num_moe_layers() const;
   // Vocabulary padded as Megatron does: to a multiple of 128 * tp.
   [[nodiscard]] std::int64_t padded_vocab_size(int tp) const;

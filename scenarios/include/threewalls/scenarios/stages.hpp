@@ -13,7 +13,9 @@ struct Scenario;
 // starts at layer 0. A stage may hold no layer (an explicit layers_per_stage entry of 0).
 //   - layers_per_stage given: its entries;
 //   - first/last_stage_layers given: those on the first/last stage, the rest split evenly over the others;
-//   - else num_layers / (pp x vpp) each.
+//   - else num_layers / (pp x vpp) each;
+//   - in a training step the last virtual stage also holds the multi-token-prediction depths
+//     (model.mtp_num_layers), as layers num_layers, num_layers + 1, ... after its own.
 // The split keys must satisfy rule pp-layers (validate_and_derive checks it); a layers_per_stage with
 // other than pp x vpp entries throws Error.
 class StageSplit {
