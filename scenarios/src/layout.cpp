@@ -77,45 +77,28 @@ int Layout::group_size(Group g) const {
   return 1;
 }
 
+int Layout::member(Group g, const Coords& c, int i) const {
+  switch (g) {
+    case Group::none: break;  // the rank itself
+    case Group::tp: return dense_rank(i, c.cp, c.dp, c.pp, tp_, cp_, dp_);
+    case Group::cp: return dense_rank(c.tp, i, c.dp, c.pp, tp_, cp_, dp_);
+    case Group::dp: return dense_rank(c.tp, c.cp, i, c.pp, tp_, cp_, dp_);
+    case Group::dp_cp: return dense_rank(c.tp, i % cp_, i / cp_, c.pp, tp_, cp_, dp_);  // cp fastest
+    case Group::pp: return dense_rank(c.tp, c.cp, c.dp, i, tp_, cp_, dp_);
+    case Group::etp: return expert_rank(i, c.ep, c.edp, c.pp, etp_, ep_, edp_);
+    case Group::ep: return expert_rank(c.etp, i, c.edp, c.pp, etp_, ep_, edp_);
+    case Group::edp: return expert_rank(c.etp, c.ep, i, c.pp, etp_, ep_, edp_);
+    case Group::world: return i;
+    case Group::embedding: return dense_rank(c.tp, c.cp, c.dp, i == 0 ? 0 : pp_ - 1, tp_, cp_, dp_);
+  }
+  return dense_rank(c.tp, c.cp, c.dp, c.pp, tp_, cp_, dp_);
+}
+
 std::vector<int> Layout::group_members(Group g, int rank) const {
   const Coords c = coords(rank);
-  std::vector<int> out;
-  switch (g) {
-    case Group::none: out.push_back(rank); break;
-    case Group::tp:
-      for (int i = 0; i < tp_; ++i) out.push_back(dense_rank(i, c.cp, c.dp, c.pp, tp_, cp_, dp_));
-      break;
-    case Group::cp:
-      for (int i = 0; i < cp_; ++i) out.push_back(dense_rank(c.tp, i, c.dp, c.pp, tp_, cp_, dp_));
-      break;
-    case Group::dp:
-      for (int i = 0; i < dp_; ++i) out.push_back(dense_rank(c.tp, c.cp, i, c.pp, tp_, cp_, dp_));
-      break;
-    case Group::dp_cp:
-      for (int d = 0; d < dp_; ++d)
-        for (int i = 0; i < cp_; ++i) out.push_back(dense_rank(c.tp, i, d, c.pp, tp_, cp_, dp_));
-      break;
-    case Group::pp:
-      for (int i = 0; i < pp_; ++i) out.push_back(dense_rank(c.tp, c.cp, c.dp, i, tp_, cp_, dp_));
-      break;
-    case Group::etp:
-      for (int i = 0; i < etp_; ++i) out.push_back(expert_rank(i, c.ep, c.edp, c.pp, etp_, ep_, edp_));
-      break;
-    case Group::ep:
-      for (int i = 0; i < ep_; ++i) out.push_back(expert_rank(c.etp, i, c.edp, c.pp, etp_, ep_, edp_));
-      break;
-    case Group::edp:
-      for (int i = 0; i < edp_; ++i) out.push_back(expert_rank(c.etp, c.ep, i, c.pp, etp_, ep_, edp_));
-      break;
-    case Group::world:
-      out.resize(static_cast<std::size_t>(world()));
-      for (int i = 0; i < world(); ++i) out[static_cast<std::size_t>(i)] = i;
-      break;
-    case Group::embedding:
-      out.push_back(dense_rank(c.tp, c.cp, c.dp, 0, tp_, cp_, dp_));
-      if (pp_ > 1) out.push_back(dense_rank(c.tp, c.cp, c.dp, pp_ - 1, tp_, cp_, dp_));
-      break;
-  }
+  const int n = group_size(g);
+  std::vector<int> out(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = member(g, c, i);
   return out;
 }
 
@@ -145,14 +128,15 @@ int Layout::rank_at_stage(int rank, int stage) const {
 int Layout::peer_of(const Op& op, int rank) const {
   const int n = group_size(op.group);
   const int target = ((group_index(op.group, rank) + op.peer) % n + n) % n;
-  return group_members(op.group, rank)[static_cast<std::size_t>(target)];
+  return member(op.group, coords(rank), target);
 }
 
 bool Layout::group_within_node(Group g, int rank) const {
   const int node = node_of(rank);
   if (g == Group::world) return world() <= gpus_per_node_;
-  for (int m : group_members(g, rank)) {
-    if (node_of(m) != node) return false;
+  const Coords c = coords(rank);
+  for (int i = 0, n = group_size(g); i < n; ++i) {
+    if (node_of(member(g, c, i)) != node) return false;
   }
   return true;
 }

@@ -56,6 +56,10 @@ class Layout {
   [[nodiscard]] bool group_within_node(Group g, int rank) const;
 
  private:
+  // group_members(g, rank)[index] for the rank at coordinates `c` (0 <= index < group_size(g)), without
+  // building the list.
+  [[nodiscard]] int member(Group g, const Coords& c, int index) const;
+
   int tp_ = 1, cp_ = 1, dp_ = 1, pp_ = 1, etp_ = 1, ep_ = 1, edp_ = 1, gpus_per_node_ = 1;
 };
 
