@@ -402,8 +402,8 @@ SummaryBuilder::SummaryBuilder(const RunHeader& header, SummaryInputs inputs)
     : header_(header), inputs_(std::move(inputs)) {}
 
 Summary SummaryBuilder::build(std::span<const StepRecord> steps, std::span<const PhaseRecord> phases,
-                              const Names& names) const {
-  Summary s = summarize(steps, phases, names);
+                              const Names& names, bool phase_stats) const {
+  Summary s = summarize(steps, phases, names, phase_stats);
   const double world = std::max(1, header_.world_size);
   for (auto& st : s.steps) {
     const auto in = inputs_.inference_steps.find(st.step);

@@ -367,7 +367,7 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   in.oom = result.memory.oom();
   in.inference_steps = std::move(inference_steps);
   const profiler::SummaryBuilder builder(header, in);
-  result.summary = builder.build(sum_steps, sum_phases, names);
+  result.summary = builder.build(sum_steps, sum_phases, names, opt.phase_stats);
   result.summary_json = builder.to_json(result.summary);
   if (writer) {
     writer->write_summary(result.summary_json);

@@ -198,9 +198,10 @@ std::vector<P2pPair> p2p_pairs(std::span<const StepRecord> steps, std::span<cons
 class SummaryBuilder {
  public:
   SummaryBuilder(const RunHeader& header, SummaryInputs inputs);
-  // Aggregates and throughput from the records (all ranks, all recorded steps).
+  // Aggregates and throughput from the records (all ranks, all recorded steps). `phase_stats` false
+  // leaves Summary::phases empty (summarize).
   [[nodiscard]] Summary build(std::span<const StepRecord> steps, std::span<const PhaseRecord> phases,
-                              const Names& names) const;
+                              const Names& names, bool phase_stats = true) const;
   // summary.json's object.
   [[nodiscard]] OrderedJson to_json(const Summary& s) const;
   // build + to_json.

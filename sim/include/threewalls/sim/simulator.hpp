@@ -33,6 +33,9 @@ struct SimOptions {
   // Multiplies the time of every disk read (CostModelCoster): a disk measured slower (> 1) or faster
   // than the one calibrated, e.g. the rate a real run's disk reads achieved (threewalls sim --disk-scale).
   double disk_scale = 1.0;
+  // false: the summary leaves out the per-phase statistics (Summary::phases, summary.json's
+  // `phases`), for a caller that reads only the steps and the walls (the planner's re-simulations).
+  bool phase_stats = true;
 };
 
 // Which calibration profile the costs come from (for the run header).
