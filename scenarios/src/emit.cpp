@@ -288,7 +288,7 @@ std::size_t Emitter::quantize_grad(const Spec& sp, const Instance& in, std::size
   // The output gradient of a row-parallel GEMM under sequence parallelism arrives gathered over tp
   // (the backward of its reduce-scatter).
   bool gathered = false;
-  for (int j : in.consumers[index]) {
+  for (int j : (*in.consumers)[index]) {
     gathered = gathered || is_tp_collective(in.p->specs[static_cast<std::size_t>(j)], Collective::reduce_scatter);
   }
   const bool reduce = gathered && c_.quant.tp_amax_reduce;
@@ -319,19 +319,23 @@ Emitter::Instance Emitter::begin_forward(const Program& p, int layer, int mb, in
 }
 
 Emitter::Instance Emitter::begin_backward(const Program& p, int layer, int mb, int chunk, std::uint32_t grad_in,
-                                          std::vector<std::uint32_t> recomputed, bool dense_layer) const {
+                                          std::vector<std::uint32_t> recomputed, bool dense_layer) {
   Instance in = instance_of(p, layer, mb, chunk, dense_layer);
   in.grad_in = grad_in;
   in.last = grad_in;
   in.recomputed = std::move(recomputed);
   const std::size_t n = p.specs.size();
   in.grad_of.assign(n, kNoOp);
-  in.consumers.resize(n);
-  for (std::size_t j = 0; j < n; ++j) {
-    for (int a : p.specs[j].after) {
-      if (a >= 0) in.consumers[static_cast<std::size_t>(a)].push_back(static_cast<int>(j));
+  auto [it, fresh] = consumers_.try_emplace(&p);
+  if (fresh) {
+    it->second.resize(n);
+    for (std::size_t j = 0; j < n; ++j) {
+      for (int a : p.specs[j].after) {
+        if (a >= 0) it->second[static_cast<std::size_t>(a)].push_back(static_cast<int>(j));
+      }
     }
   }
+  in.consumers = &it->second;
   return in;
 }
 
@@ -417,8 +421,9 @@ std::size_t Emitter::backward_part(Instance& in, const std::vector<bool>* part, 
     const Spec& sp = p.specs[ii];
     if (sp.bwd == Bwd::none) continue;
     deps_.clear();
-    if (in.consumers[ii].empty() || ii == n - 1) deps_.push_back(in.grad_in);
-    for (int j : in.consumers[ii]) {
+    const std::vector<int>& consumers = (*in.consumers)[ii];
+    if (consumers.empty() || ii == n - 1) deps_.push_back(in.grad_in);
+    for (int j : consumers) {
       if (in.grad_of[static_cast<std::size_t>(j)] != kNoOp) deps_.push_back(in.grad_of[static_cast<std::size_t>(j)]);
     }
     if (in.recomputed.size() == n && in.recomputed[ii] != kNoOp) deps_.push_back(in.recomputed[ii]);

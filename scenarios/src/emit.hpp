@@ -84,7 +84,7 @@ class Emitter {
     std::vector<std::uint32_t> ids;           // forward: op of each spec
     std::vector<std::uint32_t> recomputed;    // backward: recomputed op of each spec (or empty)
     std::vector<std::uint32_t> grad_of;       // backward: the op producing each spec's input gradient
-    std::vector<std::vector<int>> consumers;  // backward: consumers of each spec
+    const std::vector<std::vector<int>>* consumers = nullptr;  // backward: consumers of each spec
     std::uint32_t last = kNoOp;               // backward: the last op emitted
     std::uint32_t input_grad = kNoOp;         // backward: the op producing the program input's gradient
     [[nodiscard]] std::uint32_t backward_result() const { return input_grad != kNoOp ? input_grad : last; }
@@ -97,7 +97,7 @@ class Emitter {
   static constexpr std::uint8_t kDefaultStream = 0xFF;
   Instance begin_forward(const Program& p, int layer, int mb, int chunk, std::uint32_t input, bool dense_layer) const;
   Instance begin_backward(const Program& p, int layer, int mb, int chunk, std::uint32_t grad_in,
-                          std::vector<std::uint32_t> recomputed, bool dense_layer) const;
+                          std::vector<std::uint32_t> recomputed, bool dense_layer);
   // Emits the forward ops of the specs in `part` (all when null), on `stream` unless kDefaultStream;
   // returns the number of ops emitted.
   std::size_t forward_part(Instance& in, bool recompute, const std::vector<bool>* part,
@@ -141,6 +141,9 @@ class Emitter {
   // address a later spec reuses: an entry counts only while the phase's name still matches.
   static constexpr std::uint16_t kNoPhase = 0xFFFF;
   std::unordered_map<const Spec*, std::array<std::uint16_t, kSuffixes>> spec_phases_;
+  // The consumers of each spec of a program emitted backward (begin_backward), per program: a program
+  // given to backward or begin_backward stays in place and unchanged while this Emitter emits.
+  std::unordered_map<const Program*, std::vector<std::vector<int>>> consumers_;
   std::vector<std::uint8_t> expert_streams_;  // stream of each expert stream slot (kNoStream: not yet interned)
   static constexpr std::uint8_t kNoStream = 0xFF;
 };
