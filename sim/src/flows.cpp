@@ -251,17 +251,25 @@ A2aByLink a2a_by_link(std::span<const int> members, double size, const Split& sp
 
 std::vector<RankFlow> aggregate_flows(std::span<const RankFlow> flows, std::span<const int> members,
                                       const Platform& platform) {
-  // Position of each member in the group order, for "the first destination after the source".
-  std::unordered_map<int, std::size_t> pos;
-  for (std::size_t i = 0; i < members.size(); ++i) pos.emplace(members[i], i);
+  // Position of each member in the group order (the first one of a rank listed twice), for "the
+  // first destination after the source": (rank, position) sorted, searched by rank.
+  std::vector<std::pair<int, std::size_t>> pos(members.size());
+  for (std::size_t i = 0; i < members.size(); ++i) pos[i] = {members[i], i};
+  std::sort(pos.begin(), pos.end());
   const std::size_t n = members.size();
+  auto position = [&](int rank) {
+    const auto it = std::lower_bound(pos.begin(), pos.end(), std::pair<int, std::size_t>{rank, 0});
+    return it != pos.end() && it->first == rank ? it->second : n;
+  };
   struct Bucket {
+    int src = 0;
+    int cls = 0;  // 0 same node, 1 same leaf, 2 other leaf
     double bytes = 0.0;
     int dst = -1;
     std::size_t dist = 0;  // distance after the source in group order of the chosen destination
   };
-  // key: (source, class) with class 0 same node, 1 same leaf, 2 other leaf
-  std::map<std::pair<int, int>, Bucket> buckets;
+  // A few buckets per source (the flows of one member's op have one source): searched in place.
+  std::vector<Bucket> buckets;
   for (const RankFlow& f : flows) {
     int cls = 2;
     if (platform.node_of(f.src) == platform.node_of(f.dst)) {
@@ -269,19 +277,25 @@ std::vector<RankFlow> aggregate_flows(std::span<const RankFlow> flows, std::span
     } else if (platform.leaf_of(f.src) == platform.leaf_of(f.dst)) {
       cls = 1;
     }
-    Bucket& b = buckets[{f.src, cls}];
-    b.bytes += f.bytes;
-    const auto ps = pos.find(f.src);
-    const auto pd = pos.find(f.dst);
-    const std::size_t dist = (ps != pos.end() && pd != pos.end()) ? (pd->second + n - ps->second) % n : 0;
-    if (b.dst < 0 || dist < b.dist) {
-      b.dst = f.dst;
-      b.dist = dist;
+    auto b =
+        std::find_if(buckets.begin(), buckets.end(), [&](const Bucket& x) { return x.src == f.src && x.cls == cls; });
+    if (b == buckets.end()) b = buckets.insert(buckets.end(), Bucket{f.src, cls});
+    b->bytes += f.bytes;
+    const std::size_t ps = position(f.src);
+    const std::size_t pd = position(f.dst);
+    const std::size_t dist = (ps < n && pd < n) ? (pd + n - ps) % n : 0;
+    if (b->dst < 0 || dist < b->dist) {
+      b->dst = f.dst;
+      b->dist = dist;
     }
   }
+  // By source, then class.
+  std::sort(buckets.begin(), buckets.end(), [](const Bucket& x, const Bucket& y) {
+    return std::pair{x.src, x.cls} < std::pair{y.src, y.cls};
+  });
   std::vector<RankFlow> out;
   out.reserve(buckets.size());
-  for (const auto& [key, b] : buckets) out.push_back({key.first, b.dst, b.bytes});
+  for (const Bucket& b : buckets) out.push_back({b.src, b.dst, b.bytes});
   return out;
 }
 
