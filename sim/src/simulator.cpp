@@ -111,6 +111,7 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   // Ops the coster prices with another kernel's fit than the one they run on, once per sentence.
   std::set<std::string> substitutions;
   auto note_substitutions = [&](const StepGraph& g) {
+    if (!opt.substitution_warnings) return;
     for (const auto& rc : g.classes) {
       for (const Op& op : rc.ops) {
         if (auto w = coster.substitution(op); w && substitutions.insert(*w).second) result.warnings.push_back(*w);

@@ -432,7 +432,9 @@ void heap_in_huge_pages(std::size_t bytes) {
     SimOptions opt;
     opt.fidelity = Fidelity::flow;
     opt.steps = 1;
-    opt.phase_stats = false;  // the row reads the step time, the walls and the peak
+    // The row reads the step time, the walls and the peak.
+    opt.phase_stats = false;
+    opt.substitution_warnings = false;
     const SimResult r = simulate(one, coster, ProfileInfoForHeader{"plan", "", "", "planner re-simulation", ""}, opt);
     OrderedJson j;
     j["step_time_us"] = r.summary.steps.empty() ? 0.0 : r.summary.steps.back().step_time_us;

@@ -36,6 +36,9 @@ struct SimOptions {
   // false: the summary leaves out the per-phase statistics (Summary::phases, summary.json's
   // `phases`), for a caller that reads only the steps and the walls (the planner's re-simulations).
   bool phase_stats = true;
+  // false: the ops are not scanned for the warnings of ops priced with another kernel's fit
+  // (OpCoster::substitution), for a caller that does not read SimResult::warnings.
+  bool substitution_warnings = true;
 };
 
 // Which calibration profile the costs come from (for the run header).
