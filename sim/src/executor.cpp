@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <queue>
@@ -178,6 +179,47 @@ struct Active {
   double slow = 1.0;  // time with / time alone beside the class's resident NCCL kernels (1: none)
 };
 
+// The fields of an op that its kernel's costs are a function of (OpCoster::kernel_time, library_launch,
+// nccl_resident_slowdown; sm_fraction), compared bit for bit (a -0.0 is another kernel than a 0.0).
+struct KernelKey {
+  scenarios::OpShape shape{};
+  double flops = 0.0;
+  double bytes = 0.0;
+  std::int32_t tokens = 0;
+  OpKind kind = OpKind::gemm;
+  std::uint8_t sub = 0;
+  scenarios::DType dtype = scenarios::DType::bf16;
+  std::uint8_t flags = 0;
+
+  explicit KernelKey(const Op& op)
+      : shape(op.shape), flops(op.flops), bytes(op.bytes), tokens(op.tokens), kind(op.kind), sub(op.sub),
+        dtype(op.dtype), flags(op.flags) {}
+  [[nodiscard]] bool same(const KernelKey& o) const { return std::memcmp(this, &o, sizeof(KernelKey)) == 0; }
+  [[nodiscard]] std::uint64_t hash() const {
+    std::uint64_t w[sizeof(KernelKey) / 8];
+    std::memcpy(w, this, sizeof w);
+    std::uint64_t h = 0;
+    for (const std::uint64_t v : w) h = (h + v) * 0x9e3779b97f4a7c15ULL;
+    return h ^ (h >> 32);
+  }
+};
+static_assert(sizeof(KernelKey) == sizeof(scenarios::OpShape) + 2 * sizeof(double) + sizeof(std::int32_t) + 4 &&
+                  sizeof(KernelKey) % 8 == 0,
+              "KernelKey: compared and hashed as bytes, without padding");
+
+// What the executor asks about one distinct kernel of a step (KernelKey), each asked once, when first
+// needed.
+struct KernelCosts {
+  explicit KernelCosts(const Op& op) : key(op) {}
+  KernelKey key;
+  std::uint64_t hash = 0;  // key.hash()
+  double time = 0.0;       // OpCoster::kernel_time
+  double sm_fraction = 0.0;
+  double launch = 0.0;                             // StepRun::launch_cost
+  double slow_pending = 0.0, slow_transfer = 0.0;  // OpCoster::nccl_resident_slowdown, cases 0 and 1
+  bool timed = false, launch_known = false, resident_known = false;
+};
+
 // Compute class of a kernel for the NCCL-residency slowdown (OpCoster::nccl_resident_slowdown):
 // 0 GEMM (with its 128 x 128 output tiles), 1 attention, 2 memory-bound (everything else), 3 grouped
 // GEMM.
@@ -208,14 +250,25 @@ double gemm_tiles(const Op& op) {
 
 }  // namespace
 
+namespace {
+
+// nccl_resident_factor from the coster's slowdowns of the op with a pending (`slow_pending`) and a
+// transferring (`slow_transfer`) NCCL kernel resident.
+double resident_factor(double slow_pending, double slow_transfer, bool pending, bool transferring) {
+  double f = 0.0;
+  if (pending) f = std::max(f, slow_pending);
+  if (transferring) f = std::max(f, slow_transfer);
+  return f > 0.0 ? f : 1.0;
+}
+
+}  // namespace
+
 double nccl_resident_factor(const OpCoster& coster, const Op& op, bool pending, bool transferring) {
   if ((!pending && !transferring) || !coster.models_nccl_residency()) return 1.0;
   const int k = compute_class(op);
   const double tiles = gemm_tiles(op);
-  double f = 0.0;
-  if (pending) f = std::max(f, coster.nccl_resident_slowdown(0, k, tiles));
-  if (transferring) f = std::max(f, coster.nccl_resident_slowdown(1, k, tiles));
-  return f > 0.0 ? f : 1.0;
+  return resident_factor(pending ? coster.nccl_resident_slowdown(0, k, tiles) : 0.0,
+                         transferring ? coster.nccl_resident_slowdown(1, k, tiles) : 0.0, pending, transferring);
 }
 
 namespace {
@@ -293,6 +346,7 @@ struct ClassState {
   int nccl_pending = 0;
   int nccl_transfer = 0;
   std::vector<std::uint8_t> nccl_phase;
+  std::vector<std::uint32_t> kernel;  // op -> its entry of StepRun::kernels_ (kNone: not a kernel op)
 };
 
 struct Member {
@@ -389,6 +443,7 @@ class StepRun {
     s.mark_end_host.assign(n, -1.0);
     s.occurrence.assign(n, 0);
     s.nccl_phase.assign(n, 0);
+    s.kernel.assign(n, kNone);
     s.host_time = epoch_;
     s.gpu_last = epoch_;
     // Dependencies and their reverse.
@@ -426,6 +481,7 @@ class StepRun {
     for (std::uint32_t i = 0; i < n; ++i) {
       const Op& op = rc.ops[i];
       if (on_host_lane(op)) continue;
+      if (is_kernel(op)) s.kernel[i] = kernel_of(op);
       std::size_t q = op.stream;
       if (op.kind == OpKind::send || op.kind == OpKind::recv) q = streams + 2 * op.stream + (op.peer > 0 ? 1 : 0);
       s.op[i].queue = static_cast<std::uint16_t>(q);
@@ -611,7 +667,7 @@ class StepRun {
         const std::optional<Seconds> body = eager_fw ? coster_.framework_body_host(op, training) : std::nullopt;
         const double issue =
             body ? body->value
-                 : launch_cost(op) + ((op.flags & scenarios::kBackward) != 0 ? framework_bwd : framework_op);
+                 : launch_of(s, i) + ((op.flags & scenarios::kBackward) != 0 ? framework_bwd : framework_op);
         const double rotating_extra = !rotates(op) ? 0.0
                                       : fw_stream  ? (op.expert >= 0 ? fw_stream->value : 0.0)
                                                    : cycle_extra;
@@ -718,6 +774,44 @@ class StepRun {
       default: break;
     }
     return call != nullptr && call->has_value() ? (*call)->value : host_.kernel_launch.value;
+  }
+
+  // launch_cost of op i of a class, asked once per distinct kernel.
+  double launch_of(const ClassState& s, std::uint32_t i) {
+    if (s.kernel[i] == kNone) return launch_cost(s.rc->ops[i]);
+    KernelCosts& k = kernels_[s.kernel[i]];
+    if (!k.launch_known) {
+      k.launch = launch_cost(s.rc->ops[i]);
+      k.launch_known = true;
+    }
+    return k.launch;
+  }
+
+  // The entry of kernels_ of a kernel op (added when its key is new): open addressing over
+  // kernel_slots_, a power of two at most half full.
+  std::uint32_t kernel_of(const Op& op) {
+    const KernelKey key(op);
+    const std::uint64_t h = key.hash();
+    if (2 * (kernels_.size() + 1) > kernel_slots_.size()) {
+      std::vector<std::uint32_t> slots(std::max<std::size_t>(1024, 2 * kernel_slots_.size()), kNone);
+      for (std::uint32_t k = 0; k < kernels_.size(); ++k) {
+        std::size_t at = kernels_[k].hash & (slots.size() - 1);
+        while (slots[at] != kNone) at = (at + 1) & (slots.size() - 1);
+        slots[at] = k;
+      }
+      kernel_slots_.swap(slots);
+    }
+    const std::size_t mask = kernel_slots_.size() - 1;
+    for (std::size_t at = h & mask;; at = (at + 1) & mask) {
+      const std::uint32_t k = kernel_slots_[at];
+      if (k == kNone) {
+        kernel_slots_[at] = static_cast<std::uint32_t>(kernels_.size());
+        kernels_.emplace_back(op);
+        kernels_.back().hash = h;
+        return kernel_slots_[at];
+      }
+      if (kernels_[k].hash == h && kernels_[k].key.same(key)) return k;
+    }
   }
 
   // A kernel or library launch of OpRunner (what host.stream_cycle measures rotating over streams).
@@ -859,8 +953,13 @@ class StepRun {
       }
     }
     if (is_kernel(op)) {
-      const double work = checked_cost(coster_.kernel_time(op).value * s.compute_factor + s.device_extra[i], g_, *s.rc,
-                                       i, "kernel time");
+      KernelCosts& k = kernels_[s.kernel[i]];
+      if (!k.timed) {
+        k.time = coster_.kernel_time(op).value;
+        k.sm_fraction = sm_fraction(op, sm_count_);
+        k.timed = true;
+      }
+      const double work = checked_cost(k.time * s.compute_factor + s.device_extra[i], g_, *s.rc, i, "kernel time");
       gpu_add(c, i, work);
       return;
     }
@@ -937,17 +1036,27 @@ class StepRun {
   void gpu_add(std::uint32_t c, std::uint32_t i, double work) {
     ClassState& s = classes_[c];
     gpu_update(s);
-    s.active.push_back({i, work, sm_fraction(s.rc->ops[i], sm_count_)});
-    s.active.back().slow = nccl_slowdown(s, s.rc->ops[i]);
+    s.active.push_back({i, work, kernels_[s.kernel[i]].sm_fraction});
+    s.active.back().slow = nccl_slowdown(s, i);
     gpu_schedule(c);
   }
 
-  // Slowdown of a kernel of class c's GPU for the NCCL kernels resident now: the larger of the
-  // profile's factors of the cases present (pending, transferring); 1 with none resident.
-  double nccl_slowdown(const ClassState& s, const Op& op) const {
+  // Slowdown of kernel op i of class s's GPU for the NCCL kernels resident now: the larger of the
+  // profile's factors of the cases present (pending, transferring); 1 with none resident
+  // (nccl_resident_factor).
+  double nccl_slowdown(const ClassState& s, std::uint32_t i) {
     if (!nccl_residency_) return 1.0;
-    return nccl_resident_factor(coster_, op, s.nccl_pending > 0 || opt_.pending_receive_throughout,
-                                s.nccl_transfer > 0);
+    const bool pending = s.nccl_pending > 0 || opt_.pending_receive_throughout;
+    const bool transferring = s.nccl_transfer > 0;
+    if (!pending && !transferring) return 1.0;
+    KernelCosts& k = kernels_[s.kernel[i]];
+    if (!k.resident_known) {
+      const Op& op = s.rc->ops[i];
+      k.slow_pending = coster_.nccl_resident_slowdown(0, compute_class(op), gemm_tiles(op));
+      k.slow_transfer = coster_.nccl_resident_slowdown(1, compute_class(op), gemm_tiles(op));
+      k.resident_known = true;
+    }
+    return resident_factor(k.slow_pending, k.slow_transfer, pending, transferring);
   }
 
   // Moves op i of class c to residency phase `phase` (0 none, 1 pending, 2 transferring); when the
@@ -965,7 +1074,7 @@ class StepRun {
     if (!nccl_residency_ || s.active.empty()) return;
     if (before_p == (s.nccl_pending > 0) && before_t == (s.nccl_transfer > 0)) return;
     gpu_update(s);
-    for (Active& a : s.active) a.slow = nccl_slowdown(s, s.rc->ops[a.op]);
+    for (Active& a : s.active) a.slow = nccl_slowdown(s, a.op);
     gpu_schedule(c);
   }
 
@@ -1463,6 +1572,9 @@ class StepRun {
   std::vector<std::vector<std::uint32_t>> sets_;
   std::unordered_map<std::uint64_t, std::vector<int>> members_of_;
   std::unordered_map<std::string, Plan> plans_;
+  // The distinct kernels of the step (kernel_of) and their open-addressing table.
+  std::vector<KernelCosts> kernels_;
+  std::vector<std::uint32_t> kernel_slots_;
   std::string plan_key_;                                 // plan_for's key
   std::unordered_map<std::uint64_t, double> pcie_free_;  // analytic fidelity: (class, direction) -> link free at
   std::size_t collectives_ = 0;

@@ -127,6 +127,9 @@ struct DeviceMemoryParams {
   Bytes granularity;   // device bytes per allocation are a multiple of this
 };
 
+// kernel_time, library_launch and nccl_resident_slowdown are functions of their arguments; of an op,
+// of its shape, flops, bytes, tokens, kind, sub, dtype and flags only (the executor asks them once per
+// distinct kernel of a step).
 class OpCoster {
  public:
   virtual ~OpCoster() = default;
