@@ -5,7 +5,6 @@
 #include <cstring>
 #include <limits>
 #include <optional>
-#include <queue>
 #include <sstream>
 #include <stdexcept>
 #include <unordered_map>
@@ -167,8 +166,49 @@ struct Event {
   std::uint32_t cls;
   std::uint64_t a;  // op index, GPU version or instance id
 };
-struct EventLater {
-  bool operator()(const Event& x, const Event& y) const { return x.t > y.t || (x.t == y.t && x.seq > y.seq); }
+bool earlier(const Event& x, const Event& y) { return x.t < y.t || (x.t == y.t && x.seq < y.seq); }
+
+// The pending events, earliest (time, then sequence number) first: a 4-ary min-heap, shallower than a
+// binary one (fewer levels for pop to sift through). Sequence numbers are unique, so the order in
+// which events come out does not depend on the heap's shape.
+class EventQueue {
+ public:
+  [[nodiscard]] bool empty() const { return heap_.empty(); }
+  [[nodiscard]] const Event& top() const { return heap_.front(); }
+  void push(const Event& ev) {
+    std::size_t i = heap_.size();
+    heap_.push_back(ev);
+    while (i > 0) {
+      const std::size_t parent = (i - 1) / 4;
+      if (!earlier(ev, heap_[parent])) break;
+      heap_[i] = heap_[parent];
+      i = parent;
+    }
+    heap_[i] = ev;
+  }
+  void pop() {
+    const Event last = heap_.back();
+    heap_.pop_back();
+    const std::size_t n = heap_.size();
+    if (n == 0) return;
+    std::size_t i = 0;
+    while (true) {
+      const std::size_t first = 4 * i + 1;
+      if (first >= n) break;
+      std::size_t best = first;
+      const std::size_t end = std::min(first + 4, n);
+      for (std::size_t k = first + 1; k < end; ++k) {
+        if (earlier(heap_[k], heap_[best])) best = k;
+      }
+      if (!earlier(heap_[best], last)) break;
+      heap_[i] = heap_[best];
+      i = best;
+    }
+    heap_[i] = last;
+  }
+
+ private:
+  std::vector<Event> heap_;
 };
 
 // A kernel running on a GPU under processor sharing.
@@ -1559,7 +1599,7 @@ class StepRun {
   bool nccl_residency_ = false;  // the coster models compute beside resident NCCL kernels
   std::vector<double> capacity_;
   std::vector<ClassState> classes_;
-  std::priority_queue<Event, std::vector<Event>, EventLater> queue_;
+  EventQueue queue_;
   std::uint64_t seq_ = 0;
   double now_ = 0.0;
   std::vector<Instance> instances_;
