@@ -85,6 +85,19 @@ std::vector<profiler::PhaseRecord> OpRecords::of_rank(int rank) const {
 }
 
 void OpRecords::append_rank(int rank, std::vector<profiler::PhaseRecord>& out) const {
+  append(
+      rank, g_->class_of(rank).ops.size(), [](std::size_t k) { return k; }, out);
+}
+
+void OpRecords::append_ops(int rank, std::span<const std::uint32_t> ops,
+                           std::vector<profiler::PhaseRecord>& out) const {
+  append(
+      rank, ops.size(), [&](std::size_t k) { return static_cast<std::size_t>(ops[k]); }, out);
+}
+
+template <typename OpIndex>
+void OpRecords::append(int rank, std::size_t n, const OpIndex& op_index,
+                       std::vector<profiler::PhaseRecord>& out) const {
   const StepGraph& g = *g_;
   const scenarios::RankClass& rc = g.class_of(rank);
   // group_id (run_dir.md): which instance of a group a collective runs in, its lowest global rank.
@@ -99,10 +112,10 @@ void OpRecords::append_rank(int rank, std::vector<profiler::PhaseRecord>& out) c
     return id;
   };
   const std::size_t base = out.size();
-  out.resize(base + rc.ops.size());
-  for (std::size_t i = 0; i < rc.ops.size(); ++i) {
-    const Op& op = rc.ops[i];
-    profiler::PhaseRecord& r = out[base + i];
+  out.resize(base + n);
+  for (std::size_t k = 0; k < n; ++k) {
+    const Op& op = rc.ops[op_index(k)];
+    profiler::PhaseRecord& r = out[base + k];
     r.rank = rank;
     r.phase = phase_[op.phase];
     r.stream = stream_[op.stream];

@@ -37,9 +37,10 @@ bool active(const scenarios::Slowdown& d, int step) {
 }
 
 // The records of `rank` (a member of class c) for one step: the records owner's templates with this
-// step's times, appended to `ops`, and the step's record.
+// step's times, appended to `ops` (those of the ops `only` lists when given), and the step's record.
 profiler::StepRecord step_records(const records::OpRecords& templates, const StepResult& r, std::size_t c, int step,
-                                  int rank, std::vector<profiler::PhaseRecord>& ops) {
+                                  int rank, std::vector<profiler::PhaseRecord>& ops,
+                                  const std::vector<std::uint32_t>* only = nullptr) {
   const ClassTimeline& tl = r.classes[c];
   profiler::StepRecord sr;
   sr.step = step;
@@ -48,9 +49,14 @@ profiler::StepRecord step_records(const records::OpRecords& templates, const Ste
   sr.dur_us = tl.step_end * 1e6;
   const bool marked = tl.record_start.size() == tl.start.size() && tl.record_end.size() == tl.end.size();
   const std::size_t base = ops.size();
-  templates.append_rank(rank, ops);
-  for (std::size_t i = 0; base + i < ops.size(); ++i) {
-    profiler::PhaseRecord& p = ops[base + i];
+  if (only != nullptr) {
+    templates.append_ops(rank, *only, ops);
+  } else {
+    templates.append_rank(rank, ops);
+  }
+  for (std::size_t k = 0; base + k < ops.size(); ++k) {
+    const std::size_t i = only != nullptr ? (*only)[k] : k;
+    profiler::PhaseRecord& p = ops[base + k];
     p.step = step;
     const double t0 = marked ? tl.record_start[i] : tl.start[i];
     const double t1 = marked ? tl.record_end[i] : tl.end[i];
@@ -234,9 +240,15 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   // Inference: what the records cannot carry (summary.hpp, InferenceStepInput), per step.
   std::map<int, profiler::InferenceStepInput> inference_steps;
 
+  // Without phase statistics and a run directory, the summary reads of the phase records only those
+  // of each step's critical rank, the communication and coarse-view records, and whether one is
+  // detailed (profiler::summarize): of the other classes, only those records are kept (and the first
+  // one that is detailed), in their order.
+  const bool summary_records_only = !opt.phase_stats && !writer;
+  std::vector<std::uint32_t> kept;
   // Records of one simulated step: the summary's (representatives) and the files' (recording ranks).
   auto emit = [&](const StepGraph& g, const StepResult& r, int step) {
-    if (!per_step && sum_phases.empty()) {
+    if (!per_step && sum_phases.empty() && !summary_records_only) {
       // Every step runs the first step's ops: one record per op of each class representative.
       sum_steps.reserve(first.classes.size() * static_cast<std::size_t>(steps));
       sum_phases.reserve(result.ops_per_step * static_cast<std::size_t>(steps));
@@ -247,11 +259,32 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
     // (a no-op when the run's records were reserved above).
     std::size_t adding = 0;
     for (const auto& rc : g.classes) adding += rc.ops.size();
-    if (sum_phases.capacity() < sum_phases.size() + adding) {
+    if (!summary_records_only && sum_phases.capacity() < sum_phases.size() + adding) {
       sum_phases.reserve(std::max(sum_phases.size() + adding, 2 * sum_phases.capacity()));
     }
+    // The critical class: the longest step, the lowest rank on ties (summarize's rule).
+    std::size_t critical = 0;
+    for (std::size_t c = 1; c < g.classes.size(); ++c) {
+      const double d = r.classes[c].step_end * 1e6, longest = r.classes[critical].step_end * 1e6;
+      if (d > longest || (d == longest && g.classes[c].representative() < g.classes[critical].representative())) {
+        critical = c;
+      }
+    }
     for (std::size_t c = 0; c < g.classes.size(); ++c) {
-      sum_steps.push_back(step_records(templates, r, c, step, g.classes[c].representative(), sum_phases));
+      const int rep = g.classes[c].representative();
+      if (!summary_records_only || c == critical) {
+        sum_steps.push_back(step_records(templates, r, c, step, rep, sum_phases));
+        continue;
+      }
+      kept.clear();
+      bool detailed = false;
+      const std::vector<Op>& ops = g.classes[c].ops;
+      for (std::uint32_t i = 0; i < ops.size(); ++i) {
+        const bool coarse = records::coarse_view(ops[i]) != profiler::CoarseView::none;
+        if (ops[i].wall == Wall::communication || coarse || !detailed) kept.push_back(i);
+        detailed = detailed || !coarse;
+      }
+      sum_steps.push_back(step_records(templates, r, c, step, rep, sum_phases, &kept));
     }
     if (writer && writer->policy().records(step)) {
       std::vector<profiler::PhaseRecord> ops;

@@ -170,6 +170,45 @@ TEST(Simulator, OutOfMemoryIsReportedInTheSummaryWithItsBreakdown) {
   fs::remove_all(dir);
 }
 
+TEST(Simulator, ASummaryWithoutPhaseStatisticsHasTheSameStepsAndWalls) {
+  // Without phase statistics (and a run directory) the simulator keeps only the records the summary
+  // reads: every record of each step's critical rank, the communication and coarse-view records of the
+  // others. Everything but the phase table stays the same, also when the critical rank changes from a
+  // step to the next (a GPU slow in step 1 only).
+  const fs::path examples = testing::source_dir() / "scenarios/examples";
+  const std::vector<std::pair<std::string, scenarios::Scenario>> cases = {
+      {"small_moe_tp2_ep2", scenarios::load_scenario(examples / "small_moe_tp2_ep2.toml")},
+      {"mixtral_8x7b_64gpu", scenarios::load_scenario(examples / "mixtral_8x7b_64gpu.toml")},
+      {"slow rank 1 in step 1", from_text(small_moe("", R"(
+[[cluster.slowdown]]
+rank = 1
+factor = 3.0
+from_step = 1
+to_step = 1
+)"))}};
+  for (const auto& [name, s] : cases) {
+    // The summary (flow fidelity: one SimGrid engine per process) without its phase table, and
+    // whether that table was empty.
+    auto summary = [&](bool phase_stats) {
+      return in_child([&]() {
+        SimOptions o;
+        o.steps = 3;
+        o.phase_stats = phase_stats;
+        OrderedJson j = simulate(s, "auto", o).summary_json;
+        const bool phases = !j.at("phases").empty();
+        j.erase("phases");
+        return std::string(phases ? "phases " : "none ") + j.dump();
+      });
+    };
+    const std::string full = summary(true);
+    const std::string lean = summary(false);
+    ASSERT_EQ(full.rfind("phases ", 0), 0U) << name << ": " << full.substr(0, 200);
+    ASSERT_EQ(lean.rfind("none ", 0), 0U) << name << ": " << lean.substr(0, 200);
+    EXPECT_NE(full.find("\"walls_us\":{"), std::string::npos) << name;
+    EXPECT_EQ(full.substr(7), lean.substr(5)) << name;
+  }
+}
+
 TEST(Simulator, ASlowGpuStretchesOnlyTheStepsItIsSlowIn) {
   const scenarios::Scenario s = from_text(small_moe("", R"(
 [[cluster.slowdown]]

@@ -163,7 +163,10 @@ std::optional<WallBreakdown> mean_walls(std::span<const StepSummary> steps, std:
 
 // Per-step walls and step times from records (shared by SummaryBuilder, compare and analyze).
 // tflops/mfu/tokens are left 0; SummaryBuilder fills them (and the inference fields that come from
-// SummaryInputs). `phase_stats` false skips Summary::phases.
+// SummaryInputs). `phase_stats` false skips Summary::phases; it then reads, of `phases`, every record
+// of each step's critical rank, the communication and coarse-view records of the other ranks and
+// whether some record is detailed (CoarseView::none): leaving out their other records gives the same
+// Summary.
 //
 // Collective waits (walls.hpp): the members of a collective instance are the records of one
 // (step, phase, layer, microbatch, expert, group, group_id) with no `peer`; without group_id (older

@@ -11,6 +11,7 @@
 //  * summary_inputs / inference_step: what the summary needs from the scenario and the StepGraph.
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -58,8 +59,14 @@ class OpRecords {
   [[nodiscard]] std::vector<profiler::PhaseRecord> of_rank(int rank) const;
   // The same records appended to `out` (its earlier records stay).
   void append_rank(int rank, std::vector<profiler::PhaseRecord>& out) const;
+  // The records of the ops `ops` (indices into the class's ops) only, in that order, appended to `out`.
+  void append_ops(int rank, std::span<const std::uint32_t> ops, std::vector<profiler::PhaseRecord>& out) const;
 
  private:
+  // Appends the records of the class's ops op_index(0), ..., op_index(n - 1).
+  template <typename OpIndex>
+  void append(int rank, std::size_t n, const OpIndex& op_index, std::vector<profiler::PhaseRecord>& out) const;
+
   const scenarios::StepGraph* g_;
   std::vector<std::uint32_t> phase_, stream_;
   std::vector<std::uint32_t> group_;  // by Group value; Group::none: kNoName
