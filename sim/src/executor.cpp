@@ -1541,13 +1541,20 @@ class StepRun {
       ClassTimeline& t = r.classes[c];
       t.start.resize(s.op.size());
       t.end.resize(s.end.size());
-      t.record_start.resize(s.op.size());
-      t.record_end.resize(s.end.size());
-      t.launch_wait.assign(s.op.size(), 0.0);
+      // An untimed class's records are its ops' device execution: no record times of their own (no op
+      // has a timing marker, host_lane_costs).
+      const bool timed = s.timing != Timing::none;
+      if (timed) {
+        t.record_start.resize(s.op.size());
+        t.record_end.resize(s.end.size());
+        t.launch_wait.assign(s.op.size(), 0.0);
+      }
       double class_end = epoch_;
       for (std::size_t i = 0; i < s.op.size(); ++i) {
         t.start[i] = s.op[i].start - epoch_;
         t.end[i] = s.end[i] - epoch_;
+        class_end = std::max(class_end, s.end[i]);
+        if (!timed) continue;
         t.record_start[i] = t.start[i];
         t.record_end[i] = t.end[i];
         if (s.op[i].mark_host < 0.0 && s.op[i].mark_device > 0.0 && s.op[i].start >= 0.0) {
@@ -1579,7 +1586,6 @@ class StepRun {
                                           std::max(0.0, t.record_end[i] - t.record_start[i]));
           }
         }
-        class_end = std::max(class_end, s.end[i]);
       }
       t.step_end = std::max(class_end, s.host_end) - epoch_;
       last = std::max({last, class_end, s.host_end});

@@ -532,13 +532,12 @@ TEST(HostOverheadStudy, ATimedOpsRecordRunsFromItsStartMarkerToItsEndMarkerAsThr
     }
     const profiler::WallBreakdown walls = profiler::sweep_walls(tl, r.duration * 1e6);
     EXPECT_GT(walls.host_us / (r.duration * 1e6), 0.8) << strategy << ": launch-bound, and the walls say so";
-    // Untimed: records are the device execution itself.
+    // Untimed: records are the device execution itself (no record times of their own: start / end),
+    // without launch waits.
     const StepResult u = exec.run_step(g, Platform(s.cluster), {}, 0.0, nullptr, {});
-    for (std::size_t i = 0; i < rc.ops.size(); ++i) {
-      EXPECT_DOUBLE_EQ(u.classes[0].record_start[i], u.classes[0].start[i]);
-      EXPECT_DOUBLE_EQ(u.classes[0].record_end[i], u.classes[0].end[i]);
-      EXPECT_EQ(u.classes[0].launch_wait[i], 0.0) << "untimed ops carry no launch wait";
-    }
+    EXPECT_TRUE(u.classes[0].record_start.empty());
+    EXPECT_TRUE(u.classes[0].record_end.empty());
+    EXPECT_TRUE(u.classes[0].launch_wait.empty()) << "untimed ops carry no launch wait";
   }
 }
 

@@ -91,7 +91,7 @@ struct ClassTimeline {
   // What a phase record of the op measures (threewalls run's timing events): for a timed eager op,
   // from when its start marker ran on the device (recorded by the host just before the launch, run
   // once the stream reached it) to when its end marker ran (after the op and after the host recorded
-  // it behind the launch); otherwise start / end. Empty: use start / end.
+  // it behind the launch); otherwise start / end. Empty (a class without Timing): use start / end.
   std::vector<double> record_start;
   std::vector<double> record_end;
   // Per op, seconds at the start of its record during which the device waited for the host's launch
