@@ -11,6 +11,7 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "args.hpp"
 #include "command.hpp"
@@ -22,6 +23,7 @@
 #include "threewalls/scenarios/loader.hpp"
 #include "threewalls/sim/op_coster.hpp"
 #include "threewalls/sim/planner.hpp"
+#include "threewalls/sim/simgrid_network.hpp"
 
 namespace threewalls::cli {
 
@@ -251,10 +253,24 @@ void register_plan(CLI::App& app, Commands& cmds) {
                 << cost->profile.hardware().machine << "): the plan's step times are estimates from facts and "
                 << "datasheets, not calibrated\n";
     }
+    const int resim = sn > 1 ? 0 : (a.resim < 0 ? a.top : a.resim);
+    // The flow re-simulations fork from a parent that has loaded the SimGrid module (resimulate_flow).
+    // The sweep runs on one CPU: another loads the module meanwhile, and the process is back to one
+    // thread before it forks.
+    std::jthread preload;
+    if (resim > 0 && sim::available_cpus() > 1) {
+      preload = std::jthread([] {
+        try {
+          sim::preload_simgrid_module();
+        } catch (const std::exception&) {
+          // resimulate_flow tries again, and each row records why it cannot (flow_error).
+        }
+      });
+    }
     sim::PlanResult r = sim::run_plan(base, cost->coster, o);
     r.profile_id = cost->profile.id();
     r.profile_path = cost->resolved.path.string();
-    const int resim = sn > 1 ? 0 : (a.resim < 0 ? a.top : a.resim);
+    if (preload.joinable()) preload.join();
     return finish(r, base, *cost, resim, jobs_or_cpus(a.jobs), a.resim_method, a.format, a.out, show);
   });
 
