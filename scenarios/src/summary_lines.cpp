@@ -27,11 +27,15 @@ std::string count_text(double n) {
 std::string model_line(const scenarios::Scenario& s) {
   const auto& m = s.model;
   std::string out = count_text(model_parameters(m)) + " parameters";
+  std::string layers = std::to_string(m.num_layers) + " layers";
+  if (m.mtp_num_layers > 0) {
+    layers += " + " + std::to_string(m.mtp_num_layers) + " MTP depth" + (m.mtp_num_layers > 1 ? "s" : "");
+  }
   if (m.is_moe()) {
-    out += ", " + count_text(active_parameters(m)) + " active per token (" + std::to_string(m.num_layers) +
-           " layers, " + std::to_string(m.num_experts) + " experts, top-" + std::to_string(m.moe_router_topk) + ")";
+    out += ", " + count_text(active_parameters(m)) + " active per token (" + layers + ", " +
+           std::to_string(m.num_experts) + " experts, top-" + std::to_string(m.moe_router_topk) + ")";
   } else {
-    out += " (" + std::to_string(m.num_layers) + " layers, dense)";
+    out += " (" + layers + ", dense)";
   }
   return out;
 }

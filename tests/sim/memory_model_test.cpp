@@ -240,14 +240,21 @@ TEST(MemoryModel, ParameterCountsOfPublishedModels) {
     const Scenario s = scenarios::load_scenario(testing::source_dir() / "scenarios/examples" / c.file);
     EXPECT_NEAR(scenarios::model_parameters(s.model) / 1e9, c.billions, 0.01 * c.billions) << c.file;
   }
+  // DeepSeek-V3 with its MTP module: 685B (the published checkpoint's count; the module's embedding
+  // and output head copies, about 1.9B, are the main model's in Megatron and not counted again).
+  Scenario dsv3 = scenarios::load_scenario(testing::source_dir() / "scenarios/examples/deepseek_v3_2048gpu.toml");
+  dsv3.model.mtp_num_layers = 1;
+  EXPECT_NEAR(scenarios::model_parameters(dsv3.model) / 1e9, 685.0, 0.01 * 685.0);
 }
 
 // The memory model holds exactly the parameters that the expansion reduces and steps (one count,
 // scenarios/parameters.hpp), on every stage of uneven and interleaved pipelines.
 TEST(MemoryModel, ClassParametersAreTheExpansions) {
-  for (const char* f : {"mixtral_8x7b_64gpu.toml", "deepseek_v3_2048gpu.toml", "deepseek_v3_1024gpu.toml",
-                        "qwen3_235b_256gpu.toml", "small_moe_tp2_ep2.toml"}) {
-    const Scenario s = scenarios::load_scenario(testing::source_dir() / "scenarios/examples" / f);
+  for (const char* f :
+       {"examples/mixtral_8x7b_64gpu.toml", "examples/deepseek_v3_2048gpu.toml", "examples/deepseek_v3_1024gpu.toml",
+        "examples/qwen3_235b_256gpu.toml", "examples/small_moe_tp2_ep2.toml",
+        "validation/scale/dsv3_1024gpu_h100_fp8.toml"}) {  // an MTP depth on the last stage
+    const Scenario s = scenarios::load_scenario(testing::source_dir() / "scenarios" / f);
     const auto g = scenarios::expand(s, 0);
     const MemoryReport r = memory_model(s, g);
     ASSERT_EQ(r.classes.size(), g.classes.size());
