@@ -116,11 +116,12 @@ ParameterCount rank_parameters(const Scenario& s, const std::vector<int>& layers
   }
   if (first_stage) p.dense += embedding_parameters(s);
   if (last_stage) p.dense += head_parameters(s, first_stage);
-  // The MTP depths read the word embedding: a later stage than the first holds its own copy (its
-  // gradient all-reduced with the first stage's, as a tied embedding's is).
-  const bool mtp_here = std::any_of(layers.begin(), layers.end(), [&](int l) { return s.model.is_mtp_layer(l); });
-  if (mtp_here && !first_stage) p.dense += embedding_parameters(s);
+  if (holds_mtp_embedding_copy(s, layers, first_stage)) p.dense += embedding_parameters(s);
   return p;
+}
+
+bool holds_mtp_embedding_copy(const Scenario& s, const std::vector<int>& layers, bool first_stage) {
+  return !first_stage && std::any_of(layers.begin(), layers.end(), [&](int l) { return s.model.is_mtp_layer(l); });
 }
 
 double fsdp_gathered_parameters(const Scenario& s, const std::vector<int>& layers, bool first_stage, bool last_stage) {

@@ -64,11 +64,8 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
   const double emb_params = embedding_parameters(c.s);
   const double head_params = head_parameters(c.s, has_embedding);
   const int head_unit = c.s.model.head_unit(true);
-  // The multi-token-prediction depths on a later stage than the first read their own copy of the word
-  // embedding (rank_parameters counts it; its gradient joins the head's bucket and the embedding group's
-  // all-reduce).
-  const bool mtp_embedding_copy = !has_embedding && std::any_of(rc.layers.begin(), rc.layers.end(),
-                                                                [&](int l) { return c.s.model.is_mtp_layer(l); });
+  // The MTP embedding copy's gradient joins the head's bucket (and the embedding group's all-reduce).
+  const bool mtp_embedding_copy = holds_mtp_embedding_copy(c.s, rc.layers, has_embedding);
   const ParameterCount rank_params = rank_parameters(c.s, rc.layers, has_embedding, has_head);
   rc.dense_params = rank_params.dense;
   rc.expert_params = rank_params.expert;

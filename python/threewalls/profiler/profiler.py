@@ -22,9 +22,9 @@ How a step is timed (the C++ CUDA profiler's scheme, docs/profiler.md "Device ti
   first, until the device gets there; in a loop without such reads, a phase() call formats two
   records when the device has not yet reached the previous phase boundary (the last event
   recorded; on unrecorded steps, when the main stream has queued work). begin_step formats, busy
-  device or not, what
-  is left of the steps before the last recorded one and of every step before a flush point reached
-  (at most about one step's records wait; a flush window is written during the next step). A record
+  device or not, what is left of the steps before the last recorded one and of every step before a
+  flush point reached (at most about one step's records wait; a flush window is written during the
+  next step). A record
   is start_us = elapsed(epoch, a), dur_us = elapsed(a, b); its events go back to a pool, so steady
   state creates no events. finish() waits for the rest.
 * epoch_us is on the run's host clock (time.time_ns() since the start of the second in run.json's
@@ -362,7 +362,13 @@ class Profiler:
     def tick(self) -> None:
         """What a phase on an unrecorded step does besides nothing: formats two waiting records of
         finished steps while the device is busy (harvesting hides behind device time)."""
-        if self._pending and not self._reads and self._device_busy():
+        if self._pending:  # the common case stays one test
+            self._format_at_phase_start()
+
+    def _format_at_phase_start(self) -> None:
+        """At a phase's start: two waiting records if the device is busy, unless the loop has host reads
+        that wait for the device (records are formatted there, where it costs nothing)."""
+        if not self._reads and self._device_busy():
             self._drain(2)
 
     def _format_while_busy(self, e) -> None:
@@ -485,8 +491,8 @@ class Profiler:
         """Formats two waiting records if the device is busy (and the loop has no host reads that wait
         for it, where formatting costs nothing); then the context manager of a phase on an unrecorded
         step (a no-op, or an NVTX range with nvtx="all"), or None when the step is recorded."""
-        if self._pending and not self._reads and self._device_busy():
-            self._drain(2)
+        if self._pending:  # the common case stays one test
+            self._format_at_phase_start()
         if self._rec:
             return None
         if self._nvtx_all:
@@ -536,8 +542,8 @@ class Profiler:
     def begin_phase(self, info: PhaseInfo, stream=None) -> Optional[_Phase]:
         """Starts a phase outside a `with` block (autograd hooks); returns a token for end_phase, or
         None on an unrecorded step."""
-        if self._pending and not self._reads and self._device_busy():
-            self._drain(2)
+        if self._pending:  # the common case stays one test
+            self._format_at_phase_start()
         if not self._rec or not self.policy.records_phase(info.coarse):
             return None
         p = _Phase(self, info, stream)

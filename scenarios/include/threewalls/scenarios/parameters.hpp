@@ -45,8 +45,12 @@ double embedding_parameters(const Scenario& s);
 // One rank's share of the last stage's head: the final norm, and the output layer (untied) or the
 // last stage's copy of the tied embedding (none when the last stage is also the first).
 double head_parameters(const Scenario& s, bool first_stage);
+// Whether the stage holding `layers` keeps its own copy of the word embedding for multi-token
+// prediction: it runs an MTP depth and is not the first stage (the copy's gradient is all-reduced with
+// the first stage's in the embedding group).
+bool holds_mtp_embedding_copy(const Scenario& s, const std::vector<int>& layers, bool first_stage);
 // Parameters of one rank of the pipeline stage holding `layers` (global indices), with the embedding
-// on the first stage and the head on the last.
+// on the first stage, the head on the last and the MTP embedding copy where it is held.
 ParameterCount rank_parameters(const Scenario& s, const std::vector<int>& layers, bool first_stage, bool last_stage);
 
 // Megatron-FSDP with sharded gradients (and parameters): parameters whose full gradients (and gathered
