@@ -185,6 +185,26 @@ class HuggingFaceSourceTest(unittest.TestCase):
             with open(cmp_json) as f:
                 self.assertGreater(json.load(f)["matched_records"], 0)
 
+    def test_hf_params_without_a_transformers_model_is_refused(self):
+        d, _, scen = self.files()
+        r = subprocess.run([sys.executable, "-m", "threewalls.runner", scen, "--out", os.path.join(d, "run"),
+                            "--device", "cpu", "--hf-params", "bf16"], env=env_with_package(), capture_output=True,
+                           text=True, timeout=240)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("--hf-params applies to --hf-config runs only", r.stderr)
+
+    @unittest.skipUnless(_has_transformers(), "transformers is not installed (the GPU machines have it)")
+    def test_bf16_parameters_train_in_bf16(self):
+        d, cfg, scen = self.files()
+        run = os.path.join(d, "run")
+        r = subprocess.run([sys.executable, "-m", "threewalls.runner", scen, "--out", run, "--device", "cpu",
+                            "--hf-config", cfg, "--hf-params", "bf16"], env=env_with_package(), capture_output=True,
+                           text=True, timeout=240)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        with open(os.path.join(run, "run.json")) as f:
+            runner = json.load(f)["settings"]["runner"]
+        self.assertTrue(runner["precision"].startswith("bf16 parameters"), runner["precision"])
+
     @unittest.skipUnless(_has_transformers(), "transformers is not installed (the GPU machines have it)")
     def test_a_config_that_is_not_the_scenarios_model_is_refused(self):
         d, cfg, scen = self.files(hidden_size=128)

@@ -7,8 +7,8 @@
 The model is transformers' own class for the config's `model_type` (AutoModelForCausalLM.from_config,
 random weights, the scenario's number of layers), with the implementation transformers chooses for
 its attention and experts, in the mixed precision of transformers' Trainer with `bf16=True` (fp32
-parameters, gradients and AdamW state, the forward under bf16 autocast): what a Hugging Face user
-runs, not the reference runner's ops (whose parameter state is Megatron's). The
+parameters, gradients and AdamW state, the forward under bf16 autocast; `--hf-params bf16`: bf16
+parameters, gradients and AdamW state instead): what a Hugging Face user runs, not the reference runner's ops (whose parameter state is Megatron's). The
 scenario gives the rest: micro-batch size, sequence length, micro-batches per step (one GPU: global
 batch / micro-batch), steps, warm-up steps and the profiler's sampling. A training step is, per
 micro-batch, the input copy (`host_to_device`), the model's forward with labels (its loss included)
@@ -29,6 +29,11 @@ from typing import Any, Dict, List
 import torch
 
 from threewalls.errors import InputError
+
+# --hf-params: the parameters' type. fp32 is transformers' Trainer with bf16=True (fp32 parameters, the
+# forward under bf16 autocast); bf16 is a model loaded in bf16 and trained so (bf16 parameters,
+# gradients and AdamW moments), as users do with `torch_dtype=torch.bfloat16`.
+PARAMETER_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 # Fields whose values must agree between the HF config and the scenario's [model] (same names in both).
 _SAME_NAMES = ("hidden_size", "num_attention_heads", "vocab_size")
@@ -112,13 +117,14 @@ def build(args, s, device, dtype):
         raise InputError(f"{args.scenario}: --hf-config runs one GPU; the scenario's world is {s.world_size}")
     transformers, cfg = _load_config(args.hf_config, s.model["num_layers"])
     check_against_scenario(cfg, s.model, args.hf_config, args.scenario)
+    params = PARAMETER_DTYPES[getattr(args, "hf_params", None) or "fp32"]
     torch.manual_seed(s.run["seed"])
     with torch.device(device):
         try:
-            hf_model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+            hf_model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=params)
         except TypeError:  # transformers before "dtype" replaced "torch_dtype"
-            hf_model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
-    hf_model.to(device=device, dtype=torch.float32)
+            hf_model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=params)
+    hf_model.to(device=device, dtype=params)
     hf_model.train()
     mlp = _mlp(_blocks(hf_model)[0])
     experts = getattr(mlp, "experts", None)
@@ -128,8 +134,10 @@ def build(args, s, device, dtype):
                 "experts_implementation": getattr(cfg, "_experts_implementation", None),
                 "config": args.hf_config, "transformers": transformers.__version__,
                 "attn_implementation": getattr(cfg, "_attn_implementation", None),
-                "precision": "fp32 parameters, gradients and AdamW state; forward under "
-                             + ("bf16 autocast" if dtype == torch.bfloat16 else "fp32"),
+                "precision": (("fp32 parameters, gradients and AdamW state; forward under "
+                               + ("bf16 autocast" if dtype == torch.bfloat16 else "fp32"))
+                              if params == torch.float32 else
+                              "bf16 parameters, gradients and AdamW state (no fp32 copy)"),
                 "parameters": sum(p.numel() for p in hf_model.parameters())}
     return hf_model, settings
 

@@ -158,6 +158,10 @@ def run(argv: Optional[List[str]] = None) -> int:
                     help="run transformers' own model class for this Hugging Face config.json (random weights, the "
                          "scenario's layers, one GPU, training) instead of the runner's model; the scenario gives "
                          "the batch, steps and profiler (threewalls.runner.hf)")
+    ap.add_argument("--hf-params", choices=["fp32", "bf16"],
+                    help="with --hf-config: the parameters' type; fp32 (default) is transformers' Trainer with "
+                         "bf16=True (fp32 parameters, gradients and AdamW state, the forward under bf16 autocast), "
+                         "bf16 a model loaded and trained in bf16")
     ap.add_argument("--torch-profile", metavar="TRACE_JSON",
                     help="also run the steps under torch.profiler (CPU and CUDA activity) with the profiler's "
                          "record_function ranges on, and write its Chrome trace here (rank r > 0: TRACE_JSON "
@@ -171,6 +175,8 @@ def run(argv: Optional[List[str]] = None) -> int:
 
 
 def _run(args) -> int:
+    if args.hf_params and not args.hf_config:
+        raise InputError("--hf-params applies to --hf-config runs only")
     s = scen.load(args.scenario, model_from_transformers=bool(args.hf_config))
     rank, world, local = _ranks_from_env()
     if world != s.world_size:
