@@ -404,18 +404,56 @@ void add_collectives(ProfileBuilder& b, const Facts& f) {
   b.set_note(collective_family(Collective::send_recv, LinkScope::nvlink),
              "no fact: one pair at the all_to_all 2-GPU fact (320 GB/s at 1 GiB); latency 8 us and the ramp assumed");
 
-  // Network: one 400 Gb/s NIC per GPU (datasheet 50 GB/s, ~45 GB/s effective), latency a few us.
-  const std::string net =
-      "no measurement: one 400 Gb/s NIC per GPU (50 GB/s datasheet), bus bandwidth 45 GB/s at 1 GiB "
-      "(assumed effective); latency 4 us + 3 us log2 n and ramp beta_max / (1 + sqrt(2 MiB / S)) assumed";
-  for (Collective k : {Collective::all_reduce, Collective::all_gather, Collective::reduce_scatter,
-                       Collective::all_to_all, Collective::broadcast}) {
-    for (int n : {2, 4, 8, 16})
-      add_collective_curve(b, k, LinkScope::network, n, 45e9, 4e-6 + 3e-6 * std::log2(n), 2 * kMiB);
-    b.set_note(collective_family(k, LinkScope::network), net);
+  // Network: one 400 Gb/s NIC per GPU (rail-optimised DGX-style nodes), from published measurements.
+  // Bandwidth: NCCL reaches 46-48 GB/s bus bandwidth per NDR 400 Gb/s NIC (NVIDIA's answer in
+  // nccl-tests issue #290); 47 GB/s is beta_max. A collective over several GPUs of a node uses as many
+  // NICs (flows.hpp, rails_bus_time), as NVIDIA's DGX-A100 figure shows (192 GB/s all-reduce bus
+  // bandwidth over 8 x 200 Gb/s NICs, NCCL issue #812). Latency: NCCL's own tuning model
+  // (src/graph/tuning.cc at commit b6475625: base and per-network-step latencies of the LL protocol it picks
+  // for small messages), for n GPUs on n nodes.
+  const std::string cite =
+      "not measured here (a network collective needs more than one node); from publications: bus bandwidth: 47 GB/s per 400 Gb/s NIC at large sizes (NVIDIA, nccl-tests issue #290: 'for NDR @ "
+      "400Gbps you should see 46-48GB/s per NIC'); a group with L GPUs per node uses L NICs (simulator, "
+      "rails; NVIDIA, NCCL issue #812: 192 GB/s all-reduce bus bandwidth on 8 x 200 Gb/s NICs). Ramp beta_max / "
+      "(1 + sqrt(2 MiB / S)) assumed (within -15%..+19% of the 2-32 MiB points of nccl-tests issue #232, "
+      "2 x H100 over NDR). Latency from NCCL's own tuning model (NVIDIA/nccl src/graph/tuning.cc at commit b6475625), n GPUs "
+      "on n nodes: ";
+  const double kNetBusBw = 47e9;
+  const double s_half = 2 * kMiB;
+  const double busbw_at_1gib = kNetBusBw / (1.0 + std::sqrt(s_half / kGiB));
+  struct NetLatency {
+    Collective kind;
+    const char* rule;
+  };
+  const NetLatency rules[] = {
+      {Collective::all_reduce, "6.8 us + 2 log2(n) x 5.0 us (tree, LL protocol)"},
+      {Collective::all_gather, "6.6 us + (n - 1) x 2.7 us (ring, LL protocol)"},
+      {Collective::reduce_scatter, "6.6 us + (n - 1) x 2.7 us (ring, LL protocol)"},
+      {Collective::broadcast, "6.6 us + n x 2.7 us (ring broadcast, LL protocol)"},
+      {Collective::all_to_all,
+       "9.3 us + (n - 1) x 1.0 us, assumed: the model has no all-to-all; one network step of its ring LL "
+       "(6.6 + 2.7 us) and its network post overhead (1 us) per peer"},
+  };
+  auto alpha_of = [&](Collective k, int n) {
+    const double nn = n;
+    switch (k) {
+      case Collective::all_reduce: return 6.8e-6 + 2.0 * std::floor(std::log2(nn)) * 5.0e-6;
+      case Collective::all_gather:
+      case Collective::reduce_scatter: return 6.6e-6 + (nn - 1.0) * 2.7e-6;
+      case Collective::broadcast: return 6.6e-6 + nn * 2.7e-6;
+      case Collective::all_to_all: return 9.3e-6 + (nn - 1.0) * 1.0e-6;
+      case Collective::send_recv: return 9.3e-6;
+    }
+    return 9.3e-6;
+  };
+  for (const NetLatency& r : rules) {
+    for (int n : {2, 4, 8, 16}) add_collective_curve(b, r.kind, LinkScope::network, n, busbw_at_1gib, alpha_of(r.kind, n), s_half);
+    b.set_note(collective_family(r.kind, LinkScope::network), cite + r.rule);
   }
-  add_collective_curve(b, Collective::send_recv, LinkScope::network, 2, 45e9, 5e-6, 2 * kMiB);
-  b.set_note(collective_family(Collective::send_recv, LinkScope::network), net + "; one pair, latency 5 us");
+  add_collective_curve(b, Collective::send_recv, LinkScope::network, 2, busbw_at_1gib, alpha_of(Collective::send_recv, 2),
+                       s_half);
+  b.set_note(collective_family(Collective::send_recv, LinkScope::network),
+             cite + "9.3 us for one pair, one network step of its ring LL (6.6 + 2.7 us)");
 }
 
 // ---- host ----------------------------------------------------------------------------------------

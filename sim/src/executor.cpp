@@ -1482,9 +1482,14 @@ class StepRun {
           coster_.comm_params(kind, Bytes(op.bytes), n, spans ? LinkScope::network : LinkScope::nvlink);
       checked_cost(p.latency.value, g_, *s.rc, m.op, "latency");
       checked_cost(p.bus_bandwidth.value, g_, *s.rc, m.op, "bus bandwidth");
-      std::vector<RankFlow> raw = collective_flows(kind, algo, members, size, split, s.rep);
+      const int gpn = platform_.gpus_per_node();
+      std::vector<RankFlow> raw = collective_flows(kind, algo, members, size, split, s.rep, gpn);
       if (kind == Collective::all_to_all && spans) {
         t_bw = std::max(t_bw, a2a_across_nodes(op, members, size, split, s.rep, raw));
+      } else if (const int rails = spans ? rails_of(members, gpn) : 1; rails > 1) {
+        const CommParams nv = coster_.comm_params(kind, Bytes(op.bytes), rails, LinkScope::nvlink);
+        const double traffic = bus_traffic_bytes(kind, members, size, split);
+        t_bw = std::max(t_bw, rails_bus_time(traffic, rails, p.bus_bandwidth.value, nv.bus_bandwidth.value));
       } else {
         const double traffic = bus_traffic_bytes(kind, members, size, split);
         if (p.bus_bandwidth.value > 0.0) t_bw = std::max(t_bw, traffic / p.bus_bandwidth.value);
@@ -1669,7 +1674,8 @@ std::vector<int> Executor::flow_ranks(const StepGraph& graph) const {
       const std::uint64_t key = (static_cast<std::uint64_t>(c) << 24) | (static_cast<std::uint64_t>(op.group) << 16) |
                                 (static_cast<std::uint64_t>(kind) << 8) | static_cast<std::uint64_t>(algo);
       if (!seen.emplace(key, 1).second) continue;
-      for (const RankFlow& f : collective_flows(kind, algo, members, 1.0, Split{}, rep)) ranks.push_back(f.dst);
+      for (const RankFlow& f : collective_flows(kind, algo, members, 1.0, Split{}, rep, graph.layout.gpus_per_node()))
+        ranks.push_back(f.dst);
     }
   }
   std::sort(ranks.begin(), ranks.end());

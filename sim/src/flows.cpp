@@ -91,11 +91,78 @@ void check_split(const Split& split, std::size_t n) {
 
 }  // namespace
 
+int rails_of(std::span<const int> members, int gpus_per_node) {
+  if (gpus_per_node <= 1 || members.size() <= 1) return 1;
+  std::vector<int> nodes(members.size());
+  for (std::size_t i = 0; i < members.size(); ++i) nodes[i] = members[i] / gpus_per_node;
+  std::sort(nodes.begin(), nodes.end());
+  if (nodes.front() == nodes.back()) return 1;
+  const auto first_run = std::upper_bound(nodes.begin(), nodes.end(), nodes.front()) - nodes.begin();
+  for (std::size_t i = 0; i < nodes.size(); i += static_cast<std::size_t>(first_run)) {
+    const std::size_t end = i + static_cast<std::size_t>(first_run);
+    if (end > nodes.size() || nodes[end - 1] != nodes[i] || (end < nodes.size() && nodes[end] == nodes[i])) return 1;
+  }
+  return static_cast<int>(first_run);
+}
+
+double rails_bus_time(double traffic, int rails, double network_busbw, double nvlink_busbw) {
+  if (!(traffic > 0.0) || !(network_busbw > 0.0)) return 0.0;
+  if (rails <= 1) return traffic / network_busbw;
+  const double l = rails;
+  const double t_net = traffic / l / network_busbw;
+  const double t_nv = nvlink_busbw > 0.0 ? traffic * (l - 1.0) / l / nvlink_busbw : 0.0;
+  return std::max(t_net, t_nv);
+}
+
+namespace {
+
+// The channels of a ring, chain or tree across nodes with `rails` members per node (collective_flows).
+void add_rail_flows(Collective kind, std::span<const int> members, double size, int rails, int gpus_per_node,
+                    int only_src, std::vector<RankFlow>& out) {
+  const std::size_t n = members.size();
+  const double nn = static_cast<double>(n);
+  const double per = kind == Collective::broadcast    ? size
+                     : kind == Collective::all_reduce ? 2.0 * (nn - 1.0) / nn * size
+                                                      : (nn - 1.0) / nn * size;
+  // Nodes in order of first appearance, each with its members in group order.
+  std::vector<int> node_ids;
+  std::vector<std::vector<int>> locals;
+  for (int r : members) {
+    const int node = r / gpus_per_node;
+    const auto it = std::find(node_ids.begin(), node_ids.end(), node);
+    if (it == node_ids.end()) {
+      node_ids.push_back(node);
+      locals.push_back({r});
+    } else {
+      locals[static_cast<std::size_t>(it - node_ids.begin())].push_back(r);
+    }
+  }
+  const double l = rails;
+  for (std::size_t k = 0; k < locals.size(); ++k) {
+    const std::vector<int>& here = locals[k];
+    const std::vector<int>& next = locals[(k + 1) % locals.size()];
+    for (std::size_t p = 0; p < here.size(); ++p) {
+      const int src = here[p];
+      if (only_src >= 0 && src != only_src) continue;
+      out.push_back({src, here[(p + 1) % here.size()], per * (l - 1.0) / l});
+      out.push_back({src, next[p], per / l});
+    }
+  }
+}
+
+}  // namespace
+
 std::vector<RankFlow> collective_flows(Collective kind, Algorithm algo, std::span<const int> members, double size,
-                                       const Split& split, int only_src) {
+                                       const Split& split, int only_src, int gpus_per_node) {
   std::vector<RankFlow> out;
   const std::size_t n = members.size();
   if (n <= 1 || !(size > 0.0)) return out;
+  if (gpus_per_node > 0 && (algo == Algorithm::ring || algo == Algorithm::chain || algo == Algorithm::tree)) {
+    if (const int rails = rails_of(members, gpus_per_node); rails > 1) {
+      add_rail_flows(kind, members, size, rails, gpus_per_node, only_src, out);
+      return out;
+    }
+  }
   auto add = [&](std::size_t i, std::size_t j, double bytes) {
     const int s = members[i];
     const int d = members[j];

@@ -88,6 +88,57 @@ TEST(Flows, DoubleBinaryTreeEdgesCarryHalfTheBufferEachWay) {
   for (const auto& [k, v] : edge) EXPECT_TRUE(edge.count({k.second, k.first})) << k.first << "->" << k.second;
 }
 
+TEST(Flows, RailsAreTheMembersPerNodeWhenEveryNodeHoldsAsMany) {
+  EXPECT_EQ(rails_of(iota(16), 8), 8);
+  EXPECT_EQ(rails_of(std::vector<int>{0, 1, 8, 9, 16, 17}, 8), 2);
+  EXPECT_EQ(rails_of(std::vector<int>{0, 4, 8, 12}, 8), 2);   // strided members, two per node
+  EXPECT_EQ(rails_of(std::vector<int>{0, 1, 2, 8}, 8), 1);    // uneven: no channel per rail
+  EXPECT_EQ(rails_of(std::vector<int>{0, 8, 9, 1, 2, 10}, 8), 3);
+  EXPECT_EQ(rails_of(iota(8), 8), 1);                          // within one node
+  EXPECT_EQ(rails_of(std::vector<int>{0, 8, 16, 24}, 8), 1);   // one member per node
+  EXPECT_EQ(rails_of(iota(16), 0), 1);
+}
+
+TEST(Flows, RingAcrossNodesRunsOneChannelPerRailAndEachNicCarriesItsShare) {
+  // 2 nodes x 8 GPUs: every member sends 7/8 of its ring traffic to the next GPU of its node and 1/8
+  // through its own NIC to the GPU of the same local position on the other node.
+  const auto m = iota(16);
+  const double traffic = 2.0 * 15.0 / 16.0 * 1600.0;
+  const auto f = collective_flows(Collective::all_reduce, Algorithm::ring, m, 1600.0, Split{}, -1, 8);
+  ASSERT_EQ(f.size(), 32U);
+  std::map<int, double> nic_out, nv_out;
+  for (const auto& x : f) {
+    if (x.src / 8 == x.dst / 8) {
+      EXPECT_EQ(x.dst, x.src / 8 * 8 + (x.src % 8 + 1) % 8);
+      nv_out[x.src] += x.bytes;
+    } else {
+      EXPECT_EQ(x.dst % 8, x.src % 8);
+      nic_out[x.src] += x.bytes;
+    }
+  }
+  for (int r = 0; r < 16; ++r) {
+    EXPECT_DOUBLE_EQ(nic_out[r], traffic / 8.0);
+    EXPECT_DOUBLE_EQ(nv_out[r], traffic * 7.0 / 8.0);
+  }
+  // The tree all-reduce and the broadcast chain take the same channels; without the node size, a ring.
+  EXPECT_EQ(collective_flows(Collective::all_reduce, Algorithm::tree, m, 1600.0, Split{}, 3, 8).size(), 2U);
+  const auto b = collective_flows(Collective::broadcast, Algorithm::chain, m, 1600.0, Split{}, 3, 8);
+  ASSERT_EQ(b.size(), 2U);
+  EXPECT_DOUBLE_EQ(b[0].bytes + b[1].bytes, 1600.0);
+  EXPECT_EQ(collective_flows(Collective::all_reduce, Algorithm::ring, m, 1600.0, Split{}, 3).size(), 1U);
+  // Within one node nothing changes.
+  const auto one = collective_flows(Collective::all_reduce, Algorithm::ring, iota(8), 800.0, Split{}, -1, 8);
+  ASSERT_EQ(one.size(), 8U);
+  for (const auto& x : one) EXPECT_EQ(x.dst, (x.src + 1) % 8);
+}
+
+TEST(Flows, RailsBusTimeIsTheSlowerOfTheNicShareAndTheNvlinkShare) {
+  EXPECT_DOUBLE_EQ(rails_bus_time(800.0, 1, 40.0, 400.0), 20.0);
+  EXPECT_DOUBLE_EQ(rails_bus_time(800.0, 8, 40.0, 400.0), 800.0 / 8.0 / 40.0);       // NICs bind
+  EXPECT_DOUBLE_EQ(rails_bus_time(800.0, 8, 400.0, 100.0), 800.0 * 7.0 / 8.0 / 100.0);  // NVLink binds
+  EXPECT_DOUBLE_EQ(rails_bus_time(0.0, 8, 40.0, 400.0), 0.0);
+}
+
 TEST(Flows, OnlySourceFilterKeepsOneMembersFlows) {
   const auto f = collective_flows(Collective::all_to_all, Algorithm::pairwise, iota(8), 800.0, Split{}, 3);
   ASSERT_EQ(f.size(), 7U);

@@ -238,15 +238,25 @@ TEST(SimGridEngine, LoneCollectiveReproducesTheProfilesCurve) {
       auto cl = testing::cluster(c.gpn, c.nodes, 450, 50);
       const auto r = flow_step(b, coster, cl);
       // A multi-node all-to-all is dispatched hierarchically (the bytes to peers inside the node on
-      // NVLink, the rest on the network, docs/simulator.md): flow fidelity matches the analytic
-      // time of that split, not one curve.
-      const bool split = c.kind == Collective::all_to_all && c.nodes > 1;
+      // NVLink, the rest on the network), and a multi-node ring with 8 GPUs per node runs one channel
+      // per NIC (docs/simulator.md, "Rings across nodes"): flow fidelity matches the analytic time of
+      // that split, not one curve.
+      const bool split = c.nodes > 1;
       const auto a = split ? flow_step(b, coster, cl, Fidelity::analytic) : r;
       const double want =
           split ? a[2] - a[1]
                 : model.collective(c.kind, Bytes(S), c.n, c.nodes > 1 ? LinkScope::network : LinkScope::nvlink).value;
       // The op's own duration (the step also holds its host launch).
       EXPECT_NEAR(r[2] - r[1], want, 1e-6 * want) << scenarios::to_string(c.kind) << " n " << c.n << " S " << S;
+      if (split && c.kind != Collective::all_to_all) {
+        // The ring's closed form: latency + max(f S / 8 / busbw(network, n), f S 7/8 / busbw(nvlink, 8)).
+        const auto net = model.collective_params(c.kind, Bytes(S), c.n, LinkScope::network);
+        const auto nv = model.collective_params(c.kind, Bytes(S), c.gpn, LinkScope::nvlink);
+        const double traffic = bus_factor(c.kind, c.n) * S;
+        const double ring = net.latency.value + std::max(traffic / 8.0 / net.bus_bandwidth.value,
+                                                         traffic * 7.0 / 8.0 / nv.bus_bandwidth.value);
+        EXPECT_NEAR(want, ring, 1e-9 * ring) << scenarios::to_string(c.kind) << " S " << S;
+      }
     }
   }
 }

@@ -190,10 +190,17 @@ std::vector<std::string> default_selective_modules(const Scenario& s) {
 }
 
 // Time of a collective alone (nccl-tests convention): alpha + f(n) S / busbw.
-double comm_seconds(const OpCoster& coster, Collective kind, double bytes, int n, LinkScope scope) {
+// A collective alone; a ring, chain or tree across nodes with `rails` members per node as the executor
+// prices it (rails_bus_time).
+double comm_seconds(const OpCoster& coster, Collective kind, double bytes, int n, LinkScope scope, int rails = 1) {
   if (n <= 1 || bytes <= 0.0) return 0.0;
   const CommParams p = coster.comm_params(kind, Bytes(bytes), n, scope);
-  return p.latency.value + bus_factor(kind, n) * bytes / p.bus_bandwidth.value;
+  const double traffic = bus_factor(kind, n) * bytes;
+  if (scope == LinkScope::network && rails > 1 && kind != Collective::all_to_all) {
+    const CommParams nv = coster.comm_params(kind, Bytes(bytes), rails, LinkScope::nvlink);
+    return p.latency.value + rails_bus_time(traffic, rails, p.bus_bandwidth.value, nv.bus_bandwidth.value);
+  }
+  return p.latency.value + traffic / p.bus_bandwidth.value;
 }
 
 double memory_kernel_seconds(const OpCoster& coster, OpKind kind, double bytes, double elements) {
@@ -968,23 +975,26 @@ PlanRow PlanEstimator::evaluate(const Candidate& c) {
   auto scope_of = [&](Group grp) {
     return layout.group_within_node(grp, rep) ? LinkScope::nvlink : LinkScope::network;
   };
+  auto rails_in = [&](Group grp) {
+    return layout.group_within_node(grp, rep) ? 1 : rails_of(layout.group_members(grp, rep), layout.gpus_per_node());
+  };
   const int nd = c.dp * c.cp, ne = c.edp;
   const bool dist = t.use_distributed_optimizer;
   const Collective red_kind = dist ? Collective::reduce_scatter : Collective::all_reduce;
   const double bucket = t.grad_bucket_size_params;
   const double dense = cmem.params.dense, expert = cmem.params.expert;
   const scenarios::ParameterBytes per = scenarios::parameter_bytes(t);
-  const double rs_all = comm_seconds(coster, red_kind, dense * per.gradient, nd, scope_of(Group::dp_cp)) +
-                        comm_seconds(coster, red_kind, expert * per.gradient, ne, scope_of(Group::edp));
+  const double rs_all = comm_seconds(coster, red_kind, dense * per.gradient, nd, scope_of(Group::dp_cp), rails_in(Group::dp_cp)) +
+                        comm_seconds(coster, red_kind, expert * per.gradient, ne, scope_of(Group::edp), rails_in(Group::edp));
   const double rs_last =
-      std::max(comm_seconds(coster, red_kind, std::min(bucket, dense) * per.gradient, nd, scope_of(Group::dp_cp)),
-               comm_seconds(coster, red_kind, std::min(bucket, expert) * per.gradient, ne, scope_of(Group::edp)));
+      std::max(comm_seconds(coster, red_kind, std::min(bucket, dense) * per.gradient, nd, scope_of(Group::dp_cp), rails_in(Group::dp_cp)),
+               comm_seconds(coster, red_kind, std::min(bucket, expert) * per.gradient, ne, scope_of(Group::edp), rails_in(Group::edp)));
   w.exposed_comm_us += t.overlap_grad_reduce ? std::max(rs_last, rs_all - crit_bwd) : rs_all;
   if (dist) {
-    const double ag_all = comm_seconds(coster, Collective::all_gather, dense * per.weight, nd, scope_of(Group::dp_cp)) +
-                          comm_seconds(coster, Collective::all_gather, expert * per.weight, ne, scope_of(Group::edp));
+    const double ag_all = comm_seconds(coster, Collective::all_gather, dense * per.weight, nd, scope_of(Group::dp_cp), rails_in(Group::dp_cp)) +
+                          comm_seconds(coster, Collective::all_gather, expert * per.weight, ne, scope_of(Group::edp), rails_in(Group::edp));
     const double ag_first =
-        comm_seconds(coster, Collective::all_gather, std::min(bucket, dense) * per.weight, nd, scope_of(Group::dp_cp));
+        comm_seconds(coster, Collective::all_gather, std::min(bucket, dense) * per.weight, nd, scope_of(Group::dp_cp), rails_in(Group::dp_cp));
     w.exposed_comm_us += t.overlap_param_gather ? ag_first : ag_all;
   }
   const double shard = dist ? dense / nd + expert / ne : dense + expert;

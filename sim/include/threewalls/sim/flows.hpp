@@ -115,11 +115,29 @@ struct RankFlow {
   double bytes = 0.0;
 };
 
+// Rails of a group that spans nodes (docs/simulator.md, "Rings across nodes"): the number of members
+// it has on each node it touches, when that number is the same on every such node; 1 otherwise, and
+// for a group within one node. NCCL builds a ring, chain or tree across nodes as one channel per
+// local GPU, each channel leaving a node through its own GPU's NIC (rail-optimised nodes with one NIC
+// per GPU), so such a collective moves its inter-node bytes over `rails` NICs of every node at once.
+int rails_of(std::span<const int> members, int gpus_per_node);
+
+// Bus-bandwidth time of a ring, chain or tree collective with `traffic` bytes per member (f(n) S)
+// over a group that spans nodes with `rails` members on each: a member's NIC carries traffic / rails
+// (it is the exit of one channel in `rails`), its NVLink port the other (rails - 1) / rails, both at
+// once; network_busbw is the profile's per-NIC network curve, nvlink_busbw its NVLink curve at
+// `rails` members. rails = 1: traffic / network_busbw.
+double rails_bus_time(double traffic, int rails, double network_busbw, double nvlink_busbw);
+
 // The flows of one collective over `members` (ranks in group order) whose source is `only_src` (all
 // sources when only_src < 0). `size` is the nccl-tests size S of the members' op (for by_src, the
-// balanced size). Self flows and zero-byte flows are left out.
+// balanced size). Self flows and zero-byte flows are left out. With `gpus_per_node` > 0, a ring, chain
+// or tree over a group with rails_of(...) = L > 1 is placed as its channels run: each member sends
+// (L - 1) / L of its ring traffic (2(n-1)/n S for an all_reduce, ring or tree; (n-1)/n S for
+// all_gather and reduce_scatter; S for a broadcast) to the next member of its node in group order
+// over NVLink, and 1 / L to the member of the same local position on the next node of the group.
 std::vector<RankFlow> collective_flows(Collective kind, Algorithm algo, std::span<const int> members, double size,
-                                       const Split& split, int only_src = -1);
+                                       const Split& split, int only_src = -1, int gpus_per_node = 0);
 
 // f(n) S, or for an all_to_all the largest bytes any member sends or receives (self excluded).
 double bus_traffic_bytes(Collective kind, std::span<const int> members, double size, const Split& split);
