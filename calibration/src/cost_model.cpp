@@ -371,6 +371,11 @@ std::optional<CostModel::NcclMemory> CostModel::nccl_memory() const {
   return NcclMemory{Bytes(m.communicator_bytes), Bytes(m.collective_bytes), Bytes(m.p2p_peer_bytes)};
 }
 
+std::optional<BytesPerSecond> CostModel::expert_dispatch_bandwidth(int group_size, bool combine) const {
+  if (!impl_->expert_dispatch) return std::nullopt;
+  return BytesPerSecond(impl_->expert_dispatch->bandwidth(group_size, combine ? 1 : 0));
+}
+
 std::optional<CostModel::DeviceMemory> CostModel::device_memory() const {
   if (!impl_->device_memory) return std::nullopt;
   const DeviceMemoryModel& m = *impl_->device_memory;

@@ -1310,6 +1310,45 @@ NcclMemoryModel NcclMemoryModel::fit(const std::vector<Sample>& samples) {
   return out;
 }
 
+// ---- expert-parallel dispatch over RDMA ("expert_dispatch_v1") ----
+
+double ExpertDispatchModel::bandwidth(int n, int direction) const {
+  const std::vector<double>& bw = direction == 0 ? dispatch_bps : combine_bps;
+  if (group_size.empty() || bw.size() != group_size.size()) {
+    throw std::logic_error("expert dispatch model without group sizes");
+  }
+  if (n <= group_size.front()) return bw.front();
+  if (n >= group_size.back()) return bw.back();
+  std::size_t i = 1;
+  while (group_size[i] < n) ++i;
+  const double x0 = std::log2(static_cast<double>(group_size[i - 1]));
+  const double x1 = std::log2(static_cast<double>(group_size[i]));
+  const double w = (std::log2(static_cast<double>(n)) - x0) / (x1 - x0);
+  return bw[i - 1] + w * (bw[i] - bw[i - 1]);
+}
+
+ExpertDispatchModel ExpertDispatchModel::fit(const std::vector<Sample>& samples) {
+  if (samples.empty()) throw FitImpossible("expert dispatch: no points");
+  std::map<int, std::array<std::vector<double>, 2>> rates;
+  for (const Sample& x : samples) {
+    if (x.direction != 0 && x.direction != 1) {
+      throw FitImpossible("expert dispatch: direction " + std::to_string(x.direction) + " (0: dispatch, 1: combine)");
+    }
+    if (!(x.bytes > 0.0) || !(x.time_s > 0.0)) throw FitImpossible("expert dispatch: a point with bytes or time <= 0");
+    rates[x.group_size][static_cast<std::size_t>(x.direction)].push_back(x.bytes / x.time_s);
+  }
+  ExpertDispatchModel m;
+  for (auto& [n, r] : rates) {
+    if (r[0].empty() || r[1].empty()) {
+      throw FitImpossible("expert dispatch: group size " + std::to_string(n) + " lacks the dispatch or the combine");
+    }
+    m.group_size.push_back(n);
+    m.dispatch_bps.push_back(fit::median(r[0]));
+    m.combine_bps.push_back(fit::median(r[1]));
+  }
+  return m;
+}
+
 // ---- per-process device memory ("device_memory_v1") ----
 
 double DeviceMemoryModel::stage_bytes(int stage) const {

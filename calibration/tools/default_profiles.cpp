@@ -456,6 +456,31 @@ void add_collectives(ProfileBuilder& b, const Facts& f) {
              cite + "9.3 us for one pair, one network step of its ring LL (6.6 + 2.7 us)");
 }
 
+// Expert dispatch over RDMA (dispatch.flex.network): DeepEP's published normal-kernel bandwidths. One
+// point per group size and direction at the bytes of the published setting's dispatch (4096 tokens of
+// 7168 bf16 values); the model is a bandwidth, so the size only labels the point.
+void add_expert_dispatch(ProfileBuilder& b) {
+  struct Row {
+    int ep;
+    double dispatch_gbps, combine_gbps;
+  };
+  const Row rows[] = {{16, 43.0, 43.0}, {32, 58.0, 57.0}, {64, 51.0, 50.0}};
+  const double bytes = 4096.0 * 7168.0 * 2.0;
+  const std::string name(kExpertDispatchFamily);
+  for (const Row& r : rows) {
+    b.add_point(name, {static_cast<double>(r.ep), 0.0, bytes}, one(bytes / (r.dispatch_gbps * 1e9)));
+    b.add_point(name, {static_cast<double>(r.ep), 1.0, bytes}, one(bytes / (r.combine_gbps * 1e9)));
+  }
+  b.set_note(name,
+             "not measured here (needs RDMA between nodes); from DeepEP's published normal-kernel figures "
+             "(deepseek-ai/DeepEP, V1 README, now docs/legacy.md): H800 with one ConnectX-7 InfiniBand 400 Gb/s NIC "
+             "per GPU (~50 GB/s), DeepSeek-V3 pre-training setting (4096 tokens per batch, hidden 7168, top-4 groups, "
+             "top-8 experts, fp8 dispatch, bf16 combine): RDMA bottleneck bandwidth dispatch 43 / 58 / 51 GB/s and "
+             "combine 43 / 57 / 50 GB/s at EP 16 / 32 / 64. Taken for every flex backend (no published HybridEP "
+             "figure) and every GPU kind with this NIC; figures above the NIC's 50 GB/s are capped by the scenario's "
+             "NIC link in flow fidelity");
+}
+
 // ---- host ----------------------------------------------------------------------------------------
 
 void add_host(ProfileBuilder& b) {
@@ -527,6 +552,7 @@ Profile make_default_profile(std::string_view gpu_kind) {
   add_attention(b, f, stage1, false);
   add_attention(b, f, stage1, true);
   add_collectives(b, f);
+  add_expert_dispatch(b);
   add_host(b);
   add_concurrency(b);
   if (!f.measured_kind) {

@@ -1418,7 +1418,8 @@ class StepRun {
   // across nodes"): the bytes each member sends or receives within its node on the NVLink curve (group
   // size: the members of its node), the bytes to and from other nodes on the network curve (group size:
   // all members), both at once; the slower member and link sets the time. A flex dispatch or combine
-  // de-duplicates the network bytes per destination node and forwards them over NVLink; the flows of
+  // de-duplicates the network bytes per destination node, sends them at the profile's RDMA dispatch
+  // bandwidth (dispatch.flex.network) when it has one, and forwards them over NVLink; the flows of
   // `raw` to other nodes are scaled by the same factor.
   double a2a_across_nodes(const Op& op, std::span<const int> members, double size, const Split& split, int rep,
                           std::vector<RankFlow>& raw) const {
@@ -1433,6 +1434,9 @@ class StepRun {
       for (std::size_t m = 0; m < experts.size(); ++m) dedup.push_back(dedup_factor(opt_.dispatch, experts, m));
     }
     const A2aByLink by_link = a2a_by_link(members, size, split, platform_, dedup);
+    // A flex dispatch's network bytes at the profile's RDMA dispatch bandwidth when it has one.
+    const std::optional<BytesPerSecond> flex_bw =
+        flex ? coster_.expert_dispatch_bandwidth(n, op.shape[1] == 2) : std::nullopt;
     double t = 0.0;
     for (std::size_t i = 0; i < by_link.members.size(); ++i) {
       const A2aLinkBytes& b = by_link.members[i];
@@ -1443,8 +1447,10 @@ class StepRun {
         if (nv.bus_bandwidth.value > 0.0) t = std::max(t, b.nvlink / nv.bus_bandwidth.value);
       }
       if (b.network > 0.0) {
-        const CommParams net = coster_.comm_params(Collective::all_to_all, Bytes(op.bytes), n, LinkScope::network);
-        if (net.bus_bandwidth.value > 0.0) t = std::max(t, b.network / net.bus_bandwidth.value);
+        const double bw = flex_bw ? flex_bw->value
+                                  : coster_.comm_params(Collective::all_to_all, Bytes(op.bytes), n, LinkScope::network)
+                                        .bus_bandwidth.value;
+        if (bw > 0.0) t = std::max(t, b.network / bw);
       }
     }
     if (flex) {

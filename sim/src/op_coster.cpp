@@ -391,6 +391,10 @@ std::optional<NcclMemoryParams> CostModelCoster::nccl_memory() const {
   return NcclMemoryParams{m->communicator, m->collective, m->p2p_peer};
 }
 
+std::optional<BytesPerSecond> CostModelCoster::expert_dispatch_bandwidth(int group_size, bool combine) const {
+  return model_.expert_dispatch_bandwidth(group_size, combine);
+}
+
 std::optional<DeviceMemoryParams> CostModelCoster::device_memory() const {
   const auto m = model_.device_memory();
   if (!m) return std::nullopt;

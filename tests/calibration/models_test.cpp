@@ -8,6 +8,7 @@
 #include <array>
 #include <cmath>
 #include <random>
+#include <tuple>
 
 #include "threewalls/calibration/fit.hpp"
 
@@ -751,4 +752,25 @@ TEST(ShapeCorrection, MultipliesTheRooflineAndGroupedTimes) {
   gg.correction.prior_weight = 0.0;  // one centre, no prior: c = e^0.1 everywhere
   EXPECT_NEAR(gg.time_s(32, 8192, 512, 2048, 1024) / plain, std::exp(0.1), 1e-12);
   EXPECT_DOUBLE_EQ(gg.parametric_time_s(32, 8192, 512, 2048, 1024), plain);
+}
+
+TEST(ExpertDispatchModel, FitsTheMedianRatePerGroupSizeAndInterpolatesInLog2) {
+  std::vector<ExpertDispatchModel::Sample> s;
+  for (const auto& [n, d, c] : {std::tuple{16, 40e9, 44e9}, {64, 50e9, 60e9}}) {
+    s.push_back({n, 0, 1e8, 1e8 / d});
+    s.push_back({n, 0, 2e8, 2e8 / (d * 1.1)});  // a second, faster dispatch point: the median of two
+    s.push_back({n, 0, 1e8, 1e8 / (d * 0.9)});
+    s.push_back({n, 1, 1e8, 1e8 / c});
+  }
+  const auto m = ExpertDispatchModel::fit(s);
+  ASSERT_EQ(m.group_size, (std::vector<int>{16, 64}));
+  EXPECT_NEAR(m.bandwidth(16, 0), 40e9, 1e-3);
+  EXPECT_NEAR(m.bandwidth(64, 1), 60e9, 1e-3);
+  EXPECT_NEAR(m.bandwidth(32, 0), 45e9, 1e-3);  // halfway in log2 between 16 and 64
+  EXPECT_NEAR(m.bandwidth(8, 1), 44e9, 1e-3);   // held below the first group size
+  EXPECT_NEAR(m.bandwidth(256, 0), 50e9, 1e-3);  // and above the last
+  EXPECT_THROW((void)ExpertDispatchModel::fit({}), FitImpossible);
+  EXPECT_THROW((void)ExpertDispatchModel::fit({{16, 2, 1e8, 1e-3}}), FitImpossible);
+  EXPECT_THROW((void)ExpertDispatchModel::fit({{16, 0, 1e8, 1e-3}}), FitImpossible);  // no combine at 16
+  EXPECT_THROW((void)ExpertDispatchModel::fit({{16, 0, 1e8, 0.0}, {16, 1, 1e8, 1e-3}}), FitImpossible);
 }

@@ -187,6 +187,34 @@ TEST(Executor, TreeAndRingAllReduceTakeTheProfilesTimeWhenLinksAllowIt) {
   }
 }
 
+TEST(Executor, AFlexDispatchSendsItsNetworkBytesAtTheProfilesRdmaBandwidth) {
+  // EP 8 over 8 nodes of one GPU: every byte of the dispatch crosses the network, one copy per node
+  // (top-1 of 8 experts: no de-duplication). Without dispatch.flex.network the bytes go at the network
+  // all-to-all curve's bus bandwidth; with it, at its bandwidth.
+  const double S = 64e6;
+  auto dispatch_time = [&](std::optional<BytesPerSecond> rdma) {
+    GraphBuilder b(1, 1, 8, 1, 8, 1);
+    b.class_per_rank();
+    for (int c = 0; c < 8; ++c) {
+      Op op = b.collective(Collective::all_to_all, Group::ep, S, "moe_dispatch");
+      op.shape = {static_cast<std::int64_t>(S), 1, 0, 0, 0, 0};
+      b.add(c, op);
+    }
+    FakeCoster f;
+    f.busbw = BytesPerSecond(20e9);
+    f.expert_dispatch_bw = rdma;
+    const Platform p(testing::cluster(1, 8));
+    ExecutorOptions o;
+    o.fidelity = Fidelity::analytic;
+    o.dispatch = {DispatchKind::flex, 8, 1, 0, 0};
+    const auto r = Executor(f, o).run_step(b.g, p, {}, 0.0, nullptr);
+    return r.classes[0].end[0] - r.classes[0].start[0];
+  };
+  const double curve = dispatch_time(std::nullopt);
+  EXPECT_NEAR(curve, S * 7.0 / 8.0 / 20e9, 1e-12);
+  EXPECT_NEAR(dispatch_time(BytesPerSecond(40e9)), curve / 2.0, 1e-12);
+}
+
 TEST(Executor, ACollectiveWaitsForItsLastMemberAndEndsForAllTogether) {
   GraphBuilder b(2, 1, 1, 1, 1, 2);
   b.class_per_rank();

@@ -48,6 +48,8 @@ class FakeCoster final : public OpCoster {
   std::function<Seconds(int)> stream_cycle_extra_of;
   // The same for an eager framework's expert loop (host.framework_stream_op); empty by default.
   std::function<std::optional<Seconds>(int)> framework_stream_extra_of;
+  // RDMA bandwidth of a flex dispatch (dispatch.flex.network); empty by default: the network curve.
+  std::optional<BytesPerSecond> expert_dispatch_bw;
 
   [[nodiscard]] Seconds kernel_time(const Op& op) const override { return Seconds(op.flops * 1e-6); }
   [[nodiscard]] Seconds copy_time(scenarios::CopyKind, Bytes bytes) const override { return bytes / copy_bw; }
@@ -63,6 +65,9 @@ class FakeCoster final : public OpCoster {
   }
   [[nodiscard]] std::optional<Seconds> library_launch(const Op& op) const override {
     return library_launch_of ? library_launch_of(op) : std::nullopt;
+  }
+  [[nodiscard]] std::optional<BytesPerSecond> expert_dispatch_bandwidth(int, bool) const override {
+    return expert_dispatch_bw;
   }
 };
 

@@ -61,6 +61,7 @@ struct DecodedModels {
   std::optional<NcclInterferenceModel> nccl_interference;  // optional family (absent: no slowdown)
   std::optional<NcclMemoryModel> nccl_memory;              // optional family (absent: sim constants)
   std::optional<DeviceMemoryModel> device_memory;          // optional family (absent: sim constants)
+  std::optional<ExpertDispatchModel> expert_dispatch;      // optional family (absent: the NCCL curve)
   std::optional<GemmCallModel> gemm_call;                  // optional: host.gemm_call
   std::optional<GroupedCallModel> grouped_call;            // optional: host.grouped_gemm_call
   std::optional<StreamCycleModel> stream_cycle;            // optional: host.stream_cycle

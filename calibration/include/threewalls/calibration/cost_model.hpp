@@ -181,6 +181,10 @@ class CostModel {
   };
   // Empty when the profile has no nccl.memory family (the memory model keeps its fixed constants).
   [[nodiscard]] std::optional<NcclMemory> nccl_memory() const;
+  // ---- expert dispatch over RDMA (optional family dispatch.flex.network) ----
+  // RDMA bandwidth of a flex (DeepEP-style) dispatch (combine = false) or combine over an expert-parallel
+  // group of `group_size` ranks; empty when the profile has no dispatch.flex.network family.
+  [[nodiscard]] std::optional<BytesPerSecond> expert_dispatch_bandwidth(int group_size, bool combine) const;
   // ---- per-process device memory (optional family device.memory) ----
   struct DeviceMemory {
     Bytes context;       // the CUDA context, per process

@@ -572,6 +572,33 @@ struct NcclMemoryModel {
 };
 
 // ---------------------------------------------------------------------------------------------
+// Network bandwidth of expert-parallel dispatch and combine kernels that forward over NVLink and
+// send one copy per destination node over RDMA ("expert_dispatch_v1", family dispatch.flex.network;
+// DeepEP's normal kernels, Megatron's flex dispatcher):
+//   t = bytes / bandwidth(direction, n)
+// where bytes are the RDMA bytes one GPU sends (de-duplicated per destination node) and n the
+// expert-parallel group size. bandwidth is piecewise linear in log2 n between the group sizes that
+// have points and held outside them. Its latency is not part of the model (the simulator takes the
+// network all-to-all family's). Fit: per group size and direction, the median of bytes / time.
+struct ExpertDispatchModel {
+  std::vector<int> group_size;      // increasing
+  std::vector<double> dispatch_bps;  // bytes/s per group size
+  std::vector<double> combine_bps;
+
+  // direction 0: dispatch, 1: combine.
+  [[nodiscard]] double bandwidth(int n, int direction) const;
+  struct Sample {
+    int group_size = 0;
+    int direction = 0;
+    double bytes = 0.0;
+    double time_s = 0.0;
+  };
+  // Throws FitImpossible for no samples, a direction other than 0 or 1, a non-positive time or
+  // bytes, or a group size without both directions.
+  static ExpertDispatchModel fit(const std::vector<Sample>& samples);
+};
+
+// ---------------------------------------------------------------------------------------------
 // Per-process device memory ("device_memory_v1", family device.memory): what a process running
 // threewalls run holds on its GPU besides its tensors, measured with cudaMemGetInfo around each
 // stage in a fresh CUDA context on one GPU (calibrate, group "device"):

@@ -111,6 +111,8 @@ inline constexpr std::string_view kConcurrencyFamily = "concurrency";
 // memory model's fixed NCCL constants).
 inline constexpr std::string_view kNcclInterferenceFamily = "nccl.interference";
 inline constexpr std::string_view kNcclMemoryFamily = "nccl.memory";
+// Expert dispatch and combine over RDMA with NVLink forwarding (DeepEP); optional.
+inline constexpr std::string_view kExpertDispatchFamily = "dispatch.flex.network";
 // Optional: per-process device memory (a profile without it: the memory model's fixed constants for
 // the CUDA context and the libraries' handles and workspaces).
 inline constexpr std::string_view kDeviceMemoryFamily = "device.memory";

@@ -158,6 +158,12 @@ class OpCoster {
   [[nodiscard]] virtual std::optional<NcclMemoryParams> nccl_memory() const { return std::nullopt; }
   // Per-process device memory measured by the calibration; empty: the memory model keeps its constants.
   [[nodiscard]] virtual std::optional<DeviceMemoryParams> device_memory() const { return std::nullopt; }
+  // RDMA bandwidth of a flex (DeepEP-style) MoE dispatch or combine over `group_size` expert-parallel
+  // ranks; empty: the network part is priced on the all-to-all network curve (docs/simulator.md).
+  [[nodiscard]] virtual std::optional<BytesPerSecond> expert_dispatch_bandwidth(int /*group_size*/,
+                                                                             bool /*combine*/) const {
+    return std::nullopt;
+  }
   // Host time of the library call OpRunner makes for a gemm or grouped_gemm op, by its shape (split-K
   // GEMMs launch a second kernel; a grouped GEMM one matmul per run of equal rows); empty: the
   // per-kind constant of HostCosts (test fakes, other kinds).
@@ -212,6 +218,7 @@ class CostModelCoster final : public OpCoster {
   [[nodiscard]] bool models_nccl_residency() const override;
   [[nodiscard]] std::optional<NcclMemoryParams> nccl_memory() const override;
   [[nodiscard]] std::optional<DeviceMemoryParams> device_memory() const override;
+  [[nodiscard]] std::optional<BytesPerSecond> expert_dispatch_bandwidth(int group_size, bool combine) const override;
   [[nodiscard]] std::optional<Seconds> library_launch(const scenarios::Op& op) const override;
   [[nodiscard]] Seconds stream_cycle_extra(int streams) const override;
   [[nodiscard]] std::optional<Seconds> framework_stream_extra(int streams) const override;
