@@ -477,8 +477,9 @@ void add_expert_dispatch(ProfileBuilder& b) {
              "per GPU (~50 GB/s), DeepSeek-V3 pre-training setting (4096 tokens per batch, hidden 7168, top-4 groups, "
              "top-8 experts, fp8 dispatch, bf16 combine): RDMA bottleneck bandwidth dispatch 43 / 58 / 51 GB/s and "
              "combine 43 / 57 / 50 GB/s at EP 16 / 32 / 64. Taken for every flex backend (no published HybridEP "
-             "figure) and every GPU kind with this NIC; figures above the NIC's 50 GB/s are capped by the scenario's "
-             "NIC link in flow fidelity");
+             "figure) and every GPU kind with this NIC. DeepEP counts a token's bytes once per node it uses, its own "
+             "node included (its tests' rdma_idx.ne(-1).sum()); the simulator divides by that count over the network "
+             "bytes");
 }
 
 // ---- host ----------------------------------------------------------------------------------------

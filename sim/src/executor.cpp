@@ -1425,18 +1425,23 @@ class StepRun {
                           std::vector<RankFlow>& raw) const {
     const int n = static_cast<int>(members.size());
     const bool flex = opt_.dispatch.kind == DispatchKind::flex && op.group == scenarios::Group::ep && op.shape[1] != 0;
+    // A flex dispatch's network bytes go at the profile's RDMA dispatch bandwidth when it has one,
+    // divided by DeepEP's byte count per network byte of the member's node (rdma_count_factor).
+    const std::optional<BytesPerSecond> flex_bw =
+        flex ? coster_.expert_dispatch_bandwidth(n, op.shape[1] == 2) : std::nullopt;
     std::vector<double> dedup;
+    std::vector<double> counted;
     if (flex) {
       const A2aByLink nodes = a2a_by_link(members, size, split, platform_);
       std::vector<int> experts(nodes.members_per_node.size());
       for (std::size_t m = 0; m < experts.size(); ++m)
         experts[m] = nodes.members_per_node[m] * opt_.dispatch.num_experts / n;
-      for (std::size_t m = 0; m < experts.size(); ++m) dedup.push_back(dedup_factor(opt_.dispatch, experts, m));
+      for (std::size_t m = 0; m < experts.size(); ++m) {
+        dedup.push_back(dedup_factor(opt_.dispatch, experts, m));
+        if (flex_bw) counted.push_back(rdma_count_factor(opt_.dispatch, experts, m));
+      }
     }
     const A2aByLink by_link = a2a_by_link(members, size, split, platform_, dedup);
-    // A flex dispatch's network bytes at the profile's RDMA dispatch bandwidth when it has one.
-    const std::optional<BytesPerSecond> flex_bw =
-        flex ? coster_.expert_dispatch_bandwidth(n, op.shape[1] == 2) : std::nullopt;
     double t = 0.0;
     for (std::size_t i = 0; i < by_link.members.size(); ++i) {
       const A2aLinkBytes& b = by_link.members[i];
@@ -1447,7 +1452,7 @@ class StepRun {
         if (nv.bus_bandwidth.value > 0.0) t = std::max(t, b.nvlink / nv.bus_bandwidth.value);
       }
       if (b.network > 0.0) {
-        const double bw = flex_bw ? flex_bw->value
+        const double bw = flex_bw ? flex_bw->value / counted[static_cast<std::size_t>(b.node)]
                                   : coster_.comm_params(Collective::all_to_all, Bytes(op.bytes), n, LinkScope::network)
                                         .bus_bandwidth.value;
         if (bw > 0.0) t = std::max(t, b.network / bw);

@@ -273,6 +273,17 @@ double dedup_factor(const ExpertDispatch& d, std::span<const int> experts_per_no
   return std::clamp(nodes / copies, 0.0, 1.0);
 }
 
+double rdma_count_factor(const ExpertDispatch& d, std::span<const int> experts_per_node, std::size_t own) {
+  double all = 0.0;
+  double others = 0.0;
+  for (std::size_t m = 0; m < experts_per_node.size(); ++m) {
+    const double p = node_use_probability(d, experts_per_node[m]);
+    all += p;
+    if (m != own) others += p;
+  }
+  return others > 0.0 ? all / others : 1.0;
+}
+
 A2aByLink a2a_by_link(std::span<const int> members, double size, const Split& split, const Platform& platform,
                       std::span<const double> dedup) {
   const std::size_t n = members.size();

@@ -232,6 +232,20 @@ TEST(Flows, DedupFactorIsNodesUsedOverCopiesToOtherNodes) {
   EXPECT_DOUBLE_EQ(dedup_factor({DispatchKind::flex, 128, 8, 0, 0}, std::vector<int>{128}, 0), 1.0);
 }
 
+TEST(Flows, RdmaCountFactorIsEveryNodeUsedOverTheOtherNodesUsed) {
+  // DeepSeek-V3 on EP64: every node used with probability 0.5, so 4 nodes counted for 3.5 crossing.
+  const std::vector<int> experts(8, 32);
+  EXPECT_NEAR(rdma_count_factor({DispatchKind::flex, 256, 8, 8, 4}, experts, 3), 4.0 / 3.5, 1e-12);
+  // Two nodes without groups: each used unless all 8 experts fall on the other, so about 2.
+  double none = 1.0;
+  for (int t = 0; t < 8; ++t) none *= (64.0 - t) / (128.0 - t);
+  const std::vector<int> two(2, 64);
+  EXPECT_NEAR(rdma_count_factor({DispatchKind::flex, 128, 8, 0, 0}, two, 0), 2.0, 1e-12);
+  EXPECT_GT(1.0 - none, 0.99);
+  // One node: nothing crosses, the factor is 1.
+  EXPECT_DOUBLE_EQ(rdma_count_factor({DispatchKind::flex, 128, 8, 0, 0}, std::vector<int>{128}, 0), 1.0);
+}
+
 TEST(Flows, AggregatedDestinationsAreDistinctInASymmetricPattern) {
   const Platform p(testing::cluster(8, 2));
   const auto m = iota(16);

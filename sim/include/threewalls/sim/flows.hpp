@@ -88,6 +88,13 @@ double node_use_probability(const ExpertDispatch& d, int node_experts);
 // node m (members of the node x experts per member).
 double dedup_factor(const ExpertDispatch& d, std::span<const int> experts_per_node, std::size_t own);
 
+// DeepEP's count of a dispatch's RDMA bytes over the network bytes of a member of node `own`: its
+// benchmark counts a token once per node it uses, its own node included (rdma_idx.ne(-1).sum() in
+// DeepEP's tests), while the network carries the other nodes' copies only:
+//   (sum over all nodes m of P(m used)) / (sum over m != own of P(m used)),  >= 1; 1 when no copy
+// leaves the node. Dividing the published bandwidth by it gives the bandwidth of the network bytes.
+double rdma_count_factor(const ExpertDispatch& d, std::span<const int> experts_per_node, std::size_t own);
+
 // An all-to-all over a group that spans nodes, by the links its bytes cross. Per member position:
 // its node's index among the group's nodes, the bytes it sends or receives (the larger) over NVLink
 // and over the network. alltoall: bytes to and from peers of the same node over NVLink, the others
