@@ -412,11 +412,13 @@ void add_collectives(ProfileBuilder& b, const Facts& f) {
   // (src/graph/tuning.cc at commit b6475625: base and per-network-step latencies of the LL protocol it picks
   // for small messages), for n GPUs on n nodes.
   const std::string cite =
-      "not measured here (a network collective needs more than one node); from publications: bus bandwidth: 47 GB/s per 400 Gb/s NIC at large sizes (NVIDIA, nccl-tests issue #290: 'for NDR @ "
+      "not measured here (a network collective needs more than one node); from publications: bus bandwidth: 47 GB/s "
+      "per 400 Gb/s NIC at large sizes (NVIDIA, nccl-tests issue #290: 'for NDR @ "
       "400Gbps you should see 46-48GB/s per NIC'); a group with L GPUs per node uses L NICs (simulator, "
       "rails; NVIDIA, NCCL issue #812: 192 GB/s all-reduce bus bandwidth on 8 x 200 Gb/s NICs). Ramp beta_max / "
       "(1 + sqrt(2 MiB / S)) assumed (within -15%..+19% of the 2-32 MiB points of nccl-tests issue #232, "
-      "2 x H100 over NDR). Latency from NCCL's own tuning model (NVIDIA/nccl src/graph/tuning.cc at commit b6475625), n GPUs "
+      "2 x H100 over NDR). Latency from NCCL's own tuning model (NVIDIA/nccl src/graph/tuning.cc at commit b6475625), "
+      "n GPUs "
       "on n nodes: ";
   const double kNetBusBw = 47e9;
   const double s_half = 2 * kMiB;
@@ -447,11 +449,12 @@ void add_collectives(ProfileBuilder& b, const Facts& f) {
     return 9.3e-6;
   };
   for (const NetLatency& r : rules) {
-    for (int n : {2, 4, 8, 16}) add_collective_curve(b, r.kind, LinkScope::network, n, busbw_at_1gib, alpha_of(r.kind, n), s_half);
+    for (int n : {2, 4, 8, 16})
+      add_collective_curve(b, r.kind, LinkScope::network, n, busbw_at_1gib, alpha_of(r.kind, n), s_half);
     b.set_note(collective_family(r.kind, LinkScope::network), cite + r.rule);
   }
-  add_collective_curve(b, Collective::send_recv, LinkScope::network, 2, busbw_at_1gib, alpha_of(Collective::send_recv, 2),
-                       s_half);
+  add_collective_curve(b, Collective::send_recv, LinkScope::network, 2, busbw_at_1gib,
+                       alpha_of(Collective::send_recv, 2), s_half);
   b.set_note(collective_family(Collective::send_recv, LinkScope::network),
              cite + "9.3 us for one pair, one network step of its ring LL (6.6 + 2.7 us)");
 }

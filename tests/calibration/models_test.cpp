@@ -766,8 +766,8 @@ TEST(ExpertDispatchModel, FitsTheMedianRatePerGroupSizeAndInterpolatesInLog2) {
   ASSERT_EQ(m.group_size, (std::vector<int>{16, 64}));
   EXPECT_NEAR(m.bandwidth(16, 0), 40e9, 1e-3);
   EXPECT_NEAR(m.bandwidth(64, 1), 60e9, 1e-3);
-  EXPECT_NEAR(m.bandwidth(32, 0), 45e9, 1e-3);  // halfway in log2 between 16 and 64
-  EXPECT_NEAR(m.bandwidth(8, 1), 44e9, 1e-3);   // held below the first group size
+  EXPECT_NEAR(m.bandwidth(32, 0), 45e9, 1e-3);   // halfway in log2 between 16 and 64
+  EXPECT_NEAR(m.bandwidth(8, 1), 44e9, 1e-3);    // held below the first group size
   EXPECT_NEAR(m.bandwidth(256, 0), 50e9, 1e-3);  // and above the last
   EXPECT_THROW((void)ExpertDispatchModel::fit({}), FitImpossible);
   EXPECT_THROW((void)ExpertDispatchModel::fit({{16, 2, 1e8, 1e-3}}), FitImpossible);

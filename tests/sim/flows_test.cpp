@@ -91,11 +91,11 @@ TEST(Flows, DoubleBinaryTreeEdgesCarryHalfTheBufferEachWay) {
 TEST(Flows, RailsAreTheMembersPerNodeWhenEveryNodeHoldsAsMany) {
   EXPECT_EQ(rails_of(iota(16), 8), 8);
   EXPECT_EQ(rails_of(std::vector<int>{0, 1, 8, 9, 16, 17}, 8), 2);
-  EXPECT_EQ(rails_of(std::vector<int>{0, 4, 8, 12}, 8), 2);   // strided members, two per node
-  EXPECT_EQ(rails_of(std::vector<int>{0, 1, 2, 8}, 8), 1);    // uneven: no channel per rail
+  EXPECT_EQ(rails_of(std::vector<int>{0, 4, 8, 12}, 8), 2);  // strided members, two per node
+  EXPECT_EQ(rails_of(std::vector<int>{0, 1, 2, 8}, 8), 1);   // uneven: no channel per rail
   EXPECT_EQ(rails_of(std::vector<int>{0, 8, 9, 1, 2, 10}, 8), 3);
-  EXPECT_EQ(rails_of(iota(8), 8), 1);                          // within one node
-  EXPECT_EQ(rails_of(std::vector<int>{0, 8, 16, 24}, 8), 1);   // one member per node
+  EXPECT_EQ(rails_of(iota(8), 8), 1);                         // within one node
+  EXPECT_EQ(rails_of(std::vector<int>{0, 8, 16, 24}, 8), 1);  // one member per node
   EXPECT_EQ(rails_of(iota(16), 0), 1);
 }
 
@@ -134,7 +134,7 @@ TEST(Flows, RingAcrossNodesRunsOneChannelPerRailAndEachNicCarriesItsShare) {
 
 TEST(Flows, RailsBusTimeIsTheSlowerOfTheNicShareAndTheNvlinkShare) {
   EXPECT_DOUBLE_EQ(rails_bus_time(800.0, 1, 40.0, 400.0), 20.0);
-  EXPECT_DOUBLE_EQ(rails_bus_time(800.0, 8, 40.0, 400.0), 800.0 / 8.0 / 40.0);       // NICs bind
+  EXPECT_DOUBLE_EQ(rails_bus_time(800.0, 8, 40.0, 400.0), 800.0 / 8.0 / 40.0);          // NICs bind
   EXPECT_DOUBLE_EQ(rails_bus_time(800.0, 8, 400.0, 100.0), 800.0 * 7.0 / 8.0 / 100.0);  // NVLink binds
   EXPECT_DOUBLE_EQ(rails_bus_time(0.0, 8, 40.0, 400.0), 0.0);
 }

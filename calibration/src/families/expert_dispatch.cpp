@@ -39,8 +39,8 @@ void add_specs(std::vector<FamilySpec>& out) {
 Params fit(const FamilySpec& /*spec*/, const std::vector<Point>& points, const FitContext& /*ctx*/) {
   std::vector<ExpertDispatchModel::Sample> s;
   for (const auto& p : points) {
-    s.push_back({small_int(p.inputs[0], "group_size"), small_int(p.inputs[1], "direction"), p.inputs[2],
-                 p.time.median_s});
+    s.push_back(
+        {small_int(p.inputs[0], "group_size"), small_int(p.inputs[1], "direction"), p.inputs[2], p.time.median_s});
   }
   const auto m = ExpertDispatchModel::fit(s);
   Params out(3);

@@ -984,17 +984,21 @@ PlanRow PlanEstimator::evaluate(const Candidate& c) {
   const double bucket = t.grad_bucket_size_params;
   const double dense = cmem.params.dense, expert = cmem.params.expert;
   const scenarios::ParameterBytes per = scenarios::parameter_bytes(t);
-  const double rs_all = comm_seconds(coster, red_kind, dense * per.gradient, nd, scope_of(Group::dp_cp), rails_in(Group::dp_cp)) +
-                        comm_seconds(coster, red_kind, expert * per.gradient, ne, scope_of(Group::edp), rails_in(Group::edp));
-  const double rs_last =
-      std::max(comm_seconds(coster, red_kind, std::min(bucket, dense) * per.gradient, nd, scope_of(Group::dp_cp), rails_in(Group::dp_cp)),
-               comm_seconds(coster, red_kind, std::min(bucket, expert) * per.gradient, ne, scope_of(Group::edp), rails_in(Group::edp)));
+  const double rs_all =
+      comm_seconds(coster, red_kind, dense * per.gradient, nd, scope_of(Group::dp_cp), rails_in(Group::dp_cp)) +
+      comm_seconds(coster, red_kind, expert * per.gradient, ne, scope_of(Group::edp), rails_in(Group::edp));
+  const double rs_last = std::max(comm_seconds(coster, red_kind, std::min(bucket, dense) * per.gradient, nd,
+                                               scope_of(Group::dp_cp), rails_in(Group::dp_cp)),
+                                  comm_seconds(coster, red_kind, std::min(bucket, expert) * per.gradient, ne,
+                                               scope_of(Group::edp), rails_in(Group::edp)));
   w.exposed_comm_us += t.overlap_grad_reduce ? std::max(rs_last, rs_all - crit_bwd) : rs_all;
   if (dist) {
-    const double ag_all = comm_seconds(coster, Collective::all_gather, dense * per.weight, nd, scope_of(Group::dp_cp), rails_in(Group::dp_cp)) +
-                          comm_seconds(coster, Collective::all_gather, expert * per.weight, ne, scope_of(Group::edp), rails_in(Group::edp));
-    const double ag_first =
-        comm_seconds(coster, Collective::all_gather, std::min(bucket, dense) * per.weight, nd, scope_of(Group::dp_cp), rails_in(Group::dp_cp));
+    const double ag_all = comm_seconds(coster, Collective::all_gather, dense * per.weight, nd, scope_of(Group::dp_cp),
+                                       rails_in(Group::dp_cp)) +
+                          comm_seconds(coster, Collective::all_gather, expert * per.weight, ne, scope_of(Group::edp),
+                                       rails_in(Group::edp));
+    const double ag_first = comm_seconds(coster, Collective::all_gather, std::min(bucket, dense) * per.weight, nd,
+                                         scope_of(Group::dp_cp), rails_in(Group::dp_cp));
     w.exposed_comm_us += t.overlap_param_gather ? ag_first : ag_all;
   }
   const double shard = dist ? dense / nd + expert / ne : dense + expert;

@@ -581,7 +581,7 @@ struct NcclMemoryModel {
 // have points and held outside them. Its latency is not part of the model (the simulator takes the
 // network all-to-all family's). Fit: per group size and direction, the median of bytes / time.
 struct ExpertDispatchModel {
-  std::vector<int> group_size;      // increasing
+  std::vector<int> group_size;       // increasing
   std::vector<double> dispatch_bps;  // bytes/s per group size
   std::vector<double> combine_bps;
 

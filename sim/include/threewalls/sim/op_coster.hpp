@@ -161,7 +161,7 @@ class OpCoster {
   // RDMA bandwidth of a flex (DeepEP-style) MoE dispatch or combine over `group_size` expert-parallel
   // ranks; empty: the network part is priced on the all-to-all network curve (docs/simulator.md).
   [[nodiscard]] virtual std::optional<BytesPerSecond> expert_dispatch_bandwidth(int /*group_size*/,
-                                                                             bool /*combine*/) const {
+                                                                                bool /*combine*/) const {
     return std::nullopt;
   }
   // Host time of the library call OpRunner makes for a gemm or grouped_gemm op, by its shape (split-K
