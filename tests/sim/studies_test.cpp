@@ -808,7 +808,10 @@ TEST(ScaleValidation, TflopsPerGpuIsMegatronsFormulaOverTheSimulatedStep) {
 
 TEST(ScaleValidation, FlexDispatchAcrossNodesSendsOneCopyPerNodeOverTheNetwork) {
   // Qwen3-30B on two nodes (EP16): a token's 8 of 128 experts use the other node almost always, so
-  // flex sends about one network copy where NCCL's all-to-all sends four.
+  // flex sends about one network copy where NCCL's all-to-all sends four. Each flex byte goes at
+  // DeepEP's published EP16 bandwidth over its byte count (a token counted on both nodes: about half
+  // of 43 GB/s, dispatch.flex.network), each all-to-all byte at the NCCL curve (about 35 GB/s at this
+  // size): flex takes about half the time, not a quarter.
   scenarios::Scenario flex = validation("scale", "qwen3_30b_16gpu_h100_fp8");
   flex.train->global_batch_size = 16;
   scenarios::Scenario a2a = flex;
@@ -826,7 +829,8 @@ TEST(ScaleValidation, FlexDispatchAcrossNodesSendsOneCopyPerNodeOverTheNetwork) 
   const double a = dispatch_us(a2a);
   ASSERT_GT(f, 0.0);
   ASSERT_GT(a, 0.0);
-  EXPECT_LT(f, 0.4 * a) << "flex " << f << " us, alltoall " << a << " us";
+  EXPECT_LT(f, 0.6 * a) << "flex " << f << " us, alltoall " << a << " us";
+  EXPECT_GT(f, 0.3 * a) << "flex " << f << " us, alltoall " << a << " us";
 }
 
 // ------------------------------------------------------------------ inference at scale
