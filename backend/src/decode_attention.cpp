@@ -1,19 +1,11 @@
 #include "threewalls/backend/decode_attention.hpp"
 
-#include <algorithm>
 #include <string>
 
 #include "threewalls/backend/error.hpp"
+#include "threewalls/core/decode_attention_geometry.hpp"
 
 namespace threewalls::backend {
-namespace {
-
-// Keys per split below which splitting further costs more (partials, the combine) than it gains.
-constexpr std::int64_t kMinKeysPerSplit = 256;
-// Blocks per SM the split count aims for (enough to hide memory latency across the GPU).
-constexpr int kBlocksPerSm = 4;
-
-}  // namespace
 
 bool decode_attention_supports(const AttentionShape& s, std::string* why) {
   try {
@@ -73,10 +65,7 @@ DecodeAttention::DecodeAttention() {
 }
 
 int DecodeAttention::splits(const AttentionShape& s) const {
-  const std::int64_t blocks = s.batch * s.kv_head_count();
-  const std::int64_t want = (static_cast<std::int64_t>(sm_count_) * kBlocksPerSm + blocks - 1) / blocks;
-  const std::int64_t most = std::max<std::int64_t>(1, s.seq_kv / kMinKeysPerSplit);
-  return static_cast<int>(std::clamp<std::int64_t>(want, 1, std::min<std::int64_t>(most, 65535)));
+  return static_cast<int>(decode_attention_geometry(s.batch, s.kv_head_count(), s.seq_kv, sm_count_).splits);
 }
 
 void DecodeAttention::reserve(const AttentionShape& s) {

@@ -12,11 +12,12 @@
 
 #include "threewalls/backend/decode_attention.hpp"
 #include "threewalls/backend/error.hpp"
+#include "threewalls/core/decode_attention_geometry.hpp"
 
 namespace threewalls::backend::detail {
 namespace {
 
-constexpr int kWarps = 4;
+constexpr int kWarps = static_cast<int>(kDecodeWarps);
 constexpr float kLog2e = 1.4426950408889634F;
 constexpr float kLn2 = 0.6931471805599453F;
 
@@ -65,7 +66,8 @@ __device__ inline float warp_allmax(float v) {
 }
 
 // Keys per chunk: one per lane.
-constexpr int kChunk = 32;
+constexpr int kChunk = static_cast<int>(kDecodeChunkKeys);
+static_assert(kChunk == 32, "one key per lane of a warp");
 
 // Floats of dynamic shared memory the split kernel uses: the staged queries and each warp's chunk of
 // probabilities while the keys are read, then (reused) each warp's (m, l, acc) per head to combine.

@@ -92,7 +92,7 @@ namespace {
 
 // Decode attention (DecodeAttention, split-KV): one query per sequence against caches of 512 to
 // 32768 keys, batches 1 to 64, over the head layouts the kernel takes (query heads per KV head 1 to
-// 16; up to 8 for d_qk 192).
+// 16; up to 8 for d_qk 192). Points whose K and V exceed half of kMaxKvBytes are left out.
 void add_decode_attention(GridPlan& p, std::int64_t b, std::int64_t h, std::int64_t kv, std::int64_t skv,
                           std::int64_t dqk, std::int64_t dv, bool held_out = false) {
   const double kv_bytes = 2.0 * d(b) * d(kv) * d(skv) * d(dqk + dv);
@@ -113,21 +113,31 @@ void plan_attention_decode(GridPlan& p) {
   struct Heads {
     std::int64_t h, kv, dqk, dv;
   };
-  const std::vector<Heads> layouts{
-      {32, 8, 128, 128}, {32, 32, 128, 128}, {64, 4, 128, 128}, {16, 2, 192, 128}, {32, 8, 64, 64}};
-  const std::vector<std::int64_t> kvs =
-      p.full() ? std::vector<std::int64_t>{512, 2048, 8192, 32768} : std::vector<std::int64_t>{1024, 8192};
+  // Query heads per KV head 1, 4, 8 and 16 at d 128; an MLA-like d_qk 192 at 8 and 1 (the latter is
+  // how an MLA layer's decode runs: one KV head per query head); d 64.
+  const std::vector<Heads> layouts{{32, 32, 128, 128}, {32, 8, 128, 128}, {32, 4, 128, 128}, {64, 4, 128, 128},
+                                   {16, 2, 192, 128},  {16, 16, 192, 128}, {32, 8, 64, 64}};
+  // Batches from one sequence (a few blocks on the GPU, the split count at its cap) to 64 (several
+  // blocks per SM); caches whose splits hold exactly 256 keys (512, 8192, 32768) and some whose
+  // splits hold a few keys more (1100, 3000, 12000), where a block's last round of keys is nearly
+  // empty.
+  const std::vector<std::int64_t> kvs = p.full() ? std::vector<std::int64_t>{512, 1100, 3000, 8192, 12000, 32768}
+                                                 : std::vector<std::int64_t>{1100, 8192};
   const std::vector<std::int64_t> batches =
-      p.full() ? std::vector<std::int64_t>{1, 16, 64} : std::vector<std::int64_t>{1, 32};
+      p.full() ? std::vector<std::int64_t>{1, 3, 5, 8, 16, 64} : std::vector<std::int64_t>{1, 5, 32};
   std::size_t i = 0;
   for (const auto skv : kvs) {
     for (const auto b : batches) {
-      const Heads l = layouts[i++ % layouts.size()];
-      add_decode_attention(p, b, l.h, l.kv, skv, l.dqk, l.dv);
+      for (const std::size_t k : {i, i + 3}) {
+        const Heads l = layouts[k % layouts.size()];
+        add_decode_attention(p, b, l.h, l.kv, skv, l.dqk, l.dv);
+      }
+      ++i;
     }
   }
-  add_decode_attention(p, 8, 64, 4, 4096, 128, 128);  // 16 query heads per KV head: the FLOP term
+  add_decode_attention(p, 8, 64, 4, 4096, 128, 128);  // 16 query heads per KV head, one block per SM
   add_decode_attention(p, 24, 32, 8, 6000, 128, 128, true);
+  if (p.full()) add_decode_attention(p, 6, 16, 16, 2500, 192, 128, true);
 }
 
 void add_ops(std::vector<OpInfo>& out) {
