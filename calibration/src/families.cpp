@@ -41,6 +41,20 @@ const FamilySpec* find_family_spec(std::string_view name) {
   return nullptr;
 }
 
+const std::vector<FamilySpec>& older_family_specs() {
+  static const std::vector<FamilySpec> specs = detail::older_table_specs();
+  return specs;
+}
+
+const FamilySpec* find_family_spec(std::string_view name, std::string_view model) {
+  const FamilySpec* current = find_family_spec(name);
+  if (current == nullptr || model.empty() || current->model == model) return current;
+  for (const auto& s : older_family_specs()) {
+    if (s.name == name && s.model == model) return &s;
+  }
+  return nullptr;
+}
+
 Measurement Measurement::from_samples(std::vector<double> samples_s) {
   if (samples_s.empty()) throw std::invalid_argument("Measurement::from_samples: no samples");
   Measurement m;
@@ -60,8 +74,11 @@ Measurement Measurement::single(double seconds) {
 }
 
 const FamilySpec& Family::spec() const {
-  const auto* s = find_family_spec(name);
-  if (!s) throw std::logic_error("unknown calibration family '" + name + "'");
+  const auto* s = find_family_spec(name, model);
+  if (!s) {
+    throw std::logic_error("unknown calibration family '" + name + "'" +
+                           (model.empty() ? std::string() : " with model '" + model + "'"));
+  }
   return *s;
 }
 

@@ -15,6 +15,7 @@
 
 #include "threewalls/calibration/fit.hpp"
 #include "threewalls/calibration/kernel_terms.hpp"
+#include "threewalls/core/decode_attention_geometry.hpp"
 
 namespace threewalls::calibration {
 
@@ -625,11 +626,20 @@ double decode_attention_flops(const AttentionShape& s) {
 
 double DecodeAttentionModel::time_s(const AttentionShape& s) const {
   if (s.batch <= 0 || s.heads <= 0 || s.seq_kv <= 0) return overhead_s;
-  return overhead_s + decode_attention_kv_bytes(s) * per_byte_s + decode_attention_flops(s) * per_flop_s;
+  if (!waves) return overhead_s + decode_attention_kv_bytes(s) * per_byte_s + decode_attention_flops(s) * per_flop_s;
+  const std::int64_t kv = s.kv_heads > 0 ? s.kv_heads : s.heads;
+  const auto g = decode_attention_geometry(s.batch, kv, s.seq_kv, sm_count);
+  const double dims = static_cast<double>(s.head_dim_qk + s.head_dim_v);
+  const double group = static_cast<double>(s.heads) / static_cast<double>(kv);
+  const double sm_s = static_cast<double>(g.blocks_per_sm) * static_cast<double>(g.rounds) * dims *
+                      (per_round_dim_s + group * per_round_head_dim_s);
+  return overhead_s + static_cast<double>(g.splits) * per_split_s +
+         std::max(sm_s, decode_attention_kv_bytes(s) / bandwidth_bytes_per_s);
 }
 
-DecodeAttentionModel DecodeAttentionModel::fit(const std::vector<Sample>& samples) {
-  const char* what = "attention_decode";
+namespace {
+
+void check_decode_samples(const std::vector<DecodeAttentionModel::Sample>& samples, const char* what) {
   for (const auto& s : samples) {
     require_positive_time(s.seconds, what);
     if (s.shape.batch <= 0 || s.shape.heads <= 0 || s.shape.kv_heads <= 0 || s.shape.seq_kv <= 0 ||
@@ -637,6 +647,13 @@ DecodeAttentionModel DecodeAttentionModel::fit(const std::vector<Sample>& sample
       throw FitImpossible(std::string(what) + ": every dimension of a point must be positive");
     }
   }
+}
+
+}  // namespace
+
+DecodeAttentionModel DecodeAttentionModel::fit(const std::vector<Sample>& samples) {
+  const char* what = "attention_decode";
+  check_decode_samples(samples, what);
   // The terms' solver (kernel_terms.hpp): t = t0 + c_1 x_1 + c_2 x_2 with x = (B, F).
   std::vector<KernelTermsModel::Sample> rows;
   for (const auto& s : samples) {
@@ -658,6 +675,52 @@ DecodeAttentionModel DecodeAttentionModel::fit(const std::vector<Sample>& sample
   m.per_byte_s = k.coefficients_s[0];
   m.per_flop_s = k.coefficients_s[1];
   return m;
+}
+
+DecodeAttentionModel DecodeAttentionModel::fit_waves(const std::vector<Sample>& samples, int sm_count) {
+  const char* what = "attention_decode";
+  check_decode_samples(samples, what);
+  if (sm_count <= 0) throw FitImpossible(std::string(what) + ": the profile's hardware has no SM count");
+  constexpr std::size_t kParams = 5;
+  if (samples.size() < kParams + 1) {
+    throw FitImpossible(std::string(what) + ": needs at least " + std::to_string(kParams + 1) +
+                        " points (t0, per_split, per_round_dim, per_round_head_dim, bandwidth are fitted), has " +
+                        std::to_string(samples.size()));
+  }
+  auto make = [&](const std::vector<double>& theta) {
+    const auto p = exp_all(theta);
+    DecodeAttentionModel m;
+    m.waves = true;
+    m.sm_count = sm_count;
+    m.overhead_s = p[0];
+    m.per_split_s = p[1];
+    m.per_round_dim_s = p[2];
+    m.per_round_head_dim_s = p[3];
+    m.bandwidth_bytes_per_s = p[4];
+    return m;
+  };
+  auto residuals = [&](const std::vector<double>& theta) {
+    const auto m = make(theta);
+    std::vector<double> r(samples.size());
+    for (std::size_t i = 0; i < samples.size(); ++i)
+      r[i] = (m.time_s(samples[i].shape) - samples[i].seconds) / samples[i].seconds;
+    return r;
+  };
+  // Starts around what a GPU of this class shows: microseconds of launch, a fraction of one per
+  // split, nanoseconds per round and dimension, TB/s.
+  std::vector<std::vector<double>> starts;
+  for (double t0 : {3e-6, 1e-5}) {
+    for (double round : {1e-10, 3e-9}) {
+      for (double head : {1e-10, 3e-9}) {
+        for (double bw : {1e12, 4e12}) {
+          starts.push_back({std::log(t0), std::log(2e-7), std::log(round), std::log(head), std::log(bw)});
+        }
+      }
+    }
+  }
+  const auto res = fit::levenberg_marquardt_multistart(residuals, starts);
+  if (!std::isfinite(res.cost)) throw FitImpossible(std::string(what) + ": no parameters reproduce the points");
+  return make(res.theta);
 }
 
 // ---------------------------------------------------------------------------------------- linear

@@ -430,7 +430,12 @@ class Reader {
     const SourceLocation where = key_loc(k, node);
     if (const FamilySpec* spec = find_family_spec(path)) {
       if (const auto* t = node.as_table()) {
-        if (auto f = read_family(*spec, *t, where)) out.push_back(std::move(*f));
+        // An older model of the family is read with its own registry entry.
+        const FamilySpec* read_as = spec;
+        if (const auto* m = t->get_as<std::string>("model")) {
+          if (const FamilySpec* older = find_family_spec(path, m->get())) read_as = older;
+        }
+        if (auto f = read_family(*read_as, *t, where)) out.push_back(std::move(*f));
       } else {
         error(where, "'" + path + "' must be a table ([" + path + "]), not " + type_name(node));
       }
@@ -466,11 +471,18 @@ class Reader {
     check_keys(t, kFamilyKeys, label);
     Family f;
     f.name = spec.name;
+    const FamilySpec* current = find_family_spec(spec.name);
+    if (current != &spec) f.model = spec.model;
     if (auto m = get_string(t, "model", label, tloc, "the model id, " + threewalls::quoted(spec.model))) {
       if (*m != spec.model) {
-        error(node_loc(*t.get("model"), tloc), label + " model = " + threewalls::quoted(*m) +
-                                                   " is not known for this family; this threewalls fits " + spec.name +
-                                                   " with " + threewalls::quoted(spec.model));
+        std::string also;
+        for (const auto& o : older_family_specs()) {
+          if (o.name == spec.name) also += ", " + threewalls::quoted(o.model);
+        }
+        error(node_loc(*t.get("model"), tloc),
+              label + " model = " + threewalls::quoted(*m) + " is not known for this family; this threewalls fits " +
+                  spec.name + " with " + threewalls::quoted(spec.model) +
+                  (also.empty() ? std::string() : " and still reads" + also.substr(1)));
       }
     }
     f.note = get_string(t, "note", label, tloc, "free text", false).value_or("");

@@ -54,6 +54,10 @@ struct FamilyModule {
   // nullptr when the simulator costs the family otherwise.
   std::optional<double> (*cost)(const CostModel& cm, const FamilySpec& spec,
                                 const std::vector<double>& inputs) = nullptr;
+  // Appends the registry entries of the module's older models that profiles still load (same family
+  // names and point columns, their own model id and parameters); nullptr: none. The module's
+  // predict, check, store and cost take them (by spec.model); fit is only called with the current.
+  void (*add_older_specs)(std::vector<FamilySpec>& out) = nullptr;
 };
 
 // A module's benchmark grid (threewalls/calibration/grid.hpp): what measures its families and where.
@@ -75,6 +79,8 @@ struct ModuleGrid {
 const FamilyModule& module_of(const FamilySpec& spec);
 // Every module's registry entries, row by row (family_specs() is this, built once).
 std::vector<FamilySpec> table_specs();
+// Every module's older models' entries, row by row (older_family_specs()).
+std::vector<FamilySpec> older_table_specs();
 
 // ---- dispatch (what the reader, the builder and the CostModel call) ----
 

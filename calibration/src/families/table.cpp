@@ -32,11 +32,15 @@ std::size_t index_of(const FamilySpec& spec, std::string_view key) {
 
 const FamilyModule& module_of(const FamilySpec& spec) { return *table().at(idx(spec.kind)); }
 
-std::vector<FamilySpec> table_specs() {
+namespace {
+
+std::vector<FamilySpec> specs_of_rows(bool older) {
   std::vector<FamilySpec> specs;
   for (std::size_t row = 0; row < table().size(); ++row) {
     const std::size_t first = specs.size();
-    table()[row]->add_specs(specs);
+    const auto add = older ? table()[row]->add_older_specs : table()[row]->add_specs;
+    if (add == nullptr) continue;
+    add(specs);
     for (std::size_t i = first; i < specs.size(); ++i) {
       specs[i].kind = static_cast<ModelKind>(row);
       specs[i].fit_stage = table()[row]->fit_stage;
@@ -44,6 +48,12 @@ std::vector<FamilySpec> table_specs() {
   }
   return specs;
 }
+
+}  // namespace
+
+std::vector<FamilySpec> table_specs() { return specs_of_rows(false); }
+
+std::vector<FamilySpec> older_table_specs() { return specs_of_rows(true); }
 
 Params fit_params(const FamilySpec& spec, const std::vector<Point>& points, const FitContext& ctx) {
   return module_of(spec).fit(spec, points, ctx);

@@ -258,24 +258,42 @@ struct AttentionModel {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Decode attention ("attention_decode_v1"): one new query per sequence against a KV cache of
-// seq_kv rows (the backend's split-KV kernel; every cached key visible).
+// Decode attention: one new query per sequence against a KV cache of seq_kv rows (the backend's
+// split-KV kernel, DecodeAttention; every cached key visible).
 //
 //   B = 2 b kv_heads seq_kv (d_qk + d_v)       bytes of K and V read (bf16), once per KV head
 //   F = 2 b heads seq_kv (d_qk + d_v)          FLOPs (scores and the weighted sum)
-//   t = t0 + B per_byte + F per_flop
-// Memory bound: each KV row is read once and shared by the heads / kv_heads query heads of its
-// group (GQA); the FLOP term is what each extra query head of a group costs the kernel on top of the
-// read. Linear in (1, B, F): non-negative weighted least squares with weights 1/t^2 (relative
-// error); exact scaling for caches longer than the measured ones. Needs >= 3 points and a
-// positive per_byte.
+//
+// "attention_decode_v1" (bytes and FLOPs): t = t0 + B per_byte + F per_flop. Linear in (1, B, F):
+// non-negative weighted least squares with weights 1/t^2 (relative error). Needs >= 3 points and a
+// positive per_byte. It ignores how the kernel fills the GPU: a few sequences of a long cache, or
+// splits just over a round of keys, are off by 15-30%.
+//
+// "attention_decode_v2" (waves of the split-KV kernel): the launch geometry of
+// threewalls/core/decode_attention_geometry.hpp on the profile's SMs gives the splits S of each
+// (sequence, kv head), the blocks (b kv_heads S), the busiest SM's blocks L = ceil(blocks / SMs) and
+// the rounds R a block walks (its split's keys in rounds of 4 warps x 32 keys, rounded up). A round
+// costs the block (d_qk + d_v) (per_round_dim + g per_round_head_dim), g = heads / kv_heads query
+// heads scoring each key; the busiest SM runs its L blocks one after another; K and V cannot stream
+// faster than `bandwidth`; the combine kernel walks the S partial results of each query head:
+//   t = t0 + S per_split + max(L R (d_qk + d_v) (per_round_dim + g per_round_head_dim), B / bandwidth)
+// Fitted by Levenberg-Marquardt on log-parameters (relative error, several starts). Needs >= 6 points
+// and the SM count of the profile's hardware.
 double decode_attention_kv_bytes(const AttentionShape& s);
 double decode_attention_flops(const AttentionShape& s);
 
 struct DecodeAttentionModel {
+  bool waves = false;       // the v2 form
   double overhead_s = 0.0;  // t0
+  // v1
   double per_byte_s = 0.0;  // seconds per byte of K and V read (1 / bandwidth)
   double per_flop_s = 0.0;  // seconds per FLOP beyond the read
+  // v2
+  double per_split_s = 0.0;            // the combine kernel, per split of the cache
+  double per_round_dim_s = 0.0;        // a block's round of keys, per head dimension (d_qk + d_v)
+  double per_round_head_dim_s = 0.0;   // and per query head and head dimension
+  double bandwidth_bytes_per_s = 0.0;  // the K/V stream's limit
+  int sm_count = 0;                    // the profile's SMs (the kernel's split rule and waves)
 
   [[nodiscard]] double time_s(const AttentionShape& s) const;
 
@@ -284,6 +302,8 @@ struct DecodeAttentionModel {
     double seconds;
   };
   static DecodeAttentionModel fit(const std::vector<Sample>& samples);
+  // The v2 form; throws FitImpossible with fewer than 6 samples or no SM count.
+  static DecodeAttentionModel fit_waves(const std::vector<Sample>& samples, int sm_count);
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -79,9 +79,15 @@ struct FamilySpec {
   LinkScope scope = LinkScope::nvlink;
 };
 
-// Every family this threewalls knows, in the canonical (file) order.
+// Every family this threewalls knows, in the canonical (file) order, each with the model it fits.
 const std::vector<FamilySpec>& family_specs();
 const FamilySpec* find_family_spec(std::string_view name);
+// The registry entry of family `name` with model id `model`: the one of family_specs(), or an older
+// model of the family that profiles written before it still load (read, checked, simulated; a
+// calibration fits and writes the current one). Empty `model`: the current one.
+const FamilySpec* find_family_spec(std::string_view name, std::string_view model);
+// The older models' entries (see find_family_spec), in table order.
+const std::vector<FamilySpec>& older_family_specs();
 
 // Family names.
 std::string gemm_family(DType dt);                                // "gemm.bf16"
@@ -166,12 +172,15 @@ struct FitQuality {
 
 struct Family {
   std::string name;  // a FamilySpec name
+  // The model id the family was read with when it is an older model of the family
+  // (older_family_specs()); empty: the registry's current model.
+  std::string model;
   std::string note;  // where the points come from, caveats (free text, may be empty)
   std::vector<Point> points;
   std::vector<std::vector<double>> params;  // in the order of FamilySpec::params; scalars have one value
   FitQuality quality;
 
-  [[nodiscard]] const FamilySpec& spec() const;            // throws std::logic_error for an unknown name
+  [[nodiscard]] const FamilySpec& spec() const;            // of `model`; throws std::logic_error for an unknown name
   [[nodiscard]] double param(std::string_view key) const;  // a scalar parameter
   [[nodiscard]] const std::vector<double>& param_array(std::string_view key) const;  // an array parameter
 };

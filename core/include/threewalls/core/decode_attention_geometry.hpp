@@ -29,8 +29,8 @@ struct DecodeAttentionGeometry {
 };
 
 // Every argument >= 1 (a non-positive one is taken as 1).
-inline DecodeAttentionGeometry decode_attention_geometry(std::int64_t batch, std::int64_t kv_heads,
-                                                         std::int64_t seq_kv, std::int64_t sm_count) {
+inline DecodeAttentionGeometry decode_attention_geometry(std::int64_t batch, std::int64_t kv_heads, std::int64_t seq_kv,
+                                                         std::int64_t sm_count) {
   batch = std::max<std::int64_t>(1, batch);
   kv_heads = std::max<std::int64_t>(1, kv_heads);
   seq_kv = std::max<std::int64_t>(1, seq_kv);
