@@ -13,6 +13,7 @@
 #include "threewalls/calibration/kernel_terms.hpp"
 #include "threewalls/calibration/models.hpp"
 #include "threewalls/calibration/profile.hpp"
+#include "threewalls/core/decode_attention_geometry.hpp"
 #include "threewalls/core/error.hpp"
 #include "threewalls/scenarios/loader.hpp"
 #include "threewalls/scenarios/step_graph.hpp"
@@ -210,7 +211,22 @@ TEST(CalibrationPlan, FusedAndDecodeAttentionCoverHeadLayoutsSequencesAndCaches)
     }
     EXPECT_GE(caches.size(), 2U);
     EXPECT_GE(ratios.size(), 3U);
-    EXPECT_GE(batches.size(), 2U);
+    EXPECT_GE(batches.size(), 3U);
+    // A few sequences (the split count at its cap, blocks on a few SMs) and several blocks per SM.
+    EXPECT_EQ(*batches.begin(), 1.0);
+    EXPECT_GE(*batches.rbegin(), 32.0);
+    if (mode == Mode::full) {
+      EXPECT_TRUE(batches.count(3.0) && batches.count(5.0)) << "odd small batches";
+      // Caches whose splits hold exactly two rounds of keys and some whose splits hold a few more.
+      std::set<std::int64_t> rounds;
+      for (const auto& p : decode) {
+        rounds.insert(threewalls::decode_attention_geometry(static_cast<std::int64_t>(p.param("batch")),
+                                                            static_cast<std::int64_t>(p.param("kv_heads")),
+                                                            static_cast<std::int64_t>(p.param("seq_kv")), 132)
+                          .rounds);
+      }
+      EXPECT_TRUE(rounds.count(2) && rounds.count(3)) << "rounds of keys per block";
+    }
   }
 }
 
@@ -454,7 +470,9 @@ std::set<Key> validation_shapes() {
     if (e.path().extension() != ".toml") continue;
     if (e.path().parent_path().filename() == "scale") continue;
     const Scenario sc = load_scenario(e.path().string());
-    for (int step = 0; step < 2; ++step) {
+    // Training steps repeat; inference steps differ (a decode step's cache grows by one key): all of them.
+    const int steps = sc.infer ? 1 + std::max(0, sc.infer->generate_tokens) : 2;
+    for (int step = 0; step < steps; ++step) {
       const StepGraph g = expand(sc, step);
       for (const auto& rc : g.classes) {
         for (const auto& op : rc.ops) {
@@ -475,8 +493,10 @@ std::set<Key> validation_shapes() {
                                            d(s[3]), d(s[4]), d(s[5]), (op.flags & kCausal) ? 1.0 : 0.0};
               out.insert({bwd ? "attention.bwd" : "attention.fwd", in});
               out.insert({bwd ? "attention_fused.bwd" : "attention_fused.fwd", in});
-              if (s[1] == 1 && !bwd)
-                out.insert({"attention_decode", {d(s[0]), d(s[3]), d(s[3]), d(s[2]), d(s[4]), d(s[5])}});
+              if (s[1] == 1 && !bwd) {
+                out.insert(
+                    {"attention_decode", {d(s[0]), d(s[3]), d(attention_kv_heads(op)), d(s[2]), d(s[4]), d(s[5])}});
+              }
               break;
             }
             case OpKind::collective: {
@@ -652,7 +672,7 @@ TEST(CalibrationPlan, EveryModeHasEnoughFitPointsForEveryModel) {
     EXPECT_GE(fit["attention.bwd"], 5) << to_string(mode);
     EXPECT_GE(fit["attention_fused.fwd"], 5) << to_string(mode);
     EXPECT_GE(fit["attention_fused.bwd"], 5) << to_string(mode);
-    EXPECT_GE(fit["attention_decode"], 4) << to_string(mode);  // 3 parameters, and leave-one-out
+    EXPECT_GE(fit["attention_decode"], 6) << to_string(mode);  // 5 parameters, and leave-one-out
     EXPECT_GE(fit["copy.d2d"], 5) << to_string(mode);
     EXPECT_GE(fit["collective.all_reduce.nvlink"], 5) << to_string(mode);  // the ramp needs 5 sizes
     EXPECT_GE(fit["concurrency"], 6) << to_string(mode);

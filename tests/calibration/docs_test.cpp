@@ -27,10 +27,16 @@ TEST(CalibrationDocs, FormatDocumentListsEveryFamilyModelAndKey) {
     for (const auto& in : s.inputs) EXPECT_TRUE(mentions(text, in.key)) << s.name << " input " << in.key;
     for (const auto& p : s.params) EXPECT_TRUE(mentions(text, p.key)) << s.name << " parameter " << p.key;
   }
+  // The older models profiles still load, with their parameters.
+  for (const auto& s : older_family_specs()) {
+    EXPECT_TRUE(mentions(text, s.model)) << s.model;
+    for (const auto& p : s.params) EXPECT_TRUE(mentions(text, p.key)) << s.model << " parameter " << p.key;
+  }
 }
 
 TEST(CalibrationDocs, ModelsPageStatesEveryModel) {
   const std::string text = doc("docs/calibration.md");
   ASSERT_FALSE(text.empty());
   for (const auto& s : family_specs()) EXPECT_TRUE(mentions(text, s.model)) << s.model;
+  for (const auto& s : older_family_specs()) EXPECT_TRUE(mentions(text, s.model)) << s.model;
 }

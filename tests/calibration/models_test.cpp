@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "threewalls/calibration/fit.hpp"
+#include "threewalls/core/decode_attention_geometry.hpp"
 
 using namespace threewalls::calibration;
 using threewalls::Collective;
@@ -343,6 +344,91 @@ TEST(DecodeAttentionModel, NeedsThreePointsAndTimesThatGrowWithTheCache) {
   EXPECT_THROW((void)DecodeAttentionModel::fit(samples), FitImpossible);
   samples.resize(2);
   EXPECT_THROW((void)DecodeAttentionModel::fit(samples), FitImpossible);
+}
+
+// The split-KV kernel's launch geometry: four blocks per SM, at least 256 keys per split, rounds of
+// 128 keys per block.
+TEST(DecodeAttentionGeometry, FollowsTheKernelsSplitRule) {
+  // b 4, 4 KV heads on 132 SMs: 33 splits wanted, 32 allowed by 8193 keys; 257 keys a split: three rounds.
+  auto g = threewalls::decode_attention_geometry(4, 4, 8193, 132);
+  EXPECT_EQ(g.splits, 32);
+  EXPECT_EQ(g.blocks, 512);
+  EXPECT_EQ(g.keys_per_split, 257);
+  EXPECT_EQ(g.rounds, 3);
+  EXPECT_EQ(g.blocks_per_sm, 4);
+  // One key fewer: 256 keys a split, two rounds.
+  EXPECT_EQ(threewalls::decode_attention_geometry(4, 4, 8192, 132).rounds, 2);
+  // Many sequences: one split, the whole cache per block.
+  g = threewalls::decode_attention_geometry(64, 32, 1100, 132);
+  EXPECT_EQ(g.splits, 1);
+  EXPECT_EQ(g.rounds, 9);
+  EXPECT_EQ(g.blocks_per_sm, 16);
+  // A short cache is never split below 256 keys.
+  EXPECT_EQ(threewalls::decode_attention_geometry(1, 1, 300, 132).splits, 1);
+}
+
+// Decode attention by waves (attention_decode_v2): points generated from known parameters over the
+// calibration grid's kind of shapes (batches 1-64, caches 512-32768, 1-16 query heads per KV head,
+// split-bound and bandwidth-bound) give them back.
+TEST(DecodeAttentionModel, WavesFitRecoversItsParametersFromNoisyPoints) {
+  DecodeAttentionModel truth;
+  truth.waves = true;
+  truth.sm_count = 132;
+  truth.overhead_s = 1.1e-5;
+  truth.per_split_s = 1.6e-7;
+  truth.per_round_dim_s = 3.2e-9;
+  truth.per_round_head_dim_s = 2.2e-9;
+  truth.bandwidth_bytes_per_s = 3.0e12;
+  Noise noise(11, 0.01);
+  std::vector<DecodeAttentionModel::Sample> samples;
+  struct Heads {
+    std::int64_t h, kv, dqk, dv;
+  };
+  const std::vector<Heads> layouts{{32, 32, 128, 128}, {32, 8, 128, 128}, {32, 4, 128, 128},
+                                   {64, 4, 128, 128},  {16, 2, 192, 128}, {16, 16, 192, 128}};
+  std::size_t i = 0;
+  int bandwidth_bound = 0;
+  for (std::int64_t skv : {512, 1100, 3000, 8192, 12000, 32768}) {
+    for (std::int64_t b : {1, 3, 5, 8, 16, 64}) {
+      const Heads l = layouts[i++ % layouts.size()];
+      AttentionShape s;
+      s.batch = b;
+      s.seq_q = 1;
+      s.seq_kv = skv;
+      s.heads = l.h;
+      s.kv_heads = l.kv;
+      s.head_dim_qk = l.dqk;
+      s.head_dim_v = l.dv;
+      s.causal = true;
+      if (decode_attention_kv_bytes(s) > 2e9) continue;
+      DecodeAttentionModel no_floor = truth;
+      no_floor.bandwidth_bytes_per_s = 1e30;
+      if (no_floor.time_s(s) < truth.time_s(s)) ++bandwidth_bound;
+      samples.push_back({s, noise(truth.time_s(s))});
+    }
+  }
+  ASSERT_GE(bandwidth_bound, 3);  // the grid sees the floor
+  const auto fit = DecodeAttentionModel::fit_waves(samples, 132);
+  EXPECT_TRUE(fit.waves);
+  EXPECT_EQ(fit.sm_count, 132);
+  EXPECT_NEAR(fit.overhead_s, truth.overhead_s, truth.overhead_s * 0.1);
+  EXPECT_NEAR(fit.per_split_s, truth.per_split_s, truth.per_split_s * 0.2);
+  EXPECT_NEAR(fit.per_round_dim_s, truth.per_round_dim_s, truth.per_round_dim_s * 0.1);
+  EXPECT_NEAR(fit.per_round_head_dim_s, truth.per_round_head_dim_s, truth.per_round_head_dim_s * 0.05);
+  EXPECT_NEAR(fit.bandwidth_bytes_per_s, truth.bandwidth_bytes_per_s, truth.bandwidth_bytes_per_s * 0.05);
+  // The form follows the rounds: a split of 257 keys costs a third round, one of 256 does not.
+  AttentionShape a = samples.front().shape;
+  a.batch = 4;
+  a.heads = 32;
+  a.kv_heads = 4;
+  a.head_dim_qk = a.head_dim_v = 128;
+  a.seq_kv = 8192;
+  AttentionShape b = a;
+  b.seq_kv = 8193;
+  EXPECT_GT(truth.time_s(b) / truth.time_s(a), 1.3);
+  // Fewer than six points, or no SM count: no fit.
+  EXPECT_THROW((void)DecodeAttentionModel::fit_waves({samples.begin(), samples.begin() + 5}, 132), FitImpossible);
+  EXPECT_THROW((void)DecodeAttentionModel::fit_waves(samples, 0), FitImpossible);
 }
 
 TEST(AttentionModel, ComputedPairsAreWholeCausalBlocks) {

@@ -580,3 +580,88 @@ TEST(ProfileMerge, RefusesOtherGpuKindsUnknownAndMissingFamilies) {
   EXPECT_THROW((void)merge_families(into, into, {"attention_decode"}), InputError);  // `from` lacks it
   EXPECT_THROW((void)merge_families(into, into, {}), InputError);
 }
+
+// attention_decode: a calibration writes attention_decode_v2; a profile with attention_decode_v1 (written
+// before) still loads, keeps its model id when written back, and costs with the bytes-and-FLOPs form.
+TEST(ProfileOlderModel, AttentionDecodeV1StillLoadsAndCostsWithItsForm) {
+  ProfileBuilder b({"decode", "measured", "tests/calibration"}, test_hardware());
+  for (const double skv : {1024.0, 8192.0, 32768.0}) {
+    for (const double kv : {8.0, 32.0}) {
+      b.add_point(kAttentionDecodeFamily, {4, 32, kv, skv, 128, 128},
+                  Measurement::single(6e-6 + 2.0 * 4 * kv * skv * 256 / 2.5e12));
+    }
+  }
+  const Profile v2 = merge_families(small_profile(), b.build(), {"attention_decode"});
+  const Family& fam2 = v2.family("attention_decode");
+  EXPECT_TRUE(fam2.model.empty());
+  EXPECT_EQ(fam2.spec().model, "attention_decode_v2");
+  const std::string text2 = v2.to_toml();
+  ASSERT_NE(text2.find("model = \"attention_decode_v2\""), std::string::npos);
+  EXPECT_EQ(Profile::parse(text2, "v2.toml").to_toml(), text2);
+
+  // The same family as a v1 profile wrote it.
+  const auto at = text2.find("[attention_decode.fit]");
+  ASSERT_NE(at, std::string::npos);
+  const auto end = text2.find("rel_err_median", at);
+  std::string text1 = text2.substr(0, at) + "[attention_decode.fit]\noverhead_s = 6e-06\nper_byte_s = 4e-13\n" +
+                      "per_flop_s = 1e-14\n" + text2.substr(end);
+  const auto model_at = text1.find("model = \"attention_decode_v2\"");
+  text1.replace(model_at, std::string("model = \"attention_decode_v2\"").size(), "model = \"attention_decode_v1\"");
+  const Profile v1 = Profile::parse(text1, "v1.toml");
+  const Family& fam1 = v1.family("attention_decode");
+  EXPECT_EQ(fam1.model, "attention_decode_v1");
+  EXPECT_EQ(fam1.spec().model, "attention_decode_v1");
+  EXPECT_DOUBLE_EQ(fam1.param("per_byte_s"), 4e-13);
+  // Written back as read, with the v1 form's description.
+  const std::string back = v1.to_toml();
+  EXPECT_NE(back.find("model = \"attention_decode_v1\""), std::string::npos);
+  EXPECT_NE(back.find("t = t0 + B per_byte + F per_flop"), std::string::npos);
+  EXPECT_NE(back.find("per_byte_s = 4e-13"), std::string::npos) << back;
+  EXPECT_EQ(Profile::parse(back, "back.toml").to_toml(), back);
+
+  AttentionShape s;
+  s.batch = 3;
+  s.seq_q = 1;
+  s.seq_kv = 5000;
+  s.heads = 32;
+  s.kv_heads = 4;
+  s.head_dim_qk = s.head_dim_v = 128;
+  const CostModel c1(v1);
+  const auto t1 = c1.decode_attention(s);
+  ASSERT_TRUE(t1.has_value());
+  EXPECT_NEAR(t1->value, 6e-6 + decode_attention_kv_bytes(s) * 4e-13 + decode_attention_flops(s) * 1e-14, 1e-12);
+  const CostModel c2(v2);
+  const auto t2 = c2.decode_attention(s);
+  ASSERT_TRUE(t2.has_value());
+  DecodeAttentionModel m;
+  m.waves = true;
+  m.sm_count = v2.hardware().sm_count;
+  m.overhead_s = fam2.param("overhead_s");
+  m.per_split_s = fam2.param("per_split_s");
+  m.per_round_dim_s = fam2.param("per_round_dim_s");
+  m.per_round_head_dim_s = fam2.param("per_round_head_dim_s");
+  m.bandwidth_bytes_per_s = fam2.param("bandwidth_bytes_per_s");
+  EXPECT_DOUBLE_EQ(t2->value, m.time_s(s));
+
+  // v1's parameters under the v2 id, or an unknown id: located errors naming what is read.
+  std::string mixed = text1;
+  mixed.replace(mixed.find("model = \"attention_decode_v1\""), std::string("model = \"attention_decode_v1\"").size(),
+                "model = \"attention_decode_v2\"");
+  EXPECT_THROW((void)Profile::parse(mixed, "mixed.toml"), InputError);
+  std::string unknown = text1;
+  unknown.replace(unknown.find("model = \"attention_decode_v1\""),
+                  std::string("model = \"attention_decode_v1\"").size(), "model = \"attention_decode_v0\"");
+  try {
+    (void)Profile::parse(unknown, "unknown.toml");
+    ADD_FAILURE() << "an unknown model id was read";
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("unknown.toml:"), std::string::npos) << what;
+    EXPECT_NE(what.find("\"attention_decode_v2\""), std::string::npos) << what;
+    EXPECT_NE(what.find("still reads \"attention_decode_v1\""), std::string::npos) << what;
+  }
+  // The shipped profiles: h100.toml holds v1, h200.toml v2.
+  const auto dir = std::filesystem::path(THREEWALLS_SOURCE_DIR) / "calibration" / "profiles";
+  EXPECT_EQ(Profile::load(dir / "h100.toml").family("attention_decode").spec().model, "attention_decode_v1");
+  EXPECT_EQ(Profile::load(dir / "h200.toml").family("attention_decode").spec().model, "attention_decode_v2");
+}
