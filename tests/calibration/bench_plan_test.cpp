@@ -465,14 +465,18 @@ using Key = std::tuple<std::string, std::vector<double>>;
 std::set<Key> validation_shapes() {
   using namespace threewalls::scenarios;
   std::set<Key> out;
+  // Decode attention shapes by all but their cache length: the lengths seen (filled in below).
+  std::map<std::vector<double>, std::set<double>> decode_lengths;
   const auto dir = std::filesystem::path(THREEWALLS_SOURCE_DIR) / "scenarios" / "validation";
   for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
     if (e.path().extension() != ".toml") continue;
     if (e.path().parent_path().filename() == "scale") continue;
     const Scenario sc = load_scenario(e.path().string());
-    // Training steps repeat; inference steps differ (a decode step's cache grows by one key): all of them.
-    const int steps = sc.infer ? 1 + std::max(0, sc.infer->generate_tokens) : 2;
-    for (int step = 0; step < steps; ++step) {
+    // Training steps repeat. Inference steps differ: the prefill, then decode steps whose caches grow
+    // by one key a step; the first and last decode steps bound every decode step's cache.
+    std::vector<int> steps{0, 1};
+    if (sc.infer && sc.infer->generate_tokens > 1) steps.push_back(sc.infer->generate_tokens);
+    for (const int step : steps) {
       const StepGraph g = expand(sc, step);
       for (const auto& rc : g.classes) {
         for (const auto& op : rc.ops) {
@@ -494,8 +498,7 @@ std::set<Key> validation_shapes() {
               out.insert({bwd ? "attention.bwd" : "attention.fwd", in});
               out.insert({bwd ? "attention_fused.bwd" : "attention_fused.fwd", in});
               if (s[1] == 1 && !bwd) {
-                out.insert(
-                    {"attention_decode", {d(s[0]), d(s[3]), d(attention_kv_heads(op)), d(s[2]), d(s[4]), d(s[5])}});
+                decode_lengths[{d(s[0]), d(s[3]), d(attention_kv_heads(op)), d(s[4]), d(s[5])}].insert(d(s[2]));
               }
               break;
             }
@@ -537,6 +540,11 @@ std::set<Key> validation_shapes() {
       }
     }
   }
+  for (const auto& [dims, lengths] : decode_lengths) {
+    for (double skv = *lengths.begin(); skv <= *lengths.rbegin(); skv += 1.0) {
+      out.insert({"attention_decode", {dims[0], dims[1], dims[2], skv, dims[3], dims[4]}});
+    }
+  }
   return out;
 }
 
@@ -545,6 +553,8 @@ std::set<Key> validation_shapes() {
 TEST(CalibrationPlan, NeverMeasuresAShapeOfTheValidationScenarios) {
   const auto shapes = validation_shapes();
   ASSERT_GT(shapes.size(), 50U);  // the scenarios were read
+  // A decode step between the first and the last, with its KV heads (i03: 4 x 8192 prompts, 7 steps).
+  EXPECT_TRUE(shapes.count({"attention_decode", {4, 32, 4, 8195, 128, 128}}));
   for (const Mode mode : {Mode::quick, Mode::full}) {
     for (int gpus = 1; gpus <= 8; ++gpus) {
       for (const auto& p : plan(mode, gpus)) {
