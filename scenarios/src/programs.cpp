@@ -300,6 +300,9 @@ void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input) {
   const std::int64_t routed_rows = Tloc * c.topk;                            // rows this rank sends
   const std::int64_t recv_rows = std::max<std::int64_t>(1, ci.expert_rows);  // rows its experts process
   const bool per_expert = c.exec.expert_execution.kind != ExpertExecutionKind::grouped;
+  // Hugging Face's loop (sequential, streams:N) gathers each expert's rows itself; grouped and split
+  // experts read rows permuted into expert order.
+  const bool hf_loop = per_expert && c.exec.expert_execution.kind != ExpertExecutionKind::split;
   const Dispatcher disp = c.exec.token_dispatcher;
   const double row_bytes = static_cast<double>(c.h) * kBf16Bytes;
 
@@ -317,14 +320,14 @@ void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input) {
     perm.tokens = static_cast<std::int32_t>(recv_rows);
     dispatched = p.add(perm);
   } else {
-    if (disp == Dispatcher::alltoall && !(per_expert && c.ep == 1)) {
+    if (disp == Dispatcher::alltoall && !(hf_loop && c.ep == 1)) {
       Spec perm = memory_op(OpKind::permute, "moe_permute", {routed_rows, c.h, Tloc, 0, 0, 0},
                             2.0 * routed_rows * row_bytes, 2.0 * routed_rows * row_bytes, Module::moe_pre, {topk_id});
       perm.tokens = static_cast<std::int32_t>(routed_rows);
       p.add(perm);
     }
     dispatched =
-        (disp == Dispatcher::alltoall && !(per_expert && c.ep == 1)) ? static_cast<int>(p.specs.size()) - 1 : topk_id;
+        (disp == Dispatcher::alltoall && !(hf_loop && c.ep == 1)) ? static_cast<int>(p.specs.size()) - 1 : topk_id;
     if (c.ep > 1) {
       Spec a2a = collective("moe_dispatch", Collective::all_to_all, Group::ep,
                             static_cast<double>(routed_rows) * row_bytes, Role::compute, Module::moe_comm);
@@ -404,6 +407,33 @@ void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input) {
     act.sub = activation_kind(c);
     p.add(act);
     expert_outputs.push_back(p.add(grouped("expert_fc2", c.h, c.ffn_e, {})));
+  } else if (!hf_loop) {
+    // split:N, Transformer Engine's GroupedLinear with its multi-stream cuBLAS backend
+    // (nvte_multi_tensor_gemm): the permuted rows split per expert without a copy, one GEMM per expert
+    // (fc1 with gate and up fused) round-robin over N streams, one activation kernel over all rows
+    // between the two projections.
+    const int nstreams = c.exec.expert_execution.streams;
+    auto rows_of = [&](int e) { return recv_rows / c.E_loc + (e < recv_rows % c.E_loc ? 1 : 0); };
+    auto tag = [&](Spec sp, int e) {
+      sp.expert = e;
+      sp.stream_slot = e % nstreams;
+      sp.role = sp.stream_slot == 0 ? Role::compute : Role::expert;
+      sp.tokens = static_cast<std::int32_t>(rows_of(e));
+      return sp;
+    };
+    std::vector<int> fc1s;
+    for (int e = 0; e < c.E_loc; ++e) {
+      fc1s.push_back(p.add(tag(gemm(c, "expert_fc1", rows_of(e), fc1_out, c.h, Module::moe_expert, {dispatched}), e)));
+    }
+    Spec act = memory_op(OpKind::elementwise, "expert_act", {recv_rows * c.ffn_e, 0, 0, 0, 0, 0},
+                         (static_cast<double>(fc1_out) + c.ffn_e) * recv_rows * kBf16Bytes,
+                         (2.0 * fc1_out + c.ffn_e) * recv_rows * kBf16Bytes, Module::moe_act, fc1s);
+    act.tokens = static_cast<std::int32_t>(recv_rows);
+    act.sub = activation_kind(c);
+    const int a = p.add(act);
+    for (int e = 0; e < c.E_loc; ++e) {
+      expert_outputs.push_back(p.add(tag(gemm(c, "expert_fc2", rows_of(e), c.h, c.ffn_e, Module::moe_expert, {a}), e)));
+    }
   } else {
     const int nstreams =
         c.exec.expert_execution.kind == ExpertExecutionKind::streams ? c.exec.expert_execution.streams : 1;
@@ -504,7 +534,7 @@ void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input) {
       last = p.add(a2a);
       after = {last};
     }
-    if (disp == Dispatcher::alltoall && !(per_expert && c.ep == 1)) {
+    if (disp == Dispatcher::alltoall && !(hf_loop && c.ep == 1)) {
       Spec unperm = memory_op(OpKind::unpermute, "moe_unpermute", {routed_rows, c.h, Tloc, 0, 0, 0},
                               3.0 * routed_rows * row_bytes, 2.0 * routed_rows * row_bytes, Module::moe_post, after);
       unperm.tokens = static_cast<std::int32_t>(routed_rows);

@@ -199,9 +199,14 @@ void add_exec_options(Registry& r, const std::string& table, Exec exec) {
       .bind(exec, &ExecOptions::token_dispatcher);
   Decl(r, table + ".expert_execution", ParamType::choice)
       .def("\"grouped\"")
-      .choices({"sequential", "streams:N", "grouped"})
+      .choices({"sequential", "streams:N", "grouped", "split:N"})
       .doc("How a rank runs its local experts: one expert after another on one stream, round-robin over "
-           "N streams with events, or one grouped GEMM per projection.")
+           "N streams with events (both as Hugging Face's loop: a gather, gate, up, down and a scatter per "
+           "expert), one grouped GEMM per projection, or split:N as Transformer Engine's GroupedLinear runs "
+           "them with its multi-stream cuBLAS backend (Megatron-Core's TEGroupedMLP in FP8 before TE's "
+           "cuBLASLt grouped GEMM): the permuted rows split per expert without a copy, one GEMM per expert "
+           "and projection (gate and up fused) round-robin over N streams, one activation over all rows; "
+           "training steps.")
       .set([exec](Scenario& s, const Value& v, std::size_t i) {
         const auto& t = std::get<std::string>(v);
         auto& e = exec(s, i).expert_execution;
@@ -209,6 +214,8 @@ void add_exec_options(Registry& r, const std::string& table, Exec exec) {
           e = {ExpertExecutionKind::sequential, 1};
         } else if (t == "grouped") {
           e = {ExpertExecutionKind::grouped, 1};
+        } else if (t.rfind("split:", 0) == 0) {
+          e = {ExpertExecutionKind::split, std::stoi(t.substr(t.find(':') + 1))};
         } else {
           e = {ExpertExecutionKind::streams, std::stoi(t.substr(t.find(':') + 1))};
         }

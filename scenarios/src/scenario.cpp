@@ -75,6 +75,7 @@ std::string to_string(const ExpertExecution& v) {
     case ExpertExecutionKind::sequential: return "sequential";
     case ExpertExecutionKind::grouped: return "grouped";
     case ExpertExecutionKind::streams: return "streams:" + std::to_string(v.streams);
+    case ExpertExecutionKind::split: return "split:" + std::to_string(v.streams);
   }
   return "?";
 }

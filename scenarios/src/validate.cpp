@@ -70,7 +70,9 @@ const std::vector<RuleInfo> kRules = {
     {"graph-scope",
      "CUDA-graph scopes moe_router and moe_preprocess need an MoE model; full_iteration excludes the "
      "other scopes; captured MoE scopes cannot contain the host read of sync_routing_stats."},
-    {"expert-streams", "expert_execution = \"streams:N\" needs 1 <= N <= local experts (num_experts / ep)."},
+    {"expert-streams",
+     "expert_execution = \"streams:N\" or \"split:N\" needs 1 <= N <= local experts (num_experts / ep); "
+     "\"split:N\" is for training steps."},
     {"routing-imbalance", "routing_imbalance > 1 needs ep > 1 and must not exceed ep."},
     {"offload",
      "expert_offload needs an MoE model, cache_experts_per_layer <= num_experts / ep, nvme_path exactly "
@@ -390,12 +392,19 @@ void check_exec(const Scenario& s, const ExecOptions& e, const std::string& t, R
            "sync_routing_stats reads routing statistics on the host, which cannot happen inside a captured "
            "CUDA graph (cuda_graph_scope " + join(scopes, ", ", true) + ")");
   }
-  if (e.expert_execution.kind == ExpertExecutionKind::streams) {
+  if (e.expert_execution.kind == ExpertExecutionKind::streams ||
+      e.expert_execution.kind == ExpertExecutionKind::split) {
+    const std::string value = to_string(e.expert_execution);
     int local = m.is_moe() ? m.num_experts / std::max(1, s.parallel.ep) : 0;
     if (e.expert_execution.streams < 1 || e.expert_execution.streams > std::max(local, 1) || !m.is_moe()) {
       r.fail("expert-streams", t + ".expert_execution",
-             "expert_execution = \"streams:" + num(e.expert_execution.streams) + "\" needs 1 <= N <= " + num(local) +
-                 " local experts");
+             "expert_execution = \"" + value + "\" needs 1 <= N <= " + num(local) + " local experts");
+    }
+    if (e.expert_execution.kind == ExpertExecutionKind::split && t == "infer") {
+      r.fail("expert-streams", t + ".expert_execution",
+             "expert_execution = \"" + value +
+                 "\" (Transformer Engine's GroupedLinear) is modelled for training steps; inference steps run "
+                 "\"grouped\", \"sequential\" or \"streams:N\"");
     }
   }
 }

@@ -433,6 +433,19 @@ TEST(ScenarioLoader, ChoicePatternStreamsN) {
   EXPECT_NE(std::string(e.what()).find("'expert_execution' = \"streams:\" is not allowed"), std::string::npos);
 }
 
+TEST(ScenarioLoader, ChoicePatternSplitNIsTransformerEnginesGroupedLinearForTraining) {
+  std::string moe =
+      with(kMinimal, "vocab_size = 32000\n", "num_experts = 8\nmoe_ffn_hidden_size = 256\nmoe_router_topk = 2\n");
+  const Scenario s = load_ok(with(moe, "seq_length = 1024\n", "expert_execution = \"split:4\"\n"));
+  EXPECT_EQ(s.train->exec.expert_execution.kind, ExpertExecutionKind::split);
+  EXPECT_EQ(s.train->exec.expert_execution.streams, 4);
+  EXPECT_EQ(to_string(s.train->exec.expert_execution), "split:4");
+  const ScenarioError e = load_error(with(moe, "seq_length = 1024\n", "expert_execution = \"split:9\"\n"));
+  EXPECT_NE(std::string(e.what()).find("expert_execution = \"split:9\" needs 1 <= N <= 8 local experts"),
+            std::string::npos)
+      << e.what();
+}
+
 TEST(ScenarioLoader, MissingFileIsAScenarioErrorNamingTheFile) {
   try {
     (void)load_scenario_file("/nonexistent/threewalls/x.toml");

@@ -833,6 +833,48 @@ TEST(ScaleValidation, FlexDispatchAcrossNodesSendsOneCopyPerNodeOverTheNetwork) 
   EXPECT_GT(f, 0.3 * a) << "flex " << f << " us, alltoall " << a << " us";
 }
 
+TEST(ScaleValidation, TeSplitExpertsRunOneGemmPerExpertOverStreamsWithoutGatherOrScatter) {
+  // expert_execution = "split:4", Transformer Engine's GroupedLinear on its multi-stream cuBLAS backend:
+  // Qwen3-30B on EP16 has 8 local experts; per MoE layer and micro-batch, one fc1 GEMM per expert with
+  // gate and up fused (2 x 768 wide) on stream slots 0, 1, 2, 3, 0, ..., one activation over all rows
+  // after every fc1, one fc2 per expert after it, no per-expert gather or scatter; the backward has a
+  // dgrad and a wgrad GEMM per expert and projection.
+  scenarios::Scenario s = validation("scale", "qwen3_30b_16gpu_h100_fp8");
+  s.train->global_batch_size = 16;
+  s.train->exec.expert_execution = {scenarios::ExpertExecutionKind::split, 4};
+  const scenarios::StepGraph g = scenarios::expand(s, 0);
+  const auto& rc = g.classes[0];
+  std::map<std::string, int> count;
+  std::set<std::uint8_t> fc1_streams;
+  for (const auto& op : rc.ops) {
+    if (op.layer != 0 || op.microbatch != 0) continue;
+    const std::string ph = g.phase_name(op);
+    ++count[ph];
+    if (ph == "expert_fc1_fwd") {
+      EXPECT_EQ(op.shape[1], 2 * 768) << "gate and up in one GEMM";
+      fc1_streams.insert(op.stream);
+      ASSERT_GE(op.expert, 0);
+    }
+  }
+  EXPECT_EQ(count["expert_fc1_fwd"], 8);
+  EXPECT_EQ(count["expert_fc2_fwd"], 8);
+  EXPECT_EQ(count["expert_act_fwd"], 1);
+  EXPECT_EQ(count["expert_fc1_dgrad"], 8);
+  EXPECT_EQ(count["expert_fc1_wgrad"], 8);
+  EXPECT_EQ(count["expert_gather_fwd"], 0);
+  EXPECT_EQ(count["expert_scatter_fwd"], 0);
+  EXPECT_EQ(count["expert_gate_fwd"], 0);
+  EXPECT_EQ(fc1_streams.size(), 4U);
+  // The same scenario simulates, slower than with one grouped GEMM per projection (the per-expert
+  // GEMMs of 8 x 4096 rows are smaller and pay a launch each).
+  SimOptions o;
+  o.fidelity = Fidelity::analytic;
+  scenarios::Scenario grouped = s;
+  grouped.train->exec.expert_execution = {scenarios::ExpertExecutionKind::grouped, 1};
+  EXPECT_GT(simulate(s, "auto", o).summary.step_time_us.median,
+            simulate(grouped, "auto", o).summary.step_time_us.median);
+}
+
 // ------------------------------------------------------------------ inference at scale
 
 // Data-parallel inference replicas do not communicate: a world of 100,000 one-GPU replicas (one rank

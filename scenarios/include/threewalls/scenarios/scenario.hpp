@@ -45,7 +45,7 @@ enum class MomentDtype : std::uint8_t { fp32, bf16, fp16, fp8 };
 // Megatron-FSDP's --data-parallel-sharding-strategy; none = no FSDP (DDP or the distributed optimizer).
 enum class DataParallelSharding : std::uint8_t { none, no_shard, optim, optim_grads, optim_grads_params };
 enum class Dispatcher : std::uint8_t { alltoall, allgather, flex };
-enum class ExpertExecutionKind : std::uint8_t { sequential, streams, grouped };
+enum class ExpertExecutionKind : std::uint8_t { sequential, streams, grouped, split };
 enum class Topology : std::uint8_t { fat_tree, rail_optimized };
 enum class OffloadTier : std::uint8_t { hbm, host_pinned, nvme };
 enum class CachePolicy : std::uint8_t { lru, lfu };
@@ -131,7 +131,7 @@ struct ParallelSpec {
 
 struct ExpertExecution {
   ExpertExecutionKind kind = ExpertExecutionKind::grouped;
-  int streams = 1;  // N of "streams:N"
+  int streams = 1;  // N of "streams:N" and "split:N"
 
   bool operator==(const ExpertExecution&) const = default;
 };
