@@ -21,9 +21,12 @@
 
 #include <simgrid/kernel/resource/Model.hpp>
 #include <simgrid/kernel/resource/NetworkModelIntf.hpp>
+#include <simgrid/kernel/routing/NetPoint.hpp>
+#include <simgrid/kernel/routing/StarZone.hpp>
 #include <simgrid/s4u.hpp>
 #include <xbt/config.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <exception>
 #include <limits>
@@ -36,6 +39,91 @@ namespace sg = simgrid::s4u;
 namespace threewalls::sim::simgrid_module {
 
 namespace {
+
+// A star zone (SimGrid's StarZone: a host's route is its up links, then the destination's down
+// links, a link listed twice taken once) whose routes are found without allocating. StarZone's
+// get_local_route, run at every communication's start, collects a route's links through an
+// std::unordered_set; this zone keeps each host's up and down links in a vector by net point id
+// (from the same add_route calls, which StarZone still validates and records) and appends them in
+// the same order, skipping a link already appended by this lookup, adding each link's latency.
+// Only the routes build() adds: symmetrical, from a host to everyone.
+class FlatStarZone final : public simgrid::kernel::routing::StarZone {
+ public:
+  using NetPoint = simgrid::kernel::routing::NetPoint;
+
+  explicit FlatStarZone(const std::string& name) : StarZone(name) {}
+
+  void add_route(NetPoint* src, NetPoint* dst, NetPoint* gw_src, NetPoint* gw_dst,
+                 const std::vector<sg::LinkInRoute>& link_list, bool symmetrical) override {
+    StarZone::add_route(src, dst, gw_src, gw_dst, link_list, symmetrical);
+    if (src == nullptr || dst != nullptr || gw_src != nullptr || gw_dst != nullptr || !symmetrical) {
+      throw std::logic_error("FlatStarZone: only symmetrical routes from a host to everyone");
+    }
+    if (ends_.size() <= src->id()) ends_.resize(src->id() + 1);
+    Ends& e = ends_[src->id()];
+    e.up.clear();
+    e.down.clear();
+    // Up: the links in order (a split-duplex link's UP side for UP); down: the reverse route, the
+    // links in reverse order with the other side of each split-duplex link.
+    for (const sg::LinkInRoute& l : link_list) e.up.push_back(side(l, /*back=*/false));
+    for (auto it = link_list.rbegin(); it != link_list.rend(); ++it) e.down.push_back(side(*it, /*back=*/true));
+  }
+
+  void get_local_route(const NetPoint* src, const NetPoint* dst, simgrid::kernel::routing::Route* route,
+                       double* latency) override {
+    if (src == dst) {
+      StarZone::get_local_route(src, dst, route, latency);  // loopback: never a flow of ours
+      return;
+    }
+    const std::size_t first = route->link_list_.size();
+    append(ends_of(src->id()).up, first, route, latency);
+    append(ends_of(dst->id()).down, first, route, latency);
+  }
+
+ private:
+  struct Link {
+    simgrid::kernel::resource::StandardLinkImpl* impl;
+    const sg::Link* link;
+  };
+  struct Ends {
+    std::vector<Link> up, down;
+  };
+
+  static Link side(const sg::LinkInRoute& l, bool back) {
+    const sg::Link* link = l.get_link();
+    if (link->get_sharing_policy() == sg::Link::SharingPolicy::SPLITDUPLEX) {
+      const auto* sd = dynamic_cast<const sg::SplitDuplexLink*>(link);
+      if (sd == nullptr) throw std::logic_error("FlatStarZone: a split-duplex link that is not a SplitDuplexLink");
+      if (l.get_direction() != sg::LinkInRoute::Direction::UP &&
+          l.get_direction() != sg::LinkInRoute::Direction::DOWN) {
+        throw std::logic_error("FlatStarZone: a split-duplex link without a direction");
+      }
+      const bool up = (l.get_direction() == sg::LinkInRoute::Direction::UP) != back;
+      link = up ? sd->get_link_up() : sd->get_link_down();
+    }
+    return {link->get_impl(), link};
+  }
+
+  [[nodiscard]] const Ends& ends_of(unsigned long id) const {
+    static const Ends kNone;
+    return id < ends_.size() ? ends_[id] : kNone;
+  }
+
+  // Appends `links` to the route, each link once among those appended since `first`.
+  static void append(const std::vector<Link>& links, std::size_t first, simgrid::kernel::routing::Route* route,
+                     double* latency) {
+    auto& out = route->link_list_;
+    for (const Link& l : links) {
+      if (std::find(out.begin() + static_cast<std::ptrdiff_t>(first), out.end(), l.impl) != out.end()) continue;
+      out.push_back(l.impl);
+      if (latency != nullptr) *latency += l.link->get_latency();
+    }
+  }
+
+  std::vector<Ends> ends_;  // by net point id
+};
+
+sg::NetZone* create_flat_star_zone(const std::string& name) { return (new FlatStarZone(name))->get_iface(); }
 
 class SimGridFlows final : public Engine {
  public:
@@ -251,13 +339,13 @@ class SimGridFlows final : public Engine {
       return l;
     };
     auto* root = sg::create_full_zone("threewalls");
-    auto* nvlink = sg::create_star_zone("nvlink");
+    auto* nvlink = create_flat_star_zone("nvlink");
     nvlink->set_parent(root);
-    auto* pcie = sg::create_star_zone("pcie");
+    auto* pcie = create_flat_star_zone("pcie");
     pcie->set_parent(root);
-    auto* nic = sg::create_star_zone("nic");
+    auto* nic = create_flat_star_zone("nic");
     nic->set_parent(root);
-    auto* spine = sg::create_star_zone("spine");
+    auto* spine = create_flat_star_zone("spine");
     spine->set_parent(root);
     for (std::size_t k = 0; k < spec_.ranks.size(); ++k) {
       const int n = spec_.node_of_rank[k];
