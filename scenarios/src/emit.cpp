@@ -1,6 +1,8 @@
 #include "emit.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <tuple>
 
 #include "threewalls/core/error.hpp"
 #include "threewalls/scenarios/graph_scopes.hpp"
@@ -20,6 +22,11 @@ bool is_tp_collective(const Spec& sp, Collective kind) {
   return sp.kind == OpKind::collective && sp.group == Group::tp && static_cast<Collective>(sp.sub) == kind;
 }
 }  // namespace
+
+GraphTables::GraphTables(StepGraph& g) : graph_(g) {
+  static std::atomic<std::uint64_t> next{1};
+  serial_ = next.fetch_add(1, std::memory_order_relaxed);
+}
 
 std::uint16_t GraphTables::phase(std::string_view name) {
   auto it = phase_ids_.find(name);
@@ -163,32 +170,36 @@ std::uint8_t Emitter::graph_of(const Spec& sp, bool dense_layer) {
   }
 }
 
-std::uint16_t Emitter::phase_of(const Spec& sp, Suffix suffix) {
-  static constexpr std::array<std::string_view, kSuffixes> kText = {"_fwd", "_recompute", "_dgrad", "_wgrad", "_bwd"};
-  const std::string_view text = kText[static_cast<std::size_t>(suffix)];
-  auto [it, fresh] = spec_phases_.try_emplace(&sp);
-  if (fresh) it->second.fill(kNoPhase);
-  std::uint16_t& id = it->second[static_cast<std::size_t>(suffix)];
-  if (id != kNoPhase) {
-    const std::string& name = t_.phase_name(id);
-    if (name.size() == sp.name.size() + text.size() && name.compare(0, sp.name.size(), sp.name) == 0 &&
-        name.compare(sp.name.size(), text.size(), text) == 0) {
-      return id;
-    }
+std::uint16_t Emitter::phase_of(const Program& p, std::size_t index, Suffix suffix) {
+  static_assert(std::tuple_size_v<decltype(Program::phase_ids)::value_type> == kSuffixes);
+  if (p.phase_tables != t_.serial()) {
+    p.phase_ids.clear();
+    p.phase_tables = t_.serial();
   }
-  phase_name_.assign(sp.name);
-  phase_name_.append(text);
-  id = t_.phase(phase_name_);
+  if (p.phase_ids.size() != p.specs.size()) {
+    std::array<std::uint16_t, kSuffixes> none{};
+    none.fill(kNoPhase);
+    p.phase_ids.resize(p.specs.size(), none);
+  }
+  std::uint16_t& id = p.phase_ids[index][static_cast<std::size_t>(suffix)];
+  if (id == kNoPhase) {
+    static constexpr std::array<std::string_view, kSuffixes> kText = {"_fwd", "_recompute", "_dgrad", "_wgrad", "_bwd"};
+    phase_name_.assign(p.specs[index].name);
+    phase_name_.append(kText[static_cast<std::size_t>(suffix)]);
+    id = t_.phase(phase_name_);
+  }
   return id;
 }
 
-Op Emitter::base_op(const Spec& sp, Suffix suffix, int layer, int mb, int chunk, std::uint8_t flags, bool dense_layer) {
+Op Emitter::base_op(const Program& p, std::size_t index, Suffix suffix, int layer, int mb, int chunk,
+                    std::uint8_t flags, bool dense_layer) {
+  const Spec& sp = p.specs[index];
   Op op;
   op.kind = sp.kind;
   op.shape = sp.shape;
   op.flops = sp.flops;
   op.bytes = sp.bytes;
-  op.phase = phase_of(sp, suffix);
+  op.phase = phase_of(p, index, suffix);
   op.layer = static_cast<std::int32_t>(layer);
   op.microbatch = static_cast<std::int32_t>(mb);
   op.expert = static_cast<std::int32_t>(sp.expert);
@@ -383,7 +394,7 @@ std::size_t Emitter::forward_part(Instance& in, bool recompute, const std::vecto
       emitted += 1 + (c_.quant.amax_pass ? 1 : 0) + (reduce ? 1 : 0);
       deps_.assign({cast, weight});
     }
-    Op op = base_op(sp, suffix, in.layer, in.mb, in.chunk, recompute ? kRecompute : 0, in.dense_layer);
+    Op op = base_op(p, i, suffix, in.layer, in.mb, in.chunk, recompute ? kRecompute : 0, in.dense_layer);
     in.ids[i] = b_.emit(op, deps_.data(), deps_.data() + deps_.size());
     ++emitted;
   }
@@ -432,11 +443,11 @@ std::size_t Emitter::backward_part(Instance& in, const std::vector<bool>* part, 
     switch (sp.bwd) {
       case Bwd::gemm: {
         if (casts(sp)) emitted += quantize_grad(sp, in, ii);
-        Op d = base_op(sp, Suffix::dgrad, layer, mb, chunk, fl, dense_layer);
+        Op d = base_op(p, ii, Suffix::dgrad, layer, mb, chunk, fl, dense_layer);
         d.shape = {sp.shape[0], sp.shape[2], sp.shape[1], sp.shape[3], 0, 0};
         d.bytes = gemm_bytes(sp.shape[0], sp.shape[2], sp.shape[1], sp.dtype == DType::fp8 ? 1.0 : 2.0);
         id = b_.emit(d, deps_.data(), deps_.data() + deps_.size());
-        Op w = base_op(sp, Suffix::wgrad, layer, mb, chunk, fl | kWgrad, dense_layer);
+        Op w = base_op(p, ii, Suffix::wgrad, layer, mb, chunk, fl | kWgrad, dense_layer);
         w.shape = {sp.shape[2], sp.shape[1], sp.shape[0], sp.shape[3], 0, 0};
         w.bytes = gemm_bytes(sp.shape[2], sp.shape[1], sp.shape[0], sp.dtype == DType::fp8 ? 1.0 : 2.0);
         emit_wgrad(w, id);
@@ -444,17 +455,17 @@ std::size_t Emitter::backward_part(Instance& in, const std::vector<bool>* part, 
       }
       case Bwd::grouped: {
         if (casts(sp)) emitted += quantize_grad(sp, in, ii);
-        Op d = base_op(sp, Suffix::dgrad, layer, mb, chunk, fl, dense_layer);
+        Op d = base_op(p, ii, Suffix::dgrad, layer, mb, chunk, fl, dense_layer);
         d.shape = {sp.shape[0], sp.shape[2], sp.shape[1], sp.shape[3], sp.shape[4], 0};
         id = b_.emit(d, deps_.data(), deps_.data() + deps_.size());
-        Op w = base_op(sp, Suffix::wgrad, layer, mb, chunk, fl | kWgrad, dense_layer);
+        Op w = base_op(p, ii, Suffix::wgrad, layer, mb, chunk, fl | kWgrad, dense_layer);
         // dW_g [k x n] = X_g^T [k x r_g] dY_g [r_g x n]: the rows are the reduction dimension.
         w.shape = {sp.shape[0], sp.shape[1], sp.shape[2], sp.shape[3], sp.shape[4], 1};
         emit_wgrad(w, id);
         break;
       }
       case Bwd::attention: {
-        Op a = base_op(sp, Suffix::bwd, layer, mb, chunk, fl, dense_layer);
+        Op a = base_op(p, ii, Suffix::bwd, layer, mb, chunk, fl, dense_layer);
         a.flops = 2.0 * sp.flops;
         a.bytes = sp.bwd_bytes;
         id = b_.emit(a, deps_.data(), deps_.data() + deps_.size());
@@ -462,7 +473,7 @@ std::size_t Emitter::backward_part(Instance& in, const std::vector<bool>* part, 
       }
       case Bwd::same_kind:
       case Bwd::swap_permute: {
-        Op e = base_op(sp, Suffix::bwd, layer, mb, chunk, fl, dense_layer);
+        Op e = base_op(p, ii, Suffix::bwd, layer, mb, chunk, fl, dense_layer);
         e.bytes = sp.bwd_bytes;
         e.flops = 0;
         if (sp.bwd == Bwd::swap_permute) e.kind = sp.kind == OpKind::permute ? OpKind::unpermute : OpKind::permute;
@@ -475,7 +486,7 @@ std::size_t Emitter::backward_part(Instance& in, const std::vector<bool>* part, 
         break;
       }
       case Bwd::collective: {
-        Op cl = base_op(sp, Suffix::bwd, layer, mb, chunk, fl, dense_layer);
+        Op cl = base_op(p, ii, Suffix::bwd, layer, mb, chunk, fl, dense_layer);
         auto kind = static_cast<Collective>(sp.sub);
         if (kind == Collective::all_gather) cl.sub = static_cast<std::uint8_t>(Collective::reduce_scatter);
         if (kind == Collective::reduce_scatter) cl.sub = static_cast<std::uint8_t>(Collective::all_gather);

@@ -21,7 +21,9 @@ inline constexpr std::uint32_t kNoOp = std::numeric_limits<std::uint32_t>::max()
 // Interns phase, stream and CUDA-graph scope names of one StepGraph.
 class GraphTables {
  public:
-  explicit GraphTables(StepGraph& g) : graph_(g) {}
+  explicit GraphTables(StepGraph& g);
+  // Unique per GraphTables of the process (never 0): what a program's cached phase ids belong to.
+  [[nodiscard]] std::uint64_t serial() const { return serial_; }
   std::uint16_t phase(std::string_view name);
   [[nodiscard]] const std::string& phase_name(std::uint16_t id) const { return graph_.phases[id]; }
   std::uint8_t stream(std::string_view name, StreamKind kind);
@@ -29,6 +31,7 @@ class GraphTables {
 
  private:
   StepGraph& graph_;
+  std::uint64_t serial_;
   // Looked up by string_view without building a string.
   struct NameHash {
     using is_transparent = void;
@@ -114,10 +117,12 @@ class Emitter {
   // The phase name suffixes of a spec's ops.
   enum class Suffix : std::uint8_t { fwd, recompute, dgrad, wgrad, bwd };
   static constexpr std::size_t kSuffixes = 5;
-  // The phase of `sp.name` + the suffix's text, interned.
-  std::uint16_t phase_of(const Spec& sp, Suffix suffix);
-  // The op of `sp` under phase name `sp.name` + the suffix's text, before its dependencies.
-  Op base_op(const Spec& sp, Suffix suffix, int layer, int mb, int chunk, std::uint8_t flags, bool dense_layer);
+  // The phase of the name of spec `index` of `p` + the suffix's text, interned (cached in the
+  // program: Program::phase_ids).
+  std::uint16_t phase_of(const Program& p, std::size_t index, Suffix suffix);
+  // The op of spec `index` of `p` under phase name `name` + the suffix's text, before its dependencies.
+  Op base_op(const Program& p, std::size_t index, Suffix suffix, int layer, int mb, int chunk, std::uint8_t flags,
+             bool dense_layer);
   // FP8 quantisation (docs/stepgraph.md, "FP8 quantisation"). Which operand of an fp8 GEMM is cast.
   enum class Operand : std::uint8_t { input, weight, grad };
   [[nodiscard]] bool casts(const Spec& sp) const;
@@ -137,10 +142,7 @@ class Emitter {
   std::uint8_t stream_override_ = kDefaultStream;
   std::vector<std::uint32_t> deps_;
   std::string phase_name_;  // phase_of's name
-  // phase_of's last phase per spec and suffix (kNoPhase: none). Specs may be temporaries whose
-  // address a later spec reuses: an entry counts only while the phase's name still matches.
   static constexpr std::uint16_t kNoPhase = 0xFFFF;
-  std::unordered_map<const Spec*, std::array<std::uint16_t, kSuffixes>> spec_phases_;
   // The consumers of each spec of a program emitted backward (begin_backward), per program: a program
   // given to backward or begin_backward stays in place and unchanged while this Emitter emits.
   std::unordered_map<const Program*, std::vector<std::vector<int>>> consumers_;

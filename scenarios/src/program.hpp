@@ -146,6 +146,11 @@ struct ClassInfo {
 // A program: the forward ops of one layer (or of the embedding / output head), as a DAG.
 struct Program {
   std::vector<Spec> specs;
+  // The phase ids of each spec's ops by phase name suffix (Emitter::phase_of; 0xFFFF: not yet
+  // interned), for the StepGraph whose GraphTables has serial `phase_tables`. A program's specs do
+  // not change once emitted.
+  mutable std::vector<std::array<std::uint16_t, 5>> phase_ids;
+  mutable std::uint64_t phase_tables = 0;
   int add(Spec s) {
     if (s.after.empty()) s.after.push_back(static_cast<int>(specs.size()) - 1);  // previous op (or input)
     specs.push_back(std::move(s));
