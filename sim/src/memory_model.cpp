@@ -2,7 +2,9 @@
 #include "threewalls/sim/memory_model.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <set>
 #include <tuple>
@@ -250,7 +252,8 @@ std::vector<Op> runner_ops(const Scenario& s, const std::vector<Op>& ops) {
     const Op* attention = nullptr;
   };
   const double kv_per_layer = kv_per_layer_of(s);
-  std::map<int, Kept> kept;
+  // By stream index (an Op's stream is a byte); a stream without a kept op has no largest.
+  std::array<Kept, std::size_t{std::numeric_limits<decltype(Op::stream)>::max()} + 1> kept{};
   for (const Op& op : ops) {
     if (op.kind == OpKind::host) continue;
     Kept& k = kept[op.stream];
@@ -265,7 +268,8 @@ std::vector<Op> runner_ops(const Scenario& s, const std::vector<Op>& ops) {
     }
   }
   std::vector<Op> out;
-  for (const auto& [stream, k] : kept) {
+  for (const Kept& k : kept) {
+    if (k.largest == nullptr) continue;
     out.push_back(*k.largest);
     if (k.attention != nullptr && k.attention != k.largest) out.push_back(*k.attention);
   }
