@@ -14,6 +14,7 @@
 // Which pair of hosts a flow uses is decided by Platform::gpu_endpoints, which also rules out pairs
 // without a physical route, so the star zones reproduce Platform::route exactly (a test checks it).
 // Errors are std::logic_error (a caller's bug) or reported through create's `error`.
+// The star zones are FlatStarZone (SimGrid's StarZone with a route lookup that does not allocate).
 // Four large zones rather than one per node: SimGrid 3.32 looks names up zone by zone, so building
 // is quadratic in the number of zones.
 #include "simgrid_module.hpp"
