@@ -197,20 +197,29 @@ class EventQueue {
     }
     fifo_.push_back(ev);
   }
-  void pop() {
+  // Takes the earliest event into `ev` when its time is at most `t`.
+  bool pop_until(double t, Event& ev) {
     if (from_fifo()) {
-      if (++head_ == fifo_.size()) {
-        fifo_.clear();
-        head_ = 0;
-      }
-      return;
+      if (fifo_[head_].t > t) return false;
+      ev = fifo_[head_];
+      pop_fifo();
+      return true;
     }
+    if (heap_.empty() || heap_.front().t > t) return false;
+    ev = heap_.front();
     pop_heap();
+    return true;
   }
 
  private:
   [[nodiscard]] bool from_fifo() const {
     return head_ < fifo_.size() && (heap_.empty() || earlier(fifo_[head_], heap_.front()));
+  }
+  void pop_fifo() {
+    if (++head_ == fifo_.size()) {
+      fifo_.clear();
+      head_ = 0;
+    }
   }
   void pop_heap() {
     const Event last = heap_.back();
@@ -479,11 +488,8 @@ class StepRun {
         if (queue_.empty()) break;
         now_ = std::max(now_, t_ev);
       }
-      while (!queue_.empty() && queue_.top().t <= now_) {
-        const Event ev = queue_.top();
-        queue_.pop();
-        handle(ev);
-      }
+      Event ev{};
+      while (queue_.pop_until(now_, ev)) handle(ev);
     }
     check_finished();
     return collect();
