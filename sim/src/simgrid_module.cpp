@@ -248,7 +248,9 @@ class SimGridFlows final : public Engine {
  public:
   void start_group(std::uint64_t id, std::span<const PlacedFlow> flows) override {
     if (flows.empty()) throw std::logic_error("start_group: a group without flows");
-    if (remaining_.count(id) != 0) throw std::logic_error("start_group: group id already running");
+    if (id >= kMaxGroups) throw std::logic_error("start_group: a group id from 2^28 up");
+    if (id >= remaining_.size()) remaining_.resize(std::max<std::size_t>(id + 1, 2 * remaining_.size()), 0);
+    if (remaining_[id] != 0) throw std::logic_error("start_group: group id already running");
     catch_up();
     fresh_ = true;
     remaining_[id] = flows.size();
@@ -392,11 +394,7 @@ class SimGridFlows final : public Engine {
     live_.pop_back();
     live_group_[i] = live_group_.back();
     live_group_.pop_back();
-    auto it = remaining_.find(group);
-    if (--it->second == 0) {
-      remaining_.erase(it);
-      completed.push_back(group);
-    }
+    if (--remaining_[group] == 0) completed.push_back(group);
   }
 
   PlatformSpec spec_;
@@ -405,7 +403,10 @@ class SimGridFlows final : public Engine {
   std::vector<sg::Host*> gpu_hosts_, nic_hosts_, spine_hosts_, pcie_hosts_, node_hosts_;
   std::vector<sg::ActivityPtr> live_;  // the live flows' comms
   std::vector<std::uint64_t> live_group_;
-  std::unordered_map<std::uint64_t, std::size_t> remaining_;  // flows left per group
+  // Flows left per group id (0: not running), as long as the largest id yet: ids are the executor's
+  // instance indices (a step's collective and point-to-point instances), below kMaxGroups.
+  static constexpr std::uint64_t kMaxGroups = std::uint64_t{1} << 28;
+  std::vector<std::size_t> remaining_;
   // Lazy network model (nullptr: advance() always enters SimGrid).
   simgrid::kernel::resource::Model* network_model_ = nullptr;
   bool fresh_ = true;   // live flows changed since SimGrid last solved the sharing
