@@ -1232,6 +1232,7 @@ class StepRun {
     if (it == pending_coll_.end()) {
       id = new_instance();
       instances_[id].expected = sets_[set].size();
+      instances_[id].members.reserve(instances_[id].expected);
       pending_coll_.emplace(key, id);
     } else {
       id = it->second;
@@ -1268,6 +1269,7 @@ class StepRun {
       Instance& inst = instances_[id];
       inst.p2p = true;
       inst.expected = 2;
+      inst.members.reserve(2);
       inst.members.push_back({c, i});
       pending_p2p_.emplace(key, id);
       return;
@@ -1335,8 +1337,9 @@ class StepRun {
   }
 
   void finish_instance(std::uint32_t id) {
-    // Copy: completing members may start new instances and grow instances_.
-    const std::vector<Member> members = instances_[id].members;
+    // Taken out (a finished instance is not looked at again): completing members may start new
+    // instances and grow instances_.
+    const std::vector<Member> members = std::move(instances_[id].members);
     for (const Member& m : members) complete(m.cls, m.op);
   }
 

@@ -77,6 +77,7 @@ class FlatStarZone final : public simgrid::kernel::routing::StarZone {
       return;
     }
     const std::size_t first = route->link_list_.size();
+    route->link_list_.reserve(first + ends_of(src->id()).up.size() + ends_of(dst->id()).down.size());
     append(ends_of(src->id()).up, first, route, latency);
     append(ends_of(dst->id()).down, first, route, latency);
   }
