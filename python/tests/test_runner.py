@@ -149,10 +149,12 @@ class HuggingFaceSourceTest(unittest.TestCase):
                               ("run", {"framework": "pytorch_eager"})], "tiny_olmoe_hf", d)
         return d, path, scen
 
-    def runner(self, scen, cfg, out):
+    def run_cpu(self, scen, out, *args):
         return subprocess.run([sys.executable, "-m", "threewalls.runner", scen, "--out", out, "--device", "cpu",
-                               "--hf-config", cfg], env=env_with_package(), capture_output=True, text=True,
-                              timeout=240)
+                               *args], env=env_with_package(), capture_output=True, text=True, timeout=240)
+
+    def runner(self, scen, cfg, out, *args):
+        return self.run_cpu(scen, out, "--hf-config", cfg, *args)
 
     @unittest.skipIf(_has_transformers(), "transformers is installed here: the option runs")
     def test_without_transformers_the_option_is_refused(self):
@@ -187,9 +189,7 @@ class HuggingFaceSourceTest(unittest.TestCase):
 
     def test_hf_params_without_a_transformers_model_is_refused(self):
         d, _, scen = self.files()
-        r = subprocess.run([sys.executable, "-m", "threewalls.runner", scen, "--out", os.path.join(d, "run"),
-                            "--device", "cpu", "--hf-params", "bf16"], env=env_with_package(), capture_output=True,
-                           text=True, timeout=240)
+        r = self.run_cpu(scen, os.path.join(d, "run"), "--hf-params", "bf16")
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("--hf-params applies to --hf-config runs only", r.stderr)
 
@@ -197,9 +197,7 @@ class HuggingFaceSourceTest(unittest.TestCase):
     def test_bf16_parameters_train_in_bf16(self):
         d, cfg, scen = self.files()
         run = os.path.join(d, "run")
-        r = subprocess.run([sys.executable, "-m", "threewalls.runner", scen, "--out", run, "--device", "cpu",
-                            "--hf-config", cfg, "--hf-params", "bf16"], env=env_with_package(), capture_output=True,
-                           text=True, timeout=240)
+        r = self.runner(scen, cfg, run, "--hf-params", "bf16")
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         with open(os.path.join(run, "run.json")) as f:
             runner = json.load(f)["settings"]["runner"]
