@@ -186,10 +186,12 @@ void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input);
 Program layer_program(const Ctx& c, const ClassInfo& ci, int layer);
 // The nodes of a layer program in Megatron's fine-grained (combined 1F1B) schedule, as masks over its
 // specs: attention (everything before the token dispatch, the router and permute included), dispatch
-// (the dispatch all-to-all), experts (everything between dispatch and combine, and the shared experts)
-// and combine (the combine all-to-all and what follows it). A layer without a dispatch is one
-// attention node.
-std::array<std::vector<bool>, 4> fine_grained_nodes(const Program& p);
+// (the dispatch all-to-all), experts (everything between dispatch and combine, and the shared experts),
+// combine (the combine all-to-all and what follows it in the layer) and post-process (a
+// multi-token-prediction depth's final norm, output head and loss: Megatron's post-process node, on the
+// computation stream). A layer without a dispatch is one attention node.
+inline constexpr std::size_t kFineGrainedNodes = 5;
+std::array<std::vector<bool>, kFineGrainedNodes> fine_grained_nodes(const Program& p);
 Program embedding_program(const Ctx& c);
 Program head_program(const Ctx& c);
 

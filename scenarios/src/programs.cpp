@@ -607,9 +607,9 @@ Program layer_program(const Ctx& c, const ClassInfo& ci, int layer) {
   return p;
 }
 
-std::array<std::vector<bool>, 4> fine_grained_nodes(const Program& p) {
+std::array<std::vector<bool>, kFineGrainedNodes> fine_grained_nodes(const Program& p) {
   const std::size_t n = p.specs.size();
-  std::array<std::vector<bool>, 4> nodes;
+  std::array<std::vector<bool>, kFineGrainedNodes> nodes;
   for (auto& m : nodes) m.assign(n, false);
   std::size_t dispatch = n;
   std::size_t combine = n;
@@ -622,6 +622,8 @@ std::array<std::vector<bool>, 4> fine_grained_nodes(const Program& p) {
     if (dispatch < n && i >= dispatch) {
       if (i == dispatch)
         node = 1;
+      else if (combine < n && i >= combine && p.specs[i].module == Module::head)
+        node = 4;
       else if (combine < n && i >= combine && p.specs[i].module != Module::shared)
         node = 3;
       else

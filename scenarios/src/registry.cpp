@@ -682,7 +682,9 @@ Registry::Registry() {
       .doc("Overlap the data-parallel gradient reduction with backward compute (bucketed).")
       .bind(kTrain, &TrainSpec::overlap_grad_reduce);
   Decl(r, "train.overlap_param_gather", ParamType::boolean).def("false")
-      .doc("Overlap the parameter all-gather of the distributed optimizer with the next forward.")
+      .doc("Overlap the parameter all-gather of the distributed optimizer with the next forward (needs "
+           "use_distributed_optimizer; Megatron-Core does not need overlap_grad_reduce with it, Megatron-LM's "
+           "arguments do).")
       .bind(kTrain, &TrainSpec::overlap_param_gather);
   Decl(r, "train.tp_comm_overlap", ParamType::boolean).def("false")
       .doc("Overlap tensor-parallel all-gather/reduce-scatter with the neighbouring GEMMs.")

@@ -522,15 +522,16 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
   // ---- expert-parallel communication overlap (Megatron's combined 1F1B) ----
   // A forward item and an adjacent backward item of another micro-batch (or chunk) run together, layer
   // by layer: forward layers in order paired with backward layers in reverse. Each layer is cut into
-  // four nodes, attention (A: up to the permute before the dispatch), dispatch (D), experts (M: with
-  // the shared experts) and combine (C: the combine, unpermute and residual); D and C run on the
-  // expert-parallel communication stream. Per layer pair the issue order is
-  //   B.C | F.A | F.D | B.M | B.D | [B.M weight gradients] | F.M | F.C | B.A
+  // nodes, attention (A: up to the permute before the dispatch), dispatch (D), experts (M: with the
+  // shared experts), combine (C: the combine, unpermute and residual) and, in a multi-token-prediction
+  // depth, post-process (P: its final norm, output head and loss); D and C run on the expert-parallel
+  // communication stream. Per layer pair the issue order is
+  //   B.P | B.C | F.A | F.D | B.M | B.D | [B.M weight gradients] | F.M | F.C | F.P | B.A
   // so that the combine backward overlaps the forward attention, the forward dispatch and the backward
   // dispatch the expert GEMMs, and the forward combine the backward attention. Without
   // delay_wgrad_compute a node waits for the whole node issued before it in its own chain.
   const bool ep_overlap = t.overlap_moe_expert_parallel_comm;
-  std::unordered_map<int, std::array<std::vector<bool>, 4>> nodes;  // layer -> A, D, M, C masks
+  std::unordered_map<int, std::array<std::vector<bool>, kFineGrainedNodes>> nodes;  // layer -> A, D, M, C, P masks
   std::unordered_map<int, std::uint32_t> head_fwd;                  // mb * vpp + chunk -> head output
   std::uint8_t ep_stream = 0;
   if (ep_overlap) {
@@ -538,7 +539,7 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
     for (int l : rc.layers) nodes.emplace(l, fine_grained_nodes(programs.at(l)));
   }
   auto emit_pair = [&](std::size_t it_f, const SchedItem& f, std::size_t it_b, const SchedItem& bw) {
-    enum { kA = 0, kD = 1, kM = 2, kC = 3 };
+    enum { kA = 0, kD = 1, kM = 2, kC = 3, kP = 4 };
     bwd_chain = 1;
     std::uint32_t f_in = fwd_begin(f);
     std::uint32_t b_grad = kNoOp;
@@ -569,8 +570,8 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
       const bool has_b = i < nb;
       Emitter::Instance fi;
       Emitter::Instance bi;
-      const std::array<std::vector<bool>, 4>* fn = nullptr;
-      const std::array<std::vector<bool>, 4>* bn = nullptr;
+      const std::array<std::vector<bool>, kFineGrainedNodes>* fn = nullptr;
+      const std::array<std::vector<bool>, kFineGrainedNodes>* bn = nullptr;
       int l_f = -1;
       int l_b = -1;
       std::vector<std::uint32_t> f_gathers;
@@ -591,7 +592,10 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
         f_gathers = fsdp_gather(l_f, f.mb, f.chunk, false, 0);
         fi = em.begin_forward(programs.at(l_f), l_f, f.mb, f.chunk, f_in, !c.s.model.layer_is_moe(l_f));
       }
-      if (has_b) node([&] { return em.backward_part(bi, &(*bn)[kC], ep_stream); }, b_prev, true, b_gathers);
+      if (has_b) {
+        node([&] { return em.backward_part(bi, &(*bn)[kP]); }, b_prev, false, b_gathers);
+        node([&] { return em.backward_part(bi, &(*bn)[kC], ep_stream); }, b_prev, true, b_gathers);
+      }
       if (has_f) {
         const std::uint32_t first =
             node([&] { return em.forward_part(fi, false, &(*fn)[kA]); }, f_prev, false, f_gathers);
@@ -612,6 +616,7 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
       if (has_f) {
         node([&] { return em.forward_part(fi, false, &(*fn)[kM]); }, f_prev, false, f_gathers);
         node([&] { return em.forward_part(fi, false, &(*fn)[kC], ep_stream); }, f_prev, true, f_gathers);
+        node([&] { return em.forward_part(fi, false, &(*fn)[kP]); }, f_prev, false, f_gathers);
         fsdp_release(0);
         f_in = fi.ids.back();
       }

@@ -54,7 +54,7 @@ const std::vector<RuleInfo> kRules = {
      "fp8_recipe = \"mxfp8\" needs a Blackwell GPU (cluster.gpu = \"b200\" or \"gb200\"); its 1 x 32 blocks need "
      "hidden_size and every FFN size divisible by 32; \"blockwise\" (1 x 128 and 128 x 128 blocks) needs them "
      "divisible by 128 and fp8_format = \"e4m3\" (Transformer Engine's rules)."},
-    {"overlap-param-gather", "overlap_param_gather needs use_distributed_optimizer and overlap_grad_reduce."},
+    {"overlap-param-gather", "overlap_param_gather needs use_distributed_optimizer."},
     {"ep-comm-overlap",
      "overlap_moe_expert_parallel_comm needs ep > 1, token_dispatcher alltoall or flex, no full recompute, and "
      "pp = 1 or vpp > 1 (Megatron-Core); delay_wgrad_compute needs overlap_moe_expert_parallel_comm."},
@@ -437,9 +437,12 @@ void check_train(Scenario& s, Reporter& r, bool split_ok) {
            "seq_length / cp = " + num(t.seq_length / p.cp) + " is not divisible by tp = " + num(p.tp) +
                " (sequence_parallel splits the sequence over the TP group)");
   }
-  if (t.overlap_param_gather && (!t.use_distributed_optimizer || !t.overlap_grad_reduce)) {
+  // Megatron-Core's DDP gathers parameters with or without overlap_grad_reduce (Megatron-Bridge runs
+  // that pair); only Megatron-LM's argument parser also asks for --overlap-grad-reduce.
+  if (t.overlap_param_gather && !t.use_distributed_optimizer) {
     r.fail("overlap-param-gather", "train.overlap_param_gather",
-           "overlap_param_gather needs use_distributed_optimizer = true and overlap_grad_reduce = true");
+           "overlap_param_gather needs use_distributed_optimizer = true (the overlapped all-gather is the "
+           "distributed optimizer's)");
   }
   if (t.data_parallel_sharding_strategy != DataParallelSharding::none && !t.use_distributed_optimizer) {
     r.fail("fsdp", "train.data_parallel_sharding_strategy",

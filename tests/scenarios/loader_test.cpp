@@ -266,7 +266,7 @@ nodes = 1
 
 TEST(ScenarioLoader, ReportsSeveralRuleViolationsAtOnce) {
   std::string text = with(kMinimal, "schema_version = 1\n", "[parallel]\ndp = 3\nvpp = 2\n");
-  text = with(text, "seq_length = 1024\n", "overlap_param_gather = true\n");
+  text = with(text, "seq_length = 1024\n", "use_distributed_optimizer = false\noverlap_param_gather = true\n");
   const ScenarioError e = load_error(text);
   const std::string what = e.what();
   EXPECT_NE(what.find("[rule world-size]"), std::string::npos) << what;

@@ -236,6 +236,35 @@ TEST(StepGraph, DelayedWeightGradientsFollowTheDispatchBackward) {
   EXPECT_EQ(rs.ops.size(), rd.ops.size());
 }
 
+// With the overlap, a multi-token-prediction depth's final norm, output head and loss form Megatron's
+// post-process node on the computation stream: after the depth's combine forward, and its backward
+// before the combine backward; the combine itself stays on the communication stream.
+TEST(StepGraph, ExpertParallelOverlapRunsTheMtpHeadOnTheComputeStream) {
+  const Scenario s = test::scenario_from(
+      test::small_moe("ep = 4", "overlap_moe_expert_parallel_comm = true", 4, "mtp_num_layers = 1"));
+  const StepGraph g = expand(s);
+  check_invariants(s, g);
+  ASSERT_EQ(g.classes.size(), 1U);
+  const RankClass& rc = g.classes[0];
+  const int depth = 4;  // the depth runs as layer num_layers
+  ASSERT_GE(s.train->num_microbatches, 2);
+  // Micro-batch 1's forward is paired with micro-batch 0's backward.
+  for (const char* phase : {"mtp_final_norm_fwd", "mtp_lm_head_fwd", "mtp_loss_fwd"}) {
+    const Op* op = find_op(g, rc, phase, depth, 1);
+    ASSERT_NE(op, nullptr) << phase;
+    EXPECT_EQ(g.stream_name(*op), "compute") << phase;
+  }
+  for (const char* phase : {"mtp_lm_head_dgrad", "mtp_lm_head_wgrad", "mtp_loss_bwd"}) {
+    const Op* op = find_op(g, rc, phase, depth, 0);
+    ASSERT_NE(op, nullptr) << phase;
+    EXPECT_EQ(g.stream_name(*op), "compute") << phase;
+  }
+  EXPECT_EQ(g.stream_name(*find_op(g, rc, "moe_combine_fwd", depth, 1)), "ep_comm");
+  EXPECT_EQ(g.stream_name(*find_op(g, rc, "moe_combine_bwd", depth, 0)), "ep_comm");
+  EXPECT_LT(op_index(g, rc, "moe_combine_fwd", depth, 1), op_index(g, rc, "mtp_lm_head_fwd", depth, 1));
+  EXPECT_LT(op_index(g, rc, "mtp_loss_bwd", depth, 0), op_index(g, rc, "moe_combine_bwd", depth, 0));
+}
+
 TEST(StepGraph, ExpertParallelOverlapAddsAWarmupForwardToTheInterleavedSchedule) {
   const std::string overlap = "overlap_moe_expert_parallel_comm = true";
   const Scenario base = test::scenario_from(test::small_moe("pp = 2\nvpp = 2\nep = 2", "", 4));
