@@ -68,6 +68,19 @@ class ScenarioTest(unittest.TestCase):
         self.assertIn("[parallel] tp = 2", seen["small_moe_tp2_ep2.toml"][1])
         self.assertIn("[infer.expert_offload]", seen["deepseek_v2_lite_offload.toml"][1])
 
+    def test_two_gpu_scenarios_load_with_their_layout(self):
+        # python/scenarios/ep2/: two GPUs, data parallel over both, ep as the name says, the held-out
+        # shapes' per-rank work (docs/validation/python_runner_ep2_h200x2_2026-11-29.md).
+        paths = sorted(glob.glob(os.path.join(REPO, "python", "scenarios", "ep2", "*.toml")))
+        self.assertGreaterEqual(len(paths), 5)
+        for path in paths:
+            s = scen.load(path)
+            name = os.path.basename(path)
+            self.assertEqual((s.world_size, s.dp), (2, 2), name)
+            self.assertEqual(s.ep, 1 if "_dp2" in name else 2, name)
+            with open(path, encoding="utf-8") as f:
+                self.assertIn("python_runner_ep2_h200x2_2026-11-29.md", f.read(), name)
+
     def test_unsupported_values_and_unknown_keys_are_refused_naming_them(self):
         d = tempdir(self)
         cases = [
