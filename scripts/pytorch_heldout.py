@@ -10,7 +10,9 @@ folder of scenarios with --scenarios) and
 (`threewalls sim`), compares the run with the simulation (`threewalls compare --json`), and prints one
 row: the recorded steps (the steps of the phase records) real and simulated, the unrecorded ones (the
 real run's host clock; the simulation's steps that its scenario's profiler does not record), the
-error of each, peak memory, and every phase of at least 5% of the real recorded step with its error. Writes OUT/heldout.json with the same figures. The targets (docs/python.md): step and
+error of each, peak memory, and every phase of at least 5% of the real recorded step with its error
+(with --also PHASE,...: those phases too, whatever their share, e.g. the all-to-alls of the two-GPU
+scenarios of python/scenarios/ep2/, with their medians). Writes OUT/heldout.json with the same figures. The targets (docs/python.md): step and
 phases within 10% with grouped experts, 20% with the eager loop, peak memory within 10%.
 """
 from __future__ import annotations
@@ -52,6 +54,11 @@ def sim_unrecorded_ms(scen: str, sim_dir: str):
     return statistics.median(un) if un else None
 
 
+def pct(x) -> str:
+    """An error in percent, or '-' where there is none (a run without a measured peak: a CPU run)."""
+    return "      -" if x is None else f"{x:+6.1f}%"
+
+
 def parser(doc: str, scenarios: str) -> argparse.ArgumentParser:
     """The options of a comparison of reference-runner runs with simulations: the binary, the profile,
     the runs' folder, the output folder and the scenarios' folder."""
@@ -66,6 +73,9 @@ def parser(doc: str, scenarios: str) -> argparse.ArgumentParser:
 
 def main() -> int:
     ap = parser(__doc__, HELDOUT)
+    ap.add_argument("--also", default="", metavar="PHASE,...",
+                    help="phases to list whatever their share of the step (their medians and errors), e.g. "
+                         "moe_dispatch_fwd,moe_combine_fwd")
     ap.add_argument("names", nargs="*", help="held-out scenarios (default: every run_NAME in --runs)")
     a = ap.parse_args()
     names = a.names or sorted(d[4:] for d in os.listdir(a.runs) if d.startswith("run_")
@@ -97,14 +107,21 @@ def main() -> int:
                "peak_memory_error_pct": c["peak_memory_bytes"].get("error_pct"),
                "phases": [{"phase": p["phase"], "share_pct": p["share_of_a"] * 100,
                            "error_pct": p["median_error_pct"]} for p in c["phases"] if p["share_of_a"] >= 0.05]}
+        also = [x for x in a.also.split(",") if x]
+        row["also"] = [{"phase": p["phase"], "share_pct": p["share_of_a"] * 100, "count": p["count"],
+                        "real_median_us": p["a"]["median_us"], "sim_median_us": p["b"]["median_us"],
+                        "error_pct": p["median_error_pct"]} for p in c["phases"] if p["phase"] in also]
         rows.append(row)
         un = f"{unrec:8.1f}" if unrec else "       -"
         su = f"{sim_unrec:8.1f}" if sim_unrec else "       -"
         ue = f"{row['step_error_vs_unrecorded_pct']:+6.1f}%" if row["step_error_vs_unrecorded_pct"] is not None else "      -"
         print(f"{n:28s} recorded: real {real_ms:8.1f} ms sim {sim_ms:8.1f} {row['step_error_pct']:+6.1f}%  "
-              f"unrecorded: real {un} sim {su} {ue}  peak memory {row['peak_memory_error_pct']:+6.1f}%")
+              f"unrecorded: real {un} sim {su} {ue}  peak memory {pct(row['peak_memory_error_pct'])}")
         for p in row["phases"]:
             print(f"    {p['phase']:28s} {p['share_pct']:5.1f}% of the step  error {p['error_pct']:+6.1f}%")
+        for p in row["also"]:
+            print(f"    {p['phase']:28s} {p['share_pct']:5.1f}% of the step  median real {p['real_median_us']:8.1f} us "
+                  f"sim {p['sim_median_us']:8.1f} us  error {p['error_pct']:+6.1f}%")
     with open(os.path.join(a.out, "heldout.json"), "w") as f:
         json.dump({"profile": a.profile, "runs": a.runs, "rows": rows}, f, indent=1)
     return 0
