@@ -7,7 +7,8 @@
 #      the same loop without the profiler, recording every 10th step and every step, interleaved
 #      repeats (python3 -m threewalls.bench.overhead) -> OUT/overhead/overhead_{grouped,eager}.json;
 #   3. runs the reference runner on the GPU scenarios (scenarios/examples/small_moe_1gpu.toml and
-#      python/scenarios/*.toml; small_moe_ep2 too with 2 or more GPUs) -> OUT/runs/<name>/;
+#      python/scenarios/*.toml; with 2 or more GPUs also small_moe_ep2 and the two-GPU scenarios of
+#      python/scenarios/ep2/, on 2 processes, each with --wall-json) -> OUT/runs/<name>/;
 #   4. with THREEWALLS=<threewalls binary>, simulates each scenario and compares:
 #      OUT/sim/<name>/, OUT/compare/<name>.{txt,json};
 #   5. measures PyTorch's host costs (python3 -m threewalls.bench.framework) against the shipped
@@ -157,7 +158,7 @@ run_one() {  # NAME SCENARIO NPROC [RUNNER_ARG ...]
   t0=$(date +%s)
   if [ "$n" -gt 1 ]; then
     "$python" -m torch.distributed.run --standalone --nproc_per_node="$n" -m threewalls.runner "$sc" \
-      --out "$out/runs/$name" "${runner_args[@]}" > "$out/logs/$name.log" 2>&1 || rc=$?
+      --out "$out/runs/$name" "${runner_args[@]}" "${extra[@]}" > "$out/logs/$name.log" 2>&1 || rc=$?
   else
     "$python" -m threewalls.runner "$sc" --out "$out/runs/$name" "${runner_args[@]}" "${extra[@]}" \
       > "$out/logs/$name.log" 2>&1 || rc=$?
@@ -195,6 +196,12 @@ for sc in "${scenarios[@]}"; do
 done
 if [ "$ngpu" -ge 2 ]; then
   run_one small_moe_ep2 "$repo/scenarios/examples/small_moe_ep2.toml" 2
+  # Expert and data parallelism on two GPUs (docs/validation/python_runner_ep2_h200x2_2026-11-29.md), each
+  # step's host clock in OUT/runs/walls_<name>.json (recorded and unrecorded steps, as scripts/pytorch_heldout.py reads them).
+  for sc in "$repo"/python/scenarios/ep2/*.toml; do
+    ep2name=$(basename "$sc" .toml)
+    run_one "$ep2name" "$sc" 2 --wall-json "$out/runs/walls_$ep2name.json"
+  done
 fi
 
 # 7. A Hugging Face model as the source (transformers' own model class, random weights).

@@ -66,6 +66,33 @@ class RunnerTest(unittest.TestCase):
                    "dp_param_allgather", "optimizer_grad_norm_allreduce", "training_metrics_allreduce"):
             self.assertIn(ph, phases)
 
+    def test_eager_loop_at_ep2_with_unrecorded_steps_on_two_processes(self):
+        # python/scenarios/ep2/qwen3_moe_4l_eager_ep2.toml's path, tiny: Hugging Face's loop over the
+        # received rows (no torch.where read at ep > 1), PyTorch's host in the simulation
+        # (main_grad_copy), every other step unrecorded; the all-to-alls and gradient collectives
+        # line up on both ranks, and --wall-json holds both kinds of step.
+        d = tempdir(self)
+        path = variant(TINY_EP2, [("train", {"expert_execution": "sequential", "use_distributed_optimizer": True}),
+                                  ("run", {"framework": "pytorch_eager"}),
+                                  ("run.profiler", {"record_every_n_steps": 2})], "tiny_moe_ep2_eager", d)
+        need_bin(self)
+        sim, real, walls = os.path.join(d, "sim"), os.path.join(d, "real"), os.path.join(d, "walls.json")
+        cli(self, "sim", path, "--out", sim)
+        run_runner(self, path, real, world=2, extra=["--wall-json", walls])
+        cmp_json = os.path.join(d, "compare.json")
+        cli(self, "compare", real, sim, "--json", cmp_json)
+        with open(cmp_json) as f:
+            cmp = json.load(f)
+        self.assert_lined_up(cmp, cmp["matched_records"])
+        self.assertEqual(cmp["matched_steps"], [0, 2])  # of steps 0..2: every other one recorded
+        phases = {p["phase"] for p in cmp["phases"]}
+        self.assertTrue({"moe_dispatch_fwd", "moe_combine_bwd", "expert_gate_wgrad", "main_grad_copy",
+                         "dp_grad_reduce_scatter", "dp_param_allgather"} <= phases, phases)
+        self.assertNotIn("expert_rows_read_fwd", phases)
+        with open(walls) as f:
+            w = json.load(f)
+        self.assertEqual([(x["step"], x["recorded"]) for x in w["steps"]], [(0, True), (1, False), (2, True)])
+
     def test_eager_experts_mla_and_the_other_options_line_up(self):
         d = tempdir(self)
         mla = variant(TINY, [("model", {"attention": "mla", "num_query_groups": None, "kv_channels": None,
