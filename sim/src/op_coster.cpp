@@ -100,7 +100,16 @@ std::optional<FittedKernel> pytorch_kernel_of(const Op& op) {
     case OpKind::permute:
     case OpKind::unpermute: {
       const double rows = d(s[0]);
-      const double tokens = s[2] > 0 ? d(s[2]) : rows;  // 0: a pure reordering, one row per token
+      if (s[2] <= 0) {
+        // A pure reordering (the alltoall dispatcher's sort of the received rows by local expert and
+        // its inverse): one index_select, whichever direction, which is F.embedding's forward
+        // (at::embedding gathers with index_select) over a table of the rows; backward, index_select's
+        // backward, the permute backward's zeroed index_add_ with one row per token.
+        if ((op.flags & scenarios::kBackward) != 0)
+          return FittedKernel{twin(calibration::kPermuteBwdFamily), {rows, 1.0, d(s[1])}};
+        return FittedKernel{twin(calibration::kEmbeddingFwdFamily), {rows, d(s[1]), rows}};
+      }
+      const double tokens = d(s[2]);
       return FittedKernel{twin(fitted_kernel_of(op).family), {tokens, tokens > 0 ? rows / tokens : 1.0, d(s[1])}};
     }
     case OpKind::embedding: return FittedKernel{twin(fitted_kernel_of(op).family), {d(s[0]), d(s[1]), d(s[2])}};

@@ -417,10 +417,20 @@ TEST(OpCosterPytorch, MapsOpsToPyTorchsFamiliesWithTheTokensTheRowsComeFrom) {
   ASSERT_TRUE(fk.has_value());
   EXPECT_EQ(fk->family, "pytorch.unpermute_fwd");
   EXPECT_EQ(fk->inputs, (std::vector<double>{4096, 8, 2048}));
-  // No token side (a pure reordering): the rows themselves, one per token.
+  // No token side (a pure reordering, the sort of received rows by local expert and its inverse):
+  // one index_select forward, F.embedding's kernel over a table of the rows, whichever direction;
+  // backward, index_select's backward, the permute backward with one row per token.
   fk = pytorch_kernel_of(memory_op(OpKind::permute, {6000, 1024, 0}, 1.0, true));
   EXPECT_EQ(fk->family, "pytorch.permute_bwd");
   EXPECT_EQ(fk->inputs, (std::vector<double>{6000, 1, 1024}));
+  fk = pytorch_kernel_of(memory_op(OpKind::unpermute, {6000, 1024, 0}, 1.0, true));
+  EXPECT_EQ(fk->family, "pytorch.permute_bwd");
+  EXPECT_EQ(fk->inputs, (std::vector<double>{6000, 1, 1024}));
+  for (const OpKind kind : {OpKind::permute, OpKind::unpermute}) {
+    fk = pytorch_kernel_of(memory_op(kind, {6000, 1024, 0}, 1.0));
+    EXPECT_EQ(fk->family, "pytorch.embedding_fwd");
+    EXPECT_EQ(fk->inputs, (std::vector<double>{6000, 1024, 6000}));
+  }
   fk = pytorch_kernel_of(memory_op(OpKind::embedding, {4096, 2048, 50304}, 1.0, true));
   EXPECT_EQ(fk->family, "pytorch.embedding_bwd");
   EXPECT_EQ(fk->inputs, (std::vector<double>{4096, 2048, 50304}));
