@@ -88,7 +88,7 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   MemoryOptions memory = opt.memory;
   if (!memory.nccl) memory.nccl = coster.nccl_memory();  // the profile's nccl.memory, when it has one
   if (!memory.device) memory.device = coster.device_memory();  // and its device.memory
-  result.memory = memory_model(s, first, memory);
+  if (opt.memory_model) result.memory = memory_model(s, first, memory);
 
   Platform base(s.cluster);
   for (const auto& d : s.cluster.slowdowns) {

@@ -422,8 +422,9 @@ void heap_in_huge_pages(std::size_t bytes) {
 }
 
 // The child of one re-simulated step: one SimGrid engine, the result as JSON on `fd`, then _exit (no
-// destructors of the parent's state).
-[[noreturn]] void resimulate_child(const scenarios::Scenario& s, const OpCoster& coster, int fd) {
+// destructors of the parent's state). Without `with_peak` the step's memory is not modelled and its
+// peak_bytes is 0 (fill_row reads the peak of a row's last point only).
+[[noreturn]] void resimulate_child(const scenarios::Scenario& s, const OpCoster& coster, bool with_peak, int fd) {
   std::string msg;
   heap_in_huge_pages(std::size_t{512} << 20);
   try {
@@ -435,6 +436,7 @@ void heap_in_huge_pages(std::size_t bytes) {
     // The row reads the step time, the walls and the peak.
     opt.phase_stats = false;
     opt.substitution_warnings = false;
+    opt.memory_model = with_peak;
     const SimResult r = simulate(one, coster, ProfileInfoForHeader{"plan", "", "", "planner re-simulation", ""}, opt);
     OrderedJson j;
     j["step_time_us"] = r.summary.steps.empty() ? 0.0 : r.summary.steps.back().step_time_us;
@@ -580,7 +582,7 @@ void resimulate_flow(const std::vector<scenarios::Scenario>& scenarios, const Op
     if (pid == 0) {
       close(fds[0]);
       for (const auto& c : running) close(c.fd);
-      resimulate_child(job.scenario, coster, fds[1]);
+      resimulate_child(job.scenario, coster, job.point + 1 == counts[job.row].size(), fds[1]);
     }
     close(fds[1]);
     running.push_back(ResimChild{pid, fds[0], n, {}});

@@ -39,6 +39,9 @@ struct SimOptions {
   // false: the ops are not scanned for the warnings of ops priced with another kernel's fit
   // (OpCoster::substitution), for a caller that does not read SimResult::warnings.
   bool substitution_warnings = true;
+  // false: no memory model (SimResult::memory without classes, the summary's memory section empty),
+  // for a caller that reads neither (a re-simulation whose peak another point of its row gives).
+  bool memory_model = true;
 };
 
 // Which calibration profile the costs come from (for the run header).
