@@ -144,6 +144,7 @@ class SimGridFlows final : public Engine {
     // SimGrid completes an action whose date is within surf/precision of the instant it stops at.
     precision_s_ = simgrid::config::get_value<double>("surf/precision");
     completion_margin_s_ = 2.0 * precision_s_;
+    clock_ = sg::Engine::get_clock();
     if (network_model_ == nullptr)
       throw std::logic_error("flow engine: SimGrid's network model does not update lazily");
   }
@@ -160,13 +161,14 @@ class SimGridFlows final : public Engine {
     }
     // Never drop a running communication: let what is in flight finish.
     if (!live_.empty()) engine_->run();
+    clock_ = sg::Engine::get_clock();
     live_.clear();
     live_group_.clear();
     remaining_.clear();
     if (error) std::rethrow_exception(error);
   }
 
-  [[nodiscard]] double now() const override { return std::max(sg::Engine::get_clock(), ahead_); }
+  [[nodiscard]] double now() const override { return std::max(clock_, ahead_); }
 
   // Between changes of the set of live flows their rates are constant, and SimGrid's lazy network
   // model has the date each one finishes in its action heap once the sharing is solved. advance()
@@ -189,10 +191,10 @@ class SimGridFlows final : public Engine {
 
   // advance(); without may_skip_round it runs a round to `until` (catch_up: no flow completes before).
   double advance_to(double until, std::vector<std::uint64_t>& completed, bool may_skip_round) {
-    const double now = sg::Engine::get_clock();
+    const double now = clock_;
     if (live_.empty()) {
-      if (std::isfinite(until) && until > now) engine_->run_until(now + std::max(until - now, precision_s_));
-      return sg::Engine::get_clock();
+      if (std::isfinite(until) && until > now) run_until(now + std::max(until - now, precision_s_));
+      return clock_;
     }
     if (network_model_->get_started_action_set()->size() != live_.size()) {
       // Flows finished in the last round, which reached its timeout's date.
@@ -213,8 +215,8 @@ class SimGridFlows final : public Engine {
     // The date the timeout of a wait for `until` would have (SimGrid's Timer::set(clock + timeout)).
     const double timer = std::isfinite(until) ? now + std::max(0.0, until - now) : kInf;
     const std::size_t first = may_skip_round ? index_of(heap.top().second->get_activity()) : live_.size();
-    engine_->run_until(std::min(timer, top));
-    const double t = sg::Engine::get_clock();
+    run_until(std::min(timer, top));
+    const double t = clock_;
     if (network_model_->get_started_action_set()->size() == live_.size()) return t;
     if (!may_skip_round) throw std::logic_error("flow engine: a flow completed before the date SimGrid gave");
     if (t >= timer) return t;  // reported by the next call
@@ -294,9 +296,15 @@ class SimGridFlows final : public Engine {
   }
 
  private:
+  // One round of the engine (what alone moves SimGrid's clock), to `date`.
+  void run_until(double date) {
+    engine_->run_until(date);
+    clock_ = sg::Engine::get_clock();
+  }
+
   // Brings SimGrid's clock to the one advance() moved ahead (no flow completes before it).
   void catch_up() {
-    if (ahead_ > sg::Engine::get_clock()) {
+    if (ahead_ > clock_) {
       std::vector<std::uint64_t> completed;
       advance_to(ahead_, completed, /*may_skip_round=*/false);
       if (!completed.empty()) throw std::logic_error("flow engine: a flow completed before the date SimGrid gave");
@@ -412,6 +420,7 @@ class SimGridFlows final : public Engine {
   simgrid::kernel::resource::Model* network_model_ = nullptr;
   bool fresh_ = true;   // live flows changed since SimGrid last solved the sharing
   double ahead_ = 0.0;  // the clock advance() reached without SimGrid
+  double clock_ = 0.0;  // SimGrid's clock (sg::Engine::get_clock()), read after each run of the engine
   // A completion this close after `until` is left to SimGrid (it compares dates with a precision).
   double completion_margin_s_ = 0.0;
   double precision_s_ = 0.0;  // surf/precision
