@@ -769,7 +769,8 @@ class StepRun {
     // in between end it on every stream. Whether it does is decided when the op starts (start_op).
     // The host lane still pays the start marker's record (e): when the marker is shared the device
     // is behind the host, so that host time is hidden (the real run pays an event query instead).
-    {
+    // An untimed class has no marker to share.
+    if (s.timing != Timing::none) {
       std::vector<std::uint32_t> open(g_.streams.size(), kNone);
       auto p2p = [](const Op& o) { return o.kind == OpKind::send || o.kind == OpKind::recv; };
       for (std::uint32_t i = 0; i < n; ++i) {
