@@ -124,30 +124,47 @@ void add_rail_flows(Collective kind, std::span<const int> members, double size, 
   const double per = kind == Collective::broadcast    ? size
                      : kind == Collective::all_reduce ? 2.0 * (nn - 1.0) / nn * size
                                                       : (nn - 1.0) / nn * size;
-  // Nodes in order of first appearance, each with its members in group order.
-  std::vector<int> node_ids;
-  std::vector<std::vector<int>> locals;
+  // Nodes in order of first appearance (`order`; index_of: by node id less the lowest, its position
+  // in it), each with its members in group order.
+  int lo = members.front() / gpus_per_node, hi = lo;
   for (int r : members) {
-    const int node = r / gpus_per_node;
-    const auto it = std::find(node_ids.begin(), node_ids.end(), node);
-    if (it == node_ids.end()) {
-      node_ids.push_back(node);
-      locals.push_back({r});
-    } else {
-      locals[static_cast<std::size_t>(it - node_ids.begin())].push_back(r);
+    lo = std::min(lo, r / gpus_per_node);
+    hi = std::max(hi, r / gpus_per_node);
+  }
+  std::vector<int> index_of(static_cast<std::size_t>(hi - lo) + 1, -1);
+  auto slot = [&](int r) -> int& { return index_of[static_cast<std::size_t>(r / gpus_per_node - lo)]; };
+  std::vector<int> order;
+  for (int r : members) {
+    if (slot(r) < 0) {
+      slot(r) = static_cast<int>(order.size());
+      order.push_back(r / gpus_per_node);
     }
   }
   const double l = rails;
-  for (std::size_t k = 0; k < locals.size(); ++k) {
-    const std::vector<int>& here = locals[k];
-    const std::vector<int>& next = locals[(k + 1) % locals.size()];
+  auto add = [&](const std::vector<int>& here, const std::vector<int>& next) {
     for (std::size_t p = 0; p < here.size(); ++p) {
       const int src = here[p];
       if (only_src >= 0 && src != only_src) continue;
       out.push_back({src, here[(p + 1) % here.size()], per * (l - 1.0) / l});
       out.push_back({src, next[p], per / l});
     }
+  };
+  if (only_src >= 0 && std::count(members.begin(), members.end(), only_src) == 1) {
+    // Its flows go within its node and to the next node only.
+    auto members_of = [&](int node) {
+      std::vector<int> v;
+      for (int r : members) {
+        if (r / gpus_per_node == node) v.push_back(r);
+      }
+      return v;
+    };
+    const auto k = static_cast<std::size_t>(slot(only_src));
+    add(members_of(order[k]), members_of(order[(k + 1) % order.size()]));
+    return;
   }
+  std::vector<std::vector<int>> locals(order.size());
+  for (int r : members) locals[static_cast<std::size_t>(slot(r))].push_back(r);
+  for (std::size_t k = 0; k < locals.size(); ++k) add(locals[k], locals[(k + 1) % locals.size()]);
 }
 
 }  // namespace
@@ -171,28 +188,43 @@ std::vector<RankFlow> collective_flows(Collective kind, Algorithm algo, std::spa
     out.push_back({s, d, bytes});
   };
   const double nn = static_cast<double>(n);
+  // The position of only_src when it is one member of `members` (n otherwise): a ring, chain or tree
+  // then visits only the positions whose flows add() keeps, in the same order.
+  std::size_t src = n;
+  if (only_src >= 0 && std::count(members.begin(), members.end(), only_src) == 1) {
+    src = static_cast<std::size_t>(std::find(members.begin(), members.end(), only_src) - members.begin());
+  }
+  const std::size_t first = src < n ? src : 0, last = src < n ? src + 1 : n;  // the sources to visit
   switch (algo) {
     case Algorithm::ring: {
       const double per = (kind == Collective::all_reduce ? 2.0 : 1.0) * (nn - 1.0) / nn * size;
-      for (std::size_t i = 0; i < n; ++i) add(i, (i + 1) % n, per);
+      for (std::size_t i = first; i < last; ++i) add(i, (i + 1) % n, per);
       break;
     }
     case Algorithm::chain:
-      for (std::size_t i = 0; i + 1 < n; ++i) add(i, i + 1, size);
+      for (std::size_t i = first; i < last && i + 1 < n; ++i) add(i, i + 1, size);
       break;
     case Algorithm::tree:
       for (std::size_t shift = 0; shift < 2; ++shift) {
-        for (std::size_t p = 1; p < n; ++p) {
+        auto edge = [&](std::size_t p) {
           const std::size_t child = (p + shift) % n;
           const std::size_t parent = ((p - 1) / 2 + shift) % n;
           add(child, parent, size / 2.0);
           add(parent, child, size / 2.0);
+        };
+        if (src < n) {
+          // The source is the child of p = q and the parent of p = 2q + 1 and 2q + 2 (q < 2q + 1).
+          const std::size_t q = (src + n - shift) % n;
+          if (q >= 1) edge(q);
+          for (std::size_t p = 2 * q + 1; p <= 2 * q + 2 && p < n; ++p) edge(p);
+          continue;
         }
+        for (std::size_t p = 1; p < n; ++p) edge(p);
       }
       break;
     case Algorithm::pairwise:
       check_split(split, n);
-      for (std::size_t i = 0; i < n; ++i) {
+      for (std::size_t i = first; i < last; ++i) {
         for (std::size_t j = 0; j < n; ++j) {
           if (i != j) add(i, j, a2a_bytes(i, j, n, size, split));
         }

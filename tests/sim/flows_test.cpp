@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <numeric>
 #include <set>
@@ -86,6 +87,31 @@ TEST(Flows, DoubleBinaryTreeEdgesCarryHalfTheBufferEachWay) {
   }
   // Every edge is used in both directions.
   for (const auto& [k, v] : edge) EXPECT_TRUE(edge.count({k.second, k.first})) << k.first << "->" << k.second;
+}
+
+TEST(Flows, OneSourceGetsItsFlowsOfAllSourcesInTheSameOrder) {
+  // Without nodes, and on nodes of 4 GPUs (rails when every node of the group has as many members).
+  for (const int gpn : {0, 4}) {
+    for (const Algorithm algo : {Algorithm::ring, Algorithm::chain, Algorithm::tree, Algorithm::pairwise}) {
+      for (int n = 1; n <= 12; ++n) {
+        std::vector<int> m = iota(n, 100);
+        std::reverse(m.begin(), m.end());
+        std::rotate(m.begin(), m.begin() + n / 3, m.end());
+        const auto all = collective_flows(Collective::all_reduce, algo, m, 900.0, Split{}, -1, gpn);
+        for (const int src : m) {
+          const auto one = collective_flows(Collective::all_reduce, algo, m, 900.0, Split{}, src, gpn);
+          std::vector<RankFlow> want;
+          std::copy_if(all.begin(), all.end(), std::back_inserter(want),
+                       [&](const RankFlow& f) { return f.src == src; });
+          ASSERT_EQ(one.size(), want.size()) << to_string(algo) << " gpn " << gpn << " n " << n << " src " << src;
+          for (std::size_t k = 0; k < one.size(); ++k) {
+            EXPECT_EQ(one[k].dst, want[k].dst) << to_string(algo) << " gpn " << gpn << " n " << n << " src " << src;
+            EXPECT_EQ(one[k].bytes, want[k].bytes) << to_string(algo) << " gpn " << gpn << " n " << n;
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(Flows, RailsAreTheMembersPerNodeWhenEveryNodeHoldsAsMany) {
