@@ -547,29 +547,46 @@ class StepRun {
       const Op& op = rc.ops[i];
       for (std::uint32_t d = op.deps_begin; d < op.deps_end; ++d) s.rdeps[fill[rc.deps[d]]++] = i;
     }
-    // Streams (host ops live on the host lane only).
+    // Streams (host ops live on the host lane only), the streams the device ops use, and the
+    // occurrence numbers of collectives with identical keys (collectives are device ops).
     const std::size_t streams = g_.streams.size();
     s.stream_ops.assign(3 * streams, {});
     s.stream_head.assign(3 * streams, 0);
+    std::vector<std::uint8_t> used(streams, 0);
+    std::unordered_map<CollKey, std::uint32_t, CollKeyHash> seen;
     for (std::uint32_t i = 0; i < n; ++i) {
       const Op& op = rc.ops[i];
       if (on_host_lane(op)) continue;
+      used[op.stream] = 1;
       if (is_kernel(op)) s.kernel[i] = kernel_of(op);
       std::size_t q = op.stream;
       if (op.kind == OpKind::send || op.kind == OpKind::recv) q = streams + 2 * op.stream + (op.peer > 0 ? 1 : 0);
       s.op[i].queue = static_cast<std::uint16_t>(q);
       s.op[i].stream_pos = static_cast<std::uint32_t>(s.stream_ops[q].size());
       s.stream_ops[q].push_back(i);
+      if (op.kind == OpKind::collective) s.occurrence[i] = seen[base_key(op)]++;
     }
-    assign_hardware_queues(s);
-    host_lane_costs(s);
-    // Occurrence numbers of collectives with identical keys.
-    std::unordered_map<CollKey, std::uint32_t, CollKeyHash> seen;
-    for (std::uint32_t i = 0; i < n; ++i) {
-      const Op& op = rc.ops[i];
-      if (op.kind != OpKind::collective) continue;
-      s.occurrence[i] = seen[base_key(op)]++;
+    const std::vector<int> in_run = graph_run_of(rc);
+    assign_hardware_queues(s, used, in_run);
+    host_lane_costs(s, used, in_run);
+  }
+
+  // The CUDA-graph run of each op of a class (its index in rc.graph_runs; -1: none, and for host-lane
+  // ops, which are never captured).
+  static std::vector<int> graph_run_of(const RankClass& rc) {
+    const std::size_t n = rc.ops.size();
+    std::vector<int> in_run(n, -1);
+    for (std::size_t r = 0; r < rc.graph_runs.size(); ++r) {
+      const scenarios::GraphRun& run = rc.graph_runs[r];
+      if (run.first_op >= run.end_op || run.end_op > n) {
+        throw InputError("rank class " + std::to_string(rc.id) + ": CUDA-graph run [" + std::to_string(run.first_op) +
+                         ", " + std::to_string(run.end_op) + ") is outside its ops");
+      }
+      for (std::uint32_t i = run.first_op; i < run.end_op; ++i) {
+        if (!on_host_lane(rc.ops[i])) in_run[i] = static_cast<int>(r);  // host work is never captured
+      }
     }
+    return in_run;
   }
 
   // Hardware work queues (docs/simulator.md, "Hardware work queues"). A GPU has Q hardware queues
@@ -580,21 +597,15 @@ class StepRun {
   // to its queue has started (head-of-line blocking: an op waiting for its stream or an event holds
   // back the ops of other streams behind it). The host issues eager ops in op order. Ops replayed in
   // a CUDA graph are not in a queue (the graph's own launch dispatches them); nor are host-lane ops.
-  // Fills hw_queue and hw_pos of s.op, which are kNone on entry.
-  void assign_hardware_queues(ClassState& s) const {
+  // Fills hw_queue and hw_pos of s.op, which are kNone on entry. used: by stream, whether a device op
+  // of the class is on it; in_run: graph_run_of.
+  void assign_hardware_queues(ClassState& s, const std::vector<std::uint8_t>& used,
+                              const std::vector<int>& in_run) const {
     const RankClass& rc = *s.rc;
     const std::size_t n = rc.ops.size();
     s.hw_ops.clear();
     s.hw_head.clear();
     if (opt_.hardware_queues <= 0) return;
-    std::vector<std::uint8_t> in_graph(n, 0);
-    for (const scenarios::GraphRun& run : rc.graph_runs) {
-      for (std::uint32_t i = run.first_op; i < run.end_op && i < n; ++i) in_graph[i] = 1;
-    }
-    std::vector<std::uint8_t> used(g_.streams.size(), 0);
-    for (std::uint32_t i = 0; i < n; ++i) {
-      if (!on_host_lane(rc.ops[i])) used[rc.ops[i].stream] = 1;
-    }
     std::vector<std::uint32_t> queue_of(g_.streams.size(), kNone);
     std::uint32_t k = 0;
     for (std::size_t st = 0; st < used.size(); ++st) {
@@ -603,7 +614,7 @@ class StepRun {
     s.hw_ops.assign(std::min<std::size_t>(k, static_cast<std::size_t>(opt_.hardware_queues)), {});
     s.hw_head.assign(s.hw_ops.size(), 0);
     for (std::uint32_t i = 0; i < n; ++i) {
-      if (on_host_lane(rc.ops[i]) || in_graph[i]) continue;
+      if (on_host_lane(rc.ops[i]) || in_run[i] >= 0) continue;
       const std::uint32_t q = queue_of[rc.ops[i].stream];
       s.op[i].hw_queue = q;
       s.op[i].hw_pos = static_cast<std::uint32_t>(s.hw_ops[q].size());
@@ -644,7 +655,8 @@ class StepRun {
   //   step          at the start, e + w per device stream but the anchor (the fence behind the epoch: an
   //                 event on the anchor, a wait on each other used stream); at the end,
   //                 e + w per device stream but the anchor (joined into it): the step ends no earlier
-  void host_lane_costs(ClassState& s) {
+  // used: by stream, whether a device op of the class is on it; in_run: graph_run_of.
+  void host_lane_costs(ClassState& s, const std::vector<std::uint8_t>& used, const std::vector<int>& in_run) {
     const RankClass& rc = *s.rc;
     const std::size_t n = rc.ops.size();
     const double e = host_.event_record.value;
@@ -652,24 +664,16 @@ class StepRun {
     auto timed = [&](const Op& op) {
       return s.timing == Timing::every_op || (s.timing == Timing::coarse_ops && coarse_of(op) != profiler::CoarseView::none);
     };
-    std::vector<int> in_run(n, -1);
-    for (std::size_t r = 0; r < rc.graph_runs.size(); ++r) {
-      const scenarios::GraphRun& run = rc.graph_runs[r];
-      if (run.first_op >= run.end_op || run.end_op > n) {
-        throw InputError("rank class " + std::to_string(rc.id) + ": CUDA-graph run [" + std::to_string(run.first_op) +
-                         ", " + std::to_string(run.end_op) + ") is outside its ops");
-      }
-      for (std::uint32_t i = run.first_op; i < run.end_op; ++i) {
-        if (!on_host_lane(rc.ops[i])) in_run[i] = static_cast<int>(r);  // host work is never captured
-      }
-    }
     // Which ops something waits for across streams, runs or on the host (an event is recorded).
+    // Launches that rotate over several streams cost more each (host.stream_cycle): the streams of
+    // the eager kernel and library launches (not NCCL calls, copies or graph replays), each with its
+    // own OpRunner in threewalls run.
     std::vector<std::uint8_t> needs_event(n, 0);
     std::vector<std::uint32_t> waits(n, 0);
-    std::vector<std::uint8_t> used(g_.streams.size(), 0);
+    std::vector<std::uint8_t> launch_streams(g_.streams.size(), 0);
     for (std::uint32_t j = 0; j < n; ++j) {
       const Op& op = rc.ops[j];
-      if (!on_host_lane(op)) used[op.stream] = 1;
+      if (rotates(op) && in_run[j] < 0) launch_streams[op.stream] = 1;
       for (std::uint32_t d = op.deps_begin; d < op.deps_end; ++d) {
         const std::uint32_t dep = rc.deps[d];
         if (on_host_lane(rc.ops[dep])) continue;  // done before the host moved on
@@ -678,13 +682,6 @@ class StepRun {
         if (on_host_lane(op) || other_stream || in_run[j] >= 0 || in_run[dep] >= 0) needs_event[dep] = 1;
         if (!on_host_lane(op) && in_run[j] < 0 && (other_stream || in_run[dep] >= 0)) ++waits[j];
       }
-    }
-    // Launches that rotate over several streams cost more each (host.stream_cycle): the streams of
-    // the eager kernel and library launches (not NCCL calls, copies or graph replays), each with its
-    // own OpRunner in threewalls run.
-    std::vector<std::uint8_t> launch_streams(g_.streams.size(), 0);
-    for (std::uint32_t j = 0; j < n; ++j) {
-      if (rotates(rc.ops[j]) && in_run[j] < 0) launch_streams[rc.ops[j].stream] = 1;
     }
     int rotating = 0;
     for (const std::uint8_t u : launch_streams) rotating += u;
