@@ -93,16 +93,22 @@ void check_split(const Split& split, std::size_t n) {
 
 int rails_of(std::span<const int> members, int gpus_per_node) {
   if (gpus_per_node <= 1 || members.size() <= 1) return 1;
-  std::vector<int> nodes(members.size());
-  for (std::size_t i = 0; i < members.size(); ++i) nodes[i] = members[i] / gpus_per_node;
-  std::sort(nodes.begin(), nodes.end());
-  if (nodes.front() == nodes.back()) return 1;
-  const auto first_run = std::upper_bound(nodes.begin(), nodes.end(), nodes.front()) - nodes.begin();
-  for (std::size_t i = 0; i < nodes.size(); i += static_cast<std::size_t>(first_run)) {
-    const std::size_t end = i + static_cast<std::size_t>(first_run);
-    if (end > nodes.size() || nodes[end - 1] != nodes[i] || (end < nodes.size() && nodes[end] == nodes[i])) return 1;
+  int lo = members.front() / gpus_per_node, hi = lo;
+  for (int r : members) {
+    lo = std::min(lo, r / gpus_per_node);
+    hi = std::max(hi, r / gpus_per_node);
   }
-  return static_cast<int>(first_run);
+  if (lo == hi) return 1;
+  // Members per node: the rails when every node of the group has as many.
+  std::vector<int> count(static_cast<std::size_t>(hi - lo) + 1, 0);
+  for (int r : members) ++count[static_cast<std::size_t>(r / gpus_per_node - lo)];
+  int per = 0;
+  for (const int c : count) {
+    if (c == 0) continue;
+    if (per == 0) per = c;
+    if (c != per) return 1;
+  }
+  return per;
 }
 
 double rails_bus_time(double traffic, int rails, double network_busbw, double nvlink_busbw) {
