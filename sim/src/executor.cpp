@@ -1471,10 +1471,8 @@ class StepRun {
     std::vector<double> dedup;
     std::vector<double> counted;
     if (flex) {
-      const A2aByLink nodes = a2a_by_link(members, size, split, platform_);
-      std::vector<int> experts(nodes.members_per_node.size());
-      for (std::size_t m = 0; m < experts.size(); ++m)
-        experts[m] = nodes.members_per_node[m] * opt_.dispatch.num_experts / n;
+      std::vector<int> experts = members_per_node(members, platform_);
+      for (int& e : experts) e = e * opt_.dispatch.num_experts / n;
       for (std::size_t m = 0; m < experts.size(); ++m) {
         dedup.push_back(dedup_factor(opt_.dispatch, experts, m));
         if (flex_bw) counted.push_back(rdma_count_factor(opt_.dispatch, experts, m));

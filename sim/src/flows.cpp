@@ -6,6 +6,7 @@
 #include <map>
 #include <stdexcept>
 #include <unordered_map>
+#include <utility>
 
 namespace threewalls::sim {
 
@@ -91,13 +92,23 @@ void check_split(const Split& split, std::size_t n) {
 
 }  // namespace
 
-int rails_of(std::span<const int> members, int gpus_per_node) {
-  if (gpus_per_node <= 1 || members.size() <= 1) return 1;
+namespace {
+
+// The lowest and highest node of a non-empty group.
+std::pair<int, int> node_range(std::span<const int> members, int gpus_per_node) {
   int lo = members.front() / gpus_per_node, hi = lo;
   for (int r : members) {
     lo = std::min(lo, r / gpus_per_node);
     hi = std::max(hi, r / gpus_per_node);
   }
+  return {lo, hi};
+}
+
+}  // namespace
+
+int rails_of(std::span<const int> members, int gpus_per_node) {
+  if (gpus_per_node <= 1 || members.size() <= 1) return 1;
+  const auto [lo, hi] = node_range(members, gpus_per_node);
   if (lo == hi) return 1;
   // Members per node: the rails when every node of the group has as many.
   std::vector<int> count(static_cast<std::size_t>(hi - lo) + 1, 0);
@@ -132,11 +143,7 @@ void add_rail_flows(Collective kind, std::span<const int> members, double size, 
                                                       : (nn - 1.0) / nn * size;
   // Nodes in order of first appearance (`order`; index_of: by node id less the lowest, its position
   // in it), each with its members in group order.
-  int lo = members.front() / gpus_per_node, hi = lo;
-  for (int r : members) {
-    lo = std::min(lo, r / gpus_per_node);
-    hi = std::max(hi, r / gpus_per_node);
-  }
+  const auto [lo, hi] = node_range(members, gpus_per_node);
   std::vector<int> index_of(static_cast<std::size_t>(hi - lo) + 1, -1);
   auto slot = [&](int r) -> int& { return index_of[static_cast<std::size_t>(r / gpus_per_node - lo)]; };
   std::vector<int> order;
@@ -322,19 +329,29 @@ double rdma_count_factor(const ExpertDispatch& d, std::span<const int> experts_p
   return others > 0.0 ? all / others : 1.0;
 }
 
+std::vector<int> members_per_node(std::span<const int> members, const Platform& platform,
+                                  std::vector<int>* node_of_member) {
+  std::vector<int> per_node;
+  std::map<int, int> index;  // platform node -> node index in member order
+  if (node_of_member) node_of_member->resize(members.size());
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    const auto [it, added] = index.try_emplace(platform.node_of(members[i]), static_cast<int>(index.size()));
+    if (added) per_node.push_back(0);
+    if (node_of_member) (*node_of_member)[i] = it->second;
+    ++per_node[static_cast<std::size_t>(it->second)];
+  }
+  return per_node;
+}
+
 A2aByLink a2a_by_link(std::span<const int> members, double size, const Split& split, const Platform& platform,
                       std::span<const double> dedup) {
   const std::size_t n = members.size();
   check_split(split, n);
   A2aByLink out;
   out.members.resize(n);
-  std::map<int, int> index;  // platform node -> node index in member order
-  for (std::size_t i = 0; i < n; ++i) {
-    const auto [it, added] = index.try_emplace(platform.node_of(members[i]), static_cast<int>(index.size()));
-    if (added) out.members_per_node.push_back(0);
-    out.members[i].node = it->second;
-    ++out.members_per_node[static_cast<std::size_t>(it->second)];
-  }
+  std::vector<int> node_of;
+  out.members_per_node = members_per_node(members, platform, &node_of);
+  for (std::size_t i = 0; i < n; ++i) out.members[i].node = node_of[i];
   if (!dedup.empty() && dedup.size() != out.members_per_node.size()) {
     throw std::logic_error("a2a_by_link: " + std::to_string(dedup.size()) + " dedup factors for " +
                            std::to_string(out.members_per_node.size()) + " nodes");

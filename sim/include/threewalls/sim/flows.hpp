@@ -112,6 +112,10 @@ struct A2aByLink {
   std::vector<A2aLinkBytes> members;
   std::vector<int> members_per_node;  // by node index
 };
+// The members of `members` on each node they touch, nodes indexed in order of first appearance (as
+// A2aByLink::members_per_node and A2aLinkBytes::node); with `node_of_member`, each member's node index.
+std::vector<int> members_per_node(std::span<const int> members, const Platform& platform,
+                                  std::vector<int>* node_of_member = nullptr);
 A2aByLink a2a_by_link(std::span<const int> members, double size, const Split& split, const Platform& platform,
                       std::span<const double> dedup = {});
 
