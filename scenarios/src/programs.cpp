@@ -303,6 +303,16 @@ void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input) {
   // Hugging Face's loop (sequential, streams:N) gathers each expert's rows itself; grouped and split
   // experts read rows permuted into expert order.
   const bool hf_loop = per_expert && c.exec.expert_execution.kind != ExpertExecutionKind::split;
+  // A per-expert mode's rows of local expert e, and a spec of expert e on stream slot `slot` (slot 0:
+  // the compute stream).
+  auto rows_of = [&](int e) -> std::int64_t { return recv_rows / c.E_loc + (e < recv_rows % c.E_loc ? 1 : 0); };
+  auto on_expert = [&](Spec sp, int e, int slot) {
+    sp.expert = e;
+    sp.stream_slot = slot;
+    sp.role = slot == 0 ? Role::compute : Role::expert;
+    sp.tokens = static_cast<std::int32_t>(rows_of(e));
+    return sp;
+  };
   const Dispatcher disp = c.exec.token_dispatcher;
   const double row_bytes = static_cast<double>(c.h) * kBf16Bytes;
 
@@ -320,14 +330,16 @@ void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input) {
     perm.tokens = static_cast<std::int32_t>(recv_rows);
     dispatched = p.add(perm);
   } else {
-    if (disp == Dispatcher::alltoall && !(hf_loop && c.ep == 1)) {
+    // The alltoall dispatcher permutes the routed rows into expert order, but for Hugging Face's loop
+    // on one EP rank, which gathers each expert's rows itself.
+    const bool permutes = disp == Dispatcher::alltoall && !(hf_loop && c.ep == 1);
+    dispatched = topk_id;
+    if (permutes) {
       Spec perm = memory_op(OpKind::permute, "moe_permute", {routed_rows, c.h, Tloc, 0, 0, 0},
                             2.0 * routed_rows * row_bytes, 2.0 * routed_rows * row_bytes, Module::moe_pre, {topk_id});
       perm.tokens = static_cast<std::int32_t>(routed_rows);
-      p.add(perm);
+      dispatched = p.add(perm);
     }
-    dispatched =
-        (disp == Dispatcher::alltoall && !(hf_loop && c.ep == 1)) ? static_cast<int>(p.specs.size()) - 1 : topk_id;
     if (c.ep > 1) {
       Spec a2a = collective("moe_dispatch", Collective::all_to_all, Group::ep,
                             static_cast<double>(routed_rows) * row_bytes, Role::compute, Module::moe_comm);
@@ -413,14 +425,7 @@ void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input) {
     // (fc1 with gate and up fused) round-robin over N streams, one activation kernel over all rows
     // between the two projections.
     const int nstreams = c.exec.expert_execution.streams;
-    auto rows_of = [&](int e) { return recv_rows / c.E_loc + (e < recv_rows % c.E_loc ? 1 : 0); };
-    auto tag = [&](Spec sp, int e) {
-      sp.expert = e;
-      sp.stream_slot = e % nstreams;
-      sp.role = sp.stream_slot == 0 ? Role::compute : Role::expert;
-      sp.tokens = static_cast<std::int32_t>(rows_of(e));
-      return sp;
-    };
+    auto tag = [&](Spec sp, int e) { return on_expert(std::move(sp), e, e % nstreams); };
     std::vector<int> fc1s;
     for (int e = 0; e < c.E_loc; ++e) {
       fc1s.push_back(p.add(tag(gemm(c, "expert_fc1", rows_of(e), fc1_out, c.h, Module::moe_expert, {dispatched}), e)));
@@ -443,15 +448,9 @@ void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input) {
     const bool rows_read = c.s.run.framework == Framework::pytorch_eager && c.ep == 1;
     std::vector<int> slot_last(static_cast<std::size_t>(nstreams), dispatched);
     for (int e = 0; e < c.E_loc; ++e) {
-      const std::int64_t rows = recv_rows / c.E_loc + (e < recv_rows % c.E_loc ? 1 : 0);
+      const std::int64_t rows = rows_of(e);
       const int slot = e % nstreams;
-      auto tag = [&](Spec sp) {
-        sp.expert = e;
-        sp.stream_slot = slot;
-        sp.role = slot == 0 ? Role::compute : Role::expert;
-        sp.tokens = static_cast<std::int32_t>(rows);
-        return sp;
-      };
+      auto tag = [&](Spec sp) { return on_expert(std::move(sp), e, slot); };
       std::vector<int> gather_after = {dispatched};
       if (rows_read) {
         Spec read;
