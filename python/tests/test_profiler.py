@@ -247,6 +247,31 @@ class HookedModuleCallsTest(unittest.TestCase):
     def test_positional_inputs_and_the_micro_batch_of_each_call(self):
         self.run_block(keyword=False)
 
+    def test_the_modules_output_is_its_own_tensor_and_takes_in_place_ops(self):
+        """The forward hook leaves the module's output as it is (a tensor hook marks where its
+        gradient is complete), so the caller gets the module's own tensor and may change it in
+        place; the backward phase is still recorded, after the forward one."""
+        class Scale(torch.nn.Module):
+            def forward(self, x):
+                self.out = x * 3.0
+                return self.out
+
+        d = os.path.join(tempdir(self), "run")
+        prof = Profiler(d, sampling=SamplingConfig(record_every_n_steps=1), use_cuda=False)
+        mod = Scale()
+        prof.hook_module(mod, "scale", layer=0)
+        x = torch.randn(4, requires_grad=True)
+        with prof.step(0):
+            y = mod(x * 1.0)
+            self.assertIs(y, mod.out)
+            y.add_(1.0)
+            y.sum().backward()
+        prof.finish(summary=False)
+        torch.testing.assert_close(x.grad, torch.full((4,), 3.0))
+        phases = read_records(d)["phases"]
+        self.assertEqual([p["phase"] for p in phases], ["scale_fwd", "scale_bwd"])
+        self.assertGreaterEqual(phases[1]["start_us"] + 1e-3, phases[0]["start_us"] + phases[0]["dur_us"])
+
     @unittest.skipIf(tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 0),
                      f"PyTorch {torch.__version__}: forward pre-hooks see keyword inputs from 2.0 on")
     def test_keyword_inputs_get_the_backward_phase(self):

@@ -19,7 +19,7 @@ TINY = os.path.join(SCENARIOS, "tiny_moe.toml")
 
 def graph_nodes(t):
     """Every autograd node behind t, by type name (a Python autograd function's node is named after
-    its class: _LinearBackward, _MarkerBackward, ...)."""
+    its class: _LinearBackward, _EndMarkerBackward, ...)."""
     seen, names, keep, todo = set(), [], [], [t.grad_fn]
     while todo:
         n = todo.pop()
@@ -65,7 +65,7 @@ class PlainSteps(unittest.TestCase):
     def test_unrecorded_steps_run_plain_pytorch_and_compute_the_same(self):
         loss_r, nodes_r, grads_r = self.step(0)
         loss_p, nodes_p, grads_p = self.step(1)
-        python_fns = ("_Linear", "_ScatterAdd", "_Marker", "_Embedding", "_Grouped")
+        python_fns = ("_Linear", "_ScatterAdd", "_EndMarker", "_Embedding", "_Grouped")
         self.assertTrue(any(n.startswith(python_fns) for n in nodes_r), "the recorded step is instrumented")
         self.assertEqual([n for n in nodes_p if n.startswith(python_fns) or n == "BackwardCFunction"], [])
         # Hugging Face's loop: each expert projection is a leaf weight (no select or slice of a

@@ -1,13 +1,19 @@
 """Phases from module hooks and autograd markers.
 
 Forward: a forward pre-hook opens `<name>_fwd`, a forward hook closes it.
-Backward: identity autograd markers (one function, two roles) mark where the module's backward starts and ends. The
-forward hook passes the module's outputs through a begin marker, whose backward runs when the
-gradient reaches the outputs (it opens `<name>_bwd`); the pre-hook passes the module's inputs that
-require grad through an end marker, whose backward runs once the gradient of an input is computed
-(it closes the phase; with several inputs, the last one closes it). Both run on autograd's thread,
-with the stream autograd uses for the module's backward current, so the CUDA events land on the
-stream the backward kernels run on.
+Backward: the forward hook registers a tensor hook on each of the module's outputs that requires
+grad; autograd runs it when that output's gradient is complete (every consumer has given its part),
+where the module's backward starts, and the first one to run opens `<name>_bwd`. The pre-hook
+passes each input that requires grad through an identity autograd function (the end marker), so that
+the module works on an input of its own: the marker's backward runs once the module's part of the
+input's gradient is computed, whatever else consumes the input, and the last one closes the phase.
+Both run on autograd's thread with the stream of the module's backward current (autograd guards the
+stream of the node it runs, hooks included), so the CUDA events land on the stream the backward
+kernels run on.
+
+A tensor hook is the cheaper of the two (no autograd node, no Python function per call): the begin
+needs no isolation, as an output's gradient is complete exactly when the module's backward can
+start; the end does, as an input may have other consumers whose gradients arrive later.
 
 The markers work on every PyTorch version from 1.13 on (no register_full_backward_pre_hook needed)
 and cost nothing on unrecorded steps beyond one branch per hook. Inputs passed by keyword (as
@@ -38,6 +44,11 @@ class _Box:
         if self.token is None:
             self.token = self.prof.begin_phase(self.info)
 
+    def on_grad(self, grad):
+        """Tensor hook of an output: its gradient is complete, the module's backward starts."""
+        if self.token is None:
+            self.token = self.prof.begin_phase(self.info)
+
     def close(self) -> None:
         self.ends -= 1
         if self.ends == 0 and self.token is not None:
@@ -46,30 +57,31 @@ class _Box:
             self.token = None
 
 
-class _Marker(torch.autograd.Function):
-    """Identity in the forward; in the backward, opens (begin) or closes the box's phase."""
+class _EndMarker(torch.autograd.Function):
+    """Identity in the forward (a view of the input); in the backward, closes the box's phase."""
 
     @staticmethod
-    def forward(ctx, box, begin: bool, x):
+    def forward(ctx, box, x):
         ctx.box = box
-        ctx.begin = begin
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, g):
-        if ctx.begin:
-            ctx.box.open()
-        else:
-            ctx.box.close()
-        return None, None, g
+        ctx.box.close()
+        return None, g
 
 
 def mark_backward_begin(box: _Box, x: torch.Tensor) -> torch.Tensor:
-    return _Marker.apply(box, True, x)
+    """x itself, with a tensor hook that opens the box's phase when x's gradient is complete (x must
+    require grad)."""
+    x.register_hook(box.on_grad)
+    return x
 
 
 def mark_backward_end(box: _Box, x: torch.Tensor) -> torch.Tensor:
-    return _Marker.apply(box, False, x)
+    """A view of x whose backward closes the box's phase (the last of the box's `ends` closes it):
+    the caller's op uses the view, so the phase ends when that op's part of x's gradient is done."""
+    return _EndMarker.apply(box, x)
 
 
 def backward_box(prof, info, ends: int = 1) -> Optional[_Box]:
@@ -100,9 +112,6 @@ def hook_module(prof, module, fwd_name: str, bwd_name: str, layer: Optional[int]
     info_pair()  # a bad keyword is an error now, not at the first recorded step
     state = {"token": None, "box": None}
 
-    def needs_grad(x) -> bool:
-        return isinstance(x, torch.Tensor) and x.requires_grad
-
     def open_phase(args, kwargs):
         """Opens the forward phase; marks the inputs that require grad (positional and keyword) for
         the backward phase and returns them, or None when nothing is marked."""
@@ -111,15 +120,26 @@ def hook_module(prof, module, fwd_name: str, bwd_name: str, layer: Optional[int]
         state["box"] = None
         if not backward or not torch.is_grad_enabled():
             return None
-        n = sum(1 for a in args if needs_grad(a)) + sum(1 for v in kwargs.values() if needs_grad(v))
+        n = 0
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.requires_grad:
+                n += 1
+        if kwargs:
+            for v in kwargs.values():
+                if isinstance(v, torch.Tensor) and v.requires_grad:
+                    n += 1
         if n == 0:
             return None
         box = backward_box(prof, bwd_info, n)
         state["box"] = box
         if box is None:
             return None
-        return (tuple(mark_backward_end(box, a) if needs_grad(a) else a for a in args),
-                {k: mark_backward_end(box, v) if needs_grad(v) else v for k, v in kwargs.items()})
+        args = tuple([mark_backward_end(box, a) if isinstance(a, torch.Tensor) and a.requires_grad else a
+                      for a in args])
+        if kwargs:
+            kwargs = {k: mark_backward_end(box, v) if isinstance(v, torch.Tensor) and v.requires_grad else v
+                      for k, v in kwargs.items()}
+        return args, kwargs
 
     def pre_kw(mod, args, kwargs):
         if not prof.recording:
@@ -141,12 +161,15 @@ def hook_module(prof, module, fwd_name: str, bwd_name: str, layer: Optional[int]
         state["box"] = None
         if box is None:
             return None
+        # The outputs stay the module's own tensors; hooks mark where their gradients are complete.
         if isinstance(out, torch.Tensor):
-            return mark_backward_begin(box, out) if out.requires_grad else out
-        if isinstance(out, tuple):
-            return tuple(mark_backward_begin(box, o) if isinstance(o, torch.Tensor) and o.requires_grad else o
-                         for o in out)
-        return None  # other output types: the backward phase opens at its first marker only if any
+            if out.requires_grad:
+                out.register_hook(box.on_grad)
+        elif isinstance(out, tuple):
+            for o in out:
+                if isinstance(o, torch.Tensor) and o.requires_grad:
+                    o.register_hook(box.on_grad)
+        return None  # other output types get no hook: the backward phase is not recorded
 
     try:
         pre_handle = module.register_forward_pre_hook(pre_kw, with_kwargs=True)

@@ -254,6 +254,13 @@ class Profiler:
         self._drain_lock = threading.Lock()
         self._stream_names: Dict[int, str] = {}
         self._pool: List[Any] = []
+        self._streams: Dict[tuple, Any] = {}
+        # PyTorch's raw current-stream query (an integer handle) where it has one.
+        cuda_c = torch._C if torch is not None else None
+        self._raw_stream = getattr(cuda_c, "_cuda_getCurrentRawStream", None)
+        self._get_device = getattr(cuda_c, "_cuda_getDevice", None)
+        if self._get_device is None:
+            self._raw_stream = None
         self._pending: deque = deque()
         self._cur: Optional[_Step] = None
         self._rec = False
@@ -338,6 +345,21 @@ class Profiler:
         return self._json(name)
 
     # ---- events ----
+
+    def _current_stream(self):
+        """torch.cuda.current_stream(), without building a Stream object per call: the Stream of
+        each (device, raw stream handle) is made once (PyTorch's streams come from fixed pools, so
+        the cache stays small; it is emptied if it passes 1,024 entries)."""
+        if self._raw_stream is None:
+            return torch.cuda.current_stream()
+        dev = self._get_device()
+        key = (dev, self._raw_stream(dev))
+        st = self._streams.get(key)
+        if st is None:
+            if len(self._streams) >= 1024:
+                self._streams.clear()
+            st = self._streams[key] = torch.cuda.current_stream()
+        return st
 
     def _event(self):
         if self._pool:
@@ -566,13 +588,13 @@ class Profiler:
             p.stream = None  # timed on the host clock
             if p.waits and self.cuda:
                 p.a = a = self._event()
-                a.record(torch.cuda.current_stream())
+                a.record(self._current_stream())
                 self._last_event = a
                 self._format_while_busy(a)
             p.h0 = time.time_ns()
             return
         if p.stream is None:
-            p.stream = torch.cuda.current_stream()
+            p.stream = self._current_stream()
         p.a = self._event()
         p.a.record(p.stream)
         self._last_event = p.a
