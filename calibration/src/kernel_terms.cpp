@@ -226,6 +226,10 @@ std::vector<KernelTermsFamily> build() {
   host(std::string(kPytorchHostExpertScatterBwdFamily),
        "PyTorch autograd: the combine's backward (index_add_'s, the product's, the accumulating index_put_ of the "
        "weights' gradient)");
+  host(std::string(kPytorchHostExpertScatterUnweightedFwdFamily),
+       "PyTorch: an eager expert loop's combine without router weights (index_add_)");
+  host(std::string(kPytorchHostExpertScatterUnweightedBwdFamily),
+       "PyTorch autograd: the unweighted combine's backward (index_add_'s: an index_select)");
   return f;
 }
 

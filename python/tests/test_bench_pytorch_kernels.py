@@ -71,6 +71,31 @@ class PytorchKernelsBench(unittest.TestCase):
         self.assertEqual(fams, {"pytorch.attention_decode", "pytorch_host.attention_decode",
                                 "pytorch_host.attention_fwd"})
 
+    def test_the_eager_loops_unweighted_combine_has_host_families_of_its_own_that_refit(self):
+        # The scatter without router weights (an EP rank's loop over its received rows): host time only,
+        # as the weighted combine's, on the same shapes.
+        out = self.run_bench("--only", "pytorch.expert_scatter_unweighted_fwd,pytorch.expert_scatter_unweighted_bwd,"
+                             "pytorch.expert_scatter_fwd", "--max-points", "2")
+        with open(os.path.join(out, "points.jsonl")) as f:
+            lines = [json.loads(line) for line in list(f)[1:]]
+        fams = {r["family"] for r in lines}
+        self.assertEqual(fams, {"pytorch_host.expert_scatter_unweighted_fwd", "pytorch_host.expert_scatter_unweighted_bwd",
+                                "pytorch_host.expert_scatter_fwd"})
+        self.assertEqual({r["op"] for r in lines if "unweighted" in r["family"]},
+                         {"pytorch_host_expert_scatter_unweighted_fwd", "pytorch_host_expert_scatter_unweighted_bwd"})
+        with open(os.path.join(out, "pytorch_kernels.json")) as f:
+            shapes = {(p["family"], tuple(p["shape"])) for p in json.load(f)["points"] if "shape" in p}
+        self.assertEqual({s for f, s in shapes if f == "pytorch_host.expert_scatter_unweighted_fwd"},
+                         {s for f, s in shapes if f == "pytorch_host.expert_scatter_fwd"})
+        refit = os.path.join(os.path.dirname(need_bin(self)), "..", "calibration", "bench", "threewalls_refit_raw")
+        toml = os.path.join(out, "fitted.toml")
+        r = subprocess.run([refit, out, toml], capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        with open(toml) as f:
+            text = f.read()
+        for fam in fams:
+            self.assertIn(f"[{fam}.fit]", text)
+
     def test_the_op_bodies_compute_what_their_ops_mean(self):
         # unpermute: each token's rows, weighted, summed back; permute: rows in expert order.
         y = torch.arange(12.0).reshape(4, 3)
@@ -98,6 +123,9 @@ class PytorchKernelsBench(unittest.TestCase):
         wts = torch.tensor([[1.0, 2.0], [0.0, 0.0], [3.0, 4.0]])
         kernels.expert_scatter(out, rows, torch.ones(2, 2), kernels.expert_weights(wts, rows, slot))
         self.assertEqual(out.tolist(), [[2.0, 2.0], [0.0, 0.0], [3.0, 3.0]])
+        # Without router weights (the loop over an EP rank's received rows): out[rows] += ye.
+        kernels.expert_scatter(out, rows, torch.ones(2, 2), None)
+        self.assertEqual(out.tolist(), [[3.0, 3.0], [0.0, 0.0], [4.0, 4.0]])
         self.assertEqual(kernels.expert_gather(torch.arange(6.0).reshape(3, 2), rows).tolist(), [[0, 1], [4, 5]])
 
 

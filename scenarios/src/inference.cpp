@@ -163,7 +163,11 @@ void build_inference_class(const Ctx& c, int ep_rank, const RoutingSampler::Step
     // Permute, dispatch.
     Program moe;
     const bool grouped = c.exec.expert_execution.kind == ExpertExecutionKind::grouped;
-    if (grouped || c.ep > 1) {
+    // Rows permuted into expert order before the experts and unpermuted, weighted by the router, after
+    // them; else the per-expert loop gathers each expert's rows from the tokens and scatter-adds them
+    // back weighted.
+    const bool permutes = grouped || c.ep > 1;
+    if (permutes) {
       moe.add(memory_op(OpKind::permute, "moe_permute", {c.T * c.topk, c.h, c.T, 0, 0, 0},
                         2.0 * c.T * c.topk * row_bytes, 0, Module::moe_pre, {-1}));
     }
@@ -248,8 +252,10 @@ void build_inference_class(const Ctx& c, int ep_rank, const RoutingSampler::Step
           return a;
         }()));
         ex.add(tag(gemm(c, c.swiglu ? "expert_down" : "expert_fc2", r, c.h, c.ffn_e, Module::moe_expert)));
-        ex.add(tag(memory_op(OpKind::unpermute, "expert_scatter", {r, c.h, c.T, 0, 0, 0}, 3.0 * r * row_bytes, 0,
-                             Module::moe_expert)));
+        Spec scatter = memory_op(OpKind::unpermute, "expert_scatter", {r, c.h, c.T, 0, 0, 0}, 3.0 * r * row_bytes, 0,
+                                 Module::moe_expert);
+        scatter.sub = static_cast<std::uint8_t>(permutes ? RowWeights::unweighted : RowWeights::weighted);
+        ex.add(tag(std::move(scatter)));
         auto ex_ids = em.forward(ex, l, -1, -1, dispatched, false, nullptr, false);
         b.add_dep(ex_ids.front(), barrier);
         // The weights are needed by the first GEMM.
@@ -267,7 +273,7 @@ void build_inference_class(const Ctx& c, int ep_rank, const RoutingSampler::Step
       a2a.shape = {static_cast<std::int64_t>(static_cast<double>(c.T) * c.topk * row_bytes), 0, 0, 0, 0, 0};
       post.add(a2a);
     }
-    if (grouped || c.ep > 1) {
+    if (permutes) {
       post.add(memory_op(OpKind::unpermute, "moe_unpermute", {c.T * c.topk, c.h, c.T, 0, 0, 0},
                          3.0 * c.T * c.topk * row_bytes, 0, Module::moe_post, {post.specs.empty() ? -1 : 0}));
     }

@@ -315,6 +315,14 @@ void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input) {
   };
   const Dispatcher disp = c.exec.token_dispatcher;
   const double row_bytes = static_cast<double>(c.h) * kBf16Bytes;
+  // The alltoall dispatcher permutes the routed rows into expert order and unpermutes them after the
+  // combine, but for Hugging Face's loop on one EP rank, which gathers each expert's rows itself and
+  // scatter-adds them back.
+  const bool alltoall_permutes = disp == Dispatcher::alltoall && !(hf_loop && c.ep == 1);
+  // Where the router weights are applied, once per routed row: by a moe_unpermute after the experts
+  // (allgather; alltoall where it permutes; flex before its combine, at ep > 1), else by the loop's
+  // per-expert scatter.
+  const bool unpermutes = disp == Dispatcher::allgather || alltoall_permutes || (disp == Dispatcher::flex && c.ep > 1);
 
   int shared_input = norm;
   int dispatched = -1;
@@ -330,11 +338,8 @@ void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input) {
     perm.tokens = static_cast<std::int32_t>(recv_rows);
     dispatched = p.add(perm);
   } else {
-    // The alltoall dispatcher permutes the routed rows into expert order, but for Hugging Face's loop
-    // on one EP rank, which gathers each expert's rows itself.
-    const bool permutes = disp == Dispatcher::alltoall && !(hf_loop && c.ep == 1);
     dispatched = topk_id;
-    if (permutes) {
+    if (alltoall_permutes) {
       Spec perm = memory_op(OpKind::permute, "moe_permute", {routed_rows, c.h, Tloc, 0, 0, 0},
                             2.0 * routed_rows * row_bytes, 2.0 * routed_rows * row_bytes, Module::moe_pre, {topk_id});
       perm.tokens = static_cast<std::int32_t>(routed_rows);
@@ -481,8 +486,10 @@ void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input) {
       act.sub = activation_kind(c);
       p.add(tag(act));
       p.add(tag(gemm(c, c.swiglu ? "expert_down" : "expert_fc2", rows, c.h, c.ffn_e, Module::moe_expert)));
-      int sc = p.add(tag(memory_op(OpKind::unpermute, "expert_scatter", {rows, c.h, Tloc, 0, 0, 0},
-                                   3.0 * rows * row_bytes, 2.0 * rows * row_bytes, Module::moe_expert)));
+      Spec scatter = memory_op(OpKind::unpermute, "expert_scatter", {rows, c.h, Tloc, 0, 0, 0}, 3.0 * rows * row_bytes,
+                               2.0 * rows * row_bytes, Module::moe_expert);
+      scatter.sub = static_cast<std::uint8_t>(unpermutes ? RowWeights::unweighted : RowWeights::weighted);
+      int sc = p.add(tag(std::move(scatter)));
       expert_outputs.push_back(sc);
       slot_last[static_cast<std::size_t>(slot)] = sc;
     }
@@ -533,7 +540,7 @@ void moe_block(const Ctx& c, const ClassInfo& ci, Program& p, int layer_input) {
       last = p.add(a2a);
       after = {last};
     }
-    if (disp == Dispatcher::alltoall && !(hf_loop && c.ep == 1)) {
+    if (alltoall_permutes) {
       Spec unperm = memory_op(OpKind::unpermute, "moe_unpermute", {routed_rows, c.h, Tloc, 0, 0, 0},
                               3.0 * routed_rows * row_bytes, 2.0 * routed_rows * row_bytes, Module::moe_post, after);
       unperm.tokens = static_cast<std::int32_t>(routed_rows);

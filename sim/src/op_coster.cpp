@@ -138,7 +138,7 @@ std::optional<HostBody> pytorch_host_body_of(const Op& op, bool records_autograd
   const bool bwd = (op.flags & scenarios::kBackward) != 0;
   const double autograd = bwd || records_autograd ? 1.0 : 0.0;
   auto body = [&](std::string_view family, double share = 1.0) {
-    return HostBody{std::string(family), autograd, share};
+    return HostBody{std::string(family), autograd, share, {}};
   };
   switch (op.kind) {
     case OpKind::gemm:
@@ -147,17 +147,23 @@ std::optional<HostBody> pytorch_host_body_of(const Op& op, bool records_autograd
       if (scenarios::attention_kernel(op) == scenarios::AttentionKernel::decode) break;  // pytorch.attention_decode's
       return body(bwd ? calibration::kPytorchHostAttentionBwdFamily : calibration::kPytorchHostAttentionFwdFamily);
     case OpKind::permute:
-      if (op.expert >= 0) {
+    case OpKind::unpermute: {
+      if (op.expert < 0) break;
+      // An eager loop's gather (a permute) or scatter (an unpermute), forward or backward: the body is
+      // its forward op's, and the expansion gives a backward op the other kind (the gradient of a
+      // gather is a scatter-add, that of a scatter a gather).
+      if ((op.kind == OpKind::unpermute) == bwd) {
         return body(bwd ? calibration::kPytorchHostExpertGatherBwdFamily
                         : calibration::kPytorchHostExpertGatherFwdFamily);
       }
-      break;
-    case OpKind::unpermute:
-      if (op.expert >= 0) {
-        return body(bwd ? calibration::kPytorchHostExpertScatterBwdFamily
-                        : calibration::kPytorchHostExpertScatterFwdFamily);
-      }
-      break;
+      const std::string_view weighted =
+          bwd ? calibration::kPytorchHostExpertScatterBwdFamily : calibration::kPytorchHostExpertScatterFwdFamily;
+      if (op.row_weights() == scenarios::RowWeights::weighted) return body(weighted);
+      HostBody b = body(bwd ? calibration::kPytorchHostExpertScatterUnweightedBwdFamily
+                            : calibration::kPytorchHostExpertScatterUnweightedFwdFamily);
+      b.fallback = std::string(weighted);
+      return b;
+    }
     case OpKind::optimizer: return std::nullopt;  // a host loop per tensor: the per-launch costs
     default: break;
   }
@@ -245,7 +251,8 @@ std::optional<Seconds> CostModelCoster::framework_body_host(const Op& op, bool r
   if (framework_ != scenarios::Framework::pytorch_eager) return std::nullopt;
   const auto b = pytorch_host_body_of(op, records_autograd);
   if (!b) return std::nullopt;
-  const auto t = model_.fitted_kernel(b->family, {b->autograd});
+  auto t = model_.fitted_kernel(b->family, {b->autograd});
+  if (!t && !b->fallback.empty()) t = model_.fitted_kernel(b->fallback, {b->autograd});
   if (!t) return std::nullopt;
   return Seconds(t->value * b->share * host_scale_);
 }
@@ -328,6 +335,15 @@ Seconds CostModelCoster::compute_kernel_time(const Op& op) const {
 
 std::optional<std::string> CostModelCoster::substitution(const Op& op) const {
   if (framework_ == scenarios::Framework::pytorch_eager) {
+    if (const auto b = pytorch_host_body_of(op, true); b && !b->fallback.empty()) {
+      // Whether the profile has a host family does not depend on its input: ask with 1.
+      if (!model_.fitted_kernel(b->family, {1.0}) && model_.fitted_kernel(b->fallback, {1.0})) {
+        return "run.framework = \"pytorch_eager\": an eager expert loop's scatter without router weights (its "
+               "rows' weights applied by moe_unpermute after the experts) is charged the host time of " +
+               b->fallback + ", the weighted scatter's: the profile has no " + b->family +
+               " (python3 -m threewalls.bench.pytorch_kernels measures it)";
+      }
+    }
     if (const auto fk = pytorch_kernel_of(op)) {
       // Whether the profile has the family does not depend on the shape: ask with ones.
       if (!model_.fitted_kernel(fk->family, std::vector<double>(fk->inputs.size(), 1.0))) {

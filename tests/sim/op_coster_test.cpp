@@ -15,6 +15,8 @@
 #include "threewalls/calibration/profile.hpp"
 #include "threewalls/calibration/profile_builder.hpp"
 #include "threewalls/core/error.hpp"
+#include "threewalls/scenarios/loader.hpp"
+#include "threewalls/scenarios/step_graph.hpp"
 #include "threewalls/sim/op_coster.hpp"
 
 using namespace threewalls;
@@ -483,15 +485,31 @@ TEST(OpCosterPytorch, EveryPerLayerBodyHasAHostFamilyAndOpsFindTheirs) {
   ASSERT_TRUE(b.has_value());
   EXPECT_EQ(b->family, "pytorch_host.unpermute_fwd");
   EXPECT_EQ(b->autograd, 0.0);
-  // An eager loop's per-expert gather and combine: bodies of their own; a backward is always 1.
+  // An eager loop's per-expert gather and combine: bodies of their own; a backward is always 1. A
+  // backward op has the other kind (the expansion's: a gather's gradient is a scatter-add) and its
+  // forward op's body.
   Op gather = memory_op(OpKind::permute, {300, 2048, 4096}, 1.0);
   gather.expert = 3;
   EXPECT_EQ(body(gather, true)->family, kPytorchHostExpertGatherFwdFamily);
   EXPECT_EQ(body(gather, true)->autograd, 1.0);
-  Op combine = memory_op(OpKind::unpermute, {300, 2048, 4096}, 1.0, true);
+  Op gather_bwd = memory_op(OpKind::unpermute, {300, 2048, 4096}, 1.0, true);
+  gather_bwd.expert = 3;
+  EXPECT_EQ(body(gather_bwd, false)->family, kPytorchHostExpertGatherBwdFamily);
+  Op combine = memory_op(OpKind::unpermute, {300, 2048, 4096}, 1.0);
   combine.expert = 3;
-  EXPECT_EQ(body(combine, false)->family, kPytorchHostExpertScatterBwdFamily);
-  EXPECT_EQ(body(combine, false)->autograd, 1.0);
+  EXPECT_EQ(body(combine, true)->family, kPytorchHostExpertScatterFwdFamily);
+  EXPECT_TRUE(body(combine, true)->fallback.empty());
+  Op combine_bwd = memory_op(OpKind::permute, {300, 2048, 4096}, 1.0, true);
+  combine_bwd.expert = 3;
+  EXPECT_EQ(body(combine_bwd, false)->family, kPytorchHostExpertScatterBwdFamily);
+  EXPECT_EQ(body(combine_bwd, false)->autograd, 1.0);
+  // Without router weights (ep > 1: moe_unpermute applies them): the unweighted bodies, the weighted
+  // ones their fallback.
+  for (Op* op : {&combine, &combine_bwd}) op->sub = static_cast<std::uint8_t>(scenarios::RowWeights::unweighted);
+  EXPECT_EQ(body(combine, true)->family, kPytorchHostExpertScatterUnweightedFwdFamily);
+  EXPECT_EQ(body(combine, true)->fallback, kPytorchHostExpertScatterFwdFamily);
+  EXPECT_EQ(body(combine_bwd, false)->family, kPytorchHostExpertScatterUnweightedBwdFamily);
+  EXPECT_EQ(body(combine_bwd, false)->fallback, kPytorchHostExpertScatterBwdFamily);
   // A linear layer: the forward's body; each of the backward's two products half of its node.
   EXPECT_EQ(body(memory_op(OpKind::gemm, {4096, 2048, 2048}, 1.0), true)->family, kPytorchHostLinearFwdFamily);
   b = body(memory_op(OpKind::gemm, {4096, 2048, 2048}, 1.0, true), true);
@@ -568,4 +586,93 @@ TEST(OpCosterPytorch, PricesWithPyTorchsFamilyOnlyForAPytorchEagerScenario) {
   ASSERT_TRUE(all.has_value());
   EXPECT_NE(all->find("no pytorch.* kernel families"), std::string::npos) << *all;
   EXPECT_EQ(old.substitution(topk), old.substitution(op));
+}
+
+TEST(OpCosterPytorch, AnEagerLoopsScatterWithoutRouterWeightsPaysTheUnweightedBodyElseTheWeightedOneAndSaysSo) {
+  using namespace threewalls::calibration;
+  // The eager loop at ep 2 scatter-adds each expert's output without router weights (moe_unpermute
+  // applies them after the combine); on one EP rank it weights them itself. Host bodies, us: weighted
+  // 60 / 70 forward (without / recording autograd), 250 backward; unweighted 20 / 24 and 40.
+  const Profile base = default_with_kernel_families();
+  ProfileBuilder weighted(base.info(), base.hardware());
+  ProfileBuilder unweighted(base.info(), base.hardware());
+  for (int rep = 0; rep < 3; ++rep) {
+    weighted.add_point(std::string(kPytorchHostExpertScatterFwdFamily), {0.0}, Measurement::single(60e-6));
+    weighted.add_point(std::string(kPytorchHostExpertScatterFwdFamily), {1.0}, Measurement::single(70e-6));
+    weighted.add_point(std::string(kPytorchHostExpertScatterBwdFamily), {1.0}, Measurement::single(250e-6));
+    unweighted.add_point(std::string(kPytorchHostExpertScatterUnweightedFwdFamily), {0.0}, Measurement::single(20e-6));
+    unweighted.add_point(std::string(kPytorchHostExpertScatterUnweightedFwdFamily), {1.0}, Measurement::single(24e-6));
+    unweighted.add_point(std::string(kPytorchHostExpertScatterUnweightedBwdFamily), {1.0}, Measurement::single(40e-6));
+  }
+  auto profile = [&](bool with_unweighted) {
+    std::vector<Family> families = base.families();
+    const Profile w = weighted.build();
+    for (const auto& f : w.families()) families.push_back(f);
+    if (with_unweighted) {
+      const Profile u = unweighted.build();
+      for (const auto& f : u.families()) families.push_back(f);
+    }
+    return Profile(base.info(), base.hardware(), std::move(families));
+  };
+  const CostModel old_model(profile(false));
+  const CostModel new_model(profile(true));
+  const CostModelCoster old_profile(old_model, 1.0, 1.0, scenarios::Framework::pytorch_eager);
+  const CostModelCoster new_profile(new_model, 1.0, 1.0, scenarios::Framework::pytorch_eager);
+  // Whether the coster's warning of `op` is about router weights (this profile has no pytorch.*
+  // device families: the other warnings name those).
+  auto weights_warning = [](const CostModelCoster& coster, const Op& op) {
+    const auto why = coster.substitution(op);
+    return why && why->find("router weights") != std::string::npos;
+  };
+  const std::filesystem::path src(THREEWALLS_SOURCE_DIR);
+  struct Case {
+    std::string file;
+    bool ep2;
+    double fwd_us, bwd_us;  // with the new profile
+    std::size_t local_experts;
+  };
+  for (const Case& c : {Case{"python/scenarios/ep2/qwen3_moe_4l_eager_ep2.toml", true, 24.0, 40.0, 64},
+                        Case{"python/scenarios/heldout/qwen3_moe_4l_eager.toml", false, 70.0, 250.0, 128}}) {
+    const scenarios::Scenario s = scenarios::load_scenario(src / c.file);
+    ASSERT_EQ(s.run.framework, scenarios::Framework::pytorch_eager) << c.file;
+    ASSERT_EQ(s.parallel.ep, c.ep2 ? 2 : 1) << c.file;
+    const bool ep2 = c.ep2;
+    const scenarios::StepGraph g = scenarios::expand(s, 0);
+    std::size_t fwd = 0;
+    std::size_t bwd = 0;
+    for (const Op& op : g.classes[0].ops) {
+      const std::string& phase = g.phase_name(op);
+      if (phase == "expert_gather_fwd" || phase == "expert_gather_bwd") {
+        const auto b = pytorch_host_body_of(op, true);
+        ASSERT_TRUE(b.has_value()) << phase;
+        EXPECT_EQ(b->family,
+                  phase == "expert_gather_fwd" ? kPytorchHostExpertGatherFwdFamily : kPytorchHostExpertGatherBwdFamily);
+        EXPECT_FALSE(weights_warning(old_profile, op)) << phase;
+        continue;
+      }
+      if (phase != "expert_scatter_fwd" && phase != "expert_scatter_bwd") continue;
+      const bool backward = phase == "expert_scatter_bwd";
+      (backward ? bwd : fwd) += 1;
+      EXPECT_EQ(op.row_weights(), ep2 ? scenarios::RowWeights::unweighted : scenarios::RowWeights::weighted) << phase;
+      const auto now = new_profile.framework_body_host(op, true);
+      ASSERT_TRUE(now.has_value()) << phase;
+      EXPECT_NEAR(now->value * 1e6, backward ? c.bwd_us : c.fwd_us, 1e-3) << c.file << " " << phase;
+      EXPECT_FALSE(weights_warning(new_profile, op)) << phase;
+      // A profile measured before the unweighted families: the weighted body, and a warning naming
+      // the family it lacks (none on one EP rank, where the weighted body is the loop's own).
+      EXPECT_NEAR(old_profile.framework_body_host(op, true)->value * 1e6, backward ? 250.0 : 70.0, 1e-3) << phase;
+      const auto why = old_profile.substitution(op);
+      if (!ep2) {
+        EXPECT_FALSE(weights_warning(old_profile, op)) << phase;
+        continue;
+      }
+      ASSERT_TRUE(weights_warning(old_profile, op)) << phase;
+      EXPECT_NE(why->find(std::string(backward ? kPytorchHostExpertScatterUnweightedBwdFamily
+                                               : kPytorchHostExpertScatterUnweightedFwdFamily)),
+                std::string::npos)
+          << *why;
+    }
+    EXPECT_EQ(fwd, c.local_experts * 4U * 2U) << c.file;  // local experts x layers x micro-batches
+    EXPECT_EQ(bwd, fwd) << c.file;
+  }
 }

@@ -324,9 +324,11 @@ def expert_gather(t: int, rows: int, h: int, device):
     return fwd, grads
 
 
-def expert_scatter(t: int, rows: int, h: int, device):
+def expert_scatter(t: int, rows: int, h: int, device, weighted: bool = True):
     """One expert's combine in an eager loop: its router weights gathered by (row, slot), its output
-    rows scaled by them and index_add_ed into a [t, h] output (a fresh zeroed one per call)."""
+    rows scaled by them and index_add_ed into a [t, h] output (a fresh zeroed one per call). Unweighted
+    (the loop over the rows an EP rank received, whose weights moe_unpermute applies after the
+    combine): the rows index_add_ed as they are, the rest the same."""
     k = 4
     ye = _randn(rows, h, device=device)
     weights = _randn(t, k, device=device)
@@ -335,10 +337,10 @@ def expert_scatter(t: int, rows: int, h: int, device):
 
     def fwd():
         out = torch.zeros(t, h, device=device, dtype=BF16)
-        return kernels.expert_scatter(out, idx, ye, kernels.expert_weights(weights, idx, slot))
+        return kernels.expert_scatter(out, idx, ye, kernels.expert_weights(weights, idx, slot) if weighted else None)
 
     def grads(out):
-        return [out], [torch.ones_like(out)], [ye, weights]
+        return [out], [torch.ones_like(out)], [ye, weights] if weighted else [ye]
     return fwd, grads
 
 
@@ -477,8 +479,9 @@ def benches(device: torch.device, shrink: int) -> List[Bench]:
     out.append(Bench("pytorch.attention_decode", None, ["batch", "seq_kv", "heads", "kv_heads", "head_dims"], pts,
                      lambda b, sq, skv, a, g, d: attention(b, sq, skv, a, g, d, device),
                      lambda p: p[0] * p[1] * p[3] * p[4] * 2.0 * 2.0))
-    # GEMMs (F.linear) and an eager expert loop's gather and combine: host time only (their device
-    # time is the GEMM families' and the permute / unpermute families').
+    # GEMMs (F.linear) and an eager expert loop's gather and combine (with router weights, and without:
+    # the loop over an EP rank's received rows): host time only (their device time is the GEMM
+    # families' and the permute / unpermute families').
     pts = [((s(m), s(n), s(kk)), (s(m), s(n), s(kk))) for (m, n, kk) in
            ((40, 1000, 1000), (700, 2900, 1000), (3000, 1400, 4104), (12000, 4104, 2056))]
     out.append(Bench("pytorch.linear_fwd", "pytorch.linear_bwd", ["m", "n", "k"], pts,
@@ -486,7 +489,8 @@ def benches(device: torch.device, shrink: int) -> List[Bench]:
                      device_families=False))
     pts = [((s(t), s(r), s(h)), (s(t), s(r), s(h))) for (t, r, h) in
            ((300, 40, 4104), (3000, 300, 1000), (12000, 1500, 2056), (9000, 4000, 1400))]
-    for name, make in (("expert_gather", expert_gather), ("expert_scatter", expert_scatter)):
+    for name, make in (("expert_gather", expert_gather), ("expert_scatter", expert_scatter),
+                       ("expert_scatter_unweighted", lambda t, r, h, d: expert_scatter(t, r, h, d, weighted=False))):
         out.append(Bench(f"pytorch.{name}_fwd", f"pytorch.{name}_bwd", ["tokens", "rows", "hidden"], pts,
                          lambda t, r, h, make=make: make(t, r, h, device), lambda p: p[1] * p[2] * 4.0,
                          device_families=False))

@@ -574,6 +574,47 @@ TEST(StepGraph, ExpertExecutionStrategies) {
   EXPECT_EQ(gt.classes[0].num_deps(*bda), 6U);  // experts 1,2,3,5,6,7 run on other streams
 }
 
+TEST(StepGraph, AnExpertLoopsScatterCarriesTheRouterWeightsOnlyWhereNoUnpermuteFollows) {
+  // Hugging Face's loop scatter-adds each expert's output into the block's output. On one EP rank it
+  // weights the rows itself (no moe_unpermute); over the rows an EP rank received (ep > 1), and with
+  // the allgather dispatcher, a moe_unpermute after the experts applies the weights and the loop adds
+  // them as they are. A scatter's backward (a permute) carries the same RowWeights.
+  auto check = [](const std::string& text, int step, RowWeights want) {
+    const Scenario s = test::scenario_from(text);
+    const StepGraph g = expand(s, step);
+    const RankClass& rc = g.classes.at(0);
+    int scatters = 0;
+    for (const Op& op : rc.ops) {
+      const std::string& n = g.phase_name(op);
+      if (n == "expert_scatter_fwd" || n == "expert_scatter_bwd") {
+        ++scatters;
+        EXPECT_EQ(op.kind, n == "expert_scatter_fwd" ? OpKind::unpermute : OpKind::permute);
+        EXPECT_EQ(op.row_weights(), want) << n;
+      } else if (op.kind == OpKind::permute || op.kind == OpKind::unpermute) {
+        EXPECT_EQ(op.row_weights(), RowWeights::weighted) << n;  // sub 0: the rest apply them
+      }
+    }
+    EXPECT_GT(scatters, 0);
+    EXPECT_EQ(count_phase(g, rc, "moe_unpermute_fwd") > 0, want == RowWeights::unweighted);
+  };
+  const std::string seq = "expert_execution = \"sequential\"";
+  check(test::small_moe("", seq, 1), 0, RowWeights::weighted);
+  check(test::small_moe("ep = 2", seq, 2), 0, RowWeights::unweighted);
+  check(test::small_moe("ep = 2", "expert_execution = \"streams:4\"", 2), 0, RowWeights::unweighted);
+  check(test::small_moe("", seq + "\ntoken_dispatcher = \"allgather\"", 1), 0, RowWeights::unweighted);
+  // Inference (step 1: a decode step): the same rule.
+  auto infer = [](int ep) {
+    return "schema_version = 1\n[model]\nnum_layers = 2\nhidden_size = 512\nnum_attention_heads = 8\n"
+           "vocab_size = 1000\nnum_experts = 8\nmoe_ffn_hidden_size = 256\nmoe_router_topk = 2\n[parallel]\nep = " +
+           std::to_string(ep) +
+           "\n[infer]\nbatch_size = 4\nprompt_length = 16\ngenerate_tokens = 4\nexpert_execution = \"sequential\"\n"
+           "[cluster]\ngpu = \"h100\"\ngpus_per_node = " +
+           std::to_string(ep) + "\nnodes = 1\n";
+  };
+  check(infer(1), 1, RowWeights::weighted);
+  check(infer(2), 1, RowWeights::unweighted);
+}
+
 TEST(StepGraph, CudaGraphScopesFormRunsWithoutHostOps) {
   Scenario s = test::scenario_from(test::small_moe("", "cuda_graph_scope = [\"attn\", \"moe_router\"]", 1));
   StepGraph g = expand(s);

@@ -99,6 +99,13 @@ inline constexpr std::string_view kPytorchHostExpertGatherFwdFamily = "pytorch_h
 inline constexpr std::string_view kPytorchHostExpertGatherBwdFamily = "pytorch_host.expert_gather_bwd";
 inline constexpr std::string_view kPytorchHostExpertScatterFwdFamily = "pytorch_host.expert_scatter_fwd";
 inline constexpr std::string_view kPytorchHostExpertScatterBwdFamily = "pytorch_host.expert_scatter_bwd";
+// The same loop's scatter without router weights (one index_add_; its backward one index_select): the
+// loop over the rows an EP rank received, whose weights moe_unpermute applies after the combine. A
+// profile without these prices such a scatter with the weighted families above, and sim warns.
+inline constexpr std::string_view kPytorchHostExpertScatterUnweightedFwdFamily =
+    "pytorch_host.expert_scatter_unweighted_fwd";
+inline constexpr std::string_view kPytorchHostExpertScatterUnweightedBwdFamily =
+    "pytorch_host.expert_scatter_unweighted_bwd";
 // The host family of a pytorch.* family ("pytorch.permute_fwd" -> "pytorch_host.permute_fwd"); the
 // table has one for every per-layer op (not the optimizer's: a host loop per tensor).
 std::string pytorch_host_twin(std::string_view pytorch_family);

@@ -42,8 +42,8 @@ enum class OpKind : std::uint8_t {
   softmax_topk,   // router scores -> top-k: shape {tokens, experts, topk}
   permute,        // gather token rows into expert order: shape {rows out, hidden, tokens the rows come from
                   // (0: the rows themselves, a pure reordering)}
-  unpermute,      // scatter-add rows back (weighted by the router probabilities): shape {rows in, hidden,
-                  // tokens they are summed into (0: the rows themselves)}
+  unpermute,      // scatter-add rows back: shape {rows in, hidden, tokens they are summed into (0: the rows
+                  // themselves)}; `sub` = RowWeights (a backward keeps its forward's `sub`, see RowWeights)
   embedding,      // row gather: shape {tokens, hidden, rows of this rank's table}
   cross_entropy,  // vocab-parallel loss: shape {tokens, vocab shard}
   optimizer,      // Adam step: shape {parameters}; bytes = parameter, gradient and state traffic
@@ -76,6 +76,13 @@ enum class HostKind : std::uint8_t { stream_sync, gpu_read, framework, barrier, 
 // scaling's pass before the cast), shape {elements}. docs/stepgraph.md, "FP8 quantisation".
 enum class ElementwiseKind : std::uint8_t { add, copy, swiglu, swiglu_bwd, gelu, gelu_bwd, reduce, quantize, amax };
 enum class NormKind : std::uint8_t { rmsnorm, layernorm };
+// Whether an unpermute scales its rows by their router probabilities as it sums them. The weights are
+// applied once per routed row: `weighted` (every unpermute but one kind) where the op is where they
+// are applied; `unweighted` for Hugging Face's loop's per-expert scatter when a moe_unpermute after
+// the experts applies them (the loop over the rows an EP rank received: ep > 1). The backward op of
+// an unpermute is a permute (the gradient of a scatter-add is a gather) with the same `sub`; every
+// other permute has `sub` 0.
+enum class RowWeights : std::uint8_t { weighted, unweighted };
 enum class StreamKind : std::uint8_t { compute, communication, copy, host };
 
 // Op flags.
@@ -111,7 +118,8 @@ struct Op {
   std::uint8_t stream = 0;              // index into StepGraph::streams
   OpKind kind = OpKind::gemm;
   Wall wall = Wall::compute;
-  std::uint8_t sub = 0;                 // Collective, CopyKind or HostKind by kind
+  std::uint8_t sub = 0;  // by kind: Collective, CopyKind, HostKind, ElementwiseKind, NormKind,
+                         // AttentionImpl, RowWeights
   Group group = Group::none;
   std::int8_t peer = 0;                 // send/recv: +1 next, -1 previous (stage or CP ring neighbour)
   DType dtype = DType::bf16;
@@ -123,6 +131,7 @@ struct Op {
   [[nodiscard]] HostKind host_kind() const { return static_cast<HostKind>(sub); }
   [[nodiscard]] ElementwiseKind elementwise_kind() const { return static_cast<ElementwiseKind>(sub); }
   [[nodiscard]] NormKind norm_kind() const { return static_cast<NormKind>(sub); }
+  [[nodiscard]] RowWeights row_weights() const { return static_cast<RowWeights>(sub); }
   [[nodiscard]] AttentionImpl attention_impl() const { return static_cast<AttentionImpl>(sub); }
   [[nodiscard]] bool is_comm() const { return kind == OpKind::collective || kind == OpKind::send || kind == OpKind::recv; }
 };
