@@ -23,6 +23,15 @@ class PytorchKernelsBench(unittest.TestCase):
                                                "--repeats", "2", *extra]), 0)
         return out
 
+    def refit(self, out):
+        """The C++ fit of the raw folder `out` (threewalls_refit_raw): the fitted profile's text."""
+        refit = os.path.join(os.path.dirname(need_bin(self)), "..", "calibration", "bench", "threewalls_refit_raw")
+        toml = os.path.join(out, "fitted.toml")
+        r = subprocess.run([refit, out, toml], capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        with open(toml) as f:
+            return f.read()
+
     def test_raw_output_refits_into_the_families(self):
         out = self.run_bench("--only", "pytorch.unpermute_fwd,pytorch.unpermute_bwd,pytorch.adam_step")
         with open(os.path.join(out, "points.jsonl")) as f:
@@ -45,12 +54,7 @@ class PytorchKernelsBench(unittest.TestCase):
         self.assertEqual(sorted({r["inputs"][0] for r in host_fwd}), [0.0, 1.0])
         self.assertEqual({r["inputs"][0] for r in lines[1:] if r["family"] == "pytorch_host.unpermute_bwd"}, {1.0})
         # The C++ fit reads it: the families' inputs and ops are the kernel_terms table's.
-        refit = os.path.join(os.path.dirname(need_bin(self)), "..", "calibration", "bench", "threewalls_refit_raw")
-        toml = os.path.join(out, "fitted.toml")
-        r = subprocess.run([refit, out, toml], capture_output=True, text=True, timeout=120)
-        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        with open(toml) as f:
-            text = f.read()
+        text = self.refit(out)
         for fam in fams:
             self.assertIn(f"[{fam}]", text)
             self.assertIn(f"[{fam}.fit]", text)
@@ -87,12 +91,7 @@ class PytorchKernelsBench(unittest.TestCase):
             shapes = {(p["family"], tuple(p["shape"])) for p in json.load(f)["points"] if "shape" in p}
         self.assertEqual({s for f, s in shapes if f == "pytorch_host.expert_scatter_unweighted_fwd"},
                          {s for f, s in shapes if f == "pytorch_host.expert_scatter_fwd"})
-        refit = os.path.join(os.path.dirname(need_bin(self)), "..", "calibration", "bench", "threewalls_refit_raw")
-        toml = os.path.join(out, "fitted.toml")
-        r = subprocess.run([refit, out, toml], capture_output=True, text=True, timeout=120)
-        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        with open(toml) as f:
-            text = f.read()
+        text = self.refit(out)
         for fam in fams:
             self.assertIn(f"[{fam}.fit]", text)
 
