@@ -471,12 +471,10 @@ std::size_t Emitter::backward_part(Instance& in, const std::vector<bool>* part, 
         id = b_.emit(a, deps_.data(), deps_.data() + deps_.size());
         break;
       }
-      case Bwd::same_kind:
-      case Bwd::swap_permute: {
+      case Bwd::same_kind: {
         Op e = base_op(p, ii, Suffix::bwd, layer, mb, chunk, fl, dense_layer);
         e.bytes = sp.bwd_bytes;
         e.flops = 0;
-        if (sp.bwd == Bwd::swap_permute) e.kind = sp.kind == OpKind::permute ? OpKind::unpermute : OpKind::permute;
         if (sp.kind == OpKind::elementwise) {
           auto k = static_cast<ElementwiseKind>(sp.sub);
           if (k == ElementwiseKind::swiglu) e.sub = static_cast<std::uint8_t>(ElementwiseKind::swiglu_bwd);

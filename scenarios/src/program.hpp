@@ -43,7 +43,11 @@ enum class Module : std::uint8_t {
 enum class Role : std::uint8_t { compute, tp_comm, cp_comm, shared, expert };
 
 // How an op is mirrored in the backward pass.
-enum class Bwd : std::uint8_t { gemm, grouped, attention, same_kind, swap_permute, collective, none };
+// same_kind: the backward op keeps the forward op's kind with kBackward set, and a kind's backward is
+// that op's own gradient (a permute's backward is the scatter-sum of its rows back to the tokens, an
+// unpermute's the row gather with the router weights' gradient: backend::permute_bwd /
+// unpermute_bwd, PyTorch's index_select and index_add_ backwards).
+enum class Bwd : std::uint8_t { gemm, grouped, attention, same_kind, collective, none };
 
 struct Spec {
   OpKind kind = OpKind::gemm;
@@ -51,7 +55,7 @@ struct Spec {
   OpShape shape{};
   double flops = 0;
   double bytes = 0;
-  double bwd_bytes = 0;  // bytes of the backward op (same_kind / swap_permute)
+  double bwd_bytes = 0;  // bytes of the backward op (same_kind)
   Wall wall = Wall::compute;
   std::uint8_t sub = 0;
   Group group = Group::none;

@@ -72,7 +72,7 @@ Spec memory_op(OpKind kind, std::string name, OpShape shape, double bytes, doubl
   sp.bwd_bytes = bwd_bytes;
   sp.wall = Wall::memory;
   sp.module = mod;
-  sp.bwd = (kind == OpKind::permute || kind == OpKind::unpermute) ? Bwd::swap_permute : Bwd::same_kind;
+  sp.bwd = Bwd::same_kind;
   sp.after = std::move(after);
   return sp;
 }

@@ -149,10 +149,9 @@ std::optional<HostBody> pytorch_host_body_of(const Op& op, bool records_autograd
     case OpKind::permute:
     case OpKind::unpermute: {
       if (op.expert < 0) break;
-      // An eager loop's gather (a permute) or scatter (an unpermute), forward or backward: the body is
-      // its forward op's, and the expansion gives a backward op the other kind (the gradient of a
-      // gather is a scatter-add, that of a scatter a gather).
-      if ((op.kind == OpKind::unpermute) == bwd) {
+      // An eager loop's gather (a permute) or scatter (an unpermute), forward or backward (the
+      // backward op keeps its forward op's kind).
+      if (op.kind == OpKind::permute) {
         return body(bwd ? calibration::kPytorchHostExpertGatherBwdFamily
                         : calibration::kPytorchHostExpertGatherFwdFamily);
       }

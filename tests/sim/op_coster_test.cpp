@@ -486,20 +486,19 @@ TEST(OpCosterPytorch, EveryPerLayerBodyHasAHostFamilyAndOpsFindTheirs) {
   EXPECT_EQ(b->family, "pytorch_host.unpermute_fwd");
   EXPECT_EQ(b->autograd, 0.0);
   // An eager loop's per-expert gather and combine: bodies of their own; a backward is always 1. A
-  // backward op has the other kind (the expansion's: a gather's gradient is a scatter-add) and its
-  // forward op's body.
+  // backward op keeps its forward op's kind and pays that op's backward body.
   Op gather = memory_op(OpKind::permute, {300, 2048, 4096}, 1.0);
   gather.expert = 3;
   EXPECT_EQ(body(gather, true)->family, kPytorchHostExpertGatherFwdFamily);
   EXPECT_EQ(body(gather, true)->autograd, 1.0);
-  Op gather_bwd = memory_op(OpKind::unpermute, {300, 2048, 4096}, 1.0, true);
+  Op gather_bwd = memory_op(OpKind::permute, {300, 2048, 4096}, 1.0, true);
   gather_bwd.expert = 3;
   EXPECT_EQ(body(gather_bwd, false)->family, kPytorchHostExpertGatherBwdFamily);
   Op combine = memory_op(OpKind::unpermute, {300, 2048, 4096}, 1.0);
   combine.expert = 3;
   EXPECT_EQ(body(combine, true)->family, kPytorchHostExpertScatterFwdFamily);
   EXPECT_TRUE(body(combine, true)->fallback.empty());
-  Op combine_bwd = memory_op(OpKind::permute, {300, 2048, 4096}, 1.0, true);
+  Op combine_bwd = memory_op(OpKind::unpermute, {300, 2048, 4096}, 1.0, true);
   combine_bwd.expert = 3;
   EXPECT_EQ(body(combine_bwd, false)->family, kPytorchHostExpertScatterBwdFamily);
   EXPECT_EQ(body(combine_bwd, false)->autograd, 1.0);

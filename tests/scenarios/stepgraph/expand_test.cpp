@@ -574,11 +574,64 @@ TEST(StepGraph, ExpertExecutionStrategies) {
   EXPECT_EQ(gt.classes[0].num_deps(*bda), 6U);  // experts 1,2,3,5,6,7 run on other streams
 }
 
+TEST(StepGraph, APermutesAndAnUnpermutesBackwardKeepTheirKindAndAreTheirOwnGradients) {
+  // The backward of a permute (rows gathered into expert order) is the scatter-sum of the rows back
+  // to the tokens, backend::permute_bwd and PyTorch's index_select backward; that of an unpermute
+  // (the weighted scatter-add) is the row gather with the weights' gradient, unpermute_bwd. The
+  // backward op keeps the forward op's kind with kBackward, which is what the backend runs and the
+  // coster prices (kernel.permute_bwd / kernel.unpermute_bwd and their PyTorch twins).
+  for (const char* exec : {"grouped", "sequential"}) {
+    const Scenario s = test::scenario_from(std::string(R"(
+schema_version = 1
+name = "perm_kinds"
+[model]
+num_layers = 2
+hidden_size = 256
+ffn_hidden_size = 512
+num_attention_heads = 4
+vocab_size = 1024
+num_experts = 8
+moe_ffn_hidden_size = 256
+moe_router_topk = 2
+[parallel]
+ep = 2
+[train]
+micro_batch_size = 1
+global_batch_size = 2
+seq_length = 128
+expert_execution = ")") + exec + R"("
+[cluster]
+gpu = "h100"
+gpus_per_node = 2
+nodes = 1
+)");
+    const StepGraph g = expand(s, 0);
+    std::map<std::string, int> seen;
+    for (const Op& op : g.classes.at(0).ops) {
+      const std::string& n = g.phase_name(op);
+      for (const char* base :
+           {"moe_permute", "moe_unpermute", "moe_sort", "moe_unsort", "expert_gather", "expert_scatter"}) {
+        for (const char* suffix : {"_fwd", "_bwd"}) {
+          if (n != std::string(base) + suffix) continue;
+          const bool gather_like = std::string(base) == "moe_permute" || std::string(base) == "moe_sort" ||
+                                   std::string(base) == "expert_gather";
+          EXPECT_EQ(op.kind, gather_like ? OpKind::permute : OpKind::unpermute) << exec << " " << n;
+          EXPECT_EQ((op.flags & kBackward) != 0, std::string(suffix) == "_bwd") << exec << " " << n;
+          ++seen[n];
+        }
+      }
+    }
+    EXPECT_GT(seen["moe_permute_bwd"] + seen["moe_sort_bwd"], 0) << exec;
+    EXPECT_GT(seen["moe_unpermute_bwd"] + seen["moe_unsort_bwd"], 0) << exec;
+    if (std::string(exec) == "sequential") EXPECT_GT(seen["expert_gather_bwd"] * seen["expert_scatter_bwd"], 0);
+  }
+}
+
 TEST(StepGraph, AnExpertLoopsScatterCarriesTheRouterWeightsOnlyWhereNoUnpermuteFollows) {
   // Hugging Face's loop scatter-adds each expert's output into the block's output. On one EP rank it
   // weights the rows itself (no moe_unpermute); over the rows an EP rank received (ep > 1), and with
   // the allgather dispatcher, a moe_unpermute after the experts applies the weights and the loop adds
-  // them as they are. A scatter's backward (a permute) carries the same RowWeights.
+  // them as they are. A scatter's backward (an unpermute too) carries the same RowWeights.
   auto check = [](const std::string& text, int step, RowWeights want) {
     const Scenario s = test::scenario_from(text);
     const StepGraph g = expand(s, step);
@@ -588,7 +641,7 @@ TEST(StepGraph, AnExpertLoopsScatterCarriesTheRouterWeightsOnlyWhereNoUnpermuteF
       const std::string& n = g.phase_name(op);
       if (n == "expert_scatter_fwd" || n == "expert_scatter_bwd") {
         ++scatters;
-        EXPECT_EQ(op.kind, n == "expert_scatter_fwd" ? OpKind::unpermute : OpKind::permute);
+        EXPECT_EQ(op.kind, OpKind::unpermute);
         EXPECT_EQ(op.row_weights(), want) << n;
       } else if (op.kind == OpKind::permute || op.kind == OpKind::unpermute) {
         EXPECT_EQ(op.row_weights(), RowWeights::weighted) << n;  // sub 0: the rest apply them
