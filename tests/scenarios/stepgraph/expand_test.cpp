@@ -623,7 +623,9 @@ nodes = 1
     }
     EXPECT_GT(seen["moe_permute_bwd"] + seen["moe_sort_bwd"], 0) << exec;
     EXPECT_GT(seen["moe_unpermute_bwd"] + seen["moe_unsort_bwd"], 0) << exec;
-    if (std::string(exec) == "sequential") EXPECT_GT(seen["expert_gather_bwd"] * seen["expert_scatter_bwd"], 0);
+    if (std::string(exec) == "sequential") {
+      EXPECT_GT(seen["expert_gather_bwd"] * seen["expert_scatter_bwd"], 0);
+    }
   }
 }
 
