@@ -80,8 +80,8 @@ enum class NormKind : std::uint8_t { rmsnorm, layernorm };
 // applied once per routed row: `weighted` (every unpermute but one kind) where the op is where they
 // are applied; `unweighted` for Hugging Face's loop's per-expert scatter when a moe_unpermute after
 // the experts applies them (the loop over the rows an EP rank received: ep > 1). The backward op of
-// an unpermute is a permute (the gradient of a scatter-add is a gather) with the same `sub`; every
-// other permute has `sub` 0.
+// an unpermute is an unpermute with kBackward (its gradient: the row gather) and the same `sub`; a
+// permute has `sub` 0.
 enum class RowWeights : std::uint8_t { weighted, unweighted };
 enum class StreamKind : std::uint8_t { compute, communication, copy, host };
 
