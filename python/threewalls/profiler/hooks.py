@@ -30,8 +30,8 @@ from threewalls.errors import InputError
 
 
 class _Box:
-    """The backward phase of one module call: opened by the first begin marker whose backward runs,
-    closed by the last end marker's."""
+    """The backward phase of one module call: opened by the first output hook that runs, closed by
+    the last end marker's backward."""
     __slots__ = ("prof", "info", "token", "ends")
 
     def __init__(self, prof, info, ends: int):
@@ -39,10 +39,6 @@ class _Box:
         self.info = info
         self.token = None
         self.ends = ends
-
-    def open(self) -> None:
-        if self.token is None:
-            self.token = self.prof.begin_phase(self.info)
 
     def on_grad(self, grad):
         """Tensor hook of an output: its gradient is complete, the module's backward starts."""

@@ -429,7 +429,7 @@ class Profiler:
             return
         s = _Step(step)
         if self.cuda:
-            stream = torch.cuda.current_stream()
+            stream = self._current_stream()
             now = time.time_ns()
             if self._anchor is None or (now - self._anchor_host_ns > _REANCHOR_NS and stream.query()):
                 if self._anchor is not None:
@@ -549,7 +549,7 @@ class Profiler:
         skip = self._skip(name)
         if skip is not None:
             if waits and self._pending:
-                self._format_while_busy(torch.cuda.current_stream())
+                self._format_while_busy(self._current_stream())
             return skip
         if isinstance(name, PhaseInfo):
             info = name

@@ -99,9 +99,8 @@ struct FittedKernel {
 // The family of PyTorch eager's host time for `op`'s body (calibration::kPytorchHostFamilyPrefix),
 // input autograd = `records_autograd` for a forward op, 1 for a backward one: the pytorch_host twin of
 // pytorch_kernel_of's family; a per-expert permute / unpermute (an eager expert loop's gather and
-// combine) expert_gather / expert_scatter (a backward op by its forward op: the expansion swaps the
-// two kinds in the backward; a scatter of RowWeights::unweighted expert_scatter_unweighted, the
-// weighted family its fallback); a gemm linear (a backward gemm, dgrad or wgrad, half of
+// combine) expert_gather / expert_scatter, forward or backward (a scatter of RowWeights::unweighted
+// expert_scatter_unweighted, the weighted family its fallback); a gemm linear (a backward gemm, dgrad or wgrad, half of
 // linear_bwd: autograd runs both products in one node); attention attention. Empty for the rest
 // (grouped GEMMs, forward adds, copies, the optimizer, host ops).
 struct HostBody {
