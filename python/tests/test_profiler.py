@@ -72,6 +72,31 @@ class ProfilerCpuTest(unittest.TestCase):
             cmp = cli(self, "compare", d, d).stdout
             self.assertIn("matched records: 18 over 3 step(s); only in A: 0; only in B: 0", cmp)
 
+    def test_module_hooks_are_on_the_modules_only_during_recorded_steps(self):
+        """An unrecorded step calls the modules without hooks (PyTorch's path without them); a recorded
+        step has them; remove() takes them off for good."""
+        d = os.path.join(tempdir(self), "run")
+        prof = Profiler(d, sampling=SamplingConfig(record_every_n_steps=3), use_cuda=False,
+                        scenario={"name": "loop", "path": "", "hash": ""})
+        lin = torch.nn.Linear(4, 4)
+        handles = prof.hook_module(lin, "fc", layer=0)
+        seen = []
+        x = torch.randn(2, 4, requires_grad=True)
+        for step in range(5):
+            with prof.step(step):
+                seen.append((len(lin._forward_pre_hooks), len(lin._forward_hooks)))
+                lin(x).sum().backward()
+        self.assertEqual(seen, [(1, 1), (0, 0), (0, 0), (1, 1), (0, 0)])
+        for h in handles:
+            h.remove()
+        with prof.step(6):
+            self.assertEqual((len(lin._forward_pre_hooks), len(lin._forward_hooks)), (0, 0))
+            lin(x).sum().backward()
+        prof.finish(summary=False)
+        recs = read_records(d)
+        self.assertEqual(sorted({(p["step"], p["phase"]) for p in recs["phases"]}),
+                         [(0, "fc_bwd"), (0, "fc_fwd"), (3, "fc_bwd"), (3, "fc_fwd")])
+
     def test_coarse_granularity_and_unrecorded_steps(self):
         d = os.path.join(tempdir(self), "run")
         prof = Profiler(d, sampling=SamplingConfig(record_every_n_steps=5, granularity="coarse"), use_cuda=False)
@@ -185,6 +210,33 @@ class ProfilerCudaTest(unittest.TestCase):
             self.assertGreaterEqual(s["dur_us"] + 1, sd["start_us"] + sd["dur_us"])
         with open(os.path.join(d, "summary.json")) as f:
             self.assertGreater(json.load(f)["memory"]["measured_peak_bytes_by_rank"]["0"], 0)
+
+    def test_stamps_on_the_timer_stream_time_what_stamps_on_the_stream_do(self):
+        """The default stamps (a marker on the stream, the timing event on the timer stream) give the
+        durations and offsets of stamps recorded on the timed stream itself."""
+        a = torch.randn(2048, 2048, device="cuda")
+        got = {}
+        for stamps in ("stream", "shadow"):
+            d = os.path.join(tempdir(self), stamps)
+            prof = Profiler(d, sampling=SamplingConfig(record_every_n_steps=1), stamps=stamps)
+            for step in range(4):
+                with prof.step(step):
+                    with prof.phase("mm4"):
+                        b = a
+                        for _ in range(4):
+                            b = b @ a
+                    with prof.phase("add"):
+                        b.add_(1.0)
+                    with prof.phase("mm1"):
+                        b @ a
+            prof.finish(summary=False)
+            recs = [p for p in read_records(d)["phases"] if p["step"] > 0]
+            got[stamps] = {n: sorted(p["dur_us"] for p in recs if p["phase"] == n) for n in ("mm4", "add", "mm1")}
+            got[stamps]["mm1_start"] = sorted(p["start_us"] for p in recs if p["phase"] == "mm1")
+        for n in ("mm4", "mm1", "mm1_start"):
+            s, h = got["stream"][n][1], got["shadow"][n][1]
+            self.assertAlmostEqual(h, s, delta=0.05 * s + 10, msg=n)
+        self.assertLess(got["shadow"]["add"][1], got["shadow"]["mm1"][1])
 
     def test_a_host_read_waits_for_the_device_without_a_synchronisation(self):
         """The read's record starts where the device finished the work queued before it, and entering

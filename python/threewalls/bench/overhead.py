@@ -37,6 +37,9 @@ from threewalls.bench.spread import p10_median_p90
 from threewalls.profiler import Profiler, SamplingConfig
 
 MODES = ("off", "every10", "every1")
+# Ablations of a mode (every1/stream): stamps recorded on the timed stream itself instead of the timer
+# stream; module hooks kept installed on unrecorded steps too.
+VARIANTS = ("stream", "always")
 
 
 class Attention(torch.nn.Module):
@@ -186,10 +189,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix="tw_overhead_")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    modes = tuple(m for m in MODES if m == "off" or m in args.modes.split(","))
-    unknown = set(args.modes.split(",")) - set(MODES)
+    asked = [m for m in args.modes.split(",") if m]
+    unknown = [m for m in asked if m.split("/")[0] not in MODES or not set(m.split("/")[1:]) <= set(VARIANTS)]
     if unknown:
-        raise SystemExit(f"--modes: unknown {sorted(unknown)}; allowed: {', '.join(MODES)}")
+        raise SystemExit(f"--modes: unknown {sorted(unknown)}; allowed: {', '.join(MODES)}, each optionally "
+                         f"followed by /VARIANT ({', '.join(VARIANTS)})")
+    modes = ("off",) + tuple(m for m in dict.fromkeys(asked) if m != "off")
     times: Dict[str, List[float]] = {m: [] for m in modes}
     records: Dict[str, List[int]] = {m: [] for m in modes}
     data = batches(args.warmup + args.steps)
@@ -199,10 +204,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             prof = None
             run_dir = os.path.join(scratch, f"{mode}_{r}")
             if mode != "off":
-                prof = Profiler(run_dir, sampling=SamplingConfig(record_every_n_steps=10 if mode == "every10" else 1,
+                base, *variant = mode.split("/")
+                prof = Profiler(run_dir, sampling=SamplingConfig(record_every_n_steps=10 if base == "every10" else 1,
                                                                  flush_every_n_steps=10),
                                 use_cuda=device.type == "cuda", scenario={"name": "overhead_loop", "path": "",
-                                                                          "hash": ""}, nvtx=args.nvtx)
+                                                                          "hash": ""}, nvtx=args.nvtx,
+                                stamps="stream" if "stream" in variant else "shadow",
+                                hooks="always" if "always" in variant else "recorded")
             handles = []
             if prof is not None:
                 for i, (attn, moe) in enumerate(zip(model.attn, model.moe)):
@@ -247,10 +255,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         json.dump(result, f, indent=2)
     print(f"profiler overhead ({args.experts} experts, {result['device']}, {args.repeats} x {args.steps} steps):")
     for m in modes:
-        extra = "" if m == "off" else (f"  {result['overhead_pct'][m]:+.3f}% (target <= {result['targets_pct'][m]}%); "
+        extra = "" if m == "off" else (f"  {result['overhead_pct'][m]:+.3f}% (target <= {result['targets_pct'][m.split('/')[0]]}%); "
                                        f"paired per repeat: median {paired[m]['median_pct']:+.3f}%, "
                                        f"p10 {paired[m]['p10_pct']:+.3f}%, p90 {paired[m]['p90_pct']:+.3f}%")
-        print(f"  {m:8s} median step {med[m] * 1e3:9.3f} ms{extra}")
+        print(f"  {m:22s} median step {med[m] * 1e3:9.3f} ms{extra}")
     return 0
 
 

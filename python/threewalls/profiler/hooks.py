@@ -15,8 +15,9 @@ A tensor hook is the cheaper of the two (no autograd node, no Python function pe
 needs no isolation, as an output's gradient is complete exactly when the module's backward can
 start; the end does, as an input may have other consumers whose gradients arrive later.
 
-The markers work on every PyTorch version from 1.13 on (no register_full_backward_pre_hook needed)
-and cost nothing on unrecorded steps beyond one branch per hook. Inputs passed by keyword (as
+The markers work on every PyTorch version from 1.13 on (no register_full_backward_pre_hook needed).
+The hooks are on their modules only while a recorded step runs (HookSet): an unrecorded step calls
+the modules through PyTorch's path without hooks. Inputs passed by keyword (as
 transformers calls its attention modules) are marked too from PyTorch 2.0 on (forward pre-hooks with
 keyword arguments); before 2.0 only positional inputs are.
 """
@@ -167,8 +168,40 @@ def hook_module(prof, module, fwd_name: str, bwd_name: str, layer: Optional[int]
                     o.register_hook(box.on_grad)
         return None  # other output types get no hook: the backward phase is not recorded
 
-    try:
-        pre_handle = module.register_forward_pre_hook(pre_kw, with_kwargs=True)
-    except TypeError:  # PyTorch before 2.0
-        pre_handle = module.register_forward_pre_hook(pre)
-    return [pre_handle, module.register_forward_hook(post)]
+    hooks = HookSet(prof, module, pre_kw, pre, post)
+    prof._add_hooks(hooks)
+    return [hooks]
+
+
+class HookSet:
+    """One module's forward pre-hook and forward hook, registered with the module only while a
+    recorded step runs (the profiler installs and removes them at the step's start and end): on
+    other steps the module's call takes PyTorch's path without hooks and costs nothing extra.
+    remove() undoes hook_module."""
+    __slots__ = ("prof", "module", "pre_kw", "pre", "post", "handles")
+
+    def __init__(self, prof, module, pre_kw, pre, post):
+        self.prof = prof
+        self.module = module
+        self.pre_kw = pre_kw
+        self.pre = pre
+        self.post = post
+        self.handles: List[Any] = []
+
+    def install(self) -> None:
+        if self.handles:
+            return
+        try:
+            h = self.module.register_forward_pre_hook(self.pre_kw, with_kwargs=True)
+        except TypeError:  # PyTorch before 2.0
+            h = self.module.register_forward_pre_hook(self.pre)
+        self.handles = [h, self.module.register_forward_hook(self.post)]
+
+    def uninstall(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+    def remove(self) -> None:
+        self.uninstall()
+        self.prof._drop_hooks(self)

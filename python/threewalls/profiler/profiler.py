@@ -10,11 +10,15 @@
 
 How a step is timed (the C++ CUDA profiler's scheme, docs/profiler.md "Device timing"):
 
-* begin_step(step): when the sampling policy selects the step and the rank, an *epoch* CUDA event is
-  recorded on the current stream. An unselected step records nothing: phases return a shared no-op
-  context manager after one branch.
-* A phase is a pair of CUDA events around its work on the stream current at the phase's start (or
-  the stream passed), or, for host phases, two host-clock readings.
+* begin_step(step): when the sampling policy selects the step and the rank, an *epoch* stamp is
+  taken on the current stream, and the module hooks (hook_module) are put on their modules; end_step
+  takes them off. An unselected step records nothing: phases return a shared no-op context manager
+  after one branch, and hooked modules run without hooks.
+* A phase is a pair of stamps around its work on the stream current at the phase's start (or the
+  stream passed), or, for host phases, two host-clock readings. A stamp is a CUDA timing event that
+  completes when the stream reaches it: a marker event without timing on the stream, waited for by
+  the device's timer stream, which records the timing event (stamps="shadow"; "stream" records the
+  timing event on the stream itself, whose next kernel then waits for the stamp).
 * end_step(): an end event on every stream the step's phases used; the step's `dur_us` is the latest
   of them (and of the phases' ends) after the epoch.
 * Harvesting never waits and runs only where the host has time: a host phase that waits for the
@@ -67,6 +71,20 @@ except ImportError:  # pragma: no cover - the CI image has torch
 _WALLS = frozenset(rec.WALLS)
 _COARSE = frozenset(rec.COARSE_VIEWS)
 _REANCHOR_NS = 100_000_000  # a fresh host anchor at most every 0.1 s
+
+
+# Event record and stream wait without torch.cuda.Event's Python wrappers (which look the current
+# stream up first); the wrappers where PyTorch's _CudaEventBase lacks them (builds without CUDA).
+_EVENT_BASE = getattr(torch._C, "_CudaEventBase", None) if torch is not None else None
+if hasattr(_EVENT_BASE, "record") and hasattr(_EVENT_BASE, "wait"):
+    _record = _EVENT_BASE.record
+    _wait = _EVENT_BASE.wait
+else:
+    def _record(event, stream):
+        event.record(stream)
+
+    def _wait(event, stream):
+        event.wait(stream)
 
 
 class _Null:
@@ -218,6 +236,10 @@ class Profiler:
     annotate: on recorded steps, also open a torch.profiler record_function range around each step
     and phase, named so that `python3 -m threewalls.importers kineto` rebuilds the records from a
     PyTorch profiler trace (records.annotation_name); off by default (a few microseconds a phase).
+    stamps: "shadow" (default: timing events on a timer stream that waits for a marker on the timed
+    stream) or "stream" (timing events on the timed stream). hooks: "recorded" (default: module hooks
+    on their modules during recorded steps only) or "always" (from the first recorded step on). The
+    non-defaults exist to measure what the defaults save (threewalls.bench.overhead's variants).
     Not thread-safe, except that phases may be opened and closed from autograd's backward threads
     while the thread that drives the steps waits in backward().
     """
@@ -228,7 +250,8 @@ class Profiler:
                  settings: Optional[Dict[str, Any]] = None, rank_classes: Optional[List[Dict[str, Any]]] = None,
                  creator: Optional[bool] = None, overwrite: bool = False, nvtx: str = "sampled",
                  use_cuda: Optional[bool] = None, source: str = "real", git_sha: str = "unknown",
-                 join_timeout_s: float = 120.0, annotate: bool = False):
+                 join_timeout_s: float = 120.0, annotate: bool = False, stamps: str = "shadow",
+                 hooks: str = "recorded"):
         d = _dist()
         if rank is None:
             rank = d.get_rank() if d else 0
@@ -244,6 +267,15 @@ class Profiler:
         if use_cuda and (torch is None or not torch.cuda.is_available()):
             raise InputError("profiler use_cuda=True, but torch.cuda is not available")
         self.cuda = bool(use_cuda)
+        if stamps not in ("shadow", "stream"):
+            raise InputError(f"profiler stamps {stamps!r}; allowed: shadow, stream")
+        self._shadow = stamps == "shadow"
+        self._timers: Dict[int, tuple] = {}
+        self._hooks: List[Any] = []  # module hook sets, installed on recorded steps only
+        self._hooks_on = False
+        if hooks not in ("recorded", "always"):
+            raise InputError(f"profiler hooks {hooks!r}; allowed: recorded, always")
+        self._lazy_hooks = hooks == "recorded"
         self._nvtx_rec = self.cuda and nvtx != "off"
         self._nvtx_all = self.cuda and nvtx == "all"
         self._annotate = bool(annotate) and torch is not None
@@ -366,6 +398,31 @@ class Profiler:
             return self._pool.pop()
         return torch.cuda.Event(enable_timing=True)
 
+    def _stamp(self, stream):
+        """A timing event that completes when `stream` reaches this point of its queue.
+
+        With stamps="shadow" (the default) the stream gets a marker event without timing, and the
+        device's timer stream, which runs nothing else, waits for the marker and records the timing
+        event: the stamp is taken once the work queued before the marker is done, as a timing event on
+        the stream would be, without the timed stream's next kernel waiting for the stamp to be
+        written. One marker per device serves every stamp: a wait takes the marker's state when it is
+        enqueued, and recording the marker again does not move it. stamps="stream" records the timing
+        event on the stream itself."""
+        t = self._event()
+        if not self._shadow:
+            _record(t, stream)
+            return t
+        dev = stream.device_index
+        timer = self._timers.get(dev)
+        if timer is None:
+            with torch.cuda.device(dev):
+                timer = self._timers[dev] = (torch.cuda.Stream(), torch.cuda.Event())
+        timer_stream, marker = timer
+        _record(marker, stream)
+        _wait(marker, timer_stream)
+        _record(t, timer_stream)
+        return t
+
     # ---- steps ----
 
     @property
@@ -427,6 +484,10 @@ class Profiler:
         self._last_event = None
         if not self._rec:
             return
+        if self._hooks and not self._hooks_on:
+            self._hooks_on = True
+            for h in self._hooks:
+                h.install()
         s = _Step(step)
         if self.cuda:
             stream = self._current_stream()
@@ -434,11 +495,9 @@ class Profiler:
             if self._anchor is None or (now - self._anchor_host_ns > _REANCHOR_NS and stream.query()):
                 if self._anchor is not None:
                     self._pool.append(self._anchor)
-                self._anchor = self._event()
-                self._anchor.record(stream)
+                self._anchor = self._stamp(stream)
                 self._anchor_host_ns = time.time_ns()
-            s.epoch = self._event()
-            s.epoch.record(stream)
+            s.epoch = self._stamp(stream)
             self._last_event = s.epoch
             s.ends.append(stream)
         s.epoch_host_ns = time.time_ns()
@@ -462,9 +521,7 @@ class Profiler:
                         streams.setdefault(p.stream.cuda_stream, p.stream)
                 ends = []
                 for st in streams.values():
-                    e = self._event()
-                    e.record(st)
-                    ends.append(e)
+                    ends.append(self._stamp(st))
                 s.ends = ends
                 self._last_event = None
             s.end_host_ns = time.time_ns()
@@ -478,6 +535,8 @@ class Profiler:
         self._rec = False
         self._step_no = None
         self._last_step = step
+        if self._hooks_on and self._lazy_hooks:
+            self._unhook()
 
     def _abandon_step(self) -> None:
         """The step's body raised: its records are dropped (the step did not finish)."""
@@ -490,6 +549,8 @@ class Profiler:
         self._cur = None
         self._rec = False
         self._step_no = None
+        if self._hooks_on and self._lazy_hooks:
+            self._unhook()
 
     # ---- phases ----
 
@@ -587,22 +648,19 @@ class Profiler:
         if info.host or not self.cuda:
             p.stream = None  # timed on the host clock
             if p.waits and self.cuda:
-                p.a = a = self._event()
-                a.record(self._current_stream())
+                p.a = a = self._stamp(self._current_stream())
                 self._last_event = a
                 self._format_while_busy(a)
             p.h0 = time.time_ns()
             return
         if p.stream is None:
             p.stream = self._current_stream()
-        p.a = self._event()
-        p.a.record(p.stream)
+        p.a = self._stamp(p.stream)
         self._last_event = p.a
 
     def _close(self, p: _Phase) -> None:
         if p.stream is not None:
-            p.b = self._event()
-            p.b.record(p.stream)
+            p.b = self._stamp(p.stream)
             self._last_event = p.b
         else:
             p.h1 = time.time_ns()
@@ -627,6 +685,21 @@ class Profiler:
         Returns the hook handles (call .remove() on each to undo)."""
         from threewalls.profiler.hooks import hook_module
         return hook_module(self, module, fwd_name or f"{name}_fwd", bwd_name or f"{name}_bwd", layer, backward, kw)
+
+    def _add_hooks(self, hooks) -> None:
+        self._hooks.append(hooks)
+        if self._hooks_on:
+            hooks.install()
+
+    def _drop_hooks(self, hooks) -> None:
+        if hooks in self._hooks:
+            self._hooks.remove(hooks)
+
+    def _unhook(self) -> None:
+        """Removes the module hooks from their modules until the next recorded step."""
+        self._hooks_on = False
+        for h in self._hooks:
+            h.uninstall()
 
     # ---- harvest ----
 
