@@ -58,6 +58,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from threewalls import __version__
 from threewalls.errors import InputError
+from threewalls.profiler import cuda_driver
 from threewalls.profiler import records as rec
 from threewalls.profiler.sampling import SamplingConfig, SamplingPolicy
 from threewalls.profiler.summary import build_summary
@@ -271,6 +272,7 @@ class Profiler:
             raise InputError(f"profiler stamps {stamps!r}; allowed: shadow, stream")
         self._shadow = stamps == "shadow"
         self._timers: Dict[int, tuple] = {}
+        self._driver = cuda_driver.load() if self.cuda and self._shadow else None
         self._hooks: List[Any] = []  # module hook sets, installed on recorded steps only
         self._hooks_on = False
         if hooks not in ("recorded", "always"):
@@ -406,8 +408,9 @@ class Profiler:
         event: the stamp is taken once the work queued before the marker is done, as a timing event on
         the stream would be, without the timed stream's next kernel waiting for the stamp to be
         written. One marker per device serves every stamp: a wait takes the marker's state when it is
-        enqueued, and recording the marker again does not move it. stamps="stream" records the timing
-        event on the stream itself."""
+        enqueued, and recording the marker again does not move it. The three calls go to the CUDA
+        driver directly where it loads (cuda_driver). stamps="stream" records the timing event on the
+        stream itself."""
         t = self._event()
         if not self._shadow:
             _record(t, stream)
@@ -418,6 +421,15 @@ class Profiler:
             with torch.cuda.device(dev):
                 timer = self._timers[dev] = (torch.cuda.Stream(), torch.cuda.Event())
         timer_stream, marker = timer
+        drv = self._driver
+        if drv is not None:
+            # A pooled event's CUDA event exists from its first record on; until then (and if a call
+            # fails) the stamp goes through PyTorch.
+            h, m = t.cuda_event, marker.cuda_event
+            if h and m:
+                if drv.stamp(m, stream.cuda_stream, timer_stream.cuda_stream, h):
+                    return t
+                self._driver = None
         _record(marker, stream)
         _wait(marker, timer_stream)
         _record(t, timer_stream)
