@@ -1618,14 +1618,16 @@ class StepRun {
         }
         if (s.op[i].mark_host >= 0.0 && s.op[i].start >= 0.0) {
           // The start marker runs once the host has recorded it and the stream has reached it (its
-          // earlier work and the waits before it are done); the end marker once the op is done and
-          // the host has recorded it behind the launch.
+          // earlier work and the waits before it are done), its timestamp taken after its own device
+          // time; the end marker once the op is done and the host has recorded it behind the launch.
+          // On an idle stream the marker runs when the host records it, so the host's work between
+          // the marker and the launch is inside the record (a CUDA event on an idle stream completes
+          // at its record call, not at the next launch); behind a busy stream the record covers the
+          // kernel and the end marker (timed_op_gap: duration +1 marker, gap 1 marker).
           const double ready = s.op[i].ready >= 0.0 ? std::min(s.op[i].ready, s.op[i].start) : s.op[i].start;
-          t.record_start[i] = std::min(std::max(s.op[i].mark_host, ready), s.op[i].start) - epoch_;
-          // The start marker's timestamp is taken once it has run on the stream: the record
-          // covers the kernel and the end marker (timed_op_gap: duration +1 marker, gap 1 marker).
-          if (s.op[i].mark_device > 0.0)
-            t.record_start[i] = std::max(t.record_start[i], t.start[i] + s.op[i].mark_device);
+          t.record_start[i] =
+              std::min(std::min(std::max(s.op[i].mark_host, ready), s.op[i].start) + s.op[i].mark_device, s.end[i]) -
+              epoch_;
           t.record_end[i] = std::max(s.end[i], s.mark_end_host[i]) - epoch_;
           if (s.op[i].shared) {  // start(i) = end(previous op on the stream): its end marker's time
             const std::uint32_t a = s.op[i].share_from;

@@ -460,9 +460,10 @@ TEST(Executor, TimingMarkersOfARecordedStepHoldTheStreamForTheirDeviceTime) {
   EXPECT_NEAR(timed.classes[0].end[0], 15 * kUs, 1e-12);
   EXPECT_NEAR(timed.classes[0].end[1], 27 * kUs, 1e-12);
   EXPECT_NEAR(timed.duration, 39 * kUs, 1e-12);
-  // The record starts after the start marker: 3 to 15 (kernel + end marker), gap of one marker;
-  // the next record starts at that end marker: 15 to 27.
-  EXPECT_NEAR(timed.classes[0].record_start[0], 3 * kUs, 1e-12);
+  // The first start marker runs on the idle stream when the host records it (0), its timestamp
+  // after its device time: the record is 2 to 15 (the launch, the kernel and the end marker); the
+  // next record starts at that end marker: 15 to 27 (the device is behind the host).
+  EXPECT_NEAR(timed.classes[0].record_start[0], 2 * kUs, 1e-12);
   EXPECT_NEAR(timed.classes[0].record_end[0], 15 * kUs, 1e-12);
   EXPECT_NEAR(timed.classes[0].record_start[1], 15 * kUs, 1e-12);
   EXPECT_NEAR(timed.classes[0].record_end[1], 27 * kUs, 1e-12);
@@ -515,7 +516,8 @@ TEST(Executor, AnIdleStreamGetsAFreshStartMarker) {
   // Events of 10 us on the host, launches 1 us, 1 us kernels, markers 2 us: k0 runs 21..26; when
   // the host comes to k1 (31: k0's launch and end marker recorded) the stream has passed k0's end
   // marker, so k1 records its own start marker (its record must not include the idle stream):
-  // launched at 42, it holds the stream for two markers, 42..47, its record 44..47.
+  // recorded at 41, it runs then (43 after its device time), k1 is launched at 42 and holds the
+  // stream for two markers, 42..47; its record 43..47 holds the launch.
   GraphBuilder b(1, 1, 1, 1, 1, 1);
   const int c = b.add_class({0});
   for (int i = 0; i < 2; ++i) b.add(c, b.kernel(1, "k"));
@@ -527,7 +529,30 @@ TEST(Executor, AnIdleStreamGetsAFreshStartMarker) {
   EXPECT_NEAR(timed.classes[0].end[0], 26 * kUs, 1e-12);
   EXPECT_NEAR(timed.classes[0].start[1], 42 * kUs, 1e-12);
   EXPECT_NEAR(timed.classes[0].end[1], 47 * kUs, 1e-12);
-  EXPECT_NEAR(timed.classes[0].record_start[1], 44 * kUs, 1e-12);
+  EXPECT_NEAR(timed.classes[0].record_start[1], 43 * kUs, 1e-12);
+}
+
+TEST(Executor, ARecordOnAnIdleStreamHoldsTheHostsWorkBetweenItsStartMarkerAndTheLaunch) {
+  // A PyTorch eager op whose body costs the host 50 us between the phase's start stamp and its
+  // kernel's launch: a CUDA event on an idle stream completes at its record call, not at the next
+  // launch (docs/validation/python_profiler_overhead_h200_2026-11-29.md, "Where a stamp lands": a
+  // stamp, 50 us on the host, a 2 us kernel, a stamp: 61 us apart). Markers of 1 us, events 2 us.
+  // The host records the step's epoch (2) and the start marker (4); the launch returns at 54, the
+  // kernel runs 54..56 plus its markers (58): the record is 5..58 (the body and the kernel), not
+  // only the kernel, and 49 us of it waited for the launch.
+  GraphBuilder b(1, 1, 1, 1, 1, 1);
+  const int c = b.add_class({0});
+  b.add(c, b.kernel(2, "k"));
+  FakeCoster f;
+  f.host.kernel_launch = microseconds(50);
+  f.host.event_record = microseconds(2);
+  f.host.timing_marker = microseconds(1);
+  const auto timed = run_timed(b, f, Timing::every_op);
+  EXPECT_NEAR(timed.classes[0].start[0], 54 * kUs, 1e-12);
+  EXPECT_NEAR(timed.classes[0].end[0], 58 * kUs, 1e-12);
+  EXPECT_NEAR(timed.classes[0].record_start[0], 5 * kUs, 1e-12);
+  EXPECT_NEAR(timed.classes[0].record_end[0], 58 * kUs, 1e-12);
+  EXPECT_NEAR(timed.classes[0].launch_wait[0], 49 * kUs, 1e-12);
 }
 
 TEST(Executor, DiskReadsRunOnTheHostLaneAndHoldBackLaterLaunches) {
