@@ -272,7 +272,7 @@ class Profiler:
             raise InputError(f"profiler stamps {stamps!r}; allowed: shadow, stream")
         self._shadow = stamps == "shadow"
         self._timers: Dict[int, tuple] = {}
-        self._driver = cuda_driver.load() if self.cuda and self._shadow else None
+        self._driver = None  # the CUDA driver's events (cuda_driver), once checked below
         self._hooks: List[Any] = []  # module hook sets, installed on recorded steps only
         self._hooks_on = False
         if hooks not in ("recorded", "always"):
@@ -354,6 +354,7 @@ class Profiler:
         if self.cuda:
             self._main_stream = torch.cuda.current_stream()
             self._stream_names[self._main_stream.cuda_stream] = "compute"
+            self._driver = cuda_driver.working(self._main_stream.cuda_stream)
 
     # ---- names ----
 
@@ -396,8 +397,11 @@ class Profiler:
         return st
 
     def _event(self):
+        """A timing event from the pool, else a new one (the driver's where it is in use)."""
         if self._pool:
             return self._pool.pop()
+        if self._driver is not None:
+            return self._driver.event()
         return torch.cuda.Event(enable_timing=True)
 
     def _stamp(self, stream):
@@ -408,31 +412,31 @@ class Profiler:
         event: the stamp is taken once the work queued before the marker is done, as a timing event on
         the stream would be, without the timed stream's next kernel waiting for the stamp to be
         written. One marker per device serves every stamp: a wait takes the marker's state when it is
-        enqueued, and recording the marker again does not move it. The three calls go to the CUDA
-        driver directly where it loads (cuda_driver). stamps="stream" records the timing event on the
-        stream itself."""
+        enqueued, and recording the marker again does not move it. The events and calls are the CUDA
+        driver's where it works (cuda_driver, checked when the profiler starts), PyTorch's otherwise.
+        stamps="stream" records the timing event on the stream itself."""
         t = self._event()
+        drv = self._driver
         if not self._shadow:
-            _record(t, stream)
+            if drv is None:
+                _record(t, stream)
+            elif not drv.record(t.h, stream.cuda_stream):
+                raise cuda_driver.DriverError(f"profiler: cuEventRecord on stream {stream} failed")
             return t
         dev = stream.device_index
         timer = self._timers.get(dev)
         if timer is None:
             with torch.cuda.device(dev):
-                timer = self._timers[dev] = (torch.cuda.Stream(), torch.cuda.Event())
+                marker = drv.event(timing=False) if drv is not None else torch.cuda.Event()
+                timer = self._timers[dev] = (torch.cuda.Stream(), marker)
         timer_stream, marker = timer
-        drv = self._driver
-        if drv is not None:
-            # A pooled event's CUDA event exists from its first record on; until then (and if a call
-            # fails) the stamp goes through PyTorch.
-            h, m = t.cuda_event, marker.cuda_event
-            if h and m:
-                if drv.stamp(m, stream.cuda_stream, timer_stream.cuda_stream, h):
-                    return t
-                self._driver = None
-        _record(marker, stream)
-        _wait(marker, timer_stream)
-        _record(t, timer_stream)
+        if drv is None:
+            _record(marker, stream)
+            _wait(marker, timer_stream)
+            _record(t, timer_stream)
+        elif not drv.stamp(marker.h, stream.cuda_stream, timer_stream.cuda_stream, t.h):
+            raise cuda_driver.DriverError(f"profiler: a stamp on stream {stream} failed (cuEventRecord or "
+                                          f"cuStreamWaitEvent)")
         return t
 
     # ---- steps ----
