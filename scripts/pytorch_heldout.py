@@ -14,6 +14,11 @@ error of each, peak memory, and every phase of at least 5% of the real recorded 
 (with --also PHASE,...: those phases too, whatever their share, e.g. the all-to-alls of the two-GPU
 scenarios of python/scenarios/ep2/, with their medians). Writes OUT/heldout.json with the same figures. The targets (docs/python.md): step and
 phases within 10% with grouped experts, 20% with the eager loop, peak memory within 10%.
+
+A run with a host probe (the runner's, on a GPU: run.json settings.executor.device.host_probe) is also
+simulated at its own host speed (`threewalls sim --host-scale`, the scale `threewalls compare` prints
+for it) and compared again: a column beside the prediction, not a prediction (heldout.json's
+`host_probe`).
 """
 from __future__ import annotations
 
@@ -111,12 +116,37 @@ def main() -> int:
         row["also"] = [{"phase": p["phase"], "share_pct": p["share_of_a"] * 100, "count": p["count"],
                         "real_median_us": p["a"]["median_us"], "sim_median_us": p["b"]["median_us"],
                         "error_pct": p["median_error_pct"]} for p in c["phases"] if p["phase"] in also]
+        # At the run's own host speed: its host probe (the runner's torch_eager_op_us) over the
+        # profile's charge for the same op, as `threewalls compare` prints it; not a prediction.
+        probe = c.get("host_probe")
+        if probe and probe.get("host_scale_for_the_run"):
+            hs = probe["host_scale_for_the_run"]
+            sim_p = os.path.join(a.out, "sim_probe_" + n)
+            run([a.bin, "sim", scen, "--calibration", a.profile, "--out", sim_p, "--overwrite", "--host-scale",
+                 f"{hs:.4f}"])
+            cjp = os.path.join(a.out, "compare_probe_" + n + ".json")
+            run([a.bin, "compare", os.path.join(a.runs, "run_" + n), sim_p, "--json", cjp])
+            with open(cjp) as f:
+                cp = json.load(f)
+            sup = sim_unrecorded_ms(scen, sim_p)
+            row["host_probe"] = {
+                "host_scale": hs, "probe_us": probe["probe_us"], "charged_us": probe["charged_us"],
+                "sim_ms": cp["step_time_us"]["b"]["median"] / 1e3, "step_error_pct": cp["step_time_us"]["median_error_pct"],
+                "sim_unrecorded_ms": sup,
+                "step_error_vs_unrecorded_pct": (sup - unrec) / unrec * 100 if unrec and sup else None,
+                "phases": [{"phase": p["phase"], "share_pct": p["share_of_a"] * 100, "error_pct": p["median_error_pct"]}
+                           for p in cp["phases"] if p["share_of_a"] >= 0.05]}
         rows.append(row)
         un = f"{unrec:8.1f}" if unrec else "       -"
         su = f"{sim_unrec:8.1f}" if sim_unrec else "       -"
         ue = f"{row['step_error_vs_unrecorded_pct']:+6.1f}%" if row["step_error_vs_unrecorded_pct"] is not None else "      -"
         print(f"{n:28s} recorded: real {real_ms:8.1f} ms sim {sim_ms:8.1f} {row['step_error_pct']:+6.1f}%  "
               f"unrecorded: real {un} sim {su} {ue}  peak memory {pct(row['peak_memory_error_pct'])}")
+        hp = row.get("host_probe")
+        if hp:
+            ue_p = hp["step_error_vs_unrecorded_pct"]
+            print(f"{'':28s} at the run's host probe (host scale {hp['host_scale']:.3f}): recorded "
+                  f"{hp['step_error_pct']:+6.1f}%  unrecorded {pct(ue_p)}")
         for p in row["phases"]:
             print(f"    {p['phase']:28s} {p['share_pct']:5.1f}% of the step  error {p['error_pct']:+6.1f}%")
         for p in row["also"]:

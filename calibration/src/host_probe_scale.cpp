@@ -22,9 +22,13 @@ std::optional<HostProbeScale> host_probe_scale(const OrderedJson& probe, const C
     out.charged_us.push_back(1e6 * charged.value * host_scale);
     return true;
   };
-  if (!add(host_probe::kOpLaunchKey, model.kernel_launch() + model.op_dispatch())) return std::nullopt;
-  for (const auto& g : host_probe::kGemmCalls) {
-    if (!add(g.key, model.gemm_launch(g.m, g.n, g.k))) return std::nullopt;
+  if (probe.contains(std::string(host_probe::kTorchEagerOpKey))) {
+    if (!add(host_probe::kTorchEagerOpKey, model.kernel_launch() + model.framework_op())) return std::nullopt;
+  } else {
+    if (!add(host_probe::kOpLaunchKey, model.kernel_launch() + model.op_dispatch())) return std::nullopt;
+    for (const auto& g : host_probe::kGemmCalls) {
+      if (!add(g.key, model.gemm_launch(g.m, g.n, g.k))) return std::nullopt;
+    }
   }
   double measured = 0.0, charged = 0.0;
   for (std::size_t i = 0; i < out.keys.size(); ++i) {

@@ -111,3 +111,16 @@ class StepWallTimes(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class HostProbeKeyTest(unittest.TestCase):
+    def test_the_runners_probe_key_is_the_one_compare_reads(self):
+        """The runner writes its host probe under the key core/host_probe.hpp declares (the one
+        `threewalls compare` and calibration::host_probe_scale read)."""
+        import re
+        from threewalls.runner.run import TORCH_EAGER_OP_KEY
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        with open(os.path.join(root, "core", "include", "threewalls", "core", "host_probe.hpp")) as f:
+            m = re.search(r'kTorchEagerOpKey = "([^"]+)"', f.read())
+        self.assertIsNotNone(m)
+        self.assertEqual(TORCH_EAGER_OP_KEY, m.group(1))

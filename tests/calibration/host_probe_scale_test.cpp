@@ -54,6 +54,20 @@ TEST(HostProbeScale, ChargesTheSimulationsOwnHostScale) {
   EXPECT_NEAR(s->scale, 1.0, 1e-9);  // a simulation already run at twice the host costs
 }
 
+TEST(HostProbeScale, APyTorchRunsProbeIsItsEagerOpAgainstLaunchAndFrameworkOp) {
+  const Fixture f;
+  const double charged = 1e6 * (f.model.kernel_launch() + f.model.framework_op()).value;
+  OrderedJson p = OrderedJson::object();
+  p[std::string(host_probe::kTorchEagerOpKey)] = 1.5 * charged;
+  const auto s = host_probe_scale(p, f.model);
+  ASSERT_TRUE(s.has_value());
+  EXPECT_NEAR(s->scale, 1.5, 1e-9);
+  ASSERT_EQ(s->keys.size(), 1U);
+  EXPECT_EQ(s->keys[0], host_probe::kTorchEagerOpKey);
+  p[std::string(host_probe::kTorchEagerOpKey)] = 0.0;
+  EXPECT_FALSE(host_probe_scale(p, f.model).has_value());
+}
+
 TEST(HostProbeScale, NothingForAnIncompleteOrBadProbe) {
   const Fixture f;
   const auto c = f.charges();

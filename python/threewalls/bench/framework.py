@@ -320,16 +320,40 @@ def _backward_per_launch(chain: Callable[[], tuple], ops: int, launches: int, re
     return _stats(per, ops)
 
 
-def measure(device: str, ops: int, repeats: int, stream_counts: Optional[List[int]] = None) -> Dict[str, object]:
-    cuda = device == "cuda"
+def eager_op(device: str, ops: int, repeats: int) -> Dict[str, float]:
+    """eager_op_us: host microseconds per one-element torch.add(a, b, out=c) issued while a kernel
+    queued first keeps the device busy (median, p10, p90 over `repeats` of `ops`). The figure behind
+    host.framework_op, and a PyTorch run's host probe (threewalls.runner: run.json
+    settings.executor.device.host_probe.torch_eager_op_us)."""
+    busy, sync = _busy_and_sync(device)
     dev = torch.device(device)
+    a = torch.ones(1, device=dev)
+    b = torch.ones(1, device=dev)
+    c = torch.empty(1, device=dev)
+    for _ in range(50):
+        torch.add(a, b, out=c)
+    sync()
+    return _median_per_op(lambda: torch.add(a, b, out=c), ops, repeats, busy, sync)
+
+
+def _busy_and_sync(device: str):
+    """busy(n): queue a kernel long enough to cover n timed launches (40 us a launch, at most BATCH of
+    them; nothing on the CPU); sync(): wait for the device."""
+    cuda = device == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
     def busy(n: int):
-        """Queue a kernel long enough to cover n timed launches (40 us a launch, at most BATCH of them)."""
         if cuda:
             sync()
             torch.cuda._sleep(int(n * 40e-6 * 2e9))  # cycles at about 2 GHz
+
+    return busy, sync
+
+
+def measure(device: str, ops: int, repeats: int, stream_counts: Optional[List[int]] = None) -> Dict[str, object]:
+    cuda = device == "cuda"
+    dev = torch.device(device)
+    busy, sync = _busy_and_sync(device)
 
     def idle(_n: int):
         sync()
@@ -337,11 +361,8 @@ def measure(device: str, ops: int, repeats: int, stream_counts: Optional[List[in
     a = torch.ones(1, device=dev)
     b = torch.ones(1, device=dev)
     c = torch.empty(1, device=dev)
-    for _ in range(50):
-        torch.add(a, b, out=c)
-    sync()
     out: Dict[str, object] = {}
-    out["eager_op_us"] = _median_per_op(lambda: torch.add(a, b, out=c), ops, repeats, busy, sync)
+    out["eager_op_us"] = eager_op(device, ops, repeats)
 
     xa = torch.randn(8, 64, device=dev, requires_grad=True)
     ia = torch.arange(8, device=dev)

@@ -38,6 +38,20 @@ def _ranks_from_env():
     return rank, world, local
 
 
+# The key of a PyTorch run's host probe in run.json (settings.executor.device.host_probe); the same
+# string as core/host_probe.hpp's kTorchEagerOpKey, which `threewalls compare` reads (a test checks).
+TORCH_EAGER_OP_KEY = "torch_eager_op_us"
+
+
+def host_probe() -> dict:
+    """This process's host before the first step: bench.framework's eager_op_us (a one-element eager
+    op issued while the device is busy; 7 repeats of 256 ops, about 10 ms), which `threewalls
+    compare` sets against the profile's kernel_launch + framework_op (calibration::host_probe_scale)
+    and `sim --host-scale` takes. Host speed moves between leases and processes (docs/python.md)."""
+    from threewalls.bench.framework import eager_op
+    return {TORCH_EAGER_OP_KEY: eager_op("cuda", 256, 7)["median_us"]}
+
+
 def sampling_of(s: scen.Scenario, every: Optional[int] = None, enabled: Optional[bool] = None) -> SamplingConfig:
     p = s.profiler
     return SamplingConfig(
@@ -229,6 +243,8 @@ def _run(args) -> int:
                 "executor": {"name": "threewalls.runner (PyTorch eager)", "torch": torch.__version__,
                              "world_size": world, "backend": ("nccl" if device_kind == "cuda" else "gloo")
                              if world > 1 else None}}
+    if device_kind == "cuda":
+        settings["executor"]["device"] = {"host_probe": host_probe()}
     prof = Profiler(args.out, rank=rank, world_size=world, sampling=sampling_of(s, args.record_every),
                     scenario={"name": s.name, "path": args.scenario, "hash": s.hash}, seed=s.run["seed"],
                     settings=settings, overwrite=args.overwrite, nvtx=args.nvtx, use_cuda=device_kind == "cuda",

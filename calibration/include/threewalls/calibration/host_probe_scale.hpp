@@ -15,7 +15,8 @@ namespace threewalls::calibration {
 
 using HostProbeScale = host_probe::Scale;
 
-// op_launch_us against kernel_launch + op_dispatch, each GEMM call against gemm_launch(m, n, k);
+// op_launch_us against kernel_launch + op_dispatch, each GEMM call against gemm_launch(m, n, k); a
+// PyTorch run's torch_eager_op_us alone against kernel_launch + framework_op;
 // `host_scale` is the one the charges were simulated with (settings.simulator.host_scale). Nullopt
 // when the probe lacks one of the keys or holds a value that is not a positive number (older runs).
 std::optional<HostProbeScale> host_probe_scale(const OrderedJson& probe, const CostModel& model, double host_scale = 1.0);

@@ -25,6 +25,11 @@ struct GemmCall {
 inline constexpr std::array<GemmCall, 2> kGemmCalls{{{"gemm_call_m64_n2560_k640_us", 64, 2560, 640},
                                                     {"gemm_call_m128_n1024_k7168_us", 128, 1024, 7168}}};
 
+// A PyTorch run's probe (python3 -m threewalls.runner): a one-element eager torch.add issued while
+// the device is busy (threewalls.bench.framework's eager_op_us), the call behind host.framework_op:
+// kernel_launch + framework_op. A probe with this key is a PyTorch run's and is scaled on it alone.
+inline constexpr std::string_view kTorchEagerOpKey = "torch_eager_op_us";
+
 // A run's probe against what a profile charges for the same calls (calibration::host_probe_scale
 // computes it; `threewalls compare` prints it).
 struct Scale {
