@@ -4,11 +4,13 @@
 //                 [--calibration PROFILE]
 // The what-if planner (docs/planner.md): sweep layouts and options in analytic fidelity, rank them,
 // re-simulate the best with flow fidelity, write the ranked table and ready scenario files.
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -120,7 +122,8 @@ class Progress {
 // Re-simulates the first `resim` top rows with flow fidelity (`jobs` processes at once), then prints
 // and writes the outputs.
 int finish(sim::PlanResult& r, const scenarios::LoadedScenario& base, const Costing& cost, int resim, int jobs,
-           const std::string& method, const std::string& format, const std::string& out, bool progress) {
+           const std::string& method, const std::string& format, const std::string& out, bool progress,
+           sim::ResimAhead* ahead = nullptr) {
   sim::PlanEstimator est(base, cost.coster, r.gpus);
   const auto k = static_cast<std::size_t>(std::min<int>(resim, static_cast<int>(r.top.size())));
   std::vector<scenarios::Scenario> scenarios;
@@ -130,12 +133,15 @@ int finish(sim::PlanResult& r, const scenarios::LoadedScenario& base, const Cost
     rows.push_back(&r.top[i]);
   }
   std::size_t started = 0;  // rows start longest first, not in rank order
-  sim::resimulate_flow(scenarios, cost.coster, rows, jobs, *sim::resim_method_from(method), [&](std::size_t i) {
-    if (progress) {
-      std::fprintf(stderr, "plan: flow re-simulation %zu/%zu: #%zu (%s)\n", ++started, k, i + 1,
-                   r.top[i].cand.layout().c_str());
-    }
-  });
+  sim::resimulate_flow(
+      scenarios, cost.coster, rows, jobs, *sim::resim_method_from(method),
+      [&](std::size_t i) {
+        if (progress) {
+          std::fprintf(stderr, "plan: flow re-simulation %zu/%zu: #%zu (%s)\n", ++started, k, i + 1,
+                       r.top[i].cand.layout().c_str());
+        }
+      },
+      ahead);
   const std::string text = sim::plan_to_text(r);
   const OrderedJson json = sim::plan_to_json(r);
   const std::string csv = sim::plan_to_csv(r);
@@ -255,23 +261,37 @@ void register_plan(CLI::App& app, Commands& cmds) {
     }
     const int resim = sn > 1 ? 0 : (a.resim < 0 ? a.top : a.resim);
     // The flow re-simulations fork from a parent that has loaded the SimGrid module (resimulate_flow).
-    // The sweep runs on one CPU: another loads the module meanwhile, and the process is back to one
-    // thread before it forks.
+    // The sweep runs on one CPU: another loads the module meanwhile. Once it is loaded (the thread has
+    // nothing left to do), the sweep forks, at the points where it reports progress, children for the
+    // steps of its best rows so far on the other CPUs (ResimAhead, `jobs` less the sweep's one), which
+    // resimulate_flow takes over after the join.
+    const int jobs = jobs_or_cpus(a.jobs);
+    std::optional<sim::PlanEstimator> ahead_est;
+    std::optional<sim::ResimAhead> ahead;
+    std::atomic<bool> preloaded{false};
     std::jthread preload;
     if (resim > 0 && sim::available_cpus() > 1) {
-      preload = std::jthread([] {
+      preload = std::jthread([&preloaded] {
         try {
           sim::preload_simgrid_module();
+          preloaded.store(true, std::memory_order_release);
         } catch (const std::exception&) {
           // resimulate_flow tries again, and each row records why it cannot (flow_error).
         }
       });
+      if (jobs > 1) {
+        ahead_est.emplace(base, cost->coster, a.gpus);
+        ahead.emplace(*ahead_est, cost->coster, resim, jobs - 1, *sim::resim_method_from(a.resim_method));
+        o.best_so_far = [&ahead, &preloaded](const std::vector<sim::PlanRow>& best) {
+          if (preloaded.load(std::memory_order_acquire)) ahead->offer(best);
+        };
+      }
     }
     sim::PlanResult r = sim::run_plan(base, cost->coster, o);
     r.profile_id = cost->profile.id();
     r.profile_path = cost->resolved.path.string();
     if (preload.joinable()) preload.join();
-    return finish(r, base, *cost, resim, jobs_or_cpus(a.jobs), a.resim_method, a.format, a.out, show);
+    return finish(r, base, *cost, resim, jobs, a.resim_method, a.format, a.out, show, ahead ? &*ahead : nullptr);
   });
 
   auto* merge = app.add_subcommand(

@@ -20,6 +20,7 @@
 #include "threewalls/core/error.hpp"
 #include "threewalls/scenarios/loader.hpp"
 #include "threewalls/sim/planner.hpp"
+#include "threewalls/sim/simgrid_network.hpp"
 #include "threewalls/sim/simulator.hpp"
 
 namespace threewalls::sim {
@@ -445,21 +446,29 @@ TEST(PlanSweep, ShardsInterleaveBlocksOfOneReducedKey) {
   EXPECT_LE(estimated_max, 2 * estimated_min);
 }
 
+// The scenarios of the top rows of `r`, a plan of `loaded` on `gpus` GPUs.
+std::vector<scenarios::Scenario> top_scenarios(const scenarios::LoadedScenario& loaded, int gpus, const PlanResult& r) {
+  PlanEstimator est(loaded, h100().coster, gpus);
+  std::vector<scenarios::Scenario> out;
+  for (const auto& row : r.top) out.push_back(est.scenario_of(row.cand));
+  return out;
+}
+
+std::vector<PlanRow*> pointers(std::vector<PlanRow>& rows) {
+  std::vector<PlanRow*> out;
+  for (auto& row : rows) out.push_back(&row);
+  return out;
+}
+
 TEST(PlanSweep, ParallelReSimulationsGiveTheSequentialRows) {
   const auto loaded = scenarios::load_scenario_file(example("mixtral_8x7b_64gpu"));
   PlanOptions o = mixtral_options(loaded.scenario, kSmall);
   o.top_k = 3;
   const PlanResult r = run_plan(loaded, h100().coster, o);
   ASSERT_EQ(r.top.size(), 3U);
-  PlanEstimator est(loaded, h100().coster, o.gpus);
-  std::vector<scenarios::Scenario> scenarios;
-  for (const auto& row : r.top) scenarios.push_back(est.scenario_of(row.cand));
+  const std::vector<scenarios::Scenario> scenarios = top_scenarios(loaded, o.gpus, r);
   std::vector<PlanRow> one = r.top, three = r.top;
-  std::vector<PlanRow*> one_rows, three_rows;
-  for (std::size_t i = 0; i < r.top.size(); ++i) {
-    one_rows.push_back(&one[i]);
-    three_rows.push_back(&three[i]);
-  }
+  const std::vector<PlanRow*> one_rows = pointers(one), three_rows = pointers(three);
   std::vector<std::size_t> started;
   resimulate_flow(scenarios, h100().coster, one_rows, 1, ResimMethod::steady_state,
                   [&](std::size_t i) { started.push_back(i); });
@@ -476,6 +485,44 @@ TEST(PlanSweep, ParallelReSimulationsGiveTheSequentialRows) {
   }
   // Different layouts get different flow results: the rows are not mixed up between processes.
   EXPECT_NE(*three[0].flow_step_time_us, *three[1].flow_step_time_us);
+}
+
+TEST(PlanSweep, StepsStartedDuringTheSweepGiveTheSameRows) {
+  const auto loaded = scenarios::load_scenario_file(example("mixtral_8x7b_64gpu"));
+  PlanOptions o = mixtral_options(loaded.scenario, kSmall);
+  o.top_k = 3;
+  o.progress_every = 1;
+  preload_simgrid_module();  // the children are forked during the sweep
+  PlanEstimator ahead_est(loaded, h100().coster, o.gpus);
+  ResimAhead ahead(ahead_est, h100().coster, 2, 1, ResimMethod::steady_state);
+  int offers = 0;
+  o.best_so_far = [&](const std::vector<PlanRow>& best) {
+    ++offers;
+    ahead.offer(best);
+  };
+  const PlanResult r = run_plan(loaded, h100().coster, o);
+  ASSERT_EQ(r.top.size(), 3U);
+  EXPECT_GT(offers, 1);
+  ahead.offer(r.top);  // one step of the final top two at least is running or done
+  const std::vector<scenarios::Scenario> scenarios = top_scenarios(loaded, o.gpus, r);
+  std::vector<PlanRow> plain = r.top, early = r.top;
+  const std::vector<PlanRow*> plain_rows = pointers(plain), early_rows = pointers(early);
+  resimulate_flow(scenarios, h100().coster, plain_rows, 2);
+  std::vector<std::size_t> started;
+  resimulate_flow(
+      scenarios, h100().coster, early_rows, 2, ResimMethod::steady_state, [&](std::size_t i) { started.push_back(i); },
+      &ahead);
+  std::sort(started.begin(), started.end());
+  EXPECT_EQ(started, (std::vector<std::size_t>{0, 1, 2}));                           // once per row
+  EXPECT_FALSE(ahead.take(r.top[0].cand.index, plain[0].flow_microbatches.back()));  // none left
+  for (std::size_t i = 0; i < r.top.size(); ++i) {
+    EXPECT_EQ(early[i].flow_error, "") << i;
+    ASSERT_TRUE(plain[i].flow_step_time_us && early[i].flow_step_time_us) << i;
+    EXPECT_EQ(*plain[i].flow_step_time_us, *early[i].flow_step_time_us) << i;  // bit for bit
+    EXPECT_EQ(*plain[i].flow_peak_bytes, *early[i].flow_peak_bytes) << i;
+    EXPECT_EQ(plain[i].flow_walls->exposed_comm_us, early[i].flow_walls->exposed_comm_us) << i;
+    EXPECT_EQ(plain[i].flow_microbatches, early[i].flow_microbatches) << i;
+  }
 }
 
 TEST(PlanSweep, SteadyStateMicroBatchesFollowThePipeline) {

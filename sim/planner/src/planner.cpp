@@ -1160,8 +1160,9 @@ PlanResult run_plan(const scenarios::LoadedScenario& base, const OpCoster& coste
         top.offer(std::move(row));
         break;
     }
-    if (o.progress && (r.counters.enumerated % std::max<std::uint64_t>(1, o.progress_every) == 0)) {
-      o.progress(r.counters.enumerated, r.counters.total);
+    if (r.counters.enumerated % std::max<std::uint64_t>(1, o.progress_every) == 0) {
+      if (o.progress) o.progress(r.counters.enumerated, r.counters.total);
+      if (o.best_so_far) o.best_so_far(top.rows());
     }
   }
   if (o.progress) o.progress(r.counters.enumerated, r.counters.total);

@@ -518,7 +518,177 @@ struct ResimJob {
   scenarios::Scenario scenario;
 };
 
+// The steps of the row of `s` (row index `row`): one scenario per count of resim_microbatches.
+std::vector<ResimJob> resim_jobs(const scenarios::Scenario& s, std::size_t row, const std::vector<int>& counts) {
+  std::vector<ResimJob> jobs;
+  for (std::size_t k = 0; k < counts.size(); ++k) {
+    ResimJob job{row, k, s};
+    if (counts.size() > 1) job.scenario.train->set_microbatches(counts[k], job.scenario.parallel.dp);
+    jobs.push_back(std::move(job));
+  }
+  return jobs;
+}
+
+// A step's simulation time grows with its micro-batches.
+int step_length(const scenarios::Scenario& s) { return s.train ? s.train->num_microbatches : 1; }
+
+// A forked child of one step: its pid and the read end of its pipe, or why it could not start.
+struct Spawned {
+  pid_t pid = -1;
+  int fd = -1;
+  std::string error;
+};
+
+// Forks resimulate_child for `s`; the child closes `others` (the parent's read ends of other children).
+Spawned spawn_step(const scenarios::Scenario& s, const OpCoster& coster, bool with_peak,
+                   const std::vector<int>& others) {
+  Spawned out;
+  int fds[2];
+  if (pipe(fds) != 0) {
+    out.error = std::string("pipe: ") + std::strerror(errno);
+    return out;
+  }
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    out.error = std::string("fork: ") + std::strerror(errno);
+    close(fds[0]);
+    close(fds[1]);
+    return out;
+  }
+  if (pid == 0) {
+    close(fds[0]);
+    for (const int fd : others) close(fd);
+    resimulate_child(s, coster, with_peak, fds[1]);
+  }
+  close(fds[1]);
+  out.pid = pid;
+  out.fd = fds[0];
+  return out;
+}
+
+int wait_child(pid_t pid) {
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return status;
+}
+
+// Everything `fd` has until its end, then closed.
+std::string read_all(int fd) {
+  std::string buf;
+  char chunk[4096];
+  for (;;) {
+    const ssize_t n = read(fd, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    buf.append(chunk, static_cast<std::size_t>(n));
+  }
+  close(fd);
+  return buf;
+}
+
 }  // namespace
+
+struct ResimAhead::Step {
+  std::uint64_t cand = 0;
+  scenarios::Scenario scenario;
+  bool with_peak = false;
+};
+
+ResimAhead::ResimAhead(const PlanEstimator& est, const OpCoster& coster, int rows, int jobs, ResimMethod method)
+    : est_(est), coster_(coster), rows_(static_cast<std::size_t>(std::max(0, rows))),
+      jobs_(static_cast<std::size_t>(std::max(0, jobs))), method_(method) {}
+
+ResimAhead::~ResimAhead() { clear(); }
+
+void ResimAhead::clear() {
+  for (Child& c : children_) {
+    if (!c.status) {
+      kill(c.pid, SIGKILL);
+      wait_child(c.pid);
+    }
+    close(c.fd);
+  }
+  children_.clear();
+}
+
+void ResimAhead::offer(const std::vector<PlanRow>& best) {
+  if (jobs_ == 0 || rows_ == 0) return;
+  std::vector<std::uint64_t> ids;
+  for (std::size_t i = 0; i < std::min(rows_, best.size()); ++i) ids.push_back(best[i].cand.index);
+  if (ids != wanted_rows_) {
+    wanted_rows_ = ids;
+    steps_.clear();
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      try {
+        const scenarios::Scenario s = est_.scenario_of(best[i].cand);
+        const std::vector<int> counts = resim_microbatches(s, method_);
+        for (ResimJob& j : resim_jobs(s, i, counts)) {
+          const bool with_peak = j.point + 1 == counts.size();
+          steps_.push_back(Step{ids[i], std::move(j.scenario), with_peak});
+        }
+      } catch (const std::exception&) {
+        // resimulate_flow starts it, and records why it fails.
+      }
+    }
+    // In the order resimulate_flow starts them.
+    std::stable_sort(steps_.begin(), steps_.end(),
+                     [](const Step& x, const Step& y) { return step_length(x.scenario) > step_length(y.scenario); });
+    auto wanted = [this](const Child& c) {
+      return std::any_of(steps_.begin(), steps_.end(), [&c](const Step& st) {
+        return st.cand == c.cand && step_length(st.scenario) == c.microbatches;
+      });
+    };
+    for (auto it = children_.begin(); it != children_.end();) {
+      if (wanted(*it)) {
+        ++it;
+        continue;
+      }
+      if (!it->status) {
+        kill(it->pid, SIGKILL);
+        wait_child(it->pid);
+      }
+      close(it->fd);
+      it = children_.erase(it);
+    }
+  }
+  std::size_t running = 0;
+  for (Child& c : children_) {
+    if (c.status) continue;
+    int status = 0;
+    if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
+      c.status = status;
+    } else {
+      ++running;
+    }
+  }
+  for (const Step& st : steps_) {
+    if (running >= jobs_) break;
+    const int m = step_length(st.scenario);
+    if (std::any_of(children_.begin(), children_.end(),
+                    [&](const Child& c) { return c.cand == st.cand && c.microbatches == m; })) {
+      continue;
+    }
+    std::vector<int> others;
+    for (const Child& c : children_) others.push_back(c.fd);
+    const Spawned sp = spawn_step(st.scenario, coster_, st.with_peak, others);
+    if (sp.pid < 0) return;  // resimulate_flow starts it, and records why it fails
+    children_.push_back(Child{st.cand, m, sp.pid, sp.fd, std::nullopt});
+    ++running;
+  }
+}
+
+std::optional<ResimAhead::Child> ResimAhead::take(std::uint64_t cand, int microbatches) {
+  for (auto it = children_.begin(); it != children_.end(); ++it) {
+    if (it->cand == cand && it->microbatches == microbatches) {
+      Child c = *it;
+      children_.erase(it);
+      return c;
+    }
+  }
+  return std::nullopt;
+}
 
 int available_cpus() {
   cpu_set_t set;
@@ -530,7 +700,7 @@ int available_cpus() {
 
 void resimulate_flow(const std::vector<scenarios::Scenario>& scenarios, const OpCoster& coster,
                      const std::vector<PlanRow*>& rows, int jobs, ResimMethod method,
-                     const std::function<void(std::size_t)>& started) {
+                     const std::function<void(std::size_t)>& started, ResimAhead* ahead) {
   if (scenarios.size() != rows.size()) throw std::logic_error("resimulate_flow: one row per scenario");
   std::vector<std::vector<int>> counts;
   std::vector<std::vector<ResimPoint>> points;
@@ -539,17 +709,12 @@ void resimulate_flow(const std::vector<scenarios::Scenario>& scenarios, const Op
   for (std::size_t i = 0; i < scenarios.size(); ++i) {
     counts.push_back(resim_microbatches(scenarios[i], method));
     points.emplace_back(counts.back().size());
-    for (std::size_t k = 0; k < counts.back().size(); ++k) {
-      ResimJob job{i, k, scenarios[i]};
-      if (counts.back().size() > 1) job.scenario.train->set_microbatches(counts.back()[k], job.scenario.parallel.dp);
-      todo.push_back(std::move(job));
-    }
+    for (ResimJob& job : resim_jobs(scenarios[i], i, counts.back())) todo.push_back(std::move(job));
   }
-  // Longest first (a step's simulation time grows with its micro-batches), so that the last ones to
-  // finish are short; the rows do not depend on the order.
-  auto length = [](const ResimJob& j) { return j.scenario.train ? j.scenario.train->num_microbatches : 1; };
-  std::stable_sort(todo.begin(), todo.end(),
-                   [&](const ResimJob& x, const ResimJob& y) { return length(x) > length(y); });
+  // Longest first, so that the last ones to finish are short; the rows do not depend on the order.
+  std::stable_sort(todo.begin(), todo.end(), [](const ResimJob& x, const ResimJob& y) {
+    return step_length(x.scenario) > step_length(y.scenario);
+  });
   std::vector<bool> reported(scenarios.size(), false);
   if (!todo.empty()) {
     try {
@@ -559,36 +724,45 @@ void resimulate_flow(const std::vector<scenarios::Scenario>& scenarios, const Op
     }
   }
   const std::size_t limit = static_cast<std::size_t>(std::max(1, jobs));
+  // The steps started ahead: running ones join the others, finished ones are read now.
   std::vector<ResimChild> running;
+  std::vector<bool> taken(todo.size(), false);
+  if (ahead != nullptr) {
+    for (std::size_t n = 0; n < todo.size(); ++n) {
+      const ResimJob& job = todo[n];
+      const auto c = ahead->take(rows[job.row]->cand.index, step_length(job.scenario));
+      if (!c) continue;
+      taken[n] = true;
+      if (started && !reported[job.row]) started(job.row);
+      reported[job.row] = true;
+      if (!c->status) {
+        running.push_back(ResimChild{c->pid, c->fd, n, {}});
+        continue;
+      }
+      const std::string error = read_resimulation(read_all(c->fd), *c->status, points[job.row][job.point]);
+      if (!error.empty() && errors[job.row].empty()) errors[job.row] = error;
+    }
+    ahead->clear();
+  }
   std::size_t next = 0;
   auto start = [&](std::size_t n) {
     const ResimJob& job = todo[n];
-    std::string& error = errors[job.row];
-    int fds[2];
-    if (pipe(fds) != 0) {
-      error = std::string("pipe: ") + std::strerror(errno);
-      return;
-    }
     if (started && !reported[job.row]) started(job.row);
     reported[job.row] = true;
-    std::fflush(nullptr);
-    const pid_t pid = fork();
-    if (pid < 0) {
-      error = std::string("fork: ") + std::strerror(errno);
-      close(fds[0]);
-      close(fds[1]);
+    std::vector<int> others;
+    for (const auto& c : running) others.push_back(c.fd);
+    const Spawned sp = spawn_step(job.scenario, coster, job.point + 1 == counts[job.row].size(), others);
+    if (sp.pid < 0) {
+      errors[job.row] = sp.error;
       return;
     }
-    if (pid == 0) {
-      close(fds[0]);
-      for (const auto& c : running) close(c.fd);
-      resimulate_child(job.scenario, coster, job.point + 1 == counts[job.row].size(), fds[1]);
-    }
-    close(fds[1]);
-    running.push_back(ResimChild{pid, fds[0], n, {}});
+    running.push_back(ResimChild{sp.pid, sp.fd, n, {}});
   };
   while (next < todo.size() || !running.empty()) {
-    while (next < todo.size() && running.size() < limit) start(next++);
+    while (next < todo.size() && running.size() < limit) {
+      if (!taken[next]) start(next);
+      ++next;
+    }
     if (running.empty()) continue;
     std::vector<pollfd> pfds;
     for (const auto& c : running) pfds.push_back(pollfd{c.fd, POLLIN, 0});
@@ -608,9 +782,7 @@ void resimulate_flow(const std::vector<scenarios::Scenario>& scenarios, const Op
         continue;
       }
       close(c.fd);
-      int status = 0;
-      while (waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
-      }
+      const int status = wait_child(c.pid);
       const ResimJob& job = todo[c.job];
       const std::string error = read_resimulation(c.buf, status, points[job.row][job.point]);
       if (!error.empty() && errors[job.row].empty()) errors[job.row] = error;

@@ -125,6 +125,8 @@ struct PlanOptions {
   std::size_t cache_entries = 4096;  // reduced-scenario results kept (bounded)
   // Called about every `progress_every` candidates with (done, total of this shard).
   std::function<void(std::uint64_t, std::uint64_t)> progress;
+  // Called at the same points with the best rows so far, best first (the top rows, not yet explained).
+  std::function<void(const std::vector<PlanRow>&)> best_so_far;
   std::uint64_t progress_every = 256;
 };
 
@@ -218,14 +220,57 @@ std::optional<ResimMethod> resim_method_from(const std::string& s);
 // The micro-batch counts a row of `s` is simulated with: {m} whole, or {a, b} (steady_state).
 std::vector<int> resim_microbatches(const scenarios::Scenario& s, ResimMethod method);
 
+// Flow re-simulation children started during the sweep, on the CPUs it leaves idle, for the steps of
+// the best rows so far (offer): resimulate_flow takes over those of its rows, and the others are ended
+// (at the next offer that drops their row, or when this is destroyed). A step's result depends on its
+// scenario alone, so a row is the same whether its steps started ahead or not.
+class ResimAhead {
+ public:
+  // `est` (as finish builds it: the plan's base, coster and GPUs) and `coster` must outlive this;
+  // `rows`: the top rows that will be re-simulated; `jobs`: children at once.
+  ResimAhead(const PlanEstimator& est, const OpCoster& coster, int rows, int jobs, ResimMethod method);
+  ~ResimAhead();
+  ResimAhead(const ResimAhead&) = delete;
+  ResimAhead& operator=(const ResimAhead&) = delete;
+
+  // The best rows so far, best first: keeps up to `jobs` children running for the steps of the first
+  // `rows` of them, the longest steps first, and ends those of steps no longer wanted.
+  void offer(const std::vector<PlanRow>& best);
+
+  // A child started for one step: candidate index and micro-batches; its pid and the read end of its
+  // pipe; `status` once it has been waited for.
+  struct Child {
+    std::uint64_t cand = 0;
+    int microbatches = 0;
+    int pid = -1;
+    int fd = -1;
+    std::optional<int> status;
+  };
+  // The child of that step, which the caller then owns; nullopt when none was started.
+  std::optional<Child> take(std::uint64_t cand, int microbatches);
+  // Ends the children not taken.
+  void clear();
+
+ private:
+  struct Step;
+  const PlanEstimator& est_;
+  const OpCoster& coster_;
+  std::size_t rows_;
+  std::size_t jobs_;
+  ResimMethod method_;
+  std::vector<std::uint64_t> wanted_rows_;  // candidate indices of the last offer's rows
+  std::vector<Step> steps_;                 // their steps, the longest first
+  std::vector<Child> children_;
+};
+
 // Flow-fidelity re-simulation of scenarios[i] into *rows[i]: each step of resim_microbatches in a
 // child process of its own (SimGrid allows one engine per process), at most `jobs` at once. The
 // children share nothing, so the rows are the same for every `jobs`; the longest steps start first.
-// `started(i)`, when given, is called once per row, as its first step starts. Fills each row's flow_*
-// fields, or flow_error.
+// `started(i)`, when given, is called once per row, as its first step starts. Steps that `ahead` started
+// are taken over, not started again. Fills each row's flow_* fields, or flow_error.
 void resimulate_flow(const std::vector<scenarios::Scenario>& scenarios, const OpCoster& coster,
                      const std::vector<PlanRow*>& rows, int jobs, ResimMethod method = ResimMethod::steady_state,
-                     const std::function<void(std::size_t)>& started = {});
+                     const std::function<void(std::size_t)>& started = {}, ResimAhead* ahead = nullptr);
 
 // The CPUs this process may run on (its affinity mask): the default number of re-simulation processes.
 int available_cpus();
