@@ -110,6 +110,12 @@ std::optional<FittedKernel> pytorch_kernel_of(const Op& op) {
         return FittedKernel{twin(calibration::kEmbeddingFwdFamily), {rows, d(s[1]), rows}};
       }
       const double tokens = d(s[2]);
+      if (op.expert >= 0 && op.kind == OpKind::permute && !bwd) {
+        // An eager loop's gather of one expert's rows (Hugging Face's hidden_states[token_idx]): one
+        // index kernel over the tokens, as index_select (F.embedding's forward) is, not the
+        // dispatcher's permute (a sort of every token's choices and a gather of all of them).
+        return FittedKernel{twin(calibration::kEmbeddingFwdFamily), {rows, d(s[1]), tokens}};
+      }
       return FittedKernel{twin(fitted_kernel_of(op).family), {tokens, tokens > 0 ? rows / tokens : 1.0, d(s[1])}};
     }
     case OpKind::embedding: return FittedKernel{twin(fitted_kernel_of(op).family), {d(s[0]), d(s[1]), d(s[2])}};

@@ -433,6 +433,19 @@ TEST(OpCosterPytorch, MapsOpsToPyTorchsFamiliesWithTheTokensTheRowsComeFrom) {
     EXPECT_EQ(fk->family, "pytorch.embedding_fwd");
     EXPECT_EQ(fk->inputs, (std::vector<double>{6000, 1024, 6000}));
   }
+  // An eager loop's gather of one expert's 300 rows out of 4096 tokens: one index kernel (F.embedding's
+  // index_select over a table of the tokens), not the dispatcher's permute of every token; its
+  // backward (a zeroed table of the tokens with the rows added in) stays the permute backward's.
+  Op gather = memory_op(OpKind::permute, {300, 2048, 4096}, 1.0);
+  gather.expert = 3;
+  fk = pytorch_kernel_of(gather);
+  EXPECT_EQ(fk->family, "pytorch.embedding_fwd");
+  EXPECT_EQ(fk->inputs, (std::vector<double>{300, 2048, 4096}));
+  gather.flags |= scenarios::kBackward;
+  EXPECT_EQ(pytorch_kernel_of(gather)->family, "pytorch.permute_bwd");
+  gather.expert = -1;
+  gather.flags = static_cast<std::uint8_t>(gather.flags & ~scenarios::kBackward);
+  EXPECT_EQ(pytorch_kernel_of(gather)->family, "pytorch.permute_fwd");
   fk = pytorch_kernel_of(memory_op(OpKind::embedding, {4096, 2048, 50304}, 1.0, true));
   EXPECT_EQ(fk->family, "pytorch.embedding_bwd");
   EXPECT_EQ(fk->inputs, (std::vector<double>{4096, 2048, 50304}));
