@@ -261,10 +261,11 @@ void register_plan(CLI::App& app, Commands& cmds) {
     }
     const int resim = sn > 1 ? 0 : (a.resim < 0 ? a.top : a.resim);
     // The flow re-simulations fork from a parent that has loaded the SimGrid module (resimulate_flow).
-    // The sweep runs on one CPU: another loads the module meanwhile. Once it is loaded (the thread has
-    // nothing left to do), the sweep forks, at the points where it reports progress, children for the
-    // steps of its best rows so far on the other CPUs (ResimAhead, `jobs` less the sweep's one), which
-    // resimulate_flow takes over after the join.
+    // The sweep runs on one CPU: another loads the module meanwhile. Once it is loaded, the sweep joins
+    // that thread (a fork happens only in a process of one thread: a child gets no lock another thread
+    // held) and forks, at the points where it reports progress, children for the steps of its best rows
+    // so far on the other CPUs (ResimAhead, `jobs` less the sweep's one), which resimulate_flow takes
+    // over.
     const int jobs = jobs_or_cpus(a.jobs);
     std::optional<sim::PlanEstimator> ahead_est;
     std::optional<sim::ResimAhead> ahead;
@@ -282,8 +283,10 @@ void register_plan(CLI::App& app, Commands& cmds) {
       if (jobs > 1) {
         ahead_est.emplace(base, cost->coster, a.gpus);
         ahead.emplace(*ahead_est, cost->coster, resim, jobs - 1, *sim::resim_method_from(a.resim_method));
-        o.best_so_far = [&ahead, &preloaded](const std::vector<sim::PlanRow>& best) {
-          if (preloaded.load(std::memory_order_acquire)) ahead->offer(best);
+        o.best_so_far = [&ahead, &preloaded, &preload](const std::vector<sim::PlanRow>& best) {
+          if (!preloaded.load(std::memory_order_acquire)) return;
+          if (preload.joinable()) preload.join();  // it has stored the flag: only its exit is left
+          ahead->offer(best);
         };
       }
     }
