@@ -526,6 +526,48 @@ std::vector<double> attention_tile_work(const AttentionShape& s, bool backward, 
 
 }  // namespace
 
+double AttentionModel::head_dim_factor(double dqk) const {
+  if (head_dims.empty()) return efficiency_max * dqk / (dqk + d_half);
+  if (dqk <= head_dims.front()) return head_dim_efficiency.front();
+  if (dqk >= head_dims.back()) return head_dim_efficiency.back();
+  const auto hi =
+      static_cast<std::size_t>(std::upper_bound(head_dims.begin(), head_dims.end(), dqk) - head_dims.begin());
+  const std::size_t lo = hi - 1;
+  const double w = (dqk - head_dims[lo]) / (head_dims[hi] - head_dims[lo]);
+  return head_dim_efficiency[lo] + w * (head_dim_efficiency[hi] - head_dim_efficiency[lo]);
+}
+
+namespace {
+
+void check_attention_samples(const std::vector<AttentionModel::Sample>& samples, const char* what) {
+  for (const auto& s : samples) {
+    require_positive_time(s.seconds, what);
+    if (attention_pairs(s.shape.seq_q, s.shape.seq_kv, s.shape.causal) <= 0 || s.shape.batch <= 0 ||
+        s.shape.heads <= 0 || s.shape.kv_heads <= 0 || s.shape.head_dim_qk <= 0 || s.shape.head_dim_v <= 0) {
+      throw FitImpossible(std::string(what) + ": every dimension of a point must be positive");
+    }
+  }
+}
+
+// The model make(theta) with the least relative errors over the samples (multi-start
+// Levenberg-Marquardt from `starts`); FitImpossible naming `what` when no start converges.
+template <class Make>
+AttentionModel fit_to_relative_error(const std::vector<AttentionModel::Sample>& samples, const Make& make,
+                                     const std::vector<std::vector<double>>& starts, const char* what) {
+  auto residuals = [&](const std::vector<double>& theta) {
+    const auto c = make(theta);
+    std::vector<double> r(samples.size());
+    for (std::size_t i = 0; i < samples.size(); ++i)
+      r[i] = (c.time_s(samples[i].shape) - samples[i].seconds) / samples[i].seconds;
+    return r;
+  };
+  const auto res = fit::levenberg_marquardt_multistart(residuals, starts);
+  if (!std::isfinite(res.cost)) throw FitImpossible(std::string(what) + ": no parameters reproduce the points");
+  return make(res.theta);
+}
+
+}  // namespace
+
 double AttentionModel::time_s(const AttentionShape& s) const {
   const double pairs = blocked ? attention_computed_pairs(s.seq_q, s.seq_kv, s.causal)
                                : attention_pairs(s.seq_q, s.seq_kv, s.causal);
@@ -541,8 +583,10 @@ double AttentionModel::time_s(const AttentionShape& s) const {
   const double bytes = 2.0 * b * (h * sq * (dqk + dv) + hkv * skv * (dqk + dv)) * (backward ? 2.0 : 1.0);
   const double t_memory = bytes / memory_bandwidth_bytes_per_s;
   if (scheduled) {
-    const double per_unit = 2.0 * tile_q * (backward ? 3.0 * dqk + 2.0 * dv : dqk + dv) * device.sm_count /
-                            (device.peak_flop_per_s * efficiency_max * dqk / (dqk + d_half));
+    // The one-curve form keeps its own evaluation order (its profiles' times do not move by a rounding).
+    const double rate = head_dims.empty() ? device.peak_flop_per_s * efficiency_max * dqk / (dqk + d_half)
+                                          : device.peak_flop_per_s * head_dim_factor(dqk);
+    const double per_unit = 2.0 * tile_q * (backward ? 3.0 * dqk + 2.0 * dv : dqk + dv) * device.sm_count / rate;
     const double makespan =
         list_schedule_makespan(attention_tile_work(s, backward, tile_q), b * h, s_half, per_unit, device.sm_count);
     return std::max(makespan, t_memory) + overhead_s;
@@ -550,7 +594,8 @@ double AttentionModel::time_s(const AttentionShape& s) const {
   const double keys_per_row = pairs / sq;
   const double tiles = b * h * ceil_div(sq, tile_q);
   const double q = wave_efficiency(tiles, device.sm_count);
-  const double eff = efficiency_max * keys_per_row / (keys_per_row + s_half) * dqk / (dqk + d_half);
+  const double eff = head_dims.empty() ? efficiency_max * keys_per_row / (keys_per_row + s_half) * dqk / (dqk + d_half)
+                                       : head_dim_factor(dqk) * keys_per_row / (keys_per_row + s_half);
   const double t_compute = flops / (device.peak_flop_per_s * eff * q) + (blocked ? b * h * pairs * pair_s : 0.0);
   return std::max(t_compute, t_memory) + overhead_s;
 }
@@ -564,13 +609,7 @@ AttentionModel AttentionModel::fit(const std::vector<Sample>& samples, bool back
     throw FitImpossible(std::string(what) + ": needs at least " + std::to_string(need) + " points (e_max, s_half, d_half, t0" +
                         (blocked ? ", pair_s" : "") + " are fitted), has " + std::to_string(samples.size()));
   }
-  for (const auto& s : samples) {
-    require_positive_time(s.seconds, what);
-    if (attention_pairs(s.shape.seq_q, s.shape.seq_kv, s.shape.causal) <= 0 || s.shape.batch <= 0 ||
-        s.shape.heads <= 0 || s.shape.kv_heads <= 0 || s.shape.head_dim_qk <= 0 || s.shape.head_dim_v <= 0) {
-      throw FitImpossible(std::string(what) + ": every dimension of a point must be positive");
-    }
-  }
+  check_attention_samples(samples, what);
   AttentionModel base;
   base.backward = backward;
   base.device = device;
@@ -587,13 +626,6 @@ AttentionModel AttentionModel::fit(const std::vector<Sample>& samples, bool back
     if (blocked) c.pair_s = p[4];
     return c;
   };
-  auto residuals = [&](const std::vector<double>& theta) {
-    const auto c = make(theta);
-    std::vector<double> r(samples.size());
-    for (std::size_t i = 0; i < samples.size(); ++i)
-      r[i] = (c.time_s(samples[i].shape) - samples[i].seconds) / samples[i].seconds;
-    return r;
-  };
   std::vector<std::vector<double>> starts;
   for (double e : {0.5, 0.8}) {
     for (double sh : {64.0, 1024.0}) {
@@ -606,9 +638,48 @@ AttentionModel AttentionModel::fit(const std::vector<Sample>& samples, bool back
       }
     }
   }
-  const auto res = fit::levenberg_marquardt_multistart(residuals, starts);
-  if (!std::isfinite(res.cost)) throw FitImpossible(std::string(what) + ": no parameters reproduce the points");
-  return make(res.theta);
+  return fit_to_relative_error(samples, make, starts, what);
+}
+
+AttentionModel AttentionModel::fit_per_head_dim(const std::vector<Sample>& samples, bool backward,
+                                                const DeviceConstants& device, double memory_bandwidth_bytes_per_s) {
+  const char* what = backward ? "attention.bwd" : "attention.fwd";
+  require_device(device, memory_bandwidth_bytes_per_s, what);
+  check_attention_samples(samples, what);
+  std::vector<double> dims;
+  for (const auto& s : samples) dims.push_back(static_cast<double>(s.shape.head_dim_qk));
+  std::sort(dims.begin(), dims.end());
+  dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
+  const std::size_t params = 2 + dims.size();
+  if (samples.size() < params + 1) {
+    throw FitImpossible(std::string(what) + ": needs at least " + std::to_string(params + 1) +
+                        " points (s_half, t0 and " + std::to_string(dims.size()) +
+                        " head-dimension efficiencies are fitted), has " + std::to_string(samples.size()));
+  }
+  AttentionModel base;
+  base.backward = backward;
+  base.device = device;
+  base.memory_bandwidth_bytes_per_s = memory_bandwidth_bytes_per_s;
+  base.scheduled = true;
+  base.head_dims = dims;
+  auto make = [&](const std::vector<double>& theta) {
+    AttentionModel c = base;
+    c.s_half = std::exp(theta[0]);
+    c.overhead_s = std::exp(theta[1]);
+    c.head_dim_efficiency.clear();
+    for (std::size_t i = 0; i < dims.size(); ++i) c.head_dim_efficiency.push_back(logistic(theta[2 + i]));
+    c.efficiency_max = *std::max_element(c.head_dim_efficiency.begin(), c.head_dim_efficiency.end());
+    return c;
+  };
+  std::vector<std::vector<double>> starts;
+  for (double e : {0.5, 0.8}) {
+    for (double sh : {64.0, 1024.0}) {
+      std::vector<double> theta{std::log(sh), std::log(3e-6)};
+      theta.resize(params, logit(e));
+      starts.push_back(theta);
+    }
+  }
+  return fit_to_relative_error(samples, make, starts, what);
 }
 
 // ------------------------------------------------------------------------------ decode attention

@@ -291,6 +291,53 @@ TEST(AttentionModel, ScheduledFormIsTheWaveFormForEqualTilesAndLinearInHeadsUnde
   expect_attention_truth(fit);
 }
 
+// The per-head-dimension form (attention_tiles_v2): the efficiency is linear in d_qk between the
+// measured head dimensions and the nearest one's outside; its fit recovers one efficiency per head
+// dimension where they do not follow a saturating curve (d_qk = 192 below d_qk = 128, as flash
+// kernels built per head dimension run), and prices a shape at a head dimension between them by
+// interpolation.
+TEST(AttentionModel, PerHeadDimFormInterpolatesAndItsFitRecoversEachHeadDimsEfficiency) {
+  AttentionModel truth = attention_truth();
+  truth.scheduled = true;
+  truth.head_dims = {64, 128, 192};
+  truth.head_dim_efficiency = {0.45, 0.68, 0.55};
+  EXPECT_DOUBLE_EQ(truth.head_dim_factor(32), 0.45);
+  EXPECT_DOUBLE_EQ(truth.head_dim_factor(96), (0.45 + 0.68) / 2);
+  EXPECT_DOUBLE_EQ(truth.head_dim_factor(160), (0.68 + 0.55) / 2);
+  EXPECT_DOUBLE_EQ(truth.head_dim_factor(256), 0.55);
+  // Without a table: the v1 curve.
+  const AttentionModel v1 = attention_truth();
+  EXPECT_DOUBLE_EQ(v1.head_dim_factor(128), 0.7 * 128 / (128 + 20.0));
+  for (const bool backward : {false, true}) {
+    truth.backward = backward;
+    Noise noise(11, 0.015);
+    const auto samples = attention_samples(truth, noise, {256, 1024, 4096, 16384}, {64, 128, 192}, 8192, true);
+    const auto fit =
+        AttentionModel::fit_per_head_dim(samples, backward, truth.device, truth.memory_bandwidth_bytes_per_s);
+    EXPECT_TRUE(fit.scheduled);
+    ASSERT_EQ(fit.head_dims, (std::vector<double>{64, 128, 192}));
+    for (std::size_t i = 0; i < 3; ++i) {
+      EXPECT_NEAR(fit.head_dim_efficiency[i], truth.head_dim_efficiency[i], truth.head_dim_efficiency[i] * 0.05)
+          << backward << " " << fit.head_dims[i];
+    }
+    EXPECT_NEAR(fit.s_half, truth.s_half, truth.s_half * 0.25) << backward;
+    // A head dimension between the measured ones, at a length between the points.
+    const AttentionShape mid{1, 3000, 3000, 24, 24, 160, 128, true};
+    EXPECT_NEAR(fit.time_s(mid) / truth.time_s(mid), 1.0, 0.05) << backward;
+    // The v1 form fitted to the same points cannot follow the dip at 192.
+    const auto one_curve =
+        AttentionModel::fit(samples, backward, truth.device, truth.memory_bandwidth_bytes_per_s, false, true);
+    const AttentionShape mla{1, 4096, 4096, 64, 64, 192, 128, true};
+    EXPECT_LT(std::abs(fit.time_s(mla) / truth.time_s(mla) - 1.0),
+              std::abs(one_curve.time_s(mla) / truth.time_s(mla) - 1.0))
+        << backward;
+  }
+  Noise quiet(1, 1e-9);
+  const auto four = attention_samples(truth, quiet, {1024}, {64, 128}, 8192, false);  // 4 points, 4 parameters
+  EXPECT_THROW((void)AttentionModel::fit_per_head_dim(four, false, truth.device, truth.memory_bandwidth_bytes_per_s),
+               FitImpossible);
+}
+
 // Decode attention: t = t0 + B per_byte + F per_flop over caches, batches and GQA group sizes.
 TEST(DecodeAttentionModel, FitRecoversTheBandwidthAndTheFlopTermAndScalesToLongerCaches) {
   DecodeAttentionModel truth;

@@ -581,6 +581,69 @@ TEST(ProfileMerge, RefusesOtherGpuKindsUnknownAndMissingFamilies) {
   EXPECT_THROW((void)merge_families(into, into, {}), InputError);
 }
 
+// attention_fused: a calibration writes attention_tiles_v2 (one efficiency per head dimension); a
+// profile with attention_tiles_v1 (one saturating head-dimension curve) still loads, keeps its model id
+// when written back, and costs with its curve.
+TEST(ProfileOlderModel, AttentionTilesV1StillLoadsAndCostsWithItsCurve) {
+  ProfileBuilder b({"fused", "measured", "tests/calibration"}, test_hardware());
+  for (const double seq : {512.0, 2048.0, 8192.0}) {
+    for (const double d : {64.0, 128.0, 192.0}) {
+      const double pairs = seq * seq / 2;
+      b.add_point("attention_fused.fwd", {16384 / seq, seq, seq, 16, 16, d, 128, 1},
+                  Measurement::single(8e-6 + 2.0 * (16384 / seq) * 16 * pairs * (d + 128) / 4e14));
+    }
+  }
+  const Profile v2 = merge_families(small_profile(), b.build(), {"attention_fused.fwd"});
+  const Family& fam2 = v2.family("attention_fused.fwd");
+  EXPECT_EQ(fam2.spec().model, "attention_tiles_v2");
+  EXPECT_EQ(fam2.param_array("head_dims"), (std::vector<double>{64, 128, 192}));
+  const std::string text2 = v2.to_toml();
+  EXPECT_EQ(Profile::parse(text2, "v2.toml").to_toml(), text2);
+
+  // The same family as a v1 profile wrote it.
+  const auto at = text2.find("[attention_fused.fwd.fit]");
+  ASSERT_NE(at, std::string::npos);
+  const auto end = text2.find("rel_err_median", at);
+  std::string text1 = text2.substr(0, at) +
+                      "[attention_fused.fwd.fit]\ntile_q = 128\nefficiency_max = 0.8\ns_half = 100\nd_half = 40\n"
+                      "overhead_s = 8e-06\nmemory_bandwidth_bytes_per_s = 3e+12\n" +
+                      text2.substr(end);
+  const std::string model2 = "model = \"attention_tiles_v2\"";
+  text1.replace(text1.find(model2), model2.size(), "model = \"attention_tiles_v1\"");
+  const Profile v1 = Profile::parse(text1, "v1.toml");
+  const Family& fam1 = v1.family("attention_fused.fwd");
+  EXPECT_EQ(fam1.spec().model, "attention_tiles_v1");
+  EXPECT_DOUBLE_EQ(fam1.param("d_half"), 40);
+  const std::string back = v1.to_toml();
+  EXPECT_NE(back.find("model = \"attention_tiles_v1\""), std::string::npos);
+  EXPECT_NE(back.find("P e_max d/(d+d_half)"), std::string::npos);
+  EXPECT_EQ(Profile::parse(back, "back.toml").to_toml(), back);
+
+  const AttentionShape s{1, 4096, 4096, 64, 64, 192, 128, true};
+  AttentionModel m;
+  m.scheduled = true;
+  m.efficiency_max = 0.8;
+  m.s_half = 100;
+  m.d_half = 40;
+  m.overhead_s = 8e-6;
+  m.memory_bandwidth_bytes_per_s = 3e12;
+  m.device = {v1.hardware().sm_count, v1.hardware().peak_bf16_flop_per_s};
+  const auto t1 = CostModel(v1).fused_attention(s, false);
+  ASSERT_TRUE(t1.has_value());
+  EXPECT_NEAR(t1->value, m.time_s(s), m.time_s(s) * 1e-12);
+  // A v2 efficiency out of range is refused with the key named.
+  std::string bad = text2;
+  const auto eff = bad.find("efficiency = [");
+  ASSERT_NE(eff, std::string::npos);
+  bad.replace(eff, std::string("efficiency = [").size(), "efficiency = [1.5, ");
+  try {
+    (void)Profile::parse(bad, "bad.toml");
+    ADD_FAILURE() << "parsed";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("efficiency"), std::string::npos) << e.what();
+  }
+}
+
 // attention_decode: a calibration writes attention_decode_v2; a profile with attention_decode_v1 (written
 // before) still loads, keeps its model id when written back, and costs with the bytes-and-FLOPs form.
 TEST(ProfileOlderModel, AttentionDecodeV1StillLoadsAndCostsWithItsForm) {

@@ -1,9 +1,10 @@
-// Family module: attention_fused, attention_fused.fwd / attention_fused.bwd, model attention_tiles_v1
-// (models.hpp AttentionModel, scheduled form): the 128-row tiles of each (batch, head), each with the
-// time its keys (forward) or queries (backward) take at an efficiency rising with the head dimension,
-// placed one by one on the SM that frees first. What the backend's fused attention (cuDNN's
-// flash-attention graph, FusedAttention) costs; the scores never reach memory, so the blocked form of
-// the unfused kernel does not apply.
+// Family module: attention_fused, attention_fused.fwd / attention_fused.bwd, model attention_tiles_v2
+// (models.hpp AttentionModel, scheduled form, one efficiency per head dimension): the 128-row tiles of
+// each (batch, head), each with the time its keys (forward) or queries (backward) take at the
+// efficiency of its head dimension, placed one by one on the SM that frees first. What the backend's
+// fused attention (cuDNN's flash-attention graph, FusedAttention) costs; the scores never reach
+// memory, so the blocked form of the unfused kernel does not apply. Profiles of the v1 form (one
+// saturating head-dimension curve, attention_tiles_v1) still load and simulate with it.
 #include "decoded.hpp"
 #include "grid_common.hpp"
 #include "module.hpp"
@@ -12,12 +13,40 @@ namespace threewalls::calibration::detail {
 
 namespace {
 
+constexpr std::string_view kModelV1 = "attention_tiles_v1";
+constexpr std::string_view kModelV2 = "attention_tiles_v2";
+
+bool is_v1(const FamilySpec& s) { return s.model == kModelV1; }
+
 void add_specs(std::vector<FamilySpec>& out) {
   for (bool bwd : {false, true}) {
     FamilySpec s;
     s.measured_only = true;
     s.name = attention_fused_family(bwd);
-    s.model = "attention_tiles_v1";
+    s.model = std::string(kModelV2);
+    s.backward = bwd;
+    s.description = std::string("fused attention ") + (bwd ? "backward" : "forward") +
+                    " (bf16, flash-style through cuDNN): 128-row tiles of (k_i + s_half) units at P e(d_qk), e "
+                    "per measured head dimension (linear between them), list-scheduled on the SMs in launch "
+                    "order: t = max(makespan, B / BW) + t0";
+    s.inputs = attention_inputs();
+    s.params = {{"tile_q", true, false, "query rows per CTA"},
+                {"s_half", false, false, "keys per tile's row at which a tile's fixed cost equals its work"},
+                {"overhead_s", false, false, "t0: fixed time per kernel, seconds"},
+                {"memory_bandwidth_bytes_per_s", false, false, "HBM read+write bandwidth of the memory-bound limit"},
+                {"head_dims", true, true, "measured head dimensions d_qk, increasing"},
+                {"efficiency", false, true, "fraction of the bf16 peak at each head dimension of head_dims"}};
+    s.reads = {copy_family(CopyKind::d2d)};
+    out.push_back(s);
+  }
+}
+
+void add_older_specs(std::vector<FamilySpec>& out) {
+  for (bool bwd : {false, true}) {
+    FamilySpec s;
+    s.measured_only = true;
+    s.name = attention_fused_family(bwd);
+    s.model = std::string(kModelV1);
     s.backward = bwd;
     s.description =
         std::string("fused attention ") + (bwd ? "backward" : "forward") +
@@ -34,14 +63,53 @@ Params fit(const FamilySpec& spec, const std::vector<Point>& points, const FitCo
   std::vector<AttentionModel::Sample> s;
   for (const auto& p : points) s.push_back({attention_shape(p.inputs), p.time.median_s});
   const auto m =
-      AttentionModel::fit(s, spec.backward, device_of(*ctx.hardware, DType::bf16), memory_bandwidth(ctx), false, true);
-  return round_all(attention_wave_params_of(m));
+      AttentionModel::fit_per_head_dim(s, spec.backward, device_of(*ctx.hardware, DType::bf16), memory_bandwidth(ctx));
+  return round_all({{static_cast<double>(m.tile_q)},
+                    {m.s_half},
+                    {m.overhead_s},
+                    {m.memory_bandwidth_bytes_per_s},
+                    m.head_dims,
+                    m.head_dim_efficiency});
 }
 
 AttentionModel attention_tiles_of(const FamilySpec& spec, const Params& params, const Hardware& hw) {
-  AttentionModel m = attention_wave_of(spec, params, hw);
+  if (is_v1(spec)) {
+    AttentionModel m = attention_wave_of(spec, params, hw);
+    m.scheduled = true;
+    return m;
+  }
+  AttentionModel m;
+  m.tile_q = static_cast<int>(as_int(scalar(spec, params, "tile_q")));
+  m.s_half = scalar(spec, params, "s_half");
+  m.overhead_s = scalar(spec, params, "overhead_s");
+  m.memory_bandwidth_bytes_per_s = scalar(spec, params, "memory_bandwidth_bytes_per_s");
+  m.head_dims = array(spec, params, "head_dims");
+  m.head_dim_efficiency = array(spec, params, "efficiency");
+  m.backward = spec.backward;
+  m.device = device_of(hw, DType::bf16);
   m.scheduled = true;
   return m;
+}
+
+std::optional<std::string> check(const FamilySpec& spec, const Params& params) {
+  if (is_v1(spec)) return check_attention_wave(spec, params);
+  auto s = [&](std::string_view k) { return scalar(spec, params, k); };
+  if (s("tile_q") < 1) return "'tile_q' must be at least 1";
+  if (s("s_half") < 0) return "'s_half' must be >= 0";
+  if (s("overhead_s") < 0) return "'overhead_s' must be >= 0";
+  if (!(s("memory_bandwidth_bytes_per_s") > 0)) return "'memory_bandwidth_bytes_per_s' must be > 0";
+  const auto& dims = array(spec, params, "head_dims");
+  const auto& eff = array(spec, params, "efficiency");
+  if (dims.empty()) return "'head_dims' must name at least one head dimension";
+  if (eff.size() != dims.size()) {
+    return "'efficiency' must have one entry per head dimension (" + std::to_string(dims.size()) + "), has " +
+           std::to_string(eff.size());
+  }
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    if (!(dims[i] > 0) || (i > 0 && !(dims[i] > dims[i - 1]))) return "'head_dims' must be positive and increasing";
+    if (!(eff[i] > 0) || eff[i] > 1) return "every 'efficiency' must be in (0, 1]";
+  }
+  return std::nullopt;
 }
 
 double predict_point(const FamilySpec& spec, const Params& params, const Point& p, const Hardware& hw) {
@@ -60,7 +128,7 @@ std::optional<double> cost(const CostModel& cm, const FamilySpec& spec, const st
 }  // namespace
 
 const FamilyModule& attention_fused_module() {
-  static const FamilyModule m{3, add_specs, fit, predict_point, check_attention_wave, store, nullptr, cost};
+  static const FamilyModule m{3, add_specs, fit, predict_point, check, store, nullptr, cost, add_older_specs};
   return m;
 }
 
