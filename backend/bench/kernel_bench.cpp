@@ -1,6 +1,7 @@
 // kernel_bench: figures of the backend's kernels on the GPU it runs on.
 //
 //   kernel_bench [--quick] [--only gemm,grouped,attention,memory,copy,nccl,scenario] [--scenario FILE]
+//                [--attention-shape B,S,H,KV,DQK,DV,CAUSAL ...]   (more training attention shapes, fused and unfused)
 //                [--reference TORCH_SDPA_JSON]
 //   kernel_bench --attention-shapes      (the attention cases as JSON, for scripts/torch_sdpa_reference.py)
 //
@@ -189,6 +190,35 @@ struct AttentionCase {
   bool decode;  // one query per sequence over a KV cache (forward only)
 };
 
+// Shapes given with --attention-shape (training shapes: forward and backward), named by their shape.
+std::vector<std::pair<std::string, tw::AttentionShape>> g_extra_attention;
+
+// "B,S,H,KV,DQK,DV,CAUSAL" (causal 0 or 1) as a self-attention shape of S tokens; nullopt when malformed.
+std::optional<tw::AttentionShape> parse_attention_shape(const std::string& text) {
+  std::vector<std::int64_t> v;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    const std::size_t next = text.find(',', pos);
+    const std::string part = text.substr(pos, next == std::string::npos ? std::string::npos : next - pos);
+    try {
+      std::size_t used = 0;
+      v.push_back(std::stoll(part, &used));
+      if (used != part.size()) return std::nullopt;
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+    if (next == std::string::npos) break;
+    pos = next + 1;
+  }
+  if (v.size() != 7 || v[6] < 0 || v[6] > 1) return std::nullopt;
+  for (std::size_t i = 0; i < 6; ++i) {
+    if (v[i] <= 0) return std::nullopt;
+  }
+  tw::AttentionShape s{v[0], v[1], v[1], v[2], v[4], v[5], v[6] == 1};
+  s.kv_heads = v[3];
+  return s;
+}
+
 std::vector<AttentionCase> attention_cases() {
   auto gqa = [](tw::AttentionShape s, std::int64_t kv) {
     s.kv_heads = kv;
@@ -206,6 +236,7 @@ std::vector<AttentionCase> attention_cases() {
       {"decode small", gqa({1, 1, 2048, 32, 128, 128, true}, 8), true},
   };
   if (g_quick) c.erase(c.begin() + 3, c.begin() + 4);
+  for (const auto& [name, shape] : g_extra_attention) c.push_back({name.c_str(), shape, false});
   return c;
 }
 
@@ -578,6 +609,17 @@ int main(int argc, char** argv) {
       scenario = argv[++i];
     } else if (a == "--reference" && i + 1 < argc) {
       reference = argv[++i];
+    } else if (a == "--attention-shape" && i + 1 < argc) {
+      const std::string text = argv[++i];
+      const auto shape = parse_attention_shape(text);
+      if (!shape) {
+        std::fprintf(stderr,
+                     "kernel_bench: --attention-shape '%s': expected B,S,H,KV,DQK,DV,CAUSAL (positive integers, "
+                     "causal 0 or 1), e.g. 1,4096,64,64,192,128,1\n",
+                     text.c_str());
+        return threewalls::kExitInputError;
+      }
+      g_extra_attention.emplace_back(std::string("shape ").append(text), *shape);
     } else if (a == "--attention-shapes") {
       print_attention_cases();
       return 0;
@@ -595,7 +637,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "kernel_bench: unknown argument '%s'\nusage: kernel_bench [--quick] [--only "
                    "gemm,grouped,attention,memory,copy,nccl,scenario] [--scenario FILE] [--reference TORCH_SDPA_JSON] "
-                   "| --attention-shapes\n",
+                   "[--attention-shape B,S,H,KV,DQK,DV,CAUSAL ...] | --attention-shapes\n",
                    a.c_str());
       return threewalls::kExitInputError;
     }

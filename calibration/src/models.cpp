@@ -526,15 +526,16 @@ std::vector<double> attention_tile_work(const AttentionShape& s, bool backward, 
 
 }  // namespace
 
-double AttentionModel::head_dim_factor(double dqk) const {
+double AttentionModel::head_dim_factor(double dqk, bool causal) const {
   if (head_dims.empty()) return efficiency_max * dqk / (dqk + d_half);
-  if (dqk <= head_dims.front()) return head_dim_efficiency.front();
-  if (dqk >= head_dims.back()) return head_dim_efficiency.back();
+  const auto& e = causal || head_dim_efficiency_unmasked.empty() ? head_dim_efficiency : head_dim_efficiency_unmasked;
+  if (dqk <= head_dims.front()) return e.front();
+  if (dqk >= head_dims.back()) return e.back();
   const auto hi =
       static_cast<std::size_t>(std::upper_bound(head_dims.begin(), head_dims.end(), dqk) - head_dims.begin());
   const std::size_t lo = hi - 1;
   const double w = (dqk - head_dims[lo]) / (head_dims[hi] - head_dims[lo]);
-  return head_dim_efficiency[lo] + w * (head_dim_efficiency[hi] - head_dim_efficiency[lo]);
+  return e[lo] + w * (e[hi] - e[lo]);
 }
 
 namespace {
@@ -585,7 +586,7 @@ double AttentionModel::time_s(const AttentionShape& s) const {
   if (scheduled) {
     // The one-curve form keeps its own evaluation order (its profiles' times do not move by a rounding).
     const double rate = head_dims.empty() ? device.peak_flop_per_s * efficiency_max * dqk / (dqk + d_half)
-                                          : device.peak_flop_per_s * head_dim_factor(dqk);
+                                          : device.peak_flop_per_s * head_dim_factor(dqk, s.causal);
     const double per_unit = 2.0 * tile_q * (backward ? 3.0 * dqk + 2.0 * dv : dqk + dv) * device.sm_count / rate;
     const double makespan =
         list_schedule_makespan(attention_tile_work(s, backward, tile_q), b * h, s_half, per_unit, device.sm_count);
@@ -595,7 +596,7 @@ double AttentionModel::time_s(const AttentionShape& s) const {
   const double tiles = b * h * ceil_div(sq, tile_q);
   const double q = wave_efficiency(tiles, device.sm_count);
   const double eff = head_dims.empty() ? efficiency_max * keys_per_row / (keys_per_row + s_half) * dqk / (dqk + d_half)
-                                       : head_dim_factor(dqk) * keys_per_row / (keys_per_row + s_half);
+                                       : head_dim_factor(dqk, s.causal) * keys_per_row / (keys_per_row + s_half);
   const double t_compute = flops / (device.peak_flop_per_s * eff * q) + (blocked ? b * h * pairs * pair_s : 0.0);
   return std::max(t_compute, t_memory) + overhead_s;
 }
@@ -650,11 +651,19 @@ AttentionModel AttentionModel::fit_per_head_dim(const std::vector<Sample>& sampl
   for (const auto& s : samples) dims.push_back(static_cast<double>(s.shape.head_dim_qk));
   std::sort(dims.begin(), dims.end());
   dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
-  const std::size_t params = 2 + dims.size();
-  if (samples.size() < params + 1) {
+  // Parameter index of each (head dimension, mask) with points; -1: none (the other mask's).
+  std::vector<std::array<int, 2>> slot(dims.size(), {-1, -1});  // [unmasked, causal]
+  int params = 2;
+  for (const auto& s : samples) {
+    const auto d =
+        static_cast<std::size_t>(std::lower_bound(dims.begin(), dims.end(), s.shape.head_dim_qk) - dims.begin());
+    int& k = slot[d][s.shape.causal ? 1 : 0];
+    if (k < 0) k = params++;
+  }
+  if (samples.size() < static_cast<std::size_t>(params) + 1) {
     throw FitImpossible(std::string(what) + ": needs at least " + std::to_string(params + 1) +
-                        " points (s_half, t0 and " + std::to_string(dims.size()) +
-                        " head-dimension efficiencies are fitted), has " + std::to_string(samples.size()));
+                        " points (s_half, t0 and " + std::to_string(params - 2) +
+                        " efficiencies of head dimension and mask are fitted), has " + std::to_string(samples.size()));
   }
   AttentionModel base;
   base.backward = backward;
@@ -667,15 +676,22 @@ AttentionModel AttentionModel::fit_per_head_dim(const std::vector<Sample>& sampl
     c.s_half = std::exp(theta[0]);
     c.overhead_s = std::exp(theta[1]);
     c.head_dim_efficiency.clear();
-    for (std::size_t i = 0; i < dims.size(); ++i) c.head_dim_efficiency.push_back(logistic(theta[2 + i]));
-    c.efficiency_max = *std::max_element(c.head_dim_efficiency.begin(), c.head_dim_efficiency.end());
+    c.head_dim_efficiency_unmasked.clear();
+    for (const auto& [unmasked, causal] : slot) {
+      c.head_dim_efficiency.push_back(logistic(theta[static_cast<std::size_t>(causal >= 0 ? causal : unmasked)]));
+      c.head_dim_efficiency_unmasked.push_back(
+          logistic(theta[static_cast<std::size_t>(unmasked >= 0 ? unmasked : causal)]));
+    }
+    c.efficiency_max =
+        std::max(*std::max_element(c.head_dim_efficiency.begin(), c.head_dim_efficiency.end()),
+                 *std::max_element(c.head_dim_efficiency_unmasked.begin(), c.head_dim_efficiency_unmasked.end()));
     return c;
   };
   std::vector<std::vector<double>> starts;
   for (double e : {0.5, 0.8}) {
     for (double sh : {64.0, 1024.0}) {
       std::vector<double> theta{std::log(sh), std::log(3e-6)};
-      theta.resize(params, logit(e));
+      theta.resize(static_cast<std::size_t>(params), logit(e));
       starts.push_back(theta);
     }
   }

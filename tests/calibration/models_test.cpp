@@ -301,13 +301,17 @@ TEST(AttentionModel, PerHeadDimFormInterpolatesAndItsFitRecoversEachHeadDimsEffi
   truth.scheduled = true;
   truth.head_dims = {64, 128, 192};
   truth.head_dim_efficiency = {0.45, 0.68, 0.55};
-  EXPECT_DOUBLE_EQ(truth.head_dim_factor(32), 0.45);
-  EXPECT_DOUBLE_EQ(truth.head_dim_factor(96), (0.45 + 0.68) / 2);
-  EXPECT_DOUBLE_EQ(truth.head_dim_factor(160), (0.68 + 0.55) / 2);
-  EXPECT_DOUBLE_EQ(truth.head_dim_factor(256), 0.55);
-  // Without a table: the v1 curve.
+  truth.head_dim_efficiency_unmasked = {0.45, 0.68, 0.35};  // the unmasked d_qk = 192 kernel slower
+  EXPECT_DOUBLE_EQ(truth.head_dim_factor(32, true), 0.45);
+  EXPECT_DOUBLE_EQ(truth.head_dim_factor(96, true), (0.45 + 0.68) / 2);
+  EXPECT_DOUBLE_EQ(truth.head_dim_factor(160, true), (0.68 + 0.55) / 2);
+  EXPECT_DOUBLE_EQ(truth.head_dim_factor(256, true), 0.55);
+  EXPECT_DOUBLE_EQ(truth.head_dim_factor(256, false), 0.35);
+  EXPECT_DOUBLE_EQ(truth.head_dim_factor(160, false), (0.68 + 0.35) / 2);
+  // Without a table: the v1 curve, whatever the mask.
   const AttentionModel v1 = attention_truth();
-  EXPECT_DOUBLE_EQ(v1.head_dim_factor(128), 0.7 * 128 / (128 + 20.0));
+  EXPECT_DOUBLE_EQ(v1.head_dim_factor(128, true), 0.7 * 128 / (128 + 20.0));
+  EXPECT_DOUBLE_EQ(v1.head_dim_factor(128, false), 0.7 * 128 / (128 + 20.0));
   for (const bool backward : {false, true}) {
     truth.backward = backward;
     Noise noise(11, 0.015);
@@ -319,11 +323,22 @@ TEST(AttentionModel, PerHeadDimFormInterpolatesAndItsFitRecoversEachHeadDimsEffi
     for (std::size_t i = 0; i < 3; ++i) {
       EXPECT_NEAR(fit.head_dim_efficiency[i], truth.head_dim_efficiency[i], truth.head_dim_efficiency[i] * 0.05)
           << backward << " " << fit.head_dims[i];
+      EXPECT_NEAR(fit.head_dim_efficiency_unmasked[i], truth.head_dim_efficiency_unmasked[i],
+                  truth.head_dim_efficiency_unmasked[i] * 0.05)
+          << backward << " " << fit.head_dims[i];
     }
     EXPECT_NEAR(fit.s_half, truth.s_half, truth.s_half * 0.25) << backward;
     // A head dimension between the measured ones, at a length between the points.
     const AttentionShape mid{1, 3000, 3000, 24, 24, 160, 128, true};
     EXPECT_NEAR(fit.time_s(mid) / truth.time_s(mid), 1.0, 0.05) << backward;
+    // A head dimension measured under one mask only takes that efficiency for the other.
+    std::vector<AttentionModel::Sample> causal_only;
+    for (const auto& smp : samples) {
+      if (smp.shape.causal || smp.shape.head_dim_qk != 64) causal_only.push_back(smp);
+    }
+    const auto part =
+        AttentionModel::fit_per_head_dim(causal_only, backward, truth.device, truth.memory_bandwidth_bytes_per_s);
+    EXPECT_DOUBLE_EQ(part.head_dim_efficiency_unmasked[0], part.head_dim_efficiency[0]);
     // The v1 form fitted to the same points cannot follow the dip at 192.
     const auto one_curve =
         AttentionModel::fit(samples, backward, truth.device, truth.memory_bandwidth_bytes_per_s, false, true);
@@ -333,7 +348,7 @@ TEST(AttentionModel, PerHeadDimFormInterpolatesAndItsFitRecoversEachHeadDimsEffi
         << backward;
   }
   Noise quiet(1, 1e-9);
-  const auto four = attention_samples(truth, quiet, {1024}, {64, 128}, 8192, false);  // 4 points, 4 parameters
+  const auto four = attention_samples(truth, quiet, {1024}, {64}, 8192, true);  // 4 points, 4 parameters
   EXPECT_THROW((void)AttentionModel::fit_per_head_dim(four, false, truth.device, truth.memory_bandwidth_bytes_per_s),
                FitImpossible);
 }

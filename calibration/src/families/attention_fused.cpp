@@ -1,10 +1,10 @@
 // Family module: attention_fused, attention_fused.fwd / attention_fused.bwd, model attention_tiles_v2
-// (models.hpp AttentionModel, scheduled form, one efficiency per head dimension): the 128-row tiles of
-// each (batch, head), each with the time its keys (forward) or queries (backward) take at the
-// efficiency of its head dimension, placed one by one on the SM that frees first. What the backend's
-// fused attention (cuDNN's flash-attention graph, FusedAttention) costs; the scores never reach
-// memory, so the blocked form of the unfused kernel does not apply. Profiles of the v1 form (one
-// saturating head-dimension curve, attention_tiles_v1) still load and simulate with it.
+// (models.hpp AttentionModel, scheduled form, one efficiency per head dimension and mask): the 128-row
+// tiles of each (batch, head), each with the time its keys (forward) or queries (backward) take at the
+// efficiency of its kernel (head dimension, causal or not), placed one by one on the SM that frees first. What the
+// backend's fused attention (cuDNN's flash-attention graph, FusedAttention) costs; the scores never reach memory, so
+// the blocked form of the unfused kernel does not apply. Profiles of the v1 form (one saturating head-dimension curve,
+// attention_tiles_v1) still load and simulate with it.
 #include "decoded.hpp"
 #include "grid_common.hpp"
 #include "module.hpp"
@@ -26,16 +26,18 @@ void add_specs(std::vector<FamilySpec>& out) {
     s.model = std::string(kModelV2);
     s.backward = bwd;
     s.description = std::string("fused attention ") + (bwd ? "backward" : "forward") +
-                    " (bf16, flash-style through cuDNN): 128-row tiles of (k_i + s_half) units at P e(d_qk), e "
-                    "per measured head dimension (linear between them), list-scheduled on the SMs in launch "
-                    "order: t = max(makespan, B / BW) + t0";
+                    " (bf16, flash-style through cuDNN): 128-row tiles of (k_i + s_half) units at P e(d_qk, mask), "
+                    "e per measured head dimension (linear between them) and mask, list-scheduled on the SMs in "
+                    "launch order: t = max(makespan, B / BW) + t0";
     s.inputs = attention_inputs();
-    s.params = {{"tile_q", true, false, "query rows per CTA"},
-                {"s_half", false, false, "keys per tile's row at which a tile's fixed cost equals its work"},
-                {"overhead_s", false, false, "t0: fixed time per kernel, seconds"},
-                {"memory_bandwidth_bytes_per_s", false, false, "HBM read+write bandwidth of the memory-bound limit"},
-                {"head_dims", true, true, "measured head dimensions d_qk, increasing"},
-                {"efficiency", false, true, "fraction of the bf16 peak at each head dimension of head_dims"}};
+    s.params = {
+        {"tile_q", true, false, "query rows per CTA"},
+        {"s_half", false, false, "keys per tile's row at which a tile's fixed cost equals its work"},
+        {"overhead_s", false, false, "t0: fixed time per kernel, seconds"},
+        {"memory_bandwidth_bytes_per_s", false, false, "HBM read+write bandwidth of the memory-bound limit"},
+        {"head_dims", true, true, "measured head dimensions d_qk, increasing"},
+        {"efficiency", false, true, "fraction of the bf16 peak at each head dimension of head_dims, causal mask"},
+        {"efficiency_unmasked", false, true, "fraction of the bf16 peak at each head dimension of head_dims, no mask"}};
     s.reads = {copy_family(CopyKind::d2d)};
     out.push_back(s);
   }
@@ -69,7 +71,8 @@ Params fit(const FamilySpec& spec, const std::vector<Point>& points, const FitCo
                     {m.overhead_s},
                     {m.memory_bandwidth_bytes_per_s},
                     m.head_dims,
-                    m.head_dim_efficiency});
+                    m.head_dim_efficiency,
+                    m.head_dim_efficiency_unmasked});
 }
 
 AttentionModel attention_tiles_of(const FamilySpec& spec, const Params& params, const Hardware& hw) {
@@ -85,6 +88,7 @@ AttentionModel attention_tiles_of(const FamilySpec& spec, const Params& params, 
   m.memory_bandwidth_bytes_per_s = scalar(spec, params, "memory_bandwidth_bytes_per_s");
   m.head_dims = array(spec, params, "head_dims");
   m.head_dim_efficiency = array(spec, params, "efficiency");
+  m.head_dim_efficiency_unmasked = array(spec, params, "efficiency_unmasked");
   m.backward = spec.backward;
   m.device = device_of(hw, DType::bf16);
   m.scheduled = true;
@@ -99,15 +103,19 @@ std::optional<std::string> check(const FamilySpec& spec, const Params& params) {
   if (s("overhead_s") < 0) return "'overhead_s' must be >= 0";
   if (!(s("memory_bandwidth_bytes_per_s") > 0)) return "'memory_bandwidth_bytes_per_s' must be > 0";
   const auto& dims = array(spec, params, "head_dims");
-  const auto& eff = array(spec, params, "efficiency");
   if (dims.empty()) return "'head_dims' must name at least one head dimension";
-  if (eff.size() != dims.size()) {
-    return "'efficiency' must have one entry per head dimension (" + std::to_string(dims.size()) + "), has " +
-           std::to_string(eff.size());
-  }
   for (std::size_t i = 0; i < dims.size(); ++i) {
     if (!(dims[i] > 0) || (i > 0 && !(dims[i] > dims[i - 1]))) return "'head_dims' must be positive and increasing";
-    if (!(eff[i] > 0) || eff[i] > 1) return "every 'efficiency' must be in (0, 1]";
+  }
+  for (const char* key : {"efficiency", "efficiency_unmasked"}) {
+    const auto& eff = array(spec, params, key);
+    if (eff.size() != dims.size()) {
+      return "'" + std::string(key) + "' must have one entry per head dimension (" + std::to_string(dims.size()) +
+             "), has " + std::to_string(eff.size());
+    }
+    for (const double e : eff) {
+      if (!(e > 0) || e > 1) return "every '" + std::string(key) + "' must be in (0, 1]";
+    }
   }
   return std::nullopt;
 }

@@ -226,13 +226,15 @@ struct GroupedGemmModel {
 // Under a causal mask tiles differ in work, so a few tiles per SM leave SMs idle at the end that the
 // wave count does not see, and whole-wave counting charges a step where the measured time has none.
 //
-// Per-head-dimension form ("attention_tiles_v2", the fused families): the scheduled form with the
+// Per-kernel form ("attention_tiles_v2", the fused families): the scheduled form with the
 // head-dimension factor e_max d_qk / (d_qk + d_half) replaced by one efficiency per measured head
-// dimension, e(d_qk), linear in d_qk between them and the nearest one's outside. Flash-attention
-// kernels are built per head dimension (tile sizes, pipelining and register use differ), so their
-// efficiencies do not follow one saturating curve: on the H100 calibration the backward at d_qk =
-// 192 (MLA) runs below the d_qk = 128 curve's extrapolation, which the v1 form priced 9-38% fast.
-// Fitted: s_half, t0 and one e(d) in (0, 1) per head dimension of the points.
+// dimension and mask, e(d_qk, causal), linear in d_qk between the measured head dimensions and the
+// nearest one's outside. Flash-attention kernels are built per head dimension and mask (tile sizes,
+// pipelining and register use differ), so their efficiencies do not follow one saturating curve: on
+// both calibrated GPUs the d_qk = 192 (MLA) kernels run below the d_qk = 128 curve's extrapolation,
+// and the unmasked d_qk = 192 backward 35-40% below the masked one per unit of work.
+// Fitted: s_half, t0 and e in (0, 1) for each (head dimension, mask) with points; a head dimension
+// measured under one mask only takes that efficiency for the other.
 // (AttentionShape is declared in cost_model.hpp.)
 inline constexpr std::int64_t kAttentionCausalBlock = 512;  // backend/src/attention.cpp kCausalBlock
 // Number of (query, key) pairs the mask lets through.
@@ -252,15 +254,17 @@ struct AttentionModel {
   bool blocked = false;  // the blocked form (pair_s)
   bool scheduled = false;  // the scheduled form (attention_tiles_v1)
   double pair_s = 0.0;   // seconds per computed (query, key) pair and head: the score matrix's memory passes
-  // Per-head-dimension form: head_dims increasing (d_qk), head_dim_efficiency[i] the fraction of the
-  // peak at head_dims[i]; empty: e_max d_qk / (d_qk + d_half).
+  // Per-kernel form: head_dims increasing (d_qk), head_dim_efficiency[i] the fraction of the peak at
+  // head_dims[i] under a causal mask, head_dim_efficiency_unmasked[i] without one (same size; empty:
+  // the causal values); empty head_dims: e_max d_qk / (d_qk + d_half) for both.
   std::vector<double> head_dims;
   std::vector<double> head_dim_efficiency;
+  std::vector<double> head_dim_efficiency_unmasked;
   DeviceConstants device;  // bf16 peak
 
   [[nodiscard]] double time_s(const AttentionShape& s) const;
-  // The head-dimension part of the efficiency at d_qk (the form's).
-  [[nodiscard]] double head_dim_factor(double dqk) const;
+  // The head-dimension part of the efficiency at d_qk, under a causal mask or none (the form's).
+  [[nodiscard]] double head_dim_factor(double dqk, bool causal) const;
 
   struct Sample {
     AttentionShape shape;
@@ -269,7 +273,7 @@ struct AttentionModel {
   // Throws FitImpossible with fewer than 4 samples (5 for the blocked form).
   static AttentionModel fit(const std::vector<Sample>& samples, bool backward, const DeviceConstants& device,
                             double memory_bandwidth_bytes_per_s, bool blocked = false, bool scheduled = false);
-  // The per-head-dimension form (scheduled): one efficiency per distinct d_qk of the samples. Throws
+  // The per-kernel form (scheduled): one efficiency per (distinct d_qk, mask) of the samples. Throws
   // FitImpossible with fewer samples than parameters + 1.
   static AttentionModel fit_per_head_dim(const std::vector<Sample>& samples, bool backward,
                                          const DeviceConstants& device, double memory_bandwidth_bytes_per_s);
