@@ -12,6 +12,7 @@
 #include "args.hpp"
 #include "command.hpp"
 #include "threewalls/core/error.hpp"
+#include "threewalls/core/heap.hpp"
 #include "threewalls/core/units.hpp"
 #include "threewalls/profiler/run_dir.hpp"
 #include "threewalls/scenarios/loader.hpp"
@@ -241,6 +242,8 @@ void register_sim(CLI::App& app, Commands& cmds) {
       profiler::check_run_dir_target(opt.out_dir, a.overwrite,
                                      "pass --overwrite to replace it, or --out to choose another");
     }
+    // A simulation frees its executor's state before it builds the records: reused, not faulted in again.
+    keep_freed_heap();
     const auto t0 = std::chrono::steady_clock::now();
     const sim::SimResult r = sim::simulate(s, profile_arg_from_cwd(a.calibration), opt);
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

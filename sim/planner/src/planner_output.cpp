@@ -11,7 +11,6 @@
 #include <sstream>
 #include <stdexcept>
 
-#include <malloc.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -20,6 +19,7 @@
 #include <unistd.h>
 
 #include "threewalls/core/error.hpp"
+#include "threewalls/core/heap.hpp"
 #include "threewalls/core/strings.hpp"
 #include "threewalls/core/version.hpp"
 #include "threewalls/scenarios/registry.hpp"
@@ -407,11 +407,10 @@ struct ResimPoint {
 // records (tens to hundreds of MiB) and exits: faulting them in page by page took about a fifth of its
 // time (perf, DeepSeek-V3 on 1,024 GPUs). So its heap grows once, by `bytes` advised to the kernel as
 // transparent huge pages (used where the THP mode is "madvise" or "always", ignored where "never"),
-// and keeps them: blocks of every size come from it and freed memory is not given back.
+// and keeps them: blocks of every size come from it and freed memory is not given back (keep_freed_heap).
 void heap_in_huge_pages(std::size_t bytes) {
   constexpr std::uintptr_t kHuge = std::uintptr_t{2} << 20;
-  constexpr int kAll = 1 << 30;
-  if (mallopt(M_MMAP_THRESHOLD, kAll) != 1 || mallopt(M_TRIM_THRESHOLD, kAll) != 1) return;
+  if (!keep_freed_heap()) return;
   void* p = std::malloc(bytes);
   if (p == nullptr) return;
   const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(p);
