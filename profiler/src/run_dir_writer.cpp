@@ -11,6 +11,7 @@
 #include <cstring>
 #include <regex>
 #include <set>
+#include <stdexcept>
 #include <string_view>
 #include <vector>
 
@@ -484,20 +485,32 @@ bool RunDirWriter::add(const StepRecord& r) {
   return true;
 }
 
-bool RunDirWriter::add(const PhaseRecord& r) {
-  if (!policy_.records(r.step) || !is_local(r.rank) || !policy_.records_phase(r.coarse)) return false;
+bool RunDirWriter::add(const PhaseRecord& r) { return add(std::span<const PhaseRecord>(&r, 1)) == 1; }
+
+std::size_t RunDirWriter::add(std::span<const PhaseRecord> rs) {
+  if (rs.empty()) return 0;
+  const int step = rs.front().step;
+  const int rank = rs.front().rank;
+  if (!policy_.records(step) || !is_local(rank)) return 0;
   if (closed_) throw SystemError(dir_.string() + ": record added after close()");
-  RankFile& f = file_of(r.rank);
-  note_step(f, r.step);
-  std::string& buffer = buffer_of(f);
-  const std::size_t before = buffer.size();
-  append_phase_line(buffer, r, names_);
-  buffer += '\n';
-  ++f.phase_records;
-  ++f.open_steps[r.step];
-  if (options_.keep_records) kept_phases_.push_back(r);
-  appended(buffer.size() - before);
-  return true;
+  RankFile& f = file_of(rank);
+  std::size_t written = 0;
+  for (const PhaseRecord& r : rs) {
+    if (r.step != step || r.rank != rank)
+      throw std::logic_error("RunDirWriter::add: records of several ranks or steps");
+    if (!policy_.records_phase(r.coarse)) continue;
+    if (written == 0) note_step(f, step);
+    std::string& buffer = buffer_of(f);
+    const std::size_t before = buffer.size();
+    append_phase_line(buffer, r, names_);
+    buffer += '\n';
+    ++written;
+    if (options_.keep_records) kept_phases_.push_back(r);
+    appended(buffer.size() - before);
+  }
+  f.phase_records += written;
+  if (written > 0) f.open_steps[step] += written;
+  return written;
 }
 
 void RunDirWriter::end_step(int step) {

@@ -246,6 +246,7 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   // one that is detailed), in their order.
   const bool summary_records_only = !opt.phase_stats && !writer;
   std::vector<std::uint32_t> kept;
+  std::vector<std::size_t> class_begin;
   // Records of one simulated step: the summary's (representatives) and the files' (recording ranks).
   auto emit = [&](const StepGraph& g, const StepResult& r, int step) {
     if (!per_step && sum_phases.empty() && !summary_records_only) {
@@ -270,10 +271,15 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
         critical = c;
       }
     }
+    // The summary's records of class c, when it keeps them whole: sum_steps[first_step + c] and
+    // sum_phases[class_begin[c], class_begin[c + 1]).
+    const std::size_t first_step = sum_steps.size();
+    class_begin.assign(1, sum_phases.size());
     for (std::size_t c = 0; c < g.classes.size(); ++c) {
       const int rep = g.classes[c].representative();
       if (!summary_records_only || c == critical) {
         sum_steps.push_back(step_records(templates, r, c, step, rep, sum_phases));
+        class_begin.push_back(sum_phases.size());
         continue;
       }
       kept.clear();
@@ -291,9 +297,15 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
       for (int rank : writer->policy().recording_ranks()) {
         if (!writer->records(step, rank)) continue;
         const auto c = static_cast<std::size_t>(g.class_of_rank.at(static_cast<std::size_t>(rank)));
+        if (rank == g.classes[c].representative()) {
+          // A representative's records are the summary's (a writer makes the summary keep them whole).
+          writer->add(sum_steps[first_step + c]);
+          writer->add(std::span(sum_phases).subspan(class_begin[c], class_begin[c + 1] - class_begin[c]));
+          continue;
+        }
         ops.clear();
         writer->add(step_records(templates, r, c, step, rank, ops));
-        for (const profiler::PhaseRecord& p : ops) writer->add(p);
+        writer->add(ops);
       }
     }
     if (writer) writer->end_step(step);

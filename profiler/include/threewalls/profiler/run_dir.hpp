@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -101,6 +102,9 @@ class RunDirWriter {
   // the call returns false: that is sampling, by design. Records after close() throw SystemError.
   bool add(const StepRecord& r);
   bool add(const PhaseRecord& r);
+  // add() of each of the phase records of one rank's step (every record's rank and step are the
+  // first one's; a std::logic_error otherwise), in order. Returns how many were written.
+  std::size_t add(std::span<const PhaseRecord> rs);
 
   // Call after every step (recorded or not), once every record of `step` is added: ends the step in
   // each file that holds records of it with a step_end line (the step's phase record count; a
