@@ -553,7 +553,17 @@ class StepRun {
     s.stream_ops.assign(3 * streams, {});
     s.stream_head.assign(3 * streams, 0);
     std::vector<std::uint8_t> used(streams, 0);
-    std::unordered_map<CollKey, std::uint32_t, CollKeyHash> seen;
+    // Collectives seen so far by key (base_key) and how many: open addressing over a power of two
+    // slots at most half full.
+    std::size_t collectives = 0;
+    for (const Op& op : rc.ops) collectives += op.kind == OpKind::collective ? 1 : 0;
+    std::size_t slots = 16;
+    while (slots < 2 * collectives) slots *= 2;
+    struct Seen {
+      CollKey key;
+      std::uint32_t count = 0;  // 0: an empty slot
+    };
+    std::vector<Seen> seen(slots);
     for (std::uint32_t i = 0; i < n; ++i) {
       const Op& op = rc.ops[i];
       if (on_host_lane(op)) continue;
@@ -564,7 +574,13 @@ class StepRun {
       s.op[i].queue = static_cast<std::uint16_t>(q);
       s.op[i].stream_pos = static_cast<std::uint32_t>(s.stream_ops[q].size());
       s.stream_ops[q].push_back(i);
-      if (op.kind == OpKind::collective) s.occurrence[i] = seen[base_key(op)]++;
+      if (op.kind == OpKind::collective) {
+        const CollKey key = base_key(op);
+        std::size_t at = CollKeyHash{}(key) & (slots - 1);
+        while (seen[at].count != 0 && !(seen[at].key == key)) at = (at + 1) & (slots - 1);
+        if (seen[at].count == 0) seen[at].key = key;
+        s.occurrence[i] = seen[at].count++;
+      }
     }
     const std::vector<int> in_run = graph_run_of(rc);
     assign_hardware_queues(s, used, in_run);
@@ -1723,7 +1739,7 @@ std::vector<int> Executor::flow_ranks(const StepGraph& graph) const {
       const Algorithm algo = choose_algorithm(kind, options_.allreduce, spans, op.bytes, n);
       const std::uint64_t key = (static_cast<std::uint64_t>(c) << 24) | (static_cast<std::uint64_t>(op.group) << 16) |
                                 (static_cast<std::uint64_t>(kind) << 8) | static_cast<std::uint64_t>(algo);
-      if (!seen.emplace(key, 1).second) continue;
+      if (!seen.try_emplace(key, 1).second) continue;
       for (const RankFlow& f : collective_flows(kind, algo, members, 1.0, Split{}, rep, graph.layout.gpus_per_node()))
         ranks.push_back(f.dst);
     }
