@@ -1035,13 +1035,18 @@ class StepRun {
     }
     if (s.op[i].hw_queue != kNone) {
       // The next op of the hardware queue may now be dispatched (once its own stream and
-      // dependencies allow).
+      // dependencies allow). Its try_start is left to the event of its launch, last dependency or
+      // stream predecessor when one of those is still to come: each of them tries it itself
+      // (run_host, complete), at this time or later, and the queue's head stays on it until it starts.
       const std::uint32_t q = s.op[i].hw_queue;
       std::uint32_t& head = s.hw_head[q];
       while (head < s.hw_ops[q].size() && s.op[s.hw_ops[q][head]].start >= 0.0) ++head;
       if (head < s.hw_ops[q].size()) {
         const std::uint32_t next = s.hw_ops[q][head];
-        push(now_, EventType::op_ready, c, next);
+        const OpState& n = s.op[next];
+        if (n.launch >= 0.0 && n.pending == 0 && s.stream_head[n.queue] == n.stream_pos) {
+          push(now_, EventType::op_ready, c, next);
+        }
       }
     }
     if (is_kernel(op)) {
