@@ -349,7 +349,19 @@ double nccl_resident_factor(const OpCoster& coster, const Op& op, bool pending, 
 
 namespace {
 
-// The per-op state that starting an op reads (StepRun::try_start, start_op), in one cache line per op.
+// What the executor does with an op when the device reaches it, by its kind: the host lane runs it
+// (host ops, disk reads), the GPU runs it as a kernel (d2d copies too), it is a PCIe copy, or a
+// collective, send or recv.
+enum class Role : std::uint8_t { host_lane, kernel, pcie_copy, comm };
+
+Role role_of(const Op& op) {
+  if (on_host_lane(op)) return Role::host_lane;
+  if (is_kernel(op)) return Role::kernel;
+  return is_pcie_copy(op) ? Role::pcie_copy : Role::comm;
+}
+
+// The per-op state that starting an op reads (StepRun::try_start, start_op), in one cache line per op:
+// with its role, starting and completing an op of the device do not read the op itself.
 struct alignas(64) OpState {
   double start = -1.0;
   double launch = -1.0;
@@ -363,7 +375,8 @@ struct alignas(64) OpState {
   std::uint32_t share_from = kNone;
   std::uint16_t queue = 0;
   std::uint8_t ready_scheduled = 0;
-  std::uint8_t shared = 0;
+  std::uint8_t shared : 1 = 0;
+  Role role : 2 = Role::kernel;
 };
 static_assert(sizeof(OpState) == 64, "OpState: one cache line per op");
 
@@ -566,9 +579,10 @@ class StepRun {
     std::vector<Seen> seen(slots);
     for (std::uint32_t i = 0; i < n; ++i) {
       const Op& op = rc.ops[i];
-      if (on_host_lane(op)) continue;
+      s.op[i].role = role_of(op);
+      if (s.op[i].role == Role::host_lane) continue;
       used[op.stream] = 1;
-      if (is_kernel(op)) s.kernel[i] = kernel_of(op);
+      if (s.op[i].role == Role::kernel) s.kernel[i] = kernel_of(op);
       std::size_t q = op.stream;
       if (op.kind == OpKind::send || op.kind == OpKind::recv) q = streams + 2 * op.stream + (op.peer > 0 ? 1 : 0);
       s.op[i].queue = static_cast<std::uint16_t>(q);
@@ -1003,8 +1017,7 @@ class StepRun {
   void try_start(std::uint32_t c, std::uint32_t i) {
     ClassState& s = classes_[c];
     if (s.op[i].start >= 0.0 || s.op[i].launch < 0.0 || s.op[i].pending > 0) return;
-    const Op& op = s.rc->ops[i];
-    if (on_host_lane(op)) return;
+    if (s.op[i].role == Role::host_lane) return;
     if (s.stream_head[s.op[i].queue] != s.op[i].stream_pos) return;
     // Head-of-line blocking in its hardware queue (its timing marker waits there too).
     if (s.op[i].hw_queue != kNone && s.hw_head[s.op[i].hw_queue] != s.op[i].hw_pos) return;
@@ -1021,7 +1034,6 @@ class StepRun {
 
   void start_op(std::uint32_t c, std::uint32_t i) {
     ClassState& s = classes_[c];
-    const Op& op = s.rc->ops[i];
     s.op[i].start = now_;
     // A shared start marker (host_lane_costs): when the host came to op i (its start marker's
     // record would have been at mark_host - e), the stream had not yet reached the previous op's end
@@ -1049,18 +1061,19 @@ class StepRun {
         }
       }
     }
-    if (is_kernel(op)) {
+    const Role role = s.op[i].role;
+    if (role == Role::kernel) {
       KernelCosts& k = kernels_[s.kernel[i]];
       if (!k.timed) {
-        k.time = coster_.kernel_time(op).value;
-        k.sm_fraction = sm_fraction(op, sm_count_);
+        k.time = coster_.kernel_time(s.rc->ops[i]).value;
+        k.sm_fraction = sm_fraction(s.rc->ops[i], sm_count_);
         k.timed = true;
       }
       const double work = checked_cost(k.time * s.compute_factor + s.device_extra[i], g_, *s.rc, i, "kernel time");
       gpu_add(c, i, work);
       return;
     }
-    if (is_pcie_copy(op)) {
+    if (role == Role::pcie_copy) {
       const std::uint32_t id = new_instance();
       Instance& inst = instances_[id];
       inst.members.push_back({c, i});
@@ -1069,7 +1082,7 @@ class StepRun {
       return;
     }
     nccl_phase(c, i, 1);  // resident from here, waiting for its peers until the instance starts
-    if (op.kind == OpKind::collective) {
+    if (s.rc->ops[i].kind == OpKind::collective) {
       arrive_collective(c, i);
       return;
     }
@@ -1078,11 +1091,10 @@ class StepRun {
 
   void complete(std::uint32_t c, std::uint32_t i) {
     ClassState& s = classes_[c];
-    const Op& op = s.rc->ops[i];
     s.end[i] = now_;
     ++s.done;
     if (s.nccl_phase[i] != 0) nccl_phase(c, i, 0);
-    if (!on_host_lane(op)) {
+    if (s.op[i].role != Role::host_lane) {
       const std::uint32_t head = ++s.stream_head[s.op[i].queue];
       const auto& q = s.stream_ops[s.op[i].queue];
       if (head < q.size()) try_start(c, q[head]);
