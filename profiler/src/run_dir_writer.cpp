@@ -5,9 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
-#include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <regex>
 #include <set>
@@ -44,9 +45,38 @@ constexpr std::size_t kKeptCapacity = 64U << 10U;
 
 constexpr int kCountDigits = 9;
 
+// "00" "01" ... "99": the two digits of each value below 100.
+constexpr std::array<char, 200> kDigitPairs = [] {
+  std::array<char, 200> a{};
+  for (int i = 0; i < 100; ++i) {
+    a[static_cast<std::size_t>(2 * i)] = static_cast<char>('0' + i / 10);
+    a[static_cast<std::size_t>(2 * i + 1)] = static_cast<char>('0' + i % 10);
+  }
+  return a;
+}();
+
+// 10^0 ... 10^19.
+constexpr std::array<std::uint64_t, 20> kPowersOf10 = [] {
+  std::array<std::uint64_t, 20> a{};
+  std::uint64_t p = 1;
+  for (std::size_t i = 0; i < a.size(); ++i, p *= 10) a[i] = p;
+  return a;
+}();
+
+// std::llround(v) for |v| < 2^63 (the callers check the range): the integer part by truncation, then
+// half away from zero on the exact remainder (v - trunc(v) is exact), without the call into libm.
+std::int64_t round_half_away(double v) {
+  auto r = static_cast<std::int64_t>(v);
+  const double f = v - static_cast<double>(r);
+  if (f >= 0.5) ++r;
+  if (f <= -0.5) --r;
+  return r;
+}
+
 // Formats one record line into a caller's char buffer that is large enough (the caller sizes it
-// from the names' lengths): fixed text copied with known lengths, integers through to_chars. About
-// three times faster than appending piece by piece to a std::string.
+// from the names' lengths): fixed text copied with known lengths, integers in decimal as to_chars
+// writes them (their length first, then two digits per step from the end). About three times faster
+// than appending piece by piece to a std::string.
 class LineWriter {
  public:
   explicit LineWriter(char* p) : p_(p) {}
@@ -59,7 +89,28 @@ class LineWriter {
     std::memcpy(p_, s.data(), s.size());
     p_ += s.size();
   }
-  void i64(std::int64_t v) { p_ = std::to_chars(p_, p_ + 24, v).ptr; }
+  void i64(std::int64_t v) {
+    auto u = static_cast<std::uint64_t>(v);
+    if (v < 0) {
+      *p_++ = '-';
+      u = 0 - u;
+    }
+    std::size_t n = 1;
+    while (n < kPowersOf10.size() && u >= kPowersOf10[n]) ++n;
+    char* const end = p_ + n;
+    char* q = end;
+    while (u >= 100) {
+      q -= 2;
+      std::memcpy(q, &kDigitPairs[2 * (u % 100)], 2);
+      u /= 100;
+    }
+    if (u >= 10) {
+      std::memcpy(q - 2, &kDigitPairs[2 * u], 2);
+    } else {
+      q[-1] = static_cast<char>('0' + u);
+    }
+    p_ = end;
+  }
   void opt(std::int64_t v) {
     if (v == kAbsent) {
       lit("null");
@@ -70,7 +121,7 @@ class LineWriter {
   // Bytes and FLOPs are counts: rounded to an integer (exact below 2^53), 9 significant digits beyond.
   void count(double v) {
     if (std::fabs(v) < 9.007199254740992e15) {
-      i64(std::llround(v));
+      i64(round_half_away(v));
     } else {
       std::string s;
       append_json_number(s, v, kCountDigits);
@@ -86,7 +137,7 @@ class LineWriter {
       str(s);
       return;
     }
-    auto ns = std::llround(us * 1000.0);
+    auto ns = round_half_away(us * 1000.0);
     if (ns < 0) {
       *p_++ = '-';
       ns = -ns;
