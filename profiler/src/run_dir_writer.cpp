@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -95,8 +96,9 @@ class LineWriter {
       *p_++ = '-';
       u = 0 - u;
     }
-    std::size_t n = 1;
-    while (n < kPowersOf10.size() && u >= kPowersOf10[n]) ++n;
+    // Digits: from the bit width (log10(2) ~ 1233 / 4096), one less below that power of 10.
+    const auto t = static_cast<std::size_t>((std::bit_width(u) * 1233) >> 12);
+    const std::size_t n = t + (u >= kPowersOf10[t] ? 1 : 0) + (u == 0 ? 1 : 0);
     char* const end = p_ + n;
     char* q = end;
     while (u >= 100) {

@@ -570,8 +570,9 @@ class StepRun {
     // slots at most half full.
     std::size_t collectives = 0;
     for (const Op& op : rc.ops) collectives += op.kind == OpKind::collective ? 1 : 0;
-    std::size_t slots = 16;
-    while (slots < 2 * collectives) slots *= 2;
+    int bits = 4;
+    while ((std::size_t{1} << bits) < 2 * collectives) ++bits;
+    const std::size_t slots = std::size_t{1} << bits;
     struct Seen {
       CollKey key;
       std::uint32_t count = 0;  // 0: an empty slot
@@ -590,7 +591,8 @@ class StepRun {
       s.stream_ops[q].push_back(i);
       if (op.kind == OpKind::collective) {
         const CollKey key = base_key(op);
-        std::size_t at = CollKeyHash{}(key) & (slots - 1);
+        // The hash's high bits after a multiplication (its low bits alone cluster).
+        std::size_t at = (CollKeyHash{}(key)*0x9e3779b97f4a7c15ULL) >> (64 - bits);
         while (seen[at].count != 0 && !(seen[at].key == key)) at = (at + 1) & (slots - 1);
         if (seen[at].count == 0) seen[at].key = key;
         s.occurrence[i] = seen[at].count++;
