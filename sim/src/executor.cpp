@@ -1627,12 +1627,19 @@ class StepRun {
     for (std::size_t c = 0; c < classes_.size(); ++c) {
       ClassState& s = classes_[c];
       ClassTimeline& t = r.classes[c];
+      // The timeline takes the storage of the class's set-up arrays, which hold one double per op and
+      // are not read here (every element is written below): the step's last use of them.
+      t.start = std::move(s.host_arrive);
+      t.end = std::move(s.host_cost);
       t.start.resize(s.op.size());
       t.end.resize(s.end.size());
       // An untimed class's records are its ops' device execution: no record times of their own (no op
       // has a timing marker, host_lane_costs).
       const bool timed = s.timing != Timing::none;
       if (timed) {
+        t.record_start = std::move(s.host_post);
+        t.record_end = std::move(s.device_extra);
+        t.launch_wait = std::move(s.mark_before);
         t.record_start.resize(s.op.size());
         t.record_end.resize(s.end.size());
         t.launch_wait.assign(s.op.size(), 0.0);
