@@ -43,6 +43,10 @@ std::size_t max_files_kept_open() {
 constexpr std::size_t kMaxBuffered = 8U << 20U;
 // A buffer keeps at most this much storage once written out.
 constexpr std::size_t kKeptCapacity = 64U << 10U;
+// The storage of written-out buffers kept for the next ones (spare_), at most: a buffer written out
+// at the bound holds up to twice it (a string grows by doubling), and one rank's records of a step
+// can fill the bound alone, so its storage is kept whole rather than grown again from nothing.
+constexpr std::size_t kMaxSpare = 2 * kMaxBuffered;
 
 constexpr int kCountDigits = 9;
 
@@ -479,7 +483,7 @@ void RunDirWriter::write_out(RankFile& f) {
   buffered_ -= f.buffer.size();
   f.buffer.clear();
   if (f.buffer.capacity() > kKeptCapacity) {
-    if (spare_capacity_ + f.buffer.capacity() <= kMaxBuffered) {
+    if (spare_capacity_ + f.buffer.capacity() <= kMaxSpare) {
       spare_capacity_ += f.buffer.capacity();
       spare_.push_back(std::move(f.buffer));
     }

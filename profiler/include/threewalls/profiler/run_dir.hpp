@@ -158,7 +158,7 @@ class RunDirWriter {
   std::vector<RankFile> files_;
   std::size_t buffered_ = 0;       // bytes in the buffers of files_, together
   std::vector<std::string> spare_;  // storage of written-out buffers (empty strings)
-  std::size_t spare_capacity_ = 0;  // their capacities together, at most kMaxBuffered
+  std::size_t spare_capacity_ = 0;  // their capacities together, at most kMaxSpare
   std::vector<int> file_of_rank_;  // world-sized; -1 = not written here
   std::vector<StepRecord> kept_steps_;
   std::vector<PhaseRecord> kept_phases_;
