@@ -550,6 +550,15 @@ void check_attention_samples(const std::vector<AttentionModel::Sample>& samples,
   }
 }
 
+// A model of the direction, device and memory bandwidth; a fit sets the rest.
+AttentionModel attention_base(bool backward, const DeviceConstants& device, double memory_bandwidth_bytes_per_s) {
+  AttentionModel m;
+  m.backward = backward;
+  m.device = device;
+  m.memory_bandwidth_bytes_per_s = memory_bandwidth_bytes_per_s;
+  return m;
+}
+
 // The model make(theta) with the least relative errors over the samples (multi-start
 // Levenberg-Marquardt from `starts`); FitImpossible naming `what` when no start converges.
 template <class Make>
@@ -611,10 +620,7 @@ AttentionModel AttentionModel::fit(const std::vector<Sample>& samples, bool back
                         (blocked ? ", pair_s" : "") + " are fitted), has " + std::to_string(samples.size()));
   }
   check_attention_samples(samples, what);
-  AttentionModel base;
-  base.backward = backward;
-  base.device = device;
-  base.memory_bandwidth_bytes_per_s = memory_bandwidth_bytes_per_s;
+  AttentionModel base = attention_base(backward, device, memory_bandwidth_bytes_per_s);
   base.blocked = blocked;
   base.scheduled = scheduled;
   auto make = [&](const std::vector<double>& theta) {
@@ -665,10 +671,7 @@ AttentionModel AttentionModel::fit_per_head_dim(const std::vector<Sample>& sampl
                         " points (s_half, t0 and " + std::to_string(params - 2) +
                         " efficiencies of head dimension and mask are fitted), has " + std::to_string(samples.size()));
   }
-  AttentionModel base;
-  base.backward = backward;
-  base.device = device;
-  base.memory_bandwidth_bytes_per_s = memory_bandwidth_bytes_per_s;
+  AttentionModel base = attention_base(backward, device, memory_bandwidth_bytes_per_s);
   base.scheduled = true;
   base.head_dims = dims;
   auto make = [&](const std::vector<double>& theta) {
@@ -682,9 +685,6 @@ AttentionModel AttentionModel::fit_per_head_dim(const std::vector<Sample>& sampl
       c.head_dim_efficiency_unmasked.push_back(
           logistic(theta[static_cast<std::size_t>(unmasked >= 0 ? unmasked : causal)]));
     }
-    c.efficiency_max =
-        std::max(*std::max_element(c.head_dim_efficiency.begin(), c.head_dim_efficiency.end()),
-                 *std::max_element(c.head_dim_efficiency_unmasked.begin(), c.head_dim_efficiency_unmasked.end()));
     return c;
   };
   std::vector<std::vector<double>> starts;

@@ -42,16 +42,21 @@ AttentionShape attention_shape(const std::vector<double>& in) {
   return s;
 }
 
-AttentionModel attention_wave_of(const FamilySpec& s, const Params& p, const Hardware& hw) {
+AttentionModel attention_common_of(const FamilySpec& s, const Params& p, const Hardware& hw) {
   AttentionModel m;
   m.tile_q = static_cast<int>(as_int(scalar(s, p, "tile_q")));
-  m.efficiency_max = scalar(s, p, "efficiency_max");
   m.s_half = scalar(s, p, "s_half");
-  m.d_half = scalar(s, p, "d_half");
   m.overhead_s = scalar(s, p, "overhead_s");
   m.memory_bandwidth_bytes_per_s = scalar(s, p, "memory_bandwidth_bytes_per_s");
   m.backward = s.backward;
   m.device = device_of(hw, DType::bf16);
+  return m;
+}
+
+AttentionModel attention_wave_of(const FamilySpec& s, const Params& p, const Hardware& hw) {
+  AttentionModel m = attention_common_of(s, p, hw);
+  m.efficiency_max = scalar(s, p, "efficiency_max");
+  m.d_half = scalar(s, p, "d_half");
   return m;
 }
 

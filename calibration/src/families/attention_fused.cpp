@@ -81,16 +81,10 @@ AttentionModel attention_tiles_of(const FamilySpec& spec, const Params& params, 
     m.scheduled = true;
     return m;
   }
-  AttentionModel m;
-  m.tile_q = static_cast<int>(as_int(scalar(spec, params, "tile_q")));
-  m.s_half = scalar(spec, params, "s_half");
-  m.overhead_s = scalar(spec, params, "overhead_s");
-  m.memory_bandwidth_bytes_per_s = scalar(spec, params, "memory_bandwidth_bytes_per_s");
+  AttentionModel m = attention_common_of(spec, params, hw);
   m.head_dims = array(spec, params, "head_dims");
   m.head_dim_efficiency = array(spec, params, "efficiency");
   m.head_dim_efficiency_unmasked = array(spec, params, "efficiency_unmasked");
-  m.backward = spec.backward;
-  m.device = device_of(hw, DType::bf16);
   m.scheduled = true;
   return m;
 }

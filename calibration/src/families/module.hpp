@@ -133,6 +133,9 @@ LinearModel decode_linear(const Family& f);
 std::vector<InputSpec> attention_inputs();
 std::vector<ParamSpec> attention_wave_params();
 AttentionShape attention_shape(const std::vector<double>& inputs);
+// The parameters every attention form has (tile_q, s_half, overhead_s, memory_bandwidth_bytes_per_s),
+// the direction and the bf16 peak; the forms add their efficiency's parameters.
+AttentionModel attention_common_of(const FamilySpec& spec, const Params& params, const Hardware& hw);
 AttentionModel attention_wave_of(const FamilySpec& spec, const Params& params, const Hardware& hw);
 Params attention_wave_params_of(const AttentionModel& m);
 std::optional<std::string> check_attention_wave(const FamilySpec& spec, const Params& params);
