@@ -7,7 +7,9 @@ nvidia-smi meanwhile (reading only: clocks and limits are left as they are). Wor
 (e4m3, torch._scaled_mm) GEMMs, alone and each followed by memory-bound adds sized to about 40% of the
 GEMM's burst time.
 
-  python3 scripts/sustained_clocks.py OUT_DIR [SECONDS_PER_WORKLOAD]   (PyTorch with CUDA; writes OUT_DIR/sustained.json)
+  python3 scripts/sustained_clocks.py OUT_DIR [SECONDS_PER_WORKLOAD] [SET]
+  (PyTorch with CUDA; SET "large" (default, call S35) or "shapes" (call P36: the fidelity suite's and
+  Mixtral's GEMM shapes, a small GEMM, a memory-bound add alone); writes OUT_DIR/sustained_SET.json)
 """
 import json, subprocess, sys, time, os
 import torch
@@ -18,6 +20,9 @@ dur_s = float(sys.argv[2]) if len(sys.argv) > 2 else 30.0
 res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "runs": []}
 
 def gemm_fn(kind, m, n, k):
+    if kind == "add":
+        x = torch.randn(64 * 1024 * 1024, device=dev, dtype=torch.bfloat16); y = torch.empty_like(x)
+        return lambda: torch.add(x, x, out=y)
     if kind == "bf16":
         a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         b = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
@@ -80,19 +85,28 @@ def run(name, kind, m, n, k, mixed):
          "burst_first30_median_ms": median(burst), "burst_first5_ms": burst[:5],
          "windows": windows, "telemetry_first": tele[:4], "telemetry_last": tele[-4:],
          "tflops_burst": 2 * m * n * k / median(burst) / 1e9,
-         "tflops_last5s": 2 * m * n * k / median([w["gemm_ms_median"] for w in windows[-5:]]) / 1e9}
+         "tflops_last5s": 2 * m * n * k / median([w["gemm_ms_median"] for w in windows[-5:]]) / 1e9,
+         "power_w_median": median([t["power_w"] for t in tele[4:]]) if len(tele) > 5 else None}
     res["runs"].append(r)
     print(f"{name}: burst {r['burst_first30_median_ms']:.4f} ms ({r['tflops_burst']:.0f} TFLOP/s), last 5 s "
           f"{median([w['gemm_ms_median'] for w in windows[-5:]]):.4f} ms ({r['tflops_last5s']:.0f}); "
           f"clocks first {[t['sm_mhz'] for t in tele[:3]]} last {[t['sm_mhz'] for t in tele[-3:]]}; "
-          f"power last {[t['power_w'] for t in tele[-3:]]}; temp last {[t['temp_c'] for t in tele[-3:]]}", flush=True)
+          f"power median {r['power_w_median']} last {[t['power_w'] for t in tele[-3:]]}; temp last {[t['temp_c'] for t in tele[-3:]]}", flush=True)
 
-for name, kind, m, n, k, mixed in [
-        ("fp8_dsv3_expert_fc1", "fp8", 4096, 4096, 7168, False),
-        ("fp8_8192", "fp8", 8192, 8192, 8192, False),
-        ("bf16_8192", "bf16", 8192, 8192, 8192, False),
-        ("fp8_8192_mixed", "fp8", 8192, 8192, 8192, True),
-        ("bf16_8192_mixed", "bf16", 8192, 8192, 8192, True)]:
+SETS = {
+    "large": [("fp8_dsv3_expert_fc1", "fp8", 4096, 4096, 7168, False),
+              ("fp8_8192", "fp8", 8192, 8192, 8192, False),
+              ("bf16_8192", "bf16", 8192, 8192, 8192, False),
+              ("fp8_8192_mixed", "fp8", 8192, 8192, 8192, True),
+              ("bf16_8192_mixed", "bf16", 8192, 8192, 8192, True)],
+    "shapes": [("bf16_f01_fc1", "bf16", 4096, 5632, 2048, False),
+               ("bf16_mixtral_fc1", "bf16", 4096, 14336, 4096, False),
+               ("bf16_2048", "bf16", 2048, 2048, 2048, False),
+               ("add_only", "add", 0, 0, 0, False),
+               ("bf16_8192_again", "bf16", 8192, 8192, 8192, False)],
+}
+which = sys.argv[3] if len(sys.argv) > 3 else "large"
+for name, kind, m, n, k, mixed in SETS[which]:
     run(name, kind, m, n, k, mixed)
-    with open(os.path.join(out, "sustained.json"), "w") as f:
+    with open(os.path.join(out, f"sustained_{which}.json"), "w") as f:
         json.dump(res, f, indent=1)
