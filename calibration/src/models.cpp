@@ -559,11 +559,12 @@ AttentionModel attention_base(bool backward, const DeviceConstants& device, doub
   return m;
 }
 
-// The model make(theta) with the least relative errors over the samples (multi-start
-// Levenberg-Marquardt from `starts`); FitImpossible naming `what` when no start converges.
-template <class Make>
-AttentionModel fit_to_relative_error(const std::vector<AttentionModel::Sample>& samples, const Make& make,
-                                     const std::vector<std::vector<double>>& starts, const char* what) {
+// The model make(theta) with the least relative errors over the samples (each a shape and its
+// measured seconds; multi-start Levenberg-Marquardt from `starts`); FitImpossible naming `what` when no
+// start converges.
+template <class Sample, class Make>
+auto fit_to_relative_error(const std::vector<Sample>& samples, const Make& make,
+                           const std::vector<std::vector<double>>& starts, const char* what) {
   auto residuals = [&](const std::vector<double>& theta) {
     const auto c = make(theta);
     std::vector<double> r(samples.size());
@@ -786,13 +787,6 @@ DecodeAttentionModel DecodeAttentionModel::fit_waves(const std::vector<Sample>& 
     m.bandwidth_bytes_per_s = p[4];
     return m;
   };
-  auto residuals = [&](const std::vector<double>& theta) {
-    const auto m = make(theta);
-    std::vector<double> r(samples.size());
-    for (std::size_t i = 0; i < samples.size(); ++i)
-      r[i] = (m.time_s(samples[i].shape) - samples[i].seconds) / samples[i].seconds;
-    return r;
-  };
   // Starts around what a GPU of this class shows: microseconds of launch, a fraction of one per
   // split, nanoseconds per round and dimension, TB/s.
   std::vector<std::vector<double>> starts;
@@ -805,9 +799,7 @@ DecodeAttentionModel DecodeAttentionModel::fit_waves(const std::vector<Sample>& 
       }
     }
   }
-  const auto res = fit::levenberg_marquardt_multistart(residuals, starts);
-  if (!std::isfinite(res.cost)) throw FitImpossible(std::string(what) + ": no parameters reproduce the points");
-  return make(res.theta);
+  return fit_to_relative_error(samples, make, starts, what);
 }
 
 // ---------------------------------------------------------------------------------------- linear
