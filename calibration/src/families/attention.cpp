@@ -65,13 +65,19 @@ Params attention_wave_params_of(const AttentionModel& m) {
           {m.memory_bandwidth_bytes_per_s}};
 }
 
-std::optional<std::string> check_attention_wave(const FamilySpec& spec, const Params& params) {
+std::optional<std::string> check_attention_common(const FamilySpec& spec, const Params& params) {
   auto s = [&](std::string_view k) { return scalar(spec, params, k); };
   if (s("tile_q") < 1) return "'tile_q' must be at least 1";
-  if (!(s("efficiency_max") > 0)) return "'efficiency_max' must be > 0";
-  if (s("s_half") < 0 || s("d_half") < 0) return "'s_half' and 'd_half' must be >= 0";
+  if (s("s_half") < 0) return "'s_half' must be >= 0";
   if (s("overhead_s") < 0) return "'overhead_s' must be >= 0";
   if (!(s("memory_bandwidth_bytes_per_s") > 0)) return "'memory_bandwidth_bytes_per_s' must be > 0";
+  return std::nullopt;
+}
+
+std::optional<std::string> check_attention_wave(const FamilySpec& spec, const Params& params) {
+  if (auto why = check_attention_common(spec, params)) return why;
+  if (!(scalar(spec, params, "efficiency_max") > 0)) return "'efficiency_max' must be > 0";
+  if (scalar(spec, params, "d_half") < 0) return "'d_half' must be >= 0";
   return std::nullopt;
 }
 

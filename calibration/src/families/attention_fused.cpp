@@ -91,11 +91,7 @@ AttentionModel attention_tiles_of(const FamilySpec& spec, const Params& params, 
 
 std::optional<std::string> check(const FamilySpec& spec, const Params& params) {
   if (is_v1(spec)) return check_attention_wave(spec, params);
-  auto s = [&](std::string_view k) { return scalar(spec, params, k); };
-  if (s("tile_q") < 1) return "'tile_q' must be at least 1";
-  if (s("s_half") < 0) return "'s_half' must be >= 0";
-  if (s("overhead_s") < 0) return "'overhead_s' must be >= 0";
-  if (!(s("memory_bandwidth_bytes_per_s") > 0)) return "'memory_bandwidth_bytes_per_s' must be > 0";
+  if (auto why = check_attention_common(spec, params)) return why;
   const auto& dims = array(spec, params, "head_dims");
   if (dims.empty()) return "'head_dims' must name at least one head dimension";
   for (std::size_t i = 0; i < dims.size(); ++i) {

@@ -138,6 +138,8 @@ AttentionShape attention_shape(const std::vector<double>& inputs);
 AttentionModel attention_common_of(const FamilySpec& spec, const Params& params, const Hardware& hw);
 AttentionModel attention_wave_of(const FamilySpec& spec, const Params& params, const Hardware& hw);
 Params attention_wave_params_of(const AttentionModel& m);
+// Checks of the parameters every attention form has (tile_q, s_half, overhead_s, the bandwidth).
+std::optional<std::string> check_attention_common(const FamilySpec& spec, const Params& params);
 std::optional<std::string> check_attention_wave(const FamilySpec& spec, const Params& params);
 
 // linear_v1 (memory and copy modules): t = alpha + bytes / beta, piecewise by size.
