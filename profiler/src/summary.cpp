@@ -214,7 +214,7 @@ std::optional<WallBreakdown> mean_walls(std::span<const StepSummary> steps, std:
 }
 
 Summary summarize(std::span<const StepRecord> steps, std::span<const PhaseRecord> phases, const Names& names,
-                  bool phase_stats) {
+                  bool phase_stats, std::span<const double> wall_marks_us) {
   Summary out;
   // Critical rank of each step: the longest step, lowest rank on ties.
   std::map<int, StepRecord> critical;
@@ -337,7 +337,7 @@ Summary summarize(std::span<const StepRecord> steps, std::span<const PhaseRecord
       for (const PhaseRecord* p : recs) {
         tl.push_back(timeline_op(*p, pp, p->wall == Wall::communication ? wait_of(*p) : -1.0));
       }
-      s.walls = sweep_walls(tl, rec.dur_us);
+      s.walls = sweep_walls(tl, rec.dur_us, wall_marks_us, &s.walls_until);
       if (ip.present()) s.inference = inference_step(recs, ip, rec.dur_us);
     }
     s.coarse.training_step_ms = rec.dur_us * 1e-3;
@@ -403,7 +403,7 @@ SummaryBuilder::SummaryBuilder(const RunHeader& header, SummaryInputs inputs)
 
 Summary SummaryBuilder::build(std::span<const StepRecord> steps, std::span<const PhaseRecord> phases,
                               const Names& names, bool phase_stats) const {
-  Summary s = summarize(steps, phases, names, phase_stats);
+  Summary s = summarize(steps, phases, names, phase_stats, inputs_.wall_marks_us);
   const double world = std::max(1, header_.world_size);
   for (auto& st : s.steps) {
     const auto in = inputs_.inference_steps.find(st.step);

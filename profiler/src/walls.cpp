@@ -62,8 +62,10 @@ struct Event {
 
 }  // namespace
 
-WallBreakdown sweep_walls(std::span<const TimelineOp> ops, double step_dur_us) {
+WallBreakdown sweep_walls(std::span<const TimelineOp> ops, double step_dur_us, std::span<const double> marks,
+                          std::vector<WallBreakdown>* until) {
   WallBreakdown w;
+  if (until != nullptr) until->assign(marks.size(), WallBreakdown{});
   if (!(step_dur_us > 0.0)) return w;
   std::vector<Event> ev;
   ev.reserve(ops.size() * 4 + 2);
@@ -94,8 +96,8 @@ WallBreakdown sweep_walls(std::span<const TimelineOp> ops, double step_dur_us) {
   std::array<int, kNumCats> active{};
   double t = 0.0;
   std::size_t i = 0;
-  // Classifies [t, t_next): `starts_pipeline` tells whether a pipeline op starts at t_next.
-  auto account = [&](double t_next, bool next_starts_pipeline) {
+  // Classifies [t, t_next) into `into`: `starts_pipeline` tells whether a pipeline op starts at t_next.
+  auto account_into = [&](WallBreakdown& into, double t_next, bool next_starts_pipeline) {
     double d = t_next - t;
     if (d <= 0.0) return;
     bool compute = active[kCompute] > 0;
@@ -103,26 +105,41 @@ WallBreakdown sweep_walls(std::span<const TimelineOp> ops, double step_dur_us) {
     bool comm = active[kComm] > 0;
     if (comm) {
       if (compute || memory) {
-        w.overlapped_comm_us += d;
+        into.overlapped_comm_us += d;
       } else {
-        w.exposed_comm_us += d;
+        into.exposed_comm_us += d;
       }
     }
     if (compute) {
-      w.compute_us += d;
+      into.compute_us += d;
     } else if (memory) {
-      w.memory_us += d;
+      into.memory_us += d;
     } else if (comm) {
-      w.communication_us += d;
+      into.communication_us += d;
     } else if (active[kHost] > 0) {
-      w.host_us += d;
+      into.host_us += d;
     } else if (active[kWait] > 0) {
-      w.bubble_us += d;
+      into.bubble_us += d;
     } else if (next_starts_pipeline) {
-      w.bubble_us += d;  // idle, and what ends the idleness is a pipeline send/recv
+      into.bubble_us += d;  // idle, and what ends the idleness is a pipeline send/recv
     } else {
-      w.host_us += d;  // idle until the host launches the next op
+      into.host_us += d;  // idle until the host launches the next op
     }
+  };
+  // The marks in order: the walls up to a mark are those before it plus [t, mark) as the last part of
+  // a sweep clipped at the mark would count it (idle: host).
+  std::vector<std::size_t> order(marks.size());
+  for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return marks[a] < marks[b]; });
+  std::size_t next_mark = 0;
+  auto account = [&](double t_next, bool next_starts_pipeline) {
+    for (; until != nullptr && next_mark < order.size() && marks[order[next_mark]] <= t_next; ++next_mark) {
+      const double m = std::clamp(marks[order[next_mark]], 0.0, step_dur_us);
+      WallBreakdown& at = (*until)[order[next_mark]];
+      at = w;
+      if (m > t) account_into(at, m, false);
+    }
+    account_into(w, t_next, next_starts_pipeline);
   };
   while (i < ev.size()) {
     double t_next = ev[i].t;
@@ -138,6 +155,7 @@ WallBreakdown sweep_walls(std::span<const TimelineOp> ops, double step_dur_us) {
     }
   }
   account(step_dur_us, false);
+  for (; until != nullptr && next_mark < order.size(); ++next_mark) (*until)[order[next_mark]] = w;  // past the end
   return w;
 }
 

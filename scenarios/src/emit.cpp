@@ -226,6 +226,26 @@ bool Emitter::casts(const Spec& sp) const {
   return c_.quant.on && sp.dtype == DType::fp8 && (sp.kind == OpKind::gemm || sp.kind == OpKind::grouped_gemm);
 }
 
+std::uint16_t Emitter::quant_phase(const Program& p, std::size_t index, unsigned code, std::string_view what,
+                                   std::string_view kind, std::string_view dir) {
+  if (p.quant_phase_tables != t_.serial()) {
+    p.quant_phase_ids.clear();
+    p.quant_phase_tables = t_.serial();
+  }
+  if (p.quant_phase_ids.size() != p.specs.size()) {
+    std::array<std::uint16_t, Program::kQuantPhases> none{};
+    none.fill(kNoPhase);
+    p.quant_phase_ids.resize(p.specs.size(), none);
+  }
+  std::uint16_t& id = p.quant_phase_ids[index].at(code);
+  if (id == kNoPhase) {
+    phase_name_.assign(p.specs[index].name);
+    phase_name_.append(what).append(kind).append(dir);
+    id = t_.phase(phase_name_);
+  }
+  return id;
+}
+
 std::uint32_t Emitter::quantize(const Spec& sp, Operand operand, const Instance& in, bool recompute, bool tp_reduce) {
   const Fp8Quant& q = c_.quant;
   // The operand's rows x columns: a GEMM {m, n, k, batch} reads X[m, k], W[k, n] per batch entry and
@@ -245,11 +265,13 @@ std::uint32_t Emitter::quantize(const Spec& sp, Operand operand, const Instance&
   const std::string_view dir = bwd ? "_bwd" : recompute ? "_recompute" : "_fwd";
   const std::string_view what = operand == Operand::weight ? "_weight" : "";
   const std::uint8_t flags = bwd ? kBackward : recompute ? kRecompute : 0;
+  // quant_phase's code: the operand, the direction and the kind of op; `sp` is a spec of in.p.
+  const auto spec_index = static_cast<std::size_t>(&sp - in.p->specs.data());
+  const unsigned named_code = static_cast<unsigned>(operand) * 9U + (bwd ? 2U : recompute ? 1U : 0U) * 3U;
   auto named = [&](std::string_view kind) {
     Op op;
-    std::string name = sp.name;
-    name.append(what).append(kind).append(dir);
-    op.phase = t_.phase(name);
+    const unsigned kind_code = kind == "_amax" ? 0U : kind == "_cast" ? 1U : 2U;
+    op.phase = quant_phase(*in.p, spec_index, named_code + kind_code, what, kind, dir);
     op.layer = static_cast<std::int32_t>(in.layer);
     op.microbatch = static_cast<std::int32_t>(in.mb);
     op.expert = static_cast<std::int32_t>(sp.expert);

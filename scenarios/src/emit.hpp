@@ -142,6 +142,10 @@ class Emitter {
   std::uint8_t stream_override_ = kDefaultStream;
   std::vector<std::uint32_t> deps_;
   std::string phase_name_;  // phase_of's name
+  // The phase of spec `index` of `p`'s name + `what` + `kind` + `dir` (quantize's names), interned
+  // (cached in the program: Program::quant_phase_ids, by `code` < kQuantPhases).
+  std::uint16_t quant_phase(const Program& p, std::size_t index, unsigned code, std::string_view what,
+                            std::string_view kind, std::string_view dir);
   static constexpr std::uint16_t kNoPhase = 0xFFFF;
   // The consumers of each spec of a program emitted backward (begin_backward), per program: a program
   // given to backward or begin_backward stays in place and unchanged while this Emitter emits.

@@ -155,6 +155,11 @@ struct Program {
   // not change once emitted.
   mutable std::vector<std::array<std::uint16_t, 5>> phase_ids;
   mutable std::uint64_t phase_tables = 0;
+  // The same for the FP8 quantisation ops of each spec (Emitter::quant_phase: operand x direction x
+  // kind of op).
+  static constexpr std::size_t kQuantPhases = 27;
+  mutable std::vector<std::array<std::uint16_t, kQuantPhases>> quant_phase_ids;
+  mutable std::uint64_t quant_phase_tables = 0;
   int add(Spec s) {
     if (s.after.empty()) s.after.push_back(static_cast<int>(specs.size()) - 1);  // previous op (or input)
     specs.push_back(std::move(s));

@@ -67,6 +67,40 @@ profiler::StepRecord step_records(const records::OpRecords& templates, const Ste
   return sr;
 }
 
+// SteadyRound's span in a step of `m` micro-batches: the starts (seconds from the step's start) of
+// the last model chunk's forward of micro-batch m - 1 - microbatches and of m - 1 on the first pipeline
+// stage's class where they are furthest apart; nullopt when a class of that stage lacks either.
+std::optional<std::pair<double, double>> steady_round_span(const StepGraph& g, const StepResult& r, int m,
+                                                           int microbatches) {
+  if (microbatches < 1 || m - 1 - microbatches < 0) return std::nullopt;
+  const int mb0 = m - 1 - microbatches;
+  std::optional<std::pair<double, double>> span;
+  for (std::size_t c = 0; c < g.classes.size(); ++c) {
+    const scenarios::RankClass& rc = g.classes[c];
+    if (rc.pp_stage != 0) continue;
+    // Per micro-batch (m - 1 - round, m - 1): the last chunk of its forward and that chunk's first start.
+    std::array<int, 2> chunk{-2, -2};
+    std::array<double, 2> start{0.0, 0.0};
+    for (std::size_t i = 0; i < rc.ops.size(); ++i) {
+      const Op& op = rc.ops[i];
+      const int k = op.microbatch == m - 1 ? 1 : op.microbatch == mb0 ? 0 : -1;
+      if (k < 0 || (op.flags & (scenarios::kBackward | scenarios::kRecompute)) != 0) continue;
+      if (op.wall != Wall::compute && op.wall != Wall::memory) continue;
+      const auto kk = static_cast<std::size_t>(k);
+      const double t = r.classes[c].start[i];
+      if (op.chunk > chunk[kk]) {
+        chunk[kk] = op.chunk;
+        start[kk] = t;
+      } else if (op.chunk == chunk[kk]) {
+        start[kk] = std::min(start[kk], t);
+      }
+    }
+    if (chunk[0] == -2 || chunk[1] == -2) return std::nullopt;
+    if (!span || start[1] - start[0] > span->second - span->first) span.emplace(start[0], start[1]);
+  }
+  return span;
+}
+
 }  // namespace
 
 SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const ProfileInfoForHeader& profile,
@@ -248,7 +282,12 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   std::vector<std::uint32_t> kept;
   std::vector<std::size_t> class_begin;
   // Records of one simulated step: the summary's (representatives) and the files' (recording ranks).
+  // SimOptions::steady_round: the first step's span (seconds from its start).
+  std::optional<std::pair<double, double>> round_span;
   auto emit = [&](const StepGraph& g, const StepResult& r, int step) {
+    if (step == 0 && opt.steady_round > 0 && opt.steady_rounds > 0 && s.train) {
+      round_span = steady_round_span(g, r, s.train->num_microbatches, opt.steady_round * opt.steady_rounds);
+    }
     if (!per_step && sum_phases.empty() && !summary_records_only) {
       // Every step runs the first step's ops: one record per op of each class representative.
       sum_steps.reserve(first.classes.size() * static_cast<std::size_t>(steps));
@@ -412,8 +451,24 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   }
   in.oom = result.memory.oom();
   in.inference_steps = std::move(inference_steps);
+  if (round_span) in.wall_marks_us = {round_span->first * 1e6, round_span->second * 1e6};
   const profiler::SummaryBuilder builder(header, in);
   result.summary = builder.build(sum_steps, sum_phases, names, opt.phase_stats);
+  if (round_span) {
+    SteadyRound sr;
+    sr.microbatches = opt.steady_round;
+    sr.rounds = opt.steady_rounds;
+    sr.period_us = (round_span->second - round_span->first) * 1e6 / opt.steady_rounds;
+    const profiler::StepSummary& first_step = result.summary.steps.front();
+    if (first_step.walls_until.size() == 2) {
+      profiler::WallBreakdown before = first_step.walls_until[0];
+      before *= -1.0;
+      sr.walls = first_step.walls_until[1];
+      *sr.walls += before;
+      *sr.walls *= 1.0 / opt.steady_rounds;
+    }
+    result.steady_round = sr;
+  }
   result.summary_json = builder.to_json(result.summary);
   if (writer) {
     writer->write_summary(result.summary_json);

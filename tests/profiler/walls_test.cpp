@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 
 using namespace threewalls::profiler;
@@ -194,4 +195,38 @@ TEST(Walls, TheLaunchWaitOfAComputeRecordIsHostUnlessSomethingElseRuns) {
   EXPECT_DOUBLE_EQ(timeline_op(r, kNoName).launch_wait_us, 4);
   r.wall = Wall::communication;
   EXPECT_DOUBLE_EQ(timeline_op(r, kNoName).launch_wait_us, 0);
+}
+
+TEST(Walls, TheWallsUpToAMarkAreThoseOfTheStepCutThere) {
+  // Random timelines of every kind of op (waits, launch waits, pipeline ops, idle gaps): the walls up
+  // to each mark equal a sweep of the step cut at the mark, and the step's walls do not move.
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> at(0.0, 100.0);
+  std::uniform_int_distribution<int> kind(0, 3);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<TimelineOp> ops;
+    for (int k = 0; k < 12; ++k) {
+      const double a = at(rng), b = at(rng);
+      TimelineOp o = op(std::min(a, b), std::max(a, b), static_cast<Wall>(kind(rng)), kind(rng) == 0);
+      if (o.wall == Wall::communication && kind(rng) > 1) o.wait_us = (o.end_us - o.start_us) / 2;
+      if (o.wall != Wall::communication && kind(rng) == 3) o.launch_wait_us = 1.5;
+      ops.push_back(o);
+    }
+    const std::vector<double> marks = {at(rng), ops[0].start_us, ops[1].end_us, -5.0, 100.0, 150.0, at(rng)};
+    std::vector<WallBreakdown> until;
+    const WallBreakdown whole = sweep_walls(ops, 100, marks, &until);
+    const WallBreakdown plain = sweep_walls(ops, 100);
+    EXPECT_DOUBLE_EQ(whole.total_us(), plain.total_us());
+    EXPECT_DOUBLE_EQ(whole.bubble_us, plain.bubble_us);
+    EXPECT_DOUBLE_EQ(whole.exposed_comm_us, plain.exposed_comm_us);
+    ASSERT_EQ(until.size(), marks.size());
+    for (std::size_t k = 0; k < marks.size(); ++k) {
+      const WallBreakdown cut = sweep_walls(ops, std::clamp(marks[k], 0.0, 100.0));
+      for (int wall = 0; wall < 5; ++wall) {
+        EXPECT_NEAR(wall_value(until[k], wall), wall_value(cut, wall), 1e-9) << trial << " mark " << marks[k];
+      }
+      EXPECT_NEAR(until[k].exposed_comm_us, cut.exposed_comm_us, 1e-9);
+      EXPECT_NEAR(until[k].overlapped_comm_us, cut.overlapped_comm_us, 1e-9);
+    }
+  }
 }

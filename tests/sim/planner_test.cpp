@@ -514,7 +514,7 @@ TEST(PlanSweep, StepsStartedDuringTheSweepGiveTheSameRows) {
       &ahead);
   std::sort(started.begin(), started.end());
   EXPECT_EQ(started, (std::vector<std::size_t>{0, 1, 2}));                           // once per row
-  EXPECT_FALSE(ahead.take(r.top[0].cand.index, plain[0].flow_microbatches.back()));  // none left
+  EXPECT_FALSE(ahead.take(r.top[0].cand.index, plain[0].flow_microbatches));         // none left
   for (std::size_t i = 0; i < r.top.size(); ++i) {
     EXPECT_EQ(early[i].flow_error, "") << i;
     ASSERT_TRUE(plain[i].flow_step_time_us && early[i].flow_step_time_us) << i;
@@ -522,6 +522,7 @@ TEST(PlanSweep, StepsStartedDuringTheSweepGiveTheSameRows) {
     EXPECT_EQ(*plain[i].flow_peak_bytes, *early[i].flow_peak_bytes) << i;
     EXPECT_EQ(plain[i].flow_walls->exposed_comm_us, early[i].flow_walls->exposed_comm_us) << i;
     EXPECT_EQ(plain[i].flow_microbatches, early[i].flow_microbatches) << i;
+    EXPECT_EQ(plain[i].flow_round, early[i].flow_round) << i;
   }
 }
 
@@ -532,16 +533,17 @@ TEST(PlanSweep, SteadyStateMicroBatchesFollowThePipeline) {
     s.parallel.pp = pp;
     s.parallel.vpp = vpp;
     s.train->set_microbatches(m, s.parallel.dp);
-    return resim_microbatches(s, ResimMethod::steady_state);
+    return resim_step(s, ResimMethod::steady_state);
   };
-  EXPECT_EQ(with(16, 1, 960), (std::vector<int>{17, 18}));
-  EXPECT_EQ(with(16, 2, 240), (std::vector<int>{32, 48}));
-  EXPECT_EQ(with(5, 1, 40), (std::vector<int>{6, 7}));
-  EXPECT_EQ(with(1, 1, 8), (std::vector<int>{2, 3}));
-  EXPECT_EQ(with(16, 1, 35), (std::vector<int>{35}));  // not longer than the two short steps: whole
-  EXPECT_EQ(with(16, 2, 80), (std::vector<int>{80}));
+  EXPECT_EQ(with(16, 1, 960), (ResimStep{21, 1, 3}));   // three rounds from micro-batch pp + 1
+  EXPECT_EQ(with(16, 2, 240), (ResimStep{48, 16, 1}));  // one round of pp micro-batches
+  EXPECT_EQ(with(5, 1, 40), (ResimStep{10, 1, 3}));
+  EXPECT_EQ(with(1, 1, 8), (ResimStep{6, 1, 3}));
+  EXPECT_EQ(with(16, 1, 22), (ResimStep{21, 1, 3}));
+  EXPECT_EQ(with(16, 1, 21), (ResimStep{21, 0, 0}));  // not longer than the short step: whole
+  EXPECT_EQ(with(16, 2, 48), (ResimStep{48, 0, 0}));
   s.train->set_microbatches(960, s.parallel.dp);
-  EXPECT_EQ(resim_microbatches(s, ResimMethod::full), (std::vector<int>{960}));
+  EXPECT_EQ(resim_step(s, ResimMethod::full), (ResimStep{960, 0, 0}));
   EXPECT_EQ(s.train->global_batch_size, 960LL * s.train->micro_batch_size * s.parallel.dp);
   EXPECT_EQ(to_string(ResimMethod::steady_state), std::string("steady"));
   EXPECT_EQ(resim_method_from("full"), ResimMethod::full);
@@ -550,7 +552,7 @@ TEST(PlanSweep, SteadyStateMicroBatchesFollowThePipeline) {
 
 TEST(PlanSweep, SteadyStateReSimulationGivesTheWholeStep) {
   // Mixtral on 64 GPUs, pp 2 and 4 with and without interleaving (8 to 32 micro-batches per rank):
-  // each row simulated whole and from two short steps.
+  // each row simulated whole and from the steady period of a short step.
   const auto loaded = scenarios::load_scenario_file(example("mixtral_8x7b_64gpu"));
   PlanOptions o = mixtral_options(loaded.scenario, "tp=1,2;pp=2,4;vpp=1,2;ep=8;mbs=1;recompute=selective");
   o.top_k = 8;
@@ -572,9 +574,12 @@ TEST(PlanSweep, SteadyStateReSimulationGivesTheWholeStep) {
     ASSERT_EQ(whole[i].flow_error, "") << i;
     ASSERT_EQ(steady[i].flow_error, "") << i;
     const int m = scenarios[i].train->num_microbatches;
-    EXPECT_EQ(whole[i].flow_microbatches, std::vector<int>{m});
-    EXPECT_EQ(steady[i].flow_microbatches, resim_microbatches(scenarios[i], ResimMethod::steady_state));
-    if (steady[i].flow_microbatches.size() == 2) extrapolated |= scenarios[i].parallel.vpp > 1 ? 2 : 1;
+    EXPECT_EQ(whole[i].flow_microbatches, m);
+    EXPECT_EQ(whole[i].flow_round, 0);
+    const ResimStep st = resim_step(scenarios[i], ResimMethod::steady_state);
+    EXPECT_EQ(steady[i].flow_microbatches, st.microbatches);
+    EXPECT_EQ(steady[i].flow_round, st.round);
+    if (st.round > 0) extrapolated |= scenarios[i].parallel.vpp > 1 ? 2 : 1;
     const double w = *whole[i].flow_step_time_us;
     // The documented tolerance (docs/planner.md, "Flow re-simulation"): 0.1% of the step time, the
     // walls within 1% of it, the same peak.
@@ -592,7 +597,8 @@ TEST(PlanSweep, SteadyStateReSimulationGivesTheWholeStep) {
   with.top = steady;
   const PlanResult back = plan_from_json(Json::parse(plan_to_json(with).dump()), "plan.json");
   EXPECT_EQ(back.top[0].flow_microbatches, steady[0].flow_microbatches);
-  EXPECT_NE(plan_to_text(with).find("flow_s extrapolated from the steady state"), std::string::npos);
+  EXPECT_EQ(back.top[0].flow_round, steady[0].flow_round);
+  EXPECT_NE(plan_to_text(with).find("flow_s extrapolated by the steady period"), std::string::npos);
 }
 
 // ---- the CLI ----

@@ -357,6 +357,59 @@ steps = 1
   EXPECT_LT(w.communication_us / step, 0.01);
 }
 
+TEST(Simulator, AStepsSteadyPeriodIsWhatAnotherRoundOfMicroBatchesAdds) {
+  // Past the schedule's warm-up each round of micro-batches (pp of them with the interleaved
+  // schedule, else one) adds one period to the step (the planner's re-simulations, docs/planner.md):
+  // measured in the step of b micro-batches (SteadyRound, over the planner's rounds), it is the step
+  // of b + round less the step of b, and the critical rank's walls over it add up to it.
+  for (const int vpp : {1, 2}) {
+    auto simulate_with = [&](int m, int round, int rounds = 1) {
+      const scenarios::Scenario s = from_text(R"(schema_version = 1
+name = "pipeline_period"
+[model]
+num_layers = 8
+hidden_size = 4096
+num_attention_heads = 32
+ffn_hidden_size = 16384
+vocab_size = 1024
+[parallel]
+pp = 4
+vpp = )" + std::to_string(vpp) + R"(
+[train]
+micro_batch_size = 1
+global_batch_size = )" + std::to_string(m) + R"(
+seq_length = 4096
+[cluster]
+gpu = "h100"
+gpus_per_node = 4
+nodes = 1
+[run]
+steps = 1
+)");
+      SimOptions o;
+      o.fidelity = Fidelity::analytic;
+      o.steady_round = round;
+      o.steady_rounds = rounds;
+      return simulate(s, "auto", o);
+    };
+    const int round = vpp > 1 ? 4 : 1;
+    const int rounds = vpp > 1 ? 1 : 3;
+    const int b = vpp > 1 ? 12 : 9;
+    const SimResult short_step = simulate_with(b, round, rounds);
+    const SimResult longer = simulate_with(b + round, 0);
+    ASSERT_TRUE(short_step.steady_round) << "vpp " << vpp;
+    EXPECT_FALSE(longer.steady_round);  // not asked for
+    EXPECT_EQ(short_step.steady_round->microbatches, round);
+    EXPECT_EQ(short_step.steady_round->rounds, rounds);
+    const double grown = longer.summary.steps.at(0).step_time_us - short_step.summary.steps.at(0).step_time_us;
+    EXPECT_NEAR(short_step.steady_round->period_us / grown, 1.0, 1e-3) << "vpp " << vpp;
+    ASSERT_TRUE(short_step.steady_round->walls);
+    EXPECT_NEAR(short_step.steady_round->walls->total_us() / short_step.steady_round->period_us, 1.0, 1e-9);
+    // A round longer than the step has no period.
+    EXPECT_FALSE(simulate_with(round, round).steady_round) << "vpp " << vpp;
+  }
+}
+
 TEST(Simulator, BlackwellKindsSimulateFromSyntheticProfilesThatSayTheyAreNotMeasured) {
   // The same MoE step on 16 GPUs: H200 (two 8-GPU NVLink domains) and GB200 (one NVL72 domain holds
   // all 16: the EP all-to-all stays on NVLink). Blackwell's profiles are datasheet-scaled H200 facts:

@@ -98,7 +98,8 @@ OrderedJson row_json(const PlanRow& r) {
     f["step_time_us"] = *r.flow_step_time_us;
     if (r.flow_walls) f["walls"] = walls_json(*r.flow_walls);
     if (r.flow_peak_bytes) f["peak_bytes"] = *r.flow_peak_bytes;
-    if (!r.flow_microbatches.empty()) f["microbatches_simulated"] = r.flow_microbatches;
+    if (r.flow_microbatches > 0) f["microbatches_simulated"] = r.flow_microbatches;
+    if (r.flow_round > 0) f["steady_round"] = r.flow_round;
     j["flow"] = f;
   }
   if (!r.flow_error.empty()) j["flow_error"] = r.flow_error;
@@ -164,8 +165,8 @@ PlanRow row_from(const Json& j, const std::string& where) {
     r.flow_step_time_us = f.at("step_time_us").get<double>();
     if (f.contains("walls")) r.flow_walls = walls_from(f.at("walls"));
     if (f.contains("peak_bytes")) r.flow_peak_bytes = f.at("peak_bytes").get<double>();
-    if (f.contains("microbatches_simulated"))
-      r.flow_microbatches = f.at("microbatches_simulated").get<std::vector<int>>();
+    r.flow_microbatches = f.value("microbatches_simulated", 0);
+    r.flow_round = f.value("steady_round", 0);
   }
   if (j.contains("flow_error")) r.flow_error = j.at("flow_error").get<std::string>();
   return r;
@@ -346,14 +347,14 @@ std::string plan_to_text(const PlanResult& r) {
   }
   std::vector<std::string> extrapolated;
   for (std::size_t i = 0; i < r.top.size(); ++i) {
-    const auto& ms = r.top[i].flow_microbatches;
-    if (ms.size() == 2 && r.top[i].flow_error.empty()) {
-      extrapolated.push_back("#" + std::to_string(i + 1) + " from " + std::to_string(ms[0]) + " and " +
-                             std::to_string(ms[1]) + " of " + std::to_string(r.top[i].microbatches));
+    const PlanRow& row = r.top[i];
+    if (row.flow_round > 0 && row.flow_error.empty()) {
+      extrapolated.push_back("#" + std::to_string(i + 1) + " from " + std::to_string(row.flow_microbatches) + " of " +
+                             std::to_string(row.microbatches) + " (period of " + std::to_string(row.flow_round) + ")");
     }
   }
   if (!extrapolated.empty()) {
-    os << "flow_s extrapolated from the steady state of shorter steps (micro-batches; --resim-method full "
+    os << "flow_s extrapolated by the steady period of a shorter step (micro-batches; --resim-method full "
           "simulates every one): "
        << join(extrapolated, ", ") << "\n";
   }
@@ -379,19 +380,18 @@ std::optional<ResimMethod> resim_method_from(const std::string& s) {
   return std::nullopt;
 }
 
-std::vector<int> resim_microbatches(const scenarios::Scenario& s, ResimMethod method) {
-  if (!s.train) return {0};  // an inference step: its own
-  const int m = s.train->num_microbatches;
+ResimStep resim_step(const scenarios::Scenario& s, ResimMethod method) {
+  const int m = s.train ? s.train->num_microbatches : 0;
+  if (!s.train) return {m, 0, 0};  // an inference step: its own
   const int pp = std::max(1, s.parallel.pp);
-  // Both steps past the schedule's warm-up (pp - 1 micro-batches; about 2 pp with interleaving, which
-  // also needs multiples of pp): shorter ones are off the line (Mixtral pp2 from 2 and 4: +2.0%,
-  // Qwen3-235B pp8 vpp4 from 8 and 16: -0.9%). Their peak is m's: no more than pp + 1 micro-batches
-  // are in flight at once, (vpp + 1) pp chunk passes with interleaving.
-  const bool interleaved = s.parallel.vpp > 1;
-  const int a = interleaved ? 2 * pp : pp + 1;
-  const int b = interleaved ? 3 * pp : pp + 2;
-  if (method == ResimMethod::steady_state && m > a + b) return {a, b};
-  return {m};
+  // The first stage's forwards are steady from micro-batch pp + 1 on without interleaving (its
+  // warm-up runs micro-batches 0 to pp - 2; pp - 1 and pp still follow it): three rounds of one
+  // micro-batch are measured, as one alone varies by up to 1% with the flows' sharing (DeepSeek-V3
+  // pp 16 on 2,048 GPUs: within 0.13% of the whole step with three, 1% with one). With interleaving
+  // (rounds of pp micro-batches, a warm-up of about 2 pp) the third round is steady.
+  const ResimStep st = s.parallel.vpp > 1 ? ResimStep{3 * pp, pp, 1} : ResimStep{pp + 5, 1, 3};
+  if (method == ResimMethod::steady_state && m > st.microbatches) return st;
+  return {m, 0, 0};
 }
 
 namespace {
@@ -401,7 +401,14 @@ struct ResimPoint {
   double step_time_us = 0.0;
   std::optional<PlanWalls> walls;
   double peak_bytes = 0.0;
+  std::optional<double> period_us;  // its steady period, when asked for (SteadyRound)
+  std::optional<PlanWalls> period_walls;
 };
+
+// The planner's walls of a simulated step's (or period's) walls.
+PlanWalls plan_walls(const profiler::WallBreakdown& w) {
+  return PlanWalls{w.compute_us + w.memory_us, w.communication_us, w.bubble_us, w.host_us};
+}
 
 // A re-simulated step is a fresh process that allocates its StepGraph, the executor's state and the
 // records (tens to hundreds of MiB) and exits: faulting them in page by page took about a fifth of its
@@ -421,9 +428,8 @@ void heap_in_huge_pages(std::size_t bytes) {
 }
 
 // The child of one re-simulated step: one SimGrid engine, the result as JSON on `fd`, then _exit (no
-// destructors of the parent's state). Without `with_peak` the step's memory is not modelled and its
-// peak_bytes is 0 (fill_row reads the peak of a row's last point only).
-[[noreturn]] void resimulate_child(const scenarios::Scenario& s, const OpCoster& coster, bool with_peak, int fd) {
+// destructors of the parent's state). With st.round > 0 also its steady period (ResimStep).
+[[noreturn]] void resimulate_child(const scenarios::Scenario& s, const OpCoster& coster, const ResimStep& st, int fd) {
   std::string msg;
   heap_in_huge_pages(std::size_t{512} << 20);
   try {
@@ -435,16 +441,15 @@ void heap_in_huge_pages(std::size_t bytes) {
     // The row reads the step time, the walls and the peak.
     opt.phase_stats = false;
     opt.substitution_warnings = false;
-    opt.memory_model = with_peak;
+    opt.steady_round = st.round;
+    opt.steady_rounds = st.rounds;
     const SimResult r = simulate(one, coster, ProfileInfoForHeader{"plan", "", "", "planner re-simulation", ""}, opt);
     OrderedJson j;
     j["step_time_us"] = r.summary.steps.empty() ? 0.0 : r.summary.steps.back().step_time_us;
-    if (r.summary.walls_mean) {
-      const auto& w = *r.summary.walls_mean;
-      j["walls"] = {{"compute_us", w.compute_us + w.memory_us},
-                    {"exposed_comm_us", w.communication_us},
-                    {"bubble_us", w.bubble_us},
-                    {"host_us", w.host_us}};
+    if (r.summary.walls_mean) j["walls"] = walls_json(plan_walls(*r.summary.walls_mean));
+    if (r.steady_round) {
+      j["period_us"] = r.steady_round->period_us;
+      if (r.steady_round->walls) j["period_walls"] = walls_json(plan_walls(*r.steady_round->walls));
     }
     double peak = 0.0;
     for (const auto& c : r.memory.classes) peak = std::max(peak, c.peak().value);
@@ -476,31 +481,38 @@ std::string read_resimulation(const std::string& buf, int status, ResimPoint& p)
     p.step_time_us = j.at("step_time_us").get<double>();
     if (j.contains("walls")) p.walls = walls_from(j.at("walls"));
     p.peak_bytes = j.at("peak_bytes").get<double>();
+    if (j.contains("period_us")) p.period_us = j.at("period_us").get<double>();
+    if (j.contains("period_walls")) p.period_walls = walls_from(j.at("period_walls"));
   } catch (const Json::exception& e) {
     return std::string("unreadable result: ") + e.what();
   }
   return "";
 }
 
-// The row of its simulated steps: one whole step, or two (a and b micro-batches) extrapolated
-// linearly to the row's m (resim_microbatches).
-void fill_row(PlanRow& row, const std::vector<int>& ms, const std::vector<ResimPoint>& pts, int m) {
-  row.flow_microbatches = ms;
-  if (pts.size() == 1) {
-    row.flow_step_time_us = pts[0].step_time_us;
-    row.flow_walls = pts[0].walls;
-    row.flow_peak_bytes = pts[0].peak_bytes;
-    return;
+// The row of its simulated step: the step itself, or (st.round > 0) extrapolated to the row's m
+// micro-batches by the step's steady period (resim_step); the error, or "".
+std::string fill_row(PlanRow& row, const ResimStep& st, const ResimPoint& p, int m) {
+  row.flow_microbatches = st.microbatches;
+  row.flow_round = st.round;
+  row.flow_peak_bytes = p.peak_bytes;
+  if (st.round == 0) {
+    row.flow_step_time_us = p.step_time_us;
+    row.flow_walls = p.walls;
+    return "";
   }
-  const double k = static_cast<double>(m - ms[0]) / static_cast<double>(ms[1] - ms[0]);
-  auto at_m = [k](double a, double b) { return a + (b - a) * k; };
-  row.flow_step_time_us = at_m(pts[0].step_time_us, pts[1].step_time_us);
-  if (pts[0].walls && pts[1].walls) {
-    const PlanWalls &a = *pts[0].walls, &b = *pts[1].walls;
-    row.flow_walls = PlanWalls{at_m(a.compute_us, b.compute_us), at_m(a.exposed_comm_us, b.exposed_comm_us),
-                               at_m(a.bubble_us, b.bubble_us), at_m(a.host_us, b.host_us)};
+  if (!p.period_us) {
+    return "the step of " + std::to_string(st.microbatches) +
+           " micro-batches has no steady period on its first pipeline stage (--resim-method full simulates "
+           "every micro-batch)";
   }
-  row.flow_peak_bytes = pts[1].peak_bytes;
+  const double k = static_cast<double>(m - st.microbatches) / static_cast<double>(st.round);
+  row.flow_step_time_us = p.step_time_us + k * *p.period_us;
+  if (p.walls && p.period_walls) {
+    const PlanWalls &w = *p.walls, &d = *p.period_walls;
+    row.flow_walls = PlanWalls{w.compute_us + k * d.compute_us, w.exposed_comm_us + k * d.exposed_comm_us,
+                               w.bubble_us + k * d.bubble_us, w.host_us + k * d.host_us};
+  }
+  return "";
 }
 
 struct ResimChild {
@@ -510,22 +522,19 @@ struct ResimChild {
   std::string buf;
 };
 
-// One simulated step of a row.
+// The simulated step of a row.
 struct ResimJob {
   std::size_t row = 0;
-  std::size_t point = 0;  // its index in the row's resim_microbatches
   scenarios::Scenario scenario;
+  ResimStep step;
 };
 
-// The steps of the row of `s` (row index `row`): one scenario per count of resim_microbatches.
-std::vector<ResimJob> resim_jobs(const scenarios::Scenario& s, std::size_t row, const std::vector<int>& counts) {
-  std::vector<ResimJob> jobs;
-  for (std::size_t k = 0; k < counts.size(); ++k) {
-    ResimJob job{row, k, s};
-    if (counts.size() > 1) job.scenario.train->set_microbatches(counts[k], job.scenario.parallel.dp);
-    jobs.push_back(std::move(job));
-  }
-  return jobs;
+// The step of the row of `s` (row index `row`) by resim_step.
+ResimJob resim_job(const scenarios::Scenario& s, std::size_t row, ResimMethod method) {
+  const ResimStep st = resim_step(s, method);
+  ResimJob job{row, s, st};
+  if (st.round > 0) job.scenario.train->set_microbatches(st.microbatches, job.scenario.parallel.dp);
+  return job;
 }
 
 // A step's simulation time grows with its micro-batches.
@@ -539,7 +548,7 @@ struct Spawned {
 };
 
 // Forks resimulate_child for `s`; the child closes `others` (the parent's read ends of other children).
-Spawned spawn_step(const scenarios::Scenario& s, const OpCoster& coster, bool with_peak,
+Spawned spawn_step(const scenarios::Scenario& s, const OpCoster& coster, const ResimStep& st,
                    const std::vector<int>& others) {
   Spawned out;
   int fds[2];
@@ -558,7 +567,7 @@ Spawned spawn_step(const scenarios::Scenario& s, const OpCoster& coster, bool wi
   if (pid == 0) {
     close(fds[0]);
     for (const int fd : others) close(fd);
-    resimulate_child(s, coster, with_peak, fds[1]);
+    resimulate_child(s, coster, st, fds[1]);
   }
   close(fds[1]);
   out.pid = pid;
@@ -592,7 +601,7 @@ std::string read_all(int fd) {
 struct ResimAhead::Step {
   std::uint64_t cand = 0;
   scenarios::Scenario scenario;
-  bool with_peak = false;
+  ResimStep step;
 };
 
 ResimAhead::ResimAhead(const PlanEstimator& est, const OpCoster& coster, int rows, int jobs, ResimMethod method)
@@ -621,12 +630,8 @@ void ResimAhead::offer(const std::vector<PlanRow>& best) {
     steps_.clear();
     for (std::size_t i = 0; i < ids.size(); ++i) {
       try {
-        const scenarios::Scenario s = est_.scenario_of(best[i].cand);
-        const std::vector<int> counts = resim_microbatches(s, method_);
-        for (ResimJob& j : resim_jobs(s, i, counts)) {
-          const bool with_peak = j.point + 1 == counts.size();
-          steps_.push_back(Step{ids[i], std::move(j.scenario), with_peak});
-        }
+        ResimJob j = resim_job(est_.scenario_of(best[i].cand), i, method_);
+        steps_.push_back(Step{ids[i], std::move(j.scenario), j.step});
       } catch (const std::exception&) {
         // resimulate_flow starts it, and records why it fails.
       }
@@ -671,7 +676,7 @@ void ResimAhead::offer(const std::vector<PlanRow>& best) {
     }
     std::vector<int> others;
     for (const Child& c : children_) others.push_back(c.fd);
-    const Spawned sp = spawn_step(st.scenario, coster_, st.with_peak, others);
+    const Spawned sp = spawn_step(st.scenario, coster_, st.step, others);
     if (sp.pid < 0) return;  // resimulate_flow starts it, and records why it fails
     children_.push_back(Child{st.cand, m, sp.pid, sp.fd, std::nullopt});
     ++running;
@@ -701,15 +706,10 @@ void resimulate_flow(const std::vector<scenarios::Scenario>& scenarios, const Op
                      const std::vector<PlanRow*>& rows, int jobs, ResimMethod method,
                      const std::function<void(std::size_t)>& started, ResimAhead* ahead) {
   if (scenarios.size() != rows.size()) throw std::logic_error("resimulate_flow: one row per scenario");
-  std::vector<std::vector<int>> counts;
-  std::vector<std::vector<ResimPoint>> points;
+  std::vector<ResimPoint> points(scenarios.size());
   std::vector<std::string> errors(scenarios.size());
   std::vector<ResimJob> todo;
-  for (std::size_t i = 0; i < scenarios.size(); ++i) {
-    counts.push_back(resim_microbatches(scenarios[i], method));
-    points.emplace_back(counts.back().size());
-    for (ResimJob& job : resim_jobs(scenarios[i], i, counts.back())) todo.push_back(std::move(job));
-  }
+  for (std::size_t i = 0; i < scenarios.size(); ++i) todo.push_back(resim_job(scenarios[i], i, method));
   // Longest first, so that the last ones to finish are short; the rows do not depend on the order.
   std::stable_sort(todo.begin(), todo.end(), [](const ResimJob& x, const ResimJob& y) {
     return step_length(x.scenario) > step_length(y.scenario);
@@ -738,7 +738,7 @@ void resimulate_flow(const std::vector<scenarios::Scenario>& scenarios, const Op
         running.push_back(ResimChild{c->pid, c->fd, n, {}});
         continue;
       }
-      const std::string error = read_resimulation(read_all(c->fd), *c->status, points[job.row][job.point]);
+      const std::string error = read_resimulation(read_all(c->fd), *c->status, points[job.row]);
       if (!error.empty() && errors[job.row].empty()) errors[job.row] = error;
     }
     ahead->clear();
@@ -750,7 +750,7 @@ void resimulate_flow(const std::vector<scenarios::Scenario>& scenarios, const Op
     reported[job.row] = true;
     std::vector<int> others;
     for (const auto& c : running) others.push_back(c.fd);
-    const Spawned sp = spawn_step(job.scenario, coster, job.point + 1 == counts[job.row].size(), others);
+    const Spawned sp = spawn_step(job.scenario, coster, job.step, others);
     if (sp.pid < 0) {
       errors[job.row] = sp.error;
       return;
@@ -783,7 +783,7 @@ void resimulate_flow(const std::vector<scenarios::Scenario>& scenarios, const Op
       close(c.fd);
       const int status = wait_child(c.pid);
       const ResimJob& job = todo[c.job];
-      const std::string error = read_resimulation(c.buf, status, points[job.row][job.point]);
+      const std::string error = read_resimulation(c.buf, status, points[job.row]);
       if (!error.empty() && errors[job.row].empty()) errors[job.row] = error;
       running.erase(running.begin() + static_cast<std::ptrdiff_t>(k));
     }
@@ -794,7 +794,14 @@ void resimulate_flow(const std::vector<scenarios::Scenario>& scenarios, const Op
       row.flow_error = errors[i];
       continue;
     }
-    fill_row(row, counts[i], points[i], scenarios[i].train ? scenarios[i].train->num_microbatches : 0);
+    const std::string error = fill_row(row, resim_step(scenarios[i], method), points[i],
+                                       scenarios[i].train ? scenarios[i].train->num_microbatches : 0);
+    if (!error.empty()) {
+      row.flow_error = error;
+      row.flow_step_time_us.reset();
+      row.flow_walls.reset();
+      row.flow_peak_bytes.reset();
+    }
   }
 }
 

@@ -98,6 +98,9 @@ struct StepSummary {
   double tflops_per_gpu = 0.0;
   double mfu = 0.0;
   std::optional<WallBreakdown> walls;  // null when the records hold only the coarse view
+  // With wall marks (summarize): the critical rank's walls from the step's start to each mark (µs
+  // from the step's start, clipped to the step), by the sweep of `walls`; empty without walls.
+  std::vector<WallBreakdown> walls_until;
   CoarseStep coarse;
   std::optional<InferenceStep> inference;  // inference runs only (above)
 };
@@ -145,6 +148,9 @@ struct SummaryInputs {
   std::map<int, Bytes> peak_reserved_by_rank;
   // Inference runs: per recorded step (by step index); empty for training.
   std::map<int, InferenceStepInput> inference_steps;
+  // Instants (µs from a step's start) at which every step also reports its walls so far
+  // (StepSummary::walls_until): the walls of a part of the step are the difference of two.
+  std::vector<double> wall_marks_us;
 };
 
 struct Summary {
@@ -179,8 +185,9 @@ std::optional<WallBreakdown> mean_walls(std::span<const StepSummary> steps, std:
 // whose partner class is not in the same group instance): the wait is unknown and the op keeps the
 // pre-refinement accounting (collective: communication; pipeline send/recv: bubble). When only
 // some members are present, the wait is measured against those (a lower bound).
+// `wall_marks_us`: StepSummary::walls_until's instants.
 Summary summarize(std::span<const StepRecord> steps, std::span<const PhaseRecord> phases, const Names& names,
-                  bool phase_stats = true);
+                  bool phase_stats = true, std::span<const double> wall_marks_us = {});
 
 // A posted receive: a point-to-point phase whose name says "recv" before any "send" (`pp_recv_fwd`).
 // It is posted before its data can arrive, so most of its duration is a wait for the peer, not work:

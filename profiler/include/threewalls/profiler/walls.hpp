@@ -66,7 +66,10 @@ struct TimelineOp {
 };
 
 // The sweep above. `ops` in any order; ops with end <= start or outside [0, step_dur_us) add nothing.
-WallBreakdown sweep_walls(std::span<const TimelineOp> ops, double step_dur_us);
+// With `until`: (*until)[k] = the walls from 0 to marks[k] (clipped to [0, step_dur_us]), which a
+// sweep with step_dur_us = marks[k] would give.
+WallBreakdown sweep_walls(std::span<const TimelineOp> ops, double step_dur_us, std::span<const double> marks = {},
+                          std::vector<WallBreakdown>* until = nullptr);
 
 // The timeline form of a record (wait unknown); `pp_group` is Names::groups' id of "pp" (kNoName
 // when absent).

@@ -42,6 +42,26 @@ struct SimOptions {
   // false: no memory model (SimResult::memory without classes, the summary's memory section empty),
   // for a caller that reads neither (a re-simulation whose peak another point of its row gives).
   bool memory_model = true;
+  // > 0 (training): also measure the first step's steady-state period (SimResult::steady_round) of
+  // rounds of this many micro-batches (pp with the interleaved schedule, whose micro-batches run in
+  // rounds of pp; else 1), over its last `steady_rounds` rounds.
+  int steady_round = 0;
+  int steady_rounds = 1;
+};
+
+// The steady state of a pipelined training step of m micro-batches, measured in the step (the
+// planner's re-simulations, docs/planner.md): once the schedule is past its warm-up, each further
+// round of `microbatches` adds one period to the step. Measured on the first pipeline stage, whose
+// last forward ends the schedule's steady part: from the start of the last model chunk's forward of
+// micro-batch m - 1 - rounds x microbatches to that of micro-batch m - 1 (the first compute or
+// memory op of each; the stage's rank class where they are furthest apart), over `rounds`.
+struct SteadyRound {
+  int microbatches = 0;
+  int rounds = 0;
+  double period_us = 0.0;
+  // The critical rank's walls over the period (the step's walls up to its end less those up to its
+  // start); null when the step has no walls.
+  std::optional<profiler::WallBreakdown> walls;
 };
 
 // Which calibration profile the costs come from (for the run header).
@@ -65,6 +85,7 @@ struct SimResult {
   std::size_t ops_per_step = 0;   // ops of all rank classes (one representative each)
   std::size_t collectives = 0;    // collective / p2p / copy instances, all steps
   std::size_t flows = 0;          // flows handed to SimGrid, all steps
+  std::optional<SteadyRound> steady_round;  // with SimOptions::steady_round, when the step has one
   std::vector<std::string> warnings;
   std::filesystem::path run_dir;  // empty when none was written
 };

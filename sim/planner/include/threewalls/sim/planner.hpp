@@ -110,7 +110,8 @@ struct PlanRow {
   std::optional<double> flow_step_time_us;
   std::optional<PlanWalls> flow_walls;
   std::optional<double> flow_peak_bytes;
-  std::vector<int> flow_microbatches;  // the micro-batches of the steps simulated (two: extrapolated)
+  int flow_microbatches = 0;    // the micro-batches of the step simulated (0: not simulated)
+  int flow_round = 0;           // > 0: extrapolated from its steady period of this many micro-batches
   std::string flow_error;       // why the re-simulation failed, when it did
 };
 
@@ -205,10 +206,11 @@ std::string candidate_toml(const scenarios::Scenario& base, const scenarios::Sce
                            const std::string& name, const std::string& comment);
 
 // How a row is re-simulated with flow fidelity (docs/planner.md, "Flow re-simulation").
-//  steady_state: a training step of m micro-batches (per data-parallel rank) is simulated with
-//    a = pp + 1 and b = pp + 2 micro-batches (2 pp and 3 pp with interleaving), both past the
-//    schedule's warm-up, when m > a + b, and its step time and walls extrapolated linearly to m: past
-//    the warm-up each further micro-batch adds the same period to the step (the fill, the drain, the
+//  steady_state: a training step of m micro-batches (per data-parallel rank) is simulated with b
+//    micro-batches (resim_step: past the schedule's warm-up by three rounds of one micro-batch, or by
+//    one round of pp with interleaving, whose micro-batches run in rounds of pp) when m > b, and
+//    extrapolated to m by the steady period that step shows (SteadyRound): past the warm-up each
+//    further round adds the same period, and the same walls, to the step (the fill, the drain, the
 //    gradient reduction and the optimizer do not grow with m). Its peak memory is the b step's: no
 //    more micro-batches are in flight at once past b. Other rows run whole.
 //  full: every micro-batch of the row's step.
@@ -217,8 +219,16 @@ const char* to_string(ResimMethod m);
 // "steady" or "full" (the CLI's spelling); nullopt for anything else.
 std::optional<ResimMethod> resim_method_from(const std::string& s);
 
-// The micro-batch counts a row of `s` is simulated with: {m} whole, or {a, b} (steady_state).
-std::vector<int> resim_microbatches(const scenarios::Scenario& s, ResimMethod method);
+// The step a row is simulated with: its micro-batches, and, when the row's own step is extrapolated
+// from it (steady_state), the micro-batches of one round (else 0) and the rounds its period is
+// measured over (SimOptions::steady_round, steady_rounds).
+struct ResimStep {
+  int microbatches = 0;
+  int round = 0;
+  int rounds = 0;
+  bool operator==(const ResimStep&) const = default;
+};
+ResimStep resim_step(const scenarios::Scenario& s, ResimMethod method);
 
 // Flow re-simulation children started during the sweep, on the CPUs it leaves idle, for the steps of
 // the best rows so far (offer): resimulate_flow takes over those of its rows, and the others are ended
@@ -263,10 +273,10 @@ class ResimAhead {
   std::vector<Child> children_;
 };
 
-// Flow-fidelity re-simulation of scenarios[i] into *rows[i]: each step of resim_microbatches in a
-// child process of its own (SimGrid allows one engine per process), at most `jobs` at once. The
+// Flow-fidelity re-simulation of scenarios[i] into *rows[i]: the step of resim_step in a child
+// process of its own (SimGrid allows one engine per process), at most `jobs` at once. The
 // children share nothing, so the rows are the same for every `jobs`; the longest steps start first.
-// `started(i)`, when given, is called once per row, as its first step starts. Steps that `ahead` started
+// `started(i)`, when given, is called once per row, as its step starts. Steps that `ahead` started
 // are taken over, not started again. Fills each row's flow_* fields, or flow_error.
 void resimulate_flow(const std::vector<scenarios::Scenario>& scenarios, const OpCoster& coster,
                      const std::vector<PlanRow*>& rows, int jobs, ResimMethod method = ResimMethod::steady_state,
