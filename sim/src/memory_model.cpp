@@ -132,16 +132,33 @@ double nccl_p2p_peer_bytes(const NcclMemoryParams& m, bool network_peer, bool co
 // peers included (NCCL runs all-to-all over the same p2p connections: n - 1 peers per all-to-all
 // group of n ranks), by where the peer is (nccl_p2p_peer_bytes).
 double nccl_bytes_measured(const scenarios::Layout& L, int rep, const std::vector<Op>& ops, const NcclMemoryParams& m) {
-  // The distinct communication ops first: a class repeats each per layer and micro-batch.
+  // The distinct communication ops first: a class repeats each per layer and micro-batch, so each
+  // op is first looked up in bitmaps of what was seen (group and stream are bytes, peer a signed byte).
   std::set<std::pair<int, int>> coll_comms;      // (group, stream)
   std::set<int> a2a_groups;                      // groups of all-to-alls
   std::set<std::tuple<int, int, bool>> p2p_ops;  // (group, peer offset, send)
+  constexpr std::size_t kByte = 256;
+  std::vector<bool> seen_coll(kByte * kByte), seen_a2a(kByte), seen_p2p(kByte * kByte * 2);
+  std::array<int, kByte> group_size{};  // 0: not yet asked
   for (const auto& op : ops) {
-    if (op.kind == OpKind::collective && op.group != scenarios::Group::none && L.group_size(op.group) > 1) {
+    const auto g = static_cast<std::size_t>(op.group);
+    if (op.kind == OpKind::collective && op.group != scenarios::Group::none) {
+      const std::size_t coll = g * kByte + op.stream;
+      const bool a2a = op.collective() == scenarios::Collective::all_to_all;
+      if (seen_coll[coll] && (!a2a || seen_a2a[g])) continue;
+      if (group_size[g] == 0) group_size[g] = L.group_size(op.group);
+      if (group_size[g] <= 1) continue;
+      seen_coll[coll] = true;
       coll_comms.insert({static_cast<int>(op.group), op.stream});
-      if (op.collective() == scenarios::Collective::all_to_all) a2a_groups.insert(static_cast<int>(op.group));
+      if (a2a) {
+        seen_a2a[g] = true;
+        a2a_groups.insert(static_cast<int>(op.group));
+      }
     } else if ((op.kind == OpKind::send || op.kind == OpKind::recv) && op.peer != 0 &&
                (op.group == scenarios::Group::pp || op.group == scenarios::Group::cp)) {
+      const std::size_t p2p = (g * kByte + static_cast<std::uint8_t>(op.peer)) * 2 + (op.kind == OpKind::send ? 1 : 0);
+      if (seen_p2p[p2p]) continue;
+      seen_p2p[p2p] = true;
       p2p_ops.insert({static_cast<int>(op.group), op.peer, op.kind == OpKind::send});
     }
   }
