@@ -28,6 +28,7 @@
 #include <xbt/config.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <exception>
 #include <limits>
@@ -160,10 +161,12 @@ class SimGridFlows final : public Engine {
       error = std::current_exception();
     }
     // Never drop a running communication: let what is in flight finish.
-    if (!live_.empty()) engine_->run();
+    if (sg_live_ > 0) engine_->run();
     clock_ = sg::Engine::get_clock();
     live_.clear();
-    live_group_.clear();
+    sg_live_ = 0;
+    solo_done_ = 0;
+    link_use_.assign(link_use_.size(), 0);
     remaining_.clear();
     if (error) std::rethrow_exception(error);
   }
@@ -190,38 +193,66 @@ class SimGridFlows final : public Engine {
   }
 
   // advance(); without may_skip_round it runs a round to `until` (catch_up: no flow completes before).
+  //
+  // Solo flows (start_group) are in that round as SimGrid would have them: the heap's top is the
+  // earlier of SimGrid's and the earliest solo end (SimGrid's first on a tie), a round to a date
+  // finishes the solo flows whose end is within surf/precision of it, as SimGrid finishes its
+  // actions, and a round without a SimGrid flow is ahead_ moving (nothing in SimGrid needs it).
   double advance_to(double until, std::vector<std::uint64_t>& completed, bool may_skip_round) {
-    const double now = clock_;
     if (live_.empty()) {
-      if (std::isfinite(until) && until > now) run_until(now + std::max(until - now, precision_s_));
-      return clock_;
+      // Idle: the clock moves as the sleep of an actor would, from where advance() has brought it.
+      const double base = now();
+      if (std::isfinite(until) && until > base) run_until(base + std::max(until - base, precision_s_));
+      return now();
     }
-    if (network_model_->get_started_action_set()->size() != live_.size()) {
+    if (sg_finished() || solo_done_ > 0) {
       // Flows finished in the last round, which reached its timeout's date.
       report_finished(live_.size(), completed);
-      return now;
+      return now();
     }
-    if (fresh_) {
-      network_model_->next_occurring_event(now);
-      fresh_ = false;
+    double top = kInf;
+    std::size_t first = live_.size();
+    if (sg_live_ > 0) {
+      if (fresh_) {
+        network_model_->next_occurring_event(clock_);
+        fresh_ = false;
+      }
+      const auto& heap = network_model_->get_action_heap();
+      if (heap.empty()) throw std::logic_error("flow engine: live flows without a completion date");
+      top = heap.top_date();
+      if (may_skip_round) first = index_of(heap.top().second->get_activity());
     }
-    const auto& heap = network_model_->get_action_heap();
-    if (heap.empty()) throw std::logic_error("flow engine: live flows without a completion date");
-    const double top = heap.top_date();
+    const std::size_t solo = earliest_solo();
+    if (solo < live_.size() && live_[solo].finish < top) {
+      top = live_[solo].finish;
+      if (may_skip_round) first = solo;
+    }
     if (may_skip_round && std::isfinite(until) && top > until + completion_margin_s_) {
       ahead_ = std::max(ahead_, until);
-      return this->now();
+      return now();
     }
-    // The date the timeout of a wait for `until` would have (SimGrid's Timer::set(clock + timeout)).
-    const double timer = std::isfinite(until) ? now + std::max(0.0, until - now) : kInf;
-    const std::size_t first = may_skip_round ? index_of(heap.top().second->get_activity()) : live_.size();
-    run_until(std::min(timer, top));
-    const double t = clock_;
-    if (network_model_->get_started_action_set()->size() == live_.size()) return t;
+    if (!may_skip_round) first = live_.size();
+    double timer = kInf;
+    double t = 0.0;
+    bool finished = false;
+    if (sg_live_ > 0) {
+      // The date the timeout of a wait for `until` would have (SimGrid's Timer::set(clock + timeout)).
+      const double now = clock_;
+      if (std::isfinite(until)) timer = now + std::max(0.0, until - now);
+      run_until(std::min(timer, top));
+      t = clock_;
+      finished = sg_finished();
+    } else {
+      if (std::isfinite(until)) timer = std::max(until, now());
+      t = std::min(timer, top);
+      ahead_ = std::max(ahead_, t);
+    }
+    finished = finish_solos(t) || finished;
+    if (!finished) return now();
     if (!may_skip_round) throw std::logic_error("flow engine: a flow completed before the date SimGrid gave");
-    if (t >= timer) return t;  // reported by the next call
+    if (t >= timer) return now();  // reported by the next call
     report_finished(first, completed);
-    return t;
+    return now();
   }
 
  private:
@@ -230,44 +261,107 @@ class SimGridFlows final : public Engine {
   // Reports the finished flows: live_[first] first when it is one, then the others in the order of
   // live_ (as it changes while they are taken out).
   void report_finished(std::size_t first, std::vector<std::uint64_t>& completed) {
-    if (first < live_.size() && live_[first]->test()) finish(first, completed);
-    while (network_model_->get_started_action_set()->size() != live_.size()) {
+    if (first < live_.size() && finished_flow(first)) finish(first, completed);
+    while (sg_finished() || solo_done_ > 0) {
       std::size_t k = 0;
-      while (k < live_.size() && !live_[k]->test()) ++k;
+      while (k < live_.size() && !finished_flow(k)) ++k;
       if (k == live_.size()) throw std::logic_error("flow engine: a finished flow SimGrid does not report");
       finish(k, completed);
     }
-    fresh_ = true;  // the sharing changes: solved by the next advance()
+  }
+
+  // Whether SimGrid has finished flows not yet reported.
+  [[nodiscard]] bool sg_finished() const {
+    return sg_live_ > 0 && network_model_->get_started_action_set()->size() != sg_live_;
+  }
+
+  [[nodiscard]] bool finished_flow(std::size_t k) const {
+    return live_[k].comm ? live_[k].comm->test() : live_[k].done;
+  }
+
+  // The live solo flow that ends first (the first in live_ on a tie), or live_.size().
+  [[nodiscard]] std::size_t earliest_solo() const {
+    std::size_t best = live_.size();
+    for (std::size_t k = 0; k < live_.size(); ++k) {
+      if (!live_[k].comm && !live_[k].done && (best == live_.size() || live_[k].finish < live_[best].finish)) best = k;
+    }
+    return best;
+  }
+
+  // A round that stopped at `t` finishes the solo flows that end within surf/precision of it (SimGrid's
+  // double_equals on the action heap's dates); whether it finished one.
+  bool finish_solos(double t) {
+    bool any = false;
+    for (Live& l : live_) {
+      if (l.comm || l.done || !(l.finish - t < precision_s_)) continue;
+      l.done = true;
+      ++solo_done_;
+      for (std::uint8_t j = 0; j < l.num_links; ++j) --link_use_[l.links[j]];
+      any = true;
+    }
+    return any;
   }
 
   // The index in live_ of the flow of a network action (live_.size() when none).
   [[nodiscard]] std::size_t index_of(const simgrid::kernel::activity::ActivityImpl* activity) const {
     for (std::size_t k = 0; k < live_.size(); ++k) {
-      if (live_[k]->get_impl() == activity) return k;
+      if (live_[k].comm && live_[k].comm->get_impl() == activity) return k;
     }
     return live_.size();
   }
 
  public:
+  // A flow whose links no other live flow uses when it starts runs solo: out of SimGrid, ending at
+  // the date SimGrid would give it (its start + its bytes / the narrowest link's bandwidth, the
+  // max-min share of a flow alone: CM02 without a TCP window or cross traffic, links without
+  // latency). It enters SimGrid, with the bytes it has left, once a flow starts on one of its links
+  // or that link's bandwidth changes (docs/simulator.md, "Flows alone").
   void start_group(std::uint64_t id, std::span<const PlacedFlow> flows) override {
     if (flows.empty()) throw std::logic_error("start_group: a group without flows");
     if (id >= kMaxGroups) throw std::logic_error("start_group: a group id from 2^28 up");
     if (id >= remaining_.size()) remaining_.resize(std::max<std::size_t>(id + 1, 2 * remaining_.size()), 0);
     if (remaining_[id] != 0) throw std::logic_error("start_group: group id already running");
-    catch_up();
-    fresh_ = true;
     remaining_[id] = flows.size();
+    if (link_use_.size() < links_.size()) link_use_.resize(links_.size(), 0);
+    bool caught_up = false;
     for (const PlacedFlow& f : flows) {
       // Validate before SimGrid sees it: a missing route or a zero-byte comm would abort or hang.
       if (!(f.bytes >= 1.0) || !std::isfinite(f.bytes) || f.links.empty()) {
         throw std::logic_error("start_group: a flow must carry at least one byte on a non-empty route");
       }
-      sg::CommPtr c = sg::Comm::sendto_init();
-      c->set_payload_size(static_cast<std::uint64_t>(std::llround(f.bytes)));
-      c->set_source(host_of(f.src));
-      c->set_destination(host_of(f.dst));  // starts the communication
-      live_.push_back(std::move(c));
-      live_group_.push_back(id);
+      if (f.links.size() > kRouteLinks) throw std::logic_error("start_group: a route of more links than a star's");
+      Live l;
+      l.group = id;
+      l.src = f.src;
+      l.dst = f.dst;
+      for (const std::uint32_t link : f.links) {
+        if (link >= links_.size() || links_[link] == nullptr) {
+          throw std::logic_error("start_group: a flow on a link the platform was not built for");
+        }
+        l.links[l.num_links++] = link;
+      }
+      host_of(f.src);  // the end points exist (it throws otherwise)
+      host_of(f.dst);
+      const auto bytes = static_cast<std::uint64_t>(std::llround(f.bytes));
+      const bool alone =
+          std::all_of(f.links.begin(), f.links.end(), [&](std::uint32_t k) { return link_use_[k] == 0; });
+      for (const std::uint32_t link : f.links) ++link_use_[link];
+      if (alone && spec_.solo_flows) {
+        l.start = now();
+        l.bytes = static_cast<double>(bytes);
+        l.rate = kInf;
+        for (const std::uint32_t link : f.links) l.rate = std::min(l.rate, links_[link]->get_bandwidth());
+        l.finish = l.start + l.bytes / l.rate;
+        live_.push_back(l);
+        continue;
+      }
+      if (!caught_up) {
+        catch_up();
+        caught_up = true;
+      }
+      for (const std::uint32_t link : f.links) promote_solos_on(link);
+      l.comm = start_comm(f.src, f.dst, bytes);
+      live_.push_back(std::move(l));
     }
   }
 
@@ -277,6 +371,7 @@ class SimGridFlows final : public Engine {
     if (!(bytes_per_s > 0.0)) throw std::logic_error("set_link_bandwidth: bandwidth must be positive");
     catch_up();
     fresh_ = true;
+    promote_solos_on(link);
     // A link of a rank the platform was not built for: no flow can use it.
     if (sg::Link* l = links_.at(link)) l->set_bandwidth(bytes_per_s);
   }
@@ -304,6 +399,10 @@ class SimGridFlows final : public Engine {
 
   // Brings SimGrid's clock to the one advance() moved ahead (no flow completes before it).
   void catch_up() {
+    if (ahead_ > clock_ && sg_live_ == 0) {
+      run_until(ahead_);  // nothing in SimGrid to finish
+      return;
+    }
     if (ahead_ > clock_) {
       std::vector<std::uint64_t> completed;
       advance_to(ahead_, completed, /*may_skip_round=*/false);
@@ -398,20 +497,69 @@ class SimGridFlows final : public Engine {
   }
 
   void finish(std::size_t i, std::vector<std::uint64_t>& completed) {
-    const std::uint64_t group = live_group_[i];
+    Live& l = live_[i];
+    const std::uint64_t group = l.group;
+    if (l.comm) {
+      --sg_live_;
+      fresh_ = true;  // the sharing changes: solved by the next advance()
+      for (std::uint8_t j = 0; j < l.num_links; ++j) --link_use_[l.links[j]];
+    } else {
+      --solo_done_;  // its links were given back when it finished
+    }
     live_[i] = std::move(live_.back());
     live_.pop_back();
-    live_group_[i] = live_group_.back();
-    live_group_.pop_back();
     if (--remaining_[group] == 0) completed.push_back(group);
+  }
+
+  // A SimGrid communication of `bytes` between two end points, started now (SimGrid's clock).
+  sg::ActivityPtr start_comm(Endpoint src, Endpoint dst, std::uint64_t bytes) {
+    sg::CommPtr c = sg::Comm::sendto_init();
+    c->set_payload_size(bytes);
+    c->set_source(host_of(src));
+    c->set_destination(host_of(dst));  // starts the communication
+    ++sg_live_;
+    fresh_ = true;
+    return c;
+  }
+
+  // The solo flows on `link` enter SimGrid with the bytes they have left (at SimGrid's clock, caught
+  // up), where they keep their place in live_; one with less than a byte left ends solo.
+  void promote_solos_on(std::uint32_t link) {
+    if (link >= link_use_.size() || link_use_[link] == 0) return;
+    for (Live& l : live_) {
+      if (l.comm || l.done) continue;
+      if (std::find(l.links.begin(), l.links.begin() + l.num_links, link) == l.links.begin() + l.num_links) continue;
+      const double left = l.bytes - l.rate * (clock_ - l.start);
+      if (!(left >= 1.0)) continue;
+      l.comm = start_comm(l.src, l.dst, static_cast<std::uint64_t>(std::llround(left)));
+    }
   }
 
   PlatformSpec spec_;
   std::unique_ptr<sg::Engine> engine_;
   std::vector<sg::Link*> links_;  // by platform link id
   std::vector<sg::Host*> gpu_hosts_, nic_hosts_, spine_hosts_, pcie_hosts_, node_hosts_;
-  std::vector<sg::ActivityPtr> live_;  // the live flows' comms
-  std::vector<std::uint64_t> live_group_;
+  // A live flow: a SimGrid communication (comm), or solo (no comm; start_group): its end points,
+  // links, start, bytes, rate and the date it ends, and whether a round has finished it (reported by
+  // the next advance()).
+  static constexpr std::size_t kRouteLinks = 4;  // the longest route: up and down through a spine
+  struct Live {
+    sg::ActivityPtr comm;
+    std::uint64_t group = 0;
+    Endpoint src{};
+    Endpoint dst{};
+    std::array<std::uint32_t, kRouteLinks> links{};
+    std::uint8_t num_links = 0;
+    double start = 0.0;
+    double bytes = 0.0;
+    double rate = 0.0;
+    double finish = 0.0;
+    bool done = false;
+  };
+  std::vector<Live> live_;     // in start order, as SimGrid reports its actions
+  std::size_t sg_live_ = 0;    // of them in SimGrid (finished ones included until reported)
+  std::size_t solo_done_ = 0;  // solo flows finished, not reported
+  std::vector<int> link_use_;  // live flows per platform link (a finished solo flow's given back)
   // Flows left per group id (0: not running), as long as the largest id yet: ids are the executor's
   // instance indices (a step's collective and point-to-point instances), below kMaxGroups.
   static constexpr std::uint64_t kMaxGroups = std::uint64_t{1} << 28;

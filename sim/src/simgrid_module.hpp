@@ -27,6 +27,9 @@ struct PlatformSpec {
   // built); a flow between other ports is a caller's bug (std::logic_error).
   std::vector<int> ranks;
   std::vector<int> node_of_rank;  // parallel to ranks
+  // Flows alone on their links run outside SimGrid until another flow shares one (the module's
+  // start_group); false: every flow is a SimGrid communication (the check of that shortcut).
+  bool solo_flows = true;
 };
 
 // The flow engine the module implements (SimGridEngine's contract, simgrid_network.hpp).

@@ -108,13 +108,15 @@ std::vector<int> every_rank(const Platform& platform) {
 
 SimGridEngine::SimGridEngine(const Platform& platform) : SimGridEngine(platform, every_rank(platform)) {}
 
-SimGridEngine::SimGridEngine(const Platform& platform, std::vector<int> ranks) {
+SimGridEngine::SimGridEngine(const Platform& platform, std::vector<int> ranks, bool solo_flows) {
   if (g_engine_created.exchange(true)) {
     throw SystemError("SimGrid runs one simulation per process: a second SimGrid engine was requested");
   }
   const simgrid_module::CreateFn create = load_module();
   std::string error;
-  std::unique_ptr<simgrid_module::Engine> engine(create(spec_of(platform, std::move(ranks)), error));
+  simgrid_module::PlatformSpec spec = spec_of(platform, std::move(ranks));
+  spec.solo_flows = solo_flows;
+  std::unique_ptr<simgrid_module::Engine> engine(create(spec, error));
   if (!engine) throw SystemError("SimGrid could not build the platform: " + error);
   impl_ = std::make_unique<Impl>(Impl{platform, std::move(engine)});
 }

@@ -429,7 +429,7 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
       std::sort(ranks.begin(), ranks.end());
       ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
     }
-    SimGridEngine engine(base, ranks);
+    SimGridEngine engine(base, ranks, opt.solo_flows);
     engine.run([&]() { run_all(&engine); });
   } else {
     run_all(nullptr);

@@ -357,6 +357,54 @@ steps = 1
   EXPECT_LT(w.communication_us / step, 0.01);
 }
 
+// Numbers of two JSON values that differ by more than `rel` (of the larger, at least 1), by path.
+void differences(const Json& a, const Json& b, const std::string& path, double rel, std::string& out) {
+  if (a.is_number() && b.is_number()) {
+    const double x = a.get<double>(), y = b.get<double>();
+    if (!(std::fabs(x - y) <= rel * std::max({1.0, std::fabs(x), std::fabs(y)}))) {
+      out += path + ": " + a.dump() + " against " + b.dump() + "\n";
+    }
+  } else if (a.is_object() && b.is_object() && a.size() == b.size()) {
+    for (const auto& [k, v] : a.items()) {
+      if (!b.contains(k))
+        out += path + "/" + k + ": missing\n";
+      else
+        differences(v, b.at(k), path + "/" + k, rel, out);
+    }
+  } else if (a.is_array() && b.is_array() && a.size() == b.size()) {
+    for (std::size_t i = 0; i < a.size(); ++i) differences(a[i], b[i], path + "/" + std::to_string(i), rel, out);
+  } else if (a != b) {
+    out += path + ": " + a.dump().substr(0, 80) + " against " + b.dump().substr(0, 80) + "\n";
+  }
+}
+
+TEST(Simulator, FlowsAloneOutsideSimGridGiveSimGridsSteps) {
+  // A flow alone on its links runs outside SimGrid until another flow shares one of them, at the
+  // rate and to the date SimGrid gives a flow alone (docs/simulator.md, "Flows alone"). With and
+  // without that shortcut the summaries (steps, walls, every phase's statistics) agree to a relative
+  // 1e-8: a flow that enters SimGrid late carries the bytes it has left in whole bytes, and SimGrid
+  // solves the sharing over its flows in another order. Examples where most flows run alone
+  // (DeepSeek-V3 on 1,024 GPUs) and where most share (the 2,048-GPU one), and a small one.
+  const fs::path examples = testing::source_dir() / "scenarios/examples";
+  for (const char* name : {"deepseek_v3_1024gpu", "deepseek_v3_2048gpu", "small_moe_tp2_ep2"}) {
+    const scenarios::Scenario s = scenarios::load_scenario(examples / (std::string(name) + ".toml"));
+    auto summary = [&](bool solo) {
+      return in_child([&]() {
+        SimOptions o;
+        o.steps = 1;
+        o.solo_flows = solo;
+        return simulate(s, "auto", o).summary_json.dump();
+      });
+    };
+    const Json alone = Json::parse(summary(true));
+    const Json all = Json::parse(summary(false));
+    std::string out;
+    differences(all, alone, "", 1e-8, out);
+    EXPECT_EQ(out, "") << name;
+    ASSERT_TRUE(alone.contains("step_time_us")) << name;
+  }
+}
+
 TEST(Simulator, AStepsSteadyPeriodIsWhatAnotherRoundOfMicroBatchesAdds) {
   // Past the schedule's warm-up each round of micro-batches (pp of them with the interleaved
   // schedule, else one) adds one period to the step (the planner's re-simulations, docs/planner.md):

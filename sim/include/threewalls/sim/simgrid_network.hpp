@@ -36,8 +36,10 @@ class SimGridEngine final : public FlowEngine {
   // holds, so that a GPU no flow can reach costs nothing. A flow to or from another GPU's port is a
   // caller's bug (std::logic_error). Throws SystemError when a SimGrid engine already exists in
   // this process.
+  // `solo_flows` false: every flow is a SimGrid communication, none runs alone outside it
+  // (docs/simulator.md, "Flows alone"; the check of that shortcut).
   explicit SimGridEngine(const Platform& platform);
-  SimGridEngine(const Platform& platform, std::vector<int> ranks);
+  SimGridEngine(const Platform& platform, std::vector<int> ranks, bool solo_flows = true);
   ~SimGridEngine() override;
   SimGridEngine(const SimGridEngine&) = delete;
   SimGridEngine& operator=(const SimGridEngine&) = delete;

@@ -47,6 +47,9 @@ struct SimOptions {
   // rounds of pp; else 1), over its last `steady_rounds` rounds.
   int steady_round = 0;
   int steady_rounds = 1;
+  // false: every flow is a SimGrid communication, none runs alone outside it (SimGridEngine; the
+  // check of that shortcut).
+  bool solo_flows = true;
 };
 
 // The steady state of a pipelined training step of m micro-batches, measured in the step (the
