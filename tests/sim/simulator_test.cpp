@@ -318,12 +318,10 @@ TEST(Simulator, AnExistingRunDirectoryIsNotOverwrittenUnlessAsked) {
   fs::remove_all(dir);
 }
 
-TEST(Simulator, APurePipelinesBubbleIsNearTheOneFOneBIdealOnceCollectiveWaitsCount) {
-  // A dense model on 4 stages with 8 micro-batches and a tiny vocabulary (balanced stages): the
-  // critical rank's bubble is (p - 1) / (m + p - 1) = 3/11 of the step, now that the time a stage
-  // waits in the world-wide gradient-norm all-reduce for the others to drain counts as bubble
-  // (summary.hpp; before, it was communication and the bubble came out at 9%).
-  const scenarios::Scenario s = from_text(R"(schema_version = 1
+// A dense model of 8 layers on 4 stages (`vpp` model chunks each) with a tiny vocabulary (balanced
+// stages), `m` micro-batches of one sequence, one step on one H100 node.
+scenarios::Scenario pure_pipeline(int vpp, int m) {
+  return from_text(R"(schema_version = 1
 name = "pure_pipeline"
 [model]
 num_layers = 8
@@ -333,9 +331,12 @@ ffn_hidden_size = 16384
 vocab_size = 1024
 [parallel]
 pp = 4
+vpp = )" + std::to_string(vpp) +
+                   R"(
 [train]
 micro_batch_size = 1
-global_batch_size = 8
+global_batch_size = )" +
+                   std::to_string(m) + R"(
 seq_length = 4096
 [cluster]
 gpu = "h100"
@@ -344,6 +345,14 @@ nodes = 1
 [run]
 steps = 1
 )");
+}
+
+TEST(Simulator, APurePipelinesBubbleIsNearTheOneFOneBIdealOnceCollectiveWaitsCount) {
+  // A dense model on 4 stages with 8 micro-batches and a tiny vocabulary (balanced stages): the
+  // critical rank's bubble is (p - 1) / (m + p - 1) = 3/11 of the step, now that the time a stage
+  // waits in the world-wide gradient-norm all-reduce for the others to drain counts as bubble
+  // (summary.hpp; before, it was communication and the bubble came out at 9%).
+  const scenarios::Scenario s = pure_pipeline(1, 8);
   SimOptions o;
   o.fidelity = Fidelity::analytic;
   const SimResult r = simulate(s, "auto", o);
@@ -412,28 +421,7 @@ TEST(Simulator, AStepsSteadyPeriodIsWhatAnotherRoundOfMicroBatchesAdds) {
   // of b + round less the step of b, and the critical rank's walls over it add up to it.
   for (const int vpp : {1, 2}) {
     auto simulate_with = [&](int m, int round, int rounds = 1) {
-      const scenarios::Scenario s = from_text(R"(schema_version = 1
-name = "pipeline_period"
-[model]
-num_layers = 8
-hidden_size = 4096
-num_attention_heads = 32
-ffn_hidden_size = 16384
-vocab_size = 1024
-[parallel]
-pp = 4
-vpp = )" + std::to_string(vpp) + R"(
-[train]
-micro_batch_size = 1
-global_batch_size = )" + std::to_string(m) + R"(
-seq_length = 4096
-[cluster]
-gpu = "h100"
-gpus_per_node = 4
-nodes = 1
-[run]
-steps = 1
-)");
+      const scenarios::Scenario s = pure_pipeline(vpp, m);
       SimOptions o;
       o.fidelity = Fidelity::analytic;
       o.steady_round = round;
