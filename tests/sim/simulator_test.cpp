@@ -394,13 +394,25 @@ TEST(Simulator, FlowsAloneOutsideSimGridGiveSimGridsSteps) {
   // 1e-8: a flow that enters SimGrid late carries the bytes it has left in whole bytes, and SimGrid
   // solves the sharing over its flows in another order. Examples where most flows run alone
   // (DeepSeek-V3 on 1,024 GPUs) and where most share (the 2,048-GPU one), and a small one.
+  // And a link made slower in the middle of a run (the flows alone on it enter SimGrid).
   const fs::path examples = testing::source_dir() / "scenarios/examples";
+  std::vector<std::pair<std::string, scenarios::Scenario>> cases;
   for (const char* name : {"deepseek_v3_1024gpu", "deepseek_v3_2048gpu", "small_moe_tp2_ep2"}) {
-    const scenarios::Scenario s = scenarios::load_scenario(examples / (std::string(name) + ".toml"));
+    cases.emplace_back(name, scenarios::load_scenario(examples / (std::string(name) + ".toml")));
+  }
+  cases.emplace_back("slow NVLink of rank 1 in step 1", from_text(small_moe("", R"(
+[[cluster.slowdown]]
+rank = 1
+link = "nvlink"
+factor = 4.0
+from_step = 1
+to_step = 1
+)")));
+  for (const auto& [name, s] : cases) {
     auto summary = [&](bool solo) {
       return in_child([&]() {
         SimOptions o;
-        o.steps = 1;
+        o.steps = s.cluster.slowdowns.empty() ? 1 : 3;
         o.solo_flows = solo;
         return simulate(s, "auto", o).summary_json.dump();
       });
