@@ -408,6 +408,11 @@ TEST(PlanSweep, ACorruptShardIsRefusedNeverRanked) {
   j["top"][0]["mfu"] = -0.5;
   EXPECT_NE(error(j).find("'mfu' is -0.5; allowed: a finite number >= 0"), std::string::npos) << error(j);
   j = good;
+  j["top"][0]["flow"] = {{"step_time_us", 1.0}, {"microbatches_simulated", Json::array({3, 4})}};  // an older plan
+  EXPECT_NE(error(j).find("'flow.microbatches_simulated' is [3,4]; allowed: an integer from 0 to 1000000000"),
+            std::string::npos)
+      << error(j);
+  j = good;
   j["format"] = nullptr;  // once a raw JSON type error
   EXPECT_NE(error(j).find("shard.json: not a threewalls plan"), std::string::npos) << error(j);
   j = good;

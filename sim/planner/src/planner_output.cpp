@@ -165,8 +165,18 @@ PlanRow row_from(const Json& j, const std::string& where) {
     r.flow_step_time_us = f.at("step_time_us").get<double>();
     if (f.contains("walls")) r.flow_walls = walls_from(f.at("walls"));
     if (f.contains("peak_bytes")) r.flow_peak_bytes = f.at("peak_bytes").get<double>();
-    r.flow_microbatches = f.value("microbatches_simulated", 0);
-    r.flow_round = f.value("steady_round", 0);
+    // The simulated step's micro-batches and its steady round (micro-batches, 0: not extrapolated).
+    auto count = [&](const char* key) {
+      if (!f.contains(key)) return 0;
+      const Json& v = f.at(key);
+      if (!v.is_number_integer() || v.get<std::int64_t>() < 0 || v.get<std::int64_t>() > 1'000'000'000) {
+        throw InputError(where + ": row " + std::to_string(c.index) + ": 'flow." + key + "' is " + v.dump() +
+                         "; allowed: an integer from 0 to 1000000000");
+      }
+      return static_cast<int>(v.get<std::int64_t>());
+    };
+    r.flow_microbatches = count("microbatches_simulated");
+    r.flow_round = count("steady_round");
   }
   if (j.contains("flow_error")) r.flow_error = j.at("flow_error").get<std::string>();
   return r;
