@@ -16,6 +16,12 @@ WallBreakdown& WallBreakdown::operator+=(const WallBreakdown& o) {
   return *this;
 }
 
+WallBreakdown& WallBreakdown::operator-=(const WallBreakdown& o) {
+  WallBreakdown minus = o;
+  minus *= -1.0;
+  return *this += minus;
+}
+
 WallBreakdown& WallBreakdown::operator*=(double k) {
   compute_us *= k;
   memory_us *= k;

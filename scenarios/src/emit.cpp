@@ -170,25 +170,31 @@ std::uint8_t Emitter::graph_of(const Spec& sp, bool dense_layer) {
   }
 }
 
-std::uint16_t Emitter::phase_of(const Program& p, std::size_t index, Suffix suffix) {
-  static_assert(std::tuple_size_v<decltype(Program::phase_ids)::value_type> == kSuffixes);
+template <class Name>
+std::uint16_t Emitter::interned_phase(const Program& p, std::size_t index, std::size_t slot, const Name& name) {
   if (p.phase_tables != t_.serial()) {
     p.phase_ids.clear();
     p.phase_tables = t_.serial();
   }
   if (p.phase_ids.size() != p.specs.size()) {
-    std::array<std::uint16_t, kSuffixes> none{};
+    std::array<std::uint16_t, Program::kSuffixSlots + Program::kQuantSlots> none{};
     none.fill(kNoPhase);
     p.phase_ids.resize(p.specs.size(), none);
   }
-  std::uint16_t& id = p.phase_ids[index][static_cast<std::size_t>(suffix)];
+  std::uint16_t& id = p.phase_ids[index].at(slot);
   if (id == kNoPhase) {
-    static constexpr std::array<std::string_view, kSuffixes> kText = {"_fwd", "_recompute", "_dgrad", "_wgrad", "_bwd"};
     phase_name_.assign(p.specs[index].name);
-    phase_name_.append(kText[static_cast<std::size_t>(suffix)]);
+    name(phase_name_);
     id = t_.phase(phase_name_);
   }
   return id;
+}
+
+std::uint16_t Emitter::phase_of(const Program& p, std::size_t index, Suffix suffix) {
+  static_assert(Program::kSuffixSlots == kSuffixes);
+  static constexpr std::array<std::string_view, kSuffixes> kText = {"_fwd", "_recompute", "_dgrad", "_wgrad", "_bwd"};
+  const auto k = static_cast<std::size_t>(suffix);
+  return interned_phase(p, index, k, [&](std::string& name) { name.append(kText[k]); });
 }
 
 Op Emitter::base_op(const Program& p, std::size_t index, Suffix suffix, int layer, int mb, int chunk,
@@ -228,22 +234,8 @@ bool Emitter::casts(const Spec& sp) const {
 
 std::uint16_t Emitter::quant_phase(const Program& p, std::size_t index, unsigned code, std::string_view what,
                                    std::string_view kind, std::string_view dir) {
-  if (p.quant_phase_tables != t_.serial()) {
-    p.quant_phase_ids.clear();
-    p.quant_phase_tables = t_.serial();
-  }
-  if (p.quant_phase_ids.size() != p.specs.size()) {
-    std::array<std::uint16_t, Program::kQuantPhases> none{};
-    none.fill(kNoPhase);
-    p.quant_phase_ids.resize(p.specs.size(), none);
-  }
-  std::uint16_t& id = p.quant_phase_ids[index].at(code);
-  if (id == kNoPhase) {
-    phase_name_.assign(p.specs[index].name);
-    phase_name_.append(what).append(kind).append(dir);
-    id = t_.phase(phase_name_);
-  }
-  return id;
+  return interned_phase(p, index, Program::kSuffixSlots + code,
+                        [&](std::string& name) { name.append(what).append(kind).append(dir); });
 }
 
 std::uint32_t Emitter::quantize(const Spec& sp, Operand operand, const Instance& in, bool recompute, bool tp_reduce) {

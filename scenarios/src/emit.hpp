@@ -141,9 +141,13 @@ class Emitter {
   std::uint8_t compute_;
   std::uint8_t stream_override_ = kDefaultStream;
   std::vector<std::uint32_t> deps_;
-  std::string phase_name_;  // phase_of's name
+  std::string phase_name_;  // interned_phase's name
   // The phase of spec `index` of `p`'s name + `what` + `kind` + `dir` (quantize's names), interned
-  // (cached in the program: Program::quant_phase_ids, by `code` < kQuantPhases).
+  // (cached in the program's Program::phase_ids, slot kSuffixSlots + `code`, `code` < kQuantSlots).
+  // Both go through interned_phase: slot `slot` of the spec, its name made by `name` (which appends
+  // to the spec's name) when first asked for.
+  template <class Name>
+  std::uint16_t interned_phase(const Program& p, std::size_t index, std::size_t slot, const Name& name);
   std::uint16_t quant_phase(const Program& p, std::size_t index, unsigned code, std::string_view what,
                             std::string_view kind, std::string_view dir);
   static constexpr std::uint16_t kNoPhase = 0xFFFF;

@@ -150,16 +150,14 @@ struct ClassInfo {
 // A program: the forward ops of one layer (or of the embedding / output head), as a DAG.
 struct Program {
   std::vector<Spec> specs;
-  // The phase ids of each spec's ops by phase name suffix (Emitter::phase_of; 0xFFFF: not yet
-  // interned), for the StepGraph whose GraphTables has serial `phase_tables`. A program's specs do
-  // not change once emitted.
-  mutable std::vector<std::array<std::uint16_t, 5>> phase_ids;
+  // The phase ids of each spec's ops (0xFFFF: not yet interned), for the StepGraph whose GraphTables
+  // has serial `phase_tables`: slots 0 to 4 by phase name suffix (Emitter::phase_of), then those of
+  // its FP8 quantisation ops (Emitter::quant_phase: operand x direction x kind of op). A program's
+  // specs do not change once emitted.
+  static constexpr std::size_t kSuffixSlots = 5;
+  static constexpr std::size_t kQuantSlots = 27;
+  mutable std::vector<std::array<std::uint16_t, kSuffixSlots + kQuantSlots>> phase_ids;
   mutable std::uint64_t phase_tables = 0;
-  // The same for the FP8 quantisation ops of each spec (Emitter::quant_phase: operand x direction x
-  // kind of op).
-  static constexpr std::size_t kQuantPhases = 27;
-  mutable std::vector<std::array<std::uint16_t, kQuantPhases>> quant_phase_ids;
-  mutable std::uint64_t quant_phase_tables = 0;
   int add(Spec s) {
     if (s.after.empty()) s.after.push_back(static_cast<int>(specs.size()) - 1);  // previous op (or input)
     specs.push_back(std::move(s));

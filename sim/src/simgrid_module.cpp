@@ -345,6 +345,13 @@ class SimGridFlows final : public Engine {
       const auto bytes = static_cast<std::uint64_t>(std::llround(f.bytes));
       const bool alone =
           std::all_of(f.links.begin(), f.links.end(), [&](std::uint32_t k) { return link_use_[k] == 0; });
+      if (!alone) {
+        if (!caught_up) {
+          catch_up();
+          caught_up = true;
+        }
+        for (const std::uint32_t link : f.links) promote_solos_on(link);  // before this flow counts
+      }
       for (const std::uint32_t link : f.links) ++link_use_[link];
       if (alone && spec_.solo_flows) {
         l.start = now();
@@ -359,7 +366,6 @@ class SimGridFlows final : public Engine {
         catch_up();
         caught_up = true;
       }
-      for (const std::uint32_t link : f.links) promote_solos_on(link);
       l.comm = start_comm(f.src, f.dst, bytes);
       live_.push_back(std::move(l));
     }

@@ -122,7 +122,7 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   MemoryOptions memory = opt.memory;
   if (!memory.nccl) memory.nccl = coster.nccl_memory();  // the profile's nccl.memory, when it has one
   if (!memory.device) memory.device = coster.device_memory();  // and its device.memory
-  if (opt.memory_model) result.memory = memory_model(s, first, memory);
+  result.memory = memory_model(s, first, memory);
 
   Platform base(s.cluster);
   for (const auto& d : s.cluster.slowdowns) {
@@ -461,10 +461,8 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
     sr.period_us = (round_span->second - round_span->first) * 1e6 / opt.steady_rounds;
     const profiler::StepSummary& first_step = result.summary.steps.front();
     if (first_step.walls_until.size() == 2) {
-      profiler::WallBreakdown before = first_step.walls_until[0];
-      before *= -1.0;
       sr.walls = first_step.walls_until[1];
-      *sr.walls += before;
+      *sr.walls -= first_step.walls_until[0];
       *sr.walls *= 1.0 / opt.steady_rounds;
     }
     result.steady_round = sr;

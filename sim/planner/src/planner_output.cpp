@@ -391,8 +391,8 @@ std::optional<ResimMethod> resim_method_from(const std::string& s) {
 }
 
 ResimStep resim_step(const scenarios::Scenario& s, ResimMethod method) {
-  const int m = s.train ? s.train->num_microbatches : 0;
-  if (!s.train) return {m, 0, 0};  // an inference step: its own
+  if (!s.train) return {0, 0, 0};  // an inference step: its own
+  const int m = s.train->num_microbatches;
   const int pp = std::max(1, s.parallel.pp);
   // The first stage's forwards are steady from micro-batch pp + 1 on without interleaving (its
   // warm-up runs micro-batches 0 to pp - 2; pp - 1 and pp still follow it): three rounds of one

@@ -44,6 +44,7 @@ struct WallBreakdown {
 
   [[nodiscard]] double total_us() const { return compute_us + memory_us + communication_us + host_us + bubble_us; }
   WallBreakdown& operator+=(const WallBreakdown& o);
+  WallBreakdown& operator-=(const WallBreakdown& o);
   WallBreakdown& operator*=(double k);
 };
 

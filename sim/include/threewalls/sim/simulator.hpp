@@ -39,9 +39,6 @@ struct SimOptions {
   // false: the ops are not scanned for the warnings of ops priced with another kernel's fit
   // (OpCoster::substitution), for a caller that does not read SimResult::warnings.
   bool substitution_warnings = true;
-  // false: no memory model (SimResult::memory without classes, the summary's memory section empty),
-  // for a caller that reads neither (a re-simulation whose peak another point of its row gives).
-  bool memory_model = true;
   // > 0 (training): also measure the first step's steady-state period (SimResult::steady_round) of
   // rounds of this many micro-batches (pp with the interleaved schedule, whose micro-batches run in
   // rounds of pp; else 1), over its last `steady_rounds` rounds.
