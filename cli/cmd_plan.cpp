@@ -181,7 +181,7 @@ void add_resim_options(CLI::App* sub, int& jobs, std::string& method) {
                   "results do not depend on it")
       ->check(CLI::Range(1, 1024));
   sub->add_option("--resim-method", method,
-                  "steady (default): a long step is simulated with a short one (pp + 2 micro-batches; 3 x pp "
+                  "steady (default): a long step is simulated with a short one (pp + 5 micro-batches; 3 x pp "
                   "with vpp > 1) and extrapolated to its micro-batches by that step's steady period "
                   "(docs/planner.md, \"Flow re-simulation\"); full: every micro-batch")
       ->check(CLI::IsMember({sim::to_string(sim::ResimMethod::steady_state), sim::to_string(sim::ResimMethod::full)}));
