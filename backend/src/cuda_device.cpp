@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 #include <string>
@@ -61,6 +62,8 @@ OrderedJson CudaDevice::settings() const {
   j["cuda_driver"] = std::to_string(drv / 1000) + "." + std::to_string((drv % 1000) / 10);
   j["nccl"] = nccl_version();
   j["ordinal"] = ordinal_;
+  const char* connections = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  j["cuda_device_max_connections"] = connections != nullptr ? std::string(connections) : std::string("unset (8)");
   OrderedJson streams = OrderedJson::object();
   for (const auto& [s, ps] : streams_) {
     int prio = 0;

@@ -54,7 +54,25 @@ std::vector<CommId> make_nccl_ids(std::size_t count) {
   return ids;
 }
 
+void set_device_max_connections(const scenarios::Scenario& s) {
+  const int want = s.run.cuda_device_max_connections;
+  if (const char* have = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS"); have != nullptr) {
+    char* end = nullptr;
+    const long v = std::strtol(have, &end, 10);
+    if (end != have && *end == '\0' && v == want) return;
+    throw InputError(s.source_path + ": the environment sets CUDA_DEVICE_MAX_CONNECTIONS=" + have +
+                     " but the scenario's run.cuda_device_max_connections is " + std::to_string(want) +
+                     " (8 when the scenario does not say); set the key to the value the run should use (1..32) "
+                     "or unset the variable");
+  }
+  // Read by CUDA when it creates a context: this process has made no CUDA call yet.
+  if (::setenv("CUDA_DEVICE_MAX_CONNECTIONS", std::to_string(want).c_str(), 1) != 0) {
+    throw SystemError("run: could not set CUDA_DEVICE_MAX_CONNECTIONS in the environment");
+  }
+}
+
 RunResult run_real(const scenarios::Scenario& s, const LaunchOptions& options) {
+  set_device_max_connections(s);
   if (started_by_mpi()) {
 #ifdef THREEWALLS_HAVE_MPI
     return detail::run_mpi(s, options);

@@ -95,6 +95,9 @@ class ScenarioTest(unittest.TestCase):
             ([("train", {"expert_execution": "streams:0"})], 'allowed: "sequential", "streams:N" (N >= 1), "grouped"'),
             ([("model", {"moe_router_topk": 9})], "moe_router_topk = 9: more than num_experts = 8"),
             ([("model", {"hidden_size": "64"})], "[model] hidden_size = '64': expected an integer"),
+            ([("run", {"cuda_device_max_connections": 33})],
+             "[run] cuda_device_max_connections = 33: the PyTorch runner does not execute a "
+             "CUDA_DEVICE_MAX_CONNECTIONS outside CUDA's range"),
         ]
         for i, (edits, msg) in enumerate(cases):
             path = variant(TINY, edits, f"bad{i}", d)
@@ -107,6 +110,22 @@ class ScenarioTest(unittest.TestCase):
             g.write(f.read() + "\n[[cluster.slowdown]]\nrank = 0\nfactor = 2.0\n")
         with self.assertRaisesRegex(UnsupportedError, r"\[cluster.slowdown\]: the PyTorch runner does not execute"):
             scen.load(path)
+
+    def test_the_runs_cuda_device_max_connections_goes_to_the_environment(self):
+        from threewalls.runner import run
+        saved = os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+        try:
+            self.assertEqual(scen.load(TINY).run["cuda_device_max_connections"], 8)
+            run.set_device_max_connections("x.toml", 1)
+            self.assertEqual(os.environ["CUDA_DEVICE_MAX_CONNECTIONS"], "1")
+            run.set_device_max_connections("x.toml", 1)  # the same value again: kept
+            with self.assertRaisesRegex(InputError, r"^x.toml: the environment sets CUDA_DEVICE_MAX_CONNECTIONS=1 "
+                                                    r"but the scenario's run.cuda_device_max_connections is 8"):
+                run.set_device_max_connections("x.toml", 8)
+        finally:
+            os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+            if saved is not None:
+                os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = saved
 
     def test_derived_values(self):
         s = scen.load(TINY)

@@ -925,6 +925,17 @@ Registry::Registry() {
       .bind(kRun, &RunSpec::steps);
   Decl(r, "run.warmup_steps", ParamType::integer).def("1").min(0).max(kMaxSteps).doc("Unrecorded steps before the measured ones.")
       .bind(kRun, &RunSpec::warmup_steps);
+  Decl(r, "run.cuda_device_max_connections", ParamType::integer).def("8").min(1).max(32)
+      .doc("CUDA_DEVICE_MAX_CONNECTIONS of the process: how many hardware work queues the GPU takes work "
+           "through; streams map onto them round-robin in creation order and each queue dispatches in issue "
+           "order, so a stream waiting for an event holds back the streams behind it on its queue "
+           "(docs/simulator.md, \"Hardware work queues\"). CUDA's default is 8; Megatron-LM asks for 1 with "
+           "tensor or context parallelism on Hopper (kernels then start in the order the host issues them, "
+           "which its communication overlap relies on) and Megatron-Bridge's recipes set 1, 8 or 32. "
+           "threewalls run and the reference runner set the variable before they create the CUDA context "
+           "(an environment that already sets another value is an error); threewalls import megatron maps an "
+           "exported CUDA_DEVICE_MAX_CONNECTIONS.")
+      .bind(kRun, &RunSpec::cuda_device_max_connections);
   Decl(r, "run.seed", ParamType::integer).def("1234").min(0)
       .doc("Seed of every random choice (data, routing); recorded in the output header.")
       .bind(kRun, &RunSpec::seed);

@@ -113,6 +113,7 @@ TEST(ImportMegatron, MixtralExampleScriptMatchesTheExample) {
   EXPECT_TRUE(s.train->overlap_grad_reduce);
   EXPECT_TRUE(s.train->overlap_param_gather);
   EXPECT_DOUBLE_EQ(megatron_flops_per_iteration(s), megatron_flops_per_iteration(ex));
+  EXPECT_EQ(s.run.cuda_device_max_connections, 1);  // the script's export CUDA_DEVICE_MAX_CONNECTIONS=1
 }
 
 TEST(ImportMegatron, Qwen3YamlMatchesTheExample) {
@@ -125,7 +126,7 @@ TEST(ImportMegatron, Qwen3YamlMatchesTheExample) {
   auto d = import_megatron_file(fixture("megatron_qwen3_235b.yaml"), o);
   // Paths and the run name come from variables the launcher sets: all of them are ignored flags.
   EXPECT_TRUE(d.report.not_understood.empty()) << d.to_toml();
-  EXPECT_TRUE(reported(d.report.ignored, "ENV_VARS"));
+  EXPECT_TRUE(reported(d.report.ignored, "ENV_VARS"));  // the others of its ENV_VARS
   EXPECT_TRUE(reported(d.report.ignored, "--manual-gc"));
   EXPECT_TRUE(reported(d.report.not_represented, "--make-vocab-size-divisible-by"));
   const Scenario s = load_draft(d, "h100-dgx", 256);
@@ -315,6 +316,53 @@ TEST(ImportMegatron, PipelineLayouts) {
   EXPECT_EQ(l.mtp_layers, 1);
   EXPECT_THROW(parse_pipeline_layout("Et|(tt|*3"), InputError);
   EXPECT_THROW(parse_pipeline_layout("Ex|L"), InputError);
+}
+
+// CUDA_DEVICE_MAX_CONNECTIONS, exported or set before the launch (or in a YAML recipe's ENV_VARS), is
+// the scenario's run.cuda_device_max_connections; a value CUDA does not take is refused with its line.
+TEST(ImportMegatron, TheLaunchsCudaDeviceMaxConnectionsIsTheRunsHardwareQueues) {
+  const std::string flags =
+      "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 128 "
+      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 1024 --bf16\n";
+  auto queues = [](const ScenarioDraft& d) {
+    const Scenario s = load_draft(d, "h100-dgx", 8);
+    return s.run.cuda_device_max_connections;
+  };
+  EXPECT_EQ(
+      queues(import_megatron(
+          parse_megatron_launch("export CUDA_DEVICE_MAX_CONNECTIONS=1\ntorchrun pretrain_gpt.py " + flags, false, {}),
+          {})),
+      1);
+  EXPECT_EQ(
+      queues(import_megatron(
+          parse_megatron_launch("CUDA_DEVICE_MAX_CONNECTIONS=32 torchrun pretrain_gpt.py " + flags, false, {}), {})),
+      32);
+  EXPECT_EQ(queues(import_megatron(parse_megatron_launch("torchrun pretrain_gpt.py " + flags, false, {}), {})), 8);
+  const std::string yaml =
+      "ENV_VARS:\n  CUDA_DEVICE_MAX_CONNECTIONS: 1\n  NCCL_ALGO: Ring\nMODEL_ARGS:\n  --num-layers: 2\n"
+      "  --hidden-size: 64\n  --num-attention-heads: 4\n  --seq-length: 128\n"
+      "  --micro-batch-size: 1\n  --global-batch-size: 8\n  --vocab-size: 1024\n  --bf16: true\n";
+  const ScenarioDraft dy = import_megatron(parse_megatron_launch(yaml, true, {}), {});
+  EXPECT_EQ(queues(dy), 1);
+  ASSERT_TRUE(reported(dy.report.ignored, "ENV_VARS"));
+  for (const auto& n : dy.report.ignored) {
+    if (n.name == "ENV_VARS") EXPECT_EQ(n.reason.rfind("1 environment variable", 0), 0U) << n.reason;
+  }
+  MegatronImportOptions o;
+  o.source = "launch.sh";
+  for (const std::string bad : {"0", "33", "eight"}) {
+    try {
+      static_cast<void>(import_megatron(
+          parse_megatron_launch("\nexport CUDA_DEVICE_MAX_CONNECTIONS=" + bad + "\ntorchrun pretrain_gpt.py " + flags,
+                                false, {}),
+          o));
+      ADD_FAILURE() << bad << ": expected an InputError";
+    } catch (const InputError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("launch.sh: line 2: CUDA_DEVICE_MAX_CONNECTIONS='" + bad + "'"), std::string::npos) << m;
+      EXPECT_NE(m.find("from 1 to 32"), std::string::npos) << m;
+    }
+  }
 }
 
 TEST(ImportMegatron, ShellVariablesAndArithmetic) {

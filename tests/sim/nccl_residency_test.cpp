@@ -107,9 +107,10 @@ calibration::Profile with_families(const calibration::Profile& base, double gemm
   return Profile(base.info(), base.hardware(), std::move(fams));
 }
 
-double f10_step_us(const calibration::Profile& p) {
-  const scenarios::Scenario s =
+double f10_step_us(const calibration::Profile& p, int cuda_device_max_connections = 8) {
+  scenarios::Scenario s =
       scenarios::load_scenario(testing::source_dir() / "scenarios/validation/fidelity/f10_moe32_pp2_2gpu.toml");
+  s.run.cuda_device_max_connections = cuda_device_max_connections;
   const calibration::CostModel cm(p);
   const CostModelCoster coster(cm);
   SimOptions o;
@@ -126,6 +127,20 @@ TEST(Simulator, PipelineStepIsSlowerWithTheNcclInterferenceFamilyAndUnchangedWit
   const double slowed = f10_step_us(with_families(base, 1.7));
   EXPECT_GT(slowed, 1.02 * plain);  // the stages' GEMMs and attention run beside posted receives
   EXPECT_LT(slowed, 1.7 * plain);   // but not all the time
+}
+
+// With one hardware queue (run.cuda_device_max_connections = 1, as Megatron-LM runs tensor parallelism
+// on Hopper) a stage's receive is dispatched in issue order, behind the compute issued before it, instead
+// of being posted as soon as the host gets to it: its NCCL kernel is resident for less of the step, so
+// the GEMMs beside it slow down less. Without the interference family the queues move nothing here.
+TEST(Simulator, OneHardwareQueuePostsAPipelinesReceivesInIssueOrder) {
+  const auto base = calibration::Profile::load(testing::source_dir() / "calibration/profiles/default_h200.toml");
+  const calibration::Profile slowed = with_families(base, 1.7);
+  const double eight = f10_step_us(slowed, 8);
+  const double one = f10_step_us(slowed, 1);
+  EXPECT_LT(one, 0.97 * eight);
+  EXPECT_GT(one, f10_step_us(base, 1) * 0.999);  // still slowed while a receive is resident
+  EXPECT_NEAR(f10_step_us(base, 1), f10_step_us(base, 8), 0.01 * f10_step_us(base, 8));
 }
 
 TEST(MemoryModel, MeasuredNcclMemoryCountsAPipelinesP2pCommunicatorsAndItsPeer) {

@@ -198,6 +198,7 @@ def _run(args) -> int:
                          f"nodes); this run has {world} process(es) (torchrun --nproc_per_node={s.world_size})")
     device_kind = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device_kind == "cuda":
+        set_device_max_connections(args.scenario, s.run["cuda_device_max_connections"])
         if not torch.cuda.is_available():
             raise InputError("--device cuda: torch.cuda is not available")
         torch.cuda.set_device(local)
@@ -244,7 +245,8 @@ def _run(args) -> int:
                              "world_size": world, "backend": ("nccl" if device_kind == "cuda" else "gloo")
                              if world > 1 else None}}
     if device_kind == "cuda":
-        settings["executor"]["device"] = {"host_probe": host_probe()}
+        settings["executor"]["device"] = {"host_probe": host_probe(),
+                                          "cuda_device_max_connections": os.environ["CUDA_DEVICE_MAX_CONNECTIONS"]}
     prof = Profiler(args.out, rank=rank, world_size=world, sampling=sampling_of(s, args.record_every),
                     scenario={"name": s.name, "path": args.scenario, "hash": s.hash}, seed=s.run["seed"],
                     settings=settings, overwrite=args.overwrite, nvtx=args.nvtx, use_cuda=device_kind == "cuda",
@@ -356,6 +358,19 @@ def _has_device_id() -> bool:
         return "device_id" in inspect.signature(dist.init_process_group).parameters
     except (TypeError, ValueError):
         return False
+
+
+def set_device_max_connections(path: str, want: int) -> None:
+    """CUDA_DEVICE_MAX_CONNECTIONS from the scenario's run.cuda_device_max_connections, set before the
+    process creates its CUDA context (torch.cuda.is_available() does not create one); an environment
+    that already sets another value is an error, as in threewalls run."""
+    have = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
+    if have is None:
+        os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = str(want)
+    elif have.strip() != str(want):
+        raise InputError(f"{path}: the environment sets CUDA_DEVICE_MAX_CONNECTIONS={have} but the scenario's "
+                         f"run.cuda_device_max_connections is {want} (8 when the scenario does not say); set the "
+                         "key to the value the run should use (1..32) or unset the variable")
 
 
 def _h2d(c: Ctx, prof, host_tensors, device, copy_stream, sync_after_copy: bool):

@@ -135,7 +135,8 @@ _CLUSTER = {
 }
 _CALIBRATION = {"profile": ("auto", _ANY, str)}
 _RUN = {"framework": ("cpp", ("cpp", "pytorch_eager"), str), "steps": (3, _ANY, int),
-        "warmup_steps": (1, _ANY, int), "seed": (1234, _ANY, int)}
+        "warmup_steps": (1, _ANY, int), "seed": (1234, _ANY, int),
+        "cuda_device_max_connections": (8, tuple(range(1, 33)), int)}
 _PROFILER = {
     "enabled": (True, _ANY, bool),
     "start_step": (0, _ANY, int),
@@ -158,6 +159,7 @@ REFUSED_TABLES = {
 }
 # Why a value of a supported key is refused (key -> reason).
 _REASONS = {
+    "run.cuda_device_max_connections": "a CUDA_DEVICE_MAX_CONNECTIONS outside CUDA's range",
     "parallel.tp": "tensor parallelism", "parallel.cp": "context parallelism",
     "parallel.pp": "pipeline parallelism", "parallel.vpp": "interleaved pipeline stages",
     "parallel.etp": "expert tensor parallelism", "parallel.sequence_parallel": "sequence parallelism",

@@ -229,6 +229,11 @@ std::string plain_reference(const std::string& s, std::size_t i) {
 // flags are taken where they are assigned, so a later $MODEL_ARGS adds nothing.
 using FlagVars = std::set<std::string>;
 
+// The one environment variable of a launch that the importer maps (run.cuda_device_max_connections);
+// the parsers hand it on as an argument of this name.
+constexpr const char* kMaxConnections = "CUDA_DEVICE_MAX_CONNECTIONS";
+constexpr const char* kMaxConnectionsArg = "ENV:CUDA_DEVICE_MAX_CONNECTIONS";
+
 // Shell words of one logical line: quotes removed, variables substituted outside single quotes,
 // a '#' at the start of a word begins a comment. A reference to one of `flag_vars` is dropped.
 std::vector<std::string> shell_words(const std::string& line, const Vars& vars, const FlagVars* flag_vars = nullptr) {
@@ -354,6 +359,7 @@ void collect_args(const std::vector<std::string>& words, int line, Vars& script_
         const std::string name = w.substr(0, eq);
         const std::string value = w.substr(eq + 1);
         if (value != "(" && forced.count(name) == 0) script_vars[name] = value;
+        if (name == kMaxConnections) out.push_back({kMaxConnectionsArg, {value}, line});
         if (flag_vars != nullptr && value.find("--") != std::string::npos) {
           const std::vector<std::string> pieces = shell_words(value, {});
           if (std::any_of(pieces.begin(), pieces.end(), is_flag)) {
@@ -474,6 +480,10 @@ std::vector<MegatronArg> parse_yaml(const std::string& text, const Vars& vars) {
       continue;
     }
     if (section == "ENV_VARS") {
+      if (key == kMaxConnections) {
+        out.push_back({kMaxConnectionsArg, {strip_quotes(substitute(value, vars))}, line_no});
+        continue;
+      }
       ++env_vars;
       env_line = env_line ? env_line : line_no;
       continue;
@@ -853,6 +863,7 @@ class MegatronImporter {
     check_vocab_padding();
     map_pipeline_split();
     map_train();
+    map_environment();
     classify_rest();
     return std::move(d_);
   }
@@ -900,6 +911,26 @@ class MegatronImporter {
   void set_bool(const std::string& t, const std::string& k, bool v) { d_.set(t, k, v); }
   void copy_int(const std::string& flag, const std::string& table, const std::string& key) {
     if (auto v = integer(flag)) set_int(table, key, *v);
+  }
+
+  // The launch's exported CUDA_DEVICE_MAX_CONNECTIONS (Megatron-LM's examples export 1): the process's
+  // hardware work queues.
+  void map_environment() {
+    const auto v = str(kMaxConnectionsArg);
+    if (!v) return;
+    int n = 0;
+    try {
+      std::size_t used = 0;
+      n = std::stoi(*v, &used);
+      if (used != v->size()) n = 0;
+    } catch (const std::exception&) {
+      n = 0;
+    }
+    if (n < 1 || n > 32) {
+      throw InputError(src() + where(*arg(kMaxConnectionsArg)) + kMaxConnections + "='" + *v +
+                       "': CUDA takes an integer from 1 to 32 (run.cuda_device_max_connections)");
+    }
+    set_int("run", "cuda_device_max_connections", n);
   }
 
   // Megatron-FSDP (--use-megatron-fsdp, sharding by --data-parallel-sharding-strategy, Megatron's default
@@ -1449,7 +1480,8 @@ class MegatronImporter {
       } else if (auto u = lookup(unrepresented_flags(), flag)) {
         unrepresented(flag, *u);
       } else if (flag == "ENV_VARS") {
-        d_.report.ignored.push_back({"ENV_VARS", a.values.front() + " environment variables of the launch"});
+        d_.report.ignored.push_back({"ENV_VARS", a.values.front() + " environment variable" +
+                                                     (a.values.front() == "1" ? "" : "s") + " of the launch"});
       } else if (flag == "HARNESS") {
         d_.report.ignored.push_back({a.values.front(), "keys of Megatron-LM's functional-test harness"});
       } else if (flag.rfind("LAUNCHER:", 0) == 0) {

@@ -754,9 +754,11 @@ Reduced PlanEstimator::Impl::run_reduced(const Scenario& cand, const Candidate& 
   eo.fidelity = Fidelity::analytic;
   eo.routing_imbalance = t.routing_imbalance;
   eo.dispatch = expert_dispatch_of(r);
+  eo.hardware_queues = r.run.cuda_device_max_connections;
   // A pipeline stage has a posted receive resident nearly all step (docs/planner.md): the reduced
-  // graph has no pipeline, so its kernels run beside one throughout.
-  eo.pending_receive_throughout = c.pp > 1;
+  // graph has no pipeline, so its kernels run beside one throughout. With one hardware queue the
+  // receive is dispatched in issue order, after the compute issued before it: none beside the kernels.
+  eo.pending_receive_throughout = c.pp > 1 && eo.hardware_queues != 1;
   const Executor ex(coster, eo);
   const StepResult res = ex.run_step(g, platform, {}, 0.0, nullptr);
 

@@ -22,6 +22,11 @@ struct LaunchOptions {
 // Whether this build can run under MPI.
 [[nodiscard]] bool mpi_available();
 
+// Sets CUDA_DEVICE_MAX_CONNECTIONS to the scenario's run.cuda_device_max_connections, as CUDA reads it
+// when this process creates its first context (call before any CUDA call). An environment that already
+// sets another value is an InputError naming both; the same value is kept.
+void set_device_max_connections(const scenarios::Scenario& s);
+
 // Runs `s` on this machine's GPUs, or as one rank of an MPI job when started_by_mpi(). Throws
 // InputError for a world-size mismatch (naming both numbers), device lists that do not fit, or
 // scenarios the backend cannot run; DeviceError/SystemError for device failures.

@@ -285,6 +285,10 @@ struct RunSpec {
   int steps = 3;
   int warmup_steps = 1;
   std::uint64_t seed = 1234;
+  // CUDA_DEVICE_MAX_CONNECTIONS of the process: the GPU's hardware work queues its streams map onto
+  // (1..32, CUDA's default 8). The simulator's executor has this many queues; threewalls run and the
+  // reference runner set the variable before they create the CUDA context.
+  int cuda_device_max_connections = 8;
   ProfilerSpec profiler;
 
   bool operator==(const RunSpec&) const = default;

@@ -56,8 +56,8 @@ struct ExecutorOptions {
   double routing_imbalance = 1.0;
   // How MoE dispatch and combine reach other nodes (flows.hpp, ExpertDispatch); expert_dispatch_of.
   ExpertDispatch dispatch;
-  // Hardware work queues per GPU (CUDA_DEVICE_MAX_CONNECTIONS of the real run; CUDA's default 8, and
-  // threewalls run does not set it). Streams map onto them round-robin in creation order and each
+  // Hardware work queues per GPU (CUDA_DEVICE_MAX_CONNECTIONS of the real run: the scenario's
+  // run.cuda_device_max_connections, CUDA's default 8). Streams map onto them round-robin in creation order and each
   // queue dispatches in issue order (docs/simulator.md, "Hardware work queues"). 0: one queue per
   // stream.
   int hardware_queues = 8;
