@@ -240,23 +240,63 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
   };
   int bwd_chain = 0;  // the chain of backward passes: 1 inside a combined 1F1B pair
 
-  // Step prologue: overlapped parameter all-gather of the distributed optimizer (for this step's
-  // forward; Megatron launches it as the previous step's optimizer finishes). Sharded parameters
-  // (FSDP) are gathered per layer instead.
+  // Overlapped parameter all-gather of the distributed optimizer (this step's forward), dispatched as
+  // Megatron-Core's DDP does (param_and_grad_buffer.py, finish_param_sync, without
+  // overlap_param_gather_with_optimizer_step): per model chunk the dense and the expert buckets each
+  // form a chain in forward order; the forward pre-hook of a bucket's first layer dispatches that
+  // bucket's all-gather if it has not been dispatched yet (each chunk's first: exposed), waits for it,
+  // then dispatches the next bucket's. So a gather is issued one bucket ahead of its use, not all at
+  // once: with one hardware queue a gather waiting for the one before it on dp_comm would otherwise
+  // hold back the forward behind it. Buckets that gate no layer (the head's) are issued when the
+  // chunk's first forward ends. Sharded parameters (FSDP) are gathered per layer instead.
   std::unordered_map<int, std::uint32_t> param_ag_of_layer;  // layer -> all-gather op
   const bool bucket_param_gather = t.shards_optimizer_state() && !t.shards_parameters();
+  struct GatherChain {
+    std::vector<const Bucket*> order;  // forward order
+    std::size_t issued = 0;            // order[0, issued) are emitted
+  };
+  std::vector<std::array<GatherChain, 2>> gather_chains(static_cast<std::size_t>(c.vpp));  // [chunk][expert]
   if (bucket_param_gather && t.overlap_param_gather) {
     for (auto it = buckets.rbegin(); it != buckets.rend(); ++it) {
       if (!bucket_needs_comm(*it)) continue;
-      std::uint32_t id = b.emit(bucket_op(*it, false), {});
-      for (int l : it->layers) param_ag_of_layer[l] = id;
+      gather_chains[static_cast<std::size_t>(it->chunk)][it->expert ? 1 : 0].order.push_back(&*it);
     }
   }
+  auto issue_gather = [&](GatherChain& chain) {
+    const Bucket& bk = *chain.order[chain.issued++];
+    const std::uint32_t id = b.emit(bucket_op(bk, false), {});
+    for (int l : bk.layers) param_ag_of_layer[l] = id;
+  };
 
   // Last backward item of each chunk (when its gradient buckets become ready).
   const auto items = stage_schedule(c.pp, c.vpp, c.num_mb, stage, t.overlap_moe_expert_parallel_comm);
   std::vector<int> last_bwd_item(static_cast<std::size_t>(c.vpp), -1);
   std::vector<bool> first_fwd_done(static_cast<std::size_t>(c.vpp), false);
+  // Before the first forward of layer l (-1: the embedding) in chunk ch: the pre-hook's gathers. A
+  // bucket's first layer in forward order is its closing layer (the lowest).
+  auto param_prefetch = [&](int l, int ch) {
+    if (first_fwd_done[static_cast<std::size_t>(ch)]) return;
+    auto& chains = gather_chains[static_cast<std::size_t>(ch)];
+    std::array<std::size_t, 2> opens{};  // per chain: the bucket l opens, + 1 (0: none)
+    for (std::size_t k = 0; k < 2; ++k) {
+      GatherChain& chain = chains[k];
+      for (std::size_t j = 0; j < chain.order.size(); ++j) {
+        if (chain.order[j]->closing_layer != l) continue;
+        opens[k] = j + 1;
+        while (chain.issued <= j) issue_gather(chain);  // not dispatched yet: now, and waited for
+      }
+    }
+    for (std::size_t k = 0; k < 2; ++k) {
+      GatherChain& chain = chains[k];
+      if (opens[k] != 0 && chain.issued == opens[k] && chain.issued < chain.order.size()) issue_gather(chain);
+    }
+  };
+  // The gathers of chunk ch no layer asked for (buckets of the head alone), at the end of its first forward.
+  auto flush_gathers = [&](int ch) {
+    for (GatherChain& chain : gather_chains[static_cast<std::size_t>(ch)]) {
+      while (chain.issued < chain.order.size()) issue_gather(chain);
+    }
+  };
   for (std::size_t i = 0; i < items.size(); ++i) {
     if (!items[i].forward) last_bwd_item[static_cast<std::size_t>(items[i].chunk)] = static_cast<int>(i);
   }
@@ -336,6 +376,7 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
     }
     if (!first_v) input = p2p(false, true, mb, ch, ls.empty() ? -1 : ls.front(), kNoOp);
     if (first_v) {
+      param_prefetch(-1, 0);
       std::uint32_t ag = kNoOp;
       if (auto f = param_ag_of_layer.find(-1); f != param_ag_of_layer.end() && !first_fwd_done[0]) ag = f->second;
       const auto gathers = fsdp_gather(-1, mb, ch, false, 0);
@@ -368,6 +409,7 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
       const int recv_chunk = (stage == c.pp - 1) ? ch + 1 : ch;
       p2p(true, true, item.mb, recv_chunk, ls.empty() ? -1 : ls.back(), input);
     }
+    flush_gathers(ch);
     first_fwd_done[static_cast<std::size_t>(ch)] = true;
     return input;
   };
@@ -467,6 +509,7 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
   auto emit_forward = [&](const SchedItem& item) {
     std::uint32_t input = fwd_begin(item);
     for (int l : chunk_layers[static_cast<std::size_t>(item.chunk)]) {
+      param_prefetch(l, item.chunk);
       const auto gathers = fsdp_gather(l, item.mb, item.chunk, false, 0);
       const std::size_t first = rc.ops.size();
       auto ids = em.forward(programs.at(l), l, item.mb, item.chunk, input, false, nullptr, !c.s.model.layer_is_moe(l));
@@ -597,6 +640,7 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
         node([&] { return em.backward_part(bi, &(*bn)[kC], ep_stream); }, b_prev, true, b_gathers);
       }
       if (has_f) {
+        param_prefetch(l_f, f.chunk);
         const std::uint32_t first =
             node([&] { return em.forward_part(fi, false, &(*fn)[kA]); }, f_prev, false, f_gathers);
         if (first != kNoOp) param_gate(l_f, f.chunk, first);

@@ -648,13 +648,17 @@ class StepRun {
     std::vector<std::uint32_t> queue_of(g_.streams.size(), kNone);
     std::uint32_t k = 0;
     for (std::size_t st = 0; st < used.size(); ++st) {
-      if (used[st]) queue_of[st] = k++ % static_cast<std::uint32_t>(opt_.hardware_queues);
+      // Copy streams' host-device copies go through the copy engines' own connections.
+      if (used[st] && g_.streams[st].kind != scenarios::StreamKind::copy) {
+        queue_of[st] = k++ % static_cast<std::uint32_t>(opt_.hardware_queues);
+      }
     }
     s.hw_ops.assign(std::min<std::size_t>(k, static_cast<std::size_t>(opt_.hardware_queues)), {});
     s.hw_head.assign(s.hw_ops.size(), 0);
     for (std::uint32_t i = 0; i < n; ++i) {
       if (on_host_lane(rc.ops[i]) || in_run[i] >= 0) continue;
       const std::uint32_t q = queue_of[rc.ops[i].stream];
+      if (q == kNone) continue;
       s.op[i].hw_queue = q;
       s.op[i].hw_pos = static_cast<std::uint32_t>(s.hw_ops[q].size());
       s.hw_ops[q].push_back(i);
@@ -1041,6 +1045,32 @@ class StepRun {
     start_op(c, i);
   }
 
+  // The next op of hardware queue q may be dispatched once every op issued to q before it is released:
+  // started, and for a collective completed: with several streams on one queue the compute issued
+  // behind an NCCL collective starts when the collective ends (docs/validation/
+  // hardware_queues_h200x2_2026-11-30.md: one queue, a data-parallel all-gather or reduce-scatter on
+  // its stream, the next compute kernel starts 3 us after it ends). Sends and receives release the
+  // queue when they start (a pipeline's sends fit in the peer's NCCL buffers; measured: the two-stage
+  // pipeline with one queue as simulated, within 1.3%). Its try_start is
+  // left to the event of its launch, last dependency or stream predecessor when one of those is still
+  // to come: each of them tries it itself (run_host, complete), at this time or later, and the queue's
+  // head stays on it until it is released.
+  void advance_hw_queue(std::uint32_t c, std::uint32_t q) {
+    ClassState& s = classes_[c];
+    std::uint32_t& head = s.hw_head[q];
+    const auto released = [&](std::uint32_t o) {
+      return s.op[o].start >= 0.0 && (s.end[o] >= 0.0 || s.rc->ops[o].kind != OpKind::collective);
+    };
+    while (head < s.hw_ops[q].size() && released(s.hw_ops[q][head])) ++head;
+    if (head < s.hw_ops[q].size()) {
+      const std::uint32_t next = s.hw_ops[q][head];
+      const OpState& n = s.op[next];
+      if (n.start < 0.0 && n.launch >= 0.0 && n.pending == 0 && s.stream_head[n.queue] == n.stream_pos) {
+        push(now_, EventType::op_ready, c, next);
+      }
+    }
+  }
+
   void start_op(std::uint32_t c, std::uint32_t i) {
     ClassState& s = classes_[c];
     s.op[i].start = now_;
@@ -1054,22 +1084,7 @@ class StepRun {
         s.device_extra[i] -= s.op[i].mark_device;
       }
     }
-    if (s.op[i].hw_queue != kNone) {
-      // The next op of the hardware queue may now be dispatched (once its own stream and
-      // dependencies allow). Its try_start is left to the event of its launch, last dependency or
-      // stream predecessor when one of those is still to come: each of them tries it itself
-      // (run_host, complete), at this time or later, and the queue's head stays on it until it starts.
-      const std::uint32_t q = s.op[i].hw_queue;
-      std::uint32_t& head = s.hw_head[q];
-      while (head < s.hw_ops[q].size() && s.op[s.hw_ops[q][head]].start >= 0.0) ++head;
-      if (head < s.hw_ops[q].size()) {
-        const std::uint32_t next = s.hw_ops[q][head];
-        const OpState& n = s.op[next];
-        if (n.launch >= 0.0 && n.pending == 0 && s.stream_head[n.queue] == n.stream_pos) {
-          push(now_, EventType::op_ready, c, next);
-        }
-      }
-    }
+    if (s.op[i].hw_queue != kNone) advance_hw_queue(c, s.op[i].hw_queue);
     const Role role = s.op[i].role;
     if (role == Role::kernel) {
       KernelCosts& k = kernels_[s.kernel[i]];
@@ -1103,6 +1118,7 @@ class StepRun {
     s.end[i] = now_;
     ++s.done;
     if (s.nccl_phase[i] != 0) nccl_phase(c, i, 0);
+    if (s.op[i].hw_queue != kNone && s.rc->ops[i].kind == OpKind::collective) advance_hw_queue(c, s.op[i].hw_queue);
     if (s.op[i].role != Role::host_lane) {
       const std::uint32_t head = ++s.stream_head[s.op[i].queue];
       const auto& q = s.stream_ops[s.op[i].queue];

@@ -336,17 +336,21 @@ TEST(Executor, GpuSlowdownScalesTheClassesKernels) {
   EXPECT_NEAR(r.duration, 25 * kUs, 1e-12);
 }
 
+Op copy_op(GraphBuilder& b, scenarios::CopyKind kind, double bytes, const std::string& ph, const std::string& st) {
+  Op cp;
+  cp.kind = OpKind::copy;
+  cp.sub = static_cast<std::uint8_t>(kind);
+  cp.wall = scenarios::Wall::memory;
+  cp.bytes = bytes;
+  cp.phase = b.phase(ph);
+  cp.stream = b.stream(st, StreamKind::copy);
+  return cp;
+}
+
 TEST(Executor, HostToDeviceCopyTakesTheProfilesTime) {
   GraphBuilder b(1, 1, 1, 1, 1, 1);
   const int c = b.add_class({0});
-  Op cp;
-  cp.kind = OpKind::copy;
-  cp.sub = static_cast<std::uint8_t>(scenarios::CopyKind::h2d_pinned);
-  cp.wall = scenarios::Wall::memory;
-  cp.bytes = 32e6;
-  cp.phase = b.phase("h2d");
-  cp.stream = b.stream("copy", StreamKind::copy);
-  b.add(c, cp);
+  b.add(c, copy_op(b, scenarios::CopyKind::h2d_pinned, 32e6, "h2d", "copy"));
   FakeCoster f;
   f.copy_bw = BytesPerSecond(25e9);
   const auto r = run(b, f, testing::cluster(1, 1));
@@ -361,17 +365,6 @@ StepResult run_timed(const GraphBuilder& b, const FakeCoster& coster, Timing tim
   o.framework = framework;
   const std::vector<Timing> t(b.g.classes.size(), timing);
   return Executor(coster, o).run_step(b.g, p, {}, 0.0, nullptr, t);
-}
-
-Op copy_op(GraphBuilder& b, scenarios::CopyKind kind, double bytes, const std::string& ph, const std::string& st) {
-  Op cp;
-  cp.kind = OpKind::copy;
-  cp.sub = static_cast<std::uint8_t>(kind);
-  cp.wall = scenarios::Wall::memory;
-  cp.bytes = bytes;
-  cp.phase = b.phase(ph);
-  cp.stream = b.stream(st, StreamKind::copy);
-  return cp;
 }
 
 TEST(Executor, EventsAndWaitsAcrossStreamsCostHostTimeAsThreewallsRunIssuesThem) {
@@ -621,8 +614,8 @@ TEST(Executor, GraphRunWaitsForOutsideDepsOnItsLaunchStreamAndJoinsItsOtherStrea
 
 // ---- hardware work queues and library-call launch costs ----
 
-StepResult run_with_queues(const GraphBuilder& b, const FakeCoster& coster, int queues) {
-  const Platform p(testing::cluster(1, 1));
+StepResult run_with_queues(const GraphBuilder& b, const FakeCoster& coster, int queues, int gpus = 1) {
+  const Platform p(testing::cluster(gpus, 1));
   ExecutorOptions o;
   o.fidelity = Fidelity::analytic;
   o.hardware_queues = queues;
@@ -677,6 +670,60 @@ TEST(Executor, HardwareQueueHoldsLaterStreamsBehindAnOpWaitingForItsDependency) 
   EXPECT_NEAR(r.classes[0].start[3], 50 * kUs, 1e-12);
   const auto free = run_with_queues(b, f, 3);
   EXPECT_NEAR(free.classes[0].start[3], 0.0, 1e-12);
+}
+
+TEST(Executor, ACollectiveHoldsItsHardwareQueueUntilItEnds) {
+  // Two GPUs, one queue each. Each rank issues a 100 us all-gather on stream dp (measured as ~200 us
+  // by the fake's 100 GB/s), then a 10 us kernel on the compute stream that does not depend on it.
+  // One queue: the kernel starts when the collective ends (a collective releases its queue at its end,
+  // as measured on two H200 with CUDA_DEVICE_MAX_CONNECTIONS=1); a queue per stream: at once.
+  GraphBuilder b(1, 1, 2, 1, 1, 2);
+  b.class_per_rank();
+  for (int c = 0; c < 2; ++c) {
+    b.add(c, b.collective(Collective::all_gather, Group::dp, 20e6, "ag", "dp"));
+    b.add(c, b.kernel(10, "k"));
+  }
+  FakeCoster f;
+  f.busbw = BytesPerSecond(100e9);
+  f.concurrency = 1e9;
+  const auto one = run_with_queues(b, f, 1, 2);
+  const double ag_end = one.classes[0].end[0];
+  EXPECT_GT(ag_end, 50 * kUs);
+  EXPECT_NEAR(one.classes[0].start[1], ag_end, 1e-12);
+  const auto own = run_with_queues(b, f, 2, 2);
+  EXPECT_NEAR(own.classes[0].start[1], 0.0, 1e-12);
+  EXPECT_NEAR(own.classes[0].end[0], ag_end, 1e-12);
+}
+
+TEST(Executor, SendsAndReceivesReleaseTheirQueueWhenTheyStart) {
+  // Stage 1 posts its receive (waiting 50 us for stage 0's send) and then a 10 us kernel: with one
+  // queue the kernel runs while the receive waits (a pipeline's receives do not hold the queue).
+  GraphBuilder b(1, 1, 1, 2, 1, 2);
+  b.class_per_rank();
+  const auto k0 = b.add(0, b.kernel(50, "stage0"));
+  b.add(0, b.p2p(true, +1, 0, 1e6, "pp_send", "pp_send"), {k0});
+  b.add(1, b.p2p(false, -1, 0, 1e6, "pp_recv", "pp_recv"));
+  b.add(1, b.kernel(10, "k"));
+  FakeCoster f;
+  f.concurrency = 1e9;
+  const auto r = run_with_queues(b, f, 1, 2);
+  EXPECT_NEAR(r.classes[1].start[1], 0.0, 1e-12);
+  EXPECT_GE(r.classes[1].end[0], 50 * kUs);
+}
+
+TEST(Executor, CopyStreamsAreOutsideTheKernelQueues) {
+  // One kernel queue: a host-to-device copy on the copy stream, issued behind a kernel waiting 40 us
+  // for its dependency, starts at once (copies go through the copy engines' own connections).
+  GraphBuilder b(1, 1, 1, 1, 1, 1);
+  const int c = b.add_class({0});
+  const auto a1 = b.add(c, b.kernel(40, "a1", "a"));
+  b.add(c, b.kernel(5, "b1", "b"), {a1});
+  b.add(c, copy_op(b, scenarios::CopyKind::h2d_pinned, 1e6, "host_to_device", "copy"));
+  FakeCoster f;
+  f.concurrency = 1e9;
+  const auto r = run_with_queues(b, f, 1);
+  EXPECT_NEAR(r.classes[0].start[1], 40 * kUs, 1e-12);
+  EXPECT_NEAR(r.classes[0].start[2], 0.0, 1e-12);
 }
 
 TEST(Executor, OpsOfACudaGraphRunAreNotHeldInAHardwareQueue) {

@@ -288,6 +288,39 @@ TEST(StepGraph, ExpertParallelOverlapAddsAWarmupForwardToTheInterleavedSchedule)
   }
 }
 
+// The distributed optimizer's overlapped parameter all-gather, as Megatron-Core's DDP dispatches it:
+// a bucket's gather is issued in the forward pre-hook of the previous bucket's first layer (after
+// that layer's wait), one bucket ahead of its use, and gates its own first layer's forward; the
+// chunk's first bucket is issued at its own first use. With one bucket per layer (grad_bucket_size 1):
+// the expert gather of layer k + 1 between the first forward ops of layers k - 1 and k.
+TEST(StepGraph, OverlappedParameterGathersAreIssuedOneBucketAhead) {
+  const Scenario s = test::scenario_from(test::small_moe(
+      "ep = 2", "use_distributed_optimizer = true\noverlap_param_gather = true\ngrad_bucket_size = 1", 4));
+  const StepGraph g = expand(s);
+  check_invariants(s, g);
+  const RankClass& rc = g.classes[0];
+  auto gather = [&](int layer) { return op_index(g, rc, "edp_param_allgather", layer, -1); };
+  auto first_fwd = [&](int layer) { return op_index(g, rc, "attn_norm_fwd", layer, 0); };
+  ASSERT_GE(gather(0), 0);
+  ASSERT_GE(first_fwd(0), 0);
+  EXPECT_LT(gather(0), first_fwd(0));
+  EXPECT_LT(gather(1), first_fwd(0));  // dispatched by layer 0's pre-hook
+  for (int k = 1; k < 3; ++k) {
+    EXPECT_GT(gather(k + 1), first_fwd(k - 1)) << k;  // not before the previous layer's pre-hook
+    EXPECT_LT(gather(k + 1), first_fwd(k)) << k;
+  }
+  // Each layer's first forward op waits for a gather holding its parameters (the later of its dense
+  // and expert buckets', both on dp_comm).
+  for (int k = 0; k < 4; ++k) {
+    const Op& op = rc.ops[static_cast<std::size_t>(first_fwd(k))];
+    const std::vector<std::uint32_t> d(rc.deps_of(op), rc.deps_of(op) + rc.num_deps(op));
+    const long want = gather(k);
+    EXPECT_TRUE(std::any_of(d.begin(), d.end(), [&](std::uint32_t x) {
+      return g.phase_name(rc.ops[x]).find("param_allgather") != std::string::npos && static_cast<long>(x) >= want;
+    })) << k;
+  }
+}
+
 // Megatron-FSDP, optim_grads_params: every forward and backward pass of a unit (layer, embedding,
 // head) gathers its parameters (dense over dp x cp, experts over edp, bf16) and every backward
 // reduce-scatters its gradients (fp32); no bucketed reduction, no step-end parameter gather.
