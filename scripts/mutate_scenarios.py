@@ -51,10 +51,12 @@ EXTRA_KEYS = {
     "parallel": ["dp = 32768", "ep = 2", "pp = 2", "vpp = 2", "tp = 2", "cp = 2", "sequence_parallel = true",
                  "etp = 2"],
     "train": ["global_batch_size = 2147483647", "recompute_granularity = \"full\"", "expert_execution = \"sequential\"",
-              "overlap_grad_reduce = true", "precision = \"fp8\""],
+              "overlap_grad_reduce = true", "precision = \"fp8\"", "overlap_param_gather = true",
+              "use_distributed_optimizer = true", "overlap_moe_expert_parallel_comm = true"],
     "cluster": ["pcie_bandwidth = \"4e-320Bps\"", "nvlink_latency = \"1e300s\"", "nodes = 4096",
                 "nic_bandwidth = \"1e-300Bps\"", "gpus_per_node = 72"],
-    "run": ["steps = 2147483647", "warmup_steps = 0", "steps = 1"],
+    "run": ["steps = 2147483647", "warmup_steps = 0", "steps = 1", "cuda_device_max_connections = 1",
+            "cuda_device_max_connections = 2"],
 }
 
 LINE_RE = re.compile(r'^(\s*)([A-Za-z0-9_.]+)(\s*=\s*)(.*?)\s*$')
