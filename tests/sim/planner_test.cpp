@@ -606,6 +606,22 @@ TEST(PlanSweep, SteadyStateReSimulationGivesTheWholeStep) {
   EXPECT_NE(plan_to_text(with).find("flow_s extrapolated by the steady period"), std::string::npos);
 }
 
+// Where the flow re-simulations rank the top rows otherwise than their estimates, the text says
+// which re-simulated row is fastest; not when the first is.
+TEST(PlanOutput, NamesTheFastestRowByFlowWhenTheEstimateRanksItLower) {
+  PlanResult r;
+  r.top.resize(3);
+  r.top[0].flow_step_time_us = 2.977e6;
+  r.top[1].flow_step_time_us = 2.777e6;
+  r.top[2].flow_step_time_us = 3.068e6;
+  const std::string said = "by flow fidelity #2 is the fastest re-simulated row: 2.777 s against #1's 2.977 s (-6.7%)";
+  EXPECT_NE(plan_to_text(r).find(said), std::string::npos) << plan_to_text(r);
+  r.top[0].flow_step_time_us = 2.5e6;
+  EXPECT_EQ(plan_to_text(r).find("by flow fidelity"), std::string::npos);
+  r.top[0].flow_step_time_us.reset();  // the first row not re-simulated: nothing to compare with
+  EXPECT_EQ(plan_to_text(r).find("by flow fidelity"), std::string::npos);
+}
+
 // ---- the CLI ----
 
 const std::string kBinary = test::threewalls_binary();
