@@ -241,14 +241,15 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
   int bwd_chain = 0;  // the chain of backward passes: 1 inside a combined 1F1B pair
 
   // Overlapped parameter all-gather of the distributed optimizer (this step's forward), dispatched as
-  // Megatron-Core's DDP does (param_and_grad_buffer.py, finish_param_sync, without
-  // overlap_param_gather_with_optimizer_step): per model chunk the dense and the expert buckets each
-  // form a chain in forward order; the forward pre-hook of a bucket's first layer dispatches that
-  // bucket's all-gather if it has not been dispatched yet (each chunk's first: exposed), waits for it,
-  // then dispatches the next bucket's. So a gather is issued one bucket ahead of its use, not all at
-  // once: with one hardware queue a gather waiting for the one before it on dp_comm would otherwise
-  // hold back the forward behind it. Buckets that gate no layer (the head's) are issued when the
-  // chunk's first forward ends. Sharded parameters (FSDP) are gathered per layer instead.
+  // Megatron-Core does without overlap_param_gather_with_optimizer_step. Interleaved pipelines
+  // (pp > 1, vpp > 1: Megatron-LM and Megatron-Bridge then set align_param_gather) dispatch every
+  // bucket of model chunks 0 and 1 when the schedule starts and those of chunk c + 1 as chunk c's
+  // first forward begins (schedules.py, param_sync_func). Otherwise each chunk's dense and expert
+  // buckets form a chain in forward order (param_and_grad_buffer.py, finish_param_sync): the forward
+  // pre-hook of a bucket's first layer dispatches that bucket's gather if it has not been dispatched
+  // (the chunk's first: exposed), waits for it, then dispatches the next bucket's, one ahead of its
+  // use. Buckets that gate no layer (the head's) are issued when the chunk's first forward ends.
+  // Sharded parameters (FSDP) are gathered per layer instead.
   std::unordered_map<int, std::uint32_t> param_ag_of_layer;  // layer -> all-gather op
   const bool bucket_param_gather = t.shards_optimizer_state() && !t.shards_parameters();
   struct GatherChain {
@@ -274,8 +275,9 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
   std::vector<bool> first_fwd_done(static_cast<std::size_t>(c.vpp), false);
   // Before the first forward of layer l (-1: the embedding) in chunk ch: the pre-hook's gathers. A
   // bucket's first layer in forward order is its closing layer (the lowest).
+  const bool aligned_gathers = c.pp > 1 && c.vpp > 1;
   auto param_prefetch = [&](int l, int ch) {
-    if (first_fwd_done[static_cast<std::size_t>(ch)]) return;
+    if (aligned_gathers || first_fwd_done[static_cast<std::size_t>(ch)]) return;
     auto& chains = gather_chains[static_cast<std::size_t>(ch)];
     std::array<std::size_t, 2> opens{};  // per chain: the bucket l opens, + 1 (0: none)
     for (std::size_t k = 0; k < 2; ++k) {
@@ -299,6 +301,10 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
   };
   for (std::size_t i = 0; i < items.size(); ++i) {
     if (!items[i].forward) last_bwd_item[static_cast<std::size_t>(items[i].chunk)] = static_cast<int>(i);
+  }
+  if (aligned_gathers) {
+    flush_gathers(0);
+    flush_gathers(1);
   }
 
   const std::uint8_t copy_stream = tables.stream("copy", StreamKind::copy);
@@ -366,6 +372,7 @@ void build_class(const Ctx& c, const ClassInfo& ci, GraphTables& tables, RankCla
   auto fwd_begin = [&](const SchedItem& item) {
     const int ch = item.chunk;
     const int mb = item.mb;
+    if (aligned_gathers && !first_fwd_done[static_cast<std::size_t>(ch)] && ch + 1 < c.vpp) flush_gathers(ch + 1);
     const auto& ls = chunk_layers[static_cast<std::size_t>(ch)];
     const bool first_v = c.stages.is_first_vstage(stage, ch);
     const bool last_v = c.stages.is_last_vstage(stage, ch);

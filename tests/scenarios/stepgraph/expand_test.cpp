@@ -321,6 +321,29 @@ TEST(StepGraph, OverlappedParameterGathersAreIssuedOneBucketAhead) {
   }
 }
 
+// An interleaved pipeline (Megatron's align_param_gather): every gather of model chunks 0 and 1 is
+// issued before the first forward.
+TEST(StepGraph, InterleavedPipelinesIssueTheFirstTwoChunksGathersAtTheStart) {
+  const Scenario s = test::scenario_from(
+      test::small_moe("pp = 2\nvpp = 2\nep = 2",
+                      "use_distributed_optimizer = true\noverlap_param_gather = true\ngrad_bucket_size = 1", 8));
+  const StepGraph g = expand(s);
+  check_invariants(s, g);
+  for (const RankClass& rc : g.classes) {
+    long first_forward = -1, last_gather = -1, gathers = 0;
+    for (std::size_t i = 0; i < rc.ops.size(); ++i) {
+      const std::string& ph = g.phase_name(rc.ops[i]);
+      if (ph == "attn_norm_fwd" && first_forward < 0) first_forward = static_cast<long>(i);
+      if (ph.find("param_allgather") != std::string::npos) {
+        last_gather = static_cast<long>(i);
+        ++gathers;
+      }
+    }
+    EXPECT_GE(gathers, 2) << rc.label;
+    EXPECT_LT(last_gather, first_forward) << rc.label;
+  }
+}
+
 // Megatron-FSDP, optim_grads_params: every forward and backward pass of a unit (layer, embedding,
 // head) gathers its parameters (dense over dp x cp, experts over edp, bf16) and every backward
 // reduce-scatters its gradients (fp32); no bucketed reduction, no step-end parameter gather.
