@@ -346,7 +346,9 @@ TEST(ImportMegatron, TheLaunchsCudaDeviceMaxConnectionsIsTheRunsHardwareQueues) 
   EXPECT_EQ(queues(dy), 1);
   ASSERT_TRUE(reported(dy.report.ignored, "ENV_VARS"));
   for (const auto& n : dy.report.ignored) {
-    if (n.name == "ENV_VARS") EXPECT_EQ(n.reason.rfind("1 environment variable", 0), 0U) << n.reason;
+    if (n.name == "ENV_VARS") {
+      EXPECT_EQ(n.reason.rfind("1 environment variable", 0), 0U) << n.reason;
+    }
   }
   MegatronImportOptions o;
   o.source = "launch.sh";
