@@ -1045,23 +1045,17 @@ class StepRun {
     start_op(c, i);
   }
 
-  // The next op of hardware queue q may be dispatched once every op issued to q before it is released:
-  // started, and for a collective completed: with several streams on one queue the compute issued
-  // behind an NCCL collective starts when the collective ends (docs/validation/
-  // hardware_queues_h200x2_2026-11-30.md: one queue, a data-parallel all-gather or reduce-scatter on
-  // its stream, the next compute kernel starts 3 us after it ends). Sends and receives release the
-  // queue when they start (a pipeline's sends fit in the peer's NCCL buffers; measured: the two-stage
-  // pipeline with one queue as simulated, within 1.3%). Its try_start is
-  // left to the event of its launch, last dependency or stream predecessor when one of those is still
-  // to come: each of them tries it itself (run_host, complete), at this time or later, and the queue's
-  // head stays on it until it is released.
+  // The next op of hardware queue q may be dispatched once every op issued to q before it has started
+  // (an NCCL collective or a receive too: measured with PyTorch on two H200 with one connection, the
+  // GEMM issued after a 3.3 ms all-reduce or a 21 ms receive started within 0.1 ms,
+  // docs/validation/hardware_queues_h200x2_2026-11-30.md). Its try_start is left to the event of its
+  // launch, last dependency or stream predecessor when one of those is still to come: each of them
+  // tries it itself (run_host, complete), at this time or later, and the queue's head stays on it until
+  // it starts.
   void advance_hw_queue(std::uint32_t c, std::uint32_t q) {
     ClassState& s = classes_[c];
     std::uint32_t& head = s.hw_head[q];
-    const auto released = [&](std::uint32_t o) {
-      return s.op[o].start >= 0.0 && (s.end[o] >= 0.0 || s.rc->ops[o].kind != OpKind::collective);
-    };
-    while (head < s.hw_ops[q].size() && released(s.hw_ops[q][head])) ++head;
+    while (head < s.hw_ops[q].size() && s.op[s.hw_ops[q][head]].start >= 0.0) ++head;
     if (head < s.hw_ops[q].size()) {
       const std::uint32_t next = s.hw_ops[q][head];
       const OpState& n = s.op[next];
@@ -1118,7 +1112,6 @@ class StepRun {
     s.end[i] = now_;
     ++s.done;
     if (s.nccl_phase[i] != 0) nccl_phase(c, i, 0);
-    if (s.op[i].hw_queue != kNone && s.rc->ops[i].kind == OpKind::collective) advance_hw_queue(c, s.op[i].hw_queue);
     if (s.op[i].role != Role::host_lane) {
       const std::uint32_t head = ++s.stream_head[s.op[i].queue];
       const auto& q = s.stream_ops[s.op[i].queue];

@@ -672,11 +672,11 @@ TEST(Executor, HardwareQueueHoldsLaterStreamsBehindAnOpWaitingForItsDependency) 
   EXPECT_NEAR(free.classes[0].start[3], 0.0, 1e-12);
 }
 
-TEST(Executor, ACollectiveHoldsItsHardwareQueueUntilItEnds) {
-  // Two GPUs, one queue each. Each rank issues a 100 us all-gather on stream dp (measured as ~200 us
-  // by the fake's 100 GB/s), then a 10 us kernel on the compute stream that does not depend on it.
-  // One queue: the kernel starts when the collective ends (a collective releases its queue at its end,
-  // as measured on two H200 with CUDA_DEVICE_MAX_CONNECTIONS=1); a queue per stream: at once.
+TEST(Executor, ACollectiveReleasesItsHardwareQueueWhenItStarts) {
+  // Two GPUs, one queue each. Each rank issues a ~200 us all-gather on stream dp, then a 10 us kernel
+  // on the compute stream that does not depend on it: the kernel starts at once, beside the collective
+  // (measured with PyTorch and one connection: a GEMM issued after a 3.3 ms all-reduce started within
+  // 0.1 ms).
   GraphBuilder b(1, 1, 2, 1, 1, 2);
   b.class_per_rank();
   for (int c = 0; c < 2; ++c) {
@@ -687,12 +687,8 @@ TEST(Executor, ACollectiveHoldsItsHardwareQueueUntilItEnds) {
   f.busbw = BytesPerSecond(100e9);
   f.concurrency = 1e9;
   const auto one = run_with_queues(b, f, 1, 2);
-  const double ag_end = one.classes[0].end[0];
-  EXPECT_GT(ag_end, 50 * kUs);
-  EXPECT_NEAR(one.classes[0].start[1], ag_end, 1e-12);
-  const auto own = run_with_queues(b, f, 2, 2);
-  EXPECT_NEAR(own.classes[0].start[1], 0.0, 1e-12);
-  EXPECT_NEAR(own.classes[0].end[0], ag_end, 1e-12);
+  EXPECT_GT(one.classes[0].end[0], 50 * kUs);
+  EXPECT_NEAR(one.classes[0].start[1], 0.0, 1e-12);
 }
 
 TEST(Executor, SendsAndReceivesReleaseTheirQueueWhenTheyStart) {

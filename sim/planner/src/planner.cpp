@@ -993,10 +993,7 @@ PlanRow PlanEstimator::evaluate(const Candidate& c) {
                                                scope_of(Group::dp_cp), rails_in(Group::dp_cp)),
                                   comm_seconds(coster, red_kind, std::min(bucket, expert) * per.gradient, ne,
                                                scope_of(Group::edp), rails_in(Group::edp)));
-  // With one hardware queue a collective holds the compute issued behind it until it ends
-  // (docs/simulator.md, "Hardware work queues"): nothing of the data-parallel communication overlaps.
-  const bool one_queue = s.run.cuda_device_max_connections == 1;
-  w.exposed_comm_us += t.overlap_grad_reduce && !one_queue ? std::max(rs_last, rs_all - crit_bwd) : rs_all;
+  w.exposed_comm_us += t.overlap_grad_reduce ? std::max(rs_last, rs_all - crit_bwd) : rs_all;
   if (dist) {
     const double ag_all = comm_seconds(coster, Collective::all_gather, dense * per.weight, nd, scope_of(Group::dp_cp),
                                        rails_in(Group::dp_cp)) +
@@ -1004,7 +1001,7 @@ PlanRow PlanEstimator::evaluate(const Candidate& c) {
                                        rails_in(Group::edp));
     const double ag_first = comm_seconds(coster, Collective::all_gather, std::min(bucket, dense) * per.weight, nd,
                                          scope_of(Group::dp_cp), rails_in(Group::dp_cp));
-    w.exposed_comm_us += t.overlap_param_gather && !one_queue ? ag_first : ag_all;
+    w.exposed_comm_us += t.overlap_param_gather ? ag_first : ag_all;
   }
   const double shard = dist ? dense / nd + expert / ne : dense + expert;
   w.compute_us += memory_kernel_seconds(coster, OpKind::elementwise, shard * per.gradient, shard) +
