@@ -1045,17 +1045,29 @@ class StepRun {
     start_op(c, i);
   }
 
-  // The next op of hardware queue q may be dispatched once every op issued to q before it has started
-  // (an NCCL collective or a receive too: measured with PyTorch on two H200 with one connection, the
-  // GEMM issued after a 3.3 ms all-reduce or a 21 ms receive started within 0.1 ms,
-  // docs/validation/hardware_queues_h200x2_2026-11-30.md). Its try_start is left to the event of its
+  // The next op of hardware queue q may be dispatched once every op issued to q before it is released:
+  // started, and for an op timed by the profiler on this step, ended. A kernel, an NCCL collective or
+  // a receive releases its queue when it starts (measured with one connection: a kernel of another
+  // stream issued after a 20 ms kernel, a 3.3 ms all-reduce or a 21 ms receive in PyTorch started
+  // within 0.35 ms), and so does one followed by an untimed event; a CUDA event *with timing* recorded
+  // behind it, as every timed op's end marker, holds the queue until the op ends (the same kernel:
+  // 20.2 ms), which is how threewalls run's recorded steps lose their overlap with one connection
+  // (docs/validation/hardware_queues_h200x2_2026-11-30.md). Timed sends and receives release it at
+  // their start all the same: a recorded two-stage pipeline with one connection ran as simulated so
+  // (within 1.3%), and holding the queue for a send until its receiver arrives deadlocks schedules
+  // that run (NCCL completes a send into the peer's buffers). Its try_start is left to the event of its
   // launch, last dependency or stream predecessor when one of those is still to come: each of them
   // tries it itself (run_host, complete), at this time or later, and the queue's head stays on it until
-  // it starts.
+  // it is released.
   void advance_hw_queue(std::uint32_t c, std::uint32_t q) {
     ClassState& s = classes_[c];
     std::uint32_t& head = s.hw_head[q];
-    while (head < s.hw_ops[q].size() && s.op[s.hw_ops[q][head]].start >= 0.0) ++head;
+    const auto released = [&](std::uint32_t o) {
+      const OpKind k = s.rc->ops[o].kind;
+      return s.op[o].start >= 0.0 &&
+             (s.end[o] >= 0.0 || s.mark_before[o] < 0.0 || k == OpKind::send || k == OpKind::recv);
+    };
+    while (head < s.hw_ops[q].size() && released(s.hw_ops[q][head])) ++head;
     if (head < s.hw_ops[q].size()) {
       const std::uint32_t next = s.hw_ops[q][head];
       const OpState& n = s.op[next];
@@ -1112,6 +1124,10 @@ class StepRun {
     s.end[i] = now_;
     ++s.done;
     if (s.nccl_phase[i] != 0) nccl_phase(c, i, 0);
+    if (s.op[i].hw_queue != kNone && s.mark_before[i] >= 0.0 && s.rc->ops[i].kind != OpKind::send &&
+        s.rc->ops[i].kind != OpKind::recv) {
+      advance_hw_queue(c, s.op[i].hw_queue);
+    }
     if (s.op[i].role != Role::host_lane) {
       const std::uint32_t head = ++s.stream_head[s.op[i].queue];
       const auto& q = s.stream_ops[s.op[i].queue];

@@ -358,11 +358,12 @@ TEST(Executor, HostToDeviceCopyTakesTheProfilesTime) {
 }
 
 StepResult run_timed(const GraphBuilder& b, const FakeCoster& coster, Timing timing,
-                     scenarios::Framework framework = scenarios::Framework::cpp) {
+                     scenarios::Framework framework = scenarios::Framework::cpp, int queues = 8) {
   const Platform p(testing::cluster(1, 1));
   ExecutorOptions o;
   o.fidelity = Fidelity::analytic;
   o.framework = framework;
+  o.hardware_queues = queues;
   const std::vector<Timing> t(b.g.classes.size(), timing);
   return Executor(coster, o).run_step(b.g, p, {}, 0.0, nullptr, t);
 }
@@ -720,6 +721,25 @@ TEST(Executor, CopyStreamsAreOutsideTheKernelQueues) {
   const auto r = run_with_queues(b, f, 1);
   EXPECT_NEAR(r.classes[0].start[1], 40 * kUs, 1e-12);
   EXPECT_NEAR(r.classes[0].start[2], 0.0, 1e-12);
+}
+
+TEST(Executor, ATimedOpHoldsItsHardwareQueueUntilItEnds) {
+  // One queue: a 20 us kernel on stream a, then a 1 us kernel on stream b. Untimed, b starts at once
+  // (a kernel releases its queue when it starts); on a recorded step the end marker behind a (a CUDA
+  // event with timing) holds the queue until a ends (measured: PyTorch probe P6/P10 with one
+  // connection, docs/validation/hardware_queues_h200x2_2026-11-30.md).
+  GraphBuilder b(1, 1, 1, 1, 1, 1);
+  const int c = b.add_class({0});
+  b.add(c, b.kernel(20, "a1", "a"));
+  b.add(c, b.kernel(1, "b1", "b"));
+  FakeCoster f;
+  f.concurrency = 1e9;
+  const auto untimed = run_timed(b, f, Timing::none, scenarios::Framework::cpp, 1);
+  EXPECT_LT(untimed.classes[0].start[1], 1 * kUs);
+  const auto timed = run_timed(b, f, Timing::every_op, scenarios::Framework::cpp, 1);
+  EXPECT_GE(timed.classes[0].start[1], timed.classes[0].end[0]);
+  const auto own = run_timed(b, f, Timing::every_op, scenarios::Framework::cpp, 2);  // a queue each
+  EXPECT_LT(own.classes[0].start[1], timed.classes[0].end[0]);
 }
 
 TEST(Executor, OpsOfACudaGraphRunAreNotHeldInAHardwareQueue) {
