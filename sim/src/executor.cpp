@@ -1059,13 +1059,15 @@ class StepRun {
   // launch, last dependency or stream predecessor when one of those is still to come: each of them
   // tries it itself (run_host, complete), at this time or later, and the queue's head stays on it until
   // it is released.
+  static bool holds_queue_to_end(const ClassState& s, std::uint32_t o) {
+    const OpKind k = s.rc->ops[o].kind;
+    return s.mark_before[o] >= 0.0 && k != OpKind::send && k != OpKind::recv;
+  }
   void advance_hw_queue(std::uint32_t c, std::uint32_t q) {
     ClassState& s = classes_[c];
     std::uint32_t& head = s.hw_head[q];
     const auto released = [&](std::uint32_t o) {
-      const OpKind k = s.rc->ops[o].kind;
-      return s.op[o].start >= 0.0 &&
-             (s.end[o] >= 0.0 || s.mark_before[o] < 0.0 || k == OpKind::send || k == OpKind::recv);
+      return s.op[o].start >= 0.0 && (s.end[o] >= 0.0 || !holds_queue_to_end(s, o));
     };
     while (head < s.hw_ops[q].size() && released(s.hw_ops[q][head])) ++head;
     if (head < s.hw_ops[q].size()) {
@@ -1124,10 +1126,7 @@ class StepRun {
     s.end[i] = now_;
     ++s.done;
     if (s.nccl_phase[i] != 0) nccl_phase(c, i, 0);
-    if (s.op[i].hw_queue != kNone && s.mark_before[i] >= 0.0 && s.rc->ops[i].kind != OpKind::send &&
-        s.rc->ops[i].kind != OpKind::recv) {
-      advance_hw_queue(c, s.op[i].hw_queue);
-    }
+    if (s.op[i].hw_queue != kNone && holds_queue_to_end(s, i)) advance_hw_queue(c, s.op[i].hw_queue);
     if (s.op[i].role != Role::host_lane) {
       const std::uint32_t head = ++s.stream_head[s.op[i].queue];
       const auto& q = s.stream_ops[s.op[i].queue];
