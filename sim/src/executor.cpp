@@ -29,6 +29,15 @@ ExpertDispatch expert_dispatch_of(const scenarios::Scenario& s) {
   return d;
 }
 
+ExecutorOptions executor_options_of(const scenarios::Scenario& s) {
+  ExecutorOptions eo;
+  eo.routing_imbalance = s.train ? s.train->routing_imbalance : 1.0;
+  eo.dispatch = expert_dispatch_of(s);
+  eo.framework = s.run.framework;
+  eo.hardware_queues = s.run.cuda_device_max_connections;
+  return eo;
+}
+
 namespace {
 
 using scenarios::Collective;

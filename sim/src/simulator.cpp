@@ -160,13 +160,9 @@ SimResult simulate(const scenarios::Scenario& s, const OpCoster& coster, const P
   };
   note_substitutions(first);
 
-  ExecutorOptions eo;
+  ExecutorOptions eo = executor_options_of(s);
   eo.fidelity = opt.fidelity;
   eo.allreduce = opt.allreduce;
-  eo.routing_imbalance = s.train ? s.train->routing_imbalance : 1.0;
-  eo.dispatch = expert_dispatch_of(s);
-  eo.framework = s.run.framework;
-  eo.hardware_queues = s.run.cuda_device_max_connections;
   const Executor exec(coster, eo);
 
   // Run header and writer.

@@ -918,18 +918,17 @@ class MegatronImporter {
   void map_environment() {
     const auto v = str(kMaxConnectionsArg);
     if (!v) return;
+    const auto bad = [&] {
+      return InputError(src() + where(*arg(kMaxConnectionsArg)) + kMaxConnections + "='" + *v +
+                        "': CUDA takes an integer from 1 to 32 (run.cuda_device_max_connections)");
+    };
     int n = 0;
     try {
-      std::size_t used = 0;
-      n = std::stoi(*v, &used);
-      if (used != v->size()) n = 0;
-    } catch (const std::exception&) {
-      n = 0;
+      n = *integer(kMaxConnectionsArg);
+    } catch (const InputError&) {
+      throw bad();
     }
-    if (n < 1 || n > 32) {
-      throw InputError(src() + where(*arg(kMaxConnectionsArg)) + kMaxConnections + "='" + *v +
-                       "': CUDA takes an integer from 1 to 32 (run.cuda_device_max_connections)");
-    }
+    if (n < 1 || n > 32) throw bad();
     set_int("run", "cuda_device_max_connections", n);
   }
 

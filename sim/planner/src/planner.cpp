@@ -750,11 +750,8 @@ Reduced PlanEstimator::Impl::run_reduced(const Scenario& cand, const Candidate& 
   const auto& t = *r.train;
   const scenarios::StepGraph g = scenarios::expand(r, 0);
   const Platform platform(r.cluster);
-  ExecutorOptions eo;
+  ExecutorOptions eo = executor_options_of(r);  // as the flow re-simulation's simulate() runs it
   eo.fidelity = Fidelity::analytic;
-  eo.routing_imbalance = t.routing_imbalance;
-  eo.dispatch = expert_dispatch_of(r);
-  eo.hardware_queues = r.run.cuda_device_max_connections;
   // A pipeline stage has a posted receive resident nearly all step (docs/planner.md): the reduced
   // graph has no pipeline, so its kernels run beside one throughout. With one hardware queue the
   // receive is dispatched in issue order, after the compute issued before it: none beside the kernels.

@@ -79,6 +79,11 @@ double nccl_resident_factor(const OpCoster& coster, const scenarios::Op& op, boo
 // routed experts, top-k and router groups.
 ExpertDispatch expert_dispatch_of(const scenarios::Scenario& s);
 
+// The executor settings a scenario gives (the rest keep their defaults): the training step's routing
+// imbalance, expert_dispatch_of, the framework that drives the GPU and the hardware queues
+// (run.cuda_device_max_connections).
+ExecutorOptions executor_options_of(const scenarios::Scenario& s);
+
 // Which ops of a class carry the profiler's timing markers in a step (a real run records two CUDA
 // events around every timed op: docs/simulator.md, "Host lane"). By class: none, every op (layer
 // granularity) or the coarse-view ops only.
