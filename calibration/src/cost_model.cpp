@@ -131,6 +131,11 @@ void require_attention_shape(const AttentionShape& s) {
                          std::pair{s.head_dim_qk, "head_dim_qk"}, std::pair{s.head_dim_v, "head_dim_v"}}) {
     require_non_negative(v, "attention", name);
   }
+  require_non_negative(s.window, "attention", "window");
+  if (s.window > 0 && !s.causal) {
+    throw InputError("CostModel::attention: window = " + std::to_string(s.window) +
+                     " needs a causal mask (a sliding window is the causal mask's band)");
+  }
 }
 }  // namespace
 

@@ -15,6 +15,7 @@
 
 #include "threewalls/calibration/fit.hpp"
 #include "threewalls/calibration/kernel_terms.hpp"
+#include "threewalls/core/attention_mask.hpp"
 #include "threewalls/core/decode_attention_geometry.hpp"
 
 namespace threewalls::calibration {
@@ -431,27 +432,22 @@ GroupedGemmModel GroupedGemmModel::fit(const std::vector<Sample>& samples, const
 
 // ------------------------------------------------------------------------------------- attention
 
-double attention_pairs(std::int64_t seq_q, std::int64_t seq_kv, bool causal) {
+double attention_pairs(std::int64_t seq_q, std::int64_t seq_kv, bool causal, std::int64_t window) {
   if (seq_q <= 0 || seq_kv <= 0) return 0.0;
-  const double sq = static_cast<double>(seq_q);
-  const double skv = static_cast<double>(seq_kv);
-  if (!causal) return sq * skv;
-  // Bottom-right aligned mask: query i sees keys j <= i + (s_kv - s_q). Row i sees
-  // clamp(i + d + 1, 0, s_kv) keys, d = s_kv - s_q; the rows that see any form the arithmetic series
-  // a, a+1, ..., s_kv with a = max(d + 1, 1).
-  const double d = skv - sq;
-  const double a = std::max(d + 1.0, 1.0);
-  return (a + skv) * (skv - a + 1.0) / 2.0;
+  if (!causal) return static_cast<double>(seq_q) * static_cast<double>(seq_kv);
+  return causal_pairs(seq_q, seq_kv, window);
 }
 
-double attention_computed_pairs(std::int64_t seq_q, std::int64_t seq_kv, bool causal) {
+double attention_computed_pairs(std::int64_t seq_q, std::int64_t seq_kv, bool causal, std::int64_t window) {
   if (seq_q <= 0 || seq_kv <= 0) return 0.0;
   if (!causal) return static_cast<double>(seq_q) * static_cast<double>(seq_kv);
   double pairs = 0.0;
   for (std::int64_t q0 = 0; q0 < seq_q; q0 += kAttentionCausalBlock) {
     const std::int64_t rows = std::min(kAttentionCausalBlock, seq_q - q0);
-    const std::int64_t keys = std::clamp<std::int64_t>(q0 + rows + seq_kv - seq_q, 0, seq_kv);
-    pairs += static_cast<double>(rows) * static_cast<double>(keys);
+    const std::int64_t last = q0 + rows - 1 + seq_kv - seq_q;  // the block's last row's diagonal key
+    const std::int64_t hi = std::clamp<std::int64_t>(last + 1, 0, seq_kv);
+    const std::int64_t lo = window > 0 ? std::clamp<std::int64_t>(q0 + seq_kv - seq_q + 1 - window, 0, seq_kv) : 0;
+    pairs += static_cast<double>(rows) * static_cast<double>(std::max<std::int64_t>(hi - lo, 0));
   }
   return pairs;
 }
@@ -469,7 +465,7 @@ double attention_flops_of_pairs(const AttentionShape& s, double pairs, bool back
 }  // namespace
 
 double attention_flops(const AttentionShape& s, bool backward) {
-  return attention_flops_of_pairs(s, attention_pairs(s.seq_q, s.seq_kv, s.causal), backward);
+  return attention_flops_of_pairs(s, attention_pairs(s.seq_q, s.seq_kv, s.causal, s.window), backward);
 }
 
 namespace {
@@ -509,15 +505,15 @@ double list_schedule_makespan(const std::vector<double>& work, double reps, doub
 // Work of each 128-row tile of one (batch, head): forward, the mean keys the tile's first and last
 // query rows see; backward, the mean queries that see the tile's first and last key rows.
 std::vector<double> attention_tile_work(const AttentionShape& s, bool backward, int tile) {
-  const std::int64_t sq = s.seq_q, skv = s.seq_kv, off = skv - sq;  // bottom-right aligned mask
+  const std::int64_t sq = s.seq_q, skv = s.seq_kv;  // bottom-right aligned mask (core/attention_mask.hpp)
   std::vector<double> w;
   const std::int64_t rows = backward ? skv : sq;
   for (std::int64_t r0 = 0; r0 < rows; r0 += tile) {
     const std::int64_t r1 = std::min(rows, r0 + tile) - 1;
     auto seen = [&](std::int64_t r) -> double {
       if (!s.causal) return static_cast<double>(backward ? sq : skv);
-      if (!backward) return static_cast<double>(std::clamp<std::int64_t>(r + off + 1, 0, skv));
-      return static_cast<double>(std::clamp<std::int64_t>(sq - std::max<std::int64_t>(0, r - off), 0, sq));
+      return static_cast<double>(backward ? causal_queries_seeing(r, sq, skv, s.window)
+                                          : causal_keys_seen(r, sq, skv, s.window));
     };
     w.push_back((seen(r0) + seen(r1)) / 2.0);
   }
@@ -580,8 +576,8 @@ auto fit_to_relative_error(const std::vector<Sample>& samples, const Make& make,
 }  // namespace
 
 double AttentionModel::time_s(const AttentionShape& s) const {
-  const double pairs = blocked ? attention_computed_pairs(s.seq_q, s.seq_kv, s.causal)
-                               : attention_pairs(s.seq_q, s.seq_kv, s.causal);
+  const double pairs = blocked ? attention_computed_pairs(s.seq_q, s.seq_kv, s.causal, s.window)
+                               : attention_pairs(s.seq_q, s.seq_kv, s.causal, s.window);
   if (pairs <= 0 || s.batch <= 0 || s.heads <= 0 || s.head_dim_qk <= 0 || s.head_dim_v <= 0) return overhead_s;
   const double flops = attention_flops_of_pairs(s, pairs, backward);
   const double sq = static_cast<double>(s.seq_q);

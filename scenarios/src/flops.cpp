@@ -2,9 +2,9 @@
 // as of Megatron-Core 0.12-0.14, and Megatron-Bridge's flop_utils.py, which adds the multi-token
 // prediction depths), transcribed term by term for the model shapes threewalls supports (no hybrid
 // Mamba layers). Model FLOPs: forward, dgrad and wgrad of every GEMM (the 3x) and causal attention
-// counted as half the score matrix; no recomputation, no router; norms only as the MTP term counts
-// them. An MTP depth counts as one more layer of the last layer's kind, plus its norms and eh_proj,
-// plus one more pass through the output layer.
+// counted as half the score matrix (a sliding-window layer as Megatron-Bridge counts it, below); no recomputation, no
+// router; norms only as the MTP term counts them. An MTP depth counts as one more layer of the last layer's kind, plus
+// its norms and eh_proj, plus one more pass through the output layer.
 #include "threewalls/scenarios/step_graph.hpp"
 
 #include <algorithm>
@@ -28,6 +28,14 @@ double megatron_flops_per_iteration(const Scenario& s) {
   const double gated = m.swiglu ? 1.5 : 1.0;
   const double expansion = 3.0 * 2.0 * 2.0;
   const double heads = m.num_attention_heads;
+  // Keys per query the core attention counts, summed over the layers: seq / 2 (causal, half the score
+  // matrix) for a full-attention layer; for a sliding-window layer of w < seq keys Megatron-Bridge's
+  // exact causal mean w - w (w - 1) / (2 seq) (flop_utils.py, "Exact average causal SWA context").
+  double context = 0.0;
+  for (int l = 0; l < m.num_layers + m.mtp_num_layers; ++l) {
+    const double w = m.attention_window(l);
+    context += w > 0 && w < seq ? w - w * (w - 1.0) / (2.0 * seq) : seq / 2.0;
+  }
   double self_attn = 0.0;
   if (m.attention == AttentionKind::mla) {
     const double qk = m.qk_head_dim;
@@ -35,14 +43,14 @@ double megatron_flops_per_iteration(const Scenario& s) {
     const double v = m.v_head_dim;
     const double q_term = m.q_lora_rank == 0 ? h * heads * (qk + rope)
                                              : m.q_lora_rank * (h + heads * (qk + rope) + 1);
-    self_attn = 3.0 * 2.0 * layers *
-                (q_term + m.kv_lora_rank * (h + heads * (qk + v) + 1) + h * rope + heads * v * h +
-                 seq * (heads * (qk + rope)) / 2.0 + seq * heads * v / 2.0);
+    self_attn = 3.0 * 2.0 *
+                (layers * (q_term + m.kv_lora_rank * (h + heads * (qk + v) + 1) + h * rope + heads * v * h) +
+                 context * (heads * (qk + rope) + heads * v));
   } else {
     const double query_projection = static_cast<double>(m.kv_channels) * heads;
     const double ratio = query_projection / h;
-    self_attn = expansion * layers * h * h *
-                ((1.0 + static_cast<double>(m.num_query_groups) / heads + seq / h / 2.0) * ratio);
+    self_attn =
+        expansion * h * h * ratio * (layers * (1.0 + static_cast<double>(m.num_query_groups) / heads) + context / h);
   }
   const double vocab = static_cast<double>(m.padded_vocab_size(s.parallel.tp));
   const double mlp = expansion * layers * h *

@@ -102,7 +102,7 @@ void build_inference_class(const Ctx& c, int ep_rank, const RoutingSampler::Step
 
   for (int l = 0; l < m.num_layers; ++l) {
     Program attn;
-    attention_block(c, attn);
+    attention_block(c, attn, l);
     auto ids = em.forward(attn, l, -1, -1, input, false, nullptr, false);
     input = ids.back();
     if (!m.layer_is_moe(l)) {

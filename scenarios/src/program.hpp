@@ -181,7 +181,7 @@ std::uint8_t activation_kind(const Ctx& c);
 // Attention: norm, projections (MHA/GQA or MLA), the KV-cache append (inference), core attention
 // (with the context-parallel ring), output projection, TP collectives, residual. `input` is the op the
 // block reads (-1: the program's input).
-void attention_block(const Ctx& c, Program& p, int input = -1);
+void attention_block(const Ctx& c, Program& p, int layer, int input = -1);
 // A dense MLP (or the shared experts): fc1, activation, fc2 with their TP collectives.
 void dense_mlp_block(const Ctx& c, Program& p, const std::string& prefix, std::int64_t ffn, Module mod, int input_op,
                      bool own_norm);

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "program.hpp"
+#include "threewalls/core/attention_mask.hpp"
 
 namespace threewalls::scenarios::detail {
 
@@ -127,15 +128,26 @@ void add_tp_reduce(const Ctx& c, Program& p, const std::string& name, Module mod
   }
 }
 
+// `window` > 0 (causal only): each query attends to itself and the window - 1 keys before it
+// (ModelSpec::attention_window); a decode step's single query then reads only its window of the cache.
 Spec attention_spec(const Ctx& c, std::string name, std::int64_t seq_q, std::int64_t seq_kv, bool causal,
-                    std::int64_t heads, std::int64_t kv_heads, std::int64_t dqk, std::int64_t dv) {
+                    std::int64_t heads, std::int64_t kv_heads, std::int64_t dqk, std::int64_t dv,
+                    std::int64_t window = 0) {
   Spec sp;
   sp.kind = OpKind::attention;
   sp.sub = static_cast<std::uint8_t>(c.s.model.attention_impl);
   sp.name = std::move(name);
-  sp.shape = {c.mbs, seq_q, seq_kv, heads, dqk, dv, kv_heads};
-  // Causal: half of the score matrix (Megatron's accounting); QK^T and PV.
+  if (!causal && seq_q > 1) window = 0;  // only a causal mask has a window (prefill on a cache: full)
+  if (window > 0 && seq_q == 1) {
+    seq_kv = std::min(seq_kv, window);  // decode: the window is the whole of what the query sees
+    window = 0;
+  }
+  if (window >= seq_kv) window = 0;  // a window as long as the keys masks nothing more than causality
+  sp.shape = {c.mbs, seq_q, seq_kv, heads, dqk, dv, kv_heads, window};
+  // Causal: half of the score matrix (Megatron's accounting); QK^T and PV. Windowed: the (query, key)
+  // pairs inside the band.
   double pairs = static_cast<double>(seq_q) * seq_kv * (causal ? 0.5 : 1.0);
+  if (window > 0) pairs = causal_pairs(seq_q, seq_kv, window);
   sp.flops = 2.0 * c.mbs * heads * pairs * static_cast<double>(dqk + dv);
   sp.bytes = kBf16Bytes * c.mbs *
              (static_cast<double>(seq_q) * heads * (dqk + dv) + static_cast<double>(seq_kv) * kv_heads * (dqk + dv));
@@ -150,7 +162,7 @@ Spec attention_spec(const Ctx& c, std::string name, std::int64_t seq_q, std::int
 }  // namespace
 
 // ---- attention block ----
-void attention_block(const Ctx& c, Program& p, int input) {
+void attention_block(const Ctx& c, Program& p, int layer, int input) {
   const auto& m = c.s.model;
   const std::int64_t heads = m.num_attention_heads / c.tp;
   p.add(norm_op("attn_norm", c.Tsp, c.h, Module::attn_norm, {input}));
@@ -242,7 +254,8 @@ void attention_block(const Ctx& c, Program& p, int input) {
     remote.after = {x, l};
     p.add(remote);
   } else {
-    Spec core = attention_spec(c, "attn_core", c.seq, c.seq_kv, c.causal, heads, kv_heads, dqk, dv);
+    const std::int64_t window = m.attention_window(layer);
+    Spec core = attention_spec(c, "attn_core", c.seq, c.seq_kv, c.causal, heads, kv_heads, dqk, dv, window);
     core.after = qkv_producers;
     p.add(core);
   }
@@ -599,7 +612,7 @@ void mtp_epilogue(const Ctx& c, Program& p) {
 Program layer_program(const Ctx& c, const ClassInfo& ci, int layer) {
   Program p;
   const bool mtp = c.s.model.is_mtp_layer(layer);
-  attention_block(c, p, mtp ? mtp_prologue(c, p) : -1);
+  attention_block(c, p, layer, mtp ? mtp_prologue(c, p) : -1);
   const int attn_out = static_cast<int>(p.specs.size()) - 1;
   if (c.s.model.layer_is_moe(layer)) {
     moe_block(c, ci, p, attn_out);

@@ -573,6 +573,17 @@ Registry::Registry() {
              "none (not timed).")
         .bind(kModel, &ModelSpec::position_embedding_type);
   }
+  Decl(r, "model.window_size", ParamType::integer).def("0").min(0).max(kMaxSequenceTokens)
+      .doc("Sliding-window attention (Megatron --window-size (window_size - 1, 0); Hugging Face sliding_window; "
+           "GPT-OSS: 128): a windowed layer's query attends to itself and the window_size - 1 keys before it, "
+           "and fused attention visits only those keys (training, prefill and decode). 0 = full causal attention "
+           "in every layer. The KV cache of an inference step keeps every key (no sliding-window cache).")
+      .bind(kModel, &ModelSpec::window_size);
+  Decl(r, "model.window_attn_skip_freq", ParamType::integer).def("0").min(0).max(kMaxLayers)
+      .doc("With window_size: every n-th layer (1-based: layers n, 2n, ...) keeps full attention, as Megatron's "
+           "--window-attn-skip-freq n (GPT-OSS: 2, Hugging Face layer_types alternating sliding and full); "
+           "0 = every layer is windowed.")
+      .bind(kModel, &ModelSpec::window_attn_skip_freq);
   Decl(r, "model.num_experts", ParamType::integer).def("0").min(0).max(kMaxExperts)
       .doc("Routed experts per MoE layer; 0 = dense model.")
       .bind(kModel, &ModelSpec::num_experts);

@@ -22,6 +22,9 @@ const std::vector<RuleInfo> kRules = {
      "kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim and v_head_dim, which only mla may set; qk_layernorm "
      "applies to mha and gqa."},
     {"head-dim", "Without kv_channels, hidden_size must be divisible by num_attention_heads."},
+    {"attention-window",
+     "window_attn_skip_freq needs window_size > 0 (the layers it keeps at full attention are "
+     "the exceptions to a sliding window)."},
     {"query-groups", "num_attention_heads must be divisible by num_query_groups."},
     {"dense-ffn", "A model with any dense layer needs ffn_hidden_size > 0."},
     {"moe-keys", "num_experts > 0 needs moe_ffn_hidden_size and moe_router_topk; a dense model must not set MoE keys."},
@@ -170,6 +173,11 @@ void check_model(Scenario& s, Reporter& r) {
     r.fail("attention-kind", "model.attention",
            "kv_lora_rank, q_lora_rank, qk_head_dim, qk_pos_emb_head_dim and v_head_dim only apply to attention = "
            "\"mla\"");
+  }
+  if (m.window_attn_skip_freq > 0 && m.window_size == 0) {
+    r.fail("attention-window", "model.window_attn_skip_freq",
+           "window_attn_skip_freq = " + num(m.window_attn_skip_freq) +
+               " needs model.window_size > 0 (the keys a windowed layer's query attends to)");
   }
   // head-dim (derived kv_channels)
   if (m.kv_channels == 0) {

@@ -298,6 +298,7 @@ Seconds CostModelCoster::compute_kernel_time(const Op& op) const {
       a.head_dim_qk = at_least_1(s[4]);
       a.head_dim_v = at_least_1(s[5]);
       a.causal = (op.flags & scenarios::kCausal) != 0;
+      a.window = s[7];
       const bool backward = (op.flags & scenarios::kBackward) != 0;
       std::optional<Seconds> own;
       switch (scenarios::attention_kernel(op)) {

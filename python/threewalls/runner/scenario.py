@@ -50,6 +50,8 @@ _MODEL = {
     "normalization": ("rmsnorm", ("rmsnorm", "layernorm"), str),
     "qk_layernorm": (False, (False,), bool),  # the runner has no query/key norms
     "position_embedding_type": ("none", ("none",), str),  # nor a rotary embedding
+    "window_size": (0, (0,), int),  # nor sliding-window attention
+    "window_attn_skip_freq": (0, (0,), int),
     "num_experts": (0, _ANY, int),
     "moe_ffn_hidden_size": (0, _ANY, int),
     "moe_router_topk": (0, _ANY, int),

@@ -44,6 +44,9 @@ struct AttentionShape {
   std::int64_t head_dim_qk = 0;
   std::int64_t head_dim_v = 0;
   bool causal = false;
+  // Sliding window (causal only): the keys each query sees at most, itself included; 0 = none
+  // (core/attention_mask.hpp).
+  std::int64_t window = 0;
 };
 
 class CostModel {

@@ -237,10 +237,12 @@ struct GroupedGemmModel {
 // measured under one mask only takes that efficiency for the other.
 // (AttentionShape is declared in cost_model.hpp.)
 inline constexpr std::int64_t kAttentionCausalBlock = 512;  // backend/src/attention.cpp kCausalBlock
-// Number of (query, key) pairs the mask lets through.
-double attention_pairs(std::int64_t seq_q, std::int64_t seq_kv, bool causal);
-// Pairs the blocked (unfused) implementation computes: whole blocks of kAttentionCausalBlock rows.
-double attention_computed_pairs(std::int64_t seq_q, std::int64_t seq_kv, bool causal);
+// Number of (query, key) pairs the mask lets through; `window` > 0 (causal only): a sliding window of
+// that many keys per query (core/attention_mask.hpp).
+double attention_pairs(std::int64_t seq_q, std::int64_t seq_kv, bool causal, std::int64_t window = 0);
+// Pairs the blocked (unfused) implementation computes: whole blocks of kAttentionCausalBlock rows, each
+// against the keys from its first row's window start (0 without a window) to its last row's diagonal.
+double attention_computed_pairs(std::int64_t seq_q, std::int64_t seq_kv, bool causal, std::int64_t window = 0);
 double attention_flops(const AttentionShape& s, bool backward);
 
 struct AttentionModel {

@@ -77,6 +77,12 @@ struct ModelSpec {
   // --qk-layernorm; Qwen3, OLMoE); MHA and GQA only.
   bool qk_layernorm = false;
   PositionEmbedding position_embedding_type = PositionEmbedding::none;
+  // Sliding-window attention (Megatron --window-size (window_size - 1, 0), --window-attn-skip-freq;
+  // Hugging Face sliding_window): a windowed layer's query attends to itself and the window_size - 1
+  // keys before it; with window_attn_skip_freq = n every n-th layer (1-based) keeps full attention.
+  // window_size = 0: every layer has full (causal) attention.
+  int window_size = 0;
+  int window_attn_skip_freq = 0;
   // Mixture of experts. num_experts = 0 means a dense model.
   int num_experts = 0;
   int moe_ffn_hidden_size = 0;
@@ -99,6 +105,13 @@ struct ModelSpec {
   [[nodiscard]] bool layer_is_moe(int l) const {
     if (l >= num_layers) l = num_layers - 1;
     return is_moe() && l >= first_dense_layers && ((l - first_dense_layers) % moe_layer_freq == 0);
+  }
+  // The keys a query of layer `l` attends to at most (itself included), 0 = all earlier keys (full
+  // attention). An MTP depth has the last layer's attention.
+  [[nodiscard]] int attention_window(int l) const {
+    if (window_size <= 0) return 0;
+    if (l >= num_layers) l = num_layers - 1;
+    return window_attn_skip_freq > 0 && (l + 1) % window_attn_skip_freq == 0 ? 0 : window_size;
   }
   // The index that stands for the output head among a stage's units (after every layer and MTP depth
   // a training step runs).

@@ -34,7 +34,8 @@ enum class OpKind : std::uint8_t {
   grouped_gemm,   // shape: {total rows m, n, k, groups, max rows in a group, varying}; one GEMM per local
                   // expert: varying = 0: group g computes (r_g x k)(k x n); varying = 1 (wgrad): group g
                   // computes (n x r_g)(r_g x k) = dW_g, i.e. the group's rows are the reduction dimension
-  attention,      // shape: {batch, seq_q, seq_kv, heads, head_dim_qk, head_dim_v, kv_heads (0: heads)}; flag kCausal;
+  attention,      // shape: {batch, seq_q, seq_kv, heads, head_dim_qk, head_dim_v, kv_heads (0: heads), window (0: none;
+                  // > 0 with kCausal only: the keys each query sees at most, core/attention_mask.hpp)}; flag kCausal;
                   // bwd when kBackward;
                   // `sub` = AttentionImpl (scenario.hpp)
   elementwise,    // shape: {output elements}; bytes = bytes read + written; `sub` = ElementwiseKind
@@ -99,7 +100,7 @@ inline constexpr std::uint8_t kNewShape = 1U << 7;        // attention: the step
                                                           // its plan first: docs/simulator.md)
 
 // An op's sizes, their meaning by kind (OpKind, above); trailing sizes a kind does not use are 0.
-using OpShape = std::array<std::int64_t, 7>;
+using OpShape = std::array<std::int64_t, 8>;
 
 struct Op {
   OpShape shape{};                      // meaning by kind, above
@@ -135,8 +136,8 @@ struct Op {
   [[nodiscard]] AttentionImpl attention_impl() const { return static_cast<AttentionImpl>(sub); }
   [[nodiscard]] bool is_comm() const { return kind == OpKind::collective || kind == OpKind::send || kind == OpKind::recv; }
 };
-// A step graph holds millions of ops: the fields are ordered so that an Op packs into 120 bytes.
-static_assert(sizeof(Op) <= 120, "Op grew: check the field order and widths");
+// A step graph holds millions of ops: the fields are ordered so that an Op packs into 128 bytes.
+static_assert(sizeof(Op) <= 128, "Op grew: check the field order and widths");
 
 // The kernels an attention op runs on (threewalls run) and is costed as (the simulator): `decode`,
 // the split-KV kernel, for a fused forward with one query per sequence (seq_q = 1); `fused`, a
