@@ -203,7 +203,7 @@ void add_exec_options(Registry& r, const std::string& table, Exec exec) {
       .doc("How a rank runs its local experts: one expert after another on one stream, round-robin over "
            "N streams with events (both as Hugging Face's loop: a gather, gate, up, down and a scatter per "
            "expert), one grouped GEMM per projection, or split:N as Transformer Engine's GroupedLinear runs "
-           "them with its multi-stream cuBLAS backend (Megatron-Core's TEGroupedMLP in FP8 before TE's "
+           "them with its multi-stream cuBLAS backend (Megatron-Core's TEGroupedMLP, bf16 and fp8, before TE's "
            "cuBLASLt grouped GEMM): the permuted rows split per expert without a copy, one GEMM per expert "
            "and projection (gate and up fused) round-robin over N streams, one activation over all rows; "
            "training steps.")

@@ -15,6 +15,8 @@
 namespace threewalls::scenarios {
 namespace {
 
+constexpr int kMaxExpertStreams = 1024;  // split:N: CUDA streams a rank's experts round-robin over
+
 // The rules, in the order they are checked. Ids are stable: tests and users grep for them.
 const std::vector<RuleInfo> kRules = {
     {"attention-kind",
@@ -74,8 +76,8 @@ const std::vector<RuleInfo> kRules = {
      "CUDA-graph scopes moe_router and moe_preprocess need an MoE model; full_iteration excludes the "
      "other scopes; captured MoE scopes cannot contain the host read of sync_routing_stats."},
     {"expert-streams",
-     "expert_execution = \"streams:N\" or \"split:N\" needs 1 <= N <= local experts (num_experts / ep); "
-     "\"split:N\" is for training steps."},
+     "expert_execution = \"streams:N\" needs 1 <= N <= local experts (num_experts / ep); \"split:N\" needs "
+     "1 <= N <= 1024 (fewer local experts use fewer streams) and is for training steps."},
     {"routing-imbalance", "routing_imbalance > 1 needs ep > 1 and must not exceed ep."},
     {"offload",
      "expert_offload needs an MoE model, cache_experts_per_layer <= num_experts / ep, nvme_path exactly "
@@ -404,9 +406,15 @@ void check_exec(const Scenario& s, const ExecOptions& e, const std::string& t, R
       e.expert_execution.kind == ExpertExecutionKind::split) {
     const std::string value = to_string(e.expert_execution);
     int local = m.is_moe() ? m.num_experts / std::max(1, s.parallel.ep) : 0;
-    if (e.expert_execution.streams < 1 || e.expert_execution.streams > std::max(local, 1) || !m.is_moe()) {
+    // split:N round-robins the experts over N streams, so fewer experts use fewer of them (as Transformer
+    // Engine's GroupedLinear does); streams:N names N streams the loop itself creates.
+    const bool split = e.expert_execution.kind == ExpertExecutionKind::split;
+    const int most = split ? kMaxExpertStreams : std::max(local, 1);
+    if (e.expert_execution.streams < 1 || e.expert_execution.streams > most || !m.is_moe()) {
       r.fail("expert-streams", t + ".expert_execution",
-             "expert_execution = \"" + value + "\" needs 1 <= N <= " + num(local) + " local experts");
+             "expert_execution = \"" + value + "\" needs " +
+                 (split ? "1 <= N <= " + num(kMaxExpertStreams) + " and an MoE model"
+                        : "1 <= N <= " + num(local) + " local experts"));
     }
     if (e.expert_execution.kind == ExpertExecutionKind::split && t == "infer") {
       r.fail("expert-streams", t + ".expert_execution",
@@ -439,6 +447,11 @@ void check_train(Scenario& s, Reporter& r, bool split_ok) {
   if (p.cp > 1 && t.seq_length % (2LL * p.cp) != 0) {
     r.fail("cp-seq", "train.seq_length",
            "seq_length = " + num(t.seq_length) + " is not divisible by 2 x cp = " + num(2LL * p.cp));
+  }
+  if (p.cp > 1 && m.window_size > 0) {
+    r.fail("attention-window", "model.window_size",
+           "window_size = " + num(m.window_size) + " with cp = " + num(p.cp) +
+               ": the context-parallel ring of a sliding window is not modelled (use cp = 1)");
   }
   if (p.sequence_parallel && (t.seq_length / p.cp) % p.tp != 0) {
     r.fail("sp-seq", "train.seq_length",

@@ -11,9 +11,12 @@
 #include <tuple>
 
 #include "threewalls/calibration/fit.hpp"
+#include "threewalls/core/attention_mask.hpp"
 #include "threewalls/core/decode_attention_geometry.hpp"
 
 using namespace threewalls::calibration;
+using threewalls::causal_keys_seen;
+using threewalls::causal_queries_seeing;
 using threewalls::Collective;
 using threewalls::DType;
 
@@ -196,6 +199,37 @@ TEST(Attention, CausalPairsMatchBruteForceCount) {
   EXPECT_EQ(attention_pairs(4, 6, false), 24.0);
 }
 
+// A sliding window of w keys: query i sees keys j with i + d - w < j <= i + d (d = s_kv - s_q); the
+// closed-form pair count and the per-row and per-key counts (core/attention_mask.hpp) agree with a
+// brute-force count, and a window at least as long as the keys masks nothing beyond causality.
+TEST(Attention, WindowedCausalPairsMatchBruteForceCount) {
+  for (auto [sq, skv] :
+       {std::pair<std::int64_t, std::int64_t>{1, 1}, {7, 7}, {1, 4096}, {5, 12}, {300, 300}, {128, 300}}) {
+    for (const std::int64_t w : {1, 3, 64, 128, 5000}) {
+      double brute = 0;
+      std::vector<std::int64_t> per_key(static_cast<std::size_t>(skv), 0);
+      for (std::int64_t i = 0; i < sq; ++i) {
+        std::int64_t row = 0;
+        for (std::int64_t j = 0; j < skv; ++j) {
+          const bool seen = j <= i + (skv - sq) && j > i + (skv - sq) - w;
+          row += seen ? 1 : 0;
+          per_key[static_cast<std::size_t>(j)] += seen ? 1 : 0;
+        }
+        brute += static_cast<double>(row);
+        EXPECT_EQ(causal_keys_seen(i, sq, skv, w), row) << sq << "x" << skv << " w" << w << " row " << i;
+      }
+      for (std::int64_t j = 0; j < skv; ++j) {
+        EXPECT_EQ(causal_queries_seeing(j, sq, skv, w), per_key[static_cast<std::size_t>(j)]) << j;
+      }
+      EXPECT_EQ(attention_pairs(sq, skv, true, w), brute) << sq << "x" << skv << " w" << w;
+    }
+    EXPECT_EQ(attention_pairs(sq, skv, true, skv), attention_pairs(sq, skv, true));
+  }
+  // Blocked (unfused) form: 512-row blocks from their first row's window start to their last row's diagonal.
+  EXPECT_DOUBLE_EQ(attention_computed_pairs(1024, 1024, true, 128), 512.0 * 512.0 + 512.0 * (1024.0 - 385.0));
+  EXPECT_DOUBLE_EQ(attention_computed_pairs(1024, 1024, true, 4096), attention_computed_pairs(1024, 1024, true));
+}
+
 TEST(Attention, BackwardCountsFiveMatmulsAgainstTwo) {
   AttentionShape s;
   s.batch = 2;
@@ -289,6 +323,27 @@ TEST(AttentionModel, ScheduledFormIsTheWaveFormForEqualTilesAndLinearInHeadsUnde
   const auto fit = AttentionModel::fit(samples, false, tiles.device, tiles.memory_bandwidth_bytes_per_s, false, true);
   EXPECT_TRUE(fit.scheduled);
   expect_attention_truth(fit);
+}
+
+// Priced by its tiles, a sliding-window layer costs about its share of the pairs (plus the tiles'
+// fixed work): far less than full causal attention at a long sequence, more as the window grows, the
+// same when the window covers the sequence.
+TEST(AttentionModel, AWindowedScheduledAttentionCostsItsBandOfTiles) {
+  AttentionModel m = attention_truth();
+  m.scheduled = true;
+  for (const bool backward : {false, true}) {
+    m.backward = backward;
+    AttentionShape full{1, 8192, 8192, 64, 8, 64, 64, true};
+    AttentionShape w128 = full, w1024 = full, w8192 = full;
+    w128.window = 128;
+    w1024.window = 1024;
+    w8192.window = 8192;
+    EXPECT_LT(m.time_s(w128), 0.2 * m.time_s(full)) << backward;
+    EXPECT_LT(m.time_s(w128), m.time_s(w1024)) << backward;
+    EXPECT_LT(m.time_s(w1024), m.time_s(full)) << backward;
+    EXPECT_DOUBLE_EQ(m.time_s(w8192), m.time_s(full)) << backward;
+    EXPECT_GT(attention_flops(full, backward) / attention_flops(w1024, backward), 4.0);
+  }
 }
 
 // The per-head-dimension form (attention_tiles_v2): the efficiency is linear in d_qk between the

@@ -74,7 +74,7 @@ TEST(ImportCorpus, QuotedModelArgsStringImports) {
                    {"swiglu", Value(true)}});
 }
 
-TEST(ImportCorpus, GptOssQuickGegluIsAGatedMlpAndTheWindowIsReported) {
+TEST(ImportCorpus, GptOssQuickGegluIsAGatedMlpAndTheWindowIsMapped) {
   const auto d = megatron("modelopt_gpt-oss-20b.sh");
   expect_model(d, {{"num_layers", integer(24)},
                    {"hidden_size", integer(2880)},
@@ -84,8 +84,12 @@ TEST(ImportCorpus, GptOssQuickGegluIsAGatedMlpAndTheWindowIsReported) {
                    {"num_experts", integer(32)},
                    {"moe_router_topk", integer(4)},
                    {"moe_ffn_hidden_size", integer(2880)},
-                   {"swiglu", Value(true)}});
-  EXPECT_TRUE(reported(d.report.not_represented, "--window-size")) << listed(d.report.not_represented);
+                   {"swiglu", Value(true)},
+                   // --window-size 127,0: 127 keys before each query and itself; --window-attn-skip-freq 2:
+                   // layers 2, 4, ... (1-based) keep full attention.
+                   {"window_size", integer(128)},
+                   {"window_attn_skip_freq", integer(2)}});
+  EXPECT_FALSE(reported(d.report.not_represented, "--window-size")) << listed(d.report.not_represented);
   EXPECT_TRUE(reported(d.report.not_represented, "--softmax-type")) << listed(d.report.not_represented);
 }
 
@@ -133,8 +137,9 @@ TEST(ImportCorpus, YamlRecipe) {
                    {"hidden_size", integer(2880)},
                    {"num_experts", integer(32)},
                    {"moe_router_topk", integer(4)},
-                   {"swiglu", Value(true)}});
-  EXPECT_TRUE(reported(d.report.not_represented, "--window-size")) << listed(d.report.not_represented);
+                   {"swiglu", Value(true)},
+                   {"window_size", integer(128)},  // "--window-size: 127,0"
+                   {"window_attn_skip_freq", integer(2)}});
 }
 
 TEST(ImportCorpus, OlmoeConfig) {
@@ -168,7 +173,7 @@ TEST(ImportCorpus, DeepSeekV3ConfigMapsGroupLimitedRoutingAndReportsItsQuantizat
   EXPECT_TRUE(reported(d.report.not_represented, "quantization_config")) << listed(d.report.not_represented);
 }
 
-TEST(ImportCorpus, GptOssConfigReportsMxfp4SlidingWindowAndSinks) {
+TEST(ImportCorpus, GptOssConfigMapsItsSlidingWindowAndReportsMxfp4AndSinks) {
   const auto d = import_hf_file(corpus("hf/gpt_oss_20b.json"));
   expect_model(d, {{"name", Value("GptOssForCausalLM")},
                    {"num_layers", integer(24)},
@@ -181,10 +186,14 @@ TEST(ImportCorpus, GptOssConfigReportsMxfp4SlidingWindowAndSinks) {
                    {"moe_router_topk", integer(4)},
                    {"moe_ffn_hidden_size", integer(2880)},
                    {"swiglu", Value(true)},
-                   {"vocab_size", integer(201088)}});
-  for (const char* feature : {"quantization_config", "sliding_window", "sinks"}) {
+                   {"vocab_size", integer(201088)},
+                   // layer_types alternates sliding_attention (layers 0, 2, ...) and full_attention.
+                   {"window_size", integer(128)},
+                   {"window_attn_skip_freq", integer(2)}});
+  for (const char* feature : {"quantization_config", "sinks"}) {
     EXPECT_TRUE(reported(d.report.not_represented, feature)) << feature << listed(d.report.not_represented);
   }
+  EXPECT_FALSE(reported(d.report.not_represented, "sliding_window")) << listed(d.report.not_represented);
 }
 
 // The fixture spells one key "tie_word_embedding" (the published config.json has

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <sstream>
 
 #include <gtest/gtest.h>
 
@@ -108,7 +109,8 @@ TEST(ImportMegatron, MixtralExampleScriptMatchesTheExample) {
   expect_same_model(s.model, ex.model);
   expect_same_layout(s, ex);
   EXPECT_EQ(s.train->exec.token_dispatcher, Dispatcher::alltoall);
-  EXPECT_EQ(s.train->exec.expert_execution.kind, ExpertExecutionKind::grouped);
+  // --moe-grouped-gemm with Transformer Engine: TE's GroupedLinear, one cuBLAS GEMM per expert over 4 streams.
+  EXPECT_EQ(s.train->exec.expert_execution, (ExpertExecution{ExpertExecutionKind::split, 4}));
   EXPECT_TRUE(s.train->use_distributed_optimizer);
   EXPECT_TRUE(s.train->overlap_grad_reduce);
   EXPECT_TRUE(s.train->overlap_param_gather);
@@ -307,6 +309,65 @@ TEST(ImportMegatron, MoeLayerFreqExpressions) {
   const std::vector<std::string> argv = {"--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
                                          "--num-experts", "4", "--moe-layer-freq", "[1,1,0,1]"};
   EXPECT_THROW(import_megatron(parse_megatron_argv(argv, {}), {}), InputError);
+}
+
+// --window-attn-skip-freq N keeps layers N, 2N, ... (1-based) at full attention; a list marks the
+// windowed layers with 1. Patterns model.window_attn_skip_freq expresses map to it; others are reported.
+TEST(ImportMegatron, SlidingWindowFlagsMapToTheWindowKeys) {
+  EXPECT_EQ(expand_window_attn_skip_freq("2", 4), (std::vector<int>{1, 0, 1, 0}));
+  EXPECT_EQ(expand_window_attn_skip_freq("[1,1,1,0]*2", 8), (std::vector<int>{1, 1, 1, 0, 1, 1, 1, 0}));
+  EXPECT_THROW(expand_window_attn_skip_freq("[1,1,1]", 4), InputError);
+  EXPECT_EQ(window_layers_of({1, 1, 1, 0, 1, 1, 1, 0}).skip_freq, std::optional<int>(4));
+  EXPECT_EQ(window_layers_of({1, 1, 1, 1}).skip_freq, std::optional<int>(0));
+  EXPECT_FALSE(window_layers_of({0, 0}).any);
+  EXPECT_EQ(window_layers_of({0, 1, 1, 1}).skip_freq, std::nullopt);  // first layer full only: not expressible
+  auto import = [](const std::string& extra) {
+    std::vector<std::string> argv = {"--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "4"};
+    std::stringstream ss(extra);
+    for (std::string w; ss >> w;) argv.push_back(w);
+    return import_megatron(parse_megatron_argv(argv, {}), {});
+  };
+  auto d = import("--window-size 127,0 --window-attn-skip-freq 4");
+  EXPECT_EQ(d.get("model", "window_size"), Value(std::int64_t{128}));
+  EXPECT_EQ(d.get("model", "window_attn_skip_freq"), Value(std::int64_t{4}));
+  d = import("--window-size (511,0)");
+  EXPECT_EQ(d.get("model", "window_size"), Value(std::int64_t{512}));
+  EXPECT_EQ(d.get("model", "window_attn_skip_freq"), std::nullopt);
+  d = import("--window-size -1,0");  // Transformer Engine's unbounded window
+  EXPECT_EQ(d.get("model", "window_size"), std::nullopt);
+  d = import("--window-size 127,0 --window-attn-skip-freq [0,1,1,1,1,1,1,1]");
+  EXPECT_EQ(d.get("model", "window_size"), std::nullopt);
+  EXPECT_TRUE(reported(d.report.not_represented, "--window-attn-skip-freq"));
+  EXPECT_THROW(import("--window-size 127"), InputError);
+  EXPECT_THROW(import("--window-size 12x,0"), InputError);
+}
+
+// transformers' sliding_window (keys per query, itself included) on the layers layer_types marks
+// sliding_attention; without layer_types every layer (Mistral), or those from max_window_layers on
+// (Qwen2 with use_sliding_window).
+TEST(ImportHf, SlidingWindowConfigs) {
+  const std::string head = R"({"architectures": ["MixtralForCausalLM"], "num_hidden_layers": 4,
+      "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 1000,
+      "intermediate_size": 128, "num_local_experts": 4, "num_experts_per_tok": 2, )";
+  auto d = import_hf_config(head + R"("sliding_window": 4096})", "mistral.json");
+  EXPECT_EQ(d.get("model", "window_size"), Value(std::int64_t{4096}));
+  EXPECT_EQ(d.get("model", "window_attn_skip_freq"), std::nullopt);
+  d = import_hf_config(head + R"("sliding_window": null})", "mixtral.json");
+  EXPECT_EQ(d.get("model", "window_size"), std::nullopt);
+  d = import_hf_config(head + R"("sliding_window": 64, "layer_types": ["sliding_attention", "sliding_attention",
+      "sliding_attention", "full_attention"]})",
+                       "types.json");
+  EXPECT_EQ(d.get("model", "window_size"), Value(std::int64_t{64}));
+  EXPECT_EQ(d.get("model", "window_attn_skip_freq"), Value(std::int64_t{4}));
+  d = import_hf_config(head + R"("sliding_window": 64, "use_sliding_window": true, "max_window_layers": 2})",
+                       "qwen2.json");
+  EXPECT_EQ(d.get("model", "window_size"), std::nullopt);  // layers 0-1 full, 2-3 windowed: not expressible
+  EXPECT_TRUE(reported(d.report.not_represented, "sliding_window"));
+  d = import_hf_config(head + R"("sliding_window": 64, "use_sliding_window": false})", "off.json");
+  EXPECT_EQ(d.get("model", "window_size"), std::nullopt);
+  EXPECT_THROW(import_hf_config(head + R"("sliding_window": 0})", "zero.json"), InputError);
+  EXPECT_THROW(import_hf_config(head + R"("sliding_window": 64, "layer_types": ["sliding_attention"]})", "short.json"),
+               InputError);
 }
 
 TEST(ImportMegatron, PipelineLayouts) {

@@ -17,6 +17,21 @@
 
 namespace threewalls::scenarios {
 
+WindowLayers window_layers_of(const std::vector<int>& windowed) {
+  WindowLayers w;
+  const int n = static_cast<int>(windowed.size());
+  w.any = std::find(windowed.begin(), windowed.end(), 1) != windowed.end();
+  if (!w.any) return w;
+  const auto first_full = std::find(windowed.begin(), windowed.end(), 0);
+  const int freq = first_full == windowed.end() ? 0 : static_cast<int>(first_full - windowed.begin()) + 1;
+  for (int l = 0; l < n; ++l) {
+    const int want = freq > 0 && (l + 1) % freq == 0 ? 0 : 1;
+    if (windowed[static_cast<std::size_t>(l)] != want) return w;
+  }
+  w.skip_freq = freq;
+  return w;
+}
+
 std::vector<std::pair<std::string, std::string>> ImportReport::ignored_by_reason() const {
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& n : ignored) {

@@ -180,10 +180,7 @@ class HfImporter {
       case Family::gpt_oss: map_gpt_oss(); break;
       case Family::dense: d_.set("model", "ffn_hidden_size", req("intermediate_size")); break;
     }
-    if (auto sw = j_.find("sliding_window"); sw != j_.end() && !sw->is_null() &&
-                                             opt_bool("use_sliding_window").value_or(true) && a.family != Family::gpt_oss) {
-      d_.report.not_represented.push_back({"sliding_window", "sliding-window attention: modelled as full causal attention"});
-    }
+    map_sliding_window();
     for (auto it = j_.begin(); it != j_.end(); ++it) {
       if (!known_fields().count(it.key()) && it.key().rfind('_', 0) != 0) {  // "_name_or_path", "_comment": metadata
         d_.report.not_understood.push_back({it.key(), "unknown config field"});
@@ -398,11 +395,45 @@ class HfImporter {
     if (!topk) topk = opt_int("experts_per_token");
     if (!topk) throw InputError(file_ + ": missing integer field 'num_experts_per_tok'");
     set_experts(req("num_local_experts"), *topk, req("intermediate_size"));
-    if (j_.contains("layer_types") || j_.contains("sliding_window")) {
-      d_.report.not_represented.push_back({"layer_types/sliding_window", "GPT-OSS alternates sliding-window and full "
-                                           "attention layers: modelled as full causal attention in every layer"});
-    }
     d_.report.not_represented.push_back({"attention sinks", "GPT-OSS's per-head sink logits are not modelled"});
+  }
+
+  // Sliding-window attention: `sliding_window` keys per query (itself included, as transformers' masks
+  // count them) on the layers that use it: those `layer_types` marks "sliding_attention"; without
+  // layer_types every layer (Mistral), unless use_sliding_window is false; Qwen2's max_window_layers
+  // keeps the first layers at full attention. Patterns model.window_attn_skip_freq cannot express are
+  // reported and modelled as full attention.
+  void map_sliding_window() {
+    const auto sw = j_.find("sliding_window");
+    if (sw == j_.end() || sw->is_null()) return;
+    if (!sw->is_number_integer() || sw->get<long long>() < 1 || sw->get<long long>() > (1LL << 24)) {
+      throw InputError(file_ + ": sliding_window must be a positive integer (keys per query), got " + sw->dump());
+    }
+    const int layers = static_cast<int>(req("num_hidden_layers"));
+    std::vector<int> windowed(static_cast<std::size_t>(std::max(layers, 0)), 1);
+    if (auto it = j_.find("layer_types"); it != j_.end() && it->is_array()) {
+      if (static_cast<int>(it->size()) != layers) {
+        throw InputError(file_ + ": layer_types has " + std::to_string(it->size()) + " entries for " +
+                         std::to_string(layers) + " layers (num_hidden_layers)");
+      }
+      for (std::size_t l = 0; l < it->size(); ++l) windowed[l] = (*it)[l] == "sliding_attention" ? 1 : 0;
+    } else if (!opt_bool("use_sliding_window").value_or(true)) {
+      return;
+    } else if (auto keep = opt_int("max_window_layers"); keep && j_.contains("use_sliding_window")) {
+      for (int l = 0; l < std::min<int>(static_cast<int>(*keep), layers); ++l)
+        windowed[static_cast<std::size_t>(l)] = 0;
+    }
+    const WindowLayers w = window_layers_of(windowed);
+    if (!w.any) return;
+    if (!w.skip_freq) {
+      d_.report.not_represented.push_back(
+          {"sliding_window",
+           "sliding-window layers in a pattern other than 'every n-th layer full' "
+           "(model.window_attn_skip_freq): modelled as full causal attention in every layer"});
+      return;
+    }
+    d_.set("model", "window_size", static_cast<std::int64_t>(sw->get<long long>()));
+    if (*w.skip_freq > 0) d_.set("model", "window_attn_skip_freq", static_cast<std::int64_t>(*w.skip_freq));
   }
 
   const json& j_;

@@ -550,10 +550,17 @@ std::vector<MegatronArg> parse_megatron_argv(const std::vector<std::string>& arg
 
 // ---- expressions of the arguments ----
 
-std::vector<int> expand_moe_layer_freq(const std::string& text, int num_layers) {
+namespace {
+
+// A per-layer 0/1 argument of Megatron (`flag`): an integer N, whose layer l (0-based) is
+// on_integer(l, N), or a Python list expression such as ([0]*3+[1]*58) or [1,0,1,0] with one entry
+// per layer.
+template <class OnInteger>
+std::vector<int> expand_layer_pattern(const char* flag, const std::string& text, int num_layers,
+                                      const OnInteger& on_integer) {
   const std::string e = strip_quotes(text);
   auto fail = [&](const std::string& why) -> InputError {
-    return InputError("--moe-layer-freq '" + e + "': " + why +
+    return InputError(std::string(flag) + " '" + e + "': " + why +
                       " (an integer N, or a list expression such as ([0]*3+[1]*58) with one 0/1 per layer)");
   };
   std::string s;
@@ -561,10 +568,11 @@ std::vector<int> expand_moe_layer_freq(const std::string& text, int num_layers) 
     if (!std::isspace(static_cast<unsigned char>(c))) s += c;
   }
   if (!s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); })) {
+    if (s.size() > 9) throw fail("too large");
     const int n = std::stoi(s);
     if (n < 1) throw fail("must be >= 1");
     std::vector<int> out(static_cast<std::size_t>(std::max(num_layers, 0)));
-    for (int l = 0; l < num_layers; ++l) out[static_cast<std::size_t>(l)] = l % n == 0 ? 1 : 0;
+    for (int l = 0; l < num_layers; ++l) out[static_cast<std::size_t>(l)] = on_integer(l, n) ? 1 : 0;
     return out;
   }
   while (s.size() >= 2 && s.front() == '(' && s.back() == ')') s = s.substr(1, s.size() - 2);
@@ -601,6 +609,17 @@ std::vector<int> expand_moe_layer_freq(const std::string& text, int num_layers) 
     throw fail("has " + std::to_string(out.size()) + " entries but --num-layers is " + std::to_string(num_layers));
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<int> expand_moe_layer_freq(const std::string& text, int num_layers) {
+  return expand_layer_pattern("--moe-layer-freq", text, num_layers, [](int l, int n) { return l % n == 0; });
+}
+
+std::vector<int> expand_window_attn_skip_freq(const std::string& text, int num_layers) {
+  return expand_layer_pattern("--window-attn-skip-freq", text, num_layers,
+                              [](int l, int n) { return (l + 1) % n != 0; });
 }
 
 namespace {
@@ -755,25 +774,11 @@ const std::vector<std::pair<std::vector<std::string>, std::string>>& ignored_fla
         "--moe-router-force-load-balancing", "--moe-token-drop-policy", "--moe-router-padding-for-fp8",
         "--moe-router-padding-for-quantization", "--moe-hybridep-num-sms", "--moe-input-jitter-eps"},
        "router numerics: threewalls routes with its seeded model ([train] routing_imbalance)"},
-      {{"--moe-permute-fusion",
-        "--moe-router-fusion",
-        "--cross-entropy-loss-fusion",
-        "--cross-entropy-fusion-impl",
-        "--use-flash-attn",
-        "--transformer-impl",
-        "--use-mcore-models",
-        "--no-masked-softmax-fusion",
-        "--no-bias-swiglu-fusion",
-        "--no-bias-dropout-fusion",
-        "--no-gradient-accumulation-fusion",
-        "--attention-backend",
-        "--enable-experimental",
-        "--bias-swiglu-fusion",
-        "--moe-use-legacy-grouped-gemm",
-        "--use-legacy-models",
-        "--cuda-graph-warmup-steps",
-        "--no-bias-gelu-fusion",
-        "--export-force-local-attention",
+      {{"--moe-permute-fusion", "--moe-router-fusion", "--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl",
+        "--use-flash-attn", "--transformer-impl", "--use-mcore-models", "--no-masked-softmax-fusion",
+        "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion", "--no-gradient-accumulation-fusion",
+        "--attention-backend", "--enable-experimental", "--bias-swiglu-fusion", "--use-legacy-models",
+        "--cuda-graph-warmup-steps", "--no-bias-gelu-fusion", "--export-force-local-attention",
         "--no-persist-layer-norm"},
        "kernel implementation choices: the calibration profile holds what the kernels cost"},
       {{"--distributed-timeout-minutes", "--distributed-backend", "--no-check-for-nan-in-loss-and-grad",
@@ -819,8 +824,6 @@ const std::vector<std::pair<std::vector<std::string>, std::string>>& unrepresent
       {{"--context-parallel-size-for-experts", "--cp-comm-type", "--hierarchical-context-parallel-sizes"},
        "context-parallel details: only the cp size is modelled"},
       {{"--expert-data-parallel-size"}, "edp is derived: world / (etp x ep x pp)"},
-      {{"--window-size", "--window-attn-skip-freq"},
-       "sliding-window attention: modelled as full causal attention in every layer"},
       {{"--softmax-type"}, "learnable softmax offsets (attention sinks): not modelled"},
   };
   return k;
@@ -1140,6 +1143,7 @@ class MegatronImporter {
         set_bool("model", "qk_layernorm", true);
       }
     }
+    map_window(layers);
     // Multi-token prediction depths: on the last virtual stage, where a --pipeline-model-parallel-layout
     // places its 'm'.
     if (const auto mtp = integer("--mtp-num-layers"); mtp && *mtp > 0) set_int("model", "mtp_num_layers", *mtp);
@@ -1183,6 +1187,64 @@ class MegatronImporter {
     } else if (ffn && has("--ffn-hidden-size")) {
       note("--ffn-hidden-size " + std::to_string(*ffn) + ": every layer is MoE, so no dense MLP uses it");
     }
+  }
+
+  // Sliding-window attention: --window-size (left, right) of a causal mask is a window of left + 1 keys
+  // per query (right has nothing to add: the keys after the diagonal are masked); left < 0 is
+  // unbounded (Transformer Engine's convention). --window-attn-skip-freq says which layers keep full
+  // attention.
+  void map_window(std::optional<int> layers) {
+    const auto* a = arg("--window-size");
+    if (a == nullptr) {
+      if (has("--window-attn-skip-freq")) d_.report.ignored.push_back({"--window-attn-skip-freq", "no --window-size"});
+      return;
+    }
+    std::string text;
+    for (const auto& v : a->values) text += (text.empty() ? "" : ",") + v;
+    std::vector<long long> parts;
+    {
+      std::string t;
+      for (char c : text) {
+        if (c != '(' && c != ')' && !std::isspace(static_cast<unsigned char>(c))) t += c;
+      }
+      std::stringstream ss(t);
+      std::string item;
+      while (std::getline(ss, item, ',')) {
+        try {
+          std::size_t used = 0;
+          parts.push_back(std::stoll(item, &used));
+          if (used != item.size()) parts.clear();
+        } catch (const std::exception&) {
+          parts.clear();
+        }
+        if (parts.empty()) break;
+      }
+    }
+    if (parts.size() != 2) {
+      throw InputError(src() + where(*a) + "--window-size '" + text +
+                       "': expected two integers LEFT,RIGHT (the keys before and after each query)");
+    }
+    if (parts[0] < 0) {
+      note("--window-size " + text + ": an unbounded window (full causal attention)");
+      return;
+    }
+    if (parts[0] + 1 > (1LL << 24)) throw InputError(src() + where(*a) + "--window-size '" + text + "': too large");
+    if (parts[1] != 0) note("--window-size " + text + ": the right part has no effect on a causal mask");
+    if (auto freq = str("--window-attn-skip-freq"); freq && layers) {
+      const WindowLayers w = window_layers_of(expand_window_attn_skip_freq(*freq, *layers));
+      if (!w.any) {
+        note("--window-attn-skip-freq " + *freq + ": no layer is windowed (full attention everywhere)");
+        return;
+      }
+      if (!w.skip_freq) {
+        unrepresented("--window-attn-skip-freq",
+                      "a pattern of sliding-window layers other than 'every n-th layer full' (the scenario's "
+                      "model.window_attn_skip_freq): modelled as full causal attention in every layer");
+        return;
+      }
+      if (*w.skip_freq > 0) set_int("model", "window_attn_skip_freq", *w.skip_freq);
+    }
+    set_int("model", "window_size", static_cast<int>(parts[0] + 1));
   }
 
   // A 0/1 pattern per layer -> first_dense_layers + moe_layer_freq, or refused.
@@ -1420,7 +1482,20 @@ class MegatronImporter {
              "forwarded over NVLink)");
       }
       if (has("--moe-grouped-gemm")) {
-        d_.set("train", "expert_execution", "grouped");
+        // Megatron-Core's TEGroupedMLP (Transformer Engine, the default --transformer-impl) runs the local
+        // experts through TE's GroupedLinear, whose grouped GEMM is one cuBLAS GEMM per expert over 4
+        // streams (nvte_multi_tensor_gemm) in bf16 and fp8 alike; the legacy GroupedMLP
+        // (--moe-use-legacy-grouped-gemm, or --transformer-impl local) one grouped kernel.
+        const bool te = str("--transformer-impl").value_or("transformer_engine") == "transformer_engine";
+        if (te && !has("--moe-use-legacy-grouped-gemm")) {
+          d_.set("train", "expert_execution", "split:4");
+          note(
+              "--moe-grouped-gemm with Transformer Engine: expert_execution = \"split:4\" (TE's GroupedLinear: one "
+              "cuBLAS GEMM per local expert over 4 streams; a TE build on its cuBLASLt grouped GEMM runs one "
+              "kernel: \"grouped\")");
+        } else {
+          d_.set("train", "expert_execution", "grouped");
+        }
       } else {
         d_.set("train", "expert_execution", "sequential");
         note("no --moe-grouped-gemm: Megatron's SequentialMLP runs the local experts one after another");

@@ -143,3 +143,100 @@ TEST(MegatronFlops, MultiTokenPredictionDepthAddsALayerItsProjectionAndAHeadPass
   const double per_token = 6.0 * mla + moe_mlp + 6.0 * (3.0 * h + 2.0 * h * h) + 6.0 * h * V;
   EXPECT_NEAR((f1 - f0) / (s.train->global_batch_size * seq * per_token), 1.0, 1e-12);
 }
+
+// A GPT-OSS-shaped model with a 128-key sliding window on every other layer (window_attn_skip_freq =
+// 2: layers 2, 4, ... counted from 1 keep full attention): the windowed layers' attention ops carry
+// the window, and their core attention is counted as Megatron-Bridge counts it (flop_utils.py: the
+// exact causal mean context w - w (w - 1) / (2 s) per query instead of s / 2); the graph's model FLOPs
+// agree with the formula.
+TEST(MegatronFlops, SlidingWindowLayersCountTheirBand) {
+  const std::string base = R"(schema_version = 1
+[model]
+num_layers = 4
+hidden_size = 2880
+num_attention_heads = 64
+attention = "gqa"
+num_query_groups = 8
+kv_channels = 64
+vocab_size = 201088
+num_experts = 32
+moe_ffn_hidden_size = 2880
+moe_router_topk = 4
+WINDOW
+[train]
+micro_batch_size = 1
+global_batch_size = 8
+seq_length = 4096
+[cluster]
+gpu = "h100"
+gpus_per_node = 8
+nodes = 1
+)";
+  auto with = [&](const std::string& window) {
+    std::string t = base;
+    t.replace(t.find("WINDOW"), 6, window);
+    return test::scenario_from(t);
+  };
+  const Scenario full = with("");
+  const Scenario swa = with("window_size = 128\nwindow_attn_skip_freq = 2");
+  const double S = 4096, w = 128, B = 8, heads = 64, d = 64;
+  // Two of the four layers windowed: their core attention (forward, dgrad and wgrad: 3 x 2 x 2 FLOPs per
+  // multiply-add of QK^T and PV) over w - w (w - 1) / (2 S) keys per query instead of S / 2.
+  const double saved = 2.0 * 3.0 * 2.0 * 2.0 * B * S * heads * d * (S / 2.0 - (w - w * (w - 1.0) / (2.0 * S)));
+  EXPECT_NEAR(megatron_flops_per_iteration(full) - megatron_flops_per_iteration(swa), saved, saved * 1e-9);
+  const StepGraph g = expand(swa);
+  EXPECT_NEAR(graph_model_flops(g) / megatron_flops_per_iteration(swa), 1.0, 0.01);
+  int windowed = 0, full_layers = 0;
+  for (const auto& op : g.classes.front().ops) {
+    if (op.kind != OpKind::attention || (op.flags & kBackward) != 0 || op.microbatch != 0) continue;
+    EXPECT_EQ(op.shape[7], op.layer % 2 == 0 ? 128 : 0) << "layer " << op.layer;
+    (op.shape[7] > 0 ? windowed : full_layers) += 1;
+  }
+  EXPECT_EQ(windowed, 2);
+  EXPECT_EQ(full_layers, 2);
+}
+
+// In an inference step a windowed layer's prefill attention carries the window, and a decode step's
+// single query reads only the window's keys of its cache; full-attention layers read the whole cache.
+TEST(StepGraph, DecodeAttentionOfAWindowedLayerReadsItsWindow) {
+  const Scenario s = test::scenario_from(R"(schema_version = 1
+[model]
+num_layers = 2
+hidden_size = 1024
+num_attention_heads = 16
+attention = "gqa"
+num_query_groups = 4
+vocab_size = 32000
+num_experts = 8
+moe_ffn_hidden_size = 512
+moe_router_topk = 2
+window_size = 256
+window_attn_skip_freq = 2
+[infer]
+batch_size = 4
+prompt_length = 2048
+generate_tokens = 3
+[cluster]
+gpu = "h100"
+gpus_per_node = 1
+nodes = 1
+)");
+  int decode = 0, prefill = 0;
+  for (const int step : {0, 1}) {  // the prefill, then the first decode step
+    const StepGraph g = expand(s, step);
+    for (const auto& op : g.classes.front().ops) {
+      if (op.kind != OpKind::attention) continue;
+      const bool windowed = op.layer == 0;
+      if (op.shape[1] == 1) {
+        ++decode;
+        EXPECT_EQ(op.shape[2], windowed ? 256 : 2048 + 1) << "layer " << op.layer;  // the step's key joins the cache
+        EXPECT_EQ(op.shape[7], 0);
+      } else {
+        ++prefill;
+        EXPECT_EQ(op.shape[7], windowed ? 256 : 0) << "layer " << op.layer;
+      }
+    }
+  }
+  EXPECT_EQ(decode, 2);
+  EXPECT_EQ(prefill, 2);
+}

@@ -102,6 +102,18 @@ ScenarioDraft import_megatron_file(const std::filesystem::path& path, MegatronIm
 // Megatron's --moe-layer-freq: an integer N, or a Python list expression such as "([0]*3+[1]*58)"
 // or "[1,0,1,0]"; returns one 0/1 entry per layer. Throws InputError when it cannot be evaluated.
 std::vector<int> expand_moe_layer_freq(const std::string& expr, int num_layers);
+// Megatron's --window-attn-skip-freq: an integer N (layers N, 2N, ... counted from 1 keep full attention)
+// or a list expression as above with 1 for a sliding-window layer and 0 for a full one; returns one 0/1
+// entry per layer (1 = windowed). Throws InputError when it cannot be evaluated.
+std::vector<int> expand_window_attn_skip_freq(const std::string& expr, int num_layers);
+// Which layers of a per-layer pattern (1 = sliding window) the scenario can express: none windowed
+// (any = false); every layer windowed (skip_freq 0) or exactly every n-th layer, 1-based, at full
+// attention (skip_freq n), as model.window_attn_skip_freq; any other pattern: skip_freq empty.
+struct WindowLayers {
+  bool any = false;
+  std::optional<int> skip_freq;
+};
+WindowLayers window_layers_of(const std::vector<int>& windowed);
 // Megatron's --pipeline-model-parallel-layout ("Et|(tt|)*30mL"): transformer layers ('t') per
 // virtual stage, and the number of MTP layers ('m') seen. Throws InputError on a malformed layout.
 struct PipelineLayout {
