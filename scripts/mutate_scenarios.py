@@ -47,12 +47,14 @@ STRING_EDGES = ['""', '"auto"', '"all"', '"representatives"', '"streams:1"', '"s
                 '"fp8"', '"full"', '"selective"', '"block"', '"coarse"', '"mla"', '"gqa"', '"x" ']
 EXTRA_KEYS = {
     "model": ["num_experts = 40000", "moe_router_topk = 3", "num_layers = 32770", "first_dense_layers = 1",
-              "moe_layer_freq = 2", "moe_shared_expert_intermediate_size = 1024"],
+              "moe_layer_freq = 2", "moe_shared_expert_intermediate_size = 1024", "window_size = 1",
+              "window_size = 128", "window_attn_skip_freq = 2", "window_size = 16777216"],
     "parallel": ["dp = 32768", "ep = 2", "pp = 2", "vpp = 2", "tp = 2", "cp = 2", "sequence_parallel = true",
                  "etp = 2"],
     "train": ["global_batch_size = 2147483647", "recompute_granularity = \"full\"", "expert_execution = \"sequential\"",
               "overlap_grad_reduce = true", "precision = \"fp8\"", "overlap_param_gather = true",
-              "use_distributed_optimizer = true", "overlap_moe_expert_parallel_comm = true"],
+              "use_distributed_optimizer = true", "overlap_moe_expert_parallel_comm = true",
+              "expert_execution = \"split:4\"", "expert_execution = \"split:1024\""],
     "cluster": ["pcie_bandwidth = \"4e-320Bps\"", "nvlink_latency = \"1e300s\"", "nodes = 4096",
                 "nic_bandwidth = \"1e-300Bps\"", "gpus_per_node = 72"],
     "run": ["steps = 2147483647", "warmup_steps = 0", "steps = 1", "cuda_device_max_connections = 1",
