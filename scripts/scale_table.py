@@ -6,7 +6,8 @@
 Simulates every scenario named in scenarios/validation/scale/published.json with the shipped profiles
 and prints one markdown row per scenario: the published model TFLOP/s per GPU, the simulated one (the
 summary's tflops_per_gpu: Megatron's num_floating_point_operations over the simulated step time), the
-error (simulated - published) / published, the step time and the walls of the critical path as shares
+error (simulated - published) / published, the same for tokens/s per GPU where the publication gives
+it (no FLOP formula enters it; a row whose publication counted FLOPs otherwise says so), the step time and the walls of the critical path as shares
 of the step, then the five phases with the most time summed over the rank classes (pipeline receives, which
 are waits, left out). Run from the
 repository root. Python 3 standard library only.
@@ -42,8 +43,9 @@ def main():
         rows = json.load(f)["rows"]
     out_root = keep or tempfile.mkdtemp(prefix="scale_table_")
     print(f"fidelity {fidelity}; run directories under {out_root}\n")
-    print("| model | GPUs | layout | published TFLOP/s/GPU | simulated | error | step s | compute | memory | comm (exposed) | bubble |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | GPUs | layout | published TFLOP/s/GPU | simulated | error | published tokens/s/GPU | simulated | error "
+          "| step s | compute | memory | comm (exposed) | bubble |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     tops = []
     for row in rows:
         name = row["scenario"]
@@ -63,7 +65,13 @@ def main():
         t = step["step_time_us"]
         w = step["walls_us"]
         share = lambda k: f"{100.0 * w[k] / t:.0f}%"
-        print(f"| {row['model']} | {row['gpus']} | {row['layout']} | {pub:.0f} | {sim:.0f} | {100.0 * (sim - pub) / pub:+.1f}% | "
+        tokens = step["tokens_per_s"] / row["gpus"]
+        pub_tokens = row.get("published_tokens_per_s_per_gpu")
+        tok_cols = (f"{pub_tokens:.0f} | {tokens:.0f} | {100.0 * (tokens - pub_tokens) / pub_tokens:+.1f}%" if pub_tokens
+                    else f"– | {tokens:.0f} | –")
+        flops_note = " (other formula)" if row.get("formula_note") else ""
+        print(f"| {row['model']} | {row['gpus']} | {row['layout']} | {pub:.0f} | {sim:.0f} | "
+              f"{100.0 * (sim - pub) / pub:+.1f}%{flops_note} | {tok_cols} | "
               f"{t / 1e6:.1f} | {share('compute')} | {share('memory')} | {share('communication')} | {share('bubble')} |")
         # Pipeline receives are waits for the neighbour stage, not work: left out.
         work = [p for p in s.get("phases", []) if not p["phase"].startswith("pp_recv")]
