@@ -15,7 +15,9 @@ keeps what its backward needs, as the fused backend's forward does.
 
 Causal masks follow kernel_bench's convention (bottom-right aligned): with seq_q == seq_kv that is
 is_causal=True; a single decode query sees every key (is_causal=False); other seq_q != seq_kv
-causal shapes are reported as not measured.
+causal shapes are reported as not measured. So are shapes with a sliding window ("window" > 0):
+neither backend takes a window through scaled_dot_product_attention (an explicit mask would run
+neither the flash nor the cuDNN kernel), so there is nothing like-for-like to time.
 """
 import argparse
 import json
@@ -59,6 +61,8 @@ def measure(torch, F, backend, c, direction, expand, args):
     h, kv, dqk, dv = c["heads"], c["kv_heads"], c["head_dim_qk"], c["head_dim_v"]
     if c["causal"] and sq != skv and sq != 1:
         raise RuntimeError("bottom-right causal with seq_q != seq_kv is not measured")
+    if c.get("window", 0) > 0:  # JSON from a kernel_bench without windows has no "window"
+        raise RuntimeError(f"sliding window of {c['window']} keys is not measured (SDPA takes no window)")
     is_causal = c["causal"] and sq == skv
     dev, dt = "cuda", torch.bfloat16
     gen = torch.Generator(device=dev).manual_seed(1)

@@ -1,7 +1,8 @@
 // kernel_bench: figures of the backend's kernels on the GPU it runs on.
 //
 //   kernel_bench [--quick] [--only gemm,grouped,attention,memory,copy,nccl,scenario] [--scenario FILE]
-//                [--attention-shape B,S,H,KV,DQK,DV,CAUSAL ...]   (more training attention shapes, fused and unfused)
+//                [--attention-shape B,S,H,KV,DQK,DV,CAUSAL[,WINDOW] ...]   (more training attention shapes,
+//                                                                  fused and unfused; WINDOW: sliding window)
 //                [--reference TORCH_SDPA_JSON]
 //   kernel_bench --attention-shapes      (the attention cases as JSON, for scripts/torch_sdpa_reference.py)
 //
@@ -193,7 +194,8 @@ struct AttentionCase {
 // Shapes given with --attention-shape (training shapes: forward and backward), named by their shape.
 std::vector<std::pair<std::string, tw::AttentionShape>> g_extra_attention;
 
-// "B,S,H,KV,DQK,DV,CAUSAL" (causal 0 or 1) as a self-attention shape of S tokens; nullopt when malformed.
+// "B,S,H,KV,DQK,DV,CAUSAL[,WINDOW]" (causal 0 or 1; WINDOW, the keys each query sees, > 0 only when
+// causal, 0 or absent: none) as a self-attention shape of S tokens; nullopt when malformed.
 std::optional<tw::AttentionShape> parse_attention_shape(const std::string& text) {
   std::vector<std::int64_t> v;
   std::size_t pos = 0;
@@ -210,12 +212,16 @@ std::optional<tw::AttentionShape> parse_attention_shape(const std::string& text)
     if (next == std::string::npos) break;
     pos = next + 1;
   }
-  if (v.size() != 7 || v[6] < 0 || v[6] > 1) return std::nullopt;
+  if (v.size() < 7 || v.size() > 8 || v[6] < 0 || v[6] > 1) return std::nullopt;
   for (std::size_t i = 0; i < 6; ++i) {
     if (v[i] <= 0) return std::nullopt;
   }
   tw::AttentionShape s{v[0], v[1], v[1], v[2], v[4], v[5], v[6] == 1};
   s.kv_heads = v[3];
+  if (v.size() == 8) {
+    if (v[7] < 0 || (v[7] > 0 && !s.causal)) return std::nullopt;
+    s.window = v[7];
+  }
   return s;
 }
 
@@ -254,6 +260,7 @@ void print_attention_cases() {
                    {"head_dim_qk", s.head_dim_qk},
                    {"head_dim_v", s.head_dim_v},
                    {"causal", s.causal},
+                   {"window", s.window},
                    {"directions", c.decode ? nlohmann::json{"fwd"} : nlohmann::json{"fwd", "bwd"}}});
   }
   std::printf("%s\n", out.dump(1).c_str());
@@ -391,13 +398,18 @@ void bench_attention(tw::CublasLt& lt, tw::Stream& s, const std::string& referen
     try {
       fused->reserve(sh, !c.decode);
       const auto ff = fwd(*fused, sh);
-      char extra[64];
-      std::snprintf(extra, sizeof extra, "%.2fx unfused", uf.median_ms() / ff.median_ms());
+      // A windowed plan names the form of its window mask (tw::WindowMask).
+      auto mask_of = [&](bool backward) {
+        const auto m = fused->window_mask(sh, backward);
+        return m ? std::string(", ") + tw::window_mask_name(*m) + " mask" : std::string();
+      };
+      char extra[96];
+      std::snprintf(extra, sizeof extra, "%.2fx unfused%s", uf.median_ms() / ff.median_ms(), mask_of(false).c_str());
       row(std::string(c.name) + " fused fwd", shape, ff, rate(ff, false, sh), unit, extra);
       if (!c.decode) compare_to_reference(ref, c, "fwd", ff.median_ms());
       if (!c.decode) {
         const auto fb = bwd(*fused, sh);
-        std::snprintf(extra, sizeof extra, "%.2fx unfused", ub->median_ms() / fb.median_ms());
+        std::snprintf(extra, sizeof extra, "%.2fx unfused%s", ub->median_ms() / fb.median_ms(), mask_of(true).c_str());
         row(std::string(c.name) + " fused bwd", shape, fb, rate(fb, true, sh), unit, extra);
         compare_to_reference(ref, c, "bwd", fb.median_ms());
       }
@@ -614,8 +626,9 @@ int main(int argc, char** argv) {
       const auto shape = parse_attention_shape(text);
       if (!shape) {
         std::fprintf(stderr,
-                     "kernel_bench: --attention-shape '%s': expected B,S,H,KV,DQK,DV,CAUSAL (positive integers, "
-                     "causal 0 or 1), e.g. 1,4096,64,64,192,128,1\n",
+                     "kernel_bench: --attention-shape '%s': expected B,S,H,KV,DQK,DV,CAUSAL[,WINDOW] (positive "
+                     "integers, causal 0 or 1, WINDOW >= 0 keys per query and > 0 only with causal 1), e.g. "
+                     "1,4096,64,64,192,128,1 or 1,4096,64,8,64,64,1,128\n",
                      text.c_str());
         return threewalls::kExitInputError;
       }
@@ -637,7 +650,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "kernel_bench: unknown argument '%s'\nusage: kernel_bench [--quick] [--only "
                    "gemm,grouped,attention,memory,copy,nccl,scenario] [--scenario FILE] [--reference TORCH_SDPA_JSON] "
-                   "[--attention-shape B,S,H,KV,DQK,DV,CAUSAL ...] | --attention-shapes\n",
+                   "[--attention-shape B,S,H,KV,DQK,DV,CAUSAL[,WINDOW] ...] | --attention-shapes\n",
                    a.c_str());
       return threewalls::kExitInputError;
     }

@@ -3,6 +3,7 @@
 
 #include "threewalls/backend/attention.hpp"
 #include "threewalls/backend/error.hpp"
+#include "threewalls/core/attention_mask.hpp"
 
 namespace threewalls::backend {
 namespace {
@@ -14,12 +15,13 @@ __device__ inline float warp_sum(float v) {
   return v;
 }
 
-// Number of visible keys of row r (causal: keys j <= q0 + r + offset).
-__device__ inline std::int64_t visible(const ScoreBlock& b, std::int64_t r_in_head) {
-  if (!b.causal) return b.kv_len;
-  const std::int64_t last = b.q0 + r_in_head + b.offset;  // last visible key index
-  const std::int64_t n = last + 1;
-  return n < 0 ? 0 : (n > b.kv_len ? b.kv_len : n);
+// The columns [lo, hi) of row r that the mask keeps (causal: the query's keys, causal_key_range,
+// shifted by the block's first key kv0).
+__device__ inline KeyRange visible(const ScoreBlock& b, std::int64_t r_in_head) {
+  if (!b.causal) return {0, b.kv_len};
+  const KeyRange keys = causal_key_range(b.q0 + r_in_head, b.seq_q, b.seq_kv, b.window);
+  const std::int64_t lo = keys.lo - b.kv0, hi = keys.hi - b.kv0;
+  return {lo < 0 ? 0 : (lo > b.kv_len ? b.kv_len : lo), hi < 0 ? 0 : (hi > b.kv_len ? b.kv_len : hi)};
 }
 
 // One block per score row: online max/sum per thread, combined over the block, then P written.
@@ -31,10 +33,10 @@ __global__ void softmax_fwd_kernel(bf16* scores, float* lse, ScoreBlock b) {
     const std::int64_t h = row / b.rows_per_head;
     const std::int64_t r = row - h * b.rows_per_head;
     bf16* s = scores + row * b.kv_len;
-    const std::int64_t n = visible(b, r);
+    const KeyRange vis = visible(b, r);
     float m = -INFINITY;
     float sum = 0.0F;
-    for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    for (std::int64_t j = vis.lo + threadIdx.x; j < vis.hi; j += blockDim.x) {
       const float x = __bfloat162float(s[j]);
       if (x > m) {
         sum = sum * __expf(m - x) + 1.0F;
@@ -64,10 +66,10 @@ __global__ void softmax_fwd_kernel(bf16* scores, float* lse, ScoreBlock b) {
     for (int w = 0; w < warps; ++w) gs += sm[w] == -INFINITY ? 0.0F : ss[w] * __expf(sm[w] - gm);
     const float inv = gs > 0.0F ? 1.0F / gs : 0.0F;
     for (std::int64_t j = threadIdx.x; j < b.kv_len; j += blockDim.x) {
-      const float p = j < n ? __expf(__bfloat162float(s[j]) - gm) * inv : 0.0F;
+      const float p = j >= vis.lo && j < vis.hi ? __expf(__bfloat162float(s[j]) - gm) * inv : 0.0F;
       s[j] = __float2bfloat16(p);
     }
-    if (threadIdx.x == 0) lse[h * b.seq_q + b.q0 + r] = n > 0 ? gm + logf(gs) : -INFINITY;
+    if (threadIdx.x == 0) lse[h * b.seq_q + b.q0 + r] = vis.hi > vis.lo ? gm + logf(gs) : -INFINITY;
   }
 }
 
@@ -77,10 +79,10 @@ __global__ void probs_from_lse_kernel(bf16* scores, const float* lse, ScoreBlock
     const std::int64_t h = row / b.rows_per_head;
     const std::int64_t r = row - h * b.rows_per_head;
     bf16* s = scores + row * b.kv_len;
-    const std::int64_t n = visible(b, r);
+    const KeyRange vis = visible(b, r);
     const float l = lse[h * b.seq_q + b.q0 + r];
     for (std::int64_t j = threadIdx.x; j < b.kv_len; j += blockDim.x) {
-      s[j] = __float2bfloat16(j < n ? __expf(__bfloat162float(s[j]) - l) : 0.0F);
+      s[j] = __float2bfloat16(j >= vis.lo && j < vis.hi ? __expf(__bfloat162float(s[j]) - l) : 0.0F);
     }
   }
 }

@@ -26,6 +26,12 @@ void validate_decode_attention(const AttentionShape& s, std::int64_t capacity) {
     throw InputError(rank_prefix() + "decode attention: seq_q must be 1, got " + std::to_string(s.seq_q) +
                      " (use Attention or FusedAttention for prefill)");
   }
+  if (s.window > 0 && s.window < s.seq_kv) {
+    throw InputError(rank_prefix() + "decode attention: a window of " + std::to_string(s.window) +
+                     " keys over seq_kv " + std::to_string(s.seq_kv) +
+                     " is not supported; pass the window's keys as the cache (seq_kv = " + std::to_string(s.window) +
+                     "), or use FusedAttention");
+  }
   const std::int64_t dqk = s.head_dim_qk, dv = s.head_dim_v;
   const bool dims_ok = (dqk == 64 && dv == 64) || (dqk == 128 && dv == 128) || (dqk == 128 && dv == 64) ||
                        (dqk == 192 && dv == 128) || (dqk == 256 && dv == 256);

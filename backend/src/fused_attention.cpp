@@ -7,6 +7,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -21,11 +22,7 @@
 
 namespace threewalls::backend {
 
-std::string describe(const AttentionShape& s) {
-  return "b" + std::to_string(s.batch) + " sq" + std::to_string(s.seq_q) + " skv" + std::to_string(s.seq_kv) + " h" +
-         std::to_string(s.heads) + " kv" + std::to_string(s.kv_head_count()) + " dqk" + std::to_string(s.head_dim_qk) +
-         " dv" + std::to_string(s.head_dim_v) + (s.causal ? " causal" : " full");
-}
+const char* window_mask_name(WindowMask m) { return m == WindowMask::band ? "band" : "conjunction"; }
 
 #ifndef THREEWALLS_HAVE_CUDNN
 
@@ -38,7 +35,7 @@ bool fused_attention_built(std::string* reason) {
 
 struct FusedAttention::Impl {};
 
-FusedAttention::FusedAttention() {
+FusedAttention::FusedAttention(WindowMask) {
   std::string why;
   static_cast<void>(fused_attention_built(&why));
   throw DeviceError(rank_prefix() + "fused attention: " + why + "; run with attention_impl = \"unfused\"");
@@ -51,6 +48,7 @@ void FusedAttention::backward(const AttentionShape&, const bf16*, const bf16*, c
 void FusedAttention::reserve(const AttentionShape&, bool) {}
 std::size_t FusedAttention::workspace_bytes() const { return 0; }
 std::size_t FusedAttention::plans() const { return 0; }
+std::optional<WindowMask> FusedAttention::window_mask(const AttentionShape&, bool) const { return std::nullopt; }
 
 #else
 
@@ -324,6 +322,8 @@ class GraphBuilder {
   std::size_t plan_workspace_ = 0;
 };
 
+WindowMask other(WindowMask m) { return m == WindowMask::band ? WindowMask::conjunction : WindowMask::band; }
+
 // Where each tensor of a plan binds at execution.
 enum Slot : std::uint8_t { kQ, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kRowDot, kDQAccum, kSlots };
 
@@ -339,6 +339,7 @@ struct FusedAttention::Impl {
     std::size_t row_dot_bytes = 0, dq_accum_bytes = 0;
     std::int64_t uid[kSlots] = {};
     std::vector<ByValue> by_value;
+    std::optional<WindowMask> window_mask;  // the sliding window's form in this graph (none without one)
     // The variant pack of the last call, reused while the pointers stay the same (the steady state
     // of a run: a variant pack costs host time to build).
     std::vector<void*> pack_ptrs;
@@ -349,14 +350,15 @@ struct FusedAttention::Impl {
     static std::size_t align(std::size_t n) { return (n + 255) / 256 * 256; }
   };
   using Key = std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                         std::int64_t, bool, bool>;
+                         std::int64_t, bool, std::int64_t, bool>;
 
   cudnnHandle_t handle = nullptr;
   std::map<Key, Plan> plans;
   DeviceBuffer workspace;
   bool zero_dq_accum = false;  // cuDNN before 9.6 expects the dQ accumulator zeroed by the caller
+  WindowMask first_window_mask = WindowMask::band;
 
-  Impl() {
+  explicit Impl(WindowMask first) : first_window_mask(first) {
     TW_CUDNN_CHECK(cudnnCreate(&handle));
     zero_dq_accum = cudnnGetVersion() < 90600;
   }
@@ -367,14 +369,53 @@ struct FusedAttention::Impl {
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
 
+  // The window the mask applies: 0 without one, and for a window of seq_kv keys or more (every query
+  // sees its whole causal prefix: the window hides nothing).
+  static std::int64_t mask_window(const AttentionShape& s) {
+    return s.causal && s.window > 0 && s.window < s.seq_kv ? s.window : 0;
+  }
+
   static Key key_of(const AttentionShape& s, bool backward) {
-    return {s.batch, s.seq_q, s.seq_kv, s.heads, s.kv_head_count(), s.head_dim_qk, s.head_dim_v, s.causal, backward};
+    return {s.batch,       s.seq_q,      s.seq_kv, s.heads,        s.kv_head_count(),
+            s.head_dim_qk, s.head_dim_v, s.causal, mask_window(s), backward};
+  }
+
+  // A graph no engine configuration plans: `why` says what cuDNN answered.
+  struct Rejected {
+    std::string why;
+  };
+
+  Plan build(const AttentionShape& s, bool backward, WindowMask form) {
+    return backward ? build_backward(s, form) : build_forward(s, form);
+  }
+
+  // The plan for `s`: with a window, the preferred window form first, then the other; a shape no
+  // form plans is unsupported(), naming what cuDNN answered for each.
+  Plan build(const AttentionShape& s, bool backward) {
+    if (mask_window(s) == 0) {
+      try {
+        return build(s, backward, WindowMask::band);
+      } catch (const Rejected& r) {
+        unsupported(s, backward, r.why);
+      }
+    }
+    std::string whys;
+    for (const WindowMask form : {first_window_mask, other(first_window_mask)}) {
+      try {
+        return build(s, backward, form);
+      } catch (const Rejected& r) {
+        whys += std::string(whys.empty() ? "" : "; ") + window_mask_name(form) + " mask: " + r.why;
+      } catch (const DeviceError& e) {  // a descriptor of this form refused while the graph was built
+        whys += std::string(whys.empty() ? "" : "; ") + window_mask_name(form) + " mask: " + e.what();
+      }
+    }
+    unsupported(s, backward, whys);
   }
 
   Plan& plan_for(const AttentionShape& s, bool backward) {
     const Key key = key_of(s, backward);
     if (auto it = plans.find(key); it != plans.end()) return it->second;
-    Plan p = backward ? build_backward(s) : build_forward(s);
+    Plan p = build(s, backward);
     if (p.workspace() > workspace.size()) {
       TW_CUDA_CHECK(cudaDeviceSynchronize());  // the old workspace may be in use by queued work
       workspace = DeviceBuffer(p.workspace());
@@ -382,22 +423,57 @@ struct FusedAttention::Impl {
     return plans.emplace(key, std::move(p)).first->second;
   }
 
-  // Scaled scores with the causal mask applied (masked entries -inf), shared by both directions.
-  static Tensor masked_scores(GraphBuilder& g, const AttentionShape& s, const Tensor& scores, Plan& p) {
+  // Scaled scores with the causal mask (and the sliding window, in `form`) applied, masked entries
+  // -inf; shared by both directions. Query row r's diagonal key is row' = r + seq_kv - seq_q
+  // (bottom-right alignment); the causal mask keeps keys col <= row', the window w keys col > row' - w.
+  static Tensor masked_scores(GraphBuilder& g, const AttentionShape& s, const Tensor& scores, Plan& p,
+                              WindowMask form) {
     if (!s.causal) return scores;
-    Tensor row = g.pointwise(CUDNN_POINTWISE_GEN_INDEX, scores, nullptr, nullptr, CUDNN_DATA_INT32, CUDNN_DATA_FLOAT,
-                             nullptr, 2);
-    const Tensor col = g.pointwise(CUDNN_POINTWISE_GEN_INDEX, scores, nullptr, nullptr, CUDNN_DATA_INT32,
-                                   CUDNN_DATA_FLOAT, nullptr, 3);
-    if (s.seq_kv != s.seq_q) {  // bottom-right alignment: query i sees keys up to i + seq_kv - seq_q
+    const std::int64_t window = mask_window(s);
+    auto row_index = [&g](const Tensor& x) {
+      return g.pointwise(CUDNN_POINTWISE_GEN_INDEX, x, nullptr, nullptr, CUDNN_DATA_INT32, CUDNN_DATA_FLOAT, nullptr,
+                         2);
+    };
+    auto col_index = [&g](const Tensor& x) {
+      return g.pointwise(CUDNN_POINTWISE_GEN_INDEX, x, nullptr, nullptr, CUDNN_DATA_INT32, CUDNN_DATA_FLOAT, nullptr,
+                         3);
+    };
+    auto select = [&](const Tensor& x, const Tensor& keep) {
+      const Tensor neg_inf = g.scalar_f32(-std::numeric_limits<float>::infinity(), p.by_value);
+      return g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, x, &neg_inf, &keep, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT);
+    };
+    auto compare = [&g](cudnnPointwiseMode_t mode, const Tensor& a, const Tensor& b) {
+      return g.pointwise(mode, a, &b, nullptr, CUDNN_DATA_BOOLEAN, CUDNN_DATA_BOOLEAN);
+    };
+    Tensor row = row_index(scores);
+    const Tensor col = col_index(scores);
+    if (s.seq_kv != s.seq_q) {  // row' = row + seq_kv - seq_q
       const Tensor skv = g.scalar_i32(static_cast<std::int32_t>(s.seq_kv), p.by_value);
       const Tensor sq = g.scalar_i32(static_cast<std::int32_t>(s.seq_q), p.by_value);
       row = g.pointwise(CUDNN_POINTWISE_ADD, row, &skv, nullptr, CUDNN_DATA_INT32, CUDNN_DATA_INT32, nullptr, 3);
       row = g.pointwise(CUDNN_POINTWISE_SUB, row, &sq, nullptr, CUDNN_DATA_INT32, CUDNN_DATA_INT32, nullptr, 3);
     }
-    const Tensor keep = g.pointwise(CUDNN_POINTWISE_CMP_GE, row, &col, nullptr, CUDNN_DATA_BOOLEAN, CUDNN_DATA_BOOLEAN);
-    const Tensor neg_inf = g.scalar_f32(-std::numeric_limits<float>::infinity(), p.by_value);
-    return g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, scores, &neg_inf, &keep, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT);
+    const Tensor causal_keep = compare(CUDNN_POINTWISE_CMP_GE, row, col);  // col <= row'
+    if (window == 0) return select(scores, causal_keep);
+    p.window_mask = form;
+    if (form == WindowMask::conjunction) {
+      // One select: keep (row' >= col) AND (col + w > row').
+      const Tensor w = g.scalar_i32(static_cast<std::int32_t>(window), p.by_value);
+      const Tensor col_w =
+          g.pointwise(CUDNN_POINTWISE_ADD, col, &w, nullptr, CUDNN_DATA_INT32, CUDNN_DATA_INT32, nullptr, 3);
+      const Tensor window_keep = compare(CUDNN_POINTWISE_CMP_GT, col_w, row);
+      return select(scores, compare(CUDNN_POINTWISE_LOGICAL_AND, causal_keep, window_keep));
+    }
+    // band (cudnn-frontend's sliding window, its operations in its order): the causal select, then a
+    // second select on its output, with its own indices, keeping col + (w - (seq_kv - seq_q)) > row;
+    // the shift is a float scalar, as the frontend passes a fixed-length left bound.
+    const Tensor causal = select(scores, causal_keep);
+    const Tensor band_row = row_index(causal);
+    const Tensor band_col = col_index(causal);
+    const Tensor shift = g.scalar_f32(static_cast<float>(window - (s.seq_kv - s.seq_q)), p.by_value);
+    const Tensor shifted_col =
+        g.pointwise(CUDNN_POINTWISE_ADD, band_col, &shift, nullptr, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT, nullptr, 3);
+    return select(causal, compare(CUDNN_POINTWISE_CMP_GT, shifted_col, band_row));
   }
 
   [[noreturn]] static void unsupported(const AttentionShape& s, bool backward, const std::string& why) {
@@ -406,19 +482,18 @@ struct FusedAttention::Impl {
                       " (run with attention_impl = \"unfused\" for this shape)");
   }
 
-  // Plans the graph built in `g` (throwing, naming the shape, when no engine takes it) and records
-  // which tensor each slot binds to.
-  static void finish(GraphBuilder& g, Plan& p, const AttentionShape& s, bool backward,
-                     std::initializer_list<std::pair<Slot, const Tensor*> > slots) {
+  // Plans the graph built in `g` (throwing Rejected when no engine takes it) and records which
+  // tensor each slot binds to.
+  static void finish(GraphBuilder& g, Plan& p, std::initializer_list<std::pair<Slot, const Tensor*> > slots) {
     std::string why;
-    if (!g.plan(why)) unsupported(s, backward, why);
+    if (!g.plan(why)) throw Rejected{why};
     p.plan = g.plan_descriptor();
     p.plan_workspace = g.plan_workspace();
     p.descriptors = g.take_descriptors();
     for (const auto& [slot, t] : slots) p.uid[slot] = t->uid;
   }
 
-  Plan build_forward(const AttentionShape& s) {
+  Plan build_forward(const AttentionShape& s, WindowMask form) {
     const std::int64_t b = s.batch, h = s.heads, hk = s.kv_head_count(), sq = s.seq_q, skv = s.seq_kv;
     const std::int64_t dqk = s.head_dim_qk, dv = s.head_dim_v;
     Plan p;
@@ -434,7 +509,7 @@ struct FusedAttention::Impl {
     const Tensor raw = g.dense(score_dim, CUDNN_DATA_FLOAT, true);
     g.matmul(q, kt, raw);
     const Tensor scale = g.scalar_f32(1.0F / std::sqrt(static_cast<float>(dqk)), p.by_value);
-    const Tensor scores = masked_scores(g, s, g.binary(CUDNN_POINTWISE_MUL, raw, scale), p);
+    const Tensor scores = masked_scores(g, s, g.binary(CUDNN_POINTWISE_MUL, raw, scale), p, form);
     // Softmax with its statistics: max, exp(x - max), sum, lse = max + log(sum), P = exp / sum.
     const Tensor mx = g.dense(row_dim, CUDNN_DATA_FLOAT, true);
     g.reduction(CUDNN_REDUCE_TENSOR_MAX, scores, mx);
@@ -446,11 +521,11 @@ struct FusedAttention::Impl {
     g.binary(CUDNN_POINTWISE_DIV, e, sum, &probs);
     g.matmul(probs, v, o);
 
-    finish(g, p, s, false, {{kQ, &q}, {kK, &kt}, {kV, &v}, {kO, &o}, {kStats, &stats}});
+    finish(g, p, {{kQ, &q}, {kK, &kt}, {kV, &v}, {kO, &o}, {kStats, &stats}});
     return p;
   }
 
-  Plan build_backward(const AttentionShape& s) {
+  Plan build_backward(const AttentionShape& s, WindowMask form) {
     const std::int64_t b = s.batch, h = s.heads, hk = s.kv_head_count(), sq = s.seq_q, skv = s.seq_kv;
     const std::int64_t dqk = s.head_dim_qk, dv = s.head_dim_v;
     Plan p;
@@ -481,7 +556,7 @@ struct FusedAttention::Impl {
     g.matmul(q, kt, raw);
     const Tensor scale = g.scalar_f32(1.0F / std::sqrt(static_cast<float>(dqk)), p.by_value);
     const Tensor shifted = g.binary(CUDNN_POINTWISE_SUB, g.binary(CUDNN_POINTWISE_MUL, raw, scale), stats);
-    const Tensor probs = g.unary(CUDNN_POINTWISE_EXP, masked_scores(g, s, shifted, p));
+    const Tensor probs = g.unary(CUDNN_POINTWISE_EXP, masked_scores(g, s, shifted, p, form));
 
     // dV = P^T dO (summed over the query heads of a kv head for GQA).
     const Tensor probs_t = g.dense_transposed(score_dim, CUDNN_DATA_BFLOAT16, true);
@@ -520,7 +595,7 @@ struct FusedAttention::Impl {
     g.unary(CUDNN_POINTWISE_IDENTITY, dq_accum, &dq);
     p.dq_accum_bytes = static_cast<std::size_t>(b * h * sq * dqk) * sizeof(float);
 
-    finish(g, p, s, true,
+    finish(g, p,
            {{kQ, &q},
             {kK, &kt},
             {kV, &vt},
@@ -574,7 +649,7 @@ struct FusedAttention::Impl {
   }
 };
 
-FusedAttention::FusedAttention() : impl_(std::make_unique<Impl>()) {}
+FusedAttention::FusedAttention(WindowMask preferred) : impl_(std::make_unique<Impl>(preferred)) {}
 FusedAttention::~FusedAttention() = default;
 
 void FusedAttention::reserve(const AttentionShape& s, bool backward) {
@@ -600,6 +675,10 @@ void FusedAttention::backward(const AttentionShape& s, const bf16* q, const bf16
 
 std::size_t FusedAttention::workspace_bytes() const { return impl_->workspace.size(); }
 std::size_t FusedAttention::plans() const { return impl_->plans.size(); }
+std::optional<WindowMask> FusedAttention::window_mask(const AttentionShape& s, bool backward) const {
+  const auto it = impl_->plans.find(Impl::key_of(s, backward));
+  return it != impl_->plans.end() ? it->second.window_mask : std::nullopt;
+}
 
 #endif  // THREEWALLS_HAVE_CUDNN
 

@@ -36,10 +36,13 @@ std::string describe(const Op& op) {
 
 // The op's attention shape with its key/value heads (GQA) for the fused and decode kernels; the
 // unfused kernel reads one key/value head per query head (a framework repeats K and V to GQA's heads).
+// The sliding window (shape[7]) reaches the fused and unfused kernels; a decode step's shape has none
+// (the StepGraph gives it the window's keys as seq_kv), and the decode kernel refuses one.
 AttentionShape attention_shape(const Op& op, bool unfused) {
   const auto& s = op.shape;
   AttentionShape a{s[0], s[1], s[2], s[3], s[4], s[5], (op.flags & scenarios::kCausal) != 0};
   a.kv_heads = unfused ? 0 : scenarios::attention_kv_heads(op);
+  a.window = s[7];
   return a;
 }
 
@@ -191,6 +194,10 @@ OpRunner::Need OpRunner::need_of(const Op& op, const OpRunnerConfig& config) {
       require_positive(op, 6);
       const std::int64_t b = s[0], sq = s[1], skv = s[2], h = s[3], dqk = s[4], dv = s[5];
       if ((op.flags & scenarios::kCausal) != 0 && skv < sq) unsupported(op, "causal attention needs seq_kv >= seq_q");
+      if (s[7] < 0 || (s[7] > 0 && (op.flags & scenarios::kCausal) == 0)) {
+        unsupported(op, "a sliding window (shape[7] = " + std::to_string(s[7]) +
+                            ") must be >= 0, and > 0 only with a causal mask");
+      }
       if (scenarios::attention_kernel(op) != scenarios::AttentionKernel::unfused) {
         std::string why;
         if (!fused_attention_built(&why)) {

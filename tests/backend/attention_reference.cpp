@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "threewalls/core/attention_mask.hpp"
+
 namespace threewalls::backend::testing {
 
 AttentionRef cpu_attention(const AttentionShape& s, const std::vector<float>& q, const std::vector<float>& k,
@@ -39,14 +41,16 @@ AttentionRef cpu_attention(const AttentionShape& s, const std::vector<float>& q,
   for (std::int64_t h = 0; h < bh; ++h) {
     const std::int64_t g = kv_of(h);
     for (std::int64_t i = 0; i < sq; ++i) {
-      const std::int64_t n = s.causal ? std::min(skv, i + skv - sq + 1) : skv;
+      // Keys [lo, lo + n) of query i; p[t] is key lo + t.
+      const KeyRange keys = s.causal ? causal_key_range(i, sq, skv, s.window) : KeyRange{0, skv};
+      const std::int64_t lo = keys.lo, n = std::max<std::int64_t>(keys.hi - keys.lo, 0);
       std::vector<double> p(static_cast<std::size_t>(n));
       double mx = -1e300;
-      for (std::int64_t j = 0; j < n; ++j) {
+      for (std::int64_t t = 0; t < n; ++t) {
         double acc = 0;
-        for (std::int64_t d = 0; d < dq; ++d) acc += Q(h, i, d) * K(g, j, d);
-        p[static_cast<std::size_t>(j)] = acc * scale;
-        mx = std::max(mx, p[static_cast<std::size_t>(j)]);
+        for (std::int64_t d = 0; d < dq; ++d) acc += Q(h, i, d) * K(g, lo + t, d);
+        p[static_cast<std::size_t>(t)] = acc * scale;
+        mx = std::max(mx, p[static_cast<std::size_t>(t)]);
       }
       double sum = 0;
       for (auto& x : p) sum += (x = std::exp(x - mx));
@@ -54,15 +58,16 @@ AttentionRef cpu_attention(const AttentionShape& s, const std::vector<float>& q,
       r.lse[static_cast<std::size_t>(h * sq + i)] = mx + std::log(sum);
       for (std::int64_t d = 0; d < dv; ++d) {
         double acc = 0;
-        for (std::int64_t j = 0; j < n; ++j) acc += p[static_cast<std::size_t>(j)] * V(g, j, d);
+        for (std::int64_t t = 0; t < n; ++t) acc += p[static_cast<std::size_t>(t)] * V(g, lo + t, d);
         r.o[static_cast<std::size_t>((h * sq + i) * dv + d)] = acc;
       }
       double D = 0;
       for (std::int64_t d = 0; d < dv; ++d) D += DO(h, i, d) * r.o[static_cast<std::size_t>((h * sq + i) * dv + d)];
-      for (std::int64_t j = 0; j < n; ++j) {
+      for (std::int64_t t = 0; t < n; ++t) {
+        const std::int64_t j = lo + t;
         double dp = 0;
         for (std::int64_t d = 0; d < dv; ++d) dp += DO(h, i, d) * V(g, j, d);
-        const double pj = p[static_cast<std::size_t>(j)];
+        const double pj = p[static_cast<std::size_t>(t)];
         const double ds = pj * (dp - D);
         for (std::int64_t d = 0; d < dv; ++d)
           r.dv[static_cast<std::size_t>((g * skv + j) * dv + d)] += pj * DO(h, i, d);

@@ -1,7 +1,7 @@
 #pragma once
 // Attention forward and backward on the CPU in double: the reference both attention
 // implementations and decode attention are tested against (layouts of attention.hpp; GQA when
-// s.kv_heads < s.heads).
+// s.kv_heads < s.heads; the causal mask and its sliding window from core/attention_mask.hpp).
 #include <vector>
 
 #include "threewalls/backend/attention.hpp"

@@ -1,8 +1,9 @@
 // Fused (cuDNN) attention and decode attention against the double CPU reference and against the
-// unfused path: forward (O, log-sum-exp) and backward (dQ, dK, dV), causal and not, MHA, GQA and MLA
-// head layouts, within bf16 tolerance.
+// unfused path: forward (O, log-sum-exp) and backward (dQ, dK, dV), causal and not, with a sliding
+// window, MHA, GQA and MLA head layouts, within bf16 tolerance.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <string>
 
 #include "attention_reference.hpp"
@@ -33,9 +34,9 @@ Sizes sizes_of(const AttentionShape& s) {
   return {bh * sq * dqk, bkv * skv * dqk, bkv * skv * dv, bh * sq * dv, bh * sq};
 }
 
-void check_fused(const AttentionShape& s, std::uint32_t seed) {
-  SCOPED_TRACE(describe(s));
-  FusedAttention att;
+void check_fused(const AttentionShape& s, std::uint32_t seed, WindowMask preferred = WindowMask::band) {
+  SCOPED_TRACE(describe(s) + ", " + window_mask_name(preferred) + " mask preferred");
+  FusedAttention att(preferred);
   const Sizes n = sizes_of(s);
   const auto q = round_bf16(random_floats(n.q, seed, 2.0F)), k = round_bf16(random_floats(n.k, seed + 1, 2.0F));
   const auto v = round_bf16(random_floats(n.v, seed + 2)), d_o = round_bf16(random_floats(n.o, seed + 3));
@@ -51,10 +52,21 @@ void check_fused(const AttentionShape& s, std::uint32_t seed) {
   EXPECT_LT(rel_error(download_bf16(gq, n.q), ref.dq), 3e-2);
   EXPECT_LT(rel_error(download_bf16(gk, n.k), ref.dk), 3e-2);
   EXPECT_LT(rel_error(download_bf16(gv, n.v), ref.dv), 3e-2);
+  for (const bool backward : {false, true}) {  // which window form this cuDNN planned (the GPU log shows it)
+    if (const auto m = att.window_mask(s, backward)) {
+      std::printf("[   INFO   ] %s %s: %s mask (%s preferred)\n", describe(s).c_str(), backward ? "bwd" : "fwd",
+                  window_mask_name(*m), window_mask_name(preferred));
+    }
+  }
 }
 
 AttentionShape with_kv(AttentionShape s, std::int64_t kv) {
   s.kv_heads = kv;
+  return s;
+}
+
+AttentionShape windowed(AttentionShape s, std::int64_t window) {
+  s.window = window;
   return s;
 }
 
@@ -85,15 +97,28 @@ TEST(FusedAttention, CausalWithLongerKeysIsBottomRightAligned) {
   check_fused({1, 64, 192, 2, 64, 64, true}, 17);
 }
 
-// The two implementations on a shape too large for the CPU reference: same O, lse and gradients
-// within bf16 tolerance; each backward consumes its own forward's lse.
-TEST(FusedAttention, AgreesWithUnfusedOnALargerShape) {
+// Sliding windows in each form of the mask (the preferred one, falling back to the other when cuDNN
+// plans only that): shorter than the unfused kernel's 512-row query block, longer than one, more keys
+// than queries (bottom-right aligned), GQA, and a window covering every key (the causal plan).
+TEST(FusedAttention, SlidingWindowMatchesReference) {
   TW_REQUIRE_GPU();
   TW_REQUIRE_CUDNN();
-  const AttentionShape s{2, 1024, 1024, 8, 128, 128, true};
+  for (const WindowMask preferred : {WindowMask::band, WindowMask::conjunction}) {
+    check_fused(windowed({1, 640, 640, 2, 64, 64, true}, 100), 41, preferred);
+    check_fused(windowed({1, 1152, 1152, 2, 64, 64, true}, 600), 42, preferred);
+    check_fused(windowed({1, 256, 640, 2, 64, 64, true}, 200), 43, preferred);
+    check_fused(with_kv(windowed({1, 256, 256, 8, 128, 128, true}, 64), 2), 44, preferred);
+  }
+  check_fused(windowed({1, 128, 256, 2, 64, 64, true}, 256), 45);
+}
+
+// The two implementations on a shape too large for the CPU reference: same O, lse and gradients
+// within bf16 tolerance; each backward consumes its own forward's lse.
+void check_fused_against_unfused(const AttentionShape& s, std::uint32_t seed) {
+  SCOPED_TRACE(describe(s));
   const Sizes n = sizes_of(s);
-  const auto q = round_bf16(random_floats(n.q, 21, 2.0F)), k = round_bf16(random_floats(n.k, 22, 2.0F));
-  const auto v = round_bf16(random_floats(n.v, 23)), d_o = round_bf16(random_floats(n.o, 24));
+  const auto q = round_bf16(random_floats(n.q, seed, 2.0F)), k = round_bf16(random_floats(n.k, seed + 1, 2.0F));
+  const auto v = round_bf16(random_floats(n.v, seed + 2)), d_o = round_bf16(random_floats(n.o, seed + 3));
   DeviceBuffer dq_in = upload_bf16(q), dk_in = upload_bf16(k), dv_in = upload_bf16(v), ddo = upload_bf16(d_o);
   CublasLt lt;
   Attention unfused(lt);
@@ -125,6 +150,19 @@ TEST(FusedAttention, AgreesWithUnfusedOnALargerShape) {
   EXPECT_LT(rel_error(download_bf16(a.gv, n.v), download_bf16(b.gv, n.v)), 3e-2);
 }
 
+TEST(FusedAttention, AgreesWithUnfusedOnALargerShape) {
+  TW_REQUIRE_GPU();
+  TW_REQUIRE_CUDNN();
+  check_fused_against_unfused({2, 1024, 1024, 8, 128, 128, true}, 21);
+}
+
+TEST(FusedAttention, AgreesWithUnfusedOnALargerWindowedShape) {
+  TW_REQUIRE_GPU();
+  TW_REQUIRE_CUDNN();
+  check_fused_against_unfused(windowed({1, 4096, 4096, 4, 64, 64, true}, 1024), 25);
+  check_fused_against_unfused(windowed({1, 2048, 2048, 4, 128, 128, true}, 128), 29);
+}
+
 TEST(FusedAttention, PlansAreCachedPerShapeAndDirection) {
   TW_REQUIRE_GPU();
   TW_REQUIRE_CUDNN();
@@ -139,6 +177,15 @@ TEST(FusedAttention, PlansAreCachedPerShapeAndDirection) {
   att.reserve({1, 256, 256, 2, 64, 64, true}, false);
   EXPECT_EQ(att.plans(), 3U);
   EXPECT_GT(att.workspace_bytes(), 0U);  // backward keeps its row sums and dQ accumulator there
+  EXPECT_FALSE(att.window_mask(s, false).has_value());
+  // The window is part of the plan; one that covers every key is the causal plan.
+  att.reserve(windowed(s, 32), false);
+  EXPECT_EQ(att.plans(), 4U);
+  EXPECT_TRUE(att.window_mask(windowed(s, 32), false).has_value());
+  att.reserve(windowed(s, 64), false);
+  EXPECT_EQ(att.plans(), 5U);
+  att.reserve(windowed(s, 128), false);
+  EXPECT_EQ(att.plans(), 5U);
 }
 
 TEST(FusedAttention, WithoutCudnnConstructionNamesTheUnfusedAlternative) {
@@ -213,6 +260,8 @@ TEST(DecodeAttention, UnsupportedShapesAreInputErrors) {
   EXPECT_THROW(validate_decode_attention(decode_shape(1, 100, 64, 2, 128, 128)), InputError);  // 32 per kv head
   EXPECT_THROW(validate_decode_attention(decode_shape(1, 100, 8, 3, 128, 128)), InputError);   // 8 % 3
   EXPECT_THROW(validate_decode_attention({1, 1, 100, 4, 128, 128, true}, 50), InputError);     // capacity < seq_kv
+  EXPECT_THROW(validate_decode_attention(windowed({1, 1, 100, 4, 128, 128, true}, 64)), InputError);  // window
+  EXPECT_NO_THROW(validate_decode_attention(windowed({1, 1, 100, 4, 128, 128, true}, 100)));          // the whole cache
   EXPECT_NO_THROW(validate_decode_attention(decode_shape(4, 4096, 32, 8, 128, 128)));
 }
 
@@ -221,6 +270,8 @@ TEST(AttentionShapes, DescribeNamesEveryDimension) {
   s.kv_heads = 8;
   EXPECT_EQ(describe(s), "b2 sq4096 skv4096 h32 kv8 dqk128 dv128 causal");
   EXPECT_EQ(describe({1, 1, 10, 4, 192, 128, false}), "b1 sq1 skv10 h4 kv4 dqk192 dv128 full");
+  s.window = 128;
+  EXPECT_EQ(describe(s), "b2 sq4096 skv4096 h32 kv8 dqk128 dv128 causal w128");
 }
 
 TEST(AttentionShapes, HeadsMustBeAMultipleOfKvHeads) {

@@ -45,10 +45,12 @@ std::vector<Op> one_of_each_kind() {
   ops.push_back(make(OpKind::grouped_gemm, {1000, 128, 256, 8, 300, 0}, kBackward));
   ops.push_back(make(OpKind::grouped_gemm, {1000, 256, 128, 8, 300, 1}, kBackward | kWgrad));
   // Attention on each of its kernels (scenarios::attention_kernel): fused (the default), the
-  // split-KV decode kernel (one query), and unfused.
+  // split-KV decode kernel (one query), and unfused; with a sliding window (shape[7]) too.
   for (const auto impl : {scenarios::AttentionImpl::fused, scenarios::AttentionImpl::unfused}) {
     for (Op a : {make(OpKind::attention, {2, 256, 256, 4, 64, 64}, kCausal),
                  make(OpKind::attention, {2, 256, 256, 4, 64, 64}, kCausal | kBackward),
+                 make(OpKind::attention, {2, 256, 256, 4, 64, 64, 0, 64}, kCausal),
+                 make(OpKind::attention, {2, 256, 256, 4, 64, 64, 0, 64}, kCausal | kBackward),
                  make(OpKind::attention, {4, 1, 2048, 8, 128, 128}, kCausal)}) {
       a.sub = static_cast<std::uint8_t>(impl);
       ops.push_back(a);
@@ -256,6 +258,13 @@ TEST(OpRunner, UnsupportedCombinationsAreClearErrors) {
   coll.group = scenarios::Group::tp;
   EXPECT_THROW(runner.run(coll, s), InputError);  // no CommTable
   EXPECT_THROW(runner.run(make(OpKind::gemm, {0, 10, 10, 1, 0, 0}), s), InputError);
+  // A sliding window needs a causal mask.
+  try {
+    runner.run(make(OpKind::attention, {1, 128, 128, 2, 64, 64, 0, 32}), s);
+    FAIL() << "windowed full attention ran";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("window"), std::string::npos) << e.what();
+  }
 }
 
 TEST(OpRunner, CollectiveOnASingleRankGroupRuns) {

@@ -7,19 +7,22 @@
 // Layout: q [batch, heads, seq_q, dqk], k [batch, heads, seq_kv, dqk], v [batch, heads, seq_kv, dv],
 // o / do [batch, heads, seq_q, dv], all bf16; lse [batch, heads, seq_q] fp32 (log-sum-exp of each
 // scaled score row, saved by forward for backward).
-// Causal mask, bottom-right aligned (as with a KV cache): query i sees keys j <= i + seq_kv - seq_q.
-// Scores are scaled by 1/sqrt(dqk).
+// Causal mask, bottom-right aligned (as with a KV cache): query i sees keys j <= i + seq_kv - seq_q;
+// a sliding window w > 0 also hides keys j <= i + seq_kv - seq_q - w, so each query sees at most w
+// keys (core/attention_mask.hpp owns the rule). Scores are scaled by 1/sqrt(dqk).
 //
 // Memory: the score matrix is materialised in bf16, one block of query rows for a chunk of
 // (batch x head) at a time, inside a workspace of fixed size (forward: one score buffer, backward:
 // two). For causal masks, each query block only multiplies the keys it can see, so about half of
-// the full S = Q K^T work is skipped (exactly: a block of rows up to q1 computes keys < q1 + seq_kv -
-// seq_q).
+// the full S = Q K^T work is skipped: a block of rows [q0, q1) computes the keys from its first row's
+// window start (0 without a window) to its last row's diagonal, [lo, q1 + seq_kv - seq_q) with
+// lo = clamp(q0 + seq_kv - seq_q + 1 - w, 0, seq_kv) (calibration's attention_computed_pairs).
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "threewalls/backend/blas.hpp"
 #include "threewalls/backend/handles.hpp"
@@ -32,16 +35,23 @@ struct AttentionShape {
   // Key/value heads; 0 means `heads` (MHA). Fewer (GQA) only in FusedAttention and decode attention:
   // Attention (unfused) reads one key/value head per query head.
   std::int64_t kv_heads = 0;
+  // Sliding window (causal only): each query sees at most this many keys, itself included; 0: none.
+  std::int64_t window = 0;
   [[nodiscard]] std::int64_t kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
 };
 
+// "b2 sq4096 skv4096 h16 kv16 dqk128 dv128 causal", with " w128" for a window (for messages and bench
+// output; fused_attention.hpp's users see it too).
+[[nodiscard]] std::string describe(const AttentionShape& s);
+
 // Throws InputError (message prefixed with `who`) for non-positive dimensions, heads not a
-// multiple of kv_heads, or causal with seq_kv < seq_q.
+// multiple of kv_heads, causal with seq_kv < seq_q, a negative window, or a window without causal.
 void validate_attention(const AttentionShape& s, const char* who);
 
 // Model FLOPs of the attention products (the convention of FlashAttention's benchmarks):
-// forward 2 * b * h * sq * skv * (dqk + dv), halved (about) for causal masks by counting only the
-// visible (query, key) pairs; backward 2.5 times forward (five products instead of two).
+// forward 2 * b * h * sq * skv * (dqk + dv), for causal masks counting only the visible (query, key)
+// pairs (threewalls::causal_pairs: about half without a window, about sq * w with one); backward
+// 2.5 times forward (five products instead of two).
 [[nodiscard]] double attention_flops(const AttentionShape& s, bool backward);
 
 class Attention {
@@ -49,7 +59,7 @@ class Attention {
   static constexpr std::size_t kDefaultWorkspace = std::size_t{512} << 20;
   explicit Attention(CublasLt& lt, std::size_t workspace_bytes = kDefaultWorkspace);
 
-  // Throws InputError for non-positive dimensions, or causal with seq_kv < seq_q.
+  // Throws InputError for the shapes validate_attention refuses.
   void forward(const AttentionShape& s, const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse,
                cudaStream_t stream);
   // dq, dk, dv written (dk, dv are zeroed on the stream first, then accumulated over query blocks).
@@ -73,9 +83,10 @@ class Attention {
 
 // Kernels behind Attention (attention_kernels.cu). Rows are `rows_per_head` query rows of
 // `bh` matrices, each row `kv_len` long with stride `kv_len`; query row r of a head is query index
-// q0 + r; key j is visible when !causal or j <= q0 + r + offset (offset = seq_kv - seq_q).
+// q0 + r, column c is key kv0 + c; a key is visible when !causal or threewalls::causal_key_range of
+// the query (seq_q, seq_kv, window) holds it.
 struct ScoreBlock {
-  std::int64_t bh = 0, rows_per_head = 0, kv_len = 0, q0 = 0, offset = 0, seq_q = 0;
+  std::int64_t bh = 0, rows_per_head = 0, kv_len = 0, q0 = 0, kv0 = 0, seq_q = 0, seq_kv = 0, window = 0;
   bool causal = false;
 };
 // In place: scores -> probabilities P (bf16), lse[h * seq_q + q0 + r] written (fp32).

@@ -8,8 +8,8 @@
 // Layout: q [batch, heads, 1, dqk]; the cache k [batch, kv_heads, capacity, dqk] and
 // v [batch, kv_heads, capacity, dv] of which the first seq_kv rows are valid; o [batch, heads, 1, dv]
 // bf16; lse [batch, heads] fp32 (natural log, same convention as Attention). Every cached key is
-// visible (the causal mask of a single query at the end of the sequence). Scores scaled by
-// 1/sqrt(dqk).
+// visible (the causal mask of a single query at the end of the sequence; a sliding window shorter
+// than seq_kv is refused: the cache passed is the window's keys). Scores scaled by 1/sqrt(dqk).
 // Supported head dims (dqk, dv): (64, 64), (128, 128), (128, 64), (192, 128), (256, 256); query heads per
 // kv head (heads / kv_heads) up to 16, up to 8 when dqk > 128.
 #include <cuda_bf16.h>
@@ -28,7 +28,8 @@ class DecodeAttention {
  public:
   DecodeAttention();
 
-  // Throws InputError for seq_q != 1, unsupported head dims or group size, capacity < seq_kv.
+  // Throws InputError for seq_q != 1, a window < seq_kv, unsupported head dims or group size,
+  // capacity < seq_kv.
   // capacity = 0 means seq_kv (a cache filled to its end).
   void forward(const AttentionShape& s, const bf16* q, const bf16* k, const bf16* v, bf16* o, float* lse,
                cudaStream_t stream, std::int64_t capacity = 0);

@@ -8,11 +8,13 @@
 // k [batch, kv_heads, seq_kv, dqk], v [batch, kv_heads, seq_kv, dv], o / do [batch, heads, seq_q, dv]
 // bf16; lse [batch, heads, seq_q] fp32 (natural log-sum-exp of each scaled score row, written by
 // forward and read by backward: the two implementations' lse are interchangeable). Scores are scaled
-// by 1/sqrt(dqk); the causal mask is bottom-right aligned (query i sees keys j <= i + seq_kv - seq_q).
+// by 1/sqrt(dqk); the causal mask is bottom-right aligned (query i sees keys j <= i + seq_kv - seq_q),
+// and a sliding window w also hides keys j <= i + seq_kv - seq_q - w (core/attention_mask.hpp), built
+// into the graph as WindowMask says.
 // Head layouts: MHA (kv_heads = heads), GQA (heads a multiple of kv_heads; query head h reads kv head
 // h / (heads / kv_heads)), MLA (dqk != dv, e.g. 192 and 128).
 //
-// Plans: the first call for a shape (batch, seq_q, seq_kv, heads, kv_heads, dqk, dv, causal,
+// Plans: the first call for a shape (batch, seq_q, seq_kv, heads, kv_heads, dqk, dv, causal, window,
 // direction) builds cuDNN's operation graph, asks its heuristics for engine configurations and keeps
 // the first that finalises; later calls reuse it. reserve() builds the plan and sizes the workspace
 // ahead of time, so that forward/backward allocate nothing (CUDA graph capture). The workspace is one
@@ -25,7 +27,9 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "threewalls/backend/attention.hpp"
@@ -35,12 +39,17 @@ namespace threewalls::backend {
 // Whether this build can run fused attention (built with cuDNN). When not, `reason` says why.
 [[nodiscard]] bool fused_attention_built(std::string* reason = nullptr);
 
-// "b2 sq4096 skv4096 h16 kv16 dqk128 dv128 causal" (for messages and bench output).
-[[nodiscard]] std::string describe(const AttentionShape& s);
+// How the graph masks a sliding window; both keep the same (query, key) pairs. `band`: the subgraph
+// cudnn-frontend emits for a sliding window in cuDNN's SDPA graphs: the causal select, then a second
+// select keeping col + w - (seq_kv - seq_q) > row. `conjunction`: one select on (row' >= col) AND
+// (col + w > row'), row' = row + seq_kv - seq_q. A windowed plan tries the preferred form, then the
+// other, and is unsupported when cuDNN plans neither.
+enum class WindowMask : std::uint8_t { band, conjunction };
+[[nodiscard]] const char* window_mask_name(WindowMask m);  // "band", "conjunction"
 
 class FusedAttention {
  public:
-  FusedAttention();
+  explicit FusedAttention(WindowMask preferred = WindowMask::band);
   ~FusedAttention();
   FusedAttention(const FusedAttention&) = delete;
   FusedAttention& operator=(const FusedAttention&) = delete;
@@ -56,6 +65,9 @@ class FusedAttention {
 
   [[nodiscard]] std::size_t workspace_bytes() const;
   [[nodiscard]] std::size_t plans() const;  // plans built so far (for tests: caching works)
+  // The window form the plan built for (s, backward) masks with; nullopt when that plan has no window
+  // (or is not built yet).
+  [[nodiscard]] std::optional<WindowMask> window_mask(const AttentionShape& s, bool backward) const;
 
  private:
   struct Impl;

@@ -5,18 +5,33 @@
 // before that diagonal, so each query sees at most w keys, itself included (Megatron's --window-size
 // (w - 1, 0), Hugging Face's sliding_window = w). window = 0: no window. The scenario's model FLOPs,
 // the calibration's attention cost forms and the backend's masks count the same pairs through these.
-// C++17 (CUDA sources include it).
+// C++17 (CUDA sources include it; causal_key_range is constexpr, so the backend's kernels call it
+// under --expt-relaxed-constexpr).
 #include <algorithm>
 #include <cstdint>
 
 namespace threewalls {
 
-// Keys query `row` sees (0 <= row < seq_q).
-inline std::int64_t causal_keys_seen(std::int64_t row, std::int64_t seq_q, std::int64_t seq_kv, std::int64_t window) {
+// The keys [lo, hi) of a query (lo >= hi: none).
+struct KeyRange {
+  std::int64_t lo = 0, hi = 0;
+};
+
+namespace detail {
+// clamp(x, 0, n), without std::clamp (device code calls it).
+constexpr std::int64_t clamp_to(std::int64_t x, std::int64_t n) { return x < 0 ? 0 : (x > n ? n : x); }
+}  // namespace detail
+
+// Keys query `row` sees (0 <= row < seq_q), as a range of key indices.
+constexpr KeyRange causal_key_range(std::int64_t row, std::int64_t seq_q, std::int64_t seq_kv, std::int64_t window) {
   const std::int64_t last = row + seq_kv - seq_q;  // the diagonal key
-  const std::int64_t hi = std::clamp<std::int64_t>(last + 1, 0, seq_kv);
-  const std::int64_t lo = window > 0 ? std::clamp<std::int64_t>(last + 1 - window, 0, seq_kv) : 0;
-  return std::max<std::int64_t>(hi - lo, 0);
+  return {window > 0 ? detail::clamp_to(last + 1 - window, seq_kv) : 0, detail::clamp_to(last + 1, seq_kv)};
+}
+
+// Number of keys query `row` sees (0 <= row < seq_q).
+inline std::int64_t causal_keys_seen(std::int64_t row, std::int64_t seq_q, std::int64_t seq_kv, std::int64_t window) {
+  const KeyRange k = causal_key_range(row, seq_q, seq_kv, window);
+  return std::max<std::int64_t>(k.hi - k.lo, 0);
 }
 
 // Queries that see key `key` (0 <= key < seq_kv).
