@@ -502,25 +502,45 @@ double list_schedule_makespan(const std::vector<double>& work, double reps, doub
   return end;
 }
 
+}  // namespace
+
 // Work of each 128-row tile of one (batch, head): forward, the mean keys the tile's first and last
-// query rows see; backward, the mean queries that see the tile's first and last key rows.
+// query rows see under the causal mask; backward, the mean queries that see the tile's first and last
+// key rows. The causal diagonal's partly masked block is in every tile alike (its cost is in the fitted
+// per-tile s_half). A sliding window adds, at the band's other edge, the blocks of `tile` keys
+// (queries) the kernel visits whole although the window starts inside them: the forward tile walks
+// from the block holding its first row's first key, the backward tile up to the end of the block
+// holding its last key's last query (core/attention_mask.hpp gives the band).
 std::vector<double> attention_tile_work(const AttentionShape& s, bool backward, int tile) {
-  const std::int64_t sq = s.seq_q, skv = s.seq_kv;  // bottom-right aligned mask (core/attention_mask.hpp)
+  const std::int64_t sq = s.seq_q, skv = s.seq_kv, off = skv - sq;  // bottom-right aligned mask
+  const std::int64_t window = s.causal ? s.window : 0;
   std::vector<double> w;
   const std::int64_t rows = backward ? skv : sq;
   for (std::int64_t r0 = 0; r0 < rows; r0 += tile) {
     const std::int64_t r1 = std::min(rows, r0 + tile) - 1;
-    auto seen = [&](std::int64_t r) -> double {
-      if (!s.causal) return static_cast<double>(backward ? sq : skv);
-      return static_cast<double>(backward ? causal_queries_seeing(r, sq, skv, s.window)
-                                          : causal_keys_seen(r, sq, skv, s.window));
+    if (!s.causal) {
+      w.push_back(static_cast<double>(backward ? sq : skv));
+      continue;
+    }
+    // Without the window's edge: keys up to each row's diagonal (forward), queries from each key's
+    // diagonal on (backward).
+    auto unwindowed = [&](std::int64_t r) -> double {
+      return static_cast<double>(backward ? causal_queries_seeing(r, sq, skv, 0) : causal_keys_seen(r, sq, skv, 0));
     };
-    w.push_back((seen(r0) + seen(r1)) / 2.0);
+    double work = (unwindowed(r0) + unwindowed(r1)) / 2.0;
+    if (window > 0) {
+      if (!backward) {
+        const std::int64_t first = std::clamp<std::int64_t>(r0 + off + 1 - window, 0, skv);  // first row's first key
+        work -= static_cast<double>(first / tile * tile);
+      } else {
+        const std::int64_t end = std::clamp<std::int64_t>(r1 - off + window, 0, sq);  // last key's last query + 1
+        work -= static_cast<double>(sq - std::min(sq, (end + tile - 1) / tile * tile));
+      }
+    }
+    w.push_back(std::max(work, 1.0));
   }
   return w;
 }
-
-}  // namespace
 
 double AttentionModel::head_dim_factor(double dqk, bool causal) const {
   if (head_dims.empty()) return efficiency_max * dqk / (dqk + d_half);

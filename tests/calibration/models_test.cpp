@@ -346,6 +346,30 @@ TEST(AttentionModel, AWindowedScheduledAttentionCostsItsBandOfTiles) {
   }
 }
 
+// A tile's work: under a causal mask the mean of its first and last rows' keys (the diagonal block's
+// masked half is in the fitted per-tile cost); a sliding window adds the block at the band's far edge
+// that the kernel visits whole: 128 keys' window and 128-row tiles walk two blocks (the window's and
+// the diagonal's), 192.5 keys where the mean seen is 128. Backward (key tiles, the queries seeing them)
+// mirrors it.
+TEST(AttentionModel, TileWorkCountsTheBandsEdgeBlocks) {
+  AttentionShape s{1, 1024, 1024, 1, 1, 64, 64, true};
+  const auto causal = attention_tile_work(s, false, 128);
+  ASSERT_EQ(causal.size(), 8U);
+  EXPECT_DOUBLE_EQ(causal[0], 64.5);
+  EXPECT_DOUBLE_EQ(causal[3], 3 * 128 + 64.5);
+  s.window = 128;
+  const auto fwd = attention_tile_work(s, false, 128);
+  const auto bwd = attention_tile_work(s, true, 128);
+  EXPECT_DOUBLE_EQ(fwd[0], 64.5);  // the first tile's window starts at key 0
+  EXPECT_DOUBLE_EQ(bwd.back(), 64.5);
+  for (std::size_t i = 1; i < 8; ++i) {
+    EXPECT_DOUBLE_EQ(fwd[i], 192.5) << i;
+    EXPECT_DOUBLE_EQ(bwd[i - 1], 192.5) << i;
+  }
+  s.window = 1024;  // the whole sequence: the causal tiles
+  EXPECT_EQ(attention_tile_work(s, false, 128), causal);
+}
+
 // The per-head-dimension form (attention_tiles_v2): the efficiency is linear in d_qk between the
 // measured head dimensions and the nearest one's outside; its fit recovers one efficiency per head
 // dimension where they do not follow a saturating curve (d_qk = 192 below d_qk = 128, as flash

@@ -244,6 +244,9 @@ double attention_pairs(std::int64_t seq_q, std::int64_t seq_kv, bool causal, std
 // against the keys from its first row's window start (0 without a window) to its last row's diagonal.
 double attention_computed_pairs(std::int64_t seq_q, std::int64_t seq_kv, bool causal, std::int64_t window = 0);
 double attention_flops(const AttentionShape& s, bool backward);
+// The work of each `tile`-row tile of one (batch, head) in the fused forms' list schedule, in keys
+// (forward: query tiles) or queries (backward: key tiles) per row, launch order (models.cpp).
+std::vector<double> attention_tile_work(const AttentionShape& s, bool backward, int tile);
 
 struct AttentionModel {
   int tile_q = 128;
