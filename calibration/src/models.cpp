@@ -530,7 +530,7 @@ std::vector<double> attention_tile_work(const AttentionShape& s, bool backward, 
     double work = (unwindowed(r0) + unwindowed(r1)) / 2.0;
     if (window > 0) {
       if (!backward) {
-        const std::int64_t first = std::clamp<std::int64_t>(r0 + off + 1 - window, 0, skv);  // first row's first key
+        const std::int64_t first = causal_key_range(r0, sq, skv, window).lo;  // the first row's first key
         work -= static_cast<double>(first / tile * tile);
       } else {
         const std::int64_t end = std::clamp<std::int64_t>(r1 - off + window, 0, sq);  // last key's last query + 1

@@ -30,6 +30,15 @@ def small_loop(prof, steps=6, hook=True):
                 loss.item()
 
 
+class OneQueueWarningTest(unittest.TestCase):
+    def test_only_one_hardware_queue_earns_the_warning(self):
+        from threewalls.profiler.profiler import one_queue_warning
+        self.assertIn("CUDA_DEVICE_MAX_CONNECTIONS=1", one_queue_warning({"CUDA_DEVICE_MAX_CONNECTIONS": "1"}))
+        self.assertIn("record_every_n_steps", one_queue_warning({"CUDA_DEVICE_MAX_CONNECTIONS": " 1 "}))
+        for env in ({}, {"CUDA_DEVICE_MAX_CONNECTIONS": "8"}, {"CUDA_DEVICE_MAX_CONNECTIONS": "32"}):
+            self.assertIsNone(one_queue_warning(env), env)
+
+
 class ProfilerCpuTest(unittest.TestCase):
     def test_phases_hooks_and_step_records(self):
         d = os.path.join(tempdir(self), "run")
