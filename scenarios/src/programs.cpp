@@ -609,7 +609,16 @@ void mtp_epilogue(const Ctx& c, Program& p) {
   }
 }
 
-Program layer_program(const Ctx& c, const ClassInfo& ci, int layer) {
+Program layer_program(const Ctx& outer, const ClassInfo& ci, int layer) {
+  // A layer first_last_layers_bf16 keeps in bf16: its GEMMs on the bf16 families, no fp8 casts.
+  const bool bf16_layer = outer.quant.on && outer.train && outer.train->layer_in_bf16(layer, outer.s.model.num_layers);
+  Ctx bf16 = outer;
+  if (bf16_layer) {
+    bf16.gemm_elt = kBf16Bytes;
+    bf16.gemm_dtype = DType::bf16;
+    bf16.quant = Fp8Quant{};
+  }
+  const Ctx& c = bf16_layer ? bf16 : outer;
   Program p;
   const bool mtp = c.s.model.is_mtp_layer(layer);
   attention_block(c, p, layer, mtp ? mtp_prologue(c, p) : -1);

@@ -739,6 +739,21 @@ Registry::Registry() {
            "optimizer's parameter all-gather moves fp8. Needs precision = \"fp8\" and sharded optimizer state "
            "(the distributed optimizer or Megatron-FSDP).")
       .bind(kTrain, &TrainSpec::fp8_param_gather);
+  Decl(r, "train.first_last_layers_bf16", ParamType::boolean).def("false")
+      .doc("Megatron's --first-last-layers-bf16 (on in Megatron-Bridge's fp8 current-scaling config, off in its "
+           "performance scripts): with precision = \"fp8\" the first num_layers_at_start_in_bf16 and the last "
+           "num_layers_at_end_in_bf16 layers run their GEMMs in bf16, without fp8 casts (an MTP depth stays in "
+           "fp8). Not with fp8_recipe = \"delayed\", as Megatron-Core refuses. Memory: those layers' weights and "
+           "saved inputs are counted at the fp8 sizes (not modelled).")
+      .bind(kTrain, &TrainSpec::first_last_layers_bf16);
+  Decl(r, "train.num_layers_at_start_in_bf16", ParamType::integer).def("1").min(0).max(kMaxLayers)
+      .doc("With first_last_layers_bf16: how many of the first layers run in bf16 (Megatron's "
+           "--num-layers-at-start-in-bf16).")
+      .bind(kTrain, &TrainSpec::num_layers_at_start_in_bf16);
+  Decl(r, "train.num_layers_at_end_in_bf16", ParamType::integer).def("1").min(0).max(kMaxLayers)
+      .doc("With first_last_layers_bf16: how many of the last layers run in bf16 (Megatron's "
+           "--num-layers-at-end-in-bf16).")
+      .bind(kTrain, &TrainSpec::num_layers_at_end_in_bf16);
   {
     static const std::vector<std::string> kMoment = {"fp32", "bf16", "fp16", "fp8"};
     Decl(r, "train.exp_avg_dtype", ParamType::choice).def("\"fp32\"").choices(kMoment)

@@ -66,6 +66,8 @@ const std::vector<RuleInfo> kRules = {
     {"fp8-param-gather",
      "fp8_param_gather needs precision = \"fp8\" and sharded optimizer state (use_distributed_optimizer or "
      "Megatron-FSDP), as Megatron-LM requires."},
+    {"first-last-bf16",
+     "first_last_layers_bf16 needs precision = \"fp8\" and an fp8_recipe other than \"delayed\" (Megatron-Core)."},
     {"fsdp",
      "data_parallel_sharding_strategy other than none (Megatron-FSDP) needs use_distributed_optimizer = true, as "
      "Megatron-FSDP sets it."},
@@ -480,6 +482,17 @@ void check_train(Scenario& s, Reporter& r, bool split_ok) {
              "fp8_param_gather needs sharded optimizer state: use_distributed_optimizer = true or a Megatron-FSDP "
              "data_parallel_sharding_strategy other than \"no_shard\" (the fp8 weights are re-quantized from the "
              "optimizer's master shards)");
+    }
+  }
+  if (t.first_last_layers_bf16) {
+    if (t.exec.precision != Precision::fp8) {
+      r.fail("first-last-bf16", "train.first_last_layers_bf16",
+             "first_last_layers_bf16 needs train.precision = \"fp8\" (it keeps the first and last layers of an fp8 "
+             "model in bf16)");
+    } else if (t.exec.fp8_recipe == Fp8Recipe::delayed) {
+      r.fail("first-last-bf16", "train.first_last_layers_bf16",
+             "first_last_layers_bf16 with fp8_recipe = \"delayed\": Megatron-Core refuses delayed scaling with bf16 "
+             "layers (allowed: tensorwise, blockwise, mxfp8)");
     }
   }
   if (t.overlap_moe_expert_parallel_comm) {

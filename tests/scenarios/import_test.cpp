@@ -370,6 +370,22 @@ TEST(ImportHf, SlidingWindowConfigs) {
                InputError);
 }
 
+TEST(ImportMegatron, FirstLastLayersBf16NeedsFp8) {
+  auto import = [](const std::string& extra) {
+    std::vector<std::string> argv = {"--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "4"};
+    std::stringstream ss(extra);
+    for (std::string w; ss >> w;) argv.push_back(w);
+    return import_megatron(parse_megatron_argv(argv, {}), {});
+  };
+  auto d = import("--fp8-format hybrid --fp8-recipe tensorwise --first-last-layers-bf16 --num-layers-at-end-in-bf16 2");
+  EXPECT_EQ(d.get("train", "first_last_layers_bf16"), Value(true));
+  EXPECT_EQ(d.get("train", "num_layers_at_end_in_bf16"), Value(std::int64_t{2}));
+  EXPECT_EQ(d.get("train", "num_layers_at_start_in_bf16"), std::nullopt);  // Megatron's default 1
+  d = import("--bf16 --first-last-layers-bf16");
+  EXPECT_EQ(d.get("train", "first_last_layers_bf16"), std::nullopt);
+  EXPECT_TRUE(reported(d.report.ignored, "--first-last-layers-bf16"));
+}
+
 TEST(ImportMegatron, PipelineLayouts) {
   auto l = parse_pipeline_layout("Et*3|(tt|)*29m|L");
   EXPECT_EQ(l.layers_per_stage.size(), 32U);  // 1 + 29 + "m|" + "L"

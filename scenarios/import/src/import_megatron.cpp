@@ -999,6 +999,20 @@ class MegatronImporter {
           {"--accumulate-allreduce-grads-in-fp32", "Megatron's default with bf16 (grad_reduce_in_fp32 = true)"});
     }
     if (has("--fp8-param-gather")) set_bool("train", "fp8_param_gather", true);
+    // --first-last-layers-bf16 keeps the first and last layers of an fp8 model in bf16 (the counts
+    // default to 1 each, as Megatron-Core's); the counts alone change nothing.
+    if (has("--first-last-layers-bf16") && !has("--fp8-format")) {
+      d_.report.ignored.push_back({"--first-last-layers-bf16", "without --fp8-format fp8 is off: every layer is bf16"});
+    } else if (has("--first-last-layers-bf16")) {
+      set_bool("train", "first_last_layers_bf16", true);
+      copy_int("--num-layers-at-start-in-bf16", "train", "num_layers_at_start_in_bf16");
+      copy_int("--num-layers-at-end-in-bf16", "train", "num_layers_at_end_in_bf16");
+    } else {
+      for (const char* f : {"--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16"}) {
+        if (has(f))
+          d_.report.ignored.push_back({f, "without --first-last-layers-bf16 every layer follows --fp8-format"});
+      }
+    }
     const bool aware = has("--use-precision-aware-optimizer");
     // The optimizer's main gradients and parameters: fp32 is what threewalls models.
     for (const char* flag : {"--main-grads-dtype", "--main-params-dtype"}) {

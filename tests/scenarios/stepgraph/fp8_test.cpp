@@ -256,3 +256,39 @@ TEST(Fp8Quantisation, Fp8GemmsSaveTheirInputsInFp8) {
       layer_activation_bytes(dbf, 0, 1.0, opt, true) - layer_activation_bytes(df8, 0, 1.0, opt, true);
   EXPECT_DOUBLE_EQ(dense_diff, 1.0 * kT * kH + 1.0 * kT * kH + 1.0 * kT * 4096 - 1.0 * kT * kH);
 }
+
+// first_last_layers_bf16 (Megatron-Bridge's current-scaling default): the first and last layers' GEMMs
+// run in bf16 without casts; the layers between keep theirs; the counts move the boundary.
+TEST(Fp8Quantisation, FirstAndLastLayersInBf16CastNothing) {
+  auto dtypes = [](const StepGraph& g, int layer) {
+    int fp8 = 0, bf16 = 0, casts = 0;
+    for (const auto& op : g.classes[0].ops) {
+      if (op.layer != layer || op.microbatch != 0) continue;
+      if (g.phase_name(op).find("_cast_") != std::string::npos) ++casts;
+      if (op.kind != OpKind::gemm && op.kind != OpKind::grouped_gemm) continue;
+      if (g.phase_name(op).rfind("router", 0) == 0) continue;  // the router is bf16 in every layer
+      (op.dtype == DType::fp8 ? fp8 : bf16) += 1;
+    }
+    return std::array<int, 3>{fp8, bf16, casts};
+  };
+  const StepGraph g = graph_of("", fp8_train("fp8_recipe = \"tensorwise\"\nfirst_last_layers_bf16 = true\n"), 1);
+  for (const int layer : {0, 3}) {
+    const auto d = dtypes(g, layer);
+    EXPECT_EQ(d[0], 0) << layer;
+    EXPECT_GT(d[1], 0) << layer;
+    EXPECT_EQ(d[2], 0) << layer;
+  }
+  for (const int layer : {1, 2}) {
+    const auto d = dtypes(g, layer);
+    EXPECT_GT(d[0], 0) << layer;
+    EXPECT_EQ(d[1], 0) << layer;
+    EXPECT_GT(d[2], 0) << layer;
+  }
+  const StepGraph two =
+      graph_of("",
+               fp8_train("fp8_recipe = \"tensorwise\"\nfirst_last_layers_bf16 = true\nnum_layers_at_start_in_bf16 = 2\n"
+                         "num_layers_at_end_in_bf16 = 0\n"),
+               1);
+  EXPECT_EQ(dtypes(two, 1)[0], 0);
+  EXPECT_GT(dtypes(two, 3)[0], 0);
+}

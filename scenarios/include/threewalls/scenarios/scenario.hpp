@@ -192,12 +192,23 @@ struct TrainSpec {
   // off), model weights kept and gathered in fp8 (--fp8-param-gather), Adam's moments.
   bool grad_reduce_in_fp32 = true;
   bool fp8_param_gather = false;
+  // Megatron's first_last_layers_bf16 (on in Megatron-Bridge's fp8 current-scaling config): the first
+  // num_layers_at_start_in_bf16 and the last num_layers_at_end_in_bf16 layers run their GEMMs in bf16
+  // without fp8 casts; an MTP depth stays in fp8.
+  bool first_last_layers_bf16 = false;
+  int num_layers_at_start_in_bf16 = 1;
+  int num_layers_at_end_in_bf16 = 1;
   MomentDtype exp_avg_dtype = MomentDtype::fp32;
   MomentDtype exp_avg_sq_dtype = MomentDtype::fp32;
   double routing_imbalance = 1.0;  // max / mean tokens received per EP rank (1 = balanced)
   double grad_bucket_size_params = 40e6;
 
   [[nodiscard]] bool recompute_module(const std::string& m) const;
+  // Whether layer `l` of a model of `num_layers` runs in bf16 in an fp8 step (first_last_layers_bf16).
+  [[nodiscard]] bool layer_in_bf16(int l, int num_layers) const {
+    return first_last_layers_bf16 && l < num_layers &&
+           (l < num_layers_at_start_in_bf16 || l >= num_layers - num_layers_at_end_in_bf16);
+  }
   // What the data-parallel ranks shard (the one owner of these rules): the optimizer state with the
   // distributed optimizer or any FSDP strategy but no_shard; gradients (reduce-scattered after every
   // backward of a layer) with optim_grads and optim_grads_params; parameters (all-gathered before
