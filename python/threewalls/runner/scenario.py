@@ -104,6 +104,9 @@ _TRAIN = dict(_COMMON_STEP, **{
     "data_parallel_sharding_strategy": ("none", ("none",), str),
     "grad_reduce_in_fp32": (True, (True,), bool),
     "fp8_param_gather": (False, (False,), bool),
+    "first_last_layers_bf16": (False, (False,), bool),  # the runner trains in bf16 only
+    "num_layers_at_start_in_bf16": (1, _ANY, int),
+    "num_layers_at_end_in_bf16": (1, _ANY, int),
     "exp_avg_dtype": ("fp32", ("fp32",), str),
     "exp_avg_sq_dtype": ("fp32", ("fp32",), str),
     "routing_imbalance": (1.0, (1.0,), float),
