@@ -311,6 +311,14 @@ TEST(ImportMegatron, MoeLayerFreqExpressions) {
   EXPECT_THROW(import_megatron(parse_megatron_argv(argv, {}), {}), InputError);
 }
 
+// A small model's launch arguments plus `extra` (space-separated), imported.
+ScenarioDraft import_small(const std::string& extra) {
+  std::vector<std::string> argv = {"--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "4"};
+  std::stringstream ss(extra);
+  for (std::string w; ss >> w;) argv.push_back(w);
+  return import_megatron(parse_megatron_argv(argv, {}), {});
+}
+
 // --window-attn-skip-freq N keeps layers N, 2N, ... (1-based) at full attention; a list marks the
 // windowed layers with 1. Patterns model.window_attn_skip_freq expresses map to it; others are reported.
 TEST(ImportMegatron, SlidingWindowFlagsMapToTheWindowKeys) {
@@ -321,25 +329,19 @@ TEST(ImportMegatron, SlidingWindowFlagsMapToTheWindowKeys) {
   EXPECT_EQ(window_layers_of({1, 1, 1, 1}).skip_freq, std::optional<int>(0));
   EXPECT_FALSE(window_layers_of({0, 0}).any);
   EXPECT_EQ(window_layers_of({0, 1, 1, 1}).skip_freq, std::nullopt);  // first layer full only: not expressible
-  auto import = [](const std::string& extra) {
-    std::vector<std::string> argv = {"--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "4"};
-    std::stringstream ss(extra);
-    for (std::string w; ss >> w;) argv.push_back(w);
-    return import_megatron(parse_megatron_argv(argv, {}), {});
-  };
-  auto d = import("--window-size 127,0 --window-attn-skip-freq 4");
+  auto d = import_small("--window-size 127,0 --window-attn-skip-freq 4");
   EXPECT_EQ(d.get("model", "window_size"), Value(std::int64_t{128}));
   EXPECT_EQ(d.get("model", "window_attn_skip_freq"), Value(std::int64_t{4}));
-  d = import("--window-size (511,0)");
+  d = import_small("--window-size (511,0)");
   EXPECT_EQ(d.get("model", "window_size"), Value(std::int64_t{512}));
   EXPECT_EQ(d.get("model", "window_attn_skip_freq"), std::nullopt);
-  d = import("--window-size -1,0");  // Transformer Engine's unbounded window
+  d = import_small("--window-size -1,0");  // Transformer Engine's unbounded window
   EXPECT_EQ(d.get("model", "window_size"), std::nullopt);
-  d = import("--window-size 127,0 --window-attn-skip-freq [0,1,1,1,1,1,1,1]");
+  d = import_small("--window-size 127,0 --window-attn-skip-freq [0,1,1,1,1,1,1,1]");
   EXPECT_EQ(d.get("model", "window_size"), std::nullopt);
   EXPECT_TRUE(reported(d.report.not_represented, "--window-attn-skip-freq"));
-  EXPECT_THROW(import("--window-size 127"), InputError);
-  EXPECT_THROW(import("--window-size 12x,0"), InputError);
+  EXPECT_THROW(import_small("--window-size 127"), InputError);
+  EXPECT_THROW(import_small("--window-size 12x,0"), InputError);
 }
 
 // transformers' sliding_window (keys per query, itself included) on the layers layer_types marks
@@ -371,17 +373,12 @@ TEST(ImportHf, SlidingWindowConfigs) {
 }
 
 TEST(ImportMegatron, FirstLastLayersBf16NeedsFp8) {
-  auto import = [](const std::string& extra) {
-    std::vector<std::string> argv = {"--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "4"};
-    std::stringstream ss(extra);
-    for (std::string w; ss >> w;) argv.push_back(w);
-    return import_megatron(parse_megatron_argv(argv, {}), {});
-  };
-  auto d = import("--fp8-format hybrid --fp8-recipe tensorwise --first-last-layers-bf16 --num-layers-at-end-in-bf16 2");
+  auto d = import_small(
+      "--fp8-format hybrid --fp8-recipe tensorwise --first-last-layers-bf16 --num-layers-at-end-in-bf16 2");
   EXPECT_EQ(d.get("train", "first_last_layers_bf16"), Value(true));
   EXPECT_EQ(d.get("train", "num_layers_at_end_in_bf16"), Value(std::int64_t{2}));
   EXPECT_EQ(d.get("train", "num_layers_at_start_in_bf16"), std::nullopt);  // Megatron's default 1
-  d = import("--bf16 --first-last-layers-bf16");
+  d = import_small("--bf16 --first-last-layers-bf16");
   EXPECT_EQ(d.get("train", "first_last_layers_bf16"), std::nullopt);
   EXPECT_TRUE(reported(d.report.ignored, "--first-last-layers-bf16"));
 }
